@@ -1,0 +1,22 @@
+# The two commands a newcomer runs: `make demo` and `make test`.
+PY ?= python3
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install install-test demo test test-fast
+
+install:
+	PYTHON=$(PY) scripts/install.sh
+
+install-test:
+	PYTHON=$(PY) scripts/install.sh test
+	scripts/test_services.sh install
+
+demo: install
+	$(PY) -m compiler.demo
+
+test: install-test
+	scripts/test_services.sh run $(PY) -m pytest tests $(PYTEST_ARGS)
+
+# the tests without PostgreSQL or Chromium, for a quick edit-test loop
+test-fast:
+	$(PY) -m pytest tests -m "not slow" -x -q $(PYTEST_ARGS)

@@ -1,0 +1,1 @@
+"""bulletin_board (see DESIGN.md)."""

@@ -1,0 +1,69 @@
+"""The ``tkcc`` command line. Each command group lives in its own ``compiler/cmd_*.py`` module with
+``register(subparsers)``; modules keep heavy imports (torch, pandas) inside their handlers so that
+``tkcc --help`` stays instant.
+
+Exit codes (DESIGN.md): 0 success, 1 a negative verdict, 2 usage or input error. An exception that
+carries ``user_error = True`` (bad trace, unknown model or hardware, corrupt plan) becomes one line
+on stderr and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMAND_MODULES = [
+    "compiler.cmd_optimize",     # optimize, recompile, plan
+    "compiler.cmd_traffic",      # traffic profile | diff
+    "compiler.cmd_parallelism",  # parallelism
+    "compiler.cmd_candidate",    # candidate check
+    "compiler.cmd_engine",       # engine serve
+    "compiler.cmd_ui",           # ui
+    "compiler.cmd_doctor",       # doctor
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tkcc", description="tkcc: a continuous compiler for LLM inference")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:      # command not built into this installation
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def is_user_error(e: BaseException) -> bool:
+    return bool(getattr(e, "user_error", False)) or isinstance(
+        e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        print("tkcc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI boundary turns errors into exit codes
+        if os.environ.get("TKCC_DEBUG"):
+            raise
+        if is_user_error(e):
+            msg = str(e) if not isinstance(e, OSError) or not e.filename else f"{e.strerror}: {e.filename}"
+            print(f"tkcc: error: {msg}", file=sys.stderr)
+            return 2
+        print(f"tkcc: internal error: {type(e).__name__}: {e} (TKCC_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 3
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

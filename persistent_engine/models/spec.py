@@ -1,0 +1,323 @@
+"""ModelSpec: the architecture of a decoder-only LLM, parsed from an HF ``config.json``.
+
+Pure data: importing this module must not import torch (the cost model reads specs on machines
+without it). Every figure here is arithmetic on the config: parameter counts, weight bytes and KV
+bytes per layer, which layer indices are dense or MoE.
+
+Supported families (``ModelSpec.family``):
+  llama       LlamaForCausalLM                      GQA, RoPE (llama3 scaling), dense SwiGLU
+  qwen3       Qwen3ForCausalLM                      + per-head QK-norm
+  qwen3_moe   Qwen3MoeForCausalLM                   + MoE, softmax top-k routing
+  minimax_m2  MiniMaxM2ForCausalLM                  QK-norm over all heads, partial rotary, sigmoid
+                                                    routing with correction bias, all layers MoE
+  glm4_moe    Glm4MoeForCausalLM                    partial rotary, qkv bias, QK-norm, shared expert,
+                                                    first k layers dense, sigmoid + correction bias
+  deepseek_v3 DeepseekV3ForCausalLM (DeepSeek-V3,   MLA (absorbed decode), grouped sigmoid top-k with
+              Kimi-K2)                              correction bias, shared expert, first k dense
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_DIR = Path(__file__).with_name("configs")
+
+ALIASES = {
+    "llama-1b": "llama-1b.json",
+    "llama-8b": "llama-8b.json",
+    "qwen3-moe": "qwen3-moe.json",
+    "glm": "glm.json",
+    "minimax": "minimax.json",
+    "deepseek": "deepseek.json",
+    "kimi": "kimi.json",
+    "tiny-dense": "tiny-dense.json",
+    "tiny-moe": "tiny-moe.json",
+    "tiny-mla": "tiny-mla.json",
+}
+
+# HF "architectures" entry -> family
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MiniMaxM2ForCausalLM": "minimax_m2",
+    "Glm4MoeForCausalLM": "glm4_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+}
+
+DTYPE_BYTES = {"bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "fp32": 4.0,
+               "float32": 4.0, "fp8": 1.0, "fp4": 0.5}
+
+
+class SpecError(ValueError):
+    """A model name or config that tkcc cannot use. The CLI prints it as one line, exit 2."""
+
+    user_error = True
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int          # dense FFN width (dense layers)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    rotary_dim: int = 0             # dims of each head that are rotated (partial rotary); 0 -> head_dim
+    qk_norm: str = "none"           # "none" | "per_head" | "per_layer" (MiniMax: over all heads)
+    qkv_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    # MLA (DeepSeek-V3 / Kimi-K2); attention == "mla" when kv_lora_rank > 0
+    q_lora_rank: int = 0            # 0 -> plain q projection
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # MoE; num_experts == 0 -> dense model
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_intermediate_size: int = 0   # per shared expert; defaults to moe_intermediate_size
+    first_k_dense: int = 0
+    moe_layer_freq: int = 1
+    scoring: str = "softmax"        # "softmax" | "sigmoid"
+    routing_bias: bool = False      # sigmoid routing with e_score_correction_bias
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    dtype: str = "bf16"
+    extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_name(cls, name: str) -> "ModelSpec":
+        """An alias of DESIGN.md (``llama-1b``, ``glm``, ``tiny-moe``...) or a path to a config.json."""
+        if name in ALIASES:
+            return cls.from_config_file(CONFIG_DIR / ALIASES[name], name=name)
+        path = Path(name)
+        if path.is_dir():
+            path = path / "config.json"
+        if path.suffix == ".json" or path.exists():
+            if not path.exists():
+                raise SpecError(f"model config not found: {name}")
+            return cls.from_config_file(path)
+        raise SpecError(f"unknown model {name!r}; known aliases: {', '.join(ALIASES)}, "
+                        "or a path to an HF config.json")
+
+    @classmethod
+    def from_config_file(cls, path: str | os.PathLike, name: str | None = None) -> "ModelSpec":
+        try:
+            cfg = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SpecError(f"cannot read model config {path}: {e}") from None
+        if not isinstance(cfg, dict):
+            raise SpecError(f"model config {path} is not a JSON object")
+        return cls.from_config(cfg, name=name or Path(path).stem)
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], name: str = "model") -> "ModelSpec":
+        archs = cfg.get("architectures") or []
+        family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        if family is None:
+            raise SpecError(f"unsupported architecture {archs or cfg.get('model_type')!r} in {name}; "
+                            f"supported: {', '.join(ARCHITECTURES)}")
+        try:
+            return cls._parse(cfg, name, family)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpecError(f"bad config for {name}: missing or invalid field {e}") from None
+
+    @classmethod
+    def _parse(cls, c: dict, name: str, family: str) -> "ModelSpec":
+        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        head_dim = int(c.get("head_dim") or hidden // heads)
+        kw: dict[str, Any] = dict(
+            name=name, family=family, hidden_size=hidden, num_layers=int(c["num_hidden_layers"]),
+            vocab_size=int(c["vocab_size"]), num_heads=heads,
+            num_kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=head_dim,
+            intermediate_size=int(c.get("intermediate_size", 4 * hidden)),
+            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta", 1e4))),
+            rope_scaling=c.get("rope_scaling"),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
+            qkv_bias=bool(c.get("attention_bias", False)),
+        )
+        partial = float(c.get("partial_rotary_factor", 1.0))
+        kw["rotary_dim"] = int(c.get("rotary_dim") or head_dim * partial)
+        if family == "qwen3" or family == "qwen3_moe":
+            kw["qk_norm"] = "per_head"
+        elif family == "minimax_m2":
+            kw["qk_norm"] = "per_layer" if c.get("use_qk_norm", True) else "none"
+        elif family == "glm4_moe":
+            kw["qk_norm"] = "per_head" if c.get("use_qk_norm", False) else "none"
+        if family == "qwen3_moe":
+            kw.update(num_experts=int(c["num_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                      moe_intermediate_size=int(c["moe_intermediate_size"]),
+                      moe_layer_freq=int(c.get("decoder_sparse_step", 1)),
+                      norm_topk_prob=bool(c.get("norm_topk_prob", True)), scoring="softmax")
+            if c.get("mlp_only_layers"):
+                kw["extra"] = {"mlp_only_layers": list(c["mlp_only_layers"])}
+        elif family == "minimax_m2":
+            shared = int(c.get("shared_intermediate_size", 0))
+            kw.update(num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                      moe_intermediate_size=int(c["intermediate_size"]), scoring=c.get("scoring_func", "sigmoid"),
+                      routing_bias=bool(c.get("use_routing_bias", True)), norm_topk_prob=True,
+                      num_shared_experts=1 if shared else 0, shared_intermediate_size=shared)
+        elif family in ("glm4_moe", "deepseek_v3"):
+            kw.update(num_experts=int(c["n_routed_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                      moe_intermediate_size=int(c["moe_intermediate_size"]),
+                      num_shared_experts=int(c.get("n_shared_experts") or 0),
+                      first_k_dense=int(c.get("first_k_dense_replace", 0)),
+                      moe_layer_freq=int(c.get("moe_layer_freq", 1)),
+                      scoring=c.get("scoring_func", "sigmoid"),
+                      routing_bias=c.get("topk_method", "noaux_tc") == "noaux_tc",
+                      norm_topk_prob=bool(c.get("norm_topk_prob", True)),
+                      routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
+                      n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))
+        if family == "deepseek_v3":
+            kw.update(q_lora_rank=int(c.get("q_lora_rank") or 0), kv_lora_rank=int(c["kv_lora_rank"]),
+                      qk_nope_head_dim=int(c["qk_nope_head_dim"]), qk_rope_head_dim=int(c["qk_rope_head_dim"]),
+                      v_head_dim=int(c["v_head_dim"]), num_kv_heads=heads,
+                      head_dim=int(c["qk_nope_head_dim"]) + int(c["qk_rope_head_dim"]))
+            kw["rotary_dim"] = int(c["qk_rope_head_dim"])
+        if kw.get("num_experts"):
+            if kw.get("num_shared_experts") and not kw.get("shared_intermediate_size"):
+                kw["shared_intermediate_size"] = kw["moe_intermediate_size"]
+        return cls(**kw)
+
+    def replace(self, **changes) -> "ModelSpec":
+        return dataclasses.replace(self, **changes)
+
+    def with_layers(self, n: int) -> "ModelSpec":
+        return self.replace(num_layers=n)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("extra")
+        return d
+
+    # ---------------------------------------------------------------- structure
+    @property
+    def attention(self) -> str:
+        return "mla" if self.kv_lora_rank > 0 else "gqa"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def layer_kind(self, i: int) -> str:
+        """'moe' or 'dense' for layer index i of the full model."""
+        if not self.is_moe or i < self.first_k_dense:
+            return "dense"
+        if i in self.extra.get("mlp_only_layers", ()):
+            return "dense"
+        if self.moe_layer_freq > 1 and (i + 1) % self.moe_layer_freq != 0:
+            return "dense"
+        return "moe"
+
+    def layer_kinds(self) -> list[str]:
+        return [self.layer_kind(i) for i in range(self.num_layers)]
+
+    def covering_layers(self) -> list[int]:
+        """The first index of every distinct layer kind: the fast tier's minimal slice."""
+        seen: dict[str, int] = {}
+        for i, k in enumerate(self.layer_kinds()):
+            seen.setdefault(k, i)
+        return sorted(seen.values())
+
+    # ---------------------------------------------------------------- parameter counts
+    def attention_params(self) -> int:
+        h = self.hidden_size
+        if self.attention == "mla":
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.num_heads * qk
+                 if self.q_lora_rank else h * self.num_heads * qk)
+            kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+                  + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim))
+            return q + kv + self.num_heads * self.v_head_dim * h
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        n = h * (q + 2 * kv) + q * h
+        if self.qkv_bias:
+            n += q + 2 * kv
+        if self.qk_norm == "per_head":
+            n += 2 * self.head_dim
+        elif self.qk_norm == "per_layer":
+            n += q + kv
+        return n
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    def moe_params(self) -> tuple[int, int]:
+        """(total, active per token) parameters of one MoE block: router, experts, shared experts."""
+        h = self.hidden_size
+        expert = 3 * h * self.moe_intermediate_size
+        shared = 3 * h * self.shared_intermediate_size * self.num_shared_experts
+        router = h * self.num_experts + (self.num_experts if self.routing_bias else 0)
+        return (router + self.num_experts * expert + shared,
+                router + self.num_experts_per_tok * expert + shared)
+
+    def layer_params(self, i: int) -> tuple[int, int]:
+        """(total, active per token) parameters of layer i, norms included."""
+        a = self.attention_params() + 2 * self.hidden_size
+        if self.layer_kind(i) == "dense":
+            m = self.dense_mlp_params()
+            return a + m, a + m
+        tot, act = self.moe_params()
+        return a + tot, a + act
+
+    def embedding_params(self) -> int:
+        n = self.vocab_size * self.hidden_size
+        return n if self.tie_word_embeddings else 2 * n
+
+    def total_params(self) -> int:
+        return sum(self.layer_params(i)[0] for i in range(self.num_layers)) + self.embedding_params() + self.hidden_size
+
+    def active_params(self) -> int:
+        return sum(self.layer_params(i)[1] for i in range(self.num_layers)) + self.embedding_params() + self.hidden_size
+
+    # ---------------------------------------------------------------- memory accounting
+    def weight_bytes_layer(self, i: int, dtype: str | None = None) -> float:
+        return self.layer_params(i)[0] * DTYPE_BYTES[dtype or self.dtype]
+
+    def kv_bytes_per_token_layer(self, dtype: str | None = None) -> float:
+        """KV cache bytes for one token in one layer: MLA stores the latent + rope key."""
+        if self.attention == "mla":
+            elems = self.kv_lora_rank + self.qk_rope_head_dim
+        else:
+            elems = 2 * self.num_kv_heads * self.head_dim
+        return elems * DTYPE_BYTES[dtype or self.dtype]
+
+    def weight_bytes(self, dtype: str | None = None) -> float:
+        return self.total_params() * DTYPE_BYTES[dtype or self.dtype]
+
+    def kv_bytes_per_token(self, dtype: str | None = None) -> float:
+        return self.num_layers * self.kv_bytes_per_token_layer(dtype)
+
+    def layers_that_fit(self, budget_bytes: float, tokens: int, start: int = 0) -> int:
+        """How many consecutive layers from ``start`` fit weights + KV for ``tokens`` in budget."""
+        used, n = 0.0, 0
+        for i in range(start, self.num_layers):
+            used += self.weight_bytes_layer(i) + tokens * self.kv_bytes_per_token_layer()
+            if used > budget_bytes:
+                break
+            n += 1
+        return n
+
+
+def known_models() -> list[str]:
+    return list(ALIASES)

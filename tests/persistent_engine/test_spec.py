@@ -1,0 +1,54 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from persistent_engine.models.spec import ALIASES, ModelSpec, SpecError
+
+
+def test_spec_import_does_not_import_torch():
+    code = "import sys, persistent_engine.models.spec; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("alias", list(ALIASES))
+def test_every_alias_parses(alias):
+    s = ModelSpec.from_name(alias)
+    assert s.num_layers > 0 and s.hidden_size > 0
+    assert s.covering_layers()[0] == 0
+
+
+def test_published_parameter_counts():
+    # published totals: DeepSeek-V3 671B, Kimi-K2 1.04T (1026B without MTP), Qwen3-30B-A3B 30.5B
+    assert round(ModelSpec.from_name("deepseek").total_params() / 1e9) == 671
+    assert 1020 < ModelSpec.from_name("kimi").total_params() / 1e9 < 1040
+    assert round(ModelSpec.from_name("qwen3-moe").total_params() / 1e9, 1) == 30.5
+    assert 3.2 < ModelSpec.from_name("qwen3-moe").active_params() / 1e9 < 3.5
+    assert round(ModelSpec.from_name("llama-8b").total_params() / 1e9, 1) == 8.0
+
+
+def test_layer_kinds():
+    ds = ModelSpec.from_name("deepseek")
+    assert ds.attention == "mla" and ds.layer_kind(2) == "dense" and ds.layer_kind(3) == "moe"
+    assert ds.covering_layers() == [0, 3]
+    glm = ModelSpec.from_name("glm")
+    assert glm.rotary_dim == 64 and glm.qkv_bias and glm.qk_norm == "per_head"
+    mm = ModelSpec.from_name("minimax")
+    assert mm.rotary_dim == 64 and mm.qk_norm == "per_layer" and mm.routing_bias
+    assert ModelSpec.from_name("llama-1b").kv_bytes_per_token_layer() == 2 * 8 * 64 * 2
+
+
+def test_config_path_and_unsupported_arch(tmp_path):
+    cfg = json.loads((ModelSpec.from_name("tiny-dense") and
+                      open(__import__("persistent_engine.models.spec", fromlist=["x"]).CONFIG_DIR / "tiny-dense.json").read()))
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert ModelSpec.from_name(str(p)).hidden_size == 64
+    assert ModelSpec.from_name(str(tmp_path)).hidden_size == 64
+    cfg["architectures"] = ["MambaForCausalLM"]
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(SpecError, match="supported: LlamaForCausalLM"):
+        ModelSpec.from_name(str(p))
+    with pytest.raises(SpecError, match="unknown model"):
+        ModelSpec.from_name("no-such-model")

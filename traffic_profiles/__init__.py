@@ -1,0 +1,1 @@
+"""traffic_profiles (see DESIGN.md)."""
