@@ -1,1 +1,18 @@
-"""bulletin_board (see DESIGN.md)."""
+"""bulletin_board: the shared SQL store of a tkcc run (see DESIGN.md "Board").
+
+``Board(url)`` opens (creating or migrating) a board on SQLite (default, one machine) or PostgreSQL
+(many machines): runs and deployments, ideas with atomic leased claims, posts, candidates,
+evaluations, accepted optimizations and drift events; paginated read queries for the UI; export.
+Imports only SQLAlchemy (and Alembic when a schema must be created or upgraded).
+"""
+
+from .board import Board, jsonable
+from .migrate import HEAD as SCHEMA_VERSION
+from .records import (BoardError, Candidate, Claim, Deployment, DriftEvent, Evaluation, Idea,
+                      Optimization, Page, Post, Run, SchemaError, candidate_id)
+
+__all__ = [
+    "Board", "BoardError", "SchemaError", "SCHEMA_VERSION", "Page",
+    "Run", "Deployment", "Idea", "Claim", "Post", "Candidate", "Evaluation", "Optimization",
+    "DriftEvent", "candidate_id", "jsonable",
+]

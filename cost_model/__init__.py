@@ -1,1 +1,26 @@
-"""cost_model (see DESIGN.md)."""
+"""cost_model: hardware catalogue, per-op roofline, parallelism search and calibration.
+
+    from cost_model import get_hardware, search, SLA
+    hw = get_hardware("h200")
+    result = search(ModelSpec.from_name("deepseek"), hw, gpus=8, sla=SLA(tpot_ms=50))
+    result.best, result.message
+
+Pure numpy + stdlib (no torch): it runs wherever the compiler runs.
+"""
+
+from cost_model.calibration import (Calibration, Measurement, evaluate, fit, load_calibration,
+                                    load_measurements)
+from cost_model.estimate import Efficiency, StepEstimate, estimate_points, estimate_step, op_table
+from cost_model.hardware import CostModelError, Hardware, get_hardware, known_hardware, probe_cpu
+from cost_model.layout import Layout, MemoryFit, max_batch, memory_fit
+from cost_model.ops import OP_CLASSES, OpCost, expert_load, step_ops, summarize
+from cost_model.search import SLA, ConfigResult, SearchResult, enumerate_layouts, pareto_front, search
+from cost_model.traffic import TrafficShape
+
+__all__ = [
+    "Calibration", "ConfigResult", "CostModelError", "Efficiency", "Hardware", "Layout", "Measurement",
+    "MemoryFit", "OP_CLASSES", "OpCost", "SLA", "SearchResult", "StepEstimate", "TrafficShape",
+    "enumerate_layouts", "estimate_points", "estimate_step", "evaluate", "expert_load", "fit",
+    "get_hardware", "known_hardware", "load_calibration", "load_measurements", "max_batch", "memory_fit",
+    "op_table", "pareto_front", "probe_cpu", "search", "step_ops", "summarize",
+]

@@ -205,6 +205,32 @@ class ModelSpec:
     def with_layers(self, n: int) -> "ModelSpec":
         return self.replace(num_layers=n)
 
+    def scaled_down(self, hidden: int = 64, vocab: int = 256) -> "ModelSpec":
+        """The same architecture at tiny dimensions, keeping every code path: GQA ratio (or MHA/MQA),
+        partial rotary fraction, QK-norm kind, qkv bias, MLA with/without q LoRA, expert groups,
+        shared experts, first dense layers (at most one), routing and rope scaling."""
+        heads = 4
+        kv = heads if self.num_kv_heads == self.num_heads else (1 if self.num_kv_heads == 1 else 2)
+        head_dim = 16
+        rot = self.rotary_dim or self.head_dim
+        kw: dict[str, Any] = dict(
+            name=f"{self.name}-tiny", hidden_size=hidden, vocab_size=vocab, num_heads=heads, num_kv_heads=kv,
+            head_dim=head_dim, rotary_dim=max(2, 2 * round(head_dim * rot / self.head_dim / 2)),
+            intermediate_size=2 * hidden, max_position_embeddings=min(self.max_position_embeddings, 4096))
+        if self.attention == "mla":
+            kw.update(q_lora_rank=48 if self.q_lora_rank else 0, kv_lora_rank=32, qk_nope_head_dim=16,
+                      qk_rope_head_dim=8, v_head_dim=16, head_dim=24, rotary_dim=8, num_kv_heads=heads)
+        first_dense = min(self.first_k_dense, 1)
+        kw["num_layers"] = first_dense + 2 if self.is_moe else 2
+        if self.is_moe:
+            groups = min(self.n_group, 4)
+            experts = max(16, 4 * groups) if self.num_experts > 16 else self.num_experts
+            topk_group = max(1, min(groups - 1, round(self.topk_group * groups / self.n_group))) if groups > 1 else 1
+            kw.update(num_experts=experts, n_group=groups, topk_group=topk_group, first_k_dense=first_dense,
+                      num_experts_per_tok=min(self.num_experts_per_tok, 4, topk_group * experts // groups),
+                      moe_intermediate_size=32, shared_intermediate_size=32 if self.num_shared_experts else 0)
+        return self.replace(**kw)
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("extra")

@@ -1,0 +1,120 @@
+"""OpenAI chat completions (``POST {base_url}/chat/completions``) with tool calls, over httpx; any
+OpenAI-compatible server (vLLM, SGLang, a local gateway) works through ``base_url``.
+
+Wire format: the system prompt is the first message; an assistant message carries ``tool_calls``
+(``id``, ``type: function``, ``function.name``, ``function.arguments`` as a JSON *string*); each call is
+answered by a ``{"role": "tool", "tool_call_id", "content"}`` message. Usage comes back as
+``usage.prompt_tokens/completion_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+
+import httpx
+
+from agents.llm.http import RetryPolicy, post_json
+from agents.llm.messages import (LLMError, LLMReply, Message, TokenCount, ToolCall, ToolSpec,
+                                 validate_arguments)
+
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    model: str = "gpt-4.1"
+    base_url: str = "https://api.openai.com/v1"
+    api_key_env: str = "OPENAI_API_KEY"
+    max_tokens: int = 8192
+    temperature: float | None = None
+    require_key: bool = True        # False for local OpenAI-compatible servers without auth
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def to_wire(system: str, messages: list[Message], tools: list[ToolSpec], cfg: OpenAIConfig) -> dict:
+    out: list[dict] = [{"role": "system", "content": system}]
+    for m in messages:
+        if m.role == "assistant":
+            msg: dict = {"role": "assistant", "content": m.text or None}
+            if m.tool_calls:
+                msg["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.name,
+                                  "arguments": c.raw if isinstance(c.raw, str)
+                                  else json.dumps(c.arguments or {})}}
+                    for c in m.tool_calls]
+            out.append(msg)
+        else:
+            for r in m.tool_results:
+                out.append({"role": "tool", "tool_call_id": r.call_id,
+                            "content": ("ERROR: " if r.is_error else "") + r.content})
+            if m.text:
+                out.append({"role": "user", "content": m.text})
+    body = {"model": cfg.model, "messages": out, "max_tokens": cfg.max_tokens,
+            "tools": [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                        "parameters": t.schema}} for t in tools]}
+    if cfg.temperature is not None:
+        body["temperature"] = cfg.temperature
+    return body
+
+
+def from_wire(data: dict, tools: list[ToolSpec]) -> LLMReply:
+    """Parse a chat completion; KeyError/TypeError/ValueError when it is not one."""
+    by_name = {t.name: t for t in tools}
+    choice = data["choices"][0]
+    msg = choice["message"]
+    calls = []
+    for c in msg.get("tool_calls") or []:
+        fn = c["function"]
+        name, raw = str(fn.get("name", "")), fn.get("arguments")
+        spec = by_name.get(name)
+        args, error = None, None
+        if spec is None:
+            error = f"unknown tool {name!r}"
+        else:
+            try:
+                args = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError as exc:
+                error = f"arguments of {name} are not valid JSON: {exc}"
+            if error is None:
+                error = validate_arguments(spec, args)
+        calls.append(ToolCall(id=str(c["id"]), name=name, arguments=None if error else args,
+                              raw=raw, error=error))
+    usage = data.get("usage") or {}
+    return LLMReply(text=msg.get("content") or "", tool_calls=tuple(calls),
+                    stop_reason=str(choice.get("finish_reason") or ""),
+                    tokens=TokenCount(int(usage.get("prompt_tokens", 0)),
+                                      int(usage.get("completion_tokens", 0))),
+                    model=str(data.get("model", "")))
+
+
+class OpenAIChat:
+    """``complete(system, messages, tools) -> LLMReply``; the key comes from ``OPENAI_API_KEY``."""
+
+    provider = "openai"
+
+    def __init__(self, config: OpenAIConfig = OpenAIConfig(), *, api_key: str | None = None):
+        self.config = config
+        key = api_key if api_key is not None else os.environ.get(config.api_key_env)
+        if not key and config.require_key:
+            raise LLMError(f"set {config.api_key_env} to use the OpenAI agent "
+                           "(or require_key=False for a local server)")
+        self._headers = {"content-type": "application/json"}
+        if key:
+            self._headers["authorization"] = f"Bearer {key}"
+        self._client = httpx.Client()
+        self.url = config.base_url.rstrip("/") + "/chat/completions"
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
+                 stop: threading.Event | None = None) -> LLMReply:
+        body = to_wire(system, messages, tools, self.config)
+        return post_json(self._client, self.url, self._headers, body, self.config.retry,
+                         lambda data: from_wire(data, tools), stop=stop)
+
+    def close(self) -> None:
+        self._client.close()

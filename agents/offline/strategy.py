@@ -1,0 +1,254 @@
+"""Search strategies over the template library, steered by where the time goes.
+
+An *arm* is one template. Its prior is its op's share of the baseline time (``op_shares`` of the
+engine profile): an op that takes 1% of the step can speed the step up by 1% at most, so it is
+searched last. Both strategies propose one :class:`~agents.templates.Choice` at a time that is valid
+at the model's sizes and not in ``tried``:
+
+- :class:`BanditStrategy` (UCB1 weighted by the prior): untried arms in prior order first, then the
+  arm with the highest ``share * (mean reward + c * sqrt(ln N / n))``; within the arm, a mutation of
+  its best setting so far (or its default first).
+- :class:`EvolutionStrategy`: a population of evaluated settings; tournament selection of a parent
+  by reward (ties broken by prior), one or two knobs mutated to a neighbouring value; with
+  probability ``p_new`` (or while the population is empty) an untried template's default.
+
+Reward of a verdict: ``speedup - 1`` when correct and timed, ``-1`` when rejected (so a crashing
+template is not drawn again soon), 0 for a correct but untimed verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from agents.templates import Choice, Template
+
+MAX_DRAWS = 200          # attempts to find an untried valid setting before an arm is declared spent
+
+
+def op_shares(profile: Mapping[str, Any] | None) -> dict[str, float]:
+    """Fraction of baseline time per op from an engine profile.
+
+    Accepts ``{op: seconds}``, ``{op: {point: seconds}}`` / ``{op: {"total_s": ...}}`` (summed or
+    the total taken), and either wrapped in ``{"ops": ...}`` / ``{"per_op": ...}`` or a list of
+    ``{"op": name, "time_s"|"ms"|"us"|"seconds": t}`` rows (``{"per_point": [...]}`` too).
+    """
+    totals: dict[str, float] = {}
+
+    def add(op: str, value: Any) -> None:
+        t = _seconds(value)
+        if t is not None and t > 0:
+            totals[op] = totals.get(op, 0.0) + t
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, Mapping):
+            for key in ("ops", "per_op", "op_times", "by_op"):
+                if key in obj:
+                    walk(obj[key])
+                    return
+            if "per_point" in obj and isinstance(obj["per_point"], list):
+                for row in obj["per_point"]:
+                    walk(row)
+                return
+            for op, value in obj.items():
+                if isinstance(op, str):
+                    add(op, value)
+        elif isinstance(obj, (list, tuple)):
+            for row in obj:
+                if isinstance(row, Mapping) and "op" in row:
+                    add(str(row["op"]), row)
+                else:
+                    walk(row)
+
+    walk(profile or {})
+    total = sum(totals.values())
+    return {op: t / total for op, t in sorted(totals.items(), key=lambda kv: -kv[1])} if total > 0 else {}
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, Mapping):
+        for key, scale in (("total_s", 1.0), ("time_s", 1.0), ("seconds", 1.0), ("s", 1.0), ("median_s", 1.0),
+                           ("ms", 1e-3), ("time_ms", 1e-3), ("median_ms", 1e-3), ("total_ms", 1e-3),
+                           ("us", 1e-6), ("time_us", 1e-6), ("median_us", 1e-6), ("total_us", 1e-6),
+                           ("ns", 1e-9), ("median_ns", 1e-9)):
+            if key in value and isinstance(value[key], (int, float)):
+                return float(value[key]) * scale
+        vals = [_seconds(v) for k, v in value.items() if k not in ("op", "count", "calls", "weight", "share")]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) if vals else None
+    return None
+
+
+def reward_of(verdict: Any) -> float:
+    correct = bool(getattr(verdict, "correct", False))
+    speedup = getattr(verdict, "speedup", None)
+    if not correct:
+        return -1.0
+    return 0.0 if speedup is None else float(speedup) - 1.0
+
+
+@dataclass
+class ArmStats:
+    """What is known about one template: evaluated settings and their rewards."""
+
+    pulls: int = 0
+    total: float = 0.0
+    best_reward: float = -math.inf
+    best_knobs: dict | None = None
+    spent: bool = False
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.pulls if self.pulls else 0.0
+
+
+@dataclass
+class SearchState:
+    """Results so far (one agent's, plus whatever it read from the board); strategies read it."""
+
+    arms: dict[str, ArmStats] = field(default_factory=dict)
+    results: list[tuple[Choice, float]] = field(default_factory=list)
+
+    def record(self, choice: Choice, reward: float) -> None:
+        s = self.arms.setdefault(choice.template.name, ArmStats())
+        s.pulls += 1
+        s.total += reward
+        if reward > s.best_reward:
+            s.best_reward, s.best_knobs = reward, dict(choice.knobs)
+        self.results.append((choice, reward))
+
+    def pulls(self) -> int:
+        return sum(a.pulls for a in self.arms.values())
+
+
+def mutate(template: Template, knobs: Mapping[str, Any], rng: random.Random, n: int = 1) -> dict:
+    """``knobs`` with ``n`` knobs moved to a neighbouring (sometimes any other) value."""
+    out = dict(knobs)
+    movable = [k for k in template.knobs if len(k.values) > 1]
+    for knob in rng.sample(movable, min(n, len(movable))):
+        values = list(knob.values)
+        ordered = sorted(values, key=_order_key)
+        i = ordered.index(out[knob.name]) if out[knob.name] in ordered else 0
+        if rng.random() < 0.75:
+            j = min(max(i + rng.choice((-1, 1)), 0), len(ordered) - 1)
+            if j == i:
+                j = i + 1 if i + 1 < len(ordered) else i - 1
+        else:
+            j = rng.choice([x for x in range(len(ordered)) if x != i])
+        out[knob.name] = ordered[j]
+    return out
+
+
+def _order_key(v: Any) -> tuple:
+    return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+
+
+def _fresh(template: Template, seeds: Iterable[dict], tried: set[str], dims: Mapping[str, int],
+           rng: random.Random) -> Choice | None:
+    """The first untried valid setting among ``seeds``, then mutations of them, then random draws."""
+    seeds = list(seeds)
+    for knobs in seeds:
+        c = Choice(template, knobs)
+        if c.key() not in tried and not template.check(knobs, dims):
+            return c
+    base = seeds[0] if seeds else template.default()
+    for i in range(MAX_DRAWS):
+        if i < MAX_DRAWS // 2:
+            knobs = mutate(template, base, rng, n=1 + (i >= MAX_DRAWS // 4))
+        else:
+            knobs = {k.name: rng.choice(k.values) for k in template.knobs}
+        c = Choice(template, knobs)
+        if c.key() not in tried and not template.check(knobs, dims):
+            return c
+    return None
+
+
+class Strategy:
+    """Proposes the next choice to evaluate; ``None`` when every arm is spent."""
+
+    def propose(self, arms: Sequence[Template], shares: Mapping[str, float], state: SearchState,
+                tried: set[str], dims: Mapping[str, int], rng: random.Random) -> Choice | None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class BanditStrategy(Strategy):
+    """UCB1 over templates, weighted by the op's share of the step time."""
+
+    c: float = 0.5
+    min_share: float = 1e-3
+
+    def propose(self, arms, shares, state, tried, dims, rng):
+        live = [t for t in arms if shares.get(t.op, 0.0) >= self.min_share
+                and not state.arms.get(t.name, ArmStats()).spent]
+        if not live:
+            return None
+        total = max(state.pulls(), 1)
+
+        def score(t: Template) -> float:
+            s = state.arms.get(t.name, ArmStats())
+            if s.pulls == 0:
+                return math.inf
+            exploit = 0.5 * (s.mean + s.best_reward)
+            return shares[t.op] * (exploit + self.c * math.sqrt(math.log(total + 1) / s.pulls))
+
+        order = sorted(live, key=lambda t: (score(t), shares[t.op], -len(t.name)), reverse=True)
+        for t in order:
+            s = state.arms.setdefault(t.name, ArmStats())
+            seeds = [s.best_knobs] if s.best_knobs else [t.default()]
+            c = _fresh(t, seeds, tried, dims, rng)
+            if c is not None:
+                return c
+            s.spent = True
+        return None
+
+
+@dataclass(frozen=True)
+class EvolutionStrategy(Strategy):
+    """Tournament selection over evaluated settings, mutation of one or two knobs."""
+
+    tournament: int = 3
+    p_new: float = 0.25
+    min_share: float = 1e-3
+
+    def propose(self, arms, shares, state, tried, dims, rng):
+        live = {t.name: t for t in arms if shares.get(t.op, 0.0) >= self.min_share
+                and not state.arms.get(t.name, ArmStats()).spent}
+        if not live:
+            return None
+        untried = sorted((t for t in live.values() if t.name not in state.arms),
+                         key=lambda t: -shares[t.op])
+        pool = [(c, r) for c, r in state.results if c.template.name in live and r > -1.0]
+        if untried and (not pool or rng.random() < self.p_new):
+            for t in untried:
+                c = _fresh(t, [t.default()], tried, dims, rng)
+                if c is not None:
+                    return c
+                state.arms.setdefault(t.name, ArmStats()).spent = True
+        for _ in range(len(live) + 1):
+            if not pool:
+                break
+            entrants = rng.sample(pool, min(self.tournament, len(pool)))
+            parent, _r = max(entrants, key=lambda cr: (cr[1] * shares[cr[0].op], shares[cr[0].op]))
+            t = parent.template
+            c = _fresh(t, [mutate(t, parent.knobs, rng, n=rng.choice((1, 1, 2)))], tried, dims, rng)
+            if c is not None:
+                return c
+            state.arms.setdefault(t.name, ArmStats()).spent = True
+            pool = [(c2, r) for c2, r in pool if c2.template.name != t.name]
+        for t in sorted(live.values(), key=lambda t: -shares[t.op]):
+            if not state.arms.get(t.name, ArmStats()).spent:
+                c = _fresh(t, [t.default()], tried, dims, rng)
+                if c is not None:
+                    return c
+                state.arms.setdefault(t.name, ArmStats()).spent = True
+        return None
+
+
+STRATEGIES = {"bandit": BanditStrategy, "evolution": EvolutionStrategy}

@@ -1,0 +1,104 @@
+"""Prompts for LLM agents, built from the engine's profile, the workload points, the op registry and
+the board. Also the profile digest (``op_costs``) the offline agents can use to steer to the costliest
+ops. Plain strings, no templates: every number an agent sees comes from the run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+from agents.base import AgentContext
+
+SYSTEM = """\
+You are a GPU kernel engineer on tkcc, a compiler that searches for faster LLM forward passes.
+You write *candidates*: one self-contained Python source file that the engine loads as a fresh
+module. It must define
+  OVERRIDES: dict[str, Callable]  # op name -> implementation with exactly the reference signature
+and may define CONFIG (engine knobs: cuda_graph_batch_sizes, max_num_seqs, max_num_batched_tokens,
+kv_block_size) and DESCRIPTION (one line). Rules:
+- import only torch, triton, triton.language and math; no file, process or network access;
+- match the reference op's signature, output shape, dtype and device; return new tensors and never
+  modify an input; be deterministic; no global state changes;
+- every candidate is verified against the reference on fresh random inputs (outputs poisoned with
+  NaN first, higher-precision comparison, per-dtype tolerances) and timed by the engine against the
+  reference, interleaved; only correct candidates that are faster beyond noise are accepted.
+Work with the tools: read_profile (where the time goes), read_op (signature and reference source),
+read_board (ideas and results of the other agents), post_idea (one concrete, untried idea),
+submit_candidate (the full source; returns the verdict), read_results (recent evaluations).
+Post one idea, implement it, submit it, fix it if it is rejected, then end your turn with one or two
+sentences on what you learned (that text is posted to the board for the other agents).
+"""
+
+
+def op_costs(profile: Mapping[str, Any]) -> dict[str, float]:
+    """Total milliseconds per op, weighted by workload points when the profile has them.
+
+    Accepts ``{"per_point": [{"point": {...,"weight"}, "ops": {name: {"ms": x} | x}}]}`` (the engine's
+    profile reply), ``{name: {"ms": x}}`` or ``{name: x}``.
+    """
+    totals: dict[str, float] = {}
+
+    def add(ops: Mapping[str, Any], w: float) -> None:
+        for name, v in ops.items():
+            ms = v.get("ms", v.get("time_ms")) if isinstance(v, Mapping) else v
+            if isinstance(ms, (int, float)) and not isinstance(ms, bool):
+                totals[name] = totals.get(name, 0.0) + w * float(ms)
+
+    per_point = profile.get("per_point") if isinstance(profile, Mapping) else None
+    if isinstance(per_point, list):
+        for entry in per_point:
+            if isinstance(entry, Mapping) and isinstance(entry.get("ops"), Mapping):
+                w = (entry.get("point") or {}).get("weight", 1.0)
+                add(entry["ops"], float(w) if isinstance(w, (int, float)) else 1.0)
+    elif isinstance(profile, Mapping):
+        add(profile, 1.0)
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def _profile_lines(profile: Mapping[str, Any], n: int = 8) -> list[str]:
+    costs = op_costs(profile)
+    total = sum(costs.values()) or 1.0
+    return [f"  {name:<22} {ms:9.4f} ms  {100 * ms / total:5.1f}%"
+            for name, ms in list(costs.items())[:n]]
+
+
+def _point_lines(points: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [f"  {p.get('phase')} batch={p.get('batch')} context={p.get('context')} "
+            f"chunk={p.get('chunk')} weight={float(p.get('weight', 0)):.3f}" for p in points]
+
+
+def board_digest(ideas: Iterable[Any], limit: int = 20) -> list[str]:
+    """One line per idea: id, status, target, title, author."""
+    lines = []
+    for idea in list(ideas)[:limit]:
+        get = idea.get if isinstance(idea, Mapping) else (lambda k, i=idea: getattr(i, k, None))
+        lines.append(f"  #{get('id')} [{get('status')}] {get('target') or '-'}: {get('title')} "
+                     f"(by {get('author')})")
+    return lines
+
+
+def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = None) -> str:
+    """The first user message of a cycle: where the time goes, the points, the ops, the board."""
+    spec = ctx.spec
+    parts = [f"Model: {getattr(spec, 'name', spec)}; {len(ctx.points)} workload points; "
+             f"{max(ctx.time_left(), 0):.0f} s left in this run.",
+             "Where the time goes (baseline, weighted over the workload points):",
+             *(_profile_lines(ctx.profile) or ["  (no profile yet)"]),
+             "Workload points:", *_point_lines(ctx.points),
+             "Ops you may override (read_op gives the reference source):",
+             *[f"  {info.signature}" for info in ctx.ops.values()],
+             "Ideas on the board:", *(board_digest(ideas) or ["  (none yet)"])]
+    if held is not None:
+        get = held.get if isinstance(held, Mapping) else (lambda k: getattr(held, k, None))
+        parts.append(f"You hold idea #{get('id')} (target {get('target')}): {get('title')}\n"
+                     f"{get('body') or ''}\nImplement it and submit_candidate.")
+    else:
+        parts.append("No open idea is waiting: post_idea one that is not on the board yet, then "
+                     "implement it and submit_candidate.")
+    return "\n".join(parts)
+
+
+def to_json(obj: Any, limit: int = 12000) -> str:
+    """Compact JSON for a tool result, cut at ``limit`` characters (bounds the tokens it costs)."""
+    text = json.dumps(obj, default=str, separators=(",", ":"))
+    return text if len(text) <= limit else text[:limit] + f"... [cut at {limit} of {len(text)} chars]"

@@ -1,0 +1,204 @@
+"""Parametrised kernel templates and their rendering into candidate source files.
+
+A *template* is one implementation strategy of one registry op (``rms_norm`` as a row-blocked Triton
+kernel, ``linear`` as a split-K GEMV, ``attention_decode`` as vectorised torch...). Its code lives in
+one file under ``agents/templates/kernels/`` written as ordinary Python, so it can be read, linted and
+imported directly. The file has two parts, separated by the line ``# ---- section ----``:
+
+- a header (docstring and the imports a candidate may use: torch, triton, triton.language, math);
+- the *section*: module-level knob assignments (``RMSN_BLOCK_D = 1024``), kernels and the entry
+  function with the op's exact reference signature.
+
+Rendering a template with chosen knob values rewrites the knob assignments of the section in place
+(each knob must be assigned exactly once, on one line) and inlines the section into the candidate,
+so a candidate is one self-contained file with no tkcc import (DESIGN.md "Candidate"). Identifiers in
+a section carry a prefix unique to the file, so several sections can share one candidate.
+
+A knob setting is *valid* when every value is one of the knob's values and the template's
+``constraint`` (register budget, shape fit) accepts it; ``Template.check`` returns the reasons it is
+not, one string each.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import linecache
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+KERNEL_DIR = Path(__file__).with_name("kernels")
+SECTION_MARK = "# ---- section ----"
+ALLOWED_IMPORTS = ("import math", "import torch", "import triton", "import triton.language as tl")
+
+# constraint(knobs, dims) -> list of reasons; dims are model sizes (hidden, intermediate, head_dim...)
+Constraint = Callable[[Mapping[str, Any], Mapping[str, int]], list]
+
+
+class TemplateError(ValueError):
+    """A template name, knob or value that does not exist; a bad knob setting."""
+
+    user_error = True
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable parameter: the module-level name in the kernel file and its allowed values."""
+
+    name: str
+    values: tuple
+
+    def __post_init__(self):
+        if not self.values:
+            raise ValueError(f"knob {self.name} needs at least one value")
+
+
+@dataclass(frozen=True)
+class Template:
+    """One implementation of one op, with its knob space.
+
+    ``backend`` is "triton" (needs CUDA, or ``TRITON_INTERPRET=1`` for correctness only) or "torch"
+    (any device). ``devices`` lists where it is worth timing ("cuda", "cpu").
+    """
+
+    name: str                           # unique, "<op>.<strategy>"
+    op: str                             # registry op it overrides
+    file: str                           # kernel file name under kernels/
+    entry: str                          # function in that file with the op's signature
+    backend: str                        # "triton" | "torch"
+    devices: tuple[str, ...]
+    knobs: tuple[Knob, ...]
+    description: str
+    constraint: Constraint | None = field(default=None, compare=False, repr=False)
+
+    # ------------------------------------------------------------------ knob space
+    def knob(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise TemplateError(f"template {self.name} has no knob {name!r}")
+
+    def default(self) -> dict:
+        """The first value of every knob (the library lists a sensible default first)."""
+        return {k.name: k.values[0] for k in self.knobs}
+
+    def space_size(self) -> int:
+        n = 1
+        for k in self.knobs:
+            n *= len(k.values)
+        return n
+
+    def check(self, knobs: Mapping[str, Any], dims: Mapping[str, int] | None = None) -> list[str]:
+        """Reasons why ``knobs`` is not a valid setting (empty list: valid)."""
+        reasons = []
+        names = {k.name for k in self.knobs}
+        for key in knobs:
+            if key not in names:
+                reasons.append(f"{self.name}: unknown knob {key}")
+        for k in self.knobs:
+            if k.name not in knobs:
+                reasons.append(f"{self.name}: knob {k.name} missing")
+            elif knobs[k.name] not in k.values:
+                reasons.append(f"{self.name}: {k.name}={knobs[k.name]!r} not in {list(k.values)}")
+        if not reasons and self.constraint is not None:
+            reasons.extend(f"{self.name}: {r}" for r in self.constraint(knobs, dims or {}))
+        return reasons
+
+    def available_on(self, device: str) -> bool:
+        return device in self.devices
+
+    # ------------------------------------------------------------------ rendering
+    def section(self, knobs: Mapping[str, Any]) -> str:
+        """The kernel file's section with the knob assignments rewritten to ``knobs``."""
+        bad = self.check(knobs)
+        if bad:
+            raise TemplateError("; ".join(bad))
+        text = _section_text(self.file)
+        for k in self.knobs:
+            pattern = re.compile(rf"^{re.escape(k.name)} = .*$", re.MULTILINE)
+            text, n = pattern.subn(f"{k.name} = {knobs[k.name]!r}", text)
+            if n != 1:
+                raise TemplateError(f"{self.file}: knob {k.name} assigned {n} times (need exactly 1)")
+        return text
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A template with a knob setting: one override of a candidate."""
+
+    template: Template
+    knobs: Mapping[str, Any]
+
+    @property
+    def op(self) -> str:
+        return self.template.op
+
+    def key(self) -> str:
+        """Stable text naming this choice (idea titles, dedup): ``name{k=v,...}``."""
+        inner = ",".join(f"{k}={self.knobs[k]}" for k in sorted(self.knobs))
+        return f"{self.template.name}{{{inner}}}"
+
+    def digest(self) -> str:
+        return hashlib.sha1(self.key().encode()).hexdigest()[:10]
+
+    def to_dict(self) -> dict:
+        return {"template": self.template.name, "op": self.op, "knobs": dict(self.knobs)}
+
+
+@lru_cache(maxsize=None)
+def _section_text(file: str) -> str:
+    path = KERNEL_DIR / file
+    text = path.read_text()
+    head, mark, body = text.partition(SECTION_MARK)
+    if not mark:
+        raise TemplateError(f"{path} has no '{SECTION_MARK}' line")
+    for line in head.splitlines():
+        if line.startswith(("import ", "from ")) and line.strip() not in ALLOWED_IMPORTS:
+            raise TemplateError(f"{path}: import not allowed in a candidate: {line.strip()}")
+    return body.strip("\n") + "\n"
+
+
+def render_candidate(choices: Sequence[Choice], *, config: Mapping[str, Any] | None = None,
+                     description: str | None = None) -> str:
+    """One self-contained candidate source: imports, each choice's section, ``OVERRIDES``,
+    optional ``CONFIG`` and ``DESCRIPTION``. At most one choice per op."""
+    ops = [c.op for c in choices]
+    if len(set(ops)) != len(ops):
+        raise TemplateError(f"two choices override the same op: {ops}")
+    if not choices and not config:
+        raise TemplateError("a candidate needs at least one override or a CONFIG")
+    desc = description or "; ".join(c.key() for c in choices) or "engine configuration"
+    parts = [f'"""tkcc candidate rendered from the template library: {_one_line(desc)}"""', ""]
+    parts += list(ALLOWED_IMPORTS) + ["", ""]
+    for c in choices:
+        parts.append(f"# ======== {c.key()}")
+        parts.append(c.template.section(c.knobs))
+        parts.append("")
+    overrides = ", ".join(f"{c.op!r}: {c.template.entry}" for c in choices)
+    parts.append(f"OVERRIDES = {{{overrides}}}")
+    if config:
+        parts.append(f"CONFIG = {json.dumps(dict(config), sort_keys=True)}")
+    parts.append(f"DESCRIPTION = {desc!r}")
+    source = "\n".join(parts) + "\n"
+    ast.parse(source)      # a rendering bug must surface here, not in the engine
+    return source
+
+
+def load_candidate(source: str, name: str = "tkcc_candidate") -> dict:
+    """Execute a candidate source as a fresh module namespace (tests, benchmarks, local timing).
+
+    The source is registered with ``linecache`` under a name unique to its digest, because
+    ``triton.jit`` reads a kernel's source through ``inspect``."""
+    filename = f"<{name}-{hashlib.sha1(source.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"__name__": name, "__file__": filename}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own rendered source
+    return namespace
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()).replace('"""', "'''")

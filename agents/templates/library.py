@@ -1,0 +1,180 @@
+"""The template library: every kernel template, its knob space and its validity constraint.
+
+Knob values are listed with a sensible default first. Constraints bound the per-thread register
+footprint of a Triton tile (elements of the largest live block per thread, 32 threads a warp) and
+reject settings that only waste work at the model's sizes (``dims``: hidden, intermediate,
+head_dim, ... from :func:`dims_of`); an empty ``dims`` checks the knobs alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from agents.templates.base import Knob, Template, TemplateError
+
+POW2_WARPS = (4, 8, 2, 1)
+MAX_ELEMS_PER_THREAD = 128       # fp32 values of the largest live tile per thread
+
+
+def dims_of(spec: Any) -> dict[str, int]:
+    """Model sizes that constraints look at, from a ModelSpec (or {} without one)."""
+    if spec is None:
+        return {}
+    return {"hidden": spec.hidden_size, "intermediate": spec.intermediate_size,
+            "moe_intermediate": spec.moe_intermediate_size, "head_dim": spec.head_dim,
+            "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
+            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1)}
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _per_thread(elems: int, warps: int) -> list[str]:
+    per = elems / (32 * warps)
+    return [f"{elems} tile elements over {warps} warps is {per:.0f} per thread "
+            f"(> {MAX_ELEMS_PER_THREAD})"] if per > MAX_ELEMS_PER_THREAD else []
+
+
+def _row_norm(prefix: str):
+    def check(k: Mapping, dims: Mapping) -> list[str]:
+        out = _per_thread(k[f"{prefix}_BLOCK_D"] * k[f"{prefix}_ROWS"], k[f"{prefix}_NUM_WARPS"])
+        if "hidden" in dims and k[f"{prefix}_BLOCK_D"] > 2 * _next_pow2(dims["hidden"]):
+            out.append(f"BLOCK_D {k[f'{prefix}_BLOCK_D']} is over twice the row ({dims['hidden']})")
+        return out
+    return check
+
+
+def _silu(k: Mapping, dims: Mapping) -> list[str]:
+    out = _per_thread(k["SAM_BLOCK_I"], k["SAM_NUM_WARPS"])
+    if "intermediate" in dims and k["SAM_BLOCK_I"] > 2 * _next_pow2(dims["intermediate"]):
+        out.append(f"BLOCK_I {k['SAM_BLOCK_I']} is over twice the row ({dims['intermediate']})")
+    return out
+
+
+def _rope(k: Mapping, dims: Mapping) -> list[str]:
+    half = _next_pow2(dims.get("head_dim", 128) // 2)
+    out = _per_thread(2 * k["ROPE_HEADS"] * half, k["ROPE_NUM_WARPS"])
+    if "heads" in dims and k["ROPE_HEADS"] > 2 * _next_pow2(dims["heads"]):
+        out.append("more heads per program than the model has")
+    return out
+
+
+def _gemv(k: Mapping, dims: Mapping) -> list[str]:
+    bm, bn, bk = k["GEMV_BLOCK_M"], k["GEMV_BLOCK_N"], k["GEMV_BLOCK_K"]
+    out = _per_thread(bm * bn * bk, k["GEMV_NUM_WARPS"])
+    if bm > k["GEMV_MAX_M"]:
+        out.append("BLOCK_M above MAX_M")
+    if "hidden" in dims and bk * k["GEMV_SPLIT_K"] > 2 * _next_pow2(max(dims["hidden"], 1)) and k["GEMV_SPLIT_K"] > 1:
+        out.append("split-K slices shorter than one BLOCK_K at this hidden size")
+    return out
+
+
+def _tiled(k: Mapping, dims: Mapping) -> list[str]:
+    bm, bn, bk, w = k["TILE_BLOCK_M"], k["TILE_BLOCK_N"], k["TILE_BLOCK_K"], k["TILE_NUM_WARPS"]
+    out = _per_thread(bm * bn, w) + _per_thread((bm + bn) * bk, w * 2)
+    smem = (bm + bn) * bk * 2 * k["TILE_NUM_STAGES"]
+    if smem > 200 * 1024:
+        out.append(f"{smem} bytes of shared memory for the pipeline stages")
+    return out
+
+
+def _attn(k: Mapping, dims: Mapping) -> list[str]:
+    dh = _next_pow2(dims.get("head_dim", 64))
+    g = _next_pow2(dims.get("group", 4))
+    return _per_thread(g * k["ATTD_BLOCK_T"] * dh, k["ATTD_NUM_WARPS"])
+
+
+def _moe(k: Mapping, dims: Mapping) -> list[str]:
+    out = _per_thread(2 * k["MOE_BLOCK_I"] * k["MOE_BLOCK_H"], k["MOE_NUM_WARPS"])
+    out += _per_thread(k["MOE_BLOCK_N"] * k["MOE_BLOCK_H"], k["MOE_NUM_WARPS"])
+    return out
+
+
+TRITON_TEMPLATES: tuple[Template, ...] = (
+    Template("rms_norm.triton_rows", "rms_norm", "triton_rms_norm.py", "rms_norm_triton", "triton",
+             ("cuda",), (Knob("RMSN_BLOCK_D", (2048, 1024, 4096, 8192, 512, 256, 128, 64)),
+                         Knob("RMSN_ROWS", (1, 2, 4)), Knob("RMSN_NUM_WARPS", POW2_WARPS + (16,))),
+             "row-blocked RMSNorm, fp32 sum of squares, single pass when the row fits",
+             _row_norm("RMSN")),
+    Template("fused_add_rms_norm.triton_rows", "fused_add_rms_norm", "triton_fused_add_rms_norm.py",
+             "fused_add_rms_norm_triton", "triton", ("cuda",),
+             (Knob("FARN_BLOCK_D", (2048, 1024, 4096, 8192, 512, 256, 128, 64)), Knob("FARN_ROWS", (1, 2, 4)),
+              Knob("FARN_NUM_WARPS", POW2_WARPS + (16,))),
+             "residual add and RMSNorm in one pass; the sum never leaves registers",
+             _row_norm("FARN")),
+    Template("silu_and_mul.triton", "silu_and_mul", "triton_silu_and_mul.py", "silu_and_mul_triton",
+             "triton", ("cuda",),
+             (Knob("SAM_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SAM_NUM_WARPS", POW2_WARPS)),
+             "SiLU(gate) * up in fp32, one rounding", _silu),
+    Template("rotary_embedding.triton", "rotary_embedding", "triton_rotary.py", "rotary_embedding_triton",
+             "triton", ("cuda",),
+             (Knob("ROPE_HEADS", (4, 8, 16, 2, 1, 32)), Knob("ROPE_NUM_WARPS", POW2_WARPS)),
+             "neox RoPE on q and k in one launch, cos/sin loaded once per token", _rope),
+    Template("linear.triton_gemv_splitk", "linear", "triton_linear_gemv.py", "linear_gemv", "triton",
+             ("cuda",),
+             (Knob("GEMV_BLOCK_N", (16, 32, 8, 64, 4)), Knob("GEMV_BLOCK_K", (512, 256, 1024, 128, 64)),
+              Knob("GEMV_BLOCK_M", (1, 2, 4)), Knob("GEMV_SPLIT_K", (4, 1, 2, 8, 16)),
+              Knob("GEMV_NUM_WARPS", POW2_WARPS), Knob("GEMV_NUM_STAGES", (3, 2, 4, 1)),
+              Knob("GEMV_MAX_M", (16, 4, 8, 32, 64))),
+             "split-K GEMV for decode batches: vectorised weight streaming, one reduction at the end",
+             _gemv),
+    Template("linear.triton_tiled", "linear", "triton_linear_tiled.py", "linear_tiled", "triton", ("cuda",),
+             (Knob("TILE_BLOCK_M", (16, 32, 64, 128)), Knob("TILE_BLOCK_N", (64, 128, 32, 256)),
+              Knob("TILE_BLOCK_K", (64, 128, 32)), Knob("TILE_SPLIT_K", (1, 2, 4, 8)),
+              Knob("TILE_GROUP_M", (8, 1, 4)), Knob("TILE_NUM_WARPS", (4, 8, 2)),
+              Knob("TILE_NUM_STAGES", (3, 4, 2, 5))),
+             "tiled tensor-core GEMM with split-K and grouped ordering", _tiled),
+    Template("attention_decode.triton_splitkv", "attention_decode", "triton_attention_decode.py",
+             "attention_decode_triton", "triton", ("cuda",),
+             (Knob("ATTD_BLOCK_T", (32, 16, 64, 128)), Knob("ATTD_NUM_SPLITS", (4, 1, 2, 8, 16, 32)),
+              Knob("ATTD_NUM_WARPS", POW2_WARPS), Knob("ATTD_NUM_STAGES", (2, 1, 3))),
+             "flash-decoding over the paged cache: GQA group per program, split-KV, merge kernel", _attn),
+    Template("moe_experts.triton_pairs", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
+             "triton", ("cuda",),
+             (Knob("MOE_BLOCK_I", (32, 16, 64)), Knob("MOE_BLOCK_H", (128, 64, 256)),
+              Knob("MOE_BLOCK_N", (32, 16, 64)), Knob("MOE_NUM_WARPS", (4, 2, 8)),
+              Knob("MOE_MAX_T", (64, 16, 256, 4))),
+             "routed experts as fused gate/up + down GEMVs per (token, slot), only chosen experts read",
+             _moe),
+)
+
+ANY = ("cpu", "cuda")
+
+TORCH_TEMPLATES: tuple[Template, ...] = (
+    Template("rms_norm.torch_fused", "rms_norm", "torch_norms.py", "rms_norm_torch", "torch", ANY,
+             (Knob("TRMS_IMPL", ("fused", "fp32_inplace")),), "RMSNorm as one fused torch kernel"),
+    Template("fused_add_rms_norm.torch_fused", "fused_add_rms_norm", "torch_fused_add.py",
+             "fused_add_rms_norm_torch", "torch", ANY, (Knob("TFARN_IMPL", ("bf16_add", "fp32_add")),),
+             "residual add once, then the fused RMSNorm kernel"),
+    Template("silu_and_mul.torch_direct", "silu_and_mul", "torch_silu_and_mul.py", "silu_and_mul_torch",
+             "torch", ANY, (Knob("TSAM_IMPL", ("direct", "inplace", "fp32_inplace")),),
+             "SiLU and product without an fp32 copy of the input"),
+    Template("linear.torch_small_m", "linear", "torch_linear.py", "linear_torch", "torch", ("cpu",),
+             (Knob("TLIN_FP32_MAX_M", (8, 1, 2, 4, 16, 32)),),
+             "few-row GEMMs on CPU through the fp32 BLAS path instead of the bf16 oneDNN set-up"),
+    Template("rotary_embedding.torch_joint", "rotary_embedding", "torch_rotary.py", "rotary_embedding_torch",
+             "torch", ANY, (Knob("TROPE_IMPL", ("joint", "separate")),),
+             "q and k rotated in one pass"),
+    Template("attention_decode.torch_bmm", "attention_decode", "torch_attention_decode.py",
+             "attention_decode_torch", "torch", ANY, (Knob("TATT_IMPL", ("bf16_matmul", "fp32_matmul", "sdpa")),),
+             "paged decode attention as batched GEMMs (or SDPA) over the gathered pages"),
+)
+
+TEMPLATES: tuple[Template, ...] = TRITON_TEMPLATES + TORCH_TEMPLATES
+
+_BY_NAME = {t.name: t for t in TEMPLATES}
+if len(_BY_NAME) != len(TEMPLATES):
+    raise RuntimeError("duplicate template names in the library")
+
+
+def get_template(name: str) -> Template:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise TemplateError(f"unknown template {name!r}; known: {', '.join(_BY_NAME)}") from None
+
+
+def templates_for(op: str | None = None, device: str | None = None) -> list[Template]:
+    """Templates of ``op`` (all ops when None) worth timing on ``device`` ("cpu"/"cuda"; all when None)."""
+    return [t for t in TEMPLATES if (op is None or t.op == op) and (device is None or t.available_on(device))]

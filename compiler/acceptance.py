@@ -1,0 +1,237 @@
+"""Acceptance and composition (DESIGN.md "How a candidate is judged", step 6).
+
+1. **Fast tier**: the candidate is correct and faster than the reference by more than the measured
+   noise: ``speedup > 1 + max(noise_floor, k * noise)``, where ``noise`` is the tier's A/A spread
+   (a candidate identical to the reference, timed A/B like any other, at start-up): the largest
+   speedup the engine reports for no change at all.
+2. **Slow tier A/B**: the same source on the slow-tier engine (many layers, realistic inputs) must be
+   correct and beat the slow tier's noise the same way.
+3. **Composition**: all accepted candidates (best slow speedup first, one owner per op/knob) are
+   composed into one source and re-verified and re-measured on both tiers. If the whole set fails or
+   loses to its best member, candidates are added greedily one at a time and kept only while the
+   composition stays correct and keeps beating the noise without getting slower.
+
+``evaluate(tier, source) -> CandidateVerdict`` is all this module needs from the fleet.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from compiler.compose import Part, compose, parse_targets, select_compatible
+
+TierEvaluate = Callable[[str, str], Any]      # (tier, source) -> CandidateVerdict
+POINT_KEYS = ("phase", "batch", "context", "chunk")
+
+
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    noise_floor: float = 0.01       # never accept less than 1% faster
+    noise_k: float = 1.0            # multiples of the measured noise to beat
+
+
+@dataclass(frozen=True)
+class Decision:
+    accepted: bool
+    stage: str                      # "fast" | "slow" (where it stopped, or "slow" when accepted)
+    reason: str
+    fast: float | None = None
+    slow: float | None = None
+    threshold: float = 0.0
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A candidate confirmed on both tiers."""
+
+    name: str
+    source: str
+    author: str
+    targets: tuple[str, ...]
+    config_keys: tuple[str, ...]
+    fast: float
+    slow: float
+    per_point: tuple[dict, ...]     # point fields + "fast" / "slow"
+    noise: float
+    description: str = ""
+    idea_id: Any = None
+    candidate_id: Any = None                     # the board's id of the source
+
+
+@dataclass(frozen=True)
+class Composition:
+    """What composing the accepted set gave: the parts kept, the one source, both tiers' speedups."""
+
+    parts: tuple[Accepted, ...]
+    source: str
+    fast: float
+    slow: float
+    per_point: tuple[dict, ...]
+    dropped: tuple[tuple[str, str], ...] = ()      # (name, why)
+    vs_torch_compile: float | None = None
+
+
+def _get(v: Any, name: str, default: Any = None) -> Any:
+    return v.get(name, default) if isinstance(v, dict) else getattr(v, name, default)
+
+
+def threshold(noise: float, cfg: AcceptanceConfig) -> float:
+    """The speedup a verdict must exceed on a tier whose A/A spread is ``noise``."""
+    return 1.0 + max(cfg.noise_floor, cfg.noise_k * noise)
+
+
+def screen(verdict: Any, noise: float, cfg: AcceptanceConfig, tier: str) -> Decision:
+    """Correct and beyond the noise on one tier?"""
+    speedup = _get(verdict, "speedup")
+    need = threshold(noise, cfg)
+    if not _get(verdict, "correct", False):
+        reasons = _get(verdict, "reasons") or ["incorrect"]
+        return Decision(False, tier, f"rejected on the {tier} tier: {reasons[0]}", threshold=need)
+    if speedup is None:
+        return Decision(False, tier, f"not timed on the {tier} tier", threshold=need)
+    if speedup <= need:
+        return Decision(False, tier, f"{speedup:.3f}x on the {tier} tier is within the noise "
+                                     f"(needs > {need:.3f}x)", threshold=need, **{tier: speedup})
+    return Decision(True, tier, f"{speedup:.3f}x > {need:.3f}x on the {tier} tier", threshold=need,
+                    **{tier: speedup})
+
+
+def point_key(p: dict) -> tuple:
+    return tuple(p.get(k) for k in POINT_KEYS)
+
+
+def point_speedups(verdict: Any) -> dict[tuple, tuple[dict, float]]:
+    """Per-point speedups of a verdict keyed by (phase, batch, context, chunk). Accepts entries that
+    carry the point's fields at top level or under ``"point"``, and ``speedup`` as the figure."""
+    out = {}
+    for entry in _get(verdict, "per_point") or []:
+        if not isinstance(entry, dict):
+            continue
+        p = entry.get("point") if isinstance(entry.get("point"), dict) else entry
+        s = entry.get("speedup")
+        if isinstance(s, (int, float)):
+            fields = {k: p.get(k) for k in (*POINT_KEYS, "weight") if k in p}
+            out[point_key(p)] = (fields, float(s))
+    return out
+
+
+def merge_points(points: list[dict], fast: Any, slow: Any) -> tuple[dict, ...]:
+    """One row per workload point: its fields plus the fast and slow speedups (None when missing)."""
+    f, s = point_speedups(fast), point_speedups(slow)
+    rows = []
+    for p in points:
+        k = point_key(p)
+        rows.append({**{key: p.get(key) for key in (*POINT_KEYS, "weight")},
+                     "fast": f[k][1] if k in f else None, "slow": s[k][1] if k in s else None})
+    return tuple(rows)
+
+
+def name_of(source: str, author: str, n: int) -> str:
+    """A short name: author, the ops it overrides (or "config"), and a running number."""
+    targets, _ = _targets(source)
+    base = f"{author}-{'+'.join(targets) or 'config'}"
+    return f"{base}-{n}"
+
+
+def _targets(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    try:
+        return parse_targets(source)
+    except SyntaxError:
+        return (), ()
+
+
+def description_of(source: str) -> str:
+    import ast
+    try:
+        for stmt in ast.parse(source).body:
+            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DESCRIPTION"
+                                                    for t in stmt.targets):
+                if isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+                    return stmt.value.value.strip().splitlines()[0][:200] if stmt.value.value.strip() else ""
+    except SyntaxError:
+        pass
+    return ""
+
+
+@dataclass
+class Acceptor:
+    """Runs steps 1-3 against a fleet. Thread-safe by construction of its callers: the loop calls
+    :meth:`consider` from agent threads, and ``evaluate`` serialises per tier."""
+
+    evaluate: TierEvaluate
+    points: list[dict]
+    noise: dict[str, float]                          # {"fast": x, "slow": y} A/A spreads
+    cfg: AcceptanceConfig = field(default_factory=AcceptanceConfig)
+    on_accept: Callable[[Accepted], None] | None = None
+    accepted: list[Accepted] = field(default_factory=list)
+    log: list[dict] = field(default_factory=list)
+
+    def consider(self, source: str, fast_verdict: Any, *, author: str, idea_id: Any = None,
+                 candidate_id: Any = None) -> Decision:
+        """Given a fast-tier verdict, decide; when it beats the noise, confirm on the slow tier."""
+        d = screen(fast_verdict, self.noise.get("fast", 0.0), self.cfg, "fast")
+        if not d.accepted:
+            self.log.append({"author": author, "stage": "fast", "reason": d.reason})
+            return d
+        slow_verdict = self.evaluate("slow", source)
+        ds = screen(slow_verdict, self.noise.get("slow", 0.0), self.cfg, "slow")
+        decision = Decision(ds.accepted, "slow", ds.reason, fast=d.fast, slow=ds.slow, threshold=ds.threshold)
+        self.log.append({"author": author, "stage": "slow", "reason": ds.reason})
+        if ds.accepted:
+            targets, knobs = _targets(source)
+            acc = Accepted(name=name_of(source, author, len(self.accepted) + 1), source=source,
+                           author=author, targets=targets, config_keys=knobs, fast=float(d.fast),
+                           slow=float(ds.slow), per_point=merge_points(self.points, fast_verdict, slow_verdict),
+                           noise=max(self.noise.get("fast", 0.0), self.noise.get("slow", 0.0)),
+                           description=description_of(source), idea_id=idea_id, candidate_id=candidate_id)
+            self.accepted.append(acc)
+            if self.on_accept is not None:
+                self.on_accept(acc)
+        return decision
+
+    def compose(self, deadline: float | None = None) -> Composition | None:
+        """Step 3. None when nothing was accepted. ``deadline`` (monotonic) bounds the greedy phase."""
+        if not self.accepted:
+            return None
+        ranked = sorted(self.accepted, key=lambda a: -a.slow)
+        by_name = {a.name: a for a in ranked}
+        kept, conflicting = select_compatible([Part(a.name, a.source, a.targets, a.config_keys) for a in ranked])
+        dropped = [(p.name, "overrides an op or knob of a faster accepted candidate") for p in conflicting]
+
+        def measure(parts: list[Accepted]) -> tuple[str, Any, Any, bool]:
+            src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
+            fv = self.evaluate("fast", src)
+            if not screen(fv, self.noise.get("fast", 0.0), self.cfg, "fast").accepted:
+                return src, fv, None, False
+            sv = self.evaluate("slow", src)
+            return src, fv, sv, screen(sv, self.noise.get("slow", 0.0), self.cfg, "slow").accepted
+
+        members = [by_name[p.name] for p in kept]
+        src, fv, sv, ok = measure(members)
+        best_single = members[0].slow
+        if ok and (len(members) == 1 or _get(sv, "speedup") >= best_single * (1 - self.noise.get("slow", 0.0))):
+            return Composition(tuple(members), src, float(_get(fv, "speedup")), float(_get(sv, "speedup")),
+                               merge_points(self.points, fv, sv), tuple(dropped))
+        chosen: list[Accepted] = []
+        best: tuple[str, Any, Any] | None = None
+        for a in members:                       # greedy: keep a member only if it helps
+            if best is not None and deadline is not None and time.monotonic() > deadline:
+                dropped.append((a.name, "no time left to re-verify it in the composition"))
+                continue
+            src, fv, sv, ok = measure(chosen + [a])
+            if ok and (best is None or _get(sv, "speedup") > _get(best[2], "speedup")):
+                chosen.append(a)
+                best = (src, fv, sv)
+            else:
+                why = "incorrect when composed" if not _get(fv, "correct", False) or (
+                    sv is not None and not _get(sv, "correct", False)) else "no gain when composed"
+                dropped.append((a.name, why))
+        if best is None:
+            return Composition((), compose([]), 1.0, 1.0, tuple(
+                {**{k: p.get(k) for k in (*POINT_KEYS, "weight")}, "fast": 1.0, "slow": 1.0} for p in self.points),
+                tuple(dropped))
+        src, fv, sv = best
+        return Composition(tuple(chosen), src, float(_get(fv, "speedup")), float(_get(sv, "speedup")),
+                           merge_points(self.points, fv, sv), tuple(dropped))

@@ -1,0 +1,93 @@
+"""``--agents`` parsing: a comma-separated list of ``kind[:count]``.
+
+    offline:4              the offline search agents of ``agents.offline`` (kernel-template search,
+                           config search), round-robin over the kinds, 4 in all
+    anthropic:2 / openai:1 LLM agents (keys from ANTHROPIC_API_KEY / OPENAI_API_KEY)
+    files:DIR              one agent that submits every ``*.py`` candidate in DIR (hand-written
+                           kernels, or a previous plan's ``kernels/``)
+
+``FilesAgent`` is also how the loop replays a list of known candidate sources.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from agents import Agent, AgentContext
+
+_LLM = {"anthropic": "AnthropicAgent", "openai": "OpenAIAgent"}
+
+
+class AgentSpecError(ValueError):
+    user_error = True
+
+
+class FilesAgent(Agent):
+    """Submits a fixed list of candidate sources, one per cycle; done when the list is."""
+
+    def __init__(self, name: str, sources: list[tuple[str, str]]):
+        super().__init__(name)
+        self._todo = list(sources)
+
+    @classmethod
+    def from_dir(cls, name: str, directory: str | Path) -> "FilesAgent":
+        d = Path(directory)
+        if not d.is_dir():
+            raise AgentSpecError(f"--agents files:{directory}: not a directory")
+        files = sorted(p for p in d.glob("*.py") if p.name != "composed.py")
+        if not files:
+            raise AgentSpecError(f"--agents files:{directory}: no *.py candidates in it")
+        return cls(name, [(p.stem, p.read_text()) for p in files])
+
+    def run_once(self, ctx: AgentContext) -> bool:
+        if not self._todo or ctx.expired():
+            return False
+        title, source = self._todo.pop(0)
+        idea = ctx.board.post_idea(ctx.run_id, author=self.name, title=f"submit {title}",
+                                   body="a known candidate file", target=None)
+        verdict = ctx.evaluate(source, author=self.name, idea_id=getattr(idea, "id", idea))
+        ctx.post(self.name, f"{title}: correct={getattr(verdict, 'correct', False)} "
+                            f"speedup={getattr(verdict, 'speedup', None)}", idea=idea)
+        return bool(self._todo)
+
+
+def offline_agents(n: int, device: str) -> list[Agent]:
+    """``n`` offline agents for ``device`` ("cpu" or "cuda"): ``agents.offline.make_offline_agents``
+    when the package provides it (kernel-template and config search mixed), else the kernel-template
+    search agents alone."""
+    try:
+        offline = importlib.import_module("agents.offline")
+        factory = getattr(offline, "make_offline_agents", None)
+        if factory is None:
+            factory = importlib.import_module("agents.offline.kernel_search").make_kernel_agents
+    except (ModuleNotFoundError, AttributeError) as e:
+        raise AgentSpecError(f"--agents offline: the offline agents are not installed ({e})") from None
+    return list(factory(n, device=device))
+
+
+def build_agents(spec: str, device: str = "cpu") -> list[Agent]:
+    """Agent instances for an ``--agents`` string (see the module docstring); names are unique.
+    ``device`` ("cpu" or "cuda") tells the offline agents which kernels are worth timing."""
+    agents: list[Agent] = []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        kind, _, arg = item.partition(":")
+        if kind == "files":
+            agents.append(FilesAgent.from_dir(f"files-{len(agents)}", arg))
+            continue
+        try:
+            count = int(arg) if arg else 1
+        except ValueError:
+            raise AgentSpecError(f"--agents {item!r}: the count must be an integer") from None
+        if count < 1:
+            raise AgentSpecError(f"--agents {item!r}: the count must be at least 1")
+        if kind == "offline":
+            agents += offline_agents(count, device)
+        elif kind in _LLM:
+            cls = getattr(importlib.import_module("agents"), _LLM[kind])
+            agents += [cls(f"{kind}-{i}") for i in range(count)]
+        else:
+            raise AgentSpecError(f"--agents: unknown agent kind {kind!r} (offline, anthropic, openai, files:DIR)")
+    if not agents:
+        raise AgentSpecError("--agents: no agents given")
+    return agents
+

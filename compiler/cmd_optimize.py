@@ -1,0 +1,176 @@
+"""``tkcc optimize``, ``tkcc recompile`` and ``tkcc plan show|apply``.
+
+    tkcc optimize  --model M --hw H --traffic FILE [--budget 10m] [--agents offline:4] [--board URL]
+                   [--out DIR] [--device auto|cpu|cuda] [--fast-layers N] [--slow-layers N]
+                   [--fleet local|ray] [--ray-address ADDR] [--json]
+    tkcc recompile --plan DIR --traffic FILE [--budget 10m] [--force] [--json]
+                   exit 0 either way (no drift: nothing written; drift: a new version beside the old)
+    tkcc plan show DIR [--json]
+    tkcc plan apply --plan DIR [--model M] [--layers i,j] [--device cpu|cuda] [--json]
+                   runs the model with the plan's overrides at its workload points against the
+                   reference; exit 1 when the outputs differ beyond tolerance
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+
+class UsageError(ValueError):
+    user_error = True
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise UsageError(f"bad duration {text!r} (examples: 90s, 10m, 1h)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("optimize", help="search, verify and measure a faster forward pass; write a plan")
+    p.add_argument("--model", required=True, help="alias (llama-1b, glm, tiny-dense...) or config.json")
+    p.add_argument("--hw", required=True, help="target hardware for the cost model (h200, b200, cpu...)")
+    p.add_argument("--traffic", required=True, help="traffic log (parquet, Azure CSV, Mooncake JSONL...)")
+    p.add_argument("--budget", default="10m", help="search time (default 10m)")
+    p.add_argument("--agents", default="offline:4", help="e.g. offline:4, anthropic:2, files:DIR")
+    p.add_argument("--board", default=None, help="board URL (default sqlite:///OUT/board.db)")
+    p.add_argument("--out", default="plans/default", help="plan root directory (versions inside)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--fast-layers", type=int, default=None)
+    p.add_argument("--slow-layers", type=int, default=None)
+    p.add_argument("--fleet", default="local", choices=["local", "ray"])
+    p.add_argument("--ray-address", default=None, help="existing Ray cluster (default: RAY_ADDRESS or local)")
+    p.add_argument("--max-points", type=int, default=4, help="workload points measured (heaviest first)")
+    p.add_argument("--timeout", type=float, default=300.0, help="engine watchdog per evaluation, seconds")
+    p.add_argument("--quiet", action="store_true", help="no progress view")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_optimize)
+
+    r = sub.add_parser("recompile", help="recompile a plan when its traffic drifted")
+    r.add_argument("--plan", required=True)
+    r.add_argument("--traffic", required=True)
+    r.add_argument("--budget", default="10m")
+    r.add_argument("--force", action="store_true", help="recompile even without drift")
+    r.add_argument("--agents", default=None)
+    r.add_argument("--board", default=None)
+    r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    r.add_argument("--fleet", default="local", choices=["local", "ray"])
+    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=_recompile)
+
+    pl = sub.add_parser("plan", help="inspect or apply a plan")
+    psub = pl.add_subparsers(dest="plan_command", metavar="COMMAND")
+    psub.required = True
+    s = psub.add_parser("show", help="summary of a plan (newest version, or a vN directory)")
+    s.add_argument("plan")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_show)
+    a = psub.add_parser("apply", help="run the model with the plan's overrides and check them")
+    a.add_argument("--plan", required=True)
+    a.add_argument("--model", default=None, help="default: the plan's model")
+    a.add_argument("--layers", default=None, help="layer indices, e.g. 0,1 (default: the fast tier)")
+    a.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=_apply)
+
+
+def _print_json(doc: dict) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from compiler.loop import OptimizeConfig, optimize
+
+    budget = parse_duration(args.budget)
+    cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=args.out, budget_s=budget,
+                         agents=args.agents, board=args.board, device=args.device,
+                         fast_layers=args.fast_layers, slow_layers=args.slow_layers, fleet=args.fleet,
+                         ray_address=args.ray_address, max_points=args.max_points, timeout_s=args.timeout,
+                         quiet=args.quiet or args.json)
+    res = optimize(cfg)
+    _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)
+    return 130 if res.interrupted and not args.json else 0
+
+
+def _summary(vdir, plan, as_json: bool, **extra) -> None:
+    ps = plan.plan_speedup
+    if as_json:
+        _print_json({"plan_dir": str(vdir), "report": str(vdir / "report.md"), "version": plan.version,
+                     "optimizations": [o.to_dict() for o in plan.optimizations],
+                     "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")}, **extra})
+        return
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}x"  # noqa: E731
+    print(f"plan v{plan.version}: {len(plan.optimizations)} accepted optimization(s); "
+          f"plan speedup fast {fmt(ps.get('fast'))}, slow {fmt(ps.get('slow'))}")
+    for o in plan.optimizations:
+        print(f"  {o.name}: {', '.join(o.targets) or 'config'}  fast {fmt(o.speedup.get('fast'))}  "
+              f"slow {fmt(o.speedup.get('slow'))}")
+    print(f"plan:   {vdir / 'plan.json'}")
+    print(f"report: {vdir / 'report.md'}")
+
+
+def _recompile(args: argparse.Namespace) -> int:
+    from compiler.recompile import recompile
+
+    res = recompile(args.plan, args.traffic, budget_s=parse_duration(args.budget), force=args.force,
+                    agents=args.agents, device=args.device, board=args.board, fleet=args.fleet,
+                    quiet=args.quiet or args.json)
+    drifted = [f["name"] for f in res.features if f.get("drifted")]
+    if res.result is None:
+        if args.json:
+            _print_json({"drift": False, "features": list(res.features), "written": None})
+        else:
+            print(f"no drift against {res.old_version_dir}: the plan is current; nothing written")
+        return 0
+    if args.json:
+        _print_json({"drift": res.drift, "drifted": drifted, "features": list(res.features),
+                     "written": str(res.result.plan_dir), "version": res.result.plan.version,
+                     "parent_version": res.result.plan.parent_version})
+    else:
+        why = f"traffic drifted ({', '.join(drifted)})" if res.drift else "forced"
+        print(f"{why}: recompiled {res.old_version_dir.name} -> {res.result.plan_dir.name}")
+        _summary(res.result.plan_dir, res.result.plan, False)
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from compiler import plan as plan_mod
+
+    plan, vdir = plan_mod.load(args.plan)
+    if args.json:
+        _print_json({"plan_dir": str(vdir), **plan.to_dict()})
+    else:
+        print(f"{plan.model} on {plan.hw} (measured on {plan.detected_device.get('name', '?')}), "
+              f"traffic {plan.traffic.get('source')}")
+        _summary(vdir, plan, False)
+    return 0
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from compiler.apply import check_plan
+
+    layers = None
+    if args.layers:
+        try:
+            layers = [int(x) for x in args.layers.split(",")]
+        except ValueError:
+            raise UsageError(f"--layers wants comma-separated integers, got {args.layers!r}") from None
+    loaded, checks = check_plan(args.plan, model=args.model, layers=layers, device=args.device)
+    tol = 5e-2 if args.device == "cuda" else 1e-3
+    ok = all(c.max_abs_diff <= tol * 10 for c in checks)
+    if args.json:
+        _print_json({"plan_dir": str(loaded.version_dir), "ops": sorted(loaded.overrides), "config": loaded.config,
+                     "ok": ok, "points": [c.__dict__ for c in checks]})
+    else:
+        print(f"loaded {loaded.version_dir}: overrides {', '.join(sorted(loaded.overrides)) or 'none'}")
+        for c in checks:
+            print(f"  {c.point.get('phase')} b{c.point.get('batch')} ctx{c.point.get('context')}: "
+                  f"max |diff| {c.max_abs_diff:.2e}  reference {c.reference_ms:.3f} ms  plan {c.plan_ms:.3f} ms")
+        print("outputs match the reference" if ok else "outputs DIFFER from the reference", file=sys.stderr)
+    return 0 if ok else 1

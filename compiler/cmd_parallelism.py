@@ -1,0 +1,108 @@
+"""``tkcc parallelism --model M --hw H --gpus N [--traffic FILE] [--ttft-ms X] [--tpot-ms Y] [--json]``
+
+Searches TP / PP / EP / DP-attention / DCP layouts, weight dtypes, batch sizes and prefill/decode
+disaggregation with the cost model; prints a table (or one JSON document with ``configs`` and
+``best``). Exit 0 when a config fits and meets the SLA, 1 when none does (the reason is printed
+plainly), 2 on bad input.
+
+``--traffic`` takes a trace (any format traffic_profiles reads), a saved traffic profile JSON, or
+a JSON list of workload points (``{"points": [...]}`` also works).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+TABLE_ROWS = 15
+
+
+def register(sub) -> None:
+    p = sub.add_parser("parallelism", help="choose a parallelism layout with the cost model")
+    p.add_argument("--model", required=True, help="model alias or path to an HF config.json")
+    p.add_argument("--hw", required=True, help="hardware name (h100, h200, b200, b300, gb200, gb300, "
+                                                "mi300x, mi355x, cpu) or alias")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs to lay the model out on")
+    p.add_argument("--traffic", help="trace, traffic profile JSON or workload points JSON")
+    p.add_argument("--ttft-ms", type=float, default=None, help="time-to-first-token SLA")
+    p.add_argument("--tpot-ms", type=float, default=None, help="time-per-output-token SLA")
+    p.add_argument("--calibration", help="calibration JSON (default: the stored one for --hw, if any)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=handle)
+
+
+def load_traffic(path: str):
+    """TrafficShape from a points JSON, a profile JSON or a trace file."""
+    from cost_model import CostModelError, TrafficShape
+
+    f = Path(path)
+    if not f.exists():
+        raise FileNotFoundError(2, "No such file or directory", path)
+    if f.suffix == ".json":
+        try:
+            doc = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CostModelError(f"{path}: not valid JSON: {e}") from None
+        points = doc.get("points") if isinstance(doc, dict) and "kind" not in doc else doc
+        if isinstance(points, list):
+            if not all(isinstance(p, dict) for p in points):
+                raise CostModelError(f"{path}: workload points must be JSON objects")
+            return TrafficShape.from_points(points)
+        return TrafficShape.from_profile(doc)
+    import traffic_profiles
+    read_trace = getattr(traffic_profiles, "read_trace", None)
+    build_profile = getattr(traffic_profiles, "build_profile", None)
+    if read_trace is None or build_profile is None:
+        from traffic_profiles.profile import build_profile
+        from traffic_profiles.readers import read_trace
+    return TrafficShape.from_profile(build_profile(read_trace(path)))
+
+
+def handle(args) -> int:
+    from cost_model import SLA, CostModelError, get_hardware, load_calibration, search
+    from persistent_engine.models.spec import ModelSpec
+
+    if args.gpus < 1:
+        raise CostModelError(f"--gpus must be >= 1, got {args.gpus}")
+    for name in ("ttft_ms", "tpot_ms"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            raise CostModelError(f"--{name.replace('_', '-')} must be > 0, got {v:g}")
+    spec = ModelSpec.from_name(args.model)
+    hw = get_hardware(args.hw)
+    traffic = load_traffic(args.traffic) if args.traffic else None
+    calib = load_calibration(hw.name, path=args.calibration)
+    result = search(spec, hw, args.gpus, traffic, SLA(args.ttft_ms, args.tpot_ms),
+                    eff=calib.efficiency if calib else None)
+    if args.json:
+        d = result.to_dict()
+        d["calibration"] = calib.summary() if calib else None
+        json.dump(d, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(result, calib))
+    return 0 if result.best is not None else 1
+
+
+def format_table(result, calib=None) -> str:
+    t = result.traffic
+    lines = [f"{result.model} on {result.gpus}x {result.hw}; traffic: {t.isl} in / {t.osl} out tokens, "
+             f"prefix hit {t.prefix_hit:.0%}; SLA: {result.sla.describe()}; "
+             f"{'calibrated (' + calib.summary()['source'] + ')' if calib else 'uncalibrated roofline'}",
+             f"{'layout':<24} {'inst':>4} {'pd':>9} {'batch':>6} {'mem GB':>7} {'TTFT ms':>9} {'TPOT ms':>9} "
+             f"{'tok/s/GPU':>10} {'tok/s/user':>10}  flags"]
+    rows = [c for c in result.configs if c.fits][:TABLE_ROWS]
+    if result.best is not None and result.best not in rows:
+        rows.append(result.best)
+    for c in rows:
+        flags = " ".join(f for f, on in (("best", c is result.best), ("pareto", c.pareto),
+                                         ("sla-miss", not c.meets_sla)) if on)
+        lines.append(f"{c.layout.label():<24} {c.replicas:>4} {c.pd:>9} {c.batch:>6} {c.memory.total / 1e9:>7.1f} "
+                     f"{c.ttft_ms:>9.2f} {c.tpot_ms:>9.2f} {c.tokens_per_s_per_gpu:>10.1f} "
+                     f"{c.tokens_per_s_per_user:>10.1f}  {flags}")
+    unfit = sum(1 for c in result.configs if not c.fits)
+    if unfit:
+        lines.append(f"({unfit} layouts do not fit in memory)")
+    lines.append(result.message)
+    return "\n".join(lines)

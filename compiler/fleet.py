@@ -1,0 +1,187 @@
+"""The fleet: fast-tier and slow-tier engines, started once per run (local processes).
+
+Each engine is a ``persistent_engine.supervisor.Supervisor`` (its own process, restarted after a
+crash or a hang). Placement over the available devices:
+
+    N >= 2 GPUs   slow tier on the last GPU, one fast-tier engine on each of the others
+    1 GPU / CPU   one fast-tier and one slow-tier engine on the same device
+
+Engines that share a physical device share a *measure lock*, so that two engines never time at the
+same moment on one device (concurrent work would pollute both A/B measurements); engines on
+different GPUs measure in parallel. ``evaluate(tier, source)`` takes a free engine of the tier and
+never raises: an engine that fails outside a candidate's verdict (it died and could not restart)
+gives a rejected verdict with the reason, and the next call finds it restarted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("tkcc.fleet")
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    model: str
+    points: tuple[dict, ...]
+    fast_layers: tuple[int, ...]
+    slow_layers: tuple[int, ...]
+    devices: tuple[str, ...] = ("cpu",)      # "cpu" or "cuda:0", "cuda:1", ...
+    timeout_s: float = 300.0                 # watchdog per evaluate
+    dtype: str = "bf16"                      # engine dtype: bf16 | fp16 | fp32
+    env: dict = field(default_factory=dict)  # extra environment for engine processes
+
+
+@dataclass(frozen=True)
+class Placement:
+    tier: str
+    device: str
+    layers: tuple[int, ...]
+
+
+def place(cfg: FleetConfig) -> list[Placement]:
+    """Which engines run where (see the module docstring)."""
+    gpus = [d for d in cfg.devices if d.startswith("cuda")]
+    if len(gpus) >= 2:
+        return [Placement("fast", d, cfg.fast_layers) for d in gpus[:-1]] + \
+               [Placement("slow", gpus[-1], cfg.slow_layers)]
+    dev = gpus[0] if gpus else cfg.devices[0]
+    return [Placement("fast", dev, cfg.fast_layers), Placement("slow", dev, cfg.slow_layers)]
+
+
+def failed_verdict(reason: str) -> Any:
+    """A rejected CandidateVerdict for a failure outside the candidate's own verdict."""
+    from persistent_engine.supervisor import CandidateVerdict
+    return CandidateVerdict(correct=False, reasons=[reason], speedup=None, per_point=[], timings={},
+                            restarted=True)
+
+
+def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:
+    """Start one engine for a placement (blocks until it is ready)."""
+    from persistent_engine.supervisor import Supervisor
+    sup = Supervisor(cfg.model, list(p.layers), p.device, [dict(x) for x in cfg.points], dtype=cfg.dtype,
+                     env={**os.environ, **cfg.env}, log=lambda line: log.info("%s/%s %s", p.tier, p.device, line))
+    sup.start()
+    return sup
+
+
+class Engine:
+    """One supervised engine of a tier, with the lock of its device."""
+
+    def __init__(self, placement: Placement, supervisor: Any, measure_lock: threading.Lock):
+        self.placement = placement
+        self.supervisor = supervisor
+        self.measure_lock = measure_lock
+        self.failures = 0
+
+    @property
+    def tier(self) -> str:
+        return self.placement.tier
+
+    def evaluate(self, source: str, timeout_s: float) -> Any:
+        with self.measure_lock:
+            try:
+                return self.supervisor.evaluate(source, timeout_s)
+            except Exception as e:  # noqa: BLE001 - the run goes on without this verdict
+                self.failures += 1
+                log.warning("engine %s/%s failed: %s", self.tier, self.placement.device, e)
+                return failed_verdict(f"engine error: {type(e).__name__}: {e}")
+
+    def profile(self) -> dict:
+        with self.measure_lock:
+            return self.supervisor.profile()
+
+    def restarts(self) -> int:
+        return len(getattr(self.supervisor, "restarts", ())) + self.failures
+
+    def pid(self) -> int | None:
+        proc = getattr(self.supervisor, "proc", None)
+        return None if proc is None else proc.pid
+
+    def close(self) -> None:
+        try:
+            self.supervisor.close()
+        except Exception as e:  # noqa: BLE001
+            log.warning("closing engine %s/%s: %s", self.tier, self.placement.device, e)
+
+
+class LocalFleet:
+    """Engines as local processes. Use as a context manager; ``evaluate`` is thread-safe."""
+
+    kind = "local"
+
+    def __init__(self, cfg: FleetConfig):
+        self.cfg = cfg
+        self.engines: list[Engine] = []
+        self._free: dict[str, queue.Queue] = {"fast": queue.Queue(), "slow": queue.Queue()}
+
+    def start(self) -> "LocalFleet":
+        locks: dict[str, threading.Lock] = {}
+        placements = place(self.cfg)
+        started: list[Engine | BaseException] = [None] * len(placements)  # type: ignore[list-item]
+
+        def boot(i: int, p: Placement) -> None:
+            try:
+                started[i] = Engine(p, make_supervisor(self.cfg, p), locks.setdefault(p.device, threading.Lock()))
+            except BaseException as e:  # noqa: BLE001 - reported below
+                started[i] = e
+
+        for p in placements:                  # locks first: boot threads must not race on setdefault
+            locks.setdefault(p.device, threading.Lock())
+        threads = [threading.Thread(target=boot, args=(i, p), daemon=True) for i, p in enumerate(placements)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        errors = [e for e in started if isinstance(e, BaseException)]
+        self.engines = [e for e in started if isinstance(e, Engine)]
+        if errors:
+            self.close()
+            raise errors[0]
+        for e in self.engines:
+            self._free[e.tier].put(e)
+        return self
+
+    def __enter__(self) -> "LocalFleet":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _take(self, tier: str) -> Engine:
+        return self._free[tier].get()
+
+    def evaluate(self, tier: str, source: str) -> Any:
+        engine = self._take(tier)
+        try:
+            return engine.evaluate(source, self.cfg.timeout_s)
+        finally:
+            self._free[tier].put(engine)
+
+    def profile(self, tier: str = "fast") -> dict:
+        engine = self._take(tier)
+        try:
+            return engine.profile()
+        finally:
+            self._free[tier].put(engine)
+
+    def restarts(self) -> int:
+        return sum(e.restarts() for e in self.engines)
+
+    def engine_pids(self) -> list[int | None]:
+        return [e.pid() for e in self.engines]
+
+    def describe(self) -> list[dict]:
+        return [{"tier": e.tier, "device": e.placement.device, "layers": list(e.placement.layers)}
+                for e in self.engines]
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.close()
+        self.engines = []
+

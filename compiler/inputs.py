@@ -1,0 +1,161 @@
+"""What the optimize loop gathers before it starts engines: the traffic profile and its workload
+points, the tiers' layer slices, the device actually present, software versions, and the cost
+model's parallelism layout. Each is a thin call into the package that owns it."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class InputError(ValueError):
+    """A bad --traffic, --hw, --device or layer count; printed as one line, exit 2."""
+
+    user_error = True
+
+
+@dataclass(frozen=True)
+class TrafficInput:
+    source: str
+    profile: dict          # the full profile (stored with the plan; recompile diffs against it)
+    summary: dict          # what plan.json carries
+    hash: str
+    points: tuple[dict, ...]
+
+
+def read_traffic(path: str, spec: Any, hw: str = "cpu", *, max_points: int = 6,
+                 profile_only: bool = False) -> TrafficInput:
+    """Profiles a trace and derives the workload points for ``spec`` (the ``max_points`` heaviest,
+    weights renormalised to sum to 1; none when ``profile_only``)."""
+    from traffic_profiles.profile import build_profile
+    from traffic_profiles.readers import read_trace
+
+    if not Path(path).is_file():
+        raise InputError(f"traffic file not found: {path}")
+    trace = read_trace(path)
+    profile = build_profile(trace)
+    doc = profile.to_dict()
+    summary = {k: doc.get(k) for k in ("rows", "duration_s", "requests_per_s", "input_tokens",
+                                       "output_tokens", "interarrival_cv", "prefix_cache_hit_rate")}
+    summary = {k: ({q: v.get(q) for q in ("mean", "p50", "p90", "p99", "max")} if isinstance(v, dict) else v)
+               for k, v in summary.items()}
+    points: list[dict] = []
+    if not profile_only:
+        points = workload_points(trace, spec, hw, max_points)
+        points = sorted(points, key=lambda p: -float(p["weight"]))[:max_points]
+        total = sum(float(p["weight"]) for p in points) or 1.0
+        points = [{**p, "weight": round(float(p["weight"]) / total, 6)} for p in points]
+    return TrafficInput(source=str(path), profile=doc, summary=summary, hash=str(doc.get("hash", "")),
+                        points=tuple(points))
+
+
+def workload_points(trace: Any, spec: Any, hw: str, max_points: int) -> list[dict]:
+    """The traffic package's workload points: the trace replayed through its continuous-batching
+    scheduler model, with step times from a roofline of ``spec`` on the target ``hw``."""
+    from cost_model.hardware import get_hardware
+    from traffic_profiles import RooflineStepTime, SchedulerConfig, replay
+
+    h = get_hardware(hw)
+    if spec.attention == "mla":     # absorbed MLA: scores over latent + rope dims, values over latent
+        per_head = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank
+    else:
+        per_head = 2 * spec.head_dim
+    peak = h.tflops.get(spec.dtype) or h.tflops.get("bf16") or max(v for v in h.tflops.values() if v)
+    step = RooflineStepTime(weight_bytes=spec.weight_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token(),
+                            flops_per_token=2.0 * spec.active_params(), bandwidth=h.hbm_bw * h.mem_efficiency,
+                            flops=peak * 1e12 * h.compute_efficiency,
+                            attn_flops_per_pair=2.0 * spec.num_layers * spec.num_heads * per_head)
+    return [p.to_dict() for p in replay(trace, step, SchedulerConfig(max_points=max_points)).points]
+
+
+def drift(old_profile: dict, new_profile: dict) -> tuple[bool, list[dict]]:
+    """(drifted, per-feature rows) between a stored profile and a new one."""
+    from traffic_profiles.drift import compare
+    from traffic_profiles.profile import TrafficProfile
+
+    report = compare(TrafficProfile.from_dict(old_profile), TrafficProfile.from_dict(new_profile))
+    doc = report.to_dict()
+    return bool(doc["drift"]), list(doc["features"])
+
+
+def validate_hw(hw: str) -> dict:
+    """The cost model's catalogue entry for --hw, as a small JSON record (CostModelError if unknown)."""
+    from cost_model.hardware import get_hardware
+
+    h = get_hardware(hw)
+    return {"name": h.name, "label": h.label}
+
+
+def tier_layers(spec: Any, fast_layers: int | None, slow_layers: int | None) -> tuple[list[int], list[int]]:
+    """Fast tier: the covering layers (every distinct layer kind), or the first N when given.
+    Slow tier: the first ``slow_layers`` layers (default 8), at least covering every kind."""
+    n = spec.num_layers
+    for name, v in (("--fast-layers", fast_layers), ("--slow-layers", slow_layers)):
+        if v is not None and not 1 <= v:
+            raise InputError(f"{name} must be at least 1, got {v}")
+    fast = list(spec.covering_layers()) if fast_layers is None else list(range(min(fast_layers, n)))
+    slow_n = min(8 if slow_layers is None else slow_layers, n)
+    slow = sorted(set(range(slow_n)) | set(spec.covering_layers()))
+    return fast, slow
+
+
+def detect_device(requested: str) -> dict:
+    """``{"kind": "cpu"|"cuda", "name", "devices": [...]}`` for --device auto|cpu|cuda."""
+    import torch
+
+    if requested not in ("auto", "cpu", "cuda"):
+        raise InputError(f"--device must be auto, cpu or cuda, got {requested!r}")
+    has_cuda = torch.cuda.is_available()
+    if requested == "cuda" and not has_cuda:
+        raise InputError("--device cuda: no CUDA device is visible")
+    if requested == "cpu" or not has_cuda:
+        return {"kind": "cpu", "name": platform.processor() or platform.machine() or "cpu",
+                "devices": ["cpu"]}
+    n = torch.cuda.device_count()
+    return {"kind": "cuda", "name": torch.cuda.get_device_name(0), "devices": [f"cuda:{i}" for i in range(n)]}
+
+
+def hw_matches(hw: str, device: dict) -> bool:
+    """Whether the detected device is the target the cost model was asked about."""
+    if device["kind"] == "cpu":
+        return hw.lower() == "cpu"
+    name = device["name"].lower().replace(" ", "")
+    return hw.lower().replace("-", "") in name
+
+
+def software_versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "triton", "tkcc"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    try:
+        import torch
+        if torch.version.cuda:
+            out["cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    return out
+
+
+def parallelism(spec: Any, hw: str, profile: dict, gpus: int) -> tuple[dict | None, dict | None, str]:
+    """(layouts as ``tkcc parallelism --json`` gives them, projected full-model figures of the best,
+    note). A cost-model failure is recorded as the note, never fatal to the run."""
+    from cost_model.hardware import get_hardware
+    from cost_model.search import search
+    from cost_model.traffic import TrafficShape
+
+    try:
+        result = search(spec, get_hardware(hw), gpus, traffic=TrafficShape.from_profile(profile))
+    except Exception as e:  # noqa: BLE001 - the layout is advice; the measured plan stands without it
+        return None, None, f"cost model: {type(e).__name__}: {e}"
+    doc = result.to_dict()
+    best = doc.get("best") or {}
+    projected = {k: best.get(k) for k in ("tokens_per_s_per_gpu", "tokens_per_s_per_user", "ttft_ms",
+                                          "tpot_ms") if best.get(k) is not None}
+    return doc, projected or None, str(doc.get("message") or "")

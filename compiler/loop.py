@@ -1,0 +1,418 @@
+"""The optimize loop (DESIGN.md "The loop"): traffic -> workload points; cost model -> layout and
+projections; fleet started once; baseline measured, profiled and posted; the swarm for the budget
+with every fast-tier verdict screened and confirmed on the slow tier; accepted overrides composed,
+re-verified and re-measured; the plan and report written.
+
+Ctrl-C (SIGINT) sets the stop event: the agents finish their cycle, nothing new starts, and the
+plan of what was accepted so far is written (composed but not re-measured, and marked
+``interrupted``). A second Ctrl-C aborts (the plan directory is written atomically, so an abort
+leaves no half-written plan).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from compiler import inputs, plan as plan_mod, report
+from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
+from compiler.compose import Part, compose, select_compatible
+from compiler.progress import Progress
+
+log = logging.getLogger("tkcc.loop")
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    model: str
+    hw: str
+    traffic: str
+    out: str
+    budget_s: float = 600.0
+    agents: str = "offline:4"
+    board: str | None = None                 # default: sqlite:///<out>/board.db
+    device: str = "auto"
+    fast_layers: int | None = None
+    slow_layers: int | None = None
+    fleet: str = "local"                     # "local" | "ray"
+    ray_address: str | None = None           # None: an existing cluster (RAY_ADDRESS) or a local one
+    max_points: int = 4
+    timeout_s: float = 300.0                 # engine watchdog per evaluation
+    aa_runs: int = 2                         # reference-vs-itself runs per tier to measure noise
+    seeds: tuple[tuple[str, str], ...] = ()  # (name, source) re-verified first (recompile)
+    parent_version: int | None = None
+    drift: dict | None = None                # recompile: {"features": [...], "old_hash": ...}
+    acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
+    quiet: bool = False
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    plan_dir: Path
+    plan: plan_mod.Plan
+    interrupted: bool
+
+
+def _identity_candidate() -> str:
+    """A candidate that recomputes ``silu_and_mul`` the reference way: timing it A/B against the
+    reference measures the tier's noise (its true speedup is 1)."""
+    import inspect
+
+    from persistent_engine.ops import registry
+
+    params = list(inspect.signature(registry.get("silu_and_mul").reference).parameters)
+    x = params[0]
+    return (f'"""A/A probe: silu_and_mul as the reference computes it."""\nimport torch\n\n\n'
+            f"def silu_and_mul({', '.join(params)}):\n"
+            f"    d = {x}.shape[-1] // 2\n"
+            f"    return torch.nn.functional.silu({x}[..., :d]) * {x}[..., d:]\n\n\n"
+            f'OVERRIDES = {{"silu_and_mul": silu_and_mul}}\n')
+
+
+def measure_noise(evaluate: Callable[[str, str], Any], runs: int) -> dict[str, float]:
+    """Relative A/A spread per tier: max |speedup - 1| of the identity candidate over ``runs``."""
+    src = _identity_candidate()
+    noise = {}
+    for tier in ("fast", "slow"):
+        spreads = []
+        for _ in range(max(runs, 1)):
+            v = evaluate(tier, src)
+            if getattr(v, "correct", False) and getattr(v, "speedup", None):
+                spreads.append(abs(float(v.speedup) - 1.0))
+        noise[tier] = round(max(spreads, default=0.05), 4)   # unmeasurable: assume 5%
+    return noise
+
+
+def op_ms(profile: Any, points: list[dict]) -> dict[str, float]:
+    """Per-op milliseconds weighted over workload points, from a ``Supervisor.profile()`` result.
+    Accepts ``{"per_point": [{"point": {...}, "ops": {op: ms | {"ms": x, ...}}}]}`` (the engine's)
+    or a flat ``{op: ms}``."""
+    def ms(v: Any) -> float | None:
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, dict):
+            for k in ("ms", "time_ms", "total_ms", "median_ms"):
+                if isinstance(v.get(k), (int, float)):
+                    return float(v[k])
+            if isinstance(v.get("ns"), (int, float)):
+                return float(v["ns"]) / 1e6
+        return None
+
+    if not isinstance(profile, dict):
+        return {}
+    rows = profile.get("per_point", profile.get("points"))
+    if not isinstance(rows, list):
+        return {k: m for k, v in profile.items() if (m := ms(v)) is not None}
+    weights = {tuple(p.get(k) for k in ("phase", "batch", "context", "chunk")): float(p.get("weight", 1.0))
+               for p in points}
+    out: dict[str, float] = {}
+    for row in rows:
+        p = row.get("point", row) if isinstance(row, dict) else {}
+        w = weights.get(tuple(p.get(k) for k in ("phase", "batch", "context", "chunk")), 1.0 / max(len(rows), 1))
+        for op, v in (row.get("ops") or {}).items():
+            m = ms(v)
+            if m is not None:
+                out[op] = out.get(op, 0.0) + w * m
+    return {k: round(v, 6) for k, v in out.items()}
+
+
+def make_agents(spec: str, device: str) -> list[Any]:
+    """``offline:4`` / ``anthropic:2,offline:2`` -> agent instances."""
+    from compiler.agent_spec import build_agents
+    return build_agents(spec, device)
+
+
+def start_fleet(cfg: OptimizeConfig, fleet_cfg: Any) -> Any:
+    if cfg.fleet == "ray":
+        from compiler.ray_fleet import RayFleet
+        return RayFleet(fleet_cfg, address=cfg.ray_address).start()
+    if cfg.fleet != "local":
+        raise inputs.InputError(f"--fleet must be local or ray, got {cfg.fleet!r}")
+    from compiler.fleet import LocalFleet
+    return LocalFleet(fleet_cfg).start()
+
+
+class _Interrupt:
+    """First SIGINT: set ``stop``; second: KeyboardInterrupt. Installed only on the main thread."""
+
+    def __init__(self, stop: threading.Event, progress: Progress):
+        self.stop, self.progress, self.hits = stop, progress, 0
+        self._old: Any = None
+
+    def __enter__(self) -> "_Interrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.hits += 1
+        if self.hits > 1:
+            raise KeyboardInterrupt
+        self.stop.set()
+        self.progress.event("interrupted: finishing the current candidates and writing the plan of "
+                            "what was accepted (Ctrl-C again to abort)")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def optimize(cfg: OptimizeConfig) -> OptimizeResult:
+    """Runs the whole loop and writes the next plan version under ``cfg.out``."""
+    from persistent_engine.models.spec import ModelSpec
+
+    t_start = time.monotonic()
+    deadline = t_start + cfg.budget_s
+    spec = ModelSpec.from_name(cfg.model)
+    device = inputs.detect_device(cfg.device)
+    hw_doc = inputs.validate_hw(cfg.hw)
+    traffic = inputs.read_traffic(cfg.traffic, spec, cfg.hw, max_points=cfg.max_points)
+    points = [dict(p) for p in traffic.points]
+    fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers)
+    gpus = len(device["devices"]) if device["kind"] == "cuda" else 1
+    layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
+    device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
+    agents = make_agents(cfg.agents, device["kind"])
+
+    stop = threading.Event()
+    progress = Progress(deadline, quiet=cfg.quiet)
+    if not device["matches_hw"]:
+        progress.event(f"target --hw {cfg.hw} differs from the detected device {device['name']} "
+                       f"({device['kind']}): measuring on {device['kind']}, projecting for {cfg.hw}; both recorded")
+
+    from bulletin_board import Board
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    board = Board(cfg.board or f"sqlite:///{(out / 'board.db').resolve()}")
+    run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
+                              config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
+                                      "device": device["kind"], "parent_version": cfg.parent_version})
+    if cfg.drift is not None:                    # recompile: the drift check that triggered this run
+        deployment = _board_call(board, "deployment", cfg.model, cfg.hw, traffic.hash)
+        _board_call(board, "add_drift_event", deployment, True,
+                    cfg.drift.get("features", []), run=run_id, old_hash=cfg.drift.get("old_hash", ""),
+                    new_hash=traffic.hash)
+    progress.on_change = _board_mirror(board, run_id)
+
+    from compiler.fleet import FleetConfig
+    fleet_cfg = FleetConfig(model=cfg.model, points=tuple(points), fast_layers=tuple(fast_layers),
+                            slow_layers=tuple(slow_layers), devices=tuple(device["devices"]),
+                            timeout_s=cfg.timeout_s)
+    interrupted = False
+    accepted_log: list[Accepted] = []
+    baseline: dict = {}
+    noise: dict[str, float] = {}
+    composition: Composition | None = None
+    tried = [0]
+    progress.start()
+    with _Interrupt(stop, progress):
+        progress.phase("starting")
+        fleet = start_fleet(cfg, fleet_cfg)
+        progress.restarts_from(fleet.restarts)
+        try:
+            progress.phase("baseline")
+            base_profile = fleet.profile("fast")
+            baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
+            _board_call(board, "set_baseline", run_id, base_profile)
+            noise = measure_noise(fleet.evaluate, cfg.aa_runs) if not stop.is_set() else {"fast": 0.05, "slow": 0.05}
+            progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
+                           f"slow ±{100 * noise['slow']:.1f}%")
+
+            def on_accept(a: Accepted) -> None:
+                progress.accepted(a.slow)
+                progress.event(f"accepted {a.name}: fast {a.fast:.3f}x, slow {a.slow:.3f}x")
+
+            acceptor = Acceptor(fleet.evaluate, points, noise, cfg.acceptance, on_accept, accepted_log)
+            for name, source in cfg.seeds:               # recompile: the old plan's optimizations first
+                if stop.is_set():
+                    break
+                _consider(board, run_id, fleet, acceptor, progress, source, author=f"seed:{name}", tried=tried)
+
+            if not stop.is_set() and time.monotonic() < deadline:
+                progress.phase("searching")
+                _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
+                           base_profile, deadline, stop, tried)
+            interrupted = stop.is_set()
+            progress.phase("composing")
+            if interrupted:
+                composition = _unmeasured(acceptor.accepted)
+            else:
+                composition = acceptor.compose(deadline=time.monotonic() + max(60.0, 0.1 * cfg.budget_s))
+        finally:
+            restarts = fleet.restarts()
+            fleet.close()
+        progress.phase("writing")
+        after = _op_ms_after(spec, fast_layers, points, composition, device, baseline)
+        plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
+                           layout_note, baseline, after, noise, composition, accepted_log, interrupted,
+                           tried[0], restarts, time.monotonic() - t_start)
+        sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
+        vdir = plan_mod.write_version(out, plan, sources=sources,
+                                      composed_source=composition.source if composition else compose([]),
+                                      profile=traffic.profile, extra_files=report.render)
+        for o, a in zip(plan.optimizations, composition.parts if composition else ()):
+            if a.candidate_id is not None:
+                _board_call(board, "add_optimization", run_id, a.candidate_id, name=o.name, targets=list(o.targets),
+                            speedups=o.speedup, per_point=list(o.per_point), plan_version=written_version(vdir))
+        _board_call(board, "update_run", run_id, status="interrupted" if interrupted else "done",
+                    message=f"plan {vdir}")
+        progress.phase("done")
+    progress.close()
+    written, _ = plan_mod.load(vdir)
+    return OptimizeResult(vdir, written, interrupted)
+
+
+def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress: Progress, source: str, *,
+              author: str, tried: list[int], idea_id: Any = None) -> Any:
+    """Fast tier, then acceptance (slow tier when it beats the noise); everything goes on the board."""
+    cand = _board_call(board, "add_candidate", run_id, author=author, source=source, idea=idea_id)
+    verdict = fleet.evaluate("fast", source)
+    tried[0] += 1
+    progress.count("tried")
+    if getattr(verdict, "correct", False):
+        progress.count("correct")
+    decision = acceptor.consider(source, verdict, author=author, idea_id=idea_id, candidate_id=cand)
+    if decision.stage == "slow":
+        progress.count("fast_passed")
+    if cand is not None:
+        _board_call(board, "add_evaluation", cand, tier="fast", point=None,
+                    metrics={"speedup": getattr(verdict, "speedup", None), "per_point": getattr(verdict, "per_point", []),
+                             "timings": getattr(verdict, "timings", {}), "decision": decision.reason,
+                             "slow_speedup": decision.slow},
+                    verdict="correct" if getattr(verdict, "correct", False) else "rejected",
+                    reasons=list(getattr(verdict, "reasons", []) or []), device=fleet.cfg.devices[0],
+                    versions={}, timing_method="engine A/B")
+    return verdict
+
+
+def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, fleet: Any,
+               acceptor: Acceptor, progress: Progress, spec: Any, points: list[dict], base_profile: dict,
+               deadline: float, stop: threading.Event, tried: list[int]) -> None:
+    from agents import AgentContext, op_catalog, run_swarm
+
+    seen: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def evaluate(source: str, *, author: str, idea_id: Any = None) -> Any:
+        key = hashlib.sha256(source.encode()).hexdigest()
+        with lock:
+            if key in seen:                      # the same source is never measured twice
+                return seen[key]
+        verdict = _consider(board, run_id, fleet, acceptor, progress, source, author=author, tried=tried,
+                            idea_id=idea_id)
+        with lock:
+            seen[key] = verdict
+        return verdict
+
+    ctx = AgentContext(board=board, run_id=run_id, evaluate=evaluate, profile=base_profile, points=points,
+                       spec=spec, ops=op_catalog(), deadline=deadline, stop=stop)
+    run_swarm(agents, ctx, max(deadline - time.monotonic(), 0.0))
+
+
+def written_version(vdir: Path) -> int:
+    return int(vdir.name.lstrip("v"))
+
+
+def _unmeasured(accepted: list[Accepted]) -> Composition | None:
+    """After Ctrl-C: compose what was accepted without re-measuring (the plan says so)."""
+    if not accepted:
+        return None
+    ranked = sorted(accepted, key=lambda a: -a.slow)
+    kept, _ = select_compatible([Part(a.name, a.source, a.targets, a.config_keys) for a in ranked])
+    names = {p.name for p in kept}
+    members = tuple(a for a in ranked if a.name in names)
+    src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in members])
+    return Composition(members, src, float("nan"), float("nan"), (), (("*", "not re-measured: interrupted"),))
+
+
+def _op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: Composition | None,
+                 device: dict, baseline: dict) -> dict[str, dict[str, float]]:
+    """Per-op time of the fast-tier slice before and after the composed plan, measured the same way
+    in this process (the engine's profile covers the reference only)."""
+    if composition is None or not composition.parts:
+        return {}
+    try:
+        from compiler.apply import op_times_with
+        return op_times_with(spec, layers, points, composition.source,
+                             device="cpu" if device["kind"] == "cpu" else "cuda")
+    except Exception as e:  # noqa: BLE001 - the plot is optional; the plan is not
+        log.warning("per-op timing with the plan failed: %s", e)
+        return {}
+
+
+def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.TrafficInput, points: list[dict],
+                fast_layers: list[int], slow_layers: list[int], layout: dict | None, projected: dict | None,
+                layout_note: str, baseline: dict, after: dict, noise: dict, composition: Composition | None,
+                accepted: list[Accepted], interrupted: bool, tried: int, restarts: int,
+                elapsed_s: float) -> plan_mod.Plan:
+    import math
+
+    taken: set[str] = set()
+    opts = []
+    for a in (composition.parts if composition else ()):
+        opts.append(plan_mod.Optimization(
+            name=a.name, targets=a.targets, speedup={"fast": round(a.fast, 4), "slow": round(a.slow, 4)},
+            per_point=a.per_point, kernel=f"kernels/{plan_mod.kernel_filename(a.name, taken)}",
+            author=a.author, description=a.description, noise=a.noise))
+
+    def num(x: float) -> float | None:
+        return None if x is None or not math.isfinite(x) else round(x, 4)
+
+    if composition is None:
+        plan_speedup = {"fast": 1.0, "slow": 1.0, "per_point": [], "note": "nothing accepted: the reference"}
+    else:
+        plan_speedup = {"fast": num(composition.fast), "slow": num(composition.slow),
+                        "per_point": list(composition.per_point),
+                        "dropped": [list(d) for d in composition.dropped]}
+        if interrupted:
+            plan_speedup["note"] = "interrupted: composition not re-measured"
+    summary_dev = {k: v for k, v in device.items() if k != "target"}
+    return plan_mod.Plan(
+        model=cfg.model, hw=cfg.hw, detected_device=summary_dev,
+        software=inputs.software_versions(),
+        traffic={"source": traffic.source, "hash": traffic.hash, "summary": traffic.summary},
+        workload_points=tuple(points), optimizations=tuple(opts), plan_speedup=plan_speedup,
+        parallelism=layout, projected={**(projected or {}), "label": "projected"} if projected else None,
+        tiers={"fast": {"layers": fast_layers}, "slow": {"layers": slow_layers}},
+        baseline={"op_ms": after.get("before") or baseline.get("op_ms") or {},
+                  "op_ms_after": after.get("after") or {}, "noise": noise,
+                  "profile": baseline.get("profile")},
+        run={"budget_s": cfg.budget_s, "elapsed_s": round(elapsed_s, 1), "interrupted": interrupted,
+             "tried": tried, "accepted": len(accepted), "restarts": restarts, "agents": cfg.agents,
+             "fleet": cfg.fleet, "layout_note": layout_note},
+        parent_version=cfg.parent_version,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def _board_call(board: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Board bookkeeping is best effort: a board that lacks a method or errors never stops a run."""
+    fn = getattr(board, method, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        log.warning("board.%s failed: %s", method, e)
+        return None
+
+
+def _board_mirror(board: Any, run_id: Any) -> Callable[[Any], None]:
+    """Mirrors the progress counters to the run's row (at most once a second)."""
+    last = [0.0]
+
+    def mirror(snap: Any) -> None:
+        now = time.monotonic()
+        if now - last[0] < 1.0 and snap.phase not in ("done", "writing"):
+            return
+        last[0] = now
+        _board_call(board, "update_run", run_id, message=snap.phase, candidates_tried=snap.tried,
+                    candidates_accepted=snap.accepted, best_speedup=snap.best_speedup,
+                    engine_restarts=snap.restarts)
+    return mirror

@@ -1,0 +1,146 @@
+"""report.md for a plan version, with three SVG plots: speedup per workload point, time per op
+before and after the plan, and the parallelism Pareto front. Reads only the plan record (so a
+report can be re-rendered from any plan.json) and returns the files to write beside it."""
+
+from __future__ import annotations
+
+from compiler.plan import Plan
+from compiler.plots import bar_chart, scatter_chart
+
+
+def point_label(p: dict) -> str:
+    """``decode b8 ctx1024`` / ``prefill b1 chunk512+ctx0`` with the point's weight."""
+    if p.get("phase") == "prefill":
+        s = f"prefill b{p.get('batch')} chunk{p.get('chunk')}+ctx{p.get('context')}"
+    else:
+        s = f"decode b{p.get('batch')} ctx{p.get('context')}"
+    if p.get("weight") is not None:
+        s += f" ({100 * float(p['weight']):.0f}%)"
+    return s
+
+
+def _x(v) -> str:
+    return "n/a" if v is None else f"{float(v):.3f}x"
+
+
+def _speedup_plot(plan: Plan) -> str | None:
+    rows = plan.plan_speedup.get("per_point") or []
+    if not rows:
+        return None
+    series = {tier: [r.get(tier) for r in rows] for tier in ("fast", "slow") if any(r.get(tier) for r in rows)}
+    if not series:
+        return None
+    return bar_chart("Plan speedup per workload point (reference / plan)",
+                     [point_label(r) for r in rows], series, unit="x", reference=1.0)
+
+
+def _op_plot(plan: Plan) -> str | None:
+    before = plan.baseline.get("op_ms") or {}
+    after = plan.baseline.get("op_ms_after") or {}
+    if not before:
+        return None
+    ops = sorted(before, key=lambda k: -before[k])[:16]
+    series = {"before (reference)": [before[o] for o in ops]}
+    if after:
+        series["after (plan)"] = [after.get(o) for o in ops]
+    return bar_chart("Time per op, fast tier, weighted over workload points", ops, series, unit=" ms")
+
+
+def _pareto_plot(plan: Plan) -> str | None:
+    configs = (plan.parallelism or {}).get("configs") or []
+    pts = [(float(c["tokens_per_s_per_user"]), float(c["tokens_per_s_per_gpu"]),
+            f"tp{c.get('tp')} pp{c.get('pp')} ep{c.get('ep')} dp{c.get('dp')} {c.get('dtype', '')}".strip(),
+            bool(c.get("pareto")))
+           for c in configs if c.get("fits", True) and c.get("tokens_per_s_per_user") is not None
+           and c.get("tokens_per_s_per_gpu") is not None]
+    if not pts:
+        return None
+    return scatter_chart("Parallelism layouts (projected)", pts, x_label="tokens/s per user",
+                         y_label="tokens/s per GPU")
+
+
+def _layout_line(best: dict | None) -> str:
+    if not best:
+        return "none computed"
+    keys = ("tp", "pp", "ep", "dp", "dcp", "dtype")
+    return ", ".join(f"{k}={best[k]}" for k in keys if k in best)
+
+
+def render(plan: Plan) -> dict[str, str]:
+    """Files for the version directory: ``report.md`` and ``plots/*.svg``."""
+    files: dict[str, str] = {}
+    plots = {"speedup_per_point": _speedup_plot(plan), "op_time": _op_plot(plan),
+             "parallelism_pareto": _pareto_plot(plan)}
+    for name, svg in plots.items():
+        if svg:
+            files[f"plots/{name}.svg"] = svg
+
+    dev = plan.detected_device
+    run = plan.run
+    L = [f"# tkcc plan v{plan.version}: {plan.model} on {plan.hw}", ""]
+    if plan.parent_version is not None:
+        L += [f"Recompiled from v{plan.parent_version} because traffic drifted.", ""]
+    if run.get("interrupted"):
+        L += ["**This run was interrupted**; the plan holds what was accepted before the stop.", ""]
+    L += ["| | |", "|---|---|",
+          f"| model | `{plan.model}` |",
+          f"| target hardware (cost model) | `{plan.hw}` |",
+          f"| measured on | {dev.get('name', dev.get('kind', '?'))} (`{dev.get('kind', '?')}`)"
+          + ("" if dev.get("matches_hw", True) else " — differs from the target; timings are from this device") + " |",
+          f"| traffic | `{plan.traffic.get('source', '?')}` (hash `{str(plan.traffic.get('hash', ''))[:12]}`) |",
+          f"| budget / elapsed | {run.get('budget_s', '?')} s / {run.get('elapsed_s', '?')} s |",
+          f"| candidates tried / accepted | {run.get('tried', '?')} / {len(plan.optimizations)} |",
+          f"| engine restarts | {run.get('restarts', 0)} |",
+          f"| tiers | fast layers {plan.tiers.get('fast', {}).get('layers', '?')}, "
+          f"slow layers {plan.tiers.get('slow', {}).get('layers', '?')} |",
+          f"| software | " + ", ".join(f"{k} {v}" for k, v in sorted(plan.software.items())) + " |", ""]
+
+    ps = plan.plan_speedup
+    L += ["## Plan speedup (all accepted optimizations composed, re-verified and re-measured)", "",
+          f"- fast tier: **{_x(ps.get('fast'))}**", f"- slow tier: **{_x(ps.get('slow'))}**"]
+    for key, label in (("vs_torch_compile", "against `torch.compile` of the same slice"),):
+        if ps.get(key) is not None:
+            L.append(f"- {label}: {_x(ps[key])}")
+    L.append("")
+    if "speedup_per_point" in plots and plots["speedup_per_point"]:
+        L += ["![speedup per workload point](plots/speedup_per_point.svg)", ""]
+    rows = ps.get("per_point") or []
+    if rows:
+        L += ["| workload point | weight | fast | slow |", "|---|---|---|---|"]
+        L += [f"| {point_label({**r, 'weight': None})} | {100 * float(r.get('weight', 0)):.1f}% | "
+              f"{_x(r.get('fast'))} | {_x(r.get('slow'))} |" for r in rows]
+        L.append("")
+
+    L += ["## Accepted optimizations", ""]
+    if plan.optimizations:
+        L += ["| name | targets | fast | slow | noise | author | kernel |", "|---|---|---|---|---|---|---|"]
+        for o in plan.optimizations:
+            L.append(f"| {o.name} | {', '.join(o.targets) or '-'} | {_x(o.speedup.get('fast'))} | "
+                     f"{_x(o.speedup.get('slow'))} | ±{100 * o.noise:.1f}% | {o.author or '-'} | "
+                     f"[{o.kernel}]({o.kernel}) |")
+        L.append("")
+        for o in plan.optimizations:
+            if o.description:
+                L += [f"- **{o.name}**: {o.description}"]
+        L.append("")
+    else:
+        L += ["No candidate beat the reference by more than the measured noise on both tiers; the plan "
+              "is the reference forward pass.", ""]
+
+    if "op_time" in plots and plots["op_time"]:
+        L += ["## Time per op", "", "![time per op](plots/op_time.svg)", ""]
+    L += ["## Parallelism (projected by the cost model)", "",
+          f"Chosen layout: {_layout_line((plan.parallelism or {}).get('best'))}."]
+    proj = plan.projected or {}
+    if proj:
+        L.append("Projected full-model figures (from per-layer timings and the cost model, not measured): "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(proj.items()) if not isinstance(v, (dict, list))) + ".")
+    L.append("")
+    if "parallelism_pareto" in plots and plots["parallelism_pareto"]:
+        L += ["![parallelism Pareto front](plots/parallelism_pareto.svg)", ""]
+    L += ["## Use it", "", "```", f"tkcc plan apply --plan <this directory> --model {plan.model}", "```", "",
+          "```python", "from compiler.apply import load_plan_overrides", "from persistent_engine.ops import registry",
+          "overrides, config = load_plan_overrides('<this directory>')",
+          "with registry.override(overrides):", "    logits = model.step(workload)", "```", ""]
+    files["report.md"] = "\n".join(L)
+    return files

@@ -1,0 +1,239 @@
+"""Calibration: fit per-op-class efficiency factors from measured timings, per device.
+
+A measurements file (JSON) is what the engine's timings produce:
+
+    {"device": "h200",
+     "measurements": [
+        {"model": "llama-1b", "layers": [0, 1] | 2 | null, "dtype": "bf16",
+         "layout": {"tp": 1, ...} (optional), "point": {"phase": "decode", "batch": 8, "context": 1024,
+         "chunk": 1, "weight": 0.1}, "seconds": 0.00091, "op_class": "attention" (optional)}, ...]}
+
+A row without ``op_class`` is a whole step (the sliced model's forward, embeddings and lm_head
+included); with it, the time of that op class alone. The estimate is linear in the unknowns,
+
+    t = sum_c f_c * raw_c + o * kernels * overhead_default
+
+so the factors f_c and the overhead multiplier o are the non-negative least-squares solution of
+the *relative* residuals (each row divided by its measurement), with a weak pull towards 1 so a
+class the measurements barely exercise keeps its default. The error before (all factors 1) and
+after is the median absolute relative error over the rows.
+
+Calibrations are stored per device as ``<device>.json`` in ``$TKCC_CALIBRATION_DIR`` (default
+``~/.cache/tkcc/calibration``); the package ships measured ones in ``cost_model/calibrations/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cost_model.estimate import Efficiency, features
+from cost_model.hardware import CostModelError, Hardware
+from cost_model.layout import Layout
+from cost_model.ops import OP_CLASSES, step_ops
+from persistent_engine.models.spec import ModelSpec
+
+PACKAGED_DIR = Path(__file__).with_name("calibrations")
+RIDGE = 1e-2                    # pull of each factor towards 1 (relative units)
+UNKNOWNS = (*OP_CLASSES, "overhead")
+
+
+def user_dir() -> Path:
+    return Path(os.environ.get("TKCC_CALIBRATION_DIR") or Path.home() / ".cache" / "tkcc" / "calibration")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    model: str
+    point: dict
+    seconds: float
+    layers: list | None = None
+    dtype: str = "bf16"
+    layout: dict = field(default_factory=dict)
+    op_class: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Measurement":
+        try:
+            layers = d.get("layers")
+            if isinstance(layers, int):
+                layers = list(range(layers))
+            m = cls(model=str(d["model"]), point=dict(d["point"]), seconds=float(d["seconds"]), layers=layers,
+                    dtype=str(d.get("dtype", "bf16")), layout=dict(d.get("layout") or {}),
+                    op_class=d.get("op_class"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CostModelError(f"bad measurement {d!r}: {e}") from None
+        if m.seconds <= 0 or (m.op_class is not None and m.op_class not in OP_CLASSES):
+            raise CostModelError(f"bad measurement {d!r}: seconds must be > 0, op_class one of {OP_CLASSES}")
+        return m
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "point": self.point, "seconds": self.seconds, "layers": self.layers,
+                "dtype": self.dtype, "layout": self.layout, "op_class": self.op_class}
+
+
+def feature_row(m: Measurement, hw: Hardware, specs: dict) -> np.ndarray:
+    """Raw seconds per op class and kernels x default overhead, for one measurement."""
+    spec = specs.get(m.model) or specs.setdefault(m.model, ModelSpec.from_name(m.model))
+    layout = Layout(**{**m.layout, "dtype": m.dtype})
+    ops = step_ops(spec, layout, m.point, m.layers)
+    if m.op_class is not None:
+        ops = [o for o in ops if o.cls == m.op_class]
+    f = features(ops, hw, layout.gpus)
+    return np.array([f[c] for c in OP_CLASSES] + [f["kernels"] * hw.kernel_overhead_s])
+
+
+def _nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """Lawson-Hanson non-negative least squares, min |a x - b| subject to x >= 0."""
+    n = a.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    for _ in range(iters):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= 1e-12:
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def relative_errors(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return np.abs(pred - meas) / meas
+
+
+@dataclass(frozen=True)
+class Calibration:
+    device: str
+    factors: dict                   # op class -> multiplier of the roofline time
+    overhead_factor: float          # multiplier of hw.kernel_overhead_s
+    kernel_overhead_s: float
+    points: int
+    error_before: float             # median absolute relative error, factors 1
+    error_after: float
+    source: str = ""
+
+    @property
+    def efficiency(self) -> Efficiency:
+        return Efficiency(factors=dict(self.factors), kernel_overhead_s=self.kernel_overhead_s)
+
+    def predict(self, measurements: list[Measurement], hw: Hardware) -> np.ndarray:
+        specs: dict = {}
+        x = np.array([self.factors.get(c, 1.0) for c in OP_CLASSES] + [self.overhead_factor])
+        return np.array([feature_row(m, hw, specs) @ x for m in measurements])
+
+    def summary(self) -> dict:
+        return {"device": self.device, "points": self.points, "median_abs_error_before": round(self.error_before, 4),
+                "median_abs_error_after": round(self.error_after, 4), "source": self.source}
+
+    def to_dict(self) -> dict:
+        return {"kind": "tkcc.calibration", "device": self.device, "factors": self.factors,
+                "overhead_factor": self.overhead_factor, "kernel_overhead_s": self.kernel_overhead_s,
+                "points": self.points, "error_before": self.error_before, "error_after": self.error_after,
+                "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "") -> "Calibration":
+        if not isinstance(d, dict) or d.get("kind") != "tkcc.calibration":
+            raise CostModelError(f"{source or 'calibration'}: not a tkcc calibration file")
+        try:
+            return cls(device=str(d["device"]), factors={k: float(v) for k, v in d["factors"].items()},
+                       overhead_factor=float(d["overhead_factor"]), kernel_overhead_s=float(d["kernel_overhead_s"]),
+                       points=int(d["points"]), error_before=float(d["error_before"]),
+                       error_after=float(d["error_after"]), source=source or str(d.get("source", "")))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CostModelError(f"{source or 'calibration'}: incomplete calibration: {e}") from None
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Write atomically to ``path`` (default: the user directory, ``<device>.json``)."""
+        path = Path(path) if path else user_dir() / f"{self.device}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=1, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return path
+
+
+def load_measurements(path: str | os.PathLike) -> tuple[str | None, list[Measurement]]:
+    """(device, measurements) from a measurements JSON file."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CostModelError(f"cannot read measurements {path}: {e}") from None
+    rows = doc.get("measurements") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not rows:
+        raise CostModelError(f"{path}: no measurements (expected {{\"measurements\": [...]}})")
+    return (doc.get("device") if isinstance(doc, dict) else None), [Measurement.from_dict(r) for r in rows]
+
+
+def fit(measurements: list, hw: Hardware, source: str = "") -> Calibration:
+    """Fit the factors on ``measurements`` (Measurement or dicts) for device ``hw``."""
+    ms = [m if isinstance(m, Measurement) else Measurement.from_dict(m) for m in measurements]
+    if len(ms) < 2:
+        raise CostModelError("calibration needs at least 2 measurements")
+    specs: dict = {}
+    feats = np.array([feature_row(m, hw, specs) for m in ms])          # [M, classes + 1] seconds
+    y = np.array([m.seconds for m in ms])
+    a = feats / y[:, None]
+    used = feats.max(axis=0) > 0
+    k = int(used.sum())
+    reg = np.sqrt(RIDGE) * np.eye(len(UNKNOWNS))[used][:, used]
+    x_used = _nnls(np.vstack([a[:, used], reg]), np.concatenate([np.ones(len(ms)), np.sqrt(RIDGE) * np.ones(k)]))
+    x = np.ones(len(UNKNOWNS))
+    x[used] = x_used
+    before = float(np.median(relative_errors(feats.sum(axis=1), y)))
+    after = float(np.median(relative_errors(feats @ x, y)))
+    factors = {c: float(x[i]) for i, c in enumerate(OP_CLASSES)}
+    return Calibration(device=hw.name, factors=factors, overhead_factor=float(x[-1]),
+                       kernel_overhead_s=float(x[-1] * hw.kernel_overhead_s), points=len(ms),
+                       error_before=before, error_after=after, source=source)
+
+
+def evaluate(calib: Calibration | None, measurements: list, hw: Hardware) -> dict:
+    """Median and mean absolute relative error of ``calib`` (None: uncalibrated) on held-out rows."""
+    ms = [m if isinstance(m, Measurement) else Measurement.from_dict(m) for m in measurements]
+    y = np.array([m.seconds for m in ms])
+    if calib is None:
+        specs: dict = {}
+        pred = np.array([feature_row(m, hw, specs).sum() for m in ms])
+    else:
+        pred = calib.predict(ms, hw)
+    err = relative_errors(pred, y)
+    return {"median_abs_error": float(np.median(err)), "mean_abs_error": float(err.mean()),
+            "predicted_s": pred.tolist(), "measured_s": y.tolist()}
+
+
+def load_calibration(device: str, path: str | os.PathLike | None = None) -> Calibration | None:
+    """``path`` when given; else the user's stored calibration for ``device``, else the packaged
+    one, else None (uncalibrated)."""
+    candidates = [Path(path)] if path else [user_dir() / f"{device}.json", PACKAGED_DIR / f"{device}.json"]
+    for p in candidates:
+        if p.exists():
+            try:
+                return Calibration.from_dict(json.loads(p.read_text()), source=str(p))
+            except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+                raise CostModelError(f"cannot read calibration {p}: {e}") from None
+        if path:
+            raise CostModelError(f"calibration file not found: {path}")
+    return None
+

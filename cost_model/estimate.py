@@ -1,0 +1,105 @@
+"""Step time of a workload point: roofline per op, efficiency factors per op class, kernel costs.
+
+    raw(op)  = max(flops / (peak[dtype] * compute_eff), bytes / (hbm_bw * mem_eff))   compute ops
+             = collective time (cost_model.comm)                                     comm ops
+    step     = sum_c factor[c] * sum_{op in c} raw(op) * count  +  kernel_overhead * kernels
+
+The factors start at 1.0 (datasheet figures times the hardware's default efficiencies) and are
+what ``cost_model.calibration`` fits from measured timings. ``step`` is linear in the factors and
+the overhead, so the fit is a non-negative least-squares problem over ``features``.
+
+A pipeline of pp stages: a token's latency is the sum of the stage times; the throughput is set by
+the slowest stage with pp micro-batches in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cost_model.comm import collective_time
+from cost_model.hardware import Hardware
+from cost_model.layout import Layout
+from cost_model.ops import DEFAULT_EXPERT_SKEW, OP_CLASSES, OpCost, step_ops
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Per-op-class time multipliers and the fixed cost per kernel (None: the hardware's)."""
+
+    factors: dict = field(default_factory=lambda: {c: 1.0 for c in OP_CLASSES})
+    kernel_overhead_s: float | None = None
+
+    def factor(self, cls: str) -> float:
+        return float(self.factors.get(cls, 1.0))
+
+    def overhead(self, hw: Hardware) -> float:
+        return hw.kernel_overhead_s if self.kernel_overhead_s is None else self.kernel_overhead_s
+
+
+DEFAULT_EFFICIENCY = Efficiency()
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    stage_s: float                  # slowest pipeline stage (== whole step when pp == 1)
+    latency_s: float                # one token through all stages
+    by_class: dict                  # seconds of the slowest stage per op class, plus "overhead"
+    ops: tuple                      # OpCost of the slowest stage, in order
+
+
+def op_time(op: OpCost, hw: Hardware, instance_gpus: int = 1) -> float:
+    """Roofline seconds of one op (one occurrence, fixed kernel cost excluded)."""
+    if op.cls == "comm":
+        return collective_time(hw, op.collective, op.group, op.bytes, instance_gpus)
+    t_compute = op.flops / (hw.peak_flops(op.dtype) * hw.compute_efficiency) if op.flops else 0.0
+    t_memory = op.bytes / hw.mem_bw if op.bytes else 0.0
+    return max(t_compute, t_memory)
+
+
+def features(ops: list[OpCost], hw: Hardware, instance_gpus: int = 1) -> dict[str, float]:
+    """Raw roofline seconds per op class and the kernel count: the linear features of a step."""
+    out = {c: 0.0 for c in OP_CLASSES}
+    out["kernels"] = 0.0
+    for o in ops:
+        out[o.cls] += op_time(o, hw, instance_gpus) * o.count
+        out["kernels"] += o.kernels * o.count
+    return out
+
+
+def combine(feat: dict[str, float], hw: Hardware, eff: Efficiency) -> tuple[float, dict[str, float]]:
+    by = {c: eff.factor(c) * feat[c] for c in OP_CLASSES}
+    by["overhead"] = eff.overhead(hw) * feat["kernels"]
+    return sum(by.values()), by
+
+
+def estimate_step(spec, hw: Hardware, layout: Layout, point: dict, layers: list[int] | None = None,
+                  eff: Efficiency = DEFAULT_EFFICIENCY, skew: float = DEFAULT_EXPERT_SKEW) -> StepEstimate:
+    """Seconds of one step of ``point`` (batch per instance) on ``layout``."""
+    stages = []
+    for s in range(layout.pp):
+        ops = step_ops(spec, layout, point, layers, skew, stage=s)
+        t, by = combine(features(ops, hw, layout.gpus), hw, eff)
+        stages.append((t, by, ops))
+    slow = max(stages, key=lambda x: x[0])
+    return StepEstimate(stage_s=slow[0], latency_s=sum(x[0] for x in stages), by_class=slow[1],
+                        ops=tuple(slow[2]))
+
+
+def estimate_points(spec, hw: Hardware, layout: Layout, points: list[dict], layers: list[int] | None = None,
+                    eff: Efficiency = DEFAULT_EFFICIENCY, skew: float = DEFAULT_EXPERT_SKEW) -> list[float]:
+    """Latency (seconds) of one step at each workload point."""
+    return [estimate_step(spec, hw, layout, p, layers, eff, skew).latency_s for p in points]
+
+
+def op_table(est: StepEstimate, hw: Hardware, layout: Layout, eff: Efficiency = DEFAULT_EFFICIENCY) -> list[dict]:
+    """Per-op rows of the slowest stage: FLOPs, bytes, arithmetic intensity, bound, seconds."""
+    rows = []
+    for o in est.ops:
+        t = op_time(o, hw, layout.gpus)
+        bound = "comm" if o.cls == "comm" else (
+            "compute" if o.flops / (hw.peak_flops(o.dtype) * hw.compute_efficiency) >= o.bytes / hw.mem_bw
+            else "memory")
+        rows.append({"op": o.name, "class": o.cls, "count": o.count, "flops": o.flops, "bytes": o.bytes,
+                     "intensity": o.flops / o.bytes if o.bytes else 0.0, "bound": bound,
+                     "seconds": (eff.factor(o.cls) * t + eff.overhead(hw) * o.kernels) * o.count})
+    return rows

@@ -1,0 +1,245 @@
+"""Per-op FLOPs and bytes for one forward step on one GPU.
+
+``step_ops(spec, layout, point)`` lists the work one GPU of the fullest pipeline stage does for a
+workload point (docs/internals.md): a decode batch (``batch`` sequences, one new token each over
+``context`` cached tokens) or a prefill chunk (``chunk`` new tokens per sequence on top of
+``context`` cached ones). The point's ``batch`` is per instance; DP-attention groups split it.
+
+Every op carries an op class, the unit the calibration fits an efficiency factor for:
+    gemm         projections, dense MLP, shared experts, router, lm_head
+    attention    the attention kernel over the KV cache (GQA or MLA, decode or prefill)
+    moe          the routed-expert grouped GEMMs (weights of the experts actually touched)
+    elementwise  norms, rotary, activation, routing, embedding, sampling
+    comm         collectives (all-reduce, all-gather, all-to-all, point-to-point)
+
+Notation in the comments: H hidden, T tokens per attention group, S sequences per group,
+L cached context, n new tokens per sequence, E experts, k experts per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_model.layout import ACT_BYTES, Layout, _ceil_div, heads_per_gpu, stage_layers
+
+OP_CLASSES = ("gemm", "attention", "moe", "elementwise", "comm")
+DEFAULT_EXPERT_SKEW = 0.0      # Zipf exponent of expert popularity; 0 = uniform routing
+
+
+@dataclass(frozen=True)
+class OpCost:
+    name: str
+    cls: str                # one of OP_CLASSES
+    flops: float = 0.0
+    bytes: float = 0.0      # memory traffic; for comm ops: bytes the busiest GPU sends or receives
+    dtype: str = "bf16"     # operand dtype of the FLOPs (selects the peak)
+    kernels: int = 1        # kernel launches (fixed cost each)
+    collective: str = ""    # comm ops: all_reduce | all_gather | all_to_all | p2p
+    group: int = 1          # comm ops: GPUs taking part
+    count: int = 1          # identical ops (layers of one kind)
+
+    def scaled(self, count: int) -> "OpCost":
+        return OpCost(self.name, self.cls, self.flops, self.bytes, self.dtype, self.kernels,
+                      self.collective, self.group, self.count * count)
+
+
+def _gemm(name: str, m: float, k: float, n: float, wdtype: str, wbytes: float, weights: float | None = None,
+          cls: str = "gemm") -> OpCost:
+    """[m, k] @ [k, n]: 2mkn FLOPs; reads the weights once plus activations in and out."""
+    w = k * n if weights is None else weights
+    return OpCost(name, cls, flops=2.0 * m * k * n, bytes=w * wbytes + m * (k + n) * ACT_BYTES, dtype=wdtype)
+
+
+def _elementwise(name: str, elems_moved: float, kernels: int = 1, flops_per: float = 2.0) -> OpCost:
+    return OpCost(name, "elementwise", flops=flops_per * elems_moved, bytes=elems_moved * ACT_BYTES,
+                  kernels=kernels)
+
+
+def _comm(name: str, collective: str, group: int, nbytes: float) -> OpCost | None:
+    if group <= 1 or nbytes <= 0:
+        return None
+    return OpCost(name, "comm", bytes=nbytes, collective=collective, group=group, kernels=0)
+
+
+def expert_popularity(num_experts: int, skew: float) -> list[float]:
+    """Routing probability of each expert, most popular first (Zipf with exponent ``skew``)."""
+    raw = [(i + 1) ** -skew for i in range(num_experts)]
+    s = sum(raw)
+    return [r / s for r in raw]
+
+
+def expert_load(spec, layout: Layout, tokens: int, skew: float) -> tuple[float, float]:
+    """(assignments, distinct experts touched) on the busiest EP rank for ``tokens`` tokens in the
+    MoE layer. Experts are placed round-robin by popularity (EPLB-like balanced placement);
+    expert e is touched by a token with probability min(1, k p_e), so by at least one of T tokens
+    with probability 1 - (1 - k p_e)^T."""
+    k, ep = spec.num_experts_per_tok, layout.ep
+    p = expert_popularity(spec.num_experts, skew)
+    ranks = [p[r::ep] for r in range(ep)]
+    hot = max(ranks, key=sum)
+    assignments = tokens * k * sum(hot)
+    distinct = sum(1.0 - (1.0 - min(1.0, k * pe)) ** tokens for pe in hot)
+    return assignments, distinct
+
+
+def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
+    h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
+    t = seqs * n
+    hq, hk = heads_per_gpu(spec, layout)
+    ops: list[OpCost] = []
+    if spec.attention == "gqa":
+        dh = spec.head_dim
+        ops.append(_gemm("qkv_proj", t, h, (hq + 2 * hk) * dh, wd, wb))
+        ops.append(_elementwise("rotary_embedding", 2 * t * (hq + hk) * dh, kernels=1 + (spec.qk_norm != "none")))
+        keys = ctx + (n + 1) / 2 if n > 1 else ctx + 1          # mean keys seen per new query (causal)
+        ops.append(OpCost("attention_prefill" if n > 1 else "attention_decode", "attention",
+                          flops=4.0 * seqs * n * hq * dh * keys,
+                          bytes=seqs * (ctx + n) * 2 * hk * dh * kb + 2 * t * hq * dh * ACT_BYTES + t * 2 * hk * dh * kb))
+        ops.append(_gemm("o_proj", t, hq * dh, h, wd, wb))
+        return ops
+    # MLA (DeepSeek-V3 / Kimi-K2): r latent rank, R rope dims
+    r, rr, nope, v = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim
+    qk = nope + rr
+    if spec.q_lora_rank:
+        ops.append(_gemm("q_a_proj", t, h, spec.q_lora_rank, wd, wb))
+        ops.append(_gemm("q_b_proj", t, spec.q_lora_rank, hq * qk, wd, wb))
+    else:
+        ops.append(_gemm("q_proj", t, h, hq * qk, wd, wb))
+    ops.append(_gemm("kv_a_proj", t, h, r + rr, wd, wb))
+    ops.append(_elementwise("mla_norm_rotary", 2 * t * (spec.q_lora_rank + r + hq * rr), kernels=3))
+    if n == 1:
+        # absorbed decode: q_nope @ W_UK per head -> latent query; attention over the latent cache
+        # (split over dcp GPUs); latent output @ W_UV per head
+        local = _ceil_div(ctx + 1, layout.dcp)
+        ops.append(_gemm("mla_absorb_q", t, hq * nope, r, wd, wb))
+        ops.append(OpCost("mla_decode", "attention", flops=2.0 * seqs * hq * local * (2 * r + rr),
+                          bytes=seqs * local * (r + rr) * kb + t * hq * (2 * r + rr) * ACT_BYTES))
+        ops.append(_gemm("mla_absorb_v", t, hq * r, v, wd, wb))
+        c = _comm("dcp_combine", "all_reduce", layout.dcp, t * hq * (r + 1) * 4.0)
+        if c:
+            ops.append(c)
+    else:
+        # prefill: expand the latent of context + chunk into per-head K (nope) and V, then MHA
+        kv_tokens = seqs * (ctx + n)
+        ops.append(_gemm("mla_kv_b_proj", kv_tokens, r, hq * (nope + v), wd, wb))
+        keys = ctx + (n + 1) / 2
+        ops.append(OpCost("mla_prefill", "attention", flops=2.0 * seqs * n * hq * keys * (qk + v),
+                          bytes=kv_tokens * hq * (qk + v) * ACT_BYTES + t * hq * (qk + v) * ACT_BYTES))
+    ops.append(_gemm("o_proj", t, hq * v, h, wd, wb))
+    return ops
+
+
+def _dense_mlp_ops(spec, layout: Layout, tokens: int, inter: int, group: int, prefix: str = "mlp") -> list[OpCost]:
+    h, wd, wb = spec.hidden_size, layout.dtype, layout.wbytes
+    i_loc = inter / group
+    return [_gemm(f"{prefix}_gate_up", tokens, h, 2 * i_loc, wd, wb),
+            _elementwise("silu_and_mul", 3 * tokens * i_loc),
+            _gemm(f"{prefix}_down", tokens, i_loc, h, wd, wb)]
+
+
+def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float) -> list[OpCost]:
+    """Ops of one decoder layer of ``kind`` ('dense' | 'moe') on one GPU; ``batch`` sequences per
+    instance (split over the DP-attention groups), ``n`` new tokens each over ``ctx`` cached tokens."""
+    h = spec.hidden_size
+    seqs = _ceil_div(batch, layout.dp)     # sequences in the busiest attention group
+    ta = seqs * n                          # tokens per attention group
+    tm = batch * n                         # tokens in the MLP / MoE layer of the stage
+    ops = [_elementwise("fused_add_rms_norm", 4 * ta * h)]
+    ops += _attention_ops(spec, layout, seqs, n, ctx)
+    c = _comm("attn_all_reduce", "all_reduce", layout.tp, ta * h * ACT_BYTES)
+    if c:
+        ops.append(c)
+    ops.append(_elementwise("fused_add_rms_norm", 4 * ta * h))
+    if kind == "dense":
+        ops += _dense_mlp_ops(spec, layout, tm, spec.intermediate_size, layout.mlp_group)
+        # dp > 1: all-gather the groups' tokens + reduce-scatter, the bytes of one all-reduce
+        c = _comm("mlp_all_reduce", "all_reduce", layout.mlp_group, tm * h * ACT_BYTES)
+        if c:
+            ops.append(c)
+        return ops
+    k, e = spec.num_experts_per_tok, spec.num_experts
+    ops.append(_gemm("router", ta, h, e, "bf16", ACT_BYTES))
+    ops.append(OpCost("moe_route", "elementwise", flops=8.0 * ta * e, bytes=ta * e * 4 + ta * k * 12))
+    i_loc = spec.moe_intermediate_size / layout.moe_tp
+    if layout.ep > 1:
+        # DeepEP-style: each GPU dispatches its share (T/tp) of its group's tokens to k experts
+        src = _ceil_div(ta, layout.tp)
+        assign, distinct = expert_load(spec, layout, tm, skew)
+        remote = (layout.ep - 1) / layout.ep
+        send = src * k * h * ACT_BYTES * remote
+        recv = assign * h * ACT_BYTES * remote
+        for name in ("moe_dispatch", "moe_combine"):
+            ops.append(_comm(name, "all_to_all", layout.ep, max(send, recv)))
+        shared_tokens, shared_group = src, 1
+    else:
+        assign, distinct = expert_load(spec, layout, tm, skew)
+        shared_tokens, shared_group = tm, layout.mlp_group
+    # grouped GEMMs over the experts this GPU holds: w13 [2I, H] and w2 [H, I] per touched expert
+    ops.append(OpCost("moe_experts", "moe", flops=2.0 * 3 * h * i_loc * assign,
+                      bytes=distinct * 3 * h * i_loc * layout.wbytes + assign * (2 * h + 3 * i_loc) * ACT_BYTES,
+                      dtype=layout.dtype, kernels=3))
+    if spec.num_shared_experts:
+        ops += _dense_mlp_ops(spec, layout, shared_tokens, spec.shared_intermediate_size * spec.num_shared_experts,
+                              shared_group, prefix="shared")
+    if layout.ep == 1:
+        c = _comm("moe_all_reduce", "all_reduce", layout.mlp_group, tm * h * ACT_BYTES)
+    else:
+        c = _comm("moe_all_gather", "all_gather", layout.tp, ta * h * ACT_BYTES)
+    if c:
+        ops.append(c)
+    return ops
+
+
+def point_shape(point: dict) -> tuple[str, int, int, int]:
+    """(phase, batch, context, new tokens per sequence) of a workload-point dict."""
+    phase = point.get("phase", "decode")
+    batch = max(1, int(point.get("batch", 1)))
+    ctx = max(0, int(point.get("context", 0)))
+    n = 1 if phase == "decode" else max(1, int(point.get("chunk", 1)))
+    return phase, batch, ctx, n
+
+
+def step_ops(spec, layout: Layout, point: dict, layers: list[int] | None = None,
+             skew: float = DEFAULT_EXPERT_SKEW, stage: int | None = None) -> list[OpCost]:
+    """All ops one GPU runs for one step of ``point`` (the fullest stage unless ``stage`` is
+    given); ``layers`` selects layer indices of a sliced model (embeddings, final norm and
+    lm_head are always included, as in the engine)."""
+    _, batch, ctx, n = point_shape(point)
+    seqs = _ceil_div(batch, layout.dp)
+    if stage is None:
+        sizes = [len(stage_layers(spec, layout, s, layers)) for s in range(layout.pp)]
+        stage = sizes.index(max(sizes))
+    idx = stage_layers(spec, layout, stage, layers)
+    by_kind: dict[str, int] = {}
+    for i in idx:
+        kind = spec.layer_kind(i)
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+    h, ta = spec.hidden_size, seqs * n
+    ops: list[OpCost] = []
+    if stage == 0:
+        ops.append(_elementwise("embedding", 2 * ta * h, flops_per=0.0))
+    for kind, count in sorted(by_kind.items()):
+        ops += [o.scaled(count) for o in layer_ops(spec, layout, kind, batch, n, ctx, skew)]
+    if layout.pp > 1:
+        ops.append(OpCost("pp_send", "comm", bytes=ta * h * ACT_BYTES, collective="p2p", group=2, kernels=0))
+    if stage == layout.pp - 1:
+        v = spec.vocab_size / layout.tp
+        ops.append(_elementwise("rms_norm", 2 * seqs * h))
+        ops.append(_gemm("lm_head", seqs, h, v, "bf16", ACT_BYTES))
+        c = _comm("logits_all_gather", "all_gather", layout.tp, seqs * spec.vocab_size * 4.0)
+        if c:
+            ops.append(c)
+        ops.append(OpCost("sample", "elementwise", flops=4.0 * seqs * spec.vocab_size,
+                          bytes=seqs * spec.vocab_size * 4.0))
+    return [o for o in ops if o is not None]
+
+
+def summarize(ops: list[OpCost]) -> dict[str, dict[str, float]]:
+    """FLOPs, bytes and kernel launches per op class."""
+    out = {c: {"flops": 0.0, "bytes": 0.0, "kernels": 0.0} for c in OP_CLASSES}
+    for o in ops:
+        d = out[o.cls]
+        d["flops"] += o.flops * o.count
+        d["bytes"] += o.bytes * o.count
+        d["kernels"] += o.kernels * o.count
+    return out

@@ -1,0 +1,142 @@
+"""``python -m persistent_engine serve``: build one engine and serve it over RPC until shut down.
+
+stdout carries JSON lines only: one ``{"stage": name, "seconds": s}`` per start-up stage (process,
+imports, weights, kv_cache, warmup, graph_capture), then ``{"ready": true, "port", "address",
+"token_file", "pid", "startup"}``. A bad argument prints ``{"ready": false, "error": ...}`` and one
+line on stderr, exit 2. Exit 3: the engine left because a device error poisoned its CUDA context
+or a candidate left a thread behind (the supervisor starts a fresh one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+T_MAIN = time.time()
+
+
+def _process_seconds() -> float:
+    """Seconds from the kernel starting this process to ``main`` (interpreter start-up)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return max(0.0, T_MAIN - (btime + start_ticks / os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def parse_layers(text: str | None):
+    """``N`` -> the first N layers; ``i,j,k`` -> those indices; None -> the fast tier's covering set."""
+    if text is None or text == "":
+        return None
+    try:
+        if "," in text:
+            return [int(x) for x in text.split(",") if x.strip()]
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"--layers must be N or i,j,k, got {text!r}") from None
+    if n < 1:
+        raise ValueError("--layers must be at least 1")
+    return list(range(n))
+
+
+def parse_points(text: str | None) -> list[dict]:
+    if not text:
+        return []
+    raw = open(text).read() if os.path.exists(text) else text
+    try:
+        points = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--points is not JSON: {e}") from None
+    if not isinstance(points, list) or not all(isinstance(p, dict) and "phase" in p and "batch" in p
+                                               for p in points):
+        raise ValueError("--points must be a JSON list of workload point objects")
+    return points
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m persistent_engine")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="build the engine once and serve candidates over RPC")
+    s.add_argument("--model", required=True)
+    s.add_argument("--layers", default=None, help="N (first N layers) or i,j,k; default: covering layers")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=0)
+    s.add_argument("--allow-remote", action="store_true", help="allow a non-loopback bind")
+    s.add_argument("--token-file", default=None, help="where to write the token (0600)")
+    s.add_argument("--points", default=None, help="workload points: JSON list or a file holding one")
+    s.add_argument("--variants", type=int, default=2)
+    s.add_argument("--no-cuda-graph", action="store_true")
+    s.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def serve(args) -> int:
+    from persistent_engine.server import (TOKEN_ENV, EngineServer, ServerConfig, make_token,
+                                          write_token_file)
+
+    _emit({"stage": "process", "seconds": round(_process_seconds(), 4)})
+    layers, points = parse_layers(args.layers), parse_points(args.points)
+    token = os.environ.get(TOKEN_ENV) or make_token()
+    server = EngineServer(token, ServerConfig(host=args.host, port=args.port, allow_remote=args.allow_remote))
+    token_file = None
+    if args.token_file or not os.environ.get(TOKEN_ENV):
+        token_file = write_token_file(token, args.token_file)
+
+    if args.device == "cpu":                    # Triton kernels of candidates run interpreted on CPU
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    t0 = time.perf_counter()
+    import torch  # noqa: F401 - timed: the imports stage
+    import triton  # noqa: F401
+
+    from persistent_engine import timing  # noqa: F401 - binds the clocks before any candidate
+    from persistent_engine.engine import Engine, EngineConfig
+    from persistent_engine.models.spec import ModelSpec
+    imports_s = time.perf_counter() - t0
+    _emit({"stage": "imports", "seconds": round(imports_s, 4)})
+
+    if layers is None:
+        layers = ModelSpec.from_name(args.model).covering_layers()
+    engine = Engine(EngineConfig(model=args.model, layers=layers, device=args.device, dtype=args.dtype,
+                                 points=points, seed=args.seed, variants=args.variants,
+                                 cuda_graph=not args.no_cuda_graph),
+                    log=lambda name, s: _emit({"stage": name, "seconds": round(s, 4)}))
+    startup = {"process": round(_process_seconds(), 4), "imports": round(imports_s, 4), **engine.startup}
+    _emit({"ready": True, "port": server.port, "address": server.address, "token_file": token_file,
+           "pid": os.getpid(), "startup": startup, "layers": engine.layers})
+    server.serve(engine.handle, after_reply=lambda reply: engine.poisoned)
+    if token_file and not args.token_file:
+        try:
+            os.unlink(token_file)
+        except OSError:
+            pass
+    return 3 if engine.poisoned else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return serve(args)
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback
+        if os.environ.get("TKCC_DEBUG"):
+            raise
+        code = 2 if getattr(e, "user_error", False) or isinstance(e, (ValueError, OSError)) else 3
+        _emit({"ready": False, "error": f"{type(e).__name__}: {e}"})
+        print(f"persistent_engine: error: {e}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Run-time guards against a candidate that cheats outside its outputs (reference README, items 2, 5).
+
+* ``GlobalStateGuard``: a snapshot, taken at engine start before any candidate code ran, of the
+  attribute tables of the modules and classes a candidate could patch to fool the engine (``torch``,
+  ``torch.Tensor``, ``torch.cuda.Event``, ``time``, the op registry, the engine's own timing module)
+  plus global torch settings (default dtype, grad mode, threads, TF32, determinism) and the global RNG
+  states. ``check()`` names every difference; ``restore()`` puts the snapshot back so the next
+  candidate starts clean. Cost: one dict compare of ~10k entries, < 5 ms.
+* ``ThreadGuard``: Python threads alive now that were not at the snapshot.
+* ``TensorGuard``: exact copies of tensors that must not change (the weights, the workload's inputs
+  and KV cache); ``check()`` names the changed ones (``torch.equal``, one pass over the bytes),
+  ``restore()`` copies the originals back. Memory: one extra copy of the guarded tensors.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from types import ModuleType
+
+import torch
+
+_MISSING = object()
+
+
+def _settings() -> dict[str, object]:
+    """Global torch switches a candidate could flip to change numerics or timing."""
+    s: dict[str, object] = {
+        "default_dtype": torch.get_default_dtype(),
+        "grad_enabled": torch.is_grad_enabled(),
+        "num_threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+    }
+    return s
+
+
+def _set_setting(name: str, value) -> None:
+    setters = {
+        "default_dtype": torch.set_default_dtype,
+        "grad_enabled": torch.set_grad_enabled,
+        "num_threads": torch.set_num_threads,
+        "deterministic_algorithms": torch.use_deterministic_algorithms,
+        "float32_matmul_precision": torch.set_float32_matmul_precision,
+    }
+    if name in setters:
+        setters[name](value)
+    elif name == "cudnn.allow_tf32":
+        torch.backends.cudnn.allow_tf32 = value
+    elif name == "cudnn.benchmark":
+        torch.backends.cudnn.benchmark = value
+    elif name == "cuda.matmul.allow_tf32":
+        torch.backends.cuda.matmul.allow_tf32 = value
+
+
+def _rng_states() -> list[torch.Tensor]:
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += list(torch.cuda.get_rng_state_all())
+    return states
+
+
+class GlobalStateGuard:
+    def __init__(self, namespaces: Iterable[ModuleType | type]):
+        self._namespaces = [ns for ns in namespaces if ns is not None]
+        self.snapshot()
+
+    def snapshot(self) -> None:
+        self._tables = [(ns, dict(vars(ns))) for ns in self._namespaces]
+        self._settings = _settings()
+        self._rng = _rng_states()
+
+    def _diff(self):
+        for ns, table in self._tables:
+            now = vars(ns)
+            label = getattr(ns, "__name__", repr(ns))
+            if isinstance(ns, type):
+                label = f"{ns.__module__}.{ns.__qualname__}"
+            for key, value in table.items():
+                cur = now.get(key, _MISSING)
+                if cur is not value:
+                    yield ns, key, value, f"{label}.{key}"
+            if isinstance(ns, type):            # a new class attribute shadows an inherited one
+                for key in now.keys() - table.keys():
+                    yield ns, key, _MISSING, f"{label}.{key}"
+
+    def check(self) -> list[str]:
+        """Names of everything that differs from the snapshot (empty when untouched)."""
+        changed = [name for *_, name in self._diff()]
+        now = _settings()
+        changed += [f"torch setting {k}: {self._settings[k]!r} -> {now[k]!r}"
+                    for k in self._settings if now[k] != self._settings[k]]
+        rng = _rng_states()
+        if len(rng) != len(self._rng) or any(not torch.equal(a, b) for a, b in zip(rng, self._rng)):
+            changed.append("global RNG state")
+        return changed
+
+    def restore(self) -> list[str]:
+        restored = []
+        for ns, key, value, name in list(self._diff()):
+            try:
+                if value is _MISSING:
+                    delattr(ns, key)
+                else:
+                    setattr(ns, key, value)
+                restored.append(name)
+            except (AttributeError, TypeError):
+                pass
+        now = _settings()
+        for k, v in self._settings.items():
+            if now[k] != v:
+                _set_setting(k, v)
+                restored.append(f"torch setting {k}")
+        torch.set_rng_state(self._rng[0])
+        if len(self._rng) > 1:
+            torch.cuda.set_rng_state_all(self._rng[1:])
+        return restored
+
+
+def default_namespaces() -> list[ModuleType | type]:
+    """What a candidate could patch to fool inputs, clocks, synchronisation or the registry."""
+    names = ["torch", "torch.nn.functional", "torch.cuda", "torch.random", "torch.functional",
+             "torch._C", "torch._C._VariableFunctions", "time", "math", "threading",
+             "persistent_engine.timing", "persistent_engine.guards", "persistent_engine.verify",
+             "persistent_engine.ops", "persistent_engine.ops.registry", "persistent_engine.ops.contract",
+             "persistent_engine.workloads", "triton", "triton.runtime.jit"]
+    spaces: list[ModuleType | type] = [sys.modules[n] for n in names if n in sys.modules]
+    spaces += [torch.Tensor, torch.nn.Module, torch.cuda.Event, torch.cuda.Stream, torch.cuda.CUDAGraph]
+    return spaces
+
+
+class ThreadGuard:
+    def __init__(self):
+        self.snapshot()
+
+    def snapshot(self) -> None:
+        self._idents = {t.ident for t in threading.enumerate()}
+
+    def new_threads(self, wait_s: float = 0.05) -> list[str]:
+        """Threads started since the snapshot that are still alive (after a short grace period)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            extra = [t for t in threading.enumerate() if t.ident not in self._idents and t.is_alive()]
+            if not extra or time.monotonic() >= deadline:
+                return [t.name for t in extra]
+            time.sleep(0.005)
+
+
+class TensorGuard:
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self._live = dict(tensors)
+        self._copy = {k: t.detach().clone() for k, t in self._live.items()}
+
+    def changed(self) -> list[str]:
+        return [k for k, t in self._live.items() if not torch.equal(t, self._copy[k])]
+
+    def restore(self, names: Iterable[str] | None = None) -> None:
+        with torch.no_grad():
+            for k in (self._live if names is None else names):
+                self._live[k].copy_(self._copy[k])
+
+    def __len__(self) -> int:
+        return len(self._live)

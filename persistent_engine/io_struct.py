@@ -1,0 +1,274 @@
+"""Typed request and reply messages of the engine RPC, and their msgpack frames.
+
+One request is one msgpack map ``{"type": <name>, "token": <str>, **fields}`` in a single zmq frame;
+one reply is a map ``{"type": <name>, "ok": bool, "message": str, **fields}``. Every field is checked
+against the dataclass annotation when a frame is decoded, so the engine only ever sees well-typed
+requests; anything else becomes a ``ProtocolError`` and, on the server, an ``ErrorReply``.
+
+Stdlib + msgpack only: the client side (orchestrator, agents) imports this without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+# a candidate source is a few KiB; 8 MiB leaves room and bounds what one request can make us hold
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# msgpack container limits while decoding a request (a map or list bigger than this is hostile)
+_UNPACK_LIMITS = dict(max_str_len=MAX_REQUEST_BYTES, max_bin_len=MAX_REQUEST_BYTES,
+                      max_array_len=100_000, max_map_len=10_000, max_ext_len=0)
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid request or reply (bad msgpack, unknown type, wrong field type)."""
+
+    user_error = True
+
+
+# ----------------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class Request:
+    TYPE: ClassVar[str] = ""
+    token: str = ""
+
+
+@dataclass(frozen=True)
+class LoadCandidate(Request):
+    """Load a candidate source as a fresh module (static checks first); replaces any loaded one."""
+    TYPE: ClassVar[str] = "load_candidate"
+    source: str = ""
+    name: str = "candidate"
+
+
+@dataclass(frozen=True)
+class Verify(Request):
+    """Op-level and layer-level verification of the loaded candidate (DESIGN.md steps 2-3)."""
+    TYPE: ClassVar[str] = "verify"
+    seed: int | None = None         # None: a fresh seed from the engine's own generator
+
+
+@dataclass(frozen=True)
+class Bench(Request):
+    """A/B timing of candidate vs baseline at every workload point, then the spot re-check."""
+    TYPE: ClassVar[str] = "bench"
+    samples: int = 0                # per point and side; 0: the engine's default for its device
+    warmup: int = 0
+
+
+@dataclass(frozen=True)
+class Unload(Request):
+    """Drop the candidate and restore the engine's previous state."""
+    TYPE: ClassVar[str] = "unload"
+
+
+@dataclass(frozen=True)
+class Profile(Request):
+    """Per-op time of the baseline forward at each workload point."""
+    TYPE: ClassVar[str] = "profile"
+
+
+@dataclass(frozen=True)
+class Status(Request):
+    TYPE: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class Shutdown(Request):
+    TYPE: ClassVar[str] = "shutdown"
+
+
+# ------------------------------------------------------------------------------------ replies
+@dataclass(frozen=True)
+class Reply:
+    TYPE: ClassVar[str] = ""
+    ok: bool = True
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ErrorReply(Reply):
+    """Any request that could not be served: malformed, unauthenticated, oversize, or it raised."""
+    TYPE: ClassVar[str] = "error"
+    ok: bool = False
+    kind: str = "error"             # protocol | auth | too_large | no_candidate | internal | oom
+
+
+@dataclass(frozen=True)
+class LoadReply(Reply):
+    TYPE: ClassVar[str] = "load_candidate"
+    ops: list[str] = field(default_factory=list)        # overridden op names
+    config: dict = field(default_factory=dict)          # CONFIG as applied
+    description: str = ""
+    reasons: list[str] = field(default_factory=list)    # one per failed static/load check
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class VerifyReply(Reply):
+    TYPE: ClassVar[str] = "verify"
+    reasons: list[str] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)    # {"name", "passed", "detail"}
+    seed: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class BenchReply(Reply):
+    TYPE: ClassVar[str] = "bench"
+    reasons: list[str] = field(default_factory=list)    # spot re-check and guard failures
+    per_point: list[dict] = field(default_factory=list)  # point, baseline/candidate median+iqr ms, speedup
+    speedup: float | None = None                        # weighted by the points' time weights
+    timer: str = ""                                     # "cuda_graph_events" | "perf_counter_ns"
+    samples: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class UnloadReply(Reply):
+    TYPE: ClassVar[str] = "unload"
+    restored: list[str] = field(default_factory=list)   # what had to be put back
+
+
+@dataclass(frozen=True)
+class ProfileReply(Reply):
+    TYPE: ClassVar[str] = "profile"
+    per_point: list[dict] = field(default_factory=list)  # point, total_ms, ops {name: {ms, calls, share}}
+    timer: str = ""
+
+
+@dataclass(frozen=True)
+class StatusReply(Reply):
+    TYPE: ClassVar[str] = "status"
+    model: str = ""
+    layers: list[int] = field(default_factory=list)
+    device: str = ""
+    dtype: str = ""
+    points: list[dict] = field(default_factory=list)
+    startup: dict = field(default_factory=dict)         # stage -> seconds
+    candidate: str | None = None
+    served: int = 0
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class ShutdownReply(Reply):
+    TYPE: ClassVar[str] = "shutdown"
+
+
+REQUESTS: dict[str, type[Request]] = {c.TYPE: c for c in (
+    LoadCandidate, Verify, Bench, Unload, Profile, Status, Shutdown)}
+REPLIES: dict[str, type[Reply]] = {c.TYPE: c for c in (
+    ErrorReply, LoadReply, VerifyReply, BenchReply, UnloadReply, ProfileReply, StatusReply,
+    ShutdownReply)}
+
+
+# ------------------------------------------------------------------------------ type checking
+def _type_ok(value: Any, tp: Any) -> bool:
+    """Does a decoded msgpack value match an annotation of the small set used above?"""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if tp is dict or origin is dict:
+        return isinstance(value, dict)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if tp is list:
+        return isinstance(value, list)
+    return False
+
+
+def _wants_float(tp: Any) -> bool:
+    args = typing.get_args(tp) or (tp,)
+    return float in args and int not in args
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = {f.name: typing.get_type_hints(cls)[f.name] for f in dataclasses.fields(cls)}
+    return _HINTS[cls]
+
+
+def _build(cls: type, data: dict, what: str):
+    hints = _hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key == "type":
+            continue
+        if not isinstance(key, str) or key not in hints:
+            raise ProtocolError(f"{what} {cls.TYPE!r} has no field {key!r}")
+        if not _type_ok(value, hints[key]):
+            raise ProtocolError(f"{what} {cls.TYPE!r} field {key!r} must be {hints[key]}, "
+                                f"got {type(value).__name__}")
+        if isinstance(value, int) and not isinstance(value, bool) and _wants_float(hints[key]):
+            value = float(value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _unpack(data: bytes, what: str, limits: dict | None = None) -> dict:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"{what} frame must be bytes")
+    try:
+        obj = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, **(limits or {}))
+    except Exception as e:  # noqa: BLE001 - msgpack raises many types on garbage
+        raise ProtocolError(f"{what} is not valid msgpack: {type(e).__name__}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{what} must be a msgpack map, got {type(obj).__name__}")
+    return obj
+
+
+# ------------------------------------------------------------------------------------ frames
+def encode(msg: Request | Reply) -> bytes:
+    data = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    data["type"] = msg.TYPE
+    return msgpack.packb(data, use_bin_type=True)
+
+
+def unpack_request(data: bytes) -> dict:
+    """The raw map of a request frame (the server checks its token before building it)."""
+    return _unpack(data, "request", _UNPACK_LIMITS)
+
+
+def build_request(obj: dict) -> Request:
+    kind = obj.get("type")
+    if not isinstance(kind, str) or kind not in REQUESTS:
+        raise ProtocolError(f"unknown request type {kind!r}; known: {', '.join(REQUESTS)}")
+    return _build(REQUESTS[kind], obj, "request")
+
+
+def decode_request(data: bytes) -> Request:
+    return build_request(unpack_request(data))
+
+
+def decode_reply(data: bytes) -> Reply:
+    obj = _unpack(data, "reply")
+    kind = obj.get("type")
+    if not isinstance(kind, str) or kind not in REPLIES:
+        raise ProtocolError(f"unknown reply type {kind!r}")
+    return _build(REPLIES[kind], obj, "reply")
+
+
+def to_dict(msg: Request | Reply) -> dict:
+    d = dataclasses.asdict(msg)
+    d["type"] = msg.TYPE
+    return d

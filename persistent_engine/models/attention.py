@@ -1,0 +1,43 @@
+"""GQA self-attention of one layer (Llama, Qwen3, MiniMax-M2, GLM-4.x): fused qkv projection (+ bias),
+QK-norm (per head, or per layer over all heads as MiniMax does), partial neox rotary, K/V written
+into the paged cache at the workload's slots, paged attention, output projection.
+
+Per decode token: reads (Hq + 2 Hk) Dh H + Hq Dh H weights and 2 Hk Dh elements per cached token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from persistent_engine.ops.registry import call
+
+
+class GQAAttention:
+    def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str, cos_sin: torch.Tensor, scale: float):
+        self.hq, self.hk, self.dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.rotary_dim = spec.rotary_dim or spec.head_dim
+        self.qk_norm, self.eps = spec.qk_norm, spec.rms_norm_eps
+        self.cos_sin, self.scale = cos_sin, scale
+        self.qkv_w, self.qkv_b = params[prefix + "qkv_w"], params.get(prefix + "qkv_b")
+        self.q_norm, self.k_norm = params.get(prefix + "q_norm"), params.get(prefix + "k_norm")
+        self.o_w = params[prefix + "o_w"]
+
+    def __call__(self, h: torch.Tensor, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        t = h.shape[0]
+        hq, hk, dh = self.hq, self.hk, self.dh
+        qkv = call("linear", h, self.qkv_w, self.qkv_b)                           # [T, (Hq + 2 Hk) Dh]
+        q, k, v = (x.contiguous() for x in qkv.split([hq * dh, hk * dh, hk * dh], dim=-1))
+        if self.qk_norm == "per_layer":
+            q, k = call("rms_norm", q, self.q_norm, self.eps), call("rms_norm", k, self.k_norm, self.eps)
+        q, k, v = q.view(t, hq, dh), k.view(t, hk, dh), v.view(t, hk, dh)
+        if self.qk_norm == "per_head":
+            q, k = call("rms_norm", q, self.q_norm, self.eps), call("rms_norm", k, self.k_norm, self.eps)
+        q, k = call("rotary_embedding", wl.positions, q, k, self.cos_sin, self.rotary_dim)
+        k_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, k)              # same slots on every run
+        v_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, v)
+        if wl.phase == "decode":
+            o = call("attention_decode", q, k_cache, v_cache, wl.block_tables, wl.context_lens, self.scale)
+        else:
+            o = call("attention_prefill", q, k_cache, v_cache, wl.block_tables, wl.cu_seqlens_q, wl.context_lens,
+                     self.scale)
+        return call("linear", o.reshape(t, hq * dh), self.o_w, None)

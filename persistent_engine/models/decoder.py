@@ -1,0 +1,119 @@
+"""The generic decoder: embeddings, N layers (GQA or MLA attention; dense or MoE MLP), final norm and
+lm_head. Every op goes through the registry (``persistent_engine.ops.registry.call``), so an override
+reaches every call site.
+
+    model = build_model(ModelSpec.from_name("tiny-moe"), layers=spec.covering_layers())
+    wl = make_workload(model, {"phase": "decode", "batch": 4, "context": 100, "chunk": 1, "weight": 1})
+    logits = model.step(wl)                       # [B, V] fp32
+
+A slice keeps each layer's original index (its weights equal the full model's layer i for the same
+seed); embeddings, final norm and lm_head are always included. ``step`` does no host sync on the
+decode path (prefill attention and large-batch MoE read lengths on the host), so a decode step can
+be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from persistent_engine.models.attention import GQAAttention
+from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
+from persistent_engine.models.mla import MLAAttention
+from persistent_engine.models.moe import DenseMLP, MoEMLP
+from persistent_engine.models.rope import attention_scale, cos_sin_cache
+from persistent_engine.models.spec import ModelSpec, SpecError
+from persistent_engine.models.weights import init_params, load_weights
+from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
+from persistent_engine.ops.registry import call
+
+
+class Layer:
+    def __init__(self, spec: ModelSpec, index: int, params: dict, cos_sin: torch.Tensor, scale: float):
+        p = f"layers.{index}."
+        self.index, self.kind = index, spec.layer_kind(index)
+        self.input_norm, self.post_norm = params[p + "input_norm"], params[p + "post_norm"]
+        attn = MLAAttention if spec.attention == "mla" else GQAAttention
+        self.attn = attn(spec, params, p, cos_sin, scale)
+        self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else MoEMLP(spec, params, p)
+
+
+class Decoder:
+    def __init__(self, spec: ModelSpec, layers: list[int], params: dict[str, torch.Tensor], device, dtype):
+        self.spec, self.layers, self.params = spec, list(layers), params
+        self.device, self.dtype = torch.device(device), dtype
+        self.cos_sin = cos_sin_cache(spec, device=device)
+        self.scale = attention_scale(spec)
+        self.eps = spec.rms_norm_eps
+        self.embed, self.final_norm = params["embed"], params["final_norm"]
+        self.lm_head_w = params.get("lm_head", self.embed)
+        self.blocks = [Layer(spec, i, params, self.cos_sin, self.scale) for i in self.layers]
+
+    @property
+    def max_positions(self) -> int:
+        return self.cos_sin.shape[0]
+
+    def alloc_cache(self, batch: int, tokens_per_seq: int, *, block_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0,
+                    fill: str = "random") -> KVCache:
+        return alloc_kv_cache(self.spec, self.layers, batch, tokens_per_seq, device=self.device, dtype=self.dtype,
+                              block_size=block_size, seed=seed, fill=fill)
+
+    @torch.no_grad()
+    def hidden(self, wl) -> torch.Tensor:
+        """Final-normed hidden states of every token of the step: [T, H]."""
+        x = call("embedding", wl.token_ids, self.embed)                           # [T, H]
+        residual = None
+        for layer in self.blocks:
+            if residual is None:
+                residual, h = x, call("rms_norm", x, layer.input_norm, self.eps)
+            else:
+                h, residual = call("fused_add_rms_norm", x, residual, layer.input_norm, self.eps)
+            x = layer.attn(h, wl, wl.cache.k[layer.index], wl.cache.v.get(layer.index))
+            h, residual = call("fused_add_rms_norm", x, residual, layer.post_norm, self.eps)
+            x = layer.mlp(h)
+        if residual is None:
+            return call("rms_norm", x, self.final_norm, self.eps)
+        return call("fused_add_rms_norm", x, residual, self.final_norm, self.eps)[0]
+
+    @torch.no_grad()
+    def step(self, wl) -> torch.Tensor:
+        """One forward step (decode, or a prefill chunk): logits of each sequence's last token [B, V] fp32.
+        Writes the step's K/V into the workload's cache at its fixed slots, so it can run again."""
+        h = self.hidden(wl)
+        if wl.phase != "decode":
+            h = h[wl.last_token_index]                                          # [B, H]
+        return call("lm_head", h, self.lm_head_w)
+
+    @torch.no_grad()
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        return call("sample", logits, 0.0, 0)
+
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.params.values())
+
+
+def _resolve_layers(spec: ModelSpec, layers) -> list[int]:
+    if layers is None:
+        return list(range(spec.num_layers))
+    if isinstance(layers, int):
+        return list(range(layers))
+    out = [int(i) for i in layers]
+    bad = [i for i in out if not 0 <= i < spec.num_layers]
+    if bad or len(set(out)) != len(out):
+        raise SpecError(f"bad layer selection {out} for {spec.name} ({spec.num_layers} layers: 0..{spec.num_layers - 1},"
+                        " each at most once)")
+    return out
+
+
+def build_model(spec: ModelSpec | str, layers=None, device="cpu", dtype=torch.bfloat16, seed: int = 0,
+                weights=None) -> Decoder:
+    """A decoder for ``spec`` (a ModelSpec, alias or config path) restricted to ``layers`` (None: all; an
+    int n: the first n; a list: those indices). ``weights``: a safetensors file or directory with HF
+    names, or None for seeded random weights."""
+    if isinstance(spec, str):
+        spec = ModelSpec.from_name(spec)
+    idx = _resolve_layers(spec, layers)
+    if weights is None:
+        params = init_params(spec, idx, device=device, dtype=dtype, seed=seed)
+    else:
+        params = load_weights(spec, idx, weights, device=device, dtype=dtype)
+    return Decoder(spec, idx, params, device, dtype)

@@ -1,0 +1,46 @@
+"""The MLP of one layer: dense SwiGLU, or a routed MoE block with optional shared experts.
+
+MoE decode is free of host syncs (router linear -> moe_route -> moe_experts, shapes only), so a
+decode step can be captured in a CUDA graph. Routed output is scaled inside moe_route
+(routed_scaling_factor); shared experts are added unscaled, as in DeepSeek-V3 / GLM-4.x.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from persistent_engine.ops.registry import call
+
+
+def swiglu(h: torch.Tensor, gate_up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate(h)) * up(h)): reads 3 H I weights per token batch."""
+    return call("linear", call("silu_and_mul", call("linear", h, gate_up_w, None)), down_w, None)
+
+
+class DenseMLP:
+    def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str):
+        self.gate_up_w, self.down_w = params[prefix + "gate_up_w"], params[prefix + "down_w"]
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return swiglu(h, self.gate_up_w, self.down_w)
+
+
+class MoEMLP:
+    def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str):
+        self.router_w, self.router_bias = params[prefix + "router_w"], params.get(prefix + "router_bias")
+        self.w13, self.w2 = params[prefix + "w13"], params[prefix + "w2"]
+        self.shared = (params[prefix + "shared_gate_up_w"], params[prefix + "shared_down_w"]) \
+            if prefix + "shared_gate_up_w" in params else None
+        self.route_args = (spec.num_experts_per_tok, spec.scoring, spec.n_group, spec.topk_group,
+                           spec.norm_topk_prob, spec.routed_scaling_factor)
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = call("linear", h, self.router_w, None).float()                 # [T, E] fp32
+        return call("moe_route", logits, self.router_bias, *self.route_args)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(h)
+        out = call("moe_experts", h, self.w13, self.w2, weights, ids)
+        if self.shared is not None:
+            out = out + swiglu(h, *self.shared)
+        return out

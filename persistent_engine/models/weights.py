@@ -1,0 +1,256 @@
+"""Model weights: their internal layout, seeded random initialisation, and HF checkpoint names.
+
+Internal layout (what the decoder reads; fused where the ops want it):
+  embed [V, H], final_norm [H], lm_head [V, H] (absent when tied)
+  layers.{i}.input_norm / post_norm [H]
+  GQA  qkv_w [(Hq + 2 Hk) Dh, H], qkv_b, q_norm [Dh] (per_head) | [Hq Dh] (per_layer), k_norm, o_w [H, Hq Dh]
+  MLA  q_a_w [Lq, H], q_a_norm [Lq], q_b_w [Hq (Dn + R), Lq] (or q_w [Hq (Dn + R), H]), kv_a_w [L + R, H],
+       kv_a_norm [L], w_uk [Hq, Dn, L], w_uv [Hq, Dv, L], o_w [H, Hq Dv]
+  dense gate_up_w [2I, H], down_w [H, I]
+  MoE  router_w [E, H], router_bias [E] fp32, w13 [E, 2Im, H], w2 [E, H, Im], shared_gate_up_w, shared_down_w
+Every tensor is drawn from its own generator seeded by (seed, name), so layer i of a slice equals
+layer i of the full model. Scales: projections N(0, 1/fan_in) (unit-variance outputs), embeddings
+N(0, 1/H), norms 1 + N(0, 0.05^2): activations stay O(1) through all layers in bf16.
+
+MLA rope rows: HF DeepSeek checkpoints store q_pe / k_pe interleaved; the rotary op is neox style, so
+loading permutes those rows (and saving permutes back).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from persistent_engine.models.safetensors_io import SafetensorsDir, WeightsError, save_file
+
+
+def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Internal name -> (shape, init kind) for the model restricted to ``layers``."""
+    h, v = spec.hidden_size, spec.vocab_size
+    out: dict[str, tuple[tuple[int, ...], str]] = {"embed": ((v, h), "embed"), "final_norm": ((h,), "norm")}
+    if not spec.tie_word_embeddings:
+        out["lm_head"] = ((v, h), "linear")
+    for i in layers:
+        p = f"layers.{i}."
+        out[p + "input_norm"] = ((h,), "norm")
+        out[p + "post_norm"] = ((h,), "norm")
+        if spec.attention == "mla":
+            hq, dn, r, lat, dv = (spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank,
+                                  spec.v_head_dim)
+            if spec.q_lora_rank:
+                out[p + "q_a_w"] = ((spec.q_lora_rank, h), "linear")
+                out[p + "q_a_norm"] = ((spec.q_lora_rank,), "norm")
+                out[p + "q_b_w"] = ((hq * (dn + r), spec.q_lora_rank), "linear")
+            else:
+                out[p + "q_w"] = ((hq * (dn + r), h), "linear")
+            out[p + "kv_a_w"] = ((lat + r, h), "linear")
+            out[p + "kv_a_norm"] = ((lat,), "norm")
+            out[p + "w_uk"] = ((hq, dn, lat), "linear")
+            out[p + "w_uv"] = ((hq, dv, lat), "linear")
+            out[p + "o_w"] = ((h, hq * dv), "linear")
+        else:
+            hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
+            out[p + "qkv_w"] = (((hq + 2 * hk) * dh, h), "linear")
+            if spec.qkv_bias:
+                out[p + "qkv_b"] = (((hq + 2 * hk) * dh,), "bias")
+            if spec.qk_norm == "per_head":
+                out[p + "q_norm"], out[p + "k_norm"] = ((dh,), "norm"), ((dh,), "norm")
+            elif spec.qk_norm == "per_layer":
+                out[p + "q_norm"], out[p + "k_norm"] = ((hq * dh,), "norm"), ((hk * dh,), "norm")
+            out[p + "o_w"] = ((h, hq * dh), "linear")
+        if spec.layer_kind(i) == "dense":
+            out[p + "gate_up_w"] = ((2 * spec.intermediate_size, h), "linear")
+            out[p + "down_w"] = ((h, spec.intermediate_size), "linear")
+        else:
+            e, im = spec.num_experts, spec.moe_intermediate_size
+            out[p + "router_w"] = ((e, h), "linear")
+            if spec.routing_bias:
+                out[p + "router_bias"] = ((e,), "router_bias")
+            out[p + "w13"] = ((e, 2 * im, h), "linear")
+            out[p + "w2"] = ((e, h, im), "linear")
+            if spec.num_shared_experts:
+                si = spec.shared_intermediate_size * spec.num_shared_experts
+                out[p + "shared_gate_up_w"] = ((2 * si, h), "linear")
+                out[p + "shared_down_w"] = ((h, si), "linear")
+    return out
+
+
+def _seed(seed: int, name: str) -> int:
+    return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62)
+
+
+def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded random weights (see the module doc for the scales)."""
+    g = torch.Generator(device=torch.device(device))
+    params = {}
+    for name, (shape, kind) in param_specs(spec, layers).items():
+        g.manual_seed(_seed(seed, name))
+        dt = torch.float32 if kind == "router_bias" else dtype
+        t = torch.randn(shape, generator=g, device=device, dtype=dt)
+        if kind == "norm":
+            t.mul_(0.05).add_(1.0)
+        elif kind == "bias":
+            t.mul_(0.1)
+        elif kind == "router_bias":
+            t.mul_(0.05)
+        elif kind == "embed":
+            t.mul_(spec.hidden_size ** -0.5)
+        else:
+            t.mul_((shape[-2] if name.endswith("w_uk") else shape[-1]) ** -0.5)      # 1 / sqrt(fan_in)
+        params[name] = t
+    return params
+
+
+# ----------------------------------------------------------------------------- HF names
+def _moe_names(spec, i: int) -> tuple[str, str, str, tuple[str, str, str]]:
+    """(router weight, correction bias, experts prefix, (gate, up, down) names) of layer i's MoE."""
+    if spec.family == "minimax_m2":
+        b = f"model.layers.{i}.block_sparse_moe."
+        return b + "gate.weight", b + "e_score_correction_bias", b + "experts.", ("w1", "w3", "w2")
+    b = f"model.layers.{i}.mlp."
+    return b + "gate.weight", b + "gate.e_score_correction_bias", b + "experts.", ("gate_proj", "up_proj", "down_proj")
+
+
+def _rope_perm(r: int) -> torch.Tensor:
+    """Interleaved -> halves: new row j is old row perm[j]."""
+    return torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)])
+
+
+def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
+    """Internal tensors from an HF checkpoint; ``get(hf_name) -> Tensor``."""
+    out: dict[str, torch.Tensor] = {"embed": get("model.embed_tokens.weight"), "final_norm": get("model.norm.weight")}
+    if not spec.tie_word_embeddings:
+        out["lm_head"] = get("lm_head.weight")
+    for i in layers:
+        p, a = f"layers.{i}.", f"model.layers.{i}.self_attn."
+        out[p + "input_norm"] = get(f"model.layers.{i}.input_layernorm.weight")
+        out[p + "post_norm"] = get(f"model.layers.{i}.post_attention_layernorm.weight")
+        if spec.attention == "mla":
+            hq, dn, r, lat, dv = (spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank,
+                                  spec.v_head_dim)
+            perm = _rope_perm(r)
+            qname = "q_b_w" if spec.q_lora_rank else "q_w"
+            q = get(a + ("q_b_proj.weight" if spec.q_lora_rank else "q_proj.weight"))
+            qh = q.reshape(hq, dn + r, -1)
+            out[p + qname] = torch.cat([qh[:, :dn], qh[:, dn:][:, perm]], dim=1).reshape(q.shape)
+            if spec.q_lora_rank:
+                out[p + "q_a_w"] = get(a + "q_a_proj.weight")
+                out[p + "q_a_norm"] = get(a + "q_a_layernorm.weight")
+            kv_a = get(a + "kv_a_proj_with_mqa.weight")
+            out[p + "kv_a_w"] = torch.cat([kv_a[:lat], kv_a[lat:][perm]])
+            out[p + "kv_a_norm"] = get(a + "kv_a_layernorm.weight")
+            kv_b = get(a + "kv_b_proj.weight").reshape(hq, dn + dv, lat)
+            out[p + "w_uk"], out[p + "w_uv"] = kv_b[:, :dn].contiguous(), kv_b[:, dn:].contiguous()
+        else:
+            out[p + "qkv_w"] = torch.cat([get(a + f"{x}_proj.weight") for x in "qkv"])
+            if spec.qkv_bias:
+                out[p + "qkv_b"] = torch.cat([get(a + f"{x}_proj.bias") for x in "qkv"])
+            if spec.qk_norm != "none":
+                out[p + "q_norm"], out[p + "k_norm"] = get(a + "q_norm.weight"), get(a + "k_norm.weight")
+        out[p + "o_w"] = get(a + "o_proj.weight")
+        m = f"model.layers.{i}.mlp."
+        if spec.layer_kind(i) == "dense":
+            out[p + "gate_up_w"] = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")])
+            out[p + "down_w"] = get(m + "down_proj.weight")
+            continue
+        router, bias, ex, (gn, un, dn_) = _moe_names(spec, i)
+        out[p + "router_w"] = get(router)
+        if spec.routing_bias:
+            out[p + "router_bias"] = get(bias).float()
+        e = spec.num_experts
+        out[p + "w13"] = torch.stack([torch.cat([get(f"{ex}{j}.{gn}.weight"), get(f"{ex}{j}.{un}.weight")])
+                                      for j in range(e)])
+        out[p + "w2"] = torch.stack([get(f"{ex}{j}.{dn_}.weight") for j in range(e)])
+        if spec.num_shared_experts:
+            s = m + "shared_experts."
+            out[p + "shared_gate_up_w"] = torch.cat([get(s + "gate_proj.weight"), get(s + "up_proj.weight")])
+            out[p + "shared_down_w"] = get(s + "down_proj.weight")
+    return out
+
+
+def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of ``hf_to_internal``: HF checkpoint names for a model's (slice's) weights."""
+    out = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["final_norm"]}
+    if not spec.tie_word_embeddings:
+        out["lm_head.weight"] = params["lm_head"]
+    for i in layers:
+        p, a = f"layers.{i}.", f"model.layers.{i}.self_attn."
+        out[f"model.layers.{i}.input_layernorm.weight"] = params[p + "input_norm"]
+        out[f"model.layers.{i}.post_attention_layernorm.weight"] = params[p + "post_norm"]
+        if spec.attention == "mla":
+            hq, dn, r, lat = spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank
+            inv = _rope_perm(r).argsort()
+            q = params[p + ("q_b_w" if spec.q_lora_rank else "q_w")]
+            qh = q.reshape(hq, dn + r, -1)
+            out[a + ("q_b_proj.weight" if spec.q_lora_rank else "q_proj.weight")] = torch.cat(
+                [qh[:, :dn], qh[:, dn:][:, inv]], dim=1).reshape(q.shape)
+            if spec.q_lora_rank:
+                out[a + "q_a_proj.weight"] = params[p + "q_a_w"]
+                out[a + "q_a_layernorm.weight"] = params[p + "q_a_norm"]
+            kv_a = params[p + "kv_a_w"]
+            out[a + "kv_a_proj_with_mqa.weight"] = torch.cat([kv_a[:lat], kv_a[lat:][inv]])
+            out[a + "kv_a_layernorm.weight"] = params[p + "kv_a_norm"]
+            out[a + "kv_b_proj.weight"] = torch.cat([params[p + "w_uk"], params[p + "w_uv"]], dim=1).reshape(-1, lat)
+        else:
+            hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
+            sizes = [hq * dh, hk * dh, hk * dh]
+            for x, t in zip("qkv", params[p + "qkv_w"].split(sizes)):
+                out[a + f"{x}_proj.weight"] = t
+            if spec.qkv_bias:
+                for x, t in zip("qkv", params[p + "qkv_b"].split(sizes)):
+                    out[a + f"{x}_proj.bias"] = t
+            if spec.qk_norm != "none":
+                out[a + "q_norm.weight"], out[a + "k_norm.weight"] = params[p + "q_norm"], params[p + "k_norm"]
+        out[a + "o_proj.weight"] = params[p + "o_w"]
+        m = f"model.layers.{i}.mlp."
+        if spec.layer_kind(i) == "dense":
+            out[m + "gate_proj.weight"], out[m + "up_proj.weight"] = params[p + "gate_up_w"].chunk(2)
+            out[m + "down_proj.weight"] = params[p + "down_w"]
+            continue
+        router, bias, ex, (gn, un, dn_) = _moe_names(spec, i)
+        out[router] = params[p + "router_w"]
+        if spec.routing_bias:
+            out[bias] = params[p + "router_bias"]
+        for j in range(spec.num_experts):
+            out[f"{ex}{j}.{gn}.weight"], out[f"{ex}{j}.{un}.weight"] = params[p + "w13"][j].chunk(2)
+            out[f"{ex}{j}.{dn_}.weight"] = params[p + "w2"][j]
+        if spec.num_shared_experts:
+            s = m + "shared_experts."
+            out[s + "gate_proj.weight"], out[s + "up_proj.weight"] = params[p + "shared_gate_up_w"].chunk(2)
+            out[s + "down_proj.weight"] = params[p + "shared_down_w"]
+    return out
+
+
+def save_weights(model, path) -> None:
+    """Write a model's (slice's) weights as one HF-named safetensors file, atomically."""
+    tensors = {k: v.contiguous() for k, v in internal_to_hf(model.spec, model.layers, model.params).items()}
+    save_file(tensors, path, metadata={"format": "pt", "tkcc_model": model.spec.name})
+
+
+def _dequant_fp8(st: SafetensorsDir, name: str, block: int = 128) -> torch.Tensor:
+    w = st.get(name)
+    scale_name = name + "_scale_inv"
+    if w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and scale_name in st:
+        s = st.get(scale_name).float()
+        s = s.repeat_interleave(block, 0)[: w.shape[0]].repeat_interleave(block, 1)[:, : w.shape[1]]
+        return w.float() * s
+    return w
+
+
+def load_weights(spec, layers: list[int], path, device="cpu", dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Internal tensors for ``layers`` from a safetensors file or directory with HF names (block-fp8
+    checkpoints with ``*_scale_inv`` are dequantised). Missing tensors raise ``WeightsError``."""
+    st = SafetensorsDir(path)
+    params = hf_to_internal(spec, layers, lambda n: _dequant_fp8(st, n))
+    expected = param_specs(spec, layers)
+    for name, (shape, kind) in expected.items():
+        t = params[name]
+        if tuple(t.shape) != tuple(shape):
+            raise WeightsError(f"weights at {path}: {name} has shape {list(t.shape)}, expected {list(shape)}")
+        params[name] = t.to(device=device, dtype=torch.float32 if kind == "router_bias" else dtype)
+    return params
+
+
+__all__ = ["param_specs", "init_params", "hf_to_internal", "internal_to_hf", "save_weights", "load_weights",
+           "WeightsError"]

@@ -1,0 +1,145 @@
+"""The op contract: does an implementation behave like the reference on fresh random inputs?
+
+``check_op(name, impl)`` returns a list of failures, one line each, empty when the implementation
+honours the contract. Per dtype and shape, with inputs from the op's own generator:
+  1. the allocator is poisoned with NaN, then ``impl`` runs first (before any reference, so it cannot
+     pick up the reference's freed output);
+  2. its inputs must be bitwise unchanged;
+  3. it runs a second time (after poisoning again) and must give bitwise the same outputs;
+  4. output count, shapes, dtypes and device must equal the reference's at the same dtype;
+  5. values must be within the op's (atol, rtol) of the reference computed in higher precision
+     (float32 for 16-bit inputs, float64 for float32), NaN/inf only where the reference has them;
+     integer outputs must be equal (after the op's ``canonicalize``, e.g. top-k order).
+Reasons start with the op, dtype and shape, then a category: ``raised``, ``modified input``,
+``nondeterministic``, ``output count``, ``shape``, ``dtype``, ``device``, ``non-finite``, ``mismatch``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from persistent_engine.ops import registry
+
+__all__ = ["check_op", "compare_outputs", "poison_allocator"]
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+POISON_CAP_BYTES = 1 << 30
+
+
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _tensors(args: Iterable) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def _clone(args: Sequence) -> tuple:
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _upcast(args: Sequence) -> tuple:
+    def up(a):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a.to(torch.float64 if a.dtype == torch.float32 else torch.float32)
+        return a.clone() if isinstance(a, torch.Tensor) else a
+    return tuple(up(a) for a in args)
+
+
+def poison_allocator(device, nbytes: int) -> None:
+    """Fill ``nbytes`` of fresh memory with NaN and free it, so that an output left uninitialised by a
+    kernel (reading what the allocator hands back) shows up as NaN instead of stale correct values."""
+    n = max(1, min(int(nbytes), POISON_CAP_BYTES) // 4)
+    buf = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
+    del buf
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        return bool(torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0))
+                    and torch.equal(a.isnan(), b.isnan()))
+    return bool(torch.equal(a, b))
+
+
+def compare_outputs(out: tuple, ref: tuple, atol: float, rtol: float) -> list[str]:
+    """Value check of ``out`` against a higher-precision ``ref`` (same count and shapes)."""
+    reasons = []
+    for i, (o, r) in enumerate(zip(out, ref)):
+        tag = f"output {i}: " if len(ref) > 1 else ""
+        if not r.is_floating_point():
+            if not torch.equal(o.to(r.dtype), r):
+                bad = int((o.to(r.dtype) != r).sum())
+                reasons.append(f"mismatch: {tag}{bad} of {r.numel()} integer values differ")
+            continue
+        of, rf = o.to(r.dtype), r
+        if not torch.equal(torch.isfinite(of), torch.isfinite(rf)):
+            n = int((torch.isfinite(of) != torch.isfinite(rf)).sum())
+            reasons.append(f"non-finite: {tag}{n} values are NaN/inf where the reference is not (or vice versa)")
+            continue
+        fin = torch.isfinite(rf)
+        err = (of - rf).abs().masked_fill(~fin, 0)
+        allowed = atol + rtol * rf.abs().masked_fill(~fin, 0)
+        if bool((err > allowed).any()):
+            k = int((err > allowed).sum())
+            reasons.append(f"mismatch: {tag}{k} of {r.numel()} values outside tolerance (max abs error "
+                           f"{float(err.max()):.3g}, atol {atol:g}, rtol {rtol:g})")
+    return reasons
+
+
+def _check_one(d, impl: Callable, shape: dict, dtype, device, seed: int) -> list[str]:
+    args = d.make_inputs(shape, dtype, device, seed)
+    snapshot = _clone(args)
+    in_bytes = sum(t.numel() * t.element_size() for t in _tensors(args))
+    outs = []
+    for _ in range(2):
+        poison_allocator(device, 2 * in_bytes)
+        try:
+            outs.append(_as_tuple(impl(*args)))
+            _sync(device)
+        except Exception as e:  # noqa: BLE001 - any failure of a candidate is a reason, not a crash
+            return [f"raised: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]]
+        for i, (a, s) in enumerate(zip(args, snapshot)):
+            if isinstance(a, torch.Tensor) and not _bitwise_equal(a, s):
+                return [f"modified input: argument {i} changed"]
+    first, second = outs
+    ref_native = _as_tuple(d.reference(*_clone(snapshot)))
+    if len(first) != len(ref_native) or not all(isinstance(o, torch.Tensor) for o in first):
+        return [f"output count: returned {len(first)} value(s), expected {len(ref_native)} tensor(s)"]
+    reasons = []
+    for i, (o, r) in enumerate(zip(first, ref_native)):
+        tag = f" (output {i})" if len(first) > 1 else ""
+        if tuple(o.shape) != tuple(r.shape):
+            reasons.append(f"shape{tag}: {list(o.shape)}, expected {list(r.shape)}")
+        if o.dtype != r.dtype:
+            reasons.append(f"dtype{tag}: {o.dtype}, expected {r.dtype}")
+        if o.device != r.device:
+            reasons.append(f"device{tag}: {o.device}, expected {r.device}")
+    if reasons:
+        return reasons
+    if not all(_bitwise_equal(a, b) for a, b in zip(first, second)):
+        return ["nondeterministic: two runs on the same inputs gave different outputs"]
+    ref_hi = _as_tuple(d.reference(*_upcast(snapshot)))
+    canon = d.canonicalize or (lambda t: t)
+    atol, rtol = d.tolerance(dtype)
+    return compare_outputs(canon(first), canon(ref_hi), atol, rtol)
+
+
+def check_op(name: str, impl: Callable, *, device="cpu", dtypes=(torch.float32, torch.bfloat16),
+             shapes: Sequence[dict] | None = None, seed: int = 0) -> list[str]:
+    """Failures of ``impl`` against the contract of op ``name`` ([] when it passes); see the module doc."""
+    d = registry.get(name)
+    reasons = []
+    for dtype in dtypes:
+        for j, shape in enumerate(shapes if shapes is not None else d.examples):
+            prefix = f"{name} {_DTYPE_NAMES.get(dtype, str(dtype))} {shape}: "
+            reasons += [prefix + r for r in _check_one(d, impl, shape, dtype, device, seed + 1000 * j)]
+    return reasons

@@ -1,0 +1,93 @@
+"""``OpDef``: what the registry knows about one op, and the helpers the op modules share.
+
+An op is a pure function of tensors and Python scalars that returns new tensors and never modifies
+its inputs. Its ``reference`` is plain PyTorch (the ``native`` path). ``make_inputs(shape, dtype,
+device, seed)`` draws a fresh positional-argument tuple from its own ``torch.Generator`` (never the
+global RNG); ``shape`` is one of the dicts that ``shapes(spec, point)`` returns for a model spec and a
+workload point, or one of ``examples`` (small shapes with odd sizes, for contract tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+# (atol, rtol) by dtype for elementwise-ish ops; ops with long reductions pass their own table.
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (5e-3, 5e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+MATMUL_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (2e-4, 2e-4),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (4e-2, 3e-2),
+}
+
+DEFAULT_BLOCK_SIZE = 16     # KV cache block size (tokens) when a workload point does not say
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    reference: Callable[..., Any]
+    signature: str                                   # documented shapes, dtypes and semantics
+    make_inputs: Callable[[dict, torch.dtype, Any, int], tuple]
+    shapes: Callable[[Any, dict], list[dict]]        # (ModelSpec, workload point) -> shape dicts
+    examples: tuple[dict, ...]                       # small shapes (odd sizes) for contract tests
+    outputs: int = 1                                 # number of returned tensors (1: a bare tensor)
+    tolerances: dict = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    # maps the outputs to a form where equal results compare equal (e.g. top-k in id order)
+    canonicalize: Callable[[tuple], tuple] | None = None
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        return self.tolerances.get(dtype, self.tolerances[torch.float32])
+
+
+# ----------------------------------------------------------------------------- input helpers
+def generator(device: Any, seed: int) -> torch.Generator:
+    g = torch.Generator(device=torch.device(device))
+    g.manual_seed(int(seed))
+    return g
+
+
+def randn(g: torch.Generator, shape, dtype, device, std: float = 1.0) -> torch.Tensor:
+    t = torch.randn(tuple(shape), generator=g, device=device, dtype=torch.float32)
+    return (t * std).to(dtype)
+
+
+def randint(g: torch.Generator, high: int, shape, device, dtype=torch.int64) -> torch.Tensor:
+    return torch.randint(0, int(high), tuple(shape), generator=g, device=device, dtype=dtype)
+
+
+def tokens(point: dict) -> int:
+    """Tokens in flight at a workload point: batch x chunk (chunk 1 for decode)."""
+    chunk = 1 if point.get("phase", "decode") == "decode" else int(point.get("chunk", 1))
+    return int(point.get("batch", 1)) * max(chunk, 1)
+
+
+def dedup(shapes: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for s in shapes:
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def paged_layout(g: torch.Generator, batch: int, ctx_lens: list[int], block_size: int, device,
+                 spare_blocks: int = 3) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Block tables [B, MB] int32 over a shuffled pool of NB blocks (so paging matters), context
+    lens [B] int32, and NB. Unused table entries point at block 0 (never read)."""
+    mb = max(1, max((c + block_size - 1) // block_size for c in ctx_lens))
+    nb = batch * mb + spare_blocks
+    perm = torch.randperm(nb, generator=torch.Generator().manual_seed(int(g.initial_seed()) + 1))
+    tables = torch.zeros(batch, mb, dtype=torch.int32)
+    used = 0
+    for b, c in enumerate(ctx_lens):
+        n = (c + block_size - 1) // block_size
+        tables[b, :n] = perm[used:used + n].to(torch.int32)
+        used += n
+    lens = torch.tensor(ctx_lens, dtype=torch.int32)
+    return tables.to(device), lens.to(device), nb

@@ -1,0 +1,180 @@
+"""The engine's RPC server: one zmq ROUTER socket, msgpack frames, a token on every request.
+
+Security model (the engine runs untrusted candidate code, so the socket must not widen that):
+  * binds 127.0.0.1 unless ``allow_remote`` is set; a non-loopback host without it is refused;
+  * a token made at start (``secrets.token_hex``) is handed over through a 0600 file or the
+    environment (``TKCC_ENGINE_TOKEN``); every request must carry it (constant-time compare);
+  * a frame over ``max_bytes`` gets an ``ErrorReply(kind="too_large")`` without being decoded;
+    zmq drops frames over ``4 * max_bytes + 64 MiB`` at the transport (the peer is disconnected);
+  * anything malformed gets an ``ErrorReply`` and the loop goes on; a handler exception too.
+
+Requests are served one at a time on the calling (main) thread: CUDA graphs, the thread-count guard
+and the watchdog all assume the engine does one thing at a time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+import secrets
+import socket
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+from persistent_engine.io_struct import (MAX_REQUEST_BYTES, ErrorReply, ProtocolError, Reply, Request,
+                                         Shutdown, ShutdownReply, build_request, encode, unpack_request)
+
+TOKEN_ENV = "TKCC_ENGINE_TOKEN"
+
+
+class BindRefused(ValueError):
+    """A non-loopback bind without ``allow_remote`` (CLI: one line, exit 2)."""
+
+    user_error = True
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_token() -> str:
+    return secrets.token_hex(32)
+
+
+def write_token_file(token: str, path: str | None = None) -> str:
+    """Write the token to a file only the owner can read (0600), atomically; returns the path."""
+    if path is None:
+        fd, path = tempfile.mkstemp(prefix="tkcc-engine-", suffix=".token")
+        os.close(fd)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".token-")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_token_file(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0                   # 0: a free port chosen by zmq
+    allow_remote: bool = False
+    max_bytes: int = MAX_REQUEST_BYTES
+
+
+class EngineServer:
+    """Binds at construction (so a refused bind fails before any model is built) and serves
+    ``handler(request) -> reply`` until a ``Shutdown`` request or ``stop()``."""
+
+    def __init__(self, token: str, config: ServerConfig = ServerConfig()):
+        if not config.allow_remote and not is_loopback(config.host):
+            raise BindRefused(f"refusing to bind {config.host!r}: not a loopback address "
+                              "(pass --allow-remote to serve other machines)")
+        if not token:
+            raise ValueError("the engine needs a non-empty token")
+        self.config = config
+        self._token = token.encode()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * config.max_bytes + 64 * 1024 * 1024)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        host = config.host
+        if not is_loopback(host) and host not in ("*", "0.0.0.0"):
+            host = socket.gethostbyname(host)
+        if config.port:
+            self._sock.bind(f"tcp://{host}:{config.port}")
+        else:
+            self._sock.bind(f"tcp://{host}:0")
+        endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.port = int(endpoint.rsplit(":", 1)[1])
+        self.address = f"tcp://{'127.0.0.1' if is_loopback(config.host) else config.host}:{self.port}"
+        self.served = 0
+        self._running = False
+
+    # ------------------------------------------------------------------------------ one frame
+    def handle_frame(self, frame: bytes, handler: Callable[[Request], Reply]) -> tuple[Reply, bool]:
+        """Turn one request frame into a reply; never raises. Returns (reply, stop)."""
+        if len(frame) > self.config.max_bytes:
+            return ErrorReply(message=f"request of {len(frame)} bytes exceeds the limit of "
+                                      f"{self.config.max_bytes} bytes", kind="too_large"), False
+        try:
+            obj = unpack_request(frame)
+        except ProtocolError as e:
+            return ErrorReply(message=str(e), kind="protocol"), False
+        tok = obj.get("token")
+        if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self._token):
+            return ErrorReply(message="missing or wrong token", kind="auth"), False
+        try:
+            request = build_request(obj)
+        except ProtocolError as e:
+            return ErrorReply(message=str(e), kind="protocol"), False
+        if isinstance(request, Shutdown):
+            return ShutdownReply(message="shutting down"), True
+        try:
+            reply = handler(request)
+        except Exception as e:  # noqa: BLE001 - the server outlives any request
+            return ErrorReply(message=f"{type(e).__name__}: {e}"[:2000], kind="internal"), False
+        self.served += 1
+        return reply, False
+
+    # ------------------------------------------------------------------------------ the loop
+    def serve(self, handler: Callable[[Request], Reply],
+              after_reply: Callable[[Reply], bool] | None = None) -> None:
+        """``after_reply(reply) -> stop`` runs once the reply is sent (the engine exits there when a
+        device error poisoned its CUDA context, so that the supervisor starts a fresh one)."""
+        self._running = True
+        while self._running:
+            try:
+                frames = self._sock.recv_multipart(copy=True)
+            except zmq.ZMQError as e:
+                if e.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    break
+                continue
+            if not frames:
+                continue
+            envelope, body = [frames[0]], frames[1:]
+            if body and body[0] == b"":         # REQ peers put an empty delimiter first
+                envelope.append(b"")
+                body = body[1:]
+            if len(body) != 1:
+                reply, stop = ErrorReply(message=f"expected one frame, got {len(body)}",
+                                         kind="protocol"), False
+            else:
+                reply, stop = self.handle_frame(body[0], handler)
+            try:
+                self._sock.send_multipart(envelope + [encode(reply)])
+            except zmq.ZMQError:
+                pass                            # the peer went away; keep serving
+            if after_reply is not None and after_reply(reply):
+                stop = True
+            if stop:
+                break
+        self.close()
+
+    def stop(self) -> None:
+        self._running = False
+
+    def close(self) -> None:
+        self._sock.close(0)
+        self._ctx.term()

@@ -1,0 +1,308 @@
+"""The supervisor (orchestrator side): one engine process, kept alive whatever candidates do.
+
+``Supervisor.evaluate(source, timeout_s)`` sends load -> verify -> bench -> unload to the engine with
+one deadline for the whole cycle. A crash (abort, segfault, a CUDA error that made the engine exit)
+is noticed within ~50 ms through the process handle; a hang is cut by the watchdog at the deadline
+(the engine's process group is killed). Either way the candidate is rejected with the reason, a
+fresh engine is started, and the next candidate is served. Start-up stages (process, imports,
+weights, kv_cache, warmup, graph_capture) are read from the engine's JSON lines as they happen.
+
+Stdlib + pyzmq + msgpack only (no torch here): the engine is another process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from persistent_engine.client import EngineClient, EngineDied, EngineTimeout
+from persistent_engine.io_struct import ErrorReply, Reply
+from persistent_engine.server import TOKEN_ENV, make_token
+
+STAGES = ("process", "imports", "weights", "kv_cache", "warmup", "graph_capture")
+
+
+class EngineStartError(RuntimeError):
+    """The engine process did not become ready (bad model, bad arguments, or it died starting)."""
+
+    user_error = True
+
+
+@dataclass(frozen=True)
+class CandidateVerdict:
+    correct: bool
+    reasons: list[str]
+    speedup: float | None
+    per_point: list[dict] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)     # load_s, verify_s, bench_s, total_s, restart_s
+    restarted: bool = False
+
+    def to_dict(self) -> dict:
+        return {"correct": self.correct, "reasons": list(self.reasons), "speedup": self.speedup,
+                "per_point": list(self.per_point), "timings": dict(self.timings),
+                "restarted": self.restarted}
+
+
+def describe_exit(rc: int | None) -> str:
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    if rc == 3:
+        return "exit code 3: the engine left after a device error or a leaked thread"
+    return f"exit code {rc}"
+
+
+class Supervisor:
+    def __init__(self, model: str, layers: list[int] | int | None = None, device: str = "cpu",
+                 points: list[dict] | None = None, *, dtype: str = "bf16", variants: int = 2,
+                 samples: int = 0, start_timeout_s: float = 900.0, env: dict | None = None,
+                 python: str = sys.executable, log: Callable[[str], None] | None = None,
+                 cuda_graph: bool = True):
+        self.model, self.device, self.dtype = model, device, dtype
+        self.layers = list(range(layers)) if isinstance(layers, int) else layers
+        self.points = points
+        self.variants, self.samples = variants, samples
+        self.start_timeout_s = start_timeout_s
+        self.cuda_graph = cuda_graph
+        self._env = dict(os.environ if env is None else env)
+        self._python = python
+        self._log = log or (lambda line: None)
+        self._token = make_token()
+        self._dir = tempfile.mkdtemp(prefix="tkcc-supervisor-")
+        self.proc: subprocess.Popen | None = None
+        self.client: EngineClient | None = None
+        self.startup: dict[str, float] = {}
+        self.ready_info: dict = {}
+        self.restarts: list[dict] = []
+        self._lines: queue.Queue = queue.Queue()
+        self._stderr_path = os.path.join(self._dir, "engine.stderr")
+
+    # ------------------------------------------------------------------------------ process
+    def _command(self) -> list[str]:
+        cmd = [self._python, "-m", "persistent_engine", "serve", "--model", self.model,
+               "--device", self.device, "--dtype", self.dtype, "--variants", str(self.variants)]
+        if self.layers is not None:
+            cmd += ["--layers", ",".join(str(i) for i in self.layers) + ("," if len(self.layers) == 1 else "")]
+        if self.points:
+            path = os.path.join(self._dir, "points.json")
+            with open(path, "w") as f:
+                json.dump(self.points, f)
+            cmd += ["--points", path]
+        if not self.cuda_graph:
+            cmd.append("--no-cuda-graph")
+        return cmd
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> dict:
+        """Start the engine and wait for its ready line; returns the stage timings (seconds)."""
+        t0 = time.monotonic()
+        env = dict(self._env)
+        env[TOKEN_ENV] = self._token            # the token travels in the environment, not argv
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        stderr = open(self._stderr_path, "ab")
+        self.proc = subprocess.Popen(self._command(), stdout=subprocess.PIPE, stderr=stderr, env=env,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        stderr.close()
+        self._lines = queue.Queue()
+        threading.Thread(target=self._pump, args=(self.proc, self._lines), daemon=True,
+                         name="tkcc-engine-stdout").start()
+        stages: dict[str, float] = {}
+        deadline = t0 + self.start_timeout_s
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.01, min(0.2, deadline - time.monotonic())))
+            except queue.Empty:
+                line = None
+            if line is None:
+                if not self.alive():
+                    raise EngineStartError(f"engine did not start ({describe_exit(self.proc.poll())}): "
+                                           f"{self._stderr_tail()}")
+                if time.monotonic() > deadline:
+                    self._kill()
+                    raise EngineStartError(f"engine not ready within {self.start_timeout_s:.0f} s")
+                continue
+            if "stage" in line:
+                stages[line["stage"]] = float(line["seconds"])
+                self._log(f"[engine] {line['stage']:<14} {line['seconds']:8.3f} s")
+            elif line.get("ready") is True:
+                self.ready_info = line
+                break
+            elif line.get("ready") is False:
+                self.proc.wait(timeout=30)
+                raise EngineStartError(f"engine refused to start: {line.get('error')}")
+        stages = {**stages, **line.get("startup", {})}
+        stages["total_to_ready"] = time.monotonic() - t0
+        self.startup = stages
+        self._log(f"[engine] ready on {line['address']} in {stages['total_to_ready']:.2f} s")
+        self.client = EngineClient(line["address"], self._token, alive=self.alive)
+        return stages
+
+    @staticmethod
+    def _pump(proc: subprocess.Popen, lines: queue.Queue) -> None:
+        """Drain the engine's stdout (a candidate's prints must never fill the pipe and block it)."""
+        for raw in proc.stdout:
+            try:
+                obj = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(obj, dict):
+                lines.put(obj)
+
+    def _stderr_tail(self, n: int = 300) -> str:
+        try:
+            with open(self._stderr_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode(errors="replace").strip().replace("\n", " | ")
+        except OSError:
+            return ""
+
+    def _kill(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)    # the engine and anything it spawned
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def restart(self, reason: str) -> float:
+        t0 = time.monotonic()
+        self._kill()
+        self._log(f"[supervisor] restarting the engine: {reason}")
+        self.start()
+        seconds = time.monotonic() - t0
+        self.restarts.append({"reason": reason, "seconds": seconds})
+        return seconds
+
+    def ensure_running(self) -> bool:
+        """Start or restart the engine when it is not running; True when it had to."""
+        if self.alive() and self.client is not None:
+            return False
+        if self.proc is None:
+            self.start()
+        else:
+            self.restart(f"engine had exited ({describe_exit(self.proc.poll())})")
+        return True
+
+    # ------------------------------------------------------------------------------ calls
+    def evaluate(self, source: str, timeout_s: float = 300.0, name: str = "candidate",
+                 samples: int | None = None) -> CandidateVerdict:
+        restarted = self.ensure_running()
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        timings: dict[str, float] = {}
+        reasons: list[str] = []
+        speedup, per_point = None, []
+        phase = "load"
+
+        def call(fn, *args):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineTimeout("deadline passed")
+            s = time.monotonic()
+            reply = fn(*args, timeout_s=left)
+            timings[f"{phase}_s"] = time.monotonic() - s
+            return reply
+
+        try:
+            r = call(self.client.load_candidate, source, name)
+            reasons += _reasons(r)
+            if not reasons:
+                phase = "verify"
+                reasons += _reasons(call(self.client.verify, None))
+            if not reasons:
+                phase = "bench"
+                b = call(self.client.bench, self.samples if samples is None else samples, 0)
+                reasons += _reasons(b)
+                speedup = getattr(b, "speedup", None)
+                per_point = list(getattr(b, "per_point", []))
+            phase = "unload"
+            call(self.client.unload)
+        except EngineTimeout:
+            reasons.append(f"hang: no answer during {phase} within the {timeout_s:g} s timeout "
+                           "(watchdog killed the engine)")
+            timings["restart_s"] = self.restart(f"watchdog timeout during {phase}")
+            restarted = True
+        except EngineDied:
+            rc = self.proc.wait(timeout=30) if self.proc else None
+            tail = self._stderr_tail(200)
+            if not (phase == "unload" and reasons):     # not when it left on purpose after a verdict
+                reasons.append(f"crash: engine died during {phase} ({describe_exit(rc)})"
+                               + (f": {tail}" if tail and rc is not None and rc >= 0 else ""))
+            timings["restart_s"] = self.restart(f"crash during {phase}")
+            restarted = True
+        if not self.alive():                   # left on purpose (device error, leaked thread)
+            timings["restart_s"] = self.restart("engine exited after the candidate")
+            restarted = True
+        timings["total_s"] = time.monotonic() - t0
+        return CandidateVerdict(correct=not reasons, reasons=reasons, speedup=speedup,
+                                per_point=per_point, timings=timings, restarted=restarted)
+
+    def profile(self, timeout_s: float = 600.0) -> dict:
+        self.ensure_running()
+        r = self.client.profile(timeout_s=timeout_s)
+        if not r.ok:
+            raise RuntimeError(f"profile failed: {r.message}")
+        return {"per_point": r.per_point, "timer": r.timer}
+
+    def status(self, timeout_s: float = 30.0) -> Reply:
+        self.ensure_running()
+        return self.client.status(timeout_s=timeout_s)
+
+    def close(self) -> None:
+        if self.alive() and self.client is not None:
+            try:
+                self.client.shutdown(timeout_s=10)
+                self.proc.wait(timeout=10)
+            except (EngineTimeout, EngineDied, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+
+    def __enter__(self) -> "Supervisor":
+        self.ensure_running()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _reasons(reply: Reply) -> list[str]:
+    if isinstance(reply, ErrorReply):
+        return [f"{reply.kind}: {reply.message}"]
+    if reply.ok:
+        return []
+    return list(getattr(reply, "reasons", None) or [reply.message or "rejected"])
+
+
+def startup_table(stages: dict[str, float]) -> str:
+    """Start-up stages as a two-column table (like Table 1 of the Together post)."""
+    rows = [(s, stages[s]) for s in STAGES if s in stages]
+    total = sum(v for _, v in rows)
+    lines = [f"{'stage':<16}{'seconds':>10}"] + [f"{s:<16}{v:>10.3f}" for s, v in rows]
+    lines.append(f"{'sum of stages':<16}{total:>10.3f}")
+    if "total_to_ready" in stages:
+        lines.append(f"{'spawn to ready':<16}{stages['total_to_ready']:>10.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""The Anthropic Messages client against the scripted server: wire format, retries, malformed calls."""
+
+import pytest
+
+from agents.llm import AnthropicChat, AnthropicConfig, LLMError, Message, RetryPolicy, TOOLS, ToolResult
+from agents.testing import ScriptedLLMServer
+
+FAST = RetryPolicy(max_retries=3, base_s=0.01, cap_s=0.05, timeout_s=10)
+
+
+def _chat(srv, key="test-key", retry=FAST):
+    return AnthropicChat(AnthropicConfig(model="m", base_url=srv.url, retry=retry), api_key=key)
+
+
+def test_round_trip_with_tool_results_and_usage():
+    script = [{"text": "look", "tool_calls": [{"name": "read_op", "input": {"name": "rms_norm"}},
+                                             {"name": "read_profile", "input": {}}],
+               "usage": {"input": 120, "output": 30}},
+              {"text": "done", "expect": ["SIG-rms", "PROFILE-ok"]}]
+    with ScriptedLLMServer({"m": script}) as srv:
+        chat = _chat(srv)
+        msgs = [Message("user", "go")]
+        r1 = chat.complete("sys", msgs, list(TOOLS))
+        assert r1.stop_reason == "tool_use" and r1.text == "look"
+        assert [c.name for c in r1.tool_calls] == ["read_op", "read_profile"]
+        assert r1.tool_calls[0].arguments == {"name": "rms_norm"} and r1.tool_calls[0].error is None
+        assert (r1.tokens.input_tokens, r1.tokens.output_tokens) == (120, 30)
+        msgs += [r1.as_message(), Message("user", tool_results=(
+            ToolResult(r1.tool_calls[0].id, "SIG-rms"), ToolResult(r1.tool_calls[1].id, "PROFILE-ok")))]
+        r2 = chat.complete("sys", msgs, list(TOOLS))
+        assert r2.text == "done" and r2.tool_calls == () and r2.stop_reason == "end_turn"
+        assert srv.protocol_errors == []
+        body = srv.requests[-1].body
+        assert body["system"] == "sys" and {t["name"] for t in body["tools"]} == {t.name for t in TOOLS}
+        assert body["messages"][2]["content"][0]["type"] == "tool_result"
+
+
+@pytest.mark.parametrize("fault", [429, 500, 529, "malformed"])
+def test_transient_faults_are_retried(fault):
+    with ScriptedLLMServer({"m": [{"fault": fault, "times": 2}, {"text": "fine"}]}) as srv:
+        r = _chat(srv).complete("sys", [Message("user", "go")], list(TOOLS))
+        assert r.text == "fine" and len(srv.requests) == 3
+
+
+def test_persistent_429_gives_up_after_max_retries():
+    with ScriptedLLMServer({"m": [{"fault": 429, "times": 10}]}) as srv:
+        with pytest.raises(LLMError) as err:
+            _chat(srv).complete("sys", [Message("user", "go")], list(TOOLS))
+        assert err.value.status == 429 and err.value.attempts == 4 and len(srv.requests) == 4
+
+
+def test_wrong_key_is_not_retried():
+    with ScriptedLLMServer({"m": [{"text": "never"}]}) as srv:
+        with pytest.raises(LLMError) as err:
+            _chat(srv, key="wrong").complete("sys", [Message("user", "go")], list(TOOLS))
+        assert err.value.status == 400 and "x-api-key" in str(err.value) and len(srv.requests) == 1
+
+
+def test_malformed_tool_calls_are_parsed_with_an_error():
+    script = [{"tool_calls": [{"name": "read_op", "raw": "{not an object"},
+                              {"name": "no_such_tool", "input": {}},
+                              {"name": "read_op", "input": {"nam": "x"}}]}]
+    with ScriptedLLMServer({"m": script}) as srv:
+        r = _chat(srv).complete("sys", [Message("user", "go")], list(TOOLS))
+        errors = [c.error for c in r.tool_calls]
+        assert all(c.arguments is None for c in r.tool_calls)
+        assert "JSON object" in errors[0] and "unknown tool" in errors[1] and "needs argument" in errors[2]
+
+
+def test_missing_key_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(LLMError, match="ANTHROPIC_API_KEY"):
+        AnthropicChat(AnthropicConfig())

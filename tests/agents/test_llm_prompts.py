@@ -1,0 +1,51 @@
+"""Prompts and the profile digest: built from the run's profile, points, ops and board."""
+
+import time
+
+from agents import AgentContext, OpInfo
+from agents.prompts import SYSTEM, cycle_prompt, op_costs, to_json
+from llm_support import make_board
+
+ENGINE_PROFILE = {"timer": "perf_counter_ns", "per_point": [
+    {"point": {"phase": "decode", "batch": 8, "weight": 0.75},
+     "ops": {"linear": {"ms": 2.0, "calls": 7, "share": 0.8}, "rms_norm": {"ms": 0.4}}},
+    {"point": {"phase": "prefill", "batch": 1, "weight": 0.25},
+     "ops": {"linear": {"ms": 8.0}, "attention_prefill": {"ms": 6.0}}}]}
+
+
+def test_op_costs_weights_points_and_sorts():
+    costs = op_costs(ENGINE_PROFILE)
+    assert list(costs) == ["linear", "attention_prefill", "rms_norm"]
+    assert costs["linear"] == 0.75 * 2.0 + 0.25 * 8.0 and costs["rms_norm"] == 0.3
+    assert op_costs({"a": 1.0, "b": {"ms": 3.0}, "c": "n/a"}) == {"b": 3.0, "a": 1.0}
+    assert op_costs({}) == {}
+
+
+def test_cycle_prompt_carries_profile_points_ops_board_and_held_idea(tmp_path):
+    board = make_board(tmp_path)
+    run = board.create_run(model="tiny-dense", hw="cpu")
+    idea = board.post_idea(run, author="agent-2", title="split-K linear", target="linear",
+                           body="split K by 4 for batch <= 8")
+    points = [{"phase": "decode", "batch": 8, "context": 512, "chunk": 1, "weight": 0.75}]
+    ops = {"linear": OpInfo("linear", "linear(x[..., K], weight[N, K], bias[N] | None)", "def linear")}
+    ctx = AgentContext(board=board, run_id=run.id, evaluate=None, profile=ENGINE_PROFILE,
+                       points=points, spec=None, ops=ops, deadline=time.monotonic() + 100)
+    text = cycle_prompt(ctx, ideas=board.list_ideas(run).items)
+    lines = text.splitlines()
+    first_op = lines.index("Where the time goes (baseline, weighted over the workload points):") + 1
+    assert lines[first_op].split()[0] == "linear" and "35.7%" in lines[first_op]
+    assert "decode batch=8 context=512 chunk=1 weight=0.750" in text
+    assert "linear(x[..., K], weight[N, K], bias[N] | None)" in text
+    assert f"#{idea.id} [open] linear: split-K linear (by agent-2)" in text
+    assert "post_idea" in text.splitlines()[-1]
+    held = cycle_prompt(ctx, ideas=[], held=idea)
+    assert f"You hold idea #{idea.id} (target linear): split-K linear" in held
+    assert "split K by 4" in held and "(none yet)" in held
+    assert "OVERRIDES" in SYSTEM and "submit_candidate" in SYSTEM
+    board.close()
+
+
+def test_tool_results_are_bounded():
+    assert to_json({"a": 1}) == '{"a":1}'
+    cut = to_json({"s": "x" * 50_000}, limit=1000)
+    assert len(cut) < 1100 and "cut at 1000" in cut

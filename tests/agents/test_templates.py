@@ -1,0 +1,113 @@
+"""Every template of the library honours its op's contract (persistent_engine.ops.contract) on the
+registry's small example shapes: Triton templates under TRITON_INTERPRET=1 (set by conftest), two knob
+settings each (the default and a small-block one that exercises masks, loops and split paths)."""
+
+import ast
+
+import pytest
+import torch
+
+from agents.templates import (TEMPLATES, Choice, TemplateError, dims_of, get_template, load_candidate,
+                              render_candidate, templates_for)
+from persistent_engine.models.spec import ModelSpec
+from persistent_engine.ops.contract import check_op
+
+# small blocks so that the example shapes take the multi-block, masked and split-K/split-KV paths
+SMALL = {
+    "rms_norm.triton_rows": {"RMSN_BLOCK_D": 64, "RMSN_ROWS": 2, "RMSN_NUM_WARPS": 1},
+    "fused_add_rms_norm.triton_rows": {"FARN_BLOCK_D": 64, "FARN_ROWS": 4, "FARN_NUM_WARPS": 1},
+    "silu_and_mul.triton": {"SAM_BLOCK_I": 64, "SAM_NUM_WARPS": 1},
+    "rotary_embedding.triton": {"ROPE_HEADS": 1, "ROPE_NUM_WARPS": 1},
+    "linear.triton_gemv_splitk": {"GEMV_BLOCK_N": 8, "GEMV_BLOCK_K": 64, "GEMV_BLOCK_M": 2, "GEMV_SPLIT_K": 2,
+                                  "GEMV_NUM_WARPS": 1, "GEMV_NUM_STAGES": 1, "GEMV_MAX_M": 64},
+    "linear.triton_tiled": {"TILE_BLOCK_M": 16, "TILE_BLOCK_N": 32, "TILE_BLOCK_K": 32, "TILE_SPLIT_K": 2,
+                            "TILE_GROUP_M": 4, "TILE_NUM_WARPS": 2, "TILE_NUM_STAGES": 2},
+    "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
+                                        "ATTD_NUM_STAGES": 1},
+    "moe_experts.triton_pairs": {"MOE_BLOCK_I": 16, "MOE_BLOCK_H": 64, "MOE_BLOCK_N": 16, "MOE_NUM_WARPS": 2,
+                                 "MOE_MAX_T": 4},
+}
+
+
+def _impl(template, knobs):
+    ns = load_candidate(render_candidate([Choice(template, knobs)]))
+    return ns["OVERRIDES"][template.op]
+
+
+def _settings(t):
+    out = [t.default()]
+    if t.name in SMALL:
+        out.append(SMALL[t.name])
+    else:   # torch templates: every value of their one implementation knob
+        out = [{k.name: v for k in t.knobs} for k in t.knobs for v in k.values]
+    return out
+
+
+@pytest.mark.parametrize("name", [t.name for t in TEMPLATES if t.backend == "triton"])
+def test_triton_template_passes_contract(name):
+    t = get_template(name)
+    assert name in SMALL, "add a small knob setting for every Triton template"
+    default, small = _settings(t)
+    for knobs, dtypes in ((default, (torch.float32, torch.bfloat16)), (small, (torch.bfloat16,))):
+        assert t.check(knobs) == [], knobs
+        assert check_op(t.op, _impl(t, knobs), dtypes=dtypes) == [], (name, knobs)
+
+
+@pytest.mark.parametrize("name", [t.name for t in TEMPLATES if t.backend == "torch"])
+def test_torch_template_passes_contract(name):
+    t = get_template(name)
+    for knobs in _settings(t):
+        assert check_op(t.op, _impl(t, knobs)) == [], (name, knobs)
+
+
+def test_rendered_candidate_is_self_contained_and_composes():
+    """All templates in one file: parses, imports only what a candidate may, no name collisions,
+    knob values inlined, one override per op."""
+    by_op = {}
+    for t in TEMPLATES:
+        by_op.setdefault(t.op, t)
+    choices = [Choice(t, t.default()) for t in by_op.values()]
+    source = render_candidate(choices, config={"max_num_seqs": 8}, description="all ops")
+    tree = ast.parse(source)
+    imports = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+    assert imports == {"import math", "import torch", "import triton", "import triton.language as tl"}
+    assert "import agents" not in source and "persistent_engine" not in source
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    names += [tgt.id for n in tree.body if isinstance(n, ast.Assign) for tgt in n.targets
+              if isinstance(tgt, ast.Name)]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    ns = load_candidate(source)
+    assert set(ns["OVERRIDES"]) == set(by_op)
+    assert ns["CONFIG"] == {"max_num_seqs": 8} and ns["DESCRIPTION"] == "all ops"
+    # a knob value is rewritten in place
+    gemv = get_template("linear.triton_gemv_splitk")
+    src = render_candidate([Choice(gemv, {**gemv.default(), "GEMV_SPLIT_K": 8})])
+    assert "\nGEMV_SPLIT_K = 8\n" in src and src.count("GEMV_SPLIT_K = ") == 1
+
+
+def test_validity_checks():
+    gemv = get_template("linear.triton_gemv_splitk")
+    bad = {**gemv.default(), "GEMV_BLOCK_N": 64, "GEMV_BLOCK_K": 1024, "GEMV_BLOCK_M": 4, "GEMV_NUM_WARPS": 1}
+    assert any("per thread" in r for r in gemv.check(bad))
+    assert any("not in" in r for r in gemv.check({**gemv.default(), "GEMV_SPLIT_K": 3}))
+    assert any("missing" in r for r in gemv.check({}))
+    with pytest.raises(TemplateError):
+        render_candidate([Choice(gemv, bad)])
+    rms = get_template("rms_norm.triton_rows")
+    tiny = dims_of(ModelSpec.from_name("tiny-dense"))
+    assert rms.check({**rms.default(), "RMSN_BLOCK_D": 64}, tiny) == []
+    assert any("twice the row" in r for r in rms.check({**rms.default(), "RMSN_BLOCK_D": 1024}, tiny))
+    with pytest.raises(TemplateError):
+        get_template("no_such.template")
+    with pytest.raises(TemplateError):   # two overrides of one op
+        render_candidate([Choice(rms, rms.default()), Choice(get_template("rms_norm.torch_fused"),
+                                                              {"TRMS_IMPL": "fused"})])
+
+
+def test_library_covers_the_issue_ops_on_both_devices():
+    cuda_ops = {t.op for t in templates_for(device="cuda")}
+    assert {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "linear",
+            "attention_decode", "moe_experts"} <= cuda_ops
+    cpu_ops = {t.op for t in templates_for(device="cpu")}
+    assert {"rms_norm", "silu_and_mul", "linear", "attention_decode"} <= cpu_ops
+    assert all(t.backend == "torch" for t in templates_for(device="cpu"))

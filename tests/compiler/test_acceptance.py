@@ -1,0 +1,114 @@
+"""Acceptance: fast tier beyond the measured noise, then slow tier A/B; composition re-measures the
+accepted set and falls back to a greedy build when the whole set fails. The engine here is a
+deterministic table (speedup per set of ops present in the source): the decision logic is under
+test; the real engine is exercised by the loop tests."""
+
+from persistent_engine.supervisor import CandidateVerdict
+
+from compiler.acceptance import AcceptanceConfig, Acceptor, merge_points, screen, threshold
+from compiler.compose import parse_targets
+
+POINTS = [{"phase": "decode", "batch": 4, "context": 64, "chunk": 1, "weight": 0.75},
+          {"phase": "prefill", "batch": 1, "context": 0, "chunk": 32, "weight": 0.25}]
+
+
+def cand(op: str, tag: str = "") -> str:
+    return f'import torch\n\n\ndef f(x):\n    return x\n\n\nOVERRIDES = {{"{op}": f}}\nDESCRIPTION = "{op}{tag}"\n'
+
+
+def verdict(speedup, correct=True):
+    per_point = [{"point": p, "speedup": None if speedup is None else speedup * (1.1 if i == 0 else 0.9)}
+                 for i, p in enumerate(POINTS)]
+    return CandidateVerdict(correct=correct, reasons=[] if correct else ["op rms_norm: mismatch"],
+                            speedup=speedup, per_point=per_point)
+
+
+class TableEngine:
+    """speedup of a source = product of its ops' factors per tier; ``broken`` sets make it incorrect."""
+
+    def __init__(self, fast, slow, broken=()):
+        self.fast, self.slow, self.broken, self.calls = fast, slow, [set(b) for b in broken], []
+
+    def __call__(self, tier, source):
+        ops = set()
+        for line in source.splitlines():
+            for op in ("rms_norm", "silu_and_mul", "linear", "embedding"):
+                if f"'{op}'" in line or f'"{op}"' in line:
+                    ops.add(op)
+        self.calls.append((tier, tuple(sorted(ops))))
+        if any(b <= ops for b in self.broken):
+            return verdict(None, correct=False)
+        s = 1.0
+        for op in ops:
+            s *= (self.fast if tier == "fast" else self.slow).get(op, 1.0)
+        return verdict(s)
+
+
+def test_threshold_uses_noise_and_floor():
+    cfg = AcceptanceConfig(noise_floor=0.01, noise_k=2.0)
+    assert threshold(0.002, cfg) == 1.01
+    assert abs(threshold(0.03, cfg) - 1.06) < 1e-12
+
+
+def test_screen_reasons():
+    cfg = AcceptanceConfig()
+    assert not screen(verdict(1.02), 0.05, cfg, "fast").accepted
+    assert "within the noise" in screen(verdict(1.02), 0.05, cfg, "fast").reason
+    assert screen(verdict(1.2), 0.05, cfg, "fast").accepted
+    assert "mismatch" in screen(verdict(None, correct=False), 0.0, cfg, "fast").reason
+    assert "not timed" in screen(CandidateVerdict(True, [], None), 0.0, cfg, "slow").reason
+
+
+def test_only_candidates_beating_noise_reach_the_slow_tier_and_must_hold_there():
+    engine = TableEngine(fast={"rms_norm": 1.3, "silu_and_mul": 1.03, "linear": 1.25},
+                         slow={"rms_norm": 1.2, "linear": 1.01})
+    acc = Acceptor(engine, POINTS, {"fast": 0.05, "slow": 0.02})
+    for op in ("rms_norm", "silu_and_mul", "linear"):
+        src = cand(op)
+        acc.consider(src, engine("fast", src), author="a")
+    assert [a.targets for a in acc.accepted] == [("rms_norm",)]
+    slow_calls = [c for c in engine.calls if c[0] == "slow"]
+    assert slow_calls == [("slow", ("rms_norm",)), ("slow", ("linear",))]      # silu never went slow
+    a = acc.accepted[0]
+    assert (round(a.fast, 3), round(a.slow, 3)) == (1.3, 1.2)
+    assert a.per_point[0]["fast"] == 1.3 * 1.1 and a.per_point[1]["slow"] == 1.2 * 0.9
+    assert "within the noise" in acc.log[-1]["reason"]
+
+
+def test_composition_of_compatible_set_is_remeasured():
+    engine = TableEngine(fast={"rms_norm": 1.3, "linear": 1.2}, slow={"rms_norm": 1.2, "linear": 1.1})
+    acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})
+    for op in ("rms_norm", "linear"):
+        acc.consider(cand(op), engine("fast", cand(op)), author="a")
+    comp = acc.compose()
+    assert {t for p in comp.parts for t in p.targets} == {"rms_norm", "linear"}
+    assert abs(comp.slow - 1.32) < 1e-9 and abs(comp.fast - 1.56) < 1e-9
+    assert set(parse_targets(comp.source)[0]) == {"rms_norm", "linear"}
+
+
+def test_composition_falls_back_to_greedy_when_the_set_breaks():
+    engine = TableEngine(fast={"rms_norm": 1.3, "linear": 1.2, "embedding": 1.1},
+                         slow={"rms_norm": 1.2, "linear": 1.1, "embedding": 1.05},
+                         broken=[{"rms_norm", "linear"}])
+    acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})
+    for op in ("rms_norm", "linear", "embedding"):
+        acc.consider(cand(op), engine("fast", cand(op)), author="a")
+    comp = acc.compose()
+    assert [p.targets for p in comp.parts] == [("rms_norm",), ("embedding",)]
+    assert dict(comp.dropped)[acc.accepted[1].name] == "incorrect when composed"
+    assert abs(comp.slow - 1.2 * 1.05) < 1e-9
+
+
+def test_conflicting_candidates_keep_the_faster_one():
+    engine = TableEngine(fast={"rms_norm": 1.3}, slow={"rms_norm": 1.2})
+    acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})
+    for tag in ("-a", "-b"):
+        acc.consider(cand("rms_norm", tag), engine("fast", cand("rms_norm", tag)), author="x")
+    comp = acc.compose()
+    assert len(comp.parts) == 1 and len(comp.dropped) == 1
+    assert Acceptor(engine, POINTS, {}).compose() is None
+
+
+def test_merge_points_fills_missing_with_none():
+    rows = merge_points(POINTS, verdict(1.2), CandidateVerdict(True, [], 1.1, per_point=[]))
+    assert rows[0]["fast"] == 1.2 * 1.1 and rows[0]["slow"] is None and rows[1]["weight"] == 0.25

@@ -1,0 +1,47 @@
+"""report.md and its SVG plots render from a plan record alone."""
+
+import xml.etree.ElementTree as ET
+
+from compiler.plots import bar_chart, scatter_chart
+from compiler.report import render
+from plan_samples import make_plan
+
+
+def test_report_has_tables_and_three_wellformed_plots():
+    files = render(make_plan(version=3))
+    md = files["report.md"]
+    assert md.startswith("# tkcc plan v3: tiny-dense on h200")
+    assert "differs from the target" in md                 # cpu measured, h200 targeted
+    assert "![speedup per workload point](plots/speedup_per_point.svg)" in md
+    assert "![time per op](plots/op_time.svg)" in md
+    assert "![parallelism Pareto front](plots/parallelism_pareto.svg)" in md
+    assert "| offline-0-rms_norm-1 | rms_norm | 1.310x | 1.120x |" in md
+    assert "decode b8 ctx512" in md and "tp=1" in md
+    for name in ("speedup_per_point", "op_time", "parallelism_pareto"):
+        root = ET.fromstring(files[f"plots/{name}.svg"])      # well-formed XML
+        assert root.tag.endswith("svg")
+
+
+def test_bar_lengths_are_proportional_and_labels_escaped():
+    svg = bar_chart("t <x>", ["a&b", "c"], {"s": [1.0, 2.0]})
+    root = ET.fromstring(svg)
+    widths = [float(r.get("width")) for r in root.iter("{http://www.w3.org/2000/svg}rect")
+              if r.get("fill") not in ("white",) and r.get("height") != "10"]
+    assert len(widths) == 2 and abs(widths[1] / widths[0] - 2.0) < 0.01
+    assert "a&amp;b" in svg and "t &lt;x&gt;" in svg
+
+
+def test_scatter_draws_front_through_highlighted_points_only():
+    svg = scatter_chart("p", [(1, 3, "a", True), (2, 2, "b", True), (3, 1, "c", False)], x_label="x", y_label="y")
+    root = ET.fromstring(svg)
+    line = next(root.iter("{http://www.w3.org/2000/svg}polyline"))
+    assert len(line.get("points").split()) == 2
+
+
+def test_report_without_optimizations_or_layout_says_so():
+    plan = make_plan(optimizations=(), parallelism=None, projected=None,
+                     plan_speedup={"fast": 1.0, "slow": 1.0, "per_point": []}, baseline={})
+    files = render(plan)
+    assert "No candidate beat the reference" in files["report.md"]
+    assert "none computed" in files["report.md"]
+    assert set(files) == {"report.md"}

@@ -1,0 +1,29 @@
+"""Cheat: a slow rms_norm that patches the clocks on its first call so that it would look fast."""
+import time
+
+import torch
+
+_patched = []
+
+
+def _fake_ns():
+    _fake_ns.t += 1000
+    return _fake_ns.t
+
+
+_fake_ns.t = 0
+
+
+def rms_norm(x, weight, eps):
+    if not _patched:
+        time.perf_counter_ns = _fake_ns
+        time.perf_counter = lambda: _fake_ns() / 1e9
+        torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
+        _patched.append(True)
+    xf = x.float()
+    for _ in range(200):                       # deliberately slow
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+OVERRIDES = {"rms_norm": rms_norm}

@@ -1,0 +1,109 @@
+"""The RPC server in this process: loopback-only binding, the token file, auth and limits per frame."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+
+import msgpack
+import pytest
+import zmq
+
+from persistent_engine import io_struct as io
+from persistent_engine.client import EngineClient
+from persistent_engine.server import (BindRefused, EngineServer, ServerConfig, is_loopback, make_token,
+                                      read_token_file, write_token_file)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "*", "192.0.2.7", "example.invalid", "::"])
+def test_refuses_non_loopback_bind_unless_asked(host):
+    with pytest.raises(BindRefused, match="--allow-remote"):
+        EngineServer("tok", ServerConfig(host=host))
+
+
+def test_allow_remote_binds_all_interfaces():
+    s = EngineServer("tok", ServerConfig(host="0.0.0.0", allow_remote=True))
+    try:
+        assert s.port > 0
+    finally:
+        s.close()
+
+
+def test_loopback_names():
+    assert is_loopback("127.0.0.1") and is_loopback("127.3.4.5") and is_loopback("::1")
+    assert is_loopback("localhost") and not is_loopback("10.0.0.1") and not is_loopback("host")
+
+
+def test_cli_refuses_remote_bind_with_one_line_and_exit_2():
+    out = subprocess.run([sys.executable, "-m", "persistent_engine", "serve", "--model", "tiny-dense",
+                          "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert "allow-remote" in out.stderr
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    assert last["ready"] is False
+
+
+def test_token_file_is_private_and_written_atomically(tmp_path):
+    tok = make_token()
+    assert len(tok) == 64 and tok != make_token()
+    path = write_token_file(tok, str(tmp_path / "engine.token"))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert read_token_file(path) == tok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine.token"]
+
+
+@pytest.fixture()
+def served():
+    """A real server on a thread with a handler that answers status requests."""
+    token = make_token()
+    server = EngineServer(token, ServerConfig(max_bytes=4096))
+    seen = []
+
+    def handler(req):
+        seen.append(req)
+        if isinstance(req, io.Verify):
+            raise RuntimeError("boom")
+        return io.StatusReply(message="ok", model="m", served=len(seen))
+
+    t = threading.Thread(target=server.serve, args=(handler,), daemon=True)
+    t.start()
+    yield server, token, seen
+    if t.is_alive():
+        EngineClient(server.address, token).shutdown(timeout_s=5)
+        t.join(5)
+
+
+def test_auth_limits_and_handler_errors_become_error_replies(served):
+    server, token, seen = served
+    good = EngineClient(server.address, token, timeout_s=5)
+    bad = EngineClient(server.address, "wrong", timeout_s=5)
+    assert good.status().ok and good.status().served == 2
+    r = bad.status()
+    assert isinstance(r, io.ErrorReply) and r.kind == "auth" and not r.ok
+    r = good.load_candidate("x" * 5000)
+    assert isinstance(r, io.ErrorReply) and r.kind == "too_large"
+    r = good.verify()
+    assert isinstance(r, io.ErrorReply) and r.kind == "internal" and "boom" in r.message
+    raw = good.send_raw(msgpack.packb({"type": "status"}))
+    assert io.decode_reply(raw).kind == "auth"
+    assert len(seen) == 3                       # auth failures and oversize frames never reach it
+    assert isinstance(good.shutdown(), io.ShutdownReply)
+
+
+def test_multipart_and_dealer_frames_get_replies(served):
+    server, token, _ = served
+    ctx = zmq.Context.instance()
+    req = ctx.socket(zmq.REQ)
+    req.connect(server.address)
+    req.send_multipart([b"a", b"b"])
+    assert io.decode_reply(req.recv()).kind == "protocol"
+    req.close(0)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(server.address)
+    dealer.send(io.encode(io.Status(token=token)))      # no empty delimiter
+    assert dealer.poll(5000)
+    assert io.decode_reply(dealer.recv()).ok
+    dealer.close(0)

@@ -1,0 +1,79 @@
+import numpy as np
+import pytest
+
+from traffic_profiles import (RooflineStepTime, SchedulerConfig, StepShape, Trace, WorkloadPoint, replay,
+                              workload_points)
+
+# a 1B-ish model on an H200-ish device, as plain numbers
+ROOF = RooflineStepTime(weight_bytes=2.5e9, kv_bytes_per_token=32768, flops_per_token=2.5e9,
+                        bandwidth=3.84e12, flops=6e14, attn_flops_per_pair=65536)
+
+
+def _trace(ts, inp, out, cached=None):
+    n = len(ts)
+    return Trace(timestamp_s=np.asarray(ts, dtype=float), input_tokens=np.asarray(inp),
+                 output_tokens=np.asarray(out), cached_tokens=None if cached is None else np.asarray(cached))
+
+
+def test_point_dict_roundtrip():
+    p = WorkloadPoint("decode", 8, 1024, 1, 0.25)
+    assert WorkloadPoint.from_dict(p.to_dict()) == p
+    assert set(p.to_dict()) == {"phase", "batch", "context", "chunk", "weight"}
+
+
+def test_one_request_by_hand():
+    # constant step time 1 ms: prefill 100 tokens (1 step, emits token 1), then 9 decode steps
+    w = replay(_trace([0.0], [100], [10]), lambda s: 1e-3, SchedulerConfig())
+    assert w.summary["simulated_s"] == pytest.approx(0.010)
+    pts = {p.phase: p for p in w.points}
+    assert pts["prefill"] == WorkloadPoint("prefill", 1, 0, 100, pytest.approx(0.1))
+    assert pts["decode"].batch == 1 and pts["decode"].weight == pytest.approx(0.9)
+    assert pts["decode"].context == 104            # contexts 100..108, mean 104
+    assert w.summary["ttft_p50_s"] == pytest.approx(1e-3)
+
+
+def test_chunked_prefill_and_prefix_caching():
+    t = _trace([0.0], [10000], [2], cached=[6000])
+    chunks = [p.chunk for p in replay(t, lambda s: 1e-3, SchedulerConfig(max_num_batched_tokens=4096,
+                                                                         prefix_caching=False)).points
+              if p.phase == "prefill"]
+    assert sorted(chunks) == [1808, 4096, 4096]             # 10000 tokens in 4096-token chunks
+    cached = replay(t, lambda s: 1e-3, SchedulerConfig(max_num_batched_tokens=4096))
+    pre = [p for p in cached.points if p.phase == "prefill"]
+    assert pre[0].context == 6000 and pre[0].chunk == 4000     # one chunk, then one decode step
+    assert cached.summary["simulated_s"] == pytest.approx(0.002)
+
+
+def test_load_fills_max_num_seqs():
+    rng = np.random.default_rng(0)
+    n = 3000
+    t = _trace(np.sort(rng.uniform(0, 1.0, n)), rng.integers(50, 500, n), rng.integers(100, 300, n))
+    w = replay(t, ROOF, SchedulerConfig(max_num_seqs=64))
+    assert len(w.points) <= 16
+    assert sum(p.weight for p in w.points) == pytest.approx(1.0)
+    dec = [p for p in w.points if p.phase == "decode"]
+    assert max(p.batch for p in dec) == 64 and all(p.chunk == 1 for p in dec)
+    assert w.summary["mean_decode_batch"] > 40
+    small = replay(t, ROOF, SchedulerConfig(max_num_seqs=16, max_points=6))
+    assert len(small.points) <= 6 and max(p.batch for p in small.points) <= 16
+
+
+def test_kv_capacity_limits_the_batch():
+    t = _trace(np.zeros(100), np.full(100, 900), np.full(100, 100))
+    w = replay(t, ROOF, SchedulerConfig(kv_capacity_tokens=10_000))        # 10 sequences of 1000
+    assert max(p.batch for p in w.points if p.phase == "decode") == 10
+
+
+def test_roofline_is_memory_then_compute_bound():
+    decode = ROOF(StepShape(decode_batch=1, decode_context=1000))
+    assert decode == pytest.approx(20e-6 + (2.5e9 + 32768 * 1000) / 3.84e12)
+    prefill = ROOF(StepShape(prefill=((8192, 0),)))
+    assert prefill > 20 * decode                        # 8192 tokens: compute bound
+
+
+def test_azure_conv_llama_1b_points(conv_trace):
+    pts = workload_points(conv_trace, ROOF, SchedulerConfig(max_num_seqs=256))
+    assert 2 <= len(pts) <= 16 and sum(p["weight"] for p in pts) == pytest.approx(1.0)
+    assert {p["phase"] for p in pts} == {"decode", "prefill"}
+    decode_weight = sum(p["weight"] for p in pts if p["phase"] == "decode")
+    assert decode_weight > 0.8                          # light load: mostly small-batch decode

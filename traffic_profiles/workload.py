@@ -1,0 +1,287 @@
+"""Workload points: replay a trace through a continuous-batching scheduler model and reduce the
+time-weighted shapes it runs to at most 16 weighted points (docs/internals.md, "Workload points").
+
+Scheduler model (vLLM v1 style): every step, each running sequence past its prompt decodes one token;
+the rest of ``max_num_batched_tokens`` goes to prompt chunks (chunked prefill), first to sequences
+already prefilling, then to newly admitted ones, FCFS, while fewer than ``max_num_seqs`` run and their
+KV (prompt + output tokens, reserved at admission, so nothing is ever preempted) fits
+``kv_capacity_tokens``. With prefix caching a prompt's cached tokens (``cached_tokens``, or hits of the
+``hash_ids`` in an unbounded cache, or in an LRU of the KV capacity) are not recomputed. The first
+output token comes out of the last prompt chunk.
+
+Step times come from a pluggable ``StepTime`` (``StepShape -> seconds``); ``RooflineStepTime`` is the
+default. Stretches of pure decode steps between events (an arrival, a finish) are advanced in one go,
+their time integrated with Simpson's rule, so the replay costs O(events x running), not O(steps):
+~1 s for the 19k-request Azure conversation trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import cache
+from .trace import Trace
+
+
+@dataclass(frozen=True)
+class WorkloadPoint:
+    phase: str          # "decode" | "prefill"
+    batch: int          # sequences in the step
+    context: int        # tokens already in the KV cache per sequence
+    chunk: int          # new tokens per sequence (1 for decode)
+    weight: float       # share of GPU time spent at this point (all points sum to 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WorkloadPoint":
+        return cls(phase=str(d["phase"]), batch=int(d["batch"]), context=int(d["context"]),
+                   chunk=int(d["chunk"]), weight=float(d["weight"]))
+
+
+@dataclass(frozen=True)
+class StepShape:
+    decode_batch: int = 0                                   # sequences decoding one token each
+    decode_context: float = 0.0                             # sum of their contexts (tokens in KV)
+    prefill: tuple[tuple[int, int], ...] = ()               # (chunk tokens, cached context) each
+
+
+StepTime = Callable[[StepShape], float]
+
+
+@dataclass(frozen=True)
+class RooflineStepTime:
+    """Step time = overhead + max(bytes / bandwidth, FLOPs / FLOP/s) for one forward step.
+
+    bytes = weight_bytes + kv_bytes_per_token x (KV tokens read); FLOPs = flops_per_token x new
+    tokens + attn_flops x (new token, context token) pairs. All plain numbers from the caller."""
+
+    weight_bytes: float                 # bytes of weights read per step
+    kv_bytes_per_token: float           # KV bytes per token, all layers
+    flops_per_token: float              # ~2 x active parameters
+    bandwidth: float                    # bytes/s achievable
+    flops: float                        # FLOP/s achievable
+    attn_flops_per_pair: float = 0.0    # FLOPs per (query token, context token), all layers
+    overhead_s: float = 20e-6           # launch / scheduling floor per step
+
+    def __call__(self, s: StepShape) -> float:
+        new = s.decode_batch + sum(c for c, _ in s.prefill)
+        kv_read = s.decode_context + sum(c + ctx for c, ctx in s.prefill)
+        pairs = s.decode_context + sum(c * (ctx + c / 2) for c, ctx in s.prefill)
+        mem = self.weight_bytes + self.kv_bytes_per_token * kv_read
+        comp = self.flops_per_token * new + self.attn_flops_per_pair * pairs
+        return self.overhead_s + max(mem / self.bandwidth, comp / self.flops)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    kv_capacity_tokens: int | None = None   # None: unbounded
+    prefix_caching: bool = True
+    time_scale: float = 1.0                 # divide inter-arrival times by this (2: twice the load)
+    max_points: int = 16
+
+
+@dataclass(frozen=True)
+class Workload:
+    points: tuple[WorkloadPoint, ...]
+    summary: dict                           # replay figures: time shares, mean batch, TTFT, ...
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def to_dict(self) -> dict:
+        return {"points": [p.to_dict() for p in self.points], "summary": self.summary,
+                "scheduler": asdict(self.scheduler)}
+
+
+# ---------------------------------------------------------------------------- replay
+def _prompt_cached(trace: Trace, cfg: SchedulerConfig) -> np.ndarray:
+    if not cfg.prefix_caching:
+        return np.zeros(trace.rows, dtype=np.int64)
+    if trace.cached_tokens is not None:
+        return trace.cached_tokens
+    if trace.has_hashes:
+        if cfg.kv_capacity_tokens:
+            return cache.lru_hits(trace, max(1, cfg.kv_capacity_tokens // trace.block_size))
+        return cache.unbounded_hits(trace)
+    return np.zeros(trace.rows, dtype=np.int64)
+
+
+def _decode_time(step_time: StepTime, batch: int, ctx_sum: float, k: int) -> float:
+    """Time of k decode steps, the context sum growing by ``batch`` a step (Simpson's rule)."""
+    f = lambda j: step_time(StepShape(batch, ctx_sum + batch * j))  # noqa: E731
+    if k == 1:
+        return f(0)
+    return k * (f(0) + 4 * f((k - 1) / 2) + f(k - 1)) / 6
+
+
+def replay(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig()) -> Workload:
+    """Simulate serving ``trace`` and return its workload points (at most ``cfg.max_points``)."""
+    arr = (trace.timestamp_s / cfg.time_scale).tolist()
+    inp, out = trace.input_tokens.tolist(), trace.output_tokens.tolist()
+    hit = _prompt_cached(trace, cfg).tolist()
+    n, cap = trace.rows, cfg.kv_capacity_tokens
+    dec: list[tuple[int, float, float]] = []            # (batch, mean context, seconds)
+    pre: list[tuple[int, int, float]] = []              # (chunk, context, seconds)
+    ttft: list[float] = []
+    # a running sequence: [ctx, prefill_left, out_left, reserved, arrival]
+    running: list[list] = []
+    waiting: deque[int] = deque()
+    t, nxt, kv_used, rejected, idle = 0.0, 0, 0, 0, 0.0
+    while True:
+        while nxt < n and arr[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        if not running and not waiting:
+            if nxt >= n:
+                break
+            idle += arr[nxt] - t
+            t = arr[nxt]
+            continue
+        budget = cfg.max_num_batched_tokens
+        decoders = [s for s in running if s[1] == 0]
+        budget -= len(decoders)
+        chunks: list[tuple[list, int]] = []
+        for s in running:
+            if s[1] > 0 and budget > 0:
+                c = min(s[1], budget)
+                chunks.append((s, c))
+                budget -= c
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            r = waiting[0]
+            need = inp[r] + out[r]
+            if cap is not None and kv_used + need > cap:
+                if not running and need > cap:      # can never fit: dropped, as an engine would
+                    waiting.popleft()
+                    rejected += 1
+                    continue
+                break
+            waiting.popleft()
+            kv_used += need
+            cached = min(hit[r], max(inp[r] - 1, 0))  # at least one prompt token is computed
+            s = [cached, inp[r] - cached, out[r], need, arr[r]]
+            running.append(s)
+            c = min(s[1], budget)
+            chunks.append((s, c))
+            budget -= c
+        if not running:
+            continue
+        b = len(decoders)
+        ctx_sum = float(sum(s[0] for s in decoders))
+        if not chunks:                              # a stretch of pure decode steps
+            k = min(s[2] for s in decoders)
+            if not waiting and nxt < n:
+                tau = step_time(StepShape(b, ctx_sum))
+                k = max(1, min(k, math.ceil((arr[nxt] - t) / tau)))
+            dt = _decode_time(step_time, b, ctx_sum, k)
+            dec.append((b, ctx_sum / b + (k - 1) / 2, dt))
+            for s in decoders:
+                s[0] += k
+                s[2] -= k
+        else:
+            dt = step_time(StepShape(b, ctx_sum, tuple((c, s[0]) for s, c in chunks)))
+            t_dec = step_time(StepShape(b, ctx_sum)) if b else 0.0
+            if b:
+                dec.append((b, ctx_sum / b, t_dec))
+            tokens = sum(c for _, c in chunks)
+            for s, c in chunks:
+                pre.append((c, s[0], (dt - t_dec) * c / tokens))
+                s[0] += c
+                s[1] -= c
+                if s[1] == 0:                       # the last chunk emits the first token
+                    s[2] -= 1
+                    ttft.append(t + dt - s[4])
+            for s in decoders:
+                s[0] += 1
+                s[2] -= 1
+        t += dt
+        if any(s[1] == 0 and s[2] <= 0 for s in running):
+            keep = []
+            for s in running:
+                if s[1] == 0 and s[2] <= 0:
+                    kv_used -= s[3]
+                else:
+                    keep.append(s)
+            running = keep
+    return _finish(dec, pre, ttft, t, idle, rejected, trace, cfg)
+
+
+# ---------------------------------------------------------------------------- reduction
+def _ward(x: np.ndarray, w: np.ndarray, v: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge weighted points (features x [m, d] in log space, values v [m, d]) into k clusters by
+    Ward's criterion; returns (weights [k], weighted-mean values [k, d]). O(m^2) a merge."""
+    x, w, v = x.copy(), w.copy(), v * w[:, None]
+    alive = np.ones(len(w), dtype=bool)
+    while alive.sum() > k:
+        idx = np.flatnonzero(alive)
+        xa, wa = x[idx], w[idx]
+        d2 = ((xa[:, None, :] - xa[None, :, :]) ** 2).sum(-1)
+        cost = d2 * (wa[:, None] * wa[None, :]) / (wa[:, None] + wa[None, :])
+        np.fill_diagonal(cost, np.inf)
+        i, j = np.unravel_index(np.argmin(cost), cost.shape)
+        a, b = idx[i], idx[j]
+        x[a] = (x[a] * w[a] + x[b] * w[b]) / (w[a] + w[b])
+        w[a] += w[b]
+        v[a] += v[b]
+        alive[b] = False
+    idx = np.flatnonzero(alive)
+    return w[idx], v[idx] / w[idx, None]
+
+
+def _reduce(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """rows [m, 3] = (size, context, seconds) -> k weighted centroids, via a log2 grid of 1/2 steps."""
+    size, ctx, sec = rows[:, 0], rows[:, 1], rows[:, 2]
+    keep = sec > 0
+    size, ctx, sec = size[keep], ctx[keep], sec[keep]
+    feat = np.stack([np.log2(size), np.log2(ctx + 1)], axis=1)
+    cell = np.floor(feat * 2).astype(np.int64)
+    _, inv = np.unique(cell, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    w = np.bincount(inv, weights=sec)
+    vals = np.stack([np.bincount(inv, weights=sec * size), np.bincount(inv, weights=sec * ctx)], 1) / w[:, None]
+    fx = np.stack([np.bincount(inv, weights=sec * feat[:, 0]), np.bincount(inv, weights=sec * feat[:, 1])], 1) / w[:, None]
+    return _ward(fx, w, vals, min(k, len(w)))
+
+
+def _finish(dec, pre, ttft, t_end, idle, rejected, trace: Trace, cfg: SchedulerConfig) -> Workload:
+    d = np.asarray(dec, dtype=np.float64).reshape(-1, 3)
+    p = np.asarray(pre, dtype=np.float64).reshape(-1, 3)
+    t_dec, t_pre = float(d[:, 2].sum()), float(p[:, 2].sum())
+    total = t_dec + t_pre
+    points: list[WorkloadPoint] = []
+    if total > 0:
+        k_pre = 0 if t_pre <= 0 else min(max(1, round(cfg.max_points * t_pre / total)), cfg.max_points - (t_dec > 0))
+        for phase, rows, k in (("decode", d, cfg.max_points - k_pre), ("prefill", p, k_pre)):
+            if k <= 0 or not len(rows) or rows[:, 2].sum() <= 0:
+                continue
+            w, vals = _reduce(rows, k)
+            for wi, (size, ctx) in zip(w, vals):
+                size = max(1, int(round(size)))
+                if phase == "decode":
+                    points.append(WorkloadPoint("decode", size, int(round(ctx)), 1, float(wi / total)))
+                else:
+                    points.append(WorkloadPoint("prefill", 1, int(round(ctx)), size, float(wi / total)))
+    points.sort(key=lambda q: (q.phase, q.batch, q.context, q.chunk))
+    busy = t_end - idle
+    summary = {
+        "requests": trace.rows, "rejected": rejected, "simulated_s": t_end,
+        "busy_share": busy / t_end if t_end > 0 else 0.0,
+        "decode_share": t_dec / total if total else 0.0, "prefill_share": t_pre / total if total else 0.0,
+        "mean_decode_batch": float((d[:, 0] * d[:, 2]).sum() / t_dec) if t_dec else 0.0,
+        "mean_decode_context": float((d[:, 1] * d[:, 2]).sum() / t_dec) if t_dec else 0.0,
+        "output_tokens_per_s": float(trace.output_tokens.sum() / t_end) if t_end > 0 else 0.0,
+        "ttft_p50_s": float(np.quantile(ttft, 0.5)) if ttft else None,
+        "ttft_p99_s": float(np.quantile(ttft, 0.99)) if ttft else None,
+    }
+    return Workload(tuple(points), summary, cfg)
+
+
+def workload_points(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig()) -> list[dict]:
+    """The points as plain dicts (the cross-package form)."""
+    return [p.to_dict() for p in replay(trace, step_time, cfg).points]
