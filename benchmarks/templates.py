@@ -119,11 +119,13 @@ def bytes_moved(op: str, args: tuple, out) -> float:
 
 
 # ----------------------------------------------------------------------------- search
-def search(template, op_def, args, ref_hi, timer, dims, budget: int, rng: random.Random):
-    """(best_knobs, best_s, tried, rejected): default first, then mutations of the best so far."""
+def search(template, op_def, args, ref_hi, timer, dims, budget: int, rng: random.Random,
+           start: dict | None = None):
+    """(best_knobs, best_s, tried, rejected): ``start`` (the best at the previous point) and the
+    default first, then mutations of the best so far."""
     atol, rtol = op_def.tolerance(args_dtype(args))
     tried, best, best_t, rejected = set(), None, float("inf"), 0
-    seeds = [template.default()]
+    seeds = [template.default()] + ([dict(start)] if start else [])
     attempts = 0
     while len(tried) < budget and attempts < 20 * budget:
         attempts += 1
@@ -176,7 +178,7 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=None, help="prefill chunk (512 cuda, 64 cpu)")
     p.add_argument("--ops", default=None, help="comma list of ops (default: every op with a template)")
     p.add_argument("--budget", type=int, default=None, help="knob settings per template and shape (12 cuda, 3 cpu)")
-    p.add_argument("--samples", type=int, default=None, help="timed samples per measurement (50 cuda, 200 cpu)")
+    p.add_argument("--samples", type=int, default=None, help="timed samples per measurement (50 cuda, 50 cpu)")
     p.add_argument("--max-minutes", type=float, default=9.0, help="stop searching after this long")
     p.add_argument("--peak-gbs", type=float, default=None, help="datasheet bandwidth (4800 for the H200)")
     p.add_argument("--out", default=None)
@@ -189,7 +191,7 @@ def run(argv: list[str] | None = None) -> int:
     models = (a.models or ("llama-1b,qwen3-moe" if cuda else "tiny-dense,tiny-moe")).split(",")
     batches = [int(b) for b in (a.batches or ("1,2,4,8,16,32,64" if cuda else "1,8,64")).split(",")]
     context, chunk = a.context or (1024 if cuda else 256), a.chunk or (512 if cuda else 64)
-    budget, samples = a.budget or (12 if cuda else 3), a.samples or (50 if cuda else 200)
+    budget, samples = a.budget or (12 if cuda else 3), a.samples or 50
     peak = a.peak_gbs if a.peak_gbs is not None else DATASHEET_GBS[a.device]
     only = set(a.ops.split(",")) if a.ops else None
     if not cuda:
@@ -200,6 +202,7 @@ def run(argv: list[str] | None = None) -> int:
     rng = random.Random(a.seed)
     deadline = time.monotonic() + 60 * a.max_minutes
     rows, truncated = [], False
+    carried: dict[tuple, dict] = {}      # (model, template, shape index) -> best knobs at the last point
     print(f"device {a.device}; copy bandwidth {measured:.0f} GB/s; datasheet {peak or '-'} GB/s", flush=True)
     for model in models:
         spec = ModelSpec.from_name(model)
@@ -209,7 +212,7 @@ def run(argv: list[str] | None = None) -> int:
                 if only and op not in only:
                     continue
                 d = registry.get(op)
-                for shape in d.shapes(spec, point):
+                for si, shape in enumerate(d.shapes(spec, point)):
                     if time.monotonic() > deadline:
                         truncated = True
                         break
@@ -220,7 +223,10 @@ def run(argv: list[str] | None = None) -> int:
                     moved = bytes_moved(op, args, ref_out)
                     ref_t = timer(d.reference, args)
                     for t in templates_for(op, a.device):
-                        knobs, best_t, tried, rejected = search(t, d, args, ref_hi, timer, dims, budget, rng)
+                        knobs, best_t, tried, rejected = search(t, d, args, ref_hi, timer, dims, budget, rng,
+                                                                start=carried.get((model, t.name, si)))
+                        if knobs is not None:
+                            carried[(model, t.name, si)] = knobs
                         row = {"model": model, "phase": point["phase"], "batch": point["batch"],
                                "chunk": point["chunk"], "op": op, "shape": shape, "template": t.name,
                                "reference_us": ref_t * 1e6, "best_us": None if knobs is None else best_t * 1e6,

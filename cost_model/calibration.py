@@ -39,7 +39,7 @@ from cost_model.ops import OP_CLASSES, step_ops
 from persistent_engine.models.spec import ModelSpec
 
 PACKAGED_DIR = Path(__file__).with_name("calibrations")
-RIDGE = 1e-2                    # pull of each factor towards 1 (relative units)
+RIDGE = 1e-4                    # pull of each factor towards 1 (relative units)
 UNKNOWNS = (*OP_CLASSES, "overhead")
 
 

@@ -69,7 +69,7 @@ class SafetensorsDir:
     """Lazy view of one ``.safetensors`` file or of every one in a directory."""
 
     def __init__(self, path: str | os.PathLike):
-        p = Path(path)
+        p = self.path = Path(path)
         files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
         if not files or not files[0].exists():
             raise WeightsError(f"no safetensors weights at {path}")
@@ -87,7 +87,7 @@ class SafetensorsDir:
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self._where:
-            raise WeightsError(f"weights lack tensor {name!r}")
+            raise WeightsError(f"weights at {self.path} lack tensor {name!r}")
         f, base, info = self._where[name]
         start, end = info["data_offsets"]
         with open(f, "rb") as fh:

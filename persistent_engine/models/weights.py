@@ -80,11 +80,14 @@ def _seed(seed: int, name: str) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62)
 
 
-def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded random weights (see the module doc for the scales)."""
+def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, seed: int = 0,
+                names=None) -> dict[str, torch.Tensor]:
+    """Seeded random weights (see the module doc for the scales); ``names``: only these tensors."""
     g = torch.Generator(device=torch.device(device))
     params = {}
     for name, (shape, kind) in param_specs(spec, layers).items():
+        if names is not None and name not in names:
+            continue
         g.manual_seed(_seed(seed, name))
         dt = torch.float32 if kind == "router_bias" else dtype
         t = torch.randn(shape, generator=g, device=device, dtype=dt)

@@ -1,5 +1,5 @@
 """LLM agents against the scripted server (real HTTP on 127.0.0.1), a real board and real verdicts
-(contract suite in a fresh process): a full cycle for the Anthropic and the OpenAI agent, and HTTP
+(the engine supervisor on tiny-dense, CPU): a full cycle for the Anthropic and the OpenAI agent, and HTTP
 429 / 500 / malformed tool calls retried and then posted as failures without crashing the swarm."""
 
 import copy
@@ -12,7 +12,7 @@ from agents import AgentContext, board_evaluator, op_catalog, run_swarm
 from agents.llm import (AnthropicAgent, AnthropicConfig, LLMBudget, OpenAIAgent, OpenAIConfig,
                         RetryPolicy)
 from agents.testing import ScriptedLLMServer
-from llm_support import FIXTURES, contract_judge, make_board
+from llm_support import FIXTURES, make_board
 
 FAST = RetryPolicy(max_retries=2, base_s=0.01, cap_s=0.05, timeout_s=30)
 PRICE = (3.0, 15.0)
@@ -45,26 +45,46 @@ def _agent(provider, srv, model, **kw):
                        config=OpenAIConfig(model=model, base_url=srv.url + "/v1", retry=FAST))
 
 
+def _ctx(board, run, evaluate, profile):
+    return AgentContext(board=board, run_id=run.id, evaluate=evaluate, profile=profile, points=POINTS,
+                        spec=None, ops=op_catalog(["rms_norm", "linear", "silu_and_mul"]),
+                        deadline=time.monotonic() + 240, lease_s=30)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from persistent_engine.supervisor import Supervisor
+    sup = Supervisor("tiny-dense", device="cpu", points=POINTS, start_timeout_s=300)
+    sup.start()
+    yield sup
+    sup.close()
+
+
 @pytest.fixture()
-def ctx(tmp_path):
+def board_run(tmp_path):
     board = make_board(tmp_path)
-    run = board.create_run(model="tiny-dense", hw="cpu", traffic_hash="h")
-    yield AgentContext(board=board, run_id=run.id,
-                       evaluate=board_evaluator(board, run.id, contract_judge, timeout_s=120),
-                       profile=PROFILE, points=POINTS, spec=None,
-                       ops=op_catalog(["rms_norm", "linear", "silu_and_mul"]),
-                       deadline=time.monotonic() + 240, lease_s=30)
+    yield board, board.create_run(model="tiny-dense", hw="cpu", traffic_hash="h")
     board.close()
 
 
-def test_anthropic_and_openai_agents_each_complete_a_full_cycle(ctx):
+@pytest.fixture()
+def ctx(board_run):
+    """For cycles that never reach an evaluation."""
+    board, run = board_run
+    return _ctx(board, run, None, PROFILE)
+
+
+def test_anthropic_and_openai_agents_each_complete_a_full_cycle(board_run, engine):
+    board, run = board_run
+    profile = engine.profile()
+    ctx = _ctx(board, run, board_evaluator(board, run.id, engine.evaluate, timeout_s=120), profile)
     scripts = {"a": [{"fault": 429}, {"fault": 500}] + _cycle("a"), "o": _cycle("o")}
     with ScriptedLLMServer(scripts) as srv:
         agents = [_agent("anthropic", srv, "a"), _agent("openai", srv, "o")]
         result = run_swarm(agents, ctx, budget_s=200)
         assert srv.protocol_errors == [] and srv.remaining("a") == srv.remaining("o") == 0
     assert result.failures == 0 and result.tried == 4 and result.correct == 2
-    board, run = ctx.board, ctx.run_id
+    run = run.id
     steps = _cycle("x")
     want_in = sum(s["usage"]["input"] for s in steps)
     want_out = sum(s["usage"]["output"] for s in steps)
@@ -85,6 +105,7 @@ def test_anthropic_and_openai_agents_each_complete_a_full_cycle(ctx):
     # the model saw the reference source and the verdicts through tool results
     sent = json.dumps([r.body for r in srv.requests if r.model == "a"])
     assert "def rms_norm" in sent and "mismatch" in sent
+    assert "attention_decode" in sent           # the engine's measured profile reached the model
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai"])

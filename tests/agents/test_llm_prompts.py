@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from agents import AgentContext, OpInfo
 from agents.prompts import SYSTEM, cycle_prompt, op_costs, to_json
 from llm_support import make_board
@@ -16,7 +18,7 @@ ENGINE_PROFILE = {"timer": "perf_counter_ns", "per_point": [
 def test_op_costs_weights_points_and_sorts():
     costs = op_costs(ENGINE_PROFILE)
     assert list(costs) == ["linear", "attention_prefill", "rms_norm"]
-    assert costs["linear"] == 0.75 * 2.0 + 0.25 * 8.0 and costs["rms_norm"] == 0.3
+    assert costs["linear"] == 0.75 * 2.0 + 0.25 * 8.0 and costs["rms_norm"] == pytest.approx(0.3)
     assert op_costs({"a": 1.0, "b": {"ms": 3.0}, "c": "n/a"}) == {"b": 3.0, "a": 1.0}
     assert op_costs({}) == {}
 
@@ -33,7 +35,7 @@ def test_cycle_prompt_carries_profile_points_ops_board_and_held_idea(tmp_path):
     text = cycle_prompt(ctx, ideas=board.list_ideas(run).items)
     lines = text.splitlines()
     first_op = lines.index("Where the time goes (baseline, weighted over the workload points):") + 1
-    assert lines[first_op].split()[0] == "linear" and "35.7%" in lines[first_op]
+    assert lines[first_op].split()[0] == "linear" and "66.0%" in lines[first_op]  # 3.5 of 5.3 ms
     assert "decode batch=8 context=512 chunk=1 weight=0.750" in text
     assert "linear(x[..., K], weight[N, K], bias[N] | None)" in text
     assert f"#{idea.id} [open] linear: split-K linear (by agent-2)" in text

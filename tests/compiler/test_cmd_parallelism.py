@@ -1,0 +1,51 @@
+"""``tkcc parallelism``: table, --json contract fields, exit codes, --traffic."""
+import json
+
+from compiler.cli import main
+
+FIELDS = {"tp", "pp", "ep", "dp", "dcp", "dtype", "fits", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
+          "ttft_ms", "tpot_ms", "pareto"}
+
+
+def test_json_contract(capsys):
+    rc = main(["parallelism", "--model", "llama-8b", "--hw", "h200", "--gpus", "1", "--json"])
+    out = capsys.readouterr().out
+    d = json.loads(out)
+    assert rc == 0 and out.count("\n") == 1
+    assert d["configs"] and all(FIELDS <= set(c) for c in d["configs"])
+    assert d["best"]["tp"] == 1 and d["best"]["fits"]
+
+
+def test_table_and_impossible_sla(capsys):
+    rc = main(["parallelism", "--model", "llama-8b", "--hw", "h200", "--gpus", "1", "--tpot-ms", "0.5"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "no configuration meets TPOT <= 0.5 ms" in out and "tok/s/GPU" in out
+
+
+def test_unknown_hardware_exit_2(capsys):
+    rc = main(["parallelism", "--model", "llama-8b", "--hw", "tpu9", "--gpus", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "unknown hardware 'tpu9'" in err
+
+
+def test_traffic_points_file(tmp_path, capsys):
+    pts = [{"phase": "prefill", "batch": 1, "context": 0, "chunk": 4096, "weight": 0.4},
+           {"phase": "decode", "batch": 64, "context": 4352, "chunk": 1, "weight": 0.6}]
+    f = tmp_path / "points.json"
+    f.write_text(json.dumps(pts))
+    rc = main(["parallelism", "--model", "llama-8b", "--hw", "h100", "--gpus", "2", "--traffic", str(f), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["traffic"]["isl"] == 4096 and d["traffic"]["osl"] == 512
+    rc = main(["parallelism", "--model", "llama-8b", "--hw", "h100", "--gpus", "2", "--traffic", str(tmp_path / "no.json")])
+    assert rc == 2
+
+
+def test_traffic_trace_file(tmp_path, capsys):
+    f = tmp_path / "azure.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [
+        f"2023-11-16 18:15:{i:02d}.0000000,{2000 + 10 * i},{100 + i}" for i in range(40)]
+    f.write_text("\n".join(rows) + "\n")
+    rc = main(["parallelism", "--model", "llama-8b", "--hw", "h200", "--gpus", "1", "--traffic", str(f), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and 2000 <= d["traffic"]["isl"] <= 2400 and 100 <= d["traffic"]["osl"] <= 140
