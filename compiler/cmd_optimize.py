@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ray-address", default=None, help="existing Ray cluster (default: RAY_ADDRESS or local)")
     p.add_argument("--max-points", type=int, default=4, help="workload points measured (heaviest first)")
     p.add_argument("--timeout", type=float, default=300.0, help="engine watchdog per evaluation, seconds")
+    p.add_argument("--aa-runs", type=int, default=3, help="reference-vs-itself runs per tier (noise)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_optimize)
@@ -92,6 +93,7 @@ def _optimize(args: argparse.Namespace) -> int:
                          agents=args.agents, board=args.board, device=args.device,
                          fast_layers=args.fast_layers, slow_layers=args.slow_layers, fleet=args.fleet,
                          ray_address=args.ray_address, max_points=args.max_points, timeout_s=args.timeout,
+                         aa_runs=args.aa_runs,
                          quiet=args.quiet or args.json)
     res = optimize(cfg)
     _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)

@@ -35,7 +35,7 @@ class OptimizeConfig:
     hw: str
     traffic: str
     out: str
-    budget_s: float = 600.0
+    budget_s: float = 600.0                  # the agents' search time (after the baseline)
     agents: str = "offline:4"
     board: str | None = None                 # default: sqlite:///<out>/board.db
     device: str = "auto"
@@ -45,7 +45,7 @@ class OptimizeConfig:
     ray_address: str | None = None           # None: an existing cluster (RAY_ADDRESS) or a local one
     max_points: int = 4
     timeout_s: float = 300.0                 # engine watchdog per evaluation
-    aa_runs: int = 2                         # reference-vs-itself runs per tier to measure noise
+    aa_runs: int = 3                         # reference-vs-itself runs per tier to measure noise
     seeds: tuple[tuple[str, str], ...] = ()  # (name, source) re-verified first (recompile)
     parent_version: int | None = None
     drift: dict | None = None                # recompile: {"features": [...], "old_hash": ...}
@@ -77,7 +77,11 @@ def _identity_candidate() -> str:
 
 
 def measure_noise(evaluate: Callable[[str, str], Any], runs: int) -> dict[str, float]:
-    """Relative A/A spread per tier: max |speedup - 1| of the identity candidate over ``runs``."""
+    """Relative A/A spread per tier: the median over ``runs`` of |speedup - 1| of the identity
+    candidate (the median, so that one disturbed run, e.g. the engine's first, does not decide).
+    Cost: ``runs`` evaluations per tier."""
+    import statistics
+
     src = _identity_candidate()
     noise = {}
     for tier in ("fast", "slow"):
@@ -86,7 +90,7 @@ def measure_noise(evaluate: Callable[[str, str], Any], runs: int) -> dict[str, f
             v = evaluate(tier, src)
             if getattr(v, "correct", False) and getattr(v, "speedup", None):
                 spreads.append(abs(float(v.speedup) - 1.0))
-        noise[tier] = round(max(spreads, default=0.05), 4)   # unmeasurable: assume 5%
+        noise[tier] = round(statistics.median(spreads), 4) if spreads else 0.05   # unmeasurable: 5%
     return noise
 
 
@@ -224,6 +228,10 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
             noise = measure_noise(fleet.evaluate, cfg.aa_runs) if not stop.is_set() else {"fast": 0.05, "slow": 0.05}
             progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
                            f"slow ±{100 * noise['slow']:.1f}%")
+            if max(noise.values()) > 0.25:
+                progress.event("warning: timing noise above 25% (a busy machine?); only large gains can be accepted")
+            deadline = time.monotonic() + cfg.budget_s           # the budget is the search's
+            progress.deadline = deadline
 
             def on_accept(a: Accepted) -> None:
                 progress.accepted(a.slow)

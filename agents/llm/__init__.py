@@ -3,11 +3,12 @@
 from agents.llm.agent import AnthropicAgent, ChatModel, LLMAgent, LLMBudget, OpenAIAgent
 from agents.llm.anthropic import AnthropicChat, AnthropicConfig
 from agents.llm.http import RetryPolicy
-from agents.llm.messages import (LLMError, LLMReply, MalformedToolCalls, Message, ToolCall, ToolResult,
+from agents.llm.messages import (LLMError, LLMReply, MalformedToolCalls, Message,
+                                 MissingKeyError, ToolCall, ToolResult,
                                  ToolSpec)
 from agents.llm.openai import OpenAIChat, OpenAIConfig
 from agents.llm.tools import TOOLS, ToolBox
 
 __all__ = ["AnthropicAgent", "AnthropicChat", "AnthropicConfig", "ChatModel", "LLMAgent", "LLMBudget",
-           "LLMError", "LLMReply", "MalformedToolCalls", "Message", "OpenAIAgent", "OpenAIChat",
+           "LLMError", "LLMReply", "MalformedToolCalls", "Message", "MissingKeyError", "OpenAIAgent", "OpenAIChat",
            "OpenAIConfig", "RetryPolicy", "TOOLS", "ToolBox", "ToolCall", "ToolResult", "ToolSpec"]

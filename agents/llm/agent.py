@@ -143,7 +143,7 @@ _counter = itertools.count(1)
 class AnthropicAgent(LLMAgent):
     """An LLM agent on the Anthropic Messages API; key from ``ANTHROPIC_API_KEY``."""
 
-    def __init__(self, name: str | None = None, *, config: AnthropicConfig = AnthropicConfig(),
+    def __init__(self, name: str | None = None, *, config: AnthropicConfig | None = None,
                  api_key: str | None = None, **kwargs: Any):
         super().__init__(name or f"claude-{next(_counter)}", AnthropicChat(config, api_key=api_key),
                          **kwargs)
@@ -153,7 +153,7 @@ class OpenAIAgent(LLMAgent):
     """An LLM agent on OpenAI chat completions or any compatible ``base_url``; key from
     ``OPENAI_API_KEY``."""
 
-    def __init__(self, name: str | None = None, *, config: OpenAIConfig = OpenAIConfig(),
+    def __init__(self, name: str | None = None, *, config: OpenAIConfig | None = None,
                  api_key: str | None = None, **kwargs: Any):
         super().__init__(name or f"openai-{next(_counter)}", OpenAIChat(config, api_key=api_key),
                          **kwargs)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from agents.llm.http import RetryPolicy, post_json
-from agents.llm.messages import (LLMError, LLMReply, Message, TokenCount, ToolCall, ToolSpec,
+from agents.llm.messages import (LLMReply, MissingKeyError, Message, TokenCount, ToolCall, ToolSpec,
                                  validate_arguments)
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -23,8 +23,12 @@ ANTHROPIC_VERSION = "2023-06-01"
 
 @dataclass(frozen=True)
 class AnthropicConfig:
-    model: str = "claude-sonnet-4-5"
-    base_url: str = "https://api.anthropic.com"
+    """Model and endpoint; the defaults read TKCC_ANTHROPIC_MODEL and ANTHROPIC_BASE_URL."""
+
+    model: str = field(default_factory=lambda: os.environ.get("TKCC_ANTHROPIC_MODEL")
+                       or "claude-sonnet-4-5")
+    base_url: str = field(default_factory=lambda: os.environ.get("ANTHROPIC_BASE_URL")
+                          or "https://api.anthropic.com")
     api_key_env: str = "ANTHROPIC_API_KEY"
     max_tokens: int = 8192
     temperature: float | None = None
@@ -85,11 +89,11 @@ class AnthropicChat:
 
     provider = "anthropic"
 
-    def __init__(self, config: AnthropicConfig = AnthropicConfig(), *, api_key: str | None = None):
-        self.config = config
+    def __init__(self, config: AnthropicConfig | None = None, *, api_key: str | None = None):
+        self.config = config = config if config is not None else AnthropicConfig()
         key = api_key if api_key is not None else os.environ.get(config.api_key_env)
         if not key:
-            raise LLMError(f"set {config.api_key_env} to use the Anthropic agent")
+            raise MissingKeyError(f"set {config.api_key_env} to use the Anthropic agent")
         self._headers = {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION,
                          "content-type": "application/json"}
         self._client = httpx.Client()

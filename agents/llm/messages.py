@@ -80,6 +80,12 @@ class LLMError(RuntimeError):
         self.attempts = attempts
 
 
+class MissingKeyError(LLMError):
+    """No API key in the environment: a user error (one line, exit 2)."""
+
+    user_error = True
+
+
 class MalformedToolCalls(LLMError):
     """The model kept making tool calls that could not be parsed or run."""
 

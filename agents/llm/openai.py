@@ -17,18 +17,23 @@ from dataclasses import dataclass, field
 import httpx
 
 from agents.llm.http import RetryPolicy, post_json
-from agents.llm.messages import (LLMError, LLMReply, Message, TokenCount, ToolCall, ToolSpec,
+from agents.llm.messages import (LLMReply, MissingKeyError, Message, TokenCount, ToolCall, ToolSpec,
                                  validate_arguments)
 
 
 @dataclass(frozen=True)
 class OpenAIConfig:
-    model: str = "gpt-4.1"
-    base_url: str = "https://api.openai.com/v1"
+    """Model and endpoint; the defaults read TKCC_OPENAI_MODEL and OPENAI_BASE_URL (a local
+    OpenAI-compatible server, e.g. vLLM at http://127.0.0.1:8000/v1, needs no key)."""
+
+    model: str = field(default_factory=lambda: os.environ.get("TKCC_OPENAI_MODEL") or "gpt-4.1")
+    base_url: str = field(default_factory=lambda: os.environ.get("OPENAI_BASE_URL")
+                          or "https://api.openai.com/v1")
     api_key_env: str = "OPENAI_API_KEY"
     max_tokens: int = 8192
     temperature: float | None = None
-    require_key: bool = True        # False for local OpenAI-compatible servers without auth
+    # a key is required for the default endpoint only; a custom base_url may run without auth
+    require_key: bool = field(default_factory=lambda: not os.environ.get("OPENAI_BASE_URL"))
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -94,12 +99,12 @@ class OpenAIChat:
 
     provider = "openai"
 
-    def __init__(self, config: OpenAIConfig = OpenAIConfig(), *, api_key: str | None = None):
-        self.config = config
+    def __init__(self, config: OpenAIConfig | None = None, *, api_key: str | None = None):
+        self.config = config = config if config is not None else OpenAIConfig()
         key = api_key if api_key is not None else os.environ.get(config.api_key_env)
         if not key and config.require_key:
-            raise LLMError(f"set {config.api_key_env} to use the OpenAI agent "
-                           "(or require_key=False for a local server)")
+            raise MissingKeyError(f"set {config.api_key_env} to use the OpenAI agent "
+                                  "(or OPENAI_BASE_URL for a local server without a key)")
         self._headers = {"content-type": "application/json"}
         if key:
             self._headers["authorization"] = f"Bearer {key}"

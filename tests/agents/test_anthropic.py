@@ -2,7 +2,8 @@
 
 import pytest
 
-from agents.llm import AnthropicChat, AnthropicConfig, LLMError, Message, RetryPolicy, TOOLS, ToolResult
+from agents.llm import (AnthropicAgent, AnthropicChat, AnthropicConfig, LLMError, Message,
+                        MissingKeyError, RetryPolicy, TOOLS, ToolResult)
 from agents.testing import ScriptedLLMServer
 
 FAST = RetryPolicy(max_retries=3, base_s=0.01, cap_s=0.05, timeout_s=10)
@@ -67,7 +68,12 @@ def test_malformed_tool_calls_are_parsed_with_an_error():
         assert "JSON object" in errors[0] and "unknown tool" in errors[1] and "needs argument" in errors[2]
 
 
-def test_missing_key_is_a_clear_error(monkeypatch):
+def test_missing_key_is_a_user_error_and_the_model_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    with pytest.raises(LLMError, match="ANTHROPIC_API_KEY"):
-        AnthropicChat(AnthropicConfig())
+    with pytest.raises(MissingKeyError, match="ANTHROPIC_API_KEY") as err:
+        AnthropicChat()
+    assert err.value.user_error is True
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    monkeypatch.setenv("TKCC_ANTHROPIC_MODEL", "claude-opus-4-1")
+    agent = AnthropicAgent("c")
+    assert agent.chat.model == "claude-opus-4-1" and agent.price == (15.0, 75.0)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from agents.llm import LLMError, Message, OpenAIChat, OpenAIConfig, RetryPolicy, TOOLS, ToolResult
+from agents.llm import LLMError, Message, MissingKeyError, OpenAIChat, OpenAIConfig, RetryPolicy, TOOLS, ToolResult
 from agents.testing import ScriptedLLMServer
 
 FAST = RetryPolicy(max_retries=3, base_s=0.01, cap_s=0.05, timeout_s=10)
@@ -74,7 +74,13 @@ def test_compatible_server_without_key():
         assert "authorization" not in chat._headers
 
 
-def test_missing_key_is_a_clear_error(monkeypatch):
+def test_missing_key_is_a_user_error_and_the_endpoint_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    with pytest.raises(LLMError, match="OPENAI_API_KEY"):
-        OpenAIChat(OpenAIConfig())
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(MissingKeyError, match="OPENAI_API_KEY") as err:
+        OpenAIChat()
+    assert err.value.user_error is True
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    monkeypatch.setenv("TKCC_OPENAI_MODEL", "qwen3-local")
+    chat = OpenAIChat()                  # a local compatible server: no key needed
+    assert chat.url == "http://127.0.0.1:8000/v1/chat/completions" and chat.model == "qwen3-local"

@@ -1,0 +1,125 @@
+"""Hot reload on one engine process: correct candidates pass, each cheat is rejected with its own
+reason, and the same engine (same pid, no rebuild) serves the next candidate afterwards."""
+
+import pathlib
+
+import pytest
+
+from persistent_engine import io_struct as io
+from persistent_engine.supervisor import Supervisor
+
+HERE = pathlib.Path(__file__).parent / "candidates"
+
+
+def src(name: str) -> str:
+    return (HERE / f"{name}.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def sup():
+    s = Supervisor("tiny-dense", device="cpu", start_timeout_s=300)
+    s.start()
+    yield s
+    s.close()
+
+
+def _assert_serves_next(sup, pid):
+    v = sup.evaluate(src("good_torch"), timeout_s=120)
+    assert v.correct, v.reasons
+    assert not v.restarted and sup.proc.pid == pid
+
+
+def test_correct_torch_candidate_passes_with_a_speedup(sup):
+    v = sup.evaluate(src("good_torch"), timeout_s=120)
+    assert v.correct and v.reasons == [], v.reasons
+    assert isinstance(v.speedup, float) and 0.2 < v.speedup < 5
+    assert len(v.per_point) == 3 and all(p["affected"] for p in v.per_point)
+    for p in v.per_point:
+        assert p["baseline_ms"] > 0 and p["candidate_ms"] > 0 and p["baseline_iqr_ms"] >= 0
+    assert {"load_s", "verify_s", "bench_s", "unload_s", "total_s"} <= set(v.timings)
+    assert not v.restarted
+
+
+def test_correct_triton_candidate_passes_under_the_interpreter(sup):
+    v = sup.evaluate(src("good_triton"), timeout_s=300, samples=2)
+    assert v.correct, v.reasons
+    assert v.speedup is not None and v.speedup > 0
+
+
+CHEATS = [
+    ("cached_outputs", "op-level: rms_norm", "mismatch"),
+    ("mutates_inputs", "op-level: rms_norm", "modified input: argument 0"),
+    ("mutates_weights", "candidate changed the weights", "layers.0.input_norm"),
+    ("returns_empty", "op-level: rms_norm", ""),
+    ("one_shape", "op-level: rms_norm", "mismatch"),
+    ("timed_differs", "spot re-check", "logits differ"),
+    ("patches_timer", "candidate changed global state", "time.perf_counter"),
+    ("rng_zeros", "load: candidate changed global state", "torch.randn"),
+    ("wrong_dtype", "op-level: rms_norm", "dtype: torch.float32, expected torch.bfloat16"),
+    ("unknown_op", "static: OVERRIDES names unknown op 'rms_normalize'", ""),
+    ("wrong_signature", "static: signature of rms_norm override (x, weight)", ""),
+    ("abort_import_os", "static: forbidden import 'os'", ""),
+]
+
+
+@pytest.mark.parametrize("name, reason, detail", CHEATS, ids=[c[0] for c in CHEATS])
+def test_cheat_is_rejected_with_its_reason_and_the_engine_serves_on(sup, name, reason, detail):
+    pid = sup.proc.pid
+    v = sup.evaluate(src(name), timeout_s=120)
+    assert not v.correct
+    hit = [r for r in v.reasons if reason in r and detail in r]
+    assert hit, v.reasons
+    assert not v.restarted and sup.proc.pid == pid
+    _assert_serves_next(sup, pid)
+
+
+def test_returns_empty_is_caught_by_poison_or_determinism(sup):
+    v = sup.evaluate(src("returns_empty"), timeout_s=120)
+    assert any(k in r for r in v.reasons for k in ("nondeterministic", "non-finite", "mismatch"))
+
+
+def test_a_slow_candidate_that_patches_the_clocks_is_timed_slow(sup):
+    """Even when benched after its rejection, the clocks it patched do not reach the engine's timer."""
+    c = sup.client
+    assert c.load_candidate(src("patches_timer")).ok      # it patches on its first call, not at import
+    v = c.verify()
+    assert not v.ok and any("time.perf_counter_ns" in r for r in v.reasons)
+    b = c.bench(samples=5)
+    assert any("changed global state" in r for r in b.reasons)
+    assert b.speedup is not None and b.speedup < 0.8, b.per_point
+    assert all(p["candidate_ms"] > p["baseline_ms"] for p in b.per_point)
+    r = c.unload()
+    assert r.ok
+    _assert_serves_next(sup, sup.proc.pid)
+
+
+def test_reload_keeps_the_engine_and_restores_state(sup):
+    c = sup.client
+    before = c.status()
+    r1 = c.load_candidate(src("good_torch"), name="first")
+    assert r1.ok and r1.ops == ["rms_norm"] and r1.config == {"cuda_graph": True}
+    assert r1.description.startswith("rms_norm")
+    r2 = c.load_candidate(src("one_shape"), name="second")     # replaces the first
+    assert r2.ok and c.status().candidate == "second"
+    assert not c.verify().ok
+    u = c.unload()
+    assert u.ok and "candidate second" in u.restored
+    after = c.status()
+    assert after.candidate is None and after.pid == before.pid and after.startup == before.startup
+    assert after.served > before.served
+    for req in (c.verify, c.bench):
+        e = req()
+        assert isinstance(e, io.ErrorReply) and e.kind == "no_candidate"
+
+
+def test_profile_gives_per_op_time_at_each_point(sup):
+    prof = sup.profile()
+    assert len(prof["per_point"]) == 3
+    for p in prof["per_point"]:
+        ops = p["ops"]
+        assert {"embedding", "rms_norm", "linear", "lm_head"} <= set(ops)
+        assert all(o["ms"] >= 0 and o["calls"] >= 1 for o in ops.values())
+        assert abs(sum(o["share"] for o in ops.values()) - 1.0) < 1e-6
+        assert p["total_ms"] > 0 and p["step_ms"] > 0
+    phases = {p["point"]["phase"]: p["ops"] for p in prof["per_point"]}
+    assert "attention_decode" in phases["decode"] and "attention_prefill" in phases["prefill"]
