@@ -5,8 +5,8 @@
 and whose ``deadline`` is clipped to ``now + budget_s``. An agent runs cycles until it returns
 False, the deadline passes, or it fails ``max_consecutive_failures`` times in a row. A cycle that
 raises is posted to the board as a failure and never reaches the caller. At the deadline (or when
-the caller sets ``ctx.stop``) the agents' stop event is set; cycles still running get ``grace_s`` to end, then the swarm returns without
-them (their threads are daemons and are reported as ``overran``).
+the caller sets ``ctx.stop``) the agents' stop event is set; cycles still running get ``grace_s``
+to end, then the swarm returns without them (daemon threads, reported as ``overran``).
 
 ``board_evaluator`` builds the ``ctx.evaluate`` the swarm expects from an engine's
 ``evaluate(source, timeout_s)`` (the supervisor): it records the candidate and its evaluation on the

@@ -180,6 +180,7 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=None, help="knob settings per template and shape (12 cuda, 3 cpu)")
     p.add_argument("--samples", type=int, default=None, help="timed samples per measurement (50 cuda, 50 cpu)")
     p.add_argument("--max-minutes", type=float, default=9.0, help="stop searching after this long")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (--device cpu)")
     p.add_argument("--peak-gbs", type=float, default=None, help="datasheet bandwidth (4800 for the H200)")
     p.add_argument("--out", default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -195,7 +196,7 @@ def run(argv: list[str] | None = None) -> int:
     peak = a.peak_gbs if a.peak_gbs is not None else DATASHEET_GBS[a.device]
     only = set(a.ops.split(",")) if a.ops else None
     if not cuda:
-        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+        torch.set_num_threads(a.threads)         # one thread, as the engine runs: no oversubscription
     out_path = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}-templates.json")
     timer = Timer(a.device, samples)
     measured = copy_bandwidth_gbs(a.device)

@@ -37,7 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .claims import claim_statements
-from .connect import open_engines
+from .connect import open_engines, write_transaction
 from .migrate import ensure_schema
 from .queries import BoardQueries
 from .records import (FINISH_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES, BoardError, Deployment,
@@ -132,7 +132,7 @@ class Board(BoardQueries):
         if self._e.write is None:
             raise BoardError(f"{what}: the board at {self.url} is open read-only")
         try:
-            with self._e.write.begin() as conn:
+            with write_transaction(self._e) as conn:
                 yield conn
         except IntegrityError as exc:
             first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)

@@ -19,7 +19,7 @@ import os
 
 from sqlalchemy import Connection, inspect, text
 
-from .connect import Engines
+from .connect import Engines, write_transaction
 from .records import SchemaError
 
 HEAD = "0001_initial"              # the newest revision in migrations/versions (a test checks it)
@@ -95,7 +95,7 @@ def ensure_schema(engines: Engines, *, migrate: bool = True) -> str:
         return check_schema(engines)
     from alembic import command
 
-    with engines.write.begin() as conn:                  # BEGIN IMMEDIATE on SQLite
+    with write_transaction(engines) as conn:             # BEGIN IMMEDIATE on SQLite
         if engines.dialect == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
         found = current_revision(conn)                   # again, under the lock

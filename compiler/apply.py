@@ -84,19 +84,25 @@ def apply_plan(path: str | Path) -> Iterator[LoadedPlan]:
         yield loaded
 
 
+TOLERANCE = {"bf16": (5e-2, 2e-2), "fp16": (1e-2, 1e-2), "fp32": (1e-4, 1e-4)}   # (atol, rtol) on logits
+
+
 @dataclass(frozen=True)
 class PointCheck:
     point: dict
     max_abs_diff: float
+    max_abs_reference: float
     reference_ms: float
     plan_ms: float
+    ok: bool
 
 
 def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] | None = None,
-               device: str = "cpu", repeats: int = 5, seed: int = 0) -> tuple[LoadedPlan, list[PointCheck]]:
+               device: str = "cpu", dtype: str = "bf16", repeats: int = 5,
+               seed: int = 0) -> tuple[LoadedPlan, list[PointCheck]]:
     """Runs the model (``layers`` slice; default the plan's fast tier) at each of the plan's workload
-    points, reference then plan, and returns the logit difference and median step times (ms).
-    Cost: 2 x repeats forward steps per point."""
+    points, reference then plan, and returns the logit difference (``ok`` within the dtype's
+    tolerance) and median step times (ms). Cost: 2 x repeats forward steps per point."""
     import torch
 
     from persistent_engine.models.decoder import build_model
@@ -108,8 +114,11 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     spec = ModelSpec.from_name(model or loaded.plan.model)
     if layers is None:
         layers = loaded.plan.tiers.get("fast", {}).get("layers") or list(spec.covering_layers())
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    m = build_model(spec, layers=list(layers), device=device, dtype=dtype, seed=seed)
+    if dtype not in TOLERANCE:
+        raise plan_mod.PlanError(f"dtype must be one of {', '.join(TOLERANCE)}, got {dtype!r}")
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    atol, rtol = TOLERANCE[dtype]
+    m = build_model(spec, layers=list(layers), device=device, dtype=torch_dtype, seed=seed)
     out = []
 
     def timed(workload) -> tuple[Any, float]:
@@ -131,7 +140,8 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
             with registry.override(loaded.overrides):
                 got, plan_ms = timed(w)
             diff = float((ref.float() - got.float()).abs().max())
-            out.append(PointCheck(dict(point), diff, ref_ms, plan_ms))
+            scale = float(ref.float().abs().max())
+            out.append(PointCheck(dict(point), diff, scale, ref_ms, plan_ms, diff <= atol + rtol * scale))
     return loaded, out
 
 

@@ -49,7 +49,6 @@ def check(args) -> int:
     from persistent_engine.__main__ import parse_layers
     from persistent_engine.candidate import param_names, static_check
     from persistent_engine.models.spec import ModelSpec
-    from persistent_engine.ops import registry
     from persistent_engine.supervisor import Supervisor
 
     with open(args.file, encoding="utf-8", errors="replace") as f:
@@ -64,12 +63,13 @@ def check(args) -> int:
     if layers is not None and any(i < 0 or i >= spec.num_layers for i in layers):
         raise CandidateInputError(f"--layers out of range: {spec.name} has {spec.num_layers} layers")
     device = _device(args.device)
+    from persistent_engine.ops import registry     # torch: only once the input is known good
     op_params = {n: param_names(inspect.signature(registry.get(n).reference)) for n in registry.names()}
     reasons = static_check(source, op_params)
     result: dict = {"correct": False, "reasons": reasons, "speedup": None, "per_point": [],
                     "timings": {}, "restarted": False, "startup": {}}
     if not reasons:
-        with Supervisor(args.model, layers, device, dtype=args.dtype,
+        with Supervisor(args.model, layers, device, dtype=args.dtype, auto_restart=False,
                         log=None if args.json else (lambda line: print(line, file=sys.stderr))) as sup:
             verdict = sup.evaluate(source, timeout_s=args.timeout, samples=args.samples)
             result.update(verdict.to_dict())

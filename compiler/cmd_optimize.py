@@ -77,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--model", default=None, help="default: the plan's model")
     a.add_argument("--layers", default=None, help="layer indices, e.g. 0,1 (default: the fast tier)")
     a.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    a.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=_apply)
 
@@ -163,9 +164,8 @@ def _apply(args: argparse.Namespace) -> int:
             layers = [int(x) for x in args.layers.split(",")]
         except ValueError:
             raise UsageError(f"--layers wants comma-separated integers, got {args.layers!r}") from None
-    loaded, checks = check_plan(args.plan, model=args.model, layers=layers, device=args.device)
-    tol = 5e-2 if args.device == "cuda" else 1e-3
-    ok = all(c.max_abs_diff <= tol * 10 for c in checks)
+    loaded, checks = check_plan(args.plan, model=args.model, layers=layers, device=args.device, dtype=args.dtype)
+    ok = all(c.ok for c in checks)
     if args.json:
         _print_json({"plan_dir": str(loaded.version_dir), "ops": sorted(loaded.overrides), "config": loaded.config,
                      "ok": ok, "points": [c.__dict__ for c in checks]})

@@ -10,11 +10,13 @@ Engines that share a physical device share a *measure lock*, so that two engines
 same moment on one device (concurrent work would pollute both A/B measurements); engines on
 different GPUs measure in parallel. ``evaluate(tier, source)`` takes a free engine of the tier and
 never raises: an engine that fails outside a candidate's verdict (it died and could not restart)
-gives a rejected verdict with the reason, and the next call finds it restarted.
+gives a rejected verdict with the reason, and the next call finds it restarted. A crash verdict is
+re-tried once on the restarted engine (see :func:`evaluate_with_retry`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -61,6 +63,17 @@ def failed_verdict(reason: str) -> Any:
                             restarted=True)
 
 
+def evaluate_with_retry(supervisor: Any, source: str, timeout_s: float) -> Any:
+    """``supervisor.evaluate``, repeated once on the fresh engine when the verdict is a crash: an
+    engine killed from outside (OOM killer, an operator) must not reject an innocent candidate,
+    while a candidate that really crashes the engine crashes it twice and is rejected."""
+    verdict = supervisor.evaluate(source, timeout_s)
+    if not verdict.correct and any(str(r).startswith("crash:") for r in verdict.reasons):
+        again = supervisor.evaluate(source, timeout_s)
+        return dataclasses.replace(again, restarted=True)
+    return verdict
+
+
 def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:
     """Start one engine for a placement (blocks until it is ready)."""
     from persistent_engine.supervisor import Supervisor
@@ -86,15 +99,21 @@ class Engine:
     def evaluate(self, source: str, timeout_s: float) -> Any:
         with self.measure_lock:
             try:
-                return self.supervisor.evaluate(source, timeout_s)
+                return evaluate_with_retry(self.supervisor, source, timeout_s)
             except Exception as e:  # noqa: BLE001 - the run goes on without this verdict
                 self.failures += 1
                 log.warning("engine %s/%s failed: %s", self.tier, self.placement.device, e)
                 return failed_verdict(f"engine error: {type(e).__name__}: {e}")
 
     def profile(self) -> dict:
+        """The baseline's per-op profile; one retry on a fresh engine if the engine died meanwhile."""
         with self.measure_lock:
-            return self.supervisor.profile()
+            try:
+                return self.supervisor.profile()
+            except Exception as e:  # noqa: BLE001
+                self.failures += 1
+                log.warning("engine %s/%s failed profiling (%s); retrying once", self.tier, self.placement.device, e)
+                return self.supervisor.profile()
 
     def restarts(self) -> int:
         return len(getattr(self.supervisor, "restarts", ())) + self.failures

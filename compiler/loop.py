@@ -216,63 +216,72 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     composition: Composition | None = None
     tried = [0]
     progress.start()
-    with _Interrupt(stop, progress):
-        progress.phase("starting")
-        fleet = start_fleet(cfg, fleet_cfg)
-        progress.restarts_from(fleet.restarts)
-        try:
-            progress.phase("baseline")
-            base_profile = fleet.profile("fast")
-            baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
-            _board_call(board, "set_baseline", run_id, base_profile)
-            noise = measure_noise(fleet.evaluate, cfg.aa_runs) if not stop.is_set() else {"fast": 0.05, "slow": 0.05}
-            progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
-                           f"slow ±{100 * noise['slow']:.1f}%")
-            if max(noise.values()) > 0.25:
-                progress.event("warning: timing noise above 25% (a busy machine?); only large gains can be accepted")
-            deadline = time.monotonic() + cfg.budget_s           # the budget is the search's
-            progress.deadline = deadline
+    try:
+        with _Interrupt(stop, progress):
+            progress.phase("starting")
+            fleet = start_fleet(cfg, fleet_cfg)
+            progress.restarts_from(fleet.restarts)
+            try:
+                progress.phase("baseline")
+                base_profile = fleet.profile("fast")
+                baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
+                _board_call(board, "set_baseline", run_id, base_profile)
+                noise = measure_noise(fleet.evaluate, cfg.aa_runs) if not stop.is_set() else {"fast": 0.05, "slow": 0.05}
+                progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
+                               f"slow ±{100 * noise['slow']:.1f}%")
+                if max(noise.values()) > 0.25:
+                    progress.event("warning: timing noise above 25% (a busy machine?); only large gains can be accepted")
+                deadline = time.monotonic() + cfg.budget_s           # the budget is the search's
+                progress.deadline = deadline
 
-            def on_accept(a: Accepted) -> None:
-                progress.accepted(a.slow)
-                progress.event(f"accepted {a.name}: fast {a.fast:.3f}x, slow {a.slow:.3f}x")
+                def on_accept(a: Accepted) -> None:
+                    progress.accepted(a.slow)
+                    progress.event(f"accepted {a.name}: fast {a.fast:.3f}x, slow {a.slow:.3f}x")
 
-            acceptor = Acceptor(fleet.evaluate, points, noise, cfg.acceptance, on_accept, accepted_log)
-            for name, source in cfg.seeds:               # recompile: the old plan's optimizations first
-                if stop.is_set():
-                    break
-                _consider(board, run_id, fleet, acceptor, progress, source, author=f"seed:{name}", tried=tried)
+                acceptor = Acceptor(fleet.evaluate, points, noise, cfg.acceptance, on_accept, accepted_log)
+                for name, source in cfg.seeds:               # recompile: the old plan's optimizations first
+                    if stop.is_set():
+                        break
+                    _consider(board, run_id, fleet, acceptor, progress, source, author=f"seed:{name}", tried=tried)
 
-            if not stop.is_set() and time.monotonic() < deadline:
-                progress.phase("searching")
-                _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
-                           base_profile, deadline, stop, tried)
-            interrupted = stop.is_set()
-            progress.phase("composing")
-            if interrupted:
-                composition = _unmeasured(acceptor.accepted)
-            else:
-                composition = acceptor.compose(deadline=time.monotonic() + max(60.0, 0.1 * cfg.budget_s))
-        finally:
-            restarts = fleet.restarts()
-            fleet.close()
-        progress.phase("writing")
-        after = _op_ms_after(spec, fast_layers, points, composition, device, baseline)
-        plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
-                           layout_note, baseline, after, noise, composition, accepted_log, interrupted,
-                           tried[0], restarts, time.monotonic() - t_start)
-        sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
-        vdir = plan_mod.write_version(out, plan, sources=sources,
-                                      composed_source=composition.source if composition else compose([]),
-                                      profile=traffic.profile, extra_files=report.render)
-        for o, a in zip(plan.optimizations, composition.parts if composition else ()):
-            if a.candidate_id is not None:
-                _board_call(board, "add_optimization", run_id, a.candidate_id, name=o.name, targets=list(o.targets),
-                            speedups=o.speedup, per_point=list(o.per_point), plan_version=written_version(vdir))
-        _board_call(board, "update_run", run_id, status="interrupted" if interrupted else "done",
-                    message=f"plan {vdir}")
-        progress.phase("done")
-    progress.close()
+                if not stop.is_set() and time.monotonic() < deadline:
+                    progress.phase("searching")
+                    _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
+                               base_profile, deadline, stop, tried)
+                interrupted = stop.is_set()
+                progress.phase("composing")
+                if interrupted:
+                    composition = _unmeasured(acceptor.accepted)
+                else:
+                    composition = acceptor.compose(deadline=time.monotonic() + max(60.0, 0.1 * cfg.budget_s))
+            finally:
+                restarts = fleet.restarts()
+                fleet.close()
+                progress.restarts_from(lambda: restarts)
+            progress.phase("writing")
+            after = _op_ms_after(spec, fast_layers, points, composition, device, baseline)
+            plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
+                               layout_note, baseline, after, noise, composition, accepted_log, interrupted,
+                               tried[0], restarts, time.monotonic() - t_start)
+            sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
+            vdir = plan_mod.write_version(out, plan, sources=sources,
+                                          composed_source=composition.source if composition else compose([]),
+                                          profile=traffic.profile, extra_files=report.render)
+            for o, a in zip(plan.optimizations, composition.parts if composition else ()):
+                if a.candidate_id is not None:
+                    _board_call(board, "add_optimization", run_id, a.candidate_id, name=o.name, targets=list(o.targets),
+                                speedups=o.speedup, per_point=list(o.per_point), plan_version=written_version(vdir))
+            progress.phase("done")
+            snap = progress.snapshot()
+            _board_call(board, "update_run", run_id, status="interrupted" if interrupted else "done",
+                        message=f"plan {vdir}", candidates_tried=snap.tried, candidates_accepted=snap.accepted,
+                        best_speedup=snap.best_speedup, engine_restarts=restarts)
+    except BaseException as e:
+        _board_call(board, "update_run", run_id, status="interrupted" if isinstance(e, KeyboardInterrupt)
+                    else "failed", message=f"{type(e).__name__}: {e}"[:500])
+        raise
+    finally:
+        progress.close()
     written, _ = plan_mod.load(vdir)
     return OptimizeResult(vdir, written, interrupted)
 
@@ -413,13 +422,13 @@ def _board_call(board: Any, method: str, *args: Any, **kwargs: Any) -> Any:
 
 def _board_mirror(board: Any, run_id: Any) -> Callable[[Any], None]:
     """Mirrors the progress counters to the run's row (at most once a second)."""
-    last = [0.0]
+    last = [0.0, ""]
 
     def mirror(snap: Any) -> None:
         now = time.monotonic()
-        if now - last[0] < 1.0 and snap.phase not in ("done", "writing"):
+        if now - last[0] < 1.0 and snap.phase == last[1]:
             return
-        last[0] = now
+        last[0], last[1] = now, snap.phase
         _board_call(board, "update_run", run_id, message=snap.phase, candidates_tried=snap.tried,
                     candidates_accepted=snap.accepted, best_speedup=snap.best_speedup,
                     engine_restarts=snap.restarts)

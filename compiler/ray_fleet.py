@@ -19,7 +19,7 @@ import queue
 import threading
 from typing import Any
 
-from compiler.fleet import FleetConfig, Placement, failed_verdict, make_supervisor, place
+from compiler.fleet import FleetConfig, Placement, evaluate_with_retry, failed_verdict, make_supervisor, place
 
 
 class RayUnavailable(RuntimeError):
@@ -44,7 +44,7 @@ class _EngineActorImpl:
 
     def evaluate(self, source: str, timeout_s: float) -> Any:
         try:
-            return self.sup.evaluate(source, timeout_s)
+            return evaluate_with_retry(self.sup, source, timeout_s)
         except Exception as e:  # noqa: BLE001 - the run goes on without this verdict
             self.failures += 1
             return failed_verdict(f"engine error: {type(e).__name__}: {e}")

@@ -9,14 +9,20 @@ A measurements file (JSON) is what the engine's timings produce:
          "chunk": 1, "weight": 0.1}, "seconds": 0.00091, "op_class": "attention" (optional)}, ...]}
 
 A row without ``op_class`` is a whole step (the sliced model's forward, embeddings and lm_head
-included); with it, the time of that op class alone. The estimate is linear in the unknowns,
+included); with it, the time of that op class alone. The estimate is linear in the unknowns, in
+either of two forms (cost_model.estimate):
 
-    t = sum_c f_c * raw_c + o * kernels * overhead_default
+    roofline  t = sum_c f_c * raw_c                                + o * kernels * overhead_default
+    split     t = sum_c (m_c * memory_c + k_c * compute_c)         + o * kernels * overhead_default
 
-so the factors f_c and the overhead multiplier o are the non-negative least-squares solution of
-the *relative* residuals (each row divided by its measurement), with a weak pull towards 1 so a
-class the measurements barely exercise keeps its default. The error before (all factors 1) and
-after is the median absolute relative error over the rows.
+so the factors and the overhead multiplier o are the non-negative least-squares solution of the
+*relative* residuals (each row divided by its measurement), with a weak pull towards 1 so a class
+the measurements barely exercise keeps its default. ``fit(form="auto")`` fits both and keeps the
+one with the lower leave-one-out median error (the split form has twice the unknowns, so it must
+earn them on rows it did not see): datacenter GPUs overlap memory and arithmetic (roofline), eager
+CPU kernels stream and then compute (split), and small-batch GEMVs and large GEMMs of one class
+need the split. The error before (all factors 1) and after is the median absolute relative error
+over the rows.
 
 Calibrations are stored per device as ``<device>.json`` in ``$TKCC_CALIBRATION_DIR`` (default
 ``~/.cache/tkcc/calibration``); the package ships measured ones in ``cost_model/calibrations/``.
@@ -40,7 +46,10 @@ from persistent_engine.models.spec import ModelSpec
 
 PACKAGED_DIR = Path(__file__).with_name("calibrations")
 RIDGE = 1e-4                    # pull of each factor towards 1 (relative units)
-UNKNOWNS = (*OP_CLASSES, "overhead")
+FORMS = ("roofline", "split")
+# unknowns of each form, in feature order (the names of cost_model.estimate.features, then the overhead)
+COLUMNS = {"roofline": (*OP_CLASSES, "kernels"),
+           "split": (*(f"{c}:{part}" for c in OP_CLASSES for part in ("memory", "compute")), "kernels")}
 
 
 def user_dir() -> Path:
@@ -77,15 +86,17 @@ class Measurement:
                 "dtype": self.dtype, "layout": self.layout, "op_class": self.op_class}
 
 
-def feature_row(m: Measurement, hw: Hardware, specs: dict) -> np.ndarray:
-    """Raw seconds per op class and kernels x default overhead, for one measurement."""
+def feature_row(m: Measurement, hw: Hardware, specs: dict, form: str = "roofline") -> np.ndarray:
+    """The unknowns' seconds at factor 1 for one measurement, in ``COLUMNS[form]`` order (the last
+    one is kernels x the hardware's default overhead)."""
     spec = specs.get(m.model) or specs.setdefault(m.model, ModelSpec.from_name(m.model))
     layout = Layout(**{**m.layout, "dtype": m.dtype})
     ops = step_ops(spec, layout, m.point, m.layers)
     if m.op_class is not None:
         ops = [o for o in ops if o.cls == m.op_class]
     f = features(ops, hw, layout.gpus)
-    return np.array([f[c] for c in OP_CLASSES] + [f["kernels"] * hw.kernel_overhead_s])
+    f["kernels"] *= hw.kernel_overhead_s
+    return np.array([f[c] for c in COLUMNS[form]])
 
 
 def _nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -126,22 +137,34 @@ class Calibration:
     error_before: float             # median absolute relative error, factors 1
     error_after: float
     source: str = ""
+    form: str = "roofline"          # or "split": ``split`` holds the factors of every class
+    split: dict = field(default_factory=dict)   # op class -> [memory factor, compute factor]
 
     @property
     def efficiency(self) -> Efficiency:
-        return Efficiency(factors=dict(self.factors), kernel_overhead_s=self.kernel_overhead_s)
+        return Efficiency(factors=dict(self.factors), kernel_overhead_s=self.kernel_overhead_s,
+                          split={c: tuple(v) for c, v in self.split.items()})
+
+    def vector(self) -> np.ndarray:
+        """The factors in ``COLUMNS[self.form]`` order."""
+        if self.form == "split":
+            per = [self.split.get(c, (1.0, 1.0)) for c in OP_CLASSES]
+            return np.array([f for mc in per for f in mc] + [self.overhead_factor], dtype=float)
+        return np.array([self.factors.get(c, 1.0) for c in OP_CLASSES] + [self.overhead_factor])
 
     def predict(self, measurements: list[Measurement], hw: Hardware) -> np.ndarray:
         specs: dict = {}
-        x = np.array([self.factors.get(c, 1.0) for c in OP_CLASSES] + [self.overhead_factor])
-        return np.array([feature_row(m, hw, specs) @ x for m in measurements])
+        x = self.vector()
+        return np.array([feature_row(m, hw, specs, self.form) @ x for m in measurements])
 
     def summary(self) -> dict:
-        return {"device": self.device, "points": self.points, "median_abs_error_before": round(self.error_before, 4),
+        return {"device": self.device, "points": self.points, "form": self.form,
+                "median_abs_error_before": round(self.error_before, 4),
                 "median_abs_error_after": round(self.error_after, 4), "source": self.source}
 
     def to_dict(self) -> dict:
-        return {"kind": "tkcc.calibration", "device": self.device, "factors": self.factors,
+        return {"kind": "tkcc.calibration", "device": self.device, "form": self.form, "factors": self.factors,
+                "split": {c: list(v) for c, v in self.split.items()},
                 "overhead_factor": self.overhead_factor, "kernel_overhead_s": self.kernel_overhead_s,
                 "points": self.points, "error_before": self.error_before, "error_after": self.error_after,
                 "source": self.source}
@@ -151,10 +174,15 @@ class Calibration:
         if not isinstance(d, dict) or d.get("kind") != "tkcc.calibration":
             raise CostModelError(f"{source or 'calibration'}: not a tkcc calibration file")
         try:
+            form = str(d.get("form", "roofline"))
+            split = {str(c): [float(x) for x in v] for c, v in (d.get("split") or {}).items()}
+            if form not in FORMS or any(len(v) != 2 for v in split.values()):
+                raise ValueError(f"form must be one of {FORMS}, split factors pairs")
             return cls(device=str(d["device"]), factors={k: float(v) for k, v in d["factors"].items()},
                        overhead_factor=float(d["overhead_factor"]), kernel_overhead_s=float(d["kernel_overhead_s"]),
                        points=int(d["points"]), error_before=float(d["error_before"]),
-                       error_after=float(d["error_after"]), source=source or str(d.get("source", "")))
+                       error_after=float(d["error_after"]), source=source or str(d.get("source", "")),
+                       form=form, split=split)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CostModelError(f"{source or 'calibration'}: incomplete calibration: {e}") from None
 
@@ -186,27 +214,54 @@ def load_measurements(path: str | os.PathLike) -> tuple[str | None, list[Measure
     return (doc.get("device") if isinstance(doc, dict) else None), [Measurement.from_dict(r) for r in rows]
 
 
-def fit(measurements: list, hw: Hardware, source: str = "") -> Calibration:
-    """Fit the factors on ``measurements`` (Measurement or dicts) for device ``hw``."""
-    ms = [m if isinstance(m, Measurement) else Measurement.from_dict(m) for m in measurements]
-    if len(ms) < 2:
-        raise CostModelError("calibration needs at least 2 measurements")
-    specs: dict = {}
-    feats = np.array([feature_row(m, hw, specs) for m in ms])          # [M, classes + 1] seconds
-    y = np.array([m.seconds for m in ms])
+def _solve(feats: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Factors (one per column of ``feats`` [M, U] seconds at factor 1) minimising the relative
+    residuals of ``y`` [M]; a column no row exercises keeps 1."""
     a = feats / y[:, None]
     used = feats.max(axis=0) > 0
     k = int(used.sum())
-    reg = np.sqrt(RIDGE) * np.eye(len(UNKNOWNS))[used][:, used]
-    x_used = _nnls(np.vstack([a[:, used], reg]), np.concatenate([np.ones(len(ms)), np.sqrt(RIDGE) * np.ones(k)]))
-    x = np.ones(len(UNKNOWNS))
-    x[used] = x_used
-    before = float(np.median(relative_errors(feats.sum(axis=1), y)))
-    after = float(np.median(relative_errors(feats @ x, y)))
-    factors = {c: float(x[i]) for i, c in enumerate(OP_CLASSES)}
+    reg = np.sqrt(RIDGE) * np.eye(feats.shape[1])[used][:, used]
+    x = np.ones(feats.shape[1])
+    x[used] = _nnls(np.vstack([a[:, used], reg]), np.concatenate([np.ones(len(y)), np.sqrt(RIDGE) * np.ones(k)]))
+    return x
+
+
+def _loo_error(feats: np.ndarray, y: np.ndarray) -> float:
+    """Median relative error of each row predicted by a fit on all the other rows. Cost: M fits."""
+    errs = []
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        errs.append(abs(feats[i] @ _solve(feats[keep], y[keep]) - y[i]) / y[i])
+    return float(np.median(errs))
+
+
+def fit(measurements: list, hw: Hardware, source: str = "", form: str = "auto") -> Calibration:
+    """Fit the factors on ``measurements`` (Measurement or dicts) for device ``hw``; ``form`` is
+    "roofline", "split", or "auto" (the one with the lower leave-one-out error; roofline on a tie
+    or with fewer than 4 rows)."""
+    ms = [m if isinstance(m, Measurement) else Measurement.from_dict(m) for m in measurements]
+    if len(ms) < 2:
+        raise CostModelError("calibration needs at least 2 measurements")
+    if form not in (*FORMS, "auto"):
+        raise CostModelError(f"unknown calibration form {form!r}; use one of {', '.join(FORMS)} or auto")
+    specs: dict = {}
+    y = np.array([m.seconds for m in ms])
+    feats = {f: np.array([feature_row(m, hw, specs, f) for m in ms]) for f in FORMS}   # [M, unknowns] seconds
+    if form == "auto":
+        form = "roofline"
+        if len(ms) >= 4 and _loo_error(feats["split"], y) < _loo_error(feats["roofline"], y):
+            form = "split"
+    x = _solve(feats[form], y)
+    before = float(np.median(relative_errors(feats["roofline"].sum(axis=1), y)))
+    after = float(np.median(relative_errors(feats[form] @ x, y)))
+    if form == "split":
+        factors = {c: 1.0 for c in OP_CLASSES}
+        split = {c: [float(x[2 * i]), float(x[2 * i + 1])] for i, c in enumerate(OP_CLASSES)}
+    else:
+        factors, split = {c: float(x[i]) for i, c in enumerate(OP_CLASSES)}, {}
     return Calibration(device=hw.name, factors=factors, overhead_factor=float(x[-1]),
                        kernel_overhead_s=float(x[-1] * hw.kernel_overhead_s), points=len(ms),
-                       error_before=before, error_after=after, source=source)
+                       error_before=before, error_after=after, source=source, form=form, split=split)
 
 
 def evaluate(calib: Calibration | None, measurements: list, hw: Hardware) -> dict:

@@ -1,12 +1,21 @@
 """Step time of a workload point: roofline per op, efficiency factors per op class, kernel costs.
 
-    raw(op)  = max(flops / (peak[dtype] * compute_eff), bytes / (hbm_bw * mem_eff))   compute ops
-             = collective time (cost_model.comm)                                     comm ops
+    mem(op)  = bytes / (hbm_bw * mem_eff), comp(op) = flops / (peak[dtype] * compute_eff)   compute ops
+    mem(op)  = collective time (cost_model.comm), comp(op) = 0                             comm ops
+    raw(op)  = max(mem(op), comp(op))                                                      (roofline)
     step     = sum_c factor[c] * sum_{op in c} raw(op) * count  +  kernel_overhead * kernels
 
-The factors start at 1.0 (datasheet figures times the hardware's default efficiencies) and are
-what ``cost_model.calibration`` fits from measured timings. ``step`` is linear in the factors and
-the overhead, so the fit is a non-negative least-squares problem over ``features``.
+A class listed in ``Efficiency.split`` is costed in the split form instead, with one factor for its
+memory traffic and one for its arithmetic, added rather than overlapped:
+
+    class c  = f_mem[c] * sum_{op in c} mem(op) * count  +  f_comp[c] * sum_{op in c} comp(op) * count
+
+That is what one factor per class cannot express: a GEMV (memory-bound, small batch) and a GEMM
+(compute-bound) of the same class at different efficiencies, and kernels that stream their operands
+and then compute (eager CPU ops). The factors start at 1.0 (datasheet figures times the hardware's
+default efficiencies) and are what ``cost_model.calibration`` fits from measured timings. In both
+forms ``step`` is linear in the factors and the overhead, so the fit is a non-negative
+least-squares problem over ``features``.
 
 A pipeline of pp stages: a token's latency is the sum of the stage times; the throughput is set by
 the slowest stage with pp micro-batches in flight.
@@ -24,13 +33,22 @@ from cost_model.ops import DEFAULT_EXPERT_SKEW, OP_CLASSES, OpCost, step_ops
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Per-op-class time multipliers and the fixed cost per kernel (None: the hardware's)."""
+    """Per-op-class time multipliers and the fixed cost per kernel (None: the hardware's);
+    ``split`` maps a class to its (memory, compute) factors, which replace its roofline factor."""
 
     factors: dict = field(default_factory=lambda: {c: 1.0 for c in OP_CLASSES})
     kernel_overhead_s: float | None = None
+    split: dict = field(default_factory=dict)
 
     def factor(self, cls: str) -> float:
         return float(self.factors.get(cls, 1.0))
+
+    def class_time(self, cls: str, feat: dict[str, float]) -> float:
+        """Seconds of class ``cls`` from ``features`` (raw roofline seconds and split parts)."""
+        if cls in self.split:
+            f_mem, f_comp = self.split[cls]
+            return float(f_mem) * feat[f"{cls}:memory"] + float(f_comp) * feat[f"{cls}:compute"]
+        return self.factor(cls) * feat[cls]
 
     def overhead(self, hw: Hardware) -> float:
         return hw.kernel_overhead_s if self.kernel_overhead_s is None else self.kernel_overhead_s
@@ -47,27 +65,37 @@ class StepEstimate:
     ops: tuple                      # OpCost of the slowest stage, in order
 
 
-def op_time(op: OpCost, hw: Hardware, instance_gpus: int = 1) -> float:
-    """Roofline seconds of one op (one occurrence, fixed kernel cost excluded)."""
+def op_parts(op: OpCost, hw: Hardware, instance_gpus: int = 1) -> tuple[float, float]:
+    """(memory, compute) seconds of one op (one occurrence, fixed kernel cost excluded); a
+    collective's time counts as memory."""
     if op.cls == "comm":
-        return collective_time(hw, op.collective, op.group, op.bytes, instance_gpus)
+        return collective_time(hw, op.collective, op.group, op.bytes, instance_gpus), 0.0
     t_compute = op.flops / (hw.peak_flops(op.dtype) * hw.compute_efficiency) if op.flops else 0.0
     t_memory = op.bytes / hw.mem_bw if op.bytes else 0.0
-    return max(t_compute, t_memory)
+    return t_memory, t_compute
+
+
+def op_time(op: OpCost, hw: Hardware, instance_gpus: int = 1) -> float:
+    """Roofline seconds of one op (one occurrence, fixed kernel cost excluded)."""
+    return max(op_parts(op, hw, instance_gpus))
 
 
 def features(ops: list[OpCost], hw: Hardware, instance_gpus: int = 1) -> dict[str, float]:
-    """Raw roofline seconds per op class and the kernel count: the linear features of a step."""
-    out = {c: 0.0 for c in OP_CLASSES}
+    """The linear features of a step: per op class its raw roofline seconds (``c``) and its memory
+    and compute seconds (``c:memory``, ``c:compute``), and the kernel count (``kernels``)."""
+    out = {f"{c}{part}": 0.0 for c in OP_CLASSES for part in ("", ":memory", ":compute")}
     out["kernels"] = 0.0
     for o in ops:
-        out[o.cls] += op_time(o, hw, instance_gpus) * o.count
+        t_mem, t_comp = op_parts(o, hw, instance_gpus)
+        out[o.cls] += max(t_mem, t_comp) * o.count
+        out[f"{o.cls}:memory"] += t_mem * o.count
+        out[f"{o.cls}:compute"] += t_comp * o.count
         out["kernels"] += o.kernels * o.count
     return out
 
 
 def combine(feat: dict[str, float], hw: Hardware, eff: Efficiency) -> tuple[float, dict[str, float]]:
-    by = {c: eff.factor(c) * feat[c] for c in OP_CLASSES}
+    by = {c: eff.class_time(c, feat) for c in OP_CLASSES}
     by["overhead"] = eff.overhead(hw) * feat["kernels"]
     return sum(by.values()), by
 
@@ -95,11 +123,11 @@ def op_table(est: StepEstimate, hw: Hardware, layout: Layout, eff: Efficiency = 
     """Per-op rows of the slowest stage: FLOPs, bytes, arithmetic intensity, bound, seconds."""
     rows = []
     for o in est.ops:
-        t = op_time(o, hw, layout.gpus)
+        t = eff.class_time(o.cls, features([o], hw, layout.gpus))            # all o.count occurrences
         bound = "comm" if o.cls == "comm" else (
             "compute" if o.flops / (hw.peak_flops(o.dtype) * hw.compute_efficiency) >= o.bytes / hw.mem_bw
             else "memory")
         rows.append({"op": o.name, "class": o.cls, "count": o.count, "flops": o.flops, "bytes": o.bytes,
                      "intensity": o.flops / o.bytes if o.bytes else 0.0, "bound": bound,
-                     "seconds": (eff.factor(o.cls) * t + eff.overhead(hw) * o.kernels) * o.count})
+                     "seconds": t + eff.overhead(hw) * o.kernels * o.count})
     return rows

@@ -114,6 +114,7 @@ def serve(args) -> int:
                                  cuda_graph=not args.no_cuda_graph),
                     log=lambda name, s: _emit({"stage": name, "seconds": round(s, 4)}))
     startup = {"process": round(_process_seconds(), 4), "imports": round(imports_s, 4), **engine.startup}
+    engine.startup = startup                    # status replies carry the whole table
     _emit({"ready": True, "port": server.port, "address": server.address, "token_file": token_file,
            "pid": os.getpid(), "startup": startup, "layers": engine.layers})
     server.serve(engine.handle, after_reply=lambda reply: engine.poisoned)

@@ -159,11 +159,14 @@ class Engine:
         stage("warmup", t0)
 
         t0 = timing.now_ns()
-        self._pool = None
-        self.base_graphs: list[list] | None = None
+        # per point: one (graph, static output) per variant, or None where the step cannot be
+        # captured (a prefill step that reads lengths on the host): that point is timed eagerly
+        self.base_graphs: list[list | None] = [None] * len(self.points)
+        self.graph_errors: dict[int, str] = {}
         if self.device.type == "cuda" and config.cuda_graph:
-            self._pool = torch.cuda.graph_pool_handle()
-            self.base_graphs = [[self._capture(w) for w in ws] for ws in self.workloads]
+            pool = torch.cuda.graph_pool_handle()
+            for i, ws in enumerate(self.workloads):
+                self.base_graphs[i] = self._capture_all(i, ws, pool, self.graph_errors)
         stage("graph_capture", t0)
 
         self.weight_guard = guards.TensorGuard(model_weights(self.model))
@@ -173,7 +176,9 @@ class Engine:
         self.state_guard = guards.GlobalStateGuard(guards.default_namespaces())
         self.thread_guard = guards.ThreadGuard()
         self.candidate: cand_mod.LoadedCandidate | None = None
-        self.cand_graphs: dict[tuple[int, int], tuple] = {}
+        self.cand_graphs: dict[int, list | None] = {}      # point -> candidate graphs (or None)
+        self.cand_graph_errors: dict[int, str] = {}
+        self._cand_pool = None
         self.verified = False
         self.served = 0
         self.poisoned = False                   # a device error: exit after replying
@@ -183,7 +188,15 @@ class Engine:
         if self.device.type == "cuda":
             timing._synchronize(self.device)
 
-    def _capture(self, workload):
+    def _capture_all(self, i: int, ws: list, pool, errors: dict[int, str]) -> list | None:
+        try:
+            return [self._capture(w, pool) for w in ws]
+        except Exception as e:  # noqa: BLE001 - not capturable: time this point eagerly
+            errors[i] = f"{type(e).__name__}: {str(e)[:200]}"
+            self._sync()
+            return None
+
+    def _capture(self, workload, pool):
         """(graph, static output) of one step; the warm-up runs on a side stream as CUDA requires."""
         s = torch.cuda.Stream(self.device)
         s.wait_stream(torch.cuda.current_stream(self.device))
@@ -192,7 +205,7 @@ class Engine:
                 self.model.step(workload)
         torch.cuda.current_stream(self.device).wait_stream(s)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool):
+        with torch.cuda.graph(g, pool=pool):
             out = self.model.step(workload)
         return g, out
 
@@ -312,11 +325,13 @@ class Engine:
         t0 = timing.now_ns()
         c = self.candidate
         samples = req.samples or timing.DEFAULT_SAMPLES[self.device.type]
-        graphs = self.base_graphs is not None and c.config.get("cuda_graph", True)
+        graphs = c.config.get("cuda_graph", True)
         batches = c.config.get("cuda_graph_batch_sizes")
         affected = set(self._affected())
         per_point, reasons = [], []
         clear, apply = self.registry.clear_overrides, (lambda: self.registry.set_overrides(c.overrides))
+        if graphs and self._cand_pool is None and self.device.type == "cuda":
+            self._cand_pool = torch.cuda.graph_pool_handle()
         for i, p in enumerate(self.points):
             if i not in affected:
                 per_point.append({"point": p, "label": point_label(p), "affected": False,
@@ -324,16 +339,17 @@ class Engine:
                                   "speedup": 1.0})
                 continue
             ws = self.workloads[i]
-            use_graph = graphs and (batches is None or p["batch"] in batches)
-            if use_graph:
-                apply()
-                try:
-                    cg = [self.cand_graphs.get((i, v)) or self._capture(w) for v, w in enumerate(ws)]
-                finally:
-                    clear()
-                for v, g in enumerate(cg):
-                    self.cand_graphs[(i, v)] = g
-                bg = self.base_graphs[i]
+            bg = self.base_graphs[i]
+            cg = None
+            if bg is not None and graphs and (batches is None or p["batch"] in batches):
+                if i not in self.cand_graphs:   # captured once per candidate, with its overrides
+                    apply()
+                    try:
+                        self.cand_graphs[i] = self._capture_all(i, ws, self._cand_pool, self.cand_graph_errors)
+                    finally:
+                        clear()
+                cg = self.cand_graphs[i]
+            if cg is not None:
                 base = lambda v, bg=bg: (bg[v][0].replay(), bg[v][1])[1]    # noqa: E731
                 cand = lambda v, cg=cg: (cg[v][0].replay(), cg[v][1])[1]    # noqa: E731
                 res = timing.ab_interleaved(self.timer, base, cand, samples, variants=len(ws),
@@ -351,7 +367,8 @@ class Engine:
                     reasons.append(r)
                     break
             self.workload_guard.restore()
-            per_point.append({"point": p, "label": point_label(p), "affected": True, "graph": use_graph,
+            per_point.append({"point": p, "label": point_label(p), "affected": True, "graph": cg is not None,
+                              "graph_error": self.cand_graph_errors.get(i) or self.graph_errors.get(i),
                               "baseline_ms": res.baseline.median_ms, "baseline_iqr_ms": res.baseline.iqr_ms,
                               "candidate_ms": res.candidate.median_ms,
                               "candidate_iqr_ms": res.candidate.iqr_ms, "speedup": res.speedup})
@@ -361,12 +378,14 @@ class Engine:
         speedup = wsum / csum if csum > 0 else None
         return BenchReply(ok=not reasons, message="timed" if not reasons else "rejected while timed",
                           reasons=reasons, per_point=per_point, speedup=speedup,
-                          timer=self.timer.name + ("+cuda_graph" if graphs else ""), samples=samples,
+                          timer=self.timer.name, samples=samples,
                           seconds=(timing.now_ns() - t0) / 1e9)
 
     def unload(self, req: Unload) -> UnloadReply:
         self.registry.clear_overrides()
         self.cand_graphs.clear()
+        self.cand_graph_errors.clear()
+        self._cand_pool = None                  # its memory goes back with the candidate's graphs
         restored = []
         if self.candidate is not None:
             cand_mod.unload_candidate(self.candidate)

@@ -134,6 +134,13 @@ def default_namespaces() -> list[ModuleType | type]:
     return spaces
 
 
+def _library_thread(t: threading.Thread) -> bool:
+    """A worker that torch or Triton start themselves (e.g. Triton's compile pool on a first compile)."""
+    target = getattr(t, "_target", None)
+    module = getattr(target, "__module__", "") or ""
+    return module.split(".")[0] in ("torch", "triton")
+
+
 class ThreadGuard:
     def __init__(self):
         self.snapshot()
@@ -145,7 +152,8 @@ class ThreadGuard:
         """Threads started since the snapshot that are still alive (after a short grace period)."""
         deadline = time.monotonic() + wait_s
         while True:
-            extra = [t for t in threading.enumerate() if t.ident not in self._idents and t.is_alive()]
+            extra = [t for t in threading.enumerate()
+                     if t.ident not in self._idents and t.is_alive() and not _library_thread(t)]
             if not extra or time.monotonic() >= deadline:
                 return [t.name for t in extra]
             time.sleep(0.005)

@@ -5,7 +5,7 @@ Security model (the engine runs untrusted candidate code, so the socket must not
   * a token made at start (``secrets.token_hex``) is handed over through a 0600 file or the
     environment (``TKCC_ENGINE_TOKEN``); every request must carry it (constant-time compare);
   * a frame over ``max_bytes`` gets an ``ErrorReply(kind="too_large")`` without being decoded;
-    zmq drops frames over ``4 * max_bytes + 64 MiB`` at the transport (the peer is disconnected);
+    zmq drops frames over 256 MiB at the transport (the peer is disconnected);
   * anything malformed gets an ``ErrorReply`` and the loop goes on; a handler exception too.
 
 Requests are served one at a time on the calling (main) thread: CUDA graphs, the thread-count guard
@@ -29,6 +29,9 @@ from persistent_engine.io_struct import (MAX_REQUEST_BYTES, ErrorReply, Protocol
                                          Shutdown, ShutdownReply, build_request, encode, unpack_request)
 
 TOKEN_ENV = "TKCC_ENGINE_TOKEN"
+# frames up to this size are read and answered with an error when over ``max_bytes``; bigger ones
+# are dropped by zmq at the transport (the peer is disconnected) so one frame cannot exhaust memory
+TRANSPORT_LIMIT_BYTES = 256 * 1024 * 1024
 
 
 class BindRefused(ValueError):
@@ -97,7 +100,7 @@ class EngineServer:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * config.max_bytes + 64 * 1024 * 1024)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max(TRANSPORT_LIMIT_BYTES, 4 * config.max_bytes))
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         host = config.host
         if not is_loopback(host) and host not in ("*", "0.0.0.0"):

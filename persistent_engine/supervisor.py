@@ -70,13 +70,16 @@ class Supervisor:
                  points: list[dict] | None = None, *, dtype: str = "bf16", variants: int = 2,
                  samples: int = 0, start_timeout_s: float = 900.0, env: dict | None = None,
                  python: str = sys.executable, log: Callable[[str], None] | None = None,
-                 cuda_graph: bool = True):
+                 cuda_graph: bool = True, auto_restart: bool = True):
+        """``auto_restart=False``: after a crash or hang the engine is only killed; the next call
+        starts a fresh one (a one-shot ``tkcc candidate check`` never pays for a restart)."""
         self.model, self.device, self.dtype = model, device, dtype
         self.layers = list(range(layers)) if isinstance(layers, int) else layers
         self.points = points
         self.variants, self.samples = variants, samples
         self.start_timeout_s = start_timeout_s
         self.cuda_graph = cuda_graph
+        self.auto_restart = auto_restart
         self._env = dict(os.environ if env is None else env)
         self._python = python
         self._log = log or (lambda line: None)
@@ -188,6 +191,12 @@ class Supervisor:
             self.client.close()
             self.client = None
 
+    def _after_failure(self, reason: str) -> float:
+        if self.auto_restart:
+            return self.restart(reason)
+        self._kill()
+        return 0.0
+
     def restart(self, reason: str) -> float:
         t0 = time.monotonic()
         self._kill()
@@ -244,19 +253,20 @@ class Supervisor:
         except EngineTimeout:
             reasons.append(f"hang: no answer during {phase} within the {timeout_s:g} s timeout "
                            "(watchdog killed the engine)")
-            timings["restart_s"] = self.restart(f"watchdog timeout during {phase}")
-            restarted = True
+            timings["restart_s"] = self._after_failure(f"watchdog timeout during {phase}")
+            restarted = self.auto_restart
         except EngineDied:
             rc = self.proc.wait(timeout=30) if self.proc else None
             tail = self._stderr_tail(200)
             if not (phase == "unload" and reasons):     # not when it left on purpose after a verdict
                 reasons.append(f"crash: engine died during {phase} ({describe_exit(rc)})"
                                + (f": {tail}" if tail and rc is not None and rc >= 0 else ""))
-            timings["restart_s"] = self.restart(f"crash during {phase}")
-            restarted = True
-        if not self.alive():                   # left on purpose (device error, leaked thread)
-            timings["restart_s"] = self.restart("engine exited after the candidate")
-            restarted = True
+            timings["restart_s"] = self._after_failure(f"crash during {phase}")
+            restarted = self.auto_restart
+        if not self.alive() and self.proc is not None and self.client is not None:
+            # it left on purpose (device error, leaked thread)
+            timings["restart_s"] = self._after_failure("engine exited after the candidate")
+            restarted = self.auto_restart
         timings["total_s"] = time.monotonic() - t0
         return CandidateVerdict(correct=not reasons, reasons=reasons, speedup=speedup,
                                 per_point=per_point, timings=timings, restarted=restarted)

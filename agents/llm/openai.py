@@ -20,6 +20,8 @@ from agents.llm.http import RetryPolicy, post_json
 from agents.llm.messages import (LLMReply, MissingKeyError, Message, TokenCount, ToolCall, ToolSpec,
                                  validate_arguments)
 
+REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+
 
 @dataclass(frozen=True)
 class OpenAIConfig:
@@ -56,7 +58,9 @@ def to_wire(system: str, messages: list[Message], tools: list[ToolSpec], cfg: Op
                             "content": ("ERROR: " if r.is_error else "") + r.content})
             if m.text:
                 out.append({"role": "user", "content": m.text})
-    body = {"model": cfg.model, "messages": out, "max_tokens": cfg.max_tokens,
+    # OpenAI's reasoning models refuse max_tokens; compatible servers (vLLM, SGLang) expect it
+    limit = "max_completion_tokens" if cfg.model.startswith(REASONING_PREFIXES) else "max_tokens"
+    body = {"model": cfg.model, "messages": out, limit: cfg.max_tokens,
             "tools": [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                         "parameters": t.schema}} for t in tools]}
     if cfg.temperature is not None:

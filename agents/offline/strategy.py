@@ -29,40 +29,33 @@ MAX_DRAWS = 200          # attempts to find an untried valid setting before an a
 
 
 def op_shares(profile: Mapping[str, Any] | None) -> dict[str, float]:
-    """Fraction of baseline time per op from an engine profile.
+    """Fraction of baseline time per op from an engine profile, points weighted by their share.
 
-    Accepts ``{op: seconds}``, ``{op: {point: seconds}}`` / ``{op: {"total_s": ...}}`` (summed or
-    the total taken), and either wrapped in ``{"ops": ...}`` / ``{"per_op": ...}`` or a list of
-    ``{"op": name, "time_s"|"ms"|"us"|"seconds": t}`` rows (``{"per_point": [...]}`` too).
+    Accepts the supervisor's ``{"per_point": [{"point": {..., "weight"}, "ops": {op: {"ms", "calls"}}}]}``
+    as well as ``{op: seconds}``, ``{op: {"ms"|"us"|"total_s"...: t}}`` and ``{"ops": {...}}``.
     """
     totals: dict[str, float] = {}
 
-    def add(op: str, value: Any) -> None:
-        t = _seconds(value)
-        if t is not None and t > 0:
-            totals[op] = totals.get(op, 0.0) + t
+    def add_ops(ops: Any, weight: float) -> None:
+        if isinstance(ops, Mapping):
+            items = ops.items()
+        elif isinstance(ops, (list, tuple)):
+            items = [(row.get("op"), row) for row in ops if isinstance(row, Mapping)]
+        else:
+            return
+        for op, value in items:
+            t = _seconds(value)
+            if isinstance(op, str) and t is not None and t > 0:
+                totals[op] = totals.get(op, 0.0) + weight * t
 
-    def walk(obj: Any) -> None:
-        if isinstance(obj, Mapping):
-            for key in ("ops", "per_op", "op_times", "by_op"):
-                if key in obj:
-                    walk(obj[key])
-                    return
-            if "per_point" in obj and isinstance(obj["per_point"], list):
-                for row in obj["per_point"]:
-                    walk(row)
-                return
-            for op, value in obj.items():
-                if isinstance(op, str):
-                    add(op, value)
-        elif isinstance(obj, (list, tuple)):
-            for row in obj:
-                if isinstance(row, Mapping) and "op" in row:
-                    add(str(row["op"]), row)
-                else:
-                    walk(row)
-
-    walk(profile or {})
+    prof = profile or {}
+    if isinstance(prof, Mapping) and isinstance(prof.get("per_point"), (list, tuple)):
+        for row in prof["per_point"]:
+            if isinstance(row, Mapping):
+                w = row.get("point", {}).get("weight", 1.0) if isinstance(row.get("point"), Mapping) else 1.0
+                add_ops(row.get("ops", {}), float(w or 0.0))
+    elif isinstance(prof, Mapping):
+        add_ops(prof.get("ops", prof.get("per_op", prof)), 1.0)
     total = sum(totals.values())
     return {op: t / total for op, t in sorted(totals.items(), key=lambda kv: -kv[1])} if total > 0 else {}
 
@@ -133,7 +126,7 @@ def mutate(template: Template, knobs: Mapping[str, Any], rng: random.Random, n: 
     movable = [k for k in template.knobs if len(k.values) > 1]
     for knob in rng.sample(movable, min(n, len(movable))):
         values = list(knob.values)
-        ordered = sorted(values, key=_order_key)
+        ordered = sorted(values, key=order_key)
         i = ordered.index(out[knob.name]) if out[knob.name] in ordered else 0
         if rng.random() < 0.75:
             j = min(max(i + rng.choice((-1, 1)), 0), len(ordered) - 1)
@@ -145,7 +138,7 @@ def mutate(template: Template, knobs: Mapping[str, Any], rng: random.Random, n: 
     return out
 
 
-def _order_key(v: Any) -> tuple:
+def order_key(v: Any) -> tuple:
     return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
 
 

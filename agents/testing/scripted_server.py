@@ -16,7 +16,8 @@ step in a neutral form rendered into whichever wire format was asked:
 
 Every request is also checked against the wire format (auth header, required fields, every tool call
 answered by a tool result in the next message); a violation is answered with HTTP 400 and recorded
-in ``protocol_errors`` (``api_key=None`` skips the auth check, like a local server). A key whose script is used up is answered with a plain closing text.
+in ``protocol_errors`` (``api_key=None`` skips the auth check, like a local server). A key whose
+script is used up is answered with a plain closing text.
 Fixtures are JSON files ``{"scripts": {model: [steps]}}``; :meth:`ScriptedLLMServer.from_fixture`.
 """
 

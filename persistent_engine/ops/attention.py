@@ -8,7 +8,6 @@ sequence including the new ones (their K/V are written before attention runs).
 
 from __future__ import annotations
 
-
 import torch
 
 from persistent_engine.ops.basic import _acc

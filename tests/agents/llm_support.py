@@ -1,12 +1,11 @@
 """Shared pieces of the agent-framework tests: a board on a temporary SQLite file and an in-process
 judge (the op contract suite ``persistent_engine.ops.contract.check_op`` plus a perf_counter A/B
-timing) returning a CandidateVerdict-shaped object, for swarm tests whose candidates cannot crash.
+timing) returning a CandidateVerdict, for swarm tests whose candidates cannot crash.
 The LLM agent tests use the real engine supervisor instead."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -43,10 +42,11 @@ def judge_source(source: str) -> dict:
             "speedup": min(speedups) if speedups and not reasons else None}
 
 
-def inline_judge(source: str, timeout_s: float = 0.0) -> Verdict:
+def inline_judge(source: str, timeout_s: float = 0.0):
     """``judge_source`` in this process (fast; for tests whose candidates cannot crash)."""
     out = judge_source(source)
-    return Verdict(out["correct"], out["reasons"], out["speedup"])
+    from persistent_engine.supervisor import CandidateVerdict
+    return CandidateVerdict(out["correct"], out["reasons"], out["speedup"])
 
 
 def make_board(tmp_path):

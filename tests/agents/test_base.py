@@ -6,7 +6,8 @@ import time
 import pytest
 
 from agents import Agent, AgentContext, Usage, is_faster, op_catalog, verdict_summary
-from llm_support import Verdict, make_board
+from llm_support import make_board
+from persistent_engine.supervisor import CandidateVerdict as Verdict
 
 
 @pytest.fixture()

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from agents.llm import LLMError, Message, MissingKeyError, OpenAIChat, OpenAIConfig, RetryPolicy, TOOLS, ToolResult
+from agents.llm import (LLMError, Message, MissingKeyError, OpenAIChat, OpenAIConfig, RetryPolicy,
+                        TOOLS, ToolResult)
 from agents.testing import ScriptedLLMServer
 
 FAST = RetryPolicy(max_retries=3, base_s=0.01, cap_s=0.05, timeout_s=10)
@@ -84,3 +85,11 @@ def test_missing_key_is_a_user_error_and_the_endpoint_comes_from_the_environment
     monkeypatch.setenv("TKCC_OPENAI_MODEL", "qwen3-local")
     chat = OpenAIChat()                  # a local compatible server: no key needed
     assert chat.url == "http://127.0.0.1:8000/v1/chat/completions" and chat.model == "qwen3-local"
+
+
+def test_reasoning_models_get_max_completion_tokens():
+    from agents.llm.openai import to_wire
+    msgs = [Message("user", "go")]
+    assert "max_completion_tokens" in to_wire("s", msgs, [], OpenAIConfig(model="o3", max_tokens=9))
+    body = to_wire("s", msgs, [], OpenAIConfig(model="qwen3-30b", max_tokens=9))
+    assert body["max_tokens"] == 9 and "max_completion_tokens" not in body

@@ -13,6 +13,15 @@ from persistent_engine.ops import registry
 from persistent_engine.workloads import make_workload
 
 
+@pytest.fixture
+def one_thread():
+    """Real-size CPU runs: one intra-op thread (on a shared, busy machine 2 spinning threads are slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
 
@@ -124,7 +133,7 @@ def test_tiny_decode_matches_independent_formulation(alias):
 
 
 @pytest.mark.slow
-def test_llama_1b_real_dims_matches_independent_formulation():
+def test_llama_1b_real_dims_matches_independent_formulation(one_thread):
     model = build_model("llama-1b", layers=[0, 15], dtype=torch.bfloat16)
     assert model.params["layers.0.qkv_w"].shape == (32 * 64 + 2 * 8 * 64, 2048)
     _decode_vs_naive(model, batch=1, context=40, rel=0.05)
@@ -215,3 +224,39 @@ def test_bf16_activations_stay_finite_through_many_layers():
     model = build_model(spec)
     logits = model.step(make_workload(model, {"phase": "decode", "batch": 2, "context": 40}))
     assert torch.isfinite(logits).all() and 0.1 < logits.std() < 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias,layers", [("llama-8b", [0]), ("qwen3-moe", [0])])
+def test_real_dims_slice_runs_on_cpu(alias, layers, one_thread):
+    model = build_model(alias, layers=layers)
+    spec = model.spec
+    assert model.params["embed"].shape == (spec.vocab_size, spec.hidden_size)
+    logits = model.step(make_workload(model, {"phase": "decode", "batch": 2, "context": 33}))
+    assert logits.shape == (2, spec.vocab_size) and torch.isfinite(logits).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alias", ["tiny-dense", "tiny-moe", "tiny-mla"])
+def test_decode_step_has_no_host_sync_and_replays_in_a_cuda_graph(alias):
+    model = build_model(alias, device="cuda")
+    for batch in (1, 64):                    # MoE: the gather path, then the dense path
+        wl = make_workload(model, {"phase": "decode", "batch": batch, "context": 100})
+        eager = model.step(wl)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model.step(wl)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            model.step(wl)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model.step(wl)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)

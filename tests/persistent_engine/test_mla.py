@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.rope import attention_scale, cos_sin_cache, yarn_mscale
 from persistent_engine.models.spec import ModelSpec
-from persistent_engine.models.weights import init_params
+from persistent_engine.models.weights import init_params, param_specs
 from persistent_engine.ops import registry
 from persistent_engine.workloads import Workload, make_workload
 
@@ -50,8 +50,7 @@ def test_deepseek_yarn_scale_and_cache():
 @pytest.mark.slow
 def test_real_size_deepseek_mla_block_runs_on_cpu():
     spec = ModelSpec.from_name("deepseek")
-    names = [n for n in init_params.__globals__["param_specs"](spec, [0]) if n.startswith("layers.0.")
-             and not n.split(".")[-1] in ("gate_up_w", "down_w")]
+    names = [n for n in param_specs(spec, [0]) if n.startswith("layers.0.") and n.split(".")[-1] not in ("gate_up_w", "down_w")]
     params = init_params(spec, [0], dtype=torch.float32, names=names)
     assert params["layers.0.w_uk"].shape == (128, 128, 512) and params["layers.0.q_b_w"].shape == (128 * 192, 1536)
     cos_sin = cos_sin_cache(spec, max_pos=256)

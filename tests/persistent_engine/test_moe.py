@@ -76,3 +76,23 @@ def test_paths_are_selected_by_shape():
     e, k = 16, 2
     assert 3 * 1 * k < e                                         # batch 1 gathers
     assert not 3 * 6 * k < e and 6 < moe_ops.LOOP_MIN_TOKENS      # dense
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alias", ["glm", "minimax", "deepseek", "kimi"])
+def test_real_size_moe_layer_runs_on_gpu(alias):
+    """One real-size MoE layer (7-34 GB of experts) with embeddings and lm_head, decode and prefill."""
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.models.spec import ModelSpec
+    from persistent_engine.workloads import make_workload
+    spec = ModelSpec.from_name(alias)
+    moe_layer = spec.layer_kinds().index("moe")
+    model = build_model(spec, layers=[moe_layer], device="cuda")
+    assert model.params[f"layers.{moe_layer}.w13"].shape == (spec.num_experts, 2 * spec.moe_intermediate_size,
+                                                              spec.hidden_size)
+    for point in ({"phase": "decode", "batch": 1, "context": 1000}, {"phase": "decode", "batch": 64, "context": 1000},
+                  {"phase": "prefill", "batch": 1, "context": 0, "chunk": 1024}):
+        logits = model.step(make_workload(model, point))
+        assert logits.shape == (point["batch"], spec.vocab_size) and torch.isfinite(logits).all()
+    del model
+    torch.cuda.empty_cache()

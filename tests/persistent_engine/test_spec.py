@@ -52,3 +52,20 @@ def test_config_path_and_unsupported_arch(tmp_path):
         ModelSpec.from_name(str(p))
     with pytest.raises(SpecError, match="unknown model"):
         ModelSpec.from_name("no-such-model")
+
+
+@pytest.mark.parametrize("alias", list(ALIASES))
+def test_scaled_down_keeps_code_paths(alias):
+    s = ModelSpec.from_name(alias)
+    t = s.scaled_down()
+    assert (t.family, t.attention, t.qk_norm, t.qkv_bias, t.is_moe, t.scoring, t.routing_bias) == \
+        (s.family, s.attention, s.qk_norm, s.qkv_bias, s.is_moe, s.scoring, s.routing_bias)
+    assert t.hidden_size == 64 and t.vocab_size == 256 and t.total_params() < 2e6
+    assert set(t.layer_kinds()) == set(s.layer_kinds())
+    assert (t.num_kv_heads < t.num_heads) == (s.num_kv_heads < s.num_heads)
+    assert (t.rotary_dim < t.head_dim) == ((s.rotary_dim or s.head_dim) < s.head_dim)
+    if s.is_moe:
+        assert (t.n_group > 1) == (s.n_group > 1) and bool(t.num_shared_experts) == bool(s.num_shared_experts)
+        assert t.num_experts % t.n_group == 0 and t.num_experts_per_tok <= t.topk_group * t.num_experts // t.n_group
+    if s.attention == "mla":
+        assert bool(t.q_lora_rank) == bool(s.q_lora_rank)

@@ -1,9 +1,7 @@
-"""Cheat: a slow rms_norm that patches the clocks on its first call so that it would look fast."""
+"""Cheat: a slow rms_norm that patches the clocks on every call so that it would look fast."""
 import time
 
 import torch
-
-_patched = []
 
 
 def _fake_ns():
@@ -15,11 +13,9 @@ _fake_ns.t = 0
 
 
 def rms_norm(x, weight, eps):
-    if not _patched:
-        time.perf_counter_ns = _fake_ns
-        time.perf_counter = lambda: _fake_ns() / 1e9
-        torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
-        _patched.append(True)
+    time.perf_counter_ns = _fake_ns
+    time.perf_counter = lambda: _fake_ns() / 1e9
+    torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
     xf = x.float()
     for _ in range(200):                       # deliberately slow
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)

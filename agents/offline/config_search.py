@@ -1,0 +1,284 @@
+"""The config search agent: engine and scheduler settings judged by replaying the traffic.
+
+Knobs (:class:`ConfigSpace`): ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_block_size`` and
+``cuda_graph_batch_sizes`` (a family: ``vllm`` 1, 2, 4 and multiples of 8; ``pow2``; ``small`` up to
+8; ``none``), each capped at ``max_num_seqs``.
+
+Judging (:class:`ConfigJudge`): the traffic log is replayed through ``traffic_profiles.replay`` (the
+continuous-batching scheduler model) with :class:`MeasuredStepTime`, a step-time model fitted to the
+engine's measured baseline step times (``t = a + b * new tokens + c * KV tokens read``, least squares,
+non-negative; from the profile's ``per_point`` ``step_ms``, or any measured samples). The CUDA-graph
+sizes enter as padding (a decode batch runs at the next captured size) and as ``eager_factor`` for
+decode steps no graph covers (1 on CPU, where nothing is captured); the KV block size as capacity
+lost to partly filled blocks (half a block per sequence). Score: output tokens per busy second (the
+throughput the configuration sustains), 0 when TTFT p99 exceeds ``ttft_slo_s`` or when it drops more
+requests than the baseline. A configuration that beats the best so far by more than ``min_gain`` is
+also submitted to the engine (``ctx.evaluate``) as a CONFIG-only candidate, so it is verified and
+recorded with the run.
+
+``propose`` (:class:`ConfigSearchAgent`): the baseline first, then a mutation of one or two knobs of
+the best configuration so far (random restarts when a neighbourhood is spent); posted as an idea with
+title ``config{...}``, target ``config``. It stops proposing once ``patience`` configurations in a
+row failed to beat the best.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agents.base import AgentContext, verdict_summary
+from agents.offline.strategy import order_key
+from agents.offline.worker import CONFIG, OfflineAgent, OfflineTeam, tried_on_board
+from agents.templates import render_candidate
+
+
+@dataclass(frozen=True)
+class ConfigSpace:
+    """Values of each knob, the engine's default first."""
+
+    max_num_seqs: tuple = (256, 8, 16, 32, 64, 128, 512)
+    max_num_batched_tokens: tuple = (8192, 512, 1024, 2048, 4096, 16384)
+    kv_block_size: tuple = (16, 32, 64, 128)
+    graphs: tuple = ("vllm", "pow2", "small", "none")
+
+    def knobs(self) -> dict[str, tuple]:
+        return {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "kv_block_size": self.kv_block_size, "graphs": self.graphs}
+
+    def default(self) -> dict:
+        return {k: v[0] for k, v in self.knobs().items()}
+
+
+def graph_sizes(family: str, max_num_seqs: int) -> list[int]:
+    if family == "none":
+        return []
+    if family == "small":
+        sizes = [1, 2, 4, 8]
+    elif family == "pow2":
+        sizes = [1 << i for i in range(int(math.log2(max(max_num_seqs, 1))) + 1)]
+    elif family == "vllm":
+        sizes = [1, 2, 4] + list(range(8, max_num_seqs + 1, 8))
+    else:
+        raise ValueError(f"unknown CUDA-graph family {family!r}")
+    return [s for s in sizes if s <= max_num_seqs]
+
+
+def engine_config(knobs: Mapping[str, Any]) -> dict:
+    """The candidate's CONFIG dict (DESIGN.md names) for a knob setting."""
+    return {"max_num_seqs": int(knobs["max_num_seqs"]),
+            "max_num_batched_tokens": int(knobs["max_num_batched_tokens"]),
+            "kv_block_size": int(knobs["kv_block_size"]),
+            "cuda_graph_batch_sizes": graph_sizes(knobs["graphs"], int(knobs["max_num_seqs"]))}
+
+
+def config_title(knobs: Mapping[str, Any]) -> str:
+    return "config{" + ",".join(f"{k}={knobs[k]}" for k in sorted(knobs)) + "}"
+
+
+# ----------------------------------------------------------------------------- step-time model
+@dataclass(frozen=True)
+class MeasuredStepTime:
+    """``StepShape -> seconds``: ``a + b * new_tokens + c * kv_tokens`` fitted to measurements, with
+    CUDA-graph padding for decode batches and ``eager_factor`` for decode steps no graph covers."""
+
+    a: float
+    b: float
+    c: float
+    graph_sizes: tuple[int, ...] = ()
+    eager_factor: float = 1.0
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[Any, float]], **kw) -> "MeasuredStepTime":
+        """Least squares over ``(StepShape, seconds)`` samples; as many terms as the samples support
+        (one sample: a constant), coefficients clipped at zero and the rest refitted."""
+        if not samples:
+            raise ValueError("no measured step times to fit")
+        rows = np.array([[1.0, _new_tokens(s), _kv_tokens(s)] for s, _ in samples])
+        y = np.array([float(t) for _, t in samples])
+        cols = [0]
+        for j in (1, 2):
+            if len(cols) < len(samples) and np.ptp(rows[:, j]) > 0:
+                cols.append(j)
+        coef = np.zeros(3)
+        while True:
+            sol, *_ = np.linalg.lstsq(rows[:, cols], y, rcond=None)
+            neg = [c for c, v in zip(cols, sol) if v < 0 and c != 0]
+            if not neg:
+                coef[cols] = sol
+                break
+            cols = [c for c in cols if c not in neg]
+        coef[0] = max(coef[0], 0.0)
+        if coef.sum() <= 0:
+            coef[0] = float(y.mean())
+        return cls(float(coef[0]), float(coef[1]), float(coef[2]), **kw)
+
+    def with_graphs(self, sizes: Sequence[int], eager_factor: float) -> "MeasuredStepTime":
+        return MeasuredStepTime(self.a, self.b, self.c, tuple(sorted(sizes)), eager_factor)
+
+    def __call__(self, s) -> float:
+        new, kv = _new_tokens(s), _kv_tokens(s)
+        factor = 1.0
+        if not s.prefill and self.eager_factor != 1.0:
+            padded = next((g for g in self.graph_sizes if g >= s.decode_batch), None)
+            if padded is None:
+                factor = self.eager_factor
+            else:
+                new = padded
+        return factor * (self.a + self.b * new + self.c * kv)
+
+
+def _new_tokens(s) -> float:
+    return s.decode_batch + sum(c for c, _ in s.prefill)
+
+
+def _kv_tokens(s) -> float:
+    return s.decode_context + sum(c + ctx for c, ctx in s.prefill)
+
+
+def samples_from_profile(profile: Mapping[str, Any] | None) -> list[tuple[Any, float]]:
+    """``(StepShape, seconds)`` for every profiled workload point with a measured ``step_ms``."""
+    from traffic_profiles import StepShape
+
+    out = []
+    for row in (profile or {}).get("per_point", []) or []:
+        p, ms = row.get("point"), row.get("step_ms")
+        if not isinstance(p, Mapping) or not isinstance(ms, (int, float)) or ms <= 0:
+            continue
+        b, ctx, chunk = int(p.get("batch", 1)), int(p.get("context", 0)), int(p.get("chunk", 1))
+        if p.get("phase", "decode") == "decode":
+            shape = StepShape(decode_batch=b, decode_context=float(b * ctx))
+        else:
+            shape = StepShape(prefill=tuple((chunk, ctx) for _ in range(b)))
+        out.append((shape, ms / 1e3))
+    return out
+
+
+# ----------------------------------------------------------------------------- judge
+class ConfigJudge:
+    """Scores configurations by replaying ``trace`` with ``step_time`` (a fitted MeasuredStepTime)."""
+
+    def __init__(self, trace: Any, step_time: MeasuredStepTime, *, kv_capacity_tokens: int | None = None,
+                 ttft_slo_s: float | None = None, time_scale: float = 1.0, eager_factor: float = 1.0,
+                 space: ConfigSpace = ConfigSpace()):
+        self.trace, self.step_time, self.space = trace, step_time, space
+        self.kv_capacity_tokens, self.ttft_slo_s = kv_capacity_tokens, ttft_slo_s
+        self.time_scale, self.eager_factor = time_scale, eager_factor
+        self.mean_len = float(np.mean(trace.input_tokens + trace.output_tokens)) if trace.rows else 1.0
+        self._baseline: dict | None = None
+
+    @classmethod
+    def from_profile(cls, trace: Any, profile: Mapping[str, Any], **kw) -> "ConfigJudge":
+        return cls(trace, MeasuredStepTime.fit(samples_from_profile(profile)), **kw)
+
+    def evaluate(self, knobs: Mapping[str, Any]) -> dict:
+        """Replay figures for one setting: ``score`` (tokens per busy second, 0 when infeasible)..."""
+        from traffic_profiles import SchedulerConfig, replay
+
+        cfg = engine_config(knobs)
+        cap = self.kv_capacity_tokens
+        if cap is not None:        # half a block per sequence is lost to the last, partly filled block
+            cap = int(cap * self.mean_len / (self.mean_len + cfg["kv_block_size"] / 2))
+        st = self.step_time.with_graphs(cfg["cuda_graph_batch_sizes"], self.eager_factor)
+        work = replay(self.trace, st, SchedulerConfig(
+            max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
+            kv_capacity_tokens=cap, time_scale=self.time_scale))
+        s = work.summary
+        busy = s["simulated_s"] * s["busy_share"]
+        tokens = float(self.trace.output_tokens.sum())
+        score = tokens / busy if busy > 0 else 0.0
+        ttft = s.get("ttft_p99_s")
+        feasible = (self.ttft_slo_s is None or (ttft is not None and ttft <= self.ttft_slo_s))
+        if self._baseline is not None and s["rejected"] > self._baseline["rejected"]:
+            feasible = False
+        return {"score": score if feasible else 0.0, "tokens_per_busy_s": score, "feasible": feasible,
+                "ttft_p99_s": ttft, "ttft_p50_s": s.get("ttft_p50_s"), "rejected": s["rejected"],
+                "mean_decode_batch": s["mean_decode_batch"], "busy_s": busy, "config": cfg}
+
+    def baseline(self) -> dict:
+        if self._baseline is None:
+            self._baseline = self.evaluate(self.space.default())
+        return self._baseline
+
+
+# ----------------------------------------------------------------------------- agent
+class ConfigSearchAgent(OfflineAgent):
+    """Proposes configurations around the best one judged so far (needs ``team.judge``)."""
+
+    def __init__(self, name: str, team: OfflineTeam, *, min_gain: float = 0.01, patience: int = 40,
+                 ideas_per_cycle: int = 1, seed: int = 0):
+        if team.judge is None:
+            raise ValueError("a config search agent needs a team with a ConfigJudge (the traffic)")
+        super().__init__(name, team, ideas_per_cycle=ideas_per_cycle, seed=seed)
+        self.min_gain, self.patience = min_gain, patience
+
+    def _stalled(self) -> bool:
+        """True once ``patience`` configurations in a row failed to beat the best one."""
+        scores = [s for _, s in self.team.configs]
+        if len(scores) <= self.patience:
+            return False
+        best_at = max(range(len(scores)), key=scores.__getitem__)
+        return len(scores) - 1 - best_at >= self.patience
+
+    def propose(self, ctx: AgentContext) -> bool:
+        space = self.team.judge.space
+        knobs_space = space.knobs()
+        with self.team.lock:
+            if self._stalled():
+                return False
+            best = max(self.team.configs, key=lambda ks: ks[1])[0] if self.team.configs else None
+            candidates = [space.default()] if best is None else []
+            for i in range(200):
+                base = best or space.default()
+                if i < 120:
+                    k = dict(base)
+                    for name in self.rng.sample(list(knobs_space), self.rng.choice((1, 1, 2))):
+                        vals = sorted(knobs_space[name], key=order_key)
+                        j = vals.index(k[name]) + self.rng.choice((-1, 1))
+                        k[name] = vals[min(max(j, 0), len(vals) - 1)]
+                else:
+                    k = {name: self.rng.choice(vals) for name, vals in knobs_space.items()}
+                candidates.append(k)
+            for k in candidates:
+                title = config_title(k)
+                if title in self.team.tried or tried_on_board(ctx, title, CONFIG):
+                    continue
+                self.team.tried.add(title)
+                break
+            else:
+                return False
+        body = {"kind": CONFIG, "knobs": k, "config": engine_config(k),
+                "why": "judged by replaying the traffic through the scheduler model with measured step times"}
+        ctx.board.post_idea(ctx.run_id, author=self.name, title=title, body=json.dumps(body), target=CONFIG,
+                            tags=[CONFIG], priority=0.05)
+        return True
+
+
+def work_config_idea(agent: OfflineAgent, ctx: AgentContext, lease, doc: Mapping[str, Any]) -> None:
+    """Judge a config idea by replay; submit it to the engine when it beats the best so far."""
+    judge = agent.team.judge
+    knobs = dict(doc["knobs"])
+    unknown = set(knobs) ^ set(judge.space.knobs())
+    if unknown:
+        raise ValueError(f"config idea with unknown or missing knobs: {sorted(unknown)}")
+    base = judge.baseline()
+    result = judge.evaluate(knobs)
+    with agent.team.lock:
+        best_before = max([s for _, s in agent.team.configs] + [base["score"]])
+        agent.team.configs.append((knobs, result["score"]))
+        agent.team.tried.add(config_title(knobs))
+    gain = result["score"] / base["score"] if base["score"] > 0 else None
+    post = {"kind": CONFIG, "knobs": knobs, **result, "baseline_score": base["score"], "gain": gain,
+            "submitted": False}
+    if result["feasible"] and result["score"] > best_before * (1 + getattr(agent, "min_gain", 0.01)):
+        source = render_candidate([], config=result["config"],
+                                  description=f"{config_title(knobs)}: x{gain:.3f} tokens per busy second "
+                                              "in the traffic replay")
+        verdict = ctx.evaluate(source, author=agent.name, idea_id=lease.idea_id)
+        post.update(submitted=True, verdict=verdict_summary(verdict))
+    ctx.post(agent.name, json.dumps(post), idea=lease.idea_id, kind="result")
+    lease.finish("done" if result["feasible"] else "failed")

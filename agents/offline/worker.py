@@ -1,0 +1,170 @@
+"""The offline agents' common cycle, and the team state they share.
+
+Offline agents differ in what they *propose* (kernel-template settings, engine configurations) but
+any of them can *work* any offline idea, because ``board.claim_idea`` hands out the open idea of
+highest priority whoever posted it. One cycle of :class:`OfflineAgent`:
+
+1. ``propose(ctx)`` posts up to ``ideas_per_cycle`` new ideas (the subclass's search);
+2. claim one open idea (``ctx.claim``; heartbeated until finished);
+3. work it by its body's ``kind``: ``template`` (render, ``ctx.evaluate``) or ``config`` (replay the
+   traffic through the scheduler model, :mod:`agents.offline.config_search`); a free-text idea whose
+   target is an op with templates is worked as that op's best untried template setting;
+4. post the result (kind ``result``, JSON) and finish the idea ("done" when it held up, "failed"
+   otherwise). Anything that raises is posted as a failure and the idea finished "failed".
+
+:class:`OfflineTeam` is the state that agents of one process share (search statistics, settings
+already posted, the config judge), behind one lock.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from typing import Any
+
+from agents.base import Agent, AgentContext, verdict_summary
+from agents.offline.strategy import SearchState, reward_of
+from agents.templates import Choice, Template, TemplateError, dims_of, get_template, render_candidate, templates_for
+
+TEMPLATE, CONFIG = "template", "config"
+
+
+class OfflineTeam:
+    """Shared by the offline agents of one swarm: ``device`` decides which templates are worth timing;
+    ``judge`` (a ``ConfigJudge``) is needed only to work config ideas."""
+
+    def __init__(self, device: str = "cpu", judge: Any = None):
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+        self.device = device
+        self.judge = judge
+        self.lock = threading.Lock()
+        self.search = SearchState()
+        self.tried: set[str] = set()            # titles posted or worked by any agent of the team
+        self.configs: list[tuple[dict, float]] = []   # (config, score) judged so far
+
+    def arms(self, ctx: AgentContext) -> list[Template]:
+        """Templates for this device whose op the engine's registry knows."""
+        known = set(ctx.ops) if ctx.ops else None
+        return [t for t in templates_for(device=self.device) if known is None or t.op in known]
+
+
+class OfflineAgent(Agent):
+    """Base of the offline agents: subclasses implement :meth:`propose`."""
+
+    def __init__(self, name: str, team: OfflineTeam, *, ideas_per_cycle: int = 1, seed: int = 0):
+        super().__init__(name)
+        self.team = team
+        self.ideas_per_cycle = ideas_per_cycle
+        self.rng = random.Random(f"{seed}:{name}")
+        self.exhausted = False
+
+    def propose(self, ctx: AgentContext) -> bool:
+        """Post one new idea; False when this agent has nothing left to propose."""
+        raise NotImplementedError
+
+    def run_once(self, ctx: AgentContext) -> bool:
+        proposed = False
+        for _ in range(self.ideas_per_cycle):
+            if ctx.expired() or self.exhausted:
+                break
+            if self.propose(ctx):
+                proposed = True
+            else:
+                self.exhausted = True
+        if ctx.expired():
+            return True
+        lease = ctx.claim(self.name)
+        if lease is None:
+            return proposed or not self.exhausted
+        try:
+            self.work(ctx, lease)
+        except Exception as exc:  # noqa: BLE001 - posted, never raised into the swarm
+            ctx.post_failure(self.name, "offline agent failed on an idea", exc, idea=lease.idea_id)
+            lease.finish("failed")
+        return True
+
+    # ------------------------------------------------------------------ working ideas
+    def work(self, ctx: AgentContext, lease) -> None:
+        idea = lease.idea
+        doc = _json(getattr(idea, "body", ""))
+        kind = doc.get("kind") if doc else None
+        if kind == CONFIG:
+            if self.team.judge is None:
+                lease.finish("failed")
+                ctx.post(self.name, "no traffic to judge a configuration with", idea=lease.idea_id,
+                         kind="failure")
+                return
+            from agents.offline.config_search import work_config_idea
+            work_config_idea(self, ctx, lease, doc)
+            return
+        choice = _choice(doc)
+        if choice is None:
+            target = getattr(idea, "target", None)
+            arms = [t for t in self.team.arms(ctx) if t.op == target]
+            choice = self.next_template_choice(ctx, arms, {target: 1.0}) if arms else None
+            if choice is None:
+                ctx.post(self.name, f"no template setting left for {target or 'an idea without a target op'}",
+                         idea=lease.idea_id, kind="failure")
+                lease.finish("failed")
+                return
+        self.work_template(ctx, lease, choice)
+
+    def work_template(self, ctx: AgentContext, lease, choice: Choice) -> None:
+        bad = choice.template.check(choice.knobs, dims_of(ctx.spec))
+        if bad:
+            ctx.post(self.name, "invalid template setting: " + "; ".join(bad), idea=lease.idea_id, kind="failure")
+            lease.finish("failed")
+            return
+        source = render_candidate([choice])
+        verdict = ctx.evaluate(source, author=self.name, idea_id=lease.idea_id)
+        with self.team.lock:
+            self.team.tried.add(choice.key())
+            self.team.search.record(choice, reward_of(verdict))
+        summary = verdict_summary(verdict)
+        ctx.post(self.name, json.dumps({"kind": TEMPLATE, **choice.to_dict(), **summary}),
+                 idea=lease.idea_id, kind="result")
+        lease.finish("done" if summary["correct"] else "failed")
+
+    def next_template_choice(self, ctx: AgentContext, arms, shares) -> Choice | None:
+        """An untried template setting (by the kernel strategy when this agent has one, else the
+        default or a mutation of the best), recorded as tried."""
+        from agents.offline.strategy import BanditStrategy
+
+        strategy = getattr(self, "strategy", None) or BanditStrategy()
+        with self.team.lock:
+            for _ in range(50):
+                choice = strategy.propose(arms, shares, self.team.search, self.team.tried,
+                                          dims_of(ctx.spec), self.rng)
+                if choice is None:
+                    return None
+                self.team.tried.add(choice.key())
+                if not tried_on_board(ctx, choice.key(), choice.op):
+                    return choice
+        return None
+
+
+def tried_on_board(ctx: AgentContext, title: str, target: str | None) -> bool:
+    try:
+        return ctx.already_tried(title, target)
+    except AttributeError:          # a board without idea_exists: post_idea's dedup still holds
+        return False
+
+
+def _json(body: str | None) -> dict | None:
+    try:
+        doc = json.loads(body or "")
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _choice(doc: dict | None) -> Choice | None:
+    """The template choice an idea body names (``{"kind": "template", "template", "knobs"}``)."""
+    if not doc or "template" not in doc:
+        return None
+    try:
+        return Choice(get_template(str(doc["template"])), dict(doc["knobs"]))
+    except (KeyError, TypeError, ValueError, TemplateError):
+        return None

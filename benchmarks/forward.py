@@ -1,0 +1,224 @@
+"""The reference forward pass: decode ms per step and the share of HBM bandwidth it reaches.
+
+    python benchmarks/forward.py --device cuda      # llama-1b (all 16 layers) batch 1 and 64, qwen3-moe 2-layer slice
+    python benchmarks/forward.py --device cpu       # tiny-dense, tiny-moe, small batches (works anywhere)
+
+Per case (model, layers, batch, context): the workload's KV cache holds ``--context`` tokens per
+sequence; one step is ``model.step(workload)`` (embedding, every layer, final norm, lm_head) with the
+plain-torch reference ops. Timing: on CUDA the step is captured in a CUDA graph (the decode path has
+no host sync) and replayed between CUDA events, median of ``--samples`` replays; eager is timed too.
+On CPU, ``perf_counter_ns`` medians of eager steps.
+
+Bytes read per step = weights the step must read (every weight except the embedding table, of which
+only B rows are read; a tied lm_head reads the table once; for MoE only the experts the batch routed
+to, counted from the actual routing) + the context's KV cache. % of peak = bytes / time / peak, where
+peak is the datasheet HBM bandwidth (``--peak-gbs``, else the catalogue entry matching the device
+name) and, separately, a measured device-to-device copy bandwidth (read + write). Prints a table;
+writes ``benchmarks/results/<device>-forward.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from persistent_engine.models.decoder import build_model  # noqa: E402
+from persistent_engine.models.spec import ModelSpec  # noqa: E402
+from persistent_engine.ops import registry  # noqa: E402
+from persistent_engine.workloads import make_workload  # noqa: E402
+
+DEFAULT_CASES = {
+    "cuda": ["llama-1b:all@1", "llama-1b:all@64", "qwen3-moe:0,1@1", "qwen3-moe:0,1@64"],
+    "cpu": ["tiny-dense:all@1", "tiny-dense:all@8", "tiny-moe:all@1", "tiny-moe:all@8"],
+}
+DATASHEET_GBS = {"h200": 4800, "h100": 3350, "b200": 7700, "b300": 7750, "gb200": 8000, "gb300": 8000,
+                 "mi300x": 5300, "mi355x": 8000}
+
+
+def parse_case(text: str) -> tuple[str, list[int] | None, int]:
+    """'alias:layers@batch' with layers 'all', 'N' (first N) or 'i,j'."""
+    head, _, batch = text.rpartition("@")
+    alias, _, layers = head.partition(":")
+    if layers in ("", "all"):
+        sel = None
+    elif "," in layers:
+        sel = [int(x) for x in layers.split(",")]
+    else:
+        sel = list(range(int(layers)))
+    return alias, sel, int(batch)
+
+
+def copy_bandwidth_gbs(device: str, nbytes: int) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(5):
+        _sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * nbytes / min(times) / 1e9
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def experts_touched(model, wl) -> dict[int, int]:
+    """Distinct experts each MoE layer routes the batch to, from one real step."""
+    seen: list[int] = []
+    ref = registry.get("moe_route").reference
+
+    def counting(*args):
+        w, ids = ref(*args)
+        seen.append(int(ids.unique().numel()))
+        return w, ids
+    with registry.override({"moe_route": counting}):
+        model.step(wl)
+    moe_layers = [b.index for b in model.blocks if b.kind == "moe"]
+    return dict(zip(moe_layers, seen))
+
+
+def bytes_read(model, wl) -> dict[str, float]:
+    spec, p = model.spec, model.params
+    touched = experts_touched(model, wl) if spec.is_moe else {}
+    weights = 0
+    for name, t in p.items():
+        n = t.numel() * t.element_size()
+        if name == "embed":
+            n = n if spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
+        elif name.endswith((".w13", ".w2")):
+            n = n // t.shape[0] * touched[int(name.split(".")[1])]
+        weights += n
+    kv = sum(t.element_size() * (t[0, 0].numel()) for t in (*wl.cache.k.values(), *wl.cache.v.values()))
+    kv_bytes = kv * wl.batch * (wl.context + 1)
+    return {"weights": float(weights), "kv": float(kv_bytes), "total": float(weights + kv_bytes)}
+
+
+def time_eager(model, wl, device: str, samples: int) -> list[float]:
+    for _ in range(3):
+        model.step(wl)
+    out = []
+    for _ in range(samples):
+        _sync(device)
+        t = time.perf_counter_ns()
+        model.step(wl)
+        _sync(device)
+        out.append((time.perf_counter_ns() - t) / 1e6)
+    return out
+
+
+def time_graph(model, wl, samples: int) -> list[float] | None:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            model.step(wl)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            model.step(wl)
+    except RuntimeError as e:
+        print(f"  (CUDA graph capture failed: {str(e).splitlines()[0]}; eager only)", flush=True)
+        return None
+    for _ in range(3):
+        graph.replay()
+    out = []
+    for _ in range(samples):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
+def _peak(device: str, override: float | None) -> tuple[str, float | None]:
+    if not device.startswith("cuda"):
+        return platform.processor() or "cpu", override
+    name = torch.cuda.get_device_name()
+    key = next((k for k in sorted(DATASHEET_GBS, key=len, reverse=True) if k in name.lower().replace(" ", "")), None)
+    return name, override or (DATASHEET_GBS[key] if key else None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--cases", nargs="*", help="alias:layers@batch (layers: all, N or i,j); default by device")
+    ap.add_argument("--context", type=int, default=None, help="cached tokens per sequence (cuda 1024, cpu 128)")
+    ap.add_argument("--samples", type=int, default=None, help="timed steps per case (cuda 50, cpu 5)")
+    ap.add_argument("--peak-gbs", type=float, default=None, help="datasheet HBM bandwidth, GB/s")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cuda = a.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("forward.py: error: --device cuda but no CUDA device", file=sys.stderr)
+        return 2
+    context = a.context or (1024 if cuda else 128)
+    samples = a.samples or (50 if cuda else 5)
+    device_name, peak = _peak(a.device, a.peak_gbs)
+    copy_gbs = copy_bandwidth_gbs(a.device, (1 << 30) if cuda else (64 << 20))
+    print(f"device {device_name}; copy bandwidth {copy_gbs:.0f} GB/s; datasheet {peak or '-'} GB/s; "
+          f"context {context}", flush=True)
+    rows = []
+    models: dict[tuple, object] = {}
+    for case in a.cases or DEFAULT_CASES[a.device]:
+        alias, layers, batch = parse_case(case)
+        key = (alias, tuple(layers) if layers else None)
+        if key not in models:
+            models.clear()
+            if cuda:
+                torch.cuda.empty_cache()
+            models[key] = build_model(ModelSpec.from_name(alias), layers=layers, device=a.device)
+        model = models[key]
+        wl = make_workload(model, {"phase": "decode", "batch": batch, "context": context, "chunk": 1})
+        moved = bytes_read(model, wl)
+        eager = statistics.median(time_eager(model, wl, a.device, samples))
+        graph_samples = time_graph(model, wl, samples) if cuda else None
+        best = statistics.median(graph_samples) if graph_samples else eager
+        row = {"case": case, "model": alias, "layers": model.layers, "batch": batch, "context": context,
+               "eager_ms": eager, "graph_ms": statistics.median(graph_samples) if graph_samples else None,
+               "ms_per_step": best, "tokens_per_s": batch / best * 1e3, "bytes_read": moved,
+               "achieved_gbs": moved["total"] / best / 1e6,
+               "pct_datasheet": 100 * moved["total"] / best / 1e6 / peak if peak else None,
+               "pct_copy": 100 * moved["total"] / best / 1e6 / copy_gbs}
+        rows.append(row)
+        print(f"{case:<22} {len(model.layers):>3}L  eager {eager:9.3f} ms  graph "
+              f"{row['graph_ms'] or float('nan'):9.3f} ms  {row['tokens_per_s']:9.0f} tok/s  "
+              f"{moved['total'] / 1e6:9.2f} MB  {row['achieved_gbs']:7.1f} GB/s  "
+              f"{row['pct_datasheet'] or float('nan'):5.1f}% of peak  {row['pct_copy']:5.1f}% of copy", flush=True)
+    doc = {"benchmark": "forward", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": a.device, "device_name": device_name, "torch": torch.__version__,
+           "copy_bandwidth_gbs": copy_gbs, "datasheet_bandwidth_gbs": peak, "samples": samples, "rows": rows}
+    out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}-forward.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc, indent=1))
+    os.replace(tmp, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Hot reload against restart-per-candidate: what one candidate costs on a persistent engine.
+
+    python benchmarks/hot_reload.py --device cuda      # llama-1b, 2-layer fast tier (the H200 run)
+    python benchmarks/hot_reload.py --device cpu       # tiny-dense (works anywhere)
+
+One run measures, through the real supervisor and RPC:
+  * cold start: spawn -> ready, with the engine's stage breakdown (process, imports, weights,
+    kv_cache, warmup, graph_capture), ``--cold`` times (median);
+  * hot-reload cycles on the fast tier: ``--cycles`` candidates, each a fresh source (a correct
+    override of rms_norm, fused_add_rms_norm or silu_and_mul in torch, plus Triton rms_norm variants
+    on CUDA) through load + verify + bench + unload on the same engine.
+Then: candidates per hour = 3600 / median cycle; restart-per-candidate seconds = median cold start
++ median cycle; ratio = that / median cycle. Prints tables; writes
+``benchmarks/results/<device>-hot_reload.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from persistent_engine.supervisor import STAGES, Supervisor  # noqa: E402
+
+TORCH_RMS = '''
+import torch
+DESCRIPTION = "rms_norm torch variant {k}"
+def rms_norm(x, weight, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype) + {zero}
+OVERRIDES = {{"rms_norm": rms_norm}}
+'''
+TORCH_FUSED = '''
+import torch
+DESCRIPTION = "fused_add_rms_norm torch variant {k}"
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float() + {zero}
+    y = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(x.dtype), r.to(x.dtype)
+OVERRIDES = {{"fused_add_rms_norm": fused_add_rms_norm}}
+'''
+TORCH_SILU = '''
+import torch
+import torch.nn.functional as F
+DESCRIPTION = "silu_and_mul torch variant {k}"
+def silu_and_mul(x):
+    d = x.shape[-1] // 2
+    return (F.silu(x[..., :d].float()) * x[..., d:].float() + {zero}).to(x.dtype)
+OVERRIDES = {{"silu_and_mul": silu_and_mul}}
+'''
+TRITON_RMS = '''
+import torch
+import triton
+import triton.language as tl
+DESCRIPTION = "rms_norm Triton variant {k} (num_warps {warps})"
+@triton.jit
+def _k(x_ptr, w_ptr, o_ptr, D, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = cols < D
+    x = tl.load(x_ptr + row * D + cols, mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row * D + cols, (x * inv * w).to(o_ptr.dtype.element_ty), mask=m)
+def rms_norm(x, weight, eps):
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d).contiguous()
+    out = torch.empty_like(x2)
+    if x2.shape[0] > 0:
+        _k[(x2.shape[0],)](x2, weight.contiguous(), out, d, eps, BLOCK=triton.next_power_of_2(d), num_warps={warps})
+    return out.reshape(x.shape)
+OVERRIDES = {{"rms_norm": rms_norm}}
+'''
+
+
+def candidates(n: int, triton: bool) -> list[tuple[str, str]]:
+    """``n`` distinct sources (each a fresh module: the engine cannot reuse a previous load)."""
+    kinds = [("torch rms_norm", TORCH_RMS), ("torch fused_add_rms_norm", TORCH_FUSED),
+             ("torch silu_and_mul", TORCH_SILU)]
+    if triton:
+        kinds.append(("triton rms_norm", TRITON_RMS))
+    out = []
+    for k in range(n):
+        name, tpl = kinds[k % len(kinds)]
+        out.append((name, tpl.format(k=k, zero=f"0.0 * {k}", warps=(1, 2, 4, 8)[k % 4])))
+    return out
+
+
+def write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default=None, help="default: llama-1b on cuda, tiny-dense on cpu")
+    ap.add_argument("--layers", default=None, help="N or i,j,k (default: 2 on cuda, the covering set on cpu)")
+    ap.add_argument("--cycles", type=int, default=None, help="candidates to judge (default 24 cuda, 9 cpu)")
+    ap.add_argument("--cold", type=int, default=2, help="cold starts to measure")
+    ap.add_argument("--samples", type=int, default=0, help="timed samples per point (0: engine default)")
+    ap.add_argument("--no-triton", action="store_true", help="torch candidates only")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    model = args.model or ("llama-1b" if cuda else "tiny-dense")
+    layers_arg = args.layers or ("2" if cuda else None)
+    layers = None
+    if layers_arg:
+        layers = ([int(x) for x in layers_arg.split(",") if x] if "," in layers_arg
+                  else list(range(int(layers_arg))))
+    cycles = args.cycles or (24 if cuda else 9)
+    env = dict(os.environ)
+    if not cuda:
+        env.setdefault("TRITON_INTERPRET", "1")
+
+    sup = Supervisor(model, layers, args.device, env=env, start_timeout_s=900,
+                     log=lambda line: print(line, file=sys.stderr))
+    colds = []
+    for i in range(max(1, args.cold)):
+        if i:
+            sup.close()
+        t0 = time.monotonic()
+        stages = sup.start()
+        colds.append({"spawn_to_ready_s": time.monotonic() - t0, "stages": stages})
+    status = sup.status()
+
+    rows = []
+    for k, (name, source) in enumerate(candidates(cycles, triton=cuda and not args.no_triton)):
+        t0 = time.monotonic()
+        v = sup.evaluate(source, timeout_s=600, name=f"bench{k}", samples=args.samples)
+        wall = time.monotonic() - t0
+        rows.append({"candidate": name, "correct": v.correct, "reasons": v.reasons, "speedup": v.speedup,
+                     "cycle_s": wall, **{k2: v.timings.get(k2) for k2 in ("load_s", "verify_s", "bench_s",
+                                                                           "unload_s")},
+                     "restarted": v.restarted})
+        print(f"  cycle {k:>3} {name:<26} {wall:7.3f} s  correct={v.correct}  "
+              f"speedup={v.speedup if v.speedup is None else round(v.speedup, 3)}", file=sys.stderr)
+    sup.close()
+
+    cold_s = statistics.median(c["spawn_to_ready_s"] for c in colds)
+    cycle_s = statistics.median(r["cycle_s"] for r in rows)
+    per_kind = {}
+    for r in rows:
+        per_kind.setdefault(r["candidate"], []).append(r["cycle_s"])
+    restart_per_candidate_s = cold_s + cycle_s
+    doc = {
+        "benchmark": "hot_reload", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "device": args.device, "host": platform.node(), "python": platform.python_version(),
+        "model": model, "layers": status.layers, "points": status.points, "samples": args.samples,
+        "cold_start": {"runs": colds, "median_spawn_to_ready_s": cold_s,
+                       "stages_median": {s: statistics.median(c["stages"].get(s, 0.0) for c in colds)
+                                         for s in STAGES}},
+        "cycles": rows,
+        "cycle_median_s": cycle_s,
+        "cycle_median_by_kind_s": {k: statistics.median(v) for k, v in per_kind.items()},
+        "phase_median_s": {p: statistics.median(r[p] or 0.0 for r in rows)
+                           for p in ("load_s", "verify_s", "bench_s", "unload_s")},
+        "all_correct": all(r["correct"] for r in rows),
+        "candidates_per_hour": 3600.0 / cycle_s,
+        "restart_per_candidate_s": restart_per_candidate_s,
+        "restart_candidates_per_hour": 3600.0 / restart_per_candidate_s,
+        "ratio_restart_over_hot": restart_per_candidate_s / cycle_s,
+    }
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
+        f"{'cuda' if cuda else 'cpu'}-hot_reload.json"
+    write_json(out, doc)
+
+    print(f"\nhot reload: {model} layers {status.layers} on {args.device}, {len(rows)} candidates")
+    print(f"\n{'cold start stage':<22}{'seconds':>10}")
+    for s in STAGES:
+        print(f"{s:<22}{doc['cold_start']['stages_median'][s]:>10.3f}")
+    print(f"{'spawn to ready':<22}{cold_s:>10.3f}")
+    print(f"\n{'hot-reload cycle':<22}{'median s':>10}")
+    for p, v in doc["phase_median_s"].items():
+        print(f"{p[:-2]:<22}{v:>10.3f}")
+    print(f"{'cycle (wall)':<22}{cycle_s:>10.3f}")
+    for k, v in doc["cycle_median_by_kind_s"].items():
+        print(f"  {k:<20}{v:>10.3f}")
+    print(f"\ncandidates per hour, hot reload:          {doc['candidates_per_hour']:>10.0f}")
+    print(f"candidates per hour, restart per candidate: {doc['restart_candidates_per_hour']:>8.0f}")
+    print(f"seconds per candidate, restart / hot:       {doc['ratio_restart_over_hot']:>8.1f}x")
+    print(f"all candidates correct: {doc['all_correct']}   -> {out}")
+    return 0 if doc["all_correct"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

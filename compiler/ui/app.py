@@ -1,0 +1,270 @@
+"""The web UI: a read-only FastAPI app over a board, rendered on the server with Jinja2.
+
+```python
+from compiler.ui import UIConfig, create_app
+app = create_app(UIConfig(board="sqlite:///out/board.db"))   # serve with uvicorn
+```
+
+Pages (all paginated, ``?page=N&n=50``):
+  /                      deployments with their counts
+  /deployments/{id}      best speedup over time, time per op before/after, runs, drift
+  /optimizations         accepted optimizations; sort speedup|date|op|agent (``-`` descending);
+                         filter deployment, status, op, agent
+  /optimizations/{id}    code (highlighted, escaped), per-tier and per-point measurements, the idea
+  /candidates/{id}       any candidate's code and evaluations
+  /runs, /runs/{id}      runs with live progress (``static/ui.js`` polls ``/api/runs/{id}``)
+  /ideas, /ideas/{id}    the idea board and an idea's thread
+  /drift                 drift checks with their per-feature tables
+JSON: /api/runs/{id} (live progress), /api/optimizations (the same filters as the page).
+
+Safety: the board is opened read-only (``Board(readonly=True)``: SQLite ``mode=ro`` and
+``query_only``, PostgreSQL read-only transactions), so the UI never holds a write lock. Templates
+autoescape every value; candidate code goes through ``highlight`` (escaped token by token); a
+strict Content-Security-Policy allows only this app's own script and style.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader
+
+from bulletin_board import Board, BoardError
+from bulletin_board.records import IDEA_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES
+
+from . import views
+from .charts import op_breakdown, op_breakdown_chart, speedup_history_chart
+from .highlight import highlight
+from .queries import UIQueries
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+OPT_SORTS = ("speedup", "date", "op", "agent", "name")
+IDEA_SORTS = ("id", "date", "priority", "status", "target", "author")
+POLL_MS = 2000              # how often a page with a running run polls /api/runs/{id}
+
+
+@dataclass(frozen=True)
+class UIConfig:
+    board: str = "sqlite:///tkcc.db"     # board URL; opened read-only
+    title: str = "tkcc"
+    poll_ms: int = POLL_MS
+
+
+class NotFound(Exception):
+    pass
+
+
+def _package_dir(name: str) -> str:
+    return str(resources.files("compiler.ui") / name)
+
+
+def _env() -> Environment:
+    env = Environment(loader=FileSystemLoader(_package_dir("templates")), autoescape=True,
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(views.FILTERS)
+    env.globals["url"] = views.url
+    return env
+
+
+def _sort(value: str, allowed: tuple[str, ...], default: str) -> str:
+    if value.lstrip("-") not in allowed:
+        raise BoardError(f"cannot sort by {value!r}; use one of {', '.join(allowed)} (prefix '-' for descending)")
+    return value or default
+
+
+def create_app(config: UIConfig) -> FastAPI:
+    """The app over ``config.board`` (raises ``bulletin_board.SchemaError`` when it cannot be opened)."""
+    board = Board(config.board, readonly=True, migrate=False)
+    q = UIQueries(config.board)
+    env = _env()
+    env.globals.update(app_title=config.title, board_url=board.url, poll_ms=config.poll_ms)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        board.close()
+        q.close()
+
+    app = FastAPI(title="tkcc ui", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.board, app.state.queries = board, q
+    app.mount("/static", StaticFiles(directory=_package_dir("static")), name="static")
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next):
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    @app.exception_handler(BoardError)
+    def _bad_request(request: Request, exc: BoardError):
+        return render(request, "error.html", status_code=400, message=str(exc))
+
+    @app.exception_handler(NotFound)
+    def _not_found(request: Request, exc: NotFound):
+        return render(request, "error.html", status_code=404, message=str(exc))
+
+    def render(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+        ctx.setdefault("nav", name.split(".")[0])
+        html = env.get_template(name).render(request_path=request.url.path,
+                                             params=dict(request.query_params), **ctx)
+        return HTMLResponse(html, status_code=status_code)
+
+    def need(obj: Any, what: str) -> Any:
+        if obj is None:
+            raise NotFound(f"no {what}")
+        return obj
+
+    # -- deployments ---------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse)
+    def deployments(request: Request, page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+        pg = views.pager("/", request.query_params, page, n)
+        found = board.list_deployments(sort="-date", limit=pg.per_page, offset=pg.offset)
+        pg = views.pager("/", request.query_params, page, n, found.total)
+        return render(request, "deployments.html", items=found.items, pager=pg,
+                      summaries=q.deployment_summaries(d.id for d in found.items))
+
+    @app.get("/deployments/{did}", response_class=HTMLResponse)
+    def deployment(request: Request, did: int):
+        dep = need(board.get_deployment(did), f"deployment {did}")
+        base = q.latest_baseline(deployment=did)
+        opts = (board.list_optimizations(run=base[0], status="active", limit=1000).items
+                if base else ())
+        before, after = op_breakdown(base[1], opts) if base else ({}, {})
+        runs = board.list_runs(deployment=did, sort="-date", limit=10)
+        return render(request, "deployment.html", nav="deployments", dep=dep,
+                      summary=q.deployment_summaries([did])[did],
+                      history=speedup_history_chart(q.speedup_history(did)),
+                      breakdown=op_breakdown_chart(before, after), baseline_run=base[0] if base else None,
+                      runs=runs, progress={r.id: views.run_progress(r) for r in runs.items},
+                      top=board.list_optimizations(deployment=did, status="active", sort="-speedup", limit=10),
+                      drift=board.list_drift_events(deployment=did, sort="-date", limit=5))
+
+    # -- optimizations ---------------------------------------------------------------------------
+
+    def _opt_page(request: Request, deployment: int | None, status: str | None, op: str | None,
+                  agent: str | None, sort: str, page: int, n: int):
+        sort = _sort(sort, OPT_SORTS, "-speedup")
+        pg = views.pager("/optimizations", request.query_params, page, n)
+        found = board.list_optimizations(deployment=deployment, status=status or None, op=op or None,
+                                         agent=agent or None, sort=sort, limit=pg.per_page,
+                                         offset=pg.offset)
+        return found, views.pager("/optimizations", request.query_params, page, n, found.total)
+
+    @app.get("/optimizations", response_class=HTMLResponse)
+    def optimizations(request: Request, deployment: int | None = None, status: str | None = None,
+                      op: str | None = None, agent: str | None = None, sort: str = "-speedup",
+                      page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+        found, pg = _opt_page(request, deployment, status, op, agent, sort, page, n)
+        ops, agents = q.optimization_choices()
+        return render(request, "optimizations.html", items=found.items, pager=pg, sort=sort,
+                      deployments=board.list_deployments(limit=200).items, ops=ops, agents=agents,
+                      statuses=OPTIMIZATION_STATUSES)
+
+    @app.get("/api/optimizations")
+    def optimizations_json(request: Request, deployment: int | None = None, status: str | None = None,
+                           op: str | None = None, agent: str | None = None, sort: str = "-speedup",
+                           page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+        found, _ = _opt_page(request, deployment, status, op, agent, sort, page, n)
+        return JSONResponse(found.to_dict())
+
+    @app.get("/optimizations/{oid}", response_class=HTMLResponse)
+    def optimization(request: Request, oid: int):
+        opt = need(board.get_optimization(oid), f"optimization {oid}")
+        cand = board.get_candidate(opt.candidate_id)
+        idea, posts = (board.thread(cand.idea_id, limit=200) if cand and cand.idea_id is not None
+                       else (None, ()))
+        return render(request, "optimization.html", nav="optimizations", opt=opt, cand=cand,
+                      code=highlight(cand.source) if cand else None,
+                      evals=board.list_evaluations(candidate=opt.candidate_id, sort="id", limit=100),
+                      idea=idea, posts=posts, run=board.get_run(opt.run_id),
+                      dep=board.get_deployment(opt.deployment_id))
+
+    @app.get("/candidates/{cid}", response_class=HTMLResponse)
+    def candidate(request: Request, cid: str):
+        cand = need(board.get_candidate(cid), f"candidate {cid}")
+        return render(request, "candidate.html", nav="runs", cand=cand, code=highlight(cand.source),
+                      evals=board.list_evaluations(candidate=cid, sort="id", limit=100),
+                      idea=board.get_idea(cand.idea_id) if cand.idea_id is not None else None,
+                      optimization=q.optimization_of_candidate(cid))
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    @app.get("/runs", response_class=HTMLResponse)
+    def runs(request: Request, deployment: int | None = None, status: str | None = None,
+             page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+        pg = views.pager("/runs", request.query_params, page, n)
+        found = board.list_runs(deployment=deployment, status=status or None, sort="-date",
+                                limit=pg.per_page, offset=pg.offset)
+        pg = views.pager("/runs", request.query_params, page, n, found.total)
+        return render(request, "runs.html", items=found.items, pager=pg, statuses=RUN_STATUSES,
+                      progress={r.id: views.run_progress(r) for r in found.items})
+
+    @app.get("/runs/{rid}", response_class=HTMLResponse)
+    def run(request: Request, rid: int, verdict: str | None = None, page: int = Query(1, ge=1),
+            n: int = Query(views.PER_PAGE, ge=1)):
+        r = need(board.get_run(rid), f"run {rid}")
+        pg = views.pager(f"/runs/{rid}", request.query_params, page, n)
+        evals = board.list_evaluations(run=rid, verdict=verdict or None, sort="-id",
+                                       limit=pg.per_page, offset=pg.offset)
+        pg = views.pager(f"/runs/{rid}", request.query_params, page, n, evals.total)
+        return render(request, "run.html", nav="runs", run=r, progress=views.run_progress(r),
+                      evals=evals.items, pager=pg, verdicts=q.verdict_counts(rid),
+                      ideas=board.idea_counts(rid), dep=board.get_deployment(r.deployment_id),
+                      opts=board.list_optimizations(run=rid, sort="-speedup", limit=20),
+                      history=speedup_history_chart(q.speedup_history(r.deployment_id, run=rid)))
+
+    @app.get("/api/runs/{rid}")
+    def run_json(rid: int):
+        r = board.get_run(rid)
+        if r is None:
+            return JSONResponse({"error": f"no run {rid}"}, status_code=404)
+        return JSONResponse(views.run_progress(r))
+
+    # -- ideas -----------------------------------------------------------------------------------
+
+    @app.get("/ideas", response_class=HTMLResponse)
+    def ideas(request: Request, run: int | None = None, status: str | None = None,
+              target: str | None = None, author: str | None = None, sort: str = "-id",
+              page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+        sort = _sort(sort, IDEA_SORTS, "-id")
+        pg = views.pager("/ideas", request.query_params, page, n)
+        found = board.list_ideas(run, status=status or None, target=target or None,
+                                 author=author or None, sort=sort, limit=pg.per_page, offset=pg.offset)
+        pg = views.pager("/ideas", request.query_params, page, n, found.total)
+        targets, authors = q.idea_choices(run)
+        return render(request, "ideas.html", items=found.items, pager=pg, sort=sort,
+                      statuses=IDEA_STATUSES, targets=targets, authors=authors,
+                      counts=board.idea_counts(run) if run is not None else None)
+
+    @app.get("/ideas/{iid}", response_class=HTMLResponse)
+    def idea(request: Request, iid: int):
+        found = need(board.get_idea(iid), f"idea {iid}")
+        _, posts = board.thread(found, limit=500)
+        return render(request, "idea.html", nav="ideas", idea=found, posts=posts,
+                      parent=board.get_idea(found.parent_id) if found.parent_id is not None else None,
+                      evals=q.idea_evaluations(iid),
+                      claims=board.list_claims(idea=iid, sort="id", limit=100).items)
+
+    # -- drift -----------------------------------------------------------------------------------
+
+    @app.get("/drift", response_class=HTMLResponse)
+    def drift(request: Request, deployment: int | None = None, page: int = Query(1, ge=1),
+              n: int = Query(20, ge=1)):
+        pg = views.pager("/drift", request.query_params, page, n)
+        found = board.list_drift_events(deployment=deployment, sort="-date", limit=pg.per_page,
+                                        offset=pg.offset)
+        pg = views.pager("/drift", request.query_params, page, n, found.total)
+        return render(request, "drift.html", items=found.items, pager=pg,
+                      deployments=board.list_deployments(limit=200).items)
+
+    return app

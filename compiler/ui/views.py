@@ -1,0 +1,121 @@
+"""Small view helpers shared by the UI's routes and templates: paging, query-string links, and the
+Jinja2 filters that format times, speedups and workload points.
+
+Nothing here touches the database; everything is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+from urllib.parse import urlencode
+
+PER_PAGE = 50
+MAX_PER_PAGE = 200
+
+
+@dataclass(frozen=True)
+class Pager:
+    """1-based page ``page`` of ``per_page`` rows out of ``total``; ``link(page)`` keeps the
+    other query parameters of the current URL."""
+
+    page: int
+    per_page: int
+    total: int
+    path: str
+    params: tuple[tuple[str, str], ...]
+
+    @property
+    def offset(self) -> int:
+        return (self.page - 1) * self.per_page
+
+    @property
+    def pages(self) -> int:
+        return max(1, math.ceil(self.total / self.per_page))
+
+    @property
+    def has_prev(self) -> bool:
+        return self.page > 1
+
+    @property
+    def has_next(self) -> bool:
+        return self.page < self.pages
+
+    def link(self, page: int) -> str:
+        return url(self.path, dict(self.params), page=page if page > 1 else None)
+
+
+def pager(path: str, params: Mapping[str, Any], page: int, per_page: int, total: int = 0) -> Pager:
+    """A Pager with ``page`` and ``per_page`` clamped to sane values (page stays >= 1)."""
+    per_page = min(max(int(per_page), 1), MAX_PER_PAGE)
+    kept = tuple((k, str(v)) for k, v in params.items() if v not in (None, "") and k != "page")
+    return Pager(page=max(int(page), 1), per_page=per_page, total=total, path=path, params=kept)
+
+
+def url(path: str, params: Mapping[str, Any], **changes: Any) -> str:
+    """``path?query`` from ``params`` with ``changes`` applied (a None value drops the key)."""
+    merged = {k: v for k, v in {**dict(params), **changes}.items() if v not in (None, "")}
+    return path + ("?" + urlencode(merged) if merged else "")
+
+
+def fmt_time(t: float | None) -> str:
+    """Epoch seconds as ``YYYY-MM-DD HH:MM:SS`` (UTC)."""
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(t)))
+
+
+def fmt_speedup(s: Any) -> str:
+    if not isinstance(s, (int, float)) or not math.isfinite(s):
+        return "-"
+    return f"{s:.3f}x"
+
+
+def fmt_ms(v: Any) -> str:
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "-"
+    return f"{v:.3f}" if v < 100 else f"{v:.1f}"
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None or s < 0:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def point_label(p: Any) -> str:
+    """A workload point dict as ``decode b8 ctx1024`` / ``prefill b1 ctx0 chunk512`` (+ weight)."""
+    if not isinstance(p, dict):
+        return "all points"
+    if p.get("phase") == "prefill":
+        label = f"prefill b{p.get('batch')} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
+    else:
+        label = f"{p.get('phase', 'decode')} b{p.get('batch')} ctx{p.get('context', 0)}"
+    return label
+
+
+def run_progress(run: Any, now: float | None = None) -> dict:
+    """The live-progress document of a run (``/api/runs/{id}``): counters, phase and the share of
+    its budget spent (1.0 once finished)."""
+    now = time.time() if now is None else now
+    budget = (run.config or {}).get("budget_s") if isinstance(run.config, dict) else None
+    end = run.finished_at if run.finished_at is not None else now
+    elapsed = max(0.0, end - run.created_at)
+    if run.status != "running":
+        fraction = 1.0
+    elif isinstance(budget, (int, float)) and budget > 0:
+        fraction = min(elapsed / float(budget), 0.99)
+    else:
+        fraction = None
+    return {"id": run.id, "status": run.status, "phase": run.message, "tried": run.candidates_tried,
+            "accepted": run.candidates_accepted, "best_speedup": run.best_speedup,
+            "restarts": run.engine_restarts, "budget_s": budget, "elapsed_s": round(elapsed, 1),
+            "fraction": None if fraction is None else round(fraction, 4),
+            "updated_at": run.updated_at, "finished_at": run.finished_at}
+
+
+FILTERS = {"time": fmt_time, "speedup": fmt_speedup, "ms": fmt_ms, "duration": fmt_duration,
+           "point": point_label}

@@ -1,0 +1,113 @@
+"""Measure engine step times at workload points: the input of ``cost_model.calibration.fit``.
+
+    rows = measure_suite([("tiny-dense", None, [point, ...]), ("llama-1b", [0], [...])], device="cpu")
+    calib = fit(rows, get_hardware("cpu"))
+
+Each (model, layers) is built once with the engine's decoder (``persistent_engine.models.decoder``)
+and a workload (``persistent_engine.workloads``) is made for each point; then the points are timed
+*interleaved*: every round takes one sample of every point, so a burst of load from other processes
+hits all points alike instead of ruining one. A point's time is the fastest of its samples on CPU
+(noise from sharing the cores only ever adds time) and the median on GPU. Rounds stop at
+``rounds`` or when ``budget_s`` is spent (at least ``min_rounds``).
+
+On CPU the clock is by default the calling thread's CPU time (``clock="thread"``): with one torch
+thread every op runs on the calling thread, so the CPU time is the step's own work, and the time the
+scheduler gives to other processes (on a loaded 2-core machine, most of the wall time of a 10 ms
+step) is not in it. On an idle machine it equals the wall time; ``clock="wall"`` uses the engine's
+timer (``persistent_engine.timing``) as on GPU.
+
+Cost: one build per model; per round, the sum of the points' step times. torch and the engine are
+imported inside the functions, so ``import cost_model`` stays torch-free.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def _d(batch: int, context: int) -> dict:
+    return {"phase": "decode", "batch": batch, "context": context, "chunk": 1, "weight": 1.0}
+
+
+def _p(chunk: int, context: int = 0, batch: int = 1) -> dict:
+    return {"phase": "prefill", "batch": batch, "context": context, "chunk": chunk, "weight": 1.0}
+
+
+# The CPU suite: the tiny models whole and one llama-1b layer (embeddings and its 128k-vocab lm_head
+# included), 28 points of 1-120 ms each on one core, so that the fastest of a few interleaved
+# samples is a clean one even on a loaded machine. Each model lists an even number of points,
+# decodes then prefills, so that every other point (the calibration / held-out split) covers both.
+CPU_SUITE = [
+    ("tiny-dense", None, [_d(1, 64), _d(4, 256), _d(8, 512), _d(16, 128), _d(32, 512), _d(16, 1024),
+                          _p(32), _p(128), _p(256, 128), _p(64, 0, 2)]),
+    ("tiny-moe", None, [_d(1, 128), _d(4, 256), _d(16, 512), _d(8, 64), _p(64), _p(256)]),
+    ("tiny-mla", None, [_d(2, 256), _d(8, 512), _d(16, 1024), _d(4, 128), _p(64), _p(128, 64)]),
+    ("llama-1b", [0], [_d(1, 256), _d(2, 1024), _d(4, 256), _d(8, 512), _p(16), _p(64, 128)]),
+]
+
+
+def _points_of(suite: list) -> list[tuple[str, object, dict]]:
+    return [(model, layers, p) for model, layers, points in suite for p in points]
+
+
+def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds: int = 5,
+                  budget_s: float | None = None, seed: int = 0, threads: int | None = 1,
+                  clock: str | None = None) -> list[dict]:
+    """Measurement dicts (``cost_model.calibration`` format, plus ``samples`` and ``spread``) for
+    every point of ``suite`` = [(model name, layers | None, [point dict, ...]), ...], in order.
+
+    ``threads``: torch intra-op threads on CPU while measuring (1: the cost model's CPU probe is
+    one core's figures, and one thread is what stays repeatable on a shared machine). ``clock``:
+    "thread" (CPU default; needs ``threads=1``) or "wall" (GPU default, the engine's timer)."""
+    import torch
+
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.timing import make_timer
+    from persistent_engine.workloads import make_workload
+
+    dev = torch.device(device)
+    clock = clock or ("thread" if dev.type == "cpu" and threads == 1 else "wall")
+    if clock not in ("thread", "wall") or (clock == "thread" and (dev.type != "cpu" or threads != 1)):
+        raise ValueError(f"clock {clock!r}: 'wall', or 'thread' on CPU with threads=1")
+    old_threads = torch.get_num_threads()
+    if dev.type == "cpu" and threads:
+        torch.set_num_threads(threads)
+    try:
+        timer = make_timer(dev)
+        sample = _thread_sample if clock == "thread" else (lambda step: timer.sample(step)[0] / 1e3)
+        models: dict = {}
+        runs = []                                   # (row template, step closure)
+        with torch.inference_mode():
+            for model, layers, point in _points_of(suite):
+                key = (model, None if layers is None else tuple(layers) if not isinstance(layers, int) else layers)
+                if key not in models:
+                    models[key] = build_model(model, layers=layers, device=device, seed=seed)
+                m = models[key]
+                wl = make_workload(m, point, seed)
+                m.step(wl)                          # warm-up: allocator, lazy init, caches
+                runs.append(({"model": model, "layers": None if layers is None else list(m.layers),
+                              "dtype": "bf16", "point": dict(point)}, (lambda m=m, wl=wl: m.step(wl))))
+            samples: list[list[float]] = [[] for _ in runs]
+            start = time.perf_counter()
+            for r in range(rounds):
+                if budget_s is not None and r >= min_rounds and time.perf_counter() - start > budget_s:
+                    break
+                for i, (_, step) in enumerate(runs):
+                    samples[i].append(sample(step))                     # seconds
+    finally:
+        torch.set_num_threads(old_threads)
+    out = []
+    for (row, _), s in zip(runs, samples):
+        s = sorted(s)
+        t = s[0] if dev.type == "cpu" else statistics.median(s)
+        out.append({**row, "seconds": t, "samples": len(s), "spread": (statistics.median(s) - s[0]) / s[0],
+                    "clock": clock})
+    return out
+
+
+def _thread_sample(step) -> float:
+    """CPU seconds of the calling thread spent in ``step()``."""
+    t0 = time.thread_time_ns()
+    step()
+    return (time.thread_time_ns() - t0) / 1e9

@@ -1,0 +1,72 @@
+"""Serving side: a plan's composed overrides load into the op registry and run the model; ``tkcc plan
+apply`` checks them against the reference at the plan's workload points."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler import plan as plan_mod
+from compiler.apply import apply_plan, check_plan, load_plan_overrides
+from compiler.compose import Part, compose
+from plan_samples import make_plan
+
+CANDIDATES = Path(__file__).with_name("candidates")
+POINTS = ({"phase": "decode", "batch": 2, "context": 40, "chunk": 1, "weight": 0.6},
+          {"phase": "prefill", "batch": 1, "context": 8, "chunk": 16, "weight": 0.4})
+
+
+def write_plan(root, sources: dict[str, str]) -> Path:
+    opts = tuple(plan_mod.Optimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
+                                       kernel=f"kernels/{n}.py") for n in sources)
+    plan = make_plan(optimizations=opts, workload_points=POINTS)
+    return plan_mod.write_version(root, plan, sources={f"kernels/{n}.py": s for n, s in sources.items()},
+                                  composed_source=compose([Part(n, s) for n, s in sources.items()]),
+                                  profile=None)
+
+
+@pytest.fixture
+def plan_dir(tmp_path):
+    return write_plan(tmp_path, {n: (CANDIDATES / f"{n}.py").read_text() for n in ("linear_fp32", "rms_norm_fp32")})
+
+
+def test_overrides_load_and_are_active_only_inside_apply_plan(plan_dir):
+    from persistent_engine.ops import registry
+
+    overrides, config = load_plan_overrides(plan_dir.parent)
+    assert set(overrides) == {"linear", "rms_norm"} and config == {}
+    with apply_plan(plan_dir) as loaded:
+        assert registry.current("linear") is loaded.overrides["linear"]
+    assert registry.current("linear") is registry.get("linear").reference
+
+
+def test_check_plan_matches_reference_on_the_model(plan_dir):
+    loaded, checks = check_plan(plan_dir, repeats=2)
+    assert [c.point for c in checks] == [dict(p) for p in POINTS]
+    assert all(c.ok and c.max_abs_reference > 0 and c.reference_ms > 0 and c.plan_ms > 0 for c in checks)
+
+
+def test_a_wrong_plan_is_caught_by_plan_apply(tmp_path):
+    wrong = ('import torch\n\n\ndef rms_norm(x, weight, eps):\n    return x * weight\n\n\n'
+             'OVERRIDES = {"rms_norm": rms_norm}\n')
+    vdir = write_plan(tmp_path, {"wrong": wrong})
+    r = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(vdir), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["ops"] == ["rms_norm"]
+
+
+def test_plan_apply_cli_ok(plan_dir):
+    r = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(plan_dir)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "overrides linear, rms_norm" in r.stdout and "match the reference" in r.stderr
+
+
+def test_broken_kernel_file_is_a_plan_error(plan_dir):
+    (plan_dir / "kernels" / "composed.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(plan_mod.PlanError, match="fails to load: RuntimeError: boom"):
+        load_plan_overrides(plan_dir)

@@ -1,0 +1,63 @@
+"""``tkcc candidate check``: exit 0 correct, 1 rejected (also for a candidate that kills its engine),
+2 bad input; ``--json`` prints one document with correct, reasons and speedup."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+CANDIDATES = pathlib.Path(__file__).parents[1] / "persistent_engine" / "candidates"
+
+
+def tkcc(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "compiler", "candidate", "check", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_correct_candidate_exits_0_with_a_speedup():
+    out = tkcc(str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--device", "cpu", "--json",
+               "--samples", "5")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is True and doc["reasons"] == []
+    assert isinstance(doc["speedup"], float) and doc["speedup"] > 0
+    assert {"weights", "warmup"} <= set(doc["startup"])
+
+
+def test_candidate_that_aborts_its_engine_is_rejected_not_crashed():
+    out = tkcc(str(CANDIDATES / "abort_sneaky.py"), "--model", "tiny-dense", "--device", "cpu", "--json",
+               "--timeout", "120")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is False and doc["speedup"] is None
+    assert any("SIGABRT" in r for r in doc["reasons"])
+    assert "Traceback" not in out.stderr
+
+
+def test_statically_refused_candidate_is_rejected_without_an_engine():
+    out = tkcc(str(CANDIDATES / "wrong_signature.py"), "--model", "tiny-dense", "--json", timeout=60)
+    assert out.returncode == 1
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is False and doc["startup"] == {}
+    assert any("signature of rms_norm override" in r for r in doc["reasons"])
+
+
+def test_human_output_lists_reasons():
+    out = tkcc(str(CANDIDATES / "unknown_op.py"), "--model", "tiny-dense", timeout=60)
+    assert out.returncode == 1 and "correct:   no" in out.stdout and "rms_normalize" in out.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["/no/such/file.py", "--model", "tiny-dense"], "No such file"),
+    ([str(CANDIDATES / "good_torch.py"), "--model", "no-such-model"], "unknown model"),
+    ([str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--timeout", "0"], "--timeout"),
+    ([str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--layers", "7"], "out of range"),
+    ([str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--device", "tpu"], "--device"),
+])
+def test_bad_input_exits_2_with_one_line(args, needle):
+    out = tkcc(*args, timeout=60)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert needle in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,38 @@
+import importlib.util
+import json
+import subprocess
+import sys
+
+from compiler.cli import main
+
+
+def test_doctor_screen_lists_devices_versions_and_parts(capsys, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-secret-value-123")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr()
+    import torch
+    assert f"torch {torch.__version__}" in out.out and "devices:" in out.out and "cpu" in out.out
+    for part in ("psycopg", "ray", "anthropic", "openai"):
+        assert part in out.out
+    assert "ANTHROPIC_API_KEY set" in out.out and "OPENAI_API_KEY not set" in out.out
+    assert "sk-secret-value-123" not in out.out + out.err
+    assert len(out.out.splitlines()) < 30                                # one screen
+
+
+def test_doctor_json(capsys, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k-hidden")
+    monkeypatch.setenv("OPENAI_API_KEY", "")
+    assert main(["doctor", "--json"]) == 0
+    text = capsys.readouterr().out
+    r = json.loads(text)
+    assert r["versions"]["torch"] and r["devices"][0]["kind"] == "cpu"
+    assert r["api_keys"]["OPENAI_API_KEY"] is False and r["api_keys"]["ANTHROPIC_API_KEY"] is True
+    assert "k-hidden" not in text
+    assert r["optional"]["psycopg"]["present"] == (importlib.util.find_spec("psycopg") is not None)
+    assert set(r["required"]) >= {"torch", "triton", "pyzmq", "msgpack"}
+
+
+def test_tkcc_doctor_console_entry():
+    out = subprocess.run([sys.executable, "-m", "compiler", "doctor"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "optional parts:" in out.stdout and "Traceback" not in out.stderr

@@ -1,0 +1,135 @@
+"""The optimize loop end to end on tiny-dense with real engines (CPU): one run shared by the tests of
+this module, during which the fast-tier engine process is killed (the run must go on and finish);
+then recompile on that plan (no drift: nothing written; drift: a new version beside the old)."""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from compiler import plan as plan_mod
+from compiler.loop import OptimizeConfig, optimize
+
+ROOT = Path(__file__).resolve().parents[2]
+CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
+CODE = str(ROOT / "examples" / "traffic" / "azure2023_code.csv")
+CANDIDATES = Path(__file__).with_name("candidates")
+
+pytestmark = pytest.mark.slow
+
+
+def engine_children() -> dict[int, str]:
+    """pid -> command line of this process's engine children (read from /proc)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and "persistent_engine serve" in cmd:
+            out[int(d.name)] = cmd
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plans") / "tiny"
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def killer():                  # kill the fast-tier engine after the first candidate's verdict
+        from bulletin_board import Board
+        db, board = out / "board.db", None
+        while not stop.is_set():
+            time.sleep(0.2)
+            try:
+                board = board or (Board(f"sqlite:///{db}") if db.exists() else None)
+                evaluated = board is not None and board.list_evaluations(1).total >= 1
+            except Exception:  # noqa: BLE001 - board being created
+                continue
+            if evaluated:
+                fast = [pid for pid, cmd in engine_children().items() if "--layers 0, " in cmd + " "]
+                if fast:
+                    os.kill(fast[0], signal.SIGKILL)
+                    killed.append(fast[0])
+                    return
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    cfg = OptimizeConfig(model="tiny-dense", hw="h200", traffic=CONV, out=str(out), budget_s=60,
+                         agents=f"files:{CANDIDATES}", max_points=1, aa_runs=1, quiet=True)
+    try:
+        result = optimize(cfg)
+    finally:
+        stop.set()
+    return result, out, killed
+
+
+def test_run_writes_a_complete_plan(run):
+    result, out, _ = run
+    plan, vdir = plan_mod.load(out)
+    assert vdir == result.plan_dir == out / "v1" and plan.version == 1 and not result.interrupted
+    assert plan.model == "tiny-dense" and plan.hw == "h200"
+    assert plan.detected_device["kind"] == "cpu" and plan.detected_device["matches_hw"] is False
+    assert plan.run["tried"] >= 2 and len(plan.workload_points) == 1
+    assert plan.tiers == {"fast": {"layers": [0]}, "slow": {"layers": [0, 1]}}
+    noise = plan.baseline["noise"]
+    for o in plan.optimizations:                    # accepted only beyond the measured noise
+        assert o.speedup["fast"] > 1 + max(0.01, noise["fast"])
+        assert o.speedup["slow"] > 1 + max(0.01, noise["slow"])
+        assert (vdir / o.kernel).is_file()
+    if plan.optimizations:
+        assert plan.plan_speedup["fast"] > 1 and plan.plan_speedup["slow"] > 1
+    assert (vdir / "report.md").read_text().startswith("# tkcc plan v1")
+    assert (vdir / "kernels" / "composed.py").is_file() and (vdir / "traffic_profile.json").is_file()
+    assert plan.baseline["op_ms"], "the baseline profile is recorded"
+    assert plan.parallelism and plan.parallelism["best"]
+
+
+def test_killed_engine_is_restarted_and_the_run_finishes(run):
+    result, out, killed = run
+    assert killed, "the test killed no engine (no verdict was seen)"
+    assert result.plan.run["restarts"] >= 1
+
+
+def test_board_holds_the_run(run):
+    from bulletin_board import Board
+    _, out, _ = run
+    board = Board(f"sqlite:///{out / 'board.db'}")
+    r = board.list_runs().items[0]
+    assert r.status == "done" and r.message.startswith("plan ")
+    assert r.candidates_tried >= 2
+    assert board.list_evaluations(r.id).total >= 2
+
+
+def test_recompile_without_drift_writes_nothing(run):
+    from compiler.recompile import recompile
+    _, out, _ = run
+    before = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    res = recompile(out, CONV, budget_s=5, quiet=True)
+    assert res.drift is False and res.result is None
+    assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
+def test_recompile_on_drift_writes_a_new_version_seeded_with_the_plan(run):
+    from bulletin_board import Board
+    from compiler.recompile import recompile
+    result, out, _ = run
+    res = recompile(out, CODE, budget_s=5, quiet=True, aa_runs=1, max_points=1, agents=f"files:{CANDIDATES}")
+    assert res.drift is True and any(f["drifted"] for f in res.features)
+    assert res.result.plan_dir == out / "v2"
+    new, _ = plan_mod.load(out)
+    assert new.version == 2 and new.parent_version == 1
+    assert new.traffic["hash"] != result.plan.traffic["hash"]
+    assert plan_mod.versions(out) == [1, 2]
+    board = Board(f"sqlite:///{out / 'board.db'}")
+    assert board.list_drift_events().total >= 1
+    seeds = {o.name for o in result.plan.optimizations}
+    authors = {c.author for c in board.list_candidates(board.list_runs().items[0].id).items} if seeds else set()
+    assert all(f"seed:{n}" in authors for n in seeds)

@@ -1,0 +1,95 @@
+"""``tkcc optimize`` as a user runs it: SIGINT during the search still writes the plan of what was
+accepted (a subprocess, a real signal); bad inputs are one line and exit 2."""
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from compiler import plan as plan_mod
+from compiler.cmd_optimize import UsageError, parse_duration
+
+ROOT = Path(__file__).resolve().parents[2]
+CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
+CANDIDATES = Path(__file__).with_name("candidates")
+
+
+def tkcc(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_sigint_during_search_writes_the_plan(tmp_path):
+    out = tmp_path / "plan"
+    proc = subprocess.Popen([sys.executable, "-m", "compiler", "optimize", "--model", "tiny-dense", "--hw", "h200",
+                             "--traffic", CONV, "--budget", "10m", "--agents", "offline:2", "--aa-runs", "1",
+                             "--max-points", "1", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    lines: list[str] = []
+    searching = threading.Event()
+
+    def pump():
+        for line in proc.stderr:
+            lines.append(line)
+            if "phase: searching" in line:
+                searching.set()
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        assert searching.wait(240), "".join(lines[-20:])
+        time.sleep(2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(lines[-20:])
+    assert time.monotonic() - t0 < 240
+    plan, vdir = plan_mod.load(out)
+    assert plan.run["interrupted"] is True and plan.run["budget_s"] == 600
+    assert "interrupted" in (vdir / "report.md").read_text()
+    assert str(vdir / "report.md") in stdout
+    assert any("interrupted: finishing" in line for line in lines)
+    for o in plan.optimizations:
+        assert (vdir / o.kernel).is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no-such-model", "--hw", "h200", "--traffic", CONV], "unknown model"),
+    (["--model", "tiny-dense", "--hw", "tpu9", "--traffic", CONV], "unknown hardware"),
+    (["--model", "tiny-dense", "--hw", "h200", "--traffic", "/nonexistent.csv"], "traffic file not found"),
+    (["--model", "tiny-dense", "--hw", "h200", "--traffic", CONV, "--budget", "soon"], "bad duration"),
+    (["--model", "tiny-dense", "--hw", "h200", "--traffic", CONV, "--agents", "wizard:2"], "unknown agent kind"),
+])
+def test_bad_inputs_are_one_line_exit_2(tmp_path, args, message):
+    r = tkcc("optimize", *args, "--out", str(tmp_path / "p"), "--quiet")
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p").exists() or plan_mod.versions(tmp_path / "p") == []
+
+
+def test_recompile_of_missing_plan_is_exit_2(tmp_path):
+    r = tkcc("recompile", "--plan", str(tmp_path / "none"), "--traffic", CONV)
+    assert r.returncode == 2 and "no plan at" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_parse_duration():
+    assert parse_duration("90") == 90 and parse_duration("10m") == 600 and parse_duration("1.5h") == 5400
+    with pytest.raises(UsageError):
+        parse_duration("-3m")
+
+
+def test_help_lists_commands():
+    r = tkcc("--help")
+    assert r.returncode == 0
+    for cmd in ("optimize", "recompile", "plan"):
+        assert cmd in r.stdout
+    r = tkcc("plan", "apply", "--help")
+    assert r.returncode == 0 and "--plan" in r.stdout

@@ -1,0 +1,79 @@
+"""The supervisor: start-up stages, and a fresh engine after a crash (abort, segfault), a hang
+(watchdog) or a leaked thread, with the candidate rejected for that reason and the run going on."""
+
+import pathlib
+
+import pytest
+
+from persistent_engine.supervisor import (STAGES, EngineStartError, Supervisor, describe_exit,
+                                          startup_table)
+
+HERE = pathlib.Path(__file__).parent / "candidates"
+
+
+def src(name: str) -> str:
+    return (HERE / f"{name}.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def sup():
+    lines = []
+    s = Supervisor("tiny-dense", layers=[0, 1], device="cpu", start_timeout_s=300, log=lines.append)
+    s.log_lines = lines
+    s.start()
+    yield s
+    s.close()
+    assert not s.alive()
+
+
+def test_start_up_is_logged_stage_by_stage(sup):
+    assert list(sup.startup)[:len(STAGES)] == list(STAGES)
+    assert all(sup.startup[k] >= 0 for k in STAGES) and sup.startup["imports"] > 0
+    assert sup.startup["total_to_ready"] >= sup.startup["weights"]
+    assert any(line.startswith("[engine] weights") for line in sup.log_lines)
+    table = startup_table(sup.startup)
+    assert "graph_capture" in table and "spawn to ready" in table
+    st = sup.status()
+    assert st.ok and st.layers == [0, 1] and st.device == "cpu" and set(STAGES) <= set(st.startup)
+
+
+HOSTILE = [
+    ("abort_sneaky", "crash: engine died during verify (killed by SIGABRT)", 60),
+    ("segfault", "crash: engine died during verify (killed by SIGSEGV)", 60),
+    ("hang", "hang: no answer during verify within the 6 s timeout", 6),
+    ("leaks_thread", "candidate left 1 thread(s) running: candidate-worker", 60),
+]
+
+
+@pytest.mark.parametrize("name, reason, timeout", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_engine_is_restarted_and_serves_the_next_candidate(sup, name, reason, timeout):
+    pid = sup.proc.pid
+    restarts = len(sup.restarts)
+    v = sup.evaluate(src(name), timeout_s=timeout)
+    assert not v.correct and v.restarted
+    assert any(reason in r for r in v.reasons), v.reasons
+    assert len(v.reasons) == 1, v.reasons
+    assert sup.alive() and sup.proc.pid != pid and len(sup.restarts) == restarts + 1
+    assert v.timings["restart_s"] > 0
+    nxt = sup.evaluate(src("good_torch"), timeout_s=120)
+    assert nxt.correct and not nxt.restarted, nxt.reasons
+
+
+def test_an_engine_that_died_between_calls_is_restarted_on_the_next(sup):
+    sup._kill()
+    assert not sup.alive()
+    v = sup.evaluate(src("good_torch"), timeout_s=120)
+    assert v.correct and v.restarted
+    assert "engine had exited" in sup.restarts[-1]["reason"]
+
+
+def test_bad_model_fails_to_start_with_one_clear_error():
+    s = Supervisor("no-such-model", device="cpu", start_timeout_s=120)
+    with pytest.raises(EngineStartError, match="unknown model"):
+        s.start()
+    s.close()
+
+
+def test_describe_exit():
+    assert describe_exit(-6) == "killed by SIGABRT" and describe_exit(-11) == "killed by SIGSEGV"
+    assert describe_exit(1) == "exit code 1" and "device error" in describe_exit(3)
