@@ -205,7 +205,8 @@ class AgentContext:
         return bool(self.board.idea_exists(self.run_id, title=title, target=target))
 
     def post(self, author: str, body: str, *, idea: Any = None, kind: str = "note") -> None:
-        """A message on an idea's thread (``idea``) or on the run."""
+        """A message on an idea's thread (``idea``) or on the run. Kinds in use: "note", "verdict",
+        "learned" (what a cycle taught), "failure"."""
         self.board.post(self.run_id, author=author, body=body,
                         idea=None if idea is None else _id_of(idea), kind=kind)
 

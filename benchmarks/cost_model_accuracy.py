@@ -35,13 +35,7 @@ def _p(n, c=0):
     return {"phase": "prefill", "batch": 1, "context": c, "chunk": n, "weight": 1.0}
 
 
-# (model, layers, points): tiny models whole, real models as one-layer slices (CPU) or short slices
-CPU_SUITE = [
-    ("tiny-dense", None, [_d(1, 64), _d(8, 512), _d(32, 1024), _p(64), _p(512, 256)]),
-    ("tiny-moe", None, [_d(1, 128), _d(16, 512), _p(256)]),
-    ("tiny-mla", None, [_d(2, 256), _d(16, 1024), _p(128)]),
-    ("llama-1b", [0], [_d(1, 256), _d(8, 1024), _d(32, 2048), _p(128), _p(512, 512)]),
-]
+# (model, layers, points): on CPU cost_model.measure.CPU_SUITE (tiny models whole, one llama-1b layer)
 GPU_SUITE = [
     ("llama-1b", None, [_d(1, 1024), _d(4, 1024), _d(16, 2048), _d(64, 4096), _d(128, 1024), _d(256, 2048),
                         _d(1, 8192), _d(8, 16384), _d(1, 32768), _d(32, 8192), _p(512), _p(2048),
@@ -51,41 +45,14 @@ GPU_SUITE = [
 ]
 
 
-def measure(model: str, layers, points: list[dict], device: str = "cpu", samples: int | None = None,
-            seed: int = 0) -> list[dict]:
-    """Median step time of ``model`` (sliced to ``layers``) at each point, as measurement dicts
-    (cost_model.calibration format)."""
-    import torch
-
-    from persistent_engine.models.decoder import build_model
-    from persistent_engine.timing import DEFAULT_SAMPLES, make_timer
-    from persistent_engine.workloads import make_workload
-
-    dev = torch.device(device)
-    m = build_model(model, layers=layers, device=device, seed=seed)
-    idx = list(m.layers) if hasattr(m, "layers") and all(isinstance(i, int) for i in m.layers) else layers
-    timer = make_timer(dev)
-    n = samples or DEFAULT_SAMPLES["cuda" if dev.type == "cuda" else "cpu"]
-    out = []
-    with torch.inference_mode():
-        for p in points:
-            wl = make_workload(m, p, seed)
-            for _ in range(2):
-                m.step(wl)
-            ms = sorted(timer.sample(lambda: m.step(wl))[0] for _ in range(n))
-            # CPU: the fastest sample (other processes share the cores); GPU: the median
-            t = ms[0] if dev.type == "cpu" else statistics.median(ms)
-            out.append({"model": model, "layers": idx, "dtype": "bf16", "point": p, "seconds": t / 1e3,
-                        "iqr_s": (ms[(3 * n) // 4] - ms[n // 4]) / 1e3})
-            del wl
-    return out
-
-
 def run_suite(suite, device: str, samples: int | None = None) -> list[dict]:
-    rows = []
-    for model, layers, points in suite:
-        rows += measure(model, layers, points, device, samples)
-    return rows
+    """Interleaved measurements of every point (cost_model.measure: on CPU one thread, thread CPU
+    time, the fastest sample; on GPU the engine's CUDA-event timer, the median)."""
+    from cost_model.measure import measure_suite
+
+    rounds = samples or (12 if device == "cpu" else 50)
+    return measure_suite(suite, device=device, rounds=rounds, min_rounds=min(rounds, 6),
+                         budget_s=60.0 if device == "cpu" else None)
 
 
 def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -132,7 +99,9 @@ def print_table(res: dict) -> None:
               f"{err:>9.1%} {r['set']}")
     for k in ("train", "held_out", "all"):
         print(f"median |error| {k:<9} before {res[k]['before']:.1%}  after {res[k]['after']:.1%}")
-    print("factors:", {k: round(v, 3) for k, v in res["calibration"]["factors"].items()},
+    c = res["calibration"]
+    print("form:", c["form"], "factors:", {k: [round(x, 3) for x in v] if isinstance(v, list) else round(v, 3)
+                                          for k, v in (c["split"] or c["factors"]).items()},
           "kernel overhead us:", round(res["calibration"]["kernel_overhead_s"] * 1e6, 2))
 
 
@@ -147,13 +116,12 @@ def main(argv=None) -> int:
     from cost_model import get_hardware
 
     hw = get_hardware(args.hw or ("cpu" if args.device == "cpu" else "h200"))
-    if args.device == "cpu":
-        import torch
-        torch.set_num_threads(1)
+    from cost_model.measure import CPU_SUITE
+
     rows = run_suite(CPU_SUITE if args.device == "cpu" else GPU_SUITE, args.device, args.samples)
     res, calib = accuracy(rows, hw)
     res["device"] = args.device
-    res["noise_median_iqr_ratio"] = statistics.median(r["iqr_s"] / r["seconds"] for r in rows)
+    res["noise_median_spread"] = statistics.median(r["spread"] for r in rows)   # (median - fastest) / fastest
     print_table(res)
     _write_json(RESULTS / f"cost_model_accuracy_{hw.name}.json", res)
     calib.save(RESULTS / f"cost_model_calibration_{hw.name}.json")

@@ -40,10 +40,10 @@ from .claims import claim_statements
 from .connect import open_engines, write_transaction
 from .migrate import ensure_schema
 from .queries import BoardQueries
-from .records import (FINISH_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES, BoardError, Deployment,
-                      DriftEvent, Evaluation, Idea, Optimization, Post, Run, SchemaError,
-                      candidate_id, id_of, source_hash)
-from .schema import (T_CANDIDATES, T_CLAIMS, T_DEPLOYMENTS, T_DRIFT, T_EVALUATIONS, T_IDEAS,
+from .records import (FINISH_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES, BoardError,
+                      Deployment, DriftEvent, Evaluation, Idea, Optimization, Post, Run,
+                      SchemaError, candidate_id, id_of, source_hash)
+from .schema import (T_CANDIDATES, T_DEPLOYMENTS, T_DRIFT, T_EVALUATIONS, T_IDEAS,
                      T_OPTIMIZATIONS, T_POSTS, T_RUNS, db_now)
 
 
@@ -188,7 +188,8 @@ class Board(BoardQueries):
         values: dict[str, Any] = {"updated_at": db_now()}
         if status is not None:
             if status not in RUN_STATUSES:
-                raise BoardError(f"run status must be one of {', '.join(RUN_STATUSES)}, not {status!r}")
+                raise BoardError(f"run status must be one of {', '.join(RUN_STATUSES)}, "
+                                 f"not {status!r}")
             values["status"] = status
             values["finished_at"] = None if status == "running" else db_now()
         for key, val in (("message", message), ("candidates_tried", candidates_tried),
@@ -234,7 +235,8 @@ class Board(BoardQueries):
                   target: str | None = None, tags: Sequence[str] = (), parent: Any = None,
                   priority: float = 0.0) -> Idea:
         """Post an idea (status "open"); ``priority`` orders the pool (higher first). An idea with
-        the same target and title (case and spacing ignored) already on the run is returned as is."""
+        the same target and title (case and spacing ignored) already on the run is returned as
+        is."""
         if not title or not title.strip():
             raise BoardError("post_idea: an idea needs a title")
         rid, key = id_of(run), title_key(title, target)

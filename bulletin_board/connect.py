@@ -41,12 +41,13 @@ from sqlalchemy.pool import StaticPool
 from .records import SchemaError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000     # how long a write waits for SQLite's write lock in all
-SQLITE_WRITER_WAIT_MS = 2           # ... of which SQLite's own busy handler waits this long at a time
+SQLITE_WRITER_WAIT_MS = 2           # ... SQLite's own busy handler waiting this long at a time
 
 
 @dataclass(frozen=True)
 class Engines:
-    """``write`` runs every write transaction; ``read`` every read query (same engine on PostgreSQL)."""
+    """``write`` runs every write transaction; ``read`` every read query (one engine on
+    PostgreSQL)."""
 
     write: Engine | None
     read: Engine
@@ -160,7 +161,8 @@ def open_engines(url: str, *, readonly: bool = False) -> Engines:
         path = _sqlite_path(parsed)
         if readonly:
             if path is None:
-                raise SchemaError("a read-only board needs a SQLite file, not an in-memory database")
+                raise SchemaError("a read-only board needs a SQLite file, not an in-memory "
+                                  "database")
             if not os.path.exists(path):
                 raise SchemaError(f"no board database at {path}")
             ro = _sqlite_engine(path, immediate=False, readonly=True)

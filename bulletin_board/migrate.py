@@ -28,7 +28,7 @@ MIGRATIONS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "migra
 
 
 def alembic_config(connection: Connection | None = None):
-    """An Alembic ``Config`` pointing at the packaged migrations (optionally bound to a connection)."""
+    """An Alembic ``Config`` of the packaged migrations (optionally bound to a connection)."""
     from alembic.config import Config
 
     cfg = Config()

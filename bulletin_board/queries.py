@@ -33,7 +33,8 @@ _CANDIDATE_SORT = {"date": T_CANDIDATES.c.created_at, "author": T_CANDIDATES.c.a
 _EVAL_SORT = {"id": T_EVALUATIONS.c.id, "date": T_EVALUATIONS.c.created_at,
               "speedup": T_EVALUATIONS.c.speedup, "tier": T_EVALUATIONS.c.tier,
               "verdict": T_EVALUATIONS.c.verdict}
-_OPT_SORT = {"speedup": func.coalesce(T_OPTIMIZATIONS.c.speedup_slow, T_OPTIMIZATIONS.c.speedup_fast),
+_OPT_SORT = {"speedup": func.coalesce(T_OPTIMIZATIONS.c.speedup_slow,
+                                      T_OPTIMIZATIONS.c.speedup_fast),
              "speedup_fast": T_OPTIMIZATIONS.c.speedup_fast,
              "speedup_slow": T_OPTIMIZATIONS.c.speedup_slow,
              "date": T_OPTIMIZATIONS.c.created_at, "name": T_OPTIMIZATIONS.c.name,
@@ -71,7 +72,8 @@ class BoardQueries:
         count = select(func.count()).select_from(stmt.with_only_columns(table.c.id).subquery())
         with self._e.read.connect() as conn:
             total = conn.execute(count).scalar_one()
-            rows = conn.execute(stmt.order_by(*order).limit(int(limit)).offset(int(offset))).mappings()
+            page = stmt.order_by(*order).limit(int(limit)).offset(int(offset))
+            rows = conn.execute(page).mappings()
             items = tuple(cls.from_row(r) for r in rows)
         return Page(items=items, total=int(total), limit=int(limit), offset=int(offset))
 
@@ -81,7 +83,7 @@ class BoardQueries:
         return None if row is None else cls.from_row(row)
 
     def db_time(self) -> float:
-        """The database's clock now (float epoch seconds): the clock of every lease and timestamp."""
+        """The database's clock now (float epoch seconds): the clock of leases and timestamps."""
         from .schema import db_now
 
         with self._e.read.connect() as conn:
@@ -242,7 +244,8 @@ class BoardQueries:
         threads: dict[Any, list[dict]] = {}
         for p in posts:
             threads.setdefault(p["idea_id"], []).append(p)
-        ideas = [dict(i, posts=threads.get(i["id"], [])) for i in self._all(self.list_ideas, run=found)]
+        ideas = [dict(i, posts=threads.get(i["id"], []))
+                 for i in self._all(self.list_ideas, run=found)]
         deployment = self.get_deployment(found.deployment_id)
         return {
             "format": "tkcc-board-run/1",

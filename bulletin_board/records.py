@@ -30,7 +30,7 @@ class SchemaError(BoardError):
 
 def candidate_id(run_id: int, source: str) -> str:
     """The content-addressed id of a candidate: sha256 of the run id and the source, 32 hex digits.
-    The same source added twice to one run is one candidate; the same source in another run is another."""
+    The same source added twice to one run is one candidate; in another run it is another."""
     return hashlib.sha256(f"{int(run_id)}\0{source}".encode()).hexdigest()[:32]
 
 

@@ -7,8 +7,9 @@
 2. **Slow tier A/B**: the same source on the slow-tier engine (many layers, realistic inputs) must be
    correct and beat the slow tier's noise the same way.
 3. **Composition**: all accepted candidates (best slow speedup first, one owner per op/knob) are
-   composed into one source and re-verified and re-measured on both tiers. If the whole set fails or
-   loses to its best member, candidates are added greedily one at a time and kept only while the
+   composed into one source and re-verified and re-measured on both tiers (a correct result within
+   the noise is measured a second time and the mean decides). If the whole set fails or loses to
+   its best member, candidates are added greedily one at a time and kept only while the
    composition stays correct and keeps beating the noise without getting slower.
 
 ``evaluate(tier, source) -> CandidateVerdict`` is all this module needs from the fleet.
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -200,13 +202,27 @@ class Acceptor:
         kept, conflicting = select_compatible([Part(a.name, a.source, a.targets, a.config_keys) for a in ranked])
         dropped = [(p.name, "overrides an op or knob of a faster accepted candidate") for p in conflicting]
 
+        def on_tier(tier: str, src: str) -> tuple[Any, bool]:
+            """A tier's verdict; a correct one within the noise is measured once more and the mean of
+            the two speedups decides (a transient load spike must not drop a proven set)."""
+            v = self.evaluate(tier, src)
+            noise = self.noise.get(tier, 0.0)
+            if screen(v, noise, self.cfg, tier).accepted or not _get(v, "correct", False) or _get(v, "speedup") is None:
+                return v, screen(v, noise, self.cfg, tier).accepted
+            again = self.evaluate(tier, src)
+            if not _get(again, "correct", False) or _get(again, "speedup") is None:
+                return again, False
+            mean = (float(_get(v, "speedup")) + float(_get(again, "speedup"))) / 2
+            v = dataclasses.replace(v, speedup=mean) if dataclasses.is_dataclass(v) else v
+            return v, mean > threshold(noise, self.cfg)
+
         def measure(parts: list[Accepted]) -> tuple[str, Any, Any, bool]:
             src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
-            fv = self.evaluate("fast", src)
-            if not screen(fv, self.noise.get("fast", 0.0), self.cfg, "fast").accepted:
+            fv, ok = on_tier("fast", src)
+            if not ok:
                 return src, fv, None, False
-            sv = self.evaluate("slow", src)
-            return src, fv, sv, screen(sv, self.noise.get("slow", 0.0), self.cfg, "slow").accepted
+            sv, ok = on_tier("slow", src)
+            return src, fv, sv, ok
 
         members = [by_name[p.name] for p in kept]
         src, fv, sv, ok = measure(members)

@@ -194,7 +194,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     from bulletin_board import Board
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    board = Board(cfg.board or f"sqlite:///{(out / 'board.db').resolve()}")
+    board_url = cfg.board or f"sqlite:///{(out / 'board.db').resolve()}"
+    board = Board(board_url)
     run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
                                       "device": device["kind"], "parent_version": cfg.parent_version})
@@ -222,6 +223,9 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
             fleet = start_fleet(cfg, fleet_cfg)
             progress.restarts_from(fleet.restarts)
             try:
+                if cfg.fleet == "ray":                   # agents as actors too (the cluster is up now)
+                    from compiler.ray_agents import remote_agents
+                    agents = remote_agents(cfg.agents, len(agents), device["kind"], board_url)
                 progress.phase("baseline")
                 base_profile = fleet.profile("fast")
                 baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
@@ -254,8 +258,12 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                     composition = _unmeasured(acceptor.accepted)
                 else:
                     composition = acceptor.compose(deadline=time.monotonic() + max(60.0, 0.1 * cfg.budget_s))
+                if composition is not None:
+                    progress.event(f"composition: kept {len(composition.parts)} of {len(acceptor.accepted)} accepted"
+                                   + "".join(f"; dropped {n}: {why}" for n, why in composition.dropped))
             finally:
                 restarts = fleet.restarts()
+                _release_agents(agents)
                 fleet.close()
                 progress.restarts_from(lambda: restarts)
             progress.phase("writing")
@@ -331,6 +339,15 @@ def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, 
     ctx = AgentContext(board=board, run_id=run_id, evaluate=evaluate, profile=base_profile, points=points,
                        spec=spec, ops=op_catalog(), deadline=deadline, stop=stop)
     run_swarm(agents, ctx, max(deadline - time.monotonic(), 0.0))
+
+
+def _release_agents(agents: list[Any]) -> None:
+    """Ends agent actors (``--fleet ray``); local agents need nothing."""
+    actors = [a.actor for a in agents if hasattr(a, "actor")]
+    if actors:
+        import ray
+        for actor in actors:
+            ray.kill(actor)
 
 
 def written_version(vdir: Path) -> int:

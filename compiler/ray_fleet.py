@@ -6,6 +6,9 @@ actor's node). GPU actors ask Ray for one GPU each and use ``cuda`` inside (Ray 
 count. CPU actors reserve no CPU (``num_cpus=0``) so that a small local cluster can hold both
 tiers; CPU engines share one measure lock, as on a single machine.
 
+The agents run as Ray actors too (:mod:`compiler.ray_agents`); the loop creates them once this
+fleet has connected to the cluster.
+
 Ray is an optional dependency (``pip install tkcc[ray]``); it is imported only here.
 Connect: ``address`` (or ``RAY_ADDRESS``) names an existing cluster; otherwise a local one starts on
 127.0.0.1 and is shut down again with the fleet.

@@ -102,6 +102,27 @@ def model_weights(model) -> dict[str, torch.Tensor]:
     return _tensors(model)
 
 
+def _warm_triton(device: torch.device) -> None:
+    """Compile and launch one trivial Triton kernel (~2 s on a GPU the first time in a process)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return
+
+    @triton.jit
+    def _copy(src, dst, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+    try:
+        x = torch.arange(16, dtype=torch.float32, device=device)
+        y = torch.empty_like(x)
+        _copy[(1,)](x, y, 16, BLOCK=16)
+    except Exception:  # noqa: BLE001 - no Triton backend here (CPU without the interpreter)
+        pass
+
+
 class Engine:
     def __init__(self, config: EngineConfig, log=lambda stage, seconds: None):
         from persistent_engine.models.decoder import build_model
@@ -153,21 +174,31 @@ class Engine:
         self.ref = [[self.model.step(w).clone() for w in ws] for ws in self.workloads]
         self.ops_at = [set(profiler.op_calls(self.model, ws[0])) for ws in self.workloads]
         self.timer = timing.make_timer(self.device)
-        self.base_ms = [timing.time_one(self.timer, lambda w=ws[0]: self.model.step(w), 3).median_ms
-                        for ws in self.workloads]
+        _warm_triton(self.device)               # Triton's one-off start-up is not a candidate's cost
         self._sync()
         stage("warmup", t0)
 
         t0 = timing.now_ns()
-        # per point: one (graph, static output) per variant, or None where the step cannot be
-        # captured (a prefill step that reads lengths on the host): that point is timed eagerly
+        # per point: one (graph, static output) per variant, or None: prefill steps read lengths on
+        # the host (not capturable; a failed capture can leave the allocator mid-capture, so none is
+        # tried) and are timed eagerly, as is a decode step whose capture failed
         self.base_graphs: list[list | None] = [None] * len(self.points)
         self.graph_errors: dict[int, str] = {}
         if self.device.type == "cuda" and config.cuda_graph:
             pool = torch.cuda.graph_pool_handle()
             for i, ws in enumerate(self.workloads):
-                self.base_graphs[i] = self._capture_all(i, ws, pool, self.graph_errors)
+                if self.points[i].get("phase", "decode") == "decode":
+                    self.base_graphs[i] = self._capture_all(i, ws, pool, self.graph_errors)
+                else:
+                    self.graph_errors[i] = "prefill: timed eagerly"
         stage("graph_capture", t0)
+        # baseline step time per point, as bench times it (graph replay where captured): what an
+        # unaffected point costs on both sides
+        self.base_ms = []
+        for i, ws in enumerate(self.workloads):
+            g = self.base_graphs[i]
+            run = (lambda g=g: (g[0][0].replay(), g[0][1])[1]) if g else (lambda w=ws[0]: self.model.step(w))
+            self.base_ms.append(timing.time_one(self.timer, run, 5, graph=g is not None).median_ms)
 
         self.weight_guard = guards.TensorGuard(model_weights(self.model))
         self.workload_guard = guards.TensorGuard(
@@ -179,7 +210,6 @@ class Engine:
         self.cand_graphs: dict[int, list | None] = {}      # point -> candidate graphs (or None)
         self.cand_graph_errors: dict[int, str] = {}
         self._cand_pool = None
-        self.verified = False
         self.served = 0
         self.poisoned = False                   # a device error: exit after replying
 
@@ -258,6 +288,8 @@ class Engine:
                 return ErrorReply(message=f"device error (engine restarts): {text[:500]}", kind="device")
             return ErrorReply(message=f"candidate raised {text[:1000]}", kind="candidate")
         self.served += 1
+        if self.device.type == "cuda" and any(m in r for r in getattr(reply, "reasons", []) for m in DEVICE_ERRORS):
+            self.poisoned = True                # a sticky CUDA error: this context is done
         return reply
 
     def load(self, req: LoadCandidate) -> LoadReply:
@@ -314,7 +346,6 @@ class Engine:
             checks.append(verify.Check("layer", not layer_reasons, "; ".join(layer_reasons)[:2000]))
             reasons += layer_reasons
             reasons += self._guard_reasons("layer-level verification")
-        self.verified = not reasons
         return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
                            checks=[ch.to_dict() for ch in checks], seed=seed,
                            seconds=(timing.now_ns() - t0) / 1e9)
@@ -397,7 +428,6 @@ class Engine:
             self.weight_guard.restore(bad)
             restored += [f"weight {b}" for b in bad]
         self.workload_guard.restore()
-        self.verified = False
         return UnloadReply(message="unloaded", restored=restored)
 
     def profile(self, req: Profile) -> ProfileReply:

@@ -23,6 +23,7 @@ from types import ModuleType
 import torch
 
 _MISSING = object()
+_PLAIN_DATA = (dict, list, set, tuple, int, float, str, bytes, bool, type(None))
 
 
 def _settings() -> dict[str, object]:
@@ -58,11 +59,11 @@ def _set_setting(name: str, value) -> None:
         torch.backends.cuda.matmul.allow_tf32 = value
 
 
-def _rng_states() -> list[torch.Tensor]:
-    states = [torch.get_rng_state()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states += list(torch.cuda.get_rng_state_all())
-    return states
+def _rng_states() -> tuple[torch.Tensor, int | None]:
+    """The CPU generator's full state, and the CUDA default generator's seed (its philox offset
+    moves with CUDA-graph bookkeeping, so only a re-seed is looked for there)."""
+    cuda_seed = torch.cuda.initial_seed() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda_seed
 
 
 class GlobalStateGuard:
@@ -71,7 +72,11 @@ class GlobalStateGuard:
         self.snapshot()
 
     def snapshot(self) -> None:
-        self._tables = [(ns, dict(vars(ns))) for ns in self._namespaces]
+        # modules: everything but plain data (caches and counters change as the libraries run);
+        # classes: every attribute
+        self._tables = [(ns, dict(vars(ns)) if isinstance(ns, type) else
+                         {k: v for k, v in vars(ns).items() if not isinstance(v, _PLAIN_DATA)})
+                        for ns in self._namespaces]
         self._settings = _settings()
         self._rng = _rng_states()
 
@@ -95,8 +100,8 @@ class GlobalStateGuard:
         now = _settings()
         changed += [f"torch setting {k}: {self._settings[k]!r} -> {now[k]!r}"
                     for k in self._settings if now[k] != self._settings[k]]
-        rng = _rng_states()
-        if len(rng) != len(self._rng) or any(not torch.equal(a, b) for a, b in zip(rng, self._rng)):
+        cpu, cuda_seed = _rng_states()
+        if not torch.equal(cpu, self._rng[0]) or cuda_seed != self._rng[1]:
             changed.append("global RNG state")
         return changed
 
@@ -117,8 +122,8 @@ class GlobalStateGuard:
                 _set_setting(k, v)
                 restored.append(f"torch setting {k}")
         torch.set_rng_state(self._rng[0])
-        if len(self._rng) > 1:
-            torch.cuda.set_rng_state_all(self._rng[1:])
+        if self._rng[1] is not None and torch.cuda.initial_seed() != self._rng[1]:
+            torch.cuda.manual_seed_all(self._rng[1])
         return restored
 
 

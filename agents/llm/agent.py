@@ -60,7 +60,6 @@ class LLMAgent(Agent):
         self._usage = Usage()
         self._lock = threading.Lock()
         self._failed_cycles = 0
-        self.transcripts: list[list[Message]] = []   # one per cycle, for the report and tests
 
     def usage(self) -> Usage:
         with self._lock:
@@ -87,10 +86,8 @@ class LLMAgent(Agent):
             return False
         lease = ctx.claim(self.name)
         box = ToolBox(ctx, self.name, lease)
-        messages: list[Message] = []
-        self.transcripts.append(messages)
         try:
-            learned = self._converse(ctx, box, messages)
+            learned = self._converse(ctx, box)
         except LLMError as exc:
             self._failed_cycles += 1
             ctx.post_failure(self.name, f"LLM cycle failed ({self.chat.provider} {self.chat.model})",
@@ -110,11 +107,11 @@ class LLMAgent(Agent):
         # a cycle in which the model neither posted nor submitted anything: it has nothing left
         return bool(box.verdicts or box.ideas_posted)
 
-    def _converse(self, ctx: AgentContext, box: ToolBox, messages: list[Message]) -> str:
+    def _converse(self, ctx: AgentContext, box: ToolBox) -> str:
         """The tool-use loop; returns the model's closing text (what it learned)."""
         ideas = getattr(ctx.board.list_ideas(ctx.run_id, sort="-id", limit=30), "items", ())
         held = None if box.lease is None else box.lease.idea
-        messages.append(Message("user", prompts.cycle_prompt(ctx, ideas=ideas, held=held)))
+        messages = [Message("user", prompts.cycle_prompt(ctx, ideas=ideas, held=held))]
         tools = list(TOOLS)
         malformed = 0
         for _turn in range(self.budget.max_turns):

@@ -12,7 +12,7 @@ from bulletin_board.schema import Base
 config = context.config
 connection = config.attributes.get("connection")
 
-if connection is None:      # the alembic command line: alembic -c ... -x url=sqlite:///x.db revision
+if connection is None:      # the alembic command line: alembic ... -x url=sqlite:///x.db revision
     url = context.get_x_argument(as_dictionary=True).get("url", "sqlite://")
     with create_engine(url).begin() as connection:
         context.configure(connection=connection, target_metadata=Base.metadata,

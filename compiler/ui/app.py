@@ -26,6 +26,7 @@ strict Content-Security-Policy allows only this app's own script and style.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -98,7 +99,9 @@ def create_app(config: UIConfig) -> FastAPI:
 
     @app.middleware("http")
     async def _headers(request: Request, call_next):
+        t0 = time.perf_counter()
         response = await call_next(request)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1000:.1f}"
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
@@ -137,8 +140,7 @@ def create_app(config: UIConfig) -> FastAPI:
     def deployment(request: Request, did: int):
         dep = need(board.get_deployment(did), f"deployment {did}")
         base = q.latest_baseline(deployment=did)
-        opts = (board.list_optimizations(run=base[0], status="active", limit=1000).items
-                if base else ())
+        opts = q.best_per_target(base[0]) if base else ()
         before, after = op_breakdown(base[1], opts) if base else ({}, {})
         runs = board.list_runs(deployment=did, sort="-date", limit=10)
         return render(request, "deployment.html", nav="deployments", dep=dep,

@@ -14,11 +14,12 @@ from typing import Any, Iterable
 
 from sqlalchemy import case, func, select
 
+from bulletin_board import Optimization
 from bulletin_board.connect import open_engines
 from bulletin_board.schema import (T_CANDIDATES, T_DRIFT, T_EVALUATIONS, T_IDEAS, T_OPTIMIZATIONS,
                                    T_RUNS)
 
-HISTORY_LIMIT = 2000        # optimizations drawn on the speedup-over-time chart (newest kept)
+HISTORY_LIMIT = 500         # optimizations drawn on the speedup-over-time chart (newest kept)
 CHOICES_LIMIT = 200         # distinct values offered in a filter drop-down
 
 
@@ -101,6 +102,20 @@ class UIQueries:
             stmt = stmt.where(r.id == run)
         rows = self._rows(stmt)
         return (int(rows[0][0]), rows[0][1]) if rows and isinstance(rows[0][1], dict) else None
+
+    def best_per_target(self, run: int) -> list[Optimization]:
+        """The fastest active optimization of a run for each set of target ops (what a plan
+        composes): one grouped query, then those rows only."""
+        o = T_OPTIMIZATIONS.c
+        best = (select(o.targets_key, func.max(_speedup_col()).label("best"))
+                .where(o.run_id == run, o.status == "active").group_by(o.targets_key).subquery())
+        stmt = (select(T_OPTIMIZATIONS)
+                .join(best, (best.c.targets_key == o.targets_key) & (best.c.best == _speedup_col()))
+                .where(o.run_id == run, o.status == "active").order_by(o.id))
+        seen: dict[str, Optimization] = {}
+        for row in self._rows(stmt):
+            seen.setdefault(row.targets_key, Optimization.from_row(row._mapping))
+        return list(seen.values())
 
     def optimization_choices(self) -> tuple[list[str], list[str]]:
         """(ops, agents) appearing in accepted optimizations, for the filter drop-downs."""

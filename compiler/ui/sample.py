@@ -184,7 +184,7 @@ def fill_board(board: Board, spec: SampleSpec = SampleSpec()) -> SampleBoard:
                 per_point = [{**{k: p[k] for k in ("phase", "batch", "context", "chunk", "weight")},
                               "fast": round((s or 1.2) * rng.uniform(0.95, 1.05), 4),
                               "slow": round(slow * rng.uniform(0.95, 1.05), 4)} for p in POINTS]
-                opt = board.add_optimization(run, cid, name=f"{op}_triton_{e}", targets=[op],
+                opt = board.add_optimization(run, cid, name=f"{op}_triton_r{run.id}_{e}", targets=[op],
                                              speedups={"fast": s or 1.2, "slow": slow}, per_point=per_point,
                                              status="retired" if e % 7 == 6 else "active")
                 out.optimizations.append(opt.id)

@@ -52,9 +52,9 @@ def main(argv: list[str]) -> int:
             source = f"# candidate {k}\nOVERRIDES = {{}}\n# {payload(k, size)}\n"
             cid = board.add_candidate(run, "writer", source)
             samples = [k] * (size // 8)
-            board.add_evaluation(cid, "fast", None, {
-                "samples": samples, "check": hashlib.sha256(json.dumps(samples).encode()).hexdigest()},
-                verdict="correct")
+            check = hashlib.sha256(json.dumps(samples).encode()).hexdigest()
+            board.add_evaluation(cid, "fast", None, {"samples": samples, "check": check},
+                                 verdict="correct")
             print(f"done {k}", flush=True)
     return 0
 

@@ -102,7 +102,8 @@ def test_lapsed_lease_returns_the_idea_to_the_pool(board):
     assert board.finish_idea(second, "fast-agent", "failed") is True
     assert board.get_idea(idea).status == "failed"
     claims = board.list_claims(run, idea=idea).items
-    assert [(c.agent, c.status) for c in claims] == [("slow-agent", "lapsed"), ("fast-agent", "failed")]
+    assert [(c.agent, c.status) for c in claims] == \
+        [("slow-agent", "lapsed"), ("fast-agent", "failed")]
     assert board.claim_idea(run, "x") is None                      # finished ideas stay finished
 
 
@@ -114,7 +115,8 @@ def test_heartbeat_extends_the_lease(board):
     assert board.heartbeat(held, "somebody-else") is False
     assert board.heartbeat(held, "w", lease_s=120) is True
     now = board.get_idea(held)
-    assert now.lease_s == 120 and now.lease_expires_at - now.heartbeat_at == pytest.approx(120, abs=1e-3)
+    assert now.lease_s == 120
+    assert now.lease_expires_at - now.heartbeat_at == pytest.approx(120, abs=1e-3)
     assert now.lease_expires_at > held.lease_expires_at
 
 
@@ -188,7 +190,8 @@ def _optimizations(board):
     other = board.create_run("llama-8b", "h200", "t")
     made = []
     for k, (r, author, targets, fast, slow) in enumerate([
-            (run, "a1", ["rms_norm"], 1.10, 1.05), (run, "a2", ["silu_and_mul", "linear"], 1.30, None),
+            (run, "a1", ["rms_norm"], 1.10, 1.05),
+            (run, "a2", ["silu_and_mul", "linear"], 1.30, None),
             (run2, "a1", ["linear"], 1.50, 1.40), (other, "a3", ["rms_norm"], 2.0, 1.9),
             (run2, "a2", ["rms_norm_x"], 1.2, 1.2)]):
         cid = board.add_candidate(r, author, f"OVERRIDES = {{}}  # {k}")
@@ -205,7 +208,8 @@ def test_optimizations_filter_sort_and_paginate(board):
     # speedup sorts by the slow tier, the fast one when not confirmed
     assert [o.name for o in page.items] == ["opt2", "opt1", "opt4", "opt0"] and page.total == 4
     assert [o.name for o in board.list_optimizations(op="rms_norm").items] == ["opt3", "opt0"]
-    assert [o.name for o in board.list_optimizations(agent="a2", sort="name").items] == ["opt1", "opt4"]
+    by_a2 = board.list_optimizations(agent="a2", sort="name").items
+    assert [o.name for o in by_a2] == ["opt1", "opt4"]
     assert board.list_optimizations(run=run, plan_version=2).items[0].name == "opt1"
     assert made[1].speedup_slow is None and made[1].targets == ["silu_and_mul", "linear"]
     assert made[0].author == "a1" and made[0].deployment_id == dep

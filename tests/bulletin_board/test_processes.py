@@ -111,7 +111,7 @@ def test_killed_writer_leaves_nothing_half_written(board, board_url):
         assert c["source_hash"] == hashlib.sha256(c["source"].encode()).hexdigest()
     ids = {c["id"] for c in cands}
     evals = board._all(board.list_evaluations, run=run)
-    assert len(evals) >= len(cands) - rounds      # at most one candidate a round lacks its evaluation
+    assert len(evals) >= len(cands) - rounds     # a round leaves at most one without evaluation
     for e in evals:
         samples = e["metrics"]["samples"]
         assert e["candidate_id"] in ids and len(samples) == size // 8

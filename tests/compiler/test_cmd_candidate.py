@@ -42,11 +42,8 @@ def test_statically_refused_candidate_is_rejected_without_an_engine():
     doc = json.loads(out.stdout)
     assert doc["correct"] is False and doc["startup"] == {}
     assert any("signature of rms_norm override" in r for r in doc["reasons"])
-
-
-def test_human_output_lists_reasons():
-    out = tkcc(str(CANDIDATES / "unknown_op.py"), "--model", "tiny-dense", timeout=60)
-    assert out.returncode == 1 and "correct:   no" in out.stdout and "rms_normalize" in out.stdout
+    human = tkcc(str(CANDIDATES / "unknown_op.py"), "--model", "tiny-dense", timeout=60)
+    assert human.returncode == 1 and "correct:   no" in human.stdout and "rms_normalize" in human.stdout
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -54,7 +51,6 @@ def test_human_output_lists_reasons():
     ([str(CANDIDATES / "good_torch.py"), "--model", "no-such-model"], "unknown model"),
     ([str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--timeout", "0"], "--timeout"),
     ([str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--layers", "7"], "out of range"),
-    ([str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--device", "tpu"], "--device"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle):
     out = tkcc(*args, timeout=60)

@@ -42,9 +42,14 @@ def test_engines_are_actors_and_survive_a_killed_engine(cluster):
         assert fleet.restarts() >= 1 and fleet.engine_pids()[0] != pids[0]
 
 
-def test_optimize_with_ray_fleet(cluster, tmp_path):
+def test_optimize_with_engines_and_agents_as_actors(cluster, tmp_path):
     cfg = OptimizeConfig(model="tiny-dense", hw="h200", traffic=CONV, out=str(tmp_path / "p"), budget_s=20,
                          agents=f"files:{CANDIDATES}", fleet="ray", max_points=1, aa_runs=1, quiet=True)
     res = optimize(cfg)
     plan, _ = plan_mod.load(tmp_path / "p")
     assert plan.run["fleet"] == "ray" and plan.run["tried"] >= 3 and not res.interrupted
+    from bulletin_board import Board
+    board = Board(f"sqlite:///{tmp_path / 'p' / 'board.db'}")
+    run_id = board.list_runs().items[0].id
+    ideas = board.list_ideas(run_id).items         # posted from inside the agent actor
+    assert {i.author for i in ideas} == {"files-0"} and len(ideas) == 3

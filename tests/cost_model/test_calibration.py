@@ -62,3 +62,27 @@ def test_bad_files_are_user_errors(tmp_path):
         Calibration.from_dict({"kind": "other"})
     with pytest.raises(CostModelError):
         load_calibration("h200", path=tmp_path / "missing.json")
+
+
+def test_split_form_recovers_memory_and_compute_factors(tmp_path):
+    """Kernels that stream then compute (memory and compute times add, at different efficiencies):
+    one factor per class cannot fit them, the split form recovers the factors and auto picks it."""
+    true = Efficiency(kernel_overhead_s=6e-6, split={"gemm": (1.5, 3.0), "attention": (4.0, 1.2),
+                                                     "moe": (2.0, 1.0), "elementwise": (3.0, 1.0)})
+    rows = []
+    for model, layers in (("llama-1b", None), ("qwen3-moe", [0, 1])):
+        spec = ModelSpec.from_name(model)
+        for p in POINTS:
+            t = estimate_step(spec, H200, Layout(), p, layers, eff=true).latency_s
+            rows.append({"model": model, "layers": layers, "point": p, "seconds": t})
+    roof = fit(rows[0::2], H200, form="roofline")
+    calib = fit(rows[0::2], H200)
+    assert calib.form == "split" and calib.error_after < 0.01 < roof.error_after
+    assert calib.split["gemm"] == pytest.approx([1.5, 3.0], rel=0.1)
+    assert calib.split["attention"][0] == pytest.approx(4.0, rel=0.05)
+    assert evaluate(calib, rows[1::2], H200)["median_abs_error"] < 0.02
+    # the stored calibration keeps its form; estimates with it reproduce the measurements
+    back = load_calibration("h200", path=calib.save(tmp_path / "h200.json"))
+    assert back.form == "split" and back.split == pytest.approx(calib.split)
+    est = estimate_step(ModelSpec.from_name("llama-1b"), H200, Layout(), POINTS[4], eff=back.efficiency).latency_s
+    assert est == pytest.approx(rows[4]["seconds"], rel=0.02)

@@ -77,3 +77,16 @@ def test_embedding_lm_head_and_sample():
     freq = torch.bincount(draws, minlength=3).double() / 4000
     assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64), atol=0.04)
     assert torch.equal(draws, ref["sample"](lg, 1.0, 5)) and not torch.equal(draws, ref["sample"](lg, 1.0, 6))
+
+
+def test_rope_scaling_tables():
+    from persistent_engine.models.rope import cos_sin_cache
+    from persistent_engine.models.spec import ModelSpec
+    llama = ModelSpec.from_name("llama-1b")
+    base = rope_cache(64, 64, theta=llama.rope_theta)
+    scaled = cos_sin_cache(llama, max_pos=64)
+    # llama3 scaling keeps high frequencies (short wavelengths) and divides the lowest by the factor (32)
+    assert torch.allclose(scaled[:, 0], base[:, 0]) and torch.allclose(scaled[:, 32], base[:, 32])
+    inv = 1.0 / llama.rope_theta ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    assert torch.allclose(scaled[1, 31], torch.cos(inv[-1] / 32).float())
+    assert cos_sin_cache(ModelSpec.from_name("glm"), max_pos=8).shape == (8, 64)        # partial rotary: 64 of 128

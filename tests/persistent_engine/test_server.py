@@ -107,3 +107,23 @@ def test_multipart_and_dealer_frames_get_replies(served):
     assert dealer.poll(5000)
     assert io.decode_reply(dealer.recv()).ok
     dealer.close(0)
+
+
+def test_engine_side_modules_import_only_torch_triton_zmq_msgpack_and_the_stdlib():
+    import ast
+    import pathlib
+
+    allowed = set(sys.stdlib_module_names) | {"torch", "triton", "zmq", "msgpack", "persistent_engine"}
+    pkg = pathlib.Path(__file__).parents[2] / "persistent_engine"
+    mine = ["io_struct", "server", "client", "engine", "candidate", "verify", "timing", "profiler",
+            "supervisor", "guards", "__main__"]
+    for name in mine:
+        tree = ast.parse((pkg / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                roots = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert roots <= allowed, (name, roots - allowed)

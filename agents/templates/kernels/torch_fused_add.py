@@ -5,10 +5,7 @@ normalised by the fused kernel; ``fp32_add``: the sum kept in fp32 for the norm.
 tiny-dense sizes (D=64, 64 rows): bf16_add 1.7x the reference.
 """
 
-import math
 import torch
-import triton
-import triton.language as tl
 
 # ---- section ----
 TFARN_IMPL = "bf16_add"

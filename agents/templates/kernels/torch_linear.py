@@ -5,10 +5,7 @@ Rows up to ``TLIN_FP32_MAX_M`` take the fp32 path, more rows the reference GEMM.
 tiny-dense sizes (K=64, N=128, one row): 2.7x the reference; at 64 rows it is slower, hence the knob.
 """
 
-import math
 import torch
-import triton
-import triton.language as tl
 
 # ---- section ----
 TLIN_FP32_MAX_M = 8

@@ -5,10 +5,7 @@ one downcast for both) instead of twice; the outputs are views of one buffer spl
 (no concatenation). Measured on CPU at tiny-dense sizes: joint 1.7x the reference.
 """
 
-import math
 import torch
-import triton
-import triton.language as tl
 
 # ---- section ----
 TROPE_IMPL = "joint"

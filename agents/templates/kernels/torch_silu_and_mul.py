@@ -5,10 +5,7 @@ silu output multiplied in place (one temporary fewer); ``fp32_inplace``: the gat
 updated in place. Measured on CPU at tiny-dense sizes: direct 1.6x the reference.
 """
 
-import math
 import torch
-import triton
-import triton.language as tl
 
 # ---- section ----
 TSAM_IMPL = "direct"

@@ -8,7 +8,6 @@ end at once. With NUM_SPLITS > 1, per-slice outputs and log-sum-exps go to fp32 
 kernel merges them. Bytes: the context's K and V (ctx * Hk * (Dh + Dv) elements per sequence).
 """
 
-import math
 import torch
 import triton
 import triton.language as tl

@@ -4,7 +4,6 @@ the new residual) and ``rms_norm(s)``, so the sum is read from registers instead
 Bytes: read 2*M*D + D, write 2*M*D elements (the unfused reference moves the sum twice more).
 """
 
-import math
 import torch
 import triton
 import triton.language as tl

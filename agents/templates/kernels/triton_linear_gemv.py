@@ -9,7 +9,6 @@ adds the bias and casts. Rows above ``GEMV_MAX_M`` (prefill) go to torch's GEMM,
 compute-bound there. Bytes: N*K weights (dominant) + M*K + M*N; the floor is N*K*2/bandwidth.
 """
 
-import math
 import torch
 import triton
 import triton.language as tl

@@ -7,7 +7,6 @@ slice. SPLIT_K > 1 writes fp32 partials to a [SPLIT_K, M, N] workspace summed in
 second kernel (deterministic). FLOPs 2*M*N*K; bytes N*K + M*K + M*N elements.
 """
 
-import math
 import torch
 import triton
 import triton.language as tl

@@ -10,7 +10,6 @@ experts and the tiles hit L2). Above ``MOE_MAX_T`` tokens (prefill) the pairs ar
 and run as one torch GEMM per expert.
 """
 
-import math
 import torch
 import triton
 import triton.language as tl

@@ -6,7 +6,6 @@ is one load (kept in registers); otherwise two passes over the row (the second f
 Bytes: read M*D + D, write M*D elements; memory-bound at every model size.
 """
 
-import math
 import torch
 import triton
 import triton.language as tl

@@ -6,7 +6,6 @@ the dims past ``rotary_dim`` unchanged. q and k may be strided views (e.g. a spl
 outputs are new contiguous tensors. Bytes: read and write T*(Hq+Hk)*Dh elements, read T*R cos/sin.
 """
 
-import math
 import torch
 import triton
 import triton.language as tl

@@ -3,7 +3,6 @@
 Grid (M, cdiv(I, BLOCK_I)); bytes: read 2*M*I, write M*I elements.
 """
 
-import math
 import torch
 import triton
 import triton.language as tl

@@ -1,0 +1,56 @@
+"""benchmarks/templates.py runs on CPU: searches the torch templates' knobs, checks them against the
+reference, writes its JSON atomically and keeps the rows of models it did not measure."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("tkcc_bench_templates", ROOT / "benchmarks" / "templates.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    threads = torch.get_num_threads()
+    yield mod
+    torch.set_num_threads(threads)
+
+
+def _argv(out, *extra):
+    return ["--device", "cpu", "--batches", "1", "--chunk", "16", "--context", "32", "--ops", "rms_norm,silu_and_mul",
+            "--budget", "2", "--samples", "5", "--out", str(out), *extra]
+
+
+def test_benchmark_cpu_writes_rows_with_bandwidth(bench, tmp_path, capsys):
+    out = tmp_path / "cpu-templates.json"
+    assert bench.run(_argv(out, "--models", "tiny-dense")) == 0
+    doc = json.loads(out.read_text())
+    assert doc["device"] == "cpu" and doc["copy_bandwidth_gbs"] > 0 and not doc["truncated"]
+    rows = doc["rows"]
+    assert {(r["op"], r["phase"]) for r in rows} == {("rms_norm", "decode"), ("rms_norm", "prefill"),
+                                                     ("silu_and_mul", "decode"), ("silu_and_mul", "prefill")}
+    for row in rows:
+        assert row["template"].startswith(row["op"] + ".") and row["settings_tried"] >= 1
+        assert row["best_us"] > 0 and row["best_gbs"] > 0 and row["bytes"] > 0
+        assert row["speedup"] == pytest.approx(row["reference_us"] / row["best_us"])
+        assert set(row["best_knobs"]) and row["pct_of_measured_bw"] > 0
+    printed = capsys.readouterr().out
+    assert "rms_norm" in printed and "GB/s" in printed
+    # a second model keeps the first one's rows; no temporary file is left behind
+    assert bench.run(_argv(out, "--models", "tiny-moe")) == 0
+    models = {row["model"] for row in json.loads(out.read_text())["rows"]}
+    assert models == {"tiny-dense", "tiny-moe"}
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu-templates.json"]
+
+
+def test_benchmark_refuses_cuda_without_a_gpu(bench, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert bench.run(["--device", "cuda", "--out", str(tmp_path / "x.json")]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
