@@ -123,7 +123,7 @@ def test_many_processes_open_a_new_board_at_once(board_url):
     """Concurrent first opens serialise on the migration lock: one creates, the others wait."""
     code = "import sys; from bulletin_board import Board; Board(sys.argv[1]).close(); print('ok')"
     procs = [subprocess.Popen([sys.executable, "-c", code, board_url], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
