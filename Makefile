@@ -15,7 +15,7 @@ demo: install
 	$(PY) -m compiler.demo
 
 test: install-test
-	scripts/test_services.sh run $(PY) -m pytest tests $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 scripts/test_services.sh run $(PY) -m pytest tests $(PYTEST_ARGS)
 
 # the tests without PostgreSQL or Chromium, for a quick edit-test loop
 test-fast:

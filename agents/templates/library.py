@@ -80,9 +80,12 @@ def _tiled(k: Mapping, dims: Mapping) -> list[str]:
 
 
 def _attn(k: Mapping, dims: Mapping) -> list[str]:
-    dh = _next_pow2(dims.get("head_dim", 64))
+    dh = max(16, _next_pow2(dims.get("head_dim", 64)))
     g = _next_pow2(dims.get("group", 4))
-    return _per_thread(g * k["ATTD_BLOCK_T"] * dh, k["ATTD_NUM_WARPS"])
+    bt, warps = k["ATTD_BLOCK_T"], k["ATTD_NUM_WARPS"]
+    if k["ATTD_DOT"]:           # operands and the [G, T] / [G, D] results only
+        return _per_thread(max(g, 16) * (bt + dh) + 2 * bt * dh, warps)
+    return _per_thread(g * bt * dh, warps)
 
 
 def _moe(k: Mapping, dims: Mapping) -> list[str]:
@@ -128,7 +131,8 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
     Template("attention_decode.triton_splitkv", "attention_decode", "triton_attention_decode.py",
              "attention_decode_triton", "triton", ("cuda",),
              (Knob("ATTD_BLOCK_T", (32, 16, 64, 128)), Knob("ATTD_NUM_SPLITS", (4, 1, 2, 8, 16, 32)),
-              Knob("ATTD_NUM_WARPS", POW2_WARPS), Knob("ATTD_NUM_STAGES", (2, 1, 3))),
+              Knob("ATTD_NUM_WARPS", POW2_WARPS), Knob("ATTD_NUM_STAGES", (2, 1, 3)),
+              Knob("ATTD_DOT", (False, True))),
              "flash-decoding over the paged cache: GQA group per program, split-KV, merge kernel", _attn),
     Template("moe_experts.triton_pairs", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
              "triton", ("cuda",),

@@ -9,7 +9,7 @@ Pages (all paginated, ``?page=N&n=50``):
   /                      deployments with their counts
   /deployments/{id}      best speedup over time, time per op before/after, runs, drift
   /optimizations         accepted optimizations; sort speedup|date|op|agent (``-`` descending);
-                         filter deployment, status, op, agent
+                         filter deployment, run, status, op, agent
   /optimizations/{id}    code (highlighted, escaped), per-tier and per-point measurements, the idea
   /candidates/{id}       any candidate's code and evaluations
   /runs, /runs/{id}      runs with live progress (``static/ui.js`` polls ``/api/runs/{id}``)
@@ -153,30 +153,32 @@ def create_app(config: UIConfig) -> FastAPI:
 
     # -- optimizations ---------------------------------------------------------------------------
 
-    def _opt_page(request: Request, deployment: int | None, status: str | None, op: str | None,
-                  agent: str | None, sort: str, page: int, n: int):
+    def _opt_page(request: Request, deployment: int | None, run: int | None, status: str | None,
+                  op: str | None, agent: str | None, sort: str, page: int, n: int):
         sort = _sort(sort, OPT_SORTS, "-speedup")
         pg = views.pager("/optimizations", request.query_params, page, n)
-        found = board.list_optimizations(deployment=deployment, status=status or None, op=op or None,
+        found = board.list_optimizations(deployment=deployment, run=run, status=status or None, op=op or None,
                                          agent=agent or None, sort=sort, limit=pg.per_page,
                                          offset=pg.offset)
         return found, views.pager("/optimizations", request.query_params, page, n, found.total)
 
     @app.get("/optimizations", response_class=HTMLResponse)
-    def optimizations(request: Request, deployment: int | None = None, status: str | None = None,
+    def optimizations(request: Request, deployment: int | None = None, run: int | None = None,
+                      status: str | None = None,
                       op: str | None = None, agent: str | None = None, sort: str = "-speedup",
                       page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
-        found, pg = _opt_page(request, deployment, status, op, agent, sort, page, n)
+        found, pg = _opt_page(request, deployment, run, status, op, agent, sort, page, n)
         ops, agents = q.optimization_choices()
         return render(request, "optimizations.html", items=found.items, pager=pg, sort=sort,
                       deployments=board.list_deployments(limit=200).items, ops=ops, agents=agents,
                       statuses=OPTIMIZATION_STATUSES)
 
     @app.get("/api/optimizations")
-    def optimizations_json(request: Request, deployment: int | None = None, status: str | None = None,
+    def optimizations_json(request: Request, deployment: int | None = None, run: int | None = None,
+                           status: str | None = None,
                            op: str | None = None, agent: str | None = None, sort: str = "-speedup",
                            page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
-        found, _ = _opt_page(request, deployment, status, op, agent, sort, page, n)
+        found, _ = _opt_page(request, deployment, run, status, op, agent, sort, page, n)
         return JSONResponse(found.to_dict())
 
     @app.get("/optimizations/{oid}", response_class=HTMLResponse)

@@ -23,6 +23,7 @@ from .app import UIConfig
 from .sample import SampleSpec, fill_board
 from .server import UIServer
 
+LONG_LISTS = ("optimizations", "run", "ideas")      # shot at the viewport's height, not in full
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
@@ -62,13 +63,13 @@ def shoot(url: str, out_dir: Path, width: int = 1360) -> list[Path]:
     try:
         with UIServer(UIConfig(board=url)) as server, sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": width, "height": 900})
+            page = browser.new_page(viewport={"width": width, "height": 1100})
             for stem, path in pages(reader):
                 page.goto(server.url + path)
                 page.wait_for_load_state("load")
                 target = out_dir / f"{stem}.png"
                 tmp = out_dir / f".{stem}.png.tmp"
-                page.screenshot(path=str(tmp), full_page=True, type="png")
+                page.screenshot(path=str(tmp), full_page=stem not in LONG_LISTS, type="png")
                 os.replace(tmp, target)
                 written.append(target)
             browser.close()

@@ -23,7 +23,7 @@ SMALL = {
     "linear.triton_tiled": {"TILE_BLOCK_M": 16, "TILE_BLOCK_N": 32, "TILE_BLOCK_K": 32, "TILE_SPLIT_K": 2,
                             "TILE_GROUP_M": 4, "TILE_NUM_WARPS": 2, "TILE_NUM_STAGES": 2},
     "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
-                                        "ATTD_NUM_STAGES": 1},
+                                        "ATTD_NUM_STAGES": 1, "ATTD_DOT": True},
     "moe_experts.triton_pairs": {"MOE_BLOCK_I": 16, "MOE_BLOCK_H": 64, "MOE_BLOCK_N": 16, "MOE_NUM_WARPS": 2,
                                  "MOE_MAX_T": 4},
 }

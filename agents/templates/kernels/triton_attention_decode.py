@@ -5,7 +5,10 @@ Grid (B, Hk, NUM_SPLITS): a program takes one sequence, one KV head with its G =
 online softmax over BLOCK_T-token tiles gathered through the block table. The slice length is
 derived from the block-table width (no host sync: CUDA-graph safe); slices past a sequence's length
 end at once. With NUM_SPLITS > 1, per-slice outputs and log-sum-exps go to fp32 scratch and a second
-kernel merges them. Bytes: the context's K and V (ctx * Hk * (Dh + Dv) elements per sequence).
+kernel merges them. ``ATTD_DOT`` computes QK^T and PV with ``tl.dot`` on tensor cores (the group
+padded to 16 rows; worth it for large groups and head dims, e.g. G=8, Dh=128), otherwise as
+broadcast products on CUDA cores. Bytes: the context's K and V (ctx * Hk * (Dh + Dv) elements per
+sequence).
 """
 
 import torch
@@ -17,6 +20,7 @@ ATTD_BLOCK_T = 32
 ATTD_NUM_SPLITS = 4
 ATTD_NUM_WARPS = 4
 ATTD_NUM_STAGES = 2
+ATTD_DOT = False        # tensor-core tl.dot for QK^T and PV (the group padded to 16 rows)
 
 
 @triton.jit
@@ -24,7 +28,8 @@ def _attd_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pl_ptr, s
                  stride_qb, stride_qh, stride_kn, stride_kt, stride_kh, stride_vn, stride_vt, stride_vh,
                  stride_bt, stride_ob, stride_oh, Hq, DH, DV,
                  G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
-                 PAGE: tl.constexpr, BLOCK_T: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                 PAGE: tl.constexpr, BLOCK_T: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                 DOT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -50,13 +55,20 @@ def _attd_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pl_ptr, s
                      mask=tmask[:, None] & (dh[None, :] < DH), other=0.0).to(tl.float32)
         vv = tl.load(v_ptr + page[:, None] * stride_vn + slot[:, None] * stride_vt + hk * stride_vh + dv[None, :],
                      mask=tmask[:, None] & (dv[None, :] < DV), other=0.0).to(tl.float32)
-        sc = tl.sum(q[:, None, :] * kk[None, :, :], axis=2)           # [BLOCK_G, BLOCK_T]
+        if DOT:
+            sc = _attd_dot(q, tl.trans(kk), k_ptr, UPCAST, IEEE)
+        else:
+            sc = tl.sum(q[:, None, :] * kk[None, :, :], axis=2)       # [BLOCK_G, BLOCK_T]
         sc = tl.where(tmask[None, :], sc, float("-inf"))
         m_new = tl.maximum(m, tl.max(sc, axis=1))
         p = tl.exp(sc - m_new[:, None])
         alpha = tl.exp(m - m_new)
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vv[None, :, :], axis=1)
+        if DOT:
+            pv = _attd_dot(p, vv, v_ptr, UPCAST, IEEE)
+        else:
+            pv = tl.sum(p[:, :, None] * vv[None, :, :], axis=1)        # [BLOCK_G, BLOCK_DV]
+        acc = acc * alpha[:, None] + pv
         m = m_new
     safe_l = tl.where(l > 0, l, 1.0)
     o = acc / safe_l[:, None]
@@ -69,6 +81,18 @@ def _attd_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pl_ptr, s
         tl.store(po_ptr + row[:, None] * BLOCK_DV + dv[None, :], o, mask=omask)
         lse = tl.where(l > 0, m + tl.log(safe_l), float("-inf"))
         tl.store(pl_ptr + row, lse, mask=gmask)
+
+
+@triton.jit
+def _attd_dot(a, b, kv_ptr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b in fp32: operands in the cache dtype on tensor cores (fp32 in the CPU interpreter,
+    whose 16-bit dot is wrong; full fp32 precision for fp32 caches)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a.to(kv_ptr.dtype.element_ty), b.to(kv_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -104,19 +128,21 @@ def attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, sca
     splits = max(1, min(ATTD_NUM_SPLITS, triton.cdiv(max_tokens, ATTD_BLOCK_T)))
     splits = triton.next_power_of_2(splits) if splits > 1 else 1
     tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, splits), ATTD_BLOCK_T) * ATTD_BLOCK_T
-    BLOCK_DV = triton.next_power_of_2(DV)
+    BLOCK_DV = max(16, triton.next_power_of_2(DV))
     if splits > 1:
         po = torch.empty((B * Hq * splits, BLOCK_DV), dtype=torch.float32, device=q.device)
         pl = torch.empty((B * Hq * splits,), dtype=torch.float32, device=q.device)
     else:
         po = pl = out
+    block_g = max(16, triton.next_power_of_2(G)) if ATTD_DOT else triton.next_power_of_2(G)
     _attd_kernel[(B, Hk, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, po, pl, float(scale), tokens_per_split,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), Hq, DH, DV, G=G, BLOCK_G=triton.next_power_of_2(G),
-        BLOCK_DH=triton.next_power_of_2(DH), BLOCK_DV=BLOCK_DV, PAGE=PAGE, BLOCK_T=ATTD_BLOCK_T,
-        NUM_SPLITS=splits, num_warps=ATTD_NUM_WARPS, num_stages=ATTD_NUM_STAGES)
+        out.stride(0), out.stride(1), Hq, DH, DV, G=G, BLOCK_G=block_g,
+        BLOCK_DH=max(16, triton.next_power_of_2(DH)), BLOCK_DV=BLOCK_DV, PAGE=PAGE, BLOCK_T=ATTD_BLOCK_T,
+        NUM_SPLITS=splits, DOT=ATTD_DOT, UPCAST=q.device.type != "cuda", IEEE=q.dtype == torch.float32,
+        num_warps=ATTD_NUM_WARPS, num_stages=ATTD_NUM_STAGES)
     if splits > 1:
         _attd_merge[(B, Hq)](po, pl, out, Hq, DV, out.stride(0), out.stride(1),
                              NUM_SPLITS=splits, BLOCK_DV=BLOCK_DV, num_warps=1)
