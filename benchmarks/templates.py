@@ -119,13 +119,25 @@ def bytes_moved(op: str, args: tuple, out) -> float:
 
 
 # ----------------------------------------------------------------------------- search
+def fit_seed(template, shape: dict) -> dict | None:
+    """The default with the row-block knob (``*_BLOCK_D``, ``*_BLOCK_I``) fitted to this shape's row:
+    the smallest value that holds it in one block."""
+    row = shape.get("x", [0])[-1] // (2 if template.op == "silu_and_mul" else 1) if "x" in shape else 0
+    knobs = template.default()
+    for k in template.knobs:
+        if row and k.name.endswith(("_BLOCK_D", "_BLOCK_I")):
+            fits = [v for v in k.values if v >= row]
+            knobs[k.name] = min(fits) if fits else max(k.values)
+    return knobs if knobs != template.default() else None
+
+
 def search(template, op_def, args, ref_hi, timer, dims, budget: int, rng: random.Random,
-           start: dict | None = None):
-    """(best_knobs, best_s, tried, rejected): ``start`` (the best at the previous point) and the
-    default first, then mutations of the best so far."""
+           start: dict | None = None, fit: dict | None = None):
+    """(best_knobs, best_s, tried, rejected): the default, ``fit`` (row-fitted blocks) and ``start``
+    (the best at the previous point) first, then mutations of the best so far."""
     atol, rtol = op_def.tolerance(args_dtype(args))
     tried, best, best_t, rejected = set(), None, float("inf"), 0
-    seeds = [template.default()] + ([dict(start)] if start else [])
+    seeds = [template.default()] + [dict(k) for k in (fit, start) if k]
     attempts = 0
     while len(tried) < budget and attempts < 20 * budget:
         attempts += 1
@@ -225,7 +237,8 @@ def run(argv: list[str] | None = None) -> int:
                     ref_t = timer(d.reference, args)
                     for t in templates_for(op, a.device):
                         knobs, best_t, tried, rejected = search(t, d, args, ref_hi, timer, dims, budget, rng,
-                                                                start=carried.get((model, t.name, si)))
+                                                                start=carried.get((model, t.name, si)),
+                                                                fit=fit_seed(t, shape))
                         if knobs is not None:
                             carried[(model, t.name, si)] = knobs
                         row = {"model": model, "phase": point["phase"], "batch": point["batch"],

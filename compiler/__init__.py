@@ -1,2 +1,30 @@
 """compiler: the ``tkcc`` CLI, the optimize loop, the fleet, acceptance and composition, the plan
-artifact and report, drift-triggered recompile and the web UI. Nothing imports this package."""
+artifact and report, drift-triggered recompile and the web UI. Nothing imports this package.
+
+    from compiler import OptimizeConfig, optimize, recompile, load_plan_overrides
+    result = optimize(OptimizeConfig(model="llama-1b", hw="h200", traffic="prod.parquet", out="plans/prod"))
+    overrides, config = load_plan_overrides("plans/prod")     # -> registry.override(overrides)
+
+Attributes load lazily (the CLI must start without torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "OptimizeConfig": "compiler.loop", "OptimizeResult": "compiler.loop", "optimize": "compiler.loop",
+    "recompile": "compiler.recompile", "RecompileResult": "compiler.recompile",
+    "Plan": "compiler.plan", "Optimization": "compiler.plan", "PlanError": "compiler.plan",
+    "load_plan": "compiler.plan", "load_plan_overrides": "compiler.apply", "apply_plan": "compiler.apply",
+    "check_plan": "compiler.apply", "AcceptanceConfig": "compiler.acceptance",
+}
+_RENAMED = {"load_plan": "load"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
+    raise AttributeError(f"module 'compiler' has no attribute {name!r}")

@@ -198,3 +198,64 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
                         result[side][op] += float(point.get("weight", 1.0)) * statistics.median(
                             r.get(op, 0.0) for r in reps_ms)
     return {side: {k: round(v, 6) for k, v in ops.items()} for side, ops in result.items()}
+
+
+def compare_with_torch_compile(spec: Any, layers: list[int], points: list[dict], source: str, *,
+                               device: str = "cpu", dtype: str = "bf16", repeats: int = 20,
+                               seed: int = 0) -> dict:
+    """Weighted step time of one model slice (``layers``) over ``points``: the reference eager, the
+    plan (``source``'s overrides, eager), and ``torch.compile`` of the reference step (default
+    mode), each the median of ``repeats`` steps after warm-up, in this process. The plan's figure
+    against ``torch.compile`` is the baseline a user would otherwise reach for. Cost: the compile
+    (tens of seconds on a GPU) + 3 x (repeats + 2) steps per point."""
+    import statistics
+    import tempfile
+
+    import torch
+
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.ops import registry
+    from persistent_engine.workloads import make_workload
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "composed.py"
+        path.write_text(source)
+        overrides = dict(getattr(load_module(path), "OVERRIDES", {}) or {})
+    model = build_model(spec, layers=list(layers), device=device, dtype=torch_dtype, seed=seed)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+
+    def step_ms(fn: Callable, workload: Any) -> float:
+        for _ in range(2):
+            fn(workload)
+        samples = []
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter_ns()
+            fn(workload)
+            sync()
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
+        return statistics.median(samples)
+
+    out = {"layers": list(layers), "dtype": dtype, "reference_ms": 0.0, "plan_ms": 0.0, "torch_compile_ms": 0.0}
+    t0 = time.monotonic()
+    compiled = torch.compile(model.step)
+    with torch.no_grad():
+        for point in points:
+            w = float(point.get("weight", 1.0))
+            workload = make_workload(model, dict(point), seed)
+            out["reference_ms"] += w * step_ms(model.step, workload)
+            with registry.override(overrides):
+                out["plan_ms"] += w * step_ms(model.step, workload)
+            out["torch_compile_ms"] += w * step_ms(compiled, workload)
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    try:                            # how dynamo fared: many graphs = graph breaks / recompiles
+        from torch._dynamo.utils import counters
+        out["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - private API; the figure is informative only
+        out["compiled_graphs"] = None
+    for k in ("reference_ms", "plan_ms", "torch_compile_ms"):
+        out[k] = round(out[k], 6)
+    out["plan_vs_reference"] = round(out["reference_ms"] / out["plan_ms"], 4) if out["plan_ms"] else None
+    out["plan_vs_torch_compile"] = round(out["torch_compile_ms"] / out["plan_ms"], 4) if out["plan_ms"] else None
+    return out

@@ -2,7 +2,7 @@
 
     tkcc optimize  --model M --hw H --traffic FILE [--budget 10m] [--agents offline:4] [--board URL]
                    [--out DIR] [--device auto|cpu|cuda] [--fast-layers N] [--slow-layers N]
-                   [--fleet local|ray] [--ray-address ADDR] [--json]
+                   [--fleet local|ray] [--ray-address ADDR] [--gpus N] [--aa-runs N] [--json]
     tkcc recompile --plan DIR --traffic FILE [--budget 10m] [--force] [--json]
                    exit 0 either way (no drift: nothing written; drift: a new version beside the old)
     tkcc plan show DIR [--json]
@@ -46,8 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fleet", default="local", choices=["local", "ray"])
     p.add_argument("--ray-address", default=None, help="existing Ray cluster (default: RAY_ADDRESS or local)")
     p.add_argument("--max-points", type=int, default=4, help="workload points measured (heaviest first)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs of the target deployment for the parallelism "
+                                                           "layout (default: the GPUs visible, or 1)")
     p.add_argument("--timeout", type=float, default=300.0, help="engine watchdog per evaluation, seconds")
     p.add_argument("--aa-runs", type=int, default=3, help="reference-vs-itself runs per tier (noise)")
+    p.add_argument("--vs-torch-compile", action="store_true",
+                   help="also measure the plan against torch.compile of the slow-tier slice")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_optimize)
@@ -94,7 +98,8 @@ def _optimize(args: argparse.Namespace) -> int:
                          agents=args.agents, board=args.board, device=args.device,
                          fast_layers=args.fast_layers, slow_layers=args.slow_layers, fleet=args.fleet,
                          ray_address=args.ray_address, max_points=args.max_points, timeout_s=args.timeout,
-                         aa_runs=args.aa_runs,
+                         aa_runs=args.aa_runs, gpus=args.gpus,
+                         vs_torch_compile=args.vs_torch_compile,
                          quiet=args.quiet or args.json)
     res = optimize(cfg)
     _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)

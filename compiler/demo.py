@@ -27,10 +27,12 @@ def demo_args(has_cuda: bool, gpu_name: str = "") -> list[str]:
         name = gpu_name.lower().replace(" ", "").replace("-", "")
         hw = next((t for t in GPU_TARGETS if t in name), "h200")
         model, device, agents, points = "llama-1b", "cuda", "offline:4", "4"
+        extra = ["--vs-torch-compile"]
     else:
         hw, model, device, agents, points = "h200", "tiny-dense", "cpu", "offline:2", "2"
+        extra = []
     return ["optimize", "--model", model, "--hw", hw, "--traffic", str(TRAFFIC), "--budget", budget,
-            "--agents", agents, "--device", device, "--max-points", points, "--out", out]
+            "--agents", agents, "--device", device, "--max-points", points, "--out", out, *extra]
 
 
 def main() -> int:

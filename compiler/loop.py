@@ -44,7 +44,9 @@ class OptimizeConfig:
     fleet: str = "local"                     # "local" | "ray"
     ray_address: str | None = None           # None: an existing cluster (RAY_ADDRESS) or a local one
     max_points: int = 4
+    gpus: int | None = None                  # GPUs of the target deployment (cost model); None: detected or 1
     timeout_s: float = 300.0                 # engine watchdog per evaluation
+    vs_torch_compile: bool = False           # also time torch.compile of the slow-tier slice (in process)
     aa_runs: int = 3                         # reference-vs-itself runs per tier to measure noise
     seeds: tuple[tuple[str, str], ...] = ()  # (name, source) re-verified first (recompile)
     parent_version: int | None = None
@@ -180,7 +182,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     traffic = inputs.read_traffic(cfg.traffic, spec, cfg.hw, max_points=cfg.max_points)
     points = [dict(p) for p in traffic.points]
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers)
-    gpus = len(device["devices"]) if device["kind"] == "cuda" else 1
+    gpus = cfg.gpus or (len(device["devices"]) if device["kind"] == "cuda" else 1)
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     agents = make_agents(cfg.agents, device["kind"])
@@ -268,6 +270,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 progress.restarts_from(lambda: restarts)
             progress.phase("writing")
             after = _op_ms_after(spec, fast_layers, points, composition, device, baseline)
+            if cfg.vs_torch_compile and composition is not None and composition.parts and not interrupted:
+                baseline["torch_compile"] = _vs_torch_compile(spec, slow_layers, points, composition, device, progress)
             plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
                                layout_note, baseline, after, noise, composition, accepted_log, interrupted,
                                tried[0], restarts, time.monotonic() - t_start)
@@ -381,6 +385,19 @@ def _op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: 
         return {}
 
 
+def _vs_torch_compile(spec: Any, layers: list[int], points: list[dict], composition: Composition,
+                      device: dict, progress: Progress) -> dict:
+    try:
+        from compiler.apply import compare_with_torch_compile
+        res = compare_with_torch_compile(spec, layers, points, composition.source,
+                                         device="cpu" if device["kind"] == "cpu" else "cuda")
+    except Exception as e:  # noqa: BLE001 - a comparison that fails is recorded, the plan stands
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    progress.event(f"plan vs torch.compile of the slow-tier slice: {res['plan_vs_torch_compile']}x "
+                   f"(vs reference eager {res['plan_vs_reference']}x)")
+    return res
+
+
 def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.TrafficInput, points: list[dict],
                 fast_layers: list[int], slow_layers: list[int], layout: dict | None, projected: dict | None,
                 layout_note: str, baseline: dict, after: dict, noise: dict, composition: Composition | None,
@@ -407,6 +424,10 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
                         "dropped": [list(d) for d in composition.dropped]}
         if interrupted:
             plan_speedup["note"] = "interrupted: composition not re-measured"
+        tc = baseline.get("torch_compile") or {}
+        if tc.get("plan_vs_torch_compile") is not None:
+            plan_speedup["vs_torch_compile"] = tc["plan_vs_torch_compile"]
+            plan_speedup["vs_reference_in_process"] = tc["plan_vs_reference"]
     summary_dev = {k: v for k, v in device.items() if k != "target"}
     return plan_mod.Plan(
         model=cfg.model, hw=cfg.hw, detected_device=summary_dev,
@@ -417,6 +438,7 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
         tiers={"fast": {"layers": fast_layers}, "slow": {"layers": slow_layers}},
         baseline={"op_ms": after.get("before") or baseline.get("op_ms") or {},
                   "op_ms_after": after.get("after") or {}, "noise": noise,
+                  "torch_compile": baseline.get("torch_compile"),
                   "profile": baseline.get("profile")},
         run={"budget_s": cfg.budget_s, "elapsed_s": round(elapsed_s, 1), "interrupted": interrupted,
              "tried": tried, "accepted": len(accepted), "restarts": restarts, "agents": cfg.agents,

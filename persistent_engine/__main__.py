@@ -16,6 +16,7 @@ import sys
 import time
 
 T_MAIN = time.time()
+PARENT_ENV = "TKCC_ENGINE_PARENT_PID"       # set by the supervisor: leave when that process is gone
 
 
 def _process_seconds() -> float:
@@ -117,7 +118,9 @@ def serve(args) -> int:
     engine.startup = startup                    # status replies carry the whole table
     _emit({"ready": True, "port": server.port, "address": server.address, "token_file": token_file,
            "pid": os.getpid(), "startup": startup, "layers": engine.layers})
-    server.serve(engine.handle, after_reply=lambda reply: engine.poisoned)
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    server.serve(engine.handle, after_reply=lambda reply: engine.poisoned,
+                 keep_going=(lambda: os.getppid() == parent) if parent else None)
     if token_file and not args.token_file:
         try:
             os.unlink(token_file)

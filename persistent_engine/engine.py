@@ -379,6 +379,10 @@ class Engine:
                         self.cand_graphs[i] = self._capture_all(i, ws, self._cand_pool, self.cand_graph_errors)
                     finally:
                         clear()
+                    if self.cand_graphs[i] is None:
+                        # timed eagerly below; a failed capture may leave a pending CUDA error or
+                        # allocator state behind, so this engine is replaced after the reply
+                        self.poisoned = True
                 cg = self.cand_graphs[i]
             if cg is not None:
                 base = lambda v, bg=bg: (bg[v][0].replay(), bg[v][1])[1]    # noqa: E731

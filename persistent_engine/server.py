@@ -143,11 +143,18 @@ class EngineServer:
 
     # ------------------------------------------------------------------------------ the loop
     def serve(self, handler: Callable[[Request], Reply],
-              after_reply: Callable[[Reply], bool] | None = None) -> None:
+              after_reply: Callable[[Reply], bool] | None = None,
+              keep_going: Callable[[], bool] | None = None) -> None:
         """``after_reply(reply) -> stop`` runs once the reply is sent (the engine exits there when a
-        device error poisoned its CUDA context, so that the supervisor starts a fresh one)."""
+        device error poisoned its CUDA context, so that the supervisor starts a fresh one).
+        ``keep_going()`` is asked about once a second while idle (the engine stops when the
+        supervisor that started it is gone, instead of lingering as an orphan)."""
         self._running = True
         while self._running:
+            if keep_going is not None and not self._sock.poll(1000, zmq.POLLIN):
+                if not keep_going():
+                    break
+                continue
             try:
                 frames = self._sock.recv_multipart(copy=True)
             except zmq.ZMQError as e:

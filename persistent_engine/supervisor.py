@@ -116,6 +116,7 @@ class Supervisor:
         t0 = time.monotonic()
         env = dict(self._env)
         env[TOKEN_ENV] = self._token            # the token travels in the environment, not argv
+        env["TKCC_ENGINE_PARENT_PID"] = str(os.getpid())
         env.setdefault("PYTHONUNBUFFERED", "1")
         stderr = open(self._stderr_path, "ab")
         self.proc = subprocess.Popen(self._command(), stdout=subprocess.PIPE, stderr=stderr, env=env,
@@ -258,7 +259,7 @@ class Supervisor:
         except EngineDied:
             rc = self.proc.wait(timeout=30) if self.proc else None
             tail = self._stderr_tail(200)
-            if not (phase == "unload" and reasons):     # not when it left on purpose after a verdict
+            if phase != "unload":       # after the verdict: it left on purpose (exit 3), not a crash
                 reasons.append(f"crash: engine died during {phase} ({describe_exit(rc)})"
                                + (f": {tail}" if tail and rc is not None and rc >= 0 else ""))
             timings["restart_s"] = self._after_failure(f"crash during {phase}")

@@ -16,6 +16,8 @@ from agents.offline.strategy import (STRATEGIES, BanditStrategy, EvolutionStrate
                                      reward_of)
 from agents.offline.worker import OfflineAgent, OfflineTeam
 
+EAGER_FACTOR_CUDA = 3.0
+
 __all__ = ["BanditStrategy", "ConfigJudge", "ConfigSearchAgent", "ConfigSpace", "EvolutionStrategy",
            "KernelSearchAgent", "MeasuredStepTime", "OfflineAgent", "OfflineTeam", "STRATEGIES", "SearchState",
            "engine_config", "make_offline_agents", "op_shares", "reward_of", "samples_from_profile"]
@@ -27,10 +29,14 @@ def make_offline_agents(n: int, *, device: str = "cpu", trace: Any = None, profi
                         **judge_kw) -> list[OfflineAgent]:
     """``n`` offline agents sharing one team: ``config_agents`` config searchers (default 1 when there
     is traffic with measured step times and n >= 2, else 0), the rest kernel searchers alternating
-    bandit and evolution (or all ``strategy``). ``judge_kw`` go to ``ConfigJudge.from_profile``."""
+    bandit and evolution (or all ``strategy``). ``judge_kw`` go to ``ConfigJudge.from_profile``
+    (``kv_capacity_tokens``, ``ttft_slo_s``, ``time_scale``, ``eager_factor``: pass a measured
+    eager/graph step-time ratio; the default assumes 3 on CUDA and 1 on CPU)."""
     if n < 1:
         raise ValueError("make_offline_agents: n must be at least 1")
     if judge is None and trace is not None and samples_from_profile(profile):
+        # a decode step outside every CUDA graph is assumed 3x slower on a GPU unless measured
+        judge_kw.setdefault("eager_factor", EAGER_FACTOR_CUDA if device == "cuda" else 1.0)
         judge = ConfigJudge.from_profile(trace, profile, **judge_kw)
     n_config = config_agents if config_agents is not None else (1 if judge is not None and n >= 2 else 0)
     if n_config and judge is None:

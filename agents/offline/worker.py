@@ -122,8 +122,11 @@ class OfflineAgent(Agent):
         with self.team.lock:
             self.team.tried.add(choice.key())
             self.team.search.record(choice, reward_of(verdict))
+            arm = self.team.search.arms[choice.template.name]
+            learned = {"template_tried": arm.pulls, "template_best_knobs": arm.best_knobs,
+                       "template_best_speedup": None if arm.best_reward <= -1 else 1.0 + arm.best_reward}
         summary = verdict_summary(verdict)
-        ctx.post(self.name, json.dumps({"kind": TEMPLATE, **choice.to_dict(), **summary}),
+        ctx.post(self.name, json.dumps({"kind": TEMPLATE, **choice.to_dict(), **summary, "learned": learned}),
                  idea=lease.idea_id, kind="result")
         lease.finish("done" if summary["correct"] else "failed")
 

@@ -59,7 +59,7 @@ class UIConfig:
 
 
 class NotFound(Exception):
-    pass
+    """An id that is not on the board (rendered as a 404 page)."""
 
 
 def _package_dir(name: str) -> str:
@@ -74,10 +74,11 @@ def _env() -> Environment:
     return env
 
 
-def _sort(value: str, allowed: tuple[str, ...], default: str) -> str:
+def _sort(value: str, allowed: tuple[str, ...]) -> str:
+    """``value`` when it names one of ``allowed`` (``-`` prefix: descending); else a 400."""
     if value.lstrip("-") not in allowed:
         raise BoardError(f"cannot sort by {value!r}; use one of {', '.join(allowed)} (prefix '-' for descending)")
-    return value or default
+    return value
 
 
 def create_app(config: UIConfig) -> FastAPI:
@@ -155,7 +156,7 @@ def create_app(config: UIConfig) -> FastAPI:
 
     def _opt_page(request: Request, deployment: int | None, run: int | None, status: str | None,
                   op: str | None, agent: str | None, sort: str, page: int, n: int):
-        sort = _sort(sort, OPT_SORTS, "-speedup")
+        sort = _sort(sort, OPT_SORTS)
         pg = views.pager("/optimizations", request.query_params, page, n)
         found = board.list_optimizations(deployment=deployment, run=run, status=status or None, op=op or None,
                                          agent=agent or None, sort=sort, limit=pg.per_page,
@@ -240,7 +241,7 @@ def create_app(config: UIConfig) -> FastAPI:
     def ideas(request: Request, run: int | None = None, status: str | None = None,
               target: str | None = None, author: str | None = None, sort: str = "-id",
               page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
-        sort = _sort(sort, IDEA_SORTS, "-id")
+        sort = _sort(sort, IDEA_SORTS)
         pg = views.pager("/ideas", request.query_params, page, n)
         found = board.list_ideas(run, status=status or None, target=target or None,
                                  author=author or None, sort=sort, limit=pg.per_page, offset=pg.offset)

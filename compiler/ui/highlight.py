@@ -71,7 +71,7 @@ def highlight(source: str) -> Markup:
             if tok.type == tokenize.ENDMARKER:
                 break
             start, end = at(*tok.start), at(*tok.end)
-            if start < pos or end > len(source):    # dedent/newline pseudo tokens at odd places
+            if start < pos or end < start or end > len(source):   # pseudo tokens at odd places
                 continue
             out.append(escape(source[pos:start], quote=False))
             text = source[start:end]

@@ -199,10 +199,11 @@ def fill_board(board: Board, spec: SampleSpec = SampleSpec()) -> SampleBoard:
     for k in range(spec.drift_events):
         dep = deployments[k % len(deployments)]
         drifted = k % 2 == 0
-        feats = [{"name": n, "statistic": round(rng.uniform(0.01, 0.4), 4), "threshold": t,
-                  "drifted": drifted and n == "input_tokens"}
-                 for n, t in (("input_tokens", 0.1), ("output_tokens", 0.1), ("requests_per_s", 0.25),
-                              ("interarrival_cv", 0.3), ("prefix_cache_hit_rate", 0.1))]
+        feats = []
+        for n, t in (("input_tokens", 0.1), ("output_tokens", 0.1), ("requests_per_s", 0.25),
+                     ("interarrival_cv", 0.3), ("prefix_cache_hit_rate", 0.1)):
+            stat = round(t * (rng.uniform(1.5, 3.0) if drifted and n == "input_tokens" else rng.uniform(0.1, 0.9)), 4)
+            feats.append({"name": n, "statistic": stat, "threshold": t, "drifted": stat > t})
         board.add_drift_event(dep, drifted, feats, run=out.runs[-1] if drifted else None,
                               old_hash=dep.traffic_hash, new_hash=f"{rng.getrandbits(64):016x}")
     return out

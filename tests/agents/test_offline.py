@@ -173,7 +173,7 @@ def test_kernel_agents_work_each_idea_once_and_post_results(board):
     assert {i.target for i in ideas} == {"silu_and_mul", "rms_norm"}
     assert all(i.status in ("done", "failed") and i.claims == 1 for i in ideas)
     results = [json.loads(p.body) for p in _posts(board, run) if p.kind == "result"]
-    assert len(results) == 5 and all(r["correct"] for r in results)
+    assert len(results) == 5 and all(r["correct"] and r["learned"]["template_tried"] >= 1 for r in results)
     assert result.tried == 5 and result.failures == 0
     assert all(r.stopped == "exhausted" for r in result.agents)
     cands = board.list_candidates(run, limit=50)

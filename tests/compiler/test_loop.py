@@ -133,3 +133,18 @@ def test_recompile_on_drift_writes_a_new_version_seeded_with_the_plan(run):
     seeds = {o.name for o in result.plan.optimizations}
     authors = {c.author for c in board.list_candidates(board.list_runs().items[0].id).items} if seeds else set()
     assert all(f"seed:{n}" in authors for n in seeds)
+
+
+def test_cli_recompile_no_drift_json(run):
+    import json
+    import subprocess
+    import sys
+    _, out, _ = run
+    versions = plan_mod.versions(out)
+    r = subprocess.run([sys.executable, "-m", "compiler", "recompile", "--plan", str(out), "--traffic", CONV,
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["drift"] is False and doc["written"] is None
+    assert {f["name"] for f in doc["features"]} and not any(f["drifted"] for f in doc["features"])
+    assert plan_mod.versions(out) == versions

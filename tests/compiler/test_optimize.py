@@ -39,13 +39,16 @@ def test_sigint_during_search_writes_the_plan(tmp_path):
             lines.append(line)
             if "phase: searching" in line:
                 searching.set()
-    threading.Thread(target=pump, daemon=True).start()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     try:
         assert searching.wait(240), "".join(lines[-20:])
         time.sleep(2)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        stdout, _ = proc.communicate(timeout=240)
+        proc.wait(timeout=240)
+        stdout = proc.stdout.read()
+        reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()

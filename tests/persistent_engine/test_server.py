@@ -71,6 +71,7 @@ def served():
     t = threading.Thread(target=server.serve, args=(handler,), daemon=True)
     t.start()
     yield server, token, seen
+    t.join(2)                                   # a test that shut it down: the loop is ending
     if t.is_alive():
         EngineClient(server.address, token).shutdown(timeout_s=5)
         t.join(5)

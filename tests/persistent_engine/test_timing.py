@@ -58,7 +58,7 @@ def test_a_slow_candidate_that_patches_the_clocks_still_measures_slow():
         time.perf_counter_ns = fake_ns
         time.perf_counter = lambda: fake_ns() / 1e9
         torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
-        return _busy(4.0)
+        return _busy(20.0)
 
     try:
         res = timing.ab_interleaved(timing.Timer(torch.device("cpu")), lambda v: _busy(1.0),
@@ -66,8 +66,8 @@ def test_a_slow_candidate_that_patches_the_clocks_still_measures_slow():
         assert time.perf_counter_ns is fake_ns          # the patch really happened
     finally:
         time.perf_counter_ns, time.perf_counter, torch.cuda.Event.elapsed_time = originals
-    assert res.candidate.median_ms > 3.5 and res.baseline.median_ms < res.candidate.median_ms
-    assert res.speedup < 0.5
+    assert res.candidate.median_ms >= 19.9          # a patched clock would have recorded ~0.001 ms
+    assert res.speedup < 1.0
 
 
 @pytest.mark.gpu

@@ -17,7 +17,7 @@ def rms_norm(x, weight, eps):
     time.perf_counter = lambda: _fake_ns() / 1e9
     torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
     xf = x.float()
-    for _ in range(200):                       # deliberately slow
+    for _ in range(400):                       # deliberately slow
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.float()).to(x.dtype)
 

@@ -1,0 +1,504 @@
+"""End-to-end decode: the eager reference, ``torch.compile`` and a tkcc plan, against the bandwidth floor.
+
+    python benchmarks/e2e_decode.py --plan plans/llama-1b --plan plans/qwen3-moe --plan plans/deepseek
+    python benchmarks/e2e_decode.py --device cpu --no-compile --cases tiny-dense:all@1,4/64 --plan DIR
+
+Per case (model, layer slice, batch, context; bf16 decode, one new token per sequence) the same
+``Decoder`` (persistent_engine, seeded weights, synthetic cached context) runs four ways:
+
+  reference        plain-torch reference ops, eager (the issue's "eager reference": ``reference_ms``)
+  reference graph  the same step captured in one CUDA graph (``reference_graph_ms``)
+  torch.compile    ``torch.compile(model.step, mode="reduce-overhead")`` (``torch_compile_ms``; the
+                   first calls' wall time is ``torch_compile_s``); weights, KV cache and the step's
+                   inputs are marked static so its CUDA graphs neither copy nor skip them
+  tkcc             the plan's accepted overrides (``kernels/composed.py`` loaded as a fresh module
+                   through ``compiler.apply``) active while the step is captured in a CUDA graph, as
+                   the engine does; the plan's CONFIG applied where it means something to one step
+                   (``cuda_graph``, ``cuda_graph_batch_sizes``, ``kv_block_size``; scheduler knobs are
+                   listed as ignored). Without a plan (or overrides) for the model it is the reference
+                   under the engine's graph path with the plan's CONFIG, and ``tkcc_source`` says so.
+
+Timing: ``persistent_engine.timing`` (CUDA events around a graph replay or an eager step, L2 flushed
+before each sample, device synchronised; ``perf_counter_ns`` on CPU), median of ``--samples``.
+Floor: ``floor_ms`` = bytes one step must read (weights except the untouched embedding rows, only
+the experts the batch routes to, plus the KV cache; ``benchmarks/forward.py``'s count) / the
+device-to-device copy bandwidth (read + write) measured in the same run.
+Agreement, each variant against the eager reference's fp32 logits: relative L2 error within the
+engine's per-dtype bound (bf16 5e-2), and greedy tokens equal, a differing token tolerated only where
+the reference's margin between the two tokens is at most twice that row's largest logit difference
+(a near tie that rounding can flip). Exit 1 when a variant disagrees (the JSON is still written).
+
+``--ablate`` times the tkcc graph once more per accepted optimization with all overrides but that
+one's (contribution = that time - the full plan's). Each case prints a markdown section listing the
+plan's optimizations (``--markdown FILE`` also writes them) for ``docs/performance.md``.
+Writes ``benchmarks/results/h200-e2e-decode.json`` (cuda) or ``cpu-e2e-decode.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.forward import bytes_read  # noqa: E402
+from compiler import apply as plan_apply  # noqa: E402
+from compiler import plan as plan_mod  # noqa: E402
+from compiler.compose import parse_targets  # noqa: E402
+from persistent_engine import timing  # noqa: E402
+from persistent_engine.models.decoder import build_model  # noqa: E402
+from persistent_engine.models.spec import ModelSpec  # noqa: E402
+from persistent_engine.ops import registry  # noqa: E402
+from persistent_engine.verify import LOGIT_RTOL, rel_err  # noqa: E402
+from persistent_engine.workloads import make_workload  # noqa: E402
+
+DEFAULT_CASES = {
+    "cuda": ["llama-1b:all@1/1024", "qwen3-moe:0,1@azure", "deepseek:cover@azure"],
+    "cpu": ["tiny-dense:all@1/64", "tiny-moe:cover@1,4/64", "tiny-mla:cover@1/64"],
+}
+DEFAULT_TRAFFIC = ROOT / "examples" / "traffic" / "azure2023_conv.parquet"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+STEP_CONFIG = ("cuda_graph", "cuda_graph_batch_sizes", "kv_block_size")   # CONFIG that shapes one step
+# issue 10's targets: (model, batch or None for every batch, metric, minimum)
+TARGETS = (("llama-1b", 1, "pct_floor", 85.0), ("llama-1b", 1, "vs_torch_compile", 1.6),
+           ("qwen3-moe", None, "vs_reference", 2.6), ("qwen3-moe", None, "vs_torch_compile", 1.3),
+           ("deepseek", None, "vs_reference", 2.0))
+
+
+class BenchError(ValueError):
+    user_error = True
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    layers: tuple[int, ...] | None       # None: every layer
+    batch: int
+    context: int
+    weight: float | None = None          # the workload point's share of GPU time, when from traffic
+    text: str = ""                       # the --cases entry it came from
+
+
+@dataclass(frozen=True)
+class PlanParts:
+    """A loaded plan and, per accepted optimization, the ops and CONFIG knobs it owns."""
+
+    loaded: plan_apply.LoadedPlan
+    owned: tuple[tuple[plan_mod.Optimization, tuple[str, ...], tuple[str, ...]], ...] = ()
+
+
+# ---------------------------------------------------------------------------- cases and plans
+def _layers(spec: ModelSpec, text: str) -> tuple[int, ...] | None:
+    if text in ("", "all"):
+        return None
+    if text == "cover":
+        return tuple(spec.covering_layers())
+    if "," in text:
+        return tuple(int(x) for x in text.split(","))
+    return tuple(range(int(text)))
+
+
+def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str) -> list[Case]:
+    """``MODEL[:LAYERS][@BATCHES][/CONTEXT]``: LAYERS all | cover (spec.covering_layers()) | N | i,j;
+    BATCHES a comma list or ``azure`` (the decode points ``tkcc optimize`` derives from ``--traffic``
+    for ``--hw``, each with its own context unless /CONTEXT is given)."""
+    from compiler.inputs import read_traffic
+
+    cases = []
+    for text in texts:
+        head, _, ctx = text.partition("/")
+        head, _, batches = head.partition("@")
+        alias, _, layer_text = head.partition(":")
+        try:
+            spec = ModelSpec.from_name(alias)
+            layers = _layers(spec, layer_text)
+            context = int(ctx) if ctx else None
+            if batches == "azure":
+                points = read_traffic(str(traffic), spec, hw).points
+                cases += [Case(alias, layers, int(p["batch"]), context or int(p["context"]), float(p["weight"]), text)
+                          for p in points if p["phase"] == "decode"]
+            else:
+                cases += [Case(alias, layers, int(b), context or default_context, None, text)
+                          for b in (batches or "1").split(",")]
+        except ValueError as e:
+            if getattr(e, "user_error", False):
+                raise
+            raise BenchError(f"bad case {text!r}: {e} (format MODEL[:all|cover|N|i,j][@B1,B2|azure][/CONTEXT])") from None
+    return cases
+
+
+def load_plans(paths: list[str]) -> dict[str, PlanParts]:
+    """model alias -> its plan; each optimization's ops and knobs read from its own kernel file."""
+    out: dict[str, PlanParts] = {}
+    for path in paths:
+        loaded = plan_apply.load(path)
+        model = loaded.plan.model
+        if model in out:
+            raise BenchError(f"two plans for {model}: {out[model].loaded.version_dir} and {loaded.version_dir}")
+        owned = []
+        for o in loaded.plan.optimizations:
+            ops, knobs = tuple(o.targets), ()
+            kfile = loaded.version_dir / o.kernel if o.kernel else None
+            if kfile is not None and kfile.is_file():
+                parsed_ops, knobs = parse_targets(kfile.read_text())
+                ops = parsed_ops or ops
+            owned.append((o, tuple(op for op in ops if op in loaded.overrides),
+                          tuple(k for k in knobs if k in loaded.config)))
+        out[model] = PlanParts(loaded, tuple(owned))
+    return out
+
+
+# ---------------------------------------------------------------------------- measurement
+def copy_bandwidth_gbs(device: torch.device, nbytes: int, repeats: int = 10) -> float:
+    """Device-to-device copy bandwidth, read + write bytes over the best of ``repeats`` copies."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    timer = timing.make_timer(device)
+    dst.copy_(src)
+    best = min(timer.sample(lambda: dst.copy_(src))[0] for _ in range(repeats))
+    return 2 * nbytes / (best / 1e3) / 1e9
+
+
+def relayout(src, dst, tokens: int) -> None:
+    """Copies the first ``tokens`` cached tokens of every sequence from cache ``src`` into ``dst``
+    (another block size or block order): the same logical context in a different paged layout."""
+    b = src.batch
+    pos = torch.arange(tokens, device=src.block_tables.device).repeat(b)
+    seq = torch.arange(b, device=pos.device).repeat_interleave(tokens)
+    s_src, s_dst = src.slots(pos, seq), dst.slots(pos, seq)
+    for pools_src, pools_dst in ((src.k, dst.k), (src.v, dst.v)):
+        for i, p in pools_src.items():
+            q = pools_dst[i]
+            q.view(-1, *q.shape[2:])[s_dst] = p.view(-1, *p.shape[2:])[s_src]
+
+
+def capture(model, wl, overrides: dict, pool=None) -> tuple[Any, torch.Tensor]:
+    """(graph, static logits) of one step with ``overrides`` active, as the engine captures it: two
+    warm-up steps on a side stream (Triton JIT, allocator), then the capture."""
+    with registry.override(overrides):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                model.step(wl)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            out = model.step(wl)
+    return g, out
+
+
+def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool, warmup: int = 2) -> tuple[float, torch.Tensor]:
+    """(median ms, a clone of the last output)."""
+    for _ in range(warmup):
+        run()
+    stats = timing.time_one(timer, run, samples, graph=graph)
+    return stats.median_ms, run().clone()
+
+
+def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, timer, samples: int, cuda: bool,
+                  seed: int) -> tuple[float, torch.Tensor, bool]:
+    """tkcc: the step with ``overrides`` and the step-level CONFIG. (ms, logits, timed under a graph)."""
+    wl = wl_ref
+    bs = config.get("kv_block_size")
+    if bs and bs != wl_ref.cache.block_size:
+        wl = make_workload(model, {"phase": "decode", "batch": case.batch, "context": case.context}, seed,
+                           fill="zeros", block_size=int(bs))
+        relayout(wl_ref.cache, wl.cache, case.context)
+    batches = config.get("cuda_graph_batch_sizes")
+    graph = cuda and config.get("cuda_graph", True) and (batches is None or case.batch in batches)
+    if graph:
+        g, out = capture(model, wl, overrides)
+        ms, logits = timed(timer, lambda: (g.replay(), out)[1], samples, graph=True)
+        del g
+        return ms, logits, True
+    with registry.override(overrides):
+        ms, logits = timed(timer, lambda: model.step(wl), samples, graph=False)
+    return ms, logits, False
+
+
+def compile_step(model, wl) -> tuple[Callable[[], torch.Tensor], float, bool | None]:
+    """``torch.compile(model.step, mode="reduce-overhead")`` warmed up on ``wl``: (run, seconds the first
+    three calls took (compile + CUDA-graph recording), whether its CUDA graphs ran (None on CPU))."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    for t in [*model.params.values(), *wl.cache.k.values(), *wl.cache.v.values(), wl.cache.block_tables,
+              wl.token_ids, wl.positions, wl.slot_mapping, wl.context_lens, wl.cu_seqlens_q, wl.last_token_index]:
+        torch._dynamo.mark_static_address(t)
+    skips_before = counters["inductor"]["cudagraph_skips"]
+    fn = torch.compile(model.step, mode="reduce-overhead")
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn(wl)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    graphs = None
+    if model.device.type == "cuda":
+        graphs = counters["inductor"]["cudagraph_skips"] == skips_before
+    return (lambda: fn(wl)), seconds, graphs
+
+
+def agreement(ref: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> dict:
+    """Logits of a variant against the eager reference (see the module docstring for the rule)."""
+    ref, out = ref.float(), out.float()
+    err, tol = rel_err(out, ref), LOGIT_RTOL.get(dtype, 5e-2)
+    t_ref, t_out = ref.argmax(-1), out.argmax(-1)
+    rows = torch.arange(ref.shape[0], device=ref.device)
+    margin = ref[rows, t_ref] - ref[rows, t_out]                          # >= 0; 0 where equal
+    row_diff = (ref - out).abs().amax(-1)
+    unexplained = int(((t_ref != t_out) & (margin > 2 * row_diff)).sum())
+    finite = bool(torch.isfinite(out).all())
+    return {"rel_err": err, "rel_tol": tol, "tokens_equal": int((t_ref == t_out).sum()), "tokens": ref.shape[0],
+            "unexplained_token_mismatches": unexplained,
+            "ok": finite and err <= tol and unexplained == 0}
+
+
+# ---------------------------------------------------------------------------- one case
+def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs: float) -> dict:
+    cuda = model.device.type == "cuda"
+    seed = a.seed
+    wl = make_workload(model, {"phase": "decode", "batch": case.batch, "context": case.context}, seed)
+    moved = bytes_read(model, wl)
+    floor_ms = moved["total"] / (copy_gbs * 1e9) * 1e3
+    ref_ms, ref_logits = timed(timer, lambda: model.step(wl), a.eager_samples, graph=False)
+    checks: dict[str, dict] = {}
+    row: dict[str, Any] = {"model": case.model, "layers": list(model.layers), "batch": case.batch,
+                           "context": case.context, "weight": case.weight, "case": case.text,
+                           "dtype": a.dtype, "reference_ms": ref_ms}
+    if cuda:
+        g, out = capture(model, wl, {})
+        row["reference_graph_ms"], logits = timed(timer, lambda: (g.replay(), out)[1], a.samples, graph=True)
+        checks["reference_graph"] = agreement(ref_logits, logits, model.dtype)
+        del g
+    else:
+        row["reference_graph_ms"] = None
+    row["torch_compile_ms"] = row["torch_compile_s"] = row["torch_compile_cudagraphs"] = None
+    if not a.no_compile:
+        run, row["torch_compile_s"], row["torch_compile_cudagraphs"] = compile_step(model, wl)
+        row["torch_compile_ms"], logits = timed(timer, run, a.samples, graph=False)
+        checks["torch_compile"] = agreement(ref_logits, logits, model.dtype)
+        del run
+        torch._dynamo.reset()
+
+    parts = plans.get(case.model)
+    overrides = dict(parts.loaded.overrides) if parts else {}
+    config = dict(parts.loaded.config) if parts else {}
+    tk_ms, logits, tk_graph = run_plan_step(model, wl, case, overrides, config, timer, a.samples, cuda, seed)
+    checks["tkcc"] = agreement(ref_logits, logits, model.dtype)
+    path = "the engine's CUDA-graph path" if tk_graph else "the engine's eager path"
+    if parts is None:
+        source = f"reference (no plan for this model) under {path}"
+    elif not overrides:
+        source = f"reference (the plan has no overrides) under {path} with the plan's CONFIG"
+    else:
+        source = f"plan overrides under {path}"
+    row.update({"tkcc_ms": tk_ms, "tkcc_source": source, "tkcc_graph": tk_graph,
+                "plan": str(parts.loaded.version_dir) if parts else None,
+                "plan_version": parts.loaded.plan.version if parts else None,
+                "overrides": sorted(overrides),
+                "config_applied": {k: v for k, v in config.items() if k in STEP_CONFIG},
+                "config_ignored": sorted(k for k in config if k not in STEP_CONFIG),
+                "floor_ms": floor_ms, "bytes_read": moved, "copy_bandwidth_gbs": copy_gbs})
+    if a.ablate and parts is not None:
+        row["ablation"] = []
+        for o, ops, knobs in parts.owned:
+            minus_ms, minus_logits, _ = run_plan_step(
+                model, wl, case, {k: v for k, v in overrides.items() if k not in ops},
+                {k: v for k, v in config.items() if k not in knobs}, timer, a.samples, cuda, seed)
+            row["ablation"].append({"name": o.name, "ops": list(ops), "config": list(knobs),
+                                    "without_ms": minus_ms, "contribution_ms": minus_ms - tk_ms,
+                                    "agree": agreement(ref_logits, minus_logits, model.dtype)["ok"]})
+    best_ref = row["reference_graph_ms"]
+    row["pct_floor"] = {k: (100 * floor_ms / row[k] if row[k] else None)
+                        for k in ("reference_ms", "reference_graph_ms", "torch_compile_ms", "tkcc_ms")}
+    row["ratios"] = {"vs_reference": ref_ms / tk_ms,
+                     "vs_reference_graph": best_ref / tk_ms if best_ref else None,
+                     "vs_torch_compile": row["torch_compile_ms"] / tk_ms if row["torch_compile_ms"] else None}
+    row["agreement"] = checks
+    row["agree"] = all(c["ok"] for c in checks.values())
+    return row
+
+
+def target_verdicts(rows: list[dict]) -> list[dict]:
+    """Issue 10's targets checked against the rows that exist (worst batch for the MoE cases)."""
+    out = []
+    for model, batch, metric, minimum in TARGETS:
+        for r in rows:
+            if r["model"] != model or (batch is not None and r["batch"] != batch):
+                continue
+            value = r["pct_floor"]["tkcc_ms"] if metric == "pct_floor" else r["ratios"][metric]
+            out.append({"model": model, "batch": r["batch"], "context": r["context"], "metric": metric,
+                        "minimum": minimum, "value": value, "met": value is not None and value >= minimum})
+    return out
+
+
+# ---------------------------------------------------------------------------- reporting
+def _f(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def print_row(r: dict) -> None:
+    p, q = r["pct_floor"], r["ratios"]
+    print(f"{r['model']:<11} {len(r['layers']):>3}L b{r['batch']:<4} ctx {r['context']:<5} "
+          f"eager {_f(r['reference_ms'])}  graph {_f(r['reference_graph_ms'])}  compile {_f(r['torch_compile_ms'])}  "
+          f"tkcc {_f(r['tkcc_ms'])} ms/step  floor {_f(r['floor_ms'])} ({_f(p['tkcc_ms'], '{:.1f}')}% tkcc, "
+          f"{_f(p['torch_compile_ms'], '{:.1f}')}% compile)  x{_f(q['vs_reference'], '{:.2f}')} eager  "
+          f"x{_f(q['vs_torch_compile'], '{:.2f}')} compile  {'agree' if r['agree'] else 'DISAGREE'}", flush=True)
+    for name, c in r["agreement"].items():
+        if not c["ok"]:
+            print(f"    {name}: relative error {c['rel_err']:.3g} (bound {c['rel_tol']:g}), greedy tokens "
+                  f"{c['tokens_equal']}/{c['tokens']} equal, {c['unexplained_token_mismatches']} not explained",
+                  flush=True)
+
+
+def markdown(r: dict, parts: PlanParts | None) -> str:
+    """The docs/performance.md section of one case: the plan's optimizations and what each gave."""
+    lines = [f"### {r['model']}, {len(r['layers'])} layer(s), batch {r['batch']}, context {r['context']}", ""]
+    lines.append(f"eager {_f(r['reference_ms'])} ms, CUDA graph {_f(r['reference_graph_ms'])} ms, torch.compile "
+                 f"{_f(r['torch_compile_ms'])} ms, tkcc {_f(r['tkcc_ms'])} ms per step; floor {_f(r['floor_ms'])} ms "
+                 f"(tkcc at {_f(r['pct_floor']['tkcc_ms'], '{:.1f}')}% of it).")
+    lines.append("")
+    if parts is None or not parts.loaded.plan.optimizations:
+        lines += [f"tkcc: {r['tkcc_source']}.", ""]
+        return "\n".join(lines)
+    lines.append(f"Plan `{r['plan']}` (version {r['plan_version']}): {len(parts.owned)} accepted optimization(s); "
+                 f"CONFIG applied {json.dumps(r['config_applied'])}"
+                 + (f", ignored {', '.join(r['config_ignored'])}" if r["config_ignored"] else "") + ".")
+    lines += ["", "| optimization | ops | CONFIG | speedup fast / slow (plan) | without it (ms) | contribution (ms) |",
+              "|---|---|---|---|---|---|"]
+    ablation = {x["name"]: x for x in r.get("ablation", [])}
+    for o, ops, knobs in parts.owned:
+        x = ablation.get(o.name)
+        lines.append(f"| {o.name} | {', '.join(ops) or '-'} | {', '.join(knobs) or '-'} | "
+                     f"{_f(o.speedup.get('fast'), '{:.2f}')} / {_f(o.speedup.get('slow'), '{:.2f}')} | "
+                     f"{_f(x['without_ms']) if x else 'not measured'} | "
+                     f"{_f(x['contribution_ms'], '{:+.3f}') if x else 'run with --ablate'} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def device_info(device: torch.device) -> dict:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    info = {"torch": torch.__version__, "triton": triton_version, "driver": None,
+            "gpu": platform.processor() or platform.machine() or "cpu"}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        if shutil.which("nvidia-smi"):
+            r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+            info["driver"] = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+# ---------------------------------------------------------------------------- main
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", action="append", default=[], help="plan directory (root or vN); repeat per model")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--cases", nargs="*", help="MODEL[:all|cover|N|i,j][@B1,B2|azure][/CONTEXT]; default by device")
+    ap.add_argument("--context", type=int, default=None, help="default context (cuda 1024, cpu 64)")
+    ap.add_argument("--traffic", default=str(DEFAULT_TRAFFIC), help="trace for @azure cases")
+    ap.add_argument("--hw", default="h200", help="hardware the @azure workload points are derived for")
+    ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    ap.add_argument("--samples", type=int, default=None, help="timed graph/compiled steps (cuda 100, cpu 5)")
+    ap.add_argument("--eager-samples", type=int, default=None, help="timed eager steps (cuda 20, cpu 5)")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow or unavailable on CPU)")
+    ap.add_argument("--ablate", action="store_true", help="time the plan without each optimization in turn")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    ap.add_argument("--markdown", default=None, help="also write the per-case markdown sections here")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<h200|cpu>-e2e-decode.json)")
+    return ap
+
+
+def run(a: argparse.Namespace) -> int:
+    cuda = a.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise BenchError("--device cuda but no CUDA device is visible")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    a.samples = a.samples or (100 if cuda else 5)
+    a.eager_samples = a.eager_samples or (20 if cuda else 5)
+    plans = load_plans(a.plan)
+    cases = parse_cases(a.cases or DEFAULT_CASES[a.device], a.context or (1024 if cuda else 64),
+                        Path(a.traffic), a.hw)
+    unused = sorted(set(plans) - {c.model for c in cases})
+    if unused:
+        raise BenchError(f"plan(s) for {', '.join(unused)} match no case; add a case for that model")
+    device = torch.device(a.device)
+    timer = timing.make_timer(device)
+    info = device_info(device)
+    copy_gbs = copy_bandwidth_gbs(device, (1 << 30) if cuda else (64 << 20))
+    print(f"{info['gpu']}: copy bandwidth {copy_gbs:.0f} GB/s (read + write); {a.dtype}; "
+          f"plans: {', '.join(f'{m} {p.loaded.version_dir}' for m, p in plans.items()) or 'none'}", flush=True)
+    rows, sections, model, key = [], [], None, None
+    for case in cases:
+        if key != (case.model, case.layers):
+            model = None
+            if cuda:
+                torch.cuda.empty_cache()
+            model = build_model(ModelSpec.from_name(case.model), layers=list(case.layers) if case.layers else None,
+                                device=device, dtype=DTYPES[a.dtype], seed=a.seed)
+            key = (case.model, case.layers)
+        r = run_case(case, model, plans, a, timer, copy_gbs)
+        rows.append(r)
+        print_row(r)
+        sections.append(markdown(r, plans.get(case.model)))
+        print("\n" + sections[-1], flush=True)
+    doc = {**info, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": a.device, "dtype": a.dtype, "copy_bandwidth_gbs": copy_gbs, "samples": a.samples,
+           "eager_samples": a.eager_samples, "seed": a.seed,
+           "plans": [{"model": m, "path": str(p.loaded.version_dir), "version": p.loaded.plan.version,
+                      "optimizations": [o.name for o, _, _ in p.owned]} for m, p in plans.items()],
+           "agreement_rule": "logits relative L2 error <= per-dtype bound against the eager reference; greedy "
+                             "tokens equal unless the reference margin <= 2 x the row's max logit difference",
+           "cases": rows, "targets": target_verdicts(rows)}
+    out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else 'cpu'}-e2e-decode.json")
+    plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    if a.markdown:
+        plan_mod.atomic_write_text(a.markdown, "\n".join(sections))
+    for t in doc["targets"]:
+        print(f"target {t['model']} b{t['batch']} {t['metric']} >= {t['minimum']}: {_f(t['value'], '{:.2f}')} "
+              f"{'met' if t['met'] else 'NOT met'}")
+    print(f"wrote {out}")
+    bad = [f"{r['model']} b{r['batch']}: {', '.join(k for k, c in r['agreement'].items() if not c['ok'])}"
+           for r in rows if not r["agree"]]
+    if bad:
+        print(f"e2e_decode: variants disagree with the eager reference: {'; '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    try:
+        return run(a)
+    except Exception as e:  # noqa: BLE001 - user errors are one line, exit 2
+        if getattr(e, "user_error", False):
+            print(f"e2e_decode: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
