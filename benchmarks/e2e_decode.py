@@ -110,10 +110,11 @@ def _layers(spec: ModelSpec, text: str) -> tuple[int, ...] | None:
     return tuple(range(int(text)))
 
 
-def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str) -> list[Case]:
+def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str, max_points: int) -> list[Case]:
     """``MODEL[:LAYERS][@BATCHES][/CONTEXT]``: LAYERS all | cover (spec.covering_layers()) | N | i,j;
-    BATCHES a comma list or ``azure`` (the decode points ``tkcc optimize`` derives from ``--traffic``
-    for ``--hw``, each with its own context unless /CONTEXT is given)."""
+    BATCHES a comma list or ``azure``: the decode points among the ``max_points`` heaviest workload
+    points that ``tkcc optimize`` derives from ``--traffic`` for ``--hw`` (compiler.inputs, so the same
+    points as a plan optimized on that traffic), each with its own context unless /CONTEXT is given."""
     from compiler.inputs import read_traffic
 
     cases = []
@@ -126,7 +127,7 @@ def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str) 
             layers = _layers(spec, layer_text)
             context = int(ctx) if ctx else None
             if batches == "azure":
-                points = read_traffic(str(traffic), spec, hw).points
+                points = read_traffic(str(traffic), spec, hw, max_points=max_points).points
                 cases += [Case(alias, layers, int(p["batch"]), context or int(p["context"]), float(p["weight"]), text)
                           for p in points if p["phase"] == "decode"]
             else:
@@ -135,7 +136,8 @@ def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str) 
         except ValueError as e:
             if getattr(e, "user_error", False):
                 raise
-            raise BenchError(f"bad case {text!r}: {e} (format MODEL[:all|cover|N|i,j][@B1,B2|azure][/CONTEXT])") from None
+            raise BenchError(f"bad case {text!r}: {e} "
+                             "(format MODEL[:all|cover|N|i,j][@B1,B2|azure][/CONTEXT])") from None
     return cases
 
 
@@ -200,7 +202,8 @@ def capture(model, wl, overrides: dict, pool=None) -> tuple[Any, torch.Tensor]:
     return g, out
 
 
-def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool, warmup: int = 2) -> tuple[float, torch.Tensor]:
+def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool,
+          warmup: int = 2) -> tuple[float, torch.Tensor]:
     """(median ms, a clone of the last output)."""
     for _ in range(warmup):
         run()
@@ -209,8 +212,9 @@ def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool, war
 
 
 def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, timer, samples: int, cuda: bool,
-                  seed: int) -> tuple[float, torch.Tensor, bool]:
-    """tkcc: the step with ``overrides`` and the step-level CONFIG. (ms, logits, timed under a graph)."""
+                  seed: int) -> tuple[float, torch.Tensor, str | None]:
+    """tkcc: the step with ``overrides`` and the step-level CONFIG: (ms, logits, how it ran). Like the
+    engine, a step whose capture fails (an override that syncs the host) is timed eagerly."""
     wl = wl_ref
     bs = config.get("kv_block_size")
     if bs and bs != wl_ref.cache.block_size:
@@ -218,15 +222,20 @@ def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, time
                            fill="zeros", block_size=int(bs))
         relayout(wl_ref.cache, wl.cache, case.context)
     batches = config.get("cuda_graph_batch_sizes")
-    graph = cuda and config.get("cuda_graph", True) and (batches is None or case.batch in batches)
-    if graph:
-        g, out = capture(model, wl, overrides)
-        ms, logits = timed(timer, lambda: (g.replay(), out)[1], samples, graph=True)
-        del g
-        return ms, logits, True
+    how = "eager"
+    if cuda and config.get("cuda_graph", True) and (batches is None or case.batch in batches):
+        try:
+            g, out = capture(model, wl, overrides)
+        except RuntimeError as e:
+            torch.cuda.synchronize()
+            how = f"eager (capture failed: {str(e).splitlines()[0][:200]})"
+        else:
+            ms, logits = timed(timer, lambda: (g.replay(), out)[1], samples, graph=True)
+            del g
+            return ms, logits, "cuda_graph"
     with registry.override(overrides):
         ms, logits = timed(timer, lambda: model.step(wl), samples, graph=False)
-    return ms, logits, False
+    return ms, logits, how
 
 
 def compile_step(model, wl) -> tuple[Callable[[], torch.Tensor], float, bool | None]:
@@ -236,7 +245,7 @@ def compile_step(model, wl) -> tuple[Callable[[], torch.Tensor], float, bool | N
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
-    for t in [*model.params.values(), *wl.cache.k.values(), *wl.cache.v.values(), wl.cache.block_tables,
+    for t in [*model.params.values(), model.cos_sin, *wl.cache.k.values(), *wl.cache.v.values(), wl.cache.block_tables,
               wl.token_ids, wl.positions, wl.slot_mapping, wl.context_lens, wl.cu_seqlens_q, wl.last_token_index]:
         torch._dynamo.mark_static_address(t)
     skips_before = counters["inductor"]["cudagraph_skips"]
@@ -298,16 +307,16 @@ def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs:
     parts = plans.get(case.model)
     overrides = dict(parts.loaded.overrides) if parts else {}
     config = dict(parts.loaded.config) if parts else {}
-    tk_ms, logits, tk_graph = run_plan_step(model, wl, case, overrides, config, timer, a.samples, cuda, seed)
+    tk_ms, logits, tk_how = run_plan_step(model, wl, case, overrides, config, timer, a.samples, cuda, seed)
     checks["tkcc"] = agreement(ref_logits, logits, model.dtype)
-    path = "the engine's CUDA-graph path" if tk_graph else "the engine's eager path"
+    path = "the engine's CUDA-graph path" if tk_how == "cuda_graph" else "the engine's eager path"
     if parts is None:
         source = f"reference (no plan for this model) under {path}"
     elif not overrides:
         source = f"reference (the plan has no overrides) under {path} with the plan's CONFIG"
     else:
         source = f"plan overrides under {path}"
-    row.update({"tkcc_ms": tk_ms, "tkcc_source": source, "tkcc_graph": tk_graph,
+    row.update({"tkcc_ms": tk_ms, "tkcc_source": source, "tkcc_timed": tk_how,
                 "plan": str(parts.loaded.version_dir) if parts else None,
                 "plan_version": parts.loaded.plan.version if parts else None,
                 "overrides": sorted(overrides),
@@ -335,7 +344,7 @@ def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs:
 
 
 def target_verdicts(rows: list[dict]) -> list[dict]:
-    """Issue 10's targets checked against the rows that exist (worst batch for the MoE cases)."""
+    """Issue 10's targets checked against every row of the model (and batch) each one names."""
     out = []
     for model, batch, metric, minimum in TARGETS:
         for r in rows:
@@ -419,6 +428,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--context", type=int, default=None, help="default context (cuda 1024, cpu 64)")
     ap.add_argument("--traffic", default=str(DEFAULT_TRAFFIC), help="trace for @azure cases")
     ap.add_argument("--hw", default="h200", help="hardware the @azure workload points are derived for")
+    ap.add_argument("--max-points", type=int, default=4, help="workload points for @azure (tkcc optimize's default)")
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     ap.add_argument("--samples", type=int, default=None, help="timed graph/compiled steps (cuda 100, cpu 5)")
     ap.add_argument("--eager-samples", type=int, default=None, help="timed eager steps (cuda 20, cpu 5)")
@@ -428,6 +438,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     ap.add_argument("--markdown", default=None, help="also write the per-case markdown sections here")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<h200|cpu>-e2e-decode.json)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the cases of an existing --out file that this run does not measure again")
     return ap
 
 
@@ -441,7 +453,7 @@ def run(a: argparse.Namespace) -> int:
     a.eager_samples = a.eager_samples or (20 if cuda else 5)
     plans = load_plans(a.plan)
     cases = parse_cases(a.cases or DEFAULT_CASES[a.device], a.context or (1024 if cuda else 64),
-                        Path(a.traffic), a.hw)
+                        Path(a.traffic), a.hw, a.max_points)
     unused = sorted(set(plans) - {c.model for c in cases})
     if unused:
         raise BenchError(f"plan(s) for {', '.join(unused)} match no case; add a case for that model")
@@ -474,6 +486,12 @@ def run(a: argparse.Namespace) -> int:
                              "tokens equal unless the reference margin <= 2 x the row's max logit difference",
            "cases": rows, "targets": target_verdicts(rows)}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else 'cpu'}-e2e-decode.json")
+    if a.merge and out.is_file():                   # runs split over several device sessions
+        ident = lambda r: (r["model"], tuple(r["layers"]), r["batch"], r["context"])  # noqa: E731
+        done = {ident(r) for r in rows}
+        kept = [r for r in json.loads(out.read_text()).get("cases", []) if ident(r) not in done]
+        doc["cases"] = kept + rows
+        doc["targets"] = target_verdicts(doc["cases"])
     plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     if a.markdown:
         plan_mod.atomic_write_text(a.markdown, "\n".join(sections))

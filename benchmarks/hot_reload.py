@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p[:-2]:<22}{v:>10.3f}")
     print(f"{'cycle (wall)':<22}{cycle_s:>10.3f}")
     for k, v in doc["cycle_median_by_kind_s"].items():
-        print(f"  {k:<20}{v:>10.3f}")
+        print(f"  {k:<26}{v:>10.3f}")
     print(f"\ncandidates per hour, hot reload:          {doc['candidates_per_hour']:>10.0f}")
     print(f"candidates per hour, restart per candidate: {doc['restart_candidates_per_hour']:>8.0f}")
     print(f"seconds per candidate, restart / hot:       {doc['ratio_restart_over_hot']:>8.1f}x")

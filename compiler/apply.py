@@ -102,7 +102,7 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
                seed: int = 0) -> tuple[LoadedPlan, list[PointCheck]]:
     """Runs the model (``layers`` slice; default the plan's fast tier) at each of the plan's workload
     points, reference then plan, and returns the logit difference (``ok`` within the dtype's
-    tolerance) and median step times (ms). Cost: 2 x repeats forward steps per point."""
+    tolerance) and median step times (ms). Cost: 2 x (repeats + 1) forward steps per point."""
     import torch
 
     from persistent_engine.models.decoder import build_model
@@ -122,7 +122,7 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     out = []
 
     def timed(workload) -> tuple[Any, float]:
-        samples, logits = [], None
+        samples, logits = [], m.step(workload)          # one warm-up step, untimed
         for _ in range(repeats):
             if device != "cpu":
                 torch.cuda.synchronize()

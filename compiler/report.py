@@ -93,7 +93,7 @@ def render(plan: Plan) -> dict[str, str]:
           f"| engine restarts | {run.get('restarts', 0)} |",
           f"| tiers | fast layers {plan.tiers.get('fast', {}).get('layers', '?')}, "
           f"slow layers {plan.tiers.get('slow', {}).get('layers', '?')} |",
-          f"| software | " + ", ".join(f"{k} {v}" for k, v in sorted(plan.software.items())) + " |", ""]
+          "| software | " + ", ".join(f"{k} {v}" for k, v in sorted(plan.software.items())) + " |", ""]
 
     ps = plan.plan_speedup
     L += ["## Plan speedup (all accepted optimizations composed, re-verified and re-measured)", "",

@@ -41,6 +41,8 @@ FORBIDDEN_NAMES = frozenset({
 FORBIDDEN_ATTRS = frozenset({
     "__globals__", "__builtins__", "__subclasses__", "__bases__", "__mro__", "__code__",
     "__loader__", "__spec__", "__import__", "f_globals", "f_locals", "f_back", "gi_frame",
+    # modules that libraries re-export as attributes (torch.os, torch.sys...)
+    "os", "sys", "subprocess", "ctypes", "importlib", "builtins", "socket", "shutil",
 })
 # CONFIG knobs the engine knows (DESIGN.md); value types checked at load
 CONFIG_KEYS: dict[str, tuple[type, ...]] = {

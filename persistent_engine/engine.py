@@ -204,7 +204,13 @@ class Engine:
         self.workload_guard = guards.TensorGuard(
             {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
              for k, t in _tensors(w).items()})
-        self.state_guard = guards.GlobalStateGuard(guards.default_namespaces())
+        model_objects = [self.model] + [o for b in getattr(self.model, "blocks", [])
+                                        for o in (b, getattr(b, "attn", None), getattr(b, "mlp", None))
+                                        if o is not None and hasattr(o, "__dict__")]
+        self.state_guard = guards.GlobalStateGuard(guards.default_namespaces() + model_objects)
+        # the registry as built: each op's OpDef and reference (a candidate reaching the registry
+        # module could slow the baseline down or swap a reference)
+        self._opdefs = {n: registry.get(n) for n in registry.names()}
         self.thread_guard = guards.ThreadGuard()
         self.candidate: cand_mod.LoadedCandidate | None = None
         self.cand_graphs: dict[int, list | None] = {}      # point -> candidate graphs (or None)
@@ -252,6 +258,10 @@ class Engine:
             reasons.append(f"{phase}: candidate changed global state: {', '.join(changed[:8])}"
                            + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else ""))
             self.state_guard.restore()
+        bad_ops = self._registry_changed()
+        if bad_ops:
+            reasons.append(f"{phase}: candidate changed the op registry: {', '.join(bad_ops[:8])}")
+            self.poisoned = True                # its tables are private: start a clean engine
         self._sync()
         bad = self.weight_guard.changed()
         if bad:
@@ -264,6 +274,17 @@ class Engine:
             reasons.append(f"{phase}: candidate changed workload inputs: {', '.join(bad_inputs[:5])}")
         self.workload_guard.restore()           # KV slots the candidate's step wrote are put back
         return reasons
+
+    def _registry_changed(self) -> list[str]:
+        """Ops whose OpDef was swapped, or that run something other than the reference or the
+        candidate's override (the registry's own state, read outside any override)."""
+        wanted = self.candidate.overrides if self.candidate else {}
+        active = self.registry.active_overrides()
+        bad = [n for n, d in self._opdefs.items() if self.registry.get(n) is not d]
+        bad += [n for n, fn in active.items() if wanted.get(n) is not fn]
+        bad += [n for n, d in self._opdefs.items()
+                if n not in active and self.registry.current(n) is not d.reference]
+        return sorted(set(bad))
 
     def _affected(self) -> list[int]:
         ops = set(self.candidate.overrides) if self.candidate else set()
@@ -280,7 +301,7 @@ class Engine:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return ErrorReply(message=f"out of memory: {str(e)[:300]}", kind="oom")
-        except Exception as e:  # noqa: BLE001 - a candidate's exception is a verdict, not a crash
+        except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - a verdict, not a crash
             self.registry.clear_overrides()
             text = f"{type(e).__name__}: {e}"
             if self.device.type == "cuda" and any(s in text for s in DEVICE_ERRORS):

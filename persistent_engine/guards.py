@@ -67,30 +67,35 @@ def _rng_states() -> tuple[torch.Tensor, int | None]:
 
 
 class GlobalStateGuard:
-    def __init__(self, namespaces: Iterable[ModuleType | type]):
+    """``namespaces``: modules (non-data attributes watched), classes and plain objects (every
+    attribute watched, additions included: the model and its layer objects go here)."""
+
+    def __init__(self, namespaces: Iterable[object]):
         self._namespaces = [ns for ns in namespaces if ns is not None]
         self.snapshot()
 
     def snapshot(self) -> None:
         # modules: everything but plain data (caches and counters change as the libraries run);
         # classes: every attribute
-        self._tables = [(ns, dict(vars(ns)) if isinstance(ns, type) else
-                         {k: v for k, v in vars(ns).items() if not isinstance(v, _PLAIN_DATA)})
-                        for ns in self._namespaces]
+        self._tables = [(ns, {k: v for k, v in vars(ns).items() if not isinstance(v, _PLAIN_DATA)}
+                         if isinstance(ns, ModuleType) else dict(vars(ns))) for ns in self._namespaces]
         self._settings = _settings()
         self._rng = _rng_states()
 
     def _diff(self):
         for ns, table in self._tables:
             now = vars(ns)
-            label = getattr(ns, "__name__", repr(ns))
-            if isinstance(ns, type):
+            if isinstance(ns, ModuleType):
+                label = ns.__name__
+            elif isinstance(ns, type):
                 label = f"{ns.__module__}.{ns.__qualname__}"
+            else:
+                label = f"<{type(ns).__name__} object>"
             for key, value in table.items():
                 cur = now.get(key, _MISSING)
                 if cur is not value:
                     yield ns, key, value, f"{label}.{key}"
-            if isinstance(ns, type):            # a new class attribute shadows an inherited one
+            if not isinstance(ns, ModuleType):  # a new attribute shadows a class's or an inherited one
                 for key in now.keys() - table.keys():
                     yield ns, key, _MISSING, f"{label}.{key}"
 
@@ -133,7 +138,10 @@ def default_namespaces() -> list[ModuleType | type]:
              "torch._C", "torch._C._VariableFunctions", "time", "math", "threading",
              "persistent_engine.timing", "persistent_engine.guards", "persistent_engine.verify",
              "persistent_engine.ops", "persistent_engine.ops.registry", "persistent_engine.ops.contract",
-             "persistent_engine.workloads", "triton", "triton.runtime.jit"]
+             "persistent_engine.workloads", "persistent_engine.models.decoder",
+             "persistent_engine.models.attention", "persistent_engine.models.mla",
+             "persistent_engine.models.moe", "persistent_engine.models.rope",
+             "persistent_engine.models.kv_cache", "triton", "triton.runtime.jit"]
     spaces: list[ModuleType | type] = [sys.modules[n] for n in names if n in sys.modules]
     spaces += [torch.Tensor, torch.nn.Module, torch.cuda.Event, torch.cuda.Stream, torch.cuda.CUDAGraph]
     return spaces

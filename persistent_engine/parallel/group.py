@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -104,12 +105,19 @@ def launch(fn: Callable, world: int, backend: str = "gloo", args: tuple = (), ti
         p.start()
     out: dict[int, Any] = {}
     errors: list[str] = []
+    deadline = time.monotonic() + timeout_s
     try:
         while len(out) + len(errors) < world:
             try:
-                rank, ok, value = results.get(timeout=timeout_s)
+                rank, ok, value = results.get(timeout=0.5)
             except queue.Empty:
-                errors.append(f"no result within {timeout_s:.0f} s")
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out]
+                if dead:           # died before reporting (e.g. could not unpickle the worker)
+                    errors.append(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} before reporting")
+                elif time.monotonic() > deadline:
+                    errors.append(f"no result within {timeout_s:.0f} s")
+                else:
+                    continue
                 break
             if ok:
                 out[rank] = value

@@ -141,7 +141,7 @@ def test_cli_recompile_no_drift_json(run):
     import sys
     _, out, _ = run
     versions = plan_mod.versions(out)
-    r = subprocess.run([sys.executable, "-m", "compiler", "recompile", "--plan", str(out), "--traffic", CONV,
+    r = subprocess.run([sys.executable, "-m", "compiler", "recompile", "--plan", str(out / "v1"), "--traffic", CONV,
                         "--json"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)

@@ -1,7 +1,6 @@
 """``tkcc optimize`` as a user runs it: SIGINT during the search still writes the plan of what was
 accepted (a subprocess, a real signal); bad inputs are one line and exit 2."""
 
-import json
 import signal
 import subprocess
 import sys

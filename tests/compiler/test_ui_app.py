@@ -156,8 +156,10 @@ def test_cli_serves_and_refuses_a_busy_port(served, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "compiler.cli", "ui", "--board", f"sqlite:///{path}",
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stdout.readline()
-        assert "read-only" in line, line + proc.stderr.read() if proc.poll() is not None else line
+        line = proc.stdout.readline()              # "tkcc ui: serving ... at http://127.0.0.1:PORT/ ..."
+        if "read-only" not in line:
+            proc.kill()
+            pytest.fail(f"tkcc ui did not start: {line!r} {proc.stderr.read()}")
         url = line.split(" at ")[1].split()[0]
         assert url.startswith("http://127.0.0.1:")
         r = httpx.get(url, timeout=30)

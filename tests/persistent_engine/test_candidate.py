@@ -40,6 +40,8 @@ def test_static_check_passes_policy_conforming_sources(name):
     ("f = open('/etc/passwd')\n", "forbidden name 'open'"),
     ("x = (1).__class__.__bases__[0].__subclasses__()\n", "forbidden attribute '__subclasses__'"),
     ("def f(): pass\ng = f.__globals__\n", "forbidden attribute '__globals__'"),
+    ("import torch\ntorch.os.abort()\n", "forbidden attribute 'os'"),
+    ("import torch\nm = torch.sys.modules\n", "forbidden attribute 'sys'"),
 ])
 def test_static_check_refuses(source, needle):
     reasons = cm.static_check(source, OP_PARAMS)

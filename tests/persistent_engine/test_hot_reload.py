@@ -59,6 +59,7 @@ CHEATS = [
     ("unknown_op", "static: OVERRIDES names unknown op 'rms_normalize'", ""),
     ("wrong_signature", "static: signature of rms_norm override (x, weight)", ""),
     ("abort_import_os", "static: forbidden import 'os'", ""),
+    ("exits", "candidate raised SystemExit", ""),
 ]
 
 

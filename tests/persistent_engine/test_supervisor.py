@@ -42,6 +42,7 @@ HOSTILE = [
     ("segfault", "crash: engine died during verify (killed by SIGSEGV)", 60),
     ("hang", "hang: no answer during verify within the 6 s timeout", 6),
     ("leaks_thread", "candidate left 1 thread(s) running: candidate-worker", 60),
+    ("slows_baseline", "load: candidate changed the op registry: linear", 60),
 ]
 
 
