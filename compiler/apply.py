@@ -27,6 +27,25 @@ from compiler import plan as plan_mod
 _counter = itertools.count()
 
 
+@contextlib.contextmanager
+def engine_threads(device: str) -> Iterator[None]:
+    """On CPU, time with the engine's thread count (``TKCC_ENGINE_THREADS``, default 1) so that
+    in-process figures compare with the engine's; restored afterwards."""
+    import os
+
+    import torch
+
+    if device != "cpu":
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("TKCC_ENGINE_THREADS", "1")))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 @dataclass(frozen=True)
 class LoadedPlan:
     """A plan's overrides ready to install: op name -> callable, and engine CONFIG knobs."""
@@ -133,7 +152,7 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
             samples.append(time.perf_counter() - t0)
         return logits, sorted(samples)[len(samples) // 2] * 1e3
 
-    with torch.no_grad():
+    with torch.no_grad(), engine_threads(device):
         for point in loaded.plan.workload_points:
             w = make_workload(m, dict(point), seed)
             ref, ref_ms = timed(w)
@@ -187,7 +206,7 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
             return acc
 
         result: dict[str, dict[str, float]] = {"before": defaultdict(float), "after": defaultdict(float)}
-        with torch.no_grad():
+        with torch.no_grad(), engine_threads(device):
             for point in points:
                 workload = make_workload(model, dict(point), seed)
                 for side in ("before", "after"):
@@ -240,7 +259,7 @@ def compare_with_torch_compile(spec: Any, layers: list[int], points: list[dict],
     out = {"layers": list(layers), "dtype": dtype, "reference_ms": 0.0, "plan_ms": 0.0, "torch_compile_ms": 0.0}
     t0 = time.monotonic()
     compiled = torch.compile(model.step)
-    with torch.no_grad():
+    with torch.no_grad(), engine_threads(device):
         for point in points:
             w = float(point.get("weight", 1.0))
             workload = make_workload(model, dict(point), seed)

@@ -17,6 +17,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 
 
 class UsageError(ValueError):
@@ -39,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", default="10m", help="search time (default 10m)")
     p.add_argument("--agents", default="offline:4", help="e.g. offline:4, anthropic:2, files:DIR")
     p.add_argument("--board", default=None, help="board URL (default sqlite:///OUT/board.db)")
-    p.add_argument("--out", default="plans/default", help="plan root directory (versions inside)")
+    p.add_argument("--out", default=None, help="plan root directory, versions inside (default plans/<model>)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--fast-layers", type=int, default=None)
     p.add_argument("--slow-layers", type=int, default=None)
@@ -94,7 +95,8 @@ def _optimize(args: argparse.Namespace) -> int:
     from compiler.loop import OptimizeConfig, optimize
 
     budget = parse_duration(args.budget)
-    cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=args.out, budget_s=budget,
+    out = args.out or str(Path("plans") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model).stem) or "model"))
+    cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget,
                          agents=args.agents, board=args.board, device=args.device,
                          fast_layers=args.fast_layers, slow_layers=args.slow_layers, fleet=args.fleet,
                          ray_address=args.ray_address, max_points=args.max_points, timeout_s=args.timeout,

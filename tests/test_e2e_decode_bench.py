@@ -112,6 +112,8 @@ def test_without_a_plan_tkcc_is_the_reference_and_says_so(tmp_path):
     [c] = doc["cases"]
     assert c["layers"] == [0, 1] and "no plan" in c["tkcc_source"] and c["overrides"] == []
     assert c["agreement"]["tkcc"]["rel_err"] == 0.0
+    rc, doc = run(tmp_path, "--cases", "tiny-dense@1/8", "--merge")       # a second, split run
+    assert rc == 0 and [(c["model"], c["batch"]) for c in doc["cases"]] == [("tiny-moe", 3), ("tiny-dense", 1)]
 
 
 def test_user_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys):
