@@ -51,7 +51,7 @@ def register(subparsers) -> None:
     diff.add_argument("old", help="trace or saved profile JSON")
     diff.add_argument("new", help="trace or saved profile JSON")
     diff.add_argument("--json", action="store_true", help="print one JSON document")
-    from traffic_profiles.drift import DriftThresholds   # light: numpy only
+    from traffic_profiles.thresholds import DriftThresholds   # light: no pandas
     for name in DriftThresholds.names():
         diff.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(DriftThresholds, name),
                           metavar="X", help=f"threshold (default {getattr(DriftThresholds, name):g})")

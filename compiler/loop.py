@@ -260,6 +260,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                     composition = _unmeasured(acceptor.accepted)
                 else:
                     composition = acceptor.compose(deadline=time.monotonic() + max(60.0, 0.1 * cfg.budget_s))
+                interrupted = stop.is_set()              # a Ctrl-C during composition counts too
                 if composition is not None:
                     progress.event(f"composition: kept {len(composition.parts)} of {len(acceptor.accepted)} accepted"
                                    + "".join(f"; dropped {n}: {why}" for n, why in composition.dropped))

@@ -9,11 +9,16 @@ A measurements file (JSON) is what the engine's timings produce:
          "chunk": 1, "weight": 0.1}, "seconds": 0.00091, "op_class": "attention" (optional)}, ...]}
 
 A row without ``op_class`` is a whole step (the sliced model's forward, embeddings and lm_head
-included); with it, the time of that op class alone. The estimate is linear in the unknowns, in
-either of two forms (cost_model.estimate):
+included); with it, the time of that op class alone. ``impl`` (default "fused") says which kernels
+ran: "reference" rows (the engine's plain-torch ops, what ``cost_model.measure`` times) are costed
+with the reference formulas of ``cost_model.ops``. ``graph`` (GPU rows): true when the step was
+replayed from a CUDA graph, false when it ran eagerly (not capturable: prefill); an eager GPU row
+also pays the host's per-kernel launch cost, a separate unknown ``e`` (CPU rows: none, their
+``kernels`` term is the eager cost). The estimate is linear in the unknowns, in either of two forms
+(cost_model.estimate):
 
-    roofline  t = sum_c f_c * raw_c                                + o * kernels * overhead_default
-    split     t = sum_c (m_c * memory_c + k_c * compute_c)         + o * kernels * overhead_default
+    roofline  t = sum_c f_c * raw_c                          + (o + e [eager GPU]) * kernels * overhead_default
+    split     t = sum_c (m_c * memory_c + k_c * compute_c)   + (o + e [eager GPU]) * kernels * overhead_default
 
 so the factors and the overhead multiplier o are the non-negative least-squares solution of the
 *relative* residuals (each row divided by its measurement), with a weak pull towards 1 so a class
@@ -41,15 +46,15 @@ import numpy as np
 from cost_model.estimate import Efficiency, features
 from cost_model.hardware import CostModelError, Hardware
 from cost_model.layout import Layout
-from cost_model.ops import OP_CLASSES, step_ops
+from cost_model.ops import IMPLS, OP_CLASSES, step_ops
 from persistent_engine.models.spec import ModelSpec
 
 PACKAGED_DIR = Path(__file__).with_name("calibrations")
 RIDGE = 1e-4                    # pull of each factor towards 1 (relative units)
 FORMS = ("roofline", "split")
 # unknowns of each form, in feature order (the names of cost_model.estimate.features, then the overhead)
-COLUMNS = {"roofline": (*OP_CLASSES, "kernels"),
-           "split": (*(f"{c}:{part}" for c in OP_CLASSES for part in ("memory", "compute")), "kernels")}
+COLUMNS = {"roofline": (*OP_CLASSES, "kernels", "eager"),
+           "split": (*(f"{c}:{part}" for c in OP_CLASSES for part in ("memory", "compute")), "kernels", "eager")}
 
 
 def user_dir() -> Path:
@@ -65,6 +70,8 @@ class Measurement:
     dtype: str = "bf16"
     layout: dict = field(default_factory=dict)
     op_class: str | None = None
+    impl: str = "fused"             # "fused" | "reference" (cost_model.ops.IMPLS)
+    graph: bool | None = None       # GPU: replayed from a CUDA graph (True) or eager (False); CPU: None
 
     @classmethod
     def from_dict(cls, d: dict) -> "Measurement":
@@ -74,28 +81,32 @@ class Measurement:
                 layers = list(range(layers))
             m = cls(model=str(d["model"]), point=dict(d["point"]), seconds=float(d["seconds"]), layers=layers,
                     dtype=str(d.get("dtype", "bf16")), layout=dict(d.get("layout") or {}),
-                    op_class=d.get("op_class"))
+                    op_class=d.get("op_class"), impl=str(d.get("impl") or "fused"),
+                    graph=None if d.get("graph") is None else bool(d["graph"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CostModelError(f"bad measurement {d!r}: {e}") from None
-        if m.seconds <= 0 or (m.op_class is not None and m.op_class not in OP_CLASSES):
-            raise CostModelError(f"bad measurement {d!r}: seconds must be > 0, op_class one of {OP_CLASSES}")
+        if m.seconds <= 0 or (m.op_class is not None and m.op_class not in OP_CLASSES) or m.impl not in IMPLS:
+            raise CostModelError(f"bad measurement {d!r}: seconds must be > 0, op_class one of {OP_CLASSES}, "
+                                 f"impl one of {IMPLS}")
         return m
 
     def to_dict(self) -> dict:
         return {"model": self.model, "point": self.point, "seconds": self.seconds, "layers": self.layers,
-                "dtype": self.dtype, "layout": self.layout, "op_class": self.op_class}
+                "dtype": self.dtype, "layout": self.layout, "op_class": self.op_class, "impl": self.impl,
+                "graph": self.graph}
 
 
 def feature_row(m: Measurement, hw: Hardware, specs: dict, form: str = "roofline") -> np.ndarray:
     """The unknowns' seconds at factor 1 for one measurement, in ``COLUMNS[form]`` order (the last
-    one is kernels x the hardware's default overhead)."""
+    two are kernels x the hardware's default overhead, and the same again for an eager GPU row)."""
     spec = specs.get(m.model) or specs.setdefault(m.model, ModelSpec.from_name(m.model))
     layout = Layout(**{**m.layout, "dtype": m.dtype})
-    ops = step_ops(spec, layout, m.point, m.layers)
+    ops = step_ops(spec, layout, m.point, m.layers, impl=m.impl)
     if m.op_class is not None:
         ops = [o for o in ops if o.cls == m.op_class]
     f = features(ops, hw, layout.gpus)
     f["kernels"] *= hw.kernel_overhead_s
+    f["eager"] = f["kernels"] if m.graph is False else 0.0
     return np.array([f[c] for c in COLUMNS[form]])
 
 
@@ -139,6 +150,7 @@ class Calibration:
     source: str = ""
     form: str = "roofline"          # or "split": ``split`` holds the factors of every class
     split: dict = field(default_factory=dict)   # op class -> [memory factor, compute factor]
+    eager_overhead_factor: float = 1.0          # extra multiplier of hw.kernel_overhead_s per eager GPU kernel
 
     @property
     def efficiency(self) -> Efficiency:
@@ -149,8 +161,10 @@ class Calibration:
         """The factors in ``COLUMNS[self.form]`` order."""
         if self.form == "split":
             per = [self.split.get(c, (1.0, 1.0)) for c in OP_CLASSES]
-            return np.array([f for mc in per for f in mc] + [self.overhead_factor], dtype=float)
-        return np.array([self.factors.get(c, 1.0) for c in OP_CLASSES] + [self.overhead_factor])
+            return np.array([f for mc in per for f in mc] + [self.overhead_factor, self.eager_overhead_factor],
+                            dtype=float)
+        return np.array([self.factors.get(c, 1.0) for c in OP_CLASSES]
+                        + [self.overhead_factor, self.eager_overhead_factor])
 
     def predict(self, measurements: list[Measurement], hw: Hardware) -> np.ndarray:
         specs: dict = {}
@@ -166,7 +180,7 @@ class Calibration:
         return {"kind": "tkcc.calibration", "device": self.device, "form": self.form, "factors": self.factors,
                 "split": {c: list(v) for c, v in self.split.items()},
                 "overhead_factor": self.overhead_factor, "kernel_overhead_s": self.kernel_overhead_s,
-                "points": self.points, "error_before": self.error_before, "error_after": self.error_after,
+                "eager_overhead_factor": self.eager_overhead_factor, "points": self.points, "error_before": self.error_before, "error_after": self.error_after,
                 "source": self.source}
 
     @classmethod
@@ -182,7 +196,7 @@ class Calibration:
                        overhead_factor=float(d["overhead_factor"]), kernel_overhead_s=float(d["kernel_overhead_s"]),
                        points=int(d["points"]), error_before=float(d["error_before"]),
                        error_after=float(d["error_after"]), source=source or str(d.get("source", "")),
-                       form=form, split=split)
+                       form=form, split=split, eager_overhead_factor=float(d.get("eager_overhead_factor", 1.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CostModelError(f"{source or 'calibration'}: incomplete calibration: {e}") from None
 
@@ -259,9 +273,10 @@ def fit(measurements: list, hw: Hardware, source: str = "", form: str = "auto") 
         split = {c: [float(x[2 * i]), float(x[2 * i + 1])] for i, c in enumerate(OP_CLASSES)}
     else:
         factors, split = {c: float(x[i]) for i, c in enumerate(OP_CLASSES)}, {}
-    return Calibration(device=hw.name, factors=factors, overhead_factor=float(x[-1]),
-                       kernel_overhead_s=float(x[-1] * hw.kernel_overhead_s), points=len(ms),
-                       error_before=before, error_after=after, source=source, form=form, split=split)
+    return Calibration(device=hw.name, factors=factors, overhead_factor=float(x[-2]),
+                       kernel_overhead_s=float(x[-2] * hw.kernel_overhead_s), points=len(ms),
+                       error_before=before, error_after=after, source=source, form=form, split=split,
+                       eager_overhead_factor=float(x[-1]))
 
 
 def evaluate(calib: Calibration | None, measurements: list, hw: Hardware) -> dict:

@@ -10,6 +10,15 @@ hits all points alike instead of ruining one. A point's time is the fastest of i
 (noise from sharing the cores only ever adds time) and the median on GPU. Rounds stop at
 ``rounds`` or when ``budget_s`` is spent (at least ``min_rounds``).
 
+On GPU each point is timed as the engine times it (``persistent_engine.engine``): a decode step is
+captured in a CUDA graph (warm-up on a side stream, one shared memory pool) and a sample is one
+replay between CUDA events after an L2 flush (``persistent_engine.timing``), so the host's Python
+and launch cost, which serving does not pay, is not in it. Prefill steps read lengths on the host
+(``attention_prefill``, the MoE expert loop) and are not capturable; as in the engine none is tried
+(a failed capture can leave the allocator mid-capture) and they are timed eagerly, as is a decode
+step whose capture fails. Every row says which (``graph``: true / false; None on CPU) and that the
+engine's reference ops ran (``impl``: "reference"), which ``cost_model.calibration`` costs apart.
+
 On CPU the clock is by default the calling thread's CPU time (``clock="thread"``): with one torch
 thread every op runs on the calling thread, so the CPU time is the step's own work, and the time the
 scheduler gives to other processes (on a loaded 2-core machine, most of the wall time of a 10 ms
@@ -75,9 +84,9 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
         torch.set_num_threads(threads)
     try:
         timer = make_timer(dev)
-        sample = _thread_sample if clock == "thread" else (lambda step: timer.sample(step)[0] / 1e3)
         models: dict = {}
-        runs = []                                   # (row template, step closure)
+        runs = []                                   # (row template, step closure, graph replay?)
+        pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         with torch.inference_mode():
             for model, layers, point in _points_of(suite):
                 key = (model, None if layers is None else tuple(layers) if not isinstance(layers, int) else layers)
@@ -86,24 +95,58 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
                 m = models[key]
                 wl = make_workload(m, point, seed)
                 m.step(wl)                          # warm-up: allocator, lazy init, caches
-                runs.append(({"model": model, "layers": None if layers is None else list(m.layers),
-                              "dtype": "bf16", "point": dict(point)}, (lambda m=m, wl=wl: m.step(wl))))
+                row = {"model": model, "layers": None if layers is None else list(m.layers), "dtype": "bf16",
+                       "point": dict(point), "impl": "reference", "graph": None}
+                step, graph = (lambda m=m, wl=wl: m.step(wl)), False
+                if dev.type == "cuda":
+                    if point.get("phase", "decode") == "decode":
+                        step, error = _capture(torch, m, wl, pool, dev)
+                        graph = error is None
+                        if error:
+                            row["graph_error"] = error
+                            step = lambda m=m, wl=wl: m.step(wl)    # noqa: E731
+                    row["graph"] = graph
+                runs.append((row, step, graph))
+            if clock == "thread":
+                sample = lambda step, graph: _thread_sample(step)                   # noqa: E731
+            else:
+                sample = lambda step, graph: timer.sample(step, graph=graph)[0] / 1e3  # noqa: E731
             samples: list[list[float]] = [[] for _ in runs]
             start = time.perf_counter()
             for r in range(rounds):
                 if budget_s is not None and r >= min_rounds and time.perf_counter() - start > budget_s:
                     break
-                for i, (_, step) in enumerate(runs):
-                    samples[i].append(sample(step))                     # seconds
+                for i, (_, step, graph) in enumerate(runs):
+                    samples[i].append(sample(step, graph))              # seconds
     finally:
         torch.set_num_threads(old_threads)
     out = []
-    for (row, _), s in zip(runs, samples):
+    for (row, _, _), s in zip(runs, samples):
         s = sorted(s)
         t = s[0] if dev.type == "cpu" else statistics.median(s)
         out.append({**row, "seconds": t, "samples": len(s), "spread": (statistics.median(s) - s[0]) / s[0],
                     "clock": clock})
     return out
+
+
+def _capture(torch, model, wl, pool, dev):
+    """(replay closure returning the step's static output, None), or (None, error text) when the
+    step cannot be captured. Warm-up on a side stream, as CUDA graph capture requires."""
+    try:
+        s = torch.cuda.Stream(dev)
+        s.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                model.step(wl)
+        torch.cuda.current_stream(dev).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            out = model.step(wl)
+    except Exception as e:  # noqa: BLE001 - not capturable: the caller times this point eagerly
+        torch.cuda.synchronize(dev)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    g.replay()                                  # first replay outside the timed samples
+    return (lambda: (g.replay(), out)[1]), None
 
 
 def _thread_sample(step) -> float:

@@ -17,18 +17,32 @@ import time
 
 T_MAIN = time.time()
 PARENT_ENV = "TKCC_ENGINE_PARENT_PID"       # set by the supervisor: leave when that process is gone
+SPAWNED_ENV = "TKCC_ENGINE_SPAWNED_AT"      # set by the supervisor: time.time() of the spawn
 
 
-def _process_seconds() -> float:
-    """Seconds from the kernel starting this process to ``main`` (interpreter start-up)."""
+def _process_age() -> float:
+    """Seconds since the kernel started this process (10 ms resolution), read from /proc."""
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return max(0.0, T_MAIN - (btime + start_ticks / os.sysconf("SC_CLK_TCK")))
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return 0.0
+
+
+PROCESS_S = _process_age()                  # interpreter start-up, up to this module running
+
+
+def _process_seconds() -> float:
+    """The ``process`` stage: from the supervisor's spawn call (its clock, passed in the
+    environment) when there is one, else from the kernel starting this process."""
+    spawned = os.environ.get(SPAWNED_ENV)
+    try:
+        return max(0.0, T_MAIN - float(spawned)) if spawned else PROCESS_S
+    except ValueError:
+        return PROCESS_S
 
 
 def _emit(obj: dict) -> None:

@@ -117,6 +117,7 @@ class Supervisor:
         env = dict(self._env)
         env[TOKEN_ENV] = self._token            # the token travels in the environment, not argv
         env["TKCC_ENGINE_PARENT_PID"] = str(os.getpid())
+        env["TKCC_ENGINE_SPAWNED_AT"] = repr(time.time())
         env.setdefault("PYTHONUNBUFFERED", "1")
         stderr = open(self._stderr_path, "ab")
         self.proc = subprocess.Popen(self._command(), stdout=subprocess.PIPE, stderr=stderr, env=env,

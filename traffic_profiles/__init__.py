@@ -9,13 +9,18 @@
 Imports only numpy, pandas and pyarrow (no torch, no other tkcc package).
 """
 
-from .drift import DriftReport, DriftThresholds, FeatureDrift, compare
-from .profile import ProfileConfig, TrafficProfile, build_profile, profile_file
-from .readers import read_trace
-from .trace import Trace, TraceError
-from .workload import (RooflineStepTime, SchedulerConfig, StepShape, Workload, WorkloadPoint, replay,
-                       workload_points)
-from .writer import write_parquet
+import importlib
+
+# Public name -> submodule. Imported on first use so that ``import traffic_profiles`` (and the CLI's
+# parser) does not pay for pandas.
+_EXPORTS = {
+    "DriftReport": "drift", "DriftThresholds": "thresholds", "FeatureDrift": "drift", "compare": "drift",
+    "ProfileConfig": "profile", "TrafficProfile": "profile", "build_profile": "profile",
+    "profile_file": "profile", "read_trace": "readers", "Trace": "trace", "TraceError": "trace",
+    "RooflineStepTime": "workload", "SchedulerConfig": "workload", "StepShape": "workload",
+    "Workload": "workload", "WorkloadPoint": "workload", "replay": "workload",
+    "workload_points": "workload", "write_parquet": "writer", "SynthConfig": "synth", "generate": "synth",
+}
 
 __all__ = [
     "DriftReport", "DriftThresholds", "FeatureDrift", "ProfileConfig", "RooflineStepTime",
@@ -26,8 +31,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # synth is also run as ``python -m traffic_profiles.synth``: imported lazily so runpy finds it fresh
-    if name in ("SynthConfig", "generate"):
-        from . import synth
-        return getattr(synth, name)
-    raise AttributeError(f"module 'traffic_profiles' has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'traffic_profiles' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

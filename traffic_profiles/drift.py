@@ -19,24 +19,11 @@ inter-arrival CV 13 vs 1.1).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from . import stats
 from .profile import TrafficProfile
-
-
-@dataclass(frozen=True)
-class DriftThresholds:
-    ks: float = 0.10
-    wasserstein: float = 0.25
-    psi: float = 0.20
-    rate: float = 0.50
-    burstiness: float = 0.50
-    cache_hit: float = 0.10
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
+from .thresholds import DriftThresholds
 
 
 @dataclass(frozen=True)

@@ -31,18 +31,21 @@ def test_sigint_during_search_writes_the_plan(tmp_path):
                              "--max-points", "1", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     lines: list[str] = []
-    searching = threading.Event()
+    searching, accepted = threading.Event(), threading.Event()
 
     def pump():
         for line in proc.stderr:
             lines.append(line)
             if "phase: searching" in line:
                 searching.set()
+            if "] accepted " in line:
+                accepted.set()
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
         assert searching.wait(240), "".join(lines[-20:])
-        time.sleep(2)
+        accepted.wait(120)                   # interrupt right after a first acceptance (or after 120 s)
+        sent_at = len(lines)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=240)
@@ -60,6 +63,10 @@ def test_sigint_during_search_writes_the_plan(tmp_path):
     assert any("interrupted: finishing" in line for line in lines)
     for o in plan.optimizations:
         assert (vdir / o.kernel).is_file()
+    before = "".join(lines[:sent_at])
+    if "] accepted " in before and "phase: composing" not in before:
+        assert plan.optimizations, "accepted before the Ctrl-C, so the plan must hold it"
+        assert plan.plan_speedup["note"] == "interrupted: composition not re-measured"
 
 
 @pytest.mark.parametrize("args, message", [
