@@ -3,9 +3,13 @@
     python benchmarks/cost_model_accuracy.py --device cpu              # tiny + one-layer models, ~1 min
     python benchmarks/cost_model_accuracy.py --device cuda --hw h200   # llama-1b + qwen3-moe slice, 24 points
 
-Each workload point is timed with the engine's timer (persistent_engine.timing: CUDA events with
-L2 flush on GPU, perf_counter_ns on CPU; eager steps; the median on GPU, the fastest sample
-on CPU where other processes share the cores). The points alternate
+Each workload point is timed as the engine times it (cost_model.measure, persistent_engine.timing):
+on GPU a decode step is captured in a CUDA graph and replayed between CUDA events after an L2
+flush, the median of the replays; prefill steps (host syncs: not capturable) run eagerly and the
+calibration gives their extra per-kernel launch cost its own factor; the table's ``graph`` column
+says which. On CPU: eager steps, one thread, the fastest sample (other processes share the
+cores). Predictions use the per-op formulas of the engine's reference ops
+(``cost_model.ops``, impl "reference"). The points alternate
 between a calibration set and a held-out set; the factors are fitted on the first and the error
 is reported on both. Prints a table, writes ``benchmarks/results/cost_model_accuracy_<hw>.json``
 (per point: measured, predicted before and after) and the fitted calibration
@@ -88,21 +92,29 @@ def _write_json(path: Path, doc) -> None:
 
 
 def print_table(res: dict) -> None:
-    print(f"{'model':<11} {'layers':>8} {'phase':>7} {'batch':>5} {'ctx':>6} {'chunk':>5} {'measured ms':>12} "
-          f"{'before ms':>10} {'after ms':>10} {'err after':>9} set")
+    print(f"{'model':<11} {'layers':>8} {'phase':>7} {'batch':>5} {'ctx':>6} {'chunk':>5} {'graph':>5} "
+          f"{'measured ms':>12} {'before ms':>10} {'after ms':>10} {'err after':>9} set")
     for r in res["rows"]:
         p = r["point"]
         lay = "all" if r["layers"] is None else (str(len(r["layers"])) if len(r["layers"]) > 2 else str(r["layers"]))
         err = abs(r["predicted_after_s"] - r["seconds"]) / r["seconds"]
+        graph = {None: "-", True: "yes", False: "eager"}[r.get("graph")]
         print(f"{r['model']:<11} {lay:>8} {p['phase']:>7} {p['batch']:>5} {p['context']:>6} {p['chunk']:>5} "
-              f"{r['seconds'] * 1e3:>12.3f} {r['predicted_before_s'] * 1e3:>10.3f} {r['predicted_after_s'] * 1e3:>10.3f} "
+              f"{graph:>5} {r['seconds'] * 1e3:>12.3f} {r['predicted_before_s'] * 1e3:>10.3f} {r['predicted_after_s'] * 1e3:>10.3f} "
               f"{err:>9.1%} {r['set']}")
     for k in ("train", "held_out", "all"):
         print(f"median |error| {k:<9} before {res[k]['before']:.1%}  after {res[k]['after']:.1%}")
     c = res["calibration"]
     print("form:", c["form"], "factors:", {k: [round(x, 3) for x in v] if isinstance(v, list) else round(v, 3)
                                           for k, v in (c["split"] or c["factors"]).items()},
-          "kernel overhead us:", round(res["calibration"]["kernel_overhead_s"] * 1e6, 2))
+          "kernel overhead us:", round(res["calibration"]["kernel_overhead_s"] * 1e6, 2),
+          "eager overhead factor:", round(res["calibration"]["eager_overhead_factor"], 3))
+    eager = [r for r in res["rows"] if r.get("graph") is False]
+    if eager:
+        print(f"eager (not capturable) points: {len(eager)} of {len(res['rows'])}: "
+              + ", ".join(f"{r['model']} {r['point']['phase']} {r['point']['batch']}x{r['point']['chunk']}@"
+                          f"{r['point']['context']}" + (f" ({r['graph_error']})" if r.get("graph_error") else "")
+                          for r in eager))
 
 
 def main(argv=None) -> int:
@@ -122,6 +134,7 @@ def main(argv=None) -> int:
     res, calib = accuracy(rows, hw)
     res["device"] = args.device
     res["noise_median_spread"] = statistics.median(r["spread"] for r in rows)   # (median - fastest) / fastest
+    res["eager_points"] = sum(r.get("graph") is False for r in rows)
     print_table(res)
     _write_json(RESULTS / f"cost_model_accuracy_{hw.name}.json", res)
     calib.save(RESULTS / f"cost_model_calibration_{hw.name}.json")

@@ -19,7 +19,8 @@ fits). The reference GQA attention gathers the paged cache and materialises fp32
 the full n x L score matrix in fp32, causality by masking); its MoE gathers the chosen experts'
 weights (3 T k < E), computes every expert densely (T < 512), or loops over the used experts with
 ~13 kernels each (T >= 512); its norms, activations and rotary run in fp32 with a kernel per torch
-op. MLA has no reference-specific formulas (the fused ones are used).
+op; its MLA runs absorbed (latent MQA) in decode and prefill alike. The reference formulas cover
+one GPU (the engine's reference forward); with parallelism the fused formulas are used.
 
 Notation in the comments: H hidden, T tokens per attention group, S sequences per group,
 L cached context, n new tokens per sequence, E experts, k experts per token.
@@ -162,12 +163,68 @@ def _ref_rms_norm(name: str, elems: float, fused_add: bool) -> OpCost:
     return _ref_elementwise(name, elems, 16.0 if fused_add else 12.0, 12 if fused_add else 9)
 
 
+def _ref_attention_core(seqs: int, n: int, ctx: int, hq: int, hk: int, dk: int, dv: int, kb: float,
+                        dtype: str) -> OpCost:
+    """ops.attention.attention_decode / attention_prefill over a paged cache of Hk heads of K
+    (dk dims) and V (dv dims), also MLA's absorbed MQA (Hk 1, K the latent + rope, V the latent)."""
+    length = ctx + n                                            # keys per sequence (new ones included)
+    if n == 1:
+        # gather the pages of every sequence (padded to whole blocks), einsum in bf16 (operands
+        # copied to batch layout), scores [S, Hq, Lp] through ~40 bytes each (bf16 out, fp32
+        # copy, scale, mask, softmax, cast, read), masks, second einsum
+        lp = _ceil_div(length, REF_BLOCK_SIZE) * REF_BLOCK_SIZE
+        kv = seqs * lp * hk * (dk + dv) * kb
+        scores = seqs * hq * lp
+        return OpCost("attention_decode", "attention", flops=2.0 * seqs * hq * (dk + dv) * lp,
+                      bytes=5 * kv + 40.0 * scores + seqs * hq * (dk + dv) * ACT_BYTES, dtype=dtype, kernels=14)
+    # per sequence: gather its pages, fp32 copies of q, k, v, the full [Hq, n, L] fp32 score matrix
+    # (causality by masking: no FLOPs saved) through ~36 bytes each, fp32 einsums
+    kv = seqs * length * hk * (dk + dv)
+    scores = seqs * hq * n * length
+    return OpCost("attention_prefill", "attention", flops=2.0 * seqs * n * hq * (dk + dv) * length,
+                  bytes=kv * (2 * kb + 3 * F32) + 36.0 * scores + n * length * seqs
+                  + seqs * n * hq * (dk + 2 * dv) * F32, dtype="fp32", kernels=3 + 18 * seqs)
+
+
+def _ref_mla_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
+    """MLA as persistent_engine.models.mla computes it: absorbed (latent-space MQA) for decode and
+    prefill alike, the absorb einsums in fp32 on fp32 copies of W_UK / W_UV."""
+    h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
+    t = seqs * n
+    hq, _ = heads_per_gpu(spec, layout)
+    lat, r, dn, dv = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim
+    ops: list[OpCost] = []
+    if spec.q_lora_rank:
+        ops += [_gemm("q_a_proj", t, h, spec.q_lora_rank, wd, wb), _ref_rms_norm("q_a_norm", t * spec.q_lora_rank, False),
+                _gemm("q_b_proj", t, spec.q_lora_rank, hq * (dn + r), wd, wb)]
+    else:
+        ops.append(_gemm("q_proj", t, h, hq * (dn + r), wd, wb))
+    ops += [OpCost("q_split", "elementwise", bytes=2 * t * hq * (dn + r) * ACT_BYTES, kernels=2),
+            _gemm("kv_a_proj", t, h, lat + r, wd, wb),
+            OpCost("kv_split", "elementwise", bytes=2 * t * (lat + r) * ACT_BYTES, kernels=2),
+            _ref_rms_norm("kv_a_norm", t * lat, False),
+            _ref_elementwise("rotary_embedding", t * (hq + 1) * r, 9.0, 17),
+            OpCost("kv_cache_write", "elementwise", bytes=3 * t * (lat + r) * kb, kernels=2),
+            # fp32 einsum on fp32 copies of q_nope and W_UK [Hq, Dn, lat], cast back
+            OpCost("mla_q_absorb", "gemm", flops=2.0 * t * hq * dn * lat, dtype="fp32",
+                   bytes=hq * dn * lat * (wb + 2 * F32) + t * hq * (dn * (2 + 2 * F32) + lat * (2 * F32 + 2)),
+                   kernels=4),
+            OpCost("mla_q_cat", "elementwise", bytes=2 * t * hq * (lat + r) * ACT_BYTES, kernels=1),
+            _ref_attention_core(seqs, n, ctx, hq, 1, lat + r, lat, kb, wd),
+            OpCost("mla_v_up", "gemm", flops=2.0 * t * hq * lat * dv, dtype="fp32",
+                   bytes=hq * dv * lat * (wb + 2 * F32) + t * hq * (lat * (2 + 2 * F32) + dv * (2 * F32 + 2)),
+                   kernels=4),
+            _gemm("o_proj", t, hq * dv, h, wd, wb)]
+    return ops
+
+
 def _ref_attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
     """GQA attention as persistent_engine.models.attention + ops.attention compute it."""
+    if spec.attention == "mla":
+        return _ref_mla_ops(spec, layout, seqs, n, ctx)
     h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
     t, dh = seqs * n, spec.head_dim
     hq, hk = heads_per_gpu(spec, layout)
-    length = ctx + n                                            # keys per sequence (new ones included)
     ops = [_gemm("qkv_proj", t, h, (hq + 2 * hk) * dh, wd, wb),
            OpCost("qkv_split", "elementwise", bytes=2 * t * (hq + 2 * hk) * dh * ACT_BYTES, kernels=3)]
     if spec.qk_norm != "none":
@@ -175,23 +232,7 @@ def _ref_attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> lis
     # cos/sin gather, then per q and k: fp32 copy, 4 products, 2 sums, cat, cast back
     ops.append(_ref_elementwise("rotary_embedding", t * (hq + hk) * dh, 9.0, 17))
     ops.append(OpCost("kv_cache_write", "elementwise", bytes=2 * t * 2 * hk * dh * kb, kernels=2))
-    if n == 1:
-        # gather the pages of every sequence (padded to whole blocks), einsum in bf16 (operands
-        # copied to batch layout), scores [S, Hq, Lp] through ~40 bytes each (bf16 out, fp32
-        # copy, scale, mask, softmax, cast, read), masks, second einsum
-        lp = _ceil_div(length, REF_BLOCK_SIZE) * REF_BLOCK_SIZE
-        kv = seqs * lp * 2 * hk * dh * kb
-        scores = seqs * hq * lp
-        ops.append(OpCost("attention_decode", "attention", flops=4.0 * seqs * hq * dh * lp,
-                          bytes=5 * kv + 40.0 * scores + 2 * t * hq * dh * ACT_BYTES, dtype=wd, kernels=14))
-    else:
-        # per sequence: gather its pages, fp32 copies of q, k, v, the full [Hq, n, L] fp32 score
-        # matrix (causality by masking: no FLOPs saved) through ~36 bytes each, fp32 einsums
-        kv = seqs * length * 2 * hk * dh
-        scores = seqs * hq * n * length
-        ops.append(OpCost("attention_prefill", "attention", flops=4.0 * seqs * n * hq * dh * length,
-                          bytes=kv * (2 * kb + 3 * F32) + 36.0 * scores + n * length * seqs
-                          + 3 * t * hq * dh * F32, dtype="fp32", kernels=3 + 18 * seqs))
+    ops.append(_ref_attention_core(seqs, n, ctx, hq, hk, dh, dh, kb, wd))
     ops.append(_gemm("o_proj", t, hq * dh, h, wd, wb))
     return ops
 
@@ -336,11 +377,11 @@ def step_ops(spec, layout: Layout, point: dict, layers: list[int] | None = None,
     """All ops one GPU runs for one step of ``point`` (the fullest stage unless ``stage`` is
     given); ``layers`` selects layer indices of a sliced model (embeddings, final norm and
     lm_head are always included, as in the engine). ``impl``: "fused" or "reference" (the
-    engine's plain-torch ops; GQA models on one GPU, else the fused formulas)."""
+    engine's plain-torch ops; one GPU, else the fused formulas)."""
     if impl not in IMPLS:
         raise ValueError(f"impl {impl!r}: one of {IMPLS}")
     _, batch, ctx, n = point_shape(point)
-    if impl == "reference" and spec.attention == "gqa" and layout.gpus == 1:
+    if impl == "reference" and layout.gpus == 1:
         return _ref_step_ops(spec, layout, batch, n, ctx, stage_layers(spec, layout, 0, layers), skew)
     seqs = _ceil_div(batch, layout.dp)
     if stage is None:

@@ -405,14 +405,15 @@ class Engine:
                         # allocator state behind, so this engine is replaced after the reply
                         self.poisoned = True
                 cg = self.cand_graphs[i]
+            n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i], samples)
             if cg is not None:
                 base = lambda v, bg=bg: (bg[v][0].replay(), bg[v][1])[1]    # noqa: E731
                 cand = lambda v, cg=cg: (cg[v][0].replay(), cg[v][1])[1]    # noqa: E731
-                res = timing.ab_interleaved(self.timer, base, cand, samples, variants=len(ws),
+                res = timing.ab_interleaved(self.timer, base, cand, n, variants=len(ws),
                                             warmup=req.warmup or 2, graph=True)
             else:
                 step = lambda v, ws=ws: self.model.step(ws[v])              # noqa: E731
-                res = timing.ab_interleaved(self.timer, step, step, samples, variants=len(ws),
+                res = timing.ab_interleaved(self.timer, step, step, n, variants=len(ws),
                                             warmup=req.warmup or 1, enter_baseline=clear,
                                             enter_candidate=apply)
                 clear()
@@ -427,7 +428,8 @@ class Engine:
                               "graph_error": self.cand_graph_errors.get(i) or self.graph_errors.get(i),
                               "baseline_ms": res.baseline.median_ms, "baseline_iqr_ms": res.baseline.iqr_ms,
                               "candidate_ms": res.candidate.median_ms,
-                              "candidate_iqr_ms": res.candidate.iqr_ms, "speedup": res.speedup})
+                              "candidate_iqr_ms": res.candidate.iqr_ms, "samples": n,
+                              "speedup": res.speedup})
         reasons += self._guard_reasons("timing")
         wsum = sum(pp["point"].get("weight", 1.0) * pp["baseline_ms"] for pp in per_point)
         csum = sum(pp["point"].get("weight", 1.0) * pp["candidate_ms"] for pp in per_point)

@@ -32,6 +32,18 @@ _tensor_zero = torch.Tensor.zero_
 _tensor_clone = torch.Tensor.clone
 
 DEFAULT_SAMPLES = {"cpu": 15, "cuda": 50}
+# On the GPU a point's sample count shrinks for long steps so that timing one side of one point
+# costs about SAMPLE_BUDGET_MS of step time (an eager 512-token prefill at ~4 ms gets 11 samples, a
+# graphed decode step at ~0.4 ms keeps all 50); never fewer than MIN_SAMPLES, so the median and IQR
+# stay meaningful. On CPU every point keeps DEFAULT_SAMPLES (its timings are noisier).
+SAMPLE_BUDGET_MS = {"cpu": float("inf"), "cuda": 25.0}
+MIN_SAMPLES = 11
+
+
+def samples_for(device_type: str, step_ms: float, cap: int) -> int:
+    """Samples per side for a point whose baseline step takes ``step_ms``, at most ``cap``."""
+    fit = SAMPLE_BUDGET_MS.get(device_type, float("inf")) / max(step_ms, 1e-6)
+    return int(max(MIN_SAMPLES, min(cap, fit)))
 
 
 @dataclass(frozen=True)

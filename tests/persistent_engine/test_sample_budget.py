@@ -1,0 +1,14 @@
+from persistent_engine import timing
+
+
+def test_long_gpu_steps_get_fewer_samples_but_never_too_few():
+    cap = timing.DEFAULT_SAMPLES["cuda"]
+    assert timing.samples_for("cuda", 0.3, cap) == cap            # a graphed decode step keeps all
+    assert timing.samples_for("cuda", 4.0, cap) == timing.MIN_SAMPLES   # an eager prefill is cut
+    assert timing.MIN_SAMPLES < timing.samples_for("cuda", 1.0, cap) < cap
+    assert timing.samples_for("cuda", 1e3, cap) == timing.MIN_SAMPLES
+
+
+def test_cpu_points_keep_every_sample():
+    cap = timing.DEFAULT_SAMPLES["cpu"]
+    assert timing.samples_for("cpu", 500.0, cap) == cap
