@@ -88,6 +88,10 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
         runs = []                                   # (row template, step closure, graph replay?)
         pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         with torch.inference_mode():
+            # pass 1: build every workload and step it once, so that whatever a model sizes lazily
+            # (rope tables, scratch buffers) has reached its final size before any graph captures
+            # its address; pass 2 captures
+            built = []
             for model, layers, point in _points_of(suite):
                 key = (model, None if layers is None else tuple(layers) if not isinstance(layers, int) else layers)
                 if key not in models:
@@ -95,6 +99,8 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
                 m = models[key]
                 wl = make_workload(m, point, seed)
                 m.step(wl)                          # warm-up: allocator, lazy init, caches
+                built.append((model, point, m, wl))
+            for model, point, m, wl in built:
                 row = {"model": model, "layers": None if layers is None else list(m.layers), "dtype": "bf16",
                        "point": dict(point), "impl": "reference", "graph": None}
                 step, graph = (lambda m=m, wl=wl: m.step(wl)), False

@@ -431,9 +431,12 @@ class Engine:
                               "candidate_iqr_ms": res.candidate.iqr_ms, "samples": n,
                               "speedup": res.speedup})
         reasons += self._guard_reasons("timing")
-        wsum = sum(pp["point"].get("weight", 1.0) * pp["baseline_ms"] for pp in per_point)
-        csum = sum(pp["point"].get("weight", 1.0) * pp["candidate_ms"] for pp in per_point)
-        speedup = wsum / csum if csum > 0 else None
+        # a point's weight is already its share of GPU time, so the step-time ratio at each point is
+        # weighted by it alone: new time / old time = sum(w * cand/base) / sum(w)
+        wsum = sum(pp["point"].get("weight", 1.0) for pp in per_point)
+        rsum = sum(pp["point"].get("weight", 1.0) * pp["candidate_ms"] / pp["baseline_ms"]
+                   for pp in per_point if pp["baseline_ms"] > 0)
+        speedup = wsum / rsum if rsum > 0 else None
         return BenchReply(ok=not reasons, message="timed" if not reasons else "rejected while timed",
                           reasons=reasons, per_point=per_point, speedup=speedup,
                           timer=self.timer.name, samples=samples,
