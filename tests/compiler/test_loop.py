@@ -101,11 +101,13 @@ def test_killed_engine_is_restarted_and_the_run_finishes(run):
 def test_board_holds_the_run(run):
     from bulletin_board import Board
     _, out, _ = run
-    board = Board(f"sqlite:///{out / 'board.db'}")
-    r = board.list_runs().items[0]
-    assert r.status == "done" and r.message.startswith("plan ")
-    assert r.candidates_tried >= 2
-    assert board.list_evaluations(r.id).total >= 2
+    # closed at the end: a connection left open would checkpoint the WAL whenever it is collected,
+    # touching board.db in the middle of a later test
+    with Board(f"sqlite:///{out / 'board.db'}") as board:
+        r = board.list_runs().items[0]
+        assert r.status == "done" and r.message.startswith("plan ")
+        assert r.candidates_tried >= 2
+        assert board.list_evaluations(r.id).total >= 2
 
 
 def test_recompile_without_drift_writes_nothing(run):
