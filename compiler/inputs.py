@@ -67,7 +67,20 @@ def workload_points(trace: Any, spec: Any, hw: str, max_points: int) -> list[dic
                             flops_per_token=2.0 * spec.active_params(), bandwidth=h.hbm_bw * h.mem_efficiency,
                             flops=peak * 1e12 * h.compute_efficiency,
                             attn_flops_per_pair=2.0 * spec.num_layers * spec.num_heads * per_head)
-    return [p.to_dict() for p in replay(trace, step, SchedulerConfig(max_points=max_points)).points]
+    points = [p.to_dict() for p in replay(trace, step, SchedulerConfig(max_points=max_points)).points]
+    return fit_positions(points, spec.max_position_embeddings)
+
+
+def fit_positions(points: list[dict], max_positions: int) -> list[dict]:
+    """Points clipped to what the model can attend over: a request longer than the model's context
+    window is served truncated, so context + chunk never exceeds ``max_positions`` (the engine
+    refuses such a workload). Prefill keeps its chunk and loses cached prefix first."""
+    out = []
+    for p in points:
+        chunk = min(int(p.get("chunk", 1)), max_positions)
+        context = min(int(p["context"]), max_positions - chunk)
+        out.append({**p, "context": context, "chunk": chunk})
+    return out
 
 
 def drift(old_profile: dict, new_profile: dict) -> tuple[bool, list[dict]]:

@@ -112,3 +112,14 @@ def test_conflicting_candidates_keep_the_faster_one():
 def test_merge_points_fills_missing_with_none():
     rows = merge_points(POINTS, verdict(1.2), CandidateVerdict(True, [], 1.1, per_point=[]))
     assert rows[0]["fast"] == 1.2 * 1.1 and rows[0]["slow"] is None and rows[1]["weight"] == 0.25
+
+
+def test_workload_points_never_exceed_the_model_context_window():
+    from compiler.inputs import fit_positions
+    pts = [{"phase": "prefill", "batch": 1, "context": 29, "chunk": 4220, "weight": 0.5},
+           {"phase": "decode", "batch": 8, "context": 9000, "chunk": 1, "weight": 0.5},
+           {"phase": "decode", "batch": 2, "context": 100, "chunk": 1, "weight": 0.0}]
+    fitted = fit_positions(pts, 4096)
+    assert all(p["context"] + p["chunk"] <= 4096 for p in fitted)
+    assert fitted[0] == {**pts[0], "context": 0, "chunk": 4096}
+    assert fitted[1]["context"] == 4095 and fitted[2] == pts[2]
