@@ -75,12 +75,16 @@ def fit_positions(points: list[dict], max_positions: int) -> list[dict]:
     """Points clipped to what the model can attend over: a request longer than the model's context
     window is served truncated, so context + chunk never exceeds ``max_positions`` (the engine
     refuses such a workload). Prefill keeps its chunk and loses cached prefix first."""
-    out = []
+    out: dict[tuple, dict] = {}                 # points that clip to the same shape are merged
     for p in points:
         chunk = min(int(p.get("chunk", 1)), max_positions)
         context = min(int(p["context"]), max_positions - chunk)
-        out.append({**p, "context": context, "chunk": chunk})
-    return out
+        key = (p["phase"], p["batch"], context, chunk)
+        if key in out:
+            out[key]["weight"] = round(float(out[key]["weight"]) + float(p["weight"]), 6)
+        else:
+            out[key] = {**p, "context": context, "chunk": chunk}
+    return list(out.values())
 
 
 def drift(old_profile: dict, new_profile: dict) -> tuple[bool, list[dict]]:

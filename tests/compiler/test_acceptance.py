@@ -123,3 +123,5 @@ def test_workload_points_never_exceed_the_model_context_window():
     assert all(p["context"] + p["chunk"] <= 4096 for p in fitted)
     assert fitted[0] == {**pts[0], "context": 0, "chunk": 4096}
     assert fitted[1]["context"] == 4095 and fitted[2] == pts[2]
+    twice = fit_positions([pts[0], {**pts[0], "context": 5, "weight": 0.25}], 4096)
+    assert twice == [{**pts[0], "context": 0, "chunk": 4096, "weight": 0.75}]

@@ -30,8 +30,10 @@ def real_run_board(tmp_path_factory):
     """(board URL, run id) of a real ``tkcc optimize --budget 1m`` run (at most ~3 minutes)."""
     out = tmp_path_factory.mktemp("real-run")
     url = f"sqlite:///{out / 'board.db'}"
-    cmd = [sys.executable, "-m", "compiler.cli", "optimize", "--model", "tiny-dense", "--hw", "cpu",
-           "--traffic", str(TRAFFIC), "--budget", "1m", "--board", url, "--out", str(out / "plan")]
+    # the demo's CPU settings (compiler/demo.py): two workload points, two offline agents
+    cmd = [sys.executable, "-m", "compiler.cli", "optimize", "--model", "tiny-dense", "--hw", "h200",
+           "--device", "cpu", "--traffic", str(TRAFFIC), "--budget", "1m", "--agents", "offline:2",
+           "--max-points", "2", "--board", url, "--out", str(out / "plan"), "--quiet"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     except subprocess.TimeoutExpired:
