@@ -48,6 +48,27 @@ DATASHEET_GBS = {"h200": 4800, "h100": 3350, "b200": 7700, "b300": 7750, "gb200"
                  "mi300x": 5300, "mi355x": 8000}
 
 
+def _triton_version() -> str | None:
+    try:
+        import triton
+        return triton.__version__
+    except ImportError:
+        return None
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver as nvidia-smi reports it (None without a GPU)."""
+    import subprocess
+    if not torch.cuda.is_available():
+        return None
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+
+
 def parse_case(text: str) -> tuple[str, list[int] | None, int]:
     """'alias:layers@batch' with layers 'all', 'N' (first N) or 'i,j'."""
     head, _, batch = text.rpartition("@")
@@ -209,6 +230,7 @@ def main(argv=None) -> int:
               f"{row['pct_datasheet'] or float('nan'):5.1f}% of peak  {row['pct_copy']:5.1f}% of copy", flush=True)
     doc = {"benchmark": "forward", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": a.device, "device_name": device_name, "torch": torch.__version__,
+           "triton": _triton_version(), "driver": _driver_version(),
            "copy_bandwidth_gbs": copy_gbs, "datasheet_bandwidth_gbs": peak, "samples": samples, "rows": rows}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}-forward.json")
     out.parent.mkdir(parents=True, exist_ok=True)
