@@ -25,7 +25,8 @@ def register(subparsers) -> None:
 
 
 def _ui(args) -> int:
-    from compiler.ui.server import ServeError, is_loopback
+    from compiler.ui.server import ServeError
+    from persistent_engine.server import is_loopback
 
     if not is_loopback(args.host) and not args.allow_remote:
         raise ServeError(f"refusing to serve on non-loopback host {args.host!r}: the UI has no "

@@ -9,12 +9,10 @@ turn answers every ``tool_use`` with a ``tool_result`` block (``tool_use_id``, `
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
 
-import httpx
 
-from agents.llm.http import RetryPolicy, post_json
+from agents.llm.http import RetryPolicy, WireChat
 from agents.llm.messages import (LLMReply, MissingKeyError, Message, TokenCount, ToolCall, ToolSpec,
                                  validate_arguments)
 
@@ -84,30 +82,17 @@ def from_wire(data: dict, tools: list[ToolSpec]) -> LLMReply:
                     model=str(data.get("model", "")))
 
 
-class AnthropicChat:
+class AnthropicChat(WireChat):
     """``complete(system, messages, tools) -> LLMReply``; the key comes from ``ANTHROPIC_API_KEY``."""
 
+    to_wire, from_wire = staticmethod(to_wire), staticmethod(from_wire)
     provider = "anthropic"
 
     def __init__(self, config: AnthropicConfig | None = None, *, api_key: str | None = None):
-        self.config = config = config if config is not None else AnthropicConfig()
+        config = config if config is not None else AnthropicConfig()
         key = api_key if api_key is not None else os.environ.get(config.api_key_env)
         if not key:
             raise MissingKeyError(f"set {config.api_key_env} to use the Anthropic agent")
-        self._headers = {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION,
-                         "content-type": "application/json"}
-        self._client = httpx.Client()
-        self.url = config.base_url.rstrip("/") + "/v1/messages"
-
-    @property
-    def model(self) -> str:
-        return self.config.model
-
-    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
-                 stop: threading.Event | None = None) -> LLMReply:
-        body = to_wire(system, messages, tools, self.config)
-        return post_json(self._client, self.url, self._headers, body, self.config.retry,
-                         lambda data: from_wire(data, tools), stop=stop)
-
-    def close(self) -> None:
-        self._client.close()
+        super().__init__(config, config.base_url.rstrip("/") + "/v1/messages",
+                         {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION,
+                          "content-type": "application/json"})

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import httpx
 
-from agents.llm.messages import LLMError
+from agents.llm.messages import LLMError, LLMReply, Message, ToolSpec
 
 log = logging.getLogger("tkcc.agents.llm")
 
@@ -82,3 +82,29 @@ def post_json(client: httpx.Client, url: str, headers: dict, body: dict, policy:
 def _snippet(text: str, n: int = 300) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[:n] + "..."
+
+
+class WireChat:
+    """A chat endpoint over ``post_json``. Subclasses bind their wire format as ``to_wire(system,
+    messages, tools, config) -> body`` and ``from_wire(data, tools) -> LLMReply`` and call
+    ``WireChat.__init__(config, url, headers)``; ``config`` carries ``model`` and ``retry``."""
+
+    to_wire: Callable[..., dict]
+    from_wire: Callable[[dict, list], LLMReply]
+
+    def __init__(self, config: Any, url: str, headers: dict[str, str]):
+        self.config, self.url, self._headers = config, url, headers
+        self._client = httpx.Client()
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
+                 stop: threading.Event | None = None) -> LLMReply:
+        body = self.to_wire(system, messages, tools, self.config)
+        return post_json(self._client, self.url, self._headers, body, self.config.retry,
+                         lambda data: self.from_wire(data, tools), stop=stop)
+
+    def close(self) -> None:
+        self._client.close()

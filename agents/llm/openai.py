@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from dataclasses import dataclass, field
 
-import httpx
 
-from agents.llm.http import RetryPolicy, post_json
+from agents.llm.http import RetryPolicy, WireChat
 from agents.llm.messages import (LLMReply, MissingKeyError, Message, TokenCount, ToolCall, ToolSpec,
                                  validate_arguments)
 
@@ -98,32 +96,19 @@ def from_wire(data: dict, tools: list[ToolSpec]) -> LLMReply:
                     model=str(data.get("model", "")))
 
 
-class OpenAIChat:
+class OpenAIChat(WireChat):
     """``complete(system, messages, tools) -> LLMReply``; the key comes from ``OPENAI_API_KEY``."""
 
+    to_wire, from_wire = staticmethod(to_wire), staticmethod(from_wire)
     provider = "openai"
 
     def __init__(self, config: OpenAIConfig | None = None, *, api_key: str | None = None):
-        self.config = config = config if config is not None else OpenAIConfig()
+        config = config if config is not None else OpenAIConfig()
         key = api_key if api_key is not None else os.environ.get(config.api_key_env)
         if not key and config.require_key:
             raise MissingKeyError(f"set {config.api_key_env} to use the OpenAI agent "
                                   "(or OPENAI_BASE_URL for a local server without a key)")
-        self._headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json"}
         if key:
-            self._headers["authorization"] = f"Bearer {key}"
-        self._client = httpx.Client()
-        self.url = config.base_url.rstrip("/") + "/chat/completions"
-
-    @property
-    def model(self) -> str:
-        return self.config.model
-
-    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec], *,
-                 stop: threading.Event | None = None) -> LLMReply:
-        body = to_wire(system, messages, tools, self.config)
-        return post_json(self._client, self.url, self._headers, body, self.config.retry,
-                         lambda data: from_wire(data, tools), stop=stop)
-
-    def close(self) -> None:
-        self._client.close()
+            headers["authorization"] = f"Bearer {key}"
+        super().__init__(config, config.base_url.rstrip("/") + "/chat/completions", headers)

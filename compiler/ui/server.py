@@ -5,7 +5,6 @@ one clear error and port 0 picks a free one.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 import time
@@ -19,15 +18,6 @@ class ServeError(OSError):
     """The UI cannot listen where asked (busy port, remote host without --allow-remote)."""
 
     user_error = True
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
