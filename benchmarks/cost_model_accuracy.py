@@ -15,11 +15,18 @@ is reported on both. Prints a table, writes ``benchmarks/results/cost_model_accu
 (per point: measured, predicted before and after) and the fitted calibration
 ``benchmarks/results/cost_model_calibration_<hw>.json``; ``--install`` also copies it to
 ``cost_model/calibrations/<hw>.json`` so that ``tkcc parallelism`` uses it.
+
+    python benchmarks/cost_model_accuracy.py --refit benchmarks/results/cost_model_accuracy_h200.json --install
+
+re-fits the measured rows stored in a previous result file (no device needed; the measured fields
+of each row are kept as they were) and re-writes the results, marked ``refit`` with the date the
+rows were measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -82,6 +89,25 @@ def accuracy(rows: list[dict], hw) -> dict:
     return res, calib
 
 
+DERIVED = ("predicted_before_s", "predicted_after_s", "set")     # per-row keys a fit writes, not measured
+
+
+def load_rows(path: Path) -> tuple[dict, list[dict], str]:
+    """(previous result document, its measured rows without the fitted keys, the date they were
+    measured: the document's ``measured_on``, else the file's modification date)."""
+    from cost_model import CostModelError
+
+    try:
+        doc = json.loads(path.read_text())
+        rows = [{k: v for k, v in r.items() if k not in DERIVED} for r in doc["rows"]]
+        if not rows or not all(isinstance(r, dict) and r.get("seconds", 0) > 0 for r in rows):
+            raise ValueError("no measured rows")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise CostModelError(f"cannot re-fit {path}: {e}") from None
+    measured_on = doc.get("measured_on") or datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+    return doc, rows, str(measured_on)
+
+
 def _write_json(path: Path, doc) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -105,6 +131,8 @@ def print_table(res: dict) -> None:
     for k in ("train", "held_out", "all"):
         print(f"median |error| {k:<9} before {res[k]['before']:.1%}  after {res[k]['after']:.1%}")
     c = res["calibration"]
+    if c.get("loo_errors"):
+        print("leave-one-out median |error| per form:", {k: f"{v:.1%}" for k, v in c["loo_errors"].items()})
     print("form:", c["form"], "factors:", {k: [round(x, 3) for x in v] if isinstance(v, list) else round(v, 3)
                                           for k, v in (c["split"] or c["factors"]).items()},
           "kernel overhead us:", round(res["calibration"]["kernel_overhead_s"] * 1e6, 2),
@@ -123,24 +151,42 @@ def main(argv=None) -> int:
     ap.add_argument("--hw", default=None, help="catalogue name of the device (default: cpu, or h200 on cuda)")
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--install", action="store_true", help="also write cost_model/calibrations/<hw>.json")
+    ap.add_argument("--refit", metavar="FILE", type=Path, default=None,
+                    help="re-fit the measured rows of a previous result JSON instead of measuring")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS, help="where the result JSON files go")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from cost_model import get_hardware
+    from cost_model import CostModelError, get_hardware
 
-    hw = get_hardware(args.hw or ("cpu" if args.device == "cpu" else "h200"))
-    from cost_model.measure import CPU_SUITE
+    try:
+        if args.refit:
+            prev, rows, measured_on = load_rows(args.refit)
+            hw = get_hardware(args.hw or prev.get("hw") or "h200")
+            res, calib = accuracy(rows, hw)
+            res["device"] = prev.get("device")
+            res["measured_on"] = measured_on
+            res["refit"] = {"of": str(args.refit), "measured_on": measured_on,
+                            "note": f"re-fit of the measurements of {measured_on}; rows' measured fields unchanged"}
+        else:
+            hw = get_hardware(args.hw or ("cpu" if args.device == "cpu" else "h200"))
+            from cost_model.measure import CPU_SUITE
 
-    rows = run_suite(CPU_SUITE if args.device == "cpu" else GPU_SUITE, args.device, args.samples)
-    res, calib = accuracy(rows, hw)
-    res["device"] = args.device
-    res["noise_median_spread"] = statistics.median(r["spread"] for r in rows)   # (median - fastest) / fastest
+            rows = run_suite(CPU_SUITE if args.device == "cpu" else GPU_SUITE, args.device, args.samples)
+            res, calib = accuracy(rows, hw)
+            res["device"] = args.device
+            res["measured_on"] = datetime.date.today().isoformat()
+    except CostModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    res["noise_median_spread"] = statistics.median(r.get("spread", 0.0) for r in rows)   # (median - fastest) / fastest
     res["eager_points"] = sum(r.get("graph") is False for r in rows)
     print_table(res)
-    _write_json(RESULTS / f"cost_model_accuracy_{hw.name}.json", res)
-    calib.save(RESULTS / f"cost_model_calibration_{hw.name}.json")
+    out = args.out_dir / f"cost_model_accuracy_{hw.name}.json"
+    _write_json(out, res)
+    calib.save(args.out_dir / f"cost_model_calibration_{hw.name}.json")
     if args.install:
         calib.save(ROOT / "cost_model" / "calibrations" / f"{hw.name}.json")
-    print(f"wrote {RESULTS / f'cost_model_accuracy_{hw.name}.json'}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -20,7 +20,8 @@ also pays the host's per-kernel launch cost, a separate unknown ``e`` (CPU rows:
     roofline  t = sum_c f_c * raw_c                          + (o + e [eager GPU]) * kernels * overhead_default
     split     t = sum_c (m_c * memory_c + k_c * compute_c)   + (o + e [eager GPU]) * kernels * overhead_default
 
-so the factors and the overhead multiplier o are the non-negative least-squares solution of the
+so the factors and the overhead multiplier o are the bounded least-squares solution (each inside its
+physical range, ``FitBounds``: no faster than the datasheet, 1-10 us per GPU kernel) of the
 *relative* residuals (each row divided by its measurement), with a weak pull towards 1 so a class
 the measurements barely exercise keeps its default. ``fit(form="auto")`` fits both and keeps the
 one with the lower leave-one-out median error (the split form has twice the unknowns, so it must
@@ -110,28 +111,35 @@ def feature_row(m: Measurement, hw: Hardware, specs: dict, form: str = "roofline
     return np.array([f[c] for c in COLUMNS[form]])
 
 
-def _nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
-    """Lawson-Hanson non-negative least squares, min |a x - b| subject to x >= 0."""
+def _bvls(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray, iters: int = 500) -> np.ndarray:
+    """Bounded-variable least squares (Stark-Parker, an active set as in Lawson-Hanson):
+    min |a x - b| subject to lo <= x <= hi. a [R, U], U small (<= 12 here); each step one
+    lstsq over the free columns, so the cost is O(iters * R * U^2)."""
     n = a.shape[1]
-    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
-    w = a.T @ (b - a @ x)
+    x = lo.astype(float).copy()                        # every variable starts at its lower bound
+    free = np.zeros(n, dtype=bool)
+    tol = 1e-12 * max(1.0, float(np.abs(a).max()) * float(np.abs(b).max()))
     for _ in range(iters):
-        if passive.all() or w[~passive].max(initial=-np.inf) <= 1e-12:
+        w = a.T @ (b - a @ x)                          # minus the gradient: which bound to leave
+        movable = ~free & (((x <= lo) & (w > tol)) | ((x >= hi) & (w < -tol)))
+        if not movable.any():
             break
-        j = int(np.argmax(np.where(passive, -np.inf, w)))
-        passive[j] = True
-        while True:
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if (z[passive] > 0).all():
+        free[int(np.argmax(np.where(movable, np.abs(w), -np.inf)))] = True
+        for _ in range(iters):
+            z = x.copy()
+            rhs = b - a[:, ~free] @ x[~free]
+            z[free] = np.linalg.lstsq(a[:, free], rhs, rcond=None)[0]
+            inside = free & ((z < lo) | (z > hi))
+            if not inside.any():
                 x = z
                 break
-            neg = passive & (z <= 0)
-            alpha = np.min(x[neg] / (x[neg] - z[neg]))
-            x = x + alpha * (z - x)
-            passive &= x > 1e-15
-        w = a.T @ (b - a @ x)
-    return x
+            # step from x towards z until the first free variable reaches its bound; it leaves the free set
+            d = z - x
+            step = np.where(d < 0, (lo - x) / np.where(d < 0, d, -1.0), (hi - x) / np.where(d > 0, d, 1.0))
+            alpha = float(np.clip(np.min(step[inside]), 0.0, 1.0))
+            x = np.clip(x + alpha * d, lo, hi)
+            free &= ~((x <= lo) | (x >= hi))
+    return np.clip(x, lo, hi)
 
 
 def relative_errors(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
@@ -151,6 +159,7 @@ class Calibration:
     form: str = "roofline"          # or "split": ``split`` holds the factors of every class
     split: dict = field(default_factory=dict)   # op class -> [memory factor, compute factor]
     eager_overhead_factor: float = 1.0          # extra multiplier of hw.kernel_overhead_s per eager GPU kernel
+    loo_errors: dict = field(default_factory=dict)  # form -> leave-one-out median error ("auto" fits)
 
     @property
     def efficiency(self) -> Efficiency:
@@ -180,8 +189,9 @@ class Calibration:
         return {"kind": "tkcc.calibration", "device": self.device, "form": self.form, "factors": self.factors,
                 "split": {c: list(v) for c, v in self.split.items()},
                 "overhead_factor": self.overhead_factor, "kernel_overhead_s": self.kernel_overhead_s,
-                "eager_overhead_factor": self.eager_overhead_factor, "points": self.points, "error_before": self.error_before, "error_after": self.error_after,
-                "source": self.source}
+                "eager_overhead_factor": self.eager_overhead_factor, "points": self.points,
+                "error_before": self.error_before, "error_after": self.error_after,
+                "loo_errors": self.loo_errors, "source": self.source}
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "") -> "Calibration":
@@ -196,7 +206,8 @@ class Calibration:
                        overhead_factor=float(d["overhead_factor"]), kernel_overhead_s=float(d["kernel_overhead_s"]),
                        points=int(d["points"]), error_before=float(d["error_before"]),
                        error_after=float(d["error_after"]), source=source or str(d.get("source", "")),
-                       form=form, split=split, eager_overhead_factor=float(d.get("eager_overhead_factor", 1.0)))
+                       form=form, split=split, eager_overhead_factor=float(d.get("eager_overhead_factor", 1.0)),
+                       loo_errors={str(k): float(v) for k, v in (d.get("loo_errors") or {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CostModelError(f"{source or 'calibration'}: incomplete calibration: {e}") from None
 
@@ -228,31 +239,74 @@ def load_measurements(path: str | os.PathLike) -> tuple[str | None, list[Measure
     return (doc.get("device") if isinstance(doc, dict) else None), [Measurement.from_dict(r) for r in rows]
 
 
-def _solve(feats: np.ndarray, y: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class FitBounds:
+    """The physical range of each unknown. A factor multiplies a time computed at the hardware's
+    default efficiencies (``mem_bw = hbm_bw * mem_efficiency``, compute at ``compute_efficiency``
+    of peak), so 100% of the datasheet ceiling is a memory factor of ``mem_efficiency`` and a
+    compute factor of ``compute_efficiency``; a roofline factor mixes both and takes the lower.
+    A factor below that would claim more than the hardware can do (0: the class is free)."""
+
+    memory_min: float               # lowest memory-time factor (datasheet bandwidth)
+    compute_min: float              # lowest compute-time factor (datasheet peak)
+    factor_max: float               # highest factor of any class (lowest efficiency believed)
+    kernel_s: tuple                 # (min, max) fixed seconds per kernel (graph replay on GPU)
+    eager_s: tuple                  # (min, max) extra host launch seconds per kernel of an eager GPU step
+
+    @classmethod
+    def for_hardware(cls, hw: Hardware) -> "FitBounds":
+        """GPU: at most the datasheet, at least 2% of it; 1-10 us per kernel in a CUDA graph,
+        up to 20 us more per eagerly launched kernel. CPU: the probe's figures are DRAM ones and
+        cached operands beat them, so factors only stay above 0.1; 0.1 us - 1 ms per eager op."""
+        if hw.vendor == "cpu":
+            return cls(memory_min=0.1, compute_min=0.1, factor_max=100.0, kernel_s=(0.1e-6, 1e-3),
+                       eager_s=(0.0, 0.0))
+        return cls(memory_min=hw.mem_efficiency, compute_min=hw.compute_efficiency, factor_max=50.0,
+                   kernel_s=(1e-6, 10e-6), eager_s=(0.0, 20e-6))
+
+    def box(self, form: str, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) of the unknowns of ``form``, in ``COLUMNS[form]`` order."""
+        lo = []
+        for col in COLUMNS[form][:-2]:
+            part = col.partition(":")[2]
+            lo.append({"memory": self.memory_min, "compute": self.compute_min}.get(
+                part, min(self.memory_min, self.compute_min)))
+        hi = [self.factor_max] * len(lo)
+        k = hw.kernel_overhead_s                       # the overhead columns are kernels x this
+        lo += [self.kernel_s[0] / k, self.eager_s[0] / k]
+        hi += [self.kernel_s[1] / k, self.eager_s[1] / k]
+        return np.array(lo), np.array(hi)
+
+
+def _solve(feats: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Factors (one per column of ``feats`` [M, U] seconds at factor 1) minimising the relative
-    residuals of ``y`` [M]; a column no row exercises keeps 1."""
+    residuals of ``y`` [M] inside the box [lo, hi], with a weak ridge pull towards 1 (collinear
+    columns share their time instead of one of them dropping to its bound for a hair of residual);
+    a column no row exercises keeps 1 (clipped into the box)."""
     a = feats / y[:, None]
     used = feats.max(axis=0) > 0
     k = int(used.sum())
     reg = np.sqrt(RIDGE) * np.eye(feats.shape[1])[used][:, used]
-    x = np.ones(feats.shape[1])
-    x[used] = _nnls(np.vstack([a[:, used], reg]), np.concatenate([np.ones(len(y)), np.sqrt(RIDGE) * np.ones(k)]))
+    x = np.clip(np.ones(feats.shape[1]), lo, hi)
+    x[used] = _bvls(np.vstack([a[:, used], reg]), np.concatenate([np.ones(len(y)), np.sqrt(RIDGE) * np.ones(k)]),
+                    lo[used], hi[used])
     return x
 
 
-def _loo_error(feats: np.ndarray, y: np.ndarray) -> float:
+def _loo_error(feats: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
     """Median relative error of each row predicted by a fit on all the other rows. Cost: M fits."""
     errs = []
     for i in range(len(y)):
         keep = np.arange(len(y)) != i
-        errs.append(abs(feats[i] @ _solve(feats[keep], y[keep]) - y[i]) / y[i])
+        errs.append(abs(feats[i] @ _solve(feats[keep], y[keep], lo, hi) - y[i]) / y[i])
     return float(np.median(errs))
 
 
-def fit(measurements: list, hw: Hardware, source: str = "", form: str = "auto") -> Calibration:
-    """Fit the factors on ``measurements`` (Measurement or dicts) for device ``hw``; ``form`` is
-    "roofline", "split", or "auto" (the one with the lower leave-one-out error; roofline on a tie
-    or with fewer than 4 rows)."""
+def fit(measurements: list, hw: Hardware, source: str = "", form: str = "auto",
+        bounds: FitBounds | None = None) -> Calibration:
+    """Fit the factors on ``measurements`` (Measurement or dicts) for device ``hw`` inside
+    ``bounds`` (default ``FitBounds.for_hardware(hw)``); ``form`` is "roofline", "split", or
+    "auto" (the one with the lower leave-one-out error; roofline on a tie or with fewer than 4 rows)."""
     ms = [m if isinstance(m, Measurement) else Measurement.from_dict(m) for m in measurements]
     if len(ms) < 2:
         raise CostModelError("calibration needs at least 2 measurements")
@@ -261,11 +315,14 @@ def fit(measurements: list, hw: Hardware, source: str = "", form: str = "auto") 
     specs: dict = {}
     y = np.array([m.seconds for m in ms])
     feats = {f: np.array([feature_row(m, hw, specs, f) for m in ms]) for f in FORMS}   # [M, unknowns] seconds
+    box = {f: (bounds or FitBounds.for_hardware(hw)).box(f, hw) for f in FORMS}
+    loo = {}
     if form == "auto":
         form = "roofline"
-        if len(ms) >= 4 and _loo_error(feats["split"], y) < _loo_error(feats["roofline"], y):
-            form = "split"
-    x = _solve(feats[form], y)
+        if len(ms) >= 4:
+            loo = {f: _loo_error(feats[f], y, *box[f]) for f in FORMS}
+            form = "split" if loo["split"] < loo["roofline"] else "roofline"
+    x = _solve(feats[form], y, *box[form])
     before = float(np.median(relative_errors(feats["roofline"].sum(axis=1), y)))
     after = float(np.median(relative_errors(feats[form] @ x, y)))
     if form == "split":
@@ -276,7 +333,7 @@ def fit(measurements: list, hw: Hardware, source: str = "", form: str = "auto") 
     return Calibration(device=hw.name, factors=factors, overhead_factor=float(x[-2]),
                        kernel_overhead_s=float(x[-2] * hw.kernel_overhead_s), points=len(ms),
                        error_before=before, error_after=after, source=source, form=form, split=split,
-                       eager_overhead_factor=float(x[-1]))
+                       eager_overhead_factor=float(x[-1]), loo_errors=loo)
 
 
 def evaluate(calib: Calibration | None, measurements: list, hw: Hardware) -> dict:
