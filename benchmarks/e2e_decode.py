@@ -40,8 +40,6 @@ import argparse
 import datetime
 import json
 import platform
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -62,6 +60,7 @@ from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.verify import LOGIT_RTOL, rel_err  # noqa: E402
+from persistent_engine.versions import software_versions  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
 
 DEFAULT_CASES = {
@@ -190,16 +189,7 @@ def capture(model, wl, overrides: dict, pool=None) -> tuple[Any, torch.Tensor]:
     """(graph, static logits) of one step with ``overrides`` active, as the engine captures it: two
     warm-up steps on a side stream (Triton JIT, allocator), then the capture."""
     with registry.override(overrides):
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                model.step(wl)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            out = model.step(wl)
-    return g, out
+        return timing.capture_graph(lambda: model.step(wl), pool=pool)
 
 
 def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool,
@@ -402,20 +392,12 @@ def markdown(r: dict, parts: PlanParts | None) -> str:
 
 
 def device_info(device: torch.device) -> dict:
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    info = {"torch": torch.__version__, "triton": triton_version, "driver": None,
+    v = software_versions(driver=device.type == "cuda")
+    info = {"torch": torch.__version__, "triton": v["triton"], "driver": v["driver"],
             "gpu": platform.processor() or platform.machine() or "cpu"}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-        if shutil.which("nvidia-smi"):
-            r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=30)
-            info["driver"] = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
-        info["cuda"] = torch.version.cuda
+        info["cuda"] = v["cuda"]
     return info
 
 

@@ -38,6 +38,8 @@ import torch  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
+from persistent_engine.timing import capture_graph  # noqa: E402
+from persistent_engine.versions import software_versions  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
 
 DEFAULT_CASES = {
@@ -46,27 +48,6 @@ DEFAULT_CASES = {
 }
 DATASHEET_GBS = {"h200": 4800, "h100": 3350, "b200": 7700, "b300": 7750, "gb200": 8000, "gb300": 8000,
                  "mi300x": 5300, "mi355x": 8000}
-
-
-def _triton_version() -> str | None:
-    try:
-        import triton
-        return triton.__version__
-    except ImportError:
-        return None
-
-
-def _driver_version() -> str | None:
-    """The NVIDIA driver as nvidia-smi reports it (None without a GPU)."""
-    import subprocess
-    if not torch.cuda.is_available():
-        return None
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
 
 
 def parse_case(text: str) -> tuple[str, list[int] | None, int]:
@@ -145,16 +126,8 @@ def time_eager(model, wl, device: str, samples: int) -> list[float]:
 
 
 def time_graph(model, wl, samples: int) -> list[float] | None:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            model.step(wl)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
-            model.step(wl)
+        graph, _ = capture_graph(lambda: model.step(wl), warmup=3)
     except RuntimeError as e:
         print(f"  (CUDA graph capture failed: {str(e).splitlines()[0]}; eager only)", flush=True)
         return None
@@ -228,9 +201,10 @@ def main(argv=None) -> int:
               f"{row['graph_ms'] or float('nan'):9.3f} ms  {row['tokens_per_s']:9.0f} tok/s  "
               f"{moved['total'] / 1e6:9.2f} MB  {row['achieved_gbs']:7.1f} GB/s  "
               f"{row['pct_datasheet'] or float('nan'):5.1f}% of peak  {row['pct_copy']:5.1f}% of copy", flush=True)
+    versions = software_versions(driver=a.device == "cuda")
     doc = {"benchmark": "forward", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": a.device, "device_name": device_name, "torch": torch.__version__,
-           "triton": _triton_version(), "driver": _driver_version(),
+           "triton": versions["triton"], "driver": versions["driver"],
            "copy_bandwidth_gbs": copy_gbs, "datasheet_bandwidth_gbs": peak, "samples": samples, "rows": rows}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}-forward.json")
     out.parent.mkdir(parents=True, exist_ok=True)

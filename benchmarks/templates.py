@@ -41,6 +41,7 @@ from agents.templates import Choice, dims_of, load_candidate, render_candidate, 
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.ops.contract import compare_outputs  # noqa: E402
+from persistent_engine.versions import driver_version, package_version  # noqa: E402
 
 DATASHEET_GBS = {"cuda": 4800.0, "cpu": None}
 
@@ -255,8 +256,8 @@ def run(argv: list[str] | None = None) -> int:
                         _print_row(row)
     doc = {"benchmark": "templates", "device": a.device, "device_name": _device_name(a.device),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
-           "driver": _driver(), "copy_bandwidth_gbs": measured, "datasheet_bandwidth_gbs": peak,
+           "torch": torch.__version__, "triton": package_version("triton"), "python": platform.python_version(),
+           "driver": driver_version() if torch.cuda.is_available() else None, "copy_bandwidth_gbs": measured, "datasheet_bandwidth_gbs": peak,
            "timing": "cuda events around CUDA-graph replays, L2 flushed" if cuda else "perf_counter_ns medians",
            "samples": samples, "budget": budget, "truncated": truncated,
            "rows": _kept_rows(out_path, models) + rows}
@@ -289,26 +290,6 @@ def _print_row(r: dict) -> None:
 
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
-
-
-def _triton_version() -> str | None:
-    try:
-        import triton
-        return triton.__version__
-    except ImportError:
-        return None
-
-
-def _driver() -> str | None:
-    if not torch.cuda.is_available():
-        return None
-    try:
-        import subprocess
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -13,8 +13,6 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
 
 # (label, import name, distribution, what it enables)
@@ -48,18 +46,6 @@ def _present(module: str) -> bool:
         return False
 
 
-def _driver_version() -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-
-
 def _devices() -> tuple[dict, list[dict]]:
     info: dict = {"torch": None, "cuda": None, "hip": None, "triton": _version("triton"), "driver": None}
     devices = [{"name": "cpu", "kind": "cpu", "cores": os.cpu_count()}]
@@ -71,7 +57,8 @@ def _devices() -> tuple[dict, list[dict]]:
     info["cuda"] = torch.version.cuda
     info["hip"] = getattr(torch.version, "hip", None)
     if torch.cuda.is_available():
-        info["driver"] = _driver_version()
+        from persistent_engine.versions import driver_version
+        info["driver"] = driver_version()
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             devices.append({"name": p.name, "kind": "cuda", "index": i, "memory_gib": round(p.total_memory / 2 ** 30, 1),

@@ -143,21 +143,9 @@ def hw_matches(hw: str, device: dict) -> bool:
 
 
 def software_versions() -> dict:
-    import importlib.metadata as md
+    from persistent_engine.versions import package_version, software_versions as versions
 
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "triton", "tkcc"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    try:
-        import torch
-        if torch.version.cuda:
-            out["cuda"] = torch.version.cuda
-    except ImportError:
-        pass
-    return out
+    return {**versions(), "tkcc": package_version("tkcc")}
 
 
 def parallelism(spec: Any, hw: str, profile: dict, gpus: int) -> tuple[dict | None, dict | None, str]:

@@ -137,17 +137,11 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
 
 def _capture(torch, model, wl, pool, dev):
     """(replay closure returning the step's static output, None), or (None, error text) when the
-    step cannot be captured. Warm-up on a side stream, as CUDA graph capture requires."""
+    step cannot be captured (the engine's capture: warm-up on a side stream, then the graph)."""
+    from persistent_engine.timing import capture_graph
+
     try:
-        s = torch.cuda.Stream(dev)
-        s.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                model.step(wl)
-        torch.cuda.current_stream(dev).wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            out = model.step(wl)
+        g, out = capture_graph(lambda: model.step(wl), dev, pool)
     except Exception as e:  # noqa: BLE001 - not capturable: the caller times this point eagerly
         torch.cuda.synchronize(dev)
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"

@@ -233,17 +233,8 @@ class Engine:
             return None
 
     def _capture(self, workload, pool):
-        """(graph, static output) of one step; the warm-up runs on a side stream as CUDA requires."""
-        s = torch.cuda.Stream(self.device)
-        s.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                self.model.step(workload)
-        torch.cuda.current_stream(self.device).wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            out = self.model.step(workload)
-        return g, out
+        """(graph, static output) of one step."""
+        return timing.capture_graph(lambda: self.model.step(workload), self.device, pool)
 
     def _guard_reasons(self, phase: str) -> list[str]:
         """Threads, global state, weights: named reasons, and everything put back for the next one."""

@@ -103,6 +103,22 @@ class CudaTimer(Timer):
         return _event_elapsed(self._start, self._end), out
 
 
+def capture_graph(run: Callable[[], torch.Tensor], device: torch.device | None = None, pool=None,
+                  warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """(graph, static output) of ``run()`` captured in a CUDA graph. ``warmup`` runs first on a side
+    stream, as capture requires (Triton JIT, allocator, lazily sized buffers)."""
+    s = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            run()
+    torch.cuda.current_stream(device).wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        out = run()
+    return g, out
+
+
 def make_timer(device: torch.device) -> Timer:
     return CudaTimer(device) if device.type == "cuda" else Timer(device)
 
