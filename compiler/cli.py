@@ -30,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:      # command not built into this installation
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from persistent_engine.models.spec import ALIASES, ModelSpec, SpecError
+from persistent_engine.models.spec import ALIASES, CONFIG_DIR, ModelSpec, SpecError
 
 
 def test_spec_import_does_not_import_torch():
@@ -40,8 +40,7 @@ def test_layer_kinds():
 
 
 def test_config_path_and_unsupported_arch(tmp_path):
-    cfg = json.loads((ModelSpec.from_name("tiny-dense") and
-                      open(__import__("persistent_engine.models.spec", fromlist=["x"]).CONFIG_DIR / "tiny-dense.json").read()))
+    cfg = json.loads((CONFIG_DIR / "tiny-dense.json").read_text())
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     assert ModelSpec.from_name(str(p)).hidden_size == 64
