@@ -43,17 +43,20 @@ def run(tmp_path_factory):
     killed: list[int] = []
     stop = threading.Event()
 
-    def killer():                  # kill the fast-tier engine after the first candidate's verdict
+    def killer():
+        # kill the fast-tier engine as soon as the first candidate is on the board: its evaluation,
+        # or the next candidate's, then meets a dead engine, so a restart must happen (killing after
+        # a verdict could land after the last fast-tier call, leaving nothing to restart)
         from bulletin_board import Board
         db, board = out / "board.db", None
         while not stop.is_set():
-            time.sleep(0.2)
+            time.sleep(0.05)
             try:
                 board = board or (Board(f"sqlite:///{db}") if db.exists() else None)
-                evaluated = board is not None and board.list_evaluations(1).total >= 1
+                submitted = board is not None and board.list_candidates(1).total >= 1
             except Exception:  # noqa: BLE001 - board being created
                 continue
-            if evaluated:
+            if submitted:
                 fast = [pid for pid, cmd in engine_children().items() if "--layers 0, " in cmd + " "]
                 if fast:
                     os.kill(fast[0], signal.SIGKILL)
