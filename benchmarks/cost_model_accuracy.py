@@ -1,17 +1,19 @@
 """Cost-model accuracy: measured engine step times against predictions, before and after calibration.
 
     python benchmarks/cost_model_accuracy.py --device cpu              # tiny + one-layer models, ~1 min
-    python benchmarks/cost_model_accuracy.py --device cuda --hw h200   # llama-1b + qwen3-moe slice, 24 points
+    python benchmarks/cost_model_accuracy.py --device cpu --models tiny-dense --out-dir /tmp/x   # ~10 s
+    python benchmarks/cost_model_accuracy.py --device cuda --hw h200   # llama-1b + qwen3-moe slice, 24 points, < 4 min
 
 Each workload point is timed as the engine times it (cost_model.measure, persistent_engine.timing):
-on GPU a decode step is captured in a CUDA graph and replayed between CUDA events after an L2
-flush, the median of the replays; prefill steps (host syncs: not capturable) run eagerly and the
-calibration gives their extra per-kernel launch cost its own factor; the table's ``graph`` column
-says which. On CPU: eager steps, one thread, the fastest sample (other processes share the
+on GPU a step is captured in a CUDA graph and replayed between CUDA events after an L2 flush, the
+median of the replays; a prefill step that syncs with the host (probed eagerly first: the MoE expert
+loop) runs eagerly and the calibration gives its extra per-kernel launch cost its own factor; the
+table's ``graph`` column says which. The GPU rounds stop after ``--budget-s`` seconds (default 90). On CPU: eager steps, one thread, the fastest sample (other processes share the
 cores). Predictions use the per-op formulas of the engine's reference ops
-(``cost_model.ops``, impl "reference"). The points alternate
-between a calibration set and a held-out set; the factors are fitted on the first and the error
-is reported on both. Prints a table, writes ``benchmarks/results/cost_model_accuracy_<hw>.json``
+(``cost_model.ops_reference``). The held-out split is fixed before
+fitting and stratified: within each (model, phase) group, in suite order, points alternate between
+the calibration set and the held-out set; the factors are fitted on the first and the error is
+reported on both. Prints a table, writes ``benchmarks/results/cost_model_accuracy_<hw>.json``
 (per point: measured, predicted before and after) and the fitted calibration
 ``benchmarks/results/cost_model_calibration_<hw>.json``; ``--install`` also copies it to
 ``cost_model/calibrations/<hw>.json`` so that ``tkcc parallelism`` uses it.
@@ -56,26 +58,49 @@ GPU_SUITE = [
 ]
 
 
-def run_suite(suite, device: str, samples: int | None = None) -> list[dict]:
+def run_suite(suite, device: str, samples: int | None = None, budget_s: float | None = None) -> list[dict]:
     """Interleaved measurements of every point (cost_model.measure: on CPU one thread, thread CPU
     time, the fastest sample; on GPU the engine's CUDA-event timer, the median)."""
     from cost_model.measure import measure_suite
 
     rounds = samples or (12 if device == "cpu" else 50)
     return measure_suite(suite, device=device, rounds=rounds, min_rounds=min(rounds, 6),
-                         budget_s=60.0 if device == "cpu" else None)
+                         budget_s=budget_s if budget_s is not None else (60.0 if device == "cpu" else 90.0))
 
 
-def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Alternate points into (calibration, held-out)."""
-    return rows[0::2], rows[1::2]
+def select_models(suite: list, models: list[str] | None) -> list:
+    """The entries of ``suite`` for ``models`` (None: all); an unknown name is a user error."""
+    from cost_model import CostModelError
+
+    if not models:
+        return suite
+    known = [m for m, _, _ in suite]
+    bad = [m for m in models if m not in known]
+    if bad:
+        raise CostModelError(f"--models {','.join(bad)}: not in this device's suite ({', '.join(known)})")
+    return [e for e in suite if e[0] in models]
+
+
+def split_sets(rows: list[dict]) -> list[str]:
+    """'train' or 'held_out' per row, fixed before any fit: within each (model, phase) group, in
+    order, the points alternate (the first of each group trains), so both sets cover every model
+    and phase."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for r in rows:
+        key = (r["model"], r["point"].get("phase", "decode"))
+        out.append("train" if seen.get(key, 0) % 2 == 0 else "held_out")
+        seen[key] = seen.get(key, 0) + 1
+    return out
 
 
 def accuracy(rows: list[dict], hw) -> dict:
     """Fit on half the rows, report median |error| before/after on the fit set and the held-out set."""
     from cost_model import evaluate, fit
 
-    train, test = split(rows)
+    sets = split_sets(rows)
+    train = [r for r, s in zip(rows, sets) if s == "train"]
+    test = [r for r, s in zip(rows, sets) if s == "held_out"]
     calib = fit(train, hw, source="benchmarks/cost_model_accuracy.py")
     res = {"hw": hw.name, "points": len(rows), "calibration": calib.to_dict(),
            "train": {"before": evaluate(None, train, hw)["median_abs_error"],
@@ -84,8 +109,8 @@ def accuracy(rows: list[dict], hw) -> dict:
                         "after": evaluate(calib, test, hw)["median_abs_error"]}}
     before, after = evaluate(None, rows, hw), evaluate(calib, rows, hw)
     res["all"] = {"before": before["median_abs_error"], "after": after["median_abs_error"]}
-    res["rows"] = [{**r, "predicted_before_s": b, "predicted_after_s": a, "set": "train" if i % 2 == 0 else "held_out"}
-                   for i, (r, b, a) in enumerate(zip(rows, before["predicted_s"], after["predicted_s"]))]
+    res["rows"] = [{**r, "predicted_before_s": b, "predicted_after_s": a, "set": s}
+                   for r, b, a, s in zip(rows, before["predicted_s"], after["predicted_s"], sets)]
     return res, calib
 
 
@@ -111,10 +136,14 @@ def load_rows(path: Path) -> tuple[dict, list[dict], str]:
 def _write_json(path: Path, doc) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def print_table(res: dict) -> None:
@@ -149,7 +178,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--hw", default=None, help="catalogue name of the device (default: cpu, or h200 on cuda)")
-    ap.add_argument("--samples", type=int, default=None)
+    ap.add_argument("--samples", type=int, default=None, help="rounds of samples (default 12 CPU, 50 GPU)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop sampling rounds after this many seconds (default 60 CPU, 90 GPU)")
+    ap.add_argument("--models", default=None, help="comma-separated models of the suite to measure (default all)")
     ap.add_argument("--install", action="store_true", help="also write cost_model/calibrations/<hw>.json")
     ap.add_argument("--refit", metavar="FILE", type=Path, default=None,
                     help="re-fit the measured rows of a previous result JSON instead of measuring")
@@ -171,11 +203,15 @@ def main(argv=None) -> int:
             hw = get_hardware(args.hw or ("cpu" if args.device == "cpu" else "h200"))
             from cost_model.measure import CPU_SUITE
 
-            rows = run_suite(CPU_SUITE if args.device == "cpu" else GPU_SUITE, args.device, args.samples)
+            suite = select_models(CPU_SUITE if args.device == "cpu" else GPU_SUITE,
+                                  args.models.split(",") if args.models else None)
+            rows = run_suite(suite, args.device, args.samples, args.budget_s)
             res, calib = accuracy(rows, hw)
             res["device"] = args.device
             res["measured_on"] = datetime.date.today().isoformat()
-    except CostModelError as e:
+    except Exception as e:  # noqa: BLE001 - user errors (bad --models, model, point) are one line, exit 2
+        if not (isinstance(e, CostModelError) or getattr(e, "user_error", False)):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
     res["noise_median_spread"] = statistics.median(r.get("spread", 0.0) for r in rows)   # (median - fastest) / fastest

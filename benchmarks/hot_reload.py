@@ -7,8 +7,8 @@ One run measures, through the real supervisor and RPC:
   * cold start: spawn -> ready, with the engine's stage breakdown (process, imports, weights,
     kv_cache, warmup, graph_capture), ``--cold`` times (median);
   * hot-reload cycles on the fast tier: ``--cycles`` candidates, each a fresh source (a correct
-    override of rms_norm, fused_add_rms_norm or silu_and_mul in torch, plus Triton rms_norm variants
-    on CUDA) through load + verify + bench + unload on the same engine.
+    override of linear, fused_add_rms_norm or silu_and_mul in torch, plus Triton fused_add_rms_norm
+    variants on CUDA) through load + verify + bench + unload on the same engine.
 Then: candidates per hour = 3600 / median cycle; restart-per-candidate seconds = median cold start
 + median cycle; ratio = that / median cycle. Prints tables; writes
 ``benchmarks/results/<device>-hot_reload.json`` atomically.
@@ -32,13 +32,13 @@ sys.path.insert(0, str(ROOT))
 
 from persistent_engine.supervisor import STAGES, Supervisor  # noqa: E402
 
-TORCH_RMS = '''
+TORCH_LINEAR = '''
 import torch
-DESCRIPTION = "rms_norm torch variant {k}"
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype) + {zero}
-OVERRIDES = {{"rms_norm": rms_norm}}
+DESCRIPTION = "linear torch variant {k}"
+def linear(x, weight, bias):
+    y = torch.matmul(x, weight.t()) + {zero}
+    return y if bias is None else y + bias
+OVERRIDES = {{"linear": linear}}
 '''
 TORCH_FUSED = '''
 import torch
@@ -58,37 +58,40 @@ def silu_and_mul(x):
     return (F.silu(x[..., :d].float()) * x[..., d:].float() + {zero}).to(x.dtype)
 OVERRIDES = {{"silu_and_mul": silu_and_mul}}
 '''
-TRITON_RMS = '''
+TRITON_FUSED = '''
 import torch
 import triton
 import triton.language as tl
-DESCRIPTION = "rms_norm Triton variant {k} (num_warps {warps})"
+DESCRIPTION = "fused_add_rms_norm Triton variant {k} (num_warps {warps})"
 @triton.jit
-def _k(x_ptr, w_ptr, o_ptr, D, eps, BLOCK: tl.constexpr):
+def _k(x_ptr, r_ptr, w_ptr, o_ptr, s_ptr, D, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < D
     x = tl.load(x_ptr + row * D + cols, mask=m, other=0.0).to(tl.float32)
+    x += tl.load(r_ptr + row * D + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(s_ptr + row * D + cols, x.to(s_ptr.dtype.element_ty), mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     tl.store(o_ptr + row * D + cols, (x * inv * w).to(o_ptr.dtype.element_ty), mask=m)
-def rms_norm(x, weight, eps):
+def fused_add_rms_norm(x, residual, weight, eps):
     d = x.shape[-1]
-    x2 = x.reshape(-1, d).contiguous()
-    out = torch.empty_like(x2)
+    x2, r2 = x.reshape(-1, d).contiguous(), residual.reshape(-1, d).contiguous()
+    out, res = torch.empty_like(x2), torch.empty_like(x2)
     if x2.shape[0] > 0:
-        _k[(x2.shape[0],)](x2, weight.contiguous(), out, d, eps, BLOCK=triton.next_power_of_2(d), num_warps={warps})
-    return out.reshape(x.shape)
-OVERRIDES = {{"rms_norm": rms_norm}}
+        _k[(x2.shape[0],)](x2, r2, weight.contiguous(), out, res, d, eps, BLOCK=triton.next_power_of_2(d),
+                           num_warps={warps})
+    return out.reshape(x.shape), res.reshape(x.shape)
+OVERRIDES = {{"fused_add_rms_norm": fused_add_rms_norm}}
 '''
 
 
 def candidates(n: int, triton: bool) -> list[tuple[str, str]]:
     """``n`` distinct sources (each a fresh module: the engine cannot reuse a previous load)."""
-    kinds = [("torch rms_norm", TORCH_RMS), ("torch fused_add_rms_norm", TORCH_FUSED),
+    kinds = [("torch linear", TORCH_LINEAR), ("torch fused_add_rms_norm", TORCH_FUSED),
              ("torch silu_and_mul", TORCH_SILU)]
     if triton:
-        kinds.append(("triton rms_norm", TRITON_RMS))
+        kinds.append(("triton fused_add_rms_norm", TRITON_FUSED))
     out = []
     for k in range(n):
         name, tpl = kinds[k % len(kinds)]
@@ -146,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"candidate": name, "correct": v.correct, "reasons": v.reasons, "speedup": v.speedup,
                      "cycle_s": wall, **{k2: v.timings.get(k2) for k2 in ("load_s", "verify_s", "bench_s",
                                                                            "unload_s")},
-                     "restarted": v.restarted})
+                     "restarted": v.restarted,
+                     "points": [{"label": p.get("label"), "graph": p.get("graph"), "graph_error": p.get("graph_error"),
+                                 "baseline_ms": p.get("baseline_ms"), "candidate_ms": p.get("candidate_ms")}
+                                for p in v.per_point]})
         print(f"  cycle {k:>3} {name:<26} {wall:7.3f} s  correct={v.correct}  "
               f"speedup={v.speedup if v.speedup is None else round(v.speedup, 3)}", file=sys.stderr)
     sup.close()
@@ -170,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         "phase_median_s": {p: statistics.median(r[p] or 0.0 for r in rows)
                            for p in ("load_s", "verify_s", "bench_s", "unload_s")},
         "all_correct": all(r["correct"] for r in rows),
+        # per point label: in how many cycles it was timed as CUDA-graph replays (vs eagerly)
+        "graphed_cycles_by_point": {lbl: sum(1 for r in rows for p in r["points"] if p["label"] == lbl and p["graph"])
+                                    for lbl in dict.fromkeys(p["label"] for r in rows for p in r["points"])},
         "candidates_per_hour": 3600.0 / cycle_s,
         "restart_per_candidate_s": restart_per_candidate_s,
         "restart_candidates_per_hour": 3600.0 / restart_per_candidate_s,
@@ -193,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ncandidates per hour, hot reload:          {doc['candidates_per_hour']:>10.0f}")
     print(f"candidates per hour, restart per candidate: {doc['restart_candidates_per_hour']:>8.0f}")
     print(f"seconds per candidate, restart / hot:       {doc['ratio_restart_over_hot']:>8.1f}x")
+    for lbl, n in doc["graphed_cycles_by_point"].items():
+        print(f"  {lbl:<28} graphed in {n}/{len(rows)} cycles")
     print(f"all candidates correct: {doc['all_correct']}   -> {out}")
     return 0 if doc["all_correct"] else 1
 

@@ -120,15 +120,28 @@ def bytes_moved(op: str, args: tuple, out) -> float:
 
 
 # ----------------------------------------------------------------------------- search
-def fit_seed(template, shape: dict) -> dict | None:
-    """The default with the row-block knob (``*_BLOCK_D``, ``*_BLOCK_I``) fitted to this shape's row:
-    the smallest value that holds it in one block."""
+def fit_seed(template, shape: dict, programs: int = 264) -> dict | None:
+    """The default fitted to this shape: the row-block knob (``*_BLOCK_D``, ``*_BLOCK_I``) to the
+    smallest value that holds the row in one block; for the composite GEMVs (``*_BLOCK_N`` with
+    ``*_SPLIT_K``, shapes with ``N``) the smallest SPLIT_K, then the widest BLOCK_N up to 16, that
+    give at least ``programs`` programs (2 per SM), and MAX_T raised to cover the shape's rows."""
     row = shape.get("x", [0])[-1] // (2 if template.op == "silu_and_mul" else 1) if "x" in shape else 0
     knobs = template.default()
+    names = {k.name: k for k in template.knobs}
     for k in template.knobs:
         if row and k.name.endswith(("_BLOCK_D", "_BLOCK_I")):
             fits = [v for v in k.values if v >= row]
             knobs[k.name] = min(fits) if fits else max(k.values)
+    pre = template.knobs[0].name.split("_")[0]
+    bn, sk, mt = names.get(f"{pre}_BLOCK_N"), names.get(f"{pre}_SPLIT_K"), names.get(f"{pre}_MAX_T")
+    if bn and sk and mt and "N" in shape and "T" in shape:
+        grid = sorted(((-b, s) for b in bn.values if b <= 16 for s in sk.values
+                       if -(-shape["N"] // b) * s >= programs), key=lambda bs: (bs[1], bs[0]))
+        b, s = (-grid[0][0], grid[0][1]) if grid else (min(bn.values), max(sk.values))
+        knobs[bn.name], knobs[sk.name] = b, s
+        fits = [v for v in mt.values if v >= shape["T"]]
+        if fits and knobs[mt.name] < shape["T"]:
+            knobs[mt.name] = min(fits)
     return knobs if knobs != template.default() else None
 
 
@@ -212,6 +225,7 @@ def run(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)         # one thread, as the engine runs: no oversubscription
     out_path = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}-templates.json")
     timer = Timer(a.device, samples)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1
     measured = copy_bandwidth_gbs(a.device)
     rng = random.Random(a.seed)
     deadline = time.monotonic() + 60 * a.max_minutes
@@ -239,7 +253,7 @@ def run(argv: list[str] | None = None) -> int:
                     for t in templates_for(op, a.device):
                         knobs, best_t, tried, rejected = search(t, d, args, ref_hi, timer, dims, budget, rng,
                                                                 start=carried.get((model, t.name, si)),
-                                                                fit=fit_seed(t, shape))
+                                                                fit=fit_seed(t, shape, 2 * sms))
                         if knobs is not None:
                             carried[(model, t.name, si)] = knobs
                         row = {"model": model, "phase": point["phase"], "batch": point["batch"],

@@ -41,7 +41,7 @@ class CostModelError(ValueError):
 class Hardware:
     name: str                       # canonical catalogue name ("h200", "cpu")
     label: str                      # human-readable ("NVIDIA H200")
-    tflops: dict                    # dtype -> dense TFLOP/s, None when the dtype has no tensor cores
+    tflops: dict                    # dtype -> dense TFLOP/s, None when the dtype has no tensor cores; fp32: FFMA (no TF32)
     hbm_bytes: float                # memory per device
     hbm_bw: float                   # bytes/s, datasheet
     scale_up_bw: float              # bytes/s per GPU, one direction, inside the scale-up domain

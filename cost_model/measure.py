@@ -10,14 +10,16 @@ hits all points alike instead of ruining one. A point's time is the fastest of i
 (noise from sharing the cores only ever adds time) and the median on GPU. Rounds stop at
 ``rounds`` or when ``budget_s`` is spent (at least ``min_rounds``).
 
-On GPU each point is timed as the engine times it (``persistent_engine.engine``): a decode step is
-captured in a CUDA graph (warm-up on a side stream, one shared memory pool) and a sample is one
-replay between CUDA events after an L2 flush (``persistent_engine.timing``), so the host's Python
-and launch cost, which serving does not pay, is not in it. Prefill steps read lengths on the host
-(``attention_prefill``, the MoE expert loop) and are not capturable; as in the engine none is tried
-(a failed capture can leave the allocator mid-capture) and they are timed eagerly, as is a decode
-step whose capture fails. Every row says which (``graph``: true / false; None on CPU) and that the
-engine's reference ops ran (``impl``: "reference"), which ``cost_model.calibration`` costs apart.
+On GPU each point is timed as the engine times it (``persistent_engine.engine``): a step is captured
+in a CUDA graph (warm-up on a side stream, one shared memory pool) and a sample is one replay
+between CUDA events after an L2 flush (``persistent_engine.timing``), so the host's Python and
+launch cost, which serving does not pay, is not in it. A prefill step may read lengths on the host
+(the MoE expert loop above its token threshold); a failed capture can leave the allocator
+mid-capture, so a prefill step is first run once eagerly under ``torch.cuda.set_sync_debug_mode
+("error")`` and captured only when no host sync fired; otherwise, or when a capture fails, it is
+timed eagerly. Every row says which (``graph``: true / false, ``graph_error`` the reason; None on
+CPU) and that the engine's reference ops ran (``impl``: "reference"), which
+``cost_model.calibration`` costs apart.
 
 On CPU the clock is by default the calling thread's CPU time (``clock="thread"``): with one torch
 thread every op runs on the calling thread, so the CPU time is the step's own work, and the time the
@@ -101,16 +103,17 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
                 m.step(wl)                          # warm-up: allocator, lazy init, caches
                 built.append((model, point, m, wl))
             for model, point, m, wl in built:
-                row = {"model": model, "layers": None if layers is None else list(m.layers), "dtype": "bf16",
+                row = {"model": model, "layers": list(m.layers), "dtype": "bf16",
                        "point": dict(point), "impl": "reference", "graph": None}
                 step, graph = (lambda m=m, wl=wl: m.step(wl)), False
                 if dev.type == "cuda":
-                    if point.get("phase", "decode") == "decode":
+                    error = None if point.get("phase", "decode") == "decode" else _host_sync(torch, m, wl)
+                    if error is None:
                         step, error = _capture(torch, m, wl, pool, dev)
-                        graph = error is None
-                        if error:
-                            row["graph_error"] = error
-                            step = lambda m=m, wl=wl: m.step(wl)    # noqa: E731
+                    graph = error is None
+                    if error:
+                        row["graph_error"] = error
+                        step = lambda m=m, wl=wl: m.step(wl)    # noqa: E731
                     row["graph"] = graph
                 runs.append((row, step, graph))
             if clock == "thread":
@@ -133,6 +136,20 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
         out.append({**row, "seconds": t, "samples": len(s), "spread": (statistics.median(s) - s[0]) / s[0],
                     "clock": clock})
     return out
+
+
+def _host_sync(torch, model, wl) -> str | None:
+    """None when one eager step does no host sync (so it can be captured), else the reason."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.step(wl)
+    except RuntimeError as e:
+        return f"host sync: {str(e).splitlines()[0][:200] if str(e) else 'RuntimeError'}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    return None
 
 
 def _capture(torch, model, wl, pool, dev):

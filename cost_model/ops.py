@@ -15,11 +15,7 @@ Every op carries an op class, the unit the calibration fits an efficiency factor
 Two implementations are costed (``impl``): "fused" (serving kernels: flash attention over the
 causal half, grouped expert GEMMs; what the parallelism search assumes) and "reference" (the
 engine's plain-torch ops, ``persistent_engine/ops``: what the engine measures, so what calibration
-fits). The reference GQA attention gathers the paged cache and materialises fp32 scores (prefill:
-the full n x L score matrix in fp32, causality by masking); its MoE gathers the chosen experts'
-weights (3 T k < E), computes every expert densely (T < 512), or loops over the used experts with
-~13 kernels each (T >= 512); its norms, activations and rotary run in fp32 with a kernel per torch
-op; its MLA runs absorbed (latent MQA) in decode and prefill alike. The reference formulas cover
+fits; ``cost_model.ops_reference`` counts its torch ops one by one). The reference formulas cover
 one GPU (the engine's reference forward); with parallelism the fused formulas are used.
 
 Notation in the comments: H hidden, T tokens per attention group, S sequences per group,
@@ -34,9 +30,6 @@ from cost_model.layout import ACT_BYTES, Layout, _ceil_div, heads_per_gpu, stage
 
 OP_CLASSES = ("gemm", "attention", "moe", "elementwise", "comm")
 IMPLS = ("fused", "reference")
-REF_BLOCK_SIZE = 16            # the engine's default KV block size (tokens)
-REF_MOE_LOOP_MIN_TOKENS = 512  # persistent_engine.ops.moe.LOOP_MIN_TOKENS
-F32 = 4.0                      # bytes of an fp32 element
 DEFAULT_EXPERT_SKEW = 0.0      # Zipf exponent of expert popularity; 0 = uniform routing
 
 
@@ -151,165 +144,6 @@ def _dense_mlp_ops(spec, layout: Layout, tokens: int, inter: int, group: int, pr
             _gemm(f"{prefix}_down", tokens, i_loc, h, wd, wb)]
 
 
-# ----------------------------------------------------------------------------- reference (engine) ops
-def _ref_elementwise(name: str, elems: float, passes: float, kernels: int) -> OpCost:
-    """An fp32 chain of ``kernels`` torch ops over ``elems`` elements moving ``passes`` fp32
-    elements' bytes per element in all (reads plus writes)."""
-    return OpCost(name, "elementwise", flops=kernels * elems, bytes=passes * elems * F32, kernels=kernels)
-
-
-def _ref_rms_norm(name: str, elems: float, fused_add: bool) -> OpCost:
-    # _acc (x, residual), add, pow, mean, +eps, rsqrt, mul, weight.to, mul, .to (and r.to): ~16 / 12 passes
-    return _ref_elementwise(name, elems, 16.0 if fused_add else 12.0, 12 if fused_add else 9)
-
-
-def _ref_attention_core(seqs: int, n: int, ctx: int, hq: int, hk: int, dk: int, dv: int, kb: float,
-                        dtype: str) -> OpCost:
-    """ops.attention.attention_decode / attention_prefill over a paged cache of Hk heads of K
-    (dk dims) and V (dv dims), also MLA's absorbed MQA (Hk 1, K the latent + rope, V the latent)."""
-    length = ctx + n                                            # keys per sequence (new ones included)
-    if n == 1:
-        # gather the pages of every sequence (padded to whole blocks), einsum in bf16 (operands
-        # copied to batch layout), scores [S, Hq, Lp] through ~40 bytes each (bf16 out, fp32
-        # copy, scale, mask, softmax, cast, read), masks, second einsum
-        lp = _ceil_div(length, REF_BLOCK_SIZE) * REF_BLOCK_SIZE
-        kv = seqs * lp * hk * (dk + dv) * kb
-        scores = seqs * hq * lp
-        return OpCost("attention_decode", "attention", flops=2.0 * seqs * hq * (dk + dv) * lp,
-                      bytes=5 * kv + 40.0 * scores + seqs * hq * (dk + dv) * ACT_BYTES, dtype=dtype, kernels=14)
-    # per sequence: gather its pages, fp32 copies of q, k, v, the full [Hq, n, L] fp32 score matrix
-    # (causality by masking: no FLOPs saved) through ~36 bytes each, fp32 einsums
-    kv = seqs * length * hk * (dk + dv)
-    scores = seqs * hq * n * length
-    return OpCost("attention_prefill", "attention", flops=2.0 * seqs * n * hq * (dk + dv) * length,
-                  bytes=kv * (2 * kb + 3 * F32) + 36.0 * scores + n * length * seqs
-                  + seqs * n * hq * (dk + 2 * dv) * F32, dtype="fp32", kernels=3 + 18 * seqs)
-
-
-def _ref_mla_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
-    """MLA as persistent_engine.models.mla computes it: absorbed (latent-space MQA) for decode and
-    prefill alike, the absorb einsums in fp32 on fp32 copies of W_UK / W_UV."""
-    h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
-    t = seqs * n
-    hq, _ = heads_per_gpu(spec, layout)
-    lat, r, dn, dv = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim
-    ops: list[OpCost] = []
-    if spec.q_lora_rank:
-        ops += [_gemm("q_a_proj", t, h, spec.q_lora_rank, wd, wb), _ref_rms_norm("q_a_norm", t * spec.q_lora_rank, False),
-                _gemm("q_b_proj", t, spec.q_lora_rank, hq * (dn + r), wd, wb)]
-    else:
-        ops.append(_gemm("q_proj", t, h, hq * (dn + r), wd, wb))
-    ops += [OpCost("q_split", "elementwise", bytes=2 * t * hq * (dn + r) * ACT_BYTES, kernels=2),
-            _gemm("kv_a_proj", t, h, lat + r, wd, wb),
-            OpCost("kv_split", "elementwise", bytes=2 * t * (lat + r) * ACT_BYTES, kernels=2),
-            _ref_rms_norm("kv_a_norm", t * lat, False),
-            _ref_elementwise("rotary_embedding", t * (hq + 1) * r, 9.0, 17),
-            OpCost("kv_cache_write", "elementwise", bytes=3 * t * (lat + r) * kb, kernels=2),
-            # fp32 einsum on fp32 copies of q_nope and W_UK [Hq, Dn, lat], cast back
-            OpCost("mla_q_absorb", "gemm", flops=2.0 * t * hq * dn * lat, dtype="fp32",
-                   bytes=hq * dn * lat * (wb + 2 * F32) + t * hq * (dn * (2 + 2 * F32) + lat * (2 * F32 + 2)),
-                   kernels=4),
-            OpCost("mla_q_cat", "elementwise", bytes=2 * t * hq * (lat + r) * ACT_BYTES, kernels=1),
-            _ref_attention_core(seqs, n, ctx, hq, 1, lat + r, lat, kb, wd),
-            OpCost("mla_v_up", "gemm", flops=2.0 * t * hq * lat * dv, dtype="fp32",
-                   bytes=hq * dv * lat * (wb + 2 * F32) + t * hq * (lat * (2 + 2 * F32) + dv * (2 * F32 + 2)),
-                   kernels=4),
-            _gemm("o_proj", t, hq * dv, h, wd, wb)]
-    return ops
-
-
-def _ref_attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
-    """GQA attention as persistent_engine.models.attention + ops.attention compute it."""
-    if spec.attention == "mla":
-        return _ref_mla_ops(spec, layout, seqs, n, ctx)
-    h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
-    t, dh = seqs * n, spec.head_dim
-    hq, hk = heads_per_gpu(spec, layout)
-    ops = [_gemm("qkv_proj", t, h, (hq + 2 * hk) * dh, wd, wb),
-           OpCost("qkv_split", "elementwise", bytes=2 * t * (hq + 2 * hk) * dh * ACT_BYTES, kernels=3)]
-    if spec.qk_norm != "none":
-        ops.append(_ref_elementwise("qk_norm", t * (hq + hk) * dh, 12.0, 18))
-    # cos/sin gather, then per q and k: fp32 copy, 4 products, 2 sums, cat, cast back
-    ops.append(_ref_elementwise("rotary_embedding", t * (hq + hk) * dh, 9.0, 17))
-    ops.append(OpCost("kv_cache_write", "elementwise", bytes=2 * t * 2 * hk * dh * kb, kernels=2))
-    ops.append(_ref_attention_core(seqs, n, ctx, hq, hk, dh, dh, kb, wd))
-    ops.append(_gemm("o_proj", t, hq * dh, h, wd, wb))
-    return ops
-
-
-def _ref_silu(name: str, tokens: float, inter: float) -> OpCost:
-    # fp32 copy of [T, 2I], silu, mul, cast back: ~38 bytes per (token, I) in all
-    return OpCost(name, "elementwise", flops=4.0 * tokens * inter, bytes=38.0 * tokens * inter, kernels=4)
-
-
-def _ref_moe_ops(spec, layout: Layout, tokens: int, skew: float) -> list[OpCost]:
-    """Router, routing and the routed experts as persistent_engine.ops.moe computes them."""
-    h, e, k, wb, wd = spec.hidden_size, spec.num_experts, spec.num_experts_per_tok, layout.wbytes, layout.dtype
-    i = spec.moe_intermediate_size / layout.moe_tp
-    ops = [_gemm("router", tokens, h, e, "bf16", ACT_BYTES),
-           OpCost("moe_route", "elementwise", flops=8.0 * tokens * e, bytes=tokens * e * (ACT_BYTES + 3 * F32),
-                  kernels=8)]
-    expert_w = 3 * h * i * wb                                   # w13 [2I, H] + w2 [H, I] of one expert
-    if 3 * tokens * k < e:
-        # gather: w13[ids], w2[ids] copied (read + write) then read by batched GEMVs
-        a = tokens * k
-        ops.append(OpCost("moe_experts_gather", "moe", flops=6.0 * a * h * i, bytes=3 * a * expert_w
-                          + a * (2 * h + 40 * i) + tokens * h * 3 * F32, dtype=wd, kernels=13))
-    elif tokens < REF_MOE_LOOP_MIN_TOKENS:
-        # dense: every expert on every token ([E, T, *] intermediates, fp32 output einsum)
-        et = e * tokens
-        ops.append(OpCost("moe_experts_dense", "moe", flops=6.0 * et * h * i + 2.0 * et * h,
-                          bytes=e * expert_w + et * (24 * h + 44 * i), dtype=wd, kernels=14))
-    else:
-        # loop over the used experts (host sync on the counts), ~13 kernels each
-        assign, distinct = expert_load(spec, layout, tokens, skew)
-        ops.append(OpCost("moe_experts_loop", "moe", flops=6.0 * assign * h * i,
-                          bytes=distinct * expert_w + assign * (36 * h + 46 * i) + tokens * h * 2 * F32,
-                          dtype=wd, kernels=6 + round(13 * distinct)))
-    return ops
-
-
-def _ref_layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float) -> list[OpCost]:
-    h = spec.hidden_size
-    t = batch * n
-    ops = [_ref_rms_norm("fused_add_rms_norm", t * h, True)]
-    ops += _ref_attention_ops(spec, layout, batch, n, ctx)
-    ops.append(_ref_rms_norm("fused_add_rms_norm", t * h, True))
-    if kind == "dense":
-        i = spec.intermediate_size / layout.mlp_group
-        ops += [_gemm("mlp_gate_up", t, h, 2 * i, layout.dtype, layout.wbytes), _ref_silu("silu_and_mul", t, i),
-                _gemm("mlp_down", t, i, h, layout.dtype, layout.wbytes)]
-        return ops
-    ops += _ref_moe_ops(spec, layout, t, skew)
-    if spec.num_shared_experts:
-        i = spec.shared_intermediate_size * spec.num_shared_experts / layout.mlp_group
-        ops += [_gemm("shared_gate_up", t, h, 2 * i, layout.dtype, layout.wbytes), _ref_silu("shared_silu", t, i),
-                _gemm("shared_down", t, i, h, layout.dtype, layout.wbytes),
-                OpCost("shared_add", "elementwise", bytes=3 * t * h * ACT_BYTES)]
-    return ops
-
-
-def _ref_step_ops(spec, layout: Layout, batch: int, n: int, ctx: int, idx: list[int], skew: float) -> list[OpCost]:
-    """One step of the engine's reference forward (one GPU, no parallelism): embedding, the layers,
-    final norm, the last token's logits in fp32 (``Decoder.step``; no sampling)."""
-    h, t, v = spec.hidden_size, batch * n, spec.vocab_size
-    by_kind: dict[str, int] = {}
-    for i in idx:
-        by_kind[spec.layer_kind(i)] = by_kind.get(spec.layer_kind(i), 0) + 1
-    ops = [OpCost("embedding", "elementwise", bytes=2 * t * h * ACT_BYTES)]
-    for kind, count in sorted(by_kind.items()):
-        ops += [o.scaled(count) for o in _ref_layer_ops(spec, layout, kind, batch, n, ctx, skew)]
-    # norms: the layers' 2 fused_add each cover layers 1.. input norms, post norms and the final
-    # norm; layer 0's input norm (or the final norm of a slice without layers) is a plain rms_norm
-    ops.append(_ref_rms_norm("rms_norm", t * h, False))
-    if n > 1:
-        ops.append(OpCost("last_tokens", "elementwise", bytes=2 * batch * h * ACT_BYTES))
-    ops.append(_gemm("lm_head", batch, h, v, "bf16", ACT_BYTES))
-    ops.append(OpCost("logits_fp32", "elementwise", bytes=batch * v * (ACT_BYTES + F32)))
-    return ops
-
-
-
 def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float) -> list[OpCost]:
     """Ops of one decoder layer of ``kind`` ('dense' | 'moe') on one GPU; ``batch`` sequences per
     instance (split over the DP-attention groups), ``n`` new tokens each over ``ctx`` cached tokens."""
@@ -382,7 +216,9 @@ def step_ops(spec, layout: Layout, point: dict, layers: list[int] | None = None,
         raise ValueError(f"impl {impl!r}: one of {IMPLS}")
     _, batch, ctx, n = point_shape(point)
     if impl == "reference" and layout.gpus == 1:
-        return _ref_step_ops(spec, layout, batch, n, ctx, stage_layers(spec, layout, 0, layers), skew)
+        from cost_model.ops_reference import reference_step_ops   # it builds on this module's OpCost
+
+        return reference_step_ops(spec, layout, batch, n, ctx, stage_layers(spec, layout, 0, layers), skew)
     seqs = _ceil_div(batch, layout.dp)
     if stage is None:
         sizes = [len(stage_layers(spec, layout, s, layers)) for s in range(layout.pp)]

@@ -3,21 +3,31 @@
 Start-up (stages timed for the log): weights (``build_model``), KV cache (``make_workload`` for
 every point and input variant), warm-up (baseline logits kept as the verification reference, which
 ops each point calls, baseline step time), graph capture (CUDA: one graph per point and variant,
-sharing one memory pool). Then the guards snapshot the global state: from here on, anything a
-candidate changes is seen.
+sharing one memory pool; decode and prefill alike, a point whose capture fails is timed eagerly).
+Then the guards snapshot the global state: from here on, anything a candidate changes is seen.
 
-A candidate's life: ``load`` (static checks, fresh module, guards) -> ``verify`` (op level, layer
-level, guards) -> ``bench`` (graphs of the affected points captured again with the overrides, A/B
-timing, spot re-check, guards) -> ``unload`` (overrides cleared, candidate graphs freed, global
-state, weights and workloads restored). Nothing else is rebuilt: no weight reload, no re-warm-up.
+A candidate's life: ``load`` (static checks, fresh module, guards, CONFIG applied) -> ``verify`` (op
+level, layer level with every override's calls counted, guards) -> ``bench`` (graphs of the affected
+points captured again with the overrides, A/B timing, roofline floor, spot re-check, guards) ->
+``unload`` (overrides cleared, candidate graphs freed, re-laid KV caches dropped, global state,
+weights and workloads restored). Nothing else is rebuilt: no weight reload, no re-warm-up.
+
+CONFIG: ``cuda_graph`` and ``cuda_graph_batch_sizes`` pick which affected points are graphed on the
+candidate's side; ``kv_block_size`` re-lays every point's KV cache (same content, new paging) for
+the candidate's side of verification and timing; ``max_num_seqs`` and ``max_num_batched_tokens``
+are scheduler knobs no single step shows (``CONFIG_NOTES``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import faulthandler
 import inspect
 import os
 import random
+import sys
 import tempfile
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +39,16 @@ from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCand
                                          UnloadReply, Verify, VerifyReply)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# what the engine does with each CONFIG knob, as reported in the load and bench replies
+CONFIG_NOTES = {
+    "cuda_graph": "applied: candidate points captured in CUDA graphs (CUDA only)",
+    "cuda_graph_batch_sizes": "applied: only points of these batch sizes are graphed on the candidate side",
+    "kv_block_size": "applied: the candidate's KV caches re-laid with this block size",
+    "max_num_seqs": "not measurable by the engine; judged by compiler config search",
+    "max_num_batched_tokens": "not measurable by the engine; judged by compiler config search",
+}
+# roofline floor: bytes a step must read at least / this bandwidth (GB/s); CUDA when unset
+DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
 DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
                  "unspecified launch failure", "misaligned address", "illegal instruction")
 
@@ -59,6 +79,84 @@ class EngineConfig:
     seed: int = 0
     variants: int = 2                   # input variants per point (fresh inputs across samples)
     cuda_graph: bool = True
+    # roofline plausibility floor (GB/s): None = DEFAULT_PEAK_BANDWIDTH_GBS of the device (off on CPU)
+    peak_bandwidth_gbs: float | None = None
+
+
+def elog(line: str) -> None:
+    """One line on the engine's stderr (the supervisor keeps it and shows its tail on a crash)."""
+    print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
+
+
+def min_step_bytes(model, workload, spec) -> int:
+    """Bytes one step must read at the least: every weight but the embedding table (gathered by
+    rows), MoE expert tensors only at k/E (a step uses at least k experts), plus each sequence's
+    cached K/V of every layer (context_lens tokens). A lower bound, never an estimate."""
+    total = 0
+    e, k = getattr(spec, "num_experts", 0) or 0, getattr(spec, "num_experts_per_tok", 0) or 0
+    for name, t in model_weights(model).items():
+        if "embed" in name or name == "cos_sin":
+            continue
+        nbytes = t.numel() * t.element_size()
+        if e and k and t.dim() == 3 and t.shape[0] == e:
+            nbytes = nbytes * k // e
+        total += nbytes
+    tokens = int(workload.context_lens.sum())
+    for pools in (workload.cache.k, workload.cache.v):
+        for pool in pools.values():
+            total += tokens * pool[0, 0].numel() * pool.element_size()
+    return total
+
+
+def implausibly_fast(label: str, step_ms: float, floor_ms: float) -> str | None:
+    """The roofline check: None when ``step_ms`` is at or above ``floor_ms``."""
+    if floor_ms > 0 and step_ms < floor_ms:
+        return f"timing: implausibly fast at {label}: {step_ms:.4g} ms < floor {floor_ms:.4g} ms"
+    return None
+
+
+def relayout_workload(model, wl, block_size: int, seed: int):
+    """``wl`` with the same cached K/V paged in blocks of ``block_size`` (fresh random block order);
+    slot mapping and block tables follow. Memory: one more KV cache of the point."""
+    from persistent_engine.ops.attention import gather_pages
+
+    old = wl.cache
+    batch, cap = old.batch, old.capacity
+    new = model.alloc_cache(batch, cap, block_size=block_size, seed=seed, fill="zeros")
+    seq = torch.arange(batch, device=old.block_tables.device).repeat_interleave(cap)
+    pos = torch.arange(cap, device=old.block_tables.device).repeat(batch)
+    slots = new.slots(pos, seq)                                   # [B*cap] where token (b, j) goes
+    for pools_old, pools_new in ((old.k, new.k), (old.v, new.v)):
+        for layer, src in pools_old.items():
+            flat = gather_pages(src, old.block_tables)[:, :cap].reshape(batch * cap, *src.shape[2:])
+            pools_new[layer].view(-1, *src.shape[2:]).index_copy_(0, slots, flat)
+    tok_seq = torch.arange(wl.batch, device=wl.positions.device).repeat_interleave(wl.chunk)
+    return dataclasses.replace(wl, cache=new, slot_mapping=new.slots(wl.positions, tok_seq))
+
+
+def never_called(counted: dict, ops_at: list[set]) -> list[str]:
+    """The "kernel actually ran" guard: a reason per override the model does not call at any point,
+    or whose implementation did not run in the layer-level steps (``counted``: op -> _Counted)."""
+    reasons = []
+    for name, fn in sorted(counted.items()):
+        if not any(name in at for at in ops_at):
+            reasons.append(f"layer-level: override {name} never called: the model does not call {name} "
+                           "at any workload point")
+        elif fn.calls == 0:
+            reasons.append(f"layer-level: override {name} never called: its implementation did not run "
+                           "in any layer-level step")
+    return reasons
+
+
+class _Counted:
+    """An override wrapped to count its calls (the "kernel actually ran" guard)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
 
 
 def _tensors(obj, prefix: str = "", depth: int = 0, seen: set | None = None) -> dict[str, torch.Tensor]:
@@ -132,6 +230,8 @@ class Engine:
 
         self.config = config
         self.registry = registry
+        if not faulthandler.is_enabled():       # a segfault or abort leaves its stack on stderr
+            faulthandler.enable(file=sys.stderr)
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         self.spec = ModelSpec.from_name(config.model)
@@ -179,18 +279,29 @@ class Engine:
         stage("warmup", t0)
 
         t0 = timing.now_ns()
-        # per point: one (graph, static output) per variant, or None: prefill steps read lengths on
-        # the host (not capturable; a failed capture can leave the allocator mid-capture, so none is
-        # tried) and are timed eagerly, as is a decode step whose capture failed
+        # per point: one (graph, static output) per variant, or None (timed eagerly: no CUDA, graphs
+        # off, or its capture failed; the reason in graph_errors). Candidates get a pool of their
+        # own, kept for the engine's life: each candidate's graphs are freed at unload and the next
+        # one's reuse that memory, no pool is ever dropped while graphs may use it.
         self.base_graphs: list[list | None] = [None] * len(self.points)
         self.graph_errors: dict[int, str] = {}
-        if self.device.type == "cuda" and config.cuda_graph:
+        self.graphs_healthy = True
+        self._cand_pool = None
+        plan = timing.graph_plan(self.points, self.device.type, config.cuda_graph)
+        for i, why in enumerate(plan):
+            if why is not None:
+                self.graph_errors[i] = why
+        todo = [i for i, why in enumerate(plan) if why is None]
+        if todo:
             pool = torch.cuda.graph_pool_handle()
-            for i, ws in enumerate(self.workloads):
-                if self.points[i].get("phase", "decode") == "decode":
-                    self.base_graphs[i] = self._capture_all(i, ws, pool, self.graph_errors)
-                else:
-                    self.graph_errors[i] = "prefill: timed eagerly"
+            self._cand_pool = torch.cuda.graph_pool_handle()
+            graphs, self.graphs_healthy = timing.capture_points(
+                todo, lambda i: [self._capture(w, pool) for w in self.workloads[i]],
+                lambda: timing.recover_after_capture(self.device), self.graph_errors, elog)
+            for i, g in graphs.items():
+                self.base_graphs[i] = g
+            if not self.graphs_healthy:
+                raise RuntimeError(f"CUDA graph capture left the device unusable: {self.graph_errors}")
         stage("graph_capture", t0)
         # baseline step time per point, as bench times it (graph replay where captured): what an
         # unaffected point costs on both sides
@@ -208,29 +319,34 @@ class Engine:
                                         for o in (b, getattr(b, "attn", None), getattr(b, "mlp", None))
                                         if o is not None and hasattr(o, "__dict__")]
         self.state_guard = guards.GlobalStateGuard(guards.default_namespaces() + model_objects)
-        # the registry as built: each op's OpDef and reference (a candidate reaching the registry
+        # the registry as built: each op's OpDef and baseline (a candidate reaching the registry
         # module could slow the baseline down or swap a reference)
         self._opdefs = {n: registry.get(n) for n in registry.names()}
         self.thread_guard = guards.ThreadGuard()
         self.candidate: cand_mod.LoadedCandidate | None = None
         self.cand_graphs: dict[int, list | None] = {}      # point -> candidate graphs (or None)
         self.cand_graph_errors: dict[int, str] = {}
-        self._cand_pool = None
+        self.cand_workloads: list[list] | None = None       # kv_block_size: re-laid per candidate
+        self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
+                                   else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
+        # roofline floor per point (ms); 0 where the check is off
+        self.floor_ms = [min_step_bytes(self.model, ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
+                         if self.peak_bandwidth_gbs else 0.0 for ws in self.workloads]
         self.served = 0
         self.poisoned = False                   # a device error: exit after replying
+        self.poison_cause = ""
 
     # ------------------------------------------------------------------------------ helpers
     def _sync(self) -> None:
         if self.device.type == "cuda":
             timing._synchronize(self.device)
 
-    def _capture_all(self, i: int, ws: list, pool, errors: dict[int, str]) -> list | None:
-        try:
-            return [self._capture(w, pool) for w in ws]
-        except Exception as e:  # noqa: BLE001 - not capturable: time this point eagerly
-            errors[i] = f"{type(e).__name__}: {str(e)[:200]}"
-            self._sync()
-            return None
+    def _poison(self, cause: str) -> None:
+        """This process is done after the current reply (the supervisor starts a fresh one)."""
+        if not self.poisoned:
+            elog(f"leaving after this reply: {cause}")
+        self.poisoned = True
+        self.poison_cause = self.poison_cause or cause
 
     def _capture(self, workload, pool):
         """(graph, static output) of one step."""
@@ -243,7 +359,7 @@ class Engine:
         if threads:
             reasons.append(f"{phase}: candidate left {len(threads)} thread(s) running: "
                            f"{', '.join(threads)[:300]}")
-            self.poisoned = True                # a Python thread cannot be killed: restart
+            self._poison("a candidate thread is still running")     # a Python thread cannot be killed
         changed = self.state_guard.check()
         if changed:
             reasons.append(f"{phase}: candidate changed global state: {', '.join(changed[:8])}"
@@ -252,7 +368,7 @@ class Engine:
         bad_ops = self._registry_changed()
         if bad_ops:
             reasons.append(f"{phase}: candidate changed the op registry: {', '.join(bad_ops[:8])}")
-            self.poisoned = True                # its tables are private: start a clean engine
+            self._poison("the op registry was changed")  # its tables are private: start a clean engine
         self._sync()
         bad = self.weight_guard.changed()
         if bad:
@@ -274,12 +390,49 @@ class Engine:
         bad = [n for n, d in self._opdefs.items() if self.registry.get(n) is not d]
         bad += [n for n, fn in active.items() if wanted.get(n) is not fn]
         bad += [n for n, d in self._opdefs.items()
-                if n not in active and self.registry.current(n) is not d.reference]
+                if n not in active and self.registry.current(n) is not getattr(d, "baseline", d.reference)]
         return sorted(set(bad))
 
     def _affected(self) -> list[int]:
-        ops = set(self.candidate.overrides) if self.candidate else set()
+        """Points whose step the candidate changes: an overridden op runs there, or (kv_block_size)
+        every point, whose KV cache it re-lays."""
+        if self.candidate is None:
+            return []
+        if self.cand_workloads is not None:
+            return list(range(len(self.points)))
+        ops = set(self.candidate.overrides)
         return [i for i, at in enumerate(self.ops_at) if at & ops]
+
+    def _cand_ws(self, i: int) -> list:
+        """The workloads of point ``i`` as the candidate's side runs them."""
+        return self.cand_workloads[i] if self.cand_workloads is not None else self.workloads[i]
+
+    def _apply_config(self, config: dict) -> list[str]:
+        """Apply the knobs that change a step (kv_block_size); reasons when a value is unusable."""
+        bs = config.get("kv_block_size")
+        if bs is None:
+            return []
+        if not 1 <= bs <= 4096:
+            return [f"load: CONFIG['kv_block_size'] = {bs} is outside 1..4096"]
+        if all(w.cache.block_size == bs for ws in self.workloads for w in ws):
+            return []
+        self.cand_workloads = [[relayout_workload(self.model, w, bs, seed=self.config.seed + 31 * i + v)
+                                for v, w in enumerate(ws)] for i, ws in enumerate(self.workloads)]
+        self._sync()
+        return []
+
+    def _config_notes(self) -> dict[str, str]:
+        return {k: CONFIG_NOTES[k] for k in (self.candidate.config if self.candidate else {}) if k in CONFIG_NOTES}
+
+    def _free_cand_graphs(self) -> None:
+        """Candidate graphs go only once the device is idle (none may still run when freed); their
+        memory returns to the engine's candidate pool for the next candidate."""
+        self._sync()
+        for graphs in self.cand_graphs.values():
+            for g, _out in graphs or []:
+                g.reset()
+        self.cand_graphs.clear()
+        self.cand_graph_errors.clear()
 
     # ------------------------------------------------------------------------------ requests
     def handle(self, req: Request) -> Reply:
@@ -288,6 +441,7 @@ class Engine:
         try:
             reply = handlers[type(req)](req)
         except torch.OutOfMemoryError as e:
+            elog(f"{type(req).__name__}: out of memory: {str(e)[:300]}")
             self.registry.clear_overrides()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -295,13 +449,15 @@ class Engine:
         except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - a verdict, not a crash
             self.registry.clear_overrides()
             text = f"{type(e).__name__}: {e}"
+            elog(f"{type(req).__name__} raised:\n" + "".join(traceback.format_exception(e))[-4000:])
             if self.device.type == "cuda" and any(s in text for s in DEVICE_ERRORS):
-                self.poisoned = True
+                self._poison(f"device error: {text[:300]}")
                 return ErrorReply(message=f"device error (engine restarts): {text[:500]}", kind="device")
             return ErrorReply(message=f"candidate raised {text[:1000]}", kind="candidate")
         self.served += 1
-        if self.device.type == "cuda" and any(m in r for r in getattr(reply, "reasons", []) for m in DEVICE_ERRORS):
-            self.poisoned = True                # a sticky CUDA error: this context is done
+        bad = [r for r in getattr(reply, "reasons", []) if any(m in r for m in DEVICE_ERRORS)]
+        if self.device.type == "cuda" and bad:
+            self._poison(f"device error: {bad[0][:300]}")                # a sticky CUDA error
         return reply
 
     def load(self, req: LoadCandidate) -> LoadReply:
@@ -314,16 +470,21 @@ class Engine:
             reasons = self._guard_reasons("load")
             if isinstance(loaded, list):
                 reasons = loaded + reasons
-            elif reasons:
-                cand_mod.unload_candidate(loaded)
             else:
-                self.candidate = loaded
+                reasons = reasons or self._apply_config(loaded.config)
+                if reasons:
+                    self.cand_workloads = None
+                    cand_mod.unload_candidate(loaded)
+                else:
+                    self.candidate = loaded
         secs = (timing.now_ns() - t0) / 1e9
         if reasons:
             return LoadReply(ok=False, message="candidate refused", reasons=reasons, seconds=secs)
         c = self.candidate
-        return LoadReply(ok=True, message=f"loaded {c.name}", ops=sorted(c.overrides), config=c.config,
-                         description=c.description[:2000], seconds=secs)
+        notes = "; ".join(f"{k}: {v}" for k, v in self._config_notes().items())
+        return LoadReply(ok=True, message=f"loaded {c.name}" + (f" (CONFIG {notes})" if notes else ""),
+                         ops=sorted(c.overrides), config=c.config, description=c.description[:2000],
+                         seconds=secs)
 
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:
@@ -341,20 +502,24 @@ class Engine:
         reasons = [ch.detail for ch in checks if not ch.passed]
         reasons += self._guard_reasons("op-level verification")
         if not reasons:                         # layer level: the slice with the overrides
+            # every override wrapped to count its calls: one the model never reaches is rejected
+            counted = {n: _Counted(fn) for n, fn in c.overrides.items()}
             layer_reasons: list[str] = []
+            # one run per variant: determinism is checked at op level (every op twice) and the outputs
+            # produced while timed are checked again by bench's spot re-check
             for i in self._affected():
-                for v, w in enumerate(self.workloads[i]):
-                    for run in range(2):
-                        with self.registry.override(c.overrides):
-                            out = self.model.step(w)
-                        self._sync()
-                        r = verify.compare_logits(out, self.ref[i][v], self.dtype,
-                                                  f"layer-level {point_label(self.points[i])} variant {v}"
-                                                  + (" (second run)" if run else ""))
-                        self.workload_guard.restore()
-                        if r:
-                            layer_reasons.append(r)
-                            break
+                for v, w in enumerate(self._cand_ws(i)):
+                    with self.registry.override(counted):
+                        out = self.model.step(w)
+                    self._sync()
+                    r = verify.compare_logits(out, self.ref[i][v], self.dtype,
+                                              f"layer-level {point_label(self.points[i])} variant {v}")
+                    self.workload_guard.restore()
+                    if r:
+                        layer_reasons.append(r)
+                        break
+            if not layer_reasons:
+                layer_reasons += never_called(counted, self.ops_at)
             checks.append(verify.Check("layer", not layer_reasons, "; ".join(layer_reasons)[:2000]))
             reasons += layer_reasons
             reasons += self._guard_reasons("layer-level verification")
@@ -368,43 +533,47 @@ class Engine:
         t0 = timing.now_ns()
         c = self.candidate
         samples = req.samples or timing.DEFAULT_SAMPLES[self.device.type]
-        graphs = c.config.get("cuda_graph", True)
-        batches = c.config.get("cuda_graph_batch_sizes")
         affected = set(self._affected())
+        plan = timing.graph_plan(self.points, self.device.type, c.config.get("cuda_graph", True),
+                                 c.config.get("cuda_graph_batch_sizes"))
         per_point, reasons = [], []
         clear, apply = self.registry.clear_overrides, (lambda: self.registry.set_overrides(c.overrides))
-        if graphs and self._cand_pool is None and self.device.type == "cuda":
-            self._cand_pool = torch.cuda.graph_pool_handle()
+        notes = self._config_notes()
+        # captured once per candidate, with its overrides, where the baseline side is graphed too
+        todo = [i for i in sorted(affected)
+                if self.base_graphs[i] is not None and plan[i] is None and i not in self.cand_graphs]
+        if todo:
+            apply()
+            try:
+                graphs, healthy = timing.capture_points(
+                    todo, lambda i: [self._capture(w, self._cand_pool) for w in self._cand_ws(i)],
+                    lambda: timing.recover_after_capture(self.device), self.cand_graph_errors, elog)
+            finally:
+                clear()
+            self.cand_graphs.update(graphs)
+            if not healthy:                     # timed eagerly below; this process is then replaced
+                self._poison(f"a failed candidate graph capture left the device unusable: "
+                             f"{self.cand_graph_errors}")
         for i, p in enumerate(self.points):
             if i not in affected:
                 per_point.append({"point": p, "label": point_label(p), "affected": False,
                                   "baseline_ms": self.base_ms[i], "candidate_ms": self.base_ms[i],
                                   "speedup": 1.0})
                 continue
-            ws = self.workloads[i]
-            bg = self.base_graphs[i]
-            cg = None
-            if bg is not None and graphs and (batches is None or p["batch"] in batches):
-                if i not in self.cand_graphs:   # captured once per candidate, with its overrides
-                    apply()
-                    try:
-                        self.cand_graphs[i] = self._capture_all(i, ws, self._cand_pool, self.cand_graph_errors)
-                    finally:
-                        clear()
-                    if self.cand_graphs[i] is None:
-                        # timed eagerly below; a failed capture may leave a pending CUDA error or
-                        # allocator state behind, so this engine is replaced after the reply
-                        self.poisoned = True
-                cg = self.cand_graphs[i]
+            ws, cws = self.workloads[i], self._cand_ws(i)
+            bg, cg = self.base_graphs[i], self.cand_graphs.get(i)
             n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i], samples)
-            if cg is not None:
+            if bg is not None and cg is not None:
                 base = lambda v, bg=bg: (bg[v][0].replay(), bg[v][1])[1]    # noqa: E731
                 cand = lambda v, cg=cg: (cg[v][0].replay(), cg[v][1])[1]    # noqa: E731
                 res = timing.ab_interleaved(self.timer, base, cand, n, variants=len(ws),
-                                            warmup=req.warmup or 2, graph=True)
+                                            warmup=req.warmup or 2, graph=True,
+                                            stop_rel_se=None if req.samples else
+                                            timing.STOP_REL_SE.get(self.device.type))
             else:
-                step = lambda v, ws=ws: self.model.step(ws[v])              # noqa: E731
-                res = timing.ab_interleaved(self.timer, step, step, n, variants=len(ws),
+                base = lambda v, ws=ws: self.model.step(ws[v])              # noqa: E731
+                cand = lambda v, cws=cws: self.model.step(cws[v])           # noqa: E731
+                res = timing.ab_interleaved(self.timer, base, cand, n, variants=len(ws),
                                             warmup=req.warmup or 1, enter_baseline=clear,
                                             enter_candidate=apply)
                 clear()
@@ -414,13 +583,19 @@ class Engine:
                 if r:
                     reasons.append(r)
                     break
+            r = implausibly_fast(point_label(p), res.candidate.median_ms, self.floor_ms[i])
+            if r:
+                reasons.append(r + (f" ({self.peak_bandwidth_gbs:g} GB/s ceiling)" if self.peak_bandwidth_gbs else ""))
             self.workload_guard.restore()
-            per_point.append({"point": p, "label": point_label(p), "affected": True, "graph": cg is not None,
-                              "graph_error": self.cand_graph_errors.get(i) or self.graph_errors.get(i),
+            graphed = bg is not None and cg is not None
+            per_point.append({"point": p, "label": point_label(p), "affected": True, "graph": graphed,
+                              "graph_error": None if graphed else (self.cand_graph_errors.get(i)
+                                                                   or self.graph_errors.get(i) or plan[i]),
                               "baseline_ms": res.baseline.median_ms, "baseline_iqr_ms": res.baseline.iqr_ms,
                               "candidate_ms": res.candidate.median_ms,
-                              "candidate_iqr_ms": res.candidate.iqr_ms, "samples": n,
-                              "speedup": res.speedup})
+                              "candidate_iqr_ms": res.candidate.iqr_ms, "samples": res.candidate.n,
+                              "floor_ms": self.floor_ms[i], "speedup": res.speedup,
+                              **({"config": notes} if notes else {})})
         reasons += self._guard_reasons("timing")
         # a point's weight is already its share of GPU time, so the step-time ratio at each point is
         # weighted by it alone: new time / old time = sum(w * cand/base) / sum(w)
@@ -428,16 +603,17 @@ class Engine:
         rsum = sum(pp["point"].get("weight", 1.0) * pp["candidate_ms"] / pp["baseline_ms"]
                    for pp in per_point if pp["baseline_ms"] > 0)
         speedup = wsum / rsum if rsum > 0 else None
-        return BenchReply(ok=not reasons, message="timed" if not reasons else "rejected while timed",
-                          reasons=reasons, per_point=per_point, speedup=speedup,
-                          timer=self.timer.name, samples=samples,
+        message = "timed" if not reasons else "rejected while timed"
+        if notes:
+            message += "; CONFIG " + "; ".join(f"{k}: {v}" for k, v in notes.items())
+        return BenchReply(ok=not reasons, message=message, reasons=reasons, per_point=per_point,
+                          speedup=speedup, timer=self.timer.name, samples=samples,
                           seconds=(timing.now_ns() - t0) / 1e9)
 
     def unload(self, req: Unload) -> UnloadReply:
         self.registry.clear_overrides()
-        self.cand_graphs.clear()
-        self.cand_graph_errors.clear()
-        self._cand_pool = None                  # its memory goes back with the candidate's graphs
+        self._free_cand_graphs()                # before the module whose kernels they launch goes
+        self.cand_workloads = None
         restored = []
         if self.candidate is not None:
             cand_mod.unload_candidate(self.candidate)

@@ -1,67 +1,113 @@
-"""Where the time goes: per-op time of the baseline forward at each workload point.
+"""Where the time goes: per-op time of the current forward (baseline, or with the active overrides) at
+each workload point.
 
-Every registry op is wrapped (through ``registry.override``, so each call site of the model is
-reached) by a wrapper that synchronises the device before and after the reference and reads the
-engine's own clock. The synchronisation inflates short ops on a GPU by the launch+sync latency
-(~10 µs), so ``share`` is of the summed op time and ``step_ms`` (one graph replay or eager step,
-unwrapped) is reported beside it for scale. Cost: ``reps`` wrapped steps per point.
+Every registry op's *current* implementation is wrapped (through ``registry.override``, so each call
+site of the model is reached) by a wrapper that synchronises the device before and after the call and
+reads the engine's own clock. Time goes to the OUTERMOST op only: a fine op that a composite's default
+runs (``linear`` inside ``add_rms_norm_linear``) is not counted again at the top level, but appears in
+the composite's ``parts`` ({fine op: ms}, direct children only). The synchronisation inflates short ops
+on a GPU by the launch+sync latency (~10 µs, paid again by each part inside a composite), so ``share``
+is of the summed top-level op time and ``step_ms`` (one graph replay or eager step, unwrapped) is
+reported beside it for scale. Cost: ``reps`` + 1 wrapped steps per point.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from typing import Callable
 
 import torch
 
 from persistent_engine import timing
 
 
-def op_calls(model, workload) -> dict[str, int]:
-    """How often each registry op is called by one step at this workload (counting wrappers)."""
-    from persistent_engine.ops import registry
+class _Recorder:
+    """Wraps op implementations; attributes each call to the outermost op running when it starts.
 
-    counts: dict[str, int] = defaultdict(int)
+    ``calls[op]``/``ms[op]``: top-level calls and time; ``part_calls[outer][op]``/``part_ms[outer][op]``:
+    calls made directly inside a top-level ``outer`` (deeper calls stay inside their parent's time)."""
 
-    def counting(name, ref):
+    def __init__(self, sync: Callable[[], None] | None):
+        self.sync = sync                                   # None: count only, no clock
+        self.stack: list[str] = []
+        self.calls: dict[str, int] = defaultdict(int)
+        self.ms: dict[str, float] = defaultdict(float)
+        self.part_calls: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.part_ms: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    def wrap(self, name: str, impl: Callable) -> Callable:
         def wrapper(*args, **kwargs):
-            counts[name] += 1
-            return ref(*args, **kwargs)
+            depth, outer = len(self.stack), (self.stack[0] if self.stack else None)
+            self.stack.append(name)
+            try:
+                if self.sync is None:
+                    return impl(*args, **kwargs)
+                self.sync()
+                t0 = timing.now_ns()
+                out = impl(*args, **kwargs)
+                self.sync()
+                dt = (timing.now_ns() - t0) / 1e6
+            finally:
+                self.stack.pop()
+                if depth == 0:
+                    self.calls[name] += 1
+                elif depth == 1:
+                    self.part_calls[outer][name] += 1
+            if depth == 0:
+                self.ms[name] += dt
+            elif depth == 1:
+                self.part_ms[outer][name] += dt
+            return out
         return wrapper
 
-    with registry.override({n: counting(n, registry.get(n).reference) for n in registry.names()}):
-        model.step(workload)
+    def run(self, model, workload) -> None:
+        from persistent_engine.ops import registry
+
+        with registry.override({n: self.wrap(n, registry.current(n)) for n in registry.names()}):
+            model.step(workload)
+
+
+def call_tree(model, workload) -> dict[str, dict]:
+    """{op: {"calls": top-level calls per step, "parts": {fine op: calls inside it}}} for one step of the
+    current forward; "parts" only where the op ran other ops (a composite on its default)."""
+    rec = _Recorder(None)
+    rec.run(model, workload)
+    return {n: {"calls": c, **({"parts": dict(rec.part_calls[n])} if rec.part_calls.get(n) else {})}
+            for n, c in rec.calls.items()}
+
+
+def op_calls(model, workload) -> dict[str, int]:
+    """How often each op runs in one step of the current forward, at any depth: the top-level calls
+    plus the calls inside composites (so ``set(op_calls(...))`` is every op an override of which
+    changes this step; ``call_tree`` keeps the two apart)."""
+    counts: dict[str, int] = defaultdict(int)
+    for name, node in call_tree(model, workload).items():
+        counts[name] += node["calls"]
+        for part, n in node.get("parts", {}).items():
+            counts[part] += n
     return dict(counts)
 
 
 def profile_point(model, workload, device: torch.device, reps: int = 3) -> dict[str, dict]:
-    """{op: {"ms": per-step time, "calls": per step}} for one workload (median over ``reps``)."""
+    """{op: {"ms": per-step time, "calls": per step, "share"[, "parts": {fine op: ms}]}} for one workload
+    (median over ``reps``); only top-level ops are keys, so summing "ms" counts no time twice."""
     from persistent_engine.ops import registry
 
     sync = (lambda: timing._synchronize(device)) if device.type == "cuda" else (lambda: None)
-    per_rep: list[dict[str, float]] = []
-    calls: dict[str, int] = defaultdict(int)
-
-    def timed(name, ref, acc):
-        def wrapper(*args, **kwargs):
-            sync()
-            t0 = timing.now_ns()
-            out = ref(*args, **kwargs)
-            sync()
-            acc[name] += (timing.now_ns() - t0) / 1e6
-            calls[name] += 1
-            return out
-        return wrapper
-
+    recs: list[_Recorder] = []
     for _ in range(reps + 1):                   # first rep warms up
-        acc: dict[str, float] = defaultdict(float)
-        calls.clear()
-        with registry.override({n: timed(n, registry.get(n).reference, acc) for n in registry.names()}):
-            model.step(workload)
-        per_rep.append(dict(acc))
-    per_rep = per_rep[1:]
-    names = sorted({n for r in per_rep for n in r})
-    ms = {n: statistics.median(r.get(n, 0.0) for r in per_rep) for n in names}
+        rec = _Recorder(sync)
+        rec.run(model, workload)
+        recs.append(rec)
+    recs = recs[1:]
+    names = sorted({n for r in recs for n in r.calls})
+    ms = {n: statistics.median(r.ms.get(n, 0.0) for r in recs) for n in names}
     total = sum(ms.values()) or 1.0
-    return {n: {"ms": ms[n], "calls": calls[n], "share": ms[n] / total}
-            for n in sorted(names, key=lambda n: -ms[n])}
+    out: dict[str, dict] = {}
+    for n in sorted(names, key=lambda n: -ms[n]):
+        out[n] = {"ms": ms[n], "calls": recs[-1].calls.get(n, 0), "share": ms[n] / total}
+        parts = sorted({p for r in recs for p in r.part_ms.get(n, {})})
+        if parts or registry.get(n).composite:
+            out[n]["parts"] = {p: statistics.median(r.part_ms.get(n, {}).get(p, 0.0) for r in recs) for p in parts}
+    return out

@@ -260,6 +260,9 @@ class Supervisor:
         except EngineDied:
             rc = self.proc.wait(timeout=30) if self.proc else None
             tail = self._stderr_tail(200)
+            # the engine logs why it left (exception, poisoning cause, faulthandler stack) on stderr
+            self._log(f"[supervisor] engine died during {phase} ({describe_exit(rc)}); stderr tail: "
+                      f"{self._stderr_tail(3000)}")
             if phase != "unload":       # after the verdict: it left on purpose (exit 3), not a crash
                 reasons.append(f"crash: engine died during {phase} ({describe_exit(rc)})"
                                + (f": {tail}" if tail and rc is not None and rc >= 0 else ""))

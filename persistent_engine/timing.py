@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,6 +39,14 @@ DEFAULT_SAMPLES = {"cpu": 15, "cuda": 50}
 # stay meaningful. On CPU every point keeps DEFAULT_SAMPLES (its timings are noisier).
 SAMPLE_BUDGET_MS = {"cpu": float("inf"), "cuda": 25.0}
 MIN_SAMPLES = 11
+# Sequential stop for graph-timed A/B on the GPU: after at least STOP_MIN_PAIRS pairs, checked every
+# STOP_CHECK_EVERY pairs, timing stops once the standard error of the median per-pair ratio
+# (~0.93 * IQR / sqrt(n)) is below STOP_REL_SE of the median, i.e. the speedup is known to about
+# +-2 x STOP_REL_SE. Graph replays with L2 flushed spread ~1%, so most points stop near 20 pairs
+# instead of the 50 cap; a noisy point still gets all of them. Off on CPU (eager steps are noisier).
+STOP_REL_SE = {"cpu": None, "cuda": 0.003}
+STOP_MIN_PAIRS = 20
+STOP_CHECK_EVERY = 5
 
 
 def samples_for(device_type: str, step_ms: float, cap: int) -> int:
@@ -79,6 +88,14 @@ class Timer:
         t1 = _perf_counter_ns()
         return (t1 - t0) / 1e6, out
 
+    def sample_async(self, run: Callable[[], torch.Tensor], graph: bool = False) -> tuple[Any, torch.Tensor]:
+        """Like ``sample`` but the time may be read later, by ``resolve`` (a handle instead of ms)."""
+        return self.sample(run, graph=graph)
+
+    def resolve(self, handles: list) -> list[float]:
+        """Milliseconds of ``sample_async`` handles, in order."""
+        return [float(h) for h in handles]
+
 
 class CudaTimer(Timer):
     name = "cuda_events"
@@ -102,21 +119,122 @@ class CudaTimer(Timer):
         _synchronize(self.device)
         return _event_elapsed(self._start, self._end), out
 
+    def sample_async(self, run: Callable[[], torch.Tensor], graph: bool = False) -> tuple[Any, torch.Tensor]:
+        """A graph replay between two fresh events with no host sync: consecutive samples queue back to
+        back on the stream (flush, event, replay, event), and ``resolve`` synchronizes once. A captured
+        graph joins every stream it forked before it ends, so the end event still follows all its
+        work. Eager steps keep the synchronous path (their other streams need the device sync)."""
+        if not graph:
+            return self.sample(run, graph=False)
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        _tensor_zero(self._flush)
+        _event_record(start)
+        out = run()
+        _event_record(end)
+        return (start, end), out
+
+    def resolve(self, handles: list) -> list[float]:
+        if any(isinstance(h, tuple) for h in handles):
+            _synchronize(self.device)
+        return [_event_elapsed(*h) if isinstance(h, tuple) else float(h) for h in handles]
+
 
 def capture_graph(run: Callable[[], torch.Tensor], device: torch.device | None = None, pool=None,
                   warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """(graph, static output) of ``run()`` captured in a CUDA graph. ``warmup`` runs first on a side
-    stream, as capture requires (Triton JIT, allocator, lazily sized buffers)."""
+    stream, as capture requires (Triton JIT, allocator, lazily sized buffers).
+
+    A capture that raises (a host sync such as ``.item()`` inside ``run``, an op CUDA graphs refuse)
+    is abandoned before the exception leaves: capture mode ended, the caller's stream current again
+    (``torch.cuda.graph`` skips that when ``capture_end`` itself raises), the half graph freed. Then
+    ``recover_after_capture`` says whether the device is usable."""
+    prev = torch.cuda.current_stream(device)
     s = torch.cuda.Stream(device)
-    s.wait_stream(torch.cuda.current_stream(device))
+    s.wait_stream(prev)
     with torch.cuda.stream(s):
         for _ in range(warmup):
             run()
-    torch.cuda.current_stream(device).wait_stream(s)
+    prev.wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, pool=pool):
-        out = run()
+    try:
+        with torch.cuda.graph(g, pool=pool):
+            out = run()
+    except BaseException:
+        if torch.cuda.is_current_stream_capturing():
+            try:
+                g.capture_end()
+            except Exception:  # noqa: BLE001 - an invalidated capture still leaves capture mode
+                pass
+        torch.cuda.set_stream(prev)
+        try:
+            g.reset()
+        except Exception:  # noqa: BLE001 - nothing was instantiated
+            pass
+        raise
     return g, out
+
+
+def recover_after_capture(device: torch.device) -> bool:
+    """After a failed capture: True when the device takes work again. A refused capture leaves a
+    non-sticky CUDA error that the next kernel launch check would report, so a tiny kernel runs
+    (twice at most: the first may surface that stale error) and the device is synchronized. False:
+    a sticky error or a stream still capturing (the process must be replaced)."""
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    for _ in range(2):
+        try:
+            torch.ones(1, device=device).add_(1)
+            _synchronize(device)
+            return True
+        except Exception:  # noqa: BLE001 - the stale error of the failed capture, once
+            continue
+    return False
+
+
+def graph_plan(points: list[dict], device_type: str, enabled: bool,
+               batch_sizes: list[int] | None = None) -> list[str | None]:
+    """Per point: None to capture it in a CUDA graph, else why it is timed eagerly."""
+    if device_type != "cuda":
+        return [f"{device_type}: no CUDA graphs"] * len(points)
+    if not enabled:
+        return ["CUDA graphs off"] * len(points)
+    return [None if batch_sizes is None or int(p.get("batch", 1)) in batch_sizes
+            else f"batch {p.get('batch', 1)} not in cuda_graph_batch_sizes" for p in points]
+
+
+def describe_error(e: BaseException, limit: int = 300) -> str:
+    """``Type: message``, with the exception it was raised during (capture_end's error hides the
+    one that invalidated the capture)."""
+    text = f"{type(e).__name__}: {e}"[:limit]
+    ctx = e.__context__
+    if ctx is not None and ctx is not e:
+        text += f" (during {type(ctx).__name__}: {str(ctx)[:limit]})"
+    return text
+
+
+def capture_points(indices: list[int], capture: Callable[[int], list], recover: Callable[[], bool],
+                   errors: dict[int, str], log: Callable[[str], None] = lambda line: None
+                   ) -> tuple[dict[int, list | None], bool]:
+    """``capture(i)`` (every variant of point ``i``) for each index. A point whose capture raises is
+    None (timed eagerly), the reason in ``errors[i]``, after ``recover()`` made the device usable;
+    once ``recover()`` says it is not, nothing more is captured and ``healthy`` is False.
+    Returns ({point: graphs or None}, healthy)."""
+    graphs: dict[int, list | None] = {}
+    healthy = True
+    for i in indices:
+        if not healthy:
+            graphs[i] = None
+            errors[i] = "not captured: an earlier failed capture left the device unusable"
+            continue
+        try:
+            graphs[i] = capture(i)
+        except Exception as e:  # noqa: BLE001 - not capturable: this point is timed eagerly
+            graphs[i] = None
+            errors[i] = describe_error(e)
+            healthy = recover()
+            log(f"capture of point {i} failed ({errors[i]}); device "
+                f"{'usable, timed eagerly' if healthy else 'NOT usable: the engine will be replaced'}")
+    return graphs, healthy
 
 
 def make_timer(device: torch.device) -> Timer:
@@ -135,18 +253,33 @@ class ABResult:
         return self.baseline.median_ms / self.candidate.median_ms if self.candidate.median_ms > 0 else 0.0
 
 
+def ratio_settled(a: list[float], b: list[float], rel_se: float) -> bool:
+    """True when the median of the per-pair ratios b/a is known to within ``rel_se`` (standard error of
+    the median from the ratios' IQR: 1.2533 * IQR / 1.349 / sqrt(n))."""
+    ratios = [y / x for x, y in zip(a, b) if x > 0]
+    if len(ratios) < 4:
+        return False
+    q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return med > 0 and 0.929 * (q3 - q1) / len(ratios) ** 0.5 / med < rel_se
+
+
 def ab_interleaved(timer: Timer, baseline: Callable[[int], torch.Tensor],
                    candidate: Callable[[int], torch.Tensor], samples: int, variants: int = 1,
                    warmup: int = 1, keep: int = 3, graph: bool = False,
                    enter_baseline: Callable[[], None] | None = None,
-                   enter_candidate: Callable[[], None] | None = None) -> ABResult:
-    """Time ``baseline(v)`` and ``candidate(v)`` ABBA-interleaved, ``samples`` each.
+                   enter_candidate: Callable[[], None] | None = None,
+                   stop_rel_se: float | None = None, min_pairs: int = STOP_MIN_PAIRS,
+                   check_every: int = STOP_CHECK_EVERY) -> ABResult:
+    """Time ``baseline(v)`` and ``candidate(v)`` ABBA-interleaved, at most ``samples`` each.
 
     ``enter_*`` run before each sample of that side, outside the timed region (the engine switches
     the registry's overrides there on CPU, where the step runs eagerly).
     ``v`` cycles over ``variants`` input variants (fresh inputs per iteration, so caching across
     samples does not pay); the candidate's outputs at ``keep`` evenly spaced samples (always
-    including the last) are cloned for the spot re-check. Cost: 2 * (samples + warmup) runs."""
+    including the last one taken) are cloned for the spot re-check, in stream order right after the
+    sample that produced them. Samples are read in blocks of ``check_every`` pairs (one host sync per
+    block on the GPU); with ``stop_rel_se`` timing stops early once ``ratio_settled`` after at least
+    ``min_pairs`` pairs. Cost: 2 * (pairs + warmup) runs."""
     nothing = lambda: None  # noqa: E731
     enter_a, enter_b = enter_baseline or nothing, enter_candidate or nothing
     for i in range(warmup):
@@ -158,16 +291,33 @@ def ab_interleaved(timer: Timer, baseline: Callable[[int], torch.Tensor],
     a: list[float] = []
     b: list[float] = []
     kept: list[tuple[int, int, torch.Tensor]] = []
-    for i in range(samples):
-        v = i % variants
-        order = (((baseline, enter_a, a), (candidate, enter_b, b)) if i % 2 == 0
-                 else ((candidate, enter_b, b), (baseline, enter_a, a)))
-        for fn, enter, acc in order:
-            enter()
-            ms, out = timer.sample(lambda: fn(v), graph=graph)
-            acc.append(ms)
-            if fn is candidate and i in keep_at:
-                kept.append((i, v, _tensor_clone(out)))
+    block = max(1, check_every)
+    i = 0
+    while i < samples:
+        ha: list = []
+        hb: list = []
+        last = min(i + block, samples) - 1
+        pending = None              # the block's last candidate output, re-checked if timing stops here
+        for i in range(i, last + 1):
+            v = i % variants
+            order = (((baseline, enter_a, ha), (candidate, enter_b, hb)) if i % 2 == 0
+                     else ((candidate, enter_b, hb), (baseline, enter_a, ha)))
+            for fn, enter, acc in order:
+                enter()
+                h, out = timer.sample_async(lambda: fn(v), graph=graph)
+                acc.append(h)
+                if fn is candidate and i in keep_at:
+                    kept.append((i, v, _tensor_clone(out)))
+                elif fn is candidate and i == last and keep and stop_rel_se is not None:
+                    pending = (i, v, _tensor_clone(out))
+        i = last + 1
+        a += timer.resolve(ha)
+        b += timer.resolve(hb)
+        if (stop_rel_se is not None and i < samples and len(a) >= min_pairs
+                and ratio_settled(a, b, stop_rel_se)):
+            if pending is not None:
+                kept.append(pending)
+            break
     return ABResult(Stats.of(a), Stats.of(b), kept)
 
 

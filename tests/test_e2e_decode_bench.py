@@ -14,26 +14,26 @@ from compiler import plan as plan_mod
 from compiler.compose import Part, compose
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_decode.py"
-CORRECT = '''"""rms_norm in fp32, one fused expression."""
+CORRECT = '''"""fused_add_rms_norm in fp32, one fused expression."""
 import torch
 
 
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float()
+    return (r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype), r.to(x.dtype)
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}
 CONFIG = {"kv_block_size": 8, "max_num_seqs": 64}
 '''
 WRONG = '''import torch
 
 
-def rms_norm(x, weight, eps):
-    return x * weight
+def fused_add_rms_norm(x, residual, weight, eps):
+    return x * weight, x + residual
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}
 '''
 
 
@@ -50,9 +50,9 @@ bench = _bench()
 
 def write_plan(root: Path, name: str, source: str) -> Path:
     """A plan version directory as ``tkcc optimize`` writes it (compiler.plan.write_version)."""
-    ops, knobs = ("rms_norm",), tuple(k for k in ("kv_block_size", "max_num_seqs") if k in source)
+    ops, knobs = ("fused_add_rms_norm",), tuple(k for k in ("kv_block_size", "max_num_seqs") if k in source)
     opt = plan_mod.Optimization(name=name, targets=ops, speedup={"fast": 1.2, "slow": 1.1},
-                                kernel=f"kernels/{name}.py", author="test", description="rms_norm fp32")
+                                kernel=f"kernels/{name}.py", author="test", description="fused_add_rms_norm fp32")
     plan = plan_mod.Plan(
         model="tiny-dense", hw="cpu", detected_device={"kind": "cpu", "name": "x86_64"},
         software={"torch": "x"}, traffic={"source": "t", "hash": "h", "summary": {}},
@@ -82,7 +82,7 @@ def test_plan_overrides_and_config_agree_with_the_reference(tmp_path):
     for c in doc["cases"]:
         assert c["reference_ms"] > 0 and c["tkcc_ms"] > 0 and c["floor_ms"] > 0
         assert c["torch_compile_ms"] is None and c["reference_graph_ms"] is None      # CPU, --no-compile
-        assert c["tkcc_source"].startswith("plan overrides") and c["overrides"] == ["rms_norm"]
+        assert c["tkcc_source"].startswith("plan overrides") and c["overrides"] == ["fused_add_rms_norm"]
         # kv_block_size 8 (default 16): the context was re-laid out, and still agrees
         assert c["config_applied"] == {"kv_block_size": 8} and c["config_ignored"] == ["max_num_seqs"]
         assert c["agree"] and c["agreement"]["tkcc"]["ok"]
@@ -90,11 +90,11 @@ def test_plan_overrides_and_config_agree_with_the_reference(tmp_path):
         assert c["bytes_read"]["kv"] > 0 and c["bytes_read"]["total"] > c["bytes_read"]["weights"]
         assert c["ratios"]["vs_reference"] == pytest.approx(c["reference_ms"] / c["tkcc_ms"])
         [ab] = c["ablation"]
-        assert ab["name"] == "rms-fp32" and ab["ops"] == ["rms_norm"]
+        assert ab["name"] == "rms-fp32" and ab["ops"] == ["fused_add_rms_norm"]
         assert ab["config"] == ["kv_block_size", "max_num_seqs"]
         assert ab["without_ms"] > 0 and ab["agree"]
     text = md.read_text()
-    assert text.count("### tiny-dense") == 2 and "| rms-fp32 | rms_norm | kv_block_size, max_num_seqs |" in text
+    assert text.count("### tiny-dense") == 2 and "| rms-fp32 | fused_add_rms_norm | kv_block_size, max_num_seqs |" in text
 
 
 def test_a_wrong_override_fails_the_agreement_check(tmp_path, capsys):

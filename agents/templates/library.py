@@ -79,6 +79,26 @@ def _tiled(k: Mapping, dims: Mapping) -> list[str]:
     return out
 
 
+def _fused_linear(prefix: str, dim: str):
+    """Composite GEMV + GEMM templates (add_rms_norm_linear, silu_mul_linear): the decode GEMV tile
+    ([BLOCK_M, BLOCK_N, BLOCK_K] products), split-K slices at the model's K (``dims[dim]``), and the
+    prefill ``tl.dot`` tiles (accumulator, operands, pipeline stages in shared memory)."""
+    def check(k: Mapping, dims: Mapping) -> list[str]:
+        bm, bn, bk, split = (k[f"{prefix}_{x}"] for x in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K"))
+        out = _per_thread(bm * bn * bk, k[f"{prefix}_NUM_WARPS"])
+        if bm > k[f"{prefix}_MAX_T"]:
+            out.append("BLOCK_M above MAX_T")
+        if dim in dims and split > 1 and bk * split > 2 * _next_pow2(max(dims[dim], 1)):
+            out.append(f"split-K slices shorter than one BLOCK_K at {dim} {dims[dim]}")
+        tm, tn, tk, tw = (k[f"{prefix}_TILE_{x}"] for x in ("M", "N", "K", "WARPS"))
+        out += _per_thread(tm * tn, tw) + _per_thread((tm + tn) * tk, tw * 2)
+        smem = (tm + tn) * tk * 2 * k[f"{prefix}_TILE_STAGES"]
+        if smem > 200 * 1024:
+            out.append(f"{smem} bytes of shared memory for the pipeline stages")
+        return out
+    return check
+
+
 def _attn(k: Mapping, dims: Mapping) -> list[str]:
     dh = max(16, _next_pow2(dims.get("head_dim", 64)))
     g = _next_pow2(dims.get("group", 4))
@@ -88,9 +108,18 @@ def _attn(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(g * bt * dh, warps)
 
 
+MOE_SMEM_BYTES = 200 * 1024     # bf16 A + gate + up tiles of the w13 GEMM, NUM_STAGES - 1 buffers (H200: 227 KiB)
+
+
 def _moe(k: Mapping, dims: Mapping) -> list[str]:
-    out = _per_thread(2 * k["MOE_BLOCK_I"] * k["MOE_BLOCK_H"], k["MOE_NUM_WARPS"])
-    out += _per_thread(k["MOE_BLOCK_N"] * k["MOE_BLOCK_H"], k["MOE_NUM_WARPS"])
+    out = _per_thread(2 * k["MOE_GEMV_ROWS"] * k["MOE_GEMV_BLOCK_K"], k["MOE_GEMV_WARPS"])
+    out += _per_thread(2 * k["MOE_BLOCK_M"] * k["MOE_BLOCK_N"], k["MOE_NUM_WARPS"])   # gate + up accumulators
+    smem = max(k["MOE_NUM_STAGES"] - 1, 1) * (k["MOE_BLOCK_M"] + 2 * k["MOE_BLOCK_N"]) * k["MOE_BLOCK_K"] * 2
+    if smem > MOE_SMEM_BYTES:
+        out.append(f"{k['MOE_NUM_STAGES']} stages of the w13 tiles need {smem >> 10} KiB of shared memory "
+                   f"(> {MOE_SMEM_BYTES >> 10})")
+    if "hidden" in dims and k["MOE_GEMV_BLOCK_K"] > 2 * _next_pow2(dims["hidden"]):
+        out.append(f"GEMV BLOCK_K {k['MOE_GEMV_BLOCK_K']} is over twice the row ({dims['hidden']})")
     return out
 
 
@@ -134,12 +163,15 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
               Knob("ATTD_NUM_WARPS", POW2_WARPS), Knob("ATTD_NUM_STAGES", (2, 1, 3)),
               Knob("ATTD_DOT", (False, True))),
              "flash-decoding over the paged cache: GQA group per program, split-KV, merge kernel", _attn),
-    Template("moe_experts.triton_pairs", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
+    Template("moe_experts.triton_fused", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
              "triton", ("cuda",),
-             (Knob("MOE_BLOCK_I", (32, 16, 64)), Knob("MOE_BLOCK_H", (128, 64, 256)),
-              Knob("MOE_BLOCK_N", (32, 16, 64)), Knob("MOE_NUM_WARPS", (4, 2, 8)),
-              Knob("MOE_MAX_T", (64, 16, 256, 4))),
-             "routed experts as fused gate/up + down GEMVs per (token, slot), only chosen experts read",
+             (Knob("MOE_GEMV_MAX_PAIRS", (16, 8, 32, 64, 128, 0)), Knob("MOE_GEMV_ROWS", (8, 4, 16, 32, 2)),
+              Knob("MOE_GEMV_BLOCK_K", (512, 256, 1024, 128, 32)), Knob("MOE_GEMV_WARPS", POW2_WARPS),
+              Knob("MOE_BLOCK_M", (16, 32, 64)), Knob("MOE_BLOCK_N", (64, 128, 32, 16)),
+              Knob("MOE_BLOCK_K", (64, 128, 32, 256, 16)), Knob("MOE_GROUP_M", (8, 1, 4, 16)),
+              Knob("MOE_NUM_WARPS", (4, 8, 2)), Knob("MOE_NUM_STAGES", (3, 4, 2, 1))),
+             "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "
+             "w2 GEMM times the routing weight, deterministic k-sum; per-pair GEMVs for few pairs",
              _moe),
 )
 
@@ -165,7 +197,39 @@ TORCH_TEMPLATES: tuple[Template, ...] = (
              "paged decode attention as batched GEMMs (or SDPA) over the gathered pages"),
 )
 
-TEMPLATES: tuple[Template, ...] = TRITON_TEMPLATES + TORCH_TEMPLATES
+
+def _composite_knobs(p: str, block_n: tuple, split_k: tuple) -> tuple[Knob, ...]:
+    return (Knob(f"{p}_BLOCK_N", block_n), Knob(f"{p}_BLOCK_K", (512, 256, 1024, 128, 64)),
+            Knob(f"{p}_BLOCK_M", (1, 2, 4)), Knob(f"{p}_SPLIT_K", split_k),
+            Knob(f"{p}_NUM_WARPS", POW2_WARPS), Knob(f"{p}_NUM_STAGES", (3, 2, 4, 1)),
+            Knob(f"{p}_MAX_T", (16, 4, 8, 32, 1)), Knob(f"{p}_TILED", (0, 1)), Knob(f"{p}_TILE_M", (64, 32, 16, 128)),
+            Knob(f"{p}_TILE_N", (64, 128, 32, 256)), Knob(f"{p}_TILE_K", (64, 32, 128)),
+            Knob(f"{p}_TILE_WARPS", (4, 8, 2)), Knob(f"{p}_TILE_STAGES", (3, 4, 2, 5)))
+
+
+# composite ops (persistent_engine.ops.fused): one kernel instead of norm/activation + linear
+COMPOSITE_TEMPLATES: tuple[Template, ...] = (
+    Template("add_rms_norm_linear.triton_fused", "add_rms_norm_linear", "triton_add_rms_norm_linear.py",
+             "add_rms_norm_linear_triton", "triton", ("cuda",),
+             _composite_knobs("ARNL", (8, 16, 4, 32, 2), (1, 2, 4, 8)),
+             "residual add + RMSNorm + projection in one pass over W: rms factored out of the dot, "
+             "split-K GEMV for decode, norm in the A-tile prologue of a tl.dot GEMM for prefill",
+             _fused_linear("ARNL", "hidden")),
+    Template("silu_mul_linear.triton_fused", "silu_mul_linear", "triton_silu_mul_linear.py",
+             "silu_mul_linear_triton", "triton", ("cuda",),
+             _composite_knobs("SML", (8, 16, 4, 32, 2), (2, 1, 4, 8, 16)),
+             "SiLU(gate) * up computed in the GEMV prologue (never written), split-K with a "
+             "deterministic two-pass reduce; tl.dot GEMM with the activation in the A tile for prefill",
+             _fused_linear("SML", "intermediate")),
+    Template("add_rms_norm_linear.torch_fused", "add_rms_norm_linear", "torch_add_rms_norm_linear.py",
+             "add_rms_norm_linear_torch", "torch", ANY, (Knob("TARNL_FP32_MAX_M", (8, 0, 1, 16, 64)),),
+             "fp32 add, one fused rms_norm kernel and the projection in one composition"),
+    Template("silu_mul_linear.torch_fused", "silu_mul_linear", "torch_silu_mul_linear.py",
+             "silu_mul_linear_torch", "torch", ANY, (Knob("TSML_FP32_MAX_M", (8, 0, 1, 16, 64)),),
+             "SiLU and product in fp32 feeding the projection in one composition"),
+)
+
+TEMPLATES: tuple[Template, ...] = TRITON_TEMPLATES + TORCH_TEMPLATES + COMPOSITE_TEMPLATES
 
 _BY_NAME = {t.name: t for t in TEMPLATES}
 if len(_BY_NAME) != len(TEMPLATES):

@@ -2,6 +2,11 @@
 QK-norm (per head, or per layer over all heads as MiniMax does), partial neox rotary, K/V written
 into the paged cache at the workload's slots, paged attention, output projection.
 
+The qkv projection is fused with the norm before it: the layer runs ``add_rms_norm_linear`` with
+``fused_input`` (qkv weight, bias) and passes the result qkv[T, (Hq + 2 Hk) Dh] to ``__call__``. The
+q/k/v split is not copied: q is a [T, Hq, Dh] view with row stride (Hq + 2 Hk) Dh, and rotary_embedding
+and index_copy_ take such strided views.
+
 Per decode token: reads (Hq + 2 Hk) Dh H + Hq Dh H weights and 2 Hk Dh elements per cached token.
 """
 
@@ -21,12 +26,14 @@ class GQAAttention:
         self.qkv_w, self.qkv_b = params[prefix + "qkv_w"], params.get(prefix + "qkv_b")
         self.q_norm, self.k_norm = params.get(prefix + "q_norm"), params.get(prefix + "k_norm")
         self.o_w = params[prefix + "o_w"]
+        # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
+        self.fused_input = (self.qkv_w, self.qkv_b)
 
-    def __call__(self, h: torch.Tensor, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        t = h.shape[0]
+    def __call__(self, qkv: torch.Tensor, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """qkv[T, (Hq + 2 Hk) Dh]: the normed hidden state already projected by ``fused_input``."""
+        t = qkv.shape[0]
         hq, hk, dh = self.hq, self.hk, self.dh
-        qkv = call("linear", h, self.qkv_w, self.qkv_b)                           # [T, (Hq + 2 Hk) Dh]
-        q, k, v = (x.contiguous() for x in qkv.split([hq * dh, hk * dh, hk * dh], dim=-1))
+        q, k, v = qkv.split([hq * dh, hk * dh, hk * dh], dim=-1)                # strided views, no copy
         if self.qk_norm == "per_layer":
             q, k = call("rms_norm", q, self.q_norm, self.eps), call("rms_norm", k, self.k_norm, self.eps)
         q, k, v = q.view(t, hq, dh), k.view(t, hk, dh), v.view(t, hk, dh)

@@ -6,6 +6,11 @@ reaches every call site.
     wl = make_workload(model, {"phase": "decode", "batch": 4, "context": 100, "chunk": 1, "weight": 1})
     logits = model.step(wl)                       # [B, V] fp32
 
+Each block's input norm is fused with the block's first projection where that projection is the only
+consumer (``fused_input`` of GQA attention: qkv; of a dense MLP: gate_up): the layer calls the composite
+``add_rms_norm_linear``; MLA and MoE blocks, whose normed input feeds several projections, keep
+``fused_add_rms_norm``. The residual stream starts as zeros (x + 0 is exact), so layer 0 fuses the same way.
+
 A slice keeps each layer's original index (its weights equal the full model's layer i for the same
 seed); embeddings, final norm and lm_head are always included. ``step`` does no host sync on the
 decode path (prefill attention and large-batch MoE read lengths on the host), so a decode step can
@@ -35,6 +40,17 @@ class Layer:
         attn = MLAAttention if spec.attention == "mla" else GQAAttention
         self.attn = attn(spec, params, p, cos_sin, scale)
         self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else MoEMLP(spec, params, p)
+        # (weight, bias) each block's input projection fused with its norm, or None (read now: tensor
+        # parallelism may wrap the blocks later)
+        self.attn_in = getattr(self.attn, "fused_input", None)
+        self.mlp_in = getattr(self.mlp, "fused_input", None)
+
+
+def _norm_into(x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, proj):
+    """(block input, new residual): the normed x + residual, projected by ``proj`` when it is set."""
+    if proj is None:
+        return call("fused_add_rms_norm", x, residual, norm_w, eps)
+    return call("add_rms_norm_linear", x, residual, norm_w, eps, *proj)
 
 
 class Decoder:
@@ -61,17 +77,12 @@ class Decoder:
     def hidden(self, wl) -> torch.Tensor:
         """Final-normed hidden states of every token of the step: [T, H]."""
         x = call("embedding", wl.token_ids, self.embed)                           # [T, H]
-        residual = None
+        residual = torch.zeros_like(x)             # x + 0 == x exactly: layer 0 is normed like the rest
         for layer in self.blocks:
-            if residual is None:
-                residual, h = x, call("rms_norm", x, layer.input_norm, self.eps)
-            else:
-                h, residual = call("fused_add_rms_norm", x, residual, layer.input_norm, self.eps)
-            x = layer.attn(h, wl, wl.cache.k[layer.index], wl.cache.v.get(layer.index))
-            h, residual = call("fused_add_rms_norm", x, residual, layer.post_norm, self.eps)
-            x = layer.mlp(h)
-        if residual is None:
-            return call("rms_norm", x, self.final_norm, self.eps)
+            a, residual = _norm_into(x, residual, layer.input_norm, self.eps, layer.attn_in)
+            x = layer.attn(a, wl, wl.cache.k[layer.index], wl.cache.v.get(layer.index))
+            a, residual = _norm_into(x, residual, layer.post_norm, self.eps, layer.mlp_in)
+            x = layer.mlp(a)
         return call("fused_add_rms_norm", x, residual, self.final_norm, self.eps)[0]
 
     @torch.no_grad()

@@ -1,5 +1,10 @@
 """The MLP of one layer: dense SwiGLU, or a routed MoE block with optional shared experts.
 
+Dense: the gate_up projection is fused with the norm before it (the layer runs ``add_rms_norm_linear``
+with ``fused_input``), so ``DenseMLP`` takes gate_up[T, 2I] and runs ``silu_mul_linear``. MoE takes the
+normed hidden state (it feeds the router and the shared experts); the shared experts' down projection
+is ``silu_mul_linear`` too.
+
 MoE decode is free of host syncs (router linear -> moe_route -> moe_experts, shapes only), so a
 decode step can be captured in a CUDA graph. Routed output is scaled inside moe_route
 (routed_scaling_factor); shared experts are added unscaled, as in DeepSeek-V3 / GLM-4.x.
@@ -13,16 +18,19 @@ from persistent_engine.ops.registry import call
 
 
 def swiglu(h: torch.Tensor, gate_up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate(h)) * up(h)): reads 3 H I weights per token batch."""
-    return call("linear", call("silu_and_mul", call("linear", h, gate_up_w, None)), down_w, None)
+    """down(silu(gate(h)) * up(h)) for h[T, H]: reads 3 H I weights per token batch."""
+    return call("silu_mul_linear", call("linear", h, gate_up_w, None), down_w)
 
 
 class DenseMLP:
     def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str):
         self.gate_up_w, self.down_w = params[prefix + "gate_up_w"], params[prefix + "down_w"]
+        # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
+        self.fused_input = (self.gate_up_w, None)
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return swiglu(h, self.gate_up_w, self.down_w)
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up[T, 2I] (already projected by ``fused_input``) -> [T, H]."""
+        return call("silu_mul_linear", gate_up, self.down_w)
 
 
 class MoEMLP:

@@ -9,6 +9,10 @@ documented signature, an input generator, the shapes the model feeds it and per-
     from persistent_engine.ops.contract import check_op
     check_op("rms_norm", my_rms_norm)               # [] when it honours the contract
 
+Composite ops (``fused``: ``add_rms_norm_linear``, ``silu_mul_linear``) fuse finer ops; unless
+overridden they run their ``default``, which calls the fine ops through the registry (so a ``linear``
+override still reaches inside them); overriding the composite replaces the whole fusion.
+
 Submodules import torch; this ``__init__`` does not (they load on first attribute access).
 """
 

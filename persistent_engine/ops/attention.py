@@ -73,32 +73,45 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return torch.einsum("bhgl,blhd->bhgd", p.to(v.dtype), v).reshape(b, hq, v.shape[-1]).to(q.dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of n queries at positions q_pos[n] over L keys (positions 0..L-1).
-    q [n, Hq, Dh], k [L, Hk, Dh], v [L, Hk, Dv] -> [n, Hq, Dv] in q's dtype (math in fp32+)."""
-    n, hq, dh = q.shape
-    hk = k.shape[1]
-    qf = _acc(q).view(n, hk, hq // hk, dh)
-    s = torch.einsum("nhgd,lhd->hgnl", qf, _acc(k)) * scale
-    future = torch.arange(k.shape[0], device=q.device)[None, :] > q_pos[:, None]          # [n, L]
-    p = torch.softmax(s.masked_fill(future, float("-inf")), dim=-1)
-    return torch.einsum("hgnl,lhd->nhgd", p, _acc(v)).reshape(n, hq, v.shape[-1]).to(q.dtype)
+# scores held at once by attention_prefill: Hq * chunk * L fp32 values (2^25: 128 MiB, plus the
+# softmax and mask of the same size), so a 2048-token prefill over an 8k context stays < 1 GB
+PREFILL_SCORE_BUDGET = 1 << 25
 
 
 def attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    # prefill is not captured in a CUDA graph: reading the lengths on the host is fine here
-    cu, lens = cu_seqlens_q.tolist(), context_lens.tolist()
-    bs = k_cache.shape[1]
-    outs = []
-    for b in range(len(lens)):
-        n, length = cu[b + 1] - cu[b], lens[b]
-        blocks = block_tables[b, : (length + bs - 1) // bs].long()
-        k = k_cache[blocks].flatten(0, 1)[:length]
-        v = v_cache[blocks].flatten(0, 1)[:length]
-        q_pos = torch.arange(length - n, length, device=q.device)
-        outs.append(attend(q[cu[b]:cu[b + 1]], k, v, q_pos, scale))
-    return torch.cat(outs, dim=0)
+    # No host sync (capturable in a CUDA graph): every shape comes from tensor shapes (T, B, MB), the
+    # lengths stay on the device. Query t belongs to sequence seq[t] (searchsorted on cu_seqlens) at
+    # position pos[t]; each sequence's MB*BS paged keys are gathered whole and masked (keys past the
+    # query's position, and queries of other sequences). Cost: B * T * MB*BS scores (B times the
+    # exact work when B > 1), in query chunks of at most PREFILL_SCORE_BUDGET scores.
+    t, hq, dh = q.shape
+    b, mb = block_tables.shape
+    hk, dv = k_cache.shape[2], v_cache.shape[-1]
+    length = mb * k_cache.shape[1]                                   # L: keys per sequence (padded)
+    out = torch.zeros(t, hq, dv, dtype=q.dtype, device=q.device)
+    if t == 0:
+        return out
+    cu, lens = cu_seqlens_q.long(), context_lens.long()
+    tok = torch.arange(t, device=q.device)
+    seq = torch.searchsorted(cu[1:].contiguous(), tok, right=True).clamp_(max=b - 1)        # [T]
+    pos = lens[seq] - (cu[seq + 1] - cu[seq]) + (tok - cu[seq])                            # [T]
+    key_pos = torch.arange(length, device=q.device)
+    qf = _acc(q).reshape(t, hk, hq // hk, dh)                      # q head h*G+g reads kv head h
+    chunk = max(1, min(t, PREFILL_SCORE_BUDGET // max(1, hq * length)))
+    for s in range(b):
+        k = _acc(gather_pages(k_cache, block_tables[s:s + 1])[0])  # [L, Hk, Dh]
+        v = _acc(gather_pages(v_cache, block_tables[s:s + 1])[0])  # [L, Hk, Dv]
+        for c0 in range(0, t, chunk):
+            c1 = min(t, c0 + chunk)
+            mine = seq[c0:c1] == s                                 # [C]
+            allowed = (key_pos[None, :] <= pos[c0:c1, None]) & mine[:, None]                 # [C, L]
+            sc = torch.einsum("nhgd,lhd->hgnl", qf[c0:c1], k) * scale
+            # finite fill: a row with no allowed key (another sequence's query) stays finite
+            p = torch.softmax(sc.masked_fill(~allowed, torch.finfo(sc.dtype).min), dim=-1)
+            o = torch.einsum("hgnl,lhd->nhgd", p, v).reshape(c1 - c0, hq, dv).to(q.dtype)
+            out[c0:c1] = torch.where(mine[:, None, None], o, out[c0:c1])
+    return out
 
 
 def _ragged_lens(g, batch: int, ctx: int, low: int) -> list[int]:

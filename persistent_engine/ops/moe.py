@@ -16,11 +16,13 @@ import torch.nn.functional as F
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, randn, tokens
 
-# moe_experts picks its path from shapes only (no host sync below LOOP_MIN_TOKENS, so decode can be
-# captured in a CUDA graph): gather the chosen experts' weights when 3*T*k < E (batch-1 decode reads
-# T*k experts instead of all E), compute every expert densely up to LOOP_MIN_TOKENS tokens (reads each
-# expert once; E/k times the FLOPs of a grouped GEMM), and loop over the used experts above that
-# (prefill; reads counts on the host).
+# moe_experts picks its path from shapes only: gather the chosen experts' weights when 3*T*k < E
+# (batch-1 decode reads T*k experts instead of all E), compute every expert densely up to
+# LOOP_MIN_TOKENS tokens (reads each expert once; E/k times the FLOPs of a grouped GEMM), and above
+# that sort the T*k (token, expert) rows by expert and run two grouped GEMMs (torch._grouped_mm,
+# group offsets stay on the device: no host sync, capturable in a CUDA graph). Where grouped GEMMs
+# are missing or refuse the dtype/layout (float64 in verification, old torch), a loop over the used
+# experts (reads counts on the host) gives the same answer.
 LOOP_MIN_TOKENS = 512
 
 
@@ -74,21 +76,47 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         a = (F.silu(_acc(h[..., :i])) * _acc(h[..., i:])).to(x.dtype)
         y = torch.matmul(a, w2.transpose(1, 2))                                      # [E, T, H]
         return torch.einsum("te,eth->th", dense_w, y.to(acc)).to(x.dtype)
-    flat = topk_ids.flatten()                                      # loop over used experts (host sync)
-    order = flat.argsort()
-    counts = torch.bincount(flat, minlength=e).tolist()
+    flat = topk_ids.flatten()                                      # [T*k] expert of each row
+    ids_sorted, order = flat.sort(stable=True)
+    tok = order // k                                               # [T*k] token of each sorted row
+    wsorted = topk_weights.flatten().to(acc)[order, None]          # [T*k, 1]
     out = torch.zeros(t, x.shape[1], dtype=acc, device=x.device)
-    wflat = topk_weights.flatten().to(acc)
+    y = _grouped_experts(x[tok], w13, w2, ids_sorted, e, i)
+    if y is None:
+        y = _looped_experts(x[tok], w13, w2, ids_sorted, e, i)
+    return out.index_add_(0, tok, y.to(acc) * wsorted).to(x.dtype)
+
+
+def _silu_mul(h: torch.Tensor, i: int) -> torch.Tensor:
+    return (F.silu(_acc(h[:, :i])) * _acc(h[:, i:])).to(h.dtype)
+
+
+def _grouped_experts(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids_sorted: torch.Tensor,
+                     e: int, i: int) -> torch.Tensor | None:
+    """xs[R, H] rows sorted by expert -> [R, H] through two grouped GEMMs; None where unsupported.
+    Offsets [E] int32 (end row of each expert's group) from searchsorted: no host read."""
+    grouped = getattr(torch, "_grouped_mm", None)
+    if grouped is None or xs.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return None
+    offs = torch.searchsorted(ids_sorted, torch.arange(e, device=xs.device), right=True).to(torch.int32)
+    try:
+        h = grouped(xs, w13.transpose(1, 2), offs=offs)                              # [R, 2I]
+        return grouped(_silu_mul(h, i), w2.transpose(1, 2), offs=offs)               # [R, H]
+    except (RuntimeError, NotImplementedError):  # dtype, layout or alignment this build refuses
+        return None
+
+
+def _looped_experts(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids_sorted: torch.Tensor,
+                    e: int, i: int) -> torch.Tensor:
+    """The same as ``_grouped_experts`` one used expert at a time (reads the counts on the host)."""
+    y = torch.empty(xs.shape[0], w2.shape[1], dtype=xs.dtype, device=xs.device)
     start = 0
-    for expert, c in enumerate(counts):
+    for expert, c in enumerate(torch.bincount(ids_sorted, minlength=e).tolist()):
         if c:
-            idx = order[start:start + c]
-            tok = idx // k
-            h = x[tok] @ w13[expert].t()
-            a = (F.silu(_acc(h[:, :i])) * _acc(h[:, i:])).to(x.dtype)
-            out.index_add_(0, tok, (a @ w2[expert].t()).to(acc) * wflat[idx, None])
+            rows = slice(start, start + c)
+            y[rows] = _silu_mul(xs[rows] @ w13[expert].t(), i) @ w2[expert].t()
             start += c
-    return out.to(x.dtype)
+    return y
 
 
 # ----------------------------------------------------------------------------- inputs and shapes

@@ -5,6 +5,13 @@ its inputs. Its ``reference`` is plain PyTorch (the ``native`` path). ``make_inp
 device, seed)`` draws a fresh positional-argument tuple from its own ``torch.Generator`` (never the
 global RNG); ``shape`` is one of the dicts that ``shapes(spec, point)`` returns for a model spec and a
 workload point, or one of ``examples`` (small shapes with odd sizes, for contract tests).
+
+A *composite* op is a fusion of finer ops that the model calls as one (e.g. ``add_rms_norm_linear`` =
+``fused_add_rms_norm`` then ``linear``). Its ``reference`` is the plain composition of the fine ops'
+references (what verification compares against); its ``default`` is the same composition dispatched
+through ``registry.call``, which the registry runs when the composite is not overridden, so an override
+of a fine op still reaches the call sites inside the composite. Overriding the composite itself
+replaces the whole fusion (one kernel instead of several).
 """
 
 from __future__ import annotations
@@ -41,6 +48,17 @@ class OpDef:
     tolerances: dict = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     # maps the outputs to a form where equal results compare equal (e.g. top-k in id order)
     canonicalize: Callable[[tuple], tuple] | None = None
+    # composite ops: what registry.call runs when the op is not overridden (None: the reference)
+    default: Callable[..., Any] | None = None
+
+    @property
+    def composite(self) -> bool:
+        return self.default is not None
+
+    @property
+    def baseline(self) -> Callable[..., Any]:
+        """What ``registry.call`` runs when nothing overrides this op: ``default`` or ``reference``."""
+        return self.default or self.reference
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         return self.tolerances.get(dtype, self.tolerances[torch.float32])

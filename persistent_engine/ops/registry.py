@@ -1,8 +1,11 @@
 """The op registry: lookup by name, the current implementation of each op, and overrides.
 
 The model calls every op through ``call(name, *args)`` (or a handle from ``op(name)``), which runs the
-override when one is set and the reference otherwise, so one override reaches every call site.
-Overrides are process-global (the engine serves one candidate at a time).
+override when one is set and the op's baseline otherwise, so one override reaches every call site.
+The baseline is the reference, except for *composite* ops (``fused``: a fusion of finer ops the model
+calls as one): their ``default`` composes the fine ops through ``call``, so an override of ``linear``
+still runs inside ``add_rms_norm_linear`` unless the composite itself is overridden. Overrides are
+process-global (the engine serves one candidate at a time).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator, Mapping
 
-from persistent_engine.ops import attention, basic, mla, moe
+from persistent_engine.ops import attention, basic, fused, mla, moe
 from persistent_engine.ops.opdef import OpDef
 
 __all__ = ["OpDef", "UnknownOpError", "get", "names", "call", "op", "current", "override", "set_overrides",
@@ -26,8 +29,8 @@ class UnknownOpError(KeyError):
         return self.args[0] if self.args else "unknown op"
 
 
-_OPS: dict[str, OpDef] = {d.name: d for m in (basic, attention, moe, mla) for d in m.OPS}
-_IMPL: dict[str, Callable] = {name: d.reference for name, d in _OPS.items()}   # what call() runs
+_OPS: dict[str, OpDef] = {d.name: d for m in (basic, attention, moe, mla, fused) for d in m.OPS}
+_IMPL: dict[str, Callable] = {name: d.baseline for name, d in _OPS.items()}   # what call() runs
 _OVERRIDES: dict[str, Callable] = {}
 
 
@@ -84,12 +87,13 @@ def _validate(mapping: Mapping[str, Callable]) -> None:
 
 
 def set_overrides(mapping: Mapping[str, Callable]) -> None:
-    """Replace all overrides by ``mapping`` (ops not in it go back to their reference)."""
+    """Replace all overrides by ``mapping`` (ops not in it go back to their baseline: the reference, or a
+    composite's default)."""
     _validate(mapping)
     _OVERRIDES.clear()
     _OVERRIDES.update(mapping)
     for name, d in _OPS.items():
-        _IMPL[name] = _OVERRIDES.get(name, d.reference)
+        _IMPL[name] = _OVERRIDES.get(name, d.baseline)
 
 
 def clear_overrides() -> None:

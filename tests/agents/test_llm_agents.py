@@ -47,7 +47,7 @@ def _agent(provider, srv, model, **kw):
 
 def _ctx(board, run, evaluate, profile):
     return AgentContext(board=board, run_id=run.id, evaluate=evaluate, profile=profile, points=POINTS,
-                        spec=None, ops=op_catalog(["rms_norm", "linear", "silu_and_mul"]),
+                        spec=None, ops=op_catalog(["rms_norm", "fused_add_rms_norm", "linear", "silu_and_mul"]),
                         deadline=time.monotonic() + 240, lease_s=30)
 
 
@@ -95,7 +95,7 @@ def test_anthropic_and_openai_agents_each_complete_a_full_cycle(board_run, engin
         assert u.cost_usd == pytest.approx((want_in * PRICE[0] + want_out * PRICE[1]) / 1e6)
         assert report.usage == u
         idea = board.list_ideas(run, author=agent.name).items[0]
-        assert idea.status == "done" and idea.claims == 1 and idea.target == "rms_norm"
+        assert idea.status == "done" and idea.claims == 1 and idea.target == "fused_add_rms_norm"
         kinds = [p.kind for p in board.list_posts(run, idea=idea.id).items]
         assert kinds == ["verdict", "verdict", "learned"]
         evals = board.list_evaluations(run, sort="id").items
@@ -104,7 +104,7 @@ def test_anthropic_and_openai_agents_each_complete_a_full_cycle(board_run, engin
     assert result.usage.requests == 2 * len(steps)
     # the model saw the reference source and the verdicts through tool results
     sent = json.dumps([r.body for r in srv.requests if r.model == "a"])
-    assert "def rms_norm" in sent and "mismatch" in sent
+    assert "def fused_add_rms_norm" in sent and "mismatch" in sent
     assert "attention_decode" in sent           # the engine's measured profile reached the model
 
 

@@ -25,7 +25,7 @@ def test_four_offline_agents_find_a_faster_verified_candidate(tmp_path):
     verdicts, lock = [], threading.Lock()
     with Supervisor("tiny-dense", layers=None, device="cpu", points=POINTS, start_timeout_s=120) as sup:
         profile = sup.profile()
-        assert {"attention_decode", "linear", "rms_norm"} <= set(profile["per_point"][0]["ops"])
+        assert {"attention_decode", "linear", "add_rms_norm_linear", "silu_mul_linear"} <= set(profile["per_point"][0]["ops"])
 
         def engine(source, timeout_s):
             v = sup.evaluate(source, timeout_s)

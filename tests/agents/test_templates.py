@@ -24,8 +24,18 @@ SMALL = {
                             "TILE_GROUP_M": 4, "TILE_NUM_WARPS": 2, "TILE_NUM_STAGES": 2},
     "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
                                         "ATTD_NUM_STAGES": 1, "ATTD_DOT": True},
-    "moe_experts.triton_pairs": {"MOE_BLOCK_I": 16, "MOE_BLOCK_H": 64, "MOE_BLOCK_N": 16, "MOE_NUM_WARPS": 2,
-                                 "MOE_MAX_T": 4},
+    # composite ops: MAX_T 4 sends the T=5/7 examples through the tl.dot path, the rest through split-K
+    "add_rms_norm_linear.triton_fused": {"ARNL_BLOCK_N": 4, "ARNL_BLOCK_K": 64, "ARNL_BLOCK_M": 2, "ARNL_SPLIT_K": 2,
+                                         "ARNL_NUM_WARPS": 1, "ARNL_NUM_STAGES": 1, "ARNL_MAX_T": 4, "ARNL_TILED": 1,
+                                         "ARNL_TILE_M": 16, "ARNL_TILE_N": 32, "ARNL_TILE_K": 32,
+                                         "ARNL_TILE_WARPS": 2, "ARNL_TILE_STAGES": 2},
+    "silu_mul_linear.triton_fused": {"SML_BLOCK_N": 4, "SML_BLOCK_K": 64, "SML_BLOCK_M": 1, "SML_SPLIT_K": 4,
+                                     "SML_NUM_WARPS": 1, "SML_NUM_STAGES": 1, "SML_MAX_T": 4, "SML_TILED": 1,
+                                     "SML_TILE_M": 16, "SML_TILE_N": 32, "SML_TILE_K": 32,
+                                     "SML_TILE_WARPS": 2, "SML_TILE_STAGES": 2},
+    "moe_experts.triton_fused": {"MOE_GEMV_MAX_PAIRS": 8, "MOE_GEMV_ROWS": 4, "MOE_GEMV_BLOCK_K": 32,
+                                 "MOE_GEMV_WARPS": 1, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
+                                 "MOE_GROUP_M": 4, "MOE_NUM_WARPS": 2, "MOE_NUM_STAGES": 1},
 }
 
 

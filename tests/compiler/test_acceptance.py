@@ -99,6 +99,30 @@ def test_composition_falls_back_to_greedy_when_the_set_breaks():
     assert abs(comp.slow - 1.2 * 1.05) < 1e-9
 
 
+class ShadowingEngine(TableEngine):
+    """Like the real engine's "kernel actually ran" guard: with a ``linear`` override present, an
+    ``rms_norm`` override has no call site left and the set is rejected, naming it."""
+
+    def __call__(self, tier, source):
+        v = super().__call__(tier, source)
+        if self.calls[-1][1] == ("linear", "rms_norm"):
+            return CandidateVerdict(correct=False, reasons=[
+                "layer-level: override rms_norm never called: its implementation did not run"], speedup=None)
+        return v
+
+
+def test_composition_drops_overrides_a_composite_leaves_without_call_sites():
+    engine = ShadowingEngine(fast={"rms_norm": 1.3, "linear": 1.4}, slow={"rms_norm": 1.2, "linear": 1.3})
+    acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})
+    for op in ("rms_norm", "linear"):
+        acc.consider(cand(op), engine("fast", cand(op)), author="a")
+    n_before = len(engine.calls)
+    comp = acc.compose()
+    assert [p.targets for p in comp.parts] == [("linear",)]
+    assert "shadowed by a composite override" in dict(comp.dropped)[acc.accepted[0].name]
+    assert len(engine.calls) - n_before == 3        # the whole set once, then linear on both tiers
+
+
 def test_conflicting_candidates_keep_the_faster_one():
     engine = TableEngine(fast={"rms_norm": 1.3}, slow={"rms_norm": 1.2})
     acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})

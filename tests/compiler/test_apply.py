@@ -29,14 +29,14 @@ def write_plan(root, sources: dict[str, str]) -> Path:
 
 @pytest.fixture
 def plan_dir(tmp_path):
-    return write_plan(tmp_path, {n: (CANDIDATES / f"{n}.py").read_text() for n in ("linear_fp32", "rms_norm_fp32")})
+    return write_plan(tmp_path, {n: (CANDIDATES / f"{n}.py").read_text() for n in ("linear_fp32", "fused_add_rms_norm_fp32")})
 
 
 def test_overrides_load_and_are_active_only_inside_apply_plan(plan_dir):
     from persistent_engine.ops import registry
 
     overrides, config = load_plan_overrides(plan_dir.parent)
-    assert set(overrides) == {"linear", "rms_norm"} and config == {}
+    assert set(overrides) == {"linear", "fused_add_rms_norm"} and config == {}
     with apply_plan(plan_dir) as loaded:
         assert registry.current("linear") is loaded.overrides["linear"]
     assert registry.current("linear") is registry.get("linear").reference
@@ -49,21 +49,21 @@ def test_check_plan_matches_reference_on_the_model(plan_dir):
 
 
 def test_a_wrong_plan_is_caught_by_plan_apply(tmp_path):
-    wrong = ('import torch\n\n\ndef rms_norm(x, weight, eps):\n    return x * weight\n\n\n'
-             'OVERRIDES = {"rms_norm": rms_norm}\n')
+    wrong = ('import torch\n\n\ndef fused_add_rms_norm(x, residual, weight, eps):\n'
+             '    return x * weight, x + residual\n\n\nOVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}\n')
     vdir = write_plan(tmp_path, {"wrong": wrong})
     r = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(vdir), "--json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["ok"] is False and doc["ops"] == ["rms_norm"]
+    assert doc["ok"] is False and doc["ops"] == ["fused_add_rms_norm"]
 
 
 def test_plan_apply_cli_ok(plan_dir):
     r = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(plan_dir)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "overrides linear, rms_norm" in r.stdout and "match the reference" in r.stderr
+    assert "overrides fused_add_rms_norm, linear" in r.stdout and "match the reference" in r.stderr
 
 
 def test_broken_kernel_file_is_a_plan_error(plan_dir):

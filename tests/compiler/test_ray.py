@@ -36,7 +36,7 @@ def test_engines_are_actors_and_survive_a_killed_engine(cluster):
         pids = fleet.engine_pids()
         assert all(pids) and len(set(pids)) == 2 and os.getpid() not in pids
         os.kill(pids[0], signal.SIGKILL)                   # the fast engine under its actor
-        source = (CANDIDATES / "rms_norm_fp32.py").read_text()
+        source = (CANDIDATES / "fused_add_rms_norm_fp32.py").read_text()
         verdict = fleet.evaluate("fast", source)
         assert verdict.correct and verdict.restarted, verdict.reasons
         assert fleet.restarts() >= 1 and fleet.engine_pids()[0] != pids[0]

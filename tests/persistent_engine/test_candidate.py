@@ -62,8 +62,8 @@ def test_load_builds_a_fresh_module_each_time(tmp_path):
     a = cm.load_candidate(src("good_torch.py"), "a", str(tmp_path), OP_PARAMS)
     b = cm.load_candidate(src("good_torch.py"), "b", str(tmp_path), OP_PARAMS)
     assert isinstance(a, cm.LoadedCandidate) and isinstance(b, cm.LoadedCandidate)
-    assert a.module is not b.module and a.overrides["rms_norm"] is not b.overrides["rms_norm"]
-    assert a.config == {"cuda_graph": True} and a.description.startswith("rms_norm")
+    assert a.module is not b.module and a.overrides["fused_add_rms_norm"] is not b.overrides["fused_add_rms_norm"]
+    assert a.config == {"cuda_graph": True} and a.description.startswith("fused_add_rms_norm")
     assert a.module.__name__ in sys.modules
     cm.unload_candidate(a)
     cm.unload_candidate(b)

@@ -82,3 +82,51 @@ def test_cuda_timer_ignores_a_patched_elapsed_time():
     finally:
         torch.cuda.Event.elapsed_time = original
     assert stats.median_ms > 0.05
+
+
+class ScriptedTimer(timing.Timer):
+    """A timer whose samples follow a script (ms per call), handed out as deferred handles, to test
+    the sequential stop without a clock: ``resolve`` is called once per block."""
+
+    def __init__(self, script):
+        super().__init__(torch.device("cpu"))
+        self.script, self.resolves = iter(script), 0
+
+    def sample_async(self, run, graph=False):
+        return ("h", next(self.script)), run()
+
+    def resolve(self, handles):
+        self.resolves += 1
+        return [h[1] for h in handles]
+
+
+def _steady(n, a_ms=1.0, b_ms=0.8, jitter=0.002):
+    out = []
+    for i in range(n):            # ABBA order: pair i samples (A, B) when i is even, (B, A) when odd
+        a, b = a_ms * (1 + jitter * ((i * 7) % 5 - 2)), b_ms * (1 + jitter * ((i * 3) % 5 - 2))
+        out += [a, b] if i % 2 == 0 else [b, a]
+    return out
+
+
+def test_sequential_stop_ends_a_settled_comparison_early_and_rechecks_its_last_sample():
+    timer = ScriptedTimer(_steady(50))
+    outs = []
+    cand = lambda v: (outs.append(v), torch.full((2,), 10.0 + v))[1]          # noqa: E731
+    res = timing.ab_interleaved(timer, lambda v: torch.zeros(2), cand, samples=50, variants=2, warmup=0,
+                                keep=3, stop_rel_se=0.003, min_pairs=20, check_every=5)
+    assert res.candidate.n == res.baseline.n == 20                 # settled at the first check allowed
+    assert timer.resolves == 2 * 4                                 # one read per side per block of 5
+    assert res.speedup == pytest.approx(1.25, rel=0.01)
+    assert (19, 1) in {(i, v) for i, v, _ in res.kept}             # the last timed sample is re-checked
+    assert all(torch.equal(o, torch.full((2,), 10.0 + v)) for _, v, o in res.kept)
+
+
+def test_sequential_stop_keeps_sampling_a_noisy_comparison():
+    import random
+    rng = random.Random(0)
+    script = [rng.uniform(0.5, 1.5) for _ in range(100)]
+    res = timing.ab_interleaved(ScriptedTimer(script), lambda v: torch.zeros(1), lambda v: torch.zeros(1),
+                                samples=50, warmup=0, stop_rel_se=0.003, min_pairs=20)
+    assert res.candidate.n == 50
+    assert not timing.ratio_settled([1.0] * 3, [1.0] * 3, 0.5)            # too few pairs to judge
+    assert timing.ratio_settled([1.0, 1.01, 0.99, 1.0, 1.0], [0.8] * 5, 0.01)

@@ -1,13 +1,28 @@
-"""moe_experts for decode batches in Triton: each (token, slot) pair as two fused GEMVs.
+"""moe_experts as a fused MoE in Triton: align by expert, two grouped GEMMs, a deterministic k-sum.
 
-Kernel 1, grid (T*k, cdiv(I, BLOCK_I)): pair p = (t, j) with expert e = topk_ids[t, j] computes
-BLOCK_I gate rows and the matching up rows of w13[e] against x[t] over H in BLOCK_H chunks and
-writes silu(gate) * up to an intermediate [T*k, I] (x's dtype, as the unfused path rounds it).
-Kernel 2, grid (T, cdiv(H, BLOCK_N)): sums topk_weights[t, j] * w2[e_j][n, :] @ inter[p] over the
-k slots in a fixed order (deterministic, no atomics), writes out[t, n].
-Only the selected experts' weights are read: T*k*3*H*I elements at most (less when tokens share
-experts and the tiles hit L2). Above ``MOE_MAX_T`` tokens (prefill) the pairs are grouped by expert
-and run as one torch GEMM per expert.
+P = T*k (token, slot) pairs, e = topk_ids[t, j]. Two paths, picked from shapes only (no host sync,
+so decode stays CUDA-graph capturable):
+
+Grouped path (P > MOE_GEMV_MAX_PAIRS), four launches:
+  1. align, one program: counts pairs per expert, pads each expert's group to a multiple of
+     BLOCK_M and scatters pair ids into ``sorted[S]`` by expert (stable: pair order within an
+     expert), S = P + E*(BLOCK_M-1) slots (static), padding slots hold the sentinel P; and
+     ``block_expert[S/BLOCK_M]`` (E for blocks past the last group: they exit at once).
+     Cost: 2*cdiv(P, CHUNK) steps over a [CHUNK, E] one-hot (CHUNK 64 at E=128: 16 steps at
+     P=512), latency-bound, one launch.
+  2. w13 grouped GEMM, grid (S/BLOCK_M * cdiv(I, BLOCK_N)) with GROUP_M swizzling: a block's
+     BLOCK_M rows gather x[t] (token t = pair // k), tl.dot against the gate and up rows of
+     w13[e] ([BLOCK_N, H] each), epilogue silu(gate) * up into ``inter[S, I]`` (x's dtype, gate and
+     up rounded to it first as the unfused path does).
+  3. w2 grouped GEMM, grid (S/BLOCK_M * cdiv(H, BLOCK_N)): inter rows against w2[e], epilogue times
+     the routing weight, fp32 rows scattered to ``ypair[P, H]`` by pair id.
+  4. k-sum: out[t] = sum_j ypair[t*k + j] in a fixed order (deterministic, no atomics), cast.
+  Every used expert's weights are read once per BLOCK_M pairs routed to it (once per step at decode);
+  FLOPs 6*P*H*I plus the padding rows.
+
+GEMV path (P <= MOE_GEMV_MAX_PAIRS, batch-1 decode): no align; grid (P, cdiv(I, ROWS)) fused
+gate/up GEMV into ``inter[P, I]``, grid (P, cdiv(H, ROWS)) down GEMV times the weight into
+``ypair``, then the same k-sum. Bytes: P*3*H*I weight elements, the floor at small batch.
 """
 
 import torch
@@ -15,31 +30,162 @@ import triton
 import triton.language as tl
 
 # ---- section ----
-MOE_BLOCK_I = 32
-MOE_BLOCK_H = 128
-MOE_BLOCK_N = 32
+MOE_GEMV_MAX_PAIRS = 16
+MOE_GEMV_ROWS = 8
+MOE_GEMV_BLOCK_K = 512
+MOE_GEMV_WARPS = 4
+MOE_BLOCK_M = 16
+MOE_BLOCK_N = 64
+MOE_BLOCK_K = 64
+MOE_GROUP_M = 8
 MOE_NUM_WARPS = 4
-MOE_MAX_T = 64
+MOE_NUM_STAGES = 3
+MOE_SUM_BLOCK = 1024          # elements of out per k-sum program
+MOE_ALIGN_ELEMS = 8192        # one-hot tile of the align kernel (CHUNK * E_POW2), 8 warps: 32 a thread
 
 
 @triton.jit
-def _moe_up_kernel(x_ptr, w13_ptr, ids_ptr, inter_ptr, H, I, stride_xt, stride_we, stride_wr,
-                   TOPK: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr):
+def _moe_align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, NUM_SLOTS, NUM_BLOCKS,
+                      BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+    experts = tl.arange(0, E_POW2)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for p0 in range(0, P, CHUNK):                           # pass 1: pairs per expert
+        offs = p0 + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
+        counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)                        # [E_POW2] end slot of each group
+    starts = ends - padded
+    for s0 in range(0, NUM_SLOTS, CHUNK * 16):              # every slot starts as padding
+        offs = s0 + tl.arange(0, CHUNK * 16)
+        tl.store(sorted_ptr + offs, tl.zeros([CHUNK * 16], dtype=tl.int32) + P, mask=offs < NUM_SLOTS)
+    for b0 in range(0, NUM_BLOCKS, CHUNK):                  # owner: first expert whose group ends after it
+        blk = b0 + tl.arange(0, CHUNK)
+        owner = tl.sum((blk[:, None] * BLOCK_M >= ends[None, :]).to(tl.int32), axis=1)
+        tl.store(bexp_ptr + blk, tl.minimum(owner, E), mask=blk < NUM_BLOCKS)
+    tl.debug_barrier()                                      # padding stores land before the pair ids
+    running = tl.zeros([E_POW2], dtype=tl.int32)
+    for p0 in range(0, P, CHUNK):                           # pass 2: stable scatter by expert
+        offs = p0 + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
+        hit = (e[:, None] == experts[None, :]).to(tl.int32)                 # [CHUNK, E_POW2]
+        rank = tl.cumsum(hit, axis=0) - 1 + (starts + running)[None, :]
+        dest = tl.sum(hit * rank, axis=1)
+        tl.store(sorted_ptr + dest, offs, mask=offs < P)
+        running += tl.sum(hit, axis=0)
+
+
+@triton.jit
+def _moe_w13_kernel(x_ptr, w13_ptr, sorted_ptr, bexp_ptr, inter_ptr, P, H, I, E, num_pid_m,
+                    stride_xt, stride_xh, stride_we, stride_wr, stride_wk,
+                    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    # GROUP_M swizzle: GROUP_M consecutive blocks (of one expert in prefill) share a weight tile in L2
+    pid = tl.program_id(0)
+    width = GROUP_M * tl.cdiv(I, BLOCK_N)
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    e = tl.load(bexp_ptr + pid_m)
+    if e >= E:                                              # past the last group: nothing to do
+        return
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + slots)
+    valid = pair < P
+    tok = (pair // TOPK).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < I
+    w_gate = w13_ptr + e.to(tl.int64) * stride_we + offs_n[None, :].to(tl.int64) * stride_wr   # [1, BLOCK_N]
+    w_up = w_gate + I * stride_wr
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < H
+        a = tl.load(x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh,
+                    mask=valid[:, None] & kmask[None, :], other=0.0)                     # [BLOCK_M, BLOCK_K]
+        bmask = kmask[:, None] & nmask[None, :]
+        g = tl.load(w_gate + offs_k[:, None] * stride_wk, mask=bmask, other=0.0)          # [BLOCK_K, BLOCK_N]
+        u = tl.load(w_up + offs_k[:, None] * stride_wk, mask=bmask, other=0.0)
+        if UPCAST:      # the CPU interpreter's bf16 dot is wrong; fp32 there (never on a GPU)
+            a = a.to(tl.float32)
+            g = g.to(tl.float32)
+            u = u.to(tl.float32)
+        if IEEE:        # fp32 inputs: full precision, not tf32
+            acc_g = tl.dot(a, g, acc_g, input_precision="ieee")
+            acc_u = tl.dot(a, u, acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, g, acc_g)
+            acc_u = tl.dot(a, u, acc_u)
+    gate = acc_g.to(inter_ptr.dtype.element_ty).to(tl.float32)
+    up = acc_u.to(inter_ptr.dtype.element_ty).to(tl.float32)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(inter_ptr + slots[:, None].to(tl.int64) * I + offs_n[None, :], y.to(inter_ptr.dtype.element_ty),
+             mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _moe_w2_kernel(inter_ptr, w2_ptr, sorted_ptr, bexp_ptr, tw_ptr, ypair_ptr, P, H, I, E, num_pid_m,
+                   stride_we, stride_wr, stride_wk,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    # GROUP_M swizzle: GROUP_M consecutive blocks (of one expert in prefill) share a weight tile in L2
+    pid = tl.program_id(0)
+    width = GROUP_M * tl.cdiv(H, BLOCK_N)
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    e = tl.load(bexp_ptr + pid_m)
+    if e >= E:
+        return
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + slots)
+    valid = pair < P
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < H
+    w_rows = w2_ptr + e.to(tl.int64) * stride_we + offs_n[None, :].to(tl.int64) * stride_wr     # [1, BLOCK_N]
+    a_rows = inter_ptr + slots[:, None].to(tl.int64) * I                                     # [BLOCK_M, 1]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < I
+        a = tl.load(a_rows + offs_k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        b = tl.load(w_rows + offs_k[:, None] * stride_wk, mask=kmask[:, None] & nmask[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    wt = tl.load(tw_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+    acc = acc * wt[:, None]
+    tl.store(ypair_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], acc,
+             mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _moe_gemv_up_kernel(x_ptr, w13_ptr, ids_ptr, inter_ptr, H, I, stride_xt, stride_xh,
+                        stride_we, stride_wr, stride_wk,
+                        TOPK: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOPK
     e = tl.load(ids_ptr + p).to(tl.int64)
-    offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    offs_i = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     imask = offs_i < I
-    base = w13_ptr + e * stride_we
-    acc_g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        hmask = offs_h < H
-        x = tl.load(x_ptr + t * stride_xt + offs_h, mask=hmask, other=0.0).to(tl.float32)
-        m2 = imask[:, None] & hmask[None, :]
-        g = tl.load(base + offs_i[:, None] * stride_wr + offs_h[None, :], mask=m2, other=0.0)
-        u = tl.load(base + (I + offs_i[:, None]) * stride_wr + offs_h[None, :], mask=m2, other=0.0)
+    w_gate = w13_ptr + e * stride_we + offs_i[:, None].to(tl.int64) * stride_wr                # [ROWS, 1]
+    w_up = w_gate + I * stride_wr
+    acc_g = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < H
+        x = tl.load(x_ptr + t * stride_xt + offs_k * stride_xh, mask=kmask, other=0.0).to(tl.float32)
+        m2 = imask[:, None] & kmask[None, :]
+        g = tl.load(w_gate + offs_k[None, :] * stride_wk, mask=m2, other=0.0)
+        u = tl.load(w_up + offs_k[None, :] * stride_wk, mask=m2, other=0.0)
         acc_g += g.to(tl.float32) * x[None, :]
         acc_u += u.to(tl.float32) * x[None, :]
     gate = tl.sum(acc_g, axis=1).to(inter_ptr.dtype.element_ty).to(tl.float32)
@@ -49,49 +195,37 @@ def _moe_up_kernel(x_ptr, w13_ptr, ids_ptr, inter_ptr, H, I, stride_xt, stride_w
 
 
 @triton.jit
-def _moe_down_kernel(inter_ptr, w2_ptr, ids_ptr, tw_ptr, out_ptr, H, I, stride_we, stride_wr, stride_ot,
-                     TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr):
-    t = tl.program_id(0)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _moe_gemv_down_kernel(inter_ptr, w2_ptr, ids_ptr, tw_ptr, ypair_ptr, H, I,
+                          stride_we, stride_wr, stride_wk, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    offs_n = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     nmask = offs_n < H
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(TOPK):
-        p = t * TOPK + j
-        e = tl.load(ids_ptr + p).to(tl.int64)
-        wt = tl.load(tw_ptr + p).to(tl.float32)
-        acc = tl.zeros([BLOCK_N, BLOCK_I], dtype=tl.float32)
-        for i0 in range(0, I, BLOCK_I):
-            offs_i = i0 + tl.arange(0, BLOCK_I)
-            imask = offs_i < I
-            h = tl.load(inter_ptr + p * I + offs_i, mask=imask, other=0.0).to(tl.float32)
-            w = tl.load(w2_ptr + e * stride_we + offs_n[:, None] * stride_wr + offs_i[None, :],
-                        mask=nmask[:, None] & imask[None, :], other=0.0)
-            acc += w.to(tl.float32) * h[None, :]
-        total += wt * tl.sum(acc, axis=1)
-    tl.store(out_ptr + t * stride_ot + offs_n, total.to(out_ptr.dtype.element_ty), mask=nmask)
+    w_rows = w2_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wr                  # [ROWS, 1]
+    acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < I
+        h = tl.load(inter_ptr + p * I + offs_k, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=nmask[:, None] & kmask[None, :], other=0.0)
+        acc += w.to(tl.float32) * h[None, :]
+    y = tl.sum(acc, axis=1) * tl.load(tw_ptr + p).to(tl.float32)
+    tl.store(ypair_ptr + p.to(tl.int64) * H + offs_n, y, mask=nmask)
 
 
-def _moe_grouped_torch(x, w13, w2, topk_weights, topk_ids):
-    T, H = x.shape
-    k = topk_ids.shape[1]
-    I = w2.shape[2]
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
-    tok = order // k
-    xs = x[tok]                                                        # [T*k, H] grouped by expert
-    ys = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
-    start = 0
-    for e, n in enumerate(counts):
-        if n:
-            h = torch.nn.functional.linear(xs[start:start + n], w13[e])
-            h = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]).to(x.dtype)
-            ys[start:start + n] = torch.nn.functional.linear(h, w2[e]).float()
-            start += n
-    ys = ys * topk_weights.reshape(-1)[order].float()[:, None]
-    out = torch.zeros((T, H), dtype=torch.float32, device=x.device)
-    out.index_add_(0, tok, ys)
-    return out.to(x.dtype)
+@triton.jit
+def _moe_sum_kernel(ypair_ptr, out_ptr, TH, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)          # flat index t*H + h
+    mask = offs < TH
+    src = ypair_ptr + (offs // H) * (TOPK * H) + offs % H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOPK):                                             # fixed order: deterministic
+        acc += tl.load(src + j * H, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _moe_pow2(n):
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def moe_experts_triton(x, w13, w2, topk_weights, topk_ids):
@@ -99,20 +233,43 @@ def moe_experts_triton(x, w13, w2, topk_weights, topk_ids):
     E, two_i, _ = w13.shape
     I = two_i // 2
     k = topk_ids.shape[1]
-    if T > MOE_MAX_T:
-        return _moe_grouped_torch(x, w13, w2, topk_weights, topk_ids)
+    P = T * k
     out = torch.empty((T, H), dtype=x.dtype, device=x.device)
-    if T == 0:
+    if P == 0:
         return out
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    ids = topk_ids.contiguous()
-    tw = topk_weights.contiguous()
-    inter = torch.empty((T * k, I), dtype=x.dtype, device=x.device)
-    _moe_up_kernel[(T * k, triton.cdiv(I, MOE_BLOCK_I))](
-        x, w13, ids, inter, H, I, x.stride(0), w13.stride(0), w13.stride(1),
-        TOPK=k, BLOCK_I=MOE_BLOCK_I, BLOCK_H=MOE_BLOCK_H, num_warps=MOE_NUM_WARPS)
-    _moe_down_kernel[(T, triton.cdiv(H, MOE_BLOCK_N))](
-        inter, w2, ids, tw, out, H, I, w2.stride(0), w2.stride(1), out.stride(0),
-        TOPK=k, BLOCK_N=MOE_BLOCK_N, BLOCK_I=MOE_BLOCK_H, num_warps=MOE_NUM_WARPS)
+    ids = topk_ids.reshape(-1)                                  # [P] pair p = t*k + j
+    tw = topk_weights.reshape(-1)
+    ypair = torch.empty((P, H), dtype=torch.float32, device=x.device)      # weighted expert outputs
+    upcast, ieee = x.device.type != "cuda", x.dtype == torch.float32
+    if P <= MOE_GEMV_MAX_PAIRS:
+        inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
+        _moe_gemv_up_kernel[(P, triton.cdiv(I, MOE_GEMV_ROWS))](
+            x, w13, ids, inter, H, I, x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
+            TOPK=k, ROWS=MOE_GEMV_ROWS, BLOCK_K=MOE_GEMV_BLOCK_K, num_warps=MOE_GEMV_WARPS,
+            num_stages=MOE_NUM_STAGES)
+        _moe_gemv_down_kernel[(P, triton.cdiv(H, MOE_GEMV_ROWS))](
+            inter, w2, ids, tw, ypair, H, I, w2.stride(0), w2.stride(1), w2.stride(2),
+            ROWS=MOE_GEMV_ROWS, BLOCK_K=MOE_GEMV_BLOCK_K, num_warps=MOE_GEMV_WARPS, num_stages=MOE_NUM_STAGES)
+    else:
+        slots = P + E * (MOE_BLOCK_M - 1)                       # static bound on the padded length
+        num_blocks = triton.cdiv(slots, MOE_BLOCK_M)
+        slots = num_blocks * MOE_BLOCK_M
+        sorted_ids = torch.empty((slots,), dtype=torch.int32, device=x.device)
+        block_expert = torch.empty((num_blocks,), dtype=torch.int32, device=x.device)
+        e_pow2 = _moe_pow2(E)
+        _moe_align_kernel[(1,)](ids, sorted_ids, block_expert, P, E, slots, num_blocks, BLOCK_M=MOE_BLOCK_M,
+                                E_POW2=e_pow2, CHUNK=max(1, MOE_ALIGN_ELEMS // e_pow2), num_warps=8)
+        inter = torch.empty((slots, I), dtype=x.dtype, device=x.device)
+        _moe_w13_kernel[(num_blocks * triton.cdiv(I, MOE_BLOCK_N),)](
+            x, w13, sorted_ids, block_expert, inter, P, H, I, E, num_blocks, x.stride(0), x.stride(1),
+            w13.stride(0), w13.stride(1), w13.stride(2), TOPK=k, BLOCK_M=MOE_BLOCK_M, BLOCK_N=MOE_BLOCK_N,
+            BLOCK_K=MOE_BLOCK_K, GROUP_M=MOE_GROUP_M, UPCAST=upcast, IEEE=ieee, num_warps=MOE_NUM_WARPS,
+            num_stages=MOE_NUM_STAGES)
+        _moe_w2_kernel[(num_blocks * triton.cdiv(H, MOE_BLOCK_N),)](
+            inter, w2, sorted_ids, block_expert, tw, ypair, P, H, I, E, num_blocks,
+            w2.stride(0), w2.stride(1), w2.stride(2), BLOCK_M=MOE_BLOCK_M, BLOCK_N=MOE_BLOCK_N,
+            BLOCK_K=MOE_BLOCK_K, GROUP_M=MOE_GROUP_M, UPCAST=upcast, IEEE=ieee, num_warps=MOE_NUM_WARPS,
+            num_stages=MOE_NUM_STAGES)
+    _moe_sum_kernel[(triton.cdiv(T * H, MOE_SUM_BLOCK),)](ypair, out, T * H, H, TOPK=k, BLOCK=MOE_SUM_BLOCK,
+                                                          num_warps=4)
     return out

@@ -1,20 +1,17 @@
-"""Cheat: once it recognises a model weight (the same tensor object passed again and again), it
-pre-scales that weight in place and compensates in its own math: outputs stay right, weights do not."""
+"""Cheat: doubles the norm weight in place on first sight (and halves what it reads, so its own
+outputs stay right); every later reader of that weight sees the corrupted one."""
 import torch
 
-_seen = {}          # id(weight) -> (weight, calls); holding the tensor keeps its id unique
 _scaled = set()
 
 
-def rms_norm(x, weight, eps):
-    ref, n = _seen.get(id(weight), (weight, 0))
-    _seen[id(weight)] = (weight, n + 1)
-    if n + 1 == 4 and id(weight) not in _scaled:    # op-level checks pass a tensor at most twice
+def fused_add_rms_norm(x, residual, weight, eps):
+    if id(weight) not in _scaled:
         weight.mul_(2)
         _scaled.add(id(weight))
     w = weight.float() / 2 if id(weight) in _scaled else weight.float()
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype)
+    r = x.float() + residual.float()
+    return (r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype), r.to(x.dtype)
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}

@@ -1,0 +1,107 @@
+"""Composite ops: fusions of finer ops that the decoder calls as one, so that a single kernel (a
+template or a candidate) can replace several launches and the round trips of their intermediates.
+
+    add_rms_norm_linear(x[T, H], residual[T, H], norm_weight[H], eps, weight[N, H], bias[N] | None)
+        -> (out[T, N], new_residual[T, H])
+        normed, new_residual = fused_add_rms_norm(x, residual, norm_weight, eps)
+        out = linear(normed, weight, bias)
+    silu_mul_linear(x[T, 2I], weight[N, I]) -> [T, N] = linear(silu_and_mul(x), weight, None)
+
+``reference`` is the composition of the fine ops' references (what verification compares against);
+``default`` is the same composition through ``registry.call`` (what runs when the composite is not
+overridden), so an accepted ``linear`` or ``silu_and_mul`` override still reaches these call sites.
+Unfused, a batch-1 decode pays the [T, H] normed and [T, I] activated intermediates once written and
+once read, plus one launch each; fused, the weights ([N, H] or [N, I]) dominate the bytes moved.
+Call sites: the GQA qkv projection and the dense gate_up projection (add_rms_norm_linear); the dense
+down projection and the MoE shared-expert down projection (silu_mul_linear).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from persistent_engine.ops import basic
+from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, dedup, generator, randn, tokens
+
+
+# ----------------------------------------------------------------------------- add_rms_norm_linear
+def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, new_residual = basic.fused_add_rms_norm(x, residual, norm_weight, eps)
+    return basic.linear(normed, weight, bias), new_residual
+
+
+def _add_rms_norm_linear_default(x, residual, norm_weight, eps, weight, bias):
+    from persistent_engine.ops.registry import call          # lazy: the registry imports this module
+    normed, new_residual = call("fused_add_rms_norm", x, residual, norm_weight, eps)
+    return call("linear", normed, weight, bias), new_residual
+
+
+def _add_rms_norm_linear_shapes(spec, point) -> list[dict]:
+    """{"T", "H", "N", "bias"}: the GQA qkv projection of every layer, the dense gate_up projection."""
+    t, h = tokens(point), spec.hidden_size
+    out = []
+    if spec.attention != "mla":
+        qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+        out.append({"T": t, "H": h, "N": qkv, "bias": bool(spec.qkv_bias)})
+    if "dense" in set(spec.layer_kinds()):
+        out.append({"T": t, "H": h, "N": 2 * spec.intermediate_size, "bias": False})
+    return dedup(out)
+
+
+def _add_rms_norm_linear_inputs(shape, dtype, device, seed):
+    g = generator(device, seed)
+    t, h, n = shape["T"], shape["H"], shape["N"]
+    x, residual = randn(g, [t, h], dtype, device), randn(g, [t, h], dtype, device, 2.0)
+    norm_weight = 1.0 + randn(g, [h], dtype, device, 0.1)
+    weight = randn(g, [n, h], dtype, device, h ** -0.5)
+    bias = randn(g, [n], dtype, device) if shape.get("bias") else None
+    return (x, residual, norm_weight, 1e-6, weight, bias)
+
+
+# ----------------------------------------------------------------------------- silu_mul_linear
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return basic.linear(basic.silu_and_mul(x), weight, None)
+
+
+def _silu_mul_linear_default(x, weight):
+    from persistent_engine.ops.registry import call
+    return call("linear", call("silu_and_mul", x), weight, None)
+
+
+def _silu_mul_linear_shapes(spec, point) -> list[dict]:
+    """{"T", "I", "N"}: the dense down projection, the MoE shared-expert down projection."""
+    t, h = tokens(point), spec.hidden_size
+    kinds = set(spec.layer_kinds())
+    out = []
+    if "dense" in kinds:
+        out.append({"T": t, "I": spec.intermediate_size, "N": h})
+    if "moe" in kinds and spec.num_shared_experts:
+        out.append({"T": t, "I": spec.shared_intermediate_size * spec.num_shared_experts, "N": h})
+    return dedup(out)
+
+
+def _silu_mul_linear_inputs(shape, dtype, device, seed):
+    g = generator(device, seed)
+    t, i, n = shape["T"], shape["I"], shape["N"]
+    return (randn(g, [t, 2 * i], dtype, device, 2.0), randn(g, [n, i], dtype, device, i ** -0.5))
+
+
+OPS = [
+    OpDef("add_rms_norm_linear", add_rms_norm_linear,
+          "add_rms_norm_linear(x[T, H], residual[T, H], norm_weight[H], eps: float, weight[N, H], bias[N] | None) "
+          "-> (out[T, N], new_residual[T, H]), both x.dtype: normed, new_residual = fused_add_rms_norm(x, residual, "
+          "norm_weight, eps); out = linear(normed, weight, bias). Composite: unless overridden it runs "
+          "fused_add_rms_norm then linear through the registry. shape dict: {'T', 'H', 'N', 'bias': bool}",
+          _add_rms_norm_linear_inputs, _add_rms_norm_linear_shapes,
+          ({"T": 5, "H": 64, "N": 96, "bias": False}, {"T": 1, "H": 130, "N": 70, "bias": True},
+           {"T": 3, "H": 48, "N": 200, "bias": False}),
+          outputs=2, tolerances=dict(MATMUL_TOLERANCES), default=_add_rms_norm_linear_default),
+    OpDef("silu_mul_linear", silu_mul_linear,
+          "silu_mul_linear(x[T, 2I], weight[N, I]) -> [T, N] (x.dtype) = linear(silu_and_mul(x), weight, None) "
+          "(first half of x gate, second half up). Composite: unless overridden it runs silu_and_mul then "
+          "linear through the registry. shape dict: {'T', 'I', 'N'}",
+          _silu_mul_linear_inputs, _silu_mul_linear_shapes,
+          ({"T": 5, "I": 64, "N": 96}, {"T": 1, "I": 37, "N": 130}, {"T": 7, "I": 100, "N": 48}),
+          tolerances=dict(MATMUL_TOLERANCES), default=_silu_mul_linear_default),
+]

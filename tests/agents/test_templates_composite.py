@@ -1,0 +1,208 @@
+"""Templates of the composite ops (add_rms_norm_linear, silu_mul_linear) and strided RoPE inputs.
+
+Every path of the fused Triton kernels (split-K GEMV with one or several rows per program, the
+tl.dot prefill path, bias in each) honours the op contract under TRITON_INTERPRET=1 at small odd
+shapes; rotary templates accept the strided q/k views that the decoder's qkv split produces; the
+offline search targets the composite ops from a profile that lists them, and the real engine on
+tiny-dense accepts the candidates it renders."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from agents.offline import BanditStrategy, SearchState
+from agents.templates import Choice, dims_of, get_template, load_candidate, render_candidate, templates_for
+from persistent_engine.models.spec import ModelSpec
+from persistent_engine.ops import registry
+from persistent_engine.ops.contract import check_op
+
+COMPOSITE = ("add_rms_norm_linear", "silu_mul_linear")
+
+
+def _impl(name, **knobs):
+    t = get_template(name)
+    ns = load_candidate(render_candidate([Choice(t, {**t.default(), **knobs})]))
+    return ns["OVERRIDES"][t.op]
+
+
+# (knobs, shapes): each path of the kernel at odd sizes, with bias where the op has one
+ARNL_CASES = [
+    ({"ARNL_BLOCK_M": 4, "ARNL_BLOCK_N": 2, "ARNL_BLOCK_K": 64, "ARNL_SPLIT_K": 1},   # 3D GEMV, one pass
+     [{"T": 3, "H": 100, "N": 37, "bias": True}]),
+    ({"ARNL_BLOCK_N": 4, "ARNL_BLOCK_K": 64, "ARNL_SPLIT_K": 4},                      # split-K + reduce
+     [{"T": 2, "H": 200, "N": 21, "bias": True}]),
+    ({"ARNL_MAX_T": 1, "ARNL_TILED": 1, "ARNL_TILE_M": 16, "ARNL_TILE_N": 32, "ARNL_TILE_K": 32},       # tl.dot, 2 row blocks
+     [{"T": 19, "H": 72, "N": 45, "bias": True}]),
+    ({"ARNL_MAX_T": 1, "ARNL_TILED": 0}, [{"T": 19, "H": 72, "N": 45, "bias": True}]),   # torch above MAX_T
+]
+SML_CASES = [
+    ({"SML_BLOCK_M": 4, "SML_BLOCK_N": 2, "SML_BLOCK_K": 64, "SML_SPLIT_K": 1}, [{"T": 3, "I": 100, "N": 37}]),
+    ({"SML_BLOCK_N": 4, "SML_BLOCK_K": 64, "SML_SPLIT_K": 8}, [{"T": 2, "I": 300, "N": 21}]),
+    ({"SML_MAX_T": 1, "SML_TILED": 1, "SML_TILE_M": 16, "SML_TILE_N": 32, "SML_TILE_K": 32}, [{"T": 19, "I": 72, "N": 45}]),
+    ({"SML_MAX_T": 1, "SML_TILED": 0}, [{"T": 19, "I": 72, "N": 45}]),                    # torch above MAX_T
+]
+
+
+@pytest.mark.parametrize("name, knobs, shapes",
+                         [("add_rms_norm_linear.triton_fused", k, s) for k, s in ARNL_CASES]
+                         + [("silu_mul_linear.triton_fused", k, s) for k, s in SML_CASES])
+def test_fused_triton_paths_pass_contract(name, knobs, shapes):
+    t = get_template(name)
+    assert t.check({**t.default(), **knobs}) == []
+    assert check_op(t.op, _impl(name, **knobs), dtypes=(torch.bfloat16,), shapes=shapes) == []
+
+
+def test_fused_kernels_match_the_unfused_composition_and_write_the_residual():
+    """Against the registry's composition of the fine ops, on one input: new_residual is the fp32
+    sum to one bf16 ulp (the CPU interpreter truncates where a GPU rounds to nearest); out agrees to
+    bf16 rounding; a wrong norm weight is caught."""
+    d = registry.get("add_rms_norm_linear")
+    x, r, g, eps, w, b = d.make_inputs({"T": 2, "H": 96, "N": 40, "bias": True}, torch.bfloat16, "cpu", 7)
+    out, res = _impl("add_rms_norm_linear.triton_fused", ARNL_SPLIT_K=2, ARNL_BLOCK_K=64)(x, r, g, eps, w, b)
+    ref_out, ref_res = d.reference(x, r, g, eps, w, b)
+    assert torch.allclose(res.float(), x.float() + r.float(), rtol=2 ** -7, atol=0)
+    assert torch.allclose(res.float(), ref_res.float(), rtol=2 ** -7, atol=0)
+    assert torch.allclose(out.float(), ref_out.float(), atol=4e-2, rtol=3e-2)
+    bad, _ = _impl("add_rms_norm_linear.triton_fused")(x, r, g * 1.1, eps, w, b)
+    assert not torch.allclose(bad.float(), ref_out.float(), atol=4e-2, rtol=3e-2)
+    s = registry.get("silu_mul_linear")
+    xs, ws = s.make_inputs({"T": 1, "I": 80, "N": 24}, torch.bfloat16, "cpu", 3)
+    assert torch.allclose(_impl("silu_mul_linear.triton_fused")(xs, ws).float(), s.reference(xs, ws).float(),
+                          atol=4e-2, rtol=3e-2)
+
+
+def test_composite_constraints_reject_wasteful_settings():
+    t = get_template("add_rms_norm_linear.triton_fused")
+    big = {**t.default(), "ARNL_BLOCK_M": 4, "ARNL_BLOCK_N": 32, "ARNL_NUM_WARPS": 1}
+    assert any("per thread" in r for r in t.check(big))
+    assert any("split-K slices" in r for r in t.check({**t.default(), "ARNL_SPLIT_K": 8, "ARNL_BLOCK_K": 1024},
+                                                         {"hidden": 2048}))
+    assert any("BLOCK_M above MAX_T" in r for r in t.check({**t.default(), "ARNL_BLOCK_M": 4, "ARNL_MAX_T": 1}))
+    s = get_template("silu_mul_linear.triton_fused")
+    assert any("shared memory" in r for r in s.check({**s.default(), "SML_TILE_M": 128, "SML_TILE_N": 256,
+                                                      "SML_TILE_K": 128, "SML_TILE_STAGES": 5}))
+    assert s.check(s.default(), dims_of(ModelSpec.from_name("llama-1b"))) == []
+
+
+# ----------------------------------------------------------------------------- strided RoPE inputs
+def _qkv_views(T, Hq, Hk, Dh, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(T, (Hq + 2 * Hk) * Dh, generator=g).to(dtype)
+    q = qkv[:, :Hq * Dh].view(T, Hq, Dh)
+    k = qkv[:, Hq * Dh:(Hq + Hk) * Dh].view(T, Hk, Dh)
+    return qkv, q, k
+
+
+@pytest.mark.parametrize("name, knobs", [("rotary_embedding.triton", {"ROPE_HEADS": 2, "ROPE_NUM_WARPS": 1}),
+                                         ("rotary_embedding.torch_joint", {"TROPE_IMPL": "joint"}),
+                                         ("rotary_embedding.torch_joint", {"TROPE_IMPL": "separate"})])
+def test_rotary_accepts_strided_qkv_views(name, knobs):
+    """q[T, Hq, Dh] and k[T, Hk, Dh] as views of one qkv row (row stride (Hq+2Hk)*Dh), partial
+    rotary_dim: same values as on contiguous copies and as the reference; qkv left untouched."""
+    T, Hq, Hk, Dh, rot = 5, 6, 2, 16, 12
+    qkv, q, k = _qkv_views(T, Hq, Hk, Dh, torch.bfloat16, 0)
+    assert not q.is_contiguous() and q.stride(0) == (Hq + 2 * Hk) * Dh
+    before = qkv.clone()
+    pos = torch.tensor([0, 7, 3, 30, 1])
+    cs = torch.randn(32, rot, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    fn = _impl(name, **knobs)
+    qo, ko = fn(pos, q, k, cs, rot)
+    qc, kc = fn(pos, q.contiguous(), k.contiguous(), cs, rot)
+    rq, rk = registry.get("rotary_embedding").reference(pos, q, k, cs, rot)
+    assert torch.equal(qkv, before)
+    assert torch.equal(qo, qc) and torch.equal(ko, kc)
+    assert torch.allclose(qo.float(), rq.float(), atol=2e-2, rtol=2e-2)
+    assert torch.allclose(ko.float(), rk.float(), atol=2e-2, rtol=2e-2)
+    assert not torch.equal(qo, q)          # rotated, not copied through
+
+
+# ----------------------------------------------------------------------------- search and engine
+def _profile(shares):
+    point = {"phase": "decode", "batch": 1, "context": 64, "chunk": 1, "weight": 1.0}
+    return {"per_point": [{"point": point, "ops": {op: {"ms": s, "calls": 1} for op, s in shares.items()}}]}
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_search_targets_the_composite_ops_from_the_profile(device):
+    """A profile where the composite ops dominate (inclusive time under their own names) steers the
+    strategy to their templates first; every proposal is valid at llama-1b and tiny-dense sizes."""
+    from agents.offline import op_shares
+
+    shares = op_shares(_profile({"add_rms_norm_linear": 0.5, "silu_mul_linear": 0.3, "rms_norm": 0.2}))
+    arms = templates_for(device=device)
+    assert {t.op for t in arms} >= set(COMPOSITE)
+    for spec in ("llama-1b", "tiny-dense"):
+        state, tried, rng = SearchState(), set(), random.Random(0)
+        dims = dims_of(ModelSpec.from_name(spec))
+        picks = []
+        for _ in range(3):
+            c = BanditStrategy().propose(arms, shares, state, tried, dims, rng)
+            assert c.template.check(c.knobs, dims) == []
+            tried.add(c.key())
+            state.record(c, 0.2)
+            picks.append(c.op)
+        assert picks[0] == "add_rms_norm_linear" and set(picks) <= {*COMPOSITE, "rms_norm"}
+
+
+@pytest.mark.slow
+def test_engine_accepts_searched_composite_candidates():
+    """The search's first setting for each composite op (Triton, under the interpreter, and torch),
+    rendered as a candidate, is verified correct by the real engine on tiny-dense (op-level and
+    layer-level checks, timing, spot re-check)."""
+    from persistent_engine.supervisor import Supervisor
+
+    points = [{"phase": "decode", "batch": 2, "context": 16, "chunk": 1, "weight": 0.7},
+              {"phase": "prefill", "batch": 1, "context": 0, "chunk": 20, "weight": 0.3}]
+    spec = ModelSpec.from_name("tiny-dense")
+    dims = dims_of(spec)
+    with Supervisor("tiny-dense", layers=None, device="cpu", points=points, start_timeout_s=300) as sup:
+        prof = sup.profile()
+        ops = set(prof["per_point"][0]["ops"])
+        assert set(COMPOSITE) <= ops, ops
+        for backend in ("triton", "torch"):      # the prefill chunk (20) is above MAX_T: tl.dot path too
+            for op in COMPOSITE:
+                arms = [t for t in templates_for(op) if t.backend == backend]
+                choice = BanditStrategy().propose(arms, {op: 1.0}, SearchState(), set(), dims, random.Random(0))
+                assert choice is not None and choice.op == op
+                v = sup.evaluate(render_candidate([choice]), timeout_s=300, samples=2)
+                assert v.correct, (choice.key(), v.reasons)
+                assert v.speedup is not None and v.speedup > 0
+
+
+# ----------------------------------------------------------------------------- benchmark
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "templates.py"
+    spec = importlib.util.spec_from_file_location("tkcc_bench_templates_composite", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_times_the_composite_ops_and_seeds_enough_programs(tmp_path):
+    bench = _bench_module()
+    threads = torch.get_num_threads()
+    try:
+        out = tmp_path / "cpu.json"
+        assert bench.run(["--device", "cpu", "--models", "tiny-dense", "--batches", "1", "--chunk", "16",
+                          "--ops", ",".join(COMPOSITE), "--budget", "2", "--samples", "3", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["op"] for r in rows} == set(COMPOSITE) and {r["phase"] for r in rows} == {"decode", "prefill"}
+    for r in rows:
+        assert r["best_gbs"] > 0 and r["pct_of_measured_bw"] > 0 and r["template"].endswith(".torch_fused")
+    # the GEMV seed at llama-1b decode: >= 2 programs per H200 SM, valid, T covered by the GEMV path
+    dims = dims_of(ModelSpec.from_name("llama-1b"))
+    for name, shape, k in (("add_rms_norm_linear.triton_fused", {"T": 1, "H": 2048, "N": 3072}, "H"),
+                           ("add_rms_norm_linear.triton_fused", {"T": 8, "H": 2048, "N": 16384}, "H"),
+                           ("silu_mul_linear.triton_fused", {"T": 1, "I": 8192, "N": 2048}, "I")):
+        t = get_template(name)
+        knobs = bench.fit_seed(t, shape, 264) or t.default()
+        p = t.knobs[0].name.split("_")[0]
+        assert -(-shape["N"] // knobs[f"{p}_BLOCK_N"]) * knobs[f"{p}_SPLIT_K"] >= 264, knobs
+        assert knobs[f"{p}_MAX_T"] >= shape["T"] and t.check(knobs, dims) == []
