@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aa-runs", type=int, default=3, help="reference-vs-itself runs per tier (noise)")
     p.add_argument("--vs-torch-compile", action="store_true",
                    help="also measure the plan against torch.compile of the slow-tier slice")
+    p.add_argument("--fresh", action="store_true",
+                   help="do not continue from the newest plan version already in --out (default: re-verify its "
+                        "optimizations first and build on them)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_optimize)
@@ -101,7 +104,7 @@ def _optimize(args: argparse.Namespace) -> int:
                          fast_layers=args.fast_layers, slow_layers=args.slow_layers, fleet=args.fleet,
                          ray_address=args.ray_address, max_points=args.max_points, timeout_s=args.timeout,
                          aa_runs=args.aa_runs, gpus=args.gpus,
-                         vs_torch_compile=args.vs_torch_compile,
+                         vs_torch_compile=args.vs_torch_compile, continue_plan=not args.fresh,
                          quiet=args.quiet or args.json)
     res = optimize(cfg)
     _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)

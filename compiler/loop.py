@@ -11,6 +11,8 @@ leaves no half-written plan).
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as _dt
 import hashlib
 import logging
@@ -48,7 +50,8 @@ class OptimizeConfig:
     timeout_s: float = 300.0                 # engine watchdog per evaluation
     vs_torch_compile: bool = False           # also time torch.compile of the slow-tier slice (in process)
     aa_runs: int = 3                         # reference-vs-itself runs per tier to measure noise
-    seeds: tuple[tuple[str, str], ...] = ()  # (name, source) re-verified first (recompile)
+    seeds: tuple[tuple[str, str], ...] = ()  # (name, source) re-verified first (recompile, continue)
+    continue_plan: bool = True               # seed from the newest version already in ``out`` (same model/hw)
     parent_version: int | None = None
     drift: dict | None = None                # recompile: {"features": [...], "old_hash": ...}
     acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
@@ -170,6 +173,27 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._old)
 
 
+def continued(cfg: OptimizeConfig, out: Path, progress: Progress | None = None) -> OptimizeConfig:
+    """A run into a plan root that already holds a version for the same model and hardware continues
+    from the newest one: its optimizations are re-verified first (as ``recompile`` does, so they must
+    still hold on this traffic and engine) and it becomes the new version's parent. Short runs thus
+    accumulate instead of starting over. Unchanged when seeds are given, ``continue_plan`` is off, or
+    the root holds no usable version."""
+    if cfg.seeds or not cfg.continue_plan or not plan_mod.versions(out):
+        return cfg
+    try:
+        prev, vdir = plan_mod.load(out)
+        seeds = plan_mod.seeds_of(prev, vdir)
+    except (plan_mod.PlanError, OSError):
+        return cfg
+    if prev.model != cfg.model or prev.hw != cfg.hw:
+        return cfg
+    if progress is not None:
+        progress.event(f"continuing from {vdir}: its {len(seeds)} optimization(s) are re-verified first "
+                       "(--fresh starts over)")
+    return dataclasses.replace(cfg, seeds=seeds, parent_version=cfg.parent_version or prev.version)
+
+
 def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     """Runs the whole loop and writes the next plan version under ``cfg.out``."""
     from persistent_engine.models.spec import ModelSpec
@@ -196,6 +220,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     from bulletin_board import Board
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    cfg = continued(cfg, out, progress)
     board_url = cfg.board or f"sqlite:///{(out / 'board.db').resolve()}"
     board = Board(board_url)
     run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,

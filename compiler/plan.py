@@ -169,6 +169,11 @@ def resolve(path: str | os.PathLike) -> Path:
     return path / f"v{found[-1]}"
 
 
+def seeds_of(plan: "Plan", vdir: str | os.PathLike) -> tuple[tuple[str, str], ...]:
+    """(name, source) of each optimization of a plan version, to re-verify first in a new run."""
+    return tuple((o.name, (Path(vdir) / o.kernel).read_text()) for o in plan.optimizations if o.kernel)
+
+
 def root_of(version_dir: str | os.PathLike) -> Path:
     """The plan root that holds a version directory (the directory itself for an unversioned plan)."""
     version_dir = Path(version_dir)

@@ -25,11 +25,6 @@ class RecompileResult:
     result: OptimizeResult | None        # None when nothing was recompiled
 
 
-def seeds_of(plan: plan_mod.Plan, vdir: Path) -> tuple[tuple[str, str], ...]:
-    """(name, source) of each optimization of a plan version."""
-    return tuple((o.name, (vdir / o.kernel).read_text()) for o in plan.optimizations if o.kernel)
-
-
 def check_drift(plan_path: str | Path, traffic: str) -> tuple[bool, list[dict], plan_mod.Plan, Path]:
     """(drifted, per-feature rows, plan, its version directory); writes nothing."""
     plan, vdir = plan_mod.load(plan_path)
@@ -51,7 +46,7 @@ def recompile(plan_path: str | Path, traffic: str, *, budget_s: float = 600.0, f
     cfg = OptimizeConfig(model=plan.model, hw=plan.hw, traffic=str(traffic), out=str(plan_mod.root_of(vdir)),
                          budget_s=budget_s, agents=agents or plan.run.get("agents") or "offline:4",
                          board=board, device=device, slow_layers=len(slow) if slow else None,
-                         fleet=fleet, seeds=seeds_of(plan, vdir), parent_version=plan.version, quiet=quiet,
+                         fleet=fleet, seeds=plan_mod.seeds_of(plan, vdir), parent_version=plan.version, quiet=quiet,
                          drift={"features": list(features), "old_hash": plan.traffic.get("hash", ""),
                                 "forced": not drifted})
     if overrides:

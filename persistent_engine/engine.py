@@ -326,6 +326,7 @@ class Engine:
         self.candidate: cand_mod.LoadedCandidate | None = None
         self.cand_graphs: dict[int, list | None] = {}      # point -> candidate graphs (or None)
         self.cand_graph_errors: dict[int, str] = {}
+        self.tie_kept_rows: dict = {}                       # (point, variant) -> rows the MoE tie check kept
         self.cand_workloads: list[list] | None = None       # kv_block_size: re-laid per candidate
         self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
                                    else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
@@ -433,6 +434,7 @@ class Engine:
                 g.reset()
         self.cand_graphs.clear()
         self.cand_graph_errors.clear()
+        self.tie_kept_rows = {}
 
     # ------------------------------------------------------------------------------ requests
     def handle(self, req: Request) -> Reply:
@@ -505,22 +507,35 @@ class Engine:
             # every override wrapped to count its calls: one the model never reaches is rejected
             counted = {n: _Counted(fn) for n, fn in c.overrides.items()}
             layer_reasons: list[str] = []
+            # MoE points: moe_route wrapped to record the candidate's routing; flips at near-ties of the
+            # reference's routing (recorded once per point and variant) are excused (verify.TieCheck)
+            ties = verify.TieCheck(self.dtype)
+            if "moe_routes" not in vars(self):
+                self.moe_routes = verify.ReferenceRoutes(self.registry)
             # one run per variant: determinism is checked at op level (every op twice) and the outputs
             # produced while timed are checked again by bench's spot re-check
             for i in self._affected():
                 for v, w in enumerate(self._cand_ws(i)):
-                    with self.registry.override(counted):
+                    where, rec = f"layer-level {point_label(self.points[i])} variant {v}", None
+                    if "moe_route" in self.ops_at[i]:
+                        refs = self.moe_routes.get((i, v), self.model, self.workloads[i][v], self.ref[i][v],
+                                                   self.dtype)
+                        rec = verify.RouteRecorder(counted.get("moe_route") or self.registry.current("moe_route"))
+                    with self.registry.override({**counted, "moe_route": rec} if rec else counted):
                         out = self.model.step(w)
                     self._sync()
-                    r = verify.compare_logits(out, self.ref[i][v], self.dtype,
-                                              f"layer-level {point_label(self.points[i])} variant {v}")
+                    r = (ties.compare(out, self.ref[i][v], where, refs, rec.calls, w.cu_seqlens_q, key=(i, v)) if rec
+                         else verify.compare_logits(out, self.ref[i][v], self.dtype, where))
                     self.workload_guard.restore()
                     if r:
                         layer_reasons.append(r)
                         break
+            self.tie_kept_rows = dict(ties.kept_rows)      # for bench's spot re-check of this candidate
             if not layer_reasons:
+                layer_reasons += [r for r in (ties.budget_reason(),) if r]
                 layer_reasons += never_called(counted, self.ops_at)
-            checks.append(verify.Check("layer", not layer_reasons, "; ".join(layer_reasons)[:2000]))
+            checks.append(verify.Check("layer", not layer_reasons,
+                                       "; ".join(layer_reasons)[:2000] or ties.summary()))
             reasons += layer_reasons
             reasons += self._guard_reasons("layer-level verification")
         return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
@@ -578,8 +593,13 @@ class Engine:
                                             enter_candidate=apply)
                 clear()
             for k, v, out in res.kept:          # spot re-check of outputs produced while timed
-                r = verify.compare_logits(out, self.ref[i][v], self.dtype,
-                                          f"spot re-check {point_label(p)} timed sample {k}")
+                keep = self.tie_kept_rows.get((i, v))   # rows verification compared (MoE ties)
+                ref = self.ref[i][v]
+                if keep is not None:
+                    if not bool(keep.any()):
+                        continue
+                    out, ref = out[keep], ref[keep]
+                r = verify.compare_logits(out, ref, self.dtype, f"spot re-check {point_label(p)} timed sample {k}")
                 if r:
                     reasons.append(r)
                     break

@@ -112,9 +112,9 @@ def test_align_layout():
     flat = ids.reshape(-1)
     P = flat.numel()
     nb = -(-(P + E * (bm - 1)) // bm)
-    sorted_ids = torch.empty(nb * bm, dtype=torch.int32)
-    bexp = torch.empty(nb, dtype=torch.int32)
-    ns["_moe_align_kernel"][(1,)](flat, sorted_ids, bexp, P, E, nb * bm, nb, BLOCK_M=bm, E_POW2=8, CHUNK=16)
+    sorted_ids = torch.full((nb * bm,), -7, dtype=torch.int32)      # poison: every slot must be written
+    bexp = torch.full((nb,), -7, dtype=torch.int32)
+    ns["_moe_align_kernel"][(1,)](flat, sorted_ids, bexp, P, E, nb, BLOCK_M=bm, E_POW2=8, CHUNK=16)
     start = 0
     for e in range(E):
         pairs = torch.nonzero(flat == e).flatten()
@@ -125,6 +125,58 @@ def test_align_layout():
         start += n
     assert bool((bexp[start // bm:] == E).all())
     assert start < nb * bm                                      # the static bound left blocks to skip
+
+
+def _poison(shapes_dtypes):
+    """Hand the caching allocator NaN-filled (or -1 for ints) blocks of the sizes a run allocates, then free
+    them, so that a second run reading any slot it did not write sees different bits than the first."""
+    bufs = [torch.full(shape, -1 if not dt.is_floating_point else float("nan"), dtype=dt)
+            for shape, dt in shapes_dtypes]
+    del bufs
+
+
+@pytest.mark.parametrize("T,k,seed", [(300, 4, 11), (512, 2, 12)], ids=["P1200-ragged", "prefill-T512"])
+def test_large_pairs_bitwise_deterministic_under_poison(T, k, seed):
+    """The qwen3-moe prefill failure class (T*k = 30224 >> E*BLOCK_M): many pairs per CHUNK and per
+    expert, several BLOCK_M blocks per expert, empty experts, blocks past the last group. Run, poison
+    every buffer size the run allocates (out, ypair, inter, sorted, block_expert) and run again: bitwise
+    equal, every slot of the align layout written, values within tolerance of the reference."""
+    ns = _namespace(GROUPED)
+    fn = ns["moe_experts_triton"]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g)
+    ids = torch.rand((T, E), generator=g).argsort(dim=-1)[:, :k]          # k distinct experts per token
+    ids[ids == 1] = 6                                                      # expert 1 empty ...
+    ids[(ids == 4) & (torch.arange(T)[:, None] % 3 > 0)] = 6                # ... expert 4 nearly so
+    w = torch.rand(T, k, generator=g) + 0.1
+    w = w / w.sum(-1, keepdim=True)
+    w13, w2 = _weights(torch.float32, seed=seed)
+    args = (x, w13, w2, w, ids)
+    P, bm = T * k, GROUPED["MOE_BLOCK_M"]
+    nb = -(-(P + E * (bm - 1)) // bm)
+    sizes = [((T, H), torch.float32), ((P, H), torch.float32), ((nb * bm, I), torch.float32),
+             ((nb * bm,), torch.int32), ((nb,), torch.int32)]
+    _poison(sizes)
+    out1 = fn(*args)
+    _poison(sizes)
+    out2 = fn(*args)
+    assert torch.isfinite(out1).all()
+    assert torch.equal(out1, out2), "two runs differ"
+    d = registry.get("moe_experts")
+    hi = d.reference(*(a.double() if a.is_floating_point() else a for a in args))
+    assert compare_outputs((out1,), (hi,), *d.tolerance(torch.float32)) == []
+    # the align layout itself at this size: every pair exactly once, padding P, no slot left unwritten
+    flat = ids.reshape(-1)
+    sorted_ids = torch.full((nb * bm,), -7, dtype=torch.int32)
+    bexp = torch.full((nb,), -7, dtype=torch.int32)
+    ns["_moe_align_kernel"][(1,)](flat, sorted_ids, bexp, P, E, nb, BLOCK_M=bm, E_POW2=8, CHUNK=16)
+    real = sorted_ids[sorted_ids < P].long()
+    assert bool((sorted_ids >= 0).all()) and bool((sorted_ids <= P).all())
+    assert torch.equal(real.sort().values, torch.arange(P)), "a pair is missing or duplicated"
+    counts = torch.bincount(flat, minlength=E)
+    assert int(counts[1]) == 0 and int((counts > 2 * bm).sum()) >= 4    # empty expert, several blocks each
+    assert torch.equal(real, flat.sort(stable=True).indices)             # grouped by expert, pair order
+    assert bool((bexp[-1] == E).item())
 
 
 def test_contract_on_registry_examples_small_tiles():

@@ -2,6 +2,7 @@
 this module, during which the fast-tier engine process is killed (the run must go on and finish);
 then recompile on that plan (no drift: nothing written; drift: a new version beside the old)."""
 
+import dataclasses
 import os
 import signal
 import threading
@@ -153,3 +154,25 @@ def test_cli_recompile_no_drift_json(run):
     assert doc["drift"] is False and doc["written"] is None
     assert {f["name"] for f in doc["features"]} and not any(f["drifted"] for f in doc["features"])
     assert plan_mod.versions(out) == versions
+
+
+def test_a_second_run_into_the_same_root_continues_from_the_newest_version(run):
+    """`tkcc optimize` into a root that already holds versions for the same model and hardware re-verifies
+    the newest version's optimizations first and records it as the parent; --fresh starts over."""
+    from bulletin_board import Board
+    _, out, _ = run
+    newest = plan_mod.versions(out)[-1]
+    prev, _ = plan_mod.load(out)
+    cfg = OptimizeConfig(model="tiny-dense", hw="h200", traffic=CONV, out=str(out), budget_s=5,
+                         agents=f"files:{CANDIDATES}", max_points=1, aa_runs=1, quiet=True)
+    res = optimize(cfg)
+    assert res.plan.version == newest + 1 and res.plan.parent_version == newest
+    board = Board(f"sqlite:///{out / 'board.db'}")
+    run_id = max(board.list_runs().items, key=lambda r: r.created_at).id
+    authors = {c.author for c in board.list_candidates(run_id).items}
+    assert {f"seed:{o.name}" for o in prev.optimizations} <= authors
+    board.close()
+    from compiler.loop import continued
+    fresh = dataclasses.replace(cfg, continue_plan=False)
+    assert continued(cfg, out).parent_version == res.plan.version and continued(fresh, out) == fresh
+    assert continued(dataclasses.replace(cfg, model="tiny-moe"), out).seeds == ()

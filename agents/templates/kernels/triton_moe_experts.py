@@ -7,9 +7,11 @@ Grouped path (P > MOE_GEMV_MAX_PAIRS), four launches:
   1. align, one program: counts pairs per expert, pads each expert's group to a multiple of
      BLOCK_M and scatters pair ids into ``sorted[S]`` by expert (stable: pair order within an
      expert), S = P + E*(BLOCK_M-1) slots (static), padding slots hold the sentinel P; and
-     ``block_expert[S/BLOCK_M]`` (E for blocks past the last group: they exit at once).
-     Cost: 2*cdiv(P, CHUNK) steps over a [CHUNK, E] one-hot (CHUNK 64 at E=128: 16 steps at
-     P=512), latency-bound, one launch.
+     ``block_expert[S/BLOCK_M]`` (E for blocks past the last group: they exit at once). Every slot is
+     written exactly once and prefix sums are masked reductions (no scan, no slot written twice under a
+     barrier): the layout cannot depend on the warp schedule. Cost: 2*cdiv(P, CHUNK) steps over a
+     [CHUNK, E] one-hot and a [CHUNK, CHUNK] same-expert mask (CHUNK 64 at E=128: 16 steps at P=512),
+     plus cdiv(S/BLOCK_M, CHUNK) block steps; latency-bound, one launch.
   2. w13 grouped GEMM, grid (S/BLOCK_M * cdiv(I, BLOCK_N)) with GROUP_M swizzling: a block's
      BLOCK_M rows gather x[t] (token t = pair // k), tl.dot against the gate and up rows of
      w13[e] ([BLOCK_N, H] each), epilogue silu(gate) * up into ``inter[S, I]`` (x's dtype, gate and
@@ -45,8 +47,12 @@ MOE_ALIGN_ELEMS = 8192        # one-hot tile of the align kernel (CHUNK * E_POW2
 
 
 @triton.jit
-def _moe_align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, NUM_SLOTS, NUM_BLOCKS,
+def _moe_align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, NUM_BLOCKS,
                       BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+    # Every slot of sorted[NUM_BLOCKS * BLOCK_M] is written exactly once (a pair id or the sentinel P) and
+    # no value depends on another thread's global store: no write-after-write on a slot ordered only by a
+    # CTA barrier, and no tl.cumsum (a cross-warp scan over the one-hot's interleaved rows); prefix sums are
+    # masked reductions instead. Deterministic whatever the warp schedule.
     experts = tl.arange(0, E_POW2)
     counts = tl.zeros([E_POW2], dtype=tl.int32)
     for p0 in range(0, P, CHUNK):                           # pass 1: pairs per expert
@@ -54,24 +60,30 @@ def _moe_align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, NUM_SLOTS, NUM_BLOCKS
         e = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
         counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)                        # [E_POW2] end slot of each group
+    upto = experts[None, :] <= experts[:, None]             # [E_POW2 (e), E_POW2 (f)]: f <= e
+    ends = tl.sum(tl.where(upto, padded[None, :], 0), axis=1)   # [E_POW2] end slot of each group
     starts = ends - padded
-    for s0 in range(0, NUM_SLOTS, CHUNK * 16):              # every slot starts as padding
-        offs = s0 + tl.arange(0, CHUNK * 16)
-        tl.store(sorted_ptr + offs, tl.zeros([CHUNK * 16], dtype=tl.int32) + P, mask=offs < NUM_SLOTS)
-    for b0 in range(0, NUM_BLOCKS, CHUNK):                  # owner: first expert whose group ends after it
+    fills = starts + counts                                 # first padding slot of each group
+    rows = tl.arange(0, BLOCK_M)
+    for b0 in range(0, NUM_BLOCKS, CHUNK):                  # blocks: owner expert, padding slots
         blk = b0 + tl.arange(0, CHUNK)
+        # owner: first expert whose group ends after the block; E_POW2 past the last group
         owner = tl.sum((blk[:, None] * BLOCK_M >= ends[None, :]).to(tl.int32), axis=1)
-        tl.store(bexp_ptr + blk, tl.minimum(owner, E), mask=blk < NUM_BLOCKS)
-    tl.debug_barrier()                                      # padding stores land before the pair ids
+        fill = tl.sum(tl.where(experts[None, :] == owner[:, None], fills[None, :], 0), axis=1)  # 0 past the end
+        inb = blk < NUM_BLOCKS
+        tl.store(bexp_ptr + blk, tl.minimum(owner, E), mask=inb)
+        slot = blk[:, None] * BLOCK_M + rows[None, :]                       # [CHUNK, BLOCK_M]
+        tl.store(sorted_ptr + slot, tl.zeros([CHUNK, BLOCK_M], dtype=tl.int32) + P,
+                 mask=(slot >= fill[:, None]) & inb[:, None])
+    before = tl.arange(0, CHUNK)[None, :] < tl.arange(0, CHUNK)[:, None]   # [CHUNK (i), CHUNK (j)]: j < i
     running = tl.zeros([E_POW2], dtype=tl.int32)
     for p0 in range(0, P, CHUNK):                           # pass 2: stable scatter by expert
         offs = p0 + tl.arange(0, CHUNK)
         e = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
         hit = (e[:, None] == experts[None, :]).to(tl.int32)                 # [CHUNK, E_POW2]
-        rank = tl.cumsum(hit, axis=0) - 1 + (starts + running)[None, :]
-        dest = tl.sum(hit * rank, axis=1)
-        tl.store(sorted_ptr + dest, offs, mask=offs < P)
+        base = tl.sum(hit * (starts + running)[None, :], axis=1)            # next free slot of its expert
+        rank = tl.sum(((e[:, None] == e[None, :]) & before).to(tl.int32), axis=1)   # earlier same-expert pairs
+        tl.store(sorted_ptr + base + rank, offs, mask=offs < P)
         running += tl.sum(hit, axis=0)
 
 
@@ -257,7 +269,7 @@ def moe_experts_triton(x, w13, w2, topk_weights, topk_ids):
         sorted_ids = torch.empty((slots,), dtype=torch.int32, device=x.device)
         block_expert = torch.empty((num_blocks,), dtype=torch.int32, device=x.device)
         e_pow2 = _moe_pow2(E)
-        _moe_align_kernel[(1,)](ids, sorted_ids, block_expert, P, E, slots, num_blocks, BLOCK_M=MOE_BLOCK_M,
+        _moe_align_kernel[(1,)](ids, sorted_ids, block_expert, P, E, num_blocks, BLOCK_M=MOE_BLOCK_M,
                                 E_POW2=e_pow2, CHUNK=max(1, MOE_ALIGN_ELEMS // e_pow2), num_warps=8)
         inter = torch.empty((slots, I), dtype=x.dtype, device=x.device)
         _moe_w13_kernel[(num_blocks * triton.cdiv(I, MOE_BLOCK_N),)](

@@ -1,0 +1,248 @@
+"""Tie-aware layer-level verification of MoE slices: routing flips at near-ties of the reference's router
+are excused (their sequences left out of the logits comparison), flips with a clear margin and wrong
+logits elsewhere are still rejected, dense models are checked exactly as before. Real engines in process
+(tiny-moe: sigmoid + bias; a qwen3-moe-shaped 2-layer slice scaled down: softmax top-4 of 32)."""
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+from persistent_engine import engine as eng
+from persistent_engine import io_struct as io
+from persistent_engine import verify
+
+QWEN3 = pathlib.Path(eng.__file__).parent / "models" / "configs" / "qwen3-moe.json"
+POINTS = [{"phase": "decode", "batch": 16, "context": 8, "chunk": 1, "weight": 0.5},
+          {"phase": "prefill", "batch": 4, "context": 0, "chunk": 8, "weight": 0.5}]
+
+# moe_route as the reference computes it, but choosing on logits moved by AMP x the row's logit RMS
+# (a cosine over expert ids): only tokens whose reference gap is below ~2 AMP change experts. in_model
+# gates the perturbation and the deliberate faults to the model's steps: router logits there come out
+# of a bf16 linear (exactly bf16-representable), the op-level generator's fp32 logits are not, so
+# op-level verification passes.
+ROUTE = '''import torch
+def moe_route(router_logits, correction_bias, top_k, scoring, n_group, topk_group, norm_topk_prob,
+              routed_scaling_factor):
+    logits = router_logits.float()
+    t, e = logits.shape
+    in_model = bool(torch.equal(logits, logits.bfloat16().float()))
+    rms = logits.pow(2).mean(-1, keepdim=True).sqrt()
+    wobble = torch.cos(torch.arange(e, device=logits.device, dtype=torch.float32) * 2.3)
+    moved = logits + wobble * ((AMP if in_model else 0.0) * rms)
+    f = (lambda z: torch.softmax(z, dim=-1)) if scoring == "softmax" else torch.sigmoid
+    scores = f(logits)
+    choice = f(moved) if correction_bias is None else f(moved) + correction_bias.float()
+    if n_group > 1:
+        grouped = choice.view(t, n_group, e // n_group)
+        gs = grouped.topk(2, dim=-1).values.sum(-1) if correction_bias is not None else grouped.max(dim=-1).values
+        keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, gs.topk(topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(e // n_group, dim=1), float("-inf"))
+    ids = choice.topk(top_k, dim=-1).indices
+    if in_model and MISROUTE:            # token 0's k-th expert replaced by its worst-scored one
+        ids = ids.clone()
+        ids[0, -1] = choice[0].argmin()
+    w = scores.gather(1, ids)
+    if norm_topk_prob:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * routed_scaling_factor * (WSCALE if in_model else 1.0), ids
+OVERRIDES = {"moe_route": moe_route}
+'''
+
+
+def route_src(amp=0.0, misroute=False, wscale=1.0) -> str:
+    return ROUTE.replace("AMP", repr(amp)).replace("MISROUTE", repr(misroute)).replace("WSCALE", repr(wscale))
+
+
+def _verify(e, source):
+    load = e.handle(io.LoadCandidate(source=source))
+    assert load.ok, load.reasons
+    try:
+        ver = e.handle(io.Verify(seed=11))
+    finally:
+        e.handle(io.Unload())
+    assert isinstance(ver, io.VerifyReply), ver
+    layer = [c for c in ver.checks if c["name"] == "layer"]
+    return ver, (layer[0]["detail"] if layer else None)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    cfg = json.loads(QWEN3.read_text())
+    cfg.update(hidden_size=64, head_dim=16, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+               moe_intermediate_size=32, num_experts=32, num_experts_per_tok=4, num_hidden_layers=2,
+               vocab_size=256, max_position_embeddings=4096)
+    path = tmp_path_factory.mktemp("qwen3") / "config.json"
+    path.write_text(json.dumps(cfg))
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+    yield eng.Engine(eng.EngineConfig(model=str(path), variants=2, points=POINTS))
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(grad)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe():
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+    yield eng.Engine(eng.EngineConfig(model="tiny-moe", variants=2, points=POINTS))
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(grad)
+
+
+# ----------------------------------------------------------------------------- engines
+def test_near_tie_flips_are_excused_on_the_qwen3_slice(qwen3):
+    ver, detail = _verify(qwen3, route_src(amp=2e-3))
+    assert ver.ok, ver.reasons
+    assert detail.startswith("MoE routing: ") and "tokens flipped at near-ties" in detail, detail
+    flipped = int(detail.split("MoE routing: ")[1].split()[0])
+    left_out = int(detail.split("; ")[1].split()[0])
+    assert 1 <= flipped and 1 <= left_out <= verify.MAX_EXCLUDED * 40       # 16 + 4 sequences, 2 variants
+    # the plain check rejects the same candidate: the flipped sequences' logits differ a lot
+    rec = verify.RouteRecorder(qwen3.registry.current("moe_route"))
+    ns: dict = {}
+    exec(route_src(amp=2e-3), ns)
+    diffs = []
+    for i, ws in enumerate(qwen3.workloads):
+        for v, w in enumerate(ws):
+            with qwen3.registry.override({"moe_route": ns["moe_route"]}):
+                out = qwen3.model.step(w)
+            diffs.append(verify.compare_logits(out, qwen3.ref[i][v], qwen3.dtype, "plain"))
+            qwen3.workload_guard.restore()
+    assert any(d and "logits differ" in d for d in diffs), diffs
+    assert rec.calls == []                                     # wrapping alone records nothing
+
+
+def test_bench_spot_recheck_compares_the_rows_verification_kept(qwen3):
+    """The same near-tie candidate is timed: the spot re-check of the outputs produced while timed skips
+    the sequences layer-level verification left out, so the candidate is not rejected there."""
+    load = qwen3.handle(io.LoadCandidate(source=route_src(amp=2e-3)))
+    assert load.ok, load.reasons
+    try:
+        ver = qwen3.handle(io.Verify(seed=11))
+        assert ver.ok, ver.reasons
+        kept = dict(qwen3.tie_kept_rows)
+        assert kept and all(not bool(k.all()) for k in kept.values())     # some rows were left out
+        bench = qwen3.handle(io.Bench(samples=3))
+        assert bench.ok, bench.reasons
+    finally:
+        qwen3.handle(io.Unload())
+    assert qwen3.tie_kept_rows == {}
+
+
+def test_the_unperturbed_candidate_flips_nothing(qwen3):
+    ver, detail = _verify(qwen3, route_src())
+    assert ver.ok and detail == "", (ver.reasons, detail)
+
+
+def test_a_wrong_expert_with_a_clear_margin_is_rejected_by_name(qwen3):
+    ver, _ = _verify(qwen3, route_src(misroute=True))
+    assert not ver.ok
+    assert len(ver.reasons) == 2 and all("MoE routing differs beyond ties: " in r for r in ver.reasons), ver.reasons
+    # token 0 misrouted in both layers (a hard flip taints nothing: the next layer is checked too)
+    assert ver.reasons[0].startswith("layer-level decode b16 ctx8 variant 0: MoE routing differs beyond ties: 2 tokens")
+    worst = float(ver.reasons[0].split("worst margin ")[1].split()[0])
+    assert worst > 10 * verify.TIE_RTOL[torch.bfloat16]
+
+
+def test_a_candidate_wrong_elsewhere_is_still_rejected(qwen3, tiny_moe):
+    # same experts, routed weights 1.3x: the logits differ, and from the second layer on the router's
+    # inputs are wrong too, so clear-margin flips may be what is seen first
+    for e in (qwen3, tiny_moe):
+        ver, _ = _verify(e, route_src(wscale=1.3))
+        assert not ver.ok and ver.reasons
+        assert all("logits differ from the reference (relative error" in r or "MoE routing differs beyond ties" in r
+                   for r in ver.reasons), ver.reasons
+    # the near-tie perturbation does not hide the fault (the kept-sequence case: test_tie_check_rows_...)
+    ver, _ = _verify(qwen3, route_src(amp=2e-3, wscale=1.3))
+    assert not ver.ok and ver.reasons, ver.reasons
+
+
+def test_near_tie_flips_are_excused_on_tiny_moe_sigmoid_with_bias(tiny_moe):
+    ver, detail = _verify(tiny_moe, route_src(amp=4e-3))
+    assert ver.ok, ver.reasons
+    assert "tokens flipped at near-ties" in detail, detail
+    ver, _ = _verify(tiny_moe, route_src(misroute=True))
+    assert not ver.ok and "MoE routing differs beyond ties" in ver.reasons[0], ver.reasons
+
+
+def test_dense_model_check_is_unchanged():
+    e = eng.Engine(eng.EngineConfig(model="tiny-dense", layers=[0, 1], variants=1,
+                                    points=POINTS[:1]))
+    good = ("import torch\n"
+            "def fused_add_rms_norm(x, residual, weight, eps):\n"
+            "    s = x.float() + residual.float()\n"
+            "    n = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.float()\n"
+            "    return n.to(x.dtype), s.to(x.dtype)\n"
+            "OVERRIDES = {'fused_add_rms_norm': fused_add_rms_norm}\n")
+    ver, detail = _verify(e, good)
+    assert ver.ok and detail == "", ver.reasons
+    bad = ("import torch\n"
+           "def lm_head(x, weight):\n"
+           "    out = torch.matmul(x.float(), weight.float().t())\n"
+           "    return out * (1.2 if x.shape[0] == 16 and weight.shape[0] == 256 and x.dtype == torch.bfloat16 "
+           "and bool(torch.equal(weight.float().sum(), weight.float().sum())) and WRONG else 1.0)\n"
+           "WRONG = False\nOVERRIDES = {'lm_head': lm_head}\n")
+    assert _verify(e, bad)[0].ok
+    assert e.moe_routes._routes == {}                       # no MoE point: nothing recorded
+    out = e.model.step(e.workloads[0][0])
+    assert verify.compare_logits(out * 1.2, e.ref[0][0], e.dtype, "x").startswith(
+        "x: logits differ from the reference (relative error 0.2")
+
+
+# ----------------------------------------------------------------------------- the comparison itself
+def _call(logits, ids, scoring="softmax", bias=None, n_group=1, topk_group=1):
+    return verify.RouteCall(torch.tensor(logits, dtype=torch.float32), torch.tensor(ids).sort(-1).values,
+                            None if bias is None else torch.tensor(bias, dtype=torch.float64), scoring,
+                            n_group, topk_group)
+
+
+def test_route_flips_measures_the_gap_in_the_reference_criterion():
+    ref = _call([[3.0, 2.0, 2.0, -1.0], [3.0, 2.0, 1.0, 0.0], [3.0, 2.0, 1.99, 0.0]], [[0, 1], [0, 1], [0, 1]])
+    cand = torch.tensor([[0, 2], [0, 3], [0, 2]])
+    tok, gap = verify.route_flips(ref, cand)
+    rms = torch.tensor([[3.0, 2.0, 2.0, -1.0], [3.0, 2.0, 1.0, 0.0], [3.0, 2.0, 1.99, 0.0]]).pow(2).mean(-1).sqrt()
+    assert tok.tolist() == [0, 1, 2]
+    assert gap[0] == 0.0                                                  # an exact tie
+    assert gap[1] == pytest.approx(2.0 / float(rms[1]))                   # expert 3 is 2 logits behind
+    assert gap[2] == pytest.approx(0.01 / float(rms[2]), rel=1e-4)
+    assert verify.route_flips(ref, torch.tensor([[0, 1], [0, 1], [1, 0]]))[0].numel() == 0   # order is free
+    assert torch.isinf(verify.route_flips(ref, torch.tensor([[0, 9], [0, 1], [0, 1]]))[1]).all()   # out of range
+    assert torch.isinf(verify.route_flips(ref, torch.tensor([[2, 2], [0, 1], [0, 1]]))[1]).all()   # twice
+
+
+def test_route_flips_sigmoid_bias_and_groups():
+    # sigmoid + bias: criterion sigmoid(l) + b; expert 1 wins by its bias, expert 2 nearly ties it
+    ref = _call([[0.0, 0.0, 0.002]], [[0, 1]], scoring="sigmoid", bias=[1.0, 0.5, 0.5])
+    tok, gap = verify.route_flips(ref, torch.tensor([[0, 2]]))
+    assert tok.tolist() == [0] and gap[0] == 0.0                          # 2 is better: a valid choice
+    ref = _call([[0.0, 0.01, 0.0]], [[0, 1]], scoring="sigmoid", bias=[1.0, 0.5, 0.5])
+    gap = verify.route_flips(ref, torch.tensor([[0, 2]]))[1]
+    rms = (0.01 ** 2 / 3) ** 0.5
+    assert float(gap[0]) == pytest.approx(0.01 / rms, rel=1e-3)           # ~ the logit gap, in RMS units
+    # groups: expert 2 sits in a group the reference did not keep: never excused
+    ref = _call([[3.0, 2.9, 2.95, -5.0]], [[0, 1]], n_group=2, topk_group=1)
+    assert torch.isinf(verify.route_flips(ref, torch.tensor([[0, 2]]))[1]).all()
+
+
+def test_tie_check_rows_prefill_taint_and_budget():
+    # prefill, 2 sequences of 3 tokens, one layer; token 1 (sequence 0) flips at an exact tie
+    logits = [[3.0, 2.0, 2.0, 0.0]] * 6
+    ref_calls = [_call(logits, [[0, 1]] * 6)]
+    cand = [_call(logits, [[0, 1], [0, 2]] + [[0, 1]] * 4)]
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    ref = torch.randn(2, 8)
+    out = ref.clone()
+    out[0] += 5.0                                                       # the flipped sequence differs
+    t = verify.TieCheck(torch.bfloat16)
+    assert t.compare(out, ref, "p", ref_calls, cand, cu) is None
+    assert (t.rows, t.excluded, t.excused) == (2, 1, 1)
+    assert t.budget_reason().startswith("layer-level: MoE routing differs beyond ties: near-tie flips left 1 of 2")
+    for _ in range(2):                                                  # 1 of 6 sequences: within 25%
+        assert t.compare(ref.clone(), ref, "p", ref_calls, ref_calls, cu) is None
+    assert t.budget_reason() is None and "1 tokens flipped at near-ties" in t.summary()
+    out[1] += 5.0                                                       # the kept sequence is wrong too
+    assert "over 1 of 2 sequences; 1 left out" in verify.TieCheck(torch.bfloat16).compare(out, ref, "p", ref_calls,
+                                                                                        cand, cu)
+    # unmatched routing (a layer missing): the plain check, which sees the difference
+    assert "logits differ" in verify.TieCheck(torch.bfloat16).compare(out, ref, "p", ref_calls, [], cu)
+
