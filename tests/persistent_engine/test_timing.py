@@ -130,3 +130,25 @@ def test_sequential_stop_keeps_sampling_a_noisy_comparison():
     assert res.candidate.n == 50
     assert not timing.ratio_settled([1.0] * 3, [1.0] * 3, 0.5)            # too few pairs to judge
     assert timing.ratio_settled([1.0, 1.01, 0.99, 1.0, 1.0], [0.8] * 5, 0.01)
+
+
+@pytest.mark.gpu
+def test_cuda_deferred_samples_of_graph_replays_match_synchronous_ones():
+    """Graph replays timed with queued events (one sync per block) measure what one-sync-per-sample
+    timing measures, and a 4x longer graph measures ~4x longer."""
+    dev = torch.device("cuda")
+    timer = timing.make_timer(dev)
+    x = torch.randn(2048, 2048, device=dev)
+
+    def graphed(n):
+        return timing.capture_graph(lambda: [x @ x for _ in range(n)][-1], dev)
+
+    (g1, o1), (g4, o4) = graphed(1), graphed(4)
+    short = lambda v: (g1.replay(), o1)[1]          # noqa: E731
+    long = lambda v: (g4.replay(), o4)[1]           # noqa: E731
+    sync = timing.Stats.of([timer.sample(short, graph=True)[0] for _ in range(20)]).median_ms
+    handles = [timer.sample_async(short, graph=True)[0] for _ in range(20)]
+    deferred = timing.Stats.of(timer.resolve(handles)).median_ms
+    assert deferred == pytest.approx(sync, rel=0.25)
+    res = timing.ab_interleaved(timer, long, short, samples=40, graph=True, stop_rel_se=0.003)
+    assert 3.0 < res.speedup < 5.0 and res.candidate.n <= 40
