@@ -66,22 +66,23 @@ class OptimizeResult:
 
 
 def _identity_candidate() -> str:
-    """A candidate that recomputes ``silu_and_mul`` the reference way: timing it A/B against the
-    reference measures the tier's noise (its true speedup is 1)."""
+    """A candidate that recomputes ``linear`` the reference way: timing it A/B against the reference
+    measures the tier's noise (its true speedup is 1). ``linear`` is called by every architecture (the
+    attention output projection of GQA, MLA's projections, the MoE router), so the engine's "override
+    never called" guard accepts it on every model and every workload point is timed."""
     import inspect
 
     from persistent_engine.ops import registry
 
-    params = list(inspect.signature(registry.get("silu_and_mul").reference).parameters)
-    x = params[0]
-    return (f'"""A/A probe: silu_and_mul as the reference computes it."""\nimport torch\n\n\n'
-            f"def silu_and_mul({', '.join(params)}):\n"
-            f"    d = {x}.shape[-1] // 2\n"
-            f"    return torch.nn.functional.silu({x}[..., :d]) * {x}[..., d:]\n\n\n"
-            f'OVERRIDES = {{"silu_and_mul": silu_and_mul}}\n')
+    x, w, b = list(inspect.signature(registry.get("linear").reference).parameters)
+    return (f'"""A/A probe: linear as the reference computes it."""\nimport torch\n\n\n'
+            f"def linear({x}, {w}, {b}):\n"
+            f"    return torch.nn.functional.linear({x}, {w}, {b})\n\n\n"
+            f'OVERRIDES = {{"linear": linear}}\n')
 
 
-def measure_noise(evaluate: Callable[[str, str], Any], runs: int) -> dict[str, float]:
+def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
+                  on_event: Callable[[str], None] | None = None) -> dict[str, float]:
     """Relative A/A spread per tier: the median over ``runs`` of |speedup - 1| of the identity
     candidate (the median, so that one disturbed run, e.g. the engine's first, does not decide).
     Cost: ``runs`` evaluations per tier."""
@@ -95,7 +96,12 @@ def measure_noise(evaluate: Callable[[str, str], Any], runs: int) -> dict[str, f
             v = evaluate(tier, src)
             if getattr(v, "correct", False) and getattr(v, "speedup", None):
                 spreads.append(abs(float(v.speedup) - 1.0))
+            elif on_event is not None:
+                on_event(f"warning: the A/A probe was rejected on the {tier} tier: "
+                         f"{(getattr(v, 'reasons', None) or ['no speedup'])[0]}")
         noise[tier] = round(statistics.median(spreads), 4) if spreads else 0.05   # unmeasurable: 5%
+        if not spreads and on_event is not None:
+            on_event(f"warning: {tier}-tier noise unmeasured; assuming 5% (only gains above it are accepted)")
     return noise
 
 
@@ -257,7 +263,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 base_profile = fleet.profile("fast")
                 baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
                 _board_call(board, "set_baseline", run_id, base_profile)
-                noise = measure_noise(fleet.evaluate, cfg.aa_runs) if not stop.is_set() else {"fast": 0.05, "slow": 0.05}
+                noise = measure_noise(fleet.evaluate, cfg.aa_runs, progress.event) if not stop.is_set() else {"fast": 0.05, "slow": 0.05}
                 progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
                                f"slow ±{100 * noise['slow']:.1f}%")
                 if max(noise.values()) > 0.25:
