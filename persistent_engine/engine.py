@@ -20,7 +20,6 @@ are scheduler knobs no single step shows (``CONFIG_NOTES``).
 
 from __future__ import annotations
 
-import dataclasses
 import faulthandler
 import inspect
 import os
@@ -34,6 +33,7 @@ import torch
 
 from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, timing, verify
+from persistent_engine.workloads import relayout_workload
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
                                          UnloadReply, Verify, VerifyReply)
@@ -86,77 +86,6 @@ class EngineConfig:
 def elog(line: str) -> None:
     """One line on the engine's stderr (the supervisor keeps it and shows its tail on a crash)."""
     print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
-
-
-def min_step_bytes(model, workload, spec) -> int:
-    """Bytes one step must read at the least: every weight but the embedding table (gathered by
-    rows), MoE expert tensors only at k/E (a step uses at least k experts), plus each sequence's
-    cached K/V of every layer (context_lens tokens). A lower bound, never an estimate."""
-    total = 0
-    e, k = getattr(spec, "num_experts", 0) or 0, getattr(spec, "num_experts_per_tok", 0) or 0
-    for name, t in model_weights(model).items():
-        if "embed" in name or name == "cos_sin":
-            continue
-        nbytes = t.numel() * t.element_size()
-        if e and k and t.dim() == 3 and t.shape[0] == e:
-            nbytes = nbytes * k // e
-        total += nbytes
-    tokens = int(workload.context_lens.sum())
-    for pools in (workload.cache.k, workload.cache.v):
-        for pool in pools.values():
-            total += tokens * pool[0, 0].numel() * pool.element_size()
-    return total
-
-
-def implausibly_fast(label: str, step_ms: float, floor_ms: float) -> str | None:
-    """The roofline check: None when ``step_ms`` is at or above ``floor_ms``."""
-    if floor_ms > 0 and step_ms < floor_ms:
-        return f"timing: implausibly fast at {label}: {step_ms:.4g} ms < floor {floor_ms:.4g} ms"
-    return None
-
-
-def relayout_workload(model, wl, block_size: int, seed: int):
-    """``wl`` with the same cached K/V paged in blocks of ``block_size`` (fresh random block order);
-    slot mapping and block tables follow. Memory: one more KV cache of the point."""
-    from persistent_engine.ops.attention import gather_pages
-
-    old = wl.cache
-    batch, cap = old.batch, old.capacity
-    new = model.alloc_cache(batch, cap, block_size=block_size, seed=seed, fill="zeros")
-    seq = torch.arange(batch, device=old.block_tables.device).repeat_interleave(cap)
-    pos = torch.arange(cap, device=old.block_tables.device).repeat(batch)
-    slots = new.slots(pos, seq)                                   # [B*cap] where token (b, j) goes
-    for pools_old, pools_new in ((old.k, new.k), (old.v, new.v)):
-        for layer, src in pools_old.items():
-            flat = gather_pages(src, old.block_tables)[:, :cap].reshape(batch * cap, *src.shape[2:])
-            pools_new[layer].view(-1, *src.shape[2:]).index_copy_(0, slots, flat)
-    tok_seq = torch.arange(wl.batch, device=wl.positions.device).repeat_interleave(wl.chunk)
-    return dataclasses.replace(wl, cache=new, slot_mapping=new.slots(wl.positions, tok_seq))
-
-
-def never_called(counted: dict, ops_at: list[set]) -> list[str]:
-    """The "kernel actually ran" guard: a reason per override the model does not call at any point,
-    or whose implementation did not run in the layer-level steps (``counted``: op -> _Counted)."""
-    reasons = []
-    for name, fn in sorted(counted.items()):
-        if not any(name in at for at in ops_at):
-            reasons.append(f"layer-level: override {name} never called: the model does not call {name} "
-                           "at any workload point")
-        elif fn.calls == 0:
-            reasons.append(f"layer-level: override {name} never called: its implementation did not run "
-                           "in any layer-level step")
-    return reasons
-
-
-class _Counted:
-    """An override wrapped to count its calls (the "kernel actually ran" guard)."""
-
-    def __init__(self, fn):
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, *args):
-        self.calls += 1
-        return self.fn(*args)
 
 
 def _tensors(obj, prefix: str = "", depth: int = 0, seen: set | None = None) -> dict[str, torch.Tensor]:
@@ -331,7 +260,7 @@ class Engine:
         self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
                                    else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
         # roofline floor per point (ms); 0 where the check is off
-        self.floor_ms = [min_step_bytes(self.model, ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
+        self.floor_ms = [guards.min_step_bytes(model_weights(self.model), ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
                          if self.peak_bandwidth_gbs else 0.0 for ws in self.workloads]
         self.served = 0
         self.poisoned = False                   # a device error: exit after replying
@@ -505,7 +434,7 @@ class Engine:
         reasons += self._guard_reasons("op-level verification")
         if not reasons:                         # layer level: the slice with the overrides
             # every override wrapped to count its calls: one the model never reaches is rejected
-            counted = {n: _Counted(fn) for n, fn in c.overrides.items()}
+            counted = {n: guards.Counted(fn) for n, fn in c.overrides.items()}
             layer_reasons: list[str] = []
             # MoE points: moe_route wrapped to record the candidate's routing; flips at near-ties of the
             # reference's routing (recorded once per point and variant) are excused (verify.TieCheck)
@@ -533,7 +462,7 @@ class Engine:
             self.tie_kept_rows = dict(ties.kept_rows)      # for bench's spot re-check of this candidate
             if not layer_reasons:
                 layer_reasons += [r for r in (ties.budget_reason(),) if r]
-                layer_reasons += never_called(counted, self.ops_at)
+                layer_reasons += guards.never_called(counted, self.ops_at)
             checks.append(verify.Check("layer", not layer_reasons,
                                        "; ".join(layer_reasons)[:2000] or ties.summary()))
             reasons += layer_reasons
@@ -603,7 +532,7 @@ class Engine:
                 if r:
                     reasons.append(r)
                     break
-            r = implausibly_fast(point_label(p), res.candidate.median_ms, self.floor_ms[i])
+            r = guards.implausibly_fast(point_label(p), res.candidate.median_ms, self.floor_ms[i])
             if r:
                 reasons.append(r + (f" ({self.peak_bandwidth_gbs:g} GB/s ceiling)" if self.peak_bandwidth_gbs else ""))
             self.workload_guard.restore()

@@ -10,6 +10,9 @@
 * ``TensorGuard``: exact copies of tensors that must not change (the weights, the workload's inputs
   and KV cache); ``check()`` names the changed ones (``torch.equal``, one pass over the bytes),
   ``restore()`` copies the originals back. Memory: one extra copy of the guarded tensors.
+* Verdict checks: ``Counted`` / ``never_called`` (the "kernel actually ran" guard: an override the model
+  never calls is rejected) and ``min_step_bytes`` / ``implausibly_fast`` (the roofline: a step faster than
+  its minimum bytes allow at the peak bandwidth is rejected).
 """
 
 from __future__ import annotations
@@ -187,3 +190,56 @@ class TensorGuard:
 
     def __len__(self) -> int:
         return len(self._live)
+
+
+# ----------------------------------------------------------------------------- verdict checks
+class Counted:
+    """An override wrapped to count its calls (the "kernel actually ran" guard)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def never_called(counted: dict, ops_at: list[set]) -> list[str]:
+    """The "kernel actually ran" guard: a reason per override the model does not call at any point,
+    or whose implementation did not run in the layer-level steps (``counted``: op -> Counted)."""
+    reasons = []
+    for name, fn in sorted(counted.items()):
+        if not any(name in at for at in ops_at):
+            reasons.append(f"layer-level: override {name} never called: the model does not call {name} "
+                           "at any workload point")
+        elif fn.calls == 0:
+            reasons.append(f"layer-level: override {name} never called: its implementation did not run "
+                           "in any layer-level step")
+    return reasons
+
+
+def min_step_bytes(weights: dict, workload, spec) -> int:
+    """Bytes one step must read at the least (``weights``: name -> tensor of the model slice): every weight but the embedding table (gathered by
+    rows), MoE expert tensors only at k/E (a step uses at least k experts), plus each sequence's
+    cached K/V of every layer (context_lens tokens). A lower bound, never an estimate."""
+    total = 0
+    e, k = getattr(spec, "num_experts", 0) or 0, getattr(spec, "num_experts_per_tok", 0) or 0
+    for name, t in weights.items():
+        if "embed" in name or name == "cos_sin":
+            continue
+        nbytes = t.numel() * t.element_size()
+        if e and k and t.dim() == 3 and t.shape[0] == e:
+            nbytes = nbytes * k // e
+        total += nbytes
+    tokens = int(workload.context_lens.sum())
+    for pools in (workload.cache.k, workload.cache.v):
+        for pool in pools.values():
+            total += tokens * pool[0, 0].numel() * pool.element_size()
+    return total
+
+
+def implausibly_fast(label: str, step_ms: float, floor_ms: float) -> str | None:
+    """The roofline check: None when ``step_ms`` is at or above ``floor_ms``."""
+    if floor_ms > 0 and step_ms < floor_ms:
+        return f"timing: implausibly fast at {label}: {step_ms:.4g} ms < floor {floor_ms:.4g} ms"
+    return None

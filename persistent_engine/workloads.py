@@ -12,6 +12,7 @@ values for the slow tier and for equivalence tests).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from persistent_engine.models.kv_cache import KVCache
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
 
-__all__ = ["Workload", "WorkloadError", "make_workload"]
+__all__ = ["Workload", "WorkloadError", "make_workload", "relayout_workload"]
 
 
 class WorkloadError(ValueError):
@@ -101,3 +102,22 @@ def make_workload(model, point: dict, seed: int = 0, *, cache: KVCache | None = 
                     slot_mapping=slots, context_lens=torch.full((batch,), total, dtype=torch.int32, device=dev),
                     cu_seqlens_q=cu.to(dev), last_token_index=(cu[1:] - 1).long().to(dev), cache=cache,
                     point=dict(point))
+
+
+def relayout_workload(model, wl, block_size: int, seed: int):
+    """``wl`` with the same cached K/V paged in blocks of ``block_size`` (fresh random block order);
+    slot mapping and block tables follow. Memory: one more KV cache of the point."""
+    from persistent_engine.ops.attention import gather_pages
+
+    old = wl.cache
+    batch, cap = old.batch, old.capacity
+    new = model.alloc_cache(batch, cap, block_size=block_size, seed=seed, fill="zeros")
+    seq = torch.arange(batch, device=old.block_tables.device).repeat_interleave(cap)
+    pos = torch.arange(cap, device=old.block_tables.device).repeat(batch)
+    slots = new.slots(pos, seq)                                   # [B*cap] where token (b, j) goes
+    for pools_old, pools_new in ((old.k, new.k), (old.v, new.v)):
+        for layer, src in pools_old.items():
+            flat = gather_pages(src, old.block_tables)[:, :cap].reshape(batch * cap, *src.shape[2:])
+            pools_new[layer].view(-1, *src.shape[2:]).index_copy_(0, slots, flat)
+    tok_seq = torch.arange(wl.batch, device=wl.positions.device).repeat_interleave(wl.chunk)
+    return dataclasses.replace(wl, cache=new, slot_mapping=new.slots(wl.positions, tok_seq))

@@ -8,7 +8,8 @@ import torch
 
 from persistent_engine import engine as eng
 from persistent_engine import io_struct as io
-from persistent_engine import timing
+from persistent_engine import guards, timing
+from persistent_engine.workloads import relayout_workload
 from persistent_engine.ops import attention, moe
 
 HERE = pathlib.Path(__file__).parent / "candidates"
@@ -111,17 +112,17 @@ def test_capture_points_falls_back_per_point_and_stops_when_the_device_is_unusab
 
 # ----------------------------------------------------------------------------- guards (functions)
 def test_never_called_and_roofline_checks():
-    c_used, c_idle, c_absent = eng._Counted(abs), eng._Counted(abs), eng._Counted(abs)
+    c_used, c_idle, c_absent = guards.Counted(abs), guards.Counted(abs), guards.Counted(abs)
     c_used(1)
     ops_at = [{"linear", "rms_norm"}, {"linear"}]
-    reasons = eng.never_called({"linear": c_used, "rms_norm": c_idle, "mla_decode": c_absent}, ops_at)
+    reasons = guards.never_called({"linear": c_used, "rms_norm": c_idle, "mla_decode": c_absent}, ops_at)
     assert reasons == ["layer-level: override mla_decode never called: the model does not call mla_decode at any "
                        "workload point",
                        "layer-level: override rms_norm never called: its implementation did not run in any "
                        "layer-level step"]
-    assert eng.implausibly_fast("decode b1", 0.5, 0.25) is None
-    assert eng.implausibly_fast("decode b1", 0.1, 0.25) == "timing: implausibly fast at decode b1: 0.1 ms < floor 0.25 ms"
-    assert eng.implausibly_fast("p", 0.0, 0.0) is None                          # floor off
+    assert guards.implausibly_fast("decode b1", 0.5, 0.25) is None
+    assert guards.implausibly_fast("decode b1", 0.1, 0.25) == "timing: implausibly fast at decode b1: 0.1 ms < floor 0.25 ms"
+    assert guards.implausibly_fast("p", 0.0, 0.0) is None                          # floor off
 
 
 # ----------------------------------------------------------------------------- the engine, in process
@@ -150,7 +151,7 @@ def test_min_step_bytes_counts_weights_and_the_kv_read(engine):
     weights = sum(t.numel() * t.element_size() for n, t in eng.model_weights(engine.model).items()
                   if "embed" not in n and n != "cos_sin")
     kv = engine.spec.num_kv_heads * engine.spec.head_dim * 2 * 2 * 2 * 16   # K+V, bf16, 2 layers, 16 tokens
-    assert eng.min_step_bytes(engine.model, w, engine.spec) == weights + kv
+    assert guards.min_step_bytes(eng.model_weights(engine.model), w, engine.spec) == weights + kv
     assert engine.floor_ms == [0.0, 0.0, 0.0]         # off on CPU unless configured
 
 
@@ -176,7 +177,7 @@ def test_roofline_floor_rejects_a_step_faster_than_the_bandwidth_allows(engine, 
 
 def test_kv_block_size_relays_the_candidate_cache_and_restores_it(engine):
     before = [w.cache.block_size for ws in engine.workloads for w in ws]
-    relaid = eng.relayout_workload(engine.model, engine.workloads[1][0], 4, seed=5)
+    relaid = relayout_workload(engine.model, engine.workloads[1][0], 4, seed=5)
     assert relaid.cache.block_size == 4 and relaid.block_tables.shape[1] == 4 * engine.workloads[1][0].block_tables.shape[1]
     assert torch.allclose(engine.model.step(relaid), engine.ref[1][0], atol=0.05, rtol=0.05)
     src = GOOD.replace('CONFIG = {"cuda_graph": True}', 'CONFIG = {"kv_block_size": 4, "max_num_seqs": 8}')
