@@ -168,7 +168,8 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
                   reps: int = 3, seed: int = 0) -> dict[str, dict[str, float]]:
     """``{"before": {op: ms}, "after": {op: ms}}``: per-op time of one step of the ``layers`` slice,
     weighted over ``points``, with the reference and with the candidate ``source`` (a plan's composed
-    file), measured the same way in this process (each op wrapped, device synchronised around it;
+    file), measured the same way in this process (each outermost op call wrapped, device synchronised
+    around it, so a composite op's parts are not counted twice;
     median over ``reps`` after a warm-up). Cost: 2 x (reps + 1) steps per point."""
     import statistics
     import tempfile
@@ -190,13 +191,20 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
 
         def one_step(workload: Any) -> dict[str, float]:
             acc: dict[str, float] = defaultdict(float)
+            depth = [0]             # time goes to the outermost op (a composite's parts are inside it)
 
             def timed(name: str, fn: Callable) -> Callable:
                 def wrapper(*args: Any) -> Any:
-                    sync()
-                    t0 = time.perf_counter_ns()
-                    out = fn(*args)
-                    sync()
+                    if depth[0]:
+                        return fn(*args)
+                    depth[0] += 1
+                    try:
+                        sync()
+                        t0 = time.perf_counter_ns()
+                        out = fn(*args)
+                        sync()
+                    finally:
+                        depth[0] -= 1
                     acc[name] += (time.perf_counter_ns() - t0) / 1e6
                     return out
                 return wrapper

@@ -26,7 +26,8 @@ class _Recorder:
     """Wraps op implementations; attributes each call to the outermost op running when it starts.
 
     ``calls[op]``/``ms[op]``: top-level calls and time; ``part_calls[outer][op]``/``part_ms[outer][op]``:
-    calls made directly inside a top-level ``outer`` (deeper calls stay inside their parent's time)."""
+    calls made directly inside a top-level ``outer`` (deeper calls stay inside their parent's time);
+    ``all_calls[op]``: calls at any depth."""
 
     def __init__(self, sync: Callable[[], None] | None):
         self.sync = sync                                   # None: count only, no clock
@@ -35,11 +36,13 @@ class _Recorder:
         self.ms: dict[str, float] = defaultdict(float)
         self.part_calls: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.part_ms: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.all_calls: dict[str, int] = defaultdict(int)  # at any depth (composites nest: qkv_rotary > linear)
 
     def wrap(self, name: str, impl: Callable) -> Callable:
         def wrapper(*args, **kwargs):
             depth, outer = len(self.stack), (self.stack[0] if self.stack else None)
             self.stack.append(name)
+            self.all_calls[name] += 1
             try:
                 if self.sync is None:
                     return impl(*args, **kwargs)
@@ -81,12 +84,9 @@ def op_calls(model, workload) -> dict[str, int]:
     """How often each op runs in one step of the current forward, at any depth: the top-level calls
     plus the calls inside composites (so ``set(op_calls(...))`` is every op an override of which
     changes this step; ``call_tree`` keeps the two apart)."""
-    counts: dict[str, int] = defaultdict(int)
-    for name, node in call_tree(model, workload).items():
-        counts[name] += node["calls"]
-        for part, n in node.get("parts", {}).items():
-            counts[part] += n
-    return dict(counts)
+    rec = _Recorder(None)
+    rec.run(model, workload)
+    return dict(rec.all_calls)
 
 
 def profile_point(model, workload, device: torch.device, reps: int = 3) -> dict[str, dict]:

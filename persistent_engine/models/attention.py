@@ -2,10 +2,12 @@
 QK-norm (per head, or per layer over all heads as MiniMax does), partial neox rotary, K/V written
 into the paged cache at the workload's slots, paged attention, output projection.
 
-The qkv projection is fused with the norm before it: the layer runs ``add_rms_norm_linear`` with
-``fused_input`` (qkv weight, bias) and passes the result qkv[T, (Hq + 2 Hk) Dh] to ``__call__``. The
-q/k/v split is not copied: q is a [T, Hq, Dh] view with row stride (Hq + 2 Hk) Dh, and rotary_embedding
-and index_copy_ take such strided views.
+The qkv projection is fused with the norm before it. Without QK-norm (Llama-style) the rotary is fused
+too: the layer runs ``add_rms_norm_qkv_rotary`` with ``fused_input`` (qkv weight, bias) and
+``fused_rotary`` (cos/sin cache, rotary_dim, Hq, Hk) and passes the rotated (q, k, v) to ``__call__``.
+With QK-norm (which sits between the projection and the rotary) the layer runs ``add_rms_norm_linear``
+and passes qkv[T, (Hq + 2 Hk) Dh]. The q/k/v split is not copied: q is a [T, Hq, Dh] view with row
+stride (Hq + 2 Hk) Dh, and rotary_embedding and index_copy_ take such strided views.
 
 Per decode token: reads (Hq + 2 Hk) Dh H + Hq Dh H weights and 2 Hk Dh elements per cached token.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from persistent_engine.ops.fused import split_qkv
 from persistent_engine.ops.registry import call
 
 
@@ -28,18 +31,14 @@ class GQAAttention:
         self.o_w = params[prefix + "o_w"]
         # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
         self.fused_input = (self.qkv_w, self.qkv_b)
+        # without QK-norm the rotary is fused as well (add_rms_norm_qkv_rotary's trailing arguments)
+        self.fused_rotary = (cos_sin, self.rotary_dim, self.hq, self.hk) if self.qk_norm == "none" else None
 
-    def __call__(self, qkv: torch.Tensor, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """qkv[T, (Hq + 2 Hk) Dh]: the normed hidden state already projected by ``fused_input``."""
-        t = qkv.shape[0]
-        hq, hk, dh = self.hq, self.hk, self.dh
-        q, k, v = qkv.split([hq * dh, hk * dh, hk * dh], dim=-1)                # strided views, no copy
-        if self.qk_norm == "per_layer":
-            q, k = call("rms_norm", q, self.q_norm, self.eps), call("rms_norm", k, self.k_norm, self.eps)
-        q, k, v = q.view(t, hq, dh), k.view(t, hk, dh), v.view(t, hk, dh)
-        if self.qk_norm == "per_head":
-            q, k = call("rms_norm", q, self.q_norm, self.eps), call("rms_norm", k, self.k_norm, self.eps)
-        q, k = call("rotary_embedding", wl.positions, q, k, self.cos_sin, self.rotary_dim)
+    def __call__(self, a, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """``a``: the rotated (q[T, Hq, Dh], k[T, Hk, Dh], v[T, Hk, Dh]) of add_rms_norm_qkv_rotary, or
+        qkv[T, (Hq + 2 Hk) Dh] (the normed hidden state projected by ``fused_input``; QK-norm models)."""
+        q, k, v = a if isinstance(a, tuple) else self._qk_norm_rotary(a, wl)
+        t, hq, hk, dh = q.shape[0], self.hq, self.hk, self.dh
         k_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, k)              # same slots on every run
         v_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, v)
         if wl.phase == "decode":
@@ -48,3 +47,17 @@ class GQAAttention:
             o = call("attention_prefill", q, k_cache, v_cache, wl.block_tables, wl.cu_seqlens_q, wl.context_lens,
                      self.scale)
         return call("linear", o.reshape(t, hq * dh), self.o_w, None)
+
+    def _qk_norm_rotary(self, qkv: torch.Tensor, wl):
+        """qkv[T, (Hq + 2 Hk) Dh] -> rotated q, k and v (QK-norm, when set, between the split and the rotary)."""
+        t, hq, hk, dh = qkv.shape[0], self.hq, self.hk, self.dh
+        if self.qk_norm == "per_layer":                    # over all heads: on the [T, Hq Dh] / [T, Hk Dh] views
+            q, k, v = qkv.split([hq * dh, hk * dh, hk * dh], dim=-1)
+            q, k = call("rms_norm", q, self.q_norm, self.eps), call("rms_norm", k, self.k_norm, self.eps)
+            q, k, v = q.view(t, hq, dh), k.view(t, hk, dh), v.view(t, hk, dh)
+        else:
+            q, k, v = split_qkv(qkv, hq, hk)                                  # strided views, no copy
+            if self.qk_norm == "per_head":
+                q, k = call("rms_norm", q, self.q_norm, self.eps), call("rms_norm", k, self.k_norm, self.eps)
+        q, k = call("rotary_embedding", wl.positions, q, k, self.cos_sin, self.rotary_dim)
+        return q, k, v

@@ -8,7 +8,9 @@ reaches every call site.
 
 Each block's input norm is fused with the block's first projection where that projection is the only
 consumer (``fused_input`` of GQA attention: qkv; of a dense MLP: gate_up): the layer calls the composite
-``add_rms_norm_linear``; MLA and MoE blocks, whose normed input feeds several projections, keep
+``add_rms_norm_linear``; GQA attention without QK-norm also fuses the rotary (``fused_rotary``: the layer
+calls ``add_rms_norm_qkv_rotary``, whose default is add_rms_norm_linear then rotary_embedding, so the
+numbers are the same); MLA and MoE blocks, whose normed input feeds several projections, keep
 ``fused_add_rms_norm``. The residual stream starts as zeros (x + 0 is exact), so layer 0 fuses the same way.
 
 A slice keeps each layer's original index (its weights equal the full model's layer i for the same
@@ -44,6 +46,7 @@ class Layer:
         # parallelism may wrap the blocks later)
         self.attn_in = getattr(self.attn, "fused_input", None)
         self.mlp_in = getattr(self.mlp, "fused_input", None)
+        self.attn_rope = getattr(self.attn, "fused_rotary", None)      # (cos_sin, rotary_dim, Hq, Hk) or None
 
 
 def _norm_into(x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, proj):
@@ -51,6 +54,16 @@ def _norm_into(x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, ep
     if proj is None:
         return call("fused_add_rms_norm", x, residual, norm_w, eps)
     return call("add_rms_norm_linear", x, residual, norm_w, eps, *proj)
+
+
+def _attn_input(layer: Layer, x: torch.Tensor, residual: torch.Tensor, eps: float, wl):
+    """(attention input, new residual): rotated (q, k, v) when the layer fuses the rotary, else as
+    ``_norm_into``."""
+    if layer.attn_rope is None:
+        return _norm_into(x, residual, layer.input_norm, eps, layer.attn_in)
+    q, k, v, residual = call("add_rms_norm_qkv_rotary", x, residual, layer.input_norm, eps, *layer.attn_in,
+                             wl.positions, *layer.attn_rope)
+    return (q, k, v), residual
 
 
 class Decoder:
@@ -79,7 +92,7 @@ class Decoder:
         x = call("embedding", wl.token_ids, self.embed)                           # [T, H]
         residual = torch.zeros_like(x)             # x + 0 == x exactly: layer 0 is normed like the rest
         for layer in self.blocks:
-            a, residual = _norm_into(x, residual, layer.input_norm, self.eps, layer.attn_in)
+            a, residual = _attn_input(layer, x, residual, self.eps, wl)
             x = layer.attn(a, wl, wl.cache.k[layer.index], wl.cache.v.get(layer.index))
             a, residual = _norm_into(x, residual, layer.post_norm, self.eps, layer.mlp_in)
             x = layer.mlp(a)

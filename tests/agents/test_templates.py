@@ -33,6 +33,10 @@ SMALL = {
                                      "SML_NUM_WARPS": 1, "SML_NUM_STAGES": 1, "SML_MAX_T": 4, "SML_TILED": 1,
                                      "SML_TILE_M": 16, "SML_TILE_N": 32, "SML_TILE_K": 32,
                                      "SML_TILE_WARPS": 2, "SML_TILE_STAGES": 2},
+    # MAX_T 4: T=5 takes the torch path; T=3 split-K 2 with BLOCK_M 2; 4 heads per reduce program straddle q/k/v
+    "add_rms_norm_qkv_rotary.triton_fused": {"QKVR_BLOCK_N": 4, "QKVR_BLOCK_K": 64, "QKVR_BLOCK_M": 2,
+                                             "QKVR_SPLIT_K": 2, "QKVR_NUM_WARPS": 1, "QKVR_NUM_STAGES": 1,
+                                             "QKVR_MAX_T": 4, "QKVR_HEADS": 4, "QKVR_REDUCE_WARPS": 1},
     "moe_experts.triton_fused": {"MOE_GEMV_MAX_PAIRS": 8, "MOE_GEMV_ROWS": 4, "MOE_GEMV_BLOCK_K": 32,
                                  "MOE_GEMV_WARPS": 1, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
                                  "MOE_GROUP_M": 4, "MOE_NUM_WARPS": 2, "MOE_NUM_STAGES": 1},

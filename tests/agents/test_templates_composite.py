@@ -54,6 +54,23 @@ def test_fused_triton_paths_pass_contract(name, knobs, shapes):
     assert check_op(t.op, _impl(name, **knobs), dtypes=(torch.bfloat16,), shapes=shapes) == []
 
 
+@pytest.mark.parametrize("knobs", [{"QKVR_SPLIT_K": 4, "QKVR_BLOCK_K": 64, "QKVR_HEADS": 1},     # 4 partials, 1 head
+                                   {"QKVR_BLOCK_M": 4, "QKVR_BLOCK_N": 2, "QKVR_HEADS": 8}])   # rows x heads tiles
+def test_qkv_rotary_triton_passes_contract_with_partial_rotary_and_bias(knobs):
+    """Odd sizes, partial rotary (R < Dh, odd R/2), bias: the reduce's rotary pairs and pass-through dims."""
+    t = get_template("add_rms_norm_qkv_rotary.triton_fused")
+    shapes = [{"T": 3, "H": 200, "Hq": 5, "Hk": 1, "Dh": 12, "R": 6, "bias": True}]
+    assert t.check({**t.default(), **knobs}) == []
+    assert check_op(t.op, _impl(t.name, **knobs), dtypes=(torch.bfloat16,), shapes=shapes) == []
+    d = registry.get(t.op)
+    args = d.make_inputs(shapes[0], torch.float32, "cpu", 1)
+    bad = list(args)
+    bad[8] = 4                                                           # a different rotary_dim is caught
+    got = _impl(t.name, **knobs)(*bad)
+    want = d.reference(*args)
+    assert not torch.allclose(got[0], want[0], atol=1e-3) and torch.allclose(got[2], want[2], atol=1e-4)
+
+
 def test_fused_kernels_match_the_unfused_composition_and_write_the_residual():
     """Against the registry's composition of the fine ops, on one input: new_residual is the fp32
     sum to one bf16 ulp (the CPU interpreter truncates where a GPU rounds to nearest); out agrees to

@@ -200,6 +200,27 @@ def test_counting_override_proves_every_op_goes_through_the_registry():
         assert not torch.equal(model.step(wl), base)     # the override is what runs (inside silu_mul_linear)
 
 
+def test_llama_style_layers_call_the_fused_qkv_rotary_composite():
+    """GQA without QK-norm: one add_rms_norm_qkv_rotary per layer replaces add_rms_norm_linear + rotary."""
+    counts = collections.Counter()
+
+    def counting(name):
+        ref = registry.get(name).reference
+
+        def run(*args):
+            counts[name] += 1
+            return ref(*args)
+        return run
+    model = build_model("tiny-dense")                    # 2 dense GQA layers, no QK-norm
+    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 10})
+    base = model.step(wl)
+    with registry.override({n: counting(n) for n in registry.names()}):
+        assert torch.equal(model.step(wl), base)
+    assert counts["add_rms_norm_qkv_rotary"] == 2 and counts["rotary_embedding"] == 0
+    assert counts["add_rms_norm_linear"] == 2 and counts["silu_mul_linear"] == 2      # gate_up; down
+    assert counts["linear"] == 2 and counts["fused_add_rms_norm"] == 1 and counts["rms_norm"] == 0
+
+
 def test_slices_keep_layer_weights_and_cover_layer_kinds():
     spec = ModelSpec.from_name("tiny-mla")
     full = build_model(spec)

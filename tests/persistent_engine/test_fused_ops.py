@@ -1,4 +1,4 @@
-"""Composite ops (add_rms_norm_linear, silu_mul_linear): reference = composition, the default dispatches
+"""Composite ops (add_rms_norm_linear, silu_mul_linear; add_rms_norm_qkv_rotary has its own file): reference = composition, the default dispatches
 through the registry (fine-op overrides reach inside), an override of the composite replaces the whole
 fusion, the decoder's call sites and shapes, and the profiler's outermost attribution."""
 
@@ -141,11 +141,12 @@ def models():
             "tiny-mla": build_model("tiny-mla"), "llama-1b": _llama_slice()}
 
 
-# per model: (add_rms_norm_linear, silu_mul_linear) calls per decode step
-EXPECTED_CALLS = {"tiny-dense": (2 * 2, 2),            # 2 dense GQA layers: qkv + gate_up each; down each
-                  "tiny-moe": (3 + 1, 1 + 2),          # qkv x3, dense gate_up; dense down, shared down x2
-                  "tiny-mla": (1, 1 + 2),              # MLA keeps fused_add_rms_norm: dense gate_up only
-                  "llama-1b": (2 * 2, 2)}
+# per model: top-level (add_rms_norm_linear, silu_mul_linear, add_rms_norm_qkv_rotary) calls per decode step
+EXPECTED_CALLS = {"tiny-dense": (2, 2, 2),             # 2 dense GQA layers without QK-norm: gate_up, down, qkv+rope
+                  "tiny-moe": (3 + 1, 1 + 2, 0),       # QK-norm: qkv x3, dense gate_up; dense down, shared down x2
+                  "tiny-mla": (1, 1 + 2, 0),           # MLA keeps fused_add_rms_norm: dense gate_up only
+                  "llama-1b": (2, 2, 2)}
+TRACKED = (*COMPOSITES, "add_rms_norm_qkv_rotary")
 
 
 @pytest.mark.parametrize("alias", list(EXPECTED_CALLS))
@@ -154,30 +155,38 @@ def test_decoder_calls_each_composite_per_step_at_the_listed_shapes(models, alia
     wl = make_workload(model, DECODE, seed=1)
     base = model.step(wl)
     tree = profiler.call_tree(model, wl)
-    got = tuple(tree.get(n, {}).get("calls", 0) for n in COMPOSITES)
+    got = tuple(tree.get(n, {}).get("calls", 0) for n in TRACKED)
     assert got == EXPECTED_CALLS[alias]
     assert "silu_and_mul" not in tree                      # only ever inside silu_mul_linear now
     if got[0]:
         assert tree["add_rms_norm_linear"]["parts"] == {"fused_add_rms_norm": got[0], "linear": got[0]}
+    if got[2]:                                             # rotary only ever inside the qkv composite then
+        assert tree["add_rms_norm_qkv_rotary"]["parts"] == {"add_rms_norm_linear": got[2], "rotary_embedding": got[2]}
+        assert "rotary_embedding" not in tree
     # every shape a composite sees is one its OpDef lists for this model and point, and vice versa
+    # (the qkv composite runs its default, so the add_rms_norm_linear inside it is recorded too)
     seen = collections.defaultdict(list)
 
     def recording(name):
-        ref = _ref(name)
+        ref = registry.get(name).default if name == "add_rms_norm_qkv_rotary" else _ref(name)
 
         def run(*args):
             if name == "add_rms_norm_linear":
                 x, w, b = args[0], args[4], args[5]
                 s = {"T": x.shape[0], "H": x.shape[1], "N": w.shape[0], "bias": b is not None}
+            elif name == "add_rms_norm_qkv_rotary":
+                x, w, b, r, hq, hk = args[0], args[4], args[5], args[8], args[9], args[10]
+                s = {"T": x.shape[0], "H": x.shape[1], "Hq": hq, "Hk": hk, "Dh": w.shape[0] // (hq + 2 * hk),
+                     "R": r, "bias": b is not None}
             else:
                 s = {"T": args[0].shape[0], "I": args[0].shape[1] // 2, "N": args[1].shape[0]}
             if s not in seen[name]:
                 seen[name].append(s)
             return ref(*args)
         return run
-    with registry.override({n: recording(n) for n in COMPOSITES}):
+    with registry.override({n: recording(n) for n in TRACKED}):
         assert torch.equal(model.step(wl), base)
-    for name in COMPOSITES:
+    for name in TRACKED:
         listed = registry.get(name).shapes(model.spec, {**DECODE})
         assert sorted(map(str, seen[name])) == sorted(map(str, listed)), name
 
@@ -223,9 +232,13 @@ def test_profile_attributes_time_to_the_outermost_op_with_parts(models):
     assert set(prof["silu_mul_linear"]["parts"]) == {"silu_and_mul", "linear"}
     assert all(v > 0 for n in COMPOSITES for v in prof[n]["parts"].values())
     assert "parts" not in prof["linear"] and abs(sum(o["share"] for o in prof.values()) - 1) < 1e-9
+    assert set(prof["add_rms_norm_qkv_rotary"]["parts"]) == {"add_rms_norm_linear", "rotary_embedding"}
+    assert prof["add_rms_norm_linear"]["calls"] == 2 and "rotary_embedding" not in prof      # gate_up only
+    # at any depth: the linear and norm inside add_rms_norm_linear inside add_rms_norm_qkv_rotary count too
     assert profiler.op_calls(model, wl) == {
-        "embedding": 1, "add_rms_norm_linear": 4, "fused_add_rms_norm": 4 + 1, "linear": 2 + 4 + 2,
-        "rotary_embedding": 2, "attention_decode": 2, "silu_mul_linear": 2, "silu_and_mul": 2, "lm_head": 1}
+        "embedding": 1, "add_rms_norm_qkv_rotary": 2, "add_rms_norm_linear": 4, "fused_add_rms_norm": 4 + 1,
+        "linear": 2 + 4 + 2, "rotary_embedding": 2, "attention_decode": 2, "silu_mul_linear": 2, "silu_and_mul": 2,
+        "lm_head": 1}
 
 
 def test_profile_runs_the_current_implementations(models):
