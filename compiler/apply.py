@@ -168,10 +168,10 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
                   reps: int = 3, seed: int = 0) -> dict[str, dict[str, float]]:
     """``{"before": {op: ms}, "after": {op: ms}}``: per-op time of one step of the ``layers`` slice,
     weighted over ``points``, with the reference and with the candidate ``source`` (a plan's composed
-    file), measured the same way in this process (each outermost op call wrapped, device synchronised
-    around it, so a composite op's parts are not counted twice;
-    median over ``reps`` after a warm-up). Cost: 2 x (reps + 1) steps per point."""
-    import statistics
+    file), measured the same way in this process by the engine's profiler
+    (``persistent_engine.profiler.profile_point``: each outermost op call wrapped, device synchronised
+    around it, so a composite op's parts are not counted twice; median over ``reps`` after a warm-up).
+    Cost: 2 x (reps + 1) steps per point."""
     import tempfile
     from collections import defaultdict
 
@@ -179,6 +179,7 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
 
     from persistent_engine.models.decoder import build_model
     from persistent_engine.ops import registry
+    from persistent_engine.profiler import profile_point
     from persistent_engine.workloads import make_workload
 
     with tempfile.TemporaryDirectory() as d:
@@ -187,32 +188,6 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
         overrides = dict(getattr(load_module(path), "OVERRIDES", {}) or {})
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
         model = build_model(spec, layers=list(layers), device=device, dtype=dtype, seed=seed)
-        sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
-
-        def one_step(workload: Any) -> dict[str, float]:
-            acc: dict[str, float] = defaultdict(float)
-            depth = [0]             # time goes to the outermost op (a composite's parts are inside it)
-
-            def timed(name: str, fn: Callable) -> Callable:
-                def wrapper(*args: Any) -> Any:
-                    if depth[0]:
-                        return fn(*args)
-                    depth[0] += 1
-                    try:
-                        sync()
-                        t0 = time.perf_counter_ns()
-                        out = fn(*args)
-                        sync()
-                    finally:
-                        depth[0] -= 1
-                    acc[name] += (time.perf_counter_ns() - t0) / 1e6
-                    return out
-                return wrapper
-
-            with registry.override({n: timed(n, registry.current(n)) for n in registry.names()}):
-                model.step(workload)
-            return acc
-
         result: dict[str, dict[str, float]] = {"before": defaultdict(float), "after": defaultdict(float)}
         with torch.no_grad(), engine_threads(device):
             for point in points:
@@ -220,10 +195,9 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
                 for side in ("before", "after"):
                     ctx = registry.override(overrides) if side == "after" else contextlib.nullcontext()
                     with ctx:
-                        reps_ms = [one_step(workload) for _ in range(reps + 1)][1:]
-                    for op in {k for r in reps_ms for k in r}:
-                        result[side][op] += float(point.get("weight", 1.0)) * statistics.median(
-                            r.get(op, 0.0) for r in reps_ms)
+                        prof = profile_point(model, workload, torch.device(device), reps)
+                    for op, row in prof.items():
+                        result[side][op] += float(point.get("weight", 1.0)) * row["ms"]
     return {side: {k: round(v, 6) for k, v in ops.items()} for side, ops in result.items()}
 
 

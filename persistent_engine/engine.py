@@ -256,6 +256,7 @@ class Engine:
         self.cand_graphs: dict[int, list | None] = {}      # point -> candidate graphs (or None)
         self.cand_graph_errors: dict[int, str] = {}
         self.tie_kept_rows: dict = {}                       # (point, variant) -> rows the MoE tie check kept
+        self.moe_routes = verify.ReferenceRoutes(self.registry)   # the reference's routing, recorded on first use
         self.cand_workloads: list[list] | None = None       # kv_block_size: re-laid per candidate
         self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
                                    else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
@@ -439,8 +440,6 @@ class Engine:
             # MoE points: moe_route wrapped to record the candidate's routing; flips at near-ties of the
             # reference's routing (recorded once per point and variant) are excused (verify.TieCheck)
             ties = verify.TieCheck(self.dtype)
-            if "moe_routes" not in vars(self):
-                self.moe_routes = verify.ReferenceRoutes(self.registry)
             # one run per variant: determinism is checked at op level (every op twice) and the outputs
             # produced while timed are checked again by bench's spot re-check
             for i in self._affected():

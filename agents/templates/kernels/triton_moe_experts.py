@@ -88,17 +88,21 @@ def _moe_align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, NUM_BLOCKS,
 
 
 @triton.jit
+def _grouped_pid(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """GROUP_M swizzle: GROUP_M consecutive row blocks (of one expert in prefill) run one after another
+    over the N blocks, so they share a weight tile in L2. Returns (pid_m, pid_n)."""
+    width = GROUP_M * num_pid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
 def _moe_w13_kernel(x_ptr, w13_ptr, sorted_ptr, bexp_ptr, inter_ptr, P, H, I, E, num_pid_m,
                     stride_xt, stride_xh, stride_we, stride_wr, stride_wk,
                     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    # GROUP_M swizzle: GROUP_M consecutive blocks (of one expert in prefill) share a weight tile in L2
-    pid = tl.program_id(0)
-    width = GROUP_M * tl.cdiv(I, BLOCK_N)
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = _grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(I, BLOCK_N), GROUP_M)
     e = tl.load(bexp_ptr + pid_m)
     if e >= E:                                              # past the last group: nothing to do
         return
@@ -142,13 +146,7 @@ def _moe_w2_kernel(inter_ptr, w2_ptr, sorted_ptr, bexp_ptr, tw_ptr, ypair_ptr, P
                    stride_we, stride_wr, stride_wk,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    # GROUP_M swizzle: GROUP_M consecutive blocks (of one expert in prefill) share a weight tile in L2
-    pid = tl.program_id(0)
-    width = GROUP_M * tl.cdiv(H, BLOCK_N)
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = _grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(H, BLOCK_N), GROUP_M)
     e = tl.load(bexp_ptr + pid_m)
     if e >= E:
         return
