@@ -41,7 +41,6 @@ import datetime
 import json
 import platform
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -53,6 +52,7 @@ import torch  # noqa: E402
 
 from benchmarks.forward import bytes_read  # noqa: E402
 from compiler import apply as plan_apply  # noqa: E402
+from compiler.compare import capture, compile_step  # noqa: E402
 from compiler import plan as plan_mod  # noqa: E402
 from compiler.compose import parse_targets  # noqa: E402
 from persistent_engine import timing  # noqa: E402
@@ -185,13 +185,6 @@ def relayout(src, dst, tokens: int) -> None:
             q.view(-1, *q.shape[2:])[s_dst] = p.view(-1, *p.shape[2:])[s_src]
 
 
-def capture(model, wl, overrides: dict, pool=None) -> tuple[Any, torch.Tensor]:
-    """(graph, static logits) of one step with ``overrides`` active, as the engine captures it: two
-    warm-up steps on a side stream (Triton JIT, allocator), then the capture."""
-    with registry.override(overrides):
-        return timing.capture_graph(lambda: model.step(wl), pool=pool)
-
-
 def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool,
           warmup: int = 2) -> tuple[float, torch.Tensor]:
     """(median ms, a clone of the last output)."""
@@ -226,30 +219,6 @@ def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, time
     with registry.override(overrides):
         ms, logits = timed(timer, lambda: model.step(wl), samples, graph=False)
     return ms, logits, how
-
-
-def compile_step(model, wl) -> tuple[Callable[[], torch.Tensor], float, bool | None]:
-    """``torch.compile(model.step, mode="reduce-overhead")`` warmed up on ``wl``: (run, seconds the first
-    three calls took (compile + CUDA-graph recording), whether its CUDA graphs ran (None on CPU))."""
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    for t in [*model.params.values(), model.cos_sin, *wl.cache.k.values(), *wl.cache.v.values(), wl.cache.block_tables,
-              wl.token_ids, wl.positions, wl.slot_mapping, wl.context_lens, wl.cu_seqlens_q, wl.last_token_index]:
-        torch._dynamo.mark_static_address(t)
-    skips_before = counters["inductor"]["cudagraph_skips"]
-    fn = torch.compile(model.step, mode="reduce-overhead")
-    t0 = time.perf_counter()
-    for _ in range(3):
-        fn(wl)
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
-    graphs = None
-    if model.device.type == "cuda":
-        graphs = counters["inductor"]["cudagraph_skips"] == skips_before
-    return (lambda: fn(wl)), seconds, graphs
 
 
 def agreement(ref: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> dict:

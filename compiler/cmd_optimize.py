@@ -86,6 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--layers", default=None, help="layer indices, e.g. 0,1 (default: the fast tier)")
     a.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    a.add_argument("--vs-torch-compile", action="store_true",
+                   help="also time the plan against torch.compile of the same slice (compiler.compare)")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=_apply)
 
@@ -176,13 +178,40 @@ def _apply(args: argparse.Namespace) -> int:
             raise UsageError(f"--layers wants comma-separated integers, got {args.layers!r}") from None
     loaded, checks = check_plan(args.plan, model=args.model, layers=layers, device=args.device, dtype=args.dtype)
     ok = all(c.ok for c in checks)
+    versus = _versus_compile(args, loaded, layers) if ok and args.vs_torch_compile else None
     if args.json:
         _print_json({"plan_dir": str(loaded.version_dir), "ops": sorted(loaded.overrides), "config": loaded.config,
-                     "ok": ok, "points": [c.__dict__ for c in checks]})
+                     "ok": ok, "points": [c.__dict__ for c in checks], "vs_torch_compile": versus})
     else:
         print(f"loaded {loaded.version_dir}: overrides {', '.join(sorted(loaded.overrides)) or 'none'}")
         for c in checks:
             print(f"  {c.point.get('phase')} b{c.point.get('batch')} ctx{c.point.get('context')}: "
                   f"max |diff| {c.max_abs_diff:.2e}  reference {c.reference_ms:.3f} ms  plan {c.plan_ms:.3f} ms")
         print("outputs match the reference" if ok else "outputs DIFFER from the reference", file=sys.stderr)
+        if versus:
+            for r in versus["points"]:
+                p = r["point"]
+                print(f"  {p.get('phase')} b{p.get('batch')} ctx{p.get('context')}: " + (
+                      f"left out ({r['error']})" if "error" in r else
+                      f"plan {r['plan_ms']:.3f} ms ({r['how']})  torch.compile {r['torch_compile_ms']:.3f} ms  "
+                      f"reference {r['reference_ms']:.3f} ms"))
+            print(f"plan vs torch.compile ({versus['torch_compile_mode']}) of layers {versus['layers']}: "
+                  f"{versus['plan_vs_torch_compile']:.3f}x, vs the reference {versus['plan_vs_reference']:.3f}x "
+                  f"(weighted over {100 * versus['weight_covered']:.0f}% of the traffic)")
     return 0 if ok else 1
+
+
+def _versus_compile(args: argparse.Namespace, loaded, layers: list[int] | None) -> dict:
+    from compiler.compare import compare_with_torch_compile
+    from persistent_engine.models.spec import ModelSpec
+
+    plan = loaded.plan
+    spec = ModelSpec.from_name(args.model or plan.model)
+    layers = layers or list(plan.tiers.get("fast", {}).get("layers") or [0])
+    from compiler import plan as plan_mod
+    from compiler.compose import compose
+
+    kfile = loaded.version_dir / "kernels" / plan_mod.COMPOSED_KERNEL
+    source = kfile.read_text() if kfile.is_file() else compose([])
+    return compare_with_torch_compile(spec, layers, [dict(p) for p in plan.workload_points], source,
+                                      device=args.device, dtype=args.dtype)

@@ -11,7 +11,6 @@ diff: OLD and NEW are traces or saved profiles; exit 0 no drift, 1 drift, 2 bad 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 

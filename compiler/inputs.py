@@ -145,7 +145,20 @@ def hw_matches(hw: str, device: dict) -> bool:
 def software_versions() -> dict:
     from persistent_engine.versions import package_version, software_versions as versions
 
-    return {**versions(), "tkcc": package_version("tkcc")}
+    return {**versions(), "tkcc": package_version("tkcc") or _source_version()}
+
+
+def _source_version() -> str | None:
+    """tkcc run from a source tree without being installed (PYTHONPATH, as on a bare GPU box): the
+    version in the tree's pyproject.toml, marked "+source"."""
+    import re
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M)
+    except OSError:
+        return None
+    return f"{m.group(1)}+source" if m else None
 
 
 def parallelism(spec: Any, hw: str, profile: dict, gpus: int) -> tuple[dict | None, dict | None, str]:

@@ -294,7 +294,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 interrupted = stop.is_set()              # a Ctrl-C during composition counts too
                 if composition is not None:
                     progress.event(f"composition: kept {len(composition.parts)} of {len(acceptor.accepted)} accepted"
-                                   + "".join(f"; dropped {n}: {why}" for n, why in composition.dropped))
+                                   + dropped_summary(composition.dropped))
             finally:
                 restarts = fleet.restarts()
                 _release_agents(agents)
@@ -420,13 +420,16 @@ def _op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: 
 def _vs_torch_compile(spec: Any, layers: list[int], points: list[dict], composition: Composition,
                       device: dict, progress: Progress) -> dict:
     try:
-        from compiler.apply import compare_with_torch_compile
+        from compiler.compare import compare_with_torch_compile
         res = compare_with_torch_compile(spec, layers, points, composition.source,
                                          device="cpu" if device["kind"] == "cpu" else "cuda")
     except Exception as e:  # noqa: BLE001 - a comparison that fails is recorded, the plan stands
         return {"error": f"{type(e).__name__}: {e}"[:300]}
-    progress.event(f"plan vs torch.compile of the slow-tier slice: {res['plan_vs_torch_compile']}x "
-                   f"(vs reference eager {res['plan_vs_reference']}x)")
+    left_out = [f"{r['point'].get('phase')} b{r['point'].get('batch')}: {r['error']}" for r in res["points"] if "error" in r]
+    progress.event(f"plan ({res['plan_timing']}) vs torch.compile ({res['torch_compile_mode']}) of the slow-tier "
+                   f"slice: {res['plan_vs_torch_compile']}x (vs reference eager {res['plan_vs_reference']}x), "
+                   f"{100 * res['weight_covered']:.0f}% of the traffic weight"
+                   + "".join(f"; left out {p}" for p in left_out))
     return res
 
 
@@ -474,9 +477,30 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
                   "profile": baseline.get("profile")},
         run={"budget_s": cfg.budget_s, "elapsed_s": round(elapsed_s, 1), "interrupted": interrupted,
              "tried": tried, "accepted": len(accepted), "restarts": restarts, "agents": cfg.agents,
-             "fleet": cfg.fleet, "layout_note": layout_note},
+             "fleet": cfg.fleet, "layout_note": layout_note, "origin": _origin(cfg)},
         parent_version=cfg.parent_version,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def dropped_summary(dropped: tuple | list, names: int = 3) -> str:
+    """"; dropped N: why (a, b, c, ...)" per reason, most frequent first: a 20-minute run drops hundreds
+    of superseded variants, one line each would bury the log (the plan keeps the full list)."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in dropped:
+        by_reason.setdefault(why, []).append(name)
+    parts = []
+    for why, who in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        shown = ", ".join(who[:names]) + (f", +{len(who) - names} more" if len(who) > names else "")
+        parts.append(f"; dropped {len(who)}: {why} ({shown})")
+    return "".join(parts)
+
+
+def _origin(cfg: OptimizeConfig) -> str:
+    """Why this version exists: "new" (first in its root), "continued" (optimize into an existing root:
+    the newest version's optimizations re-verified as seeds), "drift" or "forced" (tkcc recompile)."""
+    if cfg.drift is not None:
+        return "forced" if cfg.drift.get("forced") else "drift"
+    return "continued" if cfg.parent_version is not None else "new"
 
 
 def _board_call(board: Any, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -66,6 +66,30 @@ def _layout_line(best: dict | None) -> str:
     return ", ".join(f"{k}={best[k]}" for k in keys if k in best)
 
 
+# how a version with a parent came about (plan.run["origin"]; plans written before it existed: drift)
+_ORIGIN = {"drift": "Recompiled from v{v} because traffic drifted.",
+           "forced": "Recompiled from v{v} on request (`--force`; traffic had not drifted).",
+           "continued": "Continues v{v}: its optimizations were re-verified first, then searched on from there."}
+
+
+def _torch_compile_lines(tc: dict | None) -> list[str]:
+    """The plan against ``torch.compile`` of the slow-tier slice (``compiler.compare``), or why not."""
+    if not tc:
+        return []
+    if tc.get("plan_vs_torch_compile") is None:
+        return [f"- against `torch.compile` of the same slice: not measured ({tc.get('error', 'no figure')})"]
+    line = (f"- against `torch.compile` of the same slice: **{_x(tc['plan_vs_torch_compile'])}** "
+            f"(plan {tc.get('plan_ms', 0):.3f} ms, {tc.get('plan_timing', 'eager')}; torch.compile "
+            f"{tc.get('torch_compile_ms', 0):.3f} ms, mode {tc.get('torch_compile_mode', 'default')}; "
+            f"reference eager {tc.get('reference_ms', 0):.3f} ms: {_x(tc.get('plan_vs_reference'))}; weighted over the points)")
+    out = [line]
+    if tc.get("weight_covered", 1.0) < 1.0:
+        out.append(f"  - covers {100 * tc['weight_covered']:.1f}% of the traffic weight; left out: "
+                   + "; ".join(f"{r['point'].get('phase')} b{r['point'].get('batch')} ({r['error']})"
+                               for r in tc.get("points", []) if "error" in r))
+    return out
+
+
 def render(plan: Plan) -> dict[str, str]:
     """Files for the version directory: ``report.md`` and ``plots/*.svg``."""
     files: dict[str, str] = {}
@@ -79,7 +103,7 @@ def render(plan: Plan) -> dict[str, str]:
     run = plan.run
     L = [f"# tkcc plan v{plan.version}: {plan.model} on {plan.hw}", ""]
     if plan.parent_version is not None:
-        L += [f"Recompiled from v{plan.parent_version} because traffic drifted.", ""]
+        L += [_ORIGIN.get(run.get("origin", "drift"), _ORIGIN["drift"]).format(v=plan.parent_version), ""]
     if run.get("interrupted"):
         L += ["**This run was interrupted**; the plan holds what was accepted before the stop.", ""]
     L += ["| | |", "|---|---|",
@@ -98,9 +122,7 @@ def render(plan: Plan) -> dict[str, str]:
     ps = plan.plan_speedup
     L += ["## Plan speedup (all accepted optimizations composed, re-verified and re-measured)", "",
           f"- fast tier: **{_x(ps.get('fast'))}**", f"- slow tier: **{_x(ps.get('slow'))}**"]
-    for key, label in (("vs_torch_compile", "against `torch.compile` of the same slice"),):
-        if ps.get(key) is not None:
-            L.append(f"- {label}: {_x(ps[key])}")
+    L += _torch_compile_lines(plan.baseline.get("torch_compile"))
     L.append("")
     if "speedup_per_point" in plots and plots["speedup_per_point"]:
         L += ["![speedup per workload point](plots/speedup_per_point.svg)", ""]

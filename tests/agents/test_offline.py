@@ -18,6 +18,7 @@ from agents.offline import (BanditStrategy, ConfigJudge, ConfigSearchAgent, Evol
                             MeasuredStepTime, OfflineTeam, SearchState, engine_config, make_offline_agents,
                             op_shares, samples_from_profile)
 from agents.offline.config_search import graph_sizes
+from agents.offline.strategy import mutate
 from agents.templates import Choice, dims_of, get_template, load_candidate, templates_for
 from bulletin_board import Board
 from persistent_engine.models.spec import ModelSpec
@@ -99,6 +100,33 @@ def test_bandit_exploits_the_arm_that_paid_off():
         state.record(c, 0.4 if c.template is arms[0] else -1.0)
         picks.append(c.template.name)
     assert picks.count("linear.triton_gemv_splitk") >= 8
+
+
+@pytest.mark.parametrize("strategy,least", [(BanditStrategy(c=0.1), 7), (EvolutionStrategy(p_new=0.0, tournament=8), 3)])
+def test_an_arm_whose_best_stopped_improving_yields_to_another_op(strategy, least):
+    """The costlier op's template paid more (0.17 against 0.05) but its best settled; after enough pulls
+    without a new best, the other op's template is searched (evolution: whenever its best entry is in the
+    tournament). While it still improves, it keeps the lead."""
+    big, small = get_template("linear.triton_gemv_splitk"), get_template("rms_norm.triton_rows")
+    shares, rng = {"linear": 0.6, "rms_norm": 0.4}, random.Random(3)
+
+    def history(improving: bool) -> tuple[SearchState, set]:
+        state, tried = SearchState(), set()
+        for t, rewards in ((small, [0.02, 0.03, 0.04, 0.05]),
+                           (big, [0.1 + 0.01 * i for i in range(8)] if improving else [0.17] + [0.16] * 11)):
+            for i, r in enumerate(rewards):
+                c = Choice(t, mutate(t, t.default(), rng, n=2) if i else t.default())
+                if c.key() not in tried:
+                    tried.add(c.key())
+                    state.record(c, r)
+        return state, tried
+
+    def ops(state: SearchState, tried: set) -> list[str]:
+        picks = [strategy.propose([big, small], shares, state, tried, {}, rng) for _ in range(10)]
+        return [p.op for p in picks]
+
+    assert ops(*history(improving=True)).count("linear") >= 7
+    assert ops(*history(improving=False)).count("rms_norm") >= least     # without the decay: 0 of 10
 
 
 # ----------------------------------------------------------------------------- local engine stand-in

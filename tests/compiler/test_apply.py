@@ -66,6 +66,17 @@ def test_plan_apply_cli_ok(plan_dir):
     assert "overrides fused_add_rms_norm, linear" in r.stdout and "match the reference" in r.stderr
 
 
+def test_plan_apply_vs_torch_compile_times_the_plan_against_compile_of_the_same_slice(plan_dir):
+    r = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(plan_dir), "--dtype", "fp32",
+                        "--vs-torch-compile", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    vs = json.loads(r.stdout)["vs_torch_compile"]
+    assert vs["layers"] == [0] and vs["torch_compile_mode"] == "default" and vs["weight_covered"] == 1.0
+    assert [p["point"] for p in vs["points"]] == [dict(p) for p in POINTS]
+    assert all(p["plan_ms"] > 0 and p["torch_compile_ms"] > 0 and p["compile_s"] > 0 for p in vs["points"])
+    assert vs["plan_vs_torch_compile"] == pytest.approx(vs["torch_compile_ms"] / vs["plan_ms"], rel=1e-3)
+
+
 def test_broken_kernel_file_is_a_plan_error(plan_dir):
     (plan_dir / "kernels" / "composed.py").write_text("raise RuntimeError('boom')\n")
     with pytest.raises(plan_mod.PlanError, match="fails to load: RuntimeError: boom"):

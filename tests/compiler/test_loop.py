@@ -131,7 +131,8 @@ def test_recompile_on_drift_writes_a_new_version_seeded_with_the_plan(run):
     assert res.drift is True and any(f["drifted"] for f in res.features)
     assert res.result.plan_dir == out / "v2"
     new, _ = plan_mod.load(out)
-    assert new.version == 2 and new.parent_version == 1
+    assert new.version == 2 and new.parent_version == 1 and new.run["origin"] == "drift"
+    assert "Recompiled from v1 because traffic drifted." in (out / "v2" / "report.md").read_text()
     assert new.traffic["hash"] != result.plan.traffic["hash"]
     assert plan_mod.versions(out) == [1, 2]
     board = Board(f"sqlite:///{out / 'board.db'}")
@@ -167,6 +168,9 @@ def test_a_second_run_into_the_same_root_continues_from_the_newest_version(run):
                          agents=f"files:{CANDIDATES}", max_points=1, aa_runs=1, quiet=True)
     res = optimize(cfg)
     assert res.plan.version == newest + 1 and res.plan.parent_version == newest
+    assert res.plan.run["origin"] == "continued"
+    report = (res.plan_dir / "report.md").read_text()
+    assert f"Continues v{newest}:" in report and "drifted" not in report
     board = Board(f"sqlite:///{out / 'board.db'}")
     run_id = max(board.list_runs().items, key=lambda r: r.created_at).id
     authors = {c.author for c in board.list_candidates(run_id).items}

@@ -51,3 +51,13 @@ def test_quiet_prints_nothing_and_a_failing_mirror_is_ignored():
     p.event("x")
     p.close()
     assert out.getvalue() == "" and p.snapshot().tried == 1
+
+
+def test_dropped_summary_groups_by_reason_most_frequent_first():
+    from compiler.loop import dropped_summary
+    dropped = [(f"k-{i}", "overrides an op of a faster accepted candidate") for i in range(250)]
+    dropped += [("rot-1", "shadowed by a composite override: never called when composed")]
+    line = dropped_summary(dropped)
+    assert line.startswith("; dropped 250: overrides an op of a faster accepted candidate (k-0, k-1, k-2, +247 more)")
+    assert line.endswith("; dropped 1: shadowed by a composite override: never called when composed (rot-1)")
+    assert len(line) < 300 and dropped_summary([]) == ""

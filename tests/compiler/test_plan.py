@@ -93,3 +93,14 @@ def test_kernel_filenames_are_unique_and_safe():
     taken: set[str] = set()
     names = [plan_mod.kernel_filename(n, taken) for n in ("a/b c", "a/b c", "composed", "")]
     assert names == ["a_b_c.py", "a_b_c_2.py", "composed_2.py", "candidate.py"]
+
+
+def test_software_versions_name_tkcc_also_when_run_from_an_uninstalled_tree(monkeypatch):
+    import tomllib
+    from pathlib import Path
+
+    import persistent_engine.versions as pv
+    from compiler import inputs
+    declared = tomllib.loads((Path(inputs.__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    monkeypatch.setattr(pv, "package_version", lambda name: None)
+    assert inputs.software_versions()["tkcc"] == f"{declared}+source"

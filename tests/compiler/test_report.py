@@ -45,3 +45,18 @@ def test_report_without_optimizations_or_layout_says_so():
     assert "No candidate beat the reference" in files["report.md"]
     assert "none computed" in files["report.md"]
     assert set(files) == {"report.md"}
+
+
+def test_report_states_the_torch_compile_comparison_its_method_coverage_or_failure():
+    tc = {"plan_vs_torch_compile": 1.25, "plan_vs_reference": 2.5, "plan_ms": 1.0, "torch_compile_ms": 1.25,
+          "reference_ms": 2.5, "plan_timing": "cuda_graph", "torch_compile_mode": "reduce-overhead",
+          "weight_covered": 0.96, "points": [{"point": {"phase": "decode", "batch": 1}, "weight": 0.96},
+                                             {"point": {"phase": "prefill", "batch": 1}, "weight": 0.04,
+                                              "error": "InductorError: <SliceView>"}]}
+    md = render(make_plan(baseline={"op_ms": {}, "torch_compile": tc}))["report.md"]
+    assert "against `torch.compile` of the same slice: **1.250x** (plan 1.000 ms, cuda_graph" in md
+    assert "mode reduce-overhead" in md and "covers 96.0% of the traffic weight" in md
+    assert "left out: prefill b1 (InductorError: <SliceView>)" in md
+    failed = render(make_plan(baseline={"op_ms": {}, "torch_compile": {"error": "RuntimeError: no point"}}))["report.md"]
+    assert "against `torch.compile` of the same slice: not measured (RuntimeError: no point)" in failed
+    assert "torch.compile" not in render(make_plan())["report.md"]
