@@ -1,0 +1,193 @@
+"""What one decode step's device time is made of: kernels per step, time per kernel, idle gaps.
+
+    python benchmarks/step_kernels.py --device cuda --cases llama-1b:all@1/1024 --plan examples/plans/llama-1b-h200
+    python benchmarks/step_kernels.py --device cpu --cases tiny-dense:all@1/64
+
+The question it answers: is a step slow because its kernels move bytes slowly, or because the device
+idles between them (launch and dependency latency, ~150 small kernels in a llama-1b step)? Per case
+(``e2e_decode.py``'s case syntax) the step runs two ways, each as ``e2e_decode.py`` times it: the
+reference captured in a CUDA graph, and the plan's overrides captured in a CUDA graph. ``torch.profiler``
+records ``--steps`` graph replays separated by a host sync and a 1 ms sleep, so each replay's kernels
+form one cluster in time. Per replay:
+
+  kernels  count of device kernels (CUPTI also reports the kernels launched by a graph replay)
+  busy     length of the union of the kernel intervals: time at least one kernel runs
+  span     first kernel start to last kernel end;  idle = span - busy (gaps between kernels)
+
+``floor_us`` (``e2e_decode.py``'s bytes / the measured copy bandwidth) against ``busy`` is how far the
+kernels themselves are from the bandwidth floor; ``idle`` is what fusing launches away could win.
+Per kernel name: calls and microseconds per step, the heaviest first. On CPU (no kernels) the
+top-level ``aten::`` ops of an eager step stand in for kernels, so the logic runs in CI.
+Writes ``benchmarks/results/<h200|cpu>-step-kernels.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks import e2e_decode as e2e  # noqa: E402
+from benchmarks.forward import bytes_read  # noqa: E402
+from compiler import plan as plan_mod  # noqa: E402
+from compiler.compare import capture  # noqa: E402
+from persistent_engine.models.decoder import build_model  # noqa: E402
+from persistent_engine.models.spec import ModelSpec  # noqa: E402
+from persistent_engine.ops import registry  # noqa: E402
+from persistent_engine.workloads import make_workload  # noqa: E402
+
+Interval = tuple[str, float, float]          # (kernel name, start us, end us)
+REPLAY_GAP_US = 500.0                        # a quieter stretch than this separates two replays
+
+
+def union_us(intervals: list[Interval]) -> float:
+    """Length of the union of the intervals (overlapping kernels, streams, nested CPU ops count once)."""
+    total, end = 0.0, float("-inf")
+    for _, s, e in sorted(intervals, key=lambda x: x[1]):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def split_replays(intervals: list[Interval], gap_us: float = REPLAY_GAP_US) -> list[list[Interval]]:
+    """Clusters of intervals separated by more than ``gap_us`` of quiet: one per replay."""
+    groups: list[list[Interval]] = []
+    end = float("-inf")
+    for iv in sorted(intervals, key=lambda x: x[1]):
+        if iv[1] - end > gap_us:
+            groups.append([])
+        groups[-1].append(iv)
+        end = max(end, iv[2])
+    return groups
+
+
+def summarize(intervals: list[Interval], steps: int, top: int = 15) -> dict:
+    """Per-step medians over the replays (kernels, busy, span, idle) and per-name totals per step.
+    Raises when the clusters found are not ``steps`` (the separation between replays failed)."""
+    groups = split_replays(intervals)
+    if len(groups) != steps:
+        raise RuntimeError(f"found {len(groups)} clusters of kernels for {steps} replays")
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    busy = [union_us(g) for g in groups]
+    span = [max(e for _, _, e in g) - min(s for _, s, _ in g) for g in groups]
+    per_name: dict[str, list[float]] = {}
+    for g in groups:
+        for name, s, e in g:
+            per_name.setdefault(name, []).append(e - s)
+    rows = sorted(({"kernel": n[:90], "calls_per_step": len(d) / steps, "us_per_step": sum(d) / steps,
+                    "us_per_call": sum(d) / len(d)} for n, d in per_name.items()), key=lambda r: -r["us_per_step"])
+    return {"steps": steps, "kernels": med([len(g) for g in groups]), "busy_us": med(busy), "span_us": med(span),
+            "idle_us": med([sp - b for sp, b in zip(span, busy)]), "distinct_kernels": len(rows), "top": rows[:top]}
+
+
+def profile_intervals(run: Callable[[], object], steps: int, cuda: bool) -> list[Interval]:
+    """``steps`` calls of ``run`` under torch.profiler, a sync and 1 ms of quiet between them: the device
+    kernels (cuda) or the top-level ``aten::`` ops (cpu) as (name, start, end) in microseconds."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    run()                                                    # warm (lazy allocations, JIT)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+            time.sleep(0.001 + REPLAY_GAP_US / 1e6)
+    out = []
+    for ev in prof.events():
+        if cuda and ev.device_type == DeviceType.CUDA:
+            out.append((ev.name, ev.time_range.start, ev.time_range.end))
+        elif not cuda and ev.device_type == DeviceType.CPU and ev.cpu_parent is None and ev.name.startswith("aten::"):
+            out.append((ev.name, ev.time_range.start, ev.time_range.end))
+    return out
+
+
+def run_case(case: e2e.Case, model, plans: dict, steps: int, copy_gbs: float, seed: int) -> list[dict]:
+    cuda = model.device.type == "cuda"
+    wl = make_workload(model, {"phase": "decode", "batch": case.batch, "context": case.context}, seed)
+    moved = bytes_read(model, wl)
+    floor_us = moved["total"] / (copy_gbs * 1e9) * 1e6
+    parts = plans.get(case.model)
+    variants = [("reference", {})] + ([("tkcc", dict(parts.loaded.overrides))] if parts else [])
+    rows = []
+    with torch.no_grad():
+        for variant, overrides in variants:
+            if cuda:
+                g, out = capture(model, wl, overrides)
+                run = lambda: (g.replay(), out)[1]  # noqa: E731
+            else:
+                def run(o=overrides):
+                    with registry.override(o):
+                        return model.step(wl)
+            s = summarize(profile_intervals(run, steps, cuda), steps)
+            rows.append({"model": case.model, "layers": list(model.layers), "batch": case.batch,
+                         "context": case.context, "variant": variant, "timed": "cuda_graph" if cuda else "eager",
+                         "plan": str(parts.loaded.version_dir) if parts and variant == "tkcc" else None,
+                         "floor_us": floor_us, "busy_pct_floor": 100 * floor_us / s["busy_us"], **s})
+            if cuda:
+                del g
+    return rows
+
+
+def print_row(r: dict) -> None:
+    print(f"{r['model']:<10} b{r['batch']:<4} ctx {r['context']:<5} {r['variant']:<9} {r['kernels']:>5.0f} kernels  "
+          f"span {r['span_us']:8.1f} us  busy {r['busy_us']:8.1f} us  idle {r['idle_us']:7.1f} us "
+          f"({100 * r['idle_us'] / max(r['span_us'], 1e-9):4.1f}%)  floor {r['floor_us']:7.1f} us "
+          f"(busy at {r['busy_pct_floor']:.1f}% of it)", flush=True)
+    for k in r["top"][:8]:
+        print(f"    {k['us_per_step']:8.1f} us/step  {k['calls_per_step']:5.1f} x {k['us_per_call']:6.2f} us  {k['kernel']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", action="append", default=[], help="plan directory (root or vN); repeat per model")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--cases", nargs="*", help="MODEL[:all|cover|N|i,j][@B1,B2][/CONTEXT] (e2e_decode.py's)")
+    ap.add_argument("--dtype", default="bf16", choices=list(e2e.DTYPES))
+    ap.add_argument("--steps", type=int, default=5, help="profiled replays per variant")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<h200|cpu>-step-kernels.json)")
+    a = ap.parse_args(argv)
+    cuda = a.device == "cuda"
+    try:
+        if cuda and not torch.cuda.is_available():
+            raise e2e.BenchError("--device cuda but no CUDA device is visible")
+        plans = e2e.load_plans(a.plan)
+        cases = e2e.parse_cases(a.cases or ["llama-1b:all@1/1024" if cuda else "tiny-dense:all@1/64"],
+                                1024 if cuda else 64, e2e.DEFAULT_TRAFFIC, "h200", 4)
+    except (ValueError, plan_mod.PlanError) as err:
+        print(f"step_kernels: {err}", file=sys.stderr)
+        return 2
+    device = torch.device(a.device)
+    copy_gbs = e2e.copy_bandwidth_gbs(device, (1 << 30) if cuda else (64 << 20))
+    info = e2e.device_info(device)
+    print(f"{info['gpu']}: copy bandwidth {copy_gbs:.0f} GB/s; {a.steps} profiled steps per variant", flush=True)
+    rows = []
+    for case in cases:
+        model = build_model(ModelSpec.from_name(case.model), layers=list(case.layers) if case.layers else None,
+                            device=device, dtype=e2e.DTYPES[a.dtype], seed=a.seed)
+        for r in run_case(case, model, plans, a.steps, copy_gbs, a.seed):
+            rows.append(r)
+            print_row(r)
+        del model
+    doc = {**info, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": a.device, "dtype": a.dtype,
+           "copy_bandwidth_gbs": copy_gbs, "cases": rows}
+    out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else 'cpu'}-step-kernels.json")
+    plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
