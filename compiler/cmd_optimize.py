@@ -42,8 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--board", default=None, help="board URL (default sqlite:///OUT/board.db)")
     p.add_argument("--out", default=None, help="plan root directory, versions inside (default plans/<model>)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--fast-layers", type=int, default=None)
-    p.add_argument("--slow-layers", type=int, default=None)
+    p.add_argument("--fast-layers", type=int, default=None,
+                   help="first N layers for the fast tier (default: one layer of each kind)")
+    p.add_argument("--slow-layers", type=int, default=None,
+                   help="first N layers for the slow tier (default 8, fewer where the weights would not fit the GPU)")
     p.add_argument("--fleet", default="local", choices=["local", "ray"])
     p.add_argument("--ray-address", default=None, help="existing Ray cluster (default: RAY_ADDRESS or local)")
     p.add_argument("--max-points", type=int, default=4, help="workload points measured (heaviest first)")

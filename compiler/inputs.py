@@ -105,17 +105,55 @@ def validate_hw(hw: str) -> dict:
     return {"name": h.name, "label": h.label}
 
 
-def tier_layers(spec: Any, fast_layers: int | None, slow_layers: int | None) -> tuple[list[int], list[int]]:
+# share of one device's memory the tiers' weights may take together (the rest: KV caches of the workload
+# points, activations, MoE and attention intermediates, CUDA-graph pools, candidates' workspaces)
+TIER_WEIGHT_SHARE = 0.7
+
+
+def tier_layers(spec: Any, fast_layers: int | None, slow_layers: int | None, device_bytes: float | None = None,
+                shared: bool = True, dtype: str = "bf16") -> tuple[list[int], list[int]]:
     """Fast tier: the covering layers (every distinct layer kind), or the first N when given.
-    Slow tier: the first ``slow_layers`` layers (default 8), at least covering every kind."""
+    Slow tier: the first ``slow_layers`` layers (default 8), at least covering every kind.
+
+    With ``device_bytes`` (a GPU's memory; ``shared``: both engines on that one device) the default
+    slow tier shrinks until the weights fit in ``TIER_WEIGHT_SHARE`` of it (8 deepseek layers hold
+    ~115 GB of experts); tiers that cannot fit, given or not, are an InputError naming the sizes.
+    ``dtype``: the engines' weights (the fleet's, bf16)."""
     n = spec.num_layers
     for name, v in (("--fast-layers", fast_layers), ("--slow-layers", slow_layers)):
         if v is not None and not 1 <= v:
             raise InputError(f"{name} must be at least 1, got {v}")
     fast = list(spec.covering_layers()) if fast_layers is None else list(range(min(fast_layers, n)))
     slow_n = min(8 if slow_layers is None else slow_layers, n)
-    slow = sorted(set(range(slow_n)) | set(spec.covering_layers()))
-    return fast, slow
+
+    def slow_of(k: int) -> list[int]:
+        return sorted(set(range(k)) | set(spec.covering_layers()))
+
+    if device_bytes is None:
+        return fast, slow_of(slow_n)
+    budget = TIER_WEIGHT_SHARE * device_bytes
+    from persistent_engine.models.spec import DTYPE_BYTES
+
+    gb = lambda layers: (spec.embedding_params() * DTYPE_BYTES[dtype]  # noqa: E731 - embedding + lm_head
+                         + sum(spec.weight_bytes_layer(i, dtype) for i in layers))
+    fast_gb = gb(fast) if shared else 0.0
+    while slow_layers is None and slow_n > 1 and fast_gb + gb(slow_of(slow_n)) > budget:
+        slow_n -= 1
+    need = fast_gb + gb(slow_of(slow_n))
+    if need > budget:
+        raise InputError(f"{spec.name}: the tiers' weights (fast {fast}, slow {slow_of(slow_n)}: {need / 1e9:.1f} GB"
+                         f"{' on one device' if shared else ''}) exceed {TIER_WEIGHT_SHARE:.0%} of the device's "
+                         f"{device_bytes / 1e9:.1f} GB; pass fewer --slow-layers / --fast-layers")
+    return fast, slow_of(slow_n)
+
+
+def device_memory(device: dict) -> float | None:
+    """Bytes of memory of the smallest GPU in ``device`` (detect_device's); None on CPU."""
+    if device["kind"] != "cuda":
+        return None
+    import torch
+
+    return float(min(torch.cuda.get_device_properties(i).total_memory for i in range(len(device["devices"]))))
 
 
 def detect_device(requested: str) -> dict:

@@ -211,8 +211,10 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     hw_doc = inputs.validate_hw(cfg.hw)
     traffic = inputs.read_traffic(cfg.traffic, spec, cfg.hw, max_points=cfg.max_points)
     points = [dict(p) for p in traffic.points]
-    fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers)
     gpus = cfg.gpus or (len(device["devices"]) if device["kind"] == "cuda" else 1)
+    fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
+                                                  device_bytes=inputs.device_memory(device),
+                                                  shared=len(device["devices"]) < 2)
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     agents = make_agents(cfg.agents, device["kind"])
