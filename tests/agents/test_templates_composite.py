@@ -223,3 +223,70 @@ def test_benchmark_times_the_composite_ops_and_seeds_enough_programs(tmp_path):
         p = t.knobs[0].name.split("_")[0]
         assert -(-shape["N"] // knobs[f"{p}_BLOCK_N"]) * knobs[f"{p}_SPLIT_K"] >= 264, knobs
         assert knobs[f"{p}_MAX_T"] >= shape["T"] and t.check(knobs, dims) == []
+
+
+@pytest.mark.parametrize("name, knobs, shapes", [
+    ("add_rms_norm_linear.triton_fused", {"ARNL_PDL": 1, "ARNL_BLOCK_N": 4, "ARNL_BLOCK_K": 64, "ARNL_SPLIT_K": 2},
+     [{"T": 2, "H": 200, "N": 21, "bias": True}]),                  # peeled tile + 1 more per split
+    ("add_rms_norm_linear.triton_fused", {"ARNL_PDL": 1, "ARNL_BLOCK_M": 4, "ARNL_BLOCK_N": 2, "ARNL_BLOCK_K": 64},
+     [{"T": 3, "H": 64, "N": 37, "bias": False}]),                   # the peeled tile is the only one
+    ("silu_mul_linear.triton_fused", {"SML_PDL": 1, "SML_BLOCK_N": 4, "SML_BLOCK_K": 64, "SML_SPLIT_K": 2},
+     [{"T": 2, "I": 300, "N": 21}]),
+    ("silu_mul_linear.triton_fused", {"SML_PDL": 1, "SML_BLOCK_M": 2, "SML_BLOCK_N": 2, "SML_BLOCK_K": 64},
+     [{"T": 3, "I": 64, "N": 37}]),
+    ("add_rms_norm_qkv_rotary.triton_fused", {"QKVR_PDL": 1, "QKVR_SPLIT_K": 2, "QKVR_BLOCK_K": 64},
+     [{"T": 3, "H": 200, "Hq": 5, "Hk": 1, "Dh": 12, "R": 6, "bias": True}]),
+])
+def test_pdl_setting_peels_the_first_weight_tile_and_still_honours_the_contract(name, knobs, shapes):
+    """``*_PDL`` = 1 peels the GEMV's first K tile out of the loop (its W load is what a GPU issues before
+    ``gdc_wait``); here, without programmatic launch (CPU), the peeled path runs under the interpreter."""
+    t = get_template(name)
+    assert t.check({**t.default(), **knobs}) == []
+    impl = _impl(name, **knobs)
+    assert check_op(t.op, impl, dtypes=(torch.bfloat16,), shapes=shapes) == []
+    prefix = {"add_rms_norm_linear": "arnl", "silu_mul_linear": "sml", "add_rms_norm_qkv_rotary": "qkvr"}[t.op]
+    g = impl.__globals__
+    assert g[f"{prefix.upper()}_PDL"] == 1 and g[f"_{prefix}_pdl"](torch.zeros(1)) is False   # no launch_pdl on CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["add_rms_norm_linear.triton_fused", "silu_mul_linear.triton_fused",
+                                  "add_rms_norm_qkv_rotary.triton_fused"])
+def test_cuda_pdl_kernels_in_a_graph_match_eager_and_the_reference_at_llama_dims(name):
+    """On a GPU with programmatic dependent launch (SM90+): PDL launches whose inputs the previous kernel
+    wrote, captured in one CUDA graph, replay bitwise like eager and within the op's tolerance of the
+    fp32 reference."""
+    from persistent_engine.ops.contract import compare_outputs
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs SM90+")
+    t = get_template(name)
+    prefix = {"add_rms_norm_linear": "ARNL", "silu_mul_linear": "SML", "add_rms_norm_qkv_rotary": "QKVR"}[t.op]
+    fn = _impl(name, **{f"{prefix}_PDL": 1, f"{prefix}_SPLIT_K": 2})
+    assert fn.__globals__[f"_{prefix.lower()}_pdl"](torch.zeros(1, device="cuda")) is True
+    d = registry.get(t.op)
+    (shape,) = [s for s in d.shapes(ModelSpec.from_name("llama-1b"),
+                                    {"phase": "decode", "batch": 1, "context": 1, "chunk": 1, "weight": 1.0})][:1]
+    args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
+
+    def chain():        # each call's x is written by the kernel just before it; the reduce reads the GEMV's partials
+        out = None
+        for _ in range(3):
+            out = fn(args[0] * 1.0, *args[1:])
+        return out
+    eager = chain()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    graph.replay()
+    torch.cuda.synchronize()
+    outs = out if isinstance(out, tuple) else (out,)
+    ref = d.reference(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    assert all(torch.equal(a, b) for a, b in zip(outs, eager if isinstance(eager, tuple) else (eager,)))
+    assert compare_outputs(outs, refs, *d.tolerance(torch.bfloat16)) == []

@@ -18,6 +18,9 @@ second kernel for the norm, the normalised row is never written. Two paths:
 - ``T > ARNL_MAX_T`` (prefill): tiled ``tl.dot`` GEMM with the add and ``* g`` in the A-tile
   prologue (the tile is rounded to the weight dtype for the tensor cores) and the rms scale in the
   epilogue; programs with pid_n == 0 store new_residual. FLOPs 2*T*N*H.
+- ``ARNL_PDL`` = 1 (decode, SM90+ GPUs; ignored elsewhere): the decode kernels are launched with
+  programmatic dependent launch; the GEMV loads its first W tile (written by no kernel) before
+  ``gdc_wait`` (the previous kernel, which produced x, done and flushed) and everything else after.
 """
 
 import torch
@@ -38,13 +41,41 @@ ARNL_TILE_N = 64
 ARNL_TILE_K = 64
 ARNL_TILE_WARPS = 4
 ARNL_TILE_STAGES = 3
+ARNL_PDL = 0                 # 1: programmatic dependent launch of the decode kernels (SM90+)
+
+
+def _arnl_pdl(x) -> bool:
+    """Programmatic dependent launch: asked for, and a GPU that has it (SM90+)."""
+    return bool(ARNL_PDL) and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+@triton.jit
+def _arnl_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask, mmask, resmask):
+    """(s * g, sum of s^2 per row) of the [BLOCK_M, BLOCK_K] tile, s = x + r in fp32, stored rounded as
+    new_residual where ``resmask`` (the pid_n == 0 column)."""
+    xmask = mmask[:, None] & kmask[None, :]
+    xv = tl.load(x_ptr + rows64 * stride_xm + offs_k[None, :], mask=xmask, other=0.0)
+    rv = tl.load(r_ptr + rows64 * stride_rm + offs_k[None, :], mask=xmask, other=0.0)
+    s = xv.to(tl.float32) + rv.to(tl.float32)
+    tl.store(res_ptr + rows64 * stride_res + offs_k[None, :], s.to(res_ptr.dtype.element_ty),
+             mask=resmask[:, None] & kmask[None, :])
+    g = tl.load(g_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
+    return s * g[None, :], tl.sum(s * s, axis=1)
+
+
+@triton.jit
+def _arnl_w(w_rows, offs_k, nmask, kmask):
+    """The [BLOCK_N, BLOCK_K] weight tile at ``offs_k`` in fp32 (streamed once: evicted first)."""
+    return tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
+                   eviction_policy="evict_first").to(tl.float32)
 
 
 @triton.jit
 def _arnl_gemv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_ptr, M, N, K,
                stride_xm, stride_rm, stride_wn, stride_om, stride_res, eps,
                K_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PEEL: tl.constexpr,
+               GDC: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -62,20 +93,29 @@ def _arnl_gemv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_p
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)    # reduced once after the loop
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+    k_start = 0
+    if PEEL:    # first W tile before waiting for x's producer (GDC); nothing else is read or written before
+        offs_k = tl.max_contiguous(tl.multiple_of(k_begin + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+        kmask = offs_k < K
+        w = _arnl_w(w_rows, offs_k, nmask, kmask)
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        a, sq = _arnl_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask,
+                        mmask, resmask)
+        ss += sq
+        if BLOCK_M == 1:
+            acc2 += w * a
+        else:
+            acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
+        k_start = BLOCK_K
+    for k0 in range(k_start, K_PER_SPLIT, BLOCK_K):
         offs_k = tl.max_contiguous(tl.multiple_of(k_begin + k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
         kmask = offs_k < K
-        xmask = mmask[:, None] & kmask[None, :]
-        xv = tl.load(x_ptr + rows64 * stride_xm + offs_k[None, :], mask=xmask, other=0.0)
-        rv = tl.load(r_ptr + rows64 * stride_rm + offs_k[None, :], mask=xmask, other=0.0)
-        s = xv.to(tl.float32) + rv.to(tl.float32)                 # [BLOCK_M, BLOCK_K]
-        tl.store(res_ptr + rows64 * stride_res + offs_k[None, :], s.to(res_ptr.dtype.element_ty),
-                 mask=resmask[:, None] & kmask[None, :])
-        ss += tl.sum(s * s, axis=1)
-        g = tl.load(g_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
-        a = s * g[None, :]
-        w = tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
+        a, sq = _arnl_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask,
+                        mmask, resmask)                           # [BLOCK_M, BLOCK_K], [BLOCK_M]
+        ss += sq
+        w = _arnl_w(w_rows, offs_k, nmask, kmask)
         if BLOCK_M == 1:
             acc2 += w * a
         else:
@@ -95,7 +135,10 @@ def _arnl_gemv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_p
 
 @triton.jit
 def _arnl_reduce(ws_ptr, ss_ptr, b_ptr, out_ptr, M, N, K, stride_om, eps, HAS_BIAS: tl.constexpr,
-                 SPLIT_K: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK: tl.constexpr):
+                 SPLIT_K: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    if GDC:     # launched early; the partials are read only once the GEMV has finished
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     m = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -181,16 +224,18 @@ def add_rms_norm_linear_triton(x, residual, norm_weight, eps, weight, bias=None)
         ws = out if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
         ss = out if split == 1 else torch.empty((split, M), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(N, ARNL_BLOCK_N), split, triton.cdiv(M, ARNL_BLOCK_M))
+        peel, pdl = bool(ARNL_PDL), _arnl_pdl(x)     # the peeled first tile is testable on CPU
+        launch = {"launch_pdl": True} if pdl else {}
         _arnl_gemv[grid](x2, r2, norm_weight, weight, b, out, res, ws, ss, M, N, H, x2.stride(0), r2.stride(0),
                          weight.stride(0), out.stride(0), res.stride(0), eps, K_PER_SPLIT=k_per_split,
                          HAS_BIAS=bias is not None, BLOCK_M=ARNL_BLOCK_M, BLOCK_N=ARNL_BLOCK_N,
-                         BLOCK_K=ARNL_BLOCK_K, SPLIT_K=split, num_warps=ARNL_NUM_WARPS,
-                         num_stages=ARNL_NUM_STAGES)
+                         BLOCK_K=ARNL_BLOCK_K, SPLIT_K=split, PEEL=peel, GDC=pdl, num_warps=ARNL_NUM_WARPS,
+                         num_stages=ARNL_NUM_STAGES, **launch)
         if split > 1:
             _arnl_reduce[(triton.cdiv(N, 1024), M)](ws, ss, b, out, M, N, H, out.stride(0), eps,
                                                     HAS_BIAS=bias is not None, SPLIT_K=split,
                                                     SPLIT_P2=triton.next_power_of_2(split), BLOCK=1024,
-                                                    num_warps=4)
+                                                    GDC=pdl, num_warps=4, **launch)
     elif M > ARNL_MAX_T and not ARNL_TILED:
         s = x2.float() + r2.float()                                        # [T, H] fp32
         normed = torch.nn.functional.rms_norm(s, (H,), norm_weight.float(), eps).to(x.dtype)

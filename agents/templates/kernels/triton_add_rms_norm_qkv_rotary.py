@@ -15,6 +15,9 @@ with the RMS scale factored out of the dot (as in the add_rms_norm_linear templa
   trip are gone. Bytes: N H weights (dominant) + 2 T H read, T (N + H) written, 2 SPLIT_K T N fp32
   through L2; llama-1b qkv (N 3072, H 2048, bf16): 12.6 MB.
 - ``T > QKVR_MAX_T`` (prefill): the torch composition (fp32 add, F.rms_norm, F.linear, rotary in fp32).
+- ``QKVR_PDL`` = 1 (decode, SM90+ GPUs; ignored elsewhere): both kernels are launched with programmatic
+  dependent launch; the GEMV loads its first W tile (written by no kernel) before ``gdc_wait`` (the
+  previous kernel, which produced x, done and flushed) and everything else after.
 """
 
 import torch
@@ -31,12 +34,40 @@ QKVR_NUM_STAGES = 3
 QKVR_MAX_T = 16
 QKVR_HEADS = 2               # heads per reduce program
 QKVR_REDUCE_WARPS = 2
+QKVR_PDL = 0                 # 1: programmatic dependent launch of the decode kernels (SM90+)
+
+
+def _qkvr_pdl(x) -> bool:
+    """Programmatic dependent launch: asked for, and a GPU that has it (SM90+)."""
+    return bool(QKVR_PDL) and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+@triton.jit
+def _qkvr_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask, mmask, resmask):
+    """(s * g, sum of s^2 per row) of the [BLOCK_M, BLOCK_K] tile, s = x + r in fp32, stored rounded as
+    new_residual where ``resmask`` (the pid_n == 0 column)."""
+    xmask = mmask[:, None] & kmask[None, :]
+    xv = tl.load(x_ptr + rows64 * stride_xm + offs_k[None, :], mask=xmask, other=0.0)
+    rv = tl.load(r_ptr + rows64 * stride_rm + offs_k[None, :], mask=xmask, other=0.0)
+    s = xv.to(tl.float32) + rv.to(tl.float32)
+    tl.store(res_ptr + rows64 * stride_res + offs_k[None, :], s.to(res_ptr.dtype.element_ty),
+             mask=resmask[:, None] & kmask[None, :])
+    g = tl.load(g_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
+    return s * g[None, :], tl.sum(s * s, axis=1)
+
+
+@triton.jit
+def _qkvr_w(w_rows, offs_k, nmask, kmask):
+    """The [BLOCK_N, BLOCK_K] weight tile at ``offs_k`` in fp32 (streamed once: evicted first)."""
+    return tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
+                   eviction_policy="evict_first").to(tl.float32)
 
 
 @triton.jit
 def _qkvr_gemv(x_ptr, r_ptr, g_ptr, w_ptr, res_ptr, ws_ptr, ss_ptr, M, N, K,
                stride_xm, stride_rm, stride_wn, stride_res,
-               K_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               K_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PEEL: tl.constexpr, GDC: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -50,20 +81,26 @@ def _qkvr_gemv(x_ptr, r_ptr, g_ptr, w_ptr, res_ptr, ws_ptr, ss_ptr, M, N, K,
     resmask = offs_m < tl.where(pid_n == 0, M, 0)                # only the pid_n == 0 column writes s
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+    k_start = 0
+    if PEEL:    # first W tile before waiting for x's producer (GDC); nothing else is read or written before
+        offs_k = tl.max_contiguous(tl.multiple_of(k_begin + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+        kmask = offs_k < K
+        w = _qkvr_w(w_rows, offs_k, nmask, kmask)
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        a, sq = _qkvr_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask,
+                        mmask, resmask)
+        ss += sq
+        acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
+        k_start = BLOCK_K
+    for k0 in range(k_start, K_PER_SPLIT, BLOCK_K):
         offs_k = tl.max_contiguous(tl.multiple_of(k_begin + k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
         kmask = offs_k < K
-        xmask = mmask[:, None] & kmask[None, :]
-        xv = tl.load(x_ptr + rows64 * stride_xm + offs_k[None, :], mask=xmask, other=0.0)
-        rv = tl.load(r_ptr + rows64 * stride_rm + offs_k[None, :], mask=xmask, other=0.0)
-        s = xv.to(tl.float32) + rv.to(tl.float32)                 # [BLOCK_M, BLOCK_K]
-        tl.store(res_ptr + rows64 * stride_res + offs_k[None, :], s.to(res_ptr.dtype.element_ty),
-                 mask=resmask[:, None] & kmask[None, :])
-        ss += tl.sum(s * s, axis=1)
-        g = tl.load(g_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
-        a = s * g[None, :]
-        w = tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        a, sq = _qkvr_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask,
+                        mmask, resmask)                           # [BLOCK_M, BLOCK_K], [BLOCK_M]
+        ss += sq
+        w = _qkvr_w(w_rows, offs_k, nmask, kmask)                  # [BLOCK_N, BLOCK_K]
         acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
     tl.store(ws_ptr + (pid_k * M + rows64) * N + offs_n[None, :], acc, mask=mmask[:, None] & nmask[None, :])
     tl.store(ss_ptr + pid_k * M + offs_m, ss, mask=resmask)
@@ -80,7 +117,10 @@ def _qkvr_partial(ws_ptr, m, M, N, col, mask, SPLIT_K: tl.constexpr):
 @triton.jit
 def _qkvr_reduce(ws_ptr, ss_ptr, b_ptr, pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr, M, N, K, Hq, Hk, Dh, stride_cs, eps,
                  HALF, R, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, SPLIT_P2: tl.constexpr,
-                 HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+                 HEADS: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr):
+    if GDC:     # launched early; the partials are read only once the GEMV has finished
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     m = tl.program_id(1).to(tl.int64)
     heads = tl.program_id(0) * HEADS + tl.arange(0, HEADS)       # [HEADS] of the Hq + 2 Hk heads
     d = tl.arange(0, BLOCK_D)                                     # [BLOCK_D]
@@ -155,12 +195,15 @@ def add_rms_norm_qkv_rotary_triton(x, residual, norm_weight, eps, qkv_weight, qk
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device)       # fp32 partial products
     ss = torch.empty((split, M), dtype=torch.float32, device=x.device)          # partial sums of squares
     grid = (triton.cdiv(N, QKVR_BLOCK_N), split, triton.cdiv(M, QKVR_BLOCK_M))
+    peel, pdl = bool(QKVR_PDL), _qkvr_pdl(x)     # the peeled first tile is testable on CPU
+    launch = {"launch_pdl": True} if pdl else {}
     _qkvr_gemv[grid](x2, r2, norm_weight, w, res, ws, ss, M, N, H, x2.stride(0), r2.stride(0), w.stride(0),
                      res.stride(0), K_PER_SPLIT=k_per_split, BLOCK_M=QKVR_BLOCK_M, BLOCK_N=QKVR_BLOCK_N,
-                     BLOCK_K=QKVR_BLOCK_K, num_warps=QKVR_NUM_WARPS, num_stages=QKVR_NUM_STAGES)
+                     BLOCK_K=QKVR_BLOCK_K, PEEL=peel, GDC=pdl, num_warps=QKVR_NUM_WARPS, num_stages=QKVR_NUM_STAGES,
+                     **launch)
     b = qkv_bias if qkv_bias is not None else ws
     _qkvr_reduce[(triton.cdiv(hq + 2 * hk, QKVR_HEADS), M)](
         ws, ss, b, positions, cs, q, k, v, M, N, H, hq, hk, dh, cs.stride(0), eps, rotary_dim // 2, rotary_dim,
         HAS_BIAS=qkv_bias is not None, SPLIT_K=split, SPLIT_P2=triton.next_power_of_2(split), HEADS=QKVR_HEADS,
-        BLOCK_D=triton.next_power_of_2(dh), num_warps=QKVR_REDUCE_WARPS)
+        BLOCK_D=triton.next_power_of_2(dh), GDC=pdl, num_warps=QKVR_REDUCE_WARPS, **launch)
     return q, k, v, res.reshape(x.shape)

@@ -12,6 +12,10 @@ on the fly in the GEMV prologue (fp32, never rounded, never written).
   33.5 MB: 7.0 us at 4.8 TB/s).
 - ``T > SML_MAX_T`` (prefill): tiled ``tl.dot`` GEMM whose A-tile prologue loads the gate and up
   tiles and forms the activation (rounded to the weight dtype for the tensor cores). FLOPs 2*T*N*I.
+- ``SML_PDL`` = 1 (decode, SM90+ GPUs; ignored elsewhere): both kernels are launched with programmatic
+  dependent launch. The GEMV loads its first W tile (weights: written by no kernel) before
+  ``gdc_wait``, which waits for the kernel that produced x; everything else, stores included, comes
+  after it. So the launch and the first weight bytes overlap the previous kernel's tail.
 """
 
 import torch
@@ -32,6 +36,7 @@ SML_TILE_N = 64
 SML_TILE_K = 64
 SML_TILE_WARPS = 4
 SML_TILE_STAGES = 3
+SML_PDL = 0                  # 1: programmatic dependent launch of the decode kernels (SM90+)
 
 
 @triton.jit
@@ -42,10 +47,22 @@ def _sml_act(x_ptr, rows64, stride_xm, I, offs_k, mask):
     return g / (1.0 + tl.exp(-g)) * u
 
 
+def _sml_pdl(x) -> bool:
+    """Programmatic dependent launch: asked for, and a GPU that has it (SM90+)."""
+    return bool(SML_PDL) and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+@triton.jit
+def _sml_w(w_rows, offs_k, nmask, kmask):
+    """The [BLOCK_N, BLOCK_K] weight tile at ``offs_k`` in fp32 (streamed once: evicted first)."""
+    return tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
+                   eviction_policy="evict_first").to(tl.float32)
+
+
 @triton.jit
 def _sml_gemv(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, I, stride_xm, stride_wn, stride_om,
               K_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+              BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PEEL: tl.constexpr, GDC: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -60,12 +77,25 @@ def _sml_gemv(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, I, stride_xm, stride_wn, stri
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)    # reduced once after the loop
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+    k_start = 0
+    if PEEL:    # first W tile before waiting for x's producer (GDC); nothing else is read or written before
+        offs_k = tl.max_contiguous(tl.multiple_of(k_begin + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+        kmask = offs_k < I
+        w = _sml_w(w_rows, offs_k, nmask, kmask)
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        a = _sml_act(x_ptr, rows64, stride_xm, I, offs_k, mmask[:, None] & kmask[None, :])
+        if BLOCK_M == 1:
+            acc2 += w * a
+        else:
+            acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
+        k_start = BLOCK_K
+    for k0 in range(k_start, K_PER_SPLIT, BLOCK_K):
         offs_k = tl.max_contiguous(tl.multiple_of(k_begin + k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
         kmask = offs_k < I
         a = _sml_act(x_ptr, rows64, stride_xm, I, offs_k, mmask[:, None] & kmask[None, :])  # [BLOCK_M, BLOCK_K]
-        w = tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
+        w = _sml_w(w_rows, offs_k, nmask, kmask)
         if BLOCK_M == 1:
             acc2 += w * a
         else:
@@ -80,7 +110,10 @@ def _sml_gemv(x_ptr, w_ptr, out_ptr, ws_ptr, M, N, I, stride_xm, stride_wn, stri
 
 
 @triton.jit
-def _sml_reduce(ws_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _sml_reduce(ws_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    if GDC:     # launched early; the partials are read only once the GEMV has finished
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     m = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -141,12 +174,14 @@ def silu_mul_linear_triton(x, weight):
         split = triton.cdiv(I, k_per_split)
         ws = out if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(N, SML_BLOCK_N), split, triton.cdiv(M, SML_BLOCK_M))
+        peel, pdl = bool(SML_PDL), _sml_pdl(x)     # the peeled first tile is testable on CPU
+        launch = {"launch_pdl": True} if pdl else {}
         _sml_gemv[grid](x2, weight, out, ws, M, N, I, x2.stride(0), weight.stride(0), out.stride(0),
                         K_PER_SPLIT=k_per_split, BLOCK_M=SML_BLOCK_M, BLOCK_N=SML_BLOCK_N, BLOCK_K=SML_BLOCK_K,
-                        SPLIT_K=split, num_warps=SML_NUM_WARPS, num_stages=SML_NUM_STAGES)
+                        SPLIT_K=split, PEEL=peel, GDC=pdl, num_warps=SML_NUM_WARPS, num_stages=SML_NUM_STAGES, **launch)
         if split > 1:
             _sml_reduce[(triton.cdiv(N, 1024), M)](ws, out, M, N, out.stride(0), SPLIT_K=split, BLOCK=1024,
-                                                   num_warps=4)
+                                                   GDC=pdl, num_warps=4, **launch)
     elif M > SML_MAX_T and not SML_TILED:
         gate, up = x2.float().chunk(2, dim=-1)
         out = torch.nn.functional.linear((torch.nn.functional.silu(gate) * up).to(x.dtype), weight)
