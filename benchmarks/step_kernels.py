@@ -7,8 +7,8 @@ The question it answers: is a step slow because its kernels move bytes slowly, o
 idles between them (launch and dependency latency, ~150 small kernels in a llama-1b step)? Per case
 (``e2e_decode.py``'s case syntax) the step runs two ways, each as ``e2e_decode.py`` times it: the
 reference captured in a CUDA graph, and the plan's overrides captured in a CUDA graph. ``torch.profiler``
-records ``--steps`` graph replays separated by a host sync and a 1 ms sleep, so each replay's kernels
-form one cluster in time. Per replay:
+records ``--steps`` graph replays, each inside a ``record_function`` window that ends after a device
+sync, so a kernel belongs to the replay whose window holds its start. Per replay:
 
   kernels  count of device kernels (CUPTI also reports the kernels launched by a graph replay)
   busy     length of the union of the kernel intervals: time at least one kernel runs
@@ -46,7 +46,7 @@ from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
 
 Interval = tuple[str, float, float]          # (kernel name, start us, end us)
-REPLAY_GAP_US = 500.0                        # a quieter stretch than this separates two replays
+MARK = "tkcc_step"                           # the record_function window around one replay
 
 
 def union_us(intervals: list[Interval]) -> float:
@@ -59,24 +59,24 @@ def union_us(intervals: list[Interval]) -> float:
     return total
 
 
-def split_replays(intervals: list[Interval], gap_us: float = REPLAY_GAP_US) -> list[list[Interval]]:
-    """Clusters of intervals separated by more than ``gap_us`` of quiet: one per replay."""
-    groups: list[list[Interval]] = []
-    end = float("-inf")
+def by_window(intervals: list[Interval], windows: list[tuple[float, float]]) -> list[list[Interval]]:
+    """The intervals that start inside each window (one per replay), in window order; others dropped."""
+    groups: list[list[Interval]] = [[] for _ in windows]
     for iv in sorted(intervals, key=lambda x: x[1]):
-        if iv[1] - end > gap_us:
-            groups.append([])
-        groups[-1].append(iv)
-        end = max(end, iv[2])
+        for g, (w0, w1) in zip(groups, windows):
+            if w0 <= iv[1] <= w1:
+                g.append(iv)
+                break
     return groups
 
 
-def summarize(intervals: list[Interval], steps: int, top: int = 15) -> dict:
+def summarize(intervals: list[Interval], windows: list[tuple[float, float]], top: int = 15) -> dict:
     """Per-step medians over the replays (kernels, busy, span, idle) and per-name totals per step.
-    Raises when the clusters found are not ``steps`` (the separation between replays failed)."""
-    groups = split_replays(intervals)
-    if len(groups) != steps:
-        raise RuntimeError(f"found {len(groups)} clusters of kernels for {steps} replays")
+    Raises when a replay's window holds no kernel (the profiler saw none)."""
+    groups = by_window(intervals, windows)
+    steps = len(groups)
+    if not steps or not all(groups):
+        raise RuntimeError(f"the profiler saw kernels in {sum(map(bool, groups))} of {steps} replays")
     med = lambda xs: statistics.median(xs)  # noqa: E731
     busy = [union_us(g) for g in groups]
     span = [max(e for _, _, e in g) - min(s for _, s, _ in g) for g in groups]
@@ -90,27 +90,33 @@ def summarize(intervals: list[Interval], steps: int, top: int = 15) -> dict:
             "idle_us": med([sp - b for sp, b in zip(span, busy)]), "distinct_kernels": len(rows), "top": rows[:top]}
 
 
-def profile_intervals(run: Callable[[], object], steps: int, cuda: bool) -> list[Interval]:
-    """``steps`` calls of ``run`` under torch.profiler, a sync and 1 ms of quiet between them: the device
-    kernels (cuda) or the top-level ``aten::`` ops (cpu) as (name, start, end) in microseconds."""
+def profile_intervals(run: Callable[[], object], steps: int,
+                      cuda: bool) -> tuple[list[Interval], list[tuple[float, float]]]:
+    """``steps`` calls of ``run`` under torch.profiler, each in a ``MARK`` window closed after a device
+    sync: (the device kernels (cuda) or the ``aten::`` ops directly under a window (cpu) as (name,
+    start, end) in microseconds, the windows)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     run()                                                    # warm (lazy allocations, JIT)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         for _ in range(steps):
-            run()
-            if cuda:
-                torch.cuda.synchronize()
-            time.sleep(0.001 + REPLAY_GAP_US / 1e6)
-    out = []
+            with record_function(MARK):
+                run()
+                if cuda:
+                    torch.cuda.synchronize()
+            time.sleep(0.001)
+    out, windows = [], []
     for ev in prof.events():
-        if cuda and ev.device_type == DeviceType.CUDA:
+        if ev.name == MARK and ev.device_type == DeviceType.CPU:
+            windows.append((ev.time_range.start, ev.time_range.end))
+        elif cuda and ev.device_type == DeviceType.CUDA:
             out.append((ev.name, ev.time_range.start, ev.time_range.end))
-        elif not cuda and ev.device_type == DeviceType.CPU and ev.cpu_parent is None and ev.name.startswith("aten::"):
+        elif (not cuda and ev.device_type == DeviceType.CPU and ev.name.startswith("aten::")
+              and ev.cpu_parent is not None and ev.cpu_parent.name == MARK):
             out.append((ev.name, ev.time_range.start, ev.time_range.end))
-    return out
+    return out, sorted(windows)
 
 
 def run_case(case: e2e.Case, model, plans: dict, steps: int, copy_gbs: float, seed: int) -> list[dict]:
@@ -130,7 +136,7 @@ def run_case(case: e2e.Case, model, plans: dict, steps: int, copy_gbs: float, se
                 def run(o=overrides):
                     with registry.override(o):
                         return model.step(wl)
-            s = summarize(profile_intervals(run, steps, cuda), steps)
+            s = summarize(*profile_intervals(run, steps, cuda))
             rows.append({"model": case.model, "layers": list(model.layers), "batch": case.batch,
                          "context": case.context, "variant": variant, "timed": "cuda_graph" if cuda else "eager",
                          "plan": str(parts.loaded.version_dir) if parts and variant == "tkcc" else None,

@@ -66,8 +66,9 @@ def _layout_line(best: dict | None) -> str:
     return ", ".join(f"{k}={best[k]}" for k in keys if k in best)
 
 
-# how a version with a parent came about (plan.run["origin"]; plans written before it existed: drift)
-_ORIGIN = {"drift": "Recompiled from v{v} because traffic drifted.",
+# how a version with a parent came about (plan.run["origin"]; "" for plans written before it existed)
+_ORIGIN = {"": "Follows v{v}: its optimizations were re-verified first.",
+           "drift": "Recompiled from v{v} because traffic drifted.",
            "forced": "Recompiled from v{v} on request (`--force`; traffic had not drifted).",
            "continued": "Continues v{v}: its optimizations were re-verified first, then searched on from there."}
 
@@ -77,7 +78,8 @@ def _torch_compile_lines(tc: dict | None) -> list[str]:
     if not tc:
         return []
     if tc.get("plan_vs_torch_compile") is None:
-        return [f"- against `torch.compile` of the same slice: not measured ({tc.get('error', 'no figure')})"]
+        why = (str(tc.get("error") or "no figure").strip().splitlines() or ["no figure"])[0]
+        return [f"- against `torch.compile` of the same slice: not measured ({why})"]
     line = (f"- against `torch.compile` of the same slice: **{_x(tc['plan_vs_torch_compile'])}** "
             f"(plan {tc.get('plan_ms', 0):.3f} ms, {tc.get('plan_timing', 'eager')}; torch.compile "
             f"{tc.get('torch_compile_ms', 0):.3f} ms, mode {tc.get('torch_compile_mode', 'default')}; "
@@ -103,7 +105,7 @@ def render(plan: Plan) -> dict[str, str]:
     run = plan.run
     L = [f"# tkcc plan v{plan.version}: {plan.model} on {plan.hw}", ""]
     if plan.parent_version is not None:
-        L += [_ORIGIN.get(run.get("origin", "drift"), _ORIGIN["drift"]).format(v=plan.parent_version), ""]
+        L += [_ORIGIN.get(run.get("origin", ""), _ORIGIN[""]).format(v=plan.parent_version), ""]
     if run.get("interrupted"):
         L += ["**This run was interrupted**; the plan holds what was accepted before the stop.", ""]
     L += ["| | |", "|---|---|",

@@ -18,18 +18,19 @@ spec.loader.exec_module(sk)
 
 
 def test_busy_is_the_union_and_idle_the_gaps_of_each_replay():
-    # two replays 2 ms apart; in each, k1 and k2 overlap by 2 us, then a 3 us gap, then k3
+    # two replays; in each, k1 and k2 overlap by 2 us, then a 3 us gap, then k3; one stray kernel between
     def replay(t0):
         return [("k1", t0, t0 + 10), ("k2", t0 + 8, t0 + 12), ("k3", t0 + 15, t0 + 20)]
-    ivs = replay(0.0) + replay(2000.0)
+    ivs = replay(0.0) + replay(2000.0) + [("stray", 1000.0, 1001.0)]
+    windows = [(-1.0, 30.0), (1999.0, 2030.0)]
     assert sk.union_us(replay(0.0)) == 17.0
-    assert [len(g) for g in sk.split_replays(ivs)] == [3, 3]
-    s = sk.summarize(ivs, steps=2)
-    assert (s["kernels"], s["busy_us"], s["span_us"], s["idle_us"]) == (3, 17.0, 20.0, 3.0)
+    assert [len(g) for g in sk.by_window(ivs, windows)] == [3, 3]
+    s = sk.summarize(ivs, windows)
+    assert (s["steps"], s["kernels"], s["busy_us"], s["span_us"], s["idle_us"]) == (2, 3, 17.0, 20.0, 3.0)
     assert s["top"][0] == {"kernel": "k1", "calls_per_step": 1.0, "us_per_step": 10.0, "us_per_call": 10.0}
     assert [r["kernel"] for r in s["top"]] == ["k1", "k3", "k2"]
-    with pytest.raises(RuntimeError, match="found 2 clusters of kernels for 3 replays"):
-        sk.summarize(ivs, steps=3)
+    with pytest.raises(RuntimeError, match="the profiler saw kernels in 2 of 3 replays"):
+        sk.summarize(ivs, windows + [(5000.0, 5100.0)])
 
 
 def test_cpu_run_profiles_reference_and_plan(tmp_path):

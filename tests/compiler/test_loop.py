@@ -67,7 +67,7 @@ def run(tmp_path_factory):
     t = threading.Thread(target=killer, daemon=True)
     t.start()
     cfg = OptimizeConfig(model="tiny-dense", hw="h200", traffic=CONV, out=str(out), budget_s=60,
-                         agents=f"files:{CANDIDATES}", max_points=1, aa_runs=1, quiet=True)
+                         agents=f"files:{CANDIDATES}", max_points=1, aa_runs=1, quiet=True, vs_torch_compile=True)
     try:
         result = optimize(cfg)
     finally:
@@ -90,6 +90,10 @@ def test_run_writes_a_complete_plan(run):
         assert (vdir / o.kernel).is_file()
     if plan.optimizations:
         assert plan.plan_speedup["fast"] > 1 and plan.plan_speedup["slow"] > 1
+        tc = plan.baseline["torch_compile"]             # --vs-torch-compile: the slow-tier slice, per point
+        assert tc["layers"] == [0, 1] and tc["weight_covered"] == 1.0 and tc["plan_timing"] == "eager"
+        assert plan.plan_speedup["vs_torch_compile"] == tc["plan_vs_torch_compile"] > 0
+        assert "against `torch.compile` of the same slice: **" in (vdir / "report.md").read_text()
     assert (vdir / "report.md").read_text().startswith("# tkcc plan v1")
     assert (vdir / "kernels" / "composed.py").is_file() and (vdir / "traffic_profile.json").is_file()
     assert plan.baseline["op_ms"], "the baseline profile is recorded"

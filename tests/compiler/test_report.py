@@ -57,6 +57,6 @@ def test_report_states_the_torch_compile_comparison_its_method_coverage_or_failu
     assert "against `torch.compile` of the same slice: **1.250x** (plan 1.000 ms, cuda_graph" in md
     assert "mode reduce-overhead" in md and "covers 96.0% of the traffic weight" in md
     assert "left out: prefill b1 (InductorError: <SliceView>)" in md
-    failed = render(make_plan(baseline={"op_ms": {}, "torch_compile": {"error": "RuntimeError: no point"}}))["report.md"]
-    assert "against `torch.compile` of the same slice: not measured (RuntimeError: no point)" in failed
+    failed = render(make_plan(baseline={"op_ms": {}, "torch_compile": {"error": "RuntimeError: no point\n\nmore"}}))["report.md"]
+    assert "against `torch.compile` of the same slice: not measured (RuntimeError: no point)\n" in failed
     assert "torch.compile" not in render(make_plan())["report.md"]
