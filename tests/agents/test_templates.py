@@ -23,7 +23,7 @@ SMALL = {
     "linear.triton_tiled": {"TILE_BLOCK_M": 16, "TILE_BLOCK_N": 32, "TILE_BLOCK_K": 32, "TILE_SPLIT_K": 2,
                             "TILE_GROUP_M": 4, "TILE_NUM_WARPS": 2, "TILE_NUM_STAGES": 2},
     "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
-                                        "ATTD_NUM_STAGES": 1, "ATTD_DOT": True},
+                                        "ATTD_NUM_STAGES": 1, "ATTD_DOT": True, "ATTD_PDL": 1},
     # *_PDL 1: the GEMV's peeled first tile (programmatic dependent launch itself needs an SM90 GPU)
     # composite ops: MAX_T 4 sends the T=5/7 examples through the tl.dot path, the rest through split-K
     "add_rms_norm_linear.triton_fused": {"ARNL_BLOCK_N": 4, "ARNL_BLOCK_K": 64, "ARNL_BLOCK_M": 2, "ARNL_SPLIT_K": 2,

@@ -249,9 +249,17 @@ def test_pdl_setting_peels_the_first_weight_tile_and_still_honours_the_contract(
     assert g[f"{prefix.upper()}_PDL"] == 1 and g[f"_{prefix}_pdl"](torch.zeros(1)) is False   # no launch_pdl on CPU
 
 
+PDL_SETTINGS = {  # a second (reduce / merge) kernel in each, so a PDL launch reads a PDL launch's output
+    "add_rms_norm_linear.triton_fused": {"ARNL_PDL": 1, "ARNL_SPLIT_K": 2},
+    "silu_mul_linear.triton_fused": {"SML_PDL": 1, "SML_SPLIT_K": 2},
+    "add_rms_norm_qkv_rotary.triton_fused": {"QKVR_PDL": 1, "QKVR_SPLIT_K": 2},
+    "linear.triton_gemv_splitk": {"GEMV_PDL": 1, "GEMV_SPLIT_K": 2},
+    "attention_decode.triton_splitkv": {"ATTD_PDL": 1, "ATTD_NUM_SPLITS": 4},
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["add_rms_norm_linear.triton_fused", "silu_mul_linear.triton_fused",
-                                  "add_rms_norm_qkv_rotary.triton_fused"])
+@pytest.mark.parametrize("name", sorted(PDL_SETTINGS))
 def test_cuda_pdl_kernels_in_a_graph_match_eager_and_the_reference_at_llama_dims(name):
     """On a GPU with programmatic dependent launch (SM90+): PDL launches whose inputs the previous kernel
     wrote, captured in one CUDA graph, replay bitwise like eager and within the op's tolerance of the
@@ -261,12 +269,13 @@ def test_cuda_pdl_kernels_in_a_graph_match_eager_and_the_reference_at_llama_dims
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs SM90+")
     t = get_template(name)
-    prefix = {"add_rms_norm_linear": "ARNL", "silu_mul_linear": "SML", "add_rms_norm_qkv_rotary": "QKVR"}[t.op]
-    fn = _impl(name, **{f"{prefix}_PDL": 1, f"{prefix}_SPLIT_K": 2})
-    assert fn.__globals__[f"_{prefix.lower()}_pdl"](torch.zeros(1, device="cuda")) is True
+    knobs = PDL_SETTINGS[name]
+    fn = _impl(name, **knobs)
+    prefix = next(iter(knobs)).split("_")[0].lower()
+    assert fn.__globals__[f"_{prefix}_pdl"](torch.zeros(1, device="cuda")) is True
     d = registry.get(t.op)
-    (shape,) = [s for s in d.shapes(ModelSpec.from_name("llama-1b"),
-                                    {"phase": "decode", "batch": 1, "context": 1, "chunk": 1, "weight": 1.0})][:1]
+    shape = d.shapes(ModelSpec.from_name("llama-1b"),
+                     {"phase": "decode", "batch": 1, "context": 1024, "chunk": 1, "weight": 1.0})[0]
     args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
 
     def chain():        # each call's x is written by the kernel just before it; the reduce reads the GEMV's partials

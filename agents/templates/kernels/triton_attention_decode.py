@@ -8,7 +8,9 @@ end at once. With NUM_SPLITS > 1, per-slice outputs and log-sum-exps go to fp32 
 kernel merges them. ``ATTD_DOT`` computes QK^T and PV with ``tl.dot`` on tensor cores (the group
 padded to 16 rows; worth it for large groups and head dims, e.g. G=8, Dh=128), otherwise as
 broadcast products on CUDA cores. Bytes: the context's K and V (ctx * Hk * (Dh + Dv) elements per
-sequence).
+sequence). ``ATTD_PDL`` = 1 (SM90+ GPUs; ignored elsewhere) launches both kernels with programmatic
+dependent launch: each waits (``gdc_wait``) before its first load, since q and the cache's new K/V
+come from the kernels just before, so only the launch overlaps the previous kernel's tail.
 """
 
 import torch
@@ -21,6 +23,12 @@ ATTD_NUM_SPLITS = 4
 ATTD_NUM_WARPS = 4
 ATTD_NUM_STAGES = 2
 ATTD_DOT = False        # tensor-core tl.dot for QK^T and PV (the group padded to 16 rows)
+ATTD_PDL = 0            # 1: programmatic dependent launch (SM90+)
+
+
+def _attd_pdl(q) -> bool:
+    """Programmatic dependent launch: asked for, and a GPU that has it (SM90+)."""
+    return bool(ATTD_PDL) and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
 
 
 @triton.jit
@@ -29,7 +37,10 @@ def _attd_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pl_ptr, s
                  stride_bt, stride_ob, stride_oh, Hq, DH, DV,
                  G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
                  PAGE: tl.constexpr, BLOCK_T: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                 DOT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                 DOT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr):
+    if GDC:     # launched early: every input may come from the kernel just before
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -97,7 +108,10 @@ def _attd_dot(a, b, kv_ptr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
 
 @triton.jit
 def _attd_merge(po_ptr, pl_ptr, out_ptr, Hq, DV, stride_ob, stride_oh,
-                NUM_SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr):
+                NUM_SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr, GDC: tl.constexpr):
+    if GDC:     # launched early; the slices are read only once the split kernel has finished
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, NUM_SPLITS)
@@ -135,6 +149,8 @@ def attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, sca
     else:
         po = pl = out
     block_g = max(16, triton.next_power_of_2(G)) if ATTD_DOT else triton.next_power_of_2(G)
+    pdl = _attd_pdl(q)
+    launch = {"launch_pdl": True} if pdl else {}
     _attd_kernel[(B, Hk, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, po, pl, float(scale), tokens_per_split,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -142,8 +158,8 @@ def attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, sca
         out.stride(0), out.stride(1), Hq, DH, DV, G=G, BLOCK_G=block_g,
         BLOCK_DH=max(16, triton.next_power_of_2(DH)), BLOCK_DV=BLOCK_DV, PAGE=PAGE, BLOCK_T=ATTD_BLOCK_T,
         NUM_SPLITS=splits, DOT=ATTD_DOT, UPCAST=q.device.type != "cuda", IEEE=q.dtype == torch.float32,
-        num_warps=ATTD_NUM_WARPS, num_stages=ATTD_NUM_STAGES)
+        GDC=pdl, num_warps=ATTD_NUM_WARPS, num_stages=ATTD_NUM_STAGES, **launch)
     if splits > 1:
         _attd_merge[(B, Hq)](po, pl, out, Hq, DV, out.stride(0), out.stride(1),
-                             NUM_SPLITS=splits, BLOCK_DV=BLOCK_DV, num_warps=1)
+                             NUM_SPLITS=splits, BLOCK_DV=BLOCK_DV, GDC=pdl, num_warps=1, **launch)
     return out
