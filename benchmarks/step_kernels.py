@@ -180,13 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     info = e2e.device_info(device)
     print(f"{info['gpu']}: copy bandwidth {copy_gbs:.0f} GB/s; {a.steps} profiled steps per variant", flush=True)
     rows = []
+    model, key = None, None
     for case in cases:
-        model = build_model(ModelSpec.from_name(case.model), layers=list(case.layers) if case.layers else None,
-                            device=device, dtype=e2e.DTYPES[a.dtype], seed=a.seed)
+        if key != (case.model, case.layers):           # one model per slice, its batches share it
+            model = None
+            model = build_model(ModelSpec.from_name(case.model), layers=list(case.layers) if case.layers else None,
+                                device=device, dtype=e2e.DTYPES[a.dtype], seed=a.seed)
+            key = (case.model, case.layers)
         for r in run_case(case, model, plans, a.steps, copy_gbs, a.seed):
             rows.append(r)
             print_row(r)
-        del model
     doc = {**info, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": a.device, "dtype": a.dtype,
            "copy_bandwidth_gbs": copy_gbs, "cases": rows}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else 'cpu'}-step-kernels.json")

@@ -72,6 +72,24 @@ def load_module(path: Path) -> Any:
     return module
 
 
+def overrides_of(source: str) -> dict[str, Callable]:
+    """The ``OVERRIDES`` of a candidate source (e.g. a plan's composed file), imported as a fresh module
+    from a real file (Triton reads kernel sources through ``inspect``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "composed.py"
+        path.write_text(source)
+        return dict(getattr(load_module(path), "OVERRIDES", {}) or {})
+
+
+def torch_dtype(name: str) -> Any:
+    """``torch.dtype`` of an engine dtype name (bf16, fp16, fp32)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
 def load(path: str | Path) -> LoadedPlan:
     """Loads and validates a plan (root or version directory) and imports its composed kernels."""
     plan, vdir = plan_mod.load(path)
@@ -135,9 +153,8 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
         layers = loaded.plan.tiers.get("fast", {}).get("layers") or list(spec.covering_layers())
     if dtype not in TOLERANCE:
         raise plan_mod.PlanError(f"dtype must be one of {', '.join(TOLERANCE)}, got {dtype!r}")
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     atol, rtol = TOLERANCE[dtype]
-    m = build_model(spec, layers=list(layers), device=device, dtype=torch_dtype, seed=seed)
+    m = build_model(spec, layers=list(layers), device=device, dtype=torch_dtype(dtype), seed=seed)
     out = []
 
     def timed(workload) -> tuple[Any, float]:
@@ -172,7 +189,6 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
     (``persistent_engine.profiler.profile_point``: each outermost op call wrapped, device synchronised
     around it, so a composite op's parts are not counted twice; median over ``reps`` after a warm-up).
     Cost: 2 x (reps + 1) steps per point."""
-    import tempfile
     from collections import defaultdict
 
     import torch
@@ -182,20 +198,17 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
     from persistent_engine.profiler import profile_point
     from persistent_engine.workloads import make_workload
 
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "composed.py"
-        path.write_text(source)
-        overrides = dict(getattr(load_module(path), "OVERRIDES", {}) or {})
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        model = build_model(spec, layers=list(layers), device=device, dtype=dtype, seed=seed)
-        result: dict[str, dict[str, float]] = {"before": defaultdict(float), "after": defaultdict(float)}
-        with torch.no_grad(), engine_threads(device):
-            for point in points:
-                workload = make_workload(model, dict(point), seed)
-                for side in ("before", "after"):
-                    ctx = registry.override(overrides) if side == "after" else contextlib.nullcontext()
-                    with ctx:
-                        prof = profile_point(model, workload, torch.device(device), reps)
-                    for op, row in prof.items():
-                        result[side][op] += float(point.get("weight", 1.0)) * row["ms"]
+    overrides = overrides_of(source)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model = build_model(spec, layers=list(layers), device=device, dtype=dtype, seed=seed)
+    result: dict[str, dict[str, float]] = {"before": defaultdict(float), "after": defaultdict(float)}
+    with torch.no_grad(), engine_threads(device):
+        for point in points:
+            workload = make_workload(model, dict(point), seed)
+            for side in ("before", "after"):
+                ctx = registry.override(overrides) if side == "after" else contextlib.nullcontext()
+                with ctx:
+                    prof = profile_point(model, workload, torch.device(device), reps)
+                for op, row in prof.items():
+                    result[side][op] += float(point.get("weight", 1.0)) * row["ms"]
     return {side: {k: round(v, 6) for k, v in ops.items()} for side, ops in result.items()}

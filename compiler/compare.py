@@ -21,12 +21,10 @@ GPU) + 3 x (samples + 2) steps. ``benchmarks/e2e_decode.py`` times whole models 
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
-from compiler.apply import engine_threads, load_module
+from compiler.apply import engine_threads, overrides_of, torch_dtype
 
 
 def capture(model: Any, wl: Any, overrides: dict, pool: Any = None) -> tuple[Any, Any]:
@@ -80,12 +78,8 @@ def compare_with_torch_compile(spec: Any, layers: list[int], points: list[dict],
     from persistent_engine.ops import registry
     from persistent_engine.workloads import make_workload
 
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "composed.py"
-        path.write_text(source)
-        overrides = dict(getattr(load_module(path), "OVERRIDES", {}) or {})
-    model = build_model(spec, layers=list(layers), device=device, dtype=torch_dtype, seed=seed)
+    overrides = overrides_of(source)
+    model = build_model(spec, layers=list(layers), device=device, dtype=torch_dtype(dtype), seed=seed)
     cuda = model.device.type == "cuda"
     n = samples or (50 if cuda else 5)
     timer = timing.make_timer(model.device)

@@ -172,9 +172,8 @@ def test_step_is_rerunnable_and_deterministic():
     assert model.greedy(a).tolist() == a.argmax(-1).tolist()
 
 
-def test_counting_override_proves_every_op_goes_through_the_registry():
-    counts = collections.Counter()
-
+def _counting(counts: collections.Counter):
+    """An override factory: op name -> its reference, counting its calls in ``counts``."""
     def counting(name):
         ref = registry.get(name).reference
 
@@ -182,6 +181,12 @@ def test_counting_override_proves_every_op_goes_through_the_registry():
             counts[name] += 1
             return ref(*args)
         return run
+    return counting
+
+
+def test_counting_override_proves_every_op_goes_through_the_registry():
+    counts = collections.Counter()
+    counting = _counting(counts)
     model = build_model("tiny-moe")                      # layers: dense, moe, moe
     wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 10})
     base = model.step(wl)
@@ -203,14 +208,7 @@ def test_counting_override_proves_every_op_goes_through_the_registry():
 def test_llama_style_layers_call_the_fused_qkv_rotary_composite():
     """GQA without QK-norm: one add_rms_norm_qkv_rotary per layer replaces add_rms_norm_linear + rotary."""
     counts = collections.Counter()
-
-    def counting(name):
-        ref = registry.get(name).reference
-
-        def run(*args):
-            counts[name] += 1
-            return ref(*args)
-        return run
+    counting = _counting(counts)
     model = build_model("tiny-dense")                    # 2 dense GQA layers, no QK-norm
     wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 10})
     base = model.step(wl)
