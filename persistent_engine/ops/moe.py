@@ -80,11 +80,14 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     ids_sorted, order = flat.sort(stable=True)
     tok = order // k                                               # [T*k] token of each sorted row
     wsorted = topk_weights.flatten().to(acc)[order, None]          # [T*k, 1]
-    out = torch.zeros(t, x.shape[1], dtype=acc, device=x.device)
     y = _grouped_experts(x[tok], w13, w2, ids_sorted, e, i)
     if y is None:
         y = _looped_experts(x[tok], w13, w2, ids_sorted, e, i)
-    return out.index_add_(0, tok, y.to(acc) * wsorted).to(x.dtype)
+    # back to (token, slot) order, then a fixed-order sum over the k slots: index_add_ adds with atomics
+    # on CUDA, in an order (and so with a bf16 rounding of the result) that changes from run to run
+    pairs = torch.empty(t * k, x.shape[1], dtype=acc, device=x.device)
+    pairs[order] = y.to(acc) * wsorted
+    return pairs.view(t, k, -1).sum(1).to(x.dtype)
 
 
 def _silu_mul(h: torch.Tensor, i: int) -> torch.Tensor:

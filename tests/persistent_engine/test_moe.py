@@ -96,3 +96,41 @@ def test_real_size_moe_layer_runs_on_gpu(alias):
         assert logits.shape == (point["batch"], spec.vocab_size) and torch.isfinite(logits).all()
     del model
     torch.cuda.empty_cache()
+
+
+def test_sorted_path_adds_the_k_slots_in_a_fixed_order():
+    """Above LOOP_MIN_TOKENS the rows come back in (token, slot) order and are summed over the k slots:
+    no atomic accumulation (index_add_ on CUDA adds in a run-dependent order, so the bf16 result, and the
+    routing of every later MoE layer, changed between two runs of the same prefill on the H200)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            accumulate = func.overloadpacket.__name__.startswith("index_put") and (
+                kwargs.get("accumulate") or (len(args) > 3 and args[3]))
+            self.ops.append((func.overloadpacket.__name__, bool(accumulate)))
+            return func(*args, **kwargs)
+
+    g = torch.Generator().manual_seed(0)
+    t, e, k, h, i = moe_ops.LOOP_MIN_TOKENS + 5, 8, 3, 16, 8
+    x = torch.randn(t, h, generator=g)
+    w13, w2 = torch.randn(e, 2 * i, h, generator=g) * 0.3, torch.randn(e, h, i, generator=g) * 0.3
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    with Seen() as seen:
+        out = experts(x, w13, w2, w, ids)
+    names = {n for n, _ in seen.ops}
+    assert not names & {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_reduce"}, names
+    assert not any(acc for _, acc in seen.ops)
+    # the same answer as a per-(token, slot) loop in float64
+    want = torch.zeros(t, h, dtype=torch.float64)
+    for tok in range(t):
+        for j in range(k):
+            a = F.linear(x[tok].double(), w13[ids[tok, j]].double())
+            want[tok] += w[tok, j].double() * F.linear(F.silu(a[:i]) * a[i:], w2[ids[tok, j]].double())
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-4)

@@ -238,6 +238,13 @@ def _moe_pow2(n):
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+def _moe_align_chunk(e_pow2):
+    """Pairs per step of the align kernel: its tiles are [CHUNK, E_POW2] (one-hot) and [CHUNK, CHUNK]
+    (ranks), both kept within MOE_ALIGN_ELEMS. Without the second bound 8 experts gave CHUNK 1024, a
+    [1024, 1024] tile that LLVM did not finish compiling in 300 s on the H200."""
+    return max(1, min(MOE_ALIGN_ELEMS // e_pow2, _moe_pow2(int(MOE_ALIGN_ELEMS ** 0.5) + 1) // 2))
+
+
 def moe_experts_triton(x, w13, w2, topk_weights, topk_ids):
     T, H = x.shape
     E, two_i, _ = w13.shape
@@ -268,7 +275,7 @@ def moe_experts_triton(x, w13, w2, topk_weights, topk_ids):
         block_expert = torch.empty((num_blocks,), dtype=torch.int32, device=x.device)
         e_pow2 = _moe_pow2(E)
         _moe_align_kernel[(1,)](ids, sorted_ids, block_expert, P, E, num_blocks, BLOCK_M=MOE_BLOCK_M,
-                                E_POW2=e_pow2, CHUNK=max(1, MOE_ALIGN_ELEMS // e_pow2), num_warps=8)
+                                E_POW2=e_pow2, CHUNK=_moe_align_chunk(e_pow2), num_warps=8)
         inter = torch.empty((slots, I), dtype=x.dtype, device=x.device)
         _moe_w13_kernel[(num_blocks * triton.cdiv(I, MOE_BLOCK_N),)](
             x, w13, sorted_ids, block_expert, inter, P, H, I, E, num_blocks, x.stride(0), x.stride(1),
