@@ -97,8 +97,8 @@ def collective_worker(rank: int, world: int, sizes: list[int], iters: int, devic
             for _ in range(iters):
                 run()
             _sync(dev)
-            t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)    # gloo/NCCL: the slowest rank sets the time
+            t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)    # the slowest rank sets the time (NCCL: on the GPU)
             rows.append({"op": op, "bytes": n * esize, "time_s": float(t)})
     return rows
 
@@ -155,7 +155,7 @@ def decode_worker(rank: int, world: int, model_name: str, layers, ep: int, point
         wl = make_workload(model, point, seed=i)
         dist.barrier()
         times, mode = _time_step(model, wl, samples, dev)
-        med = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        med = torch.tensor([statistics.median(times)], dtype=torch.float64, device=dev)
         dist.all_reduce(med, op=dist.ReduceOp.MAX)
         rows.append({**point, "measured_s": float(med), "timing": mode, "samples": samples})
         del wl

@@ -1,10 +1,10 @@
 """The sharded forward against the single-process reference, run inside a process group.
 
-    rows = check_sharded(world=2, cases=[("tiny-dense", 2, 1), ("tiny-moe", 2, 2)])
+    rows = check_sharded(world=2, cases=[("tiny-dense", 2, 1), ("tiny-moe", 2, 2), ("llama-8b", 2, 1, [0, 1])])
     # one row per (case, point): max |sharded - reference| logits and whether it is within tolerance
 
-Every rank builds the full reference decoder with the same seed (the check is for small models),
-its own shard of it (``shard_model``), and the workload of each point; the rank's shard of the
+A case is (model, tp, ep) or (model, tp, ep, layers) for a slice. Every rank builds the reference
+decoder with the same seed (the check is for small models and slices), its own shard of it (``shard_model``), and the workload of each point; the rank's shard of the
 reference cache is taken before either model runs, so both start from the same cached K/V. Each
 rank compares the full logits it ends with ([B, V] fp32 after the all-gather) to the reference's;
 the check passes when every rank is within ``atol + rtol |reference|`` everywhere.
@@ -37,11 +37,12 @@ def compare_worker(rank: int, world: int, cases: list, points: list, seed: int, 
     dev = f"cuda:{rank}" if device.startswith("cuda") else "cpu"
     atol, rtol = TOLERANCE[dtype]
     rows = []
-    for model_name, tp, ep in cases:
+    for model_name, tp, ep, *layers in cases:            # (model, tp, ep) or (model, tp, ep, layers)
         if tp != world:
             continue
         cfg = ParallelConfig(tp=tp, ep=ep)
-        ref = build_model(model_name, device=dev, dtype=DTYPES[dtype], seed=seed)
+        ref = build_model(model_name, layers=layers[0] if layers else None, device=dev, dtype=DTYPES[dtype],
+                          seed=seed)
         sharded = shard_model(ref, cfg, rank, group=dist.group.WORLD)
         for i, point in enumerate(points):
             wl = make_workload(ref, point, seed=seed + i)

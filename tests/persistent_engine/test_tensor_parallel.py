@@ -96,6 +96,22 @@ def test_sharded_forward_matches_reference_on_4_gloo_ranks():
     _assert_rows(check_sharded(4, cases), 4, cases)
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_sharded_forward_matches_reference_on_2_nccl_gpus():
+    """NCCL on two GPUs: the tiny models in fp32, then real-dimension slices (llama-8b layers 0-1 at TP 2,
+    qwen3-moe layers 0-1 at EP 2) in fp32, each rank's full logits against its own single-GPU reference."""
+    tiny = [("tiny-dense", 2, 1), ("tiny-moe", 2, 2)]
+    _assert_rows(check_sharded(2, tiny, device="cuda"), 2, tiny)
+    real = [("llama-8b", 2, 1, [0, 1]), ("qwen3-moe", 2, 2, [0, 1])]
+    rows = check_sharded(2, real, device="cuda", timeout_s=540)
+    assert len(rows) == 2 * len(real) * 2
+    for r in rows:
+        assert r["ok"] and r["max_ref"] > 0.1, r
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0"
+
+
 def test_a_failing_rank_is_reported_in_one_line():
     with pytest.raises(ParallelError, match="cannot shard"):
         check_sharded(2, [("tiny-mla", 2, 1)])
