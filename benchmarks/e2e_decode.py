@@ -428,7 +428,10 @@ def run(a: argparse.Namespace) -> int:
         print_row(r)
         sections.append(markdown(r, plans.get(case.model)))
         print("\n" + sections[-1], flush=True)
-    doc = {**info, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for r in rows:
+        r["date"] = now                             # the run that measured it (cases outlive runs: --merge)
+    doc = {**info, "date": now,
            "device": a.device, "dtype": a.dtype, "copy_bandwidth_gbs": copy_gbs, "samples": a.samples,
            "eager_samples": a.eager_samples, "seed": a.seed,
            "plans": [{"model": m, "path": str(p.loaded.version_dir), "version": p.loaded.plan.version,
@@ -443,6 +446,8 @@ def run(a: argparse.Namespace) -> int:
         kept = [r for r in json.loads(out.read_text()).get("cases", []) if ident(r) not in done]
         doc["cases"] = kept + rows
         doc["targets"] = target_verdicts(doc["cases"])
+        kept_models = {r["model"] for r in kept} - {p["model"] for p in doc["plans"]}
+        doc["plans"] += [p for p in json.loads(out.read_text()).get("plans", []) if p["model"] in kept_models]
     plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     if a.markdown:
         plan_mod.atomic_write_text(a.markdown, "\n".join(sections))

@@ -144,11 +144,12 @@ def test_cuda_deferred_samples_of_graph_replays_match_synchronous_ones():
         return timing.capture_graph(lambda: [x @ x for _ in range(n)][-1], dev)
 
     (g1, o1), (g4, o4) = graphed(1), graphed(4)
-    short = lambda v: (g1.replay(), o1)[1]          # noqa: E731
-    long = lambda v: (g4.replay(), o4)[1]           # noqa: E731
+    short = lambda: (g1.replay(), o1)[1]            # noqa: E731 - Timer.sample runs a zero-argument step
     sync = timing.Stats.of([timer.sample(short, graph=True)[0] for _ in range(20)]).median_ms
     handles = [timer.sample_async(short, graph=True)[0] for _ in range(20)]
     deferred = timing.Stats.of(timer.resolve(handles)).median_ms
     assert deferred == pytest.approx(sync, rel=0.25)
-    res = timing.ab_interleaved(timer, long, short, samples=40, graph=True, stop_rel_se=0.003)
+    # ab_interleaved passes each side the variant index
+    res = timing.ab_interleaved(timer, lambda v: (g4.replay(), o4)[1], lambda v: short(), samples=40, graph=True,
+                                stop_rel_se=0.003)
     assert 3.0 < res.speedup < 5.0 and res.candidate.n <= 40
