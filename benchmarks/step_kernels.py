@@ -60,9 +60,10 @@ def union_us(intervals: list[Interval]) -> float:
 
 
 def by_window(intervals: list[Interval], windows: list[tuple[float, float]]) -> list[list[Interval]]:
-    """The intervals that start inside each window (one per replay), in window order; others dropped."""
+    """The kernel intervals that start inside each window (one per replay), in window order; others dropped."""
     groups: list[list[Interval]] = [[] for _ in windows]
-    for iv in sorted(intervals, key=lambda x: x[1]):
+    # on CUDA the profiler also reports each MARK window as a device-side range: not a kernel
+    for iv in sorted((iv for iv in intervals if iv[0] != MARK), key=lambda x: x[1]):
         for g, (w0, w1) in zip(groups, windows):
             if w0 <= iv[1] <= w1:
                 g.append(iv)

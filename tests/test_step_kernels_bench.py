@@ -22,6 +22,9 @@ def test_busy_is_the_union_and_idle_the_gaps_of_each_replay():
     def replay(t0):
         return [("k1", t0, t0 + 10), ("k2", t0 + 8, t0 + 12), ("k3", t0 + 15, t0 + 20)]
     ivs = replay(0.0) + replay(2000.0) + [("stray", 1000.0, 1001.0)]
+    # CUPTI's device-side range of each replay's record_function window (the H200 run of 2026-11-29 counted
+    # it as a kernel spanning the whole replay: busy = span, idle 0)
+    ivs += [(sk.MARK, -0.5, 25.0), (sk.MARK, 1999.5, 2025.0)]
     windows = [(-1.0, 30.0), (1999.0, 2030.0)]
     assert sk.union_us(replay(0.0)) == 17.0
     assert [len(g) for g in sk.by_window(ivs, windows)] == [3, 3]
