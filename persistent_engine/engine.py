@@ -129,6 +129,13 @@ def model_weights(model) -> dict[str, torch.Tensor]:
     return _tensors(model)
 
 
+def _guard_budget(device: torch.device) -> int | None:
+    """Bytes of weights the weight guard may copy on the device (a tenth of its memory); None on CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory // 10
+
+
 def _warm_triton(device: torch.device) -> None:
     """Compile and launch one trivial Triton kernel (~2 s on a GPU the first time in a process)."""
     try:
@@ -240,7 +247,9 @@ class Engine:
             run = (lambda g=g: (g[0][0].replay(), g[0][1])[1]) if g else (lambda w=ws[0]: self.model.step(w))
             self.base_ms.append(timing.time_one(self.timer, run, 5, graph=g is not None).median_ms)
 
-        self.weight_guard = guards.TensorGuard(model_weights(self.model))
+        # the weights' copy stays on the device up to a tenth of its memory (llama-1b: 2.5 GB), else in
+        # host memory with a device-side fingerprint (a deepseek tier: tens of GB)
+        self.weight_guard = guards.TensorGuard(model_weights(self.model), device_budget=_guard_budget(self.device))
         self.workload_guard = guards.TensorGuard(
             {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
              for k, t in _tensors(w).items()})
@@ -438,21 +447,27 @@ class Engine:
             counted = {n: guards.Counted(fn) for n, fn in c.overrides.items()}
             layer_reasons: list[str] = []
             # MoE points: moe_route wrapped to record the candidate's routing; flips at near-ties of the
-            # reference's routing (recorded once per point and variant) are excused (verify.TieCheck)
+            # reference's routing (recorded once per point and variant) are excused (verify.TieCheck);
+            # a candidate that keeps the reference router then runs with the reference's experts
+            # (verify.RouteReplay), so a flip cannot cascade through later MoE layers
             ties = verify.TieCheck(self.dtype)
             # one run per variant: determinism is checked at op level (every op twice) and the outputs
             # produced while timed are checked again by bench's spot re-check
             for i in self._affected():
                 for v, w in enumerate(self._cand_ws(i)):
-                    where, rec = f"layer-level {point_label(self.points[i])} variant {v}", None
+                    where, rec, replayed = f"layer-level {point_label(self.points[i])} variant {v}", None, False
                     if "moe_route" in self.ops_at[i]:
                         refs = self.moe_routes.get((i, v), self.model, self.workloads[i][v], self.ref[i][v],
                                                    self.dtype)
-                        rec = verify.RouteRecorder(counted.get("moe_route") or self.registry.current("moe_route"))
+                        router = counted.get("moe_route") or self.registry.current("moe_route")
+                        # a candidate that keeps the reference router runs with the reference's experts
+                        replayed = refs is not None and "moe_route" not in c.overrides
+                        rec = verify.RouteReplay(router, refs) if replayed else verify.RouteRecorder(router)
                     with self.registry.override({**counted, "moe_route": rec} if rec else counted):
                         out = self.model.step(w)
                     self._sync()
-                    r = (ties.compare(out, self.ref[i][v], where, refs, rec.calls, w.cu_seqlens_q, key=(i, v)) if rec
+                    r = (ties.compare(out, self.ref[i][v], where, refs, rec.calls, w.cu_seqlens_q, key=(i, v),
+                                      replayed=replayed) if rec
                          else verify.compare_logits(out, self.ref[i][v], self.dtype, where))
                     self.workload_guard.restore()
                     if r:

@@ -8,8 +8,9 @@
   candidate starts clean. Cost: one dict compare of ~10k entries, < 5 ms.
 * ``ThreadGuard``: Python threads alive now that were not at the snapshot.
 * ``TensorGuard``: exact copies of tensors that must not change (the weights, the workload's inputs
-  and KV cache); ``check()`` names the changed ones (``torch.equal``, one pass over the bytes),
-  ``restore()`` copies the originals back. Memory: one extra copy of the guarded tensors.
+  and KV cache); ``changed()`` names the changed ones (``torch.equal``, one pass over the bytes),
+  ``restore()`` copies the originals back. Memory: one extra copy of the guarded tensors, on the device,
+  or in host memory with a device-side fingerprint per tensor when they exceed a device budget.
 * Verdict checks: ``Counted`` / ``never_called`` (the "kernel actually ran" guard: an override the model
   never calls is rejected) and ``min_step_bytes`` / ``implausibly_fast`` (the roofline: a step faster than
   its minimum bytes allow at the peak bandwidth is rejected).
@@ -175,12 +176,55 @@ class ThreadGuard:
             time.sleep(0.005)
 
 
+FINGERPRINT_ROW = 1 << 12                # int32 words per fingerprint row
+FINGERPRINT_CHUNK = 1 << 24              # words hashed at once (a 128 MiB int64 temporary)
+
+
+def _multipliers(n: int, device, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(1, 2 ** 62, (n,), generator=g, dtype=torch.int64) | 1).to(device)
+
+
+def fingerprint(t: torch.Tensor, seed: int = 0x7C0C) -> torch.Tensor:
+    """A position-keyed hash of a tensor's bytes, computed where the tensor lives ([1] int64, wrapping
+    arithmetic): each int32 word times a pseudo-random odd multiplier of its column, each row's sum times
+    one of its row. Any single changed word, and any swap of words, rows or chunks, changes it (up to
+    collisions of a 64-bit hash). Cost: one read of the tensor, int64 temporaries of FINGERPRINT_CHUNK."""
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    if raw.numel() % 4:
+        raw = torch.cat([raw, raw.new_zeros(4 - raw.numel() % 4)])
+    words = raw.view(torch.int32)
+    cols = _multipliers(FINGERPRINT_ROW, t.device, seed)
+    acc = torch.zeros((), dtype=torch.int64, device=t.device)
+    for c0 in range(0, words.numel(), FINGERPRINT_CHUNK):
+        w = words[c0:c0 + FINGERPRINT_CHUNK].to(torch.int64)
+        if w.numel() % FINGERPRINT_ROW:
+            w = torch.cat([w, w.new_zeros(FINGERPRINT_ROW - w.numel() % FINGERPRINT_ROW)])
+        rows = (w.view(-1, FINGERPRINT_ROW) * cols).sum(1)                       # [R] int64
+        acc += (rows * _multipliers(rows.numel(), t.device, seed + 1 + c0 // FINGERPRINT_CHUNK)).sum()
+    return acc.reshape(1)
+
+
 class TensorGuard:
-    def __init__(self, tensors: dict[str, torch.Tensor]):
+    """Copies of tensors that must not change. Normally exact copies beside them (``changed`` compares
+    with ``torch.equal``). With ``device_budget`` (bytes) exceeded the copies go to host
+    memory and ``changed`` compares a ``fingerprint`` computed on the device instead, so a guarded set as
+    large as the weights of a DeepSeek slice does not double its device memory (an H200 ran out of
+    memory starting deepseek's two tiers that way); ``restore`` copies back from the host."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], device_budget: int | None = None):
         self._live = dict(tensors)
-        self._copy = {k: t.detach().clone() for k, t in self._live.items()}
+        nbytes = sum(t.numel() * t.element_size() for t in self._live.values())
+        self.on_host = device_budget is not None and nbytes > device_budget
+        if self.on_host:
+            self._copy = {k: t.detach().to("cpu", copy=True) for k, t in self._live.items()}
+            self._fp = {k: fingerprint(t) for k, t in self._live.items()}
+        else:
+            self._copy = {k: t.detach().clone() for k, t in self._live.items()}
 
     def changed(self) -> list[str]:
+        if self.on_host:
+            return [k for k, t in self._live.items() if not torch.equal(fingerprint(t), self._fp[k])]
         return [k for k, t in self._live.items() if not torch.equal(t, self._copy[k])]
 
     def restore(self, names: Iterable[str] | None = None) -> None:

@@ -46,10 +46,23 @@ def moe_route(router_logits: torch.Tensor, correction_bias: torch.Tensor | None,
             1, group_score.topk(topk_group, dim=-1).indices, True)
         choice = choice.masked_fill(~keep.repeat_interleave(e // n_group, dim=1), float("-inf"))
     ids = choice.topk(top_k, dim=-1).indices
+    return _weights(scores, ids, norm_topk_prob, routed_scaling_factor), ids
+
+
+def _weights(scores: torch.Tensor, ids: torch.Tensor, norm_topk_prob: bool, scale: float) -> torch.Tensor:
     w = scores.gather(1, ids)
     if norm_topk_prob:
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
-    return w * routed_scaling_factor, ids
+    return w * scale
+
+
+def route_weights(router_logits: torch.Tensor, ids: torch.Tensor, scoring: str, norm_topk_prob: bool,
+                  routed_scaling_factor: float) -> torch.Tensor:
+    """The weights ``moe_route`` gives experts ``ids`` [T, k] from these router logits, whatever it would
+    have chosen (verification replays the reference's choice through a candidate's router logits)."""
+    logits = _acc(router_logits)
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    return _weights(scores, ids.to(logits.device).long(), norm_topk_prob, routed_scaling_factor)
 
 
 def _route_canonical(outs: tuple) -> tuple:

@@ -3,6 +3,7 @@
 import threading
 import time
 
+import pytest
 import torch
 
 from persistent_engine import guards, verify
@@ -50,17 +51,38 @@ def test_thread_guard_sees_new_live_threads_only():
     assert g.new_threads() == []
 
 
-def test_tensor_guard_detects_and_restores():
+@pytest.mark.parametrize("budget", [None, 0])       # copies beside the tensors; host copies + fingerprints
+def test_tensor_guard_detects_and_restores(budget):
     w = {"a": torch.randn(4, 4), "b": torch.arange(5)}
-    g = guards.TensorGuard(w)
+    orig = {k: t.clone() for k, t in w.items()}
+    g = guards.TensorGuard(w, device_budget=budget)
+    assert g.on_host == (budget == 0)
     assert g.changed() == []
     w["a"][0, 0] += 1
     w["b"][2] = 9
     assert sorted(g.changed()) == ["a", "b"]
     g.restore(["a"])
-    assert g.changed() == ["b"]
+    assert g.changed() == ["b"] and torch.equal(w["a"], orig["a"])
     g.restore()
-    assert g.changed() == []
+    assert g.changed() == [] and torch.equal(w["b"], orig["b"])
+
+
+def test_fingerprint_sees_one_word_a_swap_and_odd_sizes(monkeypatch):
+    monkeypatch.setattr(guards, "FINGERPRINT_ROW", 8)            # several rows and chunks on a small tensor
+    monkeypatch.setattr(guards, "FINGERPRINT_CHUNK", 32)
+    t = torch.randn(13, 9).to(torch.bfloat16)                    # 234 bytes: not a multiple of 4
+    fp = guards.fingerprint(t)
+    assert torch.equal(guards.fingerprint(t.clone()), fp)
+    for i in range(t.numel()):                                   # every single element
+        u = t.clone().reshape(-1)
+        u[i] = -u[i] if u[i] != 0 else 1.0
+        assert not torch.equal(guards.fingerprint(u.reshape(13, 9)), fp), i
+    rows = t.clone()
+    rows[[0, 5]] = rows[[5, 0]]                                  # two rows swapped
+    assert not torch.equal(guards.fingerprint(rows), fp)
+    big = torch.arange(100, dtype=torch.int32)
+    moved = torch.cat([big[32:64], big[:32], big[64:]])          # two whole chunks swapped
+    assert not torch.equal(guards.fingerprint(moved), guards.fingerprint(big))
 
 
 def test_compare_logits_reasons():

@@ -157,6 +157,73 @@ def test_a_candidate_wrong_elsewhere_is_still_rejected(qwen3, tiny_moe):
     assert not ver.ok and ver.reasons, ver.reasons
 
 
+# linear as the reference computes it, except the router's logits (32 outputs: qwen3 fixture's experts),
+# moved by AMP x their RMS and scaled by SCALE: upstream of the router, so verification replays the
+# reference's experts (verify.RouteReplay) and checks the router's own choices against its ties
+LINEAR = '''import torch
+import torch.nn.functional as F
+def linear(x, weight, bias):
+    out = F.linear(x, weight, bias)
+    if out.shape[-1] == 32 and x.dtype == torch.bfloat16:
+        o = out.float()
+        rms = o.pow(2).mean(-1, keepdim=True).sqrt()
+        wobble = torch.cos(torch.arange(32, device=o.device, dtype=torch.float32) * 2.3)
+        out = ((o + wobble * (AMP * rms)) * SCALE).to(out.dtype)
+    return out
+OVERRIDES = {"linear": linear}
+'''
+
+
+def linear_src(amp=0.0, scale=1.0) -> str:
+    return LINEAR.replace("AMP", repr(amp)).replace("SCALE", repr(scale))
+
+
+def test_a_candidate_upstream_of_the_router_runs_with_the_reference_experts(qwen3):
+    ver, detail = _verify(qwen3, linear_src(amp=5e-3))
+    assert ver.ok, ver.reasons
+    # its router flipped some near-ties, but every sequence was compared (0 left out of verification)
+    assert "tokens flipped at near-ties" in detail and "; 0 of 40 sequences left out" in detail, detail
+    # the flipped sequences are left out of bench's spot re-check only, and bench passes
+    load = qwen3.handle(io.LoadCandidate(source=linear_src(amp=5e-3)))
+    assert load.ok, load.reasons
+    try:
+        assert qwen3.handle(io.Verify(seed=11)).ok
+        kept = dict(qwen3.tie_kept_rows)
+        assert kept and all(not bool(k.all()) for k in kept.values())
+        bench = qwen3.handle(io.Bench(samples=3))
+        assert bench.ok, bench.reasons
+    finally:
+        qwen3.handle(io.Unload())
+
+
+def test_replay_does_not_hide_a_misrouting_router(qwen3):
+    ver, _ = _verify(qwen3, linear_src(amp=0.02))            # clear-margin flips: the router is wrong
+    assert not ver.ok and "MoE routing differs beyond ties" in ver.reasons[0], ver.reasons
+    assert "first flips only" not in ver.reasons[0]           # replayed: every layer's choices checked
+
+
+def test_route_replay_returns_the_reference_experts_weighted_from_this_runs_logits():
+    from persistent_engine.ops import moe
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 8, generator=g)
+    args = (logits, None, 2, "softmax", 1, 1, True, 1.0)
+    ref_w, ref_ids = moe.moe_route(*args)
+    ref = verify.RouteCall(logits, ref_ids.sort(-1).values, None, "softmax", 1, 1)
+    rep = verify.RouteReplay(moe.moe_route, [ref])
+    sharp = (logits * 1.3, *args[1:])                          # same choices, sharper weights
+    w, ids = rep(*sharp)
+    assert torch.equal(ids, ref.ids) and torch.equal(rep.calls[0].ids, ref.ids)
+    assert torch.allclose(w, moe.route_weights(logits * 1.3, ids, "softmax", True, 1.0))
+    assert not torch.allclose(w.sort(-1).values, ref_w.sort(-1).values, atol=1e-3)   # not the reference's
+    other = torch.randn(5, 8, generator=g)                       # its own choice differs: recorded, replaced
+    rep = verify.RouteReplay(moe.moe_route, [ref])
+    w, ids = rep(other, *args[1:])
+    own = moe.moe_route(other, *args[1:])[1].sort(-1).values
+    assert torch.equal(ids, ref.ids) and torch.equal(rep.calls[0].ids, own) and not torch.equal(own, ref.ids)
+    assert torch.equal(rep(other, *args[1:])[1], moe.moe_route(other, *args[1:])[1])   # beyond the reference's calls
+
+
 def test_near_tie_flips_are_excused_on_tiny_moe_sigmoid_with_bias(tiny_moe):
     ver, detail = _verify(tiny_moe, route_src(amp=4e-3))
     assert ver.ok, ver.reasons
