@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-points", type=int, default=4, help="workload points measured (heaviest first)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs of the target deployment for the parallelism "
                                                            "layout (default: the GPUs visible, or 1)")
-    p.add_argument("--timeout", type=float, default=300.0, help="engine watchdog per evaluation, seconds")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="engine watchdog per evaluation, seconds (default: a third of --budget, 120 to 300)")
     p.add_argument("--aa-runs", type=int, default=3, help="reference-vs-itself runs per tier (noise)")
     p.add_argument("--vs-torch-compile", action="store_true",
                    help="also measure the plan against torch.compile of the slow-tier slice")
@@ -98,6 +99,14 @@ def _print_json(doc: dict) -> None:
     print(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
+def watchdog_s(budget_s: float) -> float:
+    """Default watchdog per evaluation: a third of the search budget, within [120, 300] s. One hanging
+    candidate (on the H200 a Triton kernel whose LLVM pass never finished) then costs at most a third of
+    a short search (it took 300 of a 6-minute one), while a first compile of a many-kernel candidate
+    (tens of seconds) stays far inside it."""
+    return min(300.0, max(120.0, budget_s / 3))
+
+
 def _optimize(args: argparse.Namespace) -> int:
     from compiler.loop import OptimizeConfig, optimize
 
@@ -106,7 +115,8 @@ def _optimize(args: argparse.Namespace) -> int:
     cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget,
                          agents=args.agents, board=args.board, device=args.device,
                          fast_layers=args.fast_layers, slow_layers=args.slow_layers, fleet=args.fleet,
-                         ray_address=args.ray_address, max_points=args.max_points, timeout_s=args.timeout,
+                         ray_address=args.ray_address, max_points=args.max_points,
+                         timeout_s=args.timeout if args.timeout is not None else watchdog_s(budget),
                          aa_runs=args.aa_runs, gpus=args.gpus,
                          vs_torch_compile=args.vs_torch_compile, continue_plan=not args.fresh,
                          quiet=args.quiet or args.json)

@@ -105,9 +105,10 @@ def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], dev
 # That holds for the first MoE layer of a step; the j-th (0-based) gets (1 + j) times the band, since
 # each layer above it adds its own roundings to the residual stream (on the H200, qwen3-moe's 8-layer
 # slow tier rejected every correct candidate, first flips at 0.017-0.018 of the RMS, with one band).
-# A wrong expert for a token with a clear margin (gap >> RMS / E) is never excused. Sequences holding
-# an excused flip are left out of the logits comparison (the flipped token's logits, and in prefill
-# every later token's, legitimately differ), at most MAX_EXCLUDED of all sequences verified.
+# A wrong expert for a token with a clear margin (gap >> RMS / E) is never excused. Without routing
+# replay (a candidate that overrides moe_route itself), sequences holding an excused flip are left out of
+# the logits comparison (the flipped token's logits, and in prefill every later token's, legitimately
+# differ), at most MAX_EXCLUDED of all sequences verified; with it (RouteReplay) all are compared.
 TIE_RTOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 2.0 ** -9, torch.bfloat16: 2.0 ** -6}
 MAX_EXCLUDED = 0.25
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from compiler import plan as plan_mod
-from compiler.cmd_optimize import UsageError, parse_duration
+from compiler.cmd_optimize import UsageError, parse_duration, watchdog_s
 
 ROOT = Path(__file__).resolve().parents[2]
 CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
@@ -93,6 +93,23 @@ def test_parse_duration():
     assert parse_duration("90") == 90 and parse_duration("10m") == 600 and parse_duration("1.5h") == 5400
     with pytest.raises(UsageError):
         parse_duration("-3m")
+
+
+def test_watchdog_defaults_to_a_third_of_the_budget_within_bounds(monkeypatch):
+    assert watchdog_s(6 * 60) == 120 and watchdog_s(12 * 60) == 240 and watchdog_s(30 * 60) == 300
+    assert watchdog_s(60) == 120
+    import compiler.loop
+    from compiler.cli import main
+
+    seen = []
+
+    def fake_optimize(cfg):
+        seen.append(cfg.timeout_s)
+        raise KeyboardInterrupt               # stop at the boundary: the CLI answers 130
+    monkeypatch.setattr(compiler.loop, "optimize", fake_optimize)
+    base = ["optimize", "--model", "tiny-dense", "--hw", "h200", "--traffic", CONV, "--quiet"]
+    assert main(base + ["--budget", "12m"]) == 130 and main(base + ["--budget", "1m", "--timeout", "50"]) == 130
+    assert seen == [240.0, 50.0]
 
 
 def test_help_lists_commands():
