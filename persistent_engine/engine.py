@@ -129,6 +129,14 @@ def model_weights(model) -> dict[str, torch.Tensor]:
     return _tensors(model)
 
 
+def _op_check_budget(device: torch.device) -> int | None:
+    """Bytes one op-level check may hold (a quarter of the GPU's memory, beside the engine's weights);
+    None on CPU, where the shapes of the tiny and one-layer models stay small."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory // 4
+
+
 def _guard_budget(device: torch.device) -> int | None:
     """Bytes of weights the weight guard may copy on the device (a tenth of its memory); None on CPU."""
     if device.type != "cuda":
@@ -439,7 +447,7 @@ class Engine:
         seed = req.seed if req.seed is not None else self._rng.randrange(1, 2**31)
         c = self.candidate
         checks = verify.op_level(sorted(c.overrides), c.overrides, self.spec, self.points, self.device,
-                                 self.dtype, seed)
+                                 self.dtype, seed, budget=_op_check_budget(self.device))
         reasons = [ch.detail for ch in checks if not ch.passed]
         reasons += self._guard_reasons("op-level verification")
         if not reasons:                         # layer level: the slice with the overrides

@@ -63,8 +63,10 @@ def _same_kind(out, ref: torch.Tensor, where: str) -> str | None:
 
 
 def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], device: torch.device,
-             dtype: torch.dtype, seed: int) -> list[Check]:
-    """``check_op`` for each overridden op at the points' shapes and the odd-size examples."""
+             dtype: torch.dtype, seed: int, budget: int | None = None) -> list[Check]:
+    """``check_op`` for each overridden op at the points' shapes and the odd-size examples. ``budget``:
+    bytes an op's check may hold; an op with a ``fit`` is checked at a shape within it (the layer-level
+    check runs it at the model's own shapes)."""
     from persistent_engine.ops import registry
     from persistent_engine.ops.contract import check_op
 
@@ -74,6 +76,8 @@ def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], dev
         shapes: list[dict] = []
         for p in points:
             for s in op.shapes(spec, p):
+                if budget is not None and op.fit is not None:
+                    s = op.fit(s, budget)
                 if s not in shapes:
                     shapes.append(s)
         shapes += [s for s in op.examples if s not in shapes]

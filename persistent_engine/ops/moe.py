@@ -168,6 +168,16 @@ def _experts_shapes(spec, point) -> list[dict]:
              "I": spec.moe_intermediate_size}]
 
 
+def _experts_fit(shape: dict, budget: int) -> dict:
+    """Fewer experts when an op-level check at this shape would not fit ``budget`` bytes: it holds about
+    8 fp32-sized copies of each expert's w13 and w2 at once (generation temporaries, the inputs, their
+    snapshot, the allocator poisoning, the upcast reference). DeepSeek-V3's 256 experts need ~360 GB that
+    way; each expert's work is the same with a few dozen of them. At least 2k experts stay."""
+    per_expert = 8 * 3 * shape["H"] * shape["I"] * 4
+    e = max(2 * shape["k"], min(shape["E"], budget // per_expert))
+    return shape if e >= shape["E"] else {**shape, "E": int(e)}
+
+
 OPS = [
     OpDef("moe_route", moe_route,
           "moe_route(router_logits[T, E] fp32, correction_bias[E] fp32 | None, top_k, scoring: 'softmax'|'sigmoid', "
@@ -190,5 +200,5 @@ OPS = [
           _experts_inputs, _experts_shapes,
           ({"T": 1, "E": 16, "k": 2, "H": 32, "I": 24}, {"T": 6, "E": 8, "k": 2, "H": 48, "I": 16},
            {"T": LOOP_MIN_TOKENS + 3, "E": 8, "k": 3, "H": 16, "I": 8}),
-          tolerances=dict(MATMUL_TOLERANCES)),
+          tolerances=dict(MATMUL_TOLERANCES), fit=_experts_fit),
 ]

@@ -50,6 +50,9 @@ class OpDef:
     canonicalize: Callable[[tuple], tuple] | None = None
     # composite ops: what registry.call runs when the op is not overridden (None: the reference)
     default: Callable[..., Any] | None = None
+    # (shape, budget bytes) -> a smaller shape of the same op whose op-level check fits the budget (None:
+    # always checked at full size); layer-level verification still runs the op at the model's shapes
+    fit: Callable[[dict, int], dict] | None = None
 
     @property
     def composite(self) -> bool:

@@ -134,3 +134,32 @@ def test_sorted_path_adds_the_k_slots_in_a_fixed_order():
             a = F.linear(x[tok].double(), w13[ids[tok, j]].double())
             want[tok] += w[tok, j].double() * F.linear(F.silu(a[:i]) * a[i:], w2[ids[tok, j]].double())
     torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_op_level_checks_of_huge_expert_sets_use_fewer_experts(monkeypatch):
+    """DeepSeek's moe_experts at full size needs ~360 GB for one op-level check: with a budget the check
+    runs at fewer experts (same H, I, k, T); qwen3-moe's fits and keeps all 128; without a budget (CPU)
+    nothing changes."""
+    from persistent_engine import verify
+    from persistent_engine.models.spec import ModelSpec
+    from persistent_engine.ops import contract
+
+    d = registry.get("moe_experts")
+    ds, qw = ModelSpec.from_name("deepseek"), ModelSpec.from_name("qwen3-moe")
+    point = {"phase": "decode", "batch": 13, "context": 1543, "chunk": 1, "weight": 1.0}
+    (full,) = d.shapes(ds, point)
+    fitted = d.fit(full, 150 * 10 ** 9 // 4)
+    assert full["E"] == 256 and 16 <= fitted["E"] < 32
+    assert {k: v for k, v in fitted.items() if k != "E"} == {k: v for k, v in full.items() if k != "E"}
+    assert d.fit(full, 10 ** 6)["E"] == 2 * full["k"]                      # never fewer than 2k experts
+    (q,) = d.shapes(qw, point)
+    assert d.fit(q, 150 * 10 ** 9 // 4) == q                               # fits: unchanged
+
+    seen = []
+    monkeypatch.setattr(contract, "check_op", lambda name, impl, **kw: seen.append(kw["shapes"]) or [])
+    checks = verify.op_level(["moe_experts"], {"moe_experts": experts}, ds, [point], torch.device("cpu"),
+                             torch.bfloat16, 0, budget=150 * 10 ** 9 // 4)
+    assert checks[0].passed and seen and all(s["E"] == fitted["E"] for s in seen[0][:1])
+    seen.clear()
+    verify.op_level(["moe_experts"], {"moe_experts": experts}, ds, [point], torch.device("cpu"), torch.bfloat16, 0)
+    assert seen[0][0] == full
