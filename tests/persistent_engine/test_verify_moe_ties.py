@@ -333,3 +333,18 @@ def test_tie_band_widens_with_the_depth_of_the_moe_layer():
     far = _call([[3.0, 2.0, 2.0 - 0.0966, 0.0]], [[0, 1]])
     r = verify.TieCheck(torch.bfloat16).compare(out, out.clone(), "p", [far, far], [far, _call(far.logits.tolist(), [[0, 2]])], cu)
     assert r is not None and f"> {2 * tie:.3g}" in r, r
+
+
+def test_the_fused_moe_template_passes_verification_on_the_qwen3_slice(qwen3):
+    """The Triton fused-MoE template (interpreted on CPU) through the engine's whole verification on a
+    2-MoE-layer slice: op-level at the points' shapes, then layer-level with routing replay."""
+    from agents.templates import Choice, get_template, render_candidate
+
+    t = get_template("moe_experts.triton_fused")
+    # up to 16 pairs per call through the GEMVs (the op's small examples), above through align + grouped
+    # GEMMs (both points: 64 and 128 pairs)
+    knobs = {**t.default(), "MOE_GEMV_MAX_PAIRS": 16, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
+             "MOE_NUM_STAGES": 1}
+    ver, detail = _verify(qwen3, render_candidate([Choice(t, knobs)]))
+    assert ver.ok, ver.reasons
+    assert detail == "" or "; 0 of 40 sequences left out" in detail, detail
