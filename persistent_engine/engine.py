@@ -322,7 +322,10 @@ class Engine:
         if bad:
             reasons.append(f"{phase}: candidate changed the weights: {', '.join(bad[:5])}"
                            + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))
-            self.weight_guard.restore(bad)
+            if self.weight_guard.restorable:
+                self.weight_guard.restore(bad)
+            else:                               # no copy kept (too large for the host): a fresh engine
+                self._poison("a candidate changed the weights and no copy was kept to restore them")
         bad_inputs = [k for k in self.workload_guard.changed()
                       if not self.workload_guard._live[k].is_floating_point()]
         if bad_inputs:
@@ -592,9 +595,11 @@ class Engine:
             self.candidate = None
         restored += self.state_guard.restore()
         bad = self.weight_guard.changed()
-        if bad:
+        if bad and self.weight_guard.restorable:
             self.weight_guard.restore(bad)
             restored += [f"weight {b}" for b in bad]
+        elif bad:
+            self._poison("the weights changed and no copy was kept to restore them")
         self.workload_guard.restore()
         return UnloadReply(message="unloaded", restored=restored)
 

@@ -205,22 +205,44 @@ def fingerprint(t: torch.Tensor, seed: int = 0x7C0C) -> torch.Tensor:
     return acc.reshape(1)
 
 
+def host_bytes_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class TensorGuard:
     """Copies of tensors that must not change. Normally exact copies beside them (``changed`` compares
-    with ``torch.equal``). With ``device_budget`` (bytes) exceeded the copies go to host
-    memory and ``changed`` compares a ``fingerprint`` computed on the device instead, so a guarded set as
-    large as the weights of a DeepSeek slice does not double its device memory (an H200 ran out of
-    memory starting deepseek's two tiers that way); ``restore`` copies back from the host."""
+    with ``torch.equal``). With ``device_budget`` (bytes) exceeded, ``changed`` compares a ``fingerprint``
+    computed on the device instead, so a guarded set as large as the weights of a DeepSeek slice does not
+    double its device memory (an H200 ran out of memory starting deepseek's two tiers that way), and the
+    copies go to host memory when they take at most half of what it has available (two engines share a
+    host); otherwise none are kept and ``restorable`` is False: the owner must replace what changed
+    (the engine then leaves, and the supervisor starts a fresh one)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], device_budget: int | None = None):
+    def __init__(self, tensors: dict[str, torch.Tensor], device_budget: int | None = None,
+                 host_available: int | None = None):
         self._live = dict(tensors)
         nbytes = sum(t.numel() * t.element_size() for t in self._live.values())
         self.on_host = device_budget is not None and nbytes > device_budget
+        self._copy: dict[str, torch.Tensor] | None
         if self.on_host:
-            self._copy = {k: t.detach().to("cpu", copy=True) for k, t in self._live.items()}
+            room = host_bytes_available() if host_available is None else host_available
+            keep = room is None or nbytes <= room // 2
+            self._copy = {k: t.detach().to("cpu", copy=True) for k, t in self._live.items()} if keep else None
             self._fp = {k: fingerprint(t) for k, t in self._live.items()}
         else:
             self._copy = {k: t.detach().clone() for k, t in self._live.items()}
+
+    @property
+    def restorable(self) -> bool:
+        return self._copy is not None
 
     def changed(self) -> list[str]:
         if self.on_host:
@@ -228,6 +250,8 @@ class TensorGuard:
         return [k for k, t in self._live.items() if not torch.equal(t, self._copy[k])]
 
     def restore(self, names: Iterable[str] | None = None) -> None:
+        if self._copy is None:
+            raise RuntimeError("no copies kept (host memory): the guarded tensors cannot be restored")
         with torch.no_grad():
             for k in (self._live if names is None else names):
                 self._live[k].copy_(self._copy[k])

@@ -67,6 +67,19 @@ def test_tensor_guard_detects_and_restores(budget):
     assert g.changed() == [] and torch.equal(w["b"], orig["b"])
 
 
+def test_tensor_guard_without_host_room_keeps_no_copies():
+    w = {"a": torch.randn(64, 64)}
+    g = guards.TensorGuard(w, device_budget=0, host_available=2 * 64 * 64 * 4 - 1)   # half is one byte short
+    assert g.on_host and not g.restorable
+    w["a"][3, 3] += 1
+    assert g.changed() == ["a"]
+    with pytest.raises(RuntimeError, match="cannot be restored"):
+        g.restore()
+    assert guards.TensorGuard(w, device_budget=0, host_available=2 * 64 * 64 * 4).restorable
+    avail = guards.host_bytes_available()
+    assert avail is None or avail > 0
+
+
 def test_fingerprint_sees_one_word_a_swap_and_odd_sizes(monkeypatch):
     monkeypatch.setattr(guards, "FINGERPRINT_ROW", 8)            # several rows and chunks on a small tensor
     monkeypatch.setattr(guards, "FINGERPRINT_CHUNK", 32)
@@ -93,3 +106,21 @@ def test_compare_logits_reasons():
     assert "shape" in verify.compare_logits(ref[:2], ref, torch.bfloat16, "p")
     assert "dtype" in verify.compare_logits(ref.double(), ref, torch.bfloat16, "p")
     assert "not a tensor" in verify.compare_logits((ref,), ref, torch.bfloat16, "p")
+
+
+def test_an_engine_without_weight_copies_leaves_after_a_weight_change():
+    """Weights too large for host copies (a deepseek tier): a changed weight is named, and the engine
+    leaves after the reply instead of restoring (the supervisor starts a fresh one)."""
+    from persistent_engine import engine as eng
+
+    e = eng.Engine(eng.EngineConfig(model="tiny-dense", layers=[0], variants=1,
+                                    points=[{"phase": "decode", "batch": 2, "context": 8, "chunk": 1, "weight": 1.0}]))
+    weights = eng.model_weights(e.model)
+    e.weight_guard = guards.TensorGuard(weights, device_budget=0, host_available=0)
+    assert e.weight_guard.on_host and not e.weight_guard.restorable and e._guard_reasons("bench") == []
+    name = next(iter(weights))
+    with torch.no_grad():
+        weights[name].add_(1)
+    reasons = e._guard_reasons("bench")
+    assert any(f"candidate changed the weights: {name}" in r for r in reasons), reasons
+    assert e.poisoned and "no copy was kept" in e.poison_cause
