@@ -224,6 +224,21 @@ def test_route_replay_returns_the_reference_experts_weighted_from_this_runs_logi
     assert torch.equal(rep(other, *args[1:])[1], moe.moe_route(other, *args[1:])[1])   # beyond the reference's calls
 
 
+def test_the_fused_moe_template_passes_verification_on_the_qwen3_slice(qwen3):
+    """The Triton fused-MoE template (interpreted on CPU) through the engine's whole verification on a
+    2-MoE-layer slice: op-level at the points' shapes, then layer-level with routing replay."""
+    from agents.templates import Choice, get_template, render_candidate
+
+    t = get_template("moe_experts.triton_fused")
+    # up to 16 pairs per call through the GEMVs (the op's small examples), above through align + grouped
+    # GEMMs (both points: 64 and 128 pairs)
+    knobs = {**t.default(), "MOE_GEMV_MAX_PAIRS": 16, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
+             "MOE_NUM_STAGES": 1}
+    ver, detail = _verify(qwen3, render_candidate([Choice(t, knobs)]))
+    assert ver.ok, ver.reasons
+    assert detail == "" or "; 0 of 40 sequences left out" in detail, detail
+
+
 def test_near_tie_flips_are_excused_on_tiny_moe_sigmoid_with_bias(tiny_moe):
     ver, detail = _verify(tiny_moe, route_src(amp=4e-3))
     assert ver.ok, ver.reasons
@@ -321,7 +336,7 @@ def test_tie_band_widens_with_the_depth_of_the_moe_layer():
     ref, flip = _call(logits, [[0, 1]]), _call(logits, [[0, 2]])
     gap = float(verify.route_flips(ref, flip.ids)[1][0])
     assert tie < gap < 2 * tie
-    cu, out = torch.tensor([0, 1], dtype=torch.int32), torch.randn(1, 8)
+    cu, out = torch.tensor([0, 1], dtype=torch.int32), torch.randn(1, 8, generator=torch.Generator().manual_seed(0))
     # in the step's first MoE layer the flip is beyond the band; the second layer's is its consequence
     r = verify.TieCheck(torch.bfloat16).compare(out, out.clone(), "p", [ref, ref], [flip, flip], cu)
     assert r is not None and "beyond ties: 1 tokens" in r and f"> {tie:.3g}" in r, r
@@ -334,17 +349,3 @@ def test_tie_band_widens_with_the_depth_of_the_moe_layer():
     r = verify.TieCheck(torch.bfloat16).compare(out, out.clone(), "p", [far, far], [far, _call(far.logits.tolist(), [[0, 2]])], cu)
     assert r is not None and f"> {2 * tie:.3g}" in r, r
 
-
-def test_the_fused_moe_template_passes_verification_on_the_qwen3_slice(qwen3):
-    """The Triton fused-MoE template (interpreted on CPU) through the engine's whole verification on a
-    2-MoE-layer slice: op-level at the points' shapes, then layer-level with routing replay."""
-    from agents.templates import Choice, get_template, render_candidate
-
-    t = get_template("moe_experts.triton_fused")
-    # up to 16 pairs per call through the GEMVs (the op's small examples), above through align + grouped
-    # GEMMs (both points: 64 and 128 pairs)
-    knobs = {**t.default(), "MOE_GEMV_MAX_PAIRS": 16, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
-             "MOE_NUM_STAGES": 1}
-    ver, detail = _verify(qwen3, render_candidate([Choice(t, knobs)]))
-    assert ver.ok, ver.reasons
-    assert detail == "" or "; 0 of 40 sequences left out" in detail, detail
