@@ -44,7 +44,9 @@ def test_sigint_during_search_writes_the_plan(tmp_path):
     reader.start()
     try:
         assert searching.wait(240), "".join(lines[-20:])
-        accepted.wait(120)                   # interrupt right after a first acceptance (or after 120 s)
+        # interrupt right after a first acceptance, or 15 s into the search: on a loaded machine the noise
+        # can block every acceptance, and the CPU templates' whole space is then searched in about a minute
+        accepted.wait(15)
         sent_at = len(lines)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
