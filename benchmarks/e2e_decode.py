@@ -443,11 +443,12 @@ def run(a: argparse.Namespace) -> int:
     if a.merge and out.is_file():                   # runs split over several device sessions
         ident = lambda r: (r["model"], tuple(r["layers"]), r["batch"], r["context"])  # noqa: E731
         done = {ident(r) for r in rows}
-        kept = [r for r in json.loads(out.read_text()).get("cases", []) if ident(r) not in done]
+        old = json.loads(out.read_text())
+        kept = [r for r in old.get("cases", []) if ident(r) not in done]
         doc["cases"] = kept + rows
         doc["targets"] = target_verdicts(doc["cases"])
         kept_models = {r["model"] for r in kept} - {p["model"] for p in doc["plans"]}
-        doc["plans"] += [p for p in json.loads(out.read_text()).get("plans", []) if p["model"] in kept_models]
+        doc["plans"] += [p for p in old.get("plans", []) if p["model"] in kept_models]
     plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     if a.markdown:
         plan_mod.atomic_write_text(a.markdown, "\n".join(sections))

@@ -129,19 +129,9 @@ def model_weights(model) -> dict[str, torch.Tensor]:
     return _tensors(model)
 
 
-def _op_check_budget(device: torch.device) -> int | None:
-    """Bytes one op-level check may hold (a quarter of the GPU's memory, beside the engine's weights);
-    None on CPU, where the shapes of the tiny and one-layer models stay small."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).total_memory // 4
-
-
-def _guard_budget(device: torch.device) -> int | None:
-    """Bytes of weights the weight guard may copy on the device (a tenth of its memory); None on CPU."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).total_memory // 10
+def _gpu_bytes(device: torch.device) -> int | None:
+    """Total memory of the engine's GPU; None on CPU (where the tiny and one-layer models stay small)."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
 
 def _warm_triton(device: torch.device) -> None:
@@ -255,9 +245,13 @@ class Engine:
             run = (lambda g=g: (g[0][0].replay(), g[0][1])[1]) if g else (lambda w=ws[0]: self.model.step(w))
             self.base_ms.append(timing.time_one(self.timer, run, 5, graph=g is not None).median_ms)
 
+        gpu_bytes = _gpu_bytes(self.device)
+        # an op-level check may hold a quarter of the GPU beside the weights (verify.op_level's budget)
+        self.op_check_budget = gpu_bytes // 4 if gpu_bytes else None
         # the weights' copy stays on the device up to a tenth of its memory (llama-1b: 2.5 GB), else in
         # host memory with a device-side fingerprint (a deepseek tier: tens of GB)
-        self.weight_guard = guards.TensorGuard(model_weights(self.model), device_budget=_guard_budget(self.device))
+        self.weight_guard = guards.TensorGuard(model_weights(self.model),
+                                               device_budget=gpu_bytes // 10 if gpu_bytes else None)
         self.workload_guard = guards.TensorGuard(
             {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
              for k, t in _tensors(w).items()})
@@ -296,6 +290,15 @@ class Engine:
         self.poisoned = True
         self.poison_cause = self.poison_cause or cause
 
+    def _put_weights_back(self, names: list[str]) -> bool:
+        """Restore changed weights from the guard's copies (True); where none were kept (too large for the
+        host) this process leaves after the reply and the supervisor starts a fresh one (False)."""
+        if self.weight_guard.restorable:
+            self.weight_guard.restore(names)
+            return True
+        self._poison("the weights changed and no copy was kept to restore them")
+        return False
+
     def _capture(self, workload, pool):
         """(graph, static output) of one step."""
         return timing.capture_graph(lambda: self.model.step(workload), self.device, pool)
@@ -322,10 +325,7 @@ class Engine:
         if bad:
             reasons.append(f"{phase}: candidate changed the weights: {', '.join(bad[:5])}"
                            + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))
-            if self.weight_guard.restorable:
-                self.weight_guard.restore(bad)
-            else:                               # no copy kept (too large for the host): a fresh engine
-                self._poison("a candidate changed the weights and no copy was kept to restore them")
+            self._put_weights_back(bad)
         bad_inputs = [k for k in self.workload_guard.changed()
                       if not self.workload_guard._live[k].is_floating_point()]
         if bad_inputs:
@@ -450,7 +450,7 @@ class Engine:
         seed = req.seed if req.seed is not None else self._rng.randrange(1, 2**31)
         c = self.candidate
         checks = verify.op_level(sorted(c.overrides), c.overrides, self.spec, self.points, self.device,
-                                 self.dtype, seed, budget=_op_check_budget(self.device))
+                                 self.dtype, seed, budget=self.op_check_budget)
         reasons = [ch.detail for ch in checks if not ch.passed]
         reasons += self._guard_reasons("op-level verification")
         if not reasons:                         # layer level: the slice with the overrides
@@ -595,11 +595,8 @@ class Engine:
             self.candidate = None
         restored += self.state_guard.restore()
         bad = self.weight_guard.changed()
-        if bad and self.weight_guard.restorable:
-            self.weight_guard.restore(bad)
+        if bad and self._put_weights_back(bad):
             restored += [f"weight {b}" for b in bad]
-        elif bad:
-            self._poison("the weights changed and no copy was kept to restore them")
         self.workload_guard.restore()
         return UnloadReply(message="unloaded", restored=restored)
 

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -180,7 +181,9 @@ FINGERPRINT_ROW = 1 << 12                # int32 words per fingerprint row
 FINGERPRINT_CHUNK = 1 << 24              # words hashed at once (a 128 MiB int64 temporary)
 
 
-def _multipliers(n: int, device, seed: int) -> torch.Tensor:
+@functools.lru_cache(maxsize=None)
+def _multipliers(n: int, device: torch.device, seed: int) -> torch.Tensor:
+    """n odd pseudo-random int64 multipliers on ``device`` (made once per (n, device, seed))."""
     g = torch.Generator().manual_seed(seed)
     return (torch.randint(1, 2 ** 62, (n,), generator=g, dtype=torch.int64) | 1).to(device)
 

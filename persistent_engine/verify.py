@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from persistent_engine.ops.moe import route_weights
+
 LOGIT_RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 3e-2, torch.bfloat16: 5e-2}
 
 
@@ -166,8 +168,6 @@ class RouteReplay(RouteRecorder):
         self.refs = refs
 
     def __call__(self, *args):
-        from persistent_engine.ops.moe import route_weights
-
         out = super().__call__(*args)
         j, call = len(self.calls) - 1, self.calls[-1]
         if call is None or j >= len(self.refs) or self.refs[j].ids.shape != call.ids.shape:
