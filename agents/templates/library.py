@@ -175,10 +175,11 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "tiled tensor-core GEMM with split-K and grouped ordering", _tiled),
     Template("attention_decode.triton_splitkv", "attention_decode", "triton_attention_decode.py",
              "attention_decode_triton", "triton", ("cuda",),
-             (Knob("ATTD_BLOCK_T", (32, 16, 64, 128)), Knob("ATTD_NUM_SPLITS", (4, 1, 2, 8, 16, 32)),
+             (Knob("ATTD_BLOCK_T", (32, 16, 64, 128)), Knob("ATTD_NUM_SPLITS", (0, 4, 1, 2, 8, 16, 32)),
               Knob("ATTD_NUM_WARPS", POW2_WARPS), Knob("ATTD_NUM_STAGES", (2, 1, 3)),
               Knob("ATTD_DOT", (False, True)), Knob("ATTD_PDL", (0, 1))),
-             "flash-decoding over the paged cache: GQA group per program, split-KV, merge kernel; "
+             "flash-decoding over the paged cache: GQA group per program, split-KV (0: ~2 programs per SM), "
+             "merge kernel; "
              "ATTD_PDL: programmatic dependent launch (SM90+)", _attn),
     Template("moe_experts.triton_fused", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
              "triton", ("cuda",),

@@ -126,3 +126,26 @@ def test_library_covers_the_issue_ops_on_both_devices():
     cpu_ops = {t.op for t in templates_for(device="cpu")}
     assert {"rms_norm", "silu_and_mul", "linear", "attention_decode"} <= cpu_ops
     assert all(t.backend == "torch" for t in templates_for(device="cpu"))
+
+
+def test_attention_auto_splits_fill_the_gpu_and_match_the_reference():
+    """ATTD_NUM_SPLITS = 0 (the default): ~2 programs per SM, a power of 2, never more slices than
+    BLOCK_T tiles; on a simulated 132-SM GPU a batch-1 1k-token context splits 32 ways (one tile per
+    slice, several of them empty for shorter sequences) and still matches the reference."""
+    from persistent_engine.ops.attention import attention_decode
+    t = get_template("attention_decode.triton_splitkv")
+    assert t.default()["ATTD_NUM_SPLITS"] == 0
+    ns = load_candidate(render_candidate([Choice(t, t.default())]))
+    q1 = torch.zeros(1, 32, 64)
+    ns["_SMS"][q1.device] = 132
+    assert [ns["_attd_splits"](q1, b, 8, 1024) for b in (1, 4, 32, 64)] == [32, 16, 2, 1]
+    assert ns["_attd_splits"](q1, 1, 8, 64) == 2           # 2 tiles of 32 tokens
+    torch.manual_seed(0)
+    B, Hq, Hk, D, page, mb = 2, 8, 2, 64, 16, 8
+    q = torch.randn(B, Hq, D)
+    kc, vc = torch.randn(B * mb, page, Hk, D), torch.randn(B * mb, page, Hk, D)
+    bt = torch.randperm(B * mb, dtype=torch.int32).view(B, mb)
+    cl = torch.tensor([100, 7], dtype=torch.int32)
+    ns["_SMS"][q.device] = 132                             # cdiv(264, 4) -> 4 tiles of 32: 4 slices
+    out = ns["attention_decode_triton"](q, kc, vc, bt, cl, 0.125)
+    torch.testing.assert_close(out, attention_decode(q, kc, vc, bt, cl, 0.125), atol=2e-5, rtol=1e-4)

@@ -8,7 +8,9 @@ end at once. With NUM_SPLITS > 1, per-slice outputs and log-sum-exps go to fp32 
 kernel merges them. ``ATTD_DOT`` computes QK^T and PV with ``tl.dot`` on tensor cores (the group
 padded to 16 rows; worth it for large groups and head dims, e.g. G=8, Dh=128), otherwise as
 broadcast products on CUDA cores. Bytes: the context's K and V (ctx * Hk * (Dh + Dv) elements per
-sequence). ``ATTD_PDL`` = 1 (SM90+ GPUs; ignored elsewhere) launches both kernels with programmatic
+sequence). ``ATTD_NUM_SPLITS`` = 0 picks the split count per call: about two programs per SM
+(B * Hk * splits ~ 2 * SMs), never more splits than BLOCK_T tiles in the context's block table — at batch 1
+that is what keeps a short context from running on a few SMs. ``ATTD_PDL`` = 1 (SM90+ GPUs; ignored elsewhere) launches both kernels with programmatic
 dependent launch: each waits (``gdc_wait``) before its first load, since q and the cache's new K/V
 come from the kernels just before, so only the launch overlaps the previous kernel's tail.
 """
@@ -19,7 +21,7 @@ import triton.language as tl
 
 # ---- section ----
 ATTD_BLOCK_T = 32
-ATTD_NUM_SPLITS = 4
+ATTD_NUM_SPLITS = 0     # 0: about two programs per SM
 ATTD_NUM_WARPS = 4
 ATTD_NUM_STAGES = 2
 ATTD_DOT = False        # tensor-core tl.dot for QK^T and PV (the group padded to 16 rows)
@@ -29,6 +31,21 @@ ATTD_PDL = 0            # 1: programmatic dependent launch (SM90+)
 def _attd_pdl(q) -> bool:
     """Programmatic dependent launch: asked for, and a GPU that has it (SM90+)."""
     return bool(ATTD_PDL) and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
+
+
+_SMS = {}
+
+
+def _attd_splits(q, B: int, Hk: int, max_tokens: int) -> int:
+    """Split count: ATTD_NUM_SPLITS, or (0) enough slices for ~2 programs per SM; a power of 2, at most
+    one slice per BLOCK_T tile of the block table's width (host-side, no sync)."""
+    want = ATTD_NUM_SPLITS
+    if not want:
+        if q.device not in _SMS:
+            _SMS[q.device] = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        want = triton.cdiv(2 * _SMS[q.device], B * Hk)
+    splits = max(1, min(want, 64, triton.cdiv(max_tokens, ATTD_BLOCK_T)))
+    return triton.next_power_of_2(splits) if splits > 1 else 1
 
 
 @triton.jit
@@ -139,8 +156,7 @@ def attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, sca
     if B == 0:
         return out
     max_tokens = block_tables.shape[1] * PAGE
-    splits = max(1, min(ATTD_NUM_SPLITS, triton.cdiv(max_tokens, ATTD_BLOCK_T)))
-    splits = triton.next_power_of_2(splits) if splits > 1 else 1
+    splits = _attd_splits(q, B, Hk, max_tokens)
     tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, splits), ATTD_BLOCK_T) * ATTD_BLOCK_T
     BLOCK_DV = max(16, triton.next_power_of_2(DV))
     if splits > 1:
