@@ -106,8 +106,10 @@ def validate_hw(hw: str) -> dict:
 
 
 # share of one device's memory the tiers' weights may take together (the rest: KV caches of the workload
-# points, activations, MoE and attention intermediates, CUDA-graph pools, candidates' workspaces)
-TIER_WEIGHT_SHARE = 0.7
+# points, activations, MoE and attention intermediates, CUDA-graph pools, candidates' workspaces). At 0.7
+# deepseek's tiers (fast [0, 3], slow [0..5]: 104 GB of weights on a 150 GB H200) left < 1 GB free, and
+# 30 of 87 candidates failed with CUDA OOM allocating 0.9-1.4 GB; 0.55 keeps ~23 GB more (slow [0..4]).
+TIER_WEIGHT_SHARE = 0.55
 
 
 def tier_layers(spec: Any, fast_layers: int | None, slow_layers: int | None, device_bytes: float | None = None,

@@ -104,18 +104,22 @@ def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], dev
 # few roundings; a token whose k-th and (k+1)-th experts are that close then picks another expert and
 # its logits differ by O(1). Such a flip is excused when the candidate's expert set is a top-k choice
 # of the REFERENCE's routing criterion up to a gap of TIE_RTOL x the RMS of that token's router logits,
-# measured in router-logit units. Why 2^-6 for bf16: the router linear's inputs differ by about one
-# bf16 rounding (2^-9 relative) between two correct implementations, which moves each logit by ~2^-9
-# x the logits' RMS (a random walk over H products), and each logit is itself rounded to bf16 (up to
-# 2^-8 relative); a gap between two logits moves by up to ~4 such errors, 2^-6 ~ 1.6e-2 of the RMS.
-# That holds for the first MoE layer of a step; the j-th (0-based) gets (1 + j) times the band, since
-# each layer above it adds its own roundings to the residual stream (on the H200, qwen3-moe's 8-layer
-# slow tier rejected every correct candidate, first flips at 0.017-0.018 of the RMS, with one band).
-# A wrong expert for a token with a clear margin (gap >> RMS / E) is never excused. Without routing
+# measured in router-logit units. Why 2^-5 for bf16: each router logit comes out of a bf16 linear, so two
+# correct implementations whose pre-rounding values differ at all can round it a whole ulp apart (2^-7
+# relative), and the logits at the top-k boundary are ~1.5-2x the row's RMS (8th of 128 Gaussian logits:
+# 1.5 sigma): a gap between two of them moves by up to 2 x 2^-7 x 2 = 2^-5 of the RMS from the final
+# rounding alone (the inputs' own roundings, ~2^-9 relative, add less). That holds for the first MoE layer
+# of a step; the j-th (0-based) gets (1 + j) times the band, since each layer above it adds its own
+# roundings to the residual stream. Measured on the H200 (a band of 2^-6 then): qwen3-moe's 8-layer slow
+# tier rejected correct norm composites at first flips of 0.017-0.018 in the first MoE layer and the
+# split-KV attention at 0.069-0.077 in the fourth (band 0.0625); deepseek a SiLU·mul GEMV at 0.0158.
+# A wrong expert for a token with a clear margin (gap >> RMS / E; 128 experts: ~0.06 at the boundary,
+# ~1 for a random pick) is never excused. Group-limited routing (deepseek): a token whose expert lies
+# in a group the reference did not keep is measured by the group scores' gap the same way. Without routing
 # replay (a candidate that overrides moe_route itself), sequences holding an excused flip are left out of
 # the logits comparison (the flipped token's logits, and in prefill every later token's, legitimately
 # differ), at most MAX_EXCLUDED of all sequences verified; with it (RouteReplay) all are compared.
-TIE_RTOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 2.0 ** -9, torch.bfloat16: 2.0 ** -6}
+TIE_RTOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 2.0 ** -9, torch.bfloat16: 2.0 ** -5}
 MAX_EXCLUDED = 0.25
 
 
@@ -128,6 +132,7 @@ class RouteCall:
     scoring: str
     n_group: int
     topk_group: int
+    order: torch.Tensor | None = None   # [T, k] the experts in the order the router returned them (replay)
 
 
 def _route_call(args: tuple, out) -> RouteCall | None:
@@ -136,9 +141,9 @@ def _route_call(args: tuple, out) -> RouteCall | None:
             and out[1].dim() == 2 and not out[1].is_floating_point() and isinstance(args[0], torch.Tensor)):
         return None
     logits, bias = args[0].detach().float().clone(), args[1]
-    return RouteCall(logits, out[1].detach().long().sort(dim=-1).values,
-                     None if bias is None else bias.detach().double().clone(), str(args[3]), int(args[4]),
-                     int(args[5]))
+    ids = out[1].detach().long()
+    return RouteCall(logits, ids.sort(dim=-1).values, None if bias is None else bias.detach().double().clone(),
+                     str(args[3]), int(args[4]), int(args[5]), ids.clone())
 
 
 class RouteRecorder:
@@ -156,12 +161,14 @@ class RouteRecorder:
 
 class RouteReplay(RouteRecorder):
     """Routing replay for a candidate that keeps the reference ``moe_route``: each call runs the router
-    (its choice is recorded, as RouteRecorder does) and then returns the REFERENCE's experts for that
-    MoE layer, weighted from this run's own router logits (``moe.route_weights``). A near-tie flip then
-    changes no expert, so nothing downstream cascades (on 8 random-weight MoE layers one flip re-routes
-    the token in every later layer) and every sequence's logits can be compared; the recorded choices
-    are still checked against the reference's ties. Calls beyond the reference's, or of another shape,
-    return what the router chose."""
+    (its choice is recorded, as RouteRecorder does); a token whose expert set differs from the reference's
+    for that MoE layer then gets the REFERENCE's experts (in the reference's slot order), weighted from this
+    run's own router logits (``moe.route_weights``), every other token exactly what the router returned —
+    so the run equals the candidate's free-running one except downstream of a flip (same slot order: the
+    expert sum's rounding too). A near-tie flip then changes no expert, nothing downstream cascades (on 8
+    random-weight MoE layers one flip re-routes the token in every later layer) and every sequence's
+    logits can be compared; the recorded choices are still checked against the reference's ties. Calls
+    beyond the reference's, or of another shape, return what the router chose."""
 
     def __init__(self, fn, refs: list):
         super().__init__(fn)
@@ -172,9 +179,15 @@ class RouteReplay(RouteRecorder):
         j, call = len(self.calls) - 1, self.calls[-1]
         if call is None or j >= len(self.refs) or self.refs[j].ids.shape != call.ids.shape:
             return out
-        ids = self.refs[j].ids.to(out[1].device)
-        return route_weights(args[0], ids, str(args[3]), bool(args[6]), float(args[7])).to(out[0].dtype), \
-            ids.to(out[1].dtype)
+        ref = self.refs[j]
+        flipped = (ref.ids != call.ids).any(-1)                       # [T]
+        if not bool(flipped.any()):
+            return out
+        w, ids = out
+        rid = (ref.order if ref.order is not None else ref.ids).to(ids.device)
+        rw = route_weights(args[0], rid, str(args[3]), bool(args[6]), float(args[7])).to(w.dtype)
+        sel = flipped.to(ids.device)[:, None]
+        return torch.where(sel, rw, w), torch.where(sel, rid.to(ids.dtype), ids)
 
 
 class ReferenceRoutes:
@@ -199,37 +212,55 @@ class ReferenceRoutes:
         return self._routes[key]
 
 
-def _criterion(c: RouteCall) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The reference's choice criterion [T, E] float64 (-inf outside the groups it kept) and its slope
-    d criterion / d logit [T, E], or None where the criterion is the logits themselves (softmax without
-    bias or groups: monotone in the logits)."""
+def _criterion(c: RouteCall) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The reference's choice criterion [T, E] float64 before any group limit, its slope d criterion /
+    d logit [T, E] (None where the criterion is the logits themselves: softmax without bias or groups,
+    monotone in the logits), and with n_group > 1 the group scores [T, n_group] as moe_route ranks them."""
     logits = c.logits.double()
     if c.scoring == "softmax" and c.bias is None and c.n_group <= 1:
-        return logits, None
+        return logits, None, None
     scores = torch.softmax(logits, -1) if c.scoring == "softmax" else torch.sigmoid(logits)
     crit = scores if c.bias is None else scores + c.bias
+    gscore = None
     if c.n_group > 1:                   # as moe_route: only the best topk_group groups compete
         t, e = crit.shape
         grouped = crit.view(t, c.n_group, e // c.n_group)
         gscore = grouped.topk(2, -1).values.sum(-1) if c.bias is not None else grouped.max(-1).values
-        keep = torch.zeros_like(gscore, dtype=torch.bool).scatter_(1, gscore.topk(c.topk_group, -1).indices, True)
-        crit = crit.masked_fill(~keep.repeat_interleave(e // c.n_group, 1), float("-inf"))
-    return crit, scores * (1 - scores)
+    return crit, scores * (1 - scores), gscore
+
+
+def _group_limit(c: RouteCall, gscore: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-limited routing, for F flipped tokens: the groups the candidate most plausibly kept [F, G]
+    (those its experts use, filled up to topk_group with the best of the rest by the reference's group
+    score) and the gap [F] by which that set misses being the reference's top groups (criterion units,
+    <= 0 when it is one)."""
+    f, g = gscore.shape
+    used = torch.zeros(f, g, dtype=torch.bool).scatter_(1, (ids // (c.logits.shape[1] // g)).clamp(0, g - 1), True)
+    rank = gscore.masked_fill(used, float("inf")).argsort(-1, descending=True)      # used first, then best
+    kept = torch.zeros_like(used).scatter_(1, rank[:, :max(c.topk_group, 1)], True) | used
+    gap = gscore.masked_fill(kept, float("-inf")).max(-1).values - gscore.masked_fill(~kept, float("inf")).min(-1).values
+    return kept, gap
 
 
 def route_flips(ref: RouteCall, cand_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens whose expert set differs from the reference's, and for each the gap (router-logit units /
     the token's logit RMS) by which the candidate's set misses being a top-k of the reference criterion:
-    max over experts left out minus min over experts chosen (<= 0: an exact tie, equally good). inf for an
-    expert outside the kept groups (group flips are never excused), out of range, or chosen twice.
-    Cost: O(F E) for F flipped tokens."""
+    max over experts left out minus min over experts chosen (<= 0: an exact tie, equally good). With groups,
+    experts are compared within the groups the candidate kept, and the larger of that and the group
+    scores' gap counts. inf for an expert out of range or chosen twice, or experts from more groups than
+    the limit. Cost: O(F E) for F flipped tokens."""
     cand_ids = cand_ids.to(ref.ids.device).long().sort(dim=-1).values
     tok = (ref.ids != cand_ids).any(-1).nonzero().flatten()
     if tok.numel() == 0:
         return tok.cpu(), torch.zeros(0, dtype=torch.float64)
-    crit, slope = _criterion(ref)
+    crit, slope, gscore = _criterion(ref)
     crit, ids, e = crit[tok], cand_ids[tok], crit.shape[1]
     valid = (ids >= 0).all(-1) & (ids < e).all(-1) & (ids[:, 1:] != ids[:, :-1]).all(-1)
+    ggap = None
+    if gscore is not None:
+        kept, ggap = _group_limit(ref, gscore[tok], ids)
+        valid &= kept.sum(-1) <= max(ref.topk_group, 1)         # more groups than the limit: never a tie
+        crit = crit.masked_fill(~kept.repeat_interleave(e // ref.n_group, 1), float("-inf"))
     chosen = torch.zeros_like(crit, dtype=torch.bool).scatter_(1, ids.clamp(0, e - 1), True)
     min_in, i_star = crit.masked_fill(~chosen, float("inf")).min(-1)
     max_out, j_star = crit.masked_fill(chosen, float("-inf")).max(-1)
@@ -238,6 +269,8 @@ def route_flips(ref: RouteCall, cand_ids: torch.Tensor) -> tuple[torch.Tensor, t
         s = slope[tok]
         steep = torch.maximum(s.gather(1, i_star[:, None]), s.gather(1, j_star[:, None])).squeeze(1)
         gap = gap / steep.clamp_min(1e-30)
+        if ggap is not None:            # a group score moves with its top experts: the row's steepest
+            gap = torch.maximum(gap, ggap / s.max(-1).values.clamp_min(1e-30))
     rms = ref.logits[tok].double().pow(2).mean(-1).sqrt().clamp_min(1e-30)
     gap = torch.nan_to_num(gap.clamp_min(0) / rms, nan=float("inf"), posinf=float("inf"))
     return tok.cpu(), gap.masked_fill(~valid, float("inf")).cpu()

@@ -32,7 +32,7 @@ def test_on_one_gpu_the_default_slow_tier_shrinks_until_both_tiers_fit():
 
 def test_tiers_that_cannot_fit_are_an_input_error_with_the_sizes():
     ds = ModelSpec.from_name("deepseek")
-    with pytest.raises(InputError, match=r"deepseek: the tiers' weights .* GB on one device\) exceed 70% of the device's 150.0 GB"):
+    with pytest.raises(InputError, match=rf"deepseek: the tiers' weights .* GB on one device\) exceed {TIER_WEIGHT_SHARE:.0%} of the device's 150.0 GB"):
         tier_layers(ds, None, 8, device_bytes=H200)          # an explicit --slow-layers is not shrunk
     with pytest.raises(InputError, match="pass fewer --slow-layers / --fast-layers"):
         tier_layers(ds, None, None, device_bytes=24e9)       # the fast tier alone is too big

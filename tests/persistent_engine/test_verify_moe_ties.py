@@ -212,15 +212,29 @@ def test_route_replay_returns_the_reference_experts_weighted_from_this_runs_logi
     ref = verify.RouteCall(logits, ref_ids.sort(-1).values, None, "softmax", 1, 1)
     rep = verify.RouteReplay(moe.moe_route, [ref])
     sharp = (logits * 1.3, *args[1:])                          # same choices, sharper weights
-    w, ids = rep(*sharp)
-    assert torch.equal(ids, ref.ids) and torch.equal(rep.calls[0].ids, ref.ids)
-    assert torch.allclose(w, moe.route_weights(logits * 1.3, ids, "softmax", True, 1.0))
+    w, ids = rep(*sharp)                                         # nothing flipped: the router's own output
+    assert all(torch.equal(a, b) for a, b in zip((w, ids), moe.moe_route(*sharp)))
+    assert torch.equal(ids.sort(-1).values, ref.ids) and torch.equal(rep.calls[0].ids, ref.ids)
     assert not torch.allclose(w.sort(-1).values, ref_w.sort(-1).values, atol=1e-3)   # not the reference's
     other = torch.randn(5, 8, generator=g)                       # its own choice differs: recorded, replaced
     rep = verify.RouteReplay(moe.moe_route, [ref])
     w, ids = rep(other, *args[1:])
     own = moe.moe_route(other, *args[1:])[1].sort(-1).values
-    assert torch.equal(ids, ref.ids) and torch.equal(rep.calls[0].ids, own) and not torch.equal(own, ref.ids)
+    assert torch.equal(ids.sort(-1).values, ref.ids) and torch.equal(rep.calls[0].ids, own)
+    assert not torch.equal(own, ref.ids)
+    # row by row: a token whose own set is the reference's gets exactly what its router returned (the
+    # free-running run's slot order and weights); a flipped one the reference's experts in ITS slot order
+    mixed = logits.clone()
+    mixed[2] = other[2]
+    ref = verify._route_call((logits, *args[1:]), (ref_w, ref_ids))
+    assert torch.equal(ref.order, ref_ids) and torch.equal(ref.ids, ref_ids.sort(-1).values)
+    own_w, own_ids = moe.moe_route(mixed, *args[1:])
+    flip = (own_ids.sort(-1).values != ref.ids).any(-1)
+    assert flip.tolist() == [False, False, True, False, False]
+    w, ids = verify.RouteReplay(moe.moe_route, [ref])(mixed, *args[1:])
+    assert torch.equal(ids[~flip], own_ids[~flip]) and torch.equal(w[~flip], own_w[~flip])
+    assert torch.equal(ids[2], ref_ids[2])
+    assert torch.allclose(w[2], moe.route_weights(mixed[2:3], ref_ids[2:3], "softmax", True, 1.0)[0])
     assert torch.equal(rep(other, *args[1:])[1], moe.moe_route(other, *args[1:])[1])   # beyond the reference's calls
 
 
@@ -301,9 +315,23 @@ def test_route_flips_sigmoid_bias_and_groups():
     gap = verify.route_flips(ref, torch.tensor([[0, 2]]))[1]
     rms = (0.01 ** 2 / 3) ** 0.5
     assert float(gap[0]) == pytest.approx(0.01 / rms, rel=1e-3)           # ~ the logit gap, in RMS units
-    # groups: expert 2 sits in a group the reference did not keep: never excused
+    # groups (softmax, 2 groups of 2, one kept): experts from two groups break the limit: never excused
     ref = _call([[3.0, 2.9, 2.95, -5.0]], [[0, 1]], n_group=2, topk_group=1)
     assert torch.isinf(verify.route_flips(ref, torch.tensor([[0, 2]]))[1]).all()
+    # the other group whole: its score (max 2.95) is 0.05 logits behind the kept one's (3.0), and within
+    # it nothing better was left out, so the gap is the group gap in logit units (the row's steepest slope)
+    sm = torch.softmax(ref.logits.double(), -1)[0]
+    s = sm * (1 - sm)
+    gap = float(verify.route_flips(ref, torch.tensor([[2, 3]]))[1][0])
+    assert gap == pytest.approx(float((sm[0] - sm[2]) / s.max() / ref.logits.pow(2).mean().sqrt()), rel=1e-6)
+    assert 0 < gap < 2 * 0.05 / float(ref.logits.pow(2).mean().sqrt())      # ~ the 0.05-logit group gap
+    # a clear group gap (the other group 2 logits behind) is far beyond any band
+    far = _call([[3.0, 2.9, 1.0, -5.0]], [[0, 1]], n_group=2, topk_group=1)
+    assert float(verify.route_flips(far, torch.tensor([[2, 3]]))[1][0]) > 10 * verify.TIE_RTOL[torch.bfloat16]
+    # within a switched group the experts are still compared (top-1)
+    ref1 = _call([[3.0, 2.9, 2.95, 2.0]], [[0]], n_group=2, topk_group=1)
+    assert float(verify.route_flips(ref1, torch.tensor([[3]]))[1][0]) > float(
+        verify.route_flips(ref1, torch.tensor([[2]]))[1][0]) > 0                      # 3 is behind 2 in its group
 
 
 def test_tie_check_rows_prefill_taint_and_budget():
@@ -332,7 +360,7 @@ def test_tie_check_rows_prefill_taint_and_budget():
 
 def test_tie_band_widens_with_the_depth_of_the_moe_layer():
     tie = verify.TIE_RTOL[torch.bfloat16]
-    logits = [[3.0, 2.0, 2.0 - 0.0483, 0.0]]                           # expert 2 is ~1.5 bands behind expert 1
+    logits = [[3.0, 2.0, 2.0 - 0.0966, 0.0]]                           # expert 2 is ~1.5 bands behind expert 1
     ref, flip = _call(logits, [[0, 1]]), _call(logits, [[0, 2]])
     gap = float(verify.route_flips(ref, flip.ids)[1][0])
     assert tie < gap < 2 * tie
@@ -345,7 +373,7 @@ def test_tie_band_widens_with_the_depth_of_the_moe_layer():
     assert t.compare(out, out.clone(), "p", [ref, ref], [ref, flip], cu) is None
     assert (t.excused, t.excluded, t.rows) == (1, 1, 1)
     # three bands behind is beyond even the second layer's
-    far = _call([[3.0, 2.0, 2.0 - 0.0966, 0.0]], [[0, 1]])
+    far = _call([[3.0, 2.0, 2.0 - 0.1932, 0.0]], [[0, 1]])
     r = verify.TieCheck(torch.bfloat16).compare(out, out.clone(), "p", [far, far], [far, _call(far.logits.tolist(), [[0, 2]])], cu)
     assert r is not None and f"> {2 * tie:.3g}" in r, r
 
