@@ -235,7 +235,8 @@ def _group_limit(c: RouteCall, gscore: torch.Tensor, ids: torch.Tensor) -> tuple
     score) and the gap [F] by which that set misses being the reference's top groups (criterion units,
     <= 0 when it is one)."""
     f, g = gscore.shape
-    used = torch.zeros(f, g, dtype=torch.bool).scatter_(1, (ids // (c.logits.shape[1] // g)).clamp(0, g - 1), True)
+    group_of = (ids // (c.logits.shape[1] // g)).clamp(0, g - 1)                   # [F, k]
+    used = torch.zeros(f, g, dtype=torch.bool, device=gscore.device).scatter_(1, group_of, True)
     rank = gscore.masked_fill(used, float("inf")).argsort(-1, descending=True)      # used first, then best
     kept = torch.zeros_like(used).scatter_(1, rank[:, :max(c.topk_group, 1)], True) | used
     gap = gscore.masked_fill(kept, float("-inf")).max(-1).values - gscore.masked_fill(~kept, float("inf")).min(-1).values

@@ -1,0 +1,2 @@
+"""tkcc plan: no accepted optimizations (the reference forward pass)."""
+OVERRIDES = {}
