@@ -2,4 +2,5 @@ import sys
 
 from compiler.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":     # a spawned child (compiler.isolated) imports this module too
+    sys.exit(main())

@@ -26,9 +26,14 @@ from typing import Any, Callable
 from compiler import inputs, plan as plan_mod, report
 from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
 from compiler.compose import Part, compose, select_compatible
+from compiler.isolated import run_isolated
+from compiler.recover import mark_recovered, recovered_seeds
 from compiler.progress import Progress
 
 log = logging.getLogger("tkcc.loop")
+# the plan's per-op profile and its torch.compile comparison run in a child process (compiler.isolated);
+# past this they are left out of the plan (they are optional, the plan is not)
+ISOLATED_TIMEOUT_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -231,9 +236,15 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     cfg = continued(cfg, out, progress)
     board_url = cfg.board or f"sqlite:///{(out / 'board.db').resolve()}"
     board = Board(board_url)
+    lost, dead = recovered_seeds(board, cfg.model, cfg.hw, cfg.seeds) if cfg.continue_plan else ([], [])
+    if lost:                                    # a killed run's accepted candidates are not lost
+        progress.event(f"recovered {len(lost)} accepted candidate(s) of runs that wrote no plan; "
+                       "they are re-verified first")
+        cfg = dataclasses.replace(cfg, seeds=tuple(cfg.seeds) + tuple(lost))
     run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
                                       "device": device["kind"], "parent_version": cfg.parent_version})
+    mark_recovered(board, dead, run_id)
     if cfg.drift is not None:                    # recompile: the drift check that triggered this run
         deployment = _board_call(board, "deployment", cfg.model, cfg.hw, traffic.hash)
         _board_call(board, "add_drift_event", deployment, True,
@@ -303,7 +314,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 fleet.close()
                 progress.restarts_from(lambda: restarts)
             progress.phase("writing")
-            after = _op_ms_after(spec, fast_layers, points, composition, device, baseline)
+            # after Ctrl-C the plan is written at once: no per-op profile of the composition
+            after = {} if interrupted else _op_ms_after(spec, fast_layers, points, composition, device, baseline)
             if cfg.vs_torch_compile and composition is not None and composition.parts and not interrupted:
                 baseline["torch_compile"] = _vs_torch_compile(spec, slow_layers, points, composition, device, progress)
             plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
@@ -347,6 +359,7 @@ def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress:
     if cand is not None:
         _board_call(board, "add_evaluation", cand, tier="fast", point=None,
                     metrics={"speedup": getattr(verdict, "speedup", None), "per_point": getattr(verdict, "per_point", []),
+                             "accepted": bool(decision.accepted),
                              "timings": getattr(verdict, "timings", {}), "decision": decision.reason,
                              "slow_speedup": decision.slow},
                     verdict="correct" if getattr(verdict, "correct", False) else "rejected",
@@ -407,13 +420,14 @@ def _unmeasured(accepted: list[Accepted]) -> Composition | None:
 def _op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: Composition | None,
                  device: dict, baseline: dict) -> dict[str, dict[str, float]]:
     """Per-op time of the fast-tier slice before and after the composed plan, measured the same way
-    in this process (the engine's profile covers the reference only)."""
+    in a child process (candidate code never runs in the orchestrator; the engine's profile covers the
+    reference only)."""
     if composition is None or not composition.parts:
         return {}
     try:
         from compiler.apply import op_times_with
-        return op_times_with(spec, layers, points, composition.source,
-                             device="cpu" if device["kind"] == "cpu" else "cuda")
+        return run_isolated(op_times_with, spec, layers, points, composition.source,
+                            device="cpu" if device["kind"] == "cpu" else "cuda", timeout_s=ISOLATED_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001 - the plot is optional; the plan is not
         log.warning("per-op timing with the plan failed: %s", e)
         return {}
@@ -423,8 +437,8 @@ def _vs_torch_compile(spec: Any, layers: list[int], points: list[dict], composit
                       device: dict, progress: Progress) -> dict:
     try:
         from compiler.compare import compare_with_torch_compile
-        res = compare_with_torch_compile(spec, layers, points, composition.source,
-                                         device="cpu" if device["kind"] == "cpu" else "cuda")
+        res = run_isolated(compare_with_torch_compile, spec, layers, points, composition.source,   # a child process
+                           device="cpu" if device["kind"] == "cpu" else "cuda", timeout_s=ISOLATED_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001 - a comparison that fails is recorded, the plan stands
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     left_out = [f"{r['point'].get('phase')} b{r['point'].get('batch')}: {r['error']}" for r in res["points"] if "error" in r]
