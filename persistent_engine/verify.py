@@ -307,7 +307,7 @@ class TieCheck:
                        for r, c in zip(ref_calls, cand_calls))):
             return compare_logits(out, ref, self.dtype, where)
         seq = torch.repeat_interleave(torch.arange(b), cu.diff())                   # [T] sequence of each token
-        tie = TIE_RTOL.get(self.dtype, 2.0 ** -6)
+        tie = TIE_RTOL.get(self.dtype, 2.0 ** -5)
         tainted = torch.zeros(t, dtype=torch.bool)      # tokens downstream of a flip
         tainted_seq = torch.zeros(b, dtype=torch.bool)  # sequences holding an excused flip
         hard, hard_worst, hard_tol = 0, 0.0, tie
@@ -367,5 +367,6 @@ class TieCheck:
     def summary(self) -> str:
         if not self.excused:
             return ""
-        return (f"MoE routing: {self.excused} tokens flipped at near-ties (worst gap {self.worst:.3g} <= "
-                f"{TIE_RTOL.get(self.dtype, 2.0 ** -6):.3g}); {self.excluded} of {self.rows} sequences left out")
+        return (f"MoE routing: {self.excused} tokens flipped at near-ties (worst gap {self.worst:.3g}; band "
+                f"(1 + j) x {TIE_RTOL.get(self.dtype, 2.0 ** -5):.3g} at the j-th MoE layer); {self.excluded} of "
+                f"{self.rows} sequences left out")

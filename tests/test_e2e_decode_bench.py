@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from compiler import plan as plan_mod
 from compiler.compose import Part, compose
+from persistent_engine.models.spec import ModelSpec
+from persistent_engine.workloads import make_workload
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_decode.py"
 CORRECT = '''"""fused_add_rms_norm in fp32, one fused expression."""
@@ -48,13 +51,14 @@ def _bench():
 bench = _bench()
 
 
-def write_plan(root: Path, name: str, source: str) -> Path:
+def write_plan(root: Path, name: str, source: str, model: str = "tiny-dense",
+               ops: tuple = ("fused_add_rms_norm",)) -> Path:
     """A plan version directory as ``tkcc optimize`` writes it (compiler.plan.write_version)."""
-    ops, knobs = ("fused_add_rms_norm",), tuple(k for k in ("kv_block_size", "max_num_seqs") if k in source)
+    knobs = tuple(k for k in ("kv_block_size", "max_num_seqs") if k in source)
     opt = plan_mod.Optimization(name=name, targets=ops, speedup={"fast": 1.2, "slow": 1.1},
-                                kernel=f"kernels/{name}.py", author="test", description="fused_add_rms_norm fp32")
+                                kernel=f"kernels/{name}.py", author="test", description=f"{ops[0]} override")
     plan = plan_mod.Plan(
-        model="tiny-dense", hw="cpu", detected_device={"kind": "cpu", "name": "x86_64"},
+        model=model, hw="cpu", detected_device={"kind": "cpu", "name": "x86_64"},
         software={"torch": "x"}, traffic={"source": "t", "hash": "h", "summary": {}},
         workload_points=({"phase": "decode", "batch": 2, "context": 24, "chunk": 1, "weight": 1.0},),
         optimizations=(opt,), plan_speedup={"fast": 1.2, "slow": 1.1, "per_point": []},
@@ -125,3 +129,47 @@ def test_user_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys):
     vdir = write_plan(tmp_path / "plan", "rms-fp32", CORRECT)
     rc, doc = run(tmp_path, "--plan", str(vdir), "--cases", "tiny-moe@1/8")
     assert rc == 2 and doc is None and "match no case" in capsys.readouterr().err
+
+
+# linear as the reference, except the router's logits (tiny-moe: 8 experts) moved by AMP x their RMS
+ROUTER_NUDGE = '''import torch
+import torch.nn.functional as F
+def linear(x, weight, bias):
+    out = F.linear(x, weight, bias)
+    if out.shape[-1] == 8:
+        o = out.float()
+        rms = o.pow(2).mean(-1, keepdim=True).sqrt()
+        wobble = torch.cos(torch.arange(8, dtype=torch.float32) * 2.3)
+        out = (o + wobble * (AMP * rms)).to(out.dtype)
+    return out
+OVERRIDES = {"linear": linear}
+'''
+
+
+def test_moe_slices_are_also_checked_with_routing_replay():
+    """replay_agreement: the engine's rule on an MoE slice — a nudge within the tie band agrees, a clear
+    misroute does not (by name), a dense slice has no routing to check."""
+    from compiler.apply import overrides_of
+    from persistent_engine.models.decoder import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelSpec.from_name("tiny-moe"), device="cpu", dtype=torch.bfloat16, seed=0)
+    wl = make_workload(model, {"phase": "decode", "batch": 64, "context": 16}, 0)
+    ref = model.step(wl).clone()
+    ok = bench.replay_agreement(model, wl, overrides_of(ROUTER_NUDGE.replace("AMP", "2e-2")), ref, torch.bfloat16)
+    assert ok["ok"] and ok["replayed"] and ok["reason"] is None and ok["rel_err"] < 0.05, ok
+    assert "1 tokens flipped at near-ties" in ok["summary"] and "; 0 of 64 sequences left out" in ok["summary"]
+    bad = bench.replay_agreement(model, wl, overrides_of(ROUTER_NUDGE.replace("AMP", "0.5")), ref, torch.bfloat16)
+    assert not bad["ok"] and "MoE routing differs beyond ties" in bad["reason"], bad
+    dense = build_model(ModelSpec.from_name("tiny-dense"), device="cpu", dtype=torch.bfloat16, seed=0)
+    dwl = make_workload(dense, {"phase": "decode", "batch": 2, "context": 16}, 0)
+    assert bench.replay_agreement(dense, dwl, {}, dense.step(dwl), torch.bfloat16) is None
+
+
+def test_an_moe_plan_is_reported_with_its_routing_replay_verdict(tmp_path):
+    vdir = write_plan(tmp_path / "plan", "router-nudge", ROUTER_NUDGE.replace("AMP", "2e-2"), "tiny-moe", ("linear",))
+    rc, doc = run(tmp_path, "--plan", str(vdir), "--cases", "tiny-moe:cover@64/16")
+    [c] = doc["cases"]
+    tk = c["agreement"]["tkcc"]
+    assert tk["routing_replay"]["replayed"] and tk["routing_replay"]["ok"], tk
+    assert tk["ok"] == (tk["ok_plain"] or tk["routing_replay"]["ok"]) and c["agree"] and rc == 0
