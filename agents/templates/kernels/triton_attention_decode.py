@@ -10,9 +10,10 @@ padded to 16 rows; worth it for large groups and head dims, e.g. G=8, Dh=128), o
 broadcast products on CUDA cores. Bytes: the context's K and V (ctx * Hk * (Dh + Dv) elements per
 sequence). ``ATTD_NUM_SPLITS`` = 0 picks the split count per call: about two programs per SM
 (B * Hk * splits ~ 2 * SMs), never more splits than BLOCK_T tiles in the context's block table — at batch 1
-that is what keeps a short context from running on a few SMs. ``ATTD_PDL`` = 1 (SM90+ GPUs; ignored elsewhere) launches both kernels with programmatic
-dependent launch: each waits (``gdc_wait``) before its first load, since q and the cache's new K/V
-come from the kernels just before, so only the launch overlaps the previous kernel's tail.
+that is what keeps a short context from running on a few SMs. ``ATTD_PDL`` = 1 (SM90+ GPUs; ignored
+elsewhere) launches both kernels with programmatic dependent launch: each waits (``gdc_wait``) before
+its first load, since q and the cache's new K/V come from the kernels just before, so only the launch
+overlaps the previous kernel's tail.
 """
 
 import torch
