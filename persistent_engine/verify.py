@@ -367,6 +367,6 @@ class TieCheck:
     def summary(self) -> str:
         if not self.excused:
             return ""
-        return (f"MoE routing: {self.excused} tokens flipped at near-ties (worst gap {self.worst:.3g}; band "
+        return (f"MoE routing: {self.excused} tokens flipped at near-ties (worst gap {self.worst:.3g}, band "
                 f"(1 + j) x {TIE_RTOL.get(self.dtype, 2.0 ** -5):.3g} at the j-th MoE layer); {self.excluded} of "
                 f"{self.rows} sequences left out")
