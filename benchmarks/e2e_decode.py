@@ -431,6 +431,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<h200|cpu>-e2e-decode.json)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the cases of an existing --out file that this run does not measure again")
+    ap.add_argument("--merge-from", nargs="+", metavar="FILE", default=None,
+                    help="measure nothing: merge these results files (a later file's case wins) into --out")
     return ap
 
 
@@ -481,14 +483,7 @@ def run(a: argparse.Namespace) -> int:
            "cases": rows, "targets": target_verdicts(rows)}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else 'cpu'}-e2e-decode.json")
     if a.merge and out.is_file():                   # runs split over several device sessions
-        ident = lambda r: (r["model"], tuple(r["layers"]), r["batch"], r["context"])  # noqa: E731
-        done = {ident(r) for r in rows}
-        old = json.loads(out.read_text())
-        kept = [r for r in old.get("cases", []) if ident(r) not in done]
-        doc["cases"] = kept + rows
-        doc["targets"] = target_verdicts(doc["cases"])
-        kept_models = {r["model"] for r in kept} - {p["model"] for p in doc["plans"]}
-        doc["plans"] += [p for p in old.get("plans", []) if p["model"] in kept_models]
+        doc = merge_results(read_results(out), doc)
     plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     if a.markdown:
         plan_mod.atomic_write_text(a.markdown, "\n".join(sections))
@@ -504,9 +499,54 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+def read_results(path: Path) -> dict:
+    """A results file this script wrote (BenchError, one line, for anything else)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise BenchError(f"{path}: not a readable results file ({type(e).__name__}: {e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list):
+        raise BenchError(f"{path}: not an e2e_decode results file (no 'cases' list)")
+    return doc
+
+
+def merge_results(old: dict, new: dict) -> dict:
+    """``new`` with the cases of ``old`` it does not measure again (same model, layers, batch, context), the
+    plans of the models only ``old`` has, and the targets re-checked. Cases keep their own ``date``, copy
+    bandwidth and plan; the file's top level is ``new``'s."""
+    ident = lambda r: (r["model"], tuple(r["layers"]), r["batch"], r["context"])  # noqa: E731
+    done = {ident(r) for r in new["cases"]}
+    kept = [r for r in old.get("cases", []) if ident(r) not in done]
+    doc = {**new, "cases": kept + list(new["cases"])}
+    doc["targets"] = target_verdicts(doc["cases"])
+    kept_models = {r["model"] for r in kept} - {p["model"] for p in new.get("plans", [])}
+    doc["plans"] = list(new.get("plans", [])) + [p for p in old.get("plans", []) if p["model"] in kept_models]
+    return doc
+
+
+def merge_files(paths: list[str], out: Path) -> int:
+    """``--merge-from``: results of runs made apart (several machines or sessions) merged in the order given,
+    a later file's case replacing an earlier one's; no measurement."""
+    docs = [read_results(Path(p)) for p in paths]
+    doc = docs[0]
+    for d in docs[1:]:
+        doc = merge_results(doc, d)
+    doc["merged_from"] = [{"file": Path(p).name, "date": d.get("date")} for p, d in zip(paths, docs)]
+    plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    for t in doc["targets"]:
+        print(f"target {t['model']} b{t['batch']} {t['metric']} >= {t['minimum']}: {_f(t['value'], '{:.2f}')} "
+              f"{'met' if t['met'] else 'NOT met'}")
+    print(f"wrote {out} ({len(doc['cases'])} cases from {len(paths)} files)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     try:
+        if a.merge_from:
+            if not a.out:
+                raise BenchError("--merge-from needs --out (the merged file)")
+            return merge_files(a.merge_from, Path(a.out))
         return run(a)
     except Exception as e:  # noqa: BLE001 - user errors are one line, exit 2
         if getattr(e, "user_error", False):

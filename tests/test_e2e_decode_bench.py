@@ -120,6 +120,27 @@ def test_without_a_plan_tkcc_is_the_reference_and_says_so(tmp_path):
     assert rc == 0 and [(c["model"], c["batch"]) for c in doc["cases"]] == [("tiny-moe", 3), ("tiny-dense", 1)]
 
 
+def test_results_of_separate_runs_merge_into_one_file(tmp_path, capsys):
+    """--merge-from: files from runs made apart, a later file's case winning; nothing measured."""
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "merged.json"
+    a.mkdir()
+    b.mkdir()
+    assert run(a, "--cases", "tiny-dense@1,2/8")[0] == 0
+    assert run(b, "--cases", "tiny-dense@2/8", "tiny-moe:cover@3/8")[0] == 0
+    first, second = (json.loads((d / "result.json").read_text()) for d in (a, b))
+    assert bench.main(["--merge-from", str(a / "result.json"), str(b / "result.json"), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(c["model"], c["batch"]) for c in doc["cases"]] == [("tiny-dense", 1), ("tiny-dense", 2), ("tiny-moe", 3)]
+    assert doc["cases"][0] == first["cases"][0] and doc["cases"][1:] == second["cases"]   # b's batch 2 won
+    assert [m["date"] for m in doc["merged_from"]] == [first["date"], second["date"]]
+    assert "wrote" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text("{not json")
+    assert bench.main(["--merge-from", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("e2e_decode: error:") and "not a readable results file" in err and err.count("\n") == 1
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_user_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys):
     rc, doc = run(tmp_path, "--plan", str(tmp_path / "missing"), "--cases", "tiny-dense@1/8")
     err = capsys.readouterr().err
