@@ -1,5 +1,5 @@
 """compiler.recover: the accepted candidates of a run that wrote no plan are re-verified by the next run
-into the same root (real SQLite boards; one real optimize run on tiny-dense, CPU engines)."""
+into the same root (real boards on both backends; one real optimize run on tiny-dense, CPU engines)."""
 
 from pathlib import Path
 
@@ -26,8 +26,8 @@ def _run_with(board, status, message, sources, model="tiny-dense", hw="h200"):
     return run.id
 
 
-def test_only_accepted_candidates_of_unfinished_runs_are_recovered_once(tmp_path, monkeypatch):
-    board = Board(f"sqlite:///{tmp_path / 'board.db'}")
+def test_only_accepted_candidates_of_unfinished_runs_are_recovered_once(board_url, monkeypatch):
+    board = Board(board_url)                                    # SQLite and PostgreSQL (tests/conftest.py)
     a, b = SOURCE, SOURCE + "\n# another\n"
     killed = _run_with(board, "failed", "KeyboardInterrupt: ", {a: True, b: False})
     _run_with(board, "done", "plan /x/v1", {b: True})                       # wrote its plan

@@ -4,11 +4,9 @@ TKCC_TEST_PG_URL is set (``scripts/test_services.sh run``)."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
-import uuid
 
 import httpx
 import pytest
@@ -169,30 +167,17 @@ def test_cli_serves_and_refuses_a_busy_port(served, tmp_path):
         proc.wait(timeout=30)
 
 
-@pytest.mark.skipif(not os.environ.get("TKCC_TEST_PG_URL"), reason="needs TKCC_TEST_PG_URL (scripts/test_services.sh run)")
-def test_postgresql_board():
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    admin = create_engine(os.environ["TKCC_TEST_PG_URL"], isolation_level="AUTOCOMMIT")
-    name = f"tkcc_ui_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(os.environ["TKCC_TEST_PG_URL"]).set(database=name).render_as_string(hide_password=False)
-    try:
-        writer = Board(url)
-        s = fill_board(writer, SampleSpec(hostile=True, ideas=12, evaluations=20))
-        with UIServer(UIConfig(board=url)) as server, httpx.Client(base_url=server.url, timeout=30) as c:
-            for p in ("/", "/optimizations?sort=-speedup", f"/optimizations/{s.hostile_optimization}",
-                      f"/runs/{s.runs[0]}", "/ideas", "/drift", f"/deployments/{s.deployments[0]}"):
-                r = c.get(p)
-                assert r.status_code == 200 and HOSTILE not in r.text, p
-            ids = [o["id"] for o in c.get("/api/optimizations", params={"sort": "-speedup"}).json()["items"]]
-            assert ids == [o.id for o in writer.list_optimizations(sort="-speedup").items]
-            with pytest.raises(BoardError):
-                server.app.state.board.post(s.runs[0], author="ui", body="x")
-        writer.close()
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+def test_the_ui_serves_every_board_backend(board_url):
+    """The same pages on SQLite and PostgreSQL (``board_url``: tests/conftest.py), hostile text escaped."""
+    writer = Board(board_url)
+    s = fill_board(writer, SampleSpec(hostile=True, ideas=12, evaluations=20))
+    with UIServer(UIConfig(board=board_url)) as server, httpx.Client(base_url=server.url, timeout=30) as c:
+        for p in ("/", "/optimizations?sort=-speedup", f"/optimizations/{s.hostile_optimization}",
+                  f"/runs/{s.runs[0]}", "/ideas", "/drift", f"/deployments/{s.deployments[0]}"):
+            r = c.get(p)
+            assert r.status_code == 200 and HOSTILE not in r.text, p
+        ids = [o["id"] for o in c.get("/api/optimizations", params={"sort": "-speedup"}).json()["items"]]
+        assert ids == [o.id for o in writer.list_optimizations(sort="-speedup").items]
+        with pytest.raises(BoardError):
+            server.app.state.board.post(s.runs[0], author="ui", body="x")
+    writer.close()
