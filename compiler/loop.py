@@ -184,6 +184,28 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._old)
 
 
+def _best_effort(fn: Callable, *args: Any) -> Any:
+    """Board bookkeeping outside the Board API's methods: a failure is logged, never stops a run."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        log.warning("%s failed: %s", fn.__name__, e)
+        return None
+
+
+def _recovered(cfg: OptimizeConfig, board: Any, progress: Progress) -> tuple[OptimizeConfig, list]:
+    """The accepted candidates of runs into this root that wrote no plan become seeds (compiler.recover);
+    returns the config and the ids of those runs (marked once this run exists)."""
+    if not cfg.continue_plan:
+        return cfg, []
+    lost, dead = _best_effort(recovered_seeds, board, cfg.model, cfg.hw, cfg.seeds) or ([], [])
+    if lost:
+        progress.event(f"recovered {len(lost)} accepted candidate(s) of runs that wrote no plan; "
+                       "they are re-verified first")
+        cfg = dataclasses.replace(cfg, seeds=tuple(cfg.seeds) + tuple(lost))
+    return cfg, dead
+
+
 def continued(cfg: OptimizeConfig, out: Path, progress: Progress | None = None) -> OptimizeConfig:
     """A run into a plan root that already holds a version for the same model and hardware continues
     from the newest one: its optimizations are re-verified first (as ``recompile`` does, so they must
@@ -236,15 +258,12 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     cfg = continued(cfg, out, progress)
     board_url = cfg.board or f"sqlite:///{(out / 'board.db').resolve()}"
     board = Board(board_url)
-    lost, dead = recovered_seeds(board, cfg.model, cfg.hw, cfg.seeds) if cfg.continue_plan else ([], [])
-    if lost:                                    # a killed run's accepted candidates are not lost
-        progress.event(f"recovered {len(lost)} accepted candidate(s) of runs that wrote no plan; "
-                       "they are re-verified first")
-        cfg = dataclasses.replace(cfg, seeds=tuple(cfg.seeds) + tuple(lost))
+    cfg, dead = _recovered(cfg, board, progress)
     run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
                                       "device": device["kind"], "parent_version": cfg.parent_version})
-    mark_recovered(board, dead, run_id)
+    if dead:
+        _best_effort(mark_recovered, board, dead, run_id)
     if cfg.drift is not None:                    # recompile: the drift check that triggered this run
         deployment = _board_call(board, "deployment", cfg.model, cfg.hw, traffic.hash)
         _board_call(board, "add_drift_event", deployment, True,

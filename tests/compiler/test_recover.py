@@ -65,3 +65,19 @@ def test_the_next_run_re_verifies_what_a_killed_run_accepted(tmp_path):
     assert board.get_run(killed).message == f"recovered by run {new.id}"
     assert res.plan is not None
     board.close()
+
+
+def test_a_board_that_cannot_answer_does_not_stop_the_run(caplog):
+    """Recovery is best effort, like all board bookkeeping: a failing board means no seeds, a warning."""
+    import time
+
+    from compiler import loop
+    from compiler.progress import Progress
+
+    class Unreachable:                   # a board whose database went away
+        def db_time(self):
+            raise ConnectionError("database gone")
+
+    cfg = OptimizeConfig(model="tiny-dense", hw="h200", traffic=CONV, out="unused")
+    assert loop._recovered(cfg, Unreachable(), Progress(time.monotonic() + 1, quiet=True)) == (cfg, [])
+    assert "recovered_seeds failed: database gone" in caplog.text
