@@ -246,22 +246,19 @@ def replay_agreement(model, wl, overrides: dict, ref_logits: torch.Tensor, dtype
     """The plan's step against the reference as the engine's layer-level verification compares them on an MoE
     slice (routing replay, tie band; see the module docstring); None for a slice that routes nothing.
     Cost: two eager steps."""
-    rec = verify.RouteRecorder(registry.current("moe_route"))
-    with registry.override({"moe_route": rec}):
-        again = model.step(wl)
-    if not rec.calls:
+    refs = verify.ReferenceRoutes(registry).get(0, model, wl, ref_logits, dtype)
+    if refs == []:
         return None
-    repeatable = rel_err(again.float(), ref_logits.float()) <= LOGIT_RTOL.get(dtype, 5e-2) / 50
-    if any(c is None for c in rec.calls) or not repeatable:
+    if refs is None:
         return {"ok": False, "replayed": False, "reason": "the reference's routing could not be recorded "
                 "(its re-run differs from its timed run)", "summary": "", "rel_err": None}
-    replayed = "moe_route" not in overrides             # a plan that keeps the reference router
-    router = overrides.get("moe_route") or registry.current("moe_route")
-    wrap = verify.RouteReplay(router, rec.calls) if replayed else verify.RouteRecorder(router)
+    wrap = verify.route_wrapper(overrides.get("moe_route") or registry.current("moe_route"), refs,
+                                "moe_route" in overrides)
+    replayed = isinstance(wrap, verify.RouteReplay)     # a plan that keeps the reference router
     with registry.override({**overrides, "moe_route": wrap}):
         out = model.step(wl)
     ties = verify.TieCheck(dtype)
-    reason = ties.compare(out, ref_logits, "e2e", rec.calls, wrap.calls, wl.cu_seqlens_q, replayed=replayed)
+    reason = ties.compare(out, ref_logits, "e2e", refs, wrap.calls, wl.cu_seqlens_q, replayed=replayed)
     reason = reason or ties.budget_reason()
     return {"ok": reason is None, "replayed": replayed, "reason": reason, "summary": ties.summary(),
             "rel_err": rel_err(out.float(), ref_logits.float())}
@@ -487,9 +484,7 @@ def run(a: argparse.Namespace) -> int:
     plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     if a.markdown:
         plan_mod.atomic_write_text(a.markdown, "\n".join(sections))
-    for t in doc["targets"]:
-        print(f"target {t['model']} b{t['batch']} {t['metric']} >= {t['minimum']}: {_f(t['value'], '{:.2f}')} "
-              f"{'met' if t['met'] else 'NOT met'}")
+    print_targets(doc)
     print(f"wrote {out}")
     bad = [f"{r['model']} b{r['batch']}: {', '.join(k for k, c in r['agreement'].items() if not c['ok'])}"
            for r in rows if not r["agree"]]
@@ -497,6 +492,12 @@ def run(a: argparse.Namespace) -> int:
         print(f"e2e_decode: variants disagree with the eager reference: {'; '.join(bad)}", file=sys.stderr)
         return 1
     return 0
+
+
+def print_targets(doc: dict) -> None:
+    for t in doc["targets"]:
+        print(f"target {t['model']} b{t['batch']} {t['metric']} >= {t['minimum']}: {_f(t['value'], '{:.2f}')} "
+              f"{'met' if t['met'] else 'NOT met'}")
 
 
 def read_results(path: Path) -> dict:
@@ -533,9 +534,7 @@ def merge_files(paths: list[str], out: Path) -> int:
         doc = merge_results(doc, d)
     doc["merged_from"] = [{"file": Path(p).name, "date": d.get("date")} for p, d in zip(paths, docs)]
     plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
-    for t in doc["targets"]:
-        print(f"target {t['model']} b{t['batch']} {t['metric']} >= {t['minimum']}: {_f(t['value'], '{:.2f}')} "
-              f"{'met' if t['met'] else 'NOT met'}")
+    print_targets(doc)
     print(f"wrote {out} ({len(doc['cases'])} cases from {len(paths)} files)")
     return 0
 

@@ -184,15 +184,6 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._old)
 
 
-def _best_effort(fn: Callable, *args: Any) -> Any:
-    """Board bookkeeping outside the Board API's methods: a failure is logged, never stops a run."""
-    try:
-        return fn(*args)
-    except Exception as e:  # noqa: BLE001
-        log.warning("%s failed: %s", fn.__name__, e)
-        return None
-
-
 def _recovered(cfg: OptimizeConfig, board: Any, progress: Progress) -> tuple[OptimizeConfig, list]:
     """The accepted candidates of runs into this root that wrote no plan become seeds (compiler.recover);
     returns the config and the ids of those runs (marked once this run exists)."""
@@ -538,16 +529,19 @@ def _origin(cfg: OptimizeConfig) -> str:
     return "continued" if cfg.parent_version is not None else "new"
 
 
-def _board_call(board: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Board bookkeeping is best effort: a board that lacks a method or errors never stops a run."""
-    fn = getattr(board, method, None)
-    if fn is None:
-        return None
+def _best_effort(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Board bookkeeping is best effort: a failure is logged and never stops a run."""
     try:
         return fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001
-        log.warning("board.%s failed: %s", method, e)
+        log.warning("%s failed: %s", getattr(fn, "__name__", fn), e)
         return None
+
+
+def _board_call(board: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """A board method, best effort (a board that lacks it or errors never stops a run)."""
+    fn = getattr(board, method, None)
+    return None if fn is None else _best_effort(fn, *args, **kwargs)
 
 
 def _board_mirror(board: Any, run_id: Any) -> Callable[[Any], None]:

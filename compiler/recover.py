@@ -12,8 +12,9 @@ run is marked (``mark_recovered``: failed, "recovered by run N") so that its can
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
+
+from bulletin_board.records import source_hash
 
 STALE_S = 600.0
 MAX_RUNS = 20                       # most recent unfinished runs looked at
@@ -33,8 +34,7 @@ def recovered_seeds(board: Any, model: str, hw: str,
     """``(name, source)`` of candidates accepted by unfinished runs of ``model`` on ``hw``, newest run first,
     one per distinct source, leaving out sources already in ``known`` (the continued plan's seeds); and the
     ids of the unfinished runs looked at."""
-    digest = lambda s: hashlib.sha256(s.encode()).hexdigest()  # noqa: E731
-    seen = {digest(src) for _, src in known}
+    seen = {source_hash(src) for _, src in known}
     now = board.db_time()
     out: list[tuple[str, str]] = []
     runs: list[int] = []
@@ -45,8 +45,8 @@ def recovered_seeds(board: Any, model: str, hw: str,
         accepted = {e.candidate_id for e in board.list_evaluations(run=run.id, tier="fast", limit=1000).items
                     if (e.metrics or {}).get("accepted") is True}
         for cand in board.list_candidates(run=run.id, sort="date", limit=1000).items:
-            if cand.id in accepted and digest(cand.source) not in seen:
-                seen.add(digest(cand.source))
+            if cand.id in accepted and cand.source_hash not in seen:
+                seen.add(cand.source_hash)
                 out.append((f"run{run.id}:{cand.author}", cand.source))
     return out, runs
 

@@ -481,8 +481,8 @@ class Engine:
                                                    self.dtype)
                         router = counted.get("moe_route") or self.registry.current("moe_route")
                         # a candidate that keeps the reference router runs with the reference's experts
-                        replayed = refs is not None and "moe_route" not in c.overrides
-                        rec = verify.RouteReplay(router, refs) if replayed else verify.RouteRecorder(router)
+                        rec = verify.route_wrapper(router, refs, "moe_route" in c.overrides)
+                        replayed = isinstance(rec, verify.RouteReplay)
                     with self.registry.override({**counted, "moe_route": rec} if rec else counted):
                         out = self.model.step(w)
                     self._sync()

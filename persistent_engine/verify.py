@@ -190,6 +190,12 @@ class RouteReplay(RouteRecorder):
         return torch.where(sel, rw, w), torch.where(sel, rid.to(ids.dtype), ids)
 
 
+def route_wrapper(router, refs: list | None, own_router: bool) -> RouteRecorder:
+    """What wraps ``moe_route`` in a layer-level check: ``RouteReplay`` where the reference's routing is known
+    (``refs``) and the candidate keeps the reference router, else a ``RouteRecorder``."""
+    return RouteReplay(router, refs) if refs is not None and not own_router else RouteRecorder(router)
+
+
 class ReferenceRoutes:
     """The reference's routing at each (point, variant), recorded on first use by re-running the baseline
     step with ``moe_route`` wrapped. None for a step whose re-run does not reproduce the start-up logits
