@@ -287,8 +287,8 @@ class Engine:
     def _release_cached(self) -> None:
         """Hand the caching allocator's free blocks back to the device (after start-up and after each
         candidate): the two tiers' engines share one GPU, and memory one holds cached is memory the other
-        cannot get (deepseek on an H200: 35 GB cached beside 53 GB of weights left 0.7 GB to the other
-        engine, whose candidates failed with OOM). Cost: the next candidate's first allocations."""
+        cannot get (deepseek on an H200: the slow engine held 87.7 GB beside ~53 GB of weights, the fast one
+        51.6 GB, and candidates failed with OOM at 0.7 GB free). Cost: the next candidate's first allocations."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
