@@ -131,7 +131,8 @@ def serve(args) -> int:
     startup = {"process": round(_process_seconds(), 4), "imports": round(imports_s, 4), **engine.startup}
     engine.startup = startup                    # status replies carry the whole table
     _emit({"ready": True, "port": server.port, "address": server.address, "token_file": token_file,
-           "pid": os.getpid(), "startup": startup, "layers": engine.layers})
+           "pid": os.getpid(), "startup": startup, "layers": engine.layers,
+           "logit_noise": engine.logit_noise, "logit_tol": engine.logit_tol})
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     server.serve(engine.handle, after_reply=lambda reply: engine.poisoned,
                  keep_going=(lambda: os.getppid() == parent) if parent else None)

@@ -2,7 +2,8 @@
 
 Start-up (stages timed for the log): weights (``build_model``), KV cache (``make_workload`` for
 every point and input variant), warm-up (baseline logits kept as the verification reference, which
-ops each point calls, baseline step time), graph capture (CUDA: one graph per point and variant,
+ops each point calls, baseline step time), calibration (the layer-level logits bound of each point and
+variant, ``tolerance.py``), graph capture (CUDA: one graph per point and variant,
 sharing one memory pool; decode and prefill alike, a point whose capture fails is timed eagerly).
 Then the guards snapshot the global state: from here on, anything a candidate changes is seen.
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from persistent_engine import candidate as cand_mod
-from persistent_engine import guards, timing, verify
+from persistent_engine import guards, timing, tolerance, verify
 from persistent_engine.workloads import relayout_workload
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
@@ -213,6 +214,15 @@ class Engine:
         stage("warmup", t0)
 
         t0 = timing.now_ns()
+        self.moe_routes = verify.ReferenceRoutes(self.registry)   # the reference's routing, recorded on first use
+        # layer-level logits bound per point and variant: the slice's own rounding noise (tolerance.py)
+        self.logit_noise = tolerance.calibrate(self.registry, self.model, self.workloads, self.ref, self.moe_routes,
+                                               self.ops_at, self.device, self.dtype, config.seed)
+        self.logit_tol = [[tolerance.tolerance(self.dtype, n) for n in row] for row in self.logit_noise]
+        self._sync()
+        stage("calibration", t0)
+
+        t0 = timing.now_ns()
         # per point: one (graph, static output) per variant, or None (timed eagerly: no CUDA, graphs
         # off, or its capture failed; the reason in graph_errors). Candidates get a pool of their
         # own, kept for the engine's life: each candidate's graphs are freed at unload and the next
@@ -267,7 +277,6 @@ class Engine:
         self.cand_graphs: dict[int, list | None] = {}      # point -> candidate graphs (or None)
         self.cand_graph_errors: dict[int, str] = {}
         self.tie_kept_rows: dict = {}                       # (point, variant) -> rows the MoE tie check kept
-        self.moe_routes = verify.ReferenceRoutes(self.registry)   # the reference's routing, recorded on first use
         self.cand_workloads: list[list] | None = None       # kv_block_size: re-laid per candidate
         self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
                                    else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
@@ -486,9 +495,10 @@ class Engine:
                     with self.registry.override({**counted, "moe_route": rec} if rec else counted):
                         out = self.model.step(w)
                     self._sync()
+                    tol = self.logit_tol[i][v]
                     r = (ties.compare(out, self.ref[i][v], where, refs, rec.calls, w.cu_seqlens_q, key=(i, v),
-                                      replayed=replayed) if rec
-                         else verify.compare_logits(out, self.ref[i][v], self.dtype, where))
+                                      replayed=replayed, tol=tol) if rec
+                         else verify.compare_logits(out, self.ref[i][v], self.dtype, where, tol))
                     self.workload_guard.restore()
                     if r:
                         layer_reasons.append(r)
@@ -562,7 +572,8 @@ class Engine:
                     if not bool(keep.any()):
                         continue
                     out, ref = out[keep], ref[keep]
-                r = verify.compare_logits(out, ref, self.dtype, f"spot re-check {point_label(p)} timed sample {k}")
+                r = verify.compare_logits(out, ref, self.dtype, f"spot re-check {point_label(p)} timed sample {k}",
+                                          self.logit_tol[i][v])
                 if r:
                     reasons.append(r)
                     break
@@ -625,5 +636,6 @@ class Engine:
     def status(self, req: Status) -> StatusReply:
         return StatusReply(message="ready", model=self.config.model, layers=self.layers,
                            device=str(self.device), dtype=self.config.dtype, points=self.points,
-                           startup=self.startup, served=self.served, pid=os.getpid(),
+                           startup=self.startup, logit_noise=self.logit_noise, logit_tol=self.logit_tol,
+                           served=self.served, pid=os.getpid(),
                            candidate=self.candidate.name if self.candidate else None)

@@ -151,6 +151,9 @@ class StatusReply(Reply):
     dtype: str = ""
     points: list[dict] = field(default_factory=list)
     startup: dict = field(default_factory=dict)         # stage -> seconds
+    # [point][variant]: the re-rounded reference's relative logits error, and the layer-level bound from it
+    logit_noise: list = field(default_factory=list)
+    logit_tol: list = field(default_factory=list)
     candidate: str | None = None
     served: int = 0
     pid: int = 0

@@ -39,11 +39,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-30))
 
 
-def compare_logits(out, ref: torch.Tensor, dtype: torch.dtype, where: str) -> str | None:
-    """None when ``out`` matches the baseline ``ref``; else the reason."""
+def compare_logits(out, ref: torch.Tensor, dtype: torch.dtype, where: str, tol: float | None = None) -> str | None:
+    """None when ``out`` matches the baseline ``ref`` within ``tol`` (default: the dtype's LOGIT_RTOL; the
+    engine passes its slice's calibrated bound, ``tolerance.py``); else the reason."""
     if (r := _same_kind(out, ref, where)) is not None:
         return r
-    err, tol = rel_err(out, ref), LOGIT_RTOL.get(dtype, 5e-2)
+    err, tol = rel_err(out, ref), (tol if tol is not None else LOGIT_RTOL.get(dtype, 5e-2))
     if not err <= tol:
         return f"{where}: logits differ from the reference (relative error {err:.3g} > {tol:g})"
     return None
@@ -297,12 +298,13 @@ class TieCheck:
     worst: float = 0.0                  # largest excused gap
 
     def compare(self, out, ref: torch.Tensor, where: str, ref_calls: list | None, cand_calls: list,
-                cu_seqlens_q: torch.Tensor, key=None, replayed: bool = False) -> str | None:
+                cu_seqlens_q: torch.Tensor, key=None, replayed: bool = False, tol: float | None = None) -> str | None:
         """None when ``out`` matches ``ref`` over the sequences without excused flips; else the reason.
         Falls back to the plain ``compare_logits`` where the routing cannot be matched call for call.
         ``replayed``: ``out`` was computed with the reference's experts (``RouteReplay``): a flip cascades
         nowhere, so every MoE layer's choices are checked and every sequence's logits compared; the
-        sequences with an excused flip are left out of bench's spot re-check only (timed runs route freely)."""
+        sequences with an excused flip are left out of bench's spot re-check only (timed runs route freely).
+        ``tol``: the logits bound (``compare_logits``)."""
         if (r := _same_kind(out, ref, where)) is not None:
             return r
         cu = cu_seqlens_q.detach().long().cpu()
@@ -311,7 +313,7 @@ class TieCheck:
         if (ref_calls is None or len(ref_calls) != len(cand_calls) or b != out.shape[0]
                 or any(c is None or c.ids.shape != r.ids.shape or r.ids.shape[0] != t
                        for r, c in zip(ref_calls, cand_calls))):
-            return compare_logits(out, ref, self.dtype, where)
+            return compare_logits(out, ref, self.dtype, where, tol)
         seq = torch.repeat_interleave(torch.arange(b), cu.diff())                   # [T] sequence of each token
         tie = TIE_RTOL.get(self.dtype, 2.0 ** -5)
         tainted = torch.zeros(t, dtype=torch.bool)      # tokens downstream of a flip
@@ -320,15 +322,15 @@ class TieCheck:
         for j, (r, c) in enumerate(zip(ref_calls, cand_calls)):
             # the j-th MoE layer of the step: the router's inputs carry the differences of every layer
             # above it, which grow by about one rounding per layer, so the tie band widens with depth
-            tol = tie * (1 + j)
+            band = tie * (1 + j)
             tok, gap = route_flips(r, c.ids)
             fresh = ~tainted[tok]                       # a tainted token's later flips are consequences
             tok, gap = tok[fresh], gap[fresh]
-            bad = gap > tol
+            bad = gap > band
             if bool(bad.any()):
                 hard += int(bad.sum())
-                if float(gap[bad].max()) / tol > hard_worst / hard_tol:
-                    hard_worst, hard_tol = float(gap[bad].max()), tol
+                if float(gap[bad].max()) / band > hard_worst / hard_tol:
+                    hard_worst, hard_tol = float(gap[bad].max()), band
             ok = tok[~bad]
             if ok.numel():
                 self.excused += ok.numel()
@@ -346,10 +348,10 @@ class TieCheck:
         if replayed:
             if n_out and key is not None:
                 self.kept_rows[key] = ~excluded.to(out.device)
-            return compare_logits(out, ref, self.dtype, where)
+            return compare_logits(out, ref, self.dtype, where, tol)
         self.excluded += n_out
         if n_out == 0:
-            return compare_logits(out, ref, self.dtype, where)
+            return compare_logits(out, ref, self.dtype, where, tol)
         if n_out == b:                  # nothing left to compare at this step: the budget decides
             if key is not None:
                 self.kept_rows[key] = ~excluded.to(out.device)
@@ -357,7 +359,7 @@ class TieCheck:
         keep = ~excluded.to(out.device)
         if key is not None:
             self.kept_rows[key] = keep
-        err, tol = rel_err(out[keep], ref[keep]), LOGIT_RTOL.get(self.dtype, 5e-2)
+        err, tol = rel_err(out[keep], ref[keep]), (tol if tol is not None else LOGIT_RTOL.get(self.dtype, 5e-2))
         if not err <= tol:
             return (f"{where}: logits differ from the reference (relative error {err:.3g} > {tol:g} over "
                     f"{b - n_out} of {b} sequences; {n_out} left out for MoE routing near-ties)")
