@@ -5,7 +5,7 @@
 
 One run measures, through the real supervisor and RPC:
   * cold start: spawn -> ready, with the engine's stage breakdown (process, imports, weights,
-    kv_cache, warmup, graph_capture), ``--cold`` times (median);
+    kv_cache, warmup, calibration, graph_capture), ``--cold`` times (median);
   * hot-reload cycles on the fast tier: ``--cycles`` candidates, each a fresh source (a correct
     override of linear, fused_add_rms_norm or silu_and_mul in torch, plus Triton fused_add_rms_norm
     variants on CUDA) through load + verify + bench + unload on the same engine.

@@ -1,7 +1,7 @@
 """``python -m persistent_engine serve``: build one engine and serve it over RPC until shut down.
 
 stdout carries JSON lines only: one ``{"stage": name, "seconds": s}`` per start-up stage (process,
-imports, weights, kv_cache, warmup, graph_capture), then ``{"ready": true, "port", "address",
+imports, weights, kv_cache, warmup, calibration, graph_capture), then ``{"ready": true, "port", "address",
 "token_file", "pid", "startup"}``. A bad argument prints ``{"ready": false, "error": ...}`` and one
 line on stderr, exit 2. Exit 3: the engine left because a device error poisoned its CUDA context
 or a candidate left a thread behind (the supervisor starts a fresh one).

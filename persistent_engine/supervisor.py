@@ -5,7 +5,7 @@ one deadline for the whole cycle. A crash (abort, segfault, a CUDA error that ma
 is noticed within ~50 ms through the process handle; a hang is cut by the watchdog at the deadline
 (the engine's process group is killed). Either way the candidate is rejected with the reason, a
 fresh engine is started, and the next candidate is served. Start-up stages (process, imports,
-weights, kv_cache, warmup, graph_capture) are read from the engine's JSON lines as they happen.
+weights, kv_cache, warmup, calibration, graph_capture) are read from the engine's JSON lines as they happen.
 
 Stdlib + pyzmq + msgpack only (no torch here): the engine is another process.
 """
@@ -28,7 +28,7 @@ from persistent_engine.client import EngineClient, EngineDied, EngineTimeout
 from persistent_engine.io_struct import ErrorReply, Reply
 from persistent_engine.server import TOKEN_ENV, make_token
 
-STAGES = ("process", "imports", "weights", "kv_cache", "warmup", "graph_capture")
+STAGES = ("process", "imports", "weights", "kv_cache", "warmup", "calibration", "graph_capture")
 
 
 class EngineStartError(RuntimeError):

@@ -27,7 +27,7 @@ def test_tkcc_engine_serve_hands_the_token_through_a_private_file(tmp_path):
                 ready = obj
                 break
         assert ready and ready["ready"] is True, proc.stderr.read() if proc.poll() is not None else ready
-        assert stages == ["process", "imports", "weights", "kv_cache", "warmup", "graph_capture"]
+        assert stages == ["process", "imports", "weights", "kv_cache", "warmup", "calibration", "graph_capture"]
         assert ready["token_file"] == str(token_file) and ready["layers"] == [0]
         assert ready["address"].startswith("tcp://127.0.0.1:")
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
