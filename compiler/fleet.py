@@ -196,8 +196,17 @@ class LocalFleet:
         return [e.pid() for e in self.engines]
 
     def describe(self) -> list[dict]:
-        return [{"tier": e.tier, "device": e.placement.device, "layers": list(e.placement.layers)}
-                for e in self.engines]
+        """Per engine: tier, device, layers and, where its ready line said, the layer-level logits bound
+        calibrated at its start-up (``logit_bound``: min and max over points and variants)."""
+        out = []
+        for e in self.engines:
+            d = {"tier": e.tier, "device": e.placement.device, "layers": list(e.placement.layers)}
+            tol = (getattr(e.supervisor, "ready_info", None) or {}).get("logit_tol")
+            if tol:
+                flat = [t for row in tol for t in row]
+                d["logit_bound"] = [min(flat), max(flat)]
+            out.append(d)
+        return out
 
     def close(self) -> None:
         for e in self.engines:

@@ -278,6 +278,10 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
             progress.phase("starting")
             fleet = start_fleet(cfg, fleet_cfg)
             progress.restarts_from(fleet.restarts)
+            for d in fleet.describe():          # persistent_engine/tolerance.py: each tier's calibrated bound
+                if "logit_bound" in d:
+                    progress.event(f"{d['tier']} engine ({d['device']}, layers {d['layers']}): layer-level logits "
+                                   f"bound {d['logit_bound'][0]:.3g}-{d['logit_bound'][1]:.3g}")
             try:
                 if cfg.fleet == "ray":                   # agents as actors too (the cluster is up now)
                     from compiler.ray_agents import remote_agents
