@@ -1,0 +1,71 @@
+"""tkcc candidate rendered from the template library: fused_add_rms_norm.triton_rows{FARN_BLOCK_D=2048,FARN_NUM_WARPS=8,FARN_ROWS=1}"""
+
+import math
+import torch
+import triton
+import triton.language as tl
+
+
+# ======== fused_add_rms_norm.triton_rows{FARN_BLOCK_D=2048,FARN_NUM_WARPS=8,FARN_ROWS=1}
+FARN_BLOCK_D = 2048
+FARN_ROWS = 1
+FARN_NUM_WARPS = 8
+
+
+@triton.jit
+def _farn_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, M, D, stride_xm, stride_rm, stride_om, eps,
+                 BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)          # [ROWS]
+    rmask = rows < M
+    cols = tl.arange(0, BLOCK_D)
+    if SINGLE:
+        mask = rmask[:, None] & (cols[None, :] < D)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+        r = tl.load(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
+        s = (x.to(tl.float32) + r.to(tl.float32)).to(res_ptr.dtype.element_ty)
+        tl.store(res_ptr + rows[:, None] * stride_om + cols[None, :], s, mask=mask)
+        sf = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(sf * sf, axis=1) / D + eps)
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        y = sf * rstd[:, None] * w[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            c = d0 + cols
+            mask = rmask[:, None] & (c[None, :] < D)
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + c[None, :], mask=mask, other=0.0)
+            r = tl.load(r_ptr + rows[:, None] * stride_rm + c[None, :], mask=mask, other=0.0)
+            s = (x.to(tl.float32) + r.to(tl.float32)).to(res_ptr.dtype.element_ty)
+            tl.store(res_ptr + rows[:, None] * stride_om + c[None, :], s, mask=mask)
+            sf = s.to(tl.float32)
+            acc += sf * sf
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / D + eps)
+        for d0 in range(0, D, BLOCK_D):
+            c = d0 + cols
+            mask = rmask[:, None] & (c[None, :] < D)
+            sf = tl.load(res_ptr + rows[:, None] * stride_om + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)
+            y = sf * rstd[:, None] * w[None, :]
+            tl.store(out_ptr + rows[:, None] * stride_om + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def fused_add_rms_norm_triton(x, residual, weight, eps):
+    D = x.shape[-1]
+    x2, r2 = x.reshape(-1, D), residual.reshape(-1, D)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if r2.stride(-1) != 1:
+        r2 = r2.contiguous()
+    M = x2.shape[0]
+    out = torch.empty((M, D), dtype=x.dtype, device=x.device)
+    res = torch.empty((M, D), dtype=x.dtype, device=x.device)
+    if M > 0:
+        _farn_kernel[(triton.cdiv(M, FARN_ROWS),)](
+            x2, r2, weight, out, res, M, D, x2.stride(0), r2.stride(0), out.stride(0), float(eps),
+            BLOCK_D=FARN_BLOCK_D, ROWS=FARN_ROWS, SINGLE=FARN_BLOCK_D >= D, num_warps=FARN_NUM_WARPS)
+    return out.reshape(x.shape), res.reshape(x.shape)
+
+
+OVERRIDES = {'fused_add_rms_norm': fused_add_rms_norm_triton}
+DESCRIPTION = 'fused_add_rms_norm.triton_rows{FARN_BLOCK_D=2048,FARN_NUM_WARPS=8,FARN_ROWS=1}'
