@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="model alias or config (default: the plan's)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="bf16", choices=list(e2e.DTYPES))
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<h200|cpu>-verify-tolerance.json)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default benchmarks/results/<h200|cpu>-verify-tolerance.json)")
     a = ap.parse_args(argv)
     cuda = a.device == "cuda"
     try:

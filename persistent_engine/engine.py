@@ -89,47 +89,6 @@ def elog(line: str) -> None:
     print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
 
 
-def _tensors(obj, prefix: str = "", depth: int = 0, seen: set | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor reachable through attributes, lists and dicts of ``obj`` (workload objects)."""
-    seen = set() if seen is None else seen
-    out: dict[str, torch.Tensor] = {}
-    if isinstance(obj, torch.Tensor):
-        if id(obj) not in seen:
-            seen.add(id(obj))
-            out[prefix or "tensor"] = obj
-        return out
-    if depth > 4 or id(obj) in seen:
-        return out
-    seen.add(id(obj))
-    if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    elif hasattr(obj, "__dict__"):
-        items = vars(obj).items()
-    else:
-        return out
-    for k, v in items:
-        out.update(_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1, seen))
-    return out
-
-
-def model_weights(model) -> dict[str, torch.Tensor]:
-    """Every tensor of the model that no step may change: parameters (and the rotary table)."""
-    params = getattr(model, "params", None)
-    if isinstance(params, dict) and params:
-        named = dict(params)
-        if isinstance(getattr(model, "cos_sin", None), torch.Tensor):
-            named["cos_sin"] = model.cos_sin
-        return named
-    if isinstance(model, torch.nn.Module):
-        named = dict(model.named_parameters())
-        named.update(dict(model.named_buffers()))
-        if named:
-            return {k: v for k, v in named.items()}
-    return _tensors(model)
-
-
 def _gpu_bytes(device: torch.device) -> int | None:
     """Total memory of the engine's GPU; None on CPU (where the tiny and one-layer models stay small)."""
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
@@ -260,11 +219,11 @@ class Engine:
         self.op_check_budget = gpu_bytes // 4 if gpu_bytes else None
         # the weights' copy stays on the device up to a tenth of its memory (llama-1b: 2.5 GB), else in
         # host memory with a device-side fingerprint (a deepseek tier: tens of GB)
-        self.weight_guard = guards.TensorGuard(model_weights(self.model),
+        self.weight_guard = guards.TensorGuard(guards.model_weights(self.model),
                                                device_budget=gpu_bytes // 10 if gpu_bytes else None)
         self.workload_guard = guards.TensorGuard(
             {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
-             for k, t in _tensors(w).items()})
+             for k, t in guards.tensors_of(w).items()})
         model_objects = [self.model] + [o for b in getattr(self.model, "blocks", [])
                                         for o in (b, getattr(b, "attn", None), getattr(b, "mlp", None))
                                         if o is not None and hasattr(o, "__dict__")]
@@ -281,7 +240,8 @@ class Engine:
         self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
                                    else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
         # roofline floor per point (ms); 0 where the check is off
-        self.floor_ms = [guards.min_step_bytes(model_weights(self.model), ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
+        weights = guards.model_weights(self.model)
+        self.floor_ms = [guards.min_step_bytes(weights, ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
                          if self.peak_bandwidth_gbs else 0.0 for ws in self.workloads]
         self.served = 0
         self.poisoned = False                   # a device error: exit after replying

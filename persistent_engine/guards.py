@@ -314,3 +314,45 @@ def implausibly_fast(label: str, step_ms: float, floor_ms: float) -> str | None:
     if floor_ms > 0 and step_ms < floor_ms:
         return f"timing: implausibly fast at {label}: {step_ms:.4g} ms < floor {floor_ms:.4g} ms"
     return None
+
+
+# ------------------------------------------------------------------------------ what the tensor guards watch
+def tensors_of(obj, prefix: str = "", depth: int = 0, seen: set | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor reachable through attributes, lists and dicts of ``obj`` (workload objects)."""
+    seen = set() if seen is None else seen
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(obj, torch.Tensor):
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            out[prefix or "tensor"] = obj
+        return out
+    if depth > 4 or id(obj) in seen:
+        return out
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    elif hasattr(obj, "__dict__"):
+        items = vars(obj).items()
+    else:
+        return out
+    for k, v in items:
+        out.update(tensors_of(v, f"{prefix}.{k}" if prefix else str(k), depth + 1, seen))
+    return out
+
+
+def model_weights(model) -> dict[str, torch.Tensor]:
+    """Every tensor of the model that no step may change: parameters (and the rotary table)."""
+    params = getattr(model, "params", None)
+    if isinstance(params, dict) and params:
+        named = dict(params)
+        if isinstance(getattr(model, "cos_sin", None), torch.Tensor):
+            named["cos_sin"] = model.cos_sin
+        return named
+    if isinstance(model, torch.nn.Module):
+        named = dict(model.named_parameters())
+        named.update(dict(model.named_buffers()))
+        if named:
+            return {k: v for k, v in named.items()}
+    return tensors_of(model)

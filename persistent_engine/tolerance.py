@@ -24,7 +24,8 @@ point, variant and tier. Bounds then: llama-1b fast 0.05, slow 0.05-0.062; qwen3
 0.05-0.099 (its decode points 0.091-0.099, where plan v6 reached 0.052); deepseek fast 0.061-0.087, slow
 0.11-0.25. TOL_CAP = 0.25: a wrong kernel (a dropped term, a wrong weight, zeros) lands near 1 at layer
 level, and op-level verification keeps its fixed per-op bounds whatever the slice, so the layer-level bound
-never decides alone whether an op computes the right function. Cost: one eager step per (point, variant) at start-up.
+never decides alone whether an op computes the right function. Cost: one eager step per (point, variant) at
+start-up.
 """
 
 from __future__ import annotations
@@ -84,8 +85,7 @@ def calibrate(registry, model, workloads: list[list], refs: list[list], routes: 
             wrapped = {n: Rerounded(registry.current(n), gen) for n in leaves}
             if "moe_route" in ops_at[i]:
                 ref_routes = routes.get((i, v), model, w, refs[i][v], dtype)
-                if ref_routes is not None:
-                    wrapped["moe_route"] = verify.RouteReplay(wrapped["moe_route"], ref_routes)
+                wrapped["moe_route"] = verify.route_wrapper(wrapped["moe_route"], ref_routes, own_router=False)
             with registry.override(wrapped):
                 out = model.step(w)
             row.append(verify.rel_err(out, refs[i][v]))

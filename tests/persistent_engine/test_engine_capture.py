@@ -148,10 +148,10 @@ GOOD = (HERE / "good_torch.py").read_text()
 
 def test_min_step_bytes_counts_weights_and_the_kv_read(engine):
     w = engine.workloads[2][0]                       # prefill 16 tokens, no cached prefix
-    weights = sum(t.numel() * t.element_size() for n, t in eng.model_weights(engine.model).items()
+    weights = sum(t.numel() * t.element_size() for n, t in guards.model_weights(engine.model).items()
                   if "embed" not in n and n != "cos_sin")
     kv = engine.spec.num_kv_heads * engine.spec.head_dim * 2 * 2 * 2 * 16   # K+V, bf16, 2 layers, 16 tokens
-    assert guards.min_step_bytes(eng.model_weights(engine.model), w, engine.spec) == weights + kv
+    assert guards.min_step_bytes(guards.model_weights(engine.model), w, engine.spec) == weights + kv
     assert engine.floor_ms == [0.0, 0.0, 0.0]         # off on CPU unless configured
 
 
