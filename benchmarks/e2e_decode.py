@@ -252,11 +252,8 @@ def replay_agreement(model, wl, overrides: dict, ref_logits: torch.Tensor, dtype
     if refs is None:
         return {"ok": False, "replayed": False, "reason": "the reference's routing could not be recorded "
                 "(its re-run differs from its timed run)", "summary": "", "rel_err": None}
-    wrap = verify.route_wrapper(overrides.get("moe_route") or registry.current("moe_route"), refs,
-                                "moe_route" in overrides)
+    out, wrap = verify.routed_step(registry, model, wl, overrides, refs)
     replayed = isinstance(wrap, verify.RouteReplay)     # a plan that keeps the reference router
-    with registry.override({**overrides, "moe_route": wrap}):
-        out = model.step(wl)
     ties = verify.TieCheck(dtype)
     reason = ties.compare(out, ref_logits, "e2e", refs, wrap.calls, wl.cu_seqlens_q, replayed=replayed)
     reason = reason or ties.budget_reason()

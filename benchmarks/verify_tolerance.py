@@ -41,13 +41,12 @@ def plan_errors(e: eng.Engine, overrides: dict) -> list[list[float]]:
     for i, ws in enumerate(e.workloads):
         row = []
         for v, w in enumerate(ws):
-            active = dict(overrides)
             if "moe_route" in e.ops_at[i]:
                 refs = e.moe_routes.get((i, v), e.model, w, e.ref[i][v], e.dtype)
-                active["moe_route"] = verify.route_wrapper(e.registry.current("moe_route"), refs,
-                                                           "moe_route" in overrides)
-            with e.registry.override(active):
-                out = e.model.step(w)
+                out, _ = verify.routed_step(e.registry, e.model, w, overrides, refs)
+            else:
+                with e.registry.override(overrides):
+                    out = e.model.step(w)
             row.append(verify.rel_err(out, e.ref[i][v]))
             e.model.step(w)                     # the reference's K/V back in the new-token slots
         errs.append(row)

@@ -219,8 +219,8 @@ class Engine:
         self.op_check_budget = gpu_bytes // 4 if gpu_bytes else None
         # the weights' copy stays on the device up to a tenth of its memory (llama-1b: 2.5 GB), else in
         # host memory with a device-side fingerprint (a deepseek tier: tens of GB)
-        self.weight_guard = guards.TensorGuard(guards.model_weights(self.model),
-                                               device_budget=gpu_bytes // 10 if gpu_bytes else None)
+        weights = guards.model_weights(self.model)
+        self.weight_guard = guards.TensorGuard(weights, device_budget=gpu_bytes // 10 if gpu_bytes else None)
         self.workload_guard = guards.TensorGuard(
             {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
              for k, t in guards.tensors_of(w).items()})
@@ -240,7 +240,6 @@ class Engine:
         self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
                                    else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
         # roofline floor per point (ms); 0 where the check is off
-        weights = guards.model_weights(self.model)
         self.floor_ms = [guards.min_step_bytes(weights, ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
                          if self.peak_bandwidth_gbs else 0.0 for ws in self.workloads]
         self.served = 0
@@ -448,12 +447,12 @@ class Engine:
                     if "moe_route" in self.ops_at[i]:
                         refs = self.moe_routes.get((i, v), self.model, self.workloads[i][v], self.ref[i][v],
                                                    self.dtype)
-                        router = counted.get("moe_route") or self.registry.current("moe_route")
                         # a candidate that keeps the reference router runs with the reference's experts
-                        rec = verify.route_wrapper(router, refs, "moe_route" in c.overrides)
+                        out, rec = verify.routed_step(self.registry, self.model, w, counted, refs)
                         replayed = isinstance(rec, verify.RouteReplay)
-                    with self.registry.override({**counted, "moe_route": rec} if rec else counted):
-                        out = self.model.step(w)
+                    else:
+                        with self.registry.override(counted):
+                            out = self.model.step(w)
                     self._sync()
                     tol = self.logit_tol[i][v]
                     r = (ties.compare(out, self.ref[i][v], where, refs, rec.calls, w.cu_seqlens_q, key=(i, v),

@@ -154,10 +154,6 @@ class Supervisor:
         stages["total_to_ready"] = time.monotonic() - t0
         self.startup = stages
         self._log(f"[engine] ready on {line['address']} in {stages['total_to_ready']:.2f} s")
-        if line.get("logit_noise"):             # tolerance.py: the slice's rounding noise and its bound
-            noise = max(n for row in line["logit_noise"] for n in row)
-            tol = max(t for row in line["logit_tol"] for t in row)
-            self._log(f"[engine] layer-level logits bound {tol:.3g} (re-rounded reference within {noise:.3g})")
         self.client = EngineClient(line["address"], self._token, alive=self.alive)
         return stages
 

@@ -83,11 +83,12 @@ def calibrate(registry, model, workloads: list[list], refs: list[list], routes: 
         row = []
         for v, w in enumerate(ws):
             wrapped = {n: Rerounded(registry.current(n), gen) for n in leaves}
-            if "moe_route" in ops_at[i]:
-                ref_routes = routes.get((i, v), model, w, refs[i][v], dtype)
-                wrapped["moe_route"] = verify.route_wrapper(wrapped["moe_route"], ref_routes, own_router=False)
-            with registry.override(wrapped):
-                out = model.step(w)
+            if "moe_route" in ops_at[i]:            # the re-rounded router, replayed like a candidate's
+                router, ref_routes = wrapped.pop("moe_route"), routes.get((i, v), model, w, refs[i][v], dtype)
+                out, _ = verify.routed_step(registry, model, w, wrapped, ref_routes, router=router)
+            else:
+                with registry.override(wrapped):
+                    out = model.step(w)
             row.append(verify.rel_err(out, refs[i][v]))
             model.step(w)
         noise.append(row)

@@ -191,10 +191,16 @@ class RouteReplay(RouteRecorder):
         return torch.where(sel, rw, w), torch.where(sel, rid.to(ids.dtype), ids)
 
 
-def route_wrapper(router, refs: list | None, own_router: bool) -> RouteRecorder:
-    """What wraps ``moe_route`` in a layer-level check: ``RouteReplay`` where the reference's routing is known
-    (``refs``) and the candidate keeps the reference router, else a ``RouteRecorder``."""
-    return RouteReplay(router, refs) if refs is not None and not own_router else RouteRecorder(router)
+def routed_step(registry, model, workload, overrides: dict, refs: list | None, router=None):
+    """One step of ``model`` under ``overrides`` with ``moe_route`` wrapped as a layer-level check wraps it:
+    ``RouteReplay`` where the reference's routing is known (``refs``) and the overrides keep the reference
+    router, else a ``RouteRecorder``. ``router``: the implementation to wrap (default: the override's, else
+    the current one). Returns (logits, the wrapper, whose ``calls`` hold the routing of this step)."""
+    own_router = "moe_route" in overrides
+    router = router or overrides.get("moe_route") or registry.current("moe_route")
+    rec = RouteReplay(router, refs) if refs is not None and not own_router else RouteRecorder(router)
+    with registry.override({**overrides, "moe_route": rec}):
+        return model.step(workload), rec
 
 
 class ReferenceRoutes:
