@@ -217,3 +217,70 @@ def parallelism(spec: Any, hw: str, profile: dict, gpus: int) -> tuple[dict | No
     projected = {k: best.get(k) for k in ("tokens_per_s_per_gpu", "tokens_per_s_per_user", "ttft_ms",
                                           "tpot_ms") if best.get(k) is not None}
     return doc, projected or None, str(doc.get("message") or "")
+
+
+# the slow tier's routing skew when neither the traffic nor the user gives one: a power law of this
+# exponent (AIConfigurator's power_law_1.2, persistent_engine/routing.py)
+DEFAULT_ROUTING_SKEW = 1.2
+
+
+def read_histogram(path: str) -> tuple[tuple[float, ...], ...]:
+    """Per-expert loads from a file: JSON (a list of numbers, a list of per-layer lists, or
+    ``{"layers": [...]}``) or text (one layer per line, numbers separated by commas or spaces)."""
+    import json
+    import re
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"routing histogram not found: {path}")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read routing histogram {path}: {e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            doc = [[float(v) for v in re.split(r"[,\s]+", line.strip()) if v]
+                   for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        except ValueError:
+            raise InputError(f"routing histogram {path}: not JSON and not lines of numbers") from None
+    if isinstance(doc, dict):
+        doc = doc.get("layers")
+    if isinstance(doc, list) and doc and all(isinstance(v, (int, float)) for v in doc):
+        doc = [doc]
+    if not (isinstance(doc, list) and doc and all(isinstance(r, list) and r for r in doc)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for r in doc for v in r)):
+        raise InputError(f"routing histogram {path}: expected per-expert numbers (one list, or one per layer)")
+    return tuple(tuple(float(v) for v in r) for r in doc)
+
+
+def tier_inputs(spec: Any, summary: dict, routing_skew: float | None = None,
+                routing_histogram: str | None = None) -> dict:
+    """Each tier's input realism (``persistent_engine.tier_inputs``): the fast tier keeps uniform tokens
+    and the random (balanced) routers; the slow tier gets Zipf tokens, the traffic's prefix-cache hit rate
+    as shared prefixes, and MoE routing from ``routing_histogram`` (measured loads), else a power law of
+    exponent ``routing_skew`` (default ``DEFAULT_ROUTING_SKEW``; 0: the random routers)."""
+    import math
+
+    from persistent_engine.routing import RoutingError, RoutingSpec
+
+    if routing_skew is not None and not (math.isfinite(routing_skew) and 0 <= routing_skew <= 10):
+        raise InputError(f"--routing-skew must be a number in [0, 10] (0: uniform routing), got {routing_skew}")
+    try:
+        if routing_histogram:
+            routing = RoutingSpec("histogram", histogram=read_histogram(routing_histogram),
+                                  source=Path(routing_histogram).name)
+            if spec.is_moe:
+                routing.check_experts(spec.num_experts)
+        elif routing_skew == 0:
+            routing = RoutingSpec("uniform")
+        else:
+            routing = RoutingSpec("power_law", alpha=DEFAULT_ROUTING_SKEW if routing_skew is None else routing_skew)
+    except RoutingError as e:
+        raise InputError(f"{routing_histogram or '--routing-skew'}: {e}") from None
+    hit = summary.get("prefix_cache_hit_rate")
+    share = float(hit) if isinstance(hit, (int, float)) and math.isfinite(hit) else 0.0
+    slow = {"tokens": "zipf", "routing": routing.to_dict() if spec.is_moe else {"kind": "uniform"},
+            "prefix_share": round(min(max(share, 0.0), 1.0), 4)}
+    return {"fast": {}, "slow": slow}

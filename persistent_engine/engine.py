@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from persistent_engine import candidate as cand_mod
-from persistent_engine import guards, timing, tolerance, verify
+from persistent_engine import guards, tier_inputs, timing, tolerance, verify
 from persistent_engine.workloads import relayout_workload
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
@@ -82,6 +82,9 @@ class EngineConfig:
     cuda_graph: bool = True
     # roofline plausibility floor (GB/s): None = DEFAULT_PEAK_BANDWIDTH_GBS of the device (off on CPU)
     peak_bandwidth_gbs: float | None = None
+    # the tier's input realism (persistent_engine/tier_inputs.py): routing skew, token distribution,
+    # shared prefixes; empty: uniform random tokens through the random routers
+    inputs: dict = field(default_factory=dict)
 
 
 def elog(line: str) -> None:
@@ -120,7 +123,6 @@ class Engine:
         from persistent_engine.models.decoder import build_model
         from persistent_engine.models.spec import ModelSpec
         from persistent_engine.ops import registry
-        from persistent_engine.workloads import make_workload
 
         self.config = config
         self.registry = registry
@@ -155,10 +157,15 @@ class Engine:
         stage("weights", t0)
 
         t0 = timing.now_ns()
-        self.workloads = [[make_workload(self.model, p, seed=config.seed * 1000 + 17 * i + v)
+        self.inputs = tier_inputs.TierInputs.from_dict(config.inputs)
+        self.workloads = [[self.inputs.workload(self.model, p, seed=config.seed * 1000 + 17 * i + v)
                            for v in range(config.variants)] for i, p in enumerate(self.points)]
         self._sync()
         stage("kv_cache", t0)
+        t0 = timing.now_ns()        # the routers rebuilt to route these workloads as asked (routing.py)
+        self.routing = self.inputs.plant(self.model, [w for ws in self.workloads for w in ws], config.seed)
+        self._sync()
+        stage("routing", t0)
 
         t0 = timing.now_ns()
         from persistent_engine import profiler

@@ -1,0 +1,79 @@
+"""A tier's input realism (DESIGN.md "Tiers"): what the engine's workloads and routers look like.
+
+``TierInputs`` travels as a JSON dict (``EngineConfig.inputs``, ``python -m persistent_engine serve
+--inputs``)::
+
+    {"tokens": "uniform" | "zipf",            # token ids of the steps and of model-filled contexts
+     "routing": {"kind": "power_law", "alpha": 1.2} | {"kind": "histogram", "histogram": [[...]]} | {},
+     "prefix_share": 0.0..1.0}                 # share of each batch's cached context that is one prefix
+
+* tokens: ``zipf`` draws ranks with P(r) ~ 1/r (``workloads._draw_tokens``), a natural-text-like mix;
+* routing: the MoE routers rebuilt so the workloads route with that expert load and clear margins
+  (``routing.plant_routing``); absent or uniform: the random routers as they are;
+* prefix_share: sequences of a batch share the first ``prefix_share x context`` cached tokens as a prefix
+  cache serves them: their block tables point at the first sequence's (full) blocks, so attention reads
+  the same pages (the profile's prefix-cache hit rate). New tokens' slots never lie in shared blocks.
+
+The fast tier keeps the defaults (uniform tokens, random routers: quick, balanced screening); the slow
+tier gets what the traffic says (``compiler.inputs.tier_inputs``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from persistent_engine.routing import RoutingError, RoutingSpec, plant_routing
+from persistent_engine.workloads import make_workload
+
+__all__ = ["TierInputs", "share_prefix"]
+
+
+@dataclass(frozen=True)
+class TierInputs:
+    tokens: str = "uniform"
+    routing: RoutingSpec = field(default_factory=RoutingSpec)
+    prefix_share: float = 0.0
+
+    def __post_init__(self):
+        if self.tokens not in ("uniform", "zipf"):
+            raise RoutingError(f"unknown token distribution {self.tokens!r}; use uniform or zipf")
+        if not (math.isfinite(self.prefix_share) and 0.0 <= self.prefix_share <= 1.0):
+            raise RoutingError(f"prefix_share must be in [0, 1], got {self.prefix_share}")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "TierInputs":
+        d = d or {}
+        unknown = set(d) - {"tokens", "routing", "prefix_share"}
+        if unknown:
+            raise RoutingError(f"unknown tier input keys {sorted(unknown)}")
+        return cls(tokens=str(d.get("tokens", "uniform")), routing=RoutingSpec.from_dict(d.get("routing")),
+                   prefix_share=float(d.get("prefix_share") or 0.0))
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "routing": self.routing.to_dict(), "prefix_share": self.prefix_share}
+
+    def workload(self, model, point: dict, seed: int):
+        """``make_workload`` with these tokens, then the batch's shared prefix."""
+        wl = make_workload(model, point, seed=seed, tokens=self.tokens)
+        if self.prefix_share > 0:
+            share_prefix(wl, int(self.prefix_share * wl.context))
+        return wl
+
+    def plant(self, model, workloads: list, seed: int) -> dict:
+        """Rebuild the routers for ``workloads`` (``routing.plant_routing``); the measured routing as a
+        JSON dict (``RoutingStats.to_dict``), {} for a model without MoE layers."""
+        if not getattr(model.spec, "is_moe", False):
+            return {}
+        return plant_routing(model, workloads, self.routing, seed).to_dict()
+
+
+def share_prefix(wl, tokens: int) -> int:
+    """Point every sequence's first ``tokens // block_size`` blocks at sequence 0's (in place); returns the
+    number of shared blocks. Only blocks wholly below the context are shared, so the step's new tokens
+    (positions >= context) still write to blocks of their own."""
+    bs = wl.cache.block_size
+    n = min(tokens, wl.context) // bs
+    if n and wl.batch > 1:
+        wl.cache.block_tables[1:, :n] = wl.cache.block_tables[0, :n]
+    return n
