@@ -22,8 +22,9 @@ the row's RMS apart for 8 of 64 experts. Real routers are skewed (a few hot expe
    h [N, H] of that layer onto those logits (min-norm: dW^T = h^T (h h^T + lam I)^-1 (L - h W^T)), layer
    by layer (a layer's routing changes the next layer's hidden states). A linear router fits N <= H
    tokens exactly; ``FIT_SHARE`` x H tokens at most are fitted (beyond that the solve grows ill-conditioned
-   and bf16 rounding of dW eats the margins), evenly strided over all workloads; the others route by the
-   rebuilt router as it falls (``RoutingStats.fitted_share`` says how many were fitted).
+   and bf16 rounding of dW eats the margins): whole workloads from the smallest (decode batches) up, then
+   the rest strided evenly over the larger ones (``fit_rows``); the others route by the rebuilt router as
+   it falls (``RoutingStats.fitted_share`` says how many were fitted).
 
 Cost: one partial step per workload per MoE layer (up to that layer's router) and one [N, N] solve per
 layer, at engine start-up. Only ``router_w`` changes; the model's math (and every op) is the same.
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = ["RoutingError", "RoutingSpec", "RoutingStats", "power_law_counts", "histogram_counts",
-           "layer_counts", "assign_experts", "target_logits", "plant_routing", "routing_stats"]
+           "layer_counts", "assign_experts", "fit_rows", "target_logits", "plant_routing", "routing_stats"]
 
 FIT_SHARE = 0.5             # tokens fitted per layer: at most this x hidden_size
 CHOSEN_LOGIT = (2.0, 2.5)   # target logits of the chosen experts (uniform in this range)
@@ -209,6 +210,22 @@ def _fit(w: torch.Tensor, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     return (wd + (hd.t() @ sol).t()).to(w.dtype)
 
 
+def fit_rows(sizes: list[int], cap: int) -> torch.Tensor:
+    """Rows (into the workloads' tokens, concatenated) to fit, at most ``cap``: whole workloads from the
+    smallest up (decode batches: the heavy points of a trace, every token routed as asked), then the
+    capacity left strided evenly over the rest (a long prefill chunk)."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    rows, rest = [], []
+    for i in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+        span = list(range(starts[i], starts[i] + sizes[i]))
+        (rows if len(rows) + sizes[i] <= cap and not rest else rest).extend(span)
+    left = cap - len(rows)
+    if rest and left > 0:
+        pick = torch.linspace(0, len(rest) - 1, min(left, len(rest))).round().long().unique()
+        rows += [rest[j] for j in pick.tolist()]
+    return torch.tensor(sorted(rows), dtype=torch.long)
+
+
 def plant_routing(model, workloads: list, spec: RoutingSpec, seed: int = 0) -> "RoutingStats":
     """Rebuild every MoE router of ``model`` so that ``workloads`` route as ``spec`` asks (module doc);
     returns the routing measured afterwards. ``uniform`` changes nothing."""
@@ -232,10 +249,10 @@ def plant_routing(model, workloads: list, spec: RoutingSpec, seed: int = 0) -> "
                 ids.append(a)
             target = torch.cat([target_logits(a, e, gen) for a in ids])
             h_all = torch.cat(hs)
-            rows = torch.linspace(0, h_all.shape[0] - 1, min(cap, h_all.shape[0])).round().long().unique()
+            rows = fit_rows([h.shape[0] for h in hs], cap)
             w = block.mlp.router_w
             w.copy_(_fit(w, h_all[rows], target[rows].to(h_all.device)))
-        fitted = min(1.0, cap / max(1, sum(h.shape[0] for h in hs)))
+        fitted = len(rows) / max(1, h_all.shape[0])
     else:
         fitted = 0.0
     return dataclasses.replace(routing_stats(model, workloads), spec=spec.to_dict(), fitted_share=round(fitted, 4))

@@ -141,3 +141,10 @@ def test_engine_slow_tier_reports_its_routing():
     finally:
         torch.set_num_threads(threads)
         torch.set_grad_enabled(grad)
+
+
+def test_fit_rows_take_small_workloads_whole_then_stride_the_rest():
+    rows = routing.fit_rows([16, 100, 8], 40).tolist()          # tokens 0-15, 16-115, 116-123
+    assert set(range(0, 16)) <= set(rows) and set(range(116, 124)) <= set(rows)
+    assert len(rows) == 40 and all(16 <= r < 116 for r in rows if not (r < 16 or r >= 116))
+    assert routing.fit_rows([4, 4], 100).tolist() == list(range(8))
