@@ -82,9 +82,7 @@ class EngineConfig:
     cuda_graph: bool = True
     # roofline plausibility floor (GB/s): None = DEFAULT_PEAK_BANDWIDTH_GBS of the device (off on CPU)
     peak_bandwidth_gbs: float | None = None
-    # the tier's input realism (persistent_engine/tier_inputs.py): routing skew, token distribution,
-    # shared prefixes; empty: uniform random tokens through the random routers
-    inputs: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)     # tier_inputs.TierInputs as JSON ({}: uniform, random routers)
 
 
 def elog(line: str) -> None:
@@ -158,14 +156,9 @@ class Engine:
 
         t0 = timing.now_ns()
         self.inputs = tier_inputs.TierInputs.from_dict(config.inputs)
-        self.workloads = [[self.inputs.workload(self.model, p, seed=config.seed * 1000 + 17 * i + v)
-                           for v in range(config.variants)] for i, p in enumerate(self.points)]
+        self.workloads, self.routing = self.inputs.build(self.model, self.points, config.variants, config.seed)
         self._sync()
         stage("kv_cache", t0)
-        t0 = timing.now_ns()        # the routers rebuilt to route these workloads as asked (routing.py)
-        self.routing = self.inputs.plant(self.model, [w for ws in self.workloads for w in ws], config.seed)
-        self._sync()
-        stage("routing", t0)
 
         t0 = timing.now_ns()
         from persistent_engine import profiler

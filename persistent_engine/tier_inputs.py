@@ -60,6 +60,13 @@ class TierInputs:
             share_prefix(wl, int(self.prefix_share * wl.context))
         return wl
 
+    def build(self, model, points: list[dict], variants: int, seed: int) -> tuple[list[list], dict]:
+        """The engine's workloads ([point][variant], the engine's seeds) and the routing they measured
+        after the routers were rebuilt for all of them (``plant``)."""
+        ws = [[self.workload(model, p, seed=seed * 1000 + 17 * i + v) for v in range(variants)]
+              for i, p in enumerate(points)]
+        return ws, self.plant(model, [w for row in ws for w in row], seed)
+
     def plant(self, model, workloads: list, seed: int) -> dict:
         """Rebuild the routers for ``workloads`` (``routing.plant_routing``); the measured routing as a
         JSON dict (``RoutingStats.to_dict``), {} for a model without MoE layers."""
