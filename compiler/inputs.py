@@ -256,12 +256,24 @@ def read_histogram(path: str) -> tuple[tuple[float, ...], ...]:
 
 
 def tier_inputs(spec: Any, summary: dict, routing_skew: float | None = None,
-                routing_histogram: str | None = None) -> dict:
+                routing_histogram: str | None = None, weights: str | None = None) -> dict:
     """Each tier's input realism (``persistent_engine.tier_inputs``): the fast tier keeps uniform tokens
     and the random (balanced) routers; the slow tier gets Zipf tokens, the traffic's prefix-cache hit rate
     as shared prefixes, and MoE routing from ``routing_histogram`` (measured loads), else a power law of
-    exponent ``routing_skew`` (default ``DEFAULT_ROUTING_SKEW``; 0: the random routers)."""
+    exponent ``routing_skew`` (default ``DEFAULT_ROUTING_SKEW``; 0: the random routers). ``weights``: a
+    checkpoint both tiers load; its trained routers are kept (a skew or histogram is then an error)."""
     import math
+
+    if weights:
+        if not Path(weights).exists():
+            raise InputError(f"weights not found: {weights}")
+        if routing_skew is not None or routing_histogram:
+            raise InputError("--routing-skew/--routing-histogram rebuild random routers; with --weights the "
+                             "checkpoint's trained routers are used")
+        hit = summary.get("prefix_cache_hit_rate")
+        share = float(hit) if isinstance(hit, (int, float)) and math.isfinite(hit) else 0.0
+        slow = {"tokens": "zipf", "prefix_share": round(min(max(share, 0.0), 1.0), 4), "weights": str(weights)}
+        return {"fast": {"weights": str(weights)}, "slow": slow}
 
     from persistent_engine.routing import RoutingError, RoutingSpec
 

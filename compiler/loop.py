@@ -63,6 +63,7 @@ class OptimizeConfig:
     quiet: bool = False
     routing_skew: float | None = None        # slow tier's power-law exponent (None: the default, 0: uniform)
     routing_histogram: str | None = None     # or a file of measured per-expert loads
+    weights: str | None = None               # a checkpoint both tiers load (its routers kept)
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
                                                   device_bytes=inputs.device_memory(device),
                                                   shared=len(device["devices"]) < 2)
-    tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram)
+    tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram,
+                                     cfg.weights)
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     agents = make_agents(cfg.agents, device["kind"])

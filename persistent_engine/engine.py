@@ -146,8 +146,9 @@ class Engine:
         if self.device.type == "cpu":           # one thread: steadier timings, no oversubscription
             torch.set_num_threads(int(os.environ.get("TKCC_ENGINE_THREADS", "1")))
         torch.manual_seed(config.seed)
+        self.inputs = tier_inputs.TierInputs.from_dict(config.inputs)       # a checkpoint, tokens, routing
         self.model = build_model(self.spec, layers=self.layers, device=self.device, dtype=self.dtype,
-                                 seed=config.seed)
+                                 seed=config.seed, weights=self.inputs.weights)
         if isinstance(self.model, torch.nn.Module):
             self.model.eval()
         torch.set_grad_enabled(False)
@@ -155,7 +156,6 @@ class Engine:
         stage("weights", t0)
 
         t0 = timing.now_ns()
-        self.inputs = tier_inputs.TierInputs.from_dict(config.inputs)
         self.workloads, self.routing = self.inputs.build(self.model, self.points, config.variants, config.seed)
         self._sync()
         stage("kv_cache", t0)

@@ -5,11 +5,14 @@
 
     {"tokens": "uniform" | "zipf",            # token ids of the steps and of model-filled contexts
      "routing": {"kind": "power_law", "alpha": 1.2} | {"kind": "histogram", "histogram": [[...]]} | {},
-     "prefix_share": 0.0..1.0}                 # share of each batch's cached context that is one prefix
+     "prefix_share": 0.0..1.0,                 # share of each batch's cached context that is one prefix
+     "weights": "PATH" | null}                 # an HF safetensors checkpoint (file or directory)
 
 * tokens: ``zipf`` draws ranks with P(r) ~ 1/r (``workloads._draw_tokens``), a natural-text-like mix;
 * routing: the MoE routers rebuilt so the workloads route with that expert load and clear margins
   (``routing.plant_routing``); absent or uniform: the random routers as they are;
+* weights: the slice's weights from a checkpoint instead of seeded random ones (both tiers, when given);
+  its routers are the trained ones, so ``routing`` stays uniform (nothing rebuilt);
 * prefix_share: sequences of a batch share the first ``prefix_share x context`` cached tokens as a prefix
   cache serves them: their block tables point at the first sequence's (full) blocks, so attention reads
   the same pages (the profile's prefix-cache hit rate). New tokens' slots never lie in shared blocks.
@@ -34,24 +37,28 @@ class TierInputs:
     tokens: str = "uniform"
     routing: RoutingSpec = field(default_factory=RoutingSpec)
     prefix_share: float = 0.0
+    weights: str | None = None
 
     def __post_init__(self):
         if self.tokens not in ("uniform", "zipf"):
             raise RoutingError(f"unknown token distribution {self.tokens!r}; use uniform or zipf")
         if not (math.isfinite(self.prefix_share) and 0.0 <= self.prefix_share <= 1.0):
             raise RoutingError(f"prefix_share must be in [0, 1], got {self.prefix_share}")
+        if self.weights and self.routing.kind != "uniform":
+            raise RoutingError("a checkpoint's routers are trained: routing skew applies to random weights only")
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "TierInputs":
         d = d or {}
-        unknown = set(d) - {"tokens", "routing", "prefix_share"}
+        unknown = set(d) - {"tokens", "routing", "prefix_share", "weights"}
         if unknown:
             raise RoutingError(f"unknown tier input keys {sorted(unknown)}")
         return cls(tokens=str(d.get("tokens", "uniform")), routing=RoutingSpec.from_dict(d.get("routing")),
-                   prefix_share=float(d.get("prefix_share") or 0.0))
+                   prefix_share=float(d.get("prefix_share") or 0.0), weights=d.get("weights") or None)
 
     def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "routing": self.routing.to_dict(), "prefix_share": self.prefix_share}
+        d = {"tokens": self.tokens, "routing": self.routing.to_dict(), "prefix_share": self.prefix_share}
+        return {**d, "weights": self.weights} if self.weights else d
 
     def workload(self, model, point: dict, seed: int):
         """``make_workload`` with these tokens, then the batch's shared prefix."""

@@ -60,3 +60,15 @@ def test_report_shows_skew_and_flags_disagreeing_tiers():
     assert "MoE routing power law 1.2" in md and "shared prefix 25%" in md and "hottest expert 20.0-30.0%" in md
     assert "| split | rms_norm | 1.300x | 0.950x | **yes** |" in md
     assert "indexer" in md
+
+
+def test_weights_go_to_both_tiers_and_keep_their_routers(tmp_path):
+    ckpt = tmp_path / "m.safetensors"
+    ckpt.write_bytes(b"")
+    t = inputs.tier_inputs(MOE, {"prefix_cache_hit_rate": 0.5}, weights=str(ckpt))
+    assert t["fast"] == {"weights": str(ckpt)} and t["slow"]["weights"] == str(ckpt)
+    assert "routing" not in t["slow"] and t["slow"]["prefix_share"] == 0.5
+    with pytest.raises(inputs.InputError, match="trained routers"):
+        inputs.tier_inputs(MOE, {}, routing_skew=1.2, weights=str(ckpt))
+    with pytest.raises(inputs.InputError, match="weights not found"):
+        inputs.tier_inputs(MOE, {}, weights=str(tmp_path / "none"))

@@ -148,3 +148,23 @@ def test_fit_rows_take_small_workloads_whole_then_stride_the_rest():
     assert set(range(0, 16)) <= set(rows) and set(range(116, 124)) <= set(rows)
     assert len(rows) == 40 and all(16 <= r < 116 for r in rows if not (r < 16 or r >= 116))
     assert routing.fit_rows([4, 4], 100).tolist() == list(range(8))
+
+
+def test_engine_loads_a_checkpoint_given_in_its_inputs(tmp_path):
+    """``inputs.weights``: the slice's weights come from the checkpoint (seed 7's), not the engine's seed."""
+    from persistent_engine.models.weights import save_weights
+
+    src = build_model("tiny-moe", layers=[0, 1], seed=7)
+    save_weights(src, tmp_path / "model.safetensors")
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+    try:
+        e = eng.Engine(eng.EngineConfig(model="tiny-moe", layers=[0, 1], variants=1, seed=0,
+                                        inputs={"weights": str(tmp_path / "model.safetensors")},
+                                        points=[{"phase": "decode", "batch": 2, "context": 8, "weight": 1.0}]))
+        assert all(torch.equal(e.model.params[k], v) for k, v in src.params.items())
+        assert e.routing["spec"] == {"kind": "uniform"}          # a checkpoint's routers are kept
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_grad_enabled(grad)
+    with pytest.raises(routing.RoutingError, match="trained"):
+        TierInputs(weights="x", routing=routing.RoutingSpec("power_law"))
