@@ -14,7 +14,8 @@ the row's RMS apart for 8 of 64 experts. Real routers are skewed (a few hot expe
    * ``histogram``: measured per-expert loads (routing logs), one list for all layers or one per layer;
    * ``uniform``: the routers are left as they are (random weights: balanced, tie-prone);
 2. tokens get k distinct experts with exactly those counts (AIConfigurator's layout: assignments sorted
-   by expert, dealt to tokens column by column; tokens shuffled);
+   by expert, dealt to tokens column by column; tokens shuffled); with group-limited routing a greedy
+   deal within each token's ``topk_group`` fullest groups (``assign_grouped``);
 3. target router logits per token: the chosen experts at 2.0-2.5, the others N(-0.5, 0.5^2) clipped to
    [-2, 0.5] (a margin >= 1.5 logits, >= 1.3 x the row's RMS; verification's near-tie band is 2^-5 x RMS
    per MoE layer of depth);
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = ["RoutingError", "RoutingSpec", "RoutingStats", "power_law_counts", "histogram_counts",
-           "layer_counts", "assign_experts", "fit_rows", "target_logits", "plant_routing", "routing_stats"]
+           "layer_counts", "assign_experts", "assign_grouped", "fit_rows", "target_logits", "plant_routing", "routing_stats"]
 
 FIT_SHARE = 0.5             # tokens fitted per layer: at most this x hidden_size
 CHOSEN_LOGIT = (2.0, 2.5)   # target logits of the chosen experts (uniform in this range)
@@ -147,12 +148,23 @@ def assign_experts(counts: torch.Tensor, tokens: int, k: int, gen: torch.Generat
     return ids[torch.randperm(tokens, generator=gen)].contiguous()
 
 
-def _grouped_ok(ids: torch.Tensor, n_group: int, topk_group: int, experts: int) -> bool:
-    if n_group <= 1:
-        return True
-    groups = ids // (experts // n_group)
-    used = torch.zeros(ids.shape[0], n_group, dtype=torch.bool).scatter_(1, groups, True)
-    return bool((used.sum(-1) <= topk_group).all())
+def assign_grouped(counts: torch.Tensor, tokens: int, k: int, n_group: int, topk_group: int,
+                   gen: torch.Generator) -> torch.Tensor:
+    """[T, k] for group-limited routing (DeepSeek-V3: experts in ``n_group`` groups, a token's experts
+    from at most ``topk_group`` of them): tokens in random order each take the ``topk_group`` groups with
+    the most assignments left, then the k experts with the most left inside them (ties random). Greedy,
+    so the counts are met approximately (exactly when the limit does not bind). Cost: O(T E)."""
+    left = counts.double().clone()
+    e = counts.numel()
+    ids = torch.empty(tokens, k, dtype=torch.long)
+    jitter = torch.rand(tokens, e, generator=gen, dtype=torch.float64) * 1e-3
+    for t in torch.randperm(tokens, generator=gen).tolist():
+        score = left + jitter[t]
+        groups = score.view(n_group, -1).clamp_min(0).sum(-1).topk(topk_group).indices
+        allowed = torch.zeros(n_group, dtype=torch.bool).scatter_(0, groups, True).repeat_interleave(e // n_group)
+        ids[t] = score.masked_fill(~allowed, float("-inf")).topk(k).indices
+        left[ids[t]] -= 1
+    return ids
 
 
 def target_logits(ids: torch.Tensor, experts: int, gen: torch.Generator) -> torch.Tensor:
@@ -242,11 +254,9 @@ def plant_routing(model, workloads: list, spec: RoutingSpec, seed: int = 0) -> "
             ids = []
             for h in hs:
                 t = h.shape[0]
-                for _ in range(64):            # group-limited routing: deal again until the limit holds
-                    a = assign_experts(layer_counts(spec, pos, t, e, k, perm), t, k, gen)
-                    if _grouped_ok(a, mspec.n_group, mspec.topk_group, e):
-                        break
-                ids.append(a)
+                counts = layer_counts(spec, pos, t, e, k, perm)
+                ids.append(assign_experts(counts, t, k, gen) if mspec.n_group <= 1 else
+                           assign_grouped(counts, t, k, mspec.n_group, mspec.topk_group, gen))
             target = torch.cat([target_logits(a, e, gen) for a in ids])
             h_all = torch.cat(hs)
             rows = fit_rows([h.shape[0] for h in hs], cap)

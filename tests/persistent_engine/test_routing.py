@@ -168,3 +168,22 @@ def test_engine_loads_a_checkpoint_given_in_its_inputs(tmp_path):
         torch.set_grad_enabled(grad)
     with pytest.raises(routing.RoutingError, match="trained"):
         TierInputs(weights="x", routing=routing.RoutingSpec("power_law"))
+
+
+def test_group_limited_routing_keeps_the_limit_and_the_load():
+    """DeepSeek scaled down (sigmoid + bias, 16 experts in 4 groups, top-2 groups, top-4): every token's
+    experts lie in at most 2 groups, the load is the power law's within the greedy deal's slack."""
+    from persistent_engine.models.spec import ModelSpec
+
+    spec = ModelSpec.from_name("deepseek").scaled_down()
+    assert (spec.num_experts, spec.n_group, spec.topk_group, spec.num_experts_per_tok) == (16, 4, 2, 4)
+    model = build_model(spec)
+    ws = [make_workload(model, {"phase": "decode", "batch": 12, "context": 8}, seed=v) for v in range(2)]
+    stats = routing.plant_routing(model, ws, routing.RoutingSpec("power_law", alpha=1.2), seed=0)
+    want = (2 * routing.power_law_counts(12, 16, 4, 1.2)).double()
+    for counts in stats.counts:
+        got = torch.tensor(sorted(counts, reverse=True), dtype=torch.float64)
+        assert 0.5 * float((got / got.sum() - want / want.sum()).abs().sum()) <= 0.05
+    assert max(stats.near_tie) == 0.0 and min(stats.margins) > 0.5
+    ids = routing.assign_grouped(routing.power_law_counts(12, 16, 4, 1.2), 12, 4, 4, 2, torch.Generator().manual_seed(0))
+    assert all(len(set((r // 4).tolist())) <= 2 and len(set(r.tolist())) == 4 for r in ids)
