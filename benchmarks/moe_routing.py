@@ -30,6 +30,7 @@ import math
 import platform
 import random
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,15 +90,17 @@ def _fn(knobs: dict):
 
 
 def measure(tokens: int, shape: dict, alpha: float, device: str, budget: int, samples: int, seed: int,
-            dims: dict) -> dict:
-    """One token count: each distribution's search, then the 2x2 cross timing and the reference."""
+            dims: dict, deadline: float = float("inf")) -> dict:
+    """One token count: each distribution's search, then the 2x2 cross timing and the reference. Past
+    ``deadline`` (time.monotonic) a search tries 2 settings only (the default and the shape-fitted one)."""
     template, op = get_template(TEMPLATE), registry.get("moe_experts")
     timer, cross_timer = Timer(device, samples), Timer(device, 2 * samples)
     inputs = {dist: routed_inputs(shape, tokens, dist, alpha, device, seed) for dist in DISTRIBUTIONS}
     best = {}
     for dist, args in inputs.items():
         ref_hi = (op.reference(*_upcast(args)),)
-        knobs, best_s, tried, rejected = search(template, op, args, ref_hi, timer, dims, budget, random.Random(seed),
+        n = budget if time.monotonic() < deadline else min(budget, 2)
+        knobs, best_s, tried, rejected = search(template, op, args, ref_hi, timer, dims, n, random.Random(seed),
                                                 start=TINY_START if shape == TINY else None,
                                                 fit=fit_seed(template, {"T": tokens, **shape}))
         if knobs is None:
@@ -118,8 +121,9 @@ def measure(tokens: int, shape: dict, alpha: float, device: str, budget: int, sa
         cost[timed] = cross[f"{other}->{timed}"] / cross[f"{timed}->{timed}"] - 1.0
     return {"tokens": tokens, "shape": shape, "alpha": alpha, "best": best, "cross_us": cross, "reference_us": ref,
             "wrong_choice_cost": cost, "same_winner": best["balanced"]["knobs"] == best["power_law"]["knobs"],
-            "vllm_h200_ms": {"balanced": VLLM_H200_MS.get((tokens, "balanced")),
-                             "power_law": VLLM_H200_MS.get((tokens, f"power_law_{alpha:g}"))}}
+            "vllm_h200_ms": {"balanced": VLLM_H200_MS.get((tokens, "balanced")) if shape == QWEN3_MOE else None,
+                             "power_law": VLLM_H200_MS.get((tokens, f"power_law_{alpha:g}")) if shape == QWEN3_MOE
+                             else None}}
 
 
 def print_table(r: dict) -> None:
@@ -159,7 +163,9 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="16,64", help="token counts (default 16,64)")
     p.add_argument("--alpha", type=float, default=1.2, help="power-law exponent (default 1.2)")
     p.add_argument("--tiny", action="store_true", help="tiny MoE shapes (CPU logic check)")
-    p.add_argument("--budget", type=int, default=None, help="valid settings per search (12 cuda, 2 cpu)")
+    p.add_argument("--budget", type=int, default=None, help="valid settings per search (10 cuda, 2 cpu)")
+    p.add_argument("--max-minutes", type=float, default=3.5,
+                   help="searches started after this long try only the default and fitted settings")
     p.add_argument("--samples", type=int, default=None, help="timed samples per measurement (50 cuda, 3 cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -178,12 +184,13 @@ def run(argv: list[str] | None = None) -> int:
         return 2
     cuda = a.device == "cuda"
     shape = TINY if a.tiny else QWEN3_MOE
-    budget, samples = a.budget or (12 if cuda else 2), a.samples or (50 if cuda else 3)
+    budget, samples = a.budget or (10 if cuda else 2), a.samples or (50 if cuda else 3)
+    deadline = time.monotonic() + 60 * a.max_minutes
     dims = {"hidden": shape["H"], "moe_intermediate": shape["I"]}
     torch.manual_seed(a.seed)
     results = []
     for t in tokens:
-        r = measure(t, shape, a.alpha, a.device, budget, samples, a.seed, dims)
+        r = measure(t, shape, a.alpha, a.device, budget, samples, a.seed, dims, deadline)
         print_table(r)
         results.append(r)
     name = torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine())
