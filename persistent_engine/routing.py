@@ -17,8 +17,8 @@ the row's RMS apart for 8 of 64 experts. Real routers are skewed (a few hot expe
    by expert, dealt to tokens column by column; tokens shuffled); with group-limited routing a greedy
    deal within each token's ``topk_group`` fullest groups (``assign_grouped``);
 3. target router logits per token: the chosen experts at 2.0-2.5, the others N(-0.5, 0.5^2) clipped to
-   [-2, 0.5] (a margin >= 1.5 logits, >= 1.3 x the row's RMS; verification's near-tie band is 2^-5 x RMS
-   per MoE layer of depth);
+   [-2, 0.5] (a margin >= 1.5 logits, 1.2-1.5 x the row's RMS for top-2 of 8 to top-8 of 128; verification's
+   near-tie band is 2^-5 x RMS per MoE layer of depth);
 4. the router weight becomes W + dW, dW the ridge least-squares change that maps the recorded hidden states
    h [N, H] of that layer onto those logits (min-norm: dW^T = h^T (h h^T + lam I)^-1 (L - h W^T)), layer
    by layer (a layer's routing changes the next layer's hidden states). A linear router fits N <= H
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["RoutingError", "RoutingSpec", "RoutingStats", "power_law_counts", "histogram_counts",
-           "layer_counts", "assign_experts", "assign_grouped", "fit_rows", "target_logits", "plant_routing", "routing_stats"]
+__all__ = ["RoutingError", "RoutingSpec", "RoutingStats", "power_law_counts", "histogram_counts", "layer_counts",
+           "assign_experts", "assign_grouped", "fit_rows", "target_logits", "plant_routing", "routing_stats"]
 
 FIT_SHARE = 0.5             # tokens fitted per layer: at most this x hidden_size
 CHOSEN_LOGIT = (2.0, 2.5)   # target logits of the chosen experts (uniform in this range)
@@ -261,7 +261,7 @@ def plant_routing(model, workloads: list, spec: RoutingSpec, seed: int = 0) -> "
             h_all = torch.cat(hs)
             rows = fit_rows([h.shape[0] for h in hs], cap)
             w = block.mlp.router_w
-            w.copy_(_fit(w, h_all[rows], target[rows].to(h_all.device)))
+            w.copy_(_fit(w, h_all[rows.to(h_all.device)], target[rows].to(h_all.device)))
         fitted = len(rows) / max(1, h_all.shape[0])
     else:
         fitted = 0.0
