@@ -236,8 +236,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
                                                   device_bytes=inputs.device_memory(device),
                                                   shared=len(device["devices"]) < 2)
-    tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram,
-                                     cfg.weights)
+    tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram, cfg.weights,
+                                     inputs.traffic_token_ids(cfg.traffic, spec.vocab_size))
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     agents = make_agents(cfg.agents, device["kind"])
@@ -271,7 +271,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     fleet_cfg = FleetConfig(model=cfg.model, points=tuple(points), fast_layers=tuple(fast_layers),
                             slow_layers=tuple(slow_layers), devices=tuple(device["devices"]),
                             timeout_s=cfg.timeout_s, inputs=tier_inputs)
-    tier_info = {t: {"inputs": v} for t, v in tier_inputs.items()}
+    tier_info = {t: {"inputs": inputs.inputs_summary(v)} for t, v in tier_inputs.items()}
     interrupted = False
     accepted_log: list[Accepted] = []
     baseline: dict = {}

@@ -72,3 +72,27 @@ def test_weights_go_to_both_tiers_and_keep_their_routers(tmp_path):
         inputs.tier_inputs(MOE, {}, routing_skew=1.2, weights=str(ckpt))
     with pytest.raises(inputs.InputError, match="weights not found"):
         inputs.tier_inputs(MOE, {}, weights=str(tmp_path / "none"))
+
+
+def test_token_ids_logged_in_the_trace_feed_the_slow_tier(tmp_path):
+    import pandas as pd
+
+    rows = [{"timestamp": 0.5 * i, "input_tokens": 4, "output_tokens": 2, "token_ids": [i, i + 1, i + 2, i + 3]}
+            for i in range(10)]
+    jl = tmp_path / "t.jsonl"
+    jl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    pq = tmp_path / "t.parquet"
+    pd.DataFrame(rows).to_parquet(pq)
+    for path in (jl, pq):
+        ids = inputs.traffic_token_ids(str(path), MOE.vocab_size)
+        assert ids[:8] == [0, 1, 2, 3, 1, 2, 3, 4] and len(ids) == 40
+    t = inputs.tier_inputs(MOE, {}, token_ids=ids)
+    assert t["slow"]["tokens"] == {"ids": ids} and t["fast"] == {}
+    assert inputs.inputs_summary(t["slow"])["tokens"] == "traffic (40 ids)"
+    csv = tmp_path / "t.csv"
+    csv.write_text("timestamp,input_tokens,output_tokens\n0,4,2\n")
+    assert inputs.traffic_token_ids(str(csv), MOE.vocab_size) is None
+    rows[3]["token_ids"] = [10 ** 6]
+    jl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(inputs.InputError, match="another tokenizer"):
+        inputs.traffic_token_ids(str(jl), MOE.vocab_size)

@@ -218,3 +218,15 @@ def test_engine_verification_excuses_fewer_near_tie_flips_with_power_law_routing
     print(f"engine layer-level verification of a correct split-K linear: tokens flipped at near-ties "
           f"uniform {flipped['uniform']}, power law 1.2 {flipped['power_law']} (of 2 x 56 tokens x 4 MoE layers)")
     assert flipped["uniform"] > 0 and flipped["power_law"] == 0
+
+
+def test_token_ids_from_the_trace_are_consecutive_windows():
+    model = build_model("tiny-dense", layers=1)
+    pool = tuple(range(3, 203))
+    inputs = TierInputs.from_dict({"tokens": {"ids": list(pool)}})
+    assert inputs.tokens == "ids" and inputs.to_dict()["tokens"] == {"ids": list(pool)}
+    wl = inputs.workload(model, {"phase": "prefill", "batch": 2, "context": 4, "chunk": 5}, seed=0)
+    ids = wl.token_ids.view(2, 5).tolist()
+    assert ids[0] == [7, 8, 9, 10, 11] and ids[1] == [16, 17, 18, 19, 20]     # after each context of 4
+    with pytest.raises(routing.RoutingError):
+        TierInputs(tokens="ids")
