@@ -219,6 +219,7 @@ class Curve:
     lo: tuple
     hi: tuple
     rows: int = 0
+    floor_s: float = 0.0            # the fastest measured latency: launch and sync, what no GPU speeds up
 
     def design(self, z: np.ndarray) -> np.ndarray:
         z = (np.clip(z, self.lo, self.hi) - np.asarray(self.mean)) / np.asarray(self.std)
@@ -235,28 +236,31 @@ class Curve:
     def to_dict(self) -> dict:
         r = lambda xs, n=6: [round(float(x), n) for x in xs]          # noqa: E731
         return {"family": self.family, "degree": self.degree, "coef": r(self.coef), "mean": r(self.mean, 4),
-                "std": r(self.std, 4), "lo": r(self.lo, 4), "hi": r(self.hi, 4), "rows": self.rows}
+                "std": r(self.std, 4), "lo": r(self.lo, 4), "hi": r(self.hi, 4), "rows": self.rows,
+                "floor_s": float(f"{self.floor_s:.4g}")}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Curve":
         t = lambda k: tuple(float(x) for x in d[k])                   # noqa: E731
         return cls(str(d["family"]), int(d["degree"]), t("coef"), t("mean"), t("std"), t("lo"), t("hi"),
-                   int(d.get("rows", 0)))
+                   int(d.get("rows", 0)), float(d.get("floor_s", 0.0)))
 
 
-def fit_curve(family: str, shapes: list[dict], t_mem, t_comp, measured, ridge: float = 1e-6) -> Curve:
+def fit_curve(family: str, shapes: list[dict], t_mem, t_comp, measured, ridge: float = 1e-6,
+              degree: int | None = None) -> Curve:
     """Least squares of log(measured / t_roof) on the monomials of the standardized variables (a
     weak ridge keeps the polynomial tame where the data is thin); ``measured`` in seconds."""
     z = variables(family, shapes, t_mem, t_comp)
     mean, std = z.mean(axis=0), z.std(axis=0) + 1e-9
     lo, hi = z.min(axis=0), z.max(axis=0)
-    degree = DEGREE.get(family, 3)
+    degree = degree or DEGREE.get(family, 3)
     curve = Curve(family, degree, (), tuple(mean), tuple(std), tuple(lo), tuple(hi), len(shapes))
     a = curve.design(z)
     y = np.log(np.asarray(measured, dtype=float) / np.maximum(np.asarray(t_mem), np.asarray(t_comp)))
     reg = ridge * len(y) * np.diag((np.arange(a.shape[1]) > 0).astype(float))
     coef = np.linalg.solve(a.T @ a + reg, a.T @ y)
-    return Curve(family, degree, tuple(coef.tolist()), tuple(mean), tuple(std), tuple(lo), tuple(hi), len(shapes))
+    return Curve(family, degree, tuple(coef.tolist()), tuple(mean), tuple(std), tuple(lo), tuple(hi), len(shapes),
+                 float(np.min(measured)))
 
 
 # ------------------------------------------------------------------ shipped tables
@@ -289,8 +293,9 @@ def curve_key(family: str, dtype: str, kv_dtype: str | None = None) -> str:
     return f"{dtype}/{kv_dtype or 'bf16'}" if family == "mla_decode" else dtype
 
 
-def curve_for(hw: Hardware, family: str, dtype: str, kv_dtype: str | None = None) -> tuple[Curve, str]:
-    """(curve, note) for ``family`` in ``dtype`` on ``hw``: how it was obtained, for the output."""
+def curve_for(hw: Hardware, family: str, dtype: str, kv_dtype: str | None = None) -> tuple[Curve, str, str]:
+    """(curve, the dtype it was measured in, note) for ``family`` in ``dtype`` on ``hw`` (the curve
+    of ``source_gpu(hw)``); the note says how it was obtained, for the output."""
     gpu = source_gpu(hw)
     curves = load_tables(gpu)["curves"].get(family, {})
     key = curve_key(family, dtype, kv_dtype)
@@ -304,7 +309,7 @@ def curve_for(hw: Hardware, family: str, dtype: str, kv_dtype: str | None = None
             raise CostModelError(f"no calibration for {family} on {hw.name}")
         note += f"; no {key} data: the {fallback[0]} curve"
         key = fallback[0]
-    return Curve.from_dict(curves[key]), note
+    return Curve.from_dict(curves[key]), key.split("/")[0], note
 
 
 # ------------------------------------------------------------------ collectives
@@ -370,9 +375,29 @@ def op_latency(family: str, hw: Hardware, shape: dict, dtype: str = "bf16", kv_d
         t = max(t_mem / hw.mem_efficiency, t_comp / hw.compute_efficiency) + hw.kernel_overhead_s
         return OpLatency(family, hw.name, dtype, shape, t, max(t_mem, t_comp), bound,
                          "measured CPU figures, uncalibrated roofline")
-    curve, note = curve_for(hw, family, dtype, kv_dtype)
-    return OpLatency(family, hw.name, dtype, shape, float(curve.seconds([shape], t_mem, t_comp)[0]), max(t_mem, t_comp),
-                     bound, note)
+    return OpLatency(family, hw.name, dtype, shape, float(modelled_seconds(family, hw, [shape], dtype, kv_dtype)[0]),
+                     max(t_mem, t_comp), bound, curve_for(hw, family, dtype, kv_dtype)[2])
+
+
+def modelled_seconds(family: str, hw: Hardware, shapes: list[dict], dtype: str = "bf16",
+                     kv_dtype: str | None = None, source: str | None = None) -> np.ndarray:
+    """Seconds of each op at ``shapes`` on ``hw`` from the curves. On a measured GPU: the curve.
+    Elsewhere: the curve's time t_ref on the source GPU, its launch floor a kept and the rest scaled
+    by the roofline ratio, t = a + (t_ref - a) * t_roof(hw) / t_roof(source) (memory-bound ops by
+    the bandwidth ratio, compute-bound ones by the peak ratio, each bound taken on its own GPU).
+    ``source`` forces the measured GPU whose curve is used (to validate the transfer: h100 -> h200)."""
+    from cost_model.hardware import get_hardware
+
+    ref = get_hardware(source or source_gpu(hw))
+    curve, ref_dtype, _ = curve_for(ref, family, dtype, kv_dtype)
+    ref_kv = kv_dtype if family == "mla_decode" else None
+    parts = np.array([roofline_parts(family, s, ref, ref_dtype, ref_kv) for s in shapes]).reshape(-1, 2)
+    t_ref = curve.seconds(shapes, parts[:, 0], parts[:, 1])
+    if ref.name == hw.name:
+        return t_ref
+    mine = np.array([roofline_parts(family, s, hw, dtype, kv_dtype) for s in shapes]).reshape(-1, 2)
+    floor = np.minimum(curve.floor_s, t_ref)
+    return floor + (t_ref - floor) * mine.max(axis=1) / parts.max(axis=1)
 
 
 def collective_latency(collective: str, hw: Hardware, gpus: int, nbytes: float) -> OpLatency:
