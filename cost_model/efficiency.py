@@ -183,12 +183,23 @@ def shape_variables(family: str, shape: dict) -> list[float]:
 DEGREE = {"attention_decode": 4, "gemm": 4}        # polynomial degree per family (default 3)
 
 
+@functools.lru_cache(maxsize=None)
 def monomials(nvars: int, degree: int) -> list[tuple]:
     """Exponent index tuples of every monomial of total degree <= ``degree``, in a fixed order."""
     out: list[tuple] = [()]
     for d in range(1, degree + 1):
         out += list(itertools.combinations_with_replacement(range(nvars), d))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def exponents(nvars: int, degree: int) -> np.ndarray:
+    """[monomials, vars] exponent matrix of ``monomials``."""
+    e = np.zeros((len(monomials(nvars, degree)), nvars))
+    for i, m in enumerate(monomials(nvars, degree)):
+        for j in m:
+            e[i, j] += 1
+    return e
 
 
 def uv(t_mem, t_comp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -222,9 +233,10 @@ class Curve:
     floor_s: float = 0.0            # the fastest measured latency: launch and sync, what no GPU speeds up
 
     def design(self, z: np.ndarray) -> np.ndarray:
+        """[rows, monomials] of the variables ``z`` [rows, vars]."""
         z = (np.clip(z, self.lo, self.hi) - np.asarray(self.mean)) / np.asarray(self.std)
-        ms = monomials(z.shape[1], self.degree)
-        return np.stack([np.prod(z[:, list(m)], axis=1) if m else np.ones(len(z)) for m in ms], axis=1)
+        e = exponents(z.shape[1], self.degree)                         # [monomials, vars]
+        return np.prod(z[:, None, :] ** e[None, :, :], axis=2)
 
     def seconds(self, shapes: list[dict], t_mem, t_comp) -> np.ndarray:
         """Modelled seconds of each op (``t_mem``, ``t_comp`` arrays matching ``shapes``)."""
@@ -322,9 +334,26 @@ def _interp_loglog(table: list, nbytes: float) -> float:
     return float(math.exp(np.interp(lx, x, y)))
 
 
+_HW: dict = {}
+
+
+def _hw_key(hw: Hardware) -> tuple:
+    """A hashable key of the figures a cached cost depends on (Hardware holds a dict)."""
+    key = (hw.name, hw.hbm_bw, tuple(sorted(hw.tflops.items())), hw.scale_up_bw, hw.scale_out_bw, hw.domain,
+           hw.hop_latency_s)
+    _HW.setdefault(key, hw)
+    return key
+
+
 def collective_seconds(hw: Hardware, collective: str, gpus: int, nbytes: float) -> float:
     """Seconds of one NCCL collective over ``gpus`` GPUs moving ``nbytes`` per GPU (the message
-    size of nccl-tests: all_gather / reduce_scatter the whole buffer)."""
+    size of nccl-tests: all_gather / reduce_scatter the whole buffer); memoized."""
+    return _collective_seconds(_hw_key(hw), collective, int(gpus), float(nbytes))
+
+
+@functools.lru_cache(maxsize=100_000)
+def _collective_seconds(key: tuple, collective: str, gpus: int, nbytes: float) -> float:
+    hw = _HW[key]
     if gpus <= 1 or nbytes <= 0:
         return 0.0
     if collective not in COLLECTIVES:
@@ -380,7 +409,18 @@ def op_latency(family: str, hw: Hardware, shape: dict, dtype: str = "bf16", kv_d
 
 
 def modelled_seconds(family: str, hw: Hardware, shapes: list[dict], dtype: str = "bf16",
-                     kv_dtype: str | None = None, source: str | None = None) -> np.ndarray:
+                     kv_dtype: str | None = None, source: str | None = None, exact: bool = False) -> np.ndarray:
+    """Seconds of each op at ``shapes`` on ``hw`` (see ``_modelled``). Weights in "fp8" (gemm, moe)
+    take the faster of vLLM's per-tensor and block-scaled fp8 kernels, as a deployment would,
+    unless ``exact`` (the per-tensor curve only)."""
+    t = _modelled(family, hw, shapes, dtype, kv_dtype, source)
+    if dtype == "fp8" and not exact and family in ("gemm", "moe"):
+        t = np.minimum(t, _modelled(family, hw, shapes, "fp8_block", kv_dtype, source))
+    return t
+
+
+def _modelled(family: str, hw: Hardware, shapes: list[dict], dtype: str, kv_dtype: str | None,
+              source: str | None) -> np.ndarray:
     """Seconds of each op at ``shapes`` on ``hw`` from the curves. On a measured GPU: the curve.
     Elsewhere: the curve's time t_ref on the source GPU, its launch floor a kept and the rest scaled
     by the roofline ratio, t = a + (t_ref - a) * t_roof(hw) / t_roof(source) (memory-bound ops by
@@ -389,7 +429,7 @@ def modelled_seconds(family: str, hw: Hardware, shapes: list[dict], dtype: str =
     from cost_model.hardware import get_hardware
 
     ref = get_hardware(source or source_gpu(hw))
-    curve, ref_dtype, _ = curve_for(ref, family, dtype, kv_dtype)
+    curve, ref_dtype, _ = _cached_curve(ref.name, family, dtype, kv_dtype)
     ref_kv = kv_dtype if family == "mla_decode" else None
     parts = np.array([roofline_parts(family, s, ref, ref_dtype, ref_kv) for s in shapes]).reshape(-1, 2)
     t_ref = curve.seconds(shapes, parts[:, 0], parts[:, 1])
@@ -407,3 +447,77 @@ def collective_latency(collective: str, hw: Hardware, gpus: int, nbytes: float) 
     if hw.name not in MEASURED_GPUS:
         note += ", bandwidth part scaled by scale-up bandwidth"
     return OpLatency(collective, hw.name, "bf16", {"bytes": nbytes, "gpus": gpus}, t, nbytes / bw, "comm", note)
+
+
+# ------------------------------------------------------------------ whole steps (cost_model.estimate)
+@functools.lru_cache(maxsize=None)
+def _cached_curve(hw_name: str, family: str, dtype: str, kv_dtype: str | None):
+    from cost_model.hardware import get_hardware
+
+    return curve_for(get_hardware(hw_name), family, dtype, kv_dtype)
+
+
+@dataclass(frozen=True)
+class CurveEfficiency:
+    """Per-op step costing for ``cost_model.estimate``: an op carrying a measured family's shape
+    (GEMMs, routed experts, attention kernels) takes that family's curve, scaled by its own
+    roofline against the family's at that shape (t = curve(shape) * t_roof(op) / t_roof(shape):
+    1 where the formulas agree; it carries the chunk-over-cache prefill and MLA's latent kernel
+    over); collectives take the NCCL table; everything else (norms, rotary, routing, sampling,
+    point-to-point) the roofline at the hardware's default efficiencies plus its kernel cost
+    (``base``, an ``estimate.Efficiency``)."""
+
+    hw: str
+    base: object = None
+    per_op: bool = True
+
+    def op_seconds(self, op, hw: Hardware, instance_gpus: int = 1) -> float | None:
+        """Seconds of all ``op.count`` occurrences of ``op`` (kernel costs included), or None when
+        no curve covers it."""
+        if op.cls == "comm" and op.collective in COLLECTIVES:
+            nbytes = op.bytes * op.group / max(op.group - 1, 1) if op.collective == "all_to_all" else op.bytes
+            return collective_seconds(hw, op.collective, op.group, nbytes) * op.count
+        for family, shape in op.shape.items():
+            t, ref = _shape_seconds(_hw_key(hw), family, op.dtype, tuple(sorted(shape.items())))
+            own = max(op.bytes / hw.hbm_bw, op.flops / hw.peak_flops(compute_dtype(op.dtype, hw)))
+            return t * (own / ref if ref > 0 else 1.0) * op.count
+        return None
+
+    def step_time(self, ops, hw: Hardware, instance_gpus: int = 1) -> tuple[float, dict]:
+        """(seconds, seconds per op class plus "overhead") of one stage's ``ops``."""
+        from cost_model.estimate import DEFAULT_EFFICIENCY, features
+
+        base = self.base or DEFAULT_EFFICIENCY
+        by = {c: 0.0 for c in ("gemm", "attention", "moe", "elementwise", "comm")}
+        by["overhead"] = 0.0
+        rest = []
+        for op in ops:
+            t = self.op_seconds(op, hw, instance_gpus)
+            if t is None:
+                rest.append(op)
+            else:
+                by[op.cls] += t
+        if rest:
+            f = features(rest, hw, instance_gpus)
+            for c in by:
+                if c != "overhead":
+                    by[c] += base.class_time(c, f)
+            by["overhead"] = base.overhead(hw) * f["kernels"]
+        return sum(by.values()), by
+
+
+@functools.lru_cache(maxsize=200_000)
+def _shape_seconds(key: tuple, family: str, op_dtype: str, items: tuple) -> tuple[float, float]:
+    """(curve seconds, roofline seconds at datasheet figures) of one op of ``family`` at the shape
+    ``items`` on the hardware of ``key``; memoized: a search costs the same shapes for many layouts
+    and batches."""
+    hw = _HW[key]
+    shape = dict(items)
+    kv = shape.pop("kv_dtype", None)
+    dtype = (kv or "bf16") if family.startswith("attention") else op_dtype
+    return float(modelled_seconds(family, hw, [shape], dtype)[0]), max(roofline_parts(family, shape, hw, dtype))
+
+
+def curve_efficiency(hw: Hardware) -> CurveEfficiency | None:
+    """The measured-kernel costing for ``hw`` (None on the CPU, which has no curves)."""
+    return None if hw.vendor == "cpu" else CurveEfficiency(hw.name)

@@ -33,7 +33,7 @@ def errors(gpu, family, rows, source=None):
     for dt in sorted({r[0] for r in rows}):
         mine = [r for r in rows if r[0] == dt]
         w, _, kv = dt.partition("/")
-        pred = modelled_seconds(family, hw, [s for _, s, _ in mine], w, kv or None, source=source)
+        pred = modelled_seconds(family, hw, [s for _, s, _ in mine], w, kv or None, source=source, exact=True)
         out += list(np.abs(pred - [t for *_, t in mine]) / [t for *_, t in mine])
     return np.array(out)
 
