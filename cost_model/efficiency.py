@@ -462,8 +462,9 @@ class CurveEfficiency:
     """Per-op step costing for ``cost_model.estimate``: an op carrying a measured family's shape
     (GEMMs, routed experts, attention kernels) takes that family's curve, scaled by its own
     roofline against the family's at that shape (t = curve(shape) * t_roof(op) / t_roof(shape):
-    1 where the formulas agree; it carries the chunk-over-cache prefill and MLA's latent kernel
-    over); collectives take the NCCL table; everything else (norms, rotary, routing, sampling,
+    1 where the formulas agree; it carries the chunk-over-cache prefill over, and MLA's latent
+    kernel takes the measured MLA module's fraction of roofline at its batch, context and heads);
+    collectives take the NCCL table; everything else (norms, rotary, routing, sampling,
     point-to-point) the roofline at the hardware's default efficiencies plus its kernel cost
     (``base``, an ``estimate.Efficiency``)."""
 
@@ -514,8 +515,12 @@ def _shape_seconds(key: tuple, family: str, op_dtype: str, items: tuple) -> tupl
     hw = _HW[key]
     shape = dict(items)
     kv = shape.pop("kv_dtype", None)
-    dtype = (kv or "bf16") if family.startswith("attention") else op_dtype
-    return float(modelled_seconds(family, hw, [shape], dtype)[0]), max(roofline_parts(family, shape, hw, dtype))
+    if family.startswith("attention"):
+        dtype, kv = kv or "bf16", None
+    else:
+        dtype = "fp8" if op_dtype == "fp8" and family == "mla_decode" else op_dtype
+    return (float(modelled_seconds(family, hw, [shape], dtype, kv)[0]),
+            max(roofline_parts(family, shape, hw, dtype, kv)))
 
 
 def curve_efficiency(hw: Hardware) -> CurveEfficiency | None:

@@ -134,7 +134,8 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
         ops.append(_gemm("mla_absorb_q", t, hq * nope, r, wd, wb))
         ops.append(OpCost("mla_decode", "attention", flops=2.0 * seqs * hq * local * (2 * r + rr),
                           bytes=seqs * local * (r + rr) * kb + t * hq * (2 * r + rr) * ACT_BYTES,
-                          shape=_attention_shape(seqs, 1, local - 1, hq, 1, r + rr, layout.kv_dtype)))
+                          shape={"mla_decode": {"batch": seqs, "ctx": local, "heads": min(hq, 128),
+                                                "kv_dtype": layout.kv_dtype}}))
         ops.append(_gemm("mla_absorb_v", t, hq * r, v, wd, wb))
         c = _comm("dcp_combine", "all_reduce", layout.dcp, t * hq * (r + 1) * 4.0)
         if c:
