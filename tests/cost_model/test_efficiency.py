@@ -91,3 +91,24 @@ def test_shipped_tables_are_small_and_attributed():
         prov = json.loads((DATA_DIR / f"aiconfigurator_{gpu}.json").read_text())["provenance"]
         assert prov["gemm"]["vllm_version"] == "0.24.0" and prov["nccl"]["nccl_version"] == "2.29.2"
         assert prov["moe"]["file"].endswith("moe_perf.parquet")
+
+
+def test_accuracy_report_from_committed_measurements(tmp_path, capsys):
+    """benchmarks/cost_model_accuracy.py --report: the H200 end-to-end error of the shipped
+    calibration against tkcc's measured steps, and the per-op table (no device)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("cma", root / "benchmarks" / "cost_model_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--report", "--out-dir", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "cost_model_accuracy_report_h200.json").read_text())
+    out = capsys.readouterr().out
+    assert "goal <= 5% median" in out and "per-op held-out" in out
+    e2e = rep["e2e"]
+    assert e2e["benchmark_reference_steps"]["rows"] >= 10 and e2e["all"]["median"] <= 0.05
+    assert {r["source"] for r in rep["e2e_rows"]} >= {"h200-e2e-decode.json", "h200-forward.json"}
+    assert all(v["median"] <= 0.10 for v in rep["per_op"].values())
+    assert rep["plans"] and all(p["vllm_kernels_projected_ms"] > 0 for p in rep["plans"])
