@@ -30,8 +30,8 @@ datasheets, a projection.
 Collectives: the measured NCCL latencies (all_reduce, all_gather, all_to_all, reduce_scatter over 2,
 4, 8 GPUs, 256 B - 512 MB) are interpolated log-log. Elsewhere the latency part (the smallest
 message's time) is kept and the bandwidth part scaled by the scale-up bandwidth ratio; more GPUs
-than measured scale the bandwidth part by the ring factor ((n-1)/n against 7/8) and add per-hop
-latency; beyond the scale-up domain the bandwidth is the scale-out one.
+than measured scale the bandwidth part by the ring factor ((n-1)/n against 7/8) and, for ring
+collectives (not all-to-all), add per-hop latency; beyond the scale-up domain the bandwidth is the scale-out one.
 """
 
 from __future__ import annotations
@@ -369,7 +369,8 @@ def _collective_seconds(key: tuple, collective: str, gpus: int, nbytes: float) -
     alpha = table[0][1]
     bw = hw.scale_up_bw if gpus <= hw.domain else hw.scale_out_bw
     ring = ((gpus - 1) / gpus) / ((n_ref - 1) / n_ref)
-    hops = max(0, gpus - n_ref) * hw.hop_latency_s * (1 if gpus <= hw.domain else 5)
+    # ring collectives add a step per extra GPU; an all-to-all sends to every peer at once
+    hops = 0.0 if collective == "all_to_all" else max(0, gpus - n_ref) * hw.hop_latency_s * (1 if gpus <= hw.domain else 5)
     return alpha + hops + max(0.0, t - alpha) * ring * ref.scale_up_bw / bw
 
 

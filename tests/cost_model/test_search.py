@@ -24,10 +24,14 @@ def test_llama8b_on_one_h200_picks_tp1():
 
 
 @pytest.mark.slow
-def test_kimi_on_gb200_nvl72_picks_large_ep():
-    # ~30 s: 728 layouts (EP a free factor) x 12 batches on the measured-kernel curves
+def test_kimi_on_gb200_nvl72_spreads_wide():
+    # ~35 s: 728 layouts (EP a free factor) x 12 batches on the measured-kernel curves. On the
+    # vLLM-measured kernels wide DP-attention wins; whether its MoE runs EP or TP-sharded is within
+    # a few percent of the step (the NCCL all-to-all of the table, not DeepEP), so only the width is
+    # asserted, and that wide EP (larger than TP) is among the fitting configs
     r = search(ModelSpec.from_name("kimi"), get_hardware("gb200"), 72)
-    assert r.best is not None and r.best.layout.ep >= 16 and r.best.layout.ep > r.best.layout.tp
+    assert r.best is not None and r.best.layout.dp >= 8 and r.best.fits
+    assert any(c.fits and c.layout.ep >= 16 > c.layout.tp for c in r.configs)
     # Kimi-K2 (1T parameters) at bf16 cannot fit on 8 GPUs of an NVL72 with TP alone
     assert not any(c.fits for c in r.configs if c.layout.gpus == 8 and c.layout.dtype == "bf16")
 
