@@ -370,7 +370,8 @@ def _collective_seconds(key: tuple, collective: str, gpus: int, nbytes: float) -
     bw = hw.scale_up_bw if gpus <= hw.domain else hw.scale_out_bw
     ring = ((gpus - 1) / gpus) / ((n_ref - 1) / n_ref)
     # ring collectives add a step per extra GPU; an all-to-all sends to every peer at once
-    hops = 0.0 if collective == "all_to_all" else max(0, gpus - n_ref) * hw.hop_latency_s * (1 if gpus <= hw.domain else 5)
+    hop = hw.hop_latency_s * (1 if gpus <= hw.domain else 5)
+    hops = 0.0 if collective == "all_to_all" else max(0, gpus - n_ref) * hop
     return alpha + hops + max(0.0, t - alpha) * ring * ref.scale_up_bw / bw
 
 
