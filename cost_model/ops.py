@@ -146,7 +146,8 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
         ops.append(_gemm("mla_kv_b_proj", kv_tokens, r, hq * (nope + v), wd, wb))
         keys = ctx + (n + 1) / 2
         ops.append(OpCost("mla_prefill", "attention", flops=2.0 * seqs * n * hq * keys * (qk + v),
-                          bytes=kv_tokens * hq * (qk + v) * ACT_BYTES + t * hq * (qk + v) * ACT_BYTES))
+                          bytes=kv_tokens * hq * (qk + v) * ACT_BYTES + t * hq * (qk + v) * ACT_BYTES,
+                          shape=_attention_shape(seqs, n, ctx, hq, hq, qk, "bf16")))
     ops.append(_gemm("o_proj", t, hq * v, h, wd, wb))
     return ops
 
