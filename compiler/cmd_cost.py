@@ -4,11 +4,13 @@
     tkcc cost op moe --hw b200 --dtype fp8 tokens=64 hidden=7168 inter=2048 topk=8 experts=256 ep=8 skew=1.2
     tkcc cost op attention_decode --hw h100 --dtype fp8 batch=64 ctx=4096 heads=32 kv_heads=8 head_dim=128
     tkcc cost op mla_decode --hw h200 batch=32 ctx=8192 heads=16 kv_dtype=fp8
+    tkcc cost op dsa_decode --hw b200 batch=64 ctx=65536 heads=16      # DeepSeek-V3.2 sparse attention
     tkcc cost op allreduce --hw gb200 bytes=16777216 gpus=72 --json
 
 The latency comes from the per-op efficiency curves of ``cost_model.efficiency`` (fitted on measured
 vLLM kernels on H100/H200, transferred to other GPUs by their datasheet compute and bandwidth);
-``--json`` prints one object with ``latency_ms``, ``roofline_ms``, ``efficiency``, ``bound`` and how
+``mla_decode`` / ``dsa_decode`` are one layer's whole attention module in decode (DeepSeek-V3 /
+DeepSeek-V3.2 geometry, ``heads`` query heads on this GPU). ``--json`` prints one object with ``latency_ms``, ``roofline_ms``, ``efficiency``, ``bound`` and how
 the figure was calibrated. ``--dtype``: weights (gemm, moe, mla_decode: bf16 | fp8 | fp8_block |
 fp4) or the KV cache (attention: bf16 | fp8). A bad op, key or number is one line and exit 2.
 """
@@ -26,6 +28,7 @@ OPS = {
     "attention_decode": (("batch", "ctx", "heads", "kv_heads", "head_dim"), {"window": 0}),
     "attention_prefill": (("batch", "isl", "heads", "kv_heads", "head_dim"), {"window": 0}),
     "mla_decode": (("batch", "ctx"), {"heads": 128, "kv_dtype": "bf16"}),
+    "dsa_decode": (("batch", "ctx"), {"heads": 128, "kv_dtype": "bf16"}),
     "allreduce": (("bytes", "gpus"), {}),
     "allgather": (("bytes", "gpus"), {}),
     "alltoall": (("bytes", "gpus"), {}),
@@ -34,7 +37,8 @@ OPS = {
 COLLECTIVE = {"allreduce": "all_reduce", "allgather": "all_gather", "alltoall": "all_to_all",
               "reducescatter": "reduce_scatter"}
 DTYPES = {"gemm": ("bf16", "fp8", "fp8_block", "fp4"), "moe": ("bf16", "fp8", "fp8_block", "fp4"),
-          "attention_decode": ("bf16", "fp8"), "attention_prefill": ("bf16", "fp8"), "mla_decode": ("bf16", "fp8")}
+          "attention_decode": ("bf16", "fp8"), "attention_prefill": ("bf16", "fp8"), "mla_decode": ("bf16", "fp8"),
+          "dsa_decode": ("bf16", "fp8")}
 FLOAT_KEYS = ("skew", "bytes")
 
 
@@ -109,8 +113,8 @@ def parse_shape(op: str, params: list[str]) -> dict:
     missing = [k for k in required if k not in shape]
     if missing:
         raise CostModelError(f"{op}: missing {', '.join(f'{k}=' for k in missing)}")
-    if op == "mla_decode" and not 1 <= shape["heads"] <= 128:
-        raise CostModelError(f"mla_decode: heads (query heads on this GPU) must be 1..128, got {shape['heads']}")
+    if op in ("mla_decode", "dsa_decode") and not 1 <= shape["heads"] <= 128:
+        raise CostModelError(f"{op}: heads (query heads on this GPU) must be 1..128, got {shape['heads']}")
     if op == "moe" and (shape["experts"] % shape["ep"] or shape["topk"] > shape["experts"]):
         raise CostModelError("moe: ep must divide experts and topk must not exceed experts")
     if op in COLLECTIVE and shape["gpus"] < 1:

@@ -5,7 +5,8 @@ The measurements are NVIDIA AIConfigurator's timings of vLLM's kernels on H100 S
 Apache-2.0 licence; ``scripts/calibrate_aiconfigurator.py`` regenerates them from the parquet files).
 
 One op at one shape on one GPU, per op family (gemm, moe, attention_decode, attention_prefill,
-mla_decode) and dtype:
+and the decode attention modules mla_decode (DeepSeek-V3) and dsa_decode (DeepSeek-V3.2 sparse
+attention)) and dtype:
 
     t_mem  = bytes / hbm_bw          t_comp = flops / peak[compute dtype]      datasheet figures
     t_roof = max(t_mem, t_comp)
@@ -49,7 +50,9 @@ from cost_model.hardware import CostModelError, Hardware
 
 DATA_DIR = Path(__file__).with_name("data")
 MEASURED_GPUS = ("h100", "h200")
-FAMILIES = ("gemm", "moe", "attention_decode", "attention_prefill", "mla_decode")
+FAMILIES = ("gemm", "moe", "attention_decode", "attention_prefill", "mla_decode", "dsa_decode")
+MODULES = ("mla_decode", "dsa_decode")  # whole attention modules of one layer; their dtype key is weights/KV
+DSA_TOPK, DSA_INDEX_HEADS, DSA_INDEX_DIM = 2048, 64, 128     # DeepSeek-V3.2's lightning indexer
 COLLECTIVES = ("all_reduce", "all_gather", "all_to_all", "reduce_scatter")
 U_CLIP = (-4.0, 4.0)
 ACT = 2.0                               # bf16 activation bytes
@@ -107,6 +110,20 @@ def _mla_module(shape: dict, hw: Hardware, dtype: str, kv_dtype: str) -> tuple[f
     return t_mem, t_comp
 
 
+def _dsa_module(shape: dict, hw: Hardware, dtype: str, kv_dtype: str) -> tuple[float, float]:
+    """(memory s, compute s) of DeepSeek-V3.2's sparse-attention module in decode: the MLA module
+    over the top-2048 selected keys, plus the lightning indexer (q / k / head-weight projections,
+    a read of the fp8 index-key cache, 128 bytes + a 4-byte scale per cached token, its scores
+    over every cached token and the top-k over them)."""
+    b, ctx = float(shape["batch"]), float(shape["ctx"])
+    t_mem, t_comp = _mla_module({**shape, "ctx": min(ctx, DSA_TOPK)}, hw, dtype, kv_dtype)
+    h, q_rank, width = 7168, 1536, DSA_INDEX_HEADS * DSA_INDEX_DIM
+    proj = q_rank * width + h * DSA_INDEX_DIM + h * DSA_INDEX_HEADS          # wq_b, wk, weights_proj
+    nbytes = proj * weight_bytes(dtype) + b * ctx * (DSA_INDEX_DIM + 4) + 2 * b * ctx * 4
+    flops = 2 * b * proj + 2 * b * width * ctx
+    return t_mem + nbytes / hw.hbm_bw, t_comp + flops / hw.peak_flops(compute_dtype(dtype, hw))
+
+
 @functools.lru_cache(maxsize=1)
 def _deepseek_v3():
     """DeepSeek-V3's attention geometry (the model AIConfigurator's MLA tables measure)."""
@@ -148,6 +165,8 @@ def roofline_parts(family: str, shape: dict, hw: Hardware, dtype: str = "bf16",
         dtype = "bf16"
     elif family == "mla_decode":
         return _mla_module(shape, hw, dtype, kv_dtype or "bf16")
+    elif family == "dsa_decode":
+        return _dsa_module(shape, hw, dtype, kv_dtype or "bf16")
     else:
         raise CostModelError(f"unknown op family {family!r}; one of {', '.join(FAMILIES)}")
     return nbytes / hw.hbm_bw, flops / hw.peak_flops(compute_dtype(dtype, hw))
@@ -175,7 +194,7 @@ def shape_variables(family: str, shape: dict) -> list[float]:
     if family == "attention_prefill":
         return [_lg(s["batch"]), _lg(s["isl"]), _lg(s["heads"]), _lg(s["kv_heads"]), _lg(s["head_dim"]),
                 _lg(s.get("window", 0) + 1)]
-    if family == "mla_decode":
+    if family in MODULES:
         return [_lg(s["batch"]), _lg(s["ctx"]), _lg(s["heads"])]
     raise CostModelError(f"unknown op family {family!r}; one of {', '.join(FAMILIES)}")
 
@@ -302,7 +321,7 @@ def source_gpu(hw: Hardware) -> str:
 
 
 def curve_key(family: str, dtype: str, kv_dtype: str | None = None) -> str:
-    return f"{dtype}/{kv_dtype or 'bf16'}" if family == "mla_decode" else dtype
+    return f"{dtype}/{kv_dtype or 'bf16'}" if family in MODULES else dtype
 
 
 def curve_for(hw: Hardware, family: str, dtype: str, kv_dtype: str | None = None) -> tuple[Curve, str, str]:
@@ -432,7 +451,7 @@ def _modelled(family: str, hw: Hardware, shapes: list[dict], dtype: str, kv_dtyp
 
     ref = get_hardware(source or source_gpu(hw))
     curve, ref_dtype, _ = _cached_curve(ref.name, family, dtype, kv_dtype)
-    ref_kv = kv_dtype if family == "mla_decode" else None
+    ref_kv = kv_dtype if family in MODULES else None
     parts = np.array([roofline_parts(family, s, ref, ref_dtype, ref_kv) for s in shapes]).reshape(-1, 2)
     t_ref = curve.seconds(shapes, parts[:, 0], parts[:, 1])
     if ref.name == hw.name:

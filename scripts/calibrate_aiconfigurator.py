@@ -5,7 +5,8 @@ NVIDIA AIConfigurator's measured vLLM kernel latencies.
 
 PATH holds ``h100_sxm/`` and ``h200_sxm/`` as in the ai-dynamo/aiconfigurator repository
 (``aic-core/src/aiconfigurator_core/systems/data/<gpu>/``): ``gemm``, ``moe``, ``attention``
-(context and generation), ``mla`` (generation module) under ``vllm/<version>/`` (or
+(context and generation), ``mla`` (generation module), ``sparse_attention`` (DeepSeek-V3.2's DSA
+generation module) under ``vllm/<version>/`` (or
 ``vllm-<version>/``) and ``comm/nccl-<version>.parquet``. Needs pandas and pyarrow.
 
 Per GPU and op family the rows are reduced to one latency per shape and dtype (the fastest of the
@@ -47,6 +48,7 @@ TABLES = {
     "attention_prefill": ("attention", "context_attention_perf", ("batch", "isl", "heads", "kv_heads", "head_dim",
                                                                    "window")),
     "mla_decode": ("mla", "mla_generation_module_perf", ("batch", "ctx", "heads")),
+    "dsa_decode": ("sparse_attention", "dsa_generation_module_perf", ("batch", "ctx", "heads")),
 }
 
 
@@ -93,7 +95,9 @@ def _rows(family: str, df) -> list[tuple[str, dict, float, str | None]]:
             cols["ctx"] = df.isl + df.step
         else:
             cols["isl"] = df.isl
-    else:                                                            # mla_decode
+    else:                                                            # mla_decode, dsa_decode
+        if family == "dsa_decode":
+            df = df[df.model == "deepseek-ai/DeepSeek-V3.2"]              # GLM-5's geometry differs
         df["dtype"] = df.gemm_type.map(MLA_DTYPES) + "/" + df.kv_cache_dtype.map(DTYPES)
         cols = {"batch": df.batch_size, "ctx": df.isl + df.step, "heads": df.num_heads}
     shape = pd.DataFrame(cols)
@@ -116,7 +120,7 @@ def _errors(curve, hw, family, rows) -> np.ndarray:
 
 
 def _parts(hw, family, dt, shape):
-    if family == "mla_decode":
+    if family in ("mla_decode", "dsa_decode"):
         w, kv = dt.split("/")
         return roofline_parts(family, shape, hw, w, kv)
     return roofline_parts(family, shape, hw, dt)

@@ -12,6 +12,7 @@ OPS = {
     "attention_decode": ["batch=32", "ctx=4096", "heads=32", "kv_heads=8", "head_dim=128"],
     "attention_prefill": ["batch=1", "isl=2048", "heads=32", "kv_heads=8", "head_dim=128"],
     "mla_decode": ["batch=32", "ctx=8192", "heads=16", "kv_dtype=fp8"],
+    "dsa_decode": ["batch=32", "ctx=65536", "heads=16"],
     "allreduce": ["bytes=16777216", "gpus=8"],
     "alltoall": ["bytes=4194304", "gpus=8"],
 }

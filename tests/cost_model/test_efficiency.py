@@ -13,7 +13,8 @@ import pytest
 from cost_model import get_hardware
 from cost_model.efficiency import DATA_DIR, FAMILIES, fit_curve, load_tables, modelled_seconds, roofline_parts
 
-TARGET = {"gemm": 0.10, "moe": 0.10, "attention_decode": 0.10, "attention_prefill": 0.10, "mla_decode": 0.10}
+TARGET = {"gemm": 0.10, "moe": 0.10, "attention_decode": 0.10, "attention_prefill": 0.10, "mla_decode": 0.10,
+          "dsa_decode": 0.10}
 
 
 def held_out(family, dtype, shape):
