@@ -112,6 +112,12 @@ class Scheduler:
     def add(self, seq: Seq) -> None:
         self.waiting.append(seq)
 
+    def submit(self, rid: Any, prompt_len: int, max_new: int, arrival: float = 0.0) -> Seq:
+        """Queues a new request and returns its sequence (the serving engine's entry point)."""
+        seq = Seq(rid, prompt_len, max_new, arrival)
+        self.add(seq)
+        return seq
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
