@@ -186,7 +186,8 @@ def create_app(runtime: Runtime) -> FastAPI:
             "id": runtime.name, "object": "model", "created": created, "owned_by": "tkcc",
             "max_model_len": runtime.engine.cfg.max_model_len, "source": runtime.source,
             "plan": runtime.plan_dir, "max_num_seqs": runtime.sched_cfg.max_num_seqs,
-            "max_num_batched_tokens": runtime.sched_cfg.max_num_batched_tokens}]}
+            "max_num_batched_tokens": runtime.sched_cfg.max_num_batched_tokens,
+            "kv_capacity_tokens": (runtime.engine.kv.num_blocks - 1) * runtime.engine.kv.block_size}]}
 
     @app.get("/metrics")
     async def prom():

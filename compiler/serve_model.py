@@ -46,7 +46,8 @@ class ServedModel:
 
 
 class ByteTokenizer:
-    """A token per UTF-8 byte (id = byte mod vocab); no special tokens, no EOS."""
+    """A token per UTF-8 byte (id = byte mod vocab); no special tokens, no EOS. Decodes each id to one
+    printable ASCII character, so streamed text never waits on an incomplete UTF-8 sequence."""
 
     def __init__(self, vocab: int):
         self.vocab, self.stop_ids, self.chat_template = vocab, (), CHATML
@@ -55,7 +56,7 @@ class ByteTokenizer:
         return [b % self.vocab for b in text.encode()]
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(i % 256 for i in ids).decode(errors="replace")
+        return "".join(chr(32 + i % 95) for i in ids)
 
 
 class BPETokenizer:
