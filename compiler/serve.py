@@ -17,8 +17,10 @@ Stop strings are matched on the detokenized text (held back while a stop string 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -34,7 +36,6 @@ from compiler.serve_metrics import Metrics
 from compiler.serve_model import render_chat
 from compiler.serve_runtime import Runtime
 from compiler.serve_validate import ApiError, CompletionArgs, parse_chat, parse_completion
-from compiler.ui.server import bind
 
 __all__ = ["create_app", "ServeServer", "serve_forever", "EngineLoop"]
 
@@ -116,6 +117,26 @@ class EngineLoop:
                 self.rt.engine.abort(cmd[1])
 
 
+class ServeError(OSError):
+    """The server cannot listen where asked (busy port): one line, exit 2."""
+
+    user_error = True
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket bound before uvicorn starts (a busy port is one clear error; port 0 picks
+    a free one). Written here, not imported from the UI, so serving needs no board (SQLAlchemy)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    return sock
+
+
 def _error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
            code: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
@@ -149,19 +170,20 @@ class _Detokenizer:
 
 
 def create_app(runtime: Runtime) -> FastAPI:
-    app = FastAPI(title="tkcc serve", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
     loop_ = EngineLoop(runtime, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        loop_.start()
+        try:
+            yield
+        finally:
+            loop_.stop()
+
+    app = FastAPI(title="tkcc serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.runtime, app.state.metrics, app.state.engine_loop = runtime, metrics, loop_
     created = int(time.time())
-
-    @app.on_event("startup")
-    async def _start() -> None:
-        loop_.start()
-
-    @app.on_event("shutdown")
-    async def _shutdown() -> None:
-        loop_.stop()
 
     @app.exception_handler(ApiError)
     async def _api_error(_req, exc: ApiError):
@@ -185,7 +207,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         return {"object": "list", "data": [{
             "id": runtime.name, "object": "model", "created": created, "owned_by": "tkcc",
             "max_model_len": runtime.engine.cfg.max_model_len, "source": runtime.source,
-            "plan": runtime.plan_dir, "max_num_seqs": runtime.sched_cfg.max_num_seqs,
+            "plan": runtime.plan_dir, "overrides": sorted(runtime.plan_overrides), "max_num_seqs": runtime.sched_cfg.max_num_seqs,
             "max_num_batched_tokens": runtime.sched_cfg.max_num_batched_tokens,
             "kv_capacity_tokens": (runtime.engine.kv.num_blocks - 1) * runtime.engine.kv.block_size}]}
 

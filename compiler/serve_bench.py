@@ -200,7 +200,8 @@ def calibrate(base: str, model: str, timeout: float) -> LinearStepTime:
         v = [r.tpot_s for r in rs if r.tpot_s is not None]
         return float(np.median(v)) if v else 0.0
 
-    asyncio.run(probe(1, 8, 4))                                  # warm-up
+    asyncio.run(probe(1, 8, 4))                                  # warm-up (compiles, first graphs)
+    asyncio.run(probe(8, 8, 4))
     t1 = tpot(asyncio.run(probe(1, 8, 24)))
     t8 = tpot(asyncio.run(probe(8, 8, 24)))
     long = asyncio.run(probe(1, 256, 1))[0]

@@ -16,6 +16,7 @@ traffic replay, which sends token ids.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -122,8 +123,10 @@ def _field(reader, key: str, default: Any = None) -> Any:
     return default if f is None else f.contents()
 
 
+@functools.lru_cache(maxsize=2)
 def load_gguf(path: str | Path, name: str, dtype: torch.dtype) -> ServedModel:
-    """Spec, dequantized weights and tokenizer of a Llama-architecture GGUF file."""
+    """Spec, dequantized weights and tokenizer of a Llama-architecture GGUF file (cached per process:
+    dequantizing SmolLM2 takes ~10 s; the engine never writes to its weights)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -225,7 +228,7 @@ def load_served_model(model: str, weights: str | None = None, *, tiny: bool = Fa
             raise ModelLoadError("--tiny shrinks the model's shapes, so it cannot load a weights file")
         if not Path(weights).is_file():
             raise ModelLoadError(f"weights file not found: {weights}")
-        return load_gguf(weights, model, dtype)
+        return load_gguf(str(weights), model, dtype)
     spec = ModelSpec.from_name(model)
     if tiny:
         spec = spec.scaled_down()

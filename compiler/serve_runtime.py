@@ -8,6 +8,7 @@ one the trace replay runs).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -25,6 +26,8 @@ class ServeOptions:
     kv_cache_bytes: int | None = None
     compile: bool = False             # torch.compile the decode forward (the reference under torch.compile)
     graphs: bool = True               # CUDA graphs for the plan's (or default) decode batch sizes
+    graph_sizes: tuple[int, ...] | None = None   # decode graph batch sizes instead of the plan's / default
+    max_num_seqs: int | None = None   # instead of the plan's / default
     seed: int = 0
 
 
@@ -100,9 +103,14 @@ def build_runtime(opts: ServeOptions) -> Runtime:
         kv_bytes = 256 << 20
     else:
         kv_bytes = int(torch.cuda.mem_get_info()[0] * 0.5)
-    graphs = knobs.get("cuda_graph_batch_sizes", DEFAULT_GRAPH_SIZES) if opts.graphs and device != "cpu" else ()
+    if opts.max_num_seqs:
+        knobs["max_num_seqs"] = opts.max_num_seqs
+    graphs = opts.graph_sizes or knobs.get("cuda_graph_batch_sizes", DEFAULT_GRAPH_SIZES)
+    graphs = () if not opts.graphs or device == "cpu" else graphs
     cfg = EngineConfig.from_knobs({**knobs, "cuda_graph_batch_sizes": graphs}, device=device, dtype=dtype,
                                   max_model_len=max_len, kv_cache_bytes=kv_bytes, compile=opts.compile)
+    cfg = dataclasses.replace(cfg, cuda_graph_batch_sizes=tuple(b for b in cfg.cuda_graph_batch_sizes
+                                                                if b <= cfg.max_num_seqs))
     sched_cfg = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens)
     overrides = dict(loaded.overrides) if loaded else {}
     from persistent_engine.ops import registry

@@ -119,7 +119,7 @@ class ServingEngine:
         self.scheduler = make_scheduler(self.kv)
         self.requests: dict[Any, _Request] = {}
         self.steps = 0
-        self.decode_fn = torch.compile(model.step, dynamic=False) if cfg.compile else model.step
+        self.decode_fn = torch.compile(model.step) if cfg.compile else model.step     # dynamic after a recompile
         self.graphs = _DecodeGraphs(self) if cfg.cuda_graph_batch_sizes and cfg.device != "cpu" else None
 
     # ------------------------------------------------------------- requests
@@ -207,7 +207,7 @@ class ServingEngine:
         slots = [self.kv.slot(r, p) for r, p in zip(rids, pos)]
         ctx = [p + 1 for p in pos]
         if self.graphs is not None and self.graphs.fits(len(rids)):
-            logits = self.graphs.run(ids, pos, slots, self._tables(rids, self.max_blocks), ctx)
+            logits = self.graphs.run(ids, pos, slots, [self.kv.tables[r] for r in rids], ctx)
         else:
             width = max(self.kv.blocks_for(n) for n in ctx)
             wl = self._workload("decode", ids, pos, slots, self._tables(rids, width), ctx,
@@ -231,42 +231,50 @@ class ServingEngine:
 
 
 class _DecodeGraphs:
-    """CUDA graphs of the decode forward, one per batch size of ``cuda_graph_batch_sizes``, over static
-    input buffers (block tables of ``max_blocks`` columns). Captured largest first in one memory pool."""
+    """CUDA graphs of the decode forward, one per (batch size of ``cuda_graph_batch_sizes``, block-table
+    width), over static input buffers. Widths are 1/8, 1/4, 1/2 and all of ``max_blocks``: attention
+    reads every column of the table it is given, so short contexts replay a narrow graph. Captured
+    largest first in one memory pool; cost: sizes x 4 captures at start-up."""
 
     def __init__(self, engine: ServingEngine):
         self.engine = engine
         self.sizes = sorted(engine.cfg.cuda_graph_batch_sizes)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Workload, torch.Tensor]] = {}
+        mb = engine.max_blocks
+        self.widths = sorted({max(1, mb // d) for d in (8, 4, 2, 1)})
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Workload, torch.Tensor]] = {}
         pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.sizes):
-            wl = engine._workload("decode", [0] * b, [0] * b, [0] * b, [[SCRATCH_BLOCK] * engine.max_blocks] * b,
-                                  [1] * b, list(range(b + 1)), list(range(b)))
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):                                  # warm-up (and compile) off the graph
-                    engine.decode_fn(wl)
-            torch.cuda.current_stream().wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                out = engine.decode_fn(wl)
-            self.graphs[b] = (g, wl, out)
+            for w in reversed(self.widths):
+                wl = engine._workload("decode", [0] * b, [0] * b, [0] * b, [[SCRATCH_BLOCK] * w] * b,
+                                      [1] * b, list(range(b + 1)), list(range(b)))
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):                              # warm-up (and compile) off the graph
+                        engine.decode_fn(wl)
+                torch.cuda.current_stream().wait_stream(stream)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    out = engine.decode_fn(wl)
+                self.graphs[(b, w)] = (g, wl, out)
 
     def fits(self, batch: int) -> bool:
         return bool(self.sizes) and batch <= self.sizes[-1]
 
     def run(self, ids, pos, slots, tables, ctx) -> torch.Tensor:
+        """Logits [n, V] of one decode step of n sequences (``tables``: their block lists, any length)."""
         n = len(ids)
         b = next(s for s in self.sizes if s >= n)
-        g, wl, out = self.graphs[b]
+        need = max(self.engine.kv.blocks_for(c) for c in ctx)
+        w = next(x for x in self.widths if x >= need)
+        g, wl, out = self.graphs[(b, w)]
         pad = b - n
         dev = self.engine.cfg.device
-        wl.token_ids.copy_(torch.tensor(ids + [0] * pad, device=dev))
-        wl.positions.copy_(torch.tensor(pos + [0] * pad, device=dev))
-        wl.slot_mapping.copy_(torch.tensor(slots + [0] * pad, device=dev))
-        wl.context_lens.copy_(torch.tensor(ctx + [1] * pad, dtype=torch.int32, device=dev))
-        wl.cache.block_tables.copy_(torch.tensor(tables + [[SCRATCH_BLOCK] * self.engine.max_blocks] * pad,
-                                                 dtype=torch.int32, device=dev))
+        rows = [(t + [SCRATCH_BLOCK] * w)[:w] for t in tables] + [[SCRATCH_BLOCK] * w] * pad
+        wl.token_ids.copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
+        wl.positions.copy_(torch.tensor(pos + [0] * pad), non_blocking=True)
+        wl.slot_mapping.copy_(torch.tensor(slots + [0] * pad), non_blocking=True)
+        wl.context_lens.copy_(torch.tensor(ctx + [1] * pad, dtype=torch.int32), non_blocking=True)
+        wl.cache.block_tables.copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
         g.replay()
         return out[:n]
