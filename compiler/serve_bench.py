@@ -184,7 +184,7 @@ def _pct(values, qs=(50, 90, 99)) -> dict:
     return {f"p{q}": float(np.percentile(a, q)) for q in qs} | {"mean": float(a.mean())}
 
 
-def calibrate(base: str, model: str, timeout: float) -> LinearStepTime:
+def calibrate(base: str, model: str, timeout: float, max_len: int | None = None) -> LinearStepTime:
     """Fits a + b x decode batch + c x prefill tokens from three probes (cost: a few seconds)."""
     async def probe(batch: int, n_in: int, n_out: int) -> list[RequestResult]:
         rng = random.Random(1)
@@ -204,11 +204,12 @@ def calibrate(base: str, model: str, timeout: float) -> LinearStepTime:
     asyncio.run(probe(8, 8, 4))
     t1 = tpot(asyncio.run(probe(1, 8, 24)))
     t8 = tpot(asyncio.run(probe(8, 8, 24)))
-    long = asyncio.run(probe(1, 256, 1))[0]
+    n_long = min(256, (max_len or 512) // 2)
+    long = asyncio.run(probe(1, n_long, 1))[0]
     tpot([long])
     b = max(0.0, (t8 - t1) / 7)
     a = max(1e-5, t1 - b)
-    c = max(0.0, ((long.ttft_s or 0.0) - a) / 256)
+    c = max(0.0, ((long.ttft_s or 0.0) - a) / n_long)
     return LinearStepTime(a, b, c)
 
 
@@ -242,7 +243,7 @@ def run_bench(opts: BenchOptions, progress: TextIO | None = None) -> dict:
         info = _server_info(c, opts.model)
     model = info["id"]
     reqs = _requests(opts, info.get("max_model_len"))
-    step = calibrate(base, model, opts.timeout_s) if opts.predict else None
+    step = calibrate(base, model, opts.timeout_s, info.get("max_model_len")) if opts.predict else None
     results, wall = asyncio.run(_replay(base, model, reqs, opts.seed, opts.timeout_s, progress))
     ok = [r for r in results if r.error is None]
     out_tokens = sum(r.output_tokens for r in ok)

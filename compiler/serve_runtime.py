@@ -27,7 +27,7 @@ class ServeOptions:
     compile: bool = False             # torch.compile the decode forward (the reference under torch.compile)
     graphs: bool = True               # CUDA graphs for the plan's (or default) decode batch sizes
     graph_sizes: tuple[int, ...] | None = None   # decode graph batch sizes instead of the plan's / default
-    max_num_seqs: int | None = None   # instead of the plan's / default
+    max_num_seqs: int | None = None   # when the plan's CONFIG sets none (default 64)
     seed: int = 0
 
 
@@ -104,7 +104,7 @@ def build_runtime(opts: ServeOptions) -> Runtime:
     else:
         kv_bytes = int(torch.cuda.mem_get_info()[0] * 0.5)
     if opts.max_num_seqs:
-        knobs["max_num_seqs"] = opts.max_num_seqs
+        knobs.setdefault("max_num_seqs", opts.max_num_seqs)
     graphs = opts.graph_sizes or knobs.get("cuda_graph_batch_sizes", DEFAULT_GRAPH_SIZES)
     graphs = () if not opts.graphs or device == "cpu" else graphs
     cfg = EngineConfig.from_knobs({**knobs, "cuda_graph_batch_sizes": graphs}, device=device, dtype=dtype,
