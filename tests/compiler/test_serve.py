@@ -134,17 +134,19 @@ def test_bad_bodies_and_routes_are_4xx(tiny):
     assert httpx.get(tiny.url + "/v1/nothing").status_code == 404
 
 
-def test_serve_cli_errors_are_one_line(tmp_path):
+def test_serve_cli_errors_are_one_line(tmp_path, capsys):
+    from compiler.cli import main
+
     bad = tmp_path / "w.gguf"
     bad.write_bytes(b"not a gguf file")
     junk = tmp_path / "w.safetensors"
     junk.write_bytes(b"\x00" * 5)
     for args in (["--model", "smollm2-135m", "--weights", str(bad)], ["--model", "tiny-dense", "--weights", str(junk)],
+                 ["--model", "tiny-dense", "--weights", str(tmp_path / "absent.safetensors")],
                  ["--model", "no-such-model"], ["--plan", str(tmp_path)]):
-        r = subprocess.run([sys.executable, "-m", "compiler", "serve", *args, "--port", "0", "--device", "cpu"],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2, (args, r.stderr)
-        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert main(["serve", *args, "--port", "0", "--device", "cpu"]) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("tkcc: error: "), (args, err)
 
 
 # ----------------------------------------------------------------------------- real weights
@@ -208,3 +210,34 @@ def test_smollm2_answers_and_plan_keeps_greedy_output(smollm2_plan):
         assert info["plan"] and info["source"].endswith(".gguf") and info["max_num_batched_tokens"] == 16
         assert info["overrides"] == ["fused_add_rms_norm", "silu_and_mul"]
         assert _greedy_chat(s) == ref
+
+
+def test_safetensors_checkpoint_by_path_serves_the_same_weights(tmp_path, tiny):
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.models.weights import save_weights
+
+    save_weights(build_model("tiny-dense", device="cpu", dtype=__import__("torch").float32, seed=0),
+                 tmp_path / "model.safetensors")
+    want = _client(tiny).completions.create(model="tiny-dense", prompt=[3, 4], max_tokens=6, temperature=0)
+    rt = build_runtime(ServeOptions(model="tiny-dense", weights=str(tmp_path / "model.safetensors"), device="cpu",
+                                    max_model_len=256))
+    with ServeServer(rt) as s:
+        got = _client(s).completions.create(model="tiny-dense", prompt=[3, 4], max_tokens=6, temperature=0)
+        assert httpx.get(s.url + "/v1/models").json()["data"][0]["source"].endswith("model.safetensors")
+    assert got.choices[0].text == want.choices[0].text
+
+
+@pytest.mark.slow
+def test_serve_cli_serves_until_terminated():
+    proc = subprocess.Popen([sys.executable, "-m", "compiler", "serve", "--model", "tiny-dense", "--port", "0",
+                             "--device", "cpu", "--max-model-len", "64"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "tkcc serve: tiny-dense" in line, proc.stderr.read() if proc.poll() is not None else line
+        url = line.split(" at ")[1].split()[0]
+        c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+        assert c.completions.create(model="tiny-dense", prompt="ab", max_tokens=2, temperature=0).usage.completion_tokens == 2
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) is not None

@@ -87,3 +87,23 @@ def test_block_manager_reserves_shares_and_evicts():
     bm.release(s2)
     assert bm.used_blocks == 0
     assert bm.admit(s4) == "ok" and bm.used_blocks == 3
+
+
+def test_serving_imports_only_torch_and_the_engine_and_the_policy_only_the_stdlib():
+    import ast
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).parents[2]
+
+    def roots(path):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                yield from (a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                yield (node.module or "").split(".")[0]
+
+    std = set(sys.stdlib_module_names) | {"__future__"}
+    for f in (root / "persistent_engine/serving").glob("*.py"):
+        assert set(roots(f)) <= std | {"torch", "persistent_engine"}, f
+    assert set(roots(root / "traffic_profiles/scheduler.py")) <= std
