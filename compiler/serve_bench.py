@@ -97,13 +97,8 @@ def _server_info(client: httpx.Client, model: str | None) -> dict:
     return info
 
 
-def _requests(opts: BenchOptions, max_len: int | None) -> list[tuple[float, int, int]]:
+def _requests(opts: BenchOptions, trace, max_len: int | None) -> list[tuple[float, int, int]]:
     """(arrival s, input tokens, output tokens) of the replayed requests, arrivals divided by the rate."""
-    from traffic_profiles import read_trace
-
-    if not opts.rate > 0:
-        raise BenchError(f"--rate must be > 0, not {opts.rate}")
-    trace = read_trace(opts.traffic)
     ts = trace.timestamp_s - (trace.timestamp_s[0] if trace.rows else 0.0)
     out = []
     for t, i, o in zip(ts.tolist(), trace.input_tokens.tolist(), trace.output_tokens.tolist()):
@@ -114,9 +109,9 @@ def _requests(opts: BenchOptions, max_len: int | None) -> list[tuple[float, int,
             i = min(i, opts.max_input)
         if opts.max_output:
             o = min(o, opts.max_output)
-        if max_len:
-            i = min(i, max_len // 2)
-            o = min(o, max_len - i)
+        if max_len:                                          # the server's context: prompt + output
+            i = min(i, max_len - 2)
+            o = max(1, min(o, max_len - i))
         out.append((t / opts.rate, i, o))
     if not out:
         raise BenchError(f"no requests to replay from {opts.traffic}")
@@ -238,11 +233,16 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
 
 
 def run_bench(opts: BenchOptions, progress: TextIO | None = None) -> dict:
+    from traffic_profiles import read_trace
+
+    if not opts.rate > 0 or opts.max_requests < 1:
+        raise BenchError(f"--rate must be > 0 and --max-requests >= 1, not {opts.rate} and {opts.max_requests}")
+    trace = read_trace(opts.traffic)
     base = _base(opts.url)
     with httpx.Client(base_url=base, timeout=30) as c:
         info = _server_info(c, opts.model)
     model = info["id"]
-    reqs = _requests(opts, info.get("max_model_len"))
+    reqs = _requests(opts, trace, info.get("max_model_len"))
     step = calibrate(base, model, opts.timeout_s, info.get("max_model_len")) if opts.predict else None
     results, wall = asyncio.run(_replay(base, model, reqs, opts.seed, opts.timeout_s, progress))
     ok = [r for r in results if r.error is None]
