@@ -120,7 +120,7 @@ class ServingEngine:
         self.requests: dict[Any, _Request] = {}
         self.steps = 0
         self.decode_fn = torch.compile(model.step) if cfg.compile else model.step     # dynamic after a recompile
-        self.graphs = _DecodeGraphs(self) if cfg.cuda_graph_batch_sizes and cfg.device != "cpu" else None
+        self.graphs = _DecodeGraphs(self) if cfg.cuda_graph_batch_sizes else None
 
     # ------------------------------------------------------------- requests
     def add(self, rid: Any, prompt: list[int], params: SamplingParams, arrival: float | None = None) -> None:
@@ -234,19 +234,24 @@ class _DecodeGraphs:
     """CUDA graphs of the decode forward, one per (batch size of ``cuda_graph_batch_sizes``, block-table
     width), over static input buffers. Widths are 1/8, 1/4, 1/2 and all of ``max_blocks``: attention
     reads every column of the table it is given, so short contexts replay a narrow graph. Captured
-    largest first in one memory pool; cost: sizes x 4 captures at start-up."""
+    largest first in one memory pool; cost: sizes x 4 captures at start-up. On CPU nothing is captured:
+    ``run`` calls the forward on the same static, padded buffers (the CPU test of this logic)."""
 
     def __init__(self, engine: ServingEngine):
         self.engine = engine
         self.sizes = sorted(engine.cfg.cuda_graph_batch_sizes)
         mb = engine.max_blocks
         self.widths = sorted({max(1, mb // d) for d in (8, 4, 2, 1)})
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Workload, torch.Tensor]] = {}
-        pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, Workload, torch.Tensor | None]] = {}
+        capture = engine.cfg.device != "cpu"
+        pool = torch.cuda.graph_pool_handle() if capture else None
         for b in reversed(self.sizes):
             for w in reversed(self.widths):
                 wl = engine._workload("decode", [0] * b, [0] * b, [0] * b, [[SCRATCH_BLOCK] * w] * b,
                                       [1] * b, list(range(b + 1)), list(range(b)))
+                if not capture:
+                    self.graphs[(b, w)] = (None, wl, None)
+                    continue
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
@@ -276,5 +281,7 @@ class _DecodeGraphs:
         wl.slot_mapping.copy_(torch.tensor(slots + [0] * pad), non_blocking=True)
         wl.context_lens.copy_(torch.tensor(ctx + [1] * pad, dtype=torch.int32), non_blocking=True)
         wl.cache.block_tables.copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
+        if g is None:
+            return self.engine.decode_fn(wl)[:n]
         g.replay()
         return out[:n]

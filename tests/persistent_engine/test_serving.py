@@ -107,3 +107,19 @@ def test_serving_imports_only_torch_and_the_engine_and_the_policy_only_the_stdli
     for f in (root / "persistent_engine/serving").glob("*.py"):
         assert set(roots(f)) <= std | {"torch", "persistent_engine"}, f
     assert set(roots(root / "traffic_profiles/scheduler.py")) <= std
+
+
+def test_decode_graph_buffers_pad_and_bucket_like_eager(model):
+    """The CUDA-graph path's logic on CPU: static buffers per (batch size, table width), padded rows
+    writing to the scratch block; outputs equal the eager engine's."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 17, 30)]
+    outs = []
+    for sizes in ((), (2, 4)):
+        eng = engine(model, block_size=4, max_model_len=64, cuda_graph_batch_sizes=sizes, budget=64)
+        for i, p in enumerate(prompts):
+            eng.add(i, p, SamplingParams(max_tokens=6, temperature=0))
+        outs.append(run(eng))
+        if sizes:
+            assert sorted(eng.graphs.graphs) == [(b, w) for b in (2, 4) for w in (2, 4, 8, 16)]
+    assert outs[0] == outs[1]
