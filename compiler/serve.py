@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
