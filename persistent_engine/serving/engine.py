@@ -119,7 +119,7 @@ class ServingEngine:
         self.scheduler = make_scheduler(self.kv)
         self.requests: dict[Any, _Request] = {}
         self.steps = 0
-        self.decode_fn = torch.compile(model.step) if cfg.compile else model.step     # dynamic after a recompile
+        self.decode_fn = torch.compile(model.step, dynamic=True) if cfg.compile else model.step   # one compile, all sizes
         self.graphs = _DecodeGraphs(self) if cfg.cuda_graph_batch_sizes else None
 
     # ------------------------------------------------------------- requests

@@ -241,3 +241,22 @@ def test_serve_cli_serves_until_terminated():
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) is not None
+
+
+@pytest.mark.skipif(not hasattr(__import__("compiler.plan").plan, "verify_plan_files"),
+                    reason="plan hash verification (issue 21) not merged yet")
+def test_a_plan_with_an_edited_kernel_is_refused(tmp_path, capsys):
+    from compiler import plan as plan_mod
+    from compiler.cli import main
+
+    opt = plan_mod.Optimization(name="silu", targets=("silu_and_mul",), speedup={"fast": 1.0, "slow": 1.0},
+                                kernel="kernels/fixture.py")
+    plan = plan_mod.Plan(model="tiny-dense", hw="cpu", detected_device={"kind": "cpu"}, software={},
+                         traffic={"source": "t", "hash": "x", "summary": {}}, workload_points=(),
+                         optimizations=(opt,), plan_speedup={"fast": 1.0, "slow": 1.0})
+    vdir = plan_mod.write_version(tmp_path, plan, sources={"kernels/fixture.py": PLAN_KERNEL},
+                                  composed_source=PLAN_KERNEL, profile=None)
+    (vdir / "kernels" / "composed.py").write_text(PLAN_KERNEL + "\nOVERRIDES = {}\n")
+    assert main(["serve", "--plan", str(tmp_path), "--port", "0", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "composed.py" in err and len(err.strip().splitlines()) == 1
