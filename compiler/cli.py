@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "compiler.cmd_engine",       # engine serve
     "compiler.cmd_ui",           # ui
     "compiler.cmd_doctor",       # doctor
+    "compiler.cmd_serve",        # serve, bench serve
 ]
 
 

@@ -35,6 +35,7 @@ ALIASES = {
     "minimax": "minimax.json",
     "deepseek": "deepseek.json",
     "kimi": "kimi.json",
+    "smollm2-135m": "smollm2-135m.json",
     "tiny-dense": "tiny-dense.json",
     "tiny-moe": "tiny-moe.json",
     "tiny-mla": "tiny-mla.json",
