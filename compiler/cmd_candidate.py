@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import sys
 
+from compiler.validate import count, input_file, positive_float
+
 
 class CandidateInputError(ValueError):
     user_error = True
@@ -28,8 +30,8 @@ def register(subparsers) -> None:
     c.add_argument("--layers", default=None, help="N (first N layers) or i,j,k (default: fast tier)")
     c.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     c.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    c.add_argument("--timeout", type=float, default=300.0, help="watchdog seconds for the evaluation")
-    c.add_argument("--samples", type=int, default=0, help="timed samples per point (0: engine default)")
+    c.add_argument("--timeout", type=positive_float, default=300.0, help="watchdog seconds for the evaluation")
+    c.add_argument("--samples", type=count(0), default=0, help="timed samples per point (0: engine default)")
     c.add_argument("--json", action="store_true", help="print one JSON document")
     c.set_defaults(func=check)
 
@@ -51,6 +53,7 @@ def check(args) -> int:
     from persistent_engine.models.spec import ModelSpec
     from persistent_engine.supervisor import Supervisor
 
+    input_file(args.file, "candidate file")
     with open(args.file, encoding="utf-8", errors="replace") as f:
         source = f.read()
     spec = ModelSpec.from_name(args.model)                 # SpecError: exit 2

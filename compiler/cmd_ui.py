@@ -5,12 +5,7 @@ with another host: the board holds LLM-written code and the UI has no authentica
 
 from __future__ import annotations
 
-import os
-
-
-def board_url(value: str) -> str:
-    """A board URL; a bare path (``out/board.db``) means the SQLite file there."""
-    return value if "://" in value else f"sqlite:///{os.path.abspath(value)}"
+from compiler.validate import board_url, port
 
 
 def register(subparsers) -> None:
@@ -18,7 +13,7 @@ def register(subparsers) -> None:
     p.add_argument("--board", default="sqlite:///tkcc.db",
                    help="board URL or SQLite file (default sqlite:///tkcc.db)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8800, help="port (default 8800; 0 picks a free one)")
+    p.add_argument("--port", type=port, default=8800, help="port (default 8800; 0 picks a free one)")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host (the UI has no authentication)")
     p.set_defaults(func=_ui)
