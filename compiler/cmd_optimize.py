@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="alias (llama-1b, glm, tiny-dense...) or config.json")
     p.add_argument("--hw", required=True, help="target hardware for the cost model (h200, b200, cpu...)")
     p.add_argument("--traffic", required=True, help="traffic log (parquet, Azure CSV, Mooncake JSONL...)")
-    p.add_argument("--budget", default="10m", help="search time (default 10m)")
+    p.add_argument("--budget", default="10m", help="wall time of the whole run: start-up, baseline, search, "
+                                                    "composition, writing (default 10m)")
     p.add_argument("--agents", default="offline:4", help="e.g. offline:4, anthropic:2, files:DIR")
     p.add_argument("--board", default=None, help="board URL (default sqlite:///OUT/board.db)")
     p.add_argument("--out", default=None, help="plan root directory, versions inside (default plans/<model>)")
@@ -120,7 +121,7 @@ def _optimize(args: argparse.Namespace) -> int:
     output_dir(out)
     if args.board is not None:
         args.board = board_url(args.board)
-    cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget,
+    cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget, wall_s=budget,
                          agents=args.agents, board=args.board, device=args.device,
                          fast_layers=args.fast_layers, slow_layers=args.slow_layers, fleet=args.fleet,
                          ray_address=args.ray_address, max_points=args.max_points,
@@ -159,7 +160,7 @@ def _recompile(args: argparse.Namespace) -> int:
         args.board = board_url(args.board)
     res = recompile(args.plan, args.traffic, budget_s=budget, force=args.force,
                     agents=args.agents, device=args.device, board=args.board, fleet=args.fleet,
-                    quiet=args.quiet or args.json)
+                    quiet=args.quiet or args.json, wall_s=budget)
     drifted = [f["name"] for f in res.features if f.get("drifted")]
     if res.result is None:
         if args.json:
