@@ -248,12 +248,12 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
         progress.event(f"target --hw {cfg.hw} differs from the detected device {device['name']} "
                        f"({device['kind']}): measuring on {device['kind']}, projecting for {cfg.hw}; both recorded")
 
-    from bulletin_board import Board
+    from compiler.validate import board_url as checked_board_url, open_board
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = continued(cfg, out, progress)
-    board_url = cfg.board or f"sqlite:///{(out / 'board.db').resolve()}"
-    board = Board(board_url)
+    board_url = checked_board_url(cfg.board or f"sqlite:///{(out / 'board.db').resolve()}")
+    board = open_board(board_url)
     cfg, dead = _recovered(cfg, board, progress)
     run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
