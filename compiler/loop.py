@@ -241,6 +241,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     agents = make_agents(cfg.agents, device["kind"])
+    startup_s = budget.startup_timeout(900.0)    # before the board: a budget too short to start writes nothing
 
     stop = threading.Event()
     progress = Progress(deadline, quiet=cfg.quiet, started=t_start)
@@ -270,7 +271,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     from compiler.fleet import FleetConfig
     fleet_cfg = FleetConfig(model=cfg.model, points=tuple(points), fast_layers=tuple(fast_layers),
                             slow_layers=tuple(slow_layers), devices=tuple(device["devices"]),
-                            timeout_s=cfg.timeout_s, start_timeout_s=budget.startup_timeout(900.0))
+                            timeout_s=cfg.timeout_s, start_timeout_s=startup_s)
     interrupted = False
     accepted_log: list[Accepted] = []
     baseline: dict = {}
@@ -303,7 +304,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 if max(noise.values()) > 0.25:
                     progress.event("warning: timing noise above 25% (a busy machine?); only large gains can be accepted")
                 deadline = min(time.monotonic() + cfg.budget_s, budget.search_end)   # budget_s: the search's
-                progress.deadline = deadline
+                progress.deadline = budget.end if cfg.wall_s is not None else deadline
 
                 def on_accept(a: Accepted) -> None:
                     progress.accepted(a.slow)
