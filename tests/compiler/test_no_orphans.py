@@ -35,6 +35,13 @@ def descendants_of(pid: int) -> list[int]:
     return found
 
 
+def running(pid: int) -> bool:
+    try:
+        return b") Z" not in Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+
+
 def kill_at(tmp_path, when: str) -> tuple[int, list[str]]:
     """Starts a tiny optimize run, SIGKILLs it at ``when`` (an engine spawned / a phase line), returns
     its pid and what it had printed."""
@@ -135,5 +142,31 @@ def test_watch_parent_kills_the_child_when_its_parent_dies(tmp_path):
         else:
             os.kill(grandchild, signal.SIGKILL)
             pytest.fail("the grandchild outlived its parent by 2 s")
+    finally:
+        parent.kill()
+
+
+def test_an_isolated_child_dies_with_the_orchestrator(tmp_path):
+    """compiler.isolated's spawned child (the plan's per-op profile after the fleet closed) watches its
+    parent too: a SIGKILL of the orchestrator during the writing phase leaves nothing behind."""
+    script = ("import time\nfrom compiler.isolated import run_isolated\n"
+              "run_isolated(time.sleep, 60, timeout_s=120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60 and not [p for p in descendants_of(parent.pid) if p != parent.pid]:
+            time.sleep(0.05)
+        children = descendants_of(parent.pid)
+        assert children, "the isolated child started"
+        time.sleep(1.0)                          # it is in time.sleep now, past its imports
+        parent.kill()
+        parent.wait()
+        killed = time.monotonic()
+        while time.monotonic() - killed < 5 and any(running(c) for c in children):
+            time.sleep(0.05)
+        alive = [c for c in children if running(c)]
+        for c in alive:
+            os.kill(c, signal.SIGKILL)
+        assert alive == [] and time.monotonic() - killed < 2.0
     finally:
         parent.kill()
