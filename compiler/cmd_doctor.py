@@ -110,8 +110,8 @@ def render(r: dict) -> str:
     strays = r.get("stray_engines") or []
     lines.append("stray engines: " + ("none" if not strays else f"{len(strays)} outlived their orchestrator "
                                       "(kill them by pid)"))
-    lines += [f"  pid {s['pid']} (started by {s['parent_pid'] or '?'}, now a child of {s['ppid']}): {s['cmdline'][:120]}"
-              for s in strays]
+    lines += [f"  pid {s['pid']} (started by {s['parent_pid'] or '?'}, now a child of {s['ppid']}): "
+              f"{s['cmdline'][:120]}" for s in strays]
     return "\n".join(lines)
 
 

@@ -12,7 +12,6 @@ leaves no half-written plan).
 from __future__ import annotations
 
 import dataclasses
-
 import datetime as _dt
 import hashlib
 import logging
@@ -212,7 +211,9 @@ def continued(cfg: OptimizeConfig, out: Path, progress: Progress | None = None) 
     try:
         prev, vdir = plan_mod.load(out)
         seeds = plan_mod.seeds_of(prev, vdir)
-    except (plan_mod.PlanError, OSError):
+    except (plan_mod.PlanError, OSError) as e:
+        if progress is not None:             # e.g. a kernel edited after it was written: never a seed
+            progress.event(f"warning: not continuing from the plan in {out}: {e}")
         return cfg
     if prev.model != cfg.model or prev.hw != cfg.hw:
         return cfg
@@ -297,8 +298,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 base_profile = fleet.profile("fast")
                 baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
                 _board_call(board, "set_baseline", run_id, base_profile)
-                noise = measure_noise(fleet.evaluate, cfg.aa_runs, progress.event, budget.baseline_end()) \
-                    if not stop.is_set() else {"fast": 0.05, "slow": 0.05}
+                noise = {"fast": 0.05, "slow": 0.05} if stop.is_set() else \
+                    measure_noise(fleet.evaluate, cfg.aa_runs, progress.event, budget.baseline_end())
                 progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
                                f"slow ±{100 * noise['slow']:.1f}%")
                 if max(noise.values()) > 0.25:
@@ -338,11 +339,13 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 progress.restarts_from(lambda: restarts)
             progress.phase("writing")
             # after Ctrl-C the plan is written at once: no per-op profile of the composition
-            after = {} if interrupted else _op_ms_after(spec, fast_layers, points, composition, device, baseline,
-                                                        _isolated_time(budget, progress, "the per-op profile of the plan"))
+            after = {} if interrupted else _op_ms_after(
+                spec, fast_layers, points, composition, device, baseline,
+                _isolated_time(budget, progress, "the per-op profile of the plan"))
             if cfg.vs_torch_compile and composition is not None and composition.parts and not interrupted:
-                baseline["torch_compile"] = _vs_torch_compile(spec, slow_layers, points, composition, device, progress,
-                                                              _isolated_time(budget, progress, "the torch.compile comparison"))
+                baseline["torch_compile"] = _vs_torch_compile(
+                    spec, slow_layers, points, composition, device, progress,
+                    _isolated_time(budget, progress, "the torch.compile comparison"))
             plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
                                layout_note, baseline, after, noise, composition, accepted_log, interrupted,
                                tried[0], restarts, time.monotonic() - t_start, progress.snapshot().phases)
@@ -454,8 +457,7 @@ def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Any:
 
 
 def _isolated_time(budget: Budget, progress: Progress, what: str, least_s: float = 10.0) -> float:
-    """Seconds an optional child-process measurement of the writing phase may take: the budget's
-    remainder less 3 s for the plan itself (0: left out, with a line saying so)."""
+    """Seconds an optional child measurement of the writing phase may take (0: left out, said so)."""
     left = min(ISOLATED_TIMEOUT_S, budget.left() - 3.0)
     if left < least_s:
         progress.event(f"{what} is left out: {max(left, 0):.0f} s of the budget remain")

@@ -245,8 +245,9 @@ def _check_kernels(doc: dict, vdir: Path) -> None:
             try:
                 compile((vdir / rel).read_bytes(), str(vdir / rel), "exec", dont_inherit=True)
             except (SyntaxError, ValueError) as e:
+                where = f"line {getattr(e, 'lineno', '?')}"
                 raise PlanError(f"plan {vdir}: kernel file {rel} does not parse: "
-                                f"{type(e).__name__}: {getattr(e, 'msg', e)} (line {getattr(e, 'lineno', '?')})") from None
+                                f"{type(e).__name__}: {getattr(e, 'msg', e)} ({where})") from None
 
 
 def load(path: str | os.PathLike) -> tuple[Plan, Path]:

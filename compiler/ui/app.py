@@ -65,7 +65,17 @@ class UIConfig:
     access: Access = Access()            # token and allowed Host names (compiler/ui/access.py)
 
 
-PAGE = Query(1, ge=1, le=views.MAX_PAGE)   # ?page=: 1..MAX_PAGE, else a 400 (never an offset overflow)
+
+
+def page_query() -> Any:
+    """``?page=``: 1..MAX_PAGE, else a 400 (never an offset overflow). A fresh Query per parameter:
+    FastAPI binds a Query object to the parameter it first serves."""
+    return Query(1, ge=1, le=views.MAX_PAGE)
+
+
+def id_query() -> Any:
+    """``?run=``, ``?deployment=``: a 64-bit id, else a 400."""
+    return Query(None, ge=0, le=MAX_ID)
 
 
 class NotFound(Exception):
@@ -164,7 +174,7 @@ def create_app(config: UIConfig) -> FastAPI:
     # -- deployments ---------------------------------------------------------------------------
 
     @app.get("/", response_class=HTMLResponse)
-    def deployments(request: Request, page: int = PAGE, n: int = Query(views.PER_PAGE, ge=1)):
+    def deployments(request: Request, page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         pg = views.pager("/", request.query_params, page, n)
         found = board.list_deployments(sort="-date", limit=pg.per_page, offset=pg.offset)
         pg = views.pager("/", request.query_params, page, n, found.total)
@@ -198,10 +208,10 @@ def create_app(config: UIConfig) -> FastAPI:
         return found, views.pager("/optimizations", request.query_params, page, n, found.total)
 
     @app.get("/optimizations", response_class=HTMLResponse)
-    def optimizations(request: Request, deployment: int | None = Query(None, ge=0, le=MAX_ID), run: int | None = Query(None, ge=0, le=MAX_ID),
+    def optimizations(request: Request, deployment: int | None = id_query(), run: int | None = id_query(),
                       status: str | None = None,
                       op: str | None = None, agent: str | None = None, sort: str = "-speedup",
-                      page: int = PAGE, n: int = Query(views.PER_PAGE, ge=1)):
+                      page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         found, pg = _opt_page(request, deployment, run, status, op, agent, sort, page, n)
         ops, agents = q.optimization_choices()
         return render(request, "optimizations.html", items=found.items, pager=pg, sort=sort,
@@ -209,10 +219,10 @@ def create_app(config: UIConfig) -> FastAPI:
                       statuses=OPTIMIZATION_STATUSES)
 
     @app.get("/api/optimizations")
-    def optimizations_json(request: Request, deployment: int | None = Query(None, ge=0, le=MAX_ID), run: int | None = Query(None, ge=0, le=MAX_ID),
+    def optimizations_json(request: Request, deployment: int | None = id_query(), run: int | None = id_query(),
                            status: str | None = None,
                            op: str | None = None, agent: str | None = None, sort: str = "-speedup",
-                           page: int = PAGE, n: int = Query(views.PER_PAGE, ge=1)):
+                           page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         found, _ = _opt_page(request, deployment, run, status, op, agent, sort, page, n)
         return JSONResponse(found.to_dict())
 
@@ -239,8 +249,8 @@ def create_app(config: UIConfig) -> FastAPI:
     # -- runs ------------------------------------------------------------------------------------
 
     @app.get("/runs", response_class=HTMLResponse)
-    def runs(request: Request, deployment: int | None = Query(None, ge=0, le=MAX_ID), status: str | None = None,
-             page: int = PAGE, n: int = Query(views.PER_PAGE, ge=1)):
+    def runs(request: Request, deployment: int | None = id_query(), status: str | None = None,
+             page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         pg = views.pager("/runs", request.query_params, page, n)
         found = board.list_runs(deployment=deployment, status=status or None, sort="-date",
                                 limit=pg.per_page, offset=pg.offset)
@@ -249,7 +259,7 @@ def create_app(config: UIConfig) -> FastAPI:
                       progress={r.id: views.run_progress(r) for r in found.items})
 
     @app.get("/runs/{rid}", response_class=HTMLResponse)
-    def run(request: Request, rid: int = Path(ge=0, le=MAX_ID), verdict: str | None = None, page: int = PAGE,
+    def run(request: Request, rid: int = Path(ge=0, le=MAX_ID), verdict: str | None = None, page: int = page_query(),
             n: int = Query(views.PER_PAGE, ge=1)):
         r = need(board.get_run(rid), f"run {rid}")
         pg = views.pager(f"/runs/{rid}", request.query_params, page, n)
@@ -272,9 +282,9 @@ def create_app(config: UIConfig) -> FastAPI:
     # -- ideas -----------------------------------------------------------------------------------
 
     @app.get("/ideas", response_class=HTMLResponse)
-    def ideas(request: Request, run: int | None = Query(None, ge=0, le=MAX_ID), status: str | None = None,
+    def ideas(request: Request, run: int | None = id_query(), status: str | None = None,
               target: str | None = None, author: str | None = None, sort: str = "-id",
-              page: int = PAGE, n: int = Query(views.PER_PAGE, ge=1)):
+              page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         sort = _sort(sort, IDEA_SORTS)
         pg = views.pager("/ideas", request.query_params, page, n)
         found = board.list_ideas(run, status=status or None, target=target or None,
@@ -297,7 +307,7 @@ def create_app(config: UIConfig) -> FastAPI:
     # -- drift -----------------------------------------------------------------------------------
 
     @app.get("/drift", response_class=HTMLResponse)
-    def drift(request: Request, deployment: int | None = Query(None, ge=0, le=MAX_ID), page: int = PAGE,
+    def drift(request: Request, deployment: int | None = id_query(), page: int = page_query(),
               n: int = Query(20, ge=1)):
         pg = views.pager("/drift", request.query_params, page, n)
         found = board.list_drift_events(deployment=deployment, sort="-date", limit=pg.per_page,
