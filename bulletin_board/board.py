@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -72,6 +73,21 @@ def _finite(x: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
+
+
+def content_key(*parts: Any) -> str:
+    """An idempotency key from a write's content: sha256 of its canonical JSON, 64 hex digits."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _key(key: str | None) -> str | None:
+    """A caller's idempotency key, checked (1-64 characters) or None."""
+    if key is None:
+        return None
+    key = str(key)
+    if not 0 < len(key) <= 64:
+        raise BoardError(f"an idempotency key has 1 to 64 characters, not {len(key)}")
+    return key
 
 
 def title_key(title: str, target: str | None) -> str:
@@ -142,6 +158,20 @@ class Board(BoardQueries):
     def _insert(self, table):
         return (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(table)
 
+    def _insert_once(self, conn: Connection, table, values: dict, key: str | None, cls, what: str):
+        """INSERT ... RETURNING one record; with an idempotency ``key`` already on the table (a retried
+        write whose first attempt committed) nothing is inserted and the first row is returned."""
+        if key is None:
+            return self._one(conn, insert(table).values(**values).returning(*table.c), cls, what)
+        row = conn.execute(self._insert(table).values(**values, idempotency_key=key)
+                           .on_conflict_do_nothing(index_elements=["idempotency_key"])
+                           .returning(*table.c)).mappings().first()
+        if row is None:
+            row = conn.execute(select(table).where(table.c.idempotency_key == key)).mappings().first()
+        if row is None:
+            raise BoardError(what)
+        return cls.from_row(row)
+
     @staticmethod
     def _one(conn: Connection, stmt, cls, what: str):
         row = conn.execute(stmt).mappings().first()
@@ -168,16 +198,18 @@ class Board(BoardQueries):
                              Deployment, f"no deployment {did}")
 
     def create_run(self, model: str, hw: str, traffic_hash: str = "", *,
-                   config: Mapping[str, Any] | None = None, deployment_name: str = "") -> Run:
-        """A new run (status "running") of the deployment (model, hw, traffic_hash)."""
+                   config: Mapping[str, Any] | None = None, deployment_name: str = "",
+                   idempotency_key: str | None = None) -> Run:
+        """A new run (status "running") of the deployment (model, hw, traffic_hash). The same
+        ``idempotency_key`` again (a retry) returns the run it created instead of a second one."""
         with self._write("create_run") as conn:
             did = self._deployment_id(conn, model, hw, traffic_hash, deployment_name)
-            stmt = insert(T_RUNS).values(
+            values = dict(
                 deployment_id=did, model=model, hw=hw, traffic_hash=traffic_hash, status="running",
                 message="", config=jsonable(dict(config or {})), baseline=None, candidates_tried=0,
                 candidates_accepted=0, best_speedup=None, engine_restarts=0, created_at=db_now(),
-                updated_at=db_now()).returning(*T_RUNS.c)
-            return self._one(conn, stmt, Run, "create_run returned nothing")
+                updated_at=db_now())
+            return self._insert_once(conn, T_RUNS, values, _key(idempotency_key), Run, "create_run returned nothing")
 
     def update_run(self, run: Any, *, status: str | None = None, message: str | None = None,
                    candidates_tried: int | None = None, candidates_accepted: int | None = None,
@@ -321,38 +353,48 @@ class Board(BoardQueries):
     def add_evaluation(self, candidate: Any, tier: str, point: Mapping[str, Any] | None,
                        metrics: Mapping[str, Any], verdict: str, reasons: Sequence[str] = (),
                        device: str = "", versions: Mapping[str, Any] | None = None,
-                       timing_method: str = "") -> Evaluation:
+                       timing_method: str = "", idempotency_key: str | None = None) -> Evaluation:
         """Record one measurement of a candidate: ``tier`` ("fast", "slow", ...), the workload
         ``point`` (dict, or None for all points), ``metrics`` (dict; ``metrics["speedup"]`` is also
         stored as a sortable column), ``verdict`` (e.g. "correct", "rejected"), ``reasons``,
-        ``device``, software ``versions`` and the ``timing_method``."""
+        ``device``, software ``versions`` and the ``timing_method``.
+
+        Idempotent: a retried write (same ``idempotency_key``; by default a hash of everything
+        recorded, so the very same measurement) returns the first row and adds none."""
         cid = id_of(candidate)
         metrics = jsonable(dict(metrics))
+        key = _key(idempotency_key) or content_key(
+            "evaluation", cid, tier, None if point is None else jsonable(dict(point)), metrics, verdict,
+            [str(r) for r in reasons], device, jsonable(dict(versions or {})), timing_method)
         with self._write("add_evaluation") as conn:
             rid = conn.execute(select(T_CANDIDATES.c.run_id)
                                .where(T_CANDIDATES.c.id == cid)).scalar_one_or_none()
             if rid is None:
                 raise BoardError(f"add_evaluation: no candidate {cid}")
-            stmt = insert(T_EVALUATIONS).values(
+            values = dict(
                 candidate_id=cid, run_id=rid, tier=tier,
                 point=None if point is None else jsonable(dict(point)), metrics=metrics,
                 speedup=_finite(metrics.get("speedup")), verdict=verdict,
                 reasons=[str(r) for r in reasons], device=device,
                 versions=jsonable(dict(versions or {})), timing_method=timing_method,
-                created_at=db_now()).returning(*T_EVALUATIONS.c)
-            return self._one(conn, stmt, Evaluation, "add_evaluation returned nothing")
+                created_at=db_now())
+            return self._insert_once(conn, T_EVALUATIONS, values, key, Evaluation, "add_evaluation returned nothing")
 
     # -- accepted optimizations and drift ---------------------------------------------------------
 
     def add_optimization(self, run: Any, candidate: Any, name: str, targets: Sequence[str],
                          speedups: Mapping[str, float], per_point: Sequence[Mapping] = (),
-                         plan_version: int = 1, status: str = "active") -> Optimization:
+                         plan_version: int = 1, status: str = "active",
+                         idempotency_key: str | None = None) -> Optimization:
         """Record an accepted optimization: ``speedups`` as ``{"fast": x, "slow": y}``,
-        ``per_point`` (list of dicts), the plan version it went into, status active|retired."""
+        ``per_point`` (list of dicts), the plan version it went into, status active|retired.
+        Idempotent: one row per (run, candidate, name, plan version) unless another
+        ``idempotency_key`` is given; a retry returns the first row."""
         if status not in OPTIMIZATION_STATUSES:
             raise BoardError(f"add_optimization: status must be active or retired, not {status!r}")
         rid, cid = id_of(run), id_of(candidate)
         targets = [str(x) for x in targets]
+        key = _key(idempotency_key) or content_key("optimization", rid, cid, name, int(plan_version))
         with self._write("add_optimization") as conn:
             did = conn.execute(select(T_RUNS.c.deployment_id)
                                .where(T_RUNS.c.id == rid)).scalar_one_or_none()
@@ -360,14 +402,15 @@ class Board(BoardQueries):
                                   .where(T_CANDIDATES.c.id == cid)).scalar_one_or_none()
             if did is None or author is None:
                 raise BoardError(f"add_optimization: no run {rid} or no candidate {cid}")
-            stmt = insert(T_OPTIMIZATIONS).values(
+            values = dict(
                 run_id=rid, deployment_id=did, candidate_id=cid, name=name, author=author,
                 targets=targets, targets_key="," + ",".join(targets) + ",",
                 speedups=jsonable(dict(speedups)), speedup_fast=_finite(speedups.get("fast")),
                 speedup_slow=_finite(speedups.get("slow")), per_point=jsonable(list(per_point)),
                 plan_version=int(plan_version), status=status, created_at=db_now(),
-                updated_at=db_now()).returning(*T_OPTIMIZATIONS.c)
-            return self._one(conn, stmt, Optimization, "add_optimization returned nothing")
+                updated_at=db_now())
+            return self._insert_once(conn, T_OPTIMIZATIONS, values, key, Optimization,
+                                     "add_optimization returned nothing")
 
     def set_optimization_status(self, optimization: Any, status: str) -> Optimization:
         """Retire (or re-activate) an accepted optimization."""

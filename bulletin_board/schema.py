@@ -82,6 +82,7 @@ class RunRow(Base):
     best_speedup: Mapped[float | None] = mapped_column(Float, nullable=True)
     engine_restarts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
+    idempotency_key: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True, index=True)
     updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -179,6 +180,7 @@ class EvaluationRow(Base):
     versions: Mapped[dict] = mapped_column(JSON)
     timing_method: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[float] = mapped_column(Float)
+    idempotency_key: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True, index=True)
 
 
 class OptimizationRow(Base):
@@ -201,6 +203,7 @@ class OptimizationRow(Base):
     plan_version: Mapped[int] = mapped_column(Integer, default=1)
     status: Mapped[str] = mapped_column(String(20), default="active")
     created_at: Mapped[float] = mapped_column(Float)
+    idempotency_key: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True, index=True)
     updated_at: Mapped[float] = mapped_column(Float)
 
 

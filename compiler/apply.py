@@ -90,6 +90,22 @@ def torch_dtype(name: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
+def _load_verified(kfile: Path, sha256: str) -> Any:
+    """Imports the kernel file's bytes only if they still hash to ``sha256``: read once, checked, and
+    imported from a private copy, so a file swapped after ``plan.load`` verified it is never run."""
+    import hashlib
+    import tempfile
+
+    data = kfile.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise plan_mod.PlanError(f"plan {kfile.parent.parent}: kernel file kernels/{kfile.name} does not match "
+                                 "its sha256 in plan.json (edited after the plan was written); refused")
+    with tempfile.TemporaryDirectory(prefix="tkcc-plan-") as d:
+        private = Path(d) / kfile.name
+        private.write_bytes(data)
+        return load_module(private)
+
+
 def load(path: str | Path) -> LoadedPlan:
     """Loads and validates a plan (root or version directory) and imports its composed kernels."""
     plan, vdir = plan_mod.load(path)
@@ -98,7 +114,7 @@ def load(path: str | Path) -> LoadedPlan:
         if plan.optimizations:
             raise plan_mod.PlanError(f"corrupt plan {vdir}: kernels/{plan_mod.COMPOSED_KERNEL} is missing")
         return LoadedPlan(vdir, plan, {}, {})
-    module = load_module(kfile)
+    module = _load_verified(kfile, plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", ""))
     overrides = getattr(module, "OVERRIDES", None)
     if not isinstance(overrides, dict):
         raise plan_mod.PlanError(f"corrupt plan {vdir}: {kfile.name} defines no OVERRIDES dict")

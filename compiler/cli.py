@@ -27,8 +27,15 @@ COMMAND_MODULES = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors as one line (``tkcc optimize: error: ...``), exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tkcc", description="tkcc: a continuous compiler for LLM inference")
+    parser = Parser(prog="tkcc", description="tkcc: a continuous compiler for LLM inference")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -42,8 +49,11 @@ def is_user_error(e: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from compiler.validate import finite_floats
+
     args = build_parser().parse_args(argv)
     try:
+        finite_floats(args)
         rc = args.func(args)
     except KeyboardInterrupt:
         print("tkcc: interrupted", file=sys.stderr)

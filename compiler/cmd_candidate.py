@@ -4,18 +4,41 @@ Judges one candidate file the way the optimize loop does: static checks here (no
 for a source the policy refuses), then an engine for the slice under a supervisor, and one
 ``evaluate`` (load, verify, bench, spot re-check) with a watchdog of ``--timeout`` seconds. A
 candidate that crashes or hangs the engine is rejected with the reason; this command never crashes
-with it. ``--json``: ``correct``, ``reasons``, ``speedup`` (+ ``per_point``, ``timings``,
-``restarted``, ``startup``). Exit 0 correct, 1 rejected, 2 bad input.
+with it. ``--json``: ``correct``, ``reasons``, ``speedup`` (+ ``applicable``, ``not_called``,
+``per_point``, ``timings``, ``restarted``, ``startup``). Exit 0 correct, 1 rejected, 2 bad input.
+
+``correct`` says only whether the code is correct. A correct override of an op this model never calls
+(the engine's "kernel actually ran" guard) is ``correct: true`` with ``applicable: false`` and its ops
+in ``not_called`` (exit 0, speedup null: there is nothing to time on this model).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+
+from compiler.validate import count, input_file, positive_float
 
 
 class CandidateInputError(ValueError):
     user_error = True
+
+
+# the engine's reason for an override of an op the model never calls (persistent_engine guards.never_called)
+_NOT_CALLED = re.compile(r"override (\S+) never called: the model does not call")
+
+
+def applicability(result: dict) -> dict:
+    """``result`` with ``applicable`` and ``not_called`` split off the reasons: an override of an op the
+    model does not call at any point says nothing against the code (its op-level checks ran and the
+    slice's outputs matched, or the engine would have stopped earlier)."""
+    not_called = [m.group(1) for r in result["reasons"] if (m := _NOT_CALLED.search(r))]
+    others = [r for r in result["reasons"] if not _NOT_CALLED.search(r)]
+    out = {**result, "not_called": not_called, "applicable": not not_called}
+    if not_called and not others:
+        out.update(correct=True, reasons=[])
+    return out
 
 
 def register(subparsers) -> None:
@@ -28,8 +51,8 @@ def register(subparsers) -> None:
     c.add_argument("--layers", default=None, help="N (first N layers) or i,j,k (default: fast tier)")
     c.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     c.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    c.add_argument("--timeout", type=float, default=300.0, help="watchdog seconds for the evaluation")
-    c.add_argument("--samples", type=int, default=0, help="timed samples per point (0: engine default)")
+    c.add_argument("--timeout", type=positive_float, default=300.0, help="watchdog seconds for the evaluation")
+    c.add_argument("--samples", type=count(0), default=0, help="timed samples per point (0: engine default)")
     c.add_argument("--json", action="store_true", help="print one JSON document")
     c.set_defaults(func=check)
 
@@ -51,6 +74,7 @@ def check(args) -> int:
     from persistent_engine.models.spec import ModelSpec
     from persistent_engine.supervisor import Supervisor
 
+    input_file(args.file, "candidate file")
     with open(args.file, encoding="utf-8", errors="replace") as f:
         source = f.read()
     spec = ModelSpec.from_name(args.model)                 # SpecError: exit 2
@@ -66,19 +90,22 @@ def check(args) -> int:
     from persistent_engine.ops import registry     # torch: only once the input is known good
     op_params = {n: param_names(inspect.signature(registry.get(n).reference)) for n in registry.names()}
     reasons = static_check(source, op_params)
-    result: dict = {"correct": False, "reasons": reasons, "speedup": None, "per_point": [],
-                    "timings": {}, "restarted": False, "startup": {}}
+    result: dict = {"correct": False, "reasons": reasons, "speedup": None, "applicable": True, "not_called": [],
+                    "per_point": [], "timings": {}, "restarted": False, "startup": {}}
     if not reasons:
         with Supervisor(args.model, layers, device, dtype=args.dtype, auto_restart=False,
                         log=None if args.json else (lambda line: print(line, file=sys.stderr))) as sup:
             verdict = sup.evaluate(source, timeout_s=args.timeout, samples=args.samples)
             result.update(verdict.to_dict())
             result["startup"] = sup.startup
+        result = applicability(result)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"candidate: {args.file}")
         print(f"correct:   {'yes' if result['correct'] else 'no'}")
+        if not result["applicable"]:
+            print(f"no effect on {spec.name}: it never calls {', '.join(result['not_called'])}")
         for r in result["reasons"]:
             print(f"  - {r}")
         if result["speedup"] is not None:

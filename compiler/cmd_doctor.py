@@ -2,7 +2,8 @@
 
 Detected devices (name, memory, compute capability), Python / torch / Triton / CUDA / driver
 versions, and which optional parts are present: Ray (many machines), the PostgreSQL driver (a shared
-board), the LLM SDKs and whether their API keys are set (the values are never printed).
+board), the LLM SDKs and whether their API keys are set (the values are never printed), and any engine
+process that outlived the orchestrator that started it (``stray_engines``: pid, command line).
 Exit 0; the report is informational.
 """
 
@@ -77,7 +78,14 @@ def collect() -> dict:
         "optional": {label: {"present": _present(mod), "version": _version(dist), "enables": what}
                      for label, mod, dist, what in OPTIONAL},
         "api_keys": {k: bool(os.environ.get(k)) for k in API_KEYS},
+        "stray_engines": _strays(),
     }
+
+
+def _strays() -> list[dict]:
+    """Engine processes that outlived their orchestrator (persistent_engine.lifeline)."""
+    from persistent_engine.lifeline import stray_processes
+    return stray_processes()
 
 
 def render(r: dict) -> str:
@@ -99,6 +107,11 @@ def render(r: dict) -> str:
         state = f"present {o['version'] or ''}".strip() if o["present"] else "absent"
         lines.append(f"  {label:<10} {state:<18} {o['enables']}")
     lines.append("API keys: " + ", ".join(f"{k} {'set' if on else 'not set'}" for k, on in r["api_keys"].items()))
+    strays = r.get("stray_engines") or []
+    lines.append("stray engines: " + ("none" if not strays else f"{len(strays)} outlived their orchestrator "
+                                      "(kill them by pid)"))
+    lines += [f"  pid {s['pid']} (started by {s['parent_pid'] or '?'}, now a child of {s['ppid']}): "
+              f"{s['cmdline'][:120]}" for s in strays]
     return "\n".join(lines)
 
 

@@ -7,6 +7,8 @@ until a ``shutdown`` request. Binds 127.0.0.1 unless ``--host`` and ``--allow-re
 
 from __future__ import annotations
 
+from compiler.validate import port
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("engine", help="run a persistent engine")
@@ -17,7 +19,7 @@ def register(subparsers) -> None:
     s.add_argument("--layers", default=None, help="N (first N layers) or i,j,k (default: fast tier)")
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    s.add_argument("--port", type=int, default=0, help="0: any free port (printed when ready)")
+    s.add_argument("--port", type=port, default=0, help="0: any free port (printed when ready)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
     s.add_argument("--token-file", default=None, help="write the token here (mode 0600)")

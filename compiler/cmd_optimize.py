@@ -21,16 +21,20 @@ import sys
 from pathlib import Path
 
 
-class UsageError(ValueError):
-    user_error = True
+from compiler.validate import UsageError, board_url, count, input_file, output_dir, positive_float
+
+MAX_BUDGET_S = 7 * 24 * 3600.0
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds."""
+    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds (more than 0, at most a week)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
     if not m:
         raise UsageError(f"bad duration {text!r} (examples: 90s, 10m, 1h)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if not 0 < seconds <= MAX_BUDGET_S:
+        raise UsageError(f"bad duration {text!r}: it must be more than 0 and at most {MAX_BUDGET_S / 3600:g}h")
+    return seconds
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,23 +42,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="alias (llama-1b, glm, tiny-dense...) or config.json")
     p.add_argument("--hw", required=True, help="target hardware for the cost model (h200, b200, cpu...)")
     p.add_argument("--traffic", required=True, help="traffic log (parquet, Azure CSV, Mooncake JSONL...)")
-    p.add_argument("--budget", default="10m", help="search time (default 10m)")
+    p.add_argument("--budget", default="10m", help="wall time of the whole run: start-up, baseline, search, "
+                                                    "composition, writing (default 10m)")
     p.add_argument("--agents", default="offline:4", help="e.g. offline:4, anthropic:2, files:DIR")
     p.add_argument("--board", default=None, help="board URL (default sqlite:///OUT/board.db)")
     p.add_argument("--out", default=None, help="plan root directory, versions inside (default plans/<model>)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--fast-layers", type=int, default=None,
+    p.add_argument("--fast-layers", type=count(1), default=None,
                    help="first N layers for the fast tier (default: one layer of each kind)")
-    p.add_argument("--slow-layers", type=int, default=None,
+    p.add_argument("--slow-layers", type=count(1), default=None,
                    help="first N layers for the slow tier (default 8, fewer where the weights would not fit the GPU)")
     p.add_argument("--fleet", default="local", choices=["local", "ray"])
     p.add_argument("--ray-address", default=None, help="existing Ray cluster (default: RAY_ADDRESS or local)")
-    p.add_argument("--max-points", type=int, default=4, help="workload points measured (heaviest first)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs of the target deployment for the parallelism "
+    p.add_argument("--max-points", type=count(1), default=4, help="workload points measured (heaviest first)")
+    p.add_argument("--gpus", type=count(1), default=None, help="GPUs of the target deployment for the parallelism "
                                                            "layout (default: the GPUs visible, or 1)")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--timeout", type=positive_float, default=None,
                    help="engine watchdog per evaluation, seconds (default: a third of --budget, 120 to 300)")
-    p.add_argument("--aa-runs", type=int, default=3, help="reference-vs-itself runs per tier (noise)")
+    p.add_argument("--aa-runs", type=count(1), default=3, help="reference-vs-itself runs per tier (noise)")
     p.add_argument("--vs-torch-compile", action="store_true",
                    help="also measure the plan against torch.compile of the slow-tier slice")
     p.add_argument("--fresh", action="store_true",
@@ -119,7 +124,11 @@ def _optimize(args: argparse.Namespace) -> int:
 
     budget = parse_duration(args.budget)
     out = args.out or str(Path("plans") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model).stem) or "model"))
-    cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget,
+    input_file(args.traffic, "traffic file")          # kinds of every path before any work starts
+    output_dir(out)
+    if args.board is not None:
+        args.board = board_url(args.board)
+    cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget, wall_s=budget,
                          agents=args.agents, board=args.board, device=args.device,
                          fast_layers=args.fast_layers, slow_layers=args.slow_layers, fleet=args.fleet,
                          ray_address=args.ray_address, max_points=args.max_points,
@@ -153,9 +162,13 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
 def _recompile(args: argparse.Namespace) -> int:
     from compiler.recompile import recompile
 
-    res = recompile(args.plan, args.traffic, budget_s=parse_duration(args.budget), force=args.force,
+    budget = parse_duration(args.budget)
+    input_file(args.traffic, "traffic file")
+    if args.board is not None:
+        args.board = board_url(args.board)
+    res = recompile(args.plan, args.traffic, budget_s=budget, force=args.force,
                     agents=args.agents, device=args.device, board=args.board, fleet=args.fleet,
-                    quiet=args.quiet or args.json)
+                    quiet=args.quiet or args.json, wall_s=budget)
     drifted = [f["name"] for f in res.features if f.get("drifted")]
     if res.result is None:
         if args.json:

@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from compiler.validate import count, input_file, positive_float
+
 TABLE_ROWS = 15
 
 
@@ -27,10 +29,10 @@ def register(sub) -> None:
     p.add_argument("--model", required=True, help="model alias or path to an HF config.json")
     p.add_argument("--hw", required=True, help="hardware name (h100, h200, b200, b300, gb200, gb300, "
                                                 "mi300x, mi355x, cpu) or alias")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs to lay the model out on")
+    p.add_argument("--gpus", type=count(1, 1 << 20), required=True, help="GPUs to lay the model out on")
     p.add_argument("--traffic", help="trace, traffic profile JSON or workload points JSON")
-    p.add_argument("--ttft-ms", type=float, default=None, help="time-to-first-token SLA")
-    p.add_argument("--tpot-ms", type=float, default=None, help="time-per-output-token SLA")
+    p.add_argument("--ttft-ms", type=positive_float, default=None, help="time-to-first-token SLA")
+    p.add_argument("--tpot-ms", type=positive_float, default=None, help="time-per-output-token SLA")
     p.add_argument("--calibration", help="per-class calibration JSON instead of the measured-kernel curves")
     p.add_argument("--allow-quantized", action="store_true",
                    help="let the best config quantize weights below the checkpoint's dtype or the KV cache to fp8")
@@ -75,6 +77,9 @@ def handle(args) -> int:
         v = getattr(args, name)
         if v is not None and v <= 0:
             raise CostModelError(f"--{name.replace('_', '-')} must be > 0, got {v:g}")
+    for flag, path in (("--traffic", args.traffic), ("--calibration", args.calibration)):
+        if path is not None:
+            input_file(path, flag)
     spec = ModelSpec.from_name(args.model)
     hw = get_hardware(args.hw)
     traffic = load_traffic(args.traffic) if args.traffic else None

@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 import sys
 
+from compiler.validate import UsageError as _UsageError
+from compiler.validate import count, input_file, nonneg_float, output_file, positive_float
+
 # Default roofline: H200 at the achievable fractions seen in practice (shared/reference): 0.8 of the
 # 4.8 TB/s datasheet bandwidth and 0.6 of 989 dense BF16 TFLOP/s.
 DEFAULT_BANDWIDTH_GBS = 0.8 * 4800.0
@@ -29,20 +32,20 @@ def register(subparsers) -> None:
     prof.add_argument("file", help="trace (canonical parquet, Azure CSV, Mooncake JSONL, BurstGPT CSV)")
     prof.add_argument("--json", action="store_true", help="print one JSON document")
     prof.add_argument("--out", metavar="PROFILE.json", help="also save the profile here")
-    prof.add_argument("--block-size", type=int, help="tokens per hash_ids block (default: from the file)")
-    prof.add_argument("--lru-blocks", type=int, help="also simulate an LRU prefix cache of N blocks")
+    prof.add_argument("--block-size", type=count(1), help="tokens per hash_ids block (default: from the file)")
+    prof.add_argument("--lru-blocks", type=count(1), help="also simulate an LRU prefix cache of N blocks")
     w = prof.add_argument_group("workload points")
     w.add_argument("--workload", action="store_true", help="replay the trace and print workload points")
     w.add_argument("--model", help="model alias or config.json path (needed with --workload)")
-    w.add_argument("--max-num-seqs", type=int, default=256)
-    w.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    w.add_argument("--kv-capacity-tokens", type=int, help="KV cache size in tokens (default unbounded)")
+    w.add_argument("--max-num-seqs", type=count(1), default=256)
+    w.add_argument("--max-num-batched-tokens", type=count(1), default=8192)
+    w.add_argument("--kv-capacity-tokens", type=count(1), help="KV cache size in tokens (default unbounded)")
     w.add_argument("--no-prefix-caching", action="store_true")
-    w.add_argument("--time-scale", type=float, default=1.0, help="replay N times faster (N x the load)")
-    w.add_argument("--max-points", type=int, default=16)
-    w.add_argument("--bandwidth-gbs", type=float, default=DEFAULT_BANDWIDTH_GBS,
+    w.add_argument("--time-scale", type=positive_float, default=1.0, help="replay N times faster (N x the load)")
+    w.add_argument("--max-points", type=count(1), default=16)
+    w.add_argument("--bandwidth-gbs", type=positive_float, default=DEFAULT_BANDWIDTH_GBS,
                    help=f"achievable memory bandwidth, GB/s (default {DEFAULT_BANDWIDTH_GBS:g}, H200)")
-    w.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS,
+    w.add_argument("--tflops", type=positive_float, default=DEFAULT_TFLOPS,
                    help=f"achievable TFLOP/s (default {DEFAULT_TFLOPS:g}, H200 BF16)")
     prof.set_defaults(func=_profile)
 
@@ -52,13 +55,9 @@ def register(subparsers) -> None:
     diff.add_argument("--json", action="store_true", help="print one JSON document")
     from traffic_profiles.thresholds import DriftThresholds   # light: no pandas
     for name in DriftThresholds.names():
-        diff.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(DriftThresholds, name),
+        diff.add_argument("--" + name.replace("_", "-"), type=nonneg_float, default=getattr(DriftThresholds, name),
                           metavar="X", help=f"threshold (default {getattr(DriftThresholds, name):g})")
     diff.set_defaults(func=_diff)
-
-
-class _UsageError(ValueError):
-    user_error = True
 
 
 # ---------------------------------------------------------------------------- profile
@@ -98,6 +97,9 @@ def _profile(args) -> int:
     from traffic_profiles.profile import _rounded
     if args.lru_blocks is not None and args.lru_blocks < 1:
         raise _UsageError("--lru-blocks must be at least 1")
+    input_file(args.file, "trace")
+    if args.out:
+        output_file(args.out, "--out")
     trace = read_trace(args.file, block_size=args.block_size)
     profile = build_profile(trace, ProfileConfig(lru_blocks=args.lru_blocks))
     doc = profile.to_dict()
@@ -158,6 +160,8 @@ def _profile_table(d: dict) -> str:
 def _diff(args) -> int:
     from traffic_profiles import DriftThresholds, compare, profile_file
     th = DriftThresholds(**{n: getattr(args, n) for n in DriftThresholds.names()})
+    input_file(args.old, "OLD")
+    input_file(args.new, "NEW")
     report = compare(profile_file(args.old), profile_file(args.new), th)
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))

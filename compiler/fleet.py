@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,7 @@ class FleetConfig:
     env: dict = field(default_factory=dict)  # extra environment for engine processes
     # per tier, the engines' input realism (persistent_engine/tier_inputs.py); absent: the defaults
     inputs: dict = field(default_factory=dict)   # {"fast": {...}, "slow": {...}}
+    start_timeout_s: float = 900.0           # an engine not ready by then fails the start (the run's budget)
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:
     """Start one engine for a placement (blocks until it is ready)."""
     from persistent_engine.supervisor import Supervisor
     sup = Supervisor(cfg.model, list(p.layers), p.device, [dict(x) for x in cfg.points], dtype=cfg.dtype,
-                     env={**os.environ, **cfg.env}, inputs=cfg.inputs.get(p.tier), log=lambda line: log.info("%s/%s %s", p.tier, p.device, line))
+                     env={**os.environ, **cfg.env}, inputs=cfg.inputs.get(p.tier), start_timeout_s=cfg.start_timeout_s,
+                     log=lambda line: log.info("%s/%s %s", p.tier, p.device, line))
     sup.start()
     return sup
 
@@ -98,14 +102,25 @@ class Engine:
     def tier(self) -> str:
         return self.placement.tier
 
-    def evaluate(self, source: str, timeout_s: float) -> Any:
+    def evaluate(self, source: str, timeout_s: float, deadline: float = math.inf) -> Any:
+        """``deadline`` (monotonic, the run's budget): no evaluation starts past it, one in flight is cut
+        there, and an engine cut by it is not restarted (the run is ending)."""
         with self.measure_lock:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return failed_verdict("not evaluated: the run's budget is spent")
+            capped = left < timeout_s
             try:
-                return evaluate_with_retry(self.supervisor, source, timeout_s)
+                if capped:
+                    self.supervisor.auto_restart = False
+                return evaluate_with_retry(self.supervisor, source, min(timeout_s, left))
             except Exception as e:  # noqa: BLE001 - the run goes on without this verdict
                 self.failures += 1
                 log.warning("engine %s/%s failed: %s", self.tier, self.placement.device, e)
                 return failed_verdict(f"engine error: {type(e).__name__}: {e}")
+            finally:
+                if capped:
+                    self.supervisor.auto_restart = True
 
     def profile(self) -> dict:
         """The baseline's per-op profile; one retry on a fresh engine if the engine died meanwhile."""
@@ -139,6 +154,7 @@ class LocalFleet:
     def __init__(self, cfg: FleetConfig):
         self.cfg = cfg
         self.engines: list[Engine] = []
+        self.deadline = math.inf             # the run's budget: set by the loop once the fleet is up
         self._free: dict[str, queue.Queue] = {"fast": queue.Queue(), "slow": queue.Queue()}
 
     def start(self) -> "LocalFleet":
@@ -180,7 +196,7 @@ class LocalFleet:
     def evaluate(self, tier: str, source: str) -> Any:
         engine = self._take(tier)
         try:
-            return engine.evaluate(source, self.cfg.timeout_s)
+            return engine.evaluate(source, self.cfg.timeout_s, self.deadline)
         finally:
             self._free[tier].put(engine)
 

@@ -12,6 +12,7 @@ and the imports ``fn`` needs (torch: ~2-5 s).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from typing import Any, Callable
 
 
@@ -19,7 +20,9 @@ class IsolatedError(RuntimeError):
     """The isolated call raised, died or ran out of time (the message says which)."""
 
 
-def _child(conn: Any, fn: Callable, args: tuple, kwargs: dict) -> None:
+def _child(conn: Any, parent: int, fn: Callable, args: tuple, kwargs: dict) -> None:
+    from persistent_engine.lifeline import watch_parent
+    watch_parent(parent)                    # dies with the orchestrator, whatever kills it
     try:
         result = ("ok", fn(*args, **kwargs))
     except BaseException as e:  # noqa: BLE001 - reported to the parent as one line
@@ -32,7 +35,7 @@ def run_isolated(fn: Callable, *args: Any, timeout_s: float | None = None, **kwa
     """``fn(*args, **kwargs)`` in a fresh child process; ``fn`` must be importable by name (module level)."""
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True, name=f"tkcc-{fn.__name__}")
+    proc = ctx.Process(target=_child, args=(send, os.getpid(), fn, args, kwargs), daemon=True, name=f"tkcc-{fn.__name__}")
     proc.start()
     send.close()                            # the parent keeps only its reading end: EOF when the child dies
     name = getattr(fn, "__qualname__", repr(fn))

@@ -12,7 +12,6 @@ leaves no half-written plan).
 from __future__ import annotations
 
 import dataclasses
-
 import datetime as _dt
 import hashlib
 import logging
@@ -25,6 +24,7 @@ from typing import Any, Callable
 
 from compiler import inputs, plan as plan_mod, report
 from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
+from compiler.budget import Budget
 from compiler.compose import Part, compose, select_compatible
 from compiler.isolated import run_isolated
 from compiler.recover import mark_recovered, recovered_seeds
@@ -43,6 +43,7 @@ class OptimizeConfig:
     traffic: str
     out: str
     budget_s: float = 600.0                  # the agents' search time (after the baseline)
+    wall_s: float | None = None              # the whole run's bound (compiler/budget.py); None: unbounded
     agents: str = "offline:4"
     board: str | None = None                 # default: sqlite:///<out>/board.db
     device: str = "auto"
@@ -90,17 +91,19 @@ def _identity_candidate() -> str:
 
 
 def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
-                  on_event: Callable[[str], None] | None = None) -> dict[str, float]:
+                  on_event: Callable[[str], None] | None = None, deadline: float = float("inf")) -> dict[str, float]:
     """Relative A/A spread per tier: the median over ``runs`` of |speedup - 1| of the identity
     candidate (the median, so that one disturbed run, e.g. the engine's first, does not decide).
-    Cost: ``runs`` evaluations per tier."""
+    Cost: ``runs`` evaluations per tier (fewer past ``deadline``, one at least)."""
     import statistics
 
     src = _identity_candidate()
     noise = {}
     for tier in ("fast", "slow"):
         spreads = []
-        for _ in range(max(runs, 1)):
+        for i in range(max(runs, 1)):
+            if i and time.monotonic() > deadline:     # the run's budget: one round per tier at least
+                break
             v = evaluate(tier, src)
             if getattr(v, "correct", False) and getattr(v, "speedup", None):
                 spreads.append(abs(float(v.speedup) - 1.0))
@@ -211,7 +214,9 @@ def continued(cfg: OptimizeConfig, out: Path, progress: Progress | None = None) 
     try:
         prev, vdir = plan_mod.load(out)
         seeds = plan_mod.seeds_of(prev, vdir)
-    except (plan_mod.PlanError, OSError):
+    except (plan_mod.PlanError, OSError) as e:
+        if progress is not None:             # e.g. a kernel edited after it was written: never a seed
+            progress.event(f"warning: not continuing from the plan in {out}: {e}")
         return cfg
     if prev.model != cfg.model or prev.hw != cfg.hw:
         return cfg
@@ -226,7 +231,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     from persistent_engine.models.spec import ModelSpec
 
     t_start = time.monotonic()
-    deadline = t_start + cfg.budget_s
+    budget = Budget(cfg.wall_s, t_start)
+    deadline = min(t_start + cfg.budget_s, budget.end)
     spec = ModelSpec.from_name(cfg.model)
     device = inputs.detect_device(cfg.device)
     hw_doc = inputs.validate_hw(cfg.hw)
@@ -241,19 +247,20 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     agents = make_agents(cfg.agents, device["kind"])
+    startup_s = budget.startup_timeout(900.0)    # before the board: a budget too short to start writes nothing
 
     stop = threading.Event()
-    progress = Progress(deadline, quiet=cfg.quiet)
+    progress = Progress(deadline, quiet=cfg.quiet, started=t_start)
     if not device["matches_hw"]:
         progress.event(f"target --hw {cfg.hw} differs from the detected device {device['name']} "
                        f"({device['kind']}): measuring on {device['kind']}, projecting for {cfg.hw}; both recorded")
 
-    from bulletin_board import Board
+    from compiler.validate import board_url as checked_board_url, open_board
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = continued(cfg, out, progress)
-    board_url = cfg.board or f"sqlite:///{(out / 'board.db').resolve()}"
-    board = Board(board_url)
+    board_url = checked_board_url(cfg.board or f"sqlite:///{(out / 'board.db').resolve()}")
+    board = open_board(board_url)
     cfg, dead = _recovered(cfg, board, progress)
     run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
@@ -270,7 +277,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     from compiler.fleet import FleetConfig
     fleet_cfg = FleetConfig(model=cfg.model, points=tuple(points), fast_layers=tuple(fast_layers),
                             slow_layers=tuple(slow_layers), devices=tuple(device["devices"]),
-                            timeout_s=cfg.timeout_s, inputs=tier_inputs)
+                            timeout_s=cfg.timeout_s, inputs=tier_inputs, start_timeout_s=startup_s)
     tier_info = {t: {"inputs": inputs.inputs_summary(v)} for t, v in tier_inputs.items()}
     interrupted = False
     accepted_log: list[Accepted] = []
@@ -282,7 +289,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     try:
         with _Interrupt(stop, progress):
             progress.phase("starting")
-            fleet = start_fleet(cfg, fleet_cfg)
+            fleet = _start_within(cfg, fleet_cfg, budget)
+            fleet.deadline = budget.compose_end          # no evaluation runs past the composition's end
             progress.restarts_from(fleet.restarts)
             for d in fleet.describe():          # persistent_engine/tolerance.py: each tier's calibrated bound
                 if "routing" in d:              # the routing the tier's routers produce (routing.py)
@@ -299,13 +307,14 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 base_profile = fleet.profile("fast")
                 baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
                 _board_call(board, "set_baseline", run_id, base_profile)
-                noise = measure_noise(fleet.evaluate, cfg.aa_runs, progress.event) if not stop.is_set() else {"fast": 0.05, "slow": 0.05}
+                noise = {"fast": 0.05, "slow": 0.05} if stop.is_set() else \
+                    measure_noise(fleet.evaluate, cfg.aa_runs, progress.event, budget.baseline_end())
                 progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
                                f"slow ±{100 * noise['slow']:.1f}%")
                 if max(noise.values()) > 0.25:
                     progress.event("warning: timing noise above 25% (a busy machine?); only large gains can be accepted")
-                deadline = time.monotonic() + cfg.budget_s           # the budget is the search's
-                progress.deadline = deadline
+                deadline = min(time.monotonic() + cfg.budget_s, budget.search_end)   # budget_s: the search's
+                progress.deadline = budget.end if cfg.wall_s is not None else deadline
 
                 def on_accept(a: Accepted) -> None:
                     progress.accepted(a.slow)
@@ -326,7 +335,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 if interrupted:
                     composition = _unmeasured(acceptor.accepted)
                 else:
-                    composition = acceptor.compose(deadline=time.monotonic() + max(60.0, 0.1 * cfg.budget_s))
+                    composition = acceptor.compose(deadline=min(time.monotonic() + max(60.0, 0.1 * cfg.budget_s),
+                                                                budget.compose_end))
                 interrupted = stop.is_set()              # a Ctrl-C during composition counts too
                 if composition is not None:
                     progress.event(f"composition: kept {len(composition.parts)} of {len(acceptor.accepted)} accepted"
@@ -338,12 +348,17 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 progress.restarts_from(lambda: restarts)
             progress.phase("writing")
             # after Ctrl-C the plan is written at once: no per-op profile of the composition
-            after = {} if interrupted else _op_ms_after(spec, fast_layers, points, composition, device, baseline)
+            after = {} if interrupted else _op_ms_after(
+                spec, fast_layers, points, composition, device, baseline,
+                _isolated_time(budget, progress, "the per-op profile of the plan"))
             if cfg.vs_torch_compile and composition is not None and composition.parts and not interrupted:
-                baseline["torch_compile"] = _vs_torch_compile(spec, slow_layers, points, composition, device, progress)
+                baseline["torch_compile"] = _vs_torch_compile(
+                    spec, slow_layers, points, composition, device, progress,
+                    _isolated_time(budget, progress, "the torch.compile comparison"))
             plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
                                layout_note, baseline, after, noise, composition, accepted_log, interrupted,
-                               tried[0], restarts, time.monotonic() - t_start, tier_info)
+                               tried[0], restarts, time.monotonic() - t_start, tier_info,
+                               progress.snapshot().phases)
             sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
             vdir = plan_mod.write_version(out, plan, sources=sources,
                                           composed_source=composition.source if composition else compose([]),
@@ -440,28 +455,50 @@ def _unmeasured(accepted: list[Accepted]) -> Composition | None:
     return Composition(members, src, float("nan"), float("nan"), (), (("*", "not re-measured: interrupted"),))
 
 
+def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Any:
+    """The fleet, started within the run's budget; engines not ready in time end the run (one line)."""
+    from persistent_engine.supervisor import EngineStartError
+    try:
+        return start_fleet(cfg, fleet_cfg)
+    except EngineStartError as e:
+        if budget.wall_s is not None and budget.left(budget.search_end) <= 1.0:
+            raise budget.not_started(fleet_cfg.start_timeout_s, e) from None
+        raise
+
+
+def _isolated_time(budget: Budget, progress: Progress, what: str, least_s: float = 10.0) -> float:
+    """Seconds an optional child measurement of the writing phase may take (0: left out, said so)."""
+    left = min(ISOLATED_TIMEOUT_S, budget.left() - 3.0)
+    if left < least_s:
+        progress.event(f"{what} is left out: {max(left, 0):.0f} s of the budget remain")
+        return 0.0
+    return left
+
+
 def _op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: Composition | None,
-                 device: dict, baseline: dict) -> dict[str, dict[str, float]]:
+                 device: dict, baseline: dict, timeout_s: float = ISOLATED_TIMEOUT_S) -> dict[str, dict[str, float]]:
     """Per-op time of the fast-tier slice before and after the composed plan, measured the same way
     in a child process (candidate code never runs in the orchestrator; the engine's profile covers the
     reference only)."""
-    if composition is None or not composition.parts:
+    if composition is None or not composition.parts or timeout_s <= 0:
         return {}
     try:
         from compiler.apply import op_times_with
         return run_isolated(op_times_with, spec, layers, points, composition.source,
-                            device="cpu" if device["kind"] == "cpu" else "cuda", timeout_s=ISOLATED_TIMEOUT_S)
+                            device="cpu" if device["kind"] == "cpu" else "cuda", timeout_s=timeout_s)
     except Exception as e:  # noqa: BLE001 - the plot is optional; the plan is not
         log.warning("per-op timing with the plan failed: %s", e)
         return {}
 
 
 def _vs_torch_compile(spec: Any, layers: list[int], points: list[dict], composition: Composition,
-                      device: dict, progress: Progress) -> dict:
+                      device: dict, progress: Progress, timeout_s: float = ISOLATED_TIMEOUT_S) -> dict:
+    if timeout_s <= 0:
+        return {"error": "left out: the run's budget was spent"}
     try:
         from compiler.compare import compare_with_torch_compile
         res = run_isolated(compare_with_torch_compile, spec, layers, points, composition.source,   # a child process
-                           device="cpu" if device["kind"] == "cpu" else "cuda", timeout_s=ISOLATED_TIMEOUT_S)
+                           device="cpu" if device["kind"] == "cpu" else "cuda", timeout_s=timeout_s)
     except Exception as e:  # noqa: BLE001 - a comparison that fails is recorded, the plan stands
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     left_out = [f"{r['point'].get('phase')} b{r['point'].get('batch')}: {r['error']}" for r in res["points"] if "error" in r]
@@ -476,7 +513,8 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
                 fast_layers: list[int], slow_layers: list[int], layout: dict | None, projected: dict | None,
                 layout_note: str, baseline: dict, after: dict, noise: dict, composition: Composition | None,
                 accepted: list[Accepted], interrupted: bool, tried: int, restarts: int,
-                elapsed_s: float, tier_info: dict | None = None) -> plan_mod.Plan:
+                elapsed_s: float, tier_info: dict | None = None,
+                phases: dict | None = None) -> plan_mod.Plan:
     import math
 
     taken: set[str] = set()
@@ -515,7 +553,8 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
                   "op_ms_after": after.get("after") or {}, "noise": noise,
                   "torch_compile": baseline.get("torch_compile"),
                   "profile": baseline.get("profile")},
-        run={"budget_s": cfg.budget_s, "elapsed_s": round(elapsed_s, 1), "interrupted": interrupted,
+        run={"budget_s": cfg.budget_s, "wall_s": cfg.wall_s, "phases_s": dict(phases or {}),
+             "elapsed_s": round(elapsed_s, 1), "interrupted": interrupted,
              "tried": tried, "accepted": len(accepted), "restarts": restarts, "agents": cfg.agents,
              "fleet": cfg.fleet, "layout_note": layout_note, "origin": _origin(cfg)},
         parent_version=cfg.parent_version,

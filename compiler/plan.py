@@ -8,6 +8,12 @@ A plan root directory (``--out DIR``) holds one sub-directory per version::
     DIR/v1/kernels/<name>.py    each accepted candidate source
     DIR/v1/kernels/composed.py  all accepted overrides in one candidate file (what ``plan apply`` loads)
     DIR/v1/report.md + plots/   the readable report
+
+Plans are content-addressed: ``plan.json`` records the sha256 of every file under ``kernels/``
+(``kernel_sha256``). ``verify_plan_files`` checks them (and that each kernel parses, without running
+it); ``load`` calls it, so ``plan apply``, ``recompile``, the benchmarks and serving refuse a plan whose
+kernel files were edited, removed or added after it was written (one line naming the file, exit 2)
+and never import one.
     DIR/v2/...                  written by ``tkcc recompile`` beside the old one
 
 A version directory is built under a temporary name and renamed into place in one ``os.rename``,
@@ -17,6 +23,7 @@ so a reader never sees a half-written plan (a crash leaves only a ``.tmp-*`` dir
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -89,6 +96,7 @@ class Plan:
     version: int = 0
     parent_version: int | None = None
     created_at: str = ""
+    kernel_sha256: dict = field(default_factory=dict)   # "kernels/x.py" -> sha256 hex of its bytes
     schema: str = SCHEMA
 
     def to_dict(self) -> dict:
@@ -107,7 +115,8 @@ class Plan:
                    projected=d.get("projected"), tiers=dict(d.get("tiers") or {}),
                    baseline=dict(d.get("baseline") or {}), run=dict(d.get("run") or {}),
                    version=int(d["version"]), parent_version=d.get("parent_version"),
-                   created_at=str(d.get("created_at", "")), schema=str(d.get("schema", SCHEMA)))
+                   created_at=str(d.get("created_at", "")), kernel_sha256=dict(d.get("kernel_sha256") or {}),
+                   schema=str(d.get("schema", SCHEMA)))
 
 
 # ---------------------------------------------------------------- validation
@@ -180,9 +189,20 @@ def root_of(version_dir: str | os.PathLike) -> Path:
     return version_dir.parent if _VERSION_DIR.match(version_dir.name) else version_dir
 
 
-def load(path: str | os.PathLike) -> tuple[Plan, Path]:
-    """Reads and validates a plan; returns it with the version directory it came from."""
-    vdir = resolve(path)
+def sha256_file(path: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def kernel_files(vdir: str | os.PathLike) -> list[str]:
+    """Every file under ``vdir/kernels`` as a path relative to ``vdir`` (``kernels/x.py``), sorted."""
+    kdir = Path(vdir) / "kernels"
+    if not kdir.is_dir():
+        return []
+    return sorted(p.relative_to(vdir).as_posix() for p in kdir.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts)
+
+
+def _read_doc(vdir: Path) -> dict:
     f = vdir / PLAN_FILE
     try:
         doc = json.loads(f.read_text())
@@ -190,12 +210,59 @@ def load(path: str | os.PathLike) -> tuple[Plan, Path]:
         raise PlanError(f"corrupt plan {f}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise PlanError(f"cannot read plan {f}: {e}") from None
+    return doc
+
+
+def verify_plan_files(plan_dir: str | os.PathLike) -> tuple["Plan", Path]:
+    """The plan at ``plan_dir`` (a root or a version directory) and its version directory, once every
+    kernel file matches the sha256 that ``plan.json`` records for it and parses as Python (compiled,
+    never executed). Raises ``PlanError`` with one line naming the first file that is missing, edited,
+    unlisted or broken, or the plan.json problem. Apply, recompile and serving call this (through
+    ``load``) before anything imports a kernel; cost: one read + sha256 per kernel file."""
+    return load(plan_dir)
+
+
+def _check_kernels(doc: dict, vdir: Path) -> None:
+    recorded = doc.get("kernel_sha256")
+    if not isinstance(recorded, dict):
+        raise PlanError(f"plan {vdir} records no kernel hashes (kernel_sha256); it cannot be verified "
+                        "and is refused (write it again with tkcc optimize)")
+    present = kernel_files(vdir)
+    for rel in sorted(recorded):
+        path = vdir / rel
+        if not isinstance(rel, str) or not rel.startswith("kernels/") or ".." in Path(rel).parts:
+            raise PlanError(f"plan {vdir}: kernel_sha256 names {rel!r}, not a file under kernels/")
+        if not path.is_file():
+            raise PlanError(f"plan {vdir}: kernel file {rel} is missing")
+        if sha256_file(path) != recorded[rel]:
+            raise PlanError(f"plan {vdir}: kernel file {rel} does not match its sha256 in plan.json "
+                            "(edited after the plan was written); refused")
+    for rel in present:
+        if rel not in recorded:
+            raise PlanError(f"plan {vdir}: kernel file {rel} is not recorded in plan.json; refused")
+    for rel in present:
+        if rel.endswith(".py"):
+            try:
+                compile((vdir / rel).read_bytes(), str(vdir / rel), "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as e:
+                where = f"line {getattr(e, 'lineno', '?')}"
+                raise PlanError(f"plan {vdir}: kernel file {rel} does not parse: "
+                                f"{type(e).__name__}: {getattr(e, 'msg', e)} ({where})") from None
+
+
+def load(path: str | os.PathLike) -> tuple[Plan, Path]:
+    """Reads and validates a plan and verifies its kernel files (see ``verify_plan_files``); returns it
+    with the version directory it came from."""
+    vdir = resolve(path)
+    f = vdir / PLAN_FILE
+    doc = _read_doc(vdir)
     problems = validate(doc, str(f))
     for o in doc.get("optimizations") or [] if isinstance(doc, dict) else []:
         if isinstance(o, dict) and o.get("kernel") and not (vdir / o["kernel"]).is_file():
             problems.append(f"kernel file {o['kernel']} is missing")
     if problems:
         raise PlanError(f"corrupt plan {f}: {'; '.join(problems)}")
+    _check_kernels(doc, vdir)
     return Plan.from_dict(doc), vdir
 
 
@@ -251,15 +318,16 @@ def write_version(root: str | os.PathLike, plan: Plan, *, sources: dict[str, str
                 files[rel] = src
             if composed_source is not None:
                 files[f"kernels/{COMPOSED_KERNEL}"] = composed_source
+            hashes = {rel: hashlib.sha256(c.encode() if isinstance(c, str) else c).hexdigest()
+                      for rel, c in files.items() if rel.startswith("kernels/")}
+            numbered = dataclasses.replace(numbered, kernel_sha256=hashes)
+            files[PLAN_FILE] = json.dumps(numbered.to_dict(), indent=2, sort_keys=True) + "\n"
             if extra_files is not None:
                 files.update(extra_files(numbered))
             for rel, content in files.items():
                 target = tmp / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
-                if isinstance(content, str):
-                    target.write_text(content)
-                else:
-                    target.write_bytes(content)
+                target.write_bytes(content.encode() if isinstance(content, str) else content)
             try:
                 os.rename(tmp, root / f"v{number}")   # fails if another writer took this number
                 return root / f"v{number}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, TextIO
 
 
@@ -25,6 +25,7 @@ class Snapshot:
     restarts: int
     elapsed_s: float
     time_left_s: float
+    phases: dict = field(default_factory=dict)   # phase -> seconds spent in it so far (the current one too)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -33,16 +34,26 @@ class Snapshot:
         best = "-" if self.best_speedup is None else f"{self.best_speedup:.3f}x"
         return (f"[tkcc] {self.phase:<9} tried {self.tried:>3}  correct {self.correct:>3}  "
                 f"fast-pass {self.fast_passed:>2}  accepted {self.accepted:>2}  best {best:>7}  "
-                f"restarts {self.restarts}  left {max(self.time_left_s, 0):5.0f}s")
+                f"restarts {self.restarts}  left {max(self.time_left_s, 0):5.0f}s" + self.shares())
+
+    def shares(self) -> str:
+        """``  time: starting 12% baseline 20% searching 68%``: each phase's share of the elapsed time."""
+        total = sum(self.phases.values())
+        if total <= 0:
+            return ""
+        return "  time: " + " ".join(f"{name} {100 * s / total:.0f}%" for name, s in self.phases.items())
 
 
 class Progress:
     """Counters of one optimize run. ``deadline`` is a ``time.monotonic()`` value."""
 
     def __init__(self, deadline: float, *, stream: TextIO | None = None, every_s: float = 5.0,
-                 on_change: Callable[[Snapshot], None] | None = None, quiet: bool = False):
+                 on_change: Callable[[Snapshot], None] | None = None, quiet: bool = False,
+                 started: float | None = None):
         self._lock = threading.Lock()
-        self._start = time.monotonic()
+        self._start = time.monotonic() if started is None else started
+        self._phase_since = self._start
+        self._phase_s: dict[str, float] = {}
         self.deadline = deadline
         self._phase = "starting"
         self._counts = {"tried": 0, "correct": 0, "fast_passed": 0, "accepted": 0}
@@ -63,7 +74,9 @@ class Progress:
 
     def phase(self, name: str) -> None:
         with self._lock:
-            self._phase = name
+            now = time.monotonic()
+            self._phase_s[self._phase] = self._phase_s.get(self._phase, 0.0) + now - self._phase_since
+            self._phase, self._phase_since = name, now
         self._changed()
         self.event(f"phase: {name}")
 
@@ -95,7 +108,13 @@ class Progress:
         with self._lock:
             return Snapshot(phase=self._phase, best_speedup=self._best, restarts=restarts,
                             elapsed_s=round(now - self._start, 1),
-                            time_left_s=round(self.deadline - now, 1), **self._counts)
+                            time_left_s=round(self.deadline - now, 1), phases=self._phases(now), **self._counts)
+
+    def _phases(self, now: float) -> dict[str, float]:
+        out = dict(self._phase_s)
+        if self._phase != "done":
+            out[self._phase] = out.get(self._phase, 0.0) + now - self._phase_since
+        return {k: round(v, 1) for k, v in out.items()}
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -158,7 +158,8 @@ def render(plan: Plan) -> dict[str, str]:
           f"| measured on | {dev.get('name', dev.get('kind', '?'))} (`{dev.get('kind', '?')}`)"
           + ("" if dev.get("matches_hw", True) else " — differs from the target; timings are from this device") + " |",
           f"| traffic | `{plan.traffic.get('source', '?')}` (hash `{str(plan.traffic.get('hash', ''))[:12]}`) |",
-          f"| budget / elapsed | {run.get('budget_s', '?')} s / {run.get('elapsed_s', '?')} s |",
+          f"| budget / elapsed | {run.get('wall_s') or run.get('budget_s', '?')} s / {run.get('elapsed_s', '?')} s |",
+          *([f"| time per phase | {_phase_shares(run['phases_s'])} |"] if run.get("phases_s") else []),
           f"| candidates tried / accepted | {run.get('tried', '?')} / {len(plan.optimizations)} |",
           f"| engine restarts | {run.get('restarts', 0)} |",
           f"| tiers | fast layers {plan.tiers.get('fast', {}).get('layers', '?')}, "
@@ -221,3 +222,9 @@ def render(plan: Plan) -> dict[str, str]:
           "with registry.override(overrides):", "    logits = model.step(workload)", "```", ""]
     files["report.md"] = "\n".join(L)
     return files
+
+
+def _phase_shares(phases: dict) -> str:
+    """``starting 14 s (12%), baseline 20 s (17%), ...``: where the run's wall time went."""
+    total = sum(phases.values()) or 1.0
+    return ", ".join(f"{k} {v:.0f} s ({100 * v / total:.0f}%)" for k, v in phases.items())

@@ -116,6 +116,8 @@ def serve(args) -> int:
     from persistent_engine.server import (TOKEN_ENV, EngineServer, ServerConfig, make_token,
                                           write_token_file)
 
+    from persistent_engine.lifeline import watch_parent
+    watch_parent()                              # first thing: a kill of the orchestrator ends this engine too
     _emit({"stage": "process", "seconds": round(_process_seconds(), 4)})
     layers, points, inputs = parse_layers(args.layers), parse_points(args.points), parse_inputs(args.inputs)
     token = os.environ.get(TOKEN_ENV) or make_token()

@@ -6,6 +6,10 @@ Security model (the engine runs untrusted candidate code, so the socket must not
     environment (``TKCC_ENGINE_TOKEN``); every request must carry it (constant-time compare);
   * a frame over ``max_bytes`` gets an ``ErrorReply(kind="too_large")`` without being decoded;
     zmq drops frames over 256 MiB at the transport (the peer is disconnected);
+  * a message of more than ``MAX_FRAMES`` frames (routing id, delimiter, body), or whose frames
+    together exceed ``max_bytes`` + ``ENVELOPE_BYTES``, is answered ``protocol`` / ``too_large``
+    before its token is looked at, without a copy of its frames (they are released at once); at
+    most ``RCVHWM`` messages wait in the socket (docs/errors.md lists these limits);
   * anything malformed gets an ``ErrorReply`` and the loop goes on; a handler exception too.
 
 Requests are served one at a time on the calling (main) thread: CUDA graphs, the thread-count guard
@@ -32,6 +36,9 @@ TOKEN_ENV = "TKCC_ENGINE_TOKEN"
 # frames up to this size are read and answered with an error when over ``max_bytes``; bigger ones
 # are dropped by zmq at the transport (the peer is disconnected) so one frame cannot exhaust memory
 TRANSPORT_LIMIT_BYTES = 256 * 1024 * 1024
+MAX_FRAMES = 3                  # routing id + empty delimiter (REQ peers) + one request body
+ENVELOPE_BYTES = 4096           # routing id and delimiter
+RCVHWM = 4                      # messages queued in the socket before zmq stops reading peers
 
 
 class BindRefused(ValueError):
@@ -102,6 +109,7 @@ class EngineServer:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(TRANSPORT_LIMIT_BYTES, 4 * config.max_bytes))
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._sock.setsockopt(zmq.RCVHWM, RCVHWM)
         host = config.host
         if not is_loopback(host) and host not in ("*", "0.0.0.0"):
             host = socket.gethostbyname(host)
@@ -156,22 +164,17 @@ class EngineServer:
                     break
                 continue
             try:
-                frames = self._sock.recv_multipart(copy=True)
+                envelope, body, refused = self.read_message()
             except zmq.ZMQError as e:
                 if e.errno in (zmq.ETERM, zmq.ENOTSOCK):
                     break
                 continue
-            if not frames:
+            if envelope is None:
                 continue
-            envelope, body = [frames[0]], frames[1:]
-            if body and body[0] == b"":         # REQ peers put an empty delimiter first
-                envelope.append(b"")
-                body = body[1:]
-            if len(body) != 1:
-                reply, stop = ErrorReply(message=f"expected one frame, got {len(body)}",
-                                         kind="protocol"), False
+            if refused is not None:
+                reply, stop = refused, False
             else:
-                reply, stop = self.handle_frame(body[0], handler)
+                reply, stop = self.handle_frame(body, handler)
             try:
                 self._sock.send_multipart(envelope + [encode(reply)])
             except zmq.ZMQError:
@@ -181,6 +184,30 @@ class EngineServer:
             if stop:
                 break
         self.close()
+
+    def read_message(self) -> tuple[list[bytes] | None, bytes, ErrorReply | None]:
+        """One message off the socket: (envelope to reply to, request body, refusal or None). The
+        frame count and the total size are checked on zmq's own buffers (``copy=False``) before
+        anything is copied, decoded or authenticated; a refused message's frames are dropped."""
+        frames = self._sock.recv_multipart(copy=False)
+        if not frames:
+            return None, b"", None
+        envelope = [frames[0].bytes[:ENVELOPE_BYTES]]
+        rest = frames[1:]
+        if rest and len(rest[0]) == 0:          # REQ peers put an empty delimiter first
+            envelope.append(b"")
+            rest = rest[1:]
+        total = sum(len(f) for f in frames)
+        if len(frames) > MAX_FRAMES or len(rest) != 1:
+            refused = ErrorReply(message=f"expected one request frame, got {len(rest)} "
+                                         f"(at most {MAX_FRAMES} frames with the envelope)", kind="protocol")
+        elif total > self.config.max_bytes + ENVELOPE_BYTES:
+            refused = ErrorReply(message=f"request of {total} bytes exceeds the limit of "
+                                         f"{self.config.max_bytes} bytes", kind="too_large")
+        else:
+            return envelope, rest[0].bytes, None
+        del frames, rest
+        return envelope, b"", refused
 
     def stop(self) -> None:
         self._running = False

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader
 
@@ -40,6 +41,7 @@ from bulletin_board import Board, BoardError
 from bulletin_board.records import IDEA_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES
 
 from . import views
+from .access import Access, check_access
 from .charts import op_breakdown, op_breakdown_chart, speedup_history_chart
 from .highlight import highlight
 from .queries import UIQueries
@@ -49,6 +51,10 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 OPT_SORTS = ("speedup", "date", "op", "agent", "name")
 IDEA_SORTS = ("id", "date", "priority", "status", "target", "author")
 POLL_MS = 2000              # how often a page with a running run polls /api/runs/{id}
+MAX_ID = 2 ** 63 - 1        # ids past a 64-bit integer are on no board: 404, never an overflow
+SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                    "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+                    "Cache-Control": "no-store"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,20 @@ class UIConfig:
     board: str = "sqlite:///tkcc.db"     # board URL; opened read-only
     title: str = "tkcc"
     poll_ms: int = POLL_MS
+    access: Access = Access()            # token and allowed Host names (compiler/ui/access.py)
+
+
+
+
+def page_query() -> Any:
+    """``?page=``: 1..MAX_PAGE, else a 400 (never an offset overflow). A fresh Query per parameter:
+    FastAPI binds a Query object to the parameter it first serves."""
+    return Query(1, ge=1, le=views.MAX_PAGE)
+
+
+def id_query() -> Any:
+    """``?run=``, ``?deployment=``: a 64-bit id, else a 400."""
+    return Query(None, ge=0, le=MAX_ID)
 
 
 class NotFound(Exception):
@@ -68,7 +88,7 @@ def _package_dir(name: str) -> str:
 
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(_package_dir("templates")), autoescape=True,
-                      trim_blocks=True, lstrip_blocks=True)
+                      trim_blocks=True, lstrip_blocks=True, finalize=views.visible)
     env.filters.update(views.FILTERS)
     env.globals["url"] = views.url
     return env
@@ -79,6 +99,13 @@ def _sort(value: str, allowed: tuple[str, ...]) -> str:
     if value.lstrip("-") not in allowed:
         raise BoardError(f"cannot sort by {value!r}; use one of {', '.join(allowed)} (prefix '-' for descending)")
     return value
+
+
+def secure(response: Response) -> Response:
+    """``response`` with the security headers (every response: pages, JSON, static files, errors)."""
+    for k, v in SECURITY_HEADERS.items():
+        response.headers[k] = v
+    return response
 
 
 def create_app(config: UIConfig) -> FastAPI:
@@ -101,12 +128,29 @@ def create_app(config: UIConfig) -> FastAPI:
     @app.middleware("http")
     async def _headers(request: Request, call_next):
         t0 = time.perf_counter()
+        refused = check_access(config.access, request.headers)
+        if refused is not None:
+            status, message, extra = refused
+            return secure(Response(message + "\n", status_code=status, media_type="text/plain", headers=extra))
         response = await call_next(request)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1000:.1f}"
-        response.headers["Content-Security-Policy"] = CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        return response
+        return secure(response)
+
+    @app.exception_handler(Exception)
+    def _internal(request: Request, exc: Exception):
+        """A 500 is answered here, outside the middleware: it gets the headers too, and no detail."""
+        return secure(HTMLResponse("<!doctype html><title>tkcc: error</title><p>internal error</p>\n",
+                                   status_code=500))
+
+    @app.exception_handler(RequestValidationError)
+    def _invalid(request: Request, exc: RequestValidationError):
+        """A bad id in the path is a page that does not exist (404); a bad query value is a 400."""
+        errors = exc.errors()
+        in_path = any(e.get("loc", ("",))[0] == "path" for e in errors)
+        what = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ())[1:])}: {e.get('msg', 'invalid')}"
+                         for e in errors)[:300]
+        return render(request, "error.html", status_code=404 if in_path else 400,
+                      message="no such page" if in_path else f"bad query: {what}")
 
     @app.exception_handler(BoardError)
     def _bad_request(request: Request, exc: BoardError):
@@ -118,7 +162,7 @@ def create_app(config: UIConfig) -> FastAPI:
 
     def render(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
         ctx.setdefault("nav", name.split(".")[0])
-        html = env.get_template(name).render(request_path=request.url.path,
+        html = env.get_template(name).render(request_path=request.url.path[:500],
                                              params=dict(request.query_params), **ctx)
         return HTMLResponse(html, status_code=status_code)
 
@@ -130,7 +174,7 @@ def create_app(config: UIConfig) -> FastAPI:
     # -- deployments ---------------------------------------------------------------------------
 
     @app.get("/", response_class=HTMLResponse)
-    def deployments(request: Request, page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+    def deployments(request: Request, page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         pg = views.pager("/", request.query_params, page, n)
         found = board.list_deployments(sort="-date", limit=pg.per_page, offset=pg.offset)
         pg = views.pager("/", request.query_params, page, n, found.total)
@@ -138,7 +182,7 @@ def create_app(config: UIConfig) -> FastAPI:
                       summaries=q.deployment_summaries(d.id for d in found.items))
 
     @app.get("/deployments/{did}", response_class=HTMLResponse)
-    def deployment(request: Request, did: int):
+    def deployment(request: Request, did: int = Path(ge=0, le=MAX_ID)):
         dep = need(board.get_deployment(did), f"deployment {did}")
         base = q.latest_baseline(deployment=did)
         opts = q.best_per_target(base[0]) if base else ()
@@ -164,10 +208,10 @@ def create_app(config: UIConfig) -> FastAPI:
         return found, views.pager("/optimizations", request.query_params, page, n, found.total)
 
     @app.get("/optimizations", response_class=HTMLResponse)
-    def optimizations(request: Request, deployment: int | None = None, run: int | None = None,
+    def optimizations(request: Request, deployment: int | None = id_query(), run: int | None = id_query(),
                       status: str | None = None,
                       op: str | None = None, agent: str | None = None, sort: str = "-speedup",
-                      page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+                      page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         found, pg = _opt_page(request, deployment, run, status, op, agent, sort, page, n)
         ops, agents = q.optimization_choices()
         return render(request, "optimizations.html", items=found.items, pager=pg, sort=sort,
@@ -175,15 +219,15 @@ def create_app(config: UIConfig) -> FastAPI:
                       statuses=OPTIMIZATION_STATUSES)
 
     @app.get("/api/optimizations")
-    def optimizations_json(request: Request, deployment: int | None = None, run: int | None = None,
+    def optimizations_json(request: Request, deployment: int | None = id_query(), run: int | None = id_query(),
                            status: str | None = None,
                            op: str | None = None, agent: str | None = None, sort: str = "-speedup",
-                           page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+                           page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         found, _ = _opt_page(request, deployment, run, status, op, agent, sort, page, n)
         return JSONResponse(found.to_dict())
 
     @app.get("/optimizations/{oid}", response_class=HTMLResponse)
-    def optimization(request: Request, oid: int):
+    def optimization(request: Request, oid: int = Path(ge=0, le=MAX_ID)):
         opt = need(board.get_optimization(oid), f"optimization {oid}")
         cand = board.get_candidate(opt.candidate_id)
         idea, posts = (board.thread(cand.idea_id, limit=200) if cand and cand.idea_id is not None
@@ -195,7 +239,7 @@ def create_app(config: UIConfig) -> FastAPI:
                       dep=board.get_deployment(opt.deployment_id))
 
     @app.get("/candidates/{cid}", response_class=HTMLResponse)
-    def candidate(request: Request, cid: str):
+    def candidate(request: Request, cid: str = Path(max_length=64)):
         cand = need(board.get_candidate(cid), f"candidate {cid}")
         return render(request, "candidate.html", nav="runs", cand=cand, code=highlight(cand.source),
                       evals=board.list_evaluations(candidate=cid, sort="id", limit=100),
@@ -205,8 +249,8 @@ def create_app(config: UIConfig) -> FastAPI:
     # -- runs ------------------------------------------------------------------------------------
 
     @app.get("/runs", response_class=HTMLResponse)
-    def runs(request: Request, deployment: int | None = None, status: str | None = None,
-             page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+    def runs(request: Request, deployment: int | None = id_query(), status: str | None = None,
+             page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         pg = views.pager("/runs", request.query_params, page, n)
         found = board.list_runs(deployment=deployment, status=status or None, sort="-date",
                                 limit=pg.per_page, offset=pg.offset)
@@ -215,7 +259,7 @@ def create_app(config: UIConfig) -> FastAPI:
                       progress={r.id: views.run_progress(r) for r in found.items})
 
     @app.get("/runs/{rid}", response_class=HTMLResponse)
-    def run(request: Request, rid: int, verdict: str | None = None, page: int = Query(1, ge=1),
+    def run(request: Request, rid: int = Path(ge=0, le=MAX_ID), verdict: str | None = None, page: int = page_query(),
             n: int = Query(views.PER_PAGE, ge=1)):
         r = need(board.get_run(rid), f"run {rid}")
         pg = views.pager(f"/runs/{rid}", request.query_params, page, n)
@@ -229,7 +273,7 @@ def create_app(config: UIConfig) -> FastAPI:
                       history=speedup_history_chart(q.speedup_history(r.deployment_id, run=rid)))
 
     @app.get("/api/runs/{rid}")
-    def run_json(rid: int):
+    def run_json(rid: int = Path(ge=0, le=MAX_ID)):
         r = board.get_run(rid)
         if r is None:
             return JSONResponse({"error": f"no run {rid}"}, status_code=404)
@@ -238,9 +282,9 @@ def create_app(config: UIConfig) -> FastAPI:
     # -- ideas -----------------------------------------------------------------------------------
 
     @app.get("/ideas", response_class=HTMLResponse)
-    def ideas(request: Request, run: int | None = None, status: str | None = None,
+    def ideas(request: Request, run: int | None = id_query(), status: str | None = None,
               target: str | None = None, author: str | None = None, sort: str = "-id",
-              page: int = Query(1, ge=1), n: int = Query(views.PER_PAGE, ge=1)):
+              page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
         sort = _sort(sort, IDEA_SORTS)
         pg = views.pager("/ideas", request.query_params, page, n)
         found = board.list_ideas(run, status=status or None, target=target or None,
@@ -252,7 +296,7 @@ def create_app(config: UIConfig) -> FastAPI:
                       counts=board.idea_counts(run) if run is not None else None)
 
     @app.get("/ideas/{iid}", response_class=HTMLResponse)
-    def idea(request: Request, iid: int):
+    def idea(request: Request, iid: int = Path(ge=0, le=MAX_ID)):
         found = need(board.get_idea(iid), f"idea {iid}")
         _, posts = board.thread(found, limit=500)
         return render(request, "idea.html", nav="ideas", idea=found, posts=posts,
@@ -263,7 +307,7 @@ def create_app(config: UIConfig) -> FastAPI:
     # -- drift -----------------------------------------------------------------------------------
 
     @app.get("/drift", response_class=HTMLResponse)
-    def drift(request: Request, deployment: int | None = None, page: int = Query(1, ge=1),
+    def drift(request: Request, deployment: int | None = id_query(), page: int = page_query(),
               n: int = Query(20, ge=1)):
         pg = views.pager("/drift", request.query_params, page, n)
         found = board.list_drift_events(deployment=deployment, sort="-date", limit=pg.per_page,

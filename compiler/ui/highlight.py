@@ -6,7 +6,9 @@ between tokens are copied verbatim (escaped too). A source that does not tokeniz
 string, bad indentation) is highlighted up to the error and the rest is shown as escaped plain text.
 
 ``highlight(src)`` returns ``markupsafe.Markup`` (safe to put in an autoescaped Jinja2 template)
-whose text content is exactly ``src``. Cost: one pass over the tokens, O(len(src)).
+whose text content is exactly ``src``, except that each invisible character (bidi controls such as
+U+202E, zero-width and other format or control characters: ``views.INVISIBLE``) is shown as a
+visible ``⟨U+202E⟩`` marker in a ``ctl`` span, so code cannot read differently from what it does. Cost: one pass over the tokens, O(len(src)).
 
 CSS classes: ``k`` keyword, ``b`` builtin, ``s`` string, ``c`` comment, ``n`` number, ``o``
 operator, ``f`` the name after ``def``/``class``, ``d`` decorator.
@@ -22,10 +24,18 @@ from html import escape
 
 from markupsafe import Markup
 
+from .views import INVISIBLE, marker
+
 _KEYWORDS = frozenset(keyword.kwlist) | frozenset(getattr(keyword, "softkwlist", ()))
 _BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_"))
 _FSTRING_PARTS = {getattr(tokenize, n) for n in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END")
                   if hasattr(tokenize, n)}       # Python 3.12+ splits f-strings into parts
+
+
+def _esc(text: str) -> str:
+    """HTML-escaped ``text`` with each invisible character (views.INVISIBLE) as a visible, marked span."""
+    return INVISIBLE.sub(lambda m: f'<span class="ctl" title="invisible character">{marker(m.group())}</span>',
+                         escape(text, quote=False))
 
 
 def _css_class(tok: tokenize.TokenInfo, prev: tokenize.TokenInfo | None) -> str | None:
@@ -73,15 +83,14 @@ def highlight(source: str) -> Markup:
             start, end = at(*tok.start), at(*tok.end)
             if start < pos or end < start or end > len(source):   # pseudo tokens at odd places
                 continue
-            out.append(escape(source[pos:start], quote=False))
+            out.append(_esc(source[pos:start]))
             text = source[start:end]
             cls = _css_class(tok, prev)
-            out.append(f'<span class="{cls}">{escape(text, quote=False)}</span>' if cls and text
-                       else escape(text, quote=False))
+            out.append(f'<span class="{cls}">{_esc(text)}</span>' if cls and text else _esc(text))
             pos = end
             if tok.type not in (tokenize.NL, tokenize.COMMENT):
                 prev = tok
     except (tokenize.TokenError, IndentationError, SyntaxError):
         pass                            # the rest is shown as plain text below
-    out.append(escape(source[pos:], quote=False))
+    out.append(_esc(source[pos:]))
     return Markup("".join(out))

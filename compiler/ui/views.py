@@ -7,6 +7,7 @@ Nothing here touches the database; everything is a pure function of its argument
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -14,6 +15,7 @@ from urllib.parse import urlencode
 
 PER_PAGE = 50
 MAX_PER_PAGE = 200
+MAX_PAGE = 10 ** 6                  # page * MAX_PER_PAGE stays far inside a 64-bit offset
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,27 @@ def tiers_disagree(o: Any) -> bool:
     from compiler.report import tiers_disagree as disagree
 
     return disagree(getattr(o, "speedup_fast", None), getattr(o, "speedup_slow", None))
+
+
+# Characters that change how text reads without being seen: bidi embeddings, overrides and isolates
+# (the "Trojan Source" trick: code that reads differently from what it does), zero-width characters,
+# other format characters, and C0/C1 control characters but tab and newline. The UI shows each as a
+# visible ``⟨U+202E⟩`` marker instead (in highlighted code, a marked span with a title).
+INVISIBLE = re.compile("[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160"
+                       "\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f"
+                       "\ufeff\uffa0\ufff9-\ufffb\U000e0000-\U000e007f]")
+
+
+def marker(ch: str) -> str:
+    return f"\u27e8U+{ord(ch):04X}\u27e9"
+
+
+def visible(value: Any) -> Any:
+    """Jinja2 ``finalize``: a string shown on a page with its invisible characters as markers (Markup,
+    already escaped by whoever made it, passes unchanged)."""
+    if isinstance(value, str) and not hasattr(value, "__html__"):
+        return INVISIBLE.sub(lambda m: marker(m.group()), value)
+    return value
 
 
 FILTERS = {"time": fmt_time, "speedup": fmt_speedup, "ms": fmt_ms, "duration": fmt_duration,

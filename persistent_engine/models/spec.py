@@ -125,6 +125,8 @@ class ModelSpec:
             cfg = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise SpecError(f"cannot read model config {path}: {e}") from None
+        except UnicodeDecodeError:
+            raise SpecError(f"model config {path} is not a text file (a binary file?)") from None
         if not isinstance(cfg, dict):
             raise SpecError(f"model config {path} is not a JSON object")
         return cls.from_config(cfg, name=name or Path(path).stem)

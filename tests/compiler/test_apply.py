@@ -77,10 +77,11 @@ def test_plan_apply_vs_torch_compile_times_the_plan_against_compile_of_the_same_
     assert vs["plan_vs_torch_compile"] == pytest.approx(vs["torch_compile_ms"] / vs["plan_ms"], rel=1e-3)
 
 
-def test_broken_kernel_file_is_a_plan_error(plan_dir):
-    (plan_dir / "kernels" / "composed.py").write_text("raise RuntimeError('boom')\n")
+def test_broken_kernel_file_is_a_plan_error(tmp_path):
+    """A kernel recorded with its hash that raises on import: one line, not a traceback."""
+    vdir = write_plan(tmp_path, {"boom": "raise RuntimeError('boom')\n"})
     with pytest.raises(plan_mod.PlanError, match="fails to load: RuntimeError: boom"):
-        load_plan_overrides(plan_dir)
+        load_plan_overrides(vdir)
 
 
 def test_op_times_count_each_call_once_at_the_outermost_op():

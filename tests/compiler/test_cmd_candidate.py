@@ -47,7 +47,7 @@ def test_statically_refused_candidate_is_rejected_without_an_engine():
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["/no/such/file.py", "--model", "tiny-dense"], "No such file"),
+    (["/no/such/file.py", "--model", "tiny-dense"], "not found"),
     ([str(CANDIDATES / "good_torch.py"), "--model", "no-such-model"], "unknown model"),
     ([str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--timeout", "0"], "--timeout"),
     ([str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--layers", "7"], "out of range"),
@@ -57,3 +57,28 @@ def test_bad_input_exits_2_with_one_line(args, needle):
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert needle in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_correct_kernel_for_an_op_the_model_never_calls_is_correct_but_not_applicable():
+    """Issue 21: ``correct`` says only whether the code is correct; "no effect on this model" is
+    ``applicable: false`` (exit 0), not a rejection."""
+    out = tkcc(str(CANDIDATES / "moe_route_torch.py"), "--model", "tiny-dense", "--device", "cpu", "--json",
+               "--samples", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is True and doc["applicable"] is False and doc["reasons"] == []
+    assert doc["not_called"] == ["moe_route"] and doc["speedup"] is None
+    out = tkcc(str(CANDIDATES / "good_torch.py"), "--model", "tiny-dense", "--device", "cpu", "--json",
+               "--samples", "3")
+    assert json.loads(out.stdout)["applicable"] is True
+
+
+def test_a_wrong_kernel_for_an_op_the_model_never_calls_is_still_rejected(tmp_path):
+    wrong = (CANDIDATES / "moe_route_torch.py").read_text().replace("return w * routed_scaling_factor",
+                                                                     "return w * routed_scaling_factor * 1.5")
+    f = tmp_path / "wrong_route.py"
+    f.write_text(wrong)
+    out = tkcc(str(f), "--model", "tiny-dense", "--device", "cpu", "--json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is False and any("op-level" in r for r in doc["reasons"])

@@ -98,7 +98,7 @@ def test_filtering_and_paging(served):
     assert f"page 2 of {-(-total // 5)} · {total} rows" in html
     assert 'rel="next" href="/optimizations?n=5&amp;status=active&amp;page=3"' in html
     assert client.get("/optimizations", params={"page": 999}).status_code == 200     # empty, not an error
-    assert client.get("/optimizations", params={"page": 0}).status_code == 422
+    assert client.get("/optimizations", params={"page": 0}).status_code == 400
     ideas = client.get("/ideas", params={"run": s.runs[0], "status": "open", "n": 200}).text
     assert ideas.count('<td class="title">') == writer.list_ideas(s.runs[0], status="open").total
 

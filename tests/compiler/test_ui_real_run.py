@@ -27,17 +27,17 @@ pytestmark = [pytest.mark.slow,
 
 @pytest.fixture(scope="session")
 def real_run_board(tmp_path_factory):
-    """(board URL, run id) of a real ``tkcc optimize --budget 1m`` run (at most ~3 minutes)."""
+    """(board URL, run id) of a real ``tkcc optimize --budget 2m`` run (the whole run: at most ~2 minutes)."""
     out = tmp_path_factory.mktemp("real-run")
     url = f"sqlite:///{out / 'board.db'}"
     # the demo's CPU settings (compiler/demo.py): two workload points, two offline agents
     cmd = [sys.executable, "-m", "compiler.cli", "optimize", "--model", "tiny-dense", "--hw", "h200",
-           "--device", "cpu", "--traffic", str(TRAFFIC), "--budget", "1m", "--agents", "offline:2",
+           "--device", "cpu", "--traffic", str(TRAFFIC), "--budget", "2m", "--agents", "offline:2",
            "--max-points", "2", "--board", url, "--out", str(out / "plan"), "--quiet"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        pytest.skip("tkcc optimize --budget 1m did not finish within 240 s")
+        pytest.skip("tkcc optimize --budget 2m did not finish within 240 s")
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         pytest.skip(f"tkcc optimize does not complete a run yet (exit {r.returncode}): {last}")

@@ -128,3 +128,28 @@ def test_engine_side_modules_import_only_torch_triton_zmq_msgpack_and_the_stdlib
             else:
                 continue
             assert roots <= allowed, (name, roots - allowed)
+
+
+def test_many_frames_and_big_totals_are_refused_before_authentication(served):
+    """Issue 21: a message of many frames without a token (it drove the engine to 2.9 GB) is refused on
+    zmq's buffers, before any decode or token check; the server goes on serving."""
+    from persistent_engine.server import MAX_FRAMES
+
+    server, token, seen = served
+    ctx = zmq.Context.instance()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(server.address)
+    dealer.send_multipart([b""] + [b"\0" * (1 << 20)] * 12)          # 12 frames of 1 MiB, no token
+    assert dealer.poll(10_000)
+    r = io.decode_reply(dealer.recv_multipart()[-1])
+    assert r.kind == "protocol" and f"at most {MAX_FRAMES} frames" in r.message
+    dealer.send_multipart([b"", msgpack.packb({"type": "status", "token": token}), b"x"])   # a token, still 2 bodies
+    assert dealer.poll(10_000)
+    assert io.decode_reply(dealer.recv_multipart()[-1]).kind == "protocol"
+    dealer.send_multipart([b"", b"\0" * 5000])                             # over max_bytes=4096 in total
+    assert dealer.poll(10_000)
+    assert io.decode_reply(dealer.recv_multipart()[-1]).kind == "too_large"
+    dealer.close(0)
+    assert seen == []                                                     # none reached the handler
+    assert EngineClient(server.address, token, timeout_s=5).status().ok
