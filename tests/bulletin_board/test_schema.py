@@ -50,8 +50,8 @@ NEXT_REVISION = '''
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_test"
-down_revision = "0001_initial"
+revision = "0099_test"
+down_revision = "{head}"
 branch_labels = None
 depends_on = None
 
@@ -66,29 +66,30 @@ def downgrade():
 
 
 def test_an_older_schema_is_upgraded_or_refused_read_only(board, board_url, tmp_path, monkeypatch):
-    """A board at 0001 opened by code whose head is 0002 (a migration written here)."""
+    """A board at the shipped head opened by code whose head is one newer (a migration written here)."""
     run = board.create_run("m", "cpu", "t")
     board.close()
     scripts = tmp_path / "migrations"
     (scripts / "versions").mkdir(parents=True)
     shipped = Path(migrate.MIGRATIONS_DIR)
-    for name in ("env.py", "script.py.mako", "versions/0001_initial.py"):
+    shipped_head = migrate.HEAD
+    for name in ("env.py", "script.py.mako", *(f"versions/{p.name}" for p in (shipped / "versions").glob("0*.py"))):
         shutil.copy(shipped / name, scripts / name)
-    (scripts / "versions" / "0002_test.py").write_text(NEXT_REVISION)
+    (scripts / "versions" / "0099_test.py").write_text(NEXT_REVISION.replace("{head}", shipped_head))
     monkeypatch.setattr(migrate, "MIGRATIONS_DIR", str(scripts))
-    monkeypatch.setattr(migrate, "HEAD", "0002_test")
+    monkeypatch.setattr(migrate, "HEAD", "0099_test")
 
     with pytest.raises(SchemaError, match="older than this tkcc.*open it read-write"):
         Board(board_url, readonly=True)
-    with pytest.raises(SchemaError, match="0001_initial, older"):
+    with pytest.raises(SchemaError, match=f"{shipped_head}, older"):
         Board(board_url, migrate=False)
     upgraded = Board(board_url)
     try:
-        assert upgraded.schema_version == "0002_test" and upgraded.get_run(run).model == "m"
+        assert upgraded.schema_version == "0099_test" and upgraded.get_run(run).model == "m"
         with upgraded._e.read.connect() as conn:
             assert conn.execute(text("SELECT note FROM runs")).all() == [(None,)]
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == \
-                "0002_test"
+                "0099_test"
     finally:
         upgraded.close()
     Board(board_url, readonly=True).close()                           # now current
