@@ -3,6 +3,7 @@
     tkcc optimize  --model M --hw H --traffic FILE [--budget 10m] [--agents offline:4] [--board URL]
                    [--out DIR] [--device auto|cpu|cuda] [--fast-layers N] [--slow-layers N]
                    [--fleet local|ray] [--ray-address ADDR] [--gpus N] [--aa-runs N] [--json]
+                   [--llm-budget-usd X] [--llm-budget-tokens N]
     tkcc recompile --plan DIR --traffic FILE [--budget 10m] [--force] [--json]
                    exit 0 either way (no drift: nothing written; drift: a new version beside the old)
     tkcc plan show DIR [--json]
@@ -59,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="do not continue from the newest plan version already in --out (default: re-verify its "
                         "optimizations first and build on them)")
+    p.add_argument("--llm-budget-usd", type=float, default=None,
+                   help="dollars all LLM agents of the run may spend together (default: no limit)")
+    p.add_argument("--llm-budget-tokens", type=int, default=None,
+                   help="tokens all LLM agents of the run may spend together (default: no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_optimize)
@@ -111,6 +116,9 @@ def _optimize(args: argparse.Namespace) -> int:
     from compiler.loop import OptimizeConfig, optimize
 
     budget = parse_duration(args.budget)
+    for flag, v in (("--llm-budget-usd", args.llm_budget_usd), ("--llm-budget-tokens", args.llm_budget_tokens)):
+        if v is not None and not v > 0:
+            raise UsageError(f"{flag} must be positive, got {v}")
     out = args.out or str(Path("plans") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model).stem) or "model"))
     cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget,
                          agents=args.agents, board=args.board, device=args.device,
@@ -119,7 +127,8 @@ def _optimize(args: argparse.Namespace) -> int:
                          timeout_s=args.timeout if args.timeout is not None else watchdog_s(budget),
                          aa_runs=args.aa_runs, gpus=args.gpus,
                          vs_torch_compile=args.vs_torch_compile, continue_plan=not args.fresh,
-                         quiet=args.quiet or args.json)
+                         quiet=args.quiet or args.json, llm_budget_usd=args.llm_budget_usd,
+                         llm_budget_tokens=args.llm_budget_tokens)
     res = optimize(cfg)
     _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)
     return 130 if res.interrupted and not args.json else 0
