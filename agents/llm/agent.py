@@ -145,6 +145,9 @@ class LLMAgent(Agent):
             ctx.post(self.name, learned, idea=box.idea_id, kind="learned")
         if box.lease is not None:
             box.lease.finish("done" if box.verdicts else "failed")
+        if (why := self.over_budget()) is not None:      # spent during this cycle: say so once
+            ctx.post(self.name, f"stopping: {why}")
+            return False
         # a cycle in which the model neither posted nor submitted anything: it has nothing left
         return bool(box.verdicts or box.ideas_posted)
 

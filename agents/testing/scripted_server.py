@@ -180,7 +180,10 @@ class ScriptedLLMServer:
                 for k, v in extra.items():
                     self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+                    self.close_connection = True
 
             def log_message(self, *args: Any) -> None:  # quiet
                 return
