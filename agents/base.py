@@ -172,6 +172,16 @@ class Lease:
         self._thread.join(timeout=5)
         self.board.finish_idea(self.idea, agent=self.agent, status=status)
 
+    def release(self) -> None:
+        """Stop heartbeating and give the idea back to the pool unfinished (another kind of agent
+        should work it); idempotent."""
+        if self._finished:
+            return
+        self._finished = True
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.board.release_idea(self.idea, agent=self.agent)
+
     def __enter__(self) -> "Lease":
         return self
 

@@ -2,7 +2,8 @@
 board through tools, posts an idea, writes a candidate (possibly a child of another one), submits it
 and says what it learned.
 
-One cycle (``run_once``): claim an open idea if there is one (else the model posts one and the agent
+One cycle (``run_once``): claim an open free-text idea if there is one (structured "template X with
+knobs Y" ideas are left to the offline template searchers; else the model posts one and the agent
 claims then), then a tool-use conversation of at most ``budget.max_turns`` model turns. HTTP 429/5xx,
 timeouts and connection errors are retried by the SDK client (``max_retries``), malformed response
 bodies by ``agents.llm.sdk``; a malformed tool call is answered with an error result so the model can
@@ -28,7 +29,7 @@ from agents.llm.anthropic import AnthropicChat, AnthropicConfig
 from agents.llm.messages import (LLMError, LLMReply, MalformedToolCalls, Message, ToolSpec)
 from agents.llm.openai import OpenAIChat, OpenAIConfig
 from agents.llm.pricing import cost_usd, price_of
-from agents.llm.tools import TOOLS, ToolBox
+from agents.llm.tools import TOOLS, ToolBox, claim_free_text
 from agents import prompts
 
 log = logging.getLogger("tkcc.agents.llm")
@@ -125,7 +126,7 @@ class LLMAgent(Agent):
             return False
         if self._failed_cycles >= self.budget.max_failed_cycles:
             return False
-        lease = ctx.claim(self.name)
+        lease = claim_free_text(ctx, self.name)
         box = ToolBox(ctx, self.name, lease)
         try:
             learned = self._converse(ctx, box)

@@ -94,6 +94,25 @@ def _cut(text: str, n: int = SOURCE_CHARS) -> str:
     return text if len(text) <= n else text[:n] + f"\n# ... [cut at {n} of {len(text)} chars]"
 
 
+def structured(idea: Any) -> bool:
+    """An idea in the offline searchers' format (JSON body of kind template or config): theirs to work."""
+    try:
+        doc = json.loads(getattr(idea, "body", "") or "")
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("kind") in ("template", "config")
+
+
+def claim_free_text(ctx: AgentContext, agent: str) -> Lease | None:
+    """Claim the open idea of highest priority unless it is a structured one (released again: the
+    template searchers render it without spending tokens)."""
+    lease = ctx.claim(agent)
+    if lease is not None and structured(lease.idea):
+        lease.release()
+        return None
+    return lease
+
+
 def accepted_ids(board: Any, run: Any) -> set[str]:
     """Ids of the run's candidates that went into a plan (optimization rows)."""
     return {o.candidate_id for o in _items(board.list_optimizations(run=run, limit=1000))}
@@ -229,12 +248,13 @@ class ToolBox:
             raise ValueError(f"an idea {title!r} on {target} is already on the board; pick another")
         if template is not None:
             return self._post_template_idea(title, body, target, template, knobs or {}, point)
+        # above the template searchers' ideas (priority <= 1), so that its author claims it next
         idea = self.ctx.board.post_idea(self.ctx.run_id, author=self.agent, title=title,
-                                        body=body, target=target, tags=["llm"])
+                                        body=body, target=target, tags=["llm"], priority=2.0)
         self.ideas_posted.append(idea)
         out: dict = {"posted": _id_of(idea)}
         if self.lease is None:
-            self.lease = self.ctx.claim(self.agent)
+            self.lease = claim_free_text(self.ctx, self.agent)
             held = None if self.lease is None else self.lease.idea
             out["holding"] = None if held is None else _row(held, ("id", "target", "title", "body"))
         return out
