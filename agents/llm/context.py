@@ -96,11 +96,18 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[Mapping[str, Any]]
             r["memory_ms"] += t_mem * o.count * 1e3
             r["parts"].append(o.name)
         measured = _measured(profile, p)
+        for name in measured:               # measured ops the cost model has no row for
+            if name not in rows and (op is None or name == op):
+                rows[name] = None
         ops = []
         for name, r in sorted(rows.items(), key=lambda kv: -measured.get(kv[0], 0.0)):
             ms = measured.get(name)
-            ops.append({"op": name, "measured_ms": ms, "roofline_ms": round(r["roofline_ms"], 6),
-                        "achieved": None if not ms else round(r["roofline_ms"] / ms, 4),
+            if r is None:
+                ops.append({"op": name, "measured_ms": ms, "roofline_ms": None, "achieved": None,
+                            "note": "not in the cost model's reference step"})
+                continue
+            ops.append({"op": name, "measured_ms": ms, "roofline_ms": float(f"{r['roofline_ms']:.6g}"),
+                        "achieved": None if not ms else float(f"{r['roofline_ms'] / ms:.4g}"),
                         "bound": "memory" if r["memory_ms"] >= r["roofline_ms"] - 1e-12 else "compute",
                         "flops": r["flops"], "bytes": r["bytes"],
                         "flops_per_byte": round(r["flops"] / r["bytes"], 2) if r["bytes"] else None,
