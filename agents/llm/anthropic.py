@@ -28,7 +28,7 @@ class AnthropicConfig:
     SDK's own default endpoint). ``max_retries`` and ``timeout_s`` (per attempt) go to the SDK client."""
 
     model: str = field(default_factory=lambda: os.environ.get("TKCC_ANTHROPIC_MODEL")
-                       or "claude-sonnet-4-5")
+                       or "claude-sonnet-4-6")
     base_url: str | None = field(default_factory=lambda: os.environ.get("ANTHROPIC_BASE_URL") or None)
     api_key_env: str = "ANTHROPIC_API_KEY"
     max_tokens: int = 8192

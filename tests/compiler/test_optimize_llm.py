@@ -26,7 +26,7 @@ def silu_and_mul(x):
 
 OVERRIDES = {"silu_and_mul": silu_and_mul}
 '''
-MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4.1"}
+MODELS = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-4.1"}
 PRICE = {"anthropic": (3.0, 15.0, 0.1), "openai": (2.0, 8.0, 0.5)}      # $/Mtok in, out; cache-read factor
 
 
