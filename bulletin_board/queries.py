@@ -124,7 +124,8 @@ class BoardQueries:
 
     def lineage(self, run: Any) -> list[dict]:
         """Every parent -> child edge of a run's candidates: ``{"parent", "child", "parent_author",
-        "child_author", "child_kind"}``, oldest child first (who built on whom)."""
+        "child_author", "child_kind"}``, oldest child first (ties within the clock's resolution by id):
+        who built on whom."""
         c, p = T_CANDIDATES.alias("c"), T_CANDIDATES.alias("p")
         stmt = (select(p.c.id.label("parent"), c.c.id.label("child"), p.c.author.label("parent_author"),
                        c.c.author.label("child_author"), c.c.author_kind.label("child_kind"))
