@@ -107,7 +107,7 @@ class AnthropicChat:
     def model(self) -> str:
         return self.config.model
 
-    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec], **_: Any) -> LLMReply:
+    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> LLMReply:
         cfg = self.config
         cache = cfg.prompt_cache
         system_blocks = [{"type": "text", "text": system, **({"cache_control": CACHE} if cache else {})}]

@@ -168,7 +168,7 @@ class OpenAIChat:
     def model(self) -> str:
         return self.config.model
 
-    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec], **_: Any) -> LLMReply:
+    def complete(self, system: str, messages: list[Message], tools: list[ToolSpec]) -> LLMReply:
         if self.api in ("auto", "responses"):
             try:
                 reply = self._responses(system, messages, tools)

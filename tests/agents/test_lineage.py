@@ -57,9 +57,9 @@ def _counted(ctx, agent):
 
 def _llm(provider, srv):
     if provider == "anthropic":
-        return AnthropicAgent("claude-0", api_key="test-key",
+        return AnthropicAgent("claude-0", api_key="test-key", price=(3.0, 15.0),
                               config=AnthropicConfig(model="m", base_url=srv.url, max_retries=1))
-    return OpenAIAgent("gpt-0", api_key="test-key",
+    return OpenAIAgent("gpt-0", api_key="test-key", price=(2.0, 8.0),
                        config=OpenAIConfig(model="m", base_url=srv.url + "/v1", max_retries=1, api="responses"))
 
 
@@ -109,6 +109,11 @@ def test_an_llm_agent_builds_a_child_of_an_accepted_offline_candidate(swarm_ctx,
     assert verdicts == [f"verdict: correct, speedup {ctx.board.list_evaluations(candidate=child.id).items[0].speedup:.3f}x,"
                         f" child of {parent.id[:12]}"]
 
+    from compiler.loop import _report_agents, per_agent
+    from compiler.progress import Progress
+    progress = Progress(time.monotonic() + 1, quiet=True)
+    _report_agents(ctx.board, ctx.run_id, per_agent(result, []), progress)   # as the loop does after the search
+
     with UIServer(UIConfig(board=f"sqlite:///{db}")) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         page = c.get(f"/candidates/{child.id}").text
         assert f'class="parent" href="/candidates/{parent.id}"' in page and "written by" in page and "llm" in page
@@ -116,6 +121,10 @@ def test_an_llm_agent_builds_a_child_of_an_accepted_offline_candidate(swarm_ctx,
         run_page = c.get(f"/runs/{ctx.run_id}").text
         lineage = run_page[run_page.index('id="lineage"'):]
         assert offline.name in lineage and llm.name in lineage and f"/candidates/{child.id}" in lineage
+        agents = run_page[run_page.index('id="agents"'):run_page.index('id="lineage"')]
+        u = llm.usage()
+        assert llm.name in agents and f"<td class=\"num\">{u.input_tokens}</td>" in agents
+        assert f"${u.cost_usd:.4f}" in agents and u.cost_usd > 0
 
 
 def test_an_offline_agent_works_a_template_idea_posted_by_an_llm_agent(swarm_ctx):
