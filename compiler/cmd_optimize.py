@@ -139,7 +139,8 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
     if as_json:
         _print_json({"plan_dir": str(vdir), "report": str(vdir / "report.md"), "version": plan.version,
                      "optimizations": [o.to_dict() for o in plan.optimizations],
-                     "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")}, **extra})
+                     "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")},
+                     "agents": plan.run.get("agent_reports", []), **extra})
         return
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}x"  # noqa: E731
     print(f"plan v{plan.version}: {len(plan.optimizations)} accepted optimization(s); "
@@ -147,6 +148,10 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
     for o in plan.optimizations:
         print(f"  {o.name}: {', '.join(o.targets) or 'config'}  fast {fmt(o.speedup.get('fast'))}  "
               f"slow {fmt(o.speedup.get('slow'))}")
+    for a in plan.run.get("agent_reports", []):
+        if a.get("requests"):
+            print(f"  {a['name']}: {a['input_tokens'] + a['cached_tokens'] + a['output_tokens']} tokens, "
+                  f"${a['cost_usd']:.4f}, {a['tried']} candidates, {a['accepted']} accepted")
     print(f"plan:   {vdir / 'plan.json'}")
     print(f"report: {vdir / 'report.md'}")
 

@@ -57,7 +57,7 @@ def expected_usage(kind: str) -> tuple[int, int, int, float]:
 
 
 @pytest.mark.slow
-def test_optimize_with_llm_and_offline_agents_end_to_end(tmp_path, monkeypatch):
+def test_optimize_with_llm_and_offline_agents_end_to_end(tmp_path, monkeypatch, capsys):
     names = [f"{k}-{i}" for k in ("anthropic", "openai") for i in range(2)]
     scripts = {f"{MODELS[n.split('-')[0]]}@{n}": conversation(n) for n in names}
     out = tmp_path / "plans"
@@ -73,6 +73,10 @@ def test_optimize_with_llm_and_offline_agents_end_to_end(tmp_path, monkeypatch):
                      "--out", str(out), "--quiet", "--llm-budget-usd", "5"])
         assert code == 0
         assert srv.protocol_errors == [] and all(srv.remaining(k) == 0 for k in scripts)
+    summary = capsys.readouterr().out
+    for n in names:                                   # one line per LLM agent after the plan's summary
+        assert f"  {n}: {sum(expected_usage(n.split('-')[0])[:3])} tokens, ${expected_usage(n.split('-')[0])[3]:.4f}, " \
+               f"1 candidates" in summary
 
     vdir = out / "v1"
     report = (vdir / "report.md").read_text()
