@@ -318,8 +318,9 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
 
                 if not stop.is_set() and time.monotonic() < deadline:
                     progress.phase("searching")
+                    timed_on = "cpu" if device["kind"] == "cpu" else cfg.hw       # the roofline's hardware
                     swarm = _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
-                                       base_profile, deadline, stop, tried, hw="cpu" if device["kind"] == "cpu" else cfg.hw)
+                                       base_profile, deadline, stop, tried, hw=timed_on)
                     agent_reports = per_agent(swarm, accepted_log)
                     _report_agents(board, run_id, agent_reports, progress)
                 interrupted = stop.is_set()

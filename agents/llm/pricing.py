@@ -1,7 +1,8 @@
 """Dollar cost of tokens. USD per million tokens (input, output), matched by the longest model-name
 prefix; list prices at the time of writing — pass ``price=(in, out)`` to an agent to override, and
 unknown models (a local server) cost 0 while their tokens are still counted. Prompt-cache reads cost
-``CACHE_READ`` of the input price (Anthropic 0.1, OpenAI 0.5 on most models: per provider), cache writes ``CACHE_WRITE`` (Anthropic's 5-minute cache)."""
+``CACHE_READ`` of the input price per provider (Anthropic 0.1, OpenAI 0.5 on most models), cache
+writes ``CACHE_WRITE`` of it (Anthropic's 5-minute cache)."""
 
 from __future__ import annotations
 

@@ -106,8 +106,8 @@ def test_an_llm_agent_builds_a_child_of_an_accepted_offline_candidate(swarm_ctx,
                                               "parent_author": offline.name, "child_author": llm.name,
                                               "child_kind": "llm"}]
     verdicts = [p.body for p in ctx.board.list_posts(ctx.run_id, kind="verdict").items]
-    assert verdicts == [f"verdict: correct, speedup {ctx.board.list_evaluations(candidate=child.id).items[0].speedup:.3f}x,"
-                        f" child of {parent.id[:12]}"]
+    speedup = ctx.board.list_evaluations(candidate=child.id).items[0].speedup
+    assert verdicts == [f"verdict: correct, speedup {speedup:.3f}x, child of {parent.id[:12]}"]
 
     from compiler.loop import _report_agents, per_agent
     from compiler.progress import Progress

@@ -75,8 +75,8 @@ def test_optimize_with_llm_and_offline_agents_end_to_end(tmp_path, monkeypatch, 
         assert srv.protocol_errors == [] and all(srv.remaining(k) == 0 for k in scripts)
     summary = capsys.readouterr().out
     for n in names:                                   # one line per LLM agent after the plan's summary
-        assert f"  {n}: {sum(expected_usage(n.split('-')[0])[:3])} tokens, ${expected_usage(n.split('-')[0])[3]:.4f}, " \
-               f"1 candidates" in summary
+        i, c, o, dollars = expected_usage(n.split("-")[0])
+        assert f"  {n}: {i + c + o} tokens, ${dollars:.4f}, 1 candidates" in summary
 
     vdir = out / "v1"
     report = (vdir / "report.md").read_text()
