@@ -226,7 +226,8 @@ class AgentContext:
 
     def post(self, author: str, body: str, *, idea: Any = None, kind: str = "note") -> None:
         """A message on an idea's thread (``idea``) or on the run. Kinds in use: "note", "verdict",
-        "learned" (what a cycle taught), "failure"."""
+        "learned" (what a cycle taught), "failure", "result" (offline agents, JSON), "stopped" (an LLM
+        agent's budget is spent)."""
         self.board.post(self.run_id, author=author, body=body,
                         idea=None if idea is None else _id_of(idea), kind=kind)
 

@@ -443,10 +443,14 @@ def per_agent(swarm: Any, accepted: list[Accepted]) -> list[dict]:
 
 
 def _report_agents(board: Any, run_id: Any, rows: list[dict], progress: Progress) -> None:
-    """Per-agent accounting into the run's config (the UI shows it) and one line of the LLM spend."""
+    """Per-agent accounting into the run's config (the UI shows it), the LLM agents' stopping lines (a
+    budget spent) and one line of the LLM spend, as progress events."""
     run = _board_call(board, "get_run", run_id)
     if run is not None:
         _board_call(board, "update_run", run_id, config={**(run.config or {}), "agent_reports": rows})
+    stopped = _board_call(board, "list_posts", run_id, kind="stopped", limit=100)
+    for post in getattr(stopped, "items", ()):                  # "stopping: the run's LLM budget is spent ..."
+        progress.event(f"{post.author}: {post.body}")
     llm = [r for r in rows if r["requests"]]
     if llm:
         progress.event(f"LLM agents: {sum(r['input_tokens'] + r['cached_tokens'] + r['output_tokens'] for r in llm)} "

@@ -122,7 +122,7 @@ class LLMAgent(Agent):
 
     def run_once(self, ctx: AgentContext) -> bool:
         if (why := self.over_budget()) is not None:
-            ctx.post(self.name, f"stopping: {why}")
+            ctx.post(self.name, f"stopping: {why}", kind="stopped")
             return False
         if self._failed_cycles >= self.budget.max_failed_cycles:
             return False
@@ -147,7 +147,7 @@ class LLMAgent(Agent):
         if box.lease is not None:
             box.lease.finish("done" if box.verdicts else "failed")
         if (why := self.over_budget()) is not None:      # spent during this cycle: say so once
-            ctx.post(self.name, f"stopping: {why}")
+            ctx.post(self.name, f"stopping: {why}", kind="stopped")
             return False
         # a cycle in which the model neither posted nor submitted anything: it has nothing left
         return bool(box.verdicts or box.ideas_posted)

@@ -183,6 +183,19 @@ def test_the_shared_run_budget_stops_every_llm_agent_with_one_line(ctx):
     assert 1 <= shared.spent.requests <= 2 and all(a.usage().requests <= 1 for a in agents)
     assert shared.spent.tokens == 5000 * shared.spent.requests
     assert all(r.stopped == "exhausted" and r.failures == 0 for r in result.agents)
-    lines = [p.body for p in ctx.board.list_posts(ctx.run_id).items if p.body.startswith("stopping:")]
-    assert len(lines) == 2 and all(f"the run's LLM budget is spent: " in ln and "of 4000 tokens" in ln
-                                   for ln in lines)
+    lines = [p.body for p in ctx.board.list_posts(ctx.run_id, kind="stopped").items]
+    assert len(lines) == 2 and all(ln.startswith("stopping: the run's LLM budget is spent: ")
+                                   and ln.endswith("of 4000 tokens") for ln in lines)
+    # the optimize loop repeats them (and the spend) on the terminal after the search
+    import io
+
+    from compiler.loop import _report_agents, per_agent
+    from compiler.progress import Progress
+    out = io.StringIO()
+    _report_agents(ctx.board, ctx.run_id, per_agent(result, []), Progress(time.monotonic(), stream=out))
+    shown = out.getvalue().splitlines()
+    assert sorted(ln.split(":")[0] for ln in shown if "budget is spent" in ln) == ["[tkcc] claude-a", "[tkcc] gpt-o"]
+    assert shown[-1] == f"[tkcc] LLM agents: {shared.spent.tokens} tokens, ${shared.spent.cost_usd:.4f}, " \
+                        "0 candidates, 0 accepted"
+    recorded = {r["name"]: r for r in ctx.board.get_run(ctx.run_id).config["agent_reports"]}
+    assert sum(r["requests"] for r in recorded.values()) == shared.spent.requests
