@@ -12,7 +12,9 @@ Contract (docs/internals.md, "Agents"):
   3. claim one (``ctx.claim(self.name)`` -> :class:`Lease`, atomic; the lease is heartbeated in the
      background until the ``with`` block ends);
   4. write a candidate (one Python source file: ``OVERRIDES``, optional ``CONFIG``/``DESCRIPTION``);
-  5. submit it: ``verdict = ctx.evaluate(source, author=self.name, idea_id=lease.idea_id)``;
+  5. submit it: ``verdict = ctx.evaluate(source, author=self.name, idea_id=lease.idea_id)``, with
+     ``parent=<candidate id>`` when it modifies another candidate (lineage on the board); the swarm
+     adds ``author_kind=self.kind`` ("llm" for LLM-written code, so a sandbox policy can apply);
   6. post the verdict and what it learned (``ctx.post(self.name, text, idea=lease.idea_id)``).
 
 - Failures are posted to the board (``ctx.post_failure``) and never raised into the swarm. If
@@ -21,7 +23,7 @@ Contract (docs/internals.md, "Agents"):
   long cycles should check ``ctx.expired()`` between steps.
 - ``usage()`` reports tokens and dollars spent (zero for offline agents); the swarm sums it.
 
-``ctx.evaluate`` returns a ``CandidateVerdict`` (``persistent_engine``'s supervisor): ``correct``
+``ctx.evaluate(source, *, author, idea_id=None, parent=None, author_kind="")`` returns a ``CandidateVerdict`` (``persistent_engine``'s supervisor): ``correct``
 (bool), ``reasons`` (one string per failed check), ``speedup`` (candidate over reference, float or
 None when not timed), ``per_point`` (list of dicts), ``timings`` (dict), ``restarted`` (bool: the
 candidate crashed or hung the engine). :func:`verdict_summary` turns one into a JSON-able dict.
@@ -56,14 +58,21 @@ class Usage:
     output_tokens: int = 0
     cost_usd: float = 0.0
     requests: int = 0
+    cached_tokens: int = 0          # input tokens served from (or written to) the prompt cache
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.cached_tokens + self.output_tokens
 
     def __add__(self, other: "Usage") -> "Usage":
         return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
-                     self.cost_usd + other.cost_usd, self.requests + other.requests)
+                     self.cost_usd + other.cost_usd, self.requests + other.requests,
+                     self.cached_tokens + other.cached_tokens)
 
     def to_dict(self) -> dict:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cost_usd": round(self.cost_usd, 6), "requests": self.requests}
+                "cached_tokens": self.cached_tokens, "cost_usd": round(self.cost_usd, 6),
+                "requests": self.requests}
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,16 @@ class Lease:
         self._thread.join(timeout=5)
         self.board.finish_idea(self.idea, agent=self.agent, status=status)
 
+    def release(self) -> None:
+        """Stop heartbeating and give the idea back to the pool unfinished (another kind of agent
+        should work it); idempotent."""
+        if self._finished:
+            return
+        self._finished = True
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.board.release_idea(self.idea, agent=self.agent)
+
     def __enter__(self) -> "Lease":
         return self
 
@@ -184,6 +203,7 @@ class AgentContext:
     ops: Mapping[str, OpInfo]                  # registry names -> signature and reference source
     deadline: float                            # time.monotonic() at which agents stop
     lease_s: float = 300.0
+    hw: str | None = None                      # cost_model hardware of the timings (roofline tools)
     stop: threading.Event = field(default_factory=threading.Event, compare=False)
 
     def replace(self, **changes: Any) -> "AgentContext":
@@ -206,7 +226,8 @@ class AgentContext:
 
     def post(self, author: str, body: str, *, idea: Any = None, kind: str = "note") -> None:
         """A message on an idea's thread (``idea``) or on the run. Kinds in use: "note", "verdict",
-        "learned" (what a cycle taught), "failure"."""
+        "learned" (what a cycle taught), "failure", "result" (offline agents, JSON), "stopped" (an LLM
+        agent's budget is spent)."""
         self.board.post(self.run_id, author=author, body=body,
                         idea=None if idea is None else _id_of(idea), kind=kind)
 
@@ -224,7 +245,10 @@ class AgentContext:
 
 
 class Agent(abc.ABC):
-    """One searcher of the swarm. See the module docstring for the full contract."""
+    """One searcher of the swarm. See the module docstring for the full contract. ``kind`` says what
+    writes its candidates ("program" for hand-written search code, "llm" for a language model)."""
+
+    kind: str = "program"
 
     def __init__(self, name: str):
         if not name or not isinstance(name, str):

@@ -22,11 +22,17 @@ kv_block_size) and DESCRIPTION (one line). Rules:
 - every candidate is verified against the reference on fresh random inputs (outputs poisoned with
   NaN first, higher-precision comparison, per-dtype tolerances) and timed by the engine against the
   reference, interleaved; only correct candidates that are faster beyond noise are accepted.
-Work with the tools: read_profile (where the time goes), read_op (signature and reference source),
-read_board (ideas and results of the other agents), post_idea (one concrete, untried idea),
-submit_candidate (the full source; returns the verdict), read_results (recent evaluations).
-Post one idea, implement it, submit it, fix it if it is rejected, then end your turn with one or two
-sentences on what you learned (that text is posted to the board for the other agents).
+Work with the tools: read_roofline (per op and workload point: FLOPs, bytes, the roofline time
+against the measured one: how far each op is from what the hardware allows), read_profile,
+read_hardware, read_op (signature and reference source), read_templates (the kernel template library;
+one rendered as a complete, accepted-format candidate), read_board and read_thread (ideas, verdicts and
+what the other agents learned), read_candidates and read_candidate (any agent's candidate: its source,
+verdict, reasons and measurements), post_idea (one concrete, untried idea; structured with template and
+knobs when the template searchers should measure it), submit_candidate (the full source; give parent
+when you modify another candidate, e.g. an accepted one found by the offline search).
+Read what the others posted before choosing. Post one idea, implement it, submit it, fix it if it is
+rejected, then end your turn with one or two sentences on what you learned (that text is posted to the
+board for the other agents).
 """
 
 
@@ -77,8 +83,22 @@ def board_digest(ideas: Iterable[Any], limit: int = 20) -> list[str]:
     return lines
 
 
-def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = None) -> str:
-    """The first user message of a cycle: where the time goes, the points, the ops, the board."""
+def posts_digest(posts: Iterable[Any], limit: int = 12, chars: int = 240) -> list[str]:
+    """One line per recent post (author, kind, idea, the start of its body), newest first."""
+    lines = []
+    for p in list(posts)[:limit]:
+        get = p.get if isinstance(p, Mapping) else (lambda k, i=p: getattr(i, k, None))
+        body = " ".join(str(get("body") or "").split())
+        body = body if len(body) <= chars else body[:chars] + "..."
+        idea = get("idea_id")
+        lines.append(f"  {get('author')} [{get('kind')}]" + (f" on #{idea}" if idea else "") + f": {body}")
+    return lines
+
+
+def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = None,
+                 posts: Iterable[Any] = ()) -> str:
+    """The first user message of a cycle: where the time goes, the points, the ops, the board and
+    what the other agents posted last."""
     spec = ctx.spec
     parts = [f"Model: {getattr(spec, 'name', spec)}; {len(ctx.points)} workload points; "
              f"{max(ctx.time_left(), 0):.0f} s left in this run.",
@@ -87,7 +107,9 @@ def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = No
              "Workload points:", *_point_lines(ctx.points),
              "Ops you may override (read_op gives the reference source):",
              *[f"  {info.signature}" for info in ctx.ops.values()],
-             "Ideas on the board:", *(board_digest(ideas) or ["  (none yet)"])]
+             "Ideas on the board:", *(board_digest(ideas) or ["  (none yet)"]),
+             "Latest posts (read_candidate gives any candidate's source and verdict):",
+             *(posts_digest(posts) or ["  (none yet)"])]
     if held is not None:
         get = held.get if isinstance(held, Mapping) else (lambda k: getattr(held, k, None))
         parts.append(f"You hold idea #{get('id')} (target {get('target')}): {get('title')}\n"

@@ -101,9 +101,13 @@ def run_swarm(agents: Sequence[Agent], ctx: AgentContext, budget_s: float, *,
     lock = threading.Lock()
     tallies = {a.name: _Tally() for a in agents}
 
-    def counted(name: str) -> Callable[..., Any]:
-        def evaluate(source: str, *, author: str | None = None, idea_id: Any = None) -> Any:
-            verdict = ctx.evaluate(source, author=author or name, idea_id=idea_id)
+    def counted(agent: Agent) -> Callable[..., Any]:
+        name = agent.name
+
+        def evaluate(source: str, *, author: str | None = None, idea_id: Any = None,
+                     parent: Any = None) -> Any:
+            verdict = ctx.evaluate(source, author=author or name, idea_id=idea_id, parent=parent,
+                                   author_kind=agent.kind)
             s = verdict_summary(verdict)
             with lock:
                 t = tallies[name]
@@ -146,7 +150,7 @@ def run_swarm(agents: Sequence[Agent], ctx: AgentContext, budget_s: float, *,
     stop = threading.Event()  # the swarm's own; the caller's ctx.stop also ends it
     threads = []
     for agent in agents:
-        actx = ctx.replace(evaluate=counted(agent.name), deadline=deadline, stop=stop)
+        actx = ctx.replace(evaluate=counted(agent), deadline=deadline, stop=stop)
         th = threading.Thread(target=loop, args=(agent, actx), name=f"agent-{agent.name}",
                               daemon=True)
         th.start()
@@ -185,8 +189,10 @@ def run_swarm(agents: Sequence[Agent], ctx: AgentContext, budget_s: float, *,
 
 def board_evaluator(board: Any, run_id: Any, engine_evaluate: Callable[[str, float], Any], *,
                     timeout_s: float = 300.0, tier: str = "fast", device: str = "cpu",
-                    timing_method: str = "") -> Callable[..., Any]:
-    """``ctx.evaluate`` backed by an engine: records candidate and evaluation on the board.
+                    timing_method: str = "", accept: Callable[[Any], bool] = is_faster) -> Callable[..., Any]:
+    """``ctx.evaluate`` backed by an engine: records candidate (with its parent and author kind) and
+    evaluation on the board; ``metrics["accepted"]`` is ``accept(verdict)`` (default: correct and
+    faster; the compiler's own evaluate applies its acceptance tiers instead).
 
     ``engine_evaluate(source, timeout_s) -> CandidateVerdict`` is typically ``Supervisor.evaluate``.
     Calls are serialised (one engine), and a source seen before returns its first verdict.
@@ -194,19 +200,21 @@ def board_evaluator(board: Any, run_id: Any, engine_evaluate: Callable[[str, flo
     lock = threading.Lock()
     seen: dict[str, Any] = {}
 
-    def evaluate(source: str, *, author: str, idea_id: Any = None) -> Any:
+    def evaluate(source: str, *, author: str, idea_id: Any = None, parent: Any = None,
+                 author_kind: str = "") -> Any:
         key = hashlib.sha256(source.encode()).hexdigest()
         with lock:
             if key in seen:
                 return seen[key]
-            cand = board.add_candidate(run_id, author=author, source=source, idea=idea_id)
+            cand = board.add_candidate(run_id, author=author, source=source, idea=idea_id,
+                                       parent=parent, author_kind=author_kind)
             verdict = engine_evaluate(source, timeout_s)
             s = verdict_summary(verdict)
             board.add_evaluation(
                 cand, tier=tier, point=None,
                 metrics={"speedup": s["speedup"], "timings": getattr(verdict, "timings", {}),
                          "per_point": getattr(verdict, "per_point", []),
-                         "restarted": s["restarted"]},
+                         "restarted": s["restarted"], "accepted": bool(accept(verdict))},
                 verdict="correct" if s["correct"] else "rejected", reasons=s["reasons"],
                 device=device, versions={}, timing_method=timing_method)
             seen[key] = verdict

@@ -337,16 +337,23 @@ class Board(BoardQueries):
                                        "body": body}).mappings().one()
             return Post.from_row(row)
 
-    def add_candidate(self, run: Any, author: str, source: str, idea: Any = None) -> str:
+    def add_candidate(self, run: Any, author: str, source: str, idea: Any = None, *,
+                      parent: Any = None, author_kind: str = "") -> str:
         """Store a candidate source; returns its id (``records.candidate_id``: a hash of run and
-        source). The same source added again to the run returns the same id and keeps the first
-        author and idea."""
+        source). ``parent`` is the candidate it modifies (lineage), ``author_kind`` what wrote it
+        ("llm", "offline", ...). The same source added again to the run returns the same id and
+        keeps the first author, idea and parent. A ``parent`` that is not a candidate is a
+        BoardError."""
         rid = id_of(run)
         cid = candidate_id(rid, source)
+        pid = None if parent is None else str(id_of(parent))
+        if pid == cid:
+            raise BoardError("add_candidate: a candidate cannot be its own parent")
         with self._write("add_candidate") as conn:
             conn.execute(self._insert(T_CANDIDATES).values(
                 id=cid, run_id=rid, idea_id=None if idea is None else id_of(idea), author=author,
-                source=source, source_hash=source_hash(source), created_at=db_now())
+                source=source, source_hash=source_hash(source), created_at=db_now(),
+                parent_id=pid, author_kind=str(author_kind or ""))
                 .on_conflict_do_nothing(index_elements=["id"]))
         return cid
 

@@ -122,6 +122,18 @@ class BoardQueries:
                 T_IDEAS.c.run_id == id_of(run),
                 T_IDEAS.c.title_key == title_key(title, target))).first() is not None
 
+    def lineage(self, run: Any) -> list[dict]:
+        """Every parent -> child edge of a run's candidates: ``{"parent", "child", "parent_author",
+        "child_author", "child_kind"}``, oldest child first (ties within the clock's resolution by id):
+        who built on whom."""
+        c, p = T_CANDIDATES.alias("c"), T_CANDIDATES.alias("p")
+        stmt = (select(p.c.id.label("parent"), c.c.id.label("child"), p.c.author.label("parent_author"),
+                       c.c.author.label("child_author"), c.c.author_kind.label("child_kind"))
+                .select_from(c.join(p, c.c.parent_id == p.c.id))
+                .where(c.c.run_id == id_of(run)).order_by(c.c.created_at, c.c.id).limit(MAX_LIMIT))
+        with self._e.read.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
     def idea_counts(self, run: Any) -> dict[str, int]:
         """``{status: count}`` of the run's ideas (every status present, zeros included)."""
         from .records import IDEA_STATUSES
@@ -183,9 +195,12 @@ class BoardQueries:
         return self._page(stmt, t, Claim, sort, _CLAIM_SORT, limit, offset)
 
     def list_candidates(self, run: Any = None, *, idea: Any = None, author: str | None = None,
-                        sort: str = "date", limit: int = 50, offset: int = 0) -> Page[Candidate]:
+                        parent: Any = None, author_kind: str | None = None, sort: str = "date",
+                        limit: int = 50, offset: int = 0) -> Page[Candidate]:
+        """Candidates of a run; ``parent`` gives the children of that candidate (lineage)."""
         t = T_CANDIDATES
-        stmt = _where(select(t), r=(t.c.run_id, run), i=(t.c.idea_id, idea), a=(t.c.author, author))
+        stmt = _where(select(t), r=(t.c.run_id, run), i=(t.c.idea_id, idea), a=(t.c.author, author),
+                      p=(t.c.parent_id, parent), k=(t.c.author_kind, author_kind))
         return self._page(stmt, t, Candidate, sort, _CANDIDATE_SORT, limit, offset)
 
     def list_evaluations(self, run: Any = None, *, candidate: Any = None, tier: str | None = None,

@@ -142,6 +142,8 @@ class Candidate(Record):
     source: str
     source_hash: str
     created_at: float
+    parent_id: str | None = None
+    author_kind: str = ""
 
 
 @dataclass(frozen=True)

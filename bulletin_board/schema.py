@@ -149,7 +149,9 @@ class PostRow(Base):
 
 
 class CandidateRow(Base):
-    """A candidate source file. ``id`` is content-addressed (see ``records.candidate_id``)."""
+    """A candidate source file. ``id`` is content-addressed (see ``records.candidate_id``).
+    ``parent_id`` is the candidate it modifies (lineage; None for a fresh one) and ``author_kind``
+    what wrote it ("llm", "offline", "seed", "files"; a sandbox policy may treat "llm" apart)."""
 
     __tablename__ = "candidates"
 
@@ -160,6 +162,9 @@ class CandidateRow(Base):
     source: Mapped[str] = mapped_column(Text)
     source_hash: Mapped[str] = mapped_column(String(64), index=True)   # sha256 of the source
     created_at: Mapped[float] = mapped_column(Float)
+    parent_id: Mapped[str | None] = mapped_column(ForeignKey("candidates.id", name="fk_candidates_parent_id"),
+                                                  nullable=True, index=True)
+    author_kind: Mapped[str] = mapped_column(String(20), default="", server_default="")
 
 
 class EvaluationRow(Base):

@@ -2,7 +2,9 @@
 
     offline:4              the offline search agents of ``agents.offline`` (kernel-template search,
                            config search), round-robin over the kinds, 4 in all
-    anthropic:2 / openai:1 LLM agents (keys from ANTHROPIC_API_KEY / OPENAI_API_KEY)
+    anthropic:2 / openai:1 LLM agents (keys from ANTHROPIC_API_KEY / OPENAI_API_KEY; endpoints from
+                           ANTHROPIC_BASE_URL / OPENAI_BASE_URL, models from TKCC_ANTHROPIC_MODEL /
+                           TKCC_OPENAI_MODEL); all of them draw on one run budget (``llm_budget``)
     files:DIR              one agent that submits every ``*.py`` candidate in DIR (hand-written
                            kernels, or a previous plan's ``kernels/``)
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
+
 from agents import Agent, AgentContext
 
 _LLM = {"anthropic": "AnthropicAgent", "openai": "OpenAIAgent"}
@@ -24,6 +28,8 @@ class AgentSpecError(ValueError):
 
 class FilesAgent(Agent):
     """Submits a fixed list of candidate sources, one per cycle; done when the list is."""
+
+    kind = "files"
 
     def __init__(self, name: str, sources: list[tuple[str, str]]):
         super().__init__(name)
@@ -65,9 +71,21 @@ def offline_agents(n: int, device: str) -> list[Agent]:
     return list(factory(n, device=device))
 
 
-def build_agents(spec: str, device: str = "cpu") -> list[Agent]:
+def llm_agents(kind: str, count: int, llm_budget: Any) -> list[Agent]:
+    """``count`` LLM agents of ``kind`` sharing ``llm_budget`` (an ``agents.llm.SharedSpend``). A missing
+    key is an AgentSpecError naming the variable (one line, exit 2)."""
+    llm = importlib.import_module("agents.llm")
+    cls = getattr(llm, _LLM[kind])
+    try:
+        return [cls(f"{kind}-{i}", shared=llm_budget) for i in range(count)]
+    except llm.MissingKeyError as e:
+        raise AgentSpecError(f"--agents {kind}:{count}: {e}") from None
+
+
+def build_agents(spec: str, device: str = "cpu", llm_budget: Any = None) -> list[Agent]:
     """Agent instances for an ``--agents`` string (see the module docstring); names are unique.
-    ``device`` ("cpu" or "cuda") tells the offline agents which kernels are worth timing."""
+    ``device`` ("cpu" or "cuda") tells the offline agents which kernels are worth timing;
+    ``llm_budget`` (``agents.llm.SharedSpend`` or None: unlimited) is the LLM agents' run budget."""
     agents: list[Agent] = []
     for item in (s.strip() for s in spec.split(",") if s.strip()):
         kind, _, arg = item.partition(":")
@@ -83,8 +101,7 @@ def build_agents(spec: str, device: str = "cpu") -> list[Agent]:
         if kind == "offline":
             agents += offline_agents(count, device)
         elif kind in _LLM:
-            cls = getattr(importlib.import_module("agents"), _LLM[kind])
-            agents += [cls(f"{kind}-{i}") for i in range(count)]
+            agents += llm_agents(kind, count, llm_budget)
         else:
             raise AgentSpecError(f"--agents: unknown agent kind {kind!r} (offline, anthropic, openai, files:DIR)")
     if not agents:

@@ -2,8 +2,9 @@
 
 Detected devices (name, memory, compute capability), Python / torch / Triton / CUDA / driver
 versions, and which optional parts are present: Ray (many machines), the PostgreSQL driver (a shared
-board), the LLM SDKs and whether their API keys are set (the values are never printed), and any engine
-process that outlived the orchestrator that started it (``stray_engines``: pid, command line).
+board); the LLM SDKs (installed or not, their versions) and whether their API keys and endpoints are set
+(the values are never printed), and any engine process that outlived the orchestrator that started it
+(``stray_engines``: pid, command line).
 Exit 0; the report is informational.
 """
 
@@ -20,10 +21,11 @@ import sys
 OPTIONAL = [
     ("ray", "ray", "ray", "Ray fleet (many machines)"),
     ("psycopg", "psycopg", "psycopg", "PostgreSQL board"),
-    ("anthropic", "anthropic", "anthropic", "Anthropic LLM agents"),
-    ("openai", "openai", "openai", "OpenAI / compatible LLM agents"),
 ]
 REQUIRED = ["torch", "triton", "pyzmq", "msgpack", "sqlalchemy", "pandas", "pyarrow", "fastapi"]   # distributions
+# (SDK import name = distribution, key variable, endpoint variable, what it enables)
+LLM_SDKS = [("anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "--agents anthropic:N"),
+            ("openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", "--agents openai:N (or any compatible server)")]
 API_KEYS = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"]
 
 
@@ -77,6 +79,10 @@ def collect() -> dict:
         "required": {dist: _version(dist) for dist in REQUIRED},
         "optional": {label: {"present": _present(mod), "version": _version(dist), "enables": what}
                      for label, mod, dist, what in OPTIONAL},
+        "llm_sdks": {sdk: {"installed": _present(sdk), "version": _version(sdk) if _present(sdk) else None, "key": key,
+                           "key_set": bool(os.environ.get(key)), "base_url_set": bool(os.environ.get(url)),
+                           "enables": what}
+                     for sdk, key, url, what in LLM_SDKS},
         "api_keys": {k: bool(os.environ.get(k)) for k in API_KEYS},
         "stray_engines": _strays(),
     }
@@ -106,6 +112,12 @@ def render(r: dict) -> str:
     for label, o in r["optional"].items():
         state = f"present {o['version'] or ''}".strip() if o["present"] else "absent"
         lines.append(f"  {label:<10} {state:<18} {o['enables']}")
+    lines.append("LLM SDKs:")
+    for sdk, o in r["llm_sdks"].items():
+        state = f"installed {o['version'] or ''}".strip() if o["installed"] else "NOT INSTALLED"
+        where = "custom endpoint" if o["base_url_set"] else "default endpoint"
+        lines.append(f"  {sdk:<10} {state:<18} {o['key']} {'set' if o['key_set'] else 'not set'}, {where}; "
+                     f"{o['enables']}")
     lines.append("API keys: " + ", ".join(f"{k} {'set' if on else 'not set'}" for k, on in r["api_keys"].items()))
     strays = r.get("stray_engines") or []
     lines.append("stray engines: " + ("none" if not strays else f"{len(strays)} outlived their orchestrator "

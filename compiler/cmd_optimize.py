@@ -4,6 +4,7 @@
                    [--out DIR] [--device auto|cpu|cuda] [--fast-layers N] [--slow-layers N]
                    [--fleet local|ray] [--ray-address ADDR] [--gpus N] [--aa-runs N] [--json]
                    [--routing-skew ALPHA | --routing-histogram FILE] [--weights PATH]
+                   [--llm-budget-usd X] [--llm-budget-tokens N]
     tkcc recompile --plan DIR --traffic FILE [--budget 10m] [--force] [--json]
                    exit 0 either way (no drift: nothing written; drift: a new version beside the old)
     tkcc plan show DIR [--json]
@@ -71,6 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="slow tier's MoE expert load from measured per-expert counts (JSON or text, per layer)")
     p.add_argument("--weights", default=None,
                    help="HF safetensors checkpoint (file or directory) both tiers load instead of random weights")
+    p.add_argument("--llm-budget-usd", type=float, default=None,
+                   help="dollars all LLM agents of the run may spend together (default: no limit)")
+    p.add_argument("--llm-budget-tokens", type=int, default=None,
+                   help="tokens all LLM agents of the run may spend together (default: no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_optimize)
@@ -123,6 +128,9 @@ def _optimize(args: argparse.Namespace) -> int:
     from compiler.loop import OptimizeConfig, optimize
 
     budget = parse_duration(args.budget)
+    for flag, v in (("--llm-budget-usd", args.llm_budget_usd), ("--llm-budget-tokens", args.llm_budget_tokens)):
+        if v is not None and not v > 0:
+            raise UsageError(f"{flag} must be positive, got {v}")
     out = args.out or str(Path("plans") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model).stem) or "model"))
     input_file(args.traffic, "traffic file")          # kinds of every path before any work starts
     output_dir(out)
@@ -136,7 +144,8 @@ def _optimize(args: argparse.Namespace) -> int:
                          aa_runs=args.aa_runs, gpus=args.gpus,
                          vs_torch_compile=args.vs_torch_compile, continue_plan=not args.fresh,
                          quiet=args.quiet or args.json, routing_skew=args.routing_skew,
-                         routing_histogram=args.routing_histogram, weights=args.weights)
+                         routing_histogram=args.routing_histogram, weights=args.weights,
+                         llm_budget_usd=args.llm_budget_usd, llm_budget_tokens=args.llm_budget_tokens)
     res = optimize(cfg)
     _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)
     return 130 if res.interrupted and not args.json else 0
@@ -147,7 +156,8 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
     if as_json:
         _print_json({"plan_dir": str(vdir), "report": str(vdir / "report.md"), "version": plan.version,
                      "optimizations": [o.to_dict() for o in plan.optimizations],
-                     "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")}, **extra})
+                     "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")},
+                     "agents": plan.run.get("agent_reports", []), **extra})
         return
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}x"  # noqa: E731
     print(f"plan v{plan.version}: {len(plan.optimizations)} accepted optimization(s); "
@@ -155,6 +165,10 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
     for o in plan.optimizations:
         print(f"  {o.name}: {', '.join(o.targets) or 'config'}  fast {fmt(o.speedup.get('fast'))}  "
               f"slow {fmt(o.speedup.get('slow'))}")
+    for a in plan.run.get("agent_reports", []):
+        if a.get("requests"):
+            print(f"  {a['name']}: {a['input_tokens'] + a['cached_tokens'] + a['output_tokens']} tokens, "
+                  f"${a['cost_usd']:.4f}, {a['tried']} candidates, {a['accepted']} accepted")
     print(f"plan:   {vdir / 'plan.json'}")
     print(f"report: {vdir / 'report.md'}")
 

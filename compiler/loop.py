@@ -65,6 +65,8 @@ class OptimizeConfig:
     routing_skew: float | None = None        # slow tier's power-law exponent (None: the default, 0: uniform)
     routing_histogram: str | None = None     # or a file of measured per-expert loads
     weights: str | None = None               # a checkpoint both tiers load (its routers kept)
+    llm_budget_usd: float | None = None      # the LLM agents' dollar budget for the run (all of them)
+    llm_budget_tokens: int | None = None     # ... and token budget (None: no limit)
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,15 @@ def op_ms(profile: Any, points: list[dict]) -> dict[str, float]:
     return {k: round(v, 6) for k, v in out.items()}
 
 
-def make_agents(spec: str, device: str) -> list[Any]:
-    """``offline:4`` / ``anthropic:2,offline:2`` -> agent instances."""
+def make_agents(spec: str, device: str, llm_budget_usd: float | None = None,
+                llm_budget_tokens: int | None = None) -> list[Any]:
+    """``offline:4`` / ``anthropic:2,offline:2`` -> agent instances; the LLM ones share one budget."""
     from compiler.agent_spec import build_agents
-    return build_agents(spec, device)
+    shared = None
+    if any(k.strip().split(":")[0] in ("anthropic", "openai") for k in spec.split(",")):
+        from agents.llm import SharedSpend
+        shared = SharedSpend(llm_budget_usd, llm_budget_tokens)
+    return build_agents(spec, device, llm_budget=shared)
 
 
 def start_fleet(cfg: OptimizeConfig, fleet_cfg: Any) -> Any:
@@ -246,7 +253,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                                      inputs.traffic_token_ids(cfg.traffic, spec.vocab_size))
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
-    agents = make_agents(cfg.agents, device["kind"])
+    agents = make_agents(cfg.agents, device["kind"], cfg.llm_budget_usd, cfg.llm_budget_tokens)
     startup_s = budget.startup_timeout(900.0)    # before the board: a budget too short to start writes nothing
 
     stop = threading.Event()
@@ -284,6 +291,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     baseline: dict = {}
     noise: dict[str, float] = {}
     composition: Composition | None = None
+    agent_reports: list[dict] = []
     tried = [0]
     progress.start()
     try:
@@ -328,8 +336,11 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
 
                 if not stop.is_set() and time.monotonic() < deadline:
                     progress.phase("searching")
-                    _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
-                               base_profile, deadline, stop, tried)
+                    timed_on = "cpu" if device["kind"] == "cpu" else cfg.hw       # the roofline's hardware
+                    swarm = _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
+                                       base_profile, deadline, stop, tried, hw=timed_on)
+                    agent_reports = per_agent(swarm, accepted_log)
+                    _report_agents(board, run_id, agent_reports, progress)
                 interrupted = stop.is_set()
                 progress.phase("composing")
                 if interrupted:
@@ -359,6 +370,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                                layout_note, baseline, after, noise, composition, accepted_log, interrupted,
                                tried[0], restarts, time.monotonic() - t_start, tier_info,
                                progress.snapshot().phases)
+            if agent_reports:
+                plan = dataclasses.replace(plan, run={**plan.run, "agent_reports": agent_reports})
             sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
             vdir = plan_mod.write_version(out, plan, sources=sources,
                                           composed_source=composition.source if composition else compose([]),
@@ -383,9 +396,12 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
 
 
 def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress: Progress, source: str, *,
-              author: str, tried: list[int], idea_id: Any = None) -> Any:
-    """Fast tier, then acceptance (slow tier when it beats the noise); everything goes on the board."""
-    cand = _board_call(board, "add_candidate", run_id, author=author, source=source, idea=idea_id)
+              author: str, tried: list[int], idea_id: Any = None, parent: Any = None,
+              author_kind: str = "seed") -> Any:
+    """Fast tier, then acceptance (slow tier when it beats the noise); everything goes on the board,
+    the candidate with its parent (lineage) and its author's kind ("llm" for LLM-written code)."""
+    cand = _board_call(board, "add_candidate", run_id, author=author, source=source, idea=idea_id,
+                       parent=parent, author_kind=author_kind)
     verdict = fleet.evaluate("fast", source)
     tried[0] += 1
     progress.count("tried")
@@ -408,26 +424,62 @@ def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress:
 
 def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, fleet: Any,
                acceptor: Acceptor, progress: Progress, spec: Any, points: list[dict], base_profile: dict,
-               deadline: float, stop: threading.Event, tried: list[int]) -> None:
+               deadline: float, stop: threading.Event, tried: list[int], hw: str | None = None) -> Any:
+    """The agents' search; returns the ``agents.SwarmResult``. ``hw``: the cost-model hardware of the
+    timings (the LLM agents' roofline)."""
     from agents import AgentContext, op_catalog, run_swarm
 
     seen: dict[str, Any] = {}
     lock = threading.Lock()
 
-    def evaluate(source: str, *, author: str, idea_id: Any = None) -> Any:
+    def evaluate(source: str, *, author: str, idea_id: Any = None, parent: Any = None,
+                 author_kind: str = "") -> Any:
         key = hashlib.sha256(source.encode()).hexdigest()
         with lock:
             if key in seen:                      # the same source is never measured twice
                 return seen[key]
         verdict = _consider(board, run_id, fleet, acceptor, progress, source, author=author, tried=tried,
-                            idea_id=idea_id)
+                            idea_id=idea_id, parent=parent, author_kind=author_kind)
         with lock:
             seen[key] = verdict
         return verdict
 
     ctx = AgentContext(board=board, run_id=run_id, evaluate=evaluate, profile=base_profile, points=points,
-                       spec=spec, ops=op_catalog(), deadline=deadline, stop=stop)
-    run_swarm(agents, ctx, max(deadline - time.monotonic(), 0.0))
+                       spec=spec, ops=op_catalog(), deadline=deadline, stop=stop, hw=hw)
+    return run_swarm(agents, ctx, max(deadline - time.monotonic(), 0.0))
+
+
+def per_agent(swarm: Any, accepted: list[Accepted]) -> list[dict]:
+    """One row per agent: cycles, candidates tried / correct / accepted (confirmed on both tiers),
+    tokens, dollars and why it stopped."""
+    by_author: dict[str, int] = {}
+    for a in accepted:
+        by_author[a.author] = by_author.get(a.author, 0) + 1
+    rows = []
+    for r in getattr(swarm, "agents", ()):
+        u = r.usage
+        rows.append({"name": r.name, "cycles": r.cycles, "tried": r.tried, "correct": r.correct,
+                     "accepted": by_author.get(r.name, 0), "failures": r.failures,
+                     "input_tokens": u.input_tokens, "cached_tokens": u.cached_tokens,
+                     "output_tokens": u.output_tokens, "cost_usd": round(u.cost_usd, 6),
+                     "requests": u.requests, "stopped": r.stopped})
+    return rows
+
+
+def _report_agents(board: Any, run_id: Any, rows: list[dict], progress: Progress) -> None:
+    """Per-agent accounting into the run's config (the UI shows it), the LLM agents' stopping lines (a
+    budget spent) and one line of the LLM spend, as progress events."""
+    run = _board_call(board, "get_run", run_id)
+    if run is not None:
+        _board_call(board, "update_run", run_id, config={**(run.config or {}), "agent_reports": rows})
+    stopped = _board_call(board, "list_posts", run_id, kind="stopped", limit=100)
+    for post in getattr(stopped, "items", ()):                  # "stopping: the run's LLM budget is spent ..."
+        progress.event(f"{post.author}: {post.body}")
+    llm = [r for r in rows if r["requests"]]
+    if llm:
+        progress.event(f"LLM agents: {sum(r['input_tokens'] + r['cached_tokens'] + r['output_tokens'] for r in llm)} "
+                       f"tokens, ${sum(r['cost_usd'] for r in llm):.4f}, {sum(r['tried'] for r in llm)} candidates, "
+                       f"{sum(r['accepted'] for r in llm)} accepted")
 
 
 def _release_agents(agents: list[Any]) -> None:

@@ -38,12 +38,15 @@ class _AgentActorImpl:
     def name(self) -> str:
         return self.agent.name
 
+    def kind(self) -> str:
+        return self.agent.kind
+
     def start_cycle(self, run_id: Any, profile: dict, points: list, spec: Any, ops: dict,
                     seconds_left: float, lease_s: float) -> None:
         self.stop.clear()
 
-        def evaluate(source: str, *, author: str, idea_id: Any = None) -> Any:
-            self.requests.put(("evaluate", source, author, idea_id))
+        def evaluate(source: str, *, author: str, idea_id: Any = None, parent: Any = None, **_: Any) -> Any:
+            self.requests.put(("evaluate", source, author, idea_id, parent))
             while True:
                 try:
                     return self.replies.get(timeout=0.5)
@@ -82,9 +85,9 @@ class _AgentActorImpl:
 class RayAgent(Agent):
     """The swarm's handle on an agent living in a Ray actor."""
 
-    def __init__(self, name: str, actor: Any):
+    def __init__(self, name: str, actor: Any, kind: str = "program"):
         super().__init__(name)
-        self.actor = actor
+        self.actor, self.kind = actor, kind            # the remote agent's kind ("llm", ...)
 
     def run_once(self, ctx: AgentContext) -> bool:
         import ray
@@ -101,8 +104,9 @@ class RayAgent(Agent):
             if msg is None:
                 continue
             if msg[0] == "evaluate":
-                _, source, author, idea_id = msg
-                ray.get(self.actor.deliver.remote(ctx.evaluate(source, author=author, idea_id=idea_id)))
+                _, source, author, idea_id, parent = msg
+                ray.get(self.actor.deliver.remote(ctx.evaluate(source, author=author, idea_id=idea_id,
+                                                               parent=parent)))
             elif msg[0] == "done":
                 return msg[1]
             else:
@@ -120,4 +124,5 @@ def remote_agents(spec: str, count: int, device: str, board_url: str) -> list[Ra
     actor_cls = ray.remote(num_cpus=0)(_AgentActorImpl)
     actors = [actor_cls.remote(spec, i, device, board_url) for i in range(count)]
     names = ray.get([a.name.remote() for a in actors])
-    return [RayAgent(n, a) for n, a in zip(names, actors)]
+    kinds = ray.get([a.kind.remote() for a in actors])
+    return [RayAgent(n, a, k) for n, a, k in zip(names, actors, kinds)]

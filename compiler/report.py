@@ -136,6 +136,22 @@ def _routing_lines(tiers: dict) -> list[str]:
     return out
 
 
+def _agent_lines(rows: list[dict]) -> list[str]:
+    """Per-agent accounting of the search: candidates, acceptances, tokens and dollars (LLM agents)."""
+    if not rows:
+        return []
+    L = ["## Agents", "", "| agent | cycles | candidates | correct | accepted | input tokens | cached | "
+         "output tokens | cost | stopped |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        L.append(f"| {r['name']} | {r.get('cycles', 0)} | {r.get('tried', 0)} | {r.get('correct', 0)} | "
+                 f"{r.get('accepted', 0)} | {r.get('input_tokens', 0)} | {r.get('cached_tokens', 0)} | "
+                 f"{r.get('output_tokens', 0)} | ${float(r.get('cost_usd', 0)):.4f} | {r.get('stopped', '')} |")
+    total = sum(float(r.get("cost_usd", 0)) for r in rows)
+    tokens = sum(r.get("input_tokens", 0) + r.get("cached_tokens", 0) + r.get("output_tokens", 0) for r in rows)
+    L += ["", f"LLM spend: {tokens} tokens, ${total:.4f}.", ""]
+    return L
+
+
 def render(plan: Plan) -> dict[str, str]:
     """Files for the version directory: ``report.md`` and ``plots/*.svg``."""
     files: dict[str, str] = {}
@@ -205,6 +221,7 @@ def render(plan: Plan) -> dict[str, str]:
         L += ["No candidate beat the reference by more than the measured noise on both tiers; the plan "
               "is the reference forward pass.", ""]
 
+    L += _agent_lines(run.get("agent_reports") or [])
     if "op_time" in plots and plots["op_time"]:
         L += ["## Time per op", "", "![time per op](plots/op_time.svg)", ""]
     L += ["## Parallelism (projected by the cost model)", "",

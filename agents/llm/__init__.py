@@ -1,14 +1,15 @@
-"""LLM agents (Anthropic Messages API, OpenAI chat completions and compatible servers) over httpx."""
+"""LLM agents through the official SDKs: Anthropic (Messages API) and OpenAI (Responses API or chat
+completions; any OpenAI-compatible server through ``base_url``)."""
 
-from agents.llm.agent import AnthropicAgent, ChatModel, LLMAgent, LLMBudget, OpenAIAgent
+from agents.llm.agent import AnthropicAgent, ChatModel, LLMAgent, LLMBudget, OpenAIAgent, SharedSpend
 from agents.llm.anthropic import AnthropicChat, AnthropicConfig
-from agents.llm.http import RetryPolicy
 from agents.llm.messages import (LLMError, LLMReply, MalformedToolCalls, Message,
-                                 MissingKeyError, ToolCall, ToolResult,
+                                 MissingKeyError, TokenCount, ToolCall, ToolResult,
                                  ToolSpec)
 from agents.llm.openai import OpenAIChat, OpenAIConfig
-from agents.llm.tools import TOOLS, ToolBox
+from agents.llm.tools import RESULT_CHARS, TOOLS, ToolBox
 
 __all__ = ["AnthropicAgent", "AnthropicChat", "AnthropicConfig", "ChatModel", "LLMAgent", "LLMBudget",
            "LLMError", "LLMReply", "MalformedToolCalls", "Message", "MissingKeyError", "OpenAIAgent", "OpenAIChat",
-           "OpenAIConfig", "RetryPolicy", "TOOLS", "ToolBox", "ToolCall", "ToolResult", "ToolSpec"]
+           "OpenAIConfig", "RESULT_CHARS", "SharedSpend", "TOOLS", "TokenCount", "ToolBox", "ToolCall", "ToolResult",
+           "ToolSpec"]

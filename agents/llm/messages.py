@@ -2,8 +2,8 @@
 
 A conversation is a list of :class:`Message`: ``user`` messages carry text and/or the results of the
 previous turn's tool calls; ``assistant`` messages carry text and/or tool calls. The Anthropic and
-OpenAI clients translate these to and from their wire formats (``agents.llm.anthropic`` /
-``agents.llm.openai``), so the agent loop never sees either.
+OpenAI clients translate these to and from the official SDKs' request and response objects
+(``agents.llm.anthropic`` / ``agents.llm.openai``), so the agent loop never sees either.
 """
 
 from __future__ import annotations
@@ -53,8 +53,14 @@ class Message:
 
 @dataclass(frozen=True)
 class TokenCount:
+    """Tokens of one reply, from the SDK response's ``usage``: ``input_tokens`` read at the full
+    price, ``cache_read_tokens`` served from the prompt cache, ``cache_write_tokens`` written to it
+    (Anthropic), ``output_tokens``."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Dollar cost of tokens. USD per million tokens (input, output), matched by the longest model-name
 prefix; list prices at the time of writing — pass ``price=(in, out)`` to an agent to override, and
-unknown models (a local server) cost 0 while their tokens are still counted."""
+unknown models (a local server) cost 0 while their tokens are still counted. Prompt-cache reads cost
+``CACHE_READ`` of the input price per provider (Anthropic 0.1, OpenAI 0.5 on most models), cache
+writes ``CACHE_WRITE`` of it (Anthropic's 5-minute cache)."""
 
 from __future__ import annotations
 
@@ -32,5 +34,10 @@ def price_of(model: str) -> tuple[float, float]:
     return PRICES_PER_MTOK.get(best, (0.0, 0.0))
 
 
-def cost_usd(tokens: TokenCount, price: tuple[float, float]) -> float:
-    return (tokens.input_tokens * price[0] + tokens.output_tokens * price[1]) / 1e6
+CACHE_READ = {"anthropic": 0.1, "openai": 0.5}
+CACHE_WRITE = 1.25
+
+
+def cost_usd(tokens: TokenCount, price: tuple[float, float], provider: str = "openai") -> float:
+    cached = tokens.cache_read_tokens * CACHE_READ.get(provider, 0.5) + tokens.cache_write_tokens * CACHE_WRITE
+    return ((tokens.input_tokens + cached) * price[0] + tokens.output_tokens * price[1]) / 1e6

@@ -4,6 +4,8 @@ Offline agents differ in what they *propose* (kernel-template settings, engine c
 any of them can *work* any offline idea, because ``board.claim_idea`` hands out the open idea of
 highest priority whoever posted it. One cycle of :class:`OfflineAgent`:
 
+0. ``team.learn_from_board(ctx)``: the template results other teams posted (other processes or
+   machines on the same board) join the search state, so that choices build on them;
 1. ``propose(ctx)`` posts up to ``ideas_per_cycle`` new ideas (the subclass's search);
 2. claim one open idea (``ctx.claim``; heartbeated until finished);
 3. work it by its body's ``kind``: ``template`` (render, ``ctx.evaluate``) or ``config`` (replay the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from agents.base import Agent, AgentContext, verdict_summary
@@ -43,6 +46,30 @@ class OfflineTeam:
         self.search = SearchState()
         self.tried: set[str] = set()            # titles posted or worked by any agent of the team
         self.configs: list[tuple[dict, float]] = []   # (config, score) judged so far
+        self.members: set[str] = set()          # names of the team's agents
+        self.posts_read = 0                     # the run's "result" posts read so far (append-only)
+
+    def learn_from_board(self, ctx: AgentContext, limit: int = 200) -> int:
+        """Read the template results that searchers outside this team posted since the last call
+        (other processes or machines sharing the board: Ray actors, a second optimize) into the search
+        state, so every team builds on what the others measured. Returns how many it took in.
+        Cost: one board query of at most ``limit`` posts per call."""
+        with self.lock:
+            page = ctx.board.list_posts(ctx.run_id, kind="result", sort="id", limit=limit,
+                                        offset=self.posts_read)
+            self.posts_read += len(page.items)
+            taken = 0
+            for post in page.items:
+                doc = _json(post.body) or {}
+                if post.author in self.members or doc.get("kind") != TEMPLATE or "correct" not in doc:
+                    continue
+                choice = _choice(doc)
+                if choice is None:
+                    continue
+                self.tried.add(choice.key())
+                self.search.record(choice, reward_of(_Verdict(bool(doc["correct"]), doc.get("speedup"))))
+                taken += 1
+            return taken
 
     def arms(self, ctx: AgentContext) -> list[Template]:
         """Templates for this device whose op the engine's registry knows."""
@@ -56,6 +83,7 @@ class OfflineAgent(Agent):
     def __init__(self, name: str, team: OfflineTeam, *, ideas_per_cycle: int = 1, seed: int = 0):
         super().__init__(name)
         self.team = team
+        team.members.add(name)
         self.ideas_per_cycle = ideas_per_cycle
         self.rng = random.Random(f"{seed}:{name}")
         self.exhausted = False
@@ -65,6 +93,7 @@ class OfflineAgent(Agent):
         raise NotImplementedError
 
     def run_once(self, ctx: AgentContext) -> bool:
+        self.team.learn_from_board(ctx)          # what the others measured, before choosing
         proposed = False
         for _ in range(self.ideas_per_cycle):
             if ctx.expired() or self.exhausted:
@@ -153,6 +182,14 @@ def tried_on_board(ctx: AgentContext, title: str, target: str | None) -> bool:
         return ctx.already_tried(title, target)
     except AttributeError:          # a board without idea_exists: post_idea's dedup still holds
         return False
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """A verdict as another team's result post states it (what ``reward_of`` reads)."""
+
+    correct: bool
+    speedup: float | None
 
 
 def _json(body: str | None) -> dict | None:

@@ -1,30 +1,38 @@
-"""A real HTTP server on 127.0.0.1 that speaks the Anthropic Messages API (``POST /v1/messages``)
-and OpenAI chat completions (``POST /v1/chat/completions``), replaying recorded tool-call
-conversations. No network, no key, deterministic: the LLM agents are tested against it.
+"""A real HTTP server on 127.0.0.1 that speaks the Anthropic Messages API (``POST /v1/messages``),
+OpenAI chat completions (``POST /v1/chat/completions``) and the OpenAI Responses API
+(``POST /v1/responses``) closely enough that the official ``anthropic`` and ``openai`` SDK clients
+accept its answers (their response parsing is the test), replaying recorded tool-call conversations.
+No network, no key, deterministic: the LLM agents are tested against it.
 
-A script is a list of steps, replayed in order per conversation key (the request's ``model``), each
-step in a neutral form rendered into whichever wire format was asked:
+A script is a list of steps, replayed in order per conversation key, each step in a neutral form
+rendered into whichever wire format was asked. The key is ``"<model>@<agent>"`` when the request's
+``x-tkcc-agent`` header names an agent with a script of its own, else the request's ``model``.
 
 - ``{"text": "...", "tool_calls": [{"name": "read_op", "input": {"name": "rms_norm"}}],
-  "usage": {"input": 120, "output": 30}}``: one assistant turn (``tool_calls`` optional);
-  a call may give ``"raw": "{not json"`` instead of ``input`` to send malformed arguments;
-- ``{"fault": 429 | 500 | 503 | 529, "times": n}``: answer with that HTTP status n times
-  (``retry_after`` optional);
+  "usage": {"input": 120, "output": 30, "cached": 0}}``: one assistant turn (``tool_calls``
+  optional); a call may give ``"raw": "{not json"`` instead of ``input`` to send malformed arguments;
+- ``{"fault": 429 | 500 | 503 | 529, "times": n}``: answer with that HTTP status n times, with a
+  ``retry-after`` header of ``retry_after`` seconds when the step gives one (else ``retry-after-ms``
+  of the server's ``retry_after_ms``, so that the SDKs' backoff stays short in tests);
 - ``{"fault": "malformed", "times": n}``: 200 with a body that is not the expected JSON;
+- ``"delay_s": x`` on any step: wait x seconds before answering (a client timeout shorter than that
+  gives up and retries; the step is consumed either way);
 - ``"expect": ["substring", ...]`` on any step: the request's last message must contain each
   substring in one of its strings (e.g. a verdict the agent must have sent back), otherwise 400.
 
 Every request is also checked against the wire format (auth header, required fields, every tool call
 answered by a tool result in the next message); a violation is answered with HTTP 400 and recorded
 in ``protocol_errors`` (``api_key=None`` skips the auth check, like a local server). A key whose
-script is used up is answered with a plain closing text.
-Fixtures are JSON files ``{"scripts": {model: [steps]}}``; :meth:`ScriptedLLMServer.from_fixture`.
+script is used up is answered with a plain closing text. ``responses_api=False`` answers
+``/v1/responses`` with 404, like a compatible server that lacks it.
+Fixtures are JSON files ``{"scripts": {key: [steps]}}``; :meth:`ScriptedLLMServer.from_fixture`.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -45,9 +53,12 @@ class ScriptedLLMServer:
     """``with ScriptedLLMServer(scripts) as srv:`` serves on ``srv.url`` (an ephemeral port)."""
 
     def __init__(self, scripts: dict[str, list[dict]], *, api_key: str | None = "test-key",
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = "127.0.0.1", port: int = 0, responses_api: bool = True,
+                 retry_after_ms: int = 10):
         self._queues: dict[str, list[dict]] = {m: self._expand(s) for m, s in scripts.items()}
         self.api_key = api_key
+        self.responses_api = responses_api
+        self.retry_after_ms = retry_after_ms
         self.requests: list[RecordedRequest] = []
         self.protocol_errors: list[str] = []
         self._lock = threading.Lock()
@@ -102,7 +113,10 @@ class ScriptedLLMServer:
 
     def handle(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict, str]:
         """(status, extra headers, body text) for one POST."""
-        fmt = {"/v1/messages": "anthropic", "/v1/chat/completions": "openai"}.get(path)
+        routes = {"/v1/messages": "anthropic", "/v1/chat/completions": "openai"}
+        if self.responses_api:
+            routes["/v1/responses"] = "responses"
+        fmt = routes.get(path)
         if fmt is None:
             return self._record(path, "", 404, None, _err(f"no route {path}"))
         try:
@@ -112,29 +126,32 @@ class ScriptedLLMServer:
         except ValueError as exc:
             return self._record(path, "", 400, None, _err(f"invalid JSON: {exc}"), protocol=True)
         model = str(body.get("model", ""))
-        problem = (_check_anthropic if fmt == "anthropic" else _check_openai)(headers, body,
-                                                                             self.api_key)
+        problem = _CHECKS[fmt](headers, body, self.api_key)
         if problem:
             return self._record(path, model, 400, body, _err(problem), protocol=True)
         with self._lock:
-            queue = self._queues.get(model) or [{"text": EXHAUSTED_TEXT}]
+            agent_key = f"{model}@{headers.get('x-tkcc-agent', '')}"
+            key = agent_key if agent_key in self._queues else model
+            queue = self._queues.get(key) or [{"text": EXHAUSTED_TEXT}]
             step = queue[0]
             missing = [n for n in step.get("expect", [])
                        if n not in _text_of(_last_message(fmt, body))]
-            if not missing and self._queues.get(model):
+            if not missing and self._queues.get(key):
                 queue.pop(0)
         if missing:  # the step stays queued: the client may retry with the right history
             return self._record(path, model, 400, body,
                                 _err(f"expected {missing[0]!r} in the last message"), protocol=True)
+        if step.get("delay_s"):
+            time.sleep(float(step["delay_s"]))
         fault = step.get("fault")
         if fault == "malformed":
             return self._record(path, model, 200, body, "{\"choices\": [ {\"mess")
         if fault is not None:
-            extra = {"retry-after": str(step["retry_after"])} if "retry_after" in step else {}
+            extra = ({"retry-after": str(step["retry_after"])} if "retry_after" in step
+                     else {"retry-after-ms": str(self.retry_after_ms)})
             return self._record(path, model, int(fault), body,
                                 _err(f"scripted HTTP {fault}"), extra=extra)
-        render = _render_anthropic if fmt == "anthropic" else _render_openai
-        return self._record(path, model, 200, body, json.dumps(render(step, model, self._next_id)))
+        return self._record(path, model, 200, body, json.dumps(_RENDER[fmt](step, model, self._next_id)))
 
     def _record(self, path: str, model: str, status: int, body: dict | None, text: str, *,
                 protocol: bool = False, extra: dict | None = None) -> tuple[int, dict, str]:
@@ -158,11 +175,15 @@ class ScriptedLLMServer:
                 data = text.encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
+                self.send_header("request-id", f"req_{len(server.requests):06d}")
                 self.send_header("content-length", str(len(data)))
                 for k, v in extra.items():
                     self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+                    self.close_connection = True
 
             def log_message(self, *args: Any) -> None:  # quiet
                 return
@@ -175,6 +196,16 @@ def _err(message: str) -> str:
 
 
 def _last_message(fmt: str, body: dict) -> Any:
+    if fmt == "responses":  # the trailing function_call_output items, or the last input item
+        items = body.get("input")
+        if isinstance(items, str) or not items:
+            return items
+        tail = []
+        for item in reversed(items):
+            if item.get("type") != "function_call_output":
+                break
+            tail.append(item)
+        return list(reversed(tail)) or items[-1]
     msgs = body.get("messages") or []
     if fmt == "openai":  # the trailing tool messages together form the "last message"
         tail = []
@@ -197,9 +228,15 @@ def _text_of(obj: Any) -> str:
     return ""
 
 
+def _bearer(headers: dict) -> str | None:
+    auth = headers.get("authorization") or ""
+    return auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+
+
 def _check_anthropic(headers: dict, body: dict, key: str | None) -> str | None:
-    if key is not None and headers.get("x-api-key") != key:
-        return "missing or wrong x-api-key"
+    # the key as x-api-key or (newer SDKs) as a bearer token
+    if key is not None and key not in (headers.get("x-api-key"), _bearer(headers)):
+        return "missing or wrong API key (x-api-key or Authorization: Bearer)"
     if not headers.get("anthropic-version"):
         return "missing anthropic-version header"
     if not isinstance(body.get("max_tokens"), int):
@@ -266,9 +303,41 @@ def _check_openai(headers: dict, body: dict, key: str | None) -> str | None:
     return None
 
 
-def _usage(step: dict) -> tuple[int, int]:
+def _check_responses(headers: dict, body: dict, key: str | None) -> str | None:
+    if key is not None and headers.get("authorization") != f"Bearer {key}":
+        return "missing or wrong Authorization bearer token"
+    items = body.get("input")
+    if isinstance(items, str):
+        return None
+    if not isinstance(items, list) or not items:
+        return "input must be a string or a non-empty list of items"
+    for tool in body.get("tools", []):
+        if tool.get("type") != "function" or "name" not in tool:
+            return "each tool needs type function and name"
+    calls: set[str] = set()
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            if not isinstance(item.get("arguments"), str) or not item.get("call_id"):
+                return f"input {i}: function_call needs call_id and arguments (a string)"
+            calls.add(item["call_id"])
+        elif kind == "function_call_output":
+            if item.get("call_id") not in calls:
+                return f"input {i}: function_call_output {item.get('call_id')} answers no function_call"
+            calls.discard(item["call_id"])
+        elif kind == "message":
+            if item.get("role") not in ("user", "assistant", "system", "developer"):
+                return f"input {i}: unknown role {item.get('role')!r}"
+        else:
+            return f"input {i}: unknown item type {kind!r}"
+    if calls:
+        return f"function calls {sorted(calls)} were not answered"
+    return None
+
+
+def _usage(step: dict) -> tuple[int, int, int]:
     u = step.get("usage") or {}
-    return int(u.get("input", 100)), int(u.get("output", 50))
+    return int(u.get("input", 100)), int(u.get("output", 50)), int(u.get("cached", 0))
 
 
 def _render_anthropic(step: dict, model: str, next_id) -> dict:
@@ -278,10 +347,12 @@ def _render_anthropic(step: dict, model: str, next_id) -> dict:
     for call in step.get("tool_calls", []):
         content.append({"type": "tool_use", "id": next_id("toolu"), "name": call["name"],
                         "input": call["raw"] if "raw" in call else call.get("input", {})})
-    i, o = _usage(step)
+    i, o, c = _usage(step)
     return {"id": next_id("msg"), "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": "tool_use" if step.get("tool_calls") else "end_turn",
-            "stop_sequence": None, "usage": {"input_tokens": i, "output_tokens": o}}
+            "stop_sequence": None, "usage": {"input_tokens": i, "output_tokens": o,
+                                             "cache_read_input_tokens": c,
+                                             "cache_creation_input_tokens": 0}}
 
 
 def _render_openai(step: dict, model: str, next_id) -> dict:
@@ -292,8 +363,33 @@ def _render_openai(step: dict, model: str, next_id) -> dict:
              for c in step.get("tool_calls", [])]
     if calls:
         msg["tool_calls"] = calls
-    i, o = _usage(step)
-    return {"id": next_id("chatcmpl"), "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "message": msg,
+    i, o, c = _usage(step)
+    return {"id": next_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": msg, "logprobs": None,
                          "finish_reason": "tool_calls" if calls else "stop"}],
-            "usage": {"prompt_tokens": i, "completion_tokens": o, "total_tokens": i + o}}
+            "usage": {"prompt_tokens": i + c, "completion_tokens": o, "total_tokens": i + c + o,
+                      "prompt_tokens_details": {"cached_tokens": c}}}
+
+
+def _render_responses(step: dict, model: str, next_id) -> dict:
+    output: list[dict] = []
+    if step.get("text"):
+        output.append({"type": "message", "id": next_id("msg"), "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": step["text"], "annotations": []}]})
+    for call in step.get("tool_calls", []):
+        output.append({"type": "function_call", "id": next_id("fc"), "call_id": next_id("call"),
+                       "name": call["name"], "status": "completed",
+                       "arguments": call["raw"] if "raw" in call else json.dumps(call.get("input", {}))})
+    i, o, c = _usage(step)
+    return {"id": next_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
+            "status": "completed", "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
+            "tools": [], "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
+            "temperature": 1.0, "top_p": 1.0,
+            "usage": {"input_tokens": i + c, "output_tokens": o, "total_tokens": i + c + o,
+                      "input_tokens_details": {"cached_tokens": c},
+                      "output_tokens_details": {"reasoning_tokens": 0}}}
+
+
+_CHECKS = {"anthropic": _check_anthropic, "openai": _check_openai, "responses": _check_responses}
+_RENDER = {"anthropic": _render_anthropic, "openai": _render_openai, "responses": _render_responses}

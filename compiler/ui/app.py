@@ -11,7 +11,7 @@ Pages (all paginated, ``?page=N&n=50``):
   /optimizations         accepted optimizations; sort speedup|date|op|agent (``-`` descending);
                          filter deployment, run, status, op, agent
   /optimizations/{id}    code (highlighted, escaped), per-tier and per-point measurements, the idea
-  /candidates/{id}       any candidate's code and evaluations
+  /candidates/{id}       any candidate's code and evaluations, its parent and children (lineage)
   /runs, /runs/{id}      runs with live progress (``static/ui.js`` polls ``/api/runs/{id}``)
   /ideas, /ideas/{id}    the idea board and an idea's thread
   /drift                 drift checks with their per-feature tables
@@ -244,7 +244,9 @@ def create_app(config: UIConfig) -> FastAPI:
         return render(request, "candidate.html", nav="runs", cand=cand, code=highlight(cand.source),
                       evals=board.list_evaluations(candidate=cid, sort="id", limit=100),
                       idea=board.get_idea(cand.idea_id) if cand.idea_id is not None else None,
-                      optimization=q.optimization_of_candidate(cid))
+                      optimization=q.optimization_of_candidate(cid),
+                      parent=board.get_candidate(cand.parent_id) if cand.parent_id else None,
+                      children=board.list_candidates(parent=cid, sort="date", limit=100).items)
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -270,7 +272,9 @@ def create_app(config: UIConfig) -> FastAPI:
                       evals=evals.items, pager=pg, verdicts=q.verdict_counts(rid),
                       ideas=board.idea_counts(rid), dep=board.get_deployment(r.deployment_id),
                       opts=board.list_optimizations(run=rid, sort="-speedup", limit=20),
-                      history=speedup_history_chart(q.speedup_history(r.deployment_id, run=rid)))
+                      history=speedup_history_chart(q.speedup_history(r.deployment_id, run=rid)),
+                      agent_reports=(r.config or {}).get("agent_reports") or [],
+                      lineage=board.lineage(rid))
 
     @app.get("/api/runs/{rid}")
     def run_json(rid: int = Path(ge=0, le=MAX_ID)):

@@ -155,6 +155,7 @@ def fill_board(board: Board, spec: SampleSpec = SampleSpec()) -> SampleBoard:
             claimed = board.claim_idea(run, agent=idea.author, lease_s=300)
             if claimed is not None and k % 5 != 4:
                 board.finish_idea(claimed, agent=idea.author, status="failed" if k % 3 == 2 else "done")
+        prev = None
         for e in range(per_run_evals):
             idea = ideas[e % len(ideas)]
             op = idea.target or "rms_norm"
@@ -163,7 +164,11 @@ def fill_board(board: Board, spec: SampleSpec = SampleSpec()) -> SampleBoard:
             source = SOURCE.format(title=title, op=op, block=2 ** (6 + e % 6), warps=2 ** (e % 4))
             if hostile:
                 source += f"\n# </code></pre>{HOSTILE}\nNOTE = '{HOSTILE}'\n"
-            cid = board.add_candidate(run, author=idea.author, source=source, idea=idea)
+            # every third candidate modifies the one before it (lineage: who built on whom)
+            cid = board.add_candidate(run, author=idea.author, source=source, idea=idea,
+                                      parent=prev if e % 3 == 2 else None,
+                                      author_kind="llm" if idea.author.startswith("claude") else "program")
+            prev = cid
             correct = rng.random() > 0.3
             s = round(rng.uniform(0.85, 1.45), 4) if correct else None
             if hostile:
@@ -194,8 +199,15 @@ def fill_board(board: Board, spec: SampleSpec = SampleSpec()) -> SampleBoard:
             else:
                 board.record_progress(run, tried=1)
         last = r == spec.runs - 1
+        reports = [{"name": a, "cycles": 3, "tried": per_run_evals // len(spec.agents), "correct": 1, "accepted": 0,
+                    "failures": 0, "input_tokens": 41_000 if a.startswith("claude") else 0,
+                    "cached_tokens": 120_000 if a.startswith("claude") else 0,
+                    "output_tokens": 9_000 if a.startswith("claude") else 0,
+                    "cost_usd": 0.294 if a.startswith("claude") else 0.0,
+                    "requests": 12 if a.startswith("claude") else 0, "stopped": "deadline"} for a in spec.agents]
         board.update_run(run, status="running" if last and spec.running else "done",
-                         message="searching" if last and spec.running else "done")
+                         message="searching" if last and spec.running else "done",
+                         config={**run.config, "agent_reports": reports})
     for k in range(spec.drift_events):
         dep = deployments[k % len(deployments)]
         drifted = k % 2 == 0

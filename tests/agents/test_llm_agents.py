@@ -1,6 +1,7 @@
-"""LLM agents against the scripted server (real HTTP on 127.0.0.1), a real board and real verdicts
-(the engine supervisor on tiny-dense, CPU): a full cycle for the Anthropic and the OpenAI agent, and HTTP
-429 / 500 / malformed tool calls retried and then posted as failures without crashing the swarm."""
+"""LLM agents through the real SDK clients against the scripted server (real HTTP on 127.0.0.1), a real
+board and real verdicts (the engine supervisor on tiny-dense, CPU): a full cycle for the Anthropic and the
+OpenAI agent, and HTTP 429 / 500, timeouts and malformed tool calls retried and then posted as failures
+without crashing the swarm; the run's shared LLM budget stops every LLM agent with one line."""
 
 import copy
 import json
@@ -9,12 +10,11 @@ import time
 import pytest
 
 from agents import AgentContext, board_evaluator, op_catalog, run_swarm
-from agents.llm import (AnthropicAgent, AnthropicConfig, LLMBudget, OpenAIAgent, OpenAIConfig,
-                        RetryPolicy)
+from agents.llm import AnthropicAgent, AnthropicConfig, LLMBudget, OpenAIAgent, OpenAIConfig, SharedSpend
 from agents.testing import ScriptedLLMServer
 from llm_support import FIXTURES, make_board
 
-FAST = RetryPolicy(max_retries=2, base_s=0.01, cap_s=0.05, timeout_s=30)
+RETRIES = 2
 PRICE = (3.0, 15.0)
 PROFILE = {"per_point": [{"point": {"phase": "decode", "batch": 4, "context": 256, "chunk": 1,
                                     "weight": 1.0},
@@ -37,12 +37,14 @@ def _cycle(tag: str) -> list[dict]:
     return steps + [{"text": "Nothing left to try.", "usage": {"input": 10, "output": 1}}]
 
 
-def _agent(provider, srv, model, **kw):
+def _agent(provider, srv, model, timeout_s=30, **kw):
     if provider == "anthropic":
         return AnthropicAgent(f"claude-{model}", api_key="test-key", price=PRICE, **kw,
-                              config=AnthropicConfig(model=model, base_url=srv.url, retry=FAST))
+                              config=AnthropicConfig(model=model, base_url=srv.url, max_retries=RETRIES,
+                                                     timeout_s=timeout_s))
     return OpenAIAgent(f"gpt-{model}", api_key="test-key", price=PRICE, **kw,
-                       config=OpenAIConfig(model=model, base_url=srv.url + "/v1", retry=FAST))
+                       config=OpenAIConfig(model=model, base_url=srv.url + "/v1", max_retries=RETRIES,
+                                           timeout_s=timeout_s))
 
 
 def _ctx(board, run, evaluate, profile):
@@ -111,7 +113,7 @@ def test_anthropic_and_openai_agents_each_complete_a_full_cycle(board_run, engin
 @pytest.mark.parametrize("provider", ["anthropic", "openai"])
 @pytest.mark.parametrize("fault", [429, 500])
 def test_http_faults_are_retried_then_posted(ctx, provider, fault):
-    tries = FAST.max_retries + 1
+    tries = RETRIES + 1
     with ScriptedLLMServer({"m": [{"fault": fault, "times": tries}]}) as srv:
         agent = _agent(provider, srv, "m", budget=LLMBudget(max_failed_cycles=1))
         result = run_swarm([agent], ctx, budget_s=60)
@@ -158,3 +160,42 @@ def test_a_malformed_call_is_corrected_and_the_budget_stops_the_agent(ctx):
     notes = [p.body for p in ctx.board.list_posts(ctx.run_id).items]
     assert any(n.startswith("stopping: cost") for n in notes)
     assert ctx.board.list_ideas(ctx.run_id).items[0].status == "failed"   # claimed, never submitted
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_timeouts_are_retried_by_the_sdk_then_posted(ctx, provider):
+    with ScriptedLLMServer({"m": [{"text": "late", "delay_s": 1.0, "times": RETRIES + 1}]}) as srv:
+        agent = _agent(provider, srv, "m", timeout_s=0.3, budget=LLMBudget(max_failed_cycles=1))
+        result = run_swarm([agent], ctx, budget_s=60)
+        assert srv.remaining("m") == 0                  # every attempt arrived (and timed out)
+    assert result.agents[0].failures == 0 and result.agents[0].stopped == "exhausted"
+    post = ctx.board.list_posts(ctx.run_id, kind="failure").items[0]
+    assert post.author == agent.name and f"timed out after {RETRIES + 1} attempts" in post.body
+
+
+def test_the_shared_run_budget_stops_every_llm_agent_with_one_line(ctx):
+    step = {"tool_calls": [{"name": "read_profile", "input": {}}], "usage": {"input": 4000, "output": 1000}}
+    shared = SharedSpend(max_tokens=4000)
+    with ScriptedLLMServer({"a": [step] * 4, "o": [step] * 4}) as srv:
+        agents = [_agent("anthropic", srv, "a", shared=shared), _agent("openai", srv, "o", shared=shared)]
+        result = run_swarm(agents, ctx, budget_s=60)
+    # one turn (5000 tokens) spends it: no agent takes a second turn; one may not have started at all
+    assert 1 <= shared.spent.requests <= 2 and all(a.usage().requests <= 1 for a in agents)
+    assert shared.spent.tokens == 5000 * shared.spent.requests
+    assert all(r.stopped == "exhausted" and r.failures == 0 for r in result.agents)
+    lines = [p.body for p in ctx.board.list_posts(ctx.run_id, kind="stopped").items]
+    assert len(lines) == 2 and all(ln.startswith("stopping: the run's LLM budget is spent: ")
+                                   and ln.endswith("of 4000 tokens") for ln in lines)
+    # the optimize loop repeats them (and the spend) on the terminal after the search
+    import io
+
+    from compiler.loop import _report_agents, per_agent
+    from compiler.progress import Progress
+    out = io.StringIO()
+    _report_agents(ctx.board, ctx.run_id, per_agent(result, []), Progress(time.monotonic(), stream=out))
+    shown = out.getvalue().splitlines()
+    assert sorted(ln.split(":")[0] for ln in shown if "budget is spent" in ln) == ["[tkcc] claude-a", "[tkcc] gpt-o"]
+    assert shown[-1] == f"[tkcc] LLM agents: {shared.spent.tokens} tokens, ${shared.spent.cost_usd:.4f}, " \
+                        "0 candidates, 0 accepted"
+    recorded = {r["name"]: r for r in ctx.board.get_run(ctx.run_id).config["agent_reports"]}
+    assert sum(r["requests"] for r in recorded.values()) == shared.spent.requests

@@ -43,7 +43,13 @@ def test_cycle_prompt_carries_profile_points_ops_board_and_held_idea(tmp_path):
     held = cycle_prompt(ctx, ideas=[], held=idea)
     assert f"You hold idea #{idea.id} (target linear): split-K linear" in held
     assert "split K by 4" in held and "(none yet)" in held
-    assert "OVERRIDES" in SYSTEM and "submit_candidate" in SYSTEM
+    assert "OVERRIDES" in SYSTEM and "submit_candidate" in SYSTEM and "read_roofline" in SYSTEM
+    board.post(run, author="offline-kernel-1", kind="result", idea=idea,
+               body='{"kind": "template", "template": "linear.torch_small_m", "speedup": 1.21}' + " x" * 400)
+    seen = cycle_prompt(ctx, posts=board.list_posts(run, sort="-id").items)
+    line = next(ln for ln in seen.splitlines() if "offline-kernel-1" in ln)
+    assert line.startswith(f"  offline-kernel-1 [result] on #{idea.id}: ") and "linear.torch_small_m" in line
+    assert line.endswith("...") and len(line) < 320                     # each post cut to 240 characters
     board.close()
 
 

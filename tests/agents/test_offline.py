@@ -211,6 +211,28 @@ def test_kernel_agents_work_each_idea_once_and_post_results(board):
         i.priority for i in ideas if i.target == "rms_norm")
 
 
+def test_a_second_team_on_the_board_builds_on_the_first_teams_results(board):
+    """Two teams share nothing in memory (two processes or machines on one board): the second reads the
+    first's result posts into its search state and repeats none of its settings."""
+    run = board.create_run(model="tiny-dense", hw="cpu", traffic_hash="t")
+    profile = _profile({"silu_and_mul": 0.6, "rms_norm": 0.3, "embedding": 0.1})
+    first = OfflineTeam(device="cpu")
+    run_swarm([KernelSearchAgent("a0", first)], _ctx(board, run, profile), budget_s=60)
+    done = {json.loads(p.body)["template"] + json.dumps(json.loads(p.body)["knobs"], sort_keys=True)
+            for p in _posts(board, run) if p.kind == "result"}
+    assert len(done) == 5
+    second = OfflineTeam(device="cpu")
+    late = KernelSearchAgent("b0", second)
+    ctx = _ctx(board, run, profile)
+    assert second.learn_from_board(ctx) == 5 and second.learn_from_board(ctx) == 0    # read once
+    assert second.search.pulls() == 5 and second.search.pulls() == first.search.pulls()
+    assert {a: (s.pulls, s.best_knobs) for a, s in second.search.arms.items()} == \
+        {a: (s.pulls, s.best_knobs) for a, s in first.search.arms.items()}
+    assert late.run_once(ctx) is False and late.exhausted           # nothing left that the first did not try
+    assert board.list_candidates(run, author="b0").total == 0
+    assert first.learn_from_board(ctx) == 0                          # its own results are not news to it
+
+
 def test_free_text_idea_is_worked_as_a_template_setting_and_failures_are_posted(board):
     run = board.create_run(model="tiny-dense", hw="cpu", traffic_hash="t")
     board.post_idea(run, author="llm-1", title="speed up rms_norm", body="fuse the reduction", target="rms_norm",

@@ -1,4 +1,5 @@
-"""The scripted LLM server: real HTTP on 127.0.0.1, both wire formats, faults, protocol checks."""
+"""The scripted LLM server: real HTTP on 127.0.0.1, the three wire formats, faults, delays, per-agent
+scripts, protocol checks."""
 
 import json
 
@@ -32,7 +33,7 @@ def test_renders_one_step_in_both_wire_formats():
         assert a["content"][0] == {"type": "text", "text": "hi"}
         use = a["content"][1]
         assert use["type"] == "tool_use" and use["input"] == {"name": "rms_norm"}
-        assert a["usage"] == {"input_tokens": 11, "output_tokens": 7}
+        assert a["usage"]["input_tokens"] == 11 and a["usage"]["output_tokens"] == 7
         o = _openai(srv.url, [{"role": "user", "content": "go"}]).json()
         call = o["choices"][0]["message"]["tool_calls"][0]
         assert o["choices"][0]["finish_reason"] == "tool_calls"
@@ -59,7 +60,7 @@ def test_faults_are_served_in_order_with_retry_after():
 
 
 @pytest.mark.parametrize("headers,body,needle", [
-    ({}, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, "x-api-key"),
+    ({}, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, "API key"),
     (A_HEADERS, {"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
     (A_HEADERS, {"model": "m", "max_tokens": 5, "messages": [
         {"role": "user", "content": "x"},
@@ -89,3 +90,27 @@ def test_openai_unanswered_tool_call_is_400_and_expect_checks_last_message():
                                  {"role": "tool", "tool_call_id": "c1", "content": "VERDICT-42"}])
         assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"] == "x"
         assert httpx.post(f"{srv.url}/v1/other", json={}).status_code == 404
+
+
+def test_responses_format_per_agent_scripts_and_delays():
+    import time
+
+    scripts = {"m": [{"text": "shared"}], "m@agent-b": [{"text": "mine", "delay_s": 0.3}, STEP]}
+    with ScriptedLLMServer(scripts) as srv:
+        body = {"model": "m", "input": [{"role": "user", "content": "go"}]}
+        t0 = time.monotonic()
+        r = httpx.post(f"{srv.url}/v1/responses", headers={**O_HEADERS, "x-tkcc-agent": "agent-b"}, json=body)
+        assert time.monotonic() - t0 >= 0.3
+        out = r.json()
+        assert out["object"] == "response" and out["output"][0]["content"][0]["text"] == "mine"
+        r = httpx.post(f"{srv.url}/v1/responses", headers={**O_HEADERS, "x-tkcc-agent": "agent-b"}, json=body)
+        call = [i for i in r.json()["output"] if i["type"] == "function_call"][0]
+        assert json.loads(call["arguments"]) == {"name": "rms_norm"} and call["call_id"]
+        other = httpx.post(f"{srv.url}/v1/responses", headers=O_HEADERS, json=body).json()
+        assert other["output"][0]["content"][0]["text"] == "shared"
+        unanswered = dict(body, input=body["input"] + [{"type": "function_call", "call_id": "c9", "name": "a",
+                                                         "arguments": "{}"}])
+        bad = httpx.post(f"{srv.url}/v1/responses", headers=O_HEADERS, json=unanswered)
+        assert bad.status_code == 400 and "not answered" in bad.text
+    with ScriptedLLMServer({"m": [STEP]}, responses_api=False) as srv:
+        assert httpx.post(f"{srv.url}/v1/responses", headers=O_HEADERS, json=body).status_code == 404

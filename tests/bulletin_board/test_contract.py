@@ -153,6 +153,32 @@ def test_posts_threads_and_free_messages(board):
         board.thread(12345)
 
 
+def test_candidates_carry_their_parent_and_author_kind_and_the_run_its_lineage(board):
+    run = board.create_run("m", "cpu", "t")
+    root = board.add_candidate(run, "offline-kernel-0", "OVERRIDES = {}\n", author_kind="program")
+    child = board.add_candidate(run, "claude-0", "OVERRIDES = {}  # v2\n", parent=root, author_kind="llm")
+    grandchild = board.add_candidate(run, "gpt-0", "OVERRIDES = {}  # v3\n", parent=child, author_kind="llm")
+    assert board.add_candidate(run, "gpt-1", "OVERRIDES = {}  # v2\n") == child      # dedupe keeps the first
+    got = board.get_candidate(child)
+    assert (got.parent_id, got.author_kind, got.author) == (root, "llm", "claude-0")
+    assert board.get_candidate(root).parent_id is None and board.get_candidate(root).author_kind == "program"
+    assert [c.id for c in board.list_candidates(run, parent=root).items] == [child]
+    assert {c.id for c in board.list_candidates(run, author_kind="llm").items} == {child, grandchild}
+    edges = sorted(board.lineage(run), key=lambda e: e["child_author"])   # same-millisecond ties go by id
+    assert edges == [
+        {"parent": root, "child": child, "parent_author": "offline-kernel-0", "child_author": "claude-0",
+         "child_kind": "llm"},
+        {"parent": child, "child": grandchild, "parent_author": "claude-0", "child_author": "gpt-0",
+         "child_kind": "llm"}]
+    with pytest.raises(BoardError, match="does not exist"):
+        board.add_candidate(run, "gpt-0", "OVERRIDES = {}  # orphan\n", parent="f" * 32)
+    src = "OVERRIDES = {}  # self\n"
+    with pytest.raises(BoardError, match="its own parent"):
+        board.add_candidate(run, "gpt-0", src, parent=candidate_id(run.id, src))
+    exported = {c["id"]: c for c in board.export_run(run)["candidates"]}
+    assert exported[child]["parent_id"] == root and exported[grandchild]["author_kind"] == "llm"
+
+
 def test_candidates_are_content_addressed_and_evaluations_keep_json(board):
     run = board.create_run("m", "cpu", "t")
     idea = board.post_idea(run, "a", "idea")

@@ -36,3 +36,33 @@ def test_doctor_json(capsys, monkeypatch):
 def test_tkcc_doctor_console_entry():
     out = subprocess.run([sys.executable, "-m", "compiler", "doctor"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "optional parts:" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_doctor_reports_the_llm_sdks_and_keys_truthfully(capsys, monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-hidden")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
+    assert main(["doctor", "--json"]) == 0
+    text = capsys.readouterr().out
+    sdks = json.loads(text)["llm_sdks"]
+    for sdk in ("anthropic", "openai"):
+        assert sdks[sdk]["installed"] and sdks[sdk]["version"] == importlib.metadata.version(sdk)
+    assert sdks["openai"]["key_set"] and sdks["openai"]["base_url_set"]
+    assert not sdks["anthropic"]["key_set"] and not sdks["anthropic"]["base_url_set"]
+    assert "sk-openai-hidden" not in text and "127.0.0.1:9" not in text
+    assert main(["doctor"]) == 0
+    screen = capsys.readouterr().out
+    assert f"openai     installed {importlib.metadata.version('openai')}" in screen
+    assert "OPENAI_API_KEY set, custom endpoint" in screen and "ANTHROPIC_API_KEY not set" in screen
+
+
+def test_doctor_says_when_an_sdk_cannot_be_imported():
+    code = ("import sys; sys.modules['anthropic'] = None\n"
+            "from compiler.cli import main; main(['doctor', '--json'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    sdks = json.loads(out.stdout)["llm_sdks"]
+    assert sdks["anthropic"] == {**sdks["anthropic"], "installed": False, "version": None}
+    assert sdks["openai"]["installed"]

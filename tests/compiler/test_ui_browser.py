@@ -180,3 +180,23 @@ def test_running_run_progress_updates_live(page, site):
     expect(bar).to_have_attribute("data-status", "done", timeout=15000)
     assert bar.locator(".status").inner_text() == "done"
     assert float(bar.locator("progress").get_attribute("value") or 0) >= 0 and not page.errors
+
+
+def test_lineage_is_navigable_from_the_run_page_to_parent_and_child(page, site):
+    _, _, writer, sample = site
+    run = sample.runs[0]
+    edge = writer.lineage(run)[0]
+    page.goto(f"/runs/{run}")
+    rows = page.locator("#lineage tbody tr")
+    assert rows.count() == len(writer.lineage(run))
+    first = rows.nth(0).inner_text()
+    assert edge["parent_author"] in first and edge["child_author"] in first
+    page.click(f'#lineage a[href="/candidates/{edge["child"]}"]')
+    page.wait_for_url(f"**/candidates/{edge['child']}")
+    page.click("#lineage a.parent")
+    page.wait_for_url(f"**/candidates/{edge['parent']}")
+    assert f'/candidates/{edge["child"]}' in page.locator("#lineage").inner_html()
+    page.goto(f"/runs/{run}")
+    agents = page.locator("#agents tbody tr")
+    claude = [t for t in agents.all_inner_texts() if t.startswith("claude-1")]
+    assert claude and "$0.2940" in claude[0] and not page.errors
