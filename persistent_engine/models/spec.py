@@ -14,6 +14,15 @@ Supported families (``ModelSpec.family``):
                                                     first k layers dense, sigmoid + correction bias
   deepseek_v3 DeepseekV3ForCausalLM (DeepSeek-V3,   MLA (absorbed decode), grouped sigmoid top-k with
               Kimi-K2)                              correction bias, shared expert, first k dense
+  deepseek_v32 DeepseekV32ForCausalLM               + DeepSeek sparse attention (DSA): a lightning indexer
+                                                    picks index_topk cached tokens per query
+  glm_moe_dsa GlmMoeDsaForCausalLM (GLM-5.x)        DeepSeek-V3.2's layer (MLA + DSA) with per-layer indexer
+                                                    types: "full" layers run the indexer, "shared" layers
+                                                    reuse the previous full layer's selection
+
+Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
+(``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
+(``ModelSpec.scaled_down``).
 """
 
 from __future__ import annotations
@@ -25,20 +34,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from persistent_engine.models.config_keys import check_config
+
 CONFIG_DIR = Path(__file__).with_name("configs")
 
+# each family's alias names its newest release; older releases keep versioned aliases
 ALIASES = {
     "llama-1b": "llama-1b.json",
     "llama-8b": "llama-8b.json",
     "qwen3-moe": "qwen3-moe.json",
-    "glm": "glm.json",
-    "minimax": "minimax.json",
+    "glm": "glm-5.2.json",
+    "glm-5.2": "glm-5.2.json",
+    "glm-5.1": "glm-5.1.json",
+    "glm-4.6": "glm-4.6.json",
+    "minimax": "minimax-m2.5.json",
+    "minimax-m2.5": "minimax-m2.5.json",
     "deepseek": "deepseek.json",
+    "deepseek-v3": "deepseek.json",
+    "deepseek-v3.2": "deepseek-v3.2.json",
     "kimi": "kimi.json",
     "tiny-dense": "tiny-dense.json",
     "tiny-moe": "tiny-moe.json",
     "tiny-mla": "tiny-mla.json",
 }
+TINY_SUFFIX = "+tiny"       # "glm+tiny": GLM-5.2's architecture at toy size (what --tiny passes on)
 
 # HF "architectures" entry -> family
 ARCHITECTURES = {
@@ -48,7 +67,11 @@ ARCHITECTURES = {
     "MiniMaxM2ForCausalLM": "minimax_m2",
     "Glm4MoeForCausalLM": "glm4_moe",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV32ForCausalLM": "deepseek_v32",
+    "GlmMoeDsaForCausalLM": "glm_moe_dsa",
 }
+MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
 
 DTYPE_BYTES = {"bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "fp32": 4.0,
                "float32": 4.0, "fp8": 1.0, "fp4": 0.5}
@@ -99,13 +122,27 @@ class ModelSpec:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    # per layer "dense" | "moe" when the config lists them (GLM-5.x mlp_layer_types); () -> first_k_dense etc.
+    mlp_layer_types: tuple[str, ...] = ()
+    # MLA checkpoints store the rope rows interleaved (the loader permutes them to the halves the op rotates)
+    rope_interleave: bool = True
+    # DeepSeek sparse attention (DSA, GLM-5.x / DeepSeek-V3.2); index_topk == 0 -> dense attention
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    indexer_types: tuple[str, ...] = ()     # per layer "full" (runs the indexer) | "shared"; () -> all full
+    indexer_rope_interleave: bool = False   # checkpoint layout of the indexer's rope rows
+    quantization: str = "none"              # checkpoint weights: "none" | "fp8-block128" (dequantized on load)
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_name(cls, name: str) -> "ModelSpec":
-        """An alias of DESIGN.md (``llama-1b``, ``glm``, ``tiny-moe``...) or a path to a config.json."""
+        """An alias of DESIGN.md (``llama-1b``, ``glm``, ``tiny-moe``...) or a path to a config.json;
+        either with ``+tiny``: the same architecture at toy size (``scaled_down``)."""
+        if name.endswith(TINY_SUFFIX) and len(name) > len(TINY_SUFFIX):
+            return cls.from_name(name[: -len(TINY_SUFFIX)]).scaled_down().replace(name=name)
         if name in ALIASES:
             return cls.from_config_file(CONFIG_DIR / ALIASES[name], name=name)
         path = Path(name)
@@ -135,8 +172,11 @@ class ModelSpec:
         if family is None:
             raise SpecError(f"unsupported architecture {archs or cfg.get('model_type')!r} in {name}; "
                             f"supported: {', '.join(ARCHITECTURES)}")
+        check_config(cfg, family, name, SpecError)
         try:
             return cls._parse(cfg, name, family)
+        except SpecError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"bad config for {name}: missing or invalid field {e}") from None
 
@@ -144,24 +184,30 @@ class ModelSpec:
     def _parse(cls, c: dict, name: str, family: str) -> "ModelSpec":
         hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
         head_dim = int(c.get("head_dim") or hidden // heads)
+        rope_params = c.get("rope_parameters") or {}
+        rope_scaling = c.get("rope_scaling")
+        if not rope_scaling and (rope_params.get("rope_type") or "default") != "default":
+            rope_scaling = rope_params
+        quant = c.get("quantization_config")
         kw: dict[str, Any] = dict(
             name=name, family=family, hidden_size=hidden, num_layers=int(c["num_hidden_layers"]),
             vocab_size=int(c["vocab_size"]), num_heads=heads,
             num_kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=head_dim,
             intermediate_size=int(c.get("intermediate_size", 4 * hidden)),
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta", 1e4))),
-            rope_scaling=c.get("rope_scaling"),
+            rope_theta=float(c.get("rope_theta", rope_params.get("rope_theta", 1e4))),
+            rope_scaling=rope_scaling,
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
             qkv_bias=bool(c.get("attention_bias", False)),
+            quantization="fp8-block128" if quant else "none",
         )
         partial = float(c.get("partial_rotary_factor", 1.0))
         kw["rotary_dim"] = int(c.get("rotary_dim") or head_dim * partial)
         if family == "qwen3" or family == "qwen3_moe":
             kw["qk_norm"] = "per_head"
         elif family == "minimax_m2":
-            kw["qk_norm"] = "per_layer" if c.get("use_qk_norm", True) else "none"
+            kw["qk_norm"] = c.get("qk_norm_type", "per_layer") if c.get("use_qk_norm", True) else "none"
         elif family == "glm4_moe":
             kw["qk_norm"] = "per_head" if c.get("use_qk_norm", False) else "none"
         if family == "qwen3_moe":
@@ -177,7 +223,7 @@ class ModelSpec:
                       moe_intermediate_size=int(c["intermediate_size"]), scoring=c.get("scoring_func", "sigmoid"),
                       routing_bias=bool(c.get("use_routing_bias", True)), norm_topk_prob=True,
                       num_shared_experts=1 if shared else 0, shared_intermediate_size=shared)
-        elif family in ("glm4_moe", "deepseek_v3"):
+        elif family == "glm4_moe" or family in MLA_FAMILIES:
             kw.update(num_experts=int(c["n_routed_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
                       moe_intermediate_size=int(c["moe_intermediate_size"]),
                       num_shared_experts=int(c.get("n_shared_experts") or 0),
@@ -188,12 +234,12 @@ class ModelSpec:
                       norm_topk_prob=bool(c.get("norm_topk_prob", True)),
                       routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
                       n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))
-        if family == "deepseek_v3":
-            kw.update(q_lora_rank=int(c.get("q_lora_rank") or 0), kv_lora_rank=int(c["kv_lora_rank"]),
-                      qk_nope_head_dim=int(c["qk_nope_head_dim"]), qk_rope_head_dim=int(c["qk_rope_head_dim"]),
-                      v_head_dim=int(c["v_head_dim"]), num_kv_heads=heads,
-                      head_dim=int(c["qk_nope_head_dim"]) + int(c["qk_rope_head_dim"]))
-            kw["rotary_dim"] = int(c["qk_rope_head_dim"])
+        if family in MLA_FAMILIES:
+            kw.update(_mla_fields(c, name, heads))
+        if family in DSA_FAMILIES:
+            kw.update(_dsa_fields(c, name, family, kw["num_layers"]))
+        if c.get("mlp_layer_types"):
+            kw["mlp_layer_types"] = _mlp_layer_types(c["mlp_layer_types"], kw["num_layers"], name)
         if kw.get("num_experts"):
             if kw.get("num_shared_experts") and not kw.get("shared_intermediate_size"):
                 kw["shared_intermediate_size"] = kw["moe_intermediate_size"]
@@ -229,6 +275,16 @@ class ModelSpec:
             kw.update(num_experts=experts, n_group=groups, topk_group=topk_group, first_k_dense=first_dense,
                       num_experts_per_tok=min(self.num_experts_per_tok, 4, topk_group * experts // groups),
                       moe_intermediate_size=32, shared_intermediate_size=32 if self.num_shared_experts else 0)
+        if self.mlp_layer_types:
+            kw["mlp_layer_types"] = tuple("dense" if j < first_dense else "moe" for j in range(kw["num_layers"]))
+        if self.sparse_attention:
+            # a top-k below the tiny contexts (so the selection matters), and a shared layer when the
+            # original has any: [dense/full, moe/full, moe/shared]
+            n = kw["num_layers"]
+            shared = "shared" in self.indexer_types
+            kw.update(index_n_heads=4, index_head_dim=16, index_topk=8,
+                      indexer_types=tuple("shared" if shared and j == n - 1 else "full" for j in range(n))
+                      if shared else ())
         return self.replace(**kw)
 
     def to_dict(self) -> dict:
@@ -245,8 +301,30 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def sparse_attention(self) -> bool:
+        """DeepSeek sparse attention: each query attends to the indexer's index_topk cached tokens."""
+        return self.index_topk > 0
+
+    def indexer_kind(self, i: int) -> str:
+        """'full' (layer i runs the indexer), 'shared' (it reuses an earlier layer's selection) or ''
+        (dense attention)."""
+        if not self.sparse_attention:
+            return ""
+        return self.indexer_types[i] if self.indexer_types else "full"
+
+    def indexer_source(self, i: int) -> int | None:
+        """The layer whose top-k selection layer i attends with: i for a full layer, the last full
+        layer before i for a shared one, None without sparse attention."""
+        kind = self.indexer_kind(i)
+        if kind != "shared":
+            return i if kind else None
+        return max(j for j in range(i) if self.indexer_kind(j) == "full")
+
     def layer_kind(self, i: int) -> str:
         """'moe' or 'dense' for layer index i of the full model."""
+        if self.mlp_layer_types:
+            return self.mlp_layer_types[i]
         if not self.is_moe or i < self.first_k_dense:
             return "dense"
         if i in self.extra.get("mlp_only_layers", ()):
@@ -259,11 +337,24 @@ class ModelSpec:
         return [self.layer_kind(i) for i in range(self.num_layers)]
 
     def covering_layers(self) -> list[int]:
-        """The first index of every distinct layer kind: the fast tier's minimal slice."""
+        """The fast tier's minimal slice: the first index of every distinct MLP kind and of every indexer
+        kind, plus the full layer each shared layer in it takes its selection from."""
         seen: dict[str, int] = {}
-        for i, k in enumerate(self.layer_kinds()):
-            seen.setdefault(k, i)
-        return sorted(seen.values())
+        for i in range(self.num_layers):
+            seen.setdefault("mlp:" + self.layer_kind(i), i)
+            seen.setdefault("indexer:" + self.indexer_kind(i), i)
+        out = set(seen.values())
+        out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
+        return sorted(out)
+
+    def check_slice(self, layers: list[int]) -> None:
+        """A slice must hold the full layer each of its shared-indexer layers takes its selection from."""
+        have = set(layers)
+        for i in layers:
+            src = self.indexer_source(i)
+            if src is not None and src not in have:
+                raise SpecError(f"{self.name}: layer {i} reuses layer {src}'s sparse-attention selection; "
+                                f"a slice with layer {i} must include layer {src}")
 
     # ---------------------------------------------------------------- parameter counts
     def attention_params(self) -> int:
@@ -285,6 +376,14 @@ class ModelSpec:
             n += q + kv
         return n
 
+    def indexer_params(self, i: int) -> int:
+        """The lightning indexer of a full DSA layer: wq_b [Hi Di, Lq], wk [Di, H], k_norm (LayerNorm
+        weight + bias), weights_proj [Hi, H]."""
+        if self.indexer_kind(i) != "full":
+            return 0
+        hi, di, h = self.index_n_heads, self.index_head_dim, self.hidden_size
+        return self.q_lora_rank * hi * di + h * di + 2 * di + h * hi
+
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden_size * self.intermediate_size
 
@@ -299,7 +398,7 @@ class ModelSpec:
 
     def layer_params(self, i: int) -> tuple[int, int]:
         """(total, active per token) parameters of layer i, norms included."""
-        a = self.attention_params() + 2 * self.hidden_size
+        a = self.attention_params() + self.indexer_params(i) + 2 * self.hidden_size
         if self.layer_kind(i) == "dense":
             m = self.dense_mlp_params()
             return a + m, a + m
@@ -320,12 +419,17 @@ class ModelSpec:
     def weight_bytes_layer(self, i: int, dtype: str | None = None) -> float:
         return self.layer_params(i)[0] * DTYPE_BYTES[dtype or self.dtype]
 
-    def kv_bytes_per_token_layer(self, dtype: str | None = None) -> float:
-        """KV cache bytes for one token in one layer: MLA stores the latent + rope key."""
+    def kv_bytes_per_token_layer(self, dtype: str | None = None, layer: int | None = None) -> float:
+        """KV cache bytes for one token in one layer: MLA stores the latent + rope key; a full DSA layer
+        also the indexer's key (index_head_dim). ``layer`` None: the mean over the model's layers."""
         if self.attention == "mla":
-            elems = self.kv_lora_rank + self.qk_rope_head_dim
+            elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
         else:
-            elems = 2 * self.num_kv_heads * self.head_dim
+            elems = float(2 * self.num_kv_heads * self.head_dim)
+        if self.sparse_attention:
+            full = ([self.indexer_kind(layer) == "full"] if layer is not None
+                    else [self.indexer_kind(i) == "full" for i in range(self.num_layers)])
+            elems += self.index_head_dim * sum(full) / len(full)
         return elems * DTYPE_BYTES[dtype or self.dtype]
 
     def weight_bytes(self, dtype: str | None = None) -> float:
@@ -338,7 +442,7 @@ class ModelSpec:
         """How many consecutive layers from ``start`` fit weights + KV for ``tokens`` in budget."""
         used, n = 0.0, 0
         for i in range(start, self.num_layers):
-            used += self.weight_bytes_layer(i) + tokens * self.kv_bytes_per_token_layer()
+            used += self.weight_bytes_layer(i) + tokens * self.kv_bytes_per_token_layer(layer=i)
             if used > budget_bytes:
                 break
             n += 1
@@ -347,3 +451,57 @@ class ModelSpec:
 
 def known_models() -> list[str]:
     return list(ALIASES)
+
+
+# ----------------------------------------------------------------------------- config sections
+def _mla_fields(c: dict, name: str, heads: int) -> dict[str, Any]:
+    nope, rope, v = int(c["qk_nope_head_dim"]), int(c["qk_rope_head_dim"]), int(c["v_head_dim"])
+    if c.get("qk_head_dim") not in (None, nope + rope):
+        raise SpecError(f"{name}: qk_head_dim {c['qk_head_dim']} is not qk_nope_head_dim + qk_rope_head_dim "
+                        f"({nope} + {rope})")
+    return dict(q_lora_rank=int(c.get("q_lora_rank") or 0), kv_lora_rank=int(c["kv_lora_rank"]),
+                qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, num_kv_heads=heads,
+                head_dim=nope + rope, rotary_dim=rope, rope_interleave=bool(c.get("rope_interleave", True)))
+
+
+def indexer_pattern(num_layers: int, freq: int = 1, offset: int = 2) -> list[str]:
+    """GLM-5.x's schedule: layer i runs the indexer ("full") when max(i - offset + 1, 0) % freq == 0, else it
+    reuses the previous full layer's selection ("shared") (HF GlmMoeDsaConfig)."""
+    freq = max(int(freq), 1)
+    return ["full" if max(i - int(offset) + 1, 0) % freq == 0 else "shared" for i in range(num_layers)]
+
+
+def _dsa_fields(c: dict, name: str, family: str, num_layers: int) -> dict[str, Any]:
+    if not c.get("q_lora_rank"):
+        raise SpecError(f"{name}: sparse attention needs q_lora_rank (the indexer's queries project the q latent)")
+    topk, hi, di = int(c["index_topk"]), int(c["index_n_heads"]), int(c["index_head_dim"])
+    if topk < 1 or hi < 1 or di < int(c["qk_rope_head_dim"]):
+        raise SpecError(f"{name}: bad indexer (index_topk {topk}, index_n_heads {hi}, index_head_dim {di} must be "
+                        f">= qk_rope_head_dim)")
+    pattern = c.get("index_topk_pattern")
+    if c.get("indexer_types"):
+        types = list(c["indexer_types"])
+    elif pattern:
+        types = [{"F": "full", "S": "shared"}.get(ch, ch) for ch in pattern]
+    elif family == "glm_moe_dsa":
+        types = indexer_pattern(num_layers, c.get("index_topk_freq", 1), c.get("index_skip_topk_offset", 2))
+    else:
+        types = ["full"] * num_layers
+    if len(types) != num_layers or set(types) - {"full", "shared"} or types[0] != "full":
+        raise SpecError(f"{name}: indexer_types must give 'full' or 'shared' for each of the {num_layers} layers, "
+                        "the first 'full'")
+    if family == "glm_moe_dsa" and c.get("indexer_types") and ("index_topk_freq" in c or pattern):
+        derived = ([{"F": "full", "S": "shared"}.get(ch, ch) for ch in pattern] if pattern
+                   else indexer_pattern(num_layers, c.get("index_topk_freq", 1), c.get("index_skip_topk_offset", 2)))
+        if derived != types:
+            raise SpecError(f"{name}: indexer_types disagrees with index_topk_freq/index_skip_topk_offset")
+    return dict(index_topk=topk, index_n_heads=hi, index_head_dim=di,
+                indexer_types=tuple(types) if "shared" in types else (),
+                indexer_rope_interleave=bool(c.get("indexer_rope_interleave", False)))
+
+
+def _mlp_layer_types(types: list, num_layers: int, name: str) -> tuple[str, ...]:
+    kinds = {"dense": "dense", "sparse": "moe", "moe": "moe"}
+    if len(types) != num_layers or any(t not in kinds for t in types):
+        raise SpecError(f"{name}: mlp_layer_types must give 'dense' or 'sparse' for each of the {num_layers} layers")
+    return tuple(kinds[t] for t in types)
