@@ -1,7 +1,8 @@
 """The paged KV cache: per layer a pool of NB blocks of BS tokens, and one block table per sequence.
 
 GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dh]``; MLA layers keep one latent pool
-``k[NB, BS, kv_lora_rank + rope_dim]`` (``v`` is absent). Blocks are handed out in a seeded random
+``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
+lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys. Blocks are handed out in a seeded random
 order, so a kernel that assumes contiguous blocks fails verification. Bytes per token and layer:
 ``spec.kv_bytes_per_token_layer()``.
 """
@@ -61,6 +62,8 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
     for i in layers:
         if spec.attention == "mla":
             cache.k[i] = pool(nb, block_size, spec.kv_lora_rank + spec.qk_rope_head_dim)
+            if spec.indexer_kind(i) == "full":
+                cache.v[i] = pool(nb, block_size, spec.index_head_dim)
         else:
             cache.k[i] = pool(nb, block_size, spec.num_kv_heads, spec.head_dim)
             cache.v[i] = pool(nb, block_size, spec.num_kv_heads, spec.head_dim)
