@@ -77,7 +77,15 @@ def collect() -> dict:
         "optional": {label: {"present": _present(mod), "version": _version(dist), "enables": what}
                      for label, mod, dist, what in OPTIONAL},
         "api_keys": {k: bool(os.environ.get(k)) for k in API_KEYS},
+        "models": _models(),
     }
+
+
+def _models() -> dict[str, str]:
+    """alias -> the release it names (any with ``--tiny``, or a config.json path, also works)."""
+    from persistent_engine.models.spec import ALIASES, RELEASES
+
+    return {a: RELEASES.get(a, a) for a in ALIASES}
 
 
 def render(r: dict) -> str:
@@ -99,6 +107,8 @@ def render(r: dict) -> str:
         state = f"present {o['version'] or ''}".strip() if o["present"] else "absent"
         lines.append(f"  {label:<10} {state:<18} {o['enables']}")
     lines.append("API keys: " + ", ".join(f"{k} {'set' if on else 'not set'}" for k, on in r["api_keys"].items()))
+    lines.append("models (--model; any with --tiny at toy size; or a config.json): "
+                 + ", ".join(f"{a} ({rel})" for a, rel in r["models"].items()))
     return "\n".join(lines)
 
 

@@ -32,9 +32,19 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
+TINY_HELP = "the same architecture at toy size (widths, experts, vocabulary shrunk; every feature kept)"
+
+
+def _aliases() -> str:
+    from persistent_engine.models.spec import alias_help
+
+    return alias_help().replace("%", "%%")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="search, verify and measure a faster forward pass; write a plan")
-    p.add_argument("--model", required=True, help="alias (llama-1b, glm, tiny-dense...) or config.json")
+    p.add_argument("--model", required=True, help="alias or config.json; aliases: " + _aliases())
+    p.add_argument("--tiny", action="store_true", help=TINY_HELP)
     p.add_argument("--hw", required=True, help="target hardware for the cost model (h200, b200, cpu...)")
     p.add_argument("--traffic", required=True, help="traffic log (parquet, Azure CSV, Mooncake JSONL...)")
     p.add_argument("--budget", default="10m", help="search time (default 10m)")
@@ -110,6 +120,9 @@ def watchdog_s(budget_s: float) -> float:
 def _optimize(args: argparse.Namespace) -> int:
     from compiler.loop import OptimizeConfig, optimize
 
+    from persistent_engine.models.spec import tiny_name
+
+    args.model = tiny_name(args.model, args.tiny)
     budget = parse_duration(args.budget)
     out = args.out or str(Path("plans") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model).stem) or "model"))
     cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget,

@@ -57,6 +57,14 @@ ALIASES = {
     "tiny-moe": "tiny-moe.json",
     "tiny-mla": "tiny-mla.json",
 }
+# the release each alias names (tkcc doctor and --help list them)
+RELEASES = {
+    "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B", "qwen3-moe": "Qwen3-30B-A3B",
+    "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
+    "minimax": "MiniMax-M2.5", "minimax-m2.5": "MiniMax-M2.5",
+    "deepseek": "DeepSeek-V3", "deepseek-v3": "DeepSeek-V3", "deepseek-v3.2": "DeepSeek-V3.2",
+    "kimi": "Kimi-K2", "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
+}
 TINY_SUFFIX = "+tiny"       # "glm+tiny": GLM-5.2's architecture at toy size (what --tiny passes on)
 
 # HF "architectures" entry -> family
@@ -451,6 +459,16 @@ class ModelSpec:
 
 def known_models() -> list[str]:
     return list(ALIASES)
+
+
+def alias_help() -> str:
+    """``glm (GLM-5.2), glm-5.1 (GLM-5.1), ...``: the aliases with the release each names."""
+    return ", ".join(f"{a} ({RELEASES[a]})" if a in RELEASES else a for a in ALIASES)
+
+
+def tiny_name(name: str, tiny: bool) -> str:
+    """What ``--tiny`` passes on: NAME+tiny (NAME's architecture at toy size), or NAME unchanged."""
+    return name if not tiny or name.endswith(TINY_SUFFIX) else name + TINY_SUFFIX
 
 
 # ----------------------------------------------------------------------------- config sections

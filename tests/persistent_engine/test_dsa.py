@@ -80,8 +80,9 @@ def _dense_with_mask_override():
         length = bt.shape[1] * bs
         rows = cache[bt.long()].reshape(bt.shape[0], length, -1)[seq]          # [T, Lp, L + R] whole sequences
         s = torch.einsum("thd,tld->thl", torch.cat([q_nope, q_pe], -1).float(), rows.float()) * scale
-        keep = torch.zeros(s.shape[0], length, dtype=torch.bool)
-        keep.scatter_(1, sel.clamp(min=0).long(), sel >= 0)
+        keep = torch.zeros(s.shape[0], length + 1, dtype=torch.bool)          # column `length`: no token
+        keep.scatter_(1, torch.where(sel >= 0, sel, length).long(), True)
+        keep = keep[:, :length]
         p = torch.softmax(s.masked_fill(~keep[:, None, :], float("-inf")), -1)
         return torch.einsum("thl,tld->thd", p, rows[..., :lat].float()).to(q_nope.dtype)
 
@@ -96,7 +97,7 @@ def _dense_with_mask_override():
 
 @pytest.mark.parametrize("name", ["glm+tiny", "deepseek-v3.2+tiny"])
 @pytest.mark.parametrize("point", [{"phase": "decode", "batch": 3, "context": 40},
-                                   {"phase": "prefill", "batch": 2, "context": 12, "chunk": 9}])
+                                   {"phase": "prefill", "batch": 2, "context": 2, "chunk": 9}])
 def test_model_equals_dense_attention_with_the_indexer_mask(name, point):
     model = build_model(name, dtype=F32)
     wl = make_workload(model, point)
