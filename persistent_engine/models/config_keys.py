@@ -66,7 +66,7 @@ FAMILY_KEYS: dict[str, set[str]] = {
                              "shared_intermediate_size", "dense_intermediate_size", "first_k_dense_replace",
                              "moe_layer_freq", "scoring_func", "use_routing_bias", "routed_scaling_factor",
                              "use_qk_norm", "qk_norm_type", "use_gemma_norm", "swiglu_alpha", "swiglu_limit",
-                             "attention_output_gate", "sparse_attention_config"},
+                             "attention_output_gate", "sparse_attention_config", "swiglu_beta"},
 }
 
 # MLA models take their head dims from qk_nope/qk_rope/v_head_dim and are multi-head over the latent.
@@ -117,7 +117,8 @@ VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 # per family, value checks that replace the generic ones
 FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
-    "minimax_m3": {"hidden_act": (_one_of("swigluoai"), "swigluoai")},
+    "minimax_m3": {"hidden_act": (_one_of("swigluoai"), "swigluoai"),
+                   "swiglu_beta": (_one_of(1, 1.0), "1.0 (up + 1)")},
     "glm_moe_dsa": {"layer_types": (lambda v: v is None or set(v) <= {"deepseek_sparse_attention"},
                                     "every layer deepseek_sparse_attention")},
 }

@@ -28,6 +28,7 @@ from persistent_engine.models.dsa import DSAAttention
 from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import DenseMLP, MoEMLP
+from persistent_engine.models.msa import BlockSparseAttention
 from persistent_engine.models.rope import attention_scale, cos_sin_cache
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import init_params, load_weights
@@ -43,6 +44,8 @@ class Layer:
         self.input_norm, self.post_norm = params[p + "input_norm"], params[p + "post_norm"]
         if spec.sparse_attention:        # MLA + DSA; ``selections``: the decoder's top-k of this step by layer
             self.attn = DSAAttention(spec, params, p, cos_sin, scale, index, selections)
+        elif spec.block_sparse(index):   # MiniMax-M3
+            self.attn = BlockSparseAttention(spec, params, p, cos_sin, scale, index)
         else:
             attn = MLAAttention if spec.attention == "mla" else GQAAttention
             self.attn = attn(spec, params, p, cos_sin, scale)

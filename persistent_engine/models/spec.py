@@ -19,6 +19,10 @@ Supported families (``ModelSpec.family``):
   glm_moe_dsa GlmMoeDsaForCausalLM (GLM-5.x)        DeepSeek-V3.2's layer (MLA + DSA) with per-layer indexer
                                                     types: "full" layers run the indexer, "shared" layers
                                                     reuse the previous full layer's selection
+  minimax_m3  MiniMaxM3ForCausalLM                  GQA with per-head QK-norm, Gemma (1 + w) norms, partial
+                                                    rotary, block-sparse attention (an indexer picks 128-token
+                                                    blocks per KV head), swigluoai MLPs (alpha, limit), sigmoid
+                                                    routing + bias, shared expert, first layers dense
 
 Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
@@ -47,7 +51,8 @@ ALIASES = {
     "glm-5.2": "glm-5.2.json",
     "glm-5.1": "glm-5.1.json",
     "glm-4.6": "glm-4.6.json",
-    "minimax": "minimax-m2.5.json",
+    "minimax": "minimax-m3.json",
+    "minimax-m3": "minimax-m3.json",
     "minimax-m2.5": "minimax-m2.5.json",
     "deepseek": "deepseek.json",
     "deepseek-v3": "deepseek.json",
@@ -61,7 +66,7 @@ ALIASES = {
 RELEASES = {
     "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B", "qwen3-moe": "Qwen3-30B-A3B",
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
-    "minimax": "MiniMax-M2.5", "minimax-m2.5": "MiniMax-M2.5",
+    "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V3", "deepseek-v3": "DeepSeek-V3", "deepseek-v3.2": "DeepSeek-V3.2",
     "kimi": "Kimi-K2", "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
 }
@@ -77,6 +82,7 @@ ARCHITECTURES = {
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "DeepseekV32ForCausalLM": "deepseek_v32",
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",
+    "MiniMaxM3ForCausalLM": "minimax_m3",
 }
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
@@ -141,6 +147,18 @@ class ModelSpec:
     indexer_types: tuple[str, ...] = ()     # per layer "full" (runs the indexer) | "shared"; () -> all full
     indexer_rope_interleave: bool = False   # checkpoint layout of the indexer's rope rows
     quantization: str = "none"              # checkpoint weights: "none" | "fp8-block128" (dequantized on load)
+    # MLP activation: "silu" (SwiGLU) | "swigluoai" (gpt-oss / MiniMax-M3: clamped, alpha-sigmoid gate, up + 1)
+    mlp_act: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    gemma_norm: bool = False                # checkpoint norms store w of (1 + w): the loader adds the 1
+    # MiniMax-M3 block-sparse attention (msa_block_size > 0 on the layers msa_layers marks)
+    msa_layers: tuple[bool, ...] = ()
+    msa_block_size: int = 0
+    msa_topk_blocks: int = 0
+    msa_index_dim: int = 0
+    msa_init_blocks: int = 0
+    msa_local_blocks: int = 0
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -246,6 +264,8 @@ class ModelSpec:
             kw.update(_mla_fields(c, name, heads))
         if family in DSA_FAMILIES:
             kw.update(_dsa_fields(c, name, family, kw["num_layers"]))
+        if family == "minimax_m3":
+            kw.update(_minimax_m3_fields(c, name, kw["num_layers"], head_dim))
         if c.get("mlp_layer_types"):
             kw["mlp_layer_types"] = _mlp_layer_types(c["mlp_layer_types"], kw["num_layers"], name)
         if kw.get("num_experts"):
@@ -285,6 +305,13 @@ class ModelSpec:
                       moe_intermediate_size=32, shared_intermediate_size=32 if self.num_shared_experts else 0)
         if self.mlp_layer_types:
             kw["mlp_layer_types"] = tuple("dense" if j < first_dense else "moe" for j in range(kw["num_layers"]))
+        if self.msa_layers:
+            # blocks of 4 tokens, 2 per query (so contexts past 8 tokens are sparse); the first layer dense
+            # when the original's first layer is
+            n = kw["num_layers"]
+            kw.update(msa_block_size=4, msa_topk_blocks=2, msa_index_dim=head_dim,
+                      msa_init_blocks=min(self.msa_init_blocks, 1), msa_local_blocks=1,
+                      msa_layers=tuple(self.msa_layers[0] if j == 0 else True for j in range(n)))
         if self.sparse_attention:
             # a top-k below the tiny contexts (so the selection matters), and a shared layer when the
             # original has any: [dense/full, moe/full, moe/shared]
@@ -329,6 +356,10 @@ class ModelSpec:
             return i if kind else None
         return max(j for j in range(i) if self.indexer_kind(j) == "full")
 
+    def block_sparse(self, i: int) -> bool:
+        """Whether layer i runs MiniMax-M3's block-sparse attention."""
+        return bool(self.msa_layers) and self.msa_layers[i]
+
     def layer_kind(self, i: int) -> str:
         """'moe' or 'dense' for layer index i of the full model."""
         if self.mlp_layer_types:
@@ -351,6 +382,7 @@ class ModelSpec:
         for i in range(self.num_layers):
             seen.setdefault("mlp:" + self.layer_kind(i), i)
             seen.setdefault("indexer:" + self.indexer_kind(i), i)
+            seen.setdefault(f"msa:{self.block_sparse(i)}", i)
         out = set(seen.values())
         out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
         return sorted(out)
@@ -384,6 +416,12 @@ class ModelSpec:
             n += q + kv
         return n
 
+    def msa_params(self, i: int) -> int:
+        """MiniMax-M3's block indexer of a sparse layer: index_q [Hk Di, H], index_k [Di, H], their norms."""
+        if not self.block_sparse(i):
+            return 0
+        return self.hidden_size * (self.num_kv_heads + 1) * self.msa_index_dim + 2 * self.msa_index_dim
+
     def indexer_params(self, i: int) -> int:
         """The lightning indexer of a full DSA layer: wq_b [Hi Di, Lq], wk [Di, H], k_norm (LayerNorm
         weight + bias), weights_proj [Hi, H]."""
@@ -406,7 +444,7 @@ class ModelSpec:
 
     def layer_params(self, i: int) -> tuple[int, int]:
         """(total, active per token) parameters of layer i, norms included."""
-        a = self.attention_params() + self.indexer_params(i) + 2 * self.hidden_size
+        a = self.attention_params() + self.indexer_params(i) + self.msa_params(i) + 2 * self.hidden_size
         if self.layer_kind(i) == "dense":
             m = self.dense_mlp_params()
             return a + m, a + m
@@ -434,6 +472,9 @@ class ModelSpec:
             elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
         else:
             elems = float(2 * self.num_kv_heads * self.head_dim)
+        if self.msa_layers:
+            sparse = [self.block_sparse(layer)] if layer is not None else list(self.msa_layers)
+            elems += self.msa_index_dim * sum(sparse) / len(sparse)
         if self.sparse_attention:
             full = ([self.indexer_kind(layer) == "full"] if layer is not None
                     else [self.indexer_kind(i) == "full" for i in range(self.num_layers)])
@@ -516,6 +557,59 @@ def _dsa_fields(c: dict, name: str, family: str, num_layers: int) -> dict[str, A
     return dict(index_topk=topk, index_n_heads=hi, index_head_dim=di,
                 indexer_types=tuple(types) if "shared" in types else (),
                 indexer_rope_interleave=bool(c.get("indexer_rope_interleave", False)))
+
+
+MSA_KEYS = {"use_sparse_attention", "sparse_attention_freq", "sparse_block_size", "sparse_disable_index_value",
+            "sparse_index_dim", "sparse_init_block", "sparse_local_block", "sparse_num_index_heads",
+            "sparse_score_type", "sparse_topk_blocks"}
+
+
+def _per_layer_flags(v, num_layers: int, what: str, name: str) -> tuple[bool, ...]:
+    if not isinstance(v, list) or len(v) != num_layers:
+        raise SpecError(f"{name}: {what} must list one flag for each of the {num_layers} layers")
+    return tuple(bool(x) for x in v)
+
+
+def _minimax_m3_fields(c: dict, name: str, num_layers: int, head_dim: int) -> dict[str, Any]:
+    if c.get("use_qk_norm", True) is not True or c.get("qk_norm_type", "per_head") != "per_head":
+        raise SpecError(f"{name}: minimax_m3 is implemented with per-head QK-norm only (use_qk_norm, qk_norm_type)")
+    moe = _per_layer_flags(c["moe_layer_freq"], num_layers, "moe_layer_freq", name)
+    shared = int(c.get("n_shared_experts") or 0)
+    kw: dict[str, Any] = dict(
+        qk_norm="per_head", num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+        moe_intermediate_size=int(c["moe_intermediate_size"]),
+        intermediate_size=int(c.get("dense_intermediate_size") or c["intermediate_size"]),
+        num_shared_experts=shared, shared_intermediate_size=int(c.get("shared_intermediate_size") or 0) if shared else 0,
+        first_k_dense=int(c.get("first_k_dense_replace", 0)), mlp_layer_types=tuple("moe" if m else "dense" for m in moe),
+        scoring=c.get("scoring_func", "sigmoid"), routing_bias=bool(c.get("use_routing_bias", True)),
+        norm_topk_prob=True, routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
+        mlp_act="swigluoai", swiglu_alpha=float(c.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(c.get("swiglu_limit", 7.0)), gemma_norm=bool(c.get("use_gemma_norm", False)))
+    sc = c.get("sparse_attention_config") or {}
+    if not sc.get("use_sparse_attention"):
+        if set(sc) - {"use_sparse_attention"}:
+            raise SpecError(f"{name}: sparse_attention_config is set but use_sparse_attention is not")
+        return kw
+    unknown = sorted(set(sc) - MSA_KEYS)
+    if unknown:
+        raise SpecError(f"{name}: sparse_attention_config key {unknown[0]!r} is not implemented; refusing the config "
+                        "rather than ignoring it")
+    layers = _per_layer_flags(sc["sparse_attention_freq"], num_layers, "sparse_attention_freq", name)
+    no_value = _per_layer_flags(sc.get("sparse_disable_index_value", list(layers)), num_layers,
+                                "sparse_disable_index_value", name)
+    if any(s and not nv for s, nv in zip(layers, no_value)):
+        raise SpecError(f"{name}: the index value/output branch (sparse_disable_index_value 0 on a sparse layer) "
+                        "is not implemented")
+    if sc.get("sparse_score_type", "max") != "max":
+        raise SpecError(f"{name}: sparse_score_type {sc['sparse_score_type']!r} is not implemented (max)")
+    if int(sc["sparse_num_index_heads"]) != int(c["num_key_value_heads"]):
+        raise SpecError(f"{name}: sparse_num_index_heads must equal num_key_value_heads (one index head per KV head)")
+    if int(sc.get("sparse_local_block", 1)) < 1:
+        raise SpecError(f"{name}: sparse_local_block must be at least 1 (the query's own block)")
+    kw.update(msa_layers=layers, msa_block_size=int(sc["sparse_block_size"]), msa_topk_blocks=int(sc["sparse_topk_blocks"]),
+              msa_index_dim=int(sc.get("sparse_index_dim", head_dim)), msa_init_blocks=int(sc.get("sparse_init_block", 0)),
+              msa_local_blocks=int(sc.get("sparse_local_block", 1)))
+    return kw
 
 
 def _mlp_layer_types(types: list, num_layers: int, name: str) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ Internal layout (what the decoder reads; fused where the ops want it):
        kv_a_norm [L], w_uk [Hq, Dn, L], w_uv [Hq, Dv, L], o_w [H, Hq Dv]
   dense gate_up_w [2I, H], down_w [H, I]
   MoE  router_w [E, H], router_bias [E] fp32, w13 [E, 2Im, H], w2 [E, H, Im], shared_gate_up_w, shared_down_w
+  M3   block-sparse layers: qkv_w rows [q | k | v | index_q (Hk Di) | index_k (Di)], idx_q_norm / idx_k_norm [Di]
   DSA  (layers that run the indexer) idx_wq_b [Hi Di, Lq], idx_wk [Di, H], idx_k_norm / idx_k_norm_b [Di],
        idx_weights [Hi, H]
 Every tensor is drawn from its own generator seeded by (seed, name), so layer i of a slice equals
@@ -55,7 +56,10 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
             out.update(_indexer_specs(spec, i))
         else:
             hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
-            out[p + "qkv_w"] = (((hq + 2 * hk) * dh, h), "linear")
+            index_rows = (hk + 1) * spec.msa_index_dim if spec.block_sparse(i) else 0     # M3: [.. | index_q | index_k]
+            out[p + "qkv_w"] = (((hq + 2 * hk) * dh + index_rows, h), "linear")
+            if index_rows:
+                out[p + "idx_q_norm"], out[p + "idx_k_norm"] = ((spec.msa_index_dim,), "norm"), ((spec.msa_index_dim,), "norm")
             if spec.qkv_bias:
                 out[p + "qkv_b"] = (((hq + 2 * hk) * dh,), "bias")
             if spec.qk_norm == "per_head":
@@ -112,7 +116,7 @@ def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, see
 # ----------------------------------------------------------------------------- HF names
 def _moe_names(spec, i: int) -> tuple[str, str, str, tuple[str, str, str]]:
     """(router weight, correction bias, experts prefix, (gate, up, down) names) of layer i's MoE."""
-    if spec.family == "minimax_m2":
+    if spec.family in ("minimax_m2", "minimax_m3"):
         b = f"model.layers.{i}.block_sparse_moe."
         return b + "gate.weight", b + "e_score_correction_bias", b + "experts.", ("w1", "w3", "w2")
     b = f"model.layers.{i}.mlp."
@@ -173,6 +177,19 @@ def _indexer_to_hf(spec, i: int, params: dict[str, torch.Tensor]) -> dict[str, t
     return {base + v: t[p + k] for k, v in _INDEXER_HF.items()}
 
 
+_NORMS = ("input_norm", "post_norm", "final_norm", "q_norm", "k_norm", "idx_q_norm", "idx_k_norm")
+_HF_NORMS = ("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")
+
+
+def _gemma_norms(spec, tensors: dict[str, torch.Tensor], add: float, hf: bool = False) -> dict[str, torch.Tensor]:
+    """Gemma-style norms (MiniMax-M3 ``use_gemma_norm``) scale by (1 + w): internally the norm weight is 1 + w."""
+    if not spec.gemma_norm:
+        return tensors
+    ends = _HF_NORMS if hf else _NORMS
+    return {k: (v.float() + add).to(v.dtype) if k.endswith(ends) and "indexer" not in k else v
+            for k, v in tensors.items()}
+
+
 def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
     """Internal tensors from an HF checkpoint; ``get(hf_name) -> Tensor``."""
     out: dict[str, torch.Tensor] = {"embed": get("model.embed_tokens.weight"), "final_norm": get("model.norm.weight")}
@@ -200,7 +217,10 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
             out[p + "w_uk"], out[p + "w_uv"] = kv_b[:, :dn].contiguous(), kv_b[:, dn:].contiguous()
             out.update(_indexer_from_hf(spec, i, get))
         else:
-            out[p + "qkv_w"] = torch.cat([get(a + f"{x}_proj.weight") for x in "qkv"])
+            out[p + "qkv_w"] = torch.cat([get(a + f"{x}_proj.weight") for x in "qkv"]
+                                         + [get(a + f"index_{x}_proj.weight") for x in "qk" if spec.block_sparse(i)])
+            if spec.block_sparse(i):
+                out[p + "idx_q_norm"], out[p + "idx_k_norm"] = get(a + "index_q_norm.weight"), get(a + "index_k_norm.weight")
             if spec.qkv_bias:
                 out[p + "qkv_b"] = torch.cat([get(a + f"{x}_proj.bias") for x in "qkv"])
             if spec.qk_norm != "none":
@@ -223,7 +243,7 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
             s = m + "shared_experts."
             out[p + "shared_gate_up_w"] = torch.cat([get(s + "gate_proj.weight"), get(s + "up_proj.weight")])
             out[p + "shared_down_w"] = get(s + "down_proj.weight")
-    return out
+    return _gemma_norms(spec, out, +1.0)
 
 
 def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -253,8 +273,13 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
         else:
             hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
             sizes = [hq * dh, hk * dh, hk * dh]
-            for x, t in zip("qkv", params[p + "qkv_w"].split(sizes)):
-                out[a + f"{x}_proj.weight"] = t
+            names = [f"{x}_proj.weight" for x in "qkv"]
+            if spec.block_sparse(i):
+                sizes += [hk * spec.msa_index_dim, spec.msa_index_dim]
+                names += ["index_q_proj.weight", "index_k_proj.weight"]
+                out[a + "index_q_norm.weight"], out[a + "index_k_norm.weight"] = params[p + "idx_q_norm"], params[p + "idx_k_norm"]
+            for x, t in zip(names, params[p + "qkv_w"].split(sizes)):
+                out[a + x] = t
             if spec.qkv_bias:
                 for x, t in zip("qkv", params[p + "qkv_b"].split(sizes)):
                     out[a + f"{x}_proj.bias"] = t
@@ -277,7 +302,7 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
             s = m + "shared_experts."
             out[s + "gate_proj.weight"], out[s + "up_proj.weight"] = params[p + "shared_gate_up_w"].chunk(2)
             out[s + "down_proj.weight"] = params[p + "shared_down_w"]
-    return out
+    return _gemma_norms(spec, out, -1.0, hf=True)
 
 
 def save_weights(model, path) -> None:

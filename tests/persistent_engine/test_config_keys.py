@@ -49,7 +49,23 @@ def test_every_no_math_key_says_why():
     ("deepseek-v3.2.json", {"index_topk_freq": 4}, "index_topk_freq"),        # a GLM-5.2 key, not V3.2's
     ("glm-5.2.json", {"layer_types": ["full_attention"] * 78}, "layer_types"),
     ("glm-4.6.json", {"indexer_types": ["full"] * 92}, "indexer_types"),     # a DSA key on a GQA family
+    ("minimax-m3.json", {"attention_output_gate": True}, "attention_output_gate"),
+    ("minimax-m3.json", {"swiglu_beta": 2.0}, "swiglu_beta"),
+    ("minimax-m3.json", {"hidden_act": "silu"}, "hidden_act"),
 ])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"sparse_score_type": "mean"}, "sparse_score_type"),
+    ({"sparse_block_shape": [1, 2]}, "'sparse_block_shape' is not implemented"),
+    ({"sparse_disable_index_value": [0] * 60}, "index value/output branch"),
+    ({"sparse_num_index_heads": 8}, "sparse_num_index_heads"),
+])
+def test_minimax_m3_sparse_attention_settings_are_checked(change, message):
+    cfg = _cfg("minimax-m3.json")
+    cfg["sparse_attention_config"] = {**cfg["sparse_attention_config"], **change}
+    with pytest.raises(SpecError, match=message):
+        ModelSpec.from_config(cfg, name="m3")
 def test_unimplemented_values_and_keys_are_refused(base, change, key):
     with pytest.raises(SpecError, match=f"'{key}'"):
         ModelSpec.from_config({**_cfg(base), **change}, name=base)
