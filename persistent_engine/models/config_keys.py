@@ -119,6 +119,12 @@ VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
 FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "minimax_m3": {"hidden_act": (_one_of("swigluoai"), "swigluoai"),
                    "swiglu_beta": (_one_of(1, 1.0), "1.0 (up + 1)")},
+    "qwen3": {"use_sliding_window": (lambda v: True, "true or false"),
+              "layer_types": (lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
+                              "full_attention / sliding_attention")},
+    "qwen3_moe": {"use_sliding_window": (lambda v: True, "true or false"),
+                  "layer_types": (lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
+                                  "full_attention / sliding_attention")},
     "glm_moe_dsa": {"layer_types": (lambda v: v is None or set(v) <= {"deepseek_sparse_attention"},
                                     "every layer deepseek_sparse_attention")},
 }

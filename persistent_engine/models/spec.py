@@ -152,6 +152,9 @@ class ModelSpec:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     gemma_norm: bool = False                # checkpoint norms store w of (1 + w): the loader adds the 1
+    # sliding-window attention: per layer window (0: full); sinks: a learned softmax-denominator logit per head
+    layer_windows: tuple[int, ...] = ()
+    attention_sinks: bool = False
     # MiniMax-M3 block-sparse attention (msa_block_size > 0 on the layers msa_layers marks)
     msa_layers: tuple[bool, ...] = ()
     msa_block_size: int = 0
@@ -266,6 +269,8 @@ class ModelSpec:
             kw.update(_dsa_fields(c, name, family, kw["num_layers"]))
         if family == "minimax_m3":
             kw.update(_minimax_m3_fields(c, name, kw["num_layers"], head_dim))
+        if family in ("qwen3", "qwen3_moe"):
+            kw["layer_windows"] = _qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
             kw["mlp_layer_types"] = _mlp_layer_types(c["mlp_layer_types"], kw["num_layers"], name)
         if kw.get("num_experts"):
@@ -305,6 +310,10 @@ class ModelSpec:
                       moe_intermediate_size=32, shared_intermediate_size=32 if self.num_shared_experts else 0)
         if self.mlp_layer_types:
             kw["mlp_layer_types"] = tuple("dense" if j < first_dense else "moe" for j in range(kw["num_layers"]))
+        if any(self.layer_windows):
+            # a window of 8 (below the tiny contexts); full and windowed layers both kept when both exist
+            n, kinds = kw["num_layers"], [self.layer_window(i) > 0 for i in range(self.num_layers)]
+            kw["layer_windows"] = tuple(8 if (all(kinds) or (any(kinds) and j == n - 1)) else 0 for j in range(n))
         if self.msa_layers:
             # blocks of 4 tokens, 2 per query (so contexts past 8 tokens are sparse); the first layer dense
             # when the original's first layer is
@@ -356,6 +365,10 @@ class ModelSpec:
             return i if kind else None
         return max(j for j in range(i) if self.indexer_kind(j) == "full")
 
+    def layer_window(self, i: int) -> int:
+        """Layer i's sliding window (tokens a query sees, itself included), 0 for full attention."""
+        return self.layer_windows[i] if self.layer_windows else 0
+
     def block_sparse(self, i: int) -> bool:
         """Whether layer i runs MiniMax-M3's block-sparse attention."""
         return bool(self.msa_layers) and self.msa_layers[i]
@@ -383,6 +396,7 @@ class ModelSpec:
             seen.setdefault("mlp:" + self.layer_kind(i), i)
             seen.setdefault("indexer:" + self.indexer_kind(i), i)
             seen.setdefault(f"msa:{self.block_sparse(i)}", i)
+            seen.setdefault(f"window:{self.layer_window(i)}", i)
         out = set(seen.values())
         out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
         return sorted(out)
@@ -562,6 +576,20 @@ def _dsa_fields(c: dict, name: str, family: str, num_layers: int) -> dict[str, A
 MSA_KEYS = {"use_sparse_attention", "sparse_attention_freq", "sparse_block_size", "sparse_disable_index_value",
             "sparse_index_dim", "sparse_init_block", "sparse_local_block", "sparse_num_index_heads",
             "sparse_score_type", "sparse_topk_blocks"}
+
+
+def _qwen_windows(c: dict, num_layers: int, name: str) -> tuple[int, ...]:
+    """HF Qwen3Config: with use_sliding_window, layers from max_window_layers on (or those layer_types marks
+    "sliding_attention") attend a window of sliding_window tokens."""
+    window = int(c.get("sliding_window") or 0) if c.get("use_sliding_window") else 0
+    types = c.get("layer_types") or ["sliding_attention" if window and i >= int(c.get("max_window_layers", num_layers))
+                                     else "full_attention" for i in range(num_layers)]
+    if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise SpecError(f"{name}: layer_types must give full_attention or sliding_attention for each of the "
+                        f"{num_layers} layers")
+    if "sliding_attention" in types and not window:
+        raise SpecError(f"{name}: layer_types has sliding_attention layers but no sliding_window is in effect")
+    return tuple(window if t == "sliding_attention" else 0 for t in types) if window else ()
 
 
 def _per_layer_flags(v, num_layers: int, what: str, name: str) -> tuple[bool, ...]:

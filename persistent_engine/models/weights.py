@@ -67,6 +67,8 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
             elif spec.qk_norm == "per_layer":
                 out[p + "q_norm"], out[p + "k_norm"] = ((hq * dh,), "norm"), ((hk * dh,), "norm")
             out[p + "o_w"] = ((h, hq * dh), "linear")
+            if spec.attention_sinks:
+                out[p + "sinks"] = ((hq,), "router_bias")            # fp32, one logit per head (gpt-oss ``sinks``)
         if spec.layer_kind(i) == "dense":
             out[p + "gate_up_w"] = ((2 * spec.intermediate_size, h), "linear")
             out[p + "down_w"] = ((h, spec.intermediate_size), "linear")
@@ -221,6 +223,8 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
                                          + [get(a + f"index_{x}_proj.weight") for x in "qk" if spec.block_sparse(i)])
             if spec.block_sparse(i):
                 out[p + "idx_q_norm"], out[p + "idx_k_norm"] = get(a + "index_q_norm.weight"), get(a + "index_k_norm.weight")
+            if spec.attention_sinks:
+                out[p + "sinks"] = get(a + "sinks").float()
             if spec.qkv_bias:
                 out[p + "qkv_b"] = torch.cat([get(a + f"{x}_proj.bias") for x in "qkv"])
             if spec.qk_norm != "none":
@@ -280,6 +284,8 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
                 out[a + "index_q_norm.weight"], out[a + "index_k_norm.weight"] = params[p + "idx_q_norm"], params[p + "idx_k_norm"]
             for x, t in zip(names, params[p + "qkv_w"].split(sizes)):
                 out[a + x] = t
+            if spec.attention_sinks:
+                out[a + "sinks"] = params[p + "sinks"]
             if spec.qkv_bias:
                 for x, t in zip("qkv", params[p + "qkv_b"].split(sizes)):
                     out[a + f"{x}_proj.bias"] = t

@@ -45,7 +45,8 @@ def test_every_no_math_key_says_why():
     ("llama-8b.json", {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_scaling"),
     ("deepseek.json", {"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config"),
     ("deepseek.json", {"topk_method": "weird"}, "topk_method"),
-    ("qwen3-moe.json", {"use_sliding_window": True, "sliding_window": 4096}, "use_sliding_window"),
+    ("llama-8b.json", {"sliding_window": 4096}, "sliding_window"),            # Llama has no windows in tkcc
+    ("qwen3-moe.json", {"layer_types": ["chunked_attention"] * 48}, "layer_types"),
     ("deepseek-v3.2.json", {"index_topk_freq": 4}, "index_topk_freq"),        # a GLM-5.2 key, not V3.2's
     ("glm-5.2.json", {"layer_types": ["full_attention"] * 78}, "layer_types"),
     ("glm-4.6.json", {"indexer_types": ["full"] * 92}, "indexer_types"),     # a DSA key on a GQA family
