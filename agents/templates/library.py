@@ -23,7 +23,7 @@ def dims_of(spec: Any) -> dict[str, int]:
     return {"hidden": spec.hidden_size, "intermediate": spec.intermediate_size,
             "moe_intermediate": spec.moe_intermediate_size, "head_dim": spec.head_dim,
             "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
-            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1)}
+            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1), "kv_lora_rank": spec.kv_lora_rank}
 
 
 def _next_pow2(n: int) -> int:
@@ -123,6 +123,14 @@ def _attn(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(g * bt * dh, warps)
 
 
+def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
+    """The [BLOCK_H, L] accumulator, the [BLOCK_K, L] row tile and the [BLOCK_H, BLOCK_K] scores live at once
+    (L: kv_lora_rank, 512 for DeepSeek/GLM; 128 assumed without a model)."""
+    lat = _next_pow2(dims.get("kv_lora_rank", 128))
+    return _per_thread(k["SMLA_BLOCK_H"] * lat + k["SMLA_BLOCK_K"] * lat + k["SMLA_BLOCK_H"] * k["SMLA_BLOCK_K"],
+                       k["SMLA_NUM_WARPS"])
+
+
 MOE_SMEM_BYTES = 200 * 1024     # bf16 A + gate + up tiles of the w13 GEMM, NUM_STAGES - 1 buffers (H200: 227 KiB)
 
 
@@ -191,6 +199,12 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "
              "w2 GEMM times the routing weight, deterministic k-sum; per-pair GEMVs for few pairs",
              _moe),
+    Template("sparse_mla_decode.triton", "sparse_mla_decode", "triton_sparse_mla_decode.py",
+             "sparse_mla_decode_triton", "triton", ("cuda",),
+             (Knob("SMLA_BLOCK_H", (16, 32, 64)), Knob("SMLA_BLOCK_K", (32, 16, 64, 128)),
+              Knob("SMLA_NUM_WARPS", (4, 8, 2, 1)), Knob("SMLA_NUM_STAGES", (2, 1, 3))),
+             "DSA decode over the indexer's selected latent rows: a head block per program (each row read once "
+             "for BLOCK_H heads), online softmax, tl.dot for scores and p @ c", _sparse_mla),
 )
 
 ANY = ("cpu", "cuda")
