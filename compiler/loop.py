@@ -230,15 +230,18 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     traffic = inputs.read_traffic(cfg.traffic, spec, cfg.hw, max_points=cfg.max_points)
     points = [dict(p) for p in traffic.points]
     gpus = cfg.gpus or (len(device["devices"]) if device["kind"] == "cuda" else 1)
+    tier_notes: list[str] = []
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
                                                   device_bytes=inputs.device_memory(device),
-                                                  shared=len(device["devices"]) < 2)
+                                                  shared=len(device["devices"]) < 2, notes=tier_notes)
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     agents = make_agents(cfg.agents, device["kind"])
 
     stop = threading.Event()
     progress = Progress(deadline, quiet=cfg.quiet)
+    for note in tier_notes:                      # tiers shrunk to fit this device's memory
+        progress.event(note)
     if not device["matches_hw"]:
         progress.event(f"target --hw {cfg.hw} differs from the detected device {device['name']} "
                        f"({device['kind']}): measuring on {device['kind']}, projecting for {cfg.hw}; both recorded")
