@@ -48,6 +48,7 @@ def register(subparsers) -> None:
     c = sub.add_parser("check", help="verify and time one candidate file (exit 0 correct, 1 rejected)")
     c.add_argument("file", help="candidate source (OVERRIDES, optional CONFIG and DESCRIPTION)")
     c.add_argument("--model", required=True, help="model alias or config.json path")
+    c.add_argument("--tiny", action="store_true", help="the model's architecture at toy size (every feature kept)")
     c.add_argument("--layers", default=None, help="N (first N layers) or i,j,k (default: fast tier)")
     c.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     c.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
@@ -71,10 +72,11 @@ def check(args) -> int:
 
     from persistent_engine.__main__ import parse_layers
     from persistent_engine.candidate import param_names, static_check
-    from persistent_engine.models.spec import ModelSpec
+    from persistent_engine.models.spec import ModelSpec, tiny_name
     from persistent_engine.supervisor import Supervisor
 
     input_file(args.file, "candidate file")
+    args.model = tiny_name(args.model, args.tiny)
     with open(args.file, encoding="utf-8", errors="replace") as f:
         source = f.read()
     spec = ModelSpec.from_name(args.model)                 # SpecError: exit 2

@@ -85,6 +85,7 @@ def collect() -> dict:
                      for sdk, key, url, what in LLM_SDKS},
         "api_keys": {k: bool(os.environ.get(k)) for k in API_KEYS},
         "stray_engines": _strays(),
+        "models": _models(),
     }
 
 
@@ -92,6 +93,13 @@ def _strays() -> list[dict]:
     """Engine processes that outlived their orchestrator (persistent_engine.lifeline)."""
     from persistent_engine.lifeline import stray_processes
     return stray_processes()
+
+
+def _models() -> dict[str, str]:
+    """alias -> the release it names (any with ``--tiny``, or a config.json path, also works)."""
+    from persistent_engine.models.spec import ALIASES, RELEASES
+
+    return {a: RELEASES.get(a, a) for a in ALIASES}
 
 
 def render(r: dict) -> str:
@@ -124,6 +132,8 @@ def render(r: dict) -> str:
                                       "(kill them by pid)"))
     lines += [f"  pid {s['pid']} (started by {s['parent_pid'] or '?'}, now a child of {s['ppid']}): "
               f"{s['cmdline'][:120]}" for s in strays]
+    lines.append("models (--model; any with --tiny at toy size; or a config.json): "
+                 + ", ".join(f"{a} ({rel})" for a, rel in r["models"].items()))
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ def register(subparsers) -> None:
     sub.required = True
     s = sub.add_parser("serve", help="build the model slice once and serve candidates over RPC")
     s.add_argument("--model", required=True, help="model alias or config.json path")
+    s.add_argument("--tiny", action="store_true", help="the model's architecture at toy size (every feature kept)")
     s.add_argument("--layers", default=None, help="N (first N layers) or i,j,k (default: fast tier)")
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
@@ -29,8 +30,9 @@ def register(subparsers) -> None:
 
 def serve(args) -> int:
     from persistent_engine.__main__ import main
+    from persistent_engine.models.spec import tiny_name
 
-    argv = ["serve", "--model", args.model, "--device", args.device, "--dtype", args.dtype,
+    argv = ["serve", "--model", tiny_name(args.model, args.tiny), "--device", args.device, "--dtype", args.dtype,
             "--port", str(args.port), "--host", args.host]
     for flag, value in (("--layers", args.layers), ("--token-file", args.token_file),
                         ("--points", args.points)):

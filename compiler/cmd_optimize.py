@@ -38,9 +38,19 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+TINY_HELP = "the same architecture at toy size (widths, experts, vocabulary shrunk; every feature kept)"
+
+
+def _aliases() -> str:
+    from persistent_engine.models.spec import alias_help
+
+    return alias_help().replace("%", "%%")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="search, verify and measure a faster forward pass; write a plan")
-    p.add_argument("--model", required=True, help="alias (llama-1b, glm, tiny-dense...) or config.json")
+    p.add_argument("--model", required=True, help="alias or config.json; aliases: " + _aliases())
+    p.add_argument("--tiny", action="store_true", help=TINY_HELP)
     p.add_argument("--hw", required=True, help="target hardware for the cost model (h200, b200, cpu...)")
     p.add_argument("--traffic", required=True, help="traffic log (parquet, Azure CSV, Mooncake JSONL...)")
     p.add_argument("--budget", default="10m", help="wall time of the whole run: start-up, baseline, search, "
@@ -127,6 +137,9 @@ def watchdog_s(budget_s: float) -> float:
 def _optimize(args: argparse.Namespace) -> int:
     from compiler.loop import OptimizeConfig, optimize
 
+    from persistent_engine.models.spec import tiny_name
+
+    args.model = tiny_name(args.model, args.tiny)
     budget = parse_duration(args.budget)
     for flag, v in (("--llm-budget-usd", args.llm_budget_usd), ("--llm-budget-tokens", args.llm_budget_tokens)):
         if v is not None and not v > 0:

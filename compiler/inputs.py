@@ -113,14 +113,15 @@ TIER_WEIGHT_SHARE = 0.55
 
 
 def tier_layers(spec: Any, fast_layers: int | None, slow_layers: int | None, device_bytes: float | None = None,
-                shared: bool = True, dtype: str = "bf16") -> tuple[list[int], list[int]]:
+                shared: bool = True, dtype: str = "bf16", notes: list | None = None) -> tuple[list[int], list[int]]:
     """Fast tier: the covering layers (every distinct layer kind), or the first N when given.
     Slow tier: the first ``slow_layers`` layers (default 8), at least covering every kind.
 
     With ``device_bytes`` (a GPU's memory; ``shared``: both engines on that one device) the default
     slow tier shrinks until the weights fit in ``TIER_WEIGHT_SHARE`` of it (8 deepseek layers hold
     ~115 GB of experts); tiers that cannot fit, given or not, are an InputError naming the sizes.
-    ``dtype``: the engines' weights (the fleet's, bf16)."""
+    ``dtype``: the engines' weights (the fleet's, bf16). ``notes``: gets one line saying so when the default
+    slow tier was shrunk to fit."""
     n = spec.num_layers
     for name, v in (("--fast-layers", fast_layers), ("--slow-layers", slow_layers)):
         if v is not None and not 1 <= v:
@@ -139,23 +140,47 @@ def tier_layers(spec: Any, fast_layers: int | None, slow_layers: int | None, dev
     gb = lambda layers: (spec.embedding_params() * DTYPE_BYTES[dtype]  # noqa: E731 - embedding + lm_head
                          + sum(spec.weight_bytes_layer(i, dtype) for i in layers))
     fast_gb = gb(fast) if shared else 0.0
+    wanted = slow_n
     while slow_layers is None and slow_n > 1 and fast_gb + gb(slow_of(slow_n)) > budget:
         slow_n -= 1
     need = fast_gb + gb(slow_of(slow_n))
     if need > budget:
         raise InputError(f"{spec.name}: the tiers' weights (fast {fast}, slow {slow_of(slow_n)}: {need / 1e9:.1f} GB"
                          f"{' on one device' if shared else ''}) exceed {TIER_WEIGHT_SHARE:.0%} of the device's "
-                         f"{device_bytes / 1e9:.1f} GB; pass fewer --slow-layers / --fast-layers")
+                         f"{device_bytes / 1e9:.1f} GB; pass fewer --slow-layers / --fast-layers, or --tiny (the "
+                         "same architecture at toy size)")
+    if slow_n < wanted and notes is not None:
+        notes.append(f"slow tier: layers {slow_of(slow_n)} instead of the default {slow_of(wanted)}: "
+                     f"{fast_gb / 1e9 + gb(slow_of(wanted)) / 1e9:.1f} GB of weights would exceed "
+                     f"{TIER_WEIGHT_SHARE:.0%} of this device's {device_bytes / 1e9:.1f} GB "
+                     f"(fast + slow {need / 1e9:.1f} GB)")
     return fast, slow_of(slow_n)
 
 
 def device_memory(device: dict) -> float | None:
-    """Bytes of memory of the smallest GPU in ``device`` (detect_device's); None on CPU."""
+    """Bytes of memory of the smallest GPU in ``device`` (detect_device's); on CPU the memory available to
+    new processes (MemAvailable), None where the system does not say."""
     if device["kind"] != "cuda":
-        return None
+        return cpu_memory()
     import torch
 
     return float(min(torch.cuda.get_device_properties(i).total_memory for i in range(len(device["devices"]))))
+
+
+def cpu_memory() -> float | None:
+    """Bytes of RAM available now (Linux MemAvailable; else the physical total), None when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import os
+
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def detect_device(requested: str) -> dict:

@@ -246,9 +246,10 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     traffic = inputs.read_traffic(cfg.traffic, spec, cfg.hw, max_points=cfg.max_points)
     points = [dict(p) for p in traffic.points]
     gpus = cfg.gpus or (len(device["devices"]) if device["kind"] == "cuda" else 1)
+    tier_notes: list[str] = []
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
                                                   device_bytes=inputs.device_memory(device),
-                                                  shared=len(device["devices"]) < 2)
+                                                  shared=len(device["devices"]) < 2, notes=tier_notes)
     tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram, cfg.weights,
                                      inputs.traffic_token_ids(cfg.traffic, spec.vocab_size))
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
@@ -258,6 +259,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
 
     stop = threading.Event()
     progress = Progress(deadline, quiet=cfg.quiet, started=t_start)
+    for note in tier_notes:                      # tiers shrunk to fit this device's memory
+        progress.event(note)
     if not device["matches_hw"]:
         progress.event(f"target --hw {cfg.hw} differs from the detected device {device['name']} "
                        f"({device['kind']}): measuring on {device['kind']}, projecting for {cfg.hw}; both recorded")

@@ -101,20 +101,63 @@ def _attention_shape(seqs: int, n: int, ctx: int, hq: int, hk: int, dh: int, kv_
     return {"attention_prefill": {**dims, "isl": max(n, round((2 * n * (ctx + (n + 1) / 2)) ** 0.5))}}
 
 
+# ----------------------------------------------------------------------------- sparse and windowed attention
+# (DeepSeek sparse attention of GLM-5.x / DeepSeek-V3.2, MiniMax-M3's block-sparse attention, sliding windows):
+# how many cached tokens a query's attention reads, and the indexers' own cost. Per-layer patterns (shared
+# indexer layers, windowed and full layers, M3's dense first layers) are averaged over the model's layers.
+def attended_keys(spec, keys: float) -> float:
+    """Mean keys a query attends when ``keys`` are visible: the DSA top-k, M3's top blocks, the window."""
+    n = max(spec.num_layers, 1)
+    if getattr(spec, "index_topk", 0):
+        return min(keys, spec.index_topk)
+    if getattr(spec, "msa_layers", ()):
+        frac = sum(spec.msa_layers) / n
+        return frac * min(keys, spec.msa_topk_blocks * spec.msa_block_size) + (1 - frac) * keys
+    windows = getattr(spec, "layer_windows", ())
+    if windows and any(windows):
+        return sum(min(keys, w) if w else keys for w in windows) / n
+    return keys
+
+
+def indexer_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
+    """The lightning indexer (DSA, on its full layers) or M3's block indexer: projections, scores over every
+    visible cached token (Hi x Di per token pair), the top-k; the indexer key cache read once per query."""
+    h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
+    t = seqs * n
+    keys = ctx + (n + 1) / 2 if n > 1 else ctx + 1
+    if getattr(spec, "index_topk", 0):
+        frac = sum(spec.indexer_kind(i) == "full" for i in range(spec.num_layers)) / max(spec.num_layers, 1)
+        hi, di, src = spec.index_n_heads, spec.index_head_dim, spec.q_lora_rank
+        proj = [_gemm("indexer_q_proj", t, src, hi * di, wd, wb), _gemm("indexer_k_proj", t, h, di, wd, wb),
+                _gemm("indexer_weights_proj", t, h, hi, wd, wb)]
+    elif getattr(spec, "msa_layers", ()):
+        frac = sum(spec.msa_layers) / max(spec.num_layers, 1)
+        hi, di = spec.num_kv_heads, spec.msa_index_dim
+        proj = []                                   # fused into the qkv projection (its extra rows)
+    else:
+        return []
+    score = OpCost("indexer_topk", "attention", flops=2.0 * t * hi * di * keys + 4.0 * t * keys,
+                   bytes=seqs * (ctx + n) * di * kb + t * keys * 4.0)
+    # the share of layers that run an indexer (GLM-5.2: 21 of 78; M3: 57 of 60)
+    return [OpCost(o.name, o.cls, o.flops * frac, o.bytes * frac, o.dtype, o.kernels) for o in proj + [score]]
+
+
 def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
     h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
     t = seqs * n
     hq, hk = heads_per_gpu(spec, layout)
-    ops: list[OpCost] = []
+    ops: list[OpCost] = indexer_ops(spec, layout, seqs, n, ctx)
     if spec.attention == "gqa":
         dh = spec.head_dim
         ops.append(_gemm("qkv_proj", t, h, (hq + 2 * hk) * dh, wd, wb))
         ops.append(_elementwise("rotary_embedding", 2 * t * (hq + hk) * dh, kernels=1 + (spec.qk_norm != "none")))
-        keys = ctx + (n + 1) / 2 if n > 1 else ctx + 1          # mean keys seen per new query (causal)
+        keys = attended_keys(spec, ctx + (n + 1) / 2 if n > 1 else ctx + 1)   # mean keys per new query (causal)
         ops.append(OpCost("attention_prefill" if n > 1 else "attention_decode", "attention",
                           flops=4.0 * seqs * n * hq * dh * keys,
-                          bytes=seqs * (ctx + n) * 2 * hk * dh * kb + 2 * t * hq * dh * ACT_BYTES + t * 2 * hk * dh * kb,
-                          shape=_attention_shape(seqs, n, ctx, hq, hk, dh, layout.kv_dtype)))
+                          bytes=seqs * attended_keys(spec, ctx + n) * 2 * hk * dh * kb + 2 * t * hq * dh * ACT_BYTES
+                          + t * 2 * hk * dh * kb,
+                          shape=_attention_shape(seqs, n, int(attended_keys(spec, ctx + 1)) - 1 if n == 1 else ctx,
+                                                 hq, hk, dh, layout.kv_dtype)))
         ops.append(_gemm("o_proj", t, hq * dh, h, wd, wb))
         return ops
     # MLA (DeepSeek-V3 / Kimi-K2): r latent rank, R rope dims
@@ -130,7 +173,7 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
     if n == 1:
         # absorbed decode: q_nope @ W_UK per head -> latent query; attention over the latent cache
         # (split over dcp GPUs); latent output @ W_UV per head
-        local = _ceil_div(ctx + 1, layout.dcp)
+        local = _ceil_div(int(attended_keys(spec, ctx + 1)), layout.dcp)
         ops.append(_gemm("mla_absorb_q", t, hq * nope, r, wd, wb))
         ops.append(OpCost("mla_decode", "attention", flops=2.0 * seqs * hq * local * (2 * r + rr),
                           bytes=seqs * local * (r + rr) * kb + t * hq * (2 * r + rr) * ACT_BYTES,
@@ -144,7 +187,7 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
         # prefill: expand the latent of context + chunk into per-head K (nope) and V, then MHA
         kv_tokens = seqs * (ctx + n)
         ops.append(_gemm("mla_kv_b_proj", kv_tokens, r, hq * (nope + v), wd, wb))
-        keys = ctx + (n + 1) / 2
+        keys = attended_keys(spec, ctx + (n + 1) / 2)
         ops.append(OpCost("mla_prefill", "attention", flops=2.0 * seqs * n * hq * keys * (qk + v),
                           bytes=kv_tokens * hq * (qk + v) * ACT_BYTES + t * hq * (qk + v) * ACT_BYTES,
                           shape=_attention_shape(seqs, n, ctx, hq, hq, qk, "bf16")))

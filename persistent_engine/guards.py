@@ -292,7 +292,9 @@ def never_called(counted: dict, ops_at: list[set]) -> list[str]:
 def min_step_bytes(weights: dict, workload, spec) -> int:
     """Bytes one step must read at the least (``weights``: name -> tensor of the model slice): every weight but the embedding table (gathered by
     rows), MoE expert tensors only at k/E (a step uses at least k experts), plus each sequence's
-    cached K/V of every layer (context_lens tokens). A lower bound, never an estimate."""
+    cached K/V of every layer (context_lens tokens; sparse attention reads at most its selection's tokens of
+    the attended pools: index_topk for DSA, topk_blocks x block size for MiniMax-M3). A lower bound, never an
+    estimate."""
     total = 0
     e, k = getattr(spec, "num_experts", 0) or 0, getattr(spec, "num_experts_per_tok", 0) or 0
     for name, t in weights.items():
@@ -302,10 +304,16 @@ def min_step_bytes(weights: dict, workload, spec) -> int:
         if e and k and t.dim() == 3 and t.shape[0] == e:
             nbytes = nbytes * k // e
         total += nbytes
-    tokens = int(workload.context_lens.sum())
-    for pools in (workload.cache.k, workload.cache.v):
-        for pool in pools.values():
-            total += tokens * pool[0, 0].numel() * pool.element_size()
+    lens = workload.context_lens.long()
+    tokens = int(lens.sum())
+    cap = getattr(spec, "index_topk", 0) or getattr(spec, "msa_topk_blocks", 0) * getattr(spec, "msa_block_size", 0)
+    selected = int(lens.clamp(max=cap).sum()) if cap else tokens
+    for pools in (workload.cache.k, workload.cache.v, workload.cache.index_k):
+        for layer, pool in pools.items():
+            # the attended pools of a sparse layer (DSA: the MLA latent in k; M3: k and v) are read at the selection
+            attended = (getattr(spec, "index_topk", 0) and pools is workload.cache.k) or \
+                (getattr(spec, "msa_layers", ()) and spec.block_sparse(layer) and pools is not workload.cache.index_k)
+            total += (selected if attended else tokens) * pool[0, 0].numel() * pool.element_size()
     return total
 
 

@@ -115,7 +115,7 @@ def relayout_workload(model, wl, block_size: int, seed: int):
     seq = torch.arange(batch, device=old.block_tables.device).repeat_interleave(cap)
     pos = torch.arange(cap, device=old.block_tables.device).repeat(batch)
     slots = new.slots(pos, seq)                                   # [B*cap] where token (b, j) goes
-    for pools_old, pools_new in ((old.k, new.k), (old.v, new.v)):
+    for pools_old, pools_new in ((old.k, new.k), (old.v, new.v), (old.index_k, new.index_k)):
         for layer, src in pools_old.items():
             flat = gather_pages(src, old.block_tables)[:, :cap].reshape(batch * cap, *src.shape[2:])
             pools_new[layer].view(-1, *src.shape[2:]).index_copy_(0, slots, flat)

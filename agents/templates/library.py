@@ -23,7 +23,7 @@ def dims_of(spec: Any) -> dict[str, int]:
     return {"hidden": spec.hidden_size, "intermediate": spec.intermediate_size,
             "moe_intermediate": spec.moe_intermediate_size, "head_dim": spec.head_dim,
             "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
-            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1)}
+            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1), "kv_lora_rank": spec.kv_lora_rank}
 
 
 def _next_pow2(n: int) -> int:
@@ -123,6 +123,31 @@ def _attn(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(g * bt * dh, warps)
 
 
+def _attn_window(k: Mapping, dims: Mapping) -> list[str]:
+    g, dh = _next_pow2(dims.get("group", 8)), _next_pow2(dims.get("head_dim", 128))
+    return _per_thread(g * k["ATTW_BLOCK_T"] * dh, k["ATTW_NUM_WARPS"])
+
+
+def _soai(k: Mapping, dims: Mapping) -> list[str]:
+    out = _per_thread(k["SOAI_BLOCK_I"], k["SOAI_NUM_WARPS"])
+    if "intermediate" in dims and k["SOAI_BLOCK_I"] > 2 * _next_pow2(dims["intermediate"]):
+        out.append(f"BLOCK_I {k['SOAI_BLOCK_I']} is over twice the row ({dims['intermediate']})")
+    return out
+
+
+def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
+    """The [BLOCK_H, L] accumulator, the [BLOCK_K, L] row tile and the [BLOCK_H, BLOCK_K] scores live at once
+    (L: kv_lora_rank, 512 for DeepSeek/GLM; 128 assumed without a model)."""
+    lat = _next_pow2(dims.get("kv_lora_rank", 128))
+    out = _per_thread(k["SMLA_BLOCK_H"] * lat + k["SMLA_BLOCK_K"] * lat + k["SMLA_BLOCK_H"] * k["SMLA_BLOCK_K"],
+                      k["SMLA_NUM_WARPS"])
+    smem = max(k["SMLA_NUM_STAGES"], 1) * k["SMLA_BLOCK_K"] * (lat + 64) * 2     # bf16 row tiles in flight
+    if smem > MOE_SMEM_BYTES:
+        out.append(f"{k['SMLA_NUM_STAGES']} stages of {k['SMLA_BLOCK_K']}-row latent tiles need {smem >> 10} KiB "
+                   f"of shared memory (> {MOE_SMEM_BYTES >> 10})")
+    return out
+
+
 MOE_SMEM_BYTES = 200 * 1024     # bf16 A + gate + up tiles of the w13 GEMM, NUM_STAGES - 1 buffers (H200: 227 KiB)
 
 
@@ -191,6 +216,22 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "
              "w2 GEMM times the routing weight, deterministic k-sum; per-pair GEMVs for few pairs",
              _moe),
+    Template("attention_decode_window.triton", "attention_decode_window", "triton_attention_window.py",
+             "attention_decode_window_triton", "triton", ("cuda",),
+             (Knob("ATTW_BLOCK_T", (16, 8, 32, 64)), Knob("ATTW_NUM_WARPS", (4, 8, 2, 1)),
+              Knob("ATTW_NUM_STAGES", (2, 1, 3))),
+             "sliding-window decode: GQA group per program, online softmax over the window's tokens only, "
+             "sinks in the denominator", _attn_window),
+    Template("swigluoai_and_mul.triton", "swigluoai_and_mul", "triton_swigluoai.py", "swigluoai_and_mul_triton",
+             "triton", ("cuda",),
+             (Knob("SOAI_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SOAI_NUM_WARPS", POW2_WARPS)),
+             "clamped alpha-sigmoid gate times (up + 1) in fp32, one pass, one rounding", _soai),
+    Template("sparse_mla_decode.triton", "sparse_mla_decode", "triton_sparse_mla_decode.py",
+             "sparse_mla_decode_triton", "triton", ("cuda",),
+             (Knob("SMLA_BLOCK_H", (16, 32, 64)), Knob("SMLA_BLOCK_K", (32, 16, 64, 128)),
+              Knob("SMLA_NUM_WARPS", (8, 4, 2, 1)), Knob("SMLA_NUM_STAGES", (2, 1, 3))),
+             "DSA decode over the indexer's selected latent rows: a head block per program (each row read once "
+             "for BLOCK_H heads), online softmax, tl.dot for scores and p @ c", _sparse_mla),
 )
 
 ANY = ("cpu", "cuda")

@@ -9,6 +9,9 @@ With QK-norm (which sits between the projection and the rotary) the layer runs `
 and passes qkv[T, (Hq + 2 Hk) Dh]. The q/k/v split is not copied: q is a [T, Hq, Dh] view with row
 stride (Hq + 2 Hk) Dh, and rotary_embedding and index_copy_ take such strided views.
 
+Layers with a sliding window (``spec.layer_window``) or attention sinks run ``attention_decode_window`` /
+``attention_prefill_window`` (ops/window.py) instead.
+
 Per decode token: reads (Hq + 2 Hk) Dh H + Hq Dh H weights and 2 Hk Dh elements per cached token.
 """
 
@@ -29,6 +32,8 @@ class GQAAttention:
         self.qkv_w, self.qkv_b = params[prefix + "qkv_w"], params.get(prefix + "qkv_b")
         self.q_norm, self.k_norm = params.get(prefix + "q_norm"), params.get(prefix + "k_norm")
         self.o_w = params[prefix + "o_w"]
+        layer = int(prefix.split(".")[1])                   # prefix "layers.{i}."
+        self.window, self.sinks = spec.layer_window(layer), params.get(prefix + "sinks")
         # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
         self.fused_input = (self.qkv_w, self.qkv_b)
         # without QK-norm the rotary is fused as well (add_rms_norm_qkv_rotary's trailing arguments)
@@ -41,12 +46,21 @@ class GQAAttention:
         t, hq, hk, dh = q.shape[0], self.hq, self.hk, self.dh
         k_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, k)              # same slots on every run
         v_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, v)
-        if wl.phase == "decode":
-            o = call("attention_decode", q, k_cache, v_cache, wl.block_tables, wl.context_lens, self.scale)
-        else:
-            o = call("attention_prefill", q, k_cache, v_cache, wl.block_tables, wl.cu_seqlens_q, wl.context_lens,
-                     self.scale)
+        o = self.attend(q, wl, k_cache, v_cache)
         return call("linear", o.reshape(t, hq * dh), self.o_w, None)
+
+    def attend(self, q: torch.Tensor, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Paged attention of the step's queries [T, Hq, Dh] over the cache -> [T, Hq, Dh]."""
+        if self.window or self.sinks is not None:           # sliding window and/or attention sinks
+            if wl.phase == "decode":
+                return call("attention_decode_window", q, k_cache, v_cache, wl.block_tables, wl.context_lens,
+                            self.scale, self.window, self.sinks)
+            return call("attention_prefill_window", q, k_cache, v_cache, wl.block_tables, wl.cu_seqlens_q,
+                        wl.context_lens, self.scale, self.window, self.sinks)
+        if wl.phase == "decode":
+            return call("attention_decode", q, k_cache, v_cache, wl.block_tables, wl.context_lens, self.scale)
+        return call("attention_prefill", q, k_cache, v_cache, wl.block_tables, wl.cu_seqlens_q, wl.context_lens,
+                    self.scale)
 
     def _qk_norm_rotary(self, qkv: torch.Tensor, wl):
         """qkv[T, (Hq + 2 Hk) Dh] -> rotated q, k and v (QK-norm, when set, between the split and the rotary)."""

@@ -24,9 +24,11 @@ from __future__ import annotations
 import torch
 
 from persistent_engine.models.attention import GQAAttention
+from persistent_engine.models.dsa import DSAAttention
 from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import DenseMLP, MoEMLP
+from persistent_engine.models.msa import BlockSparseAttention
 from persistent_engine.models.rope import attention_scale, cos_sin_cache
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import init_params, load_weights
@@ -35,12 +37,18 @@ from persistent_engine.ops.registry import call
 
 
 class Layer:
-    def __init__(self, spec: ModelSpec, index: int, params: dict, cos_sin: torch.Tensor, scale: float):
+    def __init__(self, spec: ModelSpec, index: int, params: dict, cos_sin: torch.Tensor, scale: float,
+                 selections: dict | None = None):
         p = f"layers.{index}."
         self.index, self.kind = index, spec.layer_kind(index)
         self.input_norm, self.post_norm = params[p + "input_norm"], params[p + "post_norm"]
-        attn = MLAAttention if spec.attention == "mla" else GQAAttention
-        self.attn = attn(spec, params, p, cos_sin, scale)
+        if spec.sparse_attention:        # MLA + DSA; ``selections``: the decoder's top-k of this step by layer
+            self.attn = DSAAttention(spec, params, p, cos_sin, scale, index, selections)
+        elif spec.block_sparse(index):   # MiniMax-M3
+            self.attn = BlockSparseAttention(spec, params, p, cos_sin, scale, index)
+        else:
+            attn = MLAAttention if spec.attention == "mla" else GQAAttention
+            self.attn = attn(spec, params, p, cos_sin, scale)
         self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else MoEMLP(spec, params, p)
         # (weight, bias) each block's input projection fused with its norm, or None (read now: tensor
         # parallelism may wrap the blocks later)
@@ -75,7 +83,8 @@ class Decoder:
         self.eps = spec.rms_norm_eps
         self.embed, self.final_norm = params["embed"], params["final_norm"]
         self.lm_head_w = params.get("lm_head", self.embed)
-        self.blocks = [Layer(spec, i, params, self.cos_sin, self.scale) for i in self.layers]
+        self.selections: dict[int, torch.Tensor] = {}     # DSA: each full layer's top-k of the current step
+        self.blocks = [Layer(spec, i, params, self.cos_sin, self.scale, self.selections) for i in self.layers]
 
     @property
     def max_positions(self) -> int:
@@ -125,6 +134,7 @@ def _resolve_layers(spec: ModelSpec, layers) -> list[int]:
     if bad or len(set(out)) != len(out):
         raise SpecError(f"bad layer selection {out} for {spec.name} ({spec.num_layers} layers: 0..{spec.num_layers - 1},"
                         " each at most once)")
+    spec.check_slice(out)
     return out
 
 

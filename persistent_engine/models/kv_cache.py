@@ -1,7 +1,9 @@
 """The paged KV cache: per layer a pool of NB blocks of BS tokens, and one block table per sequence.
 
 GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dh]``; MLA layers keep one latent pool
-``k[NB, BS, kv_lora_rank + rope_dim]`` (``v`` is absent). Blocks are handed out in a seeded random
+``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
+lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
+their index keys in ``index_k[NB, BS, Di]``. Blocks are handed out in a seeded random
 order, so a kernel that assumes contiguous blocks fails verification. Bytes per token and layer:
 ``spec.kv_bytes_per_token_layer()``.
 """
@@ -21,6 +23,7 @@ class KVCache:
     block_tables: torch.Tensor            # [B, MB] int32
     k: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool
     v: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool (GQA only)
+    index_k: dict[int, torch.Tensor] = field(default_factory=dict)   # block-sparse layers: index keys [NB, BS, Di]
 
     @property
     def batch(self) -> int:
@@ -37,7 +40,7 @@ class KVCache:
         return blocks * self.block_size + positions % self.block_size
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values()))
+        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values(), *self.index_k.values()))
 
 
 def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, device="cpu",
@@ -61,7 +64,11 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
     for i in layers:
         if spec.attention == "mla":
             cache.k[i] = pool(nb, block_size, spec.kv_lora_rank + spec.qk_rope_head_dim)
+            if spec.indexer_kind(i) == "full":
+                cache.v[i] = pool(nb, block_size, spec.index_head_dim)
         else:
             cache.k[i] = pool(nb, block_size, spec.num_kv_heads, spec.head_dim)
             cache.v[i] = pool(nb, block_size, spec.num_kv_heads, spec.head_dim)
+            if spec.block_sparse(i):
+                cache.index_k[i] = pool(nb, block_size, spec.msa_index_dim)
     return cache

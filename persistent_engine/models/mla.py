@@ -27,7 +27,18 @@ class MLAAttention:
         self.w_uk, self.w_uv, self.o_w = params[prefix + "w_uk"], params[prefix + "w_uv"], params[prefix + "o_w"]
 
     def __call__(self, h: torch.Tensor, wl, cache: torch.Tensor, _unused=None) -> torch.Tensor:
+        q_abs, q_pe, _ = self.project(h, wl, cache)
+        if wl.phase == "decode":
+            o = call("mla_decode", q_abs, q_pe, cache, wl.block_tables, wl.context_lens, self.scale)
+        else:
+            o = call("mla_prefill", q_abs, q_pe, cache, wl.block_tables, wl.cu_seqlens_q, wl.context_lens, self.scale)
+        return self.output(o)
+
+    def project(self, h: torch.Tensor, wl, cache: torch.Tensor):
+        """(q_abs[T, H, L], rotated q_pe[T, H, R], the q latent c_q[T, Lq] or None); writes the step's
+        cache rows [c | k_pe]."""
         t = h.shape[0]
+        cq = None
         if self.q_a_w is not None:
             cq = call("rms_norm", call("linear", h, self.q_a_w, None), self.q_a_norm, self.eps)
             q = call("linear", cq, self.q_b_w, None)
@@ -40,10 +51,9 @@ class MLAAttention:
         k_pe = kv[:, self.lat:].contiguous().view(t, 1, self.r)
         q_pe, k_pe = call("rotary_embedding", wl.positions, q_pe, k_pe, self.cos_sin, self.r)
         cache.view(-1, self.lat + self.r).index_copy_(0, wl.slot_mapping, torch.cat([c, k_pe.view(t, self.r)], -1))
-        q_abs = call("mla_q_absorb", q_nope, self.w_uk)                            # [T, H, L]
-        if wl.phase == "decode":
-            o = call("mla_decode", q_abs, q_pe, cache, wl.block_tables, wl.context_lens, self.scale)
-        else:
-            o = call("mla_prefill", q_abs, q_pe, cache, wl.block_tables, wl.cu_seqlens_q, wl.context_lens, self.scale)
-        o = call("mla_v_up", o, self.w_uv)                                         # [T, H, Dv]
-        return call("linear", o.reshape(t, self.h * self.dv), self.o_w, None)
+        return call("mla_q_absorb", q_nope, self.w_uk), q_pe, cq                  # q_abs [T, H, L]
+
+    def output(self, o_latent: torch.Tensor) -> torch.Tensor:
+        """[T, H, L] attention output in the latent -> [T, hidden]."""
+        o = call("mla_v_up", o_latent, self.w_uv)                                 # [T, H, Dv]
+        return call("linear", o.reshape(o.shape[0], self.h * self.dv), self.o_w, None)

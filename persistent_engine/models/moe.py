@@ -17,20 +17,33 @@ import torch
 from persistent_engine.ops.registry import call
 
 
-def swiglu(h: torch.Tensor, gate_up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate(h)) * up(h)) for h[T, H]: reads 3 H I weights per token batch."""
-    return call("silu_mul_linear", call("linear", h, gate_up_w, None), down_w)
+def swiglu(h: torch.Tensor, gate_up_w: torch.Tensor, down_w: torch.Tensor, oai: tuple | None = None) -> torch.Tensor:
+    """down(silu(gate(h)) * up(h)) for h[T, H]: reads 3 H I weights per token batch. ``oai``: (alpha, limit) of
+    swigluoai (MiniMax-M3) instead of silu."""
+    return _act_down(call("linear", h, gate_up_w, None), down_w, oai)
+
+
+def _act_down(gate_up: torch.Tensor, down_w: torch.Tensor, oai: tuple | None) -> torch.Tensor:
+    if oai is None:
+        return call("silu_mul_linear", gate_up, down_w)
+    return call("linear", call("swigluoai_and_mul", gate_up, *oai), down_w, None)
+
+
+def oai_args(spec) -> tuple | None:
+    """(alpha, limit) for swigluoai MLPs, None for SwiGLU."""
+    return (spec.swiglu_alpha, spec.swiglu_limit) if spec.mlp_act == "swigluoai" else None
 
 
 class DenseMLP:
     def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str):
         self.gate_up_w, self.down_w = params[prefix + "gate_up_w"], params[prefix + "down_w"]
+        self.oai = oai_args(spec)
         # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
         self.fused_input = (self.gate_up_w, None)
 
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up[T, 2I] (already projected by ``fused_input``) -> [T, H]."""
-        return call("silu_mul_linear", gate_up, self.down_w)
+        return _act_down(gate_up, self.down_w, self.oai)
 
 
 class MoEMLP:
@@ -41,6 +54,7 @@ class MoEMLP:
             if prefix + "shared_gate_up_w" in params else None
         self.route_args = (spec.num_experts_per_tok, spec.scoring, spec.n_group, spec.topk_group,
                            spec.norm_topk_prob, spec.routed_scaling_factor)
+        self.oai = oai_args(spec)
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = call("linear", h, self.router_w, None).float()                 # [T, E] fp32
@@ -48,7 +62,10 @@ class MoEMLP:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(h)
-        out = call("moe_experts", h, self.w13, self.w2, weights, ids)
+        if self.oai is None:
+            out = call("moe_experts", h, self.w13, self.w2, weights, ids)
+        else:
+            out = call("moe_experts_oai", h, self.w13, self.w2, weights, ids, *self.oai)
         if self.shared is not None:
-            out = out + swiglu(h, *self.shared)
+            out = out + swiglu(h, *self.shared, self.oai)
         return out

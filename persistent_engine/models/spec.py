@@ -14,6 +14,19 @@ Supported families (``ModelSpec.family``):
                                                     first k layers dense, sigmoid + correction bias
   deepseek_v3 DeepseekV3ForCausalLM (DeepSeek-V3,   MLA (absorbed decode), grouped sigmoid top-k with
               Kimi-K2)                              correction bias, shared expert, first k dense
+  deepseek_v32 DeepseekV32ForCausalLM               + DeepSeek sparse attention (DSA): a lightning indexer
+                                                    picks index_topk cached tokens per query
+  glm_moe_dsa GlmMoeDsaForCausalLM (GLM-5.x)        DeepSeek-V3.2's layer (MLA + DSA) with per-layer indexer
+                                                    types: "full" layers run the indexer, "shared" layers
+                                                    reuse the previous full layer's selection
+  minimax_m3  MiniMaxM3ForCausalLM                  GQA with per-head QK-norm, Gemma (1 + w) norms, partial
+                                                    rotary, block-sparse attention (an indexer picks 128-token
+                                                    blocks per KV head), swigluoai MLPs (alpha, limit), sigmoid
+                                                    routing + bias, shared expert, first layers dense
+
+Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
+(``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
+(``ModelSpec.scaled_down``).
 """
 
 from __future__ import annotations
@@ -25,21 +38,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from persistent_engine.models.config_keys import SpecError, check_config
+from persistent_engine.models.config_sections import (dsa_fields, minimax_m3_fields, mla_fields,
+                                                      parse_mlp_layer_types, qwen_windows)
+
 CONFIG_DIR = Path(__file__).with_name("configs")
 
+# each family's alias names its newest release; older releases keep versioned aliases
 ALIASES = {
     "llama-1b": "llama-1b.json",
     "llama-8b": "llama-8b.json",
     "qwen3-moe": "qwen3-moe.json",
-    "glm": "glm.json",
-    "minimax": "minimax.json",
+    "glm": "glm-5.2.json",
+    "glm-5.2": "glm-5.2.json",
+    "glm-5.1": "glm-5.1.json",
+    "glm-4.6": "glm-4.6.json",
+    "minimax": "minimax-m3.json",
+    "minimax-m3": "minimax-m3.json",
+    "minimax-m2.5": "minimax-m2.5.json",
     "deepseek": "deepseek.json",
+    "deepseek-v3": "deepseek.json",
+    "deepseek-v3.2": "deepseek-v3.2.json",
     "kimi": "kimi.json",
     "smollm2-135m": "smollm2-135m.json",
     "tiny-dense": "tiny-dense.json",
     "tiny-moe": "tiny-moe.json",
     "tiny-mla": "tiny-mla.json",
 }
+# the release each alias names (tkcc doctor and --help list them)
+RELEASES = {
+    "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B", "qwen3-moe": "Qwen3-30B-A3B",
+    "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
+    "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
+    "deepseek": "DeepSeek-V3", "deepseek-v3": "DeepSeek-V3", "deepseek-v3.2": "DeepSeek-V3.2",
+    "kimi": "Kimi-K2", "smollm2-135m": "SmolLM2-135M-Instruct",
+    "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
+}
+TINY_SUFFIX = "+tiny"       # "glm+tiny": GLM-5.2's architecture at toy size (what --tiny passes on)
 
 # HF "architectures" entry -> family
 ARCHITECTURES = {
@@ -49,16 +84,15 @@ ARCHITECTURES = {
     "MiniMaxM2ForCausalLM": "minimax_m2",
     "Glm4MoeForCausalLM": "glm4_moe",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV32ForCausalLM": "deepseek_v32",
+    "GlmMoeDsaForCausalLM": "glm_moe_dsa",
+    "MiniMaxM3ForCausalLM": "minimax_m3",
 }
+MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
 
 DTYPE_BYTES = {"bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "fp32": 4.0,
                "float32": 4.0, "fp8": 1.0, "fp4": 0.5}
-
-
-class SpecError(ValueError):
-    """A model name or config that tkcc cannot use. The CLI prints it as one line, exit 2."""
-
-    user_error = True
 
 
 @dataclass(frozen=True)
@@ -100,13 +134,42 @@ class ModelSpec:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    # per layer "dense" | "moe" when the config lists them (GLM-5.x mlp_layer_types); () -> first_k_dense etc.
+    mlp_layer_types: tuple[str, ...] = ()
+    # MLA checkpoints store the rope rows interleaved (the loader permutes them to the halves the op rotates)
+    rope_interleave: bool = True
+    # DeepSeek sparse attention (DSA, GLM-5.x / DeepSeek-V3.2); index_topk == 0 -> dense attention
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    indexer_types: tuple[str, ...] = ()     # per layer "full" (runs the indexer) | "shared"; () -> all full
+    indexer_rope_interleave: bool = False   # checkpoint layout of the indexer's rope rows
+    quantization: str = "none"              # checkpoint weights: "none" | "fp8-block128" (dequantized on load)
+    # MLP activation: "silu" (SwiGLU) | "swigluoai" (gpt-oss / MiniMax-M3: clamped, alpha-sigmoid gate, up + 1)
+    mlp_act: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    gemma_norm: bool = False                # checkpoint norms store w of (1 + w): the loader adds the 1
+    # sliding-window attention: per layer window (0: full); sinks: a learned softmax-denominator logit per head
+    layer_windows: tuple[int, ...] = ()
+    attention_sinks: bool = False
+    # MiniMax-M3 block-sparse attention (msa_block_size > 0 on the layers msa_layers marks)
+    msa_layers: tuple[bool, ...] = ()
+    msa_block_size: int = 0
+    msa_topk_blocks: int = 0
+    msa_index_dim: int = 0
+    msa_init_blocks: int = 0
+    msa_local_blocks: int = 0
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_name(cls, name: str) -> "ModelSpec":
-        """An alias of DESIGN.md (``llama-1b``, ``glm``, ``tiny-moe``...) or a path to a config.json."""
+        """An alias of DESIGN.md (``llama-1b``, ``glm``, ``tiny-moe``...) or a path to a config.json;
+        either with ``+tiny``: the same architecture at toy size (``scaled_down``)."""
+        if name.endswith(TINY_SUFFIX) and len(name) > len(TINY_SUFFIX):
+            return cls.from_name(name[: -len(TINY_SUFFIX)]).scaled_down().replace(name=name)
         if name in ALIASES:
             return cls.from_config_file(CONFIG_DIR / ALIASES[name], name=name)
         path = Path(name)
@@ -138,8 +201,11 @@ class ModelSpec:
         if family is None:
             raise SpecError(f"unsupported architecture {archs or cfg.get('model_type')!r} in {name}; "
                             f"supported: {', '.join(ARCHITECTURES)}")
+        check_config(cfg, family, name, SpecError)
         try:
             return cls._parse(cfg, name, family)
+        except SpecError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"bad config for {name}: missing or invalid field {e}") from None
 
@@ -147,24 +213,30 @@ class ModelSpec:
     def _parse(cls, c: dict, name: str, family: str) -> "ModelSpec":
         hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
         head_dim = int(c.get("head_dim") or hidden // heads)
+        rope_params = c.get("rope_parameters") or {}
+        rope_scaling = c.get("rope_scaling")
+        if not rope_scaling and (rope_params.get("rope_type") or "default") != "default":
+            rope_scaling = rope_params
+        quant = c.get("quantization_config")
         kw: dict[str, Any] = dict(
             name=name, family=family, hidden_size=hidden, num_layers=int(c["num_hidden_layers"]),
             vocab_size=int(c["vocab_size"]), num_heads=heads,
             num_kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=head_dim,
             intermediate_size=int(c.get("intermediate_size", 4 * hidden)),
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta", 1e4))),
-            rope_scaling=c.get("rope_scaling"),
+            rope_theta=float(c.get("rope_theta", rope_params.get("rope_theta", 1e4))),
+            rope_scaling=rope_scaling,
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
             qkv_bias=bool(c.get("attention_bias", False)),
+            quantization="fp8-block128" if quant else "none",
         )
         partial = float(c.get("partial_rotary_factor", 1.0))
         kw["rotary_dim"] = int(c.get("rotary_dim") or head_dim * partial)
         if family == "qwen3" or family == "qwen3_moe":
             kw["qk_norm"] = "per_head"
         elif family == "minimax_m2":
-            kw["qk_norm"] = "per_layer" if c.get("use_qk_norm", True) else "none"
+            kw["qk_norm"] = c.get("qk_norm_type", "per_layer") if c.get("use_qk_norm", True) else "none"
         elif family == "glm4_moe":
             kw["qk_norm"] = "per_head" if c.get("use_qk_norm", False) else "none"
         if family == "qwen3_moe":
@@ -180,7 +252,7 @@ class ModelSpec:
                       moe_intermediate_size=int(c["intermediate_size"]), scoring=c.get("scoring_func", "sigmoid"),
                       routing_bias=bool(c.get("use_routing_bias", True)), norm_topk_prob=True,
                       num_shared_experts=1 if shared else 0, shared_intermediate_size=shared)
-        elif family in ("glm4_moe", "deepseek_v3"):
+        elif family == "glm4_moe" or family in MLA_FAMILIES:
             kw.update(num_experts=int(c["n_routed_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
                       moe_intermediate_size=int(c["moe_intermediate_size"]),
                       num_shared_experts=int(c.get("n_shared_experts") or 0),
@@ -191,12 +263,16 @@ class ModelSpec:
                       norm_topk_prob=bool(c.get("norm_topk_prob", True)),
                       routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
                       n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))
-        if family == "deepseek_v3":
-            kw.update(q_lora_rank=int(c.get("q_lora_rank") or 0), kv_lora_rank=int(c["kv_lora_rank"]),
-                      qk_nope_head_dim=int(c["qk_nope_head_dim"]), qk_rope_head_dim=int(c["qk_rope_head_dim"]),
-                      v_head_dim=int(c["v_head_dim"]), num_kv_heads=heads,
-                      head_dim=int(c["qk_nope_head_dim"]) + int(c["qk_rope_head_dim"]))
-            kw["rotary_dim"] = int(c["qk_rope_head_dim"])
+        if family in MLA_FAMILIES:
+            kw.update(mla_fields(c, name, heads))
+        if family in DSA_FAMILIES:
+            kw.update(dsa_fields(c, name, family, kw["num_layers"]))
+        if family == "minimax_m3":
+            kw.update(minimax_m3_fields(c, name, kw["num_layers"], head_dim))
+        if family in ("qwen3", "qwen3_moe"):
+            kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
+        if c.get("mlp_layer_types"):
+            kw["mlp_layer_types"] = parse_mlp_layer_types(c["mlp_layer_types"], kw["num_layers"], name)
         if kw.get("num_experts"):
             if kw.get("num_shared_experts") and not kw.get("shared_intermediate_size"):
                 kw["shared_intermediate_size"] = kw["moe_intermediate_size"]
@@ -232,6 +308,27 @@ class ModelSpec:
             kw.update(num_experts=experts, n_group=groups, topk_group=topk_group, first_k_dense=first_dense,
                       num_experts_per_tok=min(self.num_experts_per_tok, 4, topk_group * experts // groups),
                       moe_intermediate_size=32, shared_intermediate_size=32 if self.num_shared_experts else 0)
+        if self.mlp_layer_types:
+            kw["mlp_layer_types"] = tuple("dense" if j < first_dense else "moe" for j in range(kw["num_layers"]))
+        if any(self.layer_windows):
+            # a window of 8 (below the tiny contexts); full and windowed layers both kept when both exist
+            n, kinds = kw["num_layers"], [self.layer_window(i) > 0 for i in range(self.num_layers)]
+            kw["layer_windows"] = tuple(8 if (all(kinds) or (any(kinds) and j == n - 1)) else 0 for j in range(n))
+        if self.msa_layers:
+            # blocks of 4 tokens, 2 per query (so contexts past 8 tokens are sparse); the first layer dense
+            # when the original's first layer is
+            n = kw["num_layers"]
+            kw.update(msa_block_size=4, msa_topk_blocks=2, msa_index_dim=head_dim,
+                      msa_init_blocks=min(self.msa_init_blocks, 1), msa_local_blocks=1,
+                      msa_layers=tuple(self.msa_layers[0] if j == 0 else True for j in range(n)))
+        if self.sparse_attention:
+            # a top-k below the tiny contexts (so the selection matters), and a shared layer when the
+            # original has any: [dense/full, moe/full, moe/shared]
+            n = kw["num_layers"]
+            shared = "shared" in self.indexer_types
+            kw.update(index_n_heads=4, index_head_dim=16, index_topk=8,
+                      indexer_types=tuple("shared" if shared and j == n - 1 else "full" for j in range(n))
+                      if shared else ())
         return self.replace(**kw)
 
     def to_dict(self) -> dict:
@@ -248,8 +345,38 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def sparse_attention(self) -> bool:
+        """DeepSeek sparse attention: each query attends to the indexer's index_topk cached tokens."""
+        return self.index_topk > 0
+
+    def indexer_kind(self, i: int) -> str:
+        """'full' (layer i runs the indexer), 'shared' (it reuses an earlier layer's selection) or ''
+        (dense attention)."""
+        if not self.sparse_attention:
+            return ""
+        return self.indexer_types[i] if self.indexer_types else "full"
+
+    def indexer_source(self, i: int) -> int | None:
+        """The layer whose top-k selection layer i attends with: i for a full layer, the last full
+        layer before i for a shared one, None without sparse attention."""
+        kind = self.indexer_kind(i)
+        if kind != "shared":
+            return i if kind else None
+        return max(j for j in range(i) if self.indexer_kind(j) == "full")
+
+    def layer_window(self, i: int) -> int:
+        """Layer i's sliding window (tokens a query sees, itself included), 0 for full attention."""
+        return self.layer_windows[i] if self.layer_windows else 0
+
+    def block_sparse(self, i: int) -> bool:
+        """Whether layer i runs MiniMax-M3's block-sparse attention."""
+        return bool(self.msa_layers) and self.msa_layers[i]
+
     def layer_kind(self, i: int) -> str:
         """'moe' or 'dense' for layer index i of the full model."""
+        if self.mlp_layer_types:
+            return self.mlp_layer_types[i]
         if not self.is_moe or i < self.first_k_dense:
             return "dense"
         if i in self.extra.get("mlp_only_layers", ()):
@@ -262,11 +389,26 @@ class ModelSpec:
         return [self.layer_kind(i) for i in range(self.num_layers)]
 
     def covering_layers(self) -> list[int]:
-        """The first index of every distinct layer kind: the fast tier's minimal slice."""
+        """The fast tier's minimal slice: the first index of every distinct MLP kind and of every indexer
+        kind, plus the full layer each shared layer in it takes its selection from."""
         seen: dict[str, int] = {}
-        for i, k in enumerate(self.layer_kinds()):
-            seen.setdefault(k, i)
-        return sorted(seen.values())
+        for i in range(self.num_layers):
+            seen.setdefault("mlp:" + self.layer_kind(i), i)
+            seen.setdefault("indexer:" + self.indexer_kind(i), i)
+            seen.setdefault(f"msa:{self.block_sparse(i)}", i)
+            seen.setdefault(f"window:{self.layer_window(i)}", i)
+        out = set(seen.values())
+        out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
+        return sorted(out)
+
+    def check_slice(self, layers: list[int]) -> None:
+        """A slice must hold the full layer each of its shared-indexer layers takes its selection from."""
+        have = set(layers)
+        for i in layers:
+            src = self.indexer_source(i)
+            if src is not None and src not in have:
+                raise SpecError(f"{self.name}: layer {i} reuses layer {src}'s sparse-attention selection; "
+                                f"a slice with layer {i} must include layer {src}")
 
     # ---------------------------------------------------------------- parameter counts
     def attention_params(self) -> int:
@@ -288,6 +430,20 @@ class ModelSpec:
             n += q + kv
         return n
 
+    def msa_params(self, i: int) -> int:
+        """MiniMax-M3's block indexer of a sparse layer: index_q [Hk Di, H], index_k [Di, H], their norms."""
+        if not self.block_sparse(i):
+            return 0
+        return self.hidden_size * (self.num_kv_heads + 1) * self.msa_index_dim + 2 * self.msa_index_dim
+
+    def indexer_params(self, i: int) -> int:
+        """The lightning indexer of a full DSA layer: wq_b [Hi Di, Lq], wk [Di, H], k_norm (LayerNorm
+        weight + bias), weights_proj [Hi, H]."""
+        if self.indexer_kind(i) != "full":
+            return 0
+        hi, di, h = self.index_n_heads, self.index_head_dim, self.hidden_size
+        return self.q_lora_rank * hi * di + h * di + 2 * di + h * hi
+
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden_size * self.intermediate_size
 
@@ -302,7 +458,7 @@ class ModelSpec:
 
     def layer_params(self, i: int) -> tuple[int, int]:
         """(total, active per token) parameters of layer i, norms included."""
-        a = self.attention_params() + 2 * self.hidden_size
+        a = self.attention_params() + self.indexer_params(i) + self.msa_params(i) + 2 * self.hidden_size
         if self.layer_kind(i) == "dense":
             m = self.dense_mlp_params()
             return a + m, a + m
@@ -323,12 +479,20 @@ class ModelSpec:
     def weight_bytes_layer(self, i: int, dtype: str | None = None) -> float:
         return self.layer_params(i)[0] * DTYPE_BYTES[dtype or self.dtype]
 
-    def kv_bytes_per_token_layer(self, dtype: str | None = None) -> float:
-        """KV cache bytes for one token in one layer: MLA stores the latent + rope key."""
+    def kv_bytes_per_token_layer(self, dtype: str | None = None, layer: int | None = None) -> float:
+        """KV cache bytes for one token in one layer: MLA stores the latent + rope key; a full DSA layer
+        also the indexer's key (index_head_dim). ``layer`` None: the mean over the model's layers."""
         if self.attention == "mla":
-            elems = self.kv_lora_rank + self.qk_rope_head_dim
+            elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
         else:
-            elems = 2 * self.num_kv_heads * self.head_dim
+            elems = float(2 * self.num_kv_heads * self.head_dim)
+        if self.msa_layers:
+            sparse = [self.block_sparse(layer)] if layer is not None else list(self.msa_layers)
+            elems += self.msa_index_dim * sum(sparse) / len(sparse)
+        if self.sparse_attention:
+            full = ([self.indexer_kind(layer) == "full"] if layer is not None
+                    else [self.indexer_kind(i) == "full" for i in range(self.num_layers)])
+            elems += self.index_head_dim * sum(full) / len(full)
         return elems * DTYPE_BYTES[dtype or self.dtype]
 
     def weight_bytes(self, dtype: str | None = None) -> float:
@@ -341,7 +505,7 @@ class ModelSpec:
         """How many consecutive layers from ``start`` fit weights + KV for ``tokens`` in budget."""
         used, n = 0.0, 0
         for i in range(start, self.num_layers):
-            used += self.weight_bytes_layer(i) + tokens * self.kv_bytes_per_token_layer()
+            used += self.weight_bytes_layer(i) + tokens * self.kv_bytes_per_token_layer(layer=i)
             if used > budget_bytes:
                 break
             n += 1
@@ -350,3 +514,13 @@ class ModelSpec:
 
 def known_models() -> list[str]:
     return list(ALIASES)
+
+
+def alias_help() -> str:
+    """``glm (GLM-5.2), glm-5.1 (GLM-5.1), ...``: the aliases with the release each names."""
+    return ", ".join(f"{a} ({RELEASES[a]})" if a in RELEASES else a for a in ALIASES)
+
+
+def tiny_name(name: str, tiny: bool) -> str:
+    """What ``--tiny`` passes on: NAME+tiny (NAME's architecture at toy size), or NAME unchanged."""
+    return name if not tiny or name.endswith(TINY_SUFFIX) else name + TINY_SUFFIX

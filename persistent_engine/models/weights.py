@@ -8,12 +8,16 @@ Internal layout (what the decoder reads; fused where the ops want it):
        kv_a_norm [L], w_uk [Hq, Dn, L], w_uv [Hq, Dv, L], o_w [H, Hq Dv]
   dense gate_up_w [2I, H], down_w [H, I]
   MoE  router_w [E, H], router_bias [E] fp32, w13 [E, 2Im, H], w2 [E, H, Im], shared_gate_up_w, shared_down_w
+  M3   block-sparse layers: qkv_w rows [q | k | v | index_q (Hk Di) | index_k (Di)], idx_q_norm / idx_k_norm [Di]
+  DSA  (layers that run the indexer) idx_wq_b [Hi Di, Lq], idx_wk [Di, H], idx_k_norm / idx_k_norm_b [Di],
+       idx_weights [Hi, H]
 Every tensor is drawn from its own generator seeded by (seed, name), so layer i of a slice equals
 layer i of the full model. Scales: projections N(0, 1/fan_in) (unit-variance outputs), embeddings
 N(0, 1/H), norms 1 + N(0, 0.05^2): activations stay O(1) through all layers in bf16.
 
 MLA rope rows: HF DeepSeek checkpoints store q_pe / k_pe interleaved; the rotary op is neox style, so
-loading permutes those rows (and saving permutes back).
+loading permutes those rows (and saving permutes back); so for the DSA indexer's rope rows (the first
+R of each head's Di, and of k_norm) when the config says ``indexer_rope_interleave`` (GLM-5.x).
 """
 
 from __future__ import annotations
@@ -49,9 +53,13 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
             out[p + "w_uk"] = ((hq, dn, lat), "linear")
             out[p + "w_uv"] = ((hq, dv, lat), "linear")
             out[p + "o_w"] = ((h, hq * dv), "linear")
+            out.update(_indexer_specs(spec, i))
         else:
             hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
-            out[p + "qkv_w"] = (((hq + 2 * hk) * dh, h), "linear")
+            index_rows = (hk + 1) * spec.msa_index_dim if spec.block_sparse(i) else 0     # M3: [.. | index_q | index_k]
+            out[p + "qkv_w"] = (((hq + 2 * hk) * dh + index_rows, h), "linear")
+            if index_rows:
+                out[p + "idx_q_norm"], out[p + "idx_k_norm"] = ((spec.msa_index_dim,), "norm"), ((spec.msa_index_dim,), "norm")
             if spec.qkv_bias:
                 out[p + "qkv_b"] = (((hq + 2 * hk) * dh,), "bias")
             if spec.qk_norm == "per_head":
@@ -59,6 +67,8 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
             elif spec.qk_norm == "per_layer":
                 out[p + "q_norm"], out[p + "k_norm"] = ((hq * dh,), "norm"), ((hk * dh,), "norm")
             out[p + "o_w"] = ((h, hq * dh), "linear")
+            if spec.attention_sinks:
+                out[p + "sinks"] = ((hq,), "router_bias")            # fp32, one logit per head (gpt-oss ``sinks``)
         if spec.layer_kind(i) == "dense":
             out[p + "gate_up_w"] = ((2 * spec.intermediate_size, h), "linear")
             out[p + "down_w"] = ((h, spec.intermediate_size), "linear")
@@ -108,7 +118,7 @@ def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, see
 # ----------------------------------------------------------------------------- HF names
 def _moe_names(spec, i: int) -> tuple[str, str, str, tuple[str, str, str]]:
     """(router weight, correction bias, experts prefix, (gate, up, down) names) of layer i's MoE."""
-    if spec.family == "minimax_m2":
+    if spec.family in ("minimax_m2", "minimax_m3"):
         b = f"model.layers.{i}.block_sparse_moe."
         return b + "gate.weight", b + "e_score_correction_bias", b + "experts.", ("w1", "w3", "w2")
     b = f"model.layers.{i}.mlp."
@@ -118,6 +128,68 @@ def _moe_names(spec, i: int) -> tuple[str, str, str, tuple[str, str, str]]:
 def _rope_perm(r: int) -> torch.Tensor:
     """Interleaved -> halves: new row j is old row perm[j]."""
     return torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)])
+
+
+# ----------------------------------------------------------------------------- DSA indexer
+_INDEXER_HF = {"idx_wq_b": "wq_b.weight", "idx_wk": "wk.weight", "idx_k_norm": "k_norm.weight",
+               "idx_k_norm_b": "k_norm.bias", "idx_weights": "weights_proj.weight"}
+
+
+def _indexer_specs(spec, i: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The lightning indexer's tensors of layer i (none unless it runs the indexer)."""
+    if spec.indexer_kind(i) != "full":
+        return {}
+    p, h, hi, di = f"layers.{i}.", spec.hidden_size, spec.index_n_heads, spec.index_head_dim
+    return {p + "idx_wq_b": ((hi * di, spec.q_lora_rank), "linear"), p + "idx_wk": ((di, h), "linear"),
+            p + "idx_k_norm": ((di,), "norm"), p + "idx_k_norm_b": ((di,), "bias"),
+            p + "idx_weights": ((hi, h), "linear")}
+
+
+def _indexer_rope_rows(spec, inverse: bool) -> torch.Tensor:
+    """Row permutation of one Di-row indexer head: interleaved rope rows (the first R) -> halves, or back."""
+    r, di = spec.qk_rope_head_dim, spec.index_head_dim
+    perm = _rope_perm(r) if spec.indexer_rope_interleave else torch.arange(r)
+    perm = perm.argsort() if inverse else perm
+    return torch.cat([perm, torch.arange(r, di)])
+
+
+def _permute_indexer(spec, t: dict[str, torch.Tensor], p: str, inverse: bool) -> dict[str, torch.Tensor]:
+    rows = _indexer_rope_rows(spec, inverse)
+    hi, di = spec.index_n_heads, spec.index_head_dim
+    out = dict(t)
+    q = t[p + "idx_wq_b"]
+    out[p + "idx_wq_b"] = q.reshape(hi, di, -1)[:, rows].reshape(q.shape)
+    for name in ("idx_wk", "idx_k_norm", "idx_k_norm_b"):      # LayerNorm commutes with a permutation of
+        out[p + name] = t[p + name][rows]                      # its inputs, weight and bias alike
+    return out
+
+
+def _indexer_from_hf(spec, i: int, get) -> dict[str, torch.Tensor]:
+    if spec.indexer_kind(i) != "full":
+        return {}
+    p, base = f"layers.{i}.", f"model.layers.{i}.self_attn.indexer."
+    return _permute_indexer(spec, {p + k: get(base + v) for k, v in _INDEXER_HF.items()}, p, inverse=False)
+
+
+def _indexer_to_hf(spec, i: int, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if spec.indexer_kind(i) != "full":
+        return {}
+    p, base = f"layers.{i}.", f"model.layers.{i}.self_attn.indexer."
+    t = _permute_indexer(spec, {p + k: params[p + k] for k in _INDEXER_HF}, p, inverse=True)
+    return {base + v: t[p + k] for k, v in _INDEXER_HF.items()}
+
+
+_NORMS = ("input_norm", "post_norm", "final_norm", "q_norm", "k_norm", "idx_q_norm", "idx_k_norm")
+_HF_NORMS = ("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")
+
+
+def _gemma_norms(spec, tensors: dict[str, torch.Tensor], add: float, hf: bool = False) -> dict[str, torch.Tensor]:
+    """Gemma-style norms (MiniMax-M3 ``use_gemma_norm``) scale by (1 + w): internally the norm weight is 1 + w."""
+    if not spec.gemma_norm:
+        return tensors
+    ends = _HF_NORMS if hf else _NORMS
+    return {k: (v.float() + add).to(v.dtype) if k.endswith(ends) and "indexer" not in k else v
+            for k, v in tensors.items()}
 
 
 def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
@@ -132,7 +204,7 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
         if spec.attention == "mla":
             hq, dn, r, lat, dv = (spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank,
                                   spec.v_head_dim)
-            perm = _rope_perm(r)
+            perm = _rope_perm(r) if spec.rope_interleave else torch.arange(r)
             qname = "q_b_w" if spec.q_lora_rank else "q_w"
             q = get(a + ("q_b_proj.weight" if spec.q_lora_rank else "q_proj.weight"))
             qh = q.reshape(hq, dn + r, -1)
@@ -145,8 +217,14 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
             out[p + "kv_a_norm"] = get(a + "kv_a_layernorm.weight")
             kv_b = get(a + "kv_b_proj.weight").reshape(hq, dn + dv, lat)
             out[p + "w_uk"], out[p + "w_uv"] = kv_b[:, :dn].contiguous(), kv_b[:, dn:].contiguous()
+            out.update(_indexer_from_hf(spec, i, get))
         else:
-            out[p + "qkv_w"] = torch.cat([get(a + f"{x}_proj.weight") for x in "qkv"])
+            out[p + "qkv_w"] = torch.cat([get(a + f"{x}_proj.weight") for x in "qkv"]
+                                         + [get(a + f"index_{x}_proj.weight") for x in "qk" if spec.block_sparse(i)])
+            if spec.block_sparse(i):
+                out[p + "idx_q_norm"], out[p + "idx_k_norm"] = get(a + "index_q_norm.weight"), get(a + "index_k_norm.weight")
+            if spec.attention_sinks:
+                out[p + "sinks"] = get(a + "sinks").float()
             if spec.qkv_bias:
                 out[p + "qkv_b"] = torch.cat([get(a + f"{x}_proj.bias") for x in "qkv"])
             if spec.qk_norm != "none":
@@ -169,7 +247,7 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
             s = m + "shared_experts."
             out[p + "shared_gate_up_w"] = torch.cat([get(s + "gate_proj.weight"), get(s + "up_proj.weight")])
             out[p + "shared_down_w"] = get(s + "down_proj.weight")
-    return out
+    return _gemma_norms(spec, out, +1.0)
 
 
 def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -183,7 +261,7 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
         out[f"model.layers.{i}.post_attention_layernorm.weight"] = params[p + "post_norm"]
         if spec.attention == "mla":
             hq, dn, r, lat = spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank
-            inv = _rope_perm(r).argsort()
+            inv = (_rope_perm(r) if spec.rope_interleave else torch.arange(r)).argsort()
             q = params[p + ("q_b_w" if spec.q_lora_rank else "q_w")]
             qh = q.reshape(hq, dn + r, -1)
             out[a + ("q_b_proj.weight" if spec.q_lora_rank else "q_proj.weight")] = torch.cat(
@@ -195,11 +273,19 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
             out[a + "kv_a_proj_with_mqa.weight"] = torch.cat([kv_a[:lat], kv_a[lat:][inv]])
             out[a + "kv_a_layernorm.weight"] = params[p + "kv_a_norm"]
             out[a + "kv_b_proj.weight"] = torch.cat([params[p + "w_uk"], params[p + "w_uv"]], dim=1).reshape(-1, lat)
+            out.update(_indexer_to_hf(spec, i, params))
         else:
             hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
             sizes = [hq * dh, hk * dh, hk * dh]
-            for x, t in zip("qkv", params[p + "qkv_w"].split(sizes)):
-                out[a + f"{x}_proj.weight"] = t
+            names = [f"{x}_proj.weight" for x in "qkv"]
+            if spec.block_sparse(i):
+                sizes += [hk * spec.msa_index_dim, spec.msa_index_dim]
+                names += ["index_q_proj.weight", "index_k_proj.weight"]
+                out[a + "index_q_norm.weight"], out[a + "index_k_norm.weight"] = params[p + "idx_q_norm"], params[p + "idx_k_norm"]
+            for x, t in zip(names, params[p + "qkv_w"].split(sizes)):
+                out[a + x] = t
+            if spec.attention_sinks:
+                out[a + "sinks"] = params[p + "sinks"]
             if spec.qkv_bias:
                 for x, t in zip("qkv", params[p + "qkv_b"].split(sizes)):
                     out[a + f"{x}_proj.bias"] = t
@@ -222,7 +308,7 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
             s = m + "shared_experts."
             out[s + "gate_proj.weight"], out[s + "up_proj.weight"] = params[p + "shared_gate_up_w"].chunk(2)
             out[s + "down_proj.weight"] = params[p + "shared_down_w"]
-    return out
+    return _gemma_norms(spec, out, -1.0, hf=True)
 
 
 def save_weights(model, path) -> None:

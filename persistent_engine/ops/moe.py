@@ -74,28 +74,39 @@ def _route_canonical(outs: tuple) -> tuple:
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
+    return experts_forward(x, w13, w2, topk_weights, topk_ids, _silu_gate)
+
+
+def _silu_gate(h: torch.Tensor) -> torch.Tensor:
+    """h[..., 2I] (gate | up) -> silu(gate) * up [..., I], in fp32, h's dtype."""
+    i = h.shape[-1] // 2
+    return (F.silu(_acc(h[..., :i])) * _acc(h[..., i:])).to(h.dtype)
+
+
+def experts_forward(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor, act) -> torch.Tensor:
+    """moe_experts with the gated activation ``act`` (h[..., 2I] -> [..., I]): SwiGLU, or swigluoai."""
     t, k = topk_ids.shape
-    e, two_i, _ = w13.shape
-    i = two_i // 2
+    e = w13.shape[0]
     acc = torch.promote_types(x.dtype, torch.float32)
     if 3 * t * k < e:                                              # gather: reads T*k experts
         h = torch.matmul(w13[topk_ids], x[:, None, :, None]).squeeze(-1)          # [T, k, 2I]
-        a = (F.silu(_acc(h[..., :i])) * _acc(h[..., i:])).to(x.dtype)
+        a = act(h).to(x.dtype)
         y = torch.matmul(w2[topk_ids], a[..., None]).squeeze(-1)                  # [T, k, H]
         return (y.to(acc) * topk_weights.to(acc)[..., None]).sum(1).to(x.dtype)
     if t < LOOP_MIN_TOKENS:                                        # dense: every expert, every token
         dense_w = torch.zeros(t, e, dtype=acc, device=x.device).scatter_add_(1, topk_ids, topk_weights.to(acc))
         h = torch.matmul(x.unsqueeze(0), w13.transpose(1, 2))                       # [E, T, 2I]
-        a = (F.silu(_acc(h[..., :i])) * _acc(h[..., i:])).to(x.dtype)
+        a = act(h).to(x.dtype)
         y = torch.matmul(a, w2.transpose(1, 2))                                      # [E, T, H]
         return torch.einsum("te,eth->th", dense_w, y.to(acc)).to(x.dtype)
     flat = topk_ids.flatten()                                      # [T*k] expert of each row
     ids_sorted, order = flat.sort(stable=True)
     tok = order // k                                               # [T*k] token of each sorted row
     wsorted = topk_weights.flatten().to(acc)[order, None]          # [T*k, 1]
-    y = _grouped_experts(x[tok], w13, w2, ids_sorted, e, i)
+    y = _grouped_experts(x[tok], w13, w2, ids_sorted, e, act)
     if y is None:
-        y = _looped_experts(x[tok], w13, w2, ids_sorted, e, i)
+        y = _looped_experts(x[tok], w13, w2, ids_sorted, e, act)
     # back to (token, slot) order, then a fixed-order sum over the k slots: index_add_ adds with atomics
     # on CUDA, in an order (and so with a bf16 rounding of the result) that changes from run to run
     pairs = torch.empty(t * k, x.shape[1], dtype=acc, device=x.device)
@@ -103,12 +114,8 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     return pairs.view(t, k, -1).sum(1).to(x.dtype)
 
 
-def _silu_mul(h: torch.Tensor, i: int) -> torch.Tensor:
-    return (F.silu(_acc(h[:, :i])) * _acc(h[:, i:])).to(h.dtype)
-
-
 def _grouped_experts(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids_sorted: torch.Tensor,
-                     e: int, i: int) -> torch.Tensor | None:
+                     e: int, act) -> torch.Tensor | None:
     """xs[R, H] rows sorted by expert -> [R, H] through two grouped GEMMs; None where unsupported.
     Offsets [E] int32 (end row of each expert's group) from searchsorted: no host read."""
     grouped = getattr(torch, "_grouped_mm", None)
@@ -117,20 +124,20 @@ def _grouped_experts(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids_
     offs = torch.searchsorted(ids_sorted, torch.arange(e, device=xs.device), right=True).to(torch.int32)
     try:
         h = grouped(xs, w13.transpose(1, 2), offs=offs)                              # [R, 2I]
-        return grouped(_silu_mul(h, i), w2.transpose(1, 2), offs=offs)               # [R, H]
+        return grouped(act(h), w2.transpose(1, 2), offs=offs)                       # [R, H]
     except (RuntimeError, NotImplementedError):  # dtype, layout or alignment this build refuses
         return None
 
 
 def _looped_experts(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids_sorted: torch.Tensor,
-                    e: int, i: int) -> torch.Tensor:
+                    e: int, act) -> torch.Tensor:
     """The same as ``_grouped_experts`` one used expert at a time (reads the counts on the host)."""
     y = torch.empty(xs.shape[0], w2.shape[1], dtype=xs.dtype, device=xs.device)
     start = 0
     for expert, c in enumerate(torch.bincount(ids_sorted, minlength=e).tolist()):
         if c:
             rows = slice(start, start + c)
-            y[rows] = _silu_mul(xs[rows] @ w13[expert].t(), i) @ w2[expert].t()
+            y[rows] = act(xs[rows] @ w13[expert].t()) @ w2[expert].t()
             start += c
     return y
 

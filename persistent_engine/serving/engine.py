@@ -115,7 +115,7 @@ class ServingEngine:
         self.kv = BlockManager(num_blocks, bs, self.max_blocks, cfg.prefix_caching)
         pools = alloc_kv_cache(model.spec, model.layers, 1, num_blocks * bs, device=cfg.device, dtype=cfg.dtype,
                                block_size=bs, fill="zeros")
-        self.pools_k, self.pools_v = pools.k, pools.v
+        self.pools_k, self.pools_v, self.pools_index = pools.k, pools.v, pools.index_k   # index_k: M3's index keys
         self.scheduler = make_scheduler(self.kv)
         self.requests: dict[Any, _Request] = {}
         self.steps = 0
@@ -175,7 +175,7 @@ class ServingEngine:
     def _workload(self, phase: str, ids, pos, slots, tables, ctx, cu, last) -> Workload:
         dev = self.cfg.device
         t = lambda x, dt: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
-        cache = KVCache(self.cfg.block_size, t(tables, torch.int32), self.pools_k, self.pools_v)
+        cache = KVCache(self.cfg.block_size, t(tables, torch.int32), self.pools_k, self.pools_v, self.pools_index)
         return Workload(phase, len(ctx), 0, 1, t(ids, torch.int64), t(pos, torch.int64), t(slots, torch.int64),
                         t(ctx, torch.int32), t(cu, torch.int32), t(last, torch.int64), cache)
 

@@ -242,7 +242,7 @@ def test_every_alias_at_tiny_scale_returns_finite_logits(alias):
 
 
 def test_bf16_activations_stay_finite_through_many_layers():
-    spec = ModelSpec.from_name("glm").scaled_down().replace(num_layers=24)
+    spec = ModelSpec.from_name("glm-4.6").scaled_down().replace(num_layers=24)
     model = build_model(spec)
     logits = model.step(make_workload(model, {"phase": "decode", "batch": 2, "context": 40}))
     assert torch.isfinite(logits).all() and 0.1 < logits.std() < 30

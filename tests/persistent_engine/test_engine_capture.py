@@ -65,10 +65,10 @@ def test_moe_experts_grouped_path_matches_the_loop_and_reads_nothing_on_the_host
     w = torch.rand(t, k, generator=g)
     flat = ids.flatten()
     s, order = flat.sort(stable=True)
-    grouped = moe._grouped_experts(x[order // k], w13, w2, s, e, i)
+    grouped = moe._grouped_experts(x[order // k], w13, w2, s, e, moe._silu_gate)
     assert grouped is not None
-    assert torch.equal(grouped, moe._looped_experts(x[order // k], w13, w2, s, e, i))
-    assert moe._grouped_experts(x[order // k].double(), w13.double(), w2.double(), s, e, i) is None
+    assert torch.equal(grouped, moe._looped_experts(x[order // k], w13, w2, s, e, moe._silu_gate))
+    assert moe._grouped_experts(x[order // k].double(), w13.double(), w2.double(), s, e, moe._silu_gate) is None
     ref64 = moe.moe_experts(x.double(), w13.double(), w2.double(), w.double(), ids)  # float64: the loop
     assert torch.allclose(moe.moe_experts(x, w13, w2, w, ids).double(), ref64, atol=0.05, rtol=0.05)
     m = lambda *sh, dt=torch.bfloat16: torch.empty(*sh, device="meta", dtype=dt)  # noqa: E731

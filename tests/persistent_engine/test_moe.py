@@ -79,7 +79,7 @@ def test_paths_are_selected_by_shape():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("alias", ["glm", "minimax", "deepseek", "kimi"])
+@pytest.mark.parametrize("alias", ["glm-4.6", "minimax-m2.5", "deepseek", "kimi", "glm", "deepseek-v3.2"])
 def test_real_size_moe_layer_runs_on_gpu(alias):
     """One real-size MoE layer (7-34 GB of experts) with embeddings and lm_head, decode and prefill."""
     from persistent_engine.models.decoder import build_model
@@ -87,7 +87,8 @@ def test_real_size_moe_layer_runs_on_gpu(alias):
     from persistent_engine.workloads import make_workload
     spec = ModelSpec.from_name(alias)
     moe_layer = spec.layer_kinds().index("moe")
-    model = build_model(spec, layers=[moe_layer], device="cuda")
+    layers = sorted({moe_layer, spec.indexer_source(moe_layer) or moe_layer})    # a shared DSA layer + its source
+    model = build_model(spec, layers=layers, device="cuda")
     assert model.params[f"layers.{moe_layer}.w13"].shape == (spec.num_experts, 2 * spec.moe_intermediate_size,
                                                               spec.hidden_size)
     for point in ({"phase": "decode", "batch": 1, "context": 1000}, {"phase": "decode", "batch": 64, "context": 1000},

@@ -89,4 +89,4 @@ def test_rope_scaling_tables():
     assert torch.allclose(scaled[:, 0], base[:, 0]) and torch.allclose(scaled[:, 32], base[:, 32])
     inv = 1.0 / llama.rope_theta ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
     assert torch.allclose(scaled[1, 31], torch.cos(inv[-1] / 32).float())
-    assert cos_sin_cache(ModelSpec.from_name("glm"), max_pos=8).shape == (8, 64)        # partial rotary: 64 of 128
+    assert cos_sin_cache(ModelSpec.from_name("glm-4.6"), max_pos=8).shape == (8, 64)        # partial rotary: 64 of 128

@@ -32,9 +32,9 @@ def test_layer_kinds():
     ds = ModelSpec.from_name("deepseek")
     assert ds.attention == "mla" and ds.layer_kind(2) == "dense" and ds.layer_kind(3) == "moe"
     assert ds.covering_layers() == [0, 3]
-    glm = ModelSpec.from_name("glm")
+    glm = ModelSpec.from_name("glm-4.6")
     assert glm.rotary_dim == 64 and glm.qkv_bias and glm.qk_norm == "per_head"
-    mm = ModelSpec.from_name("minimax")
+    mm = ModelSpec.from_name("minimax-m2.5")
     assert mm.rotary_dim == 64 and mm.qk_norm == "per_layer" and mm.routing_bias
     assert ModelSpec.from_name("llama-1b").kv_bytes_per_token_layer() == 2 * 8 * 64 * 2
 

@@ -14,7 +14,7 @@ def _logits(model, seed=0):
     return model.step(make_workload(model, {"phase": "decode", "batch": 2, "context": 12}, seed=seed, fill="model"))
 
 
-@pytest.mark.parametrize("alias", ["tiny-dense", "tiny-moe", "tiny-mla", "minimax", "qwen3-moe"])
+@pytest.mark.parametrize("alias", ["tiny-dense", "tiny-moe", "tiny-mla", "minimax-m2.5", "qwen3-moe", "glm-5.2", "deepseek-v3.2", "minimax"])
 def test_save_and_load_give_identical_logits(alias, tmp_path):
     spec = ModelSpec.from_name(alias)
     spec = spec if spec.hidden_size <= 64 else spec.scaled_down()
@@ -29,7 +29,7 @@ def test_save_and_load_give_identical_logits(alias, tmp_path):
 
 
 def test_hf_names_per_family(tmp_path):
-    mm = ModelSpec.from_name("minimax").scaled_down()
+    mm = ModelSpec.from_name("minimax-m2.5").scaled_down()
     names = set(internal_to_hf(mm, [0], init_params(mm, [0])))
     assert {"model.layers.0.block_sparse_moe.gate.weight", "model.layers.0.block_sparse_moe.e_score_correction_bias",
             "model.layers.0.block_sparse_moe.experts.3.w1.weight", "model.layers.0.self_attn.q_norm.weight",

@@ -1,0 +1,161 @@
+"""Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3): ms per layer, bytes,
+share of HBM bandwidth, and where the time goes, with the reference ops (the baseline tkcc optimizes).
+
+    python benchmarks/frontier_layers.py --device cuda            # real sizes on one GPU (H200: ~3 min)
+    python benchmarks/frontier_layers.py --device cpu --tiny      # the same cases at toy size (CPU, ~1 min)
+
+Per model, two slices are built with seeded random bf16 weights: the slice ``[]`` (embedding, final norm,
+lm_head) and the model's covering layers (every MLP kind and attention kind: GLM-5.2 [0, 2, 3] = dense
+layers with the indexer and an MoE layer that reuses layer 2's selection; DeepSeek-V3.2 [0, 3]; MiniMax-M3
+[0, 3] = dense attention + dense MLP, block-sparse attention + MoE). Each decode case (batch, context) is
+timed as one CUDA-graph replay (eager where capture fails; CPU: eager medians); ms per layer =
+(slice ms - empty-slice ms) / layers. Bytes a step must read: every weight but the embedding table (B rows),
+routed experts only where the batch routes (counted from the step's routing), and the KV cache as the
+attention reads it: a sparse layer's selection (DSA: index_topk tokens of the latent; M3: topk_blocks x 128
+tokens of K/V), the indexer's keys over the whole context. % of bandwidth = bytes / time / copy bandwidth
+(measured) and / datasheet. One profiled case per model gives the per-op split (persistent_engine.profiler).
+Prints a table; writes ``benchmarks/results/<device>-frontier-layers.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+
+from forward import _peak, copy_bandwidth_gbs, experts_touched, time_eager, time_graph  # noqa: E402
+from persistent_engine.models.decoder import build_model  # noqa: E402
+from persistent_engine.models.spec import ModelSpec, tiny_name  # noqa: E402
+from persistent_engine.profiler import profile_point  # noqa: E402
+from persistent_engine.versions import software_versions  # noqa: E402
+from persistent_engine.workloads import make_workload  # noqa: E402
+
+MODELS = ("glm", "deepseek-v3.2", "minimax")
+CUDA_POINTS = ((1, 4096), (16, 4096), (64, 4096))        # (batch, context): past the 2048-token selections
+CPU_POINTS = ((1, 64), (4, 64))
+
+
+def attended_tokens(spec, layer: int, pool: str, context: int) -> int:
+    """Cached tokens per sequence the step reads from ``pool`` ('k', 'v' or 'index_k') of ``layer``."""
+    n = context + 1
+    if spec.sparse_attention and pool == "k":                       # the MLA latent: only the selection
+        return min(n, spec.index_topk)
+    if spec.block_sparse(layer) and pool in ("k", "v"):             # M3: the selected blocks
+        return min(n, spec.msa_topk_blocks * spec.msa_block_size)
+    return n                                                         # indexer keys, dense attention
+
+
+def step_bytes(model, wl) -> dict[str, float]:
+    spec, p = model.spec, model.params
+    touched = experts_touched(model, wl) if spec.is_moe and any(b.kind == "moe" for b in model.blocks) else {}
+    weights = 0
+    for name, t in p.items():
+        n = t.numel() * t.element_size()
+        if name == "embed":
+            n = n if spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
+        elif name.endswith((".w13", ".w2")):
+            n = n // t.shape[0] * touched[int(name.split(".")[1])]
+        weights += n
+    kv = 0
+    for pool, pools in (("k", wl.cache.k), ("v", wl.cache.v), ("index_k", wl.cache.index_k)):
+        for layer, t in pools.items():
+            kv += wl.batch * attended_tokens(spec, layer, pool, wl.context) * t[0, 0].numel() * t.element_size()
+    return {"weights": float(weights), "kv": float(kv), "total": float(weights + kv)}
+
+
+def timed_ms(model, wl, device: str, samples: int) -> tuple[float, str]:
+    if device == "cuda":
+        graph = time_graph(model, wl, samples)
+        if graph:
+            return statistics.median(graph), "graph"
+    return statistics.median(time_eager(model, wl, device, samples)), "eager"
+
+
+def top_ops(model, wl, device: str, n: int = 6) -> dict[str, float]:
+    prof = profile_point(model, wl, torch.device(device), reps=2)
+    ops = sorted(((k, v.get("ms", 0.0)) for k, v in prof.items() if isinstance(v, dict)), key=lambda kv: -kv[1])
+    return {k: round(ms, 4) for k, ms in ops[:n]}
+
+
+def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, peak: float | None) -> list[dict]:
+    spec = ModelSpec.from_name(alias)
+    layers = spec.covering_layers()
+    rows = []
+    empty = build_model(spec, layers=[], device=device)
+    base = {pt: timed_ms(empty, make_workload(empty, {"phase": "decode", "batch": pt[0], "context": pt[1]}), device,
+                         samples)[0] for pt in points}
+    del empty
+    model = build_model(spec, layers=layers, device=device)
+    for batch, context in points:
+        wl = make_workload(model, {"phase": "decode", "batch": batch, "context": context})
+        ms, how = timed_ms(model, wl, device, samples)
+        moved = step_bytes(model, wl)
+        row = {"model": alias, "release": spec.name, "family": spec.family, "layers": layers,
+               "kinds": [f"{spec.layer_kind(i)}/{spec.indexer_kind(i) or ('msa' if spec.block_sparse(i) else 'dense')}"
+                         for i in layers], "batch": batch, "context": context, "step_ms": ms, "timing": how,
+               "empty_slice_ms": base[(batch, context)],
+               "ms_per_layer": (ms - base[(batch, context)]) / len(layers), "bytes": moved,
+               "gbs": moved["total"] / ms / 1e6, "pct_copy": 100 * moved["total"] / ms / 1e6 / copy_gbs,
+               "pct_datasheet": 100 * moved["total"] / ms / 1e6 / peak if peak else None}
+        if (batch, context) == points[len(points) // 2]:
+            row["top_ops_ms"] = top_ops(model, wl, device)
+        rows.append(row)
+        print(f"{alias:<14} {str(layers):<11} b{batch:<3} ctx{context:<5} {ms:9.3f} ms ({how})  "
+              f"{row['ms_per_layer']:8.3f} ms/layer  {moved['total'] / 1e9:7.3f} GB  {row['gbs']:7.0f} GB/s  "
+              f"{row['pct_copy']:5.1f}% of copy", flush=True)
+        if "top_ops_ms" in row:
+            print("    top ops (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in row["top_ops_ms"].items()), flush=True)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--models", default=",".join(MODELS), help="comma list of aliases (default: %(default)s)")
+    ap.add_argument("--tiny", action="store_true", help="every model at toy size (the CPU check of this script)")
+    ap.add_argument("--samples", type=int, default=None, help="timed steps per case (cuda 30, cpu 3)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    cuda = a.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("frontier_layers.py: error: --device cuda but no CUDA device", file=sys.stderr)
+        return 2
+    samples = a.samples or (30 if cuda else 3)
+    points = CUDA_POINTS if cuda and not a.tiny else CPU_POINTS
+    device_name, peak = _peak(a.device, None)
+    copy_gbs = copy_bandwidth_gbs(a.device, (1 << 30) if cuda else (64 << 20))
+    print(f"device {device_name}; copy bandwidth {copy_gbs:.0f} GB/s; datasheet {peak or '-'} GB/s", flush=True)
+    rows = []
+    for alias in a.models.split(","):
+        rows += run_model(tiny_name(alias, a.tiny), a.device, points, samples, copy_gbs, peak)
+    versions = software_versions(driver=cuda)
+    doc = {"benchmark": "frontier_layers", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"), "device": a.device, "device_name": device_name, "torch": torch.__version__,
+        "triton": versions["triton"], "driver": versions["driver"], "copy_bandwidth_gbs": copy_gbs,
+        "datasheet_bandwidth_gbs": peak, "samples": samples, "tiny": a.tiny, "rows": rows}
+    out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else a.device}-frontier-layers.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc, indent=1))
+    os.replace(tmp, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""No silent drops: which keys of an HF ``config.json`` tkcc implements, which do not change the math
+(and why), and the values an implemented key may take. Pure data (no torch).
+
+``check_config(cfg, family, name)`` raises ``SpecError`` naming the first key that is neither
+implemented for the family nor listed in ``NO_MATH`` (nor an MLA/GQA-irrelevant key), or a key whose
+value asks for something tkcc does not implement (e.g. ``hidden_act: gelu``, ``mlp_bias: true``,
+``use_sliding_window: true`` on a family without windows). So a model tkcc would silently change is
+refused, with one line, instead of being optimized as a different model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class SpecError(ValueError):
+    """A model name or config that tkcc cannot use. The CLI prints it as one line, exit 2."""
+
+    user_error = True
+
+# Keys that do not change the forward pass tkcc runs, each with the reason.
+NO_MATH: dict[str, str] = {
+    "architectures": "selects the family",
+    "model_type": "selects the family",
+    "auto_map": "names the HF remote-code classes",
+    "transformers_version": "provenance",
+    "torch_dtype": "the checkpoint's storage dtype; the engine runs its own (bf16 by default)",
+    "dtype": "the checkpoint's storage dtype; the engine runs its own (bf16 by default)",
+    "bos_token_id": "tokenizer ids", "eos_token_id": "tokenizer ids", "pad_token_id": "tokenizer ids",
+    "use_cache": "HF generation switch (tkcc always keeps a paged KV cache)",
+    "initializer_range": "training-time initialisation",
+    "attention_dropout": "dropout is inactive at inference",
+    "hidden_dropout": "dropout is inactive at inference",
+    "aux_loss_alpha": "training loss", "seq_aux": "training loss", "router_aux_loss_coef": "training loss",
+    "output_router_logits": "training output",
+    "ep_size": "a parallelism hint (tkcc's cost model searches the layout)",
+    "pretraining_tp": "HF's tensor-parallel emulation of training; the same linear maps",
+    "num_nextn_predict_layers": "multi-token-prediction heads: speculative decoding only, not the main forward",
+    "use_mtp": "multi-token-prediction heads: speculative decoding only",
+    "mtp_transformer_layers": "multi-token-prediction heads: speculative decoding only",
+    "num_mtp_modules": "multi-token-prediction heads: speculative decoding only",
+    "index_share_for_mtp_iteration": "multi-token-prediction heads: speculative decoding only",
+    "moe_router_dtype": "moe_route takes fp32 logits; the gate projection runs in the model dtype for every "
+                        "family (a rounding-level difference)",
+}
+
+GENERIC = {"hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "num_key_value_heads",
+           "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
+           "tie_word_embeddings", "max_position_embeddings", "attention_bias", "partial_rotary_factor",
+           "rotary_dim", "hidden_act", "mlp_bias", "quantization_config"}
+WINDOW = {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"}
+DEEPSEEK_MOE = {"n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                "first_k_dense_replace", "moe_layer_freq", "scoring_func", "topk_method", "norm_topk_prob",
+                "routed_scaling_factor", "n_group", "topk_group"}
+MLA = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
+       "qk_head_dim"}
+DSA = {"index_n_heads", "index_head_dim", "index_topk", "indexer_rope_interleave"}
+
+FAMILY_KEYS: dict[str, set[str]] = {
+    "llama": GENERIC,
+    "qwen3": GENERIC | WINDOW,
+    "qwen3_moe": GENERIC | WINDOW | {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                     "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers"},
+    "minimax_m2": GENERIC | {"num_local_experts", "num_experts_per_tok", "scoring_func", "use_routing_bias",
+                             "shared_intermediate_size", "use_qk_norm", "qk_norm_type"},
+    "glm4_moe": GENERIC | DEEPSEEK_MOE | {"use_qk_norm"},
+    "deepseek_v3": GENERIC | DEEPSEEK_MOE | MLA,
+    "deepseek_v32": GENERIC | DEEPSEEK_MOE | MLA | DSA,
+    "glm_moe_dsa": GENERIC | DEEPSEEK_MOE | MLA | DSA | {"indexer_types", "index_topk_freq", "index_skip_topk_offset",
+                                                         "index_topk_pattern", "mlp_layer_types", "layer_types"},
+    "minimax_m3": GENERIC | {"num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                             "shared_intermediate_size", "dense_intermediate_size", "first_k_dense_replace",
+                             "moe_layer_freq", "scoring_func", "use_routing_bias", "routed_scaling_factor",
+                             "use_qk_norm", "qk_norm_type", "use_gemma_norm", "swiglu_alpha", "swiglu_limit",
+                             "attention_output_gate", "sparse_attention_config", "swiglu_beta"},
+}
+
+# MLA models take their head dims from qk_nope/qk_rope/v_head_dim and are multi-head over the latent.
+MLA_IRRELEVANT = {"head_dim": "MLA head dims come from qk_nope_head_dim + qk_rope_head_dim and v_head_dim",
+                  "num_key_value_heads": "MLA attends every head over one shared latent (HF ignores it too)",
+                  "partial_rotary_factor": "MLA rotates exactly qk_rope_head_dim dims"}
+
+
+def _one_of(*allowed: Any) -> Callable[[Any], bool]:
+    return lambda v: v in allowed
+
+
+def _falsy(v: Any) -> bool:
+    return not v
+
+
+def _quant_ok(v: Any) -> bool:
+    """Block-fp8 checkpoints (DeepSeek/MiniMax/Kimi style): the loader dequantizes them to the engine dtype."""
+    if not v:
+        return True
+    return (isinstance(v, dict) and v.get("quant_method") == "fp8"
+            and list(v.get("weight_block_size") or [128, 128]) == [128, 128])
+
+
+def _rope_ok(v: Any) -> bool:
+    if not v:
+        return True
+    if not isinstance(v, dict):
+        return False
+    return (v.get("rope_type") or v.get("type") or "default") in ("default", "llama3", "yarn")
+
+
+# key -> (predicate on the value, what tkcc implements); a key absent from the config is never checked
+VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "hidden_act": (_one_of("silu", "swiglu"), "silu (SwiGLU)"),
+    "mlp_bias": (_falsy, "false"),
+    "quantization_config": (_quant_ok, "none, or fp8 with 128x128 weight blocks (dequantized on load)"),
+    "rope_scaling": (_rope_ok, "default, llama3 or yarn rope"),
+    "rope_parameters": (_rope_ok, "default, llama3 or yarn rope"),
+    "scoring_func": (_one_of("softmax", "sigmoid"), "softmax or sigmoid"),
+    "topk_method": (_one_of("noaux_tc", "greedy", "group_limited_greedy"), "noaux_tc, greedy or group_limited_greedy"),
+    "qk_norm_type": (_one_of("per_layer", "per_head"), "per_layer or per_head"),
+    "use_sliding_window": (_falsy, "false (this family has no sliding-window attention in tkcc)"),
+    "attention_output_gate": (_falsy, "false"),
+    "moe_router_dtype": (_one_of("float32", "fp32", None), "float32"),
+    "layer_types": (lambda v: v is None or set(v) <= {"full_attention"}, "every layer full_attention"),
+}
+
+# per family, value checks that replace the generic ones
+FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "minimax_m3": {"hidden_act": (_one_of("swigluoai"), "swigluoai"),
+                   "swiglu_beta": (_one_of(1, 1.0), "1.0 (up + 1)")},
+    "qwen3": {"use_sliding_window": (lambda v: True, "true or false"),
+              "layer_types": (lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
+                              "full_attention / sliding_attention")},
+    "qwen3_moe": {"use_sliding_window": (lambda v: True, "true or false"),
+                  "layer_types": (lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
+                                  "full_attention / sliding_attention")},
+    "glm_moe_dsa": {"layer_types": (lambda v: v is None or set(v) <= {"deepseek_sparse_attention"},
+                                    "every layer deepseek_sparse_attention")},
+}
+
+
+def check_config(cfg: dict, family: str, name: str, error: type[Exception]) -> None:
+    """Raise ``error`` (one line) for the first key of ``cfg`` tkcc would otherwise ignore or misread."""
+    known = FAMILY_KEYS[family]
+    mla = bool(known & MLA)
+    for key in cfg:
+        if key in known or key in NO_MATH or (mla and key in MLA_IRRELEVANT):
+            continue
+        raise error(f"{name}: config key {key!r} is not implemented for {family} and not known to leave the math "
+                    "unchanged; refusing the config rather than ignoring it")
+    checks = {**VALUES, **FAMILY_VALUES.get(family, {})}
+    for key, (ok, wanted) in checks.items():
+        if key in cfg and key in known | set(NO_MATH) and not ok(cfg[key]):
+            raise error(f"{name}: config key {key!r} = {cfg[key]!r} is not implemented (tkcc implements {wanted})")

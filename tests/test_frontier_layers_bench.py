@@ -1,0 +1,37 @@
+"""benchmarks/frontier_layers.py on CPU at toy size: one row per (model, batch), bytes that count a sparse
+layer's selection rather than the whole context, and the JSON written."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from persistent_engine.models.spec import ModelSpec
+
+BENCH = pathlib.Path(__file__).parents[1] / "benchmarks" / "frontier_layers.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("frontier_layers", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_attended_tokens_follow_the_selection():
+    fl = _bench()
+    glm, m3 = ModelSpec.from_name("glm"), ModelSpec.from_name("minimax")
+    assert fl.attended_tokens(glm, 3, "k", 4095) == 2048 and fl.attended_tokens(glm, 2, "v", 4095) == 4096
+    assert fl.attended_tokens(m3, 3, "k", 9999) == 16 * 128 and fl.attended_tokens(m3, 0, "k", 9999) == 10000
+    assert fl.attended_tokens(m3, 3, "index_k", 9999) == 10000
+
+
+@pytest.mark.slow
+def test_cpu_tiny_run_writes_rows(tmp_path):
+    out = tmp_path / "fl.json"
+    assert _bench().main(["--device", "cpu", "--tiny", "--samples", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert {r["model"] for r in doc["rows"]} == {"glm+tiny", "deepseek-v3.2+tiny", "minimax+tiny"}
+    assert all(r["step_ms"] > 0 and r["bytes"]["total"] > 0 for r in doc["rows"])
+    assert any("indexer_topk" in r.get("top_ops_ms", {}) for r in doc["rows"])
