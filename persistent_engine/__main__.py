@@ -117,7 +117,7 @@ def serve(args) -> int:
     import triton  # noqa: F401
 
     from persistent_engine import timing  # noqa: F401 - binds the clocks before any candidate
-    from persistent_engine.engine import Engine, EngineConfig
+    from persistent_engine.judge.engine import Engine, EngineConfig
     from persistent_engine.models.spec import ModelSpec
     imports_s = time.perf_counter() - t0
     _emit({"stage": "imports", "seconds": round(imports_s, 4)})
@@ -134,8 +134,11 @@ def serve(args) -> int:
            "pid": os.getpid(), "startup": startup, "layers": engine.layers,
            "logit_noise": engine.logit_noise, "logit_tol": engine.logit_tol})
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
-    server.serve(engine.handle, after_reply=lambda reply: engine.poisoned,
-                 keep_going=(lambda: os.getppid() == parent) if parent else None)
+    try:
+        server.serve(engine.handle, after_reply=lambda reply: engine.poisoned,
+                     keep_going=(lambda: os.getppid() == parent) if parent else None)
+    finally:
+        engine.close()                          # every executor, with its process group
     if token_file and not args.token_file:
         try:
             os.unlink(token_file)

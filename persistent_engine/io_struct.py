@@ -44,6 +44,7 @@ class LoadCandidate(Request):
     TYPE: ClassVar[str] = "load_candidate"
     source: str = ""
     name: str = "candidate"
+    timeout_s: float = 0.0          # the judge kills the executor past this (0: the judge's default)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Verify(Request):
     """Op-level and layer-level verification of the loaded candidate (DESIGN.md steps 2-3)."""
     TYPE: ClassVar[str] = "verify"
     seed: int | None = None         # None: a fresh seed from the engine's own generator
+    timeout_s: float = 0.0          # the judge kills the executor past this (0: the judge's default)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Bench(Request):
     TYPE: ClassVar[str] = "bench"
     samples: int = 0                # per point and side; 0: the engine's default for its device
     warmup: int = 0
+    timeout_s: float = 0.0          # the judge kills the executor past this (0: the judge's default)
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ class StatusReply(Reply):
     candidate: str | None = None
     served: int = 0
     pid: int = 0
+    sandbox: str = ""                                   # what confines the executors
+    executors_used: int = 0                             # one per candidate loaded
 
 
 @dataclass(frozen=True)
