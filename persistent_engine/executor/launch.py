@@ -6,10 +6,9 @@ tail of its stderr), one that does not answer in time is ``ExecutorTimeout`` (th
 ``stop()`` / ``cont()`` send SIGSTOP / SIGCONT to its whole process group: the judge freezes the side of an
 A/B pair that is not being timed, so no thread of it runs meanwhile.
 
-Processes are spawned by ``persistent_engine.executor.sandbox.spawn`` with ``sandbox.executor_env`` (the same
-environment a served plan sees; never the judge's ``os.environ``); where that module is absent this falls
-back to a plain process in its own session with an allow-listed environment (``fallback_env``), and says so
-(``SANDBOX``).
+Processes are spawned by ``sandbox.spawn`` with ``sandbox.executor_env`` (the same environment a served plan
+sees; never the judge's ``os.environ``), each with a private work directory; its stderr goes to a file
+beside that directory, outside the executor's reach.
 
 ``ExecutorPool``: ``size`` executors started and warmed in background threads (imports, CUDA context,
 weights from the arena, workloads, kernel warm-up), so that ``take()`` hands out a warm one at once and a
@@ -21,21 +20,17 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from persistent_engine.executor.channel import ChannelClosed, channel_pair, decode_tensors
 
-try:                                        # issue 20b's OS sandbox
-    from persistent_engine.executor import sandbox as _sandbox
-except ImportError:                         # pragma: no cover - until it lands
-    _sandbox = None
+from persistent_engine.executor import sandbox
 
-ENV_ALLOW = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "OMP_NUM_THREADS",
-             "TRITON_INTERPRET", "TKCC_ENGINE_THREADS", "VIRTUAL_ENV")
+# the tree is re-scanned (``/proc``, ~10 ms) when a point's timing starts and ends and every RESCAN_EVERY
+# stops in between; the stops themselves signal the known members (microseconds each)
+RESCAN_EVERY = 16
 
 
 class ExecutorDied(RuntimeError):
@@ -57,79 +52,39 @@ def describe_exit(rc: int | None) -> str:
     return f"exit code {rc}"
 
 
-def fallback_env(device: str, tmp: str) -> dict:
-    """An allow-listed environment (no API keys, no tokens) for when the sandbox module is absent."""
-    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
-    env.update({"HOME": tmp, "TMPDIR": tmp, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-                "TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR", os.path.join(tempfile.gettempdir(),
-                                                                                   "tkcc-triton-cache"))})
-    if not device.startswith("cuda"):
-        env["TRITON_INTERPRET"] = "1"
-    return env
+def executor_env(device: str, policy: "sandbox.SandboxPolicy") -> dict:
+    """The environment of every executor: ``sandbox.executor_env`` (the same one ``tkcc plan apply`` and
+    serving give a plan's kernels), never the judge's ``os.environ``."""
+    extra = {} if device.startswith("cuda") else {"TRITON_INTERPRET": "1"}
+    return sandbox.executor_env(policy, extra=extra)
 
 
-def executor_env(device: str, tmp: str) -> dict:
-    if _sandbox is not None and hasattr(_sandbox, "executor_env"):
-        env = dict(_sandbox.executor_env(device))
-        for k in ("PYTHONPATH",):           # the judge's code must win in the executor too (worktrees, tests)
-            if k in os.environ and k not in env:
-                env[k] = os.environ[k]
-        return env
-    return fallback_env(device, tmp)
-
-
-SANDBOX = "os-sandbox" if _sandbox is not None and hasattr(_sandbox, "spawn") else "none (own session, allow-listed env)"
-
-
-class _Plain:
-    """A plain child in its own session (fallback when the sandbox module is absent)."""
-
-    def __init__(self, argv, env, pass_fds, stderr):
-        self.proc = subprocess.Popen(argv, env=env, pass_fds=pass_fds, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
-                                     cwd=env.get("TMPDIR"))
-        self.pid = self.proc.pid
-
-    def poll(self):
-        return self.proc.poll()
-
-    def wait(self, timeout=None):
-        return self.proc.wait(timeout)
-
-    def send_signal(self, sig):
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def kill_all(self):
-        self.send_signal(signal.SIGKILL)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _spawn(argv, env, pass_fds, stderr):
-    if _sandbox is not None and hasattr(_sandbox, "spawn"):
-        return _sandbox.spawn(argv, env=env, pass_fds=pass_fds, stderr=stderr)
-    return _Plain(argv, env, pass_fds, stderr)
+def sandbox_summary() -> str:
+    """What confines the executors here, one line (verdict metadata, ``StatusReply.sandbox``)."""
+    caps = sandbox.probe()
+    return "complete" if caps.complete() else "incomplete (missing: " + "; ".join(caps.missing()) + ")"
 
 
 class Executor:
     def __init__(self, init: dict, arena, workdir: str, role: str = "candidate"):
         self.role = role
-        self.tmp = tempfile.mkdtemp(prefix=f"tkcc-{role}-", dir=workdir)
-        self.stderr_path = os.path.join(self.tmp, "stderr")
+        self.tmp = sandbox.make_workdir(workdir)              # the executor's only writable place
+        self.stderr_path = os.path.join(workdir, f"{os.path.basename(self.tmp)}.stderr")   # outside its reach
         self.chan, theirs = channel_pair()
         argv = [sys.executable, "-m", "persistent_engine.executor.worker", "--fd", str(theirs.fileno()),
                 "--arena-fd", str(arena.fd)]
         os.set_inheritable(arena.fd, True)
-        env = executor_env(init["device"], self.tmp)
-        with open(self.stderr_path, "ab") as err:
-            self.proc = _spawn(argv, env, (theirs.fileno(), arena.fd), err)
-        theirs.close()
+        policy = sandbox.SandboxPolicy.for_device(init["device"], self.tmp)
+        try:
+            with open(self.stderr_path, "ab") as err:
+                self.proc = sandbox.spawn(argv, policy, env=executor_env(init["device"], policy),
+                                          pass_fds=(theirs.fileno(), arena.fd), stderr=err)
+        finally:
+            theirs.close()
         self.pid = self.proc.pid
+        self.applied = self.proc.applied
+        self._members: list[int] = []
+        self._stops = 0
         self.stopped = False
         self.chan.send({**init, "arena_size": arena.size, "manifest": arena.manifest})
         self.ready = False
@@ -139,6 +94,11 @@ class Executor:
         if not reply.get("ready"):
             raise ExecutorDied(f"executor did not start: {reply}")
         self.ready = True
+        self.base_members = set(self.members())     # the launcher and the executor: anything more is the candidate's
+
+    def extra_processes(self) -> list[int]:
+        """Processes of the tree beyond those it started with (a candidate's forks or daemons)."""
+        return sorted(set(self.members()) - self.base_members)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -179,15 +139,36 @@ class Executor:
             raise ExecutorDied(self._death()) from None
         return self._recv(time.monotonic() + timeout_s, msg.get("op", "?"))
 
+    def members(self) -> list[int]:
+        """Every live process of this executor's tree (re-scanned now)."""
+        self._members = self.proc.members()
+        self._stops = 0
+        return list(self._members)
+
     def stop(self) -> None:
-        if not self.stopped:
-            self.proc.send_signal(signal.SIGSTOP)
-            self.stopped = True
+        """SIGSTOP every process of the tree (all their threads): nothing of it runs until ``cont``."""
+        if self.stopped:
+            return
+        if not self._members or self._stops >= RESCAN_EVERY:
+            self._members = self.proc.members()
+            self._stops = 0
+        self._stops += 1
+        for pid in self._members:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.stopped = True
 
     def cont(self) -> None:
-        if self.stopped:
-            self.proc.send_signal(signal.SIGCONT)
-            self.stopped = False
+        if not self.stopped:
+            return
+        for pid in self._members:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.stopped = False
 
     def kill(self) -> None:
         try:

@@ -75,6 +75,8 @@ def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bo
     a: list[float] = []
     b: list[float] = []
     kept: list = []
+    base.members()                              # a fresh scan of both trees before the first stop
+    cand.members()
     try:
         for s in range(samples):
             v = rng.randrange(variants)

@@ -40,8 +40,8 @@ import torch
 from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, timing, tolerance, verify
 from persistent_engine.executor.channel import Arena
-from persistent_engine.executor.launch import (SANDBOX, Executor, ExecutorDied, ExecutorPool,
-                                              ExecutorTimeout)
+from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
+                                              sandbox_summary)
 from persistent_engine.judge import ab
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
@@ -465,6 +465,7 @@ class Engine:
                                        "; ".join(layer_reasons[0])[:2000] or layer_reasons[1]))
             reasons += layer_reasons[0]
             reasons += self._call({"op": "guards", "when": "layer-level verification"}, deadline)["reasons"]
+        reasons += self._process_reasons("verification")
         return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
                            checks=[ch.to_dict() for ch in checks], seed=seed,
                            seconds=(timing.now_ns() - t0) / 1e9)
@@ -553,6 +554,7 @@ class Engine:
                               "samples": res.candidate.n, "runs_per_sample": k, "floor_ms": self.floor_ms[i],
                               "speedup": res.speedup, **({"config": notes} if notes else {})})
         reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
+        reasons += self._process_reasons("timing")
         # a point's weight is already its share of GPU time: new time / old time = sum(w * cand/base) / sum(w)
         wsum = sum(pp["point"].get("weight", 1.0) for pp in per_point)
         rsum = sum(pp["point"].get("weight", 1.0) * pp["candidate_ms"] / pp["baseline_ms"]
@@ -563,6 +565,12 @@ class Engine:
             message += "; CONFIG " + "; ".join(f"{k}: {v}" for k, v in notes.items())
         return BenchReply(ok=not reasons, message=message, reasons=reasons, per_point=per_point,
                           speedup=speedup, timer=ab.TIMER, samples=samples, seconds=(timing.now_ns() - t0) / 1e9)
+
+    def _process_reasons(self, phase: str) -> list[str]:
+        """Processes the candidate started in its sandbox (a kernel never forks): named, and the executor is
+        killed with all of them at unload."""
+        extra = self.candidate.executor.extra_processes() if self.candidate else []
+        return [f"{phase}: candidate left {len(extra)} process(es) running in its executor"] if extra else []
 
     def _fresh_ids(self, i: int):
         """``fresh(k) -> [k, T]`` token ids drawn here for k timed runs of point i (no executor can predict
@@ -626,7 +634,7 @@ class Engine:
                            startup=self.startup, logit_noise=self.logit_noise, logit_tol=self.logit_tol,
                            served=self.served, pid=os.getpid(),
                            candidate=self.candidate.name if self.candidate else None,
-                           sandbox=SANDBOX, executors_used=self.executors_used)
+                           sandbox=sandbox_summary(), executors_used=self.executors_used)
 
 
 class CandidateRaised(Exception):
