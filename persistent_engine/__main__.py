@@ -128,6 +128,7 @@ def serve(args) -> int:
                                  points=points, seed=args.seed, variants=args.variants,
                                  cuda_graph=not args.no_cuda_graph),
                     log=lambda name, s: _emit({"stage": name, "seconds": round(s, 4)}))
+    engine.start_pool()                         # warm candidate executors start now, in the background
     startup = {"process": round(_process_seconds(), 4), "imports": round(imports_s, 4), **engine.startup}
     engine.startup = startup                    # status replies carry the whole table
     _emit({"ready": True, "port": server.port, "address": server.address, "token_file": token_file,

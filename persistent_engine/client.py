@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import zmq
 
-from persistent_engine.io_struct import (Bench, BenchReply, LoadCandidate, LoadReply, Profile,
-                                         ProfileReply, Reply, Request, Shutdown, Status, StatusReply,
+from persistent_engine.io_struct import (Bench, BenchReply, LoadCandidate, LoadReply, Prepare, PrepareReply,
+                                         Profile, ProfileReply, Reply, Request, Shutdown, Status, StatusReply,
                                          Unload, UnloadReply, Verify, VerifyReply, decode_reply, encode)
 
 
@@ -83,6 +83,9 @@ class EngineClient:
                        timeout_s: float | None = None) -> LoadReply:
         return self.call(LoadCandidate(token=self._token, source=source, name=name,
                                        timeout_s=_inner(timeout_s)), timeout_s)
+
+    def prepare(self, timeout_s: float | None = None) -> PrepareReply:
+        return self.call(Prepare(token=self._token), timeout_s)
 
     def verify(self, seed: int | None = None, timeout_s: float | None = None) -> VerifyReply:
         return self.call(Verify(token=self._token, seed=seed, timeout_s=_inner(timeout_s)), timeout_s)

@@ -28,9 +28,10 @@ from persistent_engine.executor.channel import ChannelClosed, channel_pair, deco
 
 from persistent_engine.executor import sandbox
 
-# the tree is re-scanned (``/proc``, ~10 ms) when a point's timing starts and ends and every RESCAN_EVERY
-# stops in between; the stops themselves signal the known members (microseconds each)
-RESCAN_EVERY = 16
+# the tree is re-scanned (``/proc``, ~10 ms) when a point's timing starts and every RESCAN_EVERY stops; the
+# stops themselves signal the known members (microseconds each). A process the candidate starts meanwhile
+# is found by the judge's scan at the end of bench and rejects the candidate (``Executor.extra_processes``).
+RESCAN_EVERY = 256
 
 
 class ExecutorDied(RuntimeError):
@@ -42,13 +43,16 @@ class ExecutorTimeout(TimeoutError):
 
 
 def describe_exit(rc: int | None) -> str:
+    """How an executor ended: -s (the launcher died by the executor's signal s) or 128 + s (the executor's
+    PID-1 wrapper reports its child's signal, ``worker._init_then_serve``) are both "killed by SIG..."."""
     if rc is None:
         return "still running"
-    if rc < 0:
+    if rc < 0 or 128 < rc < 128 + 65:
+        sig = -rc if rc < 0 else rc - 128
         try:
-            return f"killed by {signal.Signals(-rc).name}"
+            return f"killed by {signal.Signals(sig).name}"
         except ValueError:
-            return f"killed by signal {-rc}"
+            return f"killed by signal {sig}"
     return f"exit code {rc}"
 
 

@@ -80,6 +80,9 @@ class Worker:
         self.ring: list = []
         self._dir = tempfile.mkdtemp(prefix="tkcc-exec-")
         self._sync()
+        import persistent_engine.ops.contract  # noqa: F401 - imported before the snapshot: watched
+        import persistent_engine.tolerance  # noqa: F401
+        import persistent_engine.verify  # noqa: F401
         self.state_guard = guards.GlobalStateGuard(guards.default_namespaces())
         self.thread_guard = guards.ThreadGuard()
 
@@ -238,6 +241,29 @@ def serve(chan, arena, init: dict) -> int:
         chan.send(reply)
 
 
+def _init_then_serve(args) -> None:
+    """As PID 1 of the sandbox's PID namespace the kernel drops every signal this process sends itself
+    without a handler (an abort or a segfault a candidate provokes would not end it, and its cause would be
+    lost): PID 1 forks, the child serves, and PID 1 exits as the child ended (a signal s as 128 + s, which
+    ``launch.describe_exit`` reads back)."""
+    pid = os.fork()
+    if pid == 0:
+        return                              # the child: serve
+    for fd in (args.fd, args.arena_fd):     # EOF reaches the judge when the child dies
+        os.close(fd)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
 def _die_with_parent() -> None:
     """SIGKILL when the judge goes (prctl PR_SET_PDEATHSIG): no executor outlives it, stopped or hung."""
     import ctypes
@@ -248,7 +274,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent or parent == 1:
+    if os.getppid() != parent:
         os._exit(0)
 
 
@@ -259,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--arena-fd", type=int, required=True)
     args = ap.parse_args(argv)
+    if os.getpid() == 1:
+        _init_then_serve(args)
     faulthandler.enable(file=sys.stderr)
     _die_with_parent()
     chan = Channel.from_fd(args.fd)

@@ -43,7 +43,8 @@ from persistent_engine.executor.channel import Arena
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
                                               sandbox_summary)
 from persistent_engine.judge import ab
-from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Profile,
+from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
+                                         PrepareReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
                                          UnloadReply, Verify, VerifyReply)
 
@@ -58,9 +59,11 @@ CONFIG_NOTES = {
 }
 # roofline floor: bytes a step must read at least / this bandwidth (GB/s); CUDA when unset
 DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
-# warm candidate executors kept ready: one warms in ~5 s on an H200 (imports, CUDA context, weights), a
-# cycle takes < 1 s, so six keep the judge from waiting; on CPU one (the CI machine has two cores)
-POOL_SIZE = {"cuda": 6, "cpu": 1}
+# warm candidate executors kept ready: one warms in ~6-8 s on the H200 box (imports ~5 s, CUDA context,
+# weights), a cycle should take < 1 s, so ten warming at once on its 16 cores keep the judge from waiting;
+# on CPU one (the CI machine has two cores). On CUDA at most half the free device memory holds them
+# (each: its own copy of the weights and KV caches + ~1 GiB of context and graphs).
+POOL_SIZE = {"cuda": 10, "cpu": 1}
 ARENA_CHUNKS_PER_CHECK = 4             # arena chunks (16 MiB each) re-hashed after every candidate
 EXECUTOR_START_S = 900.0
 DEFAULT_CALL_S = 600.0
@@ -242,6 +245,9 @@ class Engine:
         self.poisoned = False                   # the judge itself is broken: exit after replying
         self.poison_cause = ""
         self.executors_used = 0
+        self.pool_size = 0
+        self.pool_wait_s = 0.0
+        self._next: Executor | None = None      # set aside by ``prepare`` for the next load
         self._release_cached()
 
     # ------------------------------------------------------------------------------ executors
@@ -268,11 +274,21 @@ class Engine:
     def _pool(self) -> ExecutorPool:
         if self.pool is None:
             size = self.config.pool_size or POOL_SIZE.get(self.device.type, 1)
+            if self.device.type == "cuda" and not self.config.pool_size:
+                each = self.arena.size + (1 << 30)
+                size = max(1, min(size, int(0.5 * torch.cuda.mem_get_info(self.device)[0] // each)))
+            self.pool_size = size
             self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S)
         return self.pool
 
+    def start_pool(self) -> None:
+        """Start warming candidate executors now (else on the first candidate)."""
+        self._pool()
+
     def close(self) -> None:
         self._drop_candidate()
+        if self._next is not None:
+            self._next.kill()
         if self.pool is not None:
             self.pool.close()
         if self.baseline is not None:
@@ -361,8 +377,8 @@ class Engine:
 
     # ------------------------------------------------------------------------------ requests
     def handle(self, req: Request) -> Reply:
-        handlers = {LoadCandidate: self.load, Verify: self.verify, Bench: self.bench, Unload: self.unload,
-                    Profile: self.profile, Status: self.status}
+        handlers = {LoadCandidate: self.load, Prepare: self.prepare, Verify: self.verify, Bench: self.bench,
+                    Unload: self.unload, Profile: self.profile, Status: self.status}
         phase = {LoadCandidate: "load", Verify: "verify", Bench: "bench"}.get(type(req), type(req).__name__)
         try:
             reply = handlers[type(req)](req)
@@ -402,7 +418,7 @@ class Engine:
             self.unload(Unload())
         reasons = cand_mod.static_check(req.source, self.op_params)
         if not reasons:
-            ex = self._pool().take()
+            ex = self._take()
             self.executors_used += 1
             self.candidate = Candidate(req.name, ex, [], {}, "")
             r = self._call({"op": "load", "source": req.source, "name": req.name}, self._deadline(req))
@@ -419,6 +435,24 @@ class Engine:
         notes = "; ".join(f"{k}: {v}" for k, v in self._config_notes().items())
         return LoadReply(ok=True, message=f"loaded {c.name}" + (f" (CONFIG {notes})" if notes else ""),
                          ops=sorted(c.ops), config=c.config, description=c.description[:2000], seconds=secs)
+
+    def _take(self) -> Executor:
+        """The executor ``prepare`` set aside, else a warm one from the pool (waiting for it)."""
+        ex, self._next = self._next, None
+        if ex is not None and ex.alive():
+            return ex
+        if ex is not None:
+            self._pool().discard(ex)
+        t0 = timing.now_ns()
+        ex = self._pool().take()
+        self.pool_wait_s = (timing.now_ns() - t0) / 1e9
+        return ex
+
+    def prepare(self, req: Prepare) -> PrepareReply:
+        if self._next is None or not self._next.alive():
+            self._next = None
+            self._next = self._take()
+        return PrepareReply(message="executor ready", pool_wait_s=self.pool_wait_s)
 
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:
@@ -634,7 +668,8 @@ class Engine:
                            startup=self.startup, logit_noise=self.logit_noise, logit_tol=self.logit_tol,
                            served=self.served, pid=os.getpid(),
                            candidate=self.candidate.name if self.candidate else None,
-                           sandbox=sandbox_summary(), executors_used=self.executors_used)
+                           sandbox=sandbox_summary(), executors_used=self.executors_used,
+                           pool_size=self.pool_size, pool_wait_s=self.pool_wait_s)
 
 
 class CandidateRaised(Exception):
