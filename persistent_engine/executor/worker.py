@@ -85,6 +85,7 @@ class Worker:
         import persistent_engine.verify  # noqa: F401
         self.state_guard = guards.GlobalStateGuard(guards.default_namespaces())
         self.thread_guard = guards.ThreadGuard()
+        self.native_threads = _native_threads()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -199,10 +200,21 @@ class Worker:
         threads = self.thread_guard.new_threads()
         if threads:
             reasons.append(f"candidate left {len(threads)} thread(s) running: {', '.join(threads[:5])}")
+        native = _native_threads() - self.native_threads - len(threads)
+        if native > 0:                          # raw _thread / native threads: not in threading.enumerate()
+            reasons.append(f"{when}: candidate left {native} native thread(s) running")
         return reasons
 
     def guards_request(self, msg: dict) -> dict:
         return {"reasons": self.guard_reasons(msg.get("when", "check"))}
+
+
+def _native_threads() -> int:
+    """OS threads of this process (``/proc/self/task``), raw ``_thread`` ones included."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
 
 
 def _param_names(sig) -> list[str]:

@@ -66,8 +66,19 @@ def test_raw_thread_time_stealing_gains_nothing(sup):
     c = sup.client
     honest = sup.evaluate(src("good_torch"), timeout_s=180, samples=15)
     assert honest.correct
-    assert c.load_candidate(src("steals_time"), timeout_s=120).ok
-    assert c.verify(timeout_s=120).ok is False or True          # its thread may be named here already
+    c.prepare(timeout_s=300)
+    load = c.load_candidate(src("steals_time"), timeout_s=120)
+    assert not load.ok and any("native thread" in r for r in load.reasons), load.reasons   # its guard saw it
+    c.unload(timeout_s=60)
+    # timed anyway (as if that self-report had been forged away): load with the thread started on first call
+    c.prepare(timeout_s=300)
+    assert c.load_candidate(src("steals_time").replace("\n_start(_burn, ())\n", "\n"
+                                                       ).replace("    _last[0] = time.perf_counter()\n",
+                                                                 "    _last[0] = time.perf_counter()\n"
+                                                                 "    _go()\n").replace(
+        "def fused_add_rms_norm", "def _go():\n    if not _started:\n        _started.append(_start(_burn, ()))\n\n\n"
+        "_started = []\n\n\ndef fused_add_rms_norm"), timeout_s=120).ok
+    c.verify(timeout_s=120)
     b = c.bench(samples=15, timeout_s=180)
     c.unload(timeout_s=60)
     assert b.speedup is not None and b.speedup < 1.6, b.per_point
@@ -75,8 +86,8 @@ def test_raw_thread_time_stealing_gains_nothing(sup):
     for p in b.per_point:
         spread = (p["baseline_iqr_ms"] + p["candidate_iqr_ms"]) / p["baseline_ms"]
         assert p["speedup"] < 1.0 + max(0.3, 2 * spread), p
-    assert any("thread" in r for r in b.reasons), b.reasons
-    _next_is_judged_correctly(sup, sup.proc.pid, sup.status().executors_used)
+    assert any("native thread" in r for r in b.reasons), b.reasons
+    _next_is_judged_correctly(sup, sup.proc.pid, sup.status().executors_used - 1)
 
 
 def test_exact_but_hostile_patcher_is_rejected_by_its_own_guard_and_timed_honestly(sup):
