@@ -16,9 +16,11 @@ How (``confine.py`` is the launcher process, stdlib only, started as ``python -I
   subreaper adopts orphans and ``kill_all`` walks ``/proc`` from the launcher. A lifeline pipe (the
   judge holds the write end) kills the tree when the judge dies, whichever thread spawned it.
 - **network**: a fresh network namespace (an unconfigured loopback only); Landlock denies TCP
-  bind/connect (ABI >= 4); seccomp refuses every socket family but ``AF_UNIX``.
-- **writes**: Landlock grants write rights only beneath ``workdir`` (+ ``writable``) and on the GPU
-  device nodes; a private ``/dev/shm`` tmpfs in the mount namespace.
+  bind/connect (ABI >= 4); seccomp refuses socket(2) of every family (``AF_UNIX`` too: a pathname socket of a
+  local service, e.g. PostgreSQL's, is reachable from any network namespace); socketpair(2) stays.
+- **writes**: in the mount namespace every mount is read-only but ``workdir`` (+ ``writable``) and a
+  private ``/dev/shm`` tmpfs (EROFS for writes, chmod, utime, xattrs); Landlock grants write rights
+  only beneath the same dirs and on the GPU device nodes (it does not cover chmod/utime/xattrs).
 - **secrets**: the environment comes only from ``executor_env`` (an allow-list, never a key or the
   judge's token); a private ``/proc`` shows no outside process, and a Landlock domain cannot ptrace
   or read ``/proc/PID/environ`` of processes outside it, nor signal them (ABI >= 6).
@@ -53,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 __all__ = ["SandboxPolicy", "SandboxCapabilities", "SandboxedProcess", "SandboxError", "UnsafeSandbox",
-           "probe", "executor_env", "make_workdir", "spawn", "require_sandbox", "CLASSES"]
+           "probe", "executor_env", "make_workdir", "spawn", "require_sandbox", "CLASSES", "MECHANISMS"]
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confine.py")
 WORKDIR_PREFIX = "tkcc-exec-"
@@ -76,12 +78,17 @@ STD_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urand
 # confinement class -> the mechanisms any one of which covers it
 CLASSES: dict[str, tuple[str, ...]] = {
     "network": ("net_namespace", "seccomp"),
-    "writes": ("landlock_fs",),
+    "unix_sockets": ("seccomp",),               # pathname sockets of local services (a database, an agent)
+    "writes": ("readonly_root", "landlock_fs"),   # Landlock alone leaves chmod/utime/xattrs of one's own files
     "secrets": ("private_proc", "landlock_fs"),
     "tree": ("pid_namespace", "subreaper"),
     "limits": ("rlimits",),
     "privileges": ("no_new_privs",),
 }
+
+
+# what SandboxPolicy.disable may name
+MECHANISMS = ("user_namespace", "net_namespace", "pid_namespace", "mount_namespace", "landlock", "seccomp", "rlimits")
 
 
 class SandboxError(RuntimeError):
@@ -101,6 +108,7 @@ class SandboxPolicy:
 
     workdir: str
     allow_network: bool = False
+    allow_unix_sockets: bool = False            # socket(AF_UNIX): CUDA MPS clients need it
     pid_namespace: bool = True                  # False for legacy CUDA IPC with the judge (see module doc)
     address_space_bytes: int | None = None      # RLIMIT_AS; None on CUDA (the driver's VA reservations)
     max_processes: int | None = 1024            # RLIMIT_NPROC (threads count); scoped to the user namespace
@@ -110,6 +118,12 @@ class SandboxPolicy:
     writable: tuple[str, ...] = ()              # more writable dirs (e.g. a Triton cache the judge seeds)
     device_globs: tuple[str, ...] = DEVICE_GLOBS
     env_allow: tuple[str, ...] = ENV_ALLOW      # names, or prefixes ending in "*"
+    disable: tuple[str, ...] = ()               # mechanisms not to use (MECHANISMS): fallback tests, a driver they break
+
+    def __post_init__(self):
+        unknown = set(self.disable) - set(MECHANISMS)
+        if unknown:
+            raise ValueError(f"SandboxPolicy.disable: unknown mechanisms {sorted(unknown)}; known: {MECHANISMS}")
 
     @classmethod
     def for_device(cls, device: str, workdir: str, **overrides) -> "SandboxPolicy":
@@ -145,6 +159,7 @@ class SandboxCapabilities:
     mount_namespace: bool = False
     private_proc: bool = False
     private_shm: bool = False
+    readonly_root: bool = False
     landlock_fs: bool = False
     landlock_net: bool = False
     landlock_scope: bool = False
@@ -353,9 +368,10 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
     lifeline_r, lifeline_w = os.pipe()
     cfg = {"argv": [exe, *argv[1:]], "workdir": os.path.abspath(cwd or policy.workdir),
            "status_fd": status_w, "lifeline_fd": lifeline_r, "close_fds": list(pass_fds),
-           "allow_network": policy.allow_network, "pid_namespace": policy.pid_namespace,
+           "allow_network": policy.allow_network,
+           "allow_unix_sockets": policy.allow_unix_sockets, "pid_namespace": policy.pid_namespace,
            "rlimits": policy.rlimits(), "writable": [os.path.abspath(policy.workdir), *policy.writable],
-           "device_files": policy.device_files(), "probe": probe_only}
+           "device_files": policy.device_files(), "disable": list(policy.disable), "probe": probe_only}
     try:
         popen = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, json.dumps(cfg)], env=env,
                                  pass_fds=(status_w, lifeline_r, *pass_fds), stdin=stdin, stdout=stdout,
