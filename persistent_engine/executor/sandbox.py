@@ -111,7 +111,7 @@ class SandboxPolicy:
     allow_unix_sockets: bool = False            # socket(AF_UNIX): CUDA MPS clients need it
     pid_namespace: bool = True                  # False for legacy CUDA IPC with the judge (see module doc)
     address_space_bytes: int | None = None      # RLIMIT_AS; None on CUDA (the driver's VA reservations)
-    max_processes: int | None = 1024            # RLIMIT_NPROC (threads count); scoped to the user namespace
+    max_processes: int | None = 1024            # RLIMIT_NPROC (threads count), per user namespace; not for uid 0
     max_file_bytes: int | None = 8 * GIB        # RLIMIT_FSIZE
     cpu_seconds: int | None = 3600              # RLIMIT_CPU over the executor's life (SIGXCPU, then SIGKILL)
     open_files: int | None = 4096               # RLIMIT_NOFILE
