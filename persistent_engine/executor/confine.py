@@ -294,7 +294,8 @@ def confine(cfg: dict, ns: dict[str, bool]) -> tuple[dict, dict]:
     attempt("privileges", drop_privileges)
     applied["landlock_abi"] = abi = landlock_abi()
     if "landlock" not in disable:
-        attempt("landlock", landlock, abi, cfg["writable"], cfg["device_files"], cfg["allow_network"])
+        writable = cfg["writable"] + (["/dev/shm"] if applied.get("private_shm") else [])   # a fresh tmpfs
+        attempt("landlock", landlock, abi, writable, cfg["device_files"], cfg["allow_network"])
     if "seccomp" not in disable:
         attempt("seccomp", seccomp, cfg["allow_network"], cfg["allow_unix_sockets"])
     for key in ("user", "pid", "net", "mnt"):
