@@ -199,7 +199,7 @@ def landlock(abi: int, writable: list[str], device_files: list[str], allow_netwo
         _check(libc.syscall(SYS_landlock_restrict_self, ruleset, ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
-    return {"landlock_fs": True, "landlock_net": bool(net) or allow_network, "landlock_scope": bool(scoped)}
+    return {"landlock_fs": True, "landlock_net": bool(net), "landlock_scope": bool(scoped)}
 
 
 # ------------------------------------------------------------------------------------ seccomp

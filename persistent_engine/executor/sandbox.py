@@ -73,7 +73,7 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION
 ENV_WORKDIR = {"HOME": "", "TMPDIR": "tmp", "XDG_CACHE_HOME": "cache", "TRITON_CACHE_DIR": "triton",
                "TORCHINDUCTOR_CACHE_DIR": "inductor", "CUDA_CACHE_PATH": "nv"}
 DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*", "/dev/kfd")
-STD_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+STD_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 # confinement class -> the mechanisms any one of which covers it
 CLASSES: dict[str, tuple[str, ...]] = {
@@ -235,7 +235,8 @@ def _prepare_workdir(policy: SandboxPolicy, env: Mapping[str, str]) -> None:
 # ------------------------------------------------------------------------------------ processes
 class SandboxedProcess:
     """Popen-like handle on a sandboxed tree. ``pid`` is the launcher's; ``executor_pid`` the
-    executor's (as the judge's PID namespace sees it); ``applied`` what confines it."""
+    executor's (as the judge's PID namespace sees it); ``applied`` what confines it. Dropping the
+    handle (or the judge dying) closes the lifeline: the launcher then kills the tree."""
 
     def __init__(self, popen: subprocess.Popen, lifeline_w: int, executor_pid: int, applied: SandboxCapabilities,
                  namespaces: dict[str, str]):
@@ -284,21 +285,28 @@ class SandboxedProcess:
         return sorted(tree | set(ns_members))
 
     def send_signal(self, sig: int) -> list[int]:
-        """Signal every process of the tree; SIGSTOP rescans until no new process appears (a stopped
-        process cannot fork), so a daemon cannot keep running while the other side is timed."""
+        """Signal every process of the tree; returns their pids. SIGSTOP rescans until no new process
+        appears (a stopped process cannot fork) and until every member is seen stopped (a sibling
+        signalled later cannot have continued an earlier one), so nothing of the candidate runs
+        while the other side of an A/B is timed; SIGKILL rescans the same way."""
         hit: set[int] = set()
-        for _ in range(50):
-            new = [p for p in self.members() if p not in hit]
-            if not new:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            members = self.members()
+            todo = [p for p in members if p not in hit]
+            if sig == signal.SIGSTOP:
+                todo += [p for p in members if p in hit and _state(p) not in ("T", "t", "Z", "X", "")]
+            if not todo:
                 break
-            for pid in new:
+            for pid in todo:
                 try:
                     os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
-            hit.update(new)
+            hit.update(todo)
             if sig not in (signal.SIGSTOP, signal.SIGKILL):
                 break
+            time.sleep(0.001)
         return sorted(hit)
 
     def kill_all(self, timeout: float = 5.0) -> int | None:
@@ -337,6 +345,15 @@ class SandboxedProcess:
     def __del__(self):
         if getattr(self, "_lifeline_w", None) is not None:
             self.close_lifeline()
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc/PID/stat ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _read_status(fd: int, timeout: float) -> list[dict]:
