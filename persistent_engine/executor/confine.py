@@ -144,9 +144,14 @@ def readonly_root(writable: list[str], shm: bool) -> dict[str, bool]:
     writable on a read-only mount. Needs mount_setattr(2) (Linux 5.12)."""
     for path in writable:
         _check(libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None), f"bind {path}")
-    _mount_setattr("/", True, MOUNT_ATTR_RDONLY, 0)
-    for path in writable + (["/dev/shm"] if shm else []):
+        _mount_setattr(path, False, MOUNT_ATTR_RDONLY, 0)      # a dry run: can it go read-only and back?
         _mount_setattr(path, False, 0, MOUNT_ATTR_RDONLY)
+    _mount_setattr("/", True, MOUNT_ATTR_RDONLY, 0)
+    try:
+        for path in writable + (["/dev/shm"] if shm else []):
+            _mount_setattr(path, False, 0, MOUNT_ATTR_RDONLY)
+    except OSError as e:                                        # a read-only workdir: fail, do not limp on
+        raise RuntimeError(f"read-only root applied but the workdir stayed read-only: {e}") from None
     return {"readonly_root": True}
 
 
