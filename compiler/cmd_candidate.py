@@ -5,7 +5,8 @@ for a source the policy refuses), then an engine for the slice under a superviso
 ``evaluate`` (load, verify, bench, spot re-check) with a watchdog of ``--timeout`` seconds. A
 candidate that crashes or hangs the engine is rejected with the reason; this command never crashes
 with it. ``--json``: ``correct``, ``reasons``, ``speedup`` (+ ``per_point``, ``timings``,
-``restarted``, ``startup``). Exit 0 correct, 1 rejected, 2 bad input.
+``restarted``, ``startup``). Exit 0 correct, 1 rejected, 2 bad input. The file's author is unknown, so
+it is judged only in a complete executor sandbox unless ``--unsafe-no-sandbox``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def register(subparsers) -> None:
     c.add_argument("--timeout", type=float, default=300.0, help="watchdog seconds for the evaluation")
     c.add_argument("--samples", type=int, default=0, help="timed samples per point (0: engine default)")
     c.add_argument("--json", action="store_true", help="print one JSON document")
+    c.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="judge the file even where the executor sandbox is incomplete (tkcc doctor)")
     c.set_defaults(func=check)
 
 
@@ -48,12 +51,14 @@ def check(args) -> int:
 
     from persistent_engine.__main__ import parse_layers
     from persistent_engine.candidate import param_names, static_check
+    from persistent_engine.executor.sandbox import require_sandbox
     from persistent_engine.models.spec import ModelSpec
     from persistent_engine.supervisor import Supervisor
 
     with open(args.file, encoding="utf-8", errors="replace") as f:
         source = f.read()
     spec = ModelSpec.from_name(args.model)                 # SpecError: exit 2
+    require_sandbox(author_is_llm=True, unsafe=args.unsafe_no_sandbox)   # a file of unknown author: exit 2
     if args.timeout <= 0:
         raise CandidateInputError("--timeout must be positive")
     try:

@@ -2,7 +2,9 @@
 
 Detected devices (name, memory, compute capability), Python / torch / Triton / CUDA / driver
 versions, and which optional parts are present: Ray (many machines), the PostgreSQL driver (a shared
-board), the LLM SDKs and whether their API keys are set (the values are never printed).
+board), the LLM SDKs and whether their API keys are set (the values are never printed), and which
+mechanisms of the executor sandbox this kernel offers (LLM-written candidates are refused without a
+complete one unless ``--unsafe-no-sandbox``).
 Exit 0; the report is informational.
 """
 
@@ -77,7 +79,15 @@ def collect() -> dict:
         "optional": {label: {"present": _present(mod), "version": _version(dist), "enables": what}
                      for label, mod, dist, what in OPTIONAL},
         "api_keys": {k: bool(os.environ.get(k)) for k in API_KEYS},
+        "sandbox": _sandbox(),
     }
+
+
+def _sandbox() -> dict:
+    from persistent_engine.executor.sandbox import probe
+    caps = probe()
+    return {"mechanisms": caps.as_dict(), "missing": list(caps.missing()), "complete": caps.complete(),
+            "errors": dict(caps.errors)}
 
 
 def render(r: dict) -> str:
@@ -98,6 +108,18 @@ def render(r: dict) -> str:
     for label, o in r["optional"].items():
         state = f"present {o['version'] or ''}".strip() if o["present"] else "absent"
         lines.append(f"  {label:<10} {state:<18} {o['enables']}")
+    sb = r["sandbox"]
+    on = [k for k, v in sb["mechanisms"].items() if v is True and k != "complete"]
+    lines.append(f"executor sandbox: {'complete' if sb['complete'] else 'INCOMPLETE'}"
+                 f" (Landlock ABI {sb['mechanisms']['landlock_abi']}): " + ", ".join(on))
+    off = [k for k, v in sb["mechanisms"].items() if v is False]
+    if off:
+        lines.append("  absent: " + ", ".join(off))
+    if not sb["complete"]:
+        lines.append("  missing: " + "; ".join(sb["missing"])
+                     + " -- LLM-written candidates are refused unless --unsafe-no-sandbox")
+    for what, why in sb["errors"].items():
+        lines.append(f"  {what}: {why}")
     lines.append("API keys: " + ", ".join(f"{k} {'set' if on else 'not set'}" for k, on in r["api_keys"].items()))
     return "\n".join(lines)
 

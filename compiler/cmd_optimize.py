@@ -61,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "optimizations first and build on them)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="run LLM-written candidates even where the executor sandbox is incomplete (tkcc doctor)")
     p.set_defaults(func=_optimize)
 
     r = sub.add_parser("recompile", help="recompile a plan when its traffic drifted")
@@ -108,9 +110,12 @@ def watchdog_s(budget_s: float) -> float:
 
 
 def _optimize(args: argparse.Namespace) -> int:
+    from compiler.agent_spec import writes_llm_code
     from compiler.loop import OptimizeConfig, optimize
+    from persistent_engine.executor.sandbox import require_sandbox
 
     budget = parse_duration(args.budget)
+    require_sandbox(author_is_llm=writes_llm_code(args.agents), unsafe=args.unsafe_no_sandbox)   # exit 2
     out = args.out or str(Path("plans") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model).stem) or "model"))
     cfg = OptimizeConfig(model=args.model, hw=args.hw, traffic=args.traffic, out=out, budget_s=budget,
                          agents=args.agents, board=args.board, device=args.device,

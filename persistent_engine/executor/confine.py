@@ -5,16 +5,16 @@ enters fresh user / network / mount / PID namespaces, forks the *executor*, and 
 it reaps whatever the executor leaves behind and, when the executor exits or the judge's lifeline
 pipe closes (the judge died or let go), kills every remaining process of the tree and exits with the
 executor's status. The forked executor applies, in this order, everything it can of: a private
-``/proc`` and ``/dev/shm``, rlimits, ``chdir(workdir)``, no-new-privs, an empty capability bounding
+``/proc`` and ``/dev/shm``, every mount read-only but the workdir, rlimits, ``chdir(workdir)``, no-new-privs, an empty capability bounding
 set, Landlock (writes only under the workdir and the GPU device nodes, no TCP, no signals or
 abstract unix sockets out of the sandbox, no ptrace or ``/proc/PID/environ`` of outside processes),
-a seccomp filter (no inet/netlink sockets, no ptrace, no mount/unshare/setns, no io_uring, no bpf,
+a seccomp filter (no socket(2) at all by default, socketpair(2) stays; no ptrace, no mount/unshare/setns, no io_uring, no bpf,
 no keyrings), then ``execve`` of the real argv. Before the exec it writes one JSON line to the status
 pipe saying which mechanisms it applied and why others failed; the judge records that line.
 
 CONFIG is one JSON object: ``argv``, ``workdir``, ``status_fd``, ``lifeline_fd``, ``close_fds``,
-``allow_network``, ``pid_namespace``, ``rlimits`` ({name: [soft, hard]}), ``writable`` (dirs),
-``device_files`` (files), ``probe`` (report and exit instead of exec).
+``allow_network``, ``allow_unix_sockets``, ``pid_namespace``, ``rlimits`` ({name: [soft, hard]}), ``writable`` (dirs),
+``device_files`` (files), ``disable`` (mechanisms not to use), ``probe`` (report and exit instead of exec).
 
 Reads nothing from the environment; passes the environment it was started with to the executor.
 """
@@ -78,12 +78,19 @@ def landlock_abi() -> int:
 
 
 # ------------------------------------------------------------------------------------ namespaces
-def enter_namespaces(allow_network: bool, pid_namespace: bool) -> dict[str, bool]:
+def enter_namespaces(allow_network: bool, pid_namespace: bool, disable: list[str]) -> dict[str, bool]:
     """unshare(2) user (+ net, mount, PID) namespaces; the uid/gid stay the same numbers inside."""
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWUSER | CLONE_NEWNS | (0 if allow_network else CLONE_NEWNET) | (CLONE_NEWPID if pid_namespace else 0)
+    want = {"user_namespace": CLONE_NEWUSER, "mount_namespace": CLONE_NEWNS,
+            "net_namespace": 0 if allow_network else CLONE_NEWNET, "pid_namespace": CLONE_NEWPID if pid_namespace else 0}
+    want = {k: v for k, v in want.items() if v and k not in disable}
+    flags = sum(want.values())
     got = {"user_namespace": False, "mount_namespace": False, "net_namespace": False, "pid_namespace": False}
+    if not flags:
+        return got
     try:
+        if not flags & CLONE_NEWUSER:
+            raise OSError(1, "user namespace not wanted")
         _check(libc.unshare(flags), "unshare")
         with open("/proc/self/setgroups", "w") as f:
             f.write("deny")
@@ -95,12 +102,12 @@ def enter_namespaces(allow_network: bool, pid_namespace: bool) -> dict[str, bool
     except OSError:
         # no user namespaces (sysctl, container seccomp): a privileged launcher may still unshare the rest
         try:
-            _check(libc.unshare(flags & ~CLONE_NEWUSER), "unshare")
+            if flags & ~CLONE_NEWUSER:
+                _check(libc.unshare(flags & ~CLONE_NEWUSER), "unshare")
         except OSError:
             return got
-    got["mount_namespace"] = True
-    got["net_namespace"] = not allow_network
-    got["pid_namespace"] = pid_namespace
+    for name in want:
+        got[name] = got[name] or name != "user_namespace"
     return got
 
 
@@ -115,6 +122,37 @@ def private_mounts(pid_namespace: bool) -> dict[str, bool]:
         got["private_shm"] = libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV,
                                         b"mode=1777,size=1g") == 0
     return got
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+SYS_mount_setattr, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, MS_BIND = 442, -100, 0x8000, 1, 4096
+
+
+def _mount_setattr(path: str, recursive: bool, set_: int, clear: int) -> None:
+    attr = _MountAttr(set_, clear, 0, 0)
+    _check(libc.syscall(SYS_mount_setattr, AT_FDCWD, path.encode(), AT_RECURSIVE if recursive else 0,
+                        ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), f"mount_setattr {path}")
+
+
+def readonly_root(writable: list[str], shm: bool) -> dict[str, bool]:
+    """Every mount read-only (writes, chmod, utime, xattrs refused: EROFS), then the workdir (and
+    ``writable``) bind-mounted over itself read-write, and the private /dev/shm. Device nodes stay
+    writable on a read-only mount. Needs mount_setattr(2) (Linux 5.12)."""
+    for path in writable:
+        _check(libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None), f"bind {path}")
+        _mount_setattr(path, False, MOUNT_ATTR_RDONLY, 0)      # a dry run: can it go read-only and back?
+        _mount_setattr(path, False, 0, MOUNT_ATTR_RDONLY)
+    _mount_setattr("/", True, MOUNT_ATTR_RDONLY, 0)
+    try:
+        for path in writable + (["/dev/shm"] if shm else []):
+            _mount_setattr(path, False, 0, MOUNT_ATTR_RDONLY)
+    except OSError as e:                                        # a read-only workdir: fail, do not limp on
+        raise RuntimeError(f"read-only root applied but the workdir stayed read-only: {e}") from None
+    return {"readonly_root": True}
 
 
 # ------------------------------------------------------------------------------------ limits, privileges
@@ -166,7 +204,7 @@ def landlock(abi: int, writable: list[str], device_files: list[str], allow_netwo
         _check(libc.syscall(SYS_landlock_restrict_self, ruleset, ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
-    return {"landlock_fs": True, "landlock_net": bool(net) or allow_network, "landlock_scope": bool(scoped)}
+    return {"landlock_fs": True, "landlock_net": bool(net), "landlock_scope": bool(scoped)}
 
 
 # ------------------------------------------------------------------------------------ seccomp
@@ -203,10 +241,11 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def seccomp_program(machine: str, allow_network: bool) -> list[tuple[int, int, int, int]]:
+def seccomp_program(machine: str, allow_network: bool, allow_unix_sockets: bool) -> list[tuple[int, int, int, int]]:
     """The classic-BPF filter: wrong arch / x32 -> EPERM; denied calls -> EPERM; clone3 -> ENOSYS (libc
-    falls back to clone, whose flags are visible); clone with namespace flags -> EPERM; socket of any
-    family but AF_UNIX -> EAFNOSUPPORT (unless networking is allowed); everything else allowed."""
+    falls back to clone, whose flags are visible); clone with namespace flags -> EPERM; socket(2) ->
+    EAFNOSUPPORT unless networking is allowed (AF_UNIX too unless ``allow_unix_sockets``: a pathname
+    socket of another service is reachable from any namespace); socketpair(2) stays; the rest allowed."""
     arch, x32, nr = SECCOMP_ARCH[machine]
     deny = [v for k, v in nr.items() if k not in ("socket", "clone", "clone3")]
     prog: list[tuple[int, int, int, int]] = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, arch),
@@ -220,16 +259,17 @@ def seccomp_program(machine: str, allow_network: bool) -> list[tuple[int, int, i
     prog += [(BPF_JEQ_K, 0, 4, nr["clone"]), (BPF_LD_W_ABS, 0, 0, 16), (BPF_JSET_K, 0, 1, CLONE_NEWNAMESPACES),
              (BPF_RET_K, 0, 0, RET_ERRNO | EPERM), (BPF_RET_K, 0, 0, RET_ALLOW)]
     if not allow_network:
-        prog += [(BPF_JEQ_K, 0, 4, nr["socket"]), (BPF_LD_W_ABS, 0, 0, 16), (BPF_JEQ_K, 1, 0, AF_UNIX),
+        unix = AF_UNIX if allow_unix_sockets else 0xFFFFFFFF      # 0xFFFFFFFF: no family matches
+        prog += [(BPF_JEQ_K, 0, 4, nr["socket"]), (BPF_LD_W_ABS, 0, 0, 16), (BPF_JEQ_K, 1, 0, unix),
                  (BPF_RET_K, 0, 0, RET_ERRNO | EAFNOSUPPORT), (BPF_RET_K, 0, 0, RET_ALLOW)]
     return prog + [(BPF_RET_K, 0, 0, RET_ALLOW)]
 
 
-def seccomp(allow_network: bool) -> dict[str, bool]:
+def seccomp(allow_network: bool, allow_unix_sockets: bool) -> dict[str, bool]:
     machine = platform.machine()
     if machine not in SECCOMP_ARCH:
         return {"seccomp": False}
-    prog = seccomp_program(machine, allow_network)
+    prog = seccomp_program(machine, allow_network, allow_unix_sockets)
     filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
     fprog = _SockFprog(len(prog), filters)
     _check(libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0), "seccomp")
@@ -248,15 +288,21 @@ def confine(cfg: dict, ns: dict[str, bool]) -> tuple[dict, dict]:
         except (OSError, ValueError) as e:
             errors[name] = str(e)
 
+    disable = cfg["disable"]
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)       # the launcher is single-threaded: its death is the tree's
     if ns.get("mount_namespace"):
         applied.update(private_mounts(ns.get("pid_namespace", False)))
-    attempt("rlimits", lambda: {"rlimits": apply_rlimits(cfg["rlimits"])})
+        attempt("readonly_root", readonly_root, cfg["writable"], applied["private_shm"])
+    if "rlimits" not in disable:
+        attempt("rlimits", lambda: {"rlimits": apply_rlimits(cfg["rlimits"])})
     os.chdir(cfg["workdir"])
     attempt("privileges", drop_privileges)
     applied["landlock_abi"] = abi = landlock_abi()
-    attempt("landlock", landlock, abi, cfg["writable"], cfg["device_files"], cfg["allow_network"])
-    attempt("seccomp", seccomp, cfg["allow_network"])
+    if "landlock" not in disable:
+        writable = cfg["writable"] + (["/dev/shm"] if applied.get("private_shm") else [])   # a fresh tmpfs
+        attempt("landlock", landlock, abi, writable, cfg["device_files"], cfg["allow_network"])
+    if "seccomp" not in disable:
+        attempt("seccomp", seccomp, cfg["allow_network"], cfg["allow_unix_sockets"])
     for key in ("user", "pid", "net", "mnt"):
         applied[f"ns_{key}"] = os.readlink(f"/proc/self/ns/{key}")
     return applied, errors
@@ -321,7 +367,7 @@ def kill_descendants() -> None:
 def launcher_main(cfg: dict) -> int:
     """The launcher: subreaper, namespaces, fork the executor, wait, then leave nothing behind."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    ns = enter_namespaces(cfg["allow_network"], cfg["pid_namespace"])
+    ns = enter_namespaces(cfg["allow_network"], cfg["pid_namespace"], cfg["disable"])
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

