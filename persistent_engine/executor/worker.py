@@ -78,7 +78,8 @@ class Worker:
             self.capture({"points": list(range(len(self.points)))})
         self.candidate = None
         self.ring: list = []
-        self._dir = tempfile.mkdtemp(prefix="tkcc-exec-")
+        from persistent_engine.candidate import MODULE_DIR_PREFIX
+        self._dir = tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX)
         self._sync()
         import persistent_engine.ops.contract  # noqa: F401 - imported before the snapshot: watched
         import persistent_engine.tolerance  # noqa: F401

@@ -367,6 +367,7 @@ class Engine:
         return reply
 
     def _drop_candidate(self) -> None:
+        self.tie_kept_rows = {}
         if self.candidate is not None:
             ex = self.candidate.executor
             self.candidate = None
