@@ -105,7 +105,8 @@ PHASE_CAUSES = {
     "bench_s": "each sample is the judge's wall clock over a run request of k steps (fresh token ids, every output "
                "cloned), the other side SIGSTOPped; spot-checked outputs fetched; the candidate's graphs captured "
                "in its executor",
-    "unload_s": "the executor's whole tree killed and reaped, the arena's seals and a window of its bytes checked",
+    "unload_s": "SIGKILL to the executor's processes (the tree re-scanned and reaped on a thread), the arena's seals "
+                "and a window of its bytes checked",
 }
 
 
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold", type=int, default=2, help="cold starts to measure")
     ap.add_argument("--samples", type=int, default=0, help="timed samples per point (0: engine default)")
     ap.add_argument("--no-triton", action="store_true", help="torch candidates only")
+    ap.add_argument("--settle-s", type=float, default=120.0,
+                    help="wait up to this long for the pool of warm executors to fill before the cycles")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -172,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         stages = sup.start()
         colds.append({"spawn_to_ready_s": time.monotonic() - t0, "stages": stages})
     status = sup.status()
+    t_settle = time.monotonic()                 # steady state: the pool of warm executors full first
+    while status.pool_ready < status.pool_size and time.monotonic() - t_settle < args.settle_s:
+        time.sleep(0.5)
+        status = sup.status()
+    settle_s = time.monotonic() - t_settle
 
     rows = []
     for k, (name, source) in enumerate(candidates(cycles, triton=cuda and not args.no_triton)):
@@ -220,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_restart_over_hot": restart_per_candidate_s / cycle_s,
     }
     doc["pool_size"] = pool_size
+    doc["pool_settle_s"] = settle_s
     doc["vs_before"] = compare_with_before(doc["phase_median_s"], cycle_s,
                                            statistics.median(r["pool_wait_s"] for r in rows))
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \

@@ -176,6 +176,7 @@ class StatusReply(Reply):
     executors_used: int = 0                             # one per candidate loaded
     pool_size: int = 0                                  # warm candidate executors kept (0: pool not started)
     pool_wait_s: float = 0.0                            # how long the last load waited for a warm executor
+    pool_ready: int = 0                                 # warm executors waiting now
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,14 @@ class Executor:
                 pass
         self.stopped = False
 
+    def kill_known(self) -> None:
+        """SIGKILL every process of the tree seen at the last scan (microseconds; ``kill`` does the rest)."""
+        for pid in self._members or [self.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def kill(self) -> None:
         try:
             self.proc.kill_all()
@@ -237,10 +245,16 @@ class ExecutorPool:
                 return item
             self.discard(item)
 
+    def ready_count(self) -> int:
+        return self._ready.qsize()
+
     def discard(self, ex: Executor) -> None:
-        ex.kill()
+        """SIGKILL the executor's known processes now; the full tree kill (re-scan, reap, wait until no
+        member is left: ~10-200 ms) finishes on a reaper thread, off the judge's cycle."""
+        ex.kill_known()
         with self._lock:
             self._all.discard(ex)
+        threading.Thread(target=ex.kill, daemon=True, name="tkcc-executor-reap").start()
 
     def close(self) -> None:
         with self._lock:

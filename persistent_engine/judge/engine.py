@@ -59,11 +59,12 @@ CONFIG_NOTES = {
 }
 # roofline floor: bytes a step must read at least / this bandwidth (GB/s); CUDA when unset
 DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
-# warm candidate executors kept ready: one warms in ~6-8 s on the H200 box (imports ~5 s, CUDA context,
-# weights), a cycle should take < 1 s, so ten warming at once on its 16 cores keep the judge from waiting;
+# warm candidate executors kept ready: one warms in ~8-9 s on the H200 box (imports ~5 s, CUDA context,
+# weights, the first Triton compile ~2 s), a cycle should take < 1 s, so twelve warming at once on its 16
+# cores (~1.3 per second) keep the judge from waiting;
 # on CPU one (the CI machine has two cores). On CUDA at most half the free device memory holds them
 # (each: its own copy of the weights and KV caches + ~1 GiB of context and graphs).
-POOL_SIZE = {"cuda": 10, "cpu": 1}
+POOL_SIZE = {"cuda": 12, "cpu": 1}
 ARENA_CHUNKS_PER_CHECK = 4             # arena chunks (16 MiB each) re-hashed after every candidate
 EXECUTOR_START_S = 900.0
 DEFAULT_CALL_S = 600.0
@@ -670,7 +671,8 @@ class Engine:
                            served=self.served, pid=os.getpid(),
                            candidate=self.candidate.name if self.candidate else None,
                            sandbox=sandbox_summary(), executors_used=self.executors_used,
-                           pool_size=self.pool_size, pool_wait_s=self.pool_wait_s)
+                           pool_size=self.pool_size, pool_wait_s=self.pool_wait_s,
+                           pool_ready=self.pool.ready_count() if self.pool else 0)
 
 
 class CandidateRaised(Exception):
