@@ -78,7 +78,9 @@ class Executor:
         argv = [sys.executable, "-m", "persistent_engine.executor.worker", "--fd", str(theirs.fileno()),
                 "--arena-fd", str(arena.fd)]
         os.set_inheritable(arena.fd, True)
-        policy = sandbox.SandboxPolicy.for_device(init["device"], self.tmp)
+        # the baseline executor runs only reference code for the judge's whole life: no CPU-time cap
+        limits = {"cpu_seconds": None} if role == "baseline" else {}
+        policy = sandbox.SandboxPolicy.for_device(init["device"], self.tmp, **limits)
         try:
             with open(self.stderr_path, "ab") as err:
                 self.proc = sandbox.spawn(argv, policy, env=executor_env(init["device"], policy),

@@ -86,7 +86,7 @@ class Worker:
         import persistent_engine.verify  # noqa: F401
         self.state_guard = guards.GlobalStateGuard(guards.default_namespaces())
         self.thread_guard = guards.ThreadGuard()
-        self.native_threads = _native_threads()
+        self.native_threads = _native_threads()         # tids at the end of warm-up
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -201,21 +201,40 @@ class Worker:
         threads = self.thread_guard.new_threads()
         if threads:
             reasons.append(f"candidate left {len(threads)} thread(s) running: {', '.join(threads[:5])}")
-        native = _native_threads() - self.native_threads - len(threads)
-        if native > 0:                          # raw _thread / native threads: not in threading.enumerate()
-            reasons.append(f"{when}: candidate left {native} native thread(s) running")
+        native = _raw_threads(self.native_threads)
+        if native:                              # raw _thread ones: not in threading.enumerate()
+            reasons.append(f"{when}: candidate left {len(native)} native thread(s) running")
         return reasons
 
     def guards_request(self, msg: dict) -> dict:
         return {"reasons": self.guard_reasons(msg.get("when", "check"))}
 
 
-def _native_threads() -> int:
-    """OS threads of this process (``/proc/self/task``), raw ``_thread`` ones included."""
+def _native_threads() -> set[int]:
+    """Thread ids of this process (``/proc/self/task``), raw ``_thread`` ones included."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        return {int(t) for t in os.listdir("/proc/self/task")}
     except OSError:
-        return 0
+        return set()
+
+
+def _comm(tid: int) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _raw_threads(before: set[int]) -> list[int]:
+    """Threads started since ``before`` that ``threading`` does not know and that carry the process's own
+    name (a raw ``_thread``); native library threads (CUDA, Triton, OpenMP) name themselves and are left
+    alone, Python-level ones are ``ThreadGuard``'s."""
+    import threading
+
+    known = {t.native_id for t in threading.enumerate()}
+    main = _comm(os.getpid())
+    return [t for t in sorted(_native_threads() - before) if t not in known and _comm(t) == main]
 
 
 def _param_names(sig) -> list[str]:

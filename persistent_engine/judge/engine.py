@@ -390,6 +390,11 @@ class Engine:
             reply = ErrorReply(message=f"no answer during {phase} within the {limit:g} s timeout (watchdog killed "
                                        "the executor)", kind="hang")
         except ExecutorDied as e:
+            if self.baseline is not None and not self.baseline.alive():     # not the candidate's doing
+                self._drop_candidate()
+                self._start_baseline()
+                return ErrorReply(message=f"the baseline executor died during {phase} ({e}); restarted",
+                                  kind="internal")
             tail = self.candidate.executor.stderr_tail(200) if self.candidate else ""
             self._drop_candidate()
             self._ensure_baseline()
