@@ -116,6 +116,7 @@ class LoadReply(Reply):
     description: str = ""
     reasons: list[str] = field(default_factory=list)    # one per failed static/load check
     seconds: float = 0.0
+    sandbox: dict = field(default_factory=dict)         # mechanisms confining this candidate's executor
 
 
 @dataclass(frozen=True)

@@ -244,8 +244,23 @@ class ExecutorPool:
                 raise item
             if item.alive():
                 self.waited_s = time.monotonic() - t0
+                self.hand_out(item)
                 return item
             self.discard(item)
+
+    def pause(self) -> list:
+        """SIGSTOP every executor of the pool (warming or waiting): on a machine with few cores their start-up
+        would add noise to a timed A/B. Returns them for ``resume``."""
+        with self._lock:
+            everyone = [ex for ex in self._all if ex.alive()]
+        for ex in everyone:
+            ex.stop()
+        return everyone
+
+    @staticmethod
+    def resume(paused: list) -> None:
+        for ex in paused:
+            ex.cont()
 
     def ready_count(self) -> int:
         return self._ready.qsize()
@@ -257,6 +272,11 @@ class ExecutorPool:
         with self._lock:
             self._all.discard(ex)
         threading.Thread(target=ex.kill, daemon=True, name="tkcc-executor-reap").start()
+
+    def hand_out(self, ex: Executor) -> None:
+        """``ex`` is the judge's now (a candidate's): no longer paused with the pool."""
+        with self._lock:
+            self._all.discard(ex)
 
     def close(self) -> None:
         with self._lock:

@@ -65,6 +65,10 @@ DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
 # on CPU one (the CI machine has two cores). On CUDA at most half the free device memory holds them
 # (each: its own copy of the weights and KV caches + ~1 GiB of context and graphs).
 POOL_SIZE = {"cuda": 12, "cpu": 1}
+# the pool's executors SIGSTOPped while a point is timed once at least this many are warm (a warming one's
+# imports take a core from the timed sides: on the 2-core CI machine an A/A read 0.4-3.4x with the pool
+# warming, 1.00-1.05 with it paused); always on CPU, on CUDA only while the pool is ahead (it must keep warming)
+PAUSE_POOL_IF_READY = {"cpu": 0, "cuda": 2}
 ARENA_CHUNKS_PER_CHECK = 4             # arena chunks (16 MiB each) re-hashed after every candidate
 EXECUTOR_START_S = 900.0
 DEFAULT_CALL_S = 600.0
@@ -436,12 +440,14 @@ class Engine:
                 self.candidate = Candidate(req.name, ex, [str(o) for o in r["ops"] if o in self.op_params],
                                            dict(r.get("config") or {}), str(r.get("description") or ""))
         secs = (timing.now_ns() - t0) / 1e9
+        confined = _applied(self.candidate.executor if self.candidate else None)
         if reasons:
-            return LoadReply(ok=False, message="candidate refused", reasons=reasons, seconds=secs)
+            return LoadReply(ok=False, message="candidate refused", reasons=reasons, seconds=secs, sandbox=confined)
         c = self.candidate
         notes = "; ".join(f"{k}: {v}" for k, v in self._config_notes().items())
         return LoadReply(ok=True, message=f"loaded {c.name}" + (f" (CONFIG {notes})" if notes else ""),
-                         ops=sorted(c.ops), config=c.config, description=c.description[:2000], seconds=secs)
+                         ops=sorted(c.ops), config=c.config, description=c.description[:2000], seconds=secs,
+                         sandbox=confined)
 
     def _take(self) -> Executor:
         """The executor ``prepare`` set aside, else a warm one from the pool (waiting for it)."""
@@ -578,9 +584,15 @@ class Engine:
             k = self.batch[i]
             n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i] * k, samples)
             fresh = None if "moe_route" in self.ops_at[i] else self._fresh_ids(i)
-            res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
-                               self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
-                               stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type))
+            need = PAUSE_POOL_IF_READY.get(self.device.type)
+            paused = (self.pool.pause() if self.pool is not None and need is not None
+                      and self.pool.ready_count() >= need else [])
+            try:
+                res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
+                                   self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
+                                   stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type))
+            finally:
+                ExecutorPool.resume(paused)
             r = self._spot_check(i, p, res.kept)
             if r:
                 reasons.append(r)
@@ -678,6 +690,12 @@ class Engine:
                            sandbox=sandbox_summary(), executors_used=self.executors_used,
                            pool_size=self.pool_size, pool_wait_s=self.pool_wait_s,
                            pool_ready=self.pool.ready_count() if self.pool else 0)
+
+
+def _applied(ex: Executor | None) -> dict:
+    """What confined an executor (``SandboxCapabilities.as_dict()``), for the verdict's metadata."""
+    caps = getattr(ex, "applied", None)
+    return dict(caps.as_dict()) if caps is not None else {}
 
 
 class CandidateRaised(Exception):
