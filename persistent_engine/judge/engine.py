@@ -43,6 +43,8 @@ from persistent_engine.executor.channel import Arena
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
                                               sandbox_summary)
 from persistent_engine.judge import ab
+from persistent_engine.judge import checks as judging
+from persistent_engine.judge.checks import default_points, point_label
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          PrepareReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
@@ -74,22 +76,6 @@ EXECUTOR_START_S = 900.0
 DEFAULT_CALL_S = 600.0
 DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
                  "unspecified launch failure", "misaligned address", "illegal instruction")
-
-
-def default_points(device: str) -> list[dict]:
-    if device.startswith("cuda"):
-        return [{"phase": "decode", "batch": 1, "context": 1024, "chunk": 1, "weight": 0.4},
-                {"phase": "decode", "batch": 32, "context": 1024, "chunk": 1, "weight": 0.4},
-                {"phase": "prefill", "batch": 1, "context": 0, "chunk": 512, "weight": 0.2}]
-    return [{"phase": "decode", "batch": 1, "context": 24, "chunk": 1, "weight": 0.5},
-            {"phase": "decode", "batch": 3, "context": 40, "chunk": 1, "weight": 0.3},
-            {"phase": "prefill", "batch": 1, "context": 0, "chunk": 16, "weight": 0.2}]
-
-
-def point_label(p: dict) -> str:
-    if p.get("phase") == "prefill":
-        return f"prefill b{p['batch']} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
-    return f"decode b{p['batch']} ctx{p.get('context', 0)}"
 
 
 @dataclass(frozen=True)
@@ -472,29 +458,6 @@ class Engine:
             return ErrorReply(message="no candidate loaded", kind="no_candidate")
         return None
 
-    def _remote_check(self, deadline: float):
-        """``contract.check_op``'s signature, the implementation run in the executor: it draws the inputs
-        from the op's generator with the judge's seed and runs the override twice (``run_candidate``); this
-        process draws the same inputs and judges the outputs (``judge_outputs``)."""
-        from persistent_engine.ops.contract import _DTYPE_NAMES, judge_outputs
-
-        def check(name, impl, *, device, dtypes, shapes, seed):
-            d = self.registry.get(name)
-            reasons = []
-            for dtype in dtypes:
-                for j, shape in enumerate(shapes if shapes is not None else d.examples):
-                    s = seed + 1000 * j
-                    r = self._call({"op": "op_check", "name": name, "shape": shape,
-                                    "dtype": str(dtype).removeprefix("torch."), "seed": s}, deadline)
-                    prefix = f"{name} {_DTYPE_NAMES.get(dtype, str(dtype))} {shape}: "
-                    if r.get("reason"):
-                        reasons.append(prefix + r["reason"])
-                        continue
-                    outs = tuple(o.to(device) if isinstance(o, torch.Tensor) else o for o in r["outputs"])
-                    reasons += [prefix + x for x in judge_outputs(d, outs, shape, dtype, device, s, r["devices"])]
-            return reasons
-        return check
-
     def verify(self, req: Verify) -> Reply:
         if (err := self._need_candidate()) is not None:
             return err
@@ -503,11 +466,11 @@ class Engine:
         seed = req.seed if req.seed is not None else self._rng.randrange(1, 2**31)
         c = self.candidate
         checks = verify.op_level(sorted(c.ops), c.overrides, self.spec, self.points, self.device, self.dtype,
-                                 seed, budget=self.op_check_budget, check=self._remote_check(deadline))
+                                 seed, budget=self.op_check_budget, check=judging.remote_check(self, deadline))
         reasons = [ch.detail for ch in checks if not ch.passed]
         reasons += self._call({"op": "guards", "when": "op-level verification"}, deadline)["reasons"]
         if not reasons:
-            layer_reasons = self._layer_level(deadline)
+            layer_reasons = judging.layer_level(self, deadline)
             checks.append(verify.Check("layer", not layer_reasons[0],
                                        "; ".join(layer_reasons[0])[:2000] or layer_reasons[1]))
             reasons += layer_reasons[0]
@@ -516,45 +479,6 @@ class Engine:
         return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
                            checks=[ch.to_dict() for ch in checks], seed=seed,
                            seconds=(timing.now_ns() - t0) / 1e9)
-
-    def _layer_level(self, deadline: float) -> tuple[list[str], str]:
-        """The slice with the overrides, run by the executor on the judge's workloads, against the judge's
-        reference logits (calibrated bound). MoE points: the reference's routing sent along to be replayed;
-        the routing the executor reports is checked against the reference's ties here (``verify.TieCheck``).
-        Returns (reasons, summary)."""
-        from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
-
-        counted = {n: guards.Counted(None) for n in self.candidate.ops}
-        reasons: list[str] = []
-        ties = verify.TieCheck(self.dtype)
-        for i in self._affected():
-            for v in range(len(self.workloads[i])):
-                where = f"layer-level {point_label(self.points[i])} variant {v}"
-                moe = "moe_route" in self.ops_at[i]
-                refs = (self.moe_routes.get((i, v), self.model, self.workloads[i][v], self.ref[i][v], self.dtype)
-                        if moe else None)
-                r = self._call({"op": "step", "i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs)}, deadline)
-                for n, calls in (r.get("calls") or {}).items():
-                    if n in counted:
-                        counted[n].calls += int(calls)
-                out = r["logits"].to(self.device) if isinstance(r.get("logits"), torch.Tensor) else (r.get("type"),)
-                tol = self.logit_tol[i][v]
-                routes = r.get("routes")
-                if moe and routes is not None:
-                    rec_calls = calls_from_wire(routes["calls"], self.device)
-                    w = self.workloads[i][v]
-                    bad = ties.compare(out, self.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
-                                       replayed=bool(routes["replayed"]), tol=tol)
-                else:
-                    bad = verify.compare_logits(out, self.ref[i][v], self.dtype, where, tol)
-                if bad:
-                    reasons.append(bad)
-                    break
-        self.tie_kept_rows = dict(ties.kept_rows)      # for bench's spot re-check of this candidate
-        if not reasons:
-            reasons += [r for r in (ties.budget_reason(),) if r]
-            reasons += guards.never_called(counted, self.ops_at)
-        return reasons, ties.summary()
 
     def bench(self, req: Bench) -> Reply:
         if (err := self._need_candidate()) is not None:
@@ -593,7 +517,7 @@ class Engine:
                                    stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type))
             finally:
                 ExecutorPool.resume(paused)
-            r = self._spot_check(i, p, res.kept)
+            r = judging.spot_check(self, i, p, res.kept)
             if r:
                 reasons.append(r)
             r = guards.implausibly_fast(point_label(p), res.candidate.median_ms, self.floor_ms[i])
@@ -631,32 +555,6 @@ class Engine:
         gen = torch.Generator().manual_seed(self._rng.randrange(2**62))
         t = self.workloads[i][0].token_ids.numel()
         return lambda k: torch.randint(0, self.spec.vocab_size, (k, t), generator=gen)
-
-    def _spot_check(self, i: int, p: dict, kept: list) -> str | None:
-        """Timed runs picked at random after they ran, against this process's own reference on the same
-        token ids (MoE points: the variant's reference, without the sequences the tie check left out)."""
-        for k, v, ids, out in kept:
-            out = out.to(self.device) if isinstance(out, torch.Tensor) else out
-            if ids is not None:
-                w = self.workloads[i][v]
-                saved = w.token_ids.clone()
-                w.token_ids.copy_(ids.to(self.device))
-                ref = self.model.step(w)
-                w.token_ids.copy_(saved)
-            else:
-                ref = self.ref[i][v]
-                keep = self.tie_kept_rows.get((i, v))
-                if keep is not None:
-                    if not bool(keep.any()):
-                        continue
-                    out, ref = out[keep], ref[keep]
-            r = verify.compare_logits(out, ref, self.dtype, f"spot re-check {point_label(p)} timed sample {k}",
-                                      self.logit_tol[i][v])
-            if r:
-                self.workload_guard.restore()
-                return r
-        self.workload_guard.restore()
-        return None
 
     def unload(self, req: Unload) -> UnloadReply:
         restored = []
