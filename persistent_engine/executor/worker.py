@@ -185,7 +185,9 @@ class Worker:
         return {"k": len(self.ring), "graph": g is not None}
 
     def fetch(self, msg: dict) -> dict:
-        return {"logits": self.ring[int(msg["j"])]}
+        out = self.ring[int(msg["j"])]
+        rows = msg.get("rows")
+        return {"logits": out[[int(r) for r in rows]] if rows is not None else out}
 
     def guard_reasons(self, when: str) -> list[str]:
         reasons = []

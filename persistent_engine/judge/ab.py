@@ -29,6 +29,9 @@ TIMER = "judge_wall_clock"
 TARGET_SAMPLE_MS = {"cuda": 2.0, "cpu": 0.0}
 MAX_RUNS = 16
 CHECK_P = 0.15
+# rows (sequences) of a fetched run's logits that are compared, picked after the run (a decode b32 step's
+# logits are 16 MB on llama-1b: four rows cross the socket instead of 32)
+SPOT_ROWS = 4
 
 
 def run_batch(device_type: str, step_ms: float | None) -> int:
@@ -65,10 +68,12 @@ def time_side(ex, i: int, v: int, samples: int, k: int) -> float:
 
 def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bool, fresh, rng,
               deadline: float, warmup: int = 1, stop_rel_se: float | None = None,
-              min_pairs: int = timing.STOP_MIN_PAIRS, check_every: int = timing.STOP_CHECK_EVERY) -> ABResult:
+              min_pairs: int = timing.STOP_MIN_PAIRS, check_every: int = timing.STOP_CHECK_EVERY,
+              rows: int = 1) -> ABResult:
     """Time point ``i`` on ``base`` and ``cand`` A/B, at most ``samples`` pairs. ``fresh(k)``: [k, T] token ids
-    per sample (None: the variants' own ids, MoE points). ``kept``: (pair, variant, ids or None, output) of
-    the runs fetched for the spot re-check. Cost: 2 x (pairs + warmup) x k steps, plus the fetched outputs."""
+    per sample (None: the variants' own ids, MoE points). ``rows``: sequences in a step's logits. ``kept``:
+    (pair, variant, ids or None, row indices, those rows of the output) of the runs fetched for the spot
+    re-check. Cost: 2 x (pairs + warmup) x k steps, plus the fetched outputs."""
     for j in range(warmup):
         for ex in (base, cand):
             _sample(ex, i, j % variants, k, graph, fresh(k) if fresh else None, deadline)
@@ -92,8 +97,10 @@ def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bo
                     other.cont()
                 if ex is cand and (s == 0 or s == samples - 1 or rng.random() < CHECK_P):
                     j = rng.randrange(k)
-                    out = ex.call({"op": "fetch", "j": j}, max(1.0, deadline - now_ns() / 1e9))["logits"]
-                    kept.append((s, v, None if ids is None else ids[j], out))
+                    picked = sorted(rng.sample(range(rows), min(rows, SPOT_ROWS)))
+                    out = ex.call({"op": "fetch", "j": j, "rows": picked},
+                                  max(1.0, deadline - now_ns() / 1e9))["logits"]
+                    kept.append((s, v, None if ids is None else ids[j], picked, out))
             if (stop_rel_se is not None and s + 1 < samples and len(a) >= min_pairs
                     and (s + 1) % check_every == 0 and ratio_settled(a, b, stop_rel_se)):
                 break

@@ -96,20 +96,22 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
 
 
 def spot_check(e, i: int, p: dict, kept: list) -> str | None:
-    """Timed runs picked at random after they ran, against this process's own reference on the same
-    token ids (MoE points: the variant's reference, without the sequences the tie check left out)."""
-    for k, v, ids, out in kept:
+    """Timed runs picked at random after they ran (``kept``: rows of them picked after the run), against this
+    process's own reference on the same token ids (MoE points: the variant's reference, without the sequences
+    the tie check left out)."""
+    for k, v, ids, rows, out in kept:
         out = out.to(e.device) if isinstance(out, torch.Tensor) else out
         if ids is not None:
             w = e.workloads[i][v]
             saved = w.token_ids.clone()
             w.token_ids.copy_(ids.to(e.device))
-            ref = e.model.step(w)
+            ref = e.model.step(w)[rows]
             w.token_ids.copy_(saved)
         else:
-            ref = e.ref[i][v]
+            ref = e.ref[i][v][rows]
             keep = e.tie_kept_rows.get((i, v))
             if keep is not None:
+                keep = keep[rows]
                 if not bool(keep.any()):
                     continue
                 out, ref = out[keep], ref[keep]

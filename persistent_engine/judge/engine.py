@@ -514,7 +514,8 @@ class Engine:
             try:
                 res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
                                    self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
-                                   stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type))
+                                   stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type),
+                                   rows=int(self.ref[i][0].shape[0]))
             finally:
                 ExecutorPool.resume(paused)
             r = judging.spot_check(self, i, p, res.kept)
