@@ -34,4 +34,4 @@ def test_cpu_run_writes_the_cycles_and_the_split_figures(tmp_path, capsys):
     assert doc["sandbox"] and doc["pool_size"] >= 1 and doc["ratio_restart_over_hot"] > 1
     assert doc["vs_before"]["before"]["cycle_s"] == 0.31
     printed = capsys.readouterr().out
-    assert "judge/executor split" in printed and "the in-process engine" in printed
+    assert "judge/executor split" in printed and "the in-process engine on the H200" in printed
