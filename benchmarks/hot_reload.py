@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     for p, r in vb["phases"].items():
         print(f"{p[:-2]:<10}{r['now_s']:>9.3f}{r['before_s']:>10.3f}{r['delta_s']:>+10.3f}  {r['cause']}")
     print(f"{'cycle':<10}{cycle_s:>9.3f}{BEFORE['cycle_s']:>10.3f}{vb['cycle_delta_s']:>+10.3f}  "
-          f"({vb['cycle_ratio_now_over_before']:.2f}x the in-process engine on the H200; {doc['candidates_per_hour']:.0f}/h now "
+          f"({vb['cycle_ratio_now_over_before']:.2f}x the in-process engine on the H200; "
+          f"{doc['candidates_per_hour']:.0f}/h now "
           f"vs {BEFORE['candidates_per_hour']}/h before)")
     print(f"targets: cycle < 1 s: {vb['targets']['cycle_under_1s']}; >= 3,600 candidates/h: "
           f"{vb['targets']['at_least_3600_per_hour']}")
