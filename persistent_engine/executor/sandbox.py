@@ -14,7 +14,9 @@ How (``confine.py`` is the launcher process, stdlib only, started as ``python -I
 - **tree**: the launcher is a child subreaper in fresh user + PID namespaces; the executor is PID 1 of
   its namespace, so when it dies the kernel kills every process it left; without a PID namespace the
   subreaper adopts orphans and ``kill_all`` walks ``/proc`` from the launcher. A lifeline pipe (the
-  judge holds the write end) kills the tree when the judge dies, whichever thread spawned it.
+  judge holds the write end) kills the tree when the judge dies, whichever thread spawned it. As PID 1
+  the executor's own signals without a handler are dropped by the kernel (an abort it raises on itself
+  does not end it): a program that must die by them forks and serves from the child.
 - **network**: a fresh network namespace (an unconfigured loopback only); Landlock denies TCP
   bind/connect (ABI >= 4); seccomp refuses socket(2) of every family (``AF_UNIX`` too: a pathname socket of a
   local service, e.g. PostgreSQL's, is reachable from any network namespace); socketpair(2) stays.
@@ -33,8 +35,12 @@ the executor has no network. Size memfds in the judge: RLIMIT_FSIZE also caps ``
 
 CUDA: ``address_space_bytes`` must stay ``None`` for a GPU executor (the driver reserves VA ranges
 larger than the device memory at init and fails under RLIMIT_AS); the GPU nodes ``/dev/nvidia*``,
-``/dev/dri/*``, ``/dev/kfd`` are writable. Legacy CUDA IPC (``cudaIpcOpenMemHandle``) identifies
-processes by PID: ``pid_namespace=False`` keeps the tree kill (subreaper) for such executors.
+``/dev/dri/*``, ``/dev/kfd`` are writable. Legacy CUDA IPC (``cuIpcOpenMemHandle``) may not open
+across PID namespaces (``benchmarks/sandbox_cuda.py`` measures it): ``pid_namespace=False`` then; the
+subreaper keeps the tree kill. ``disable=`` drops any mechanism (``MECHANISMS``) a driver breaks.
+
+``executor_env(policy, extra)`` refuses an ``extra`` whose name looks like a secret or ``TKCC_*``:
+what the judge must tell the executor goes in argv or over the channel, identical when serving.
 """
 
 from __future__ import annotations
@@ -46,13 +52,14 @@ import os
 import re
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 __all__ = ["SandboxPolicy", "SandboxCapabilities", "SandboxedProcess", "SandboxError", "UnsafeSandbox",
            "probe", "executor_env", "make_workdir", "spawn", "require_sandbox", "CLASSES", "MECHANISMS"]
@@ -377,7 +384,7 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
     in force (``.applied``) and argv is being exec'd. ``env`` defaults to ``executor_env(policy)``.
     ``pass_fds`` stay open in the executor at the same numbers, and only there (the launcher closes
     its copies, so the judge sees EOF when the executor dies)."""
-    exe = argv[0] if os.sep in argv[0] else (_which(argv[0]) or argv[0])
+    exe = argv[0] if os.sep in argv[0] else (shutil.which(argv[0]) or argv[0])
     env = dict(executor_env(policy) if env is None else env)
     os.makedirs(policy.workdir, exist_ok=True)
     _prepare_workdir(policy, env)
@@ -418,11 +425,6 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
                             SandboxCapabilities.from_status(applied, info.get("errors")), namespaces)
 
 
-def _which(name: str) -> str | None:
-    import shutil
-    return shutil.which(name)
-
-
 @functools.cache
 def probe() -> SandboxCapabilities:
     """What this machine's kernel lets an executor have: a launcher confines a child fully, which
@@ -435,7 +437,6 @@ def probe() -> SandboxCapabilities:
     except (SandboxError, OSError, subprocess.TimeoutExpired) as e:
         return SandboxCapabilities(errors=(("spawn", str(e)),))
     finally:
-        import shutil
         shutil.rmtree(workdir, ignore_errors=True)
 
 
