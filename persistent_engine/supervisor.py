@@ -222,6 +222,12 @@ class Supervisor:
     def evaluate(self, source: str, timeout_s: float = 300.0, name: str = "candidate",
                  samples: int | None = None) -> CandidateVerdict:
         restarted = self.ensure_running()
+        pool_wait = time.monotonic()
+        try:                                    # a warm executor first: waiting for one is not the candidate's time
+            self.client.prepare(timeout_s=self.start_timeout_s)
+        except (EngineTimeout, EngineDied):
+            pass                                # the load below reports it
+        pool_wait = time.monotonic() - pool_wait
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         timings: dict[str, float] = {}
@@ -273,6 +279,7 @@ class Supervisor:
             timings["restart_s"] = self._after_failure("engine exited after the candidate")
             restarted = self.auto_restart
         timings["total_s"] = time.monotonic() - t0
+        timings["pool_wait_s"] = pool_wait
         return CandidateVerdict(correct=not reasons, reasons=reasons, speedup=speedup,
                                 per_point=per_point, timings=timings, restarted=restarted)
 
