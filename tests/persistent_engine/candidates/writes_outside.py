@@ -10,7 +10,7 @@ _imp = getattr(_sys.modules["built" + "ins"], "__imp" + "ort__")
 _os = _imp("o" + "s")
 _json = _imp("js" + "on")
 
-DESCRIPTION = "rms_norm, exact; scribbles outside its sandbox"
+DESCRIPTION = "fused_add_rms_norm, exact; scribbles outside its sandbox"
 
 def _target_file():
     for path in ("target.json", "/tmp/tkcc-hostile-target.json"):     # its workdir, else a shared file
@@ -66,9 +66,10 @@ _os.write(_fd, _json.dumps(loot).encode())
 _os.close(_fd)
 
 
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()).to(x.dtype)
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float()
+    normed = r * (r.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()
+    return normed.to(x.dtype), r.to(x.dtype)
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}
