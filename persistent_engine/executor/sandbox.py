@@ -261,9 +261,16 @@ class SandboxedProcess:
     def wait(self, timeout: float | None = None) -> int:
         return self.popen.wait(timeout)
 
-    def members(self) -> list[int]:
-        """Every live process of the tree: descendants of the launcher, and (the same set unless one
-        escaped its parent) every process in the sandbox's user or PID namespace."""
+    def members(self, full: bool = False) -> list[int]:
+        """Every live process of the tree. Quick: the launcher and its descendants through
+        ``/proc/PID/task/TID/children`` (orphans are re-parented to the launcher, the subreaper, or to the
+        executor, its namespace's init). ``full`` (or without those files, or once the launcher is gone):
+        a scan of all of ``/proc`` by parent, plus every process in the sandbox's namespaces."""
+        launcher_alive = self.popen.poll() is None          # not reaped: its pid cannot be reused yet
+        if not full and launcher_alive:
+            tree = _descendants(self.pid)
+            if tree is not None:
+                return sorted(tree | {self.pid})
         ppid: dict[int, int] = {}
         ns_members = []
         for entry in os.listdir("/proc"):
@@ -281,13 +288,13 @@ class SandboxedProcess:
                     ns_members.append(pid)
             except (OSError, IndexError, ValueError):
                 continue
-        tree, frontier = set(), [self.pid]
+        tree, frontier = set(), [self.pid] if launcher_alive else []
         while frontier:
             p = frontier.pop()
             kids = [c for c, pp in ppid.items() if pp == p and c not in tree]
             tree.update(kids)
             frontier += kids
-        if self.pid in ppid:
+        if launcher_alive and self.pid in ppid:
             tree.add(self.pid)
         return sorted(tree | set(ns_members))
 
@@ -319,7 +326,7 @@ class SandboxedProcess:
     def kill_all(self, timeout: float = 5.0) -> int | None:
         """SIGKILL the whole tree (stop it first, so nothing forks meanwhile), reap the launcher, and
         wait until no member is left. Returns the launcher's return code."""
-        if self.poll() is None or self.members():
+        if self.poll() is None or self.members(full=True):
             self.send_signal(signal.SIGSTOP)
             self.send_signal(signal.SIGKILL)
         self.close_lifeline()
@@ -328,7 +335,7 @@ class SandboxedProcess:
         except subprocess.TimeoutExpired:
             rc = None
         deadline = time.monotonic() + timeout
-        while (left := self.members()) and time.monotonic() < deadline:
+        while (left := self.members(full=True)) and time.monotonic() < deadline:
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -352,6 +359,33 @@ class SandboxedProcess:
     def __del__(self):
         if getattr(self, "_lifeline_w", None) is not None:
             self.close_lifeline()
+
+
+def _descendants(root: int) -> set[int] | None:
+    """All descendants of ``root`` by the kernel's children lists; None where they are not available."""
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except FileNotFoundError:
+                if pid == root:
+                    return None                      # no CONFIG_PROC_CHILDREN
+                continue
+            except OSError:
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found.add(kid)
+                    frontier.append(kid)
+    return found
 
 
 def _state(pid: int) -> str:
