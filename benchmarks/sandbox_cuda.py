@@ -144,7 +144,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--configs", default="full,no_pid_namespace,address_space_64g")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per sandboxed run")
+    ap.add_argument("--timeout", type=float, default=45.0, help="seconds per sandboxed run")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<device>-sandbox_cuda.json)")
     args = ap.parse_args()
     caps = sb.probe()
