@@ -76,12 +76,15 @@ if device.startswith("cuda") and os.path.exists("ipc.json"):
     spec = json.load(open("ipc.json"))
     cuda = ctypes.CDLL("libcuda.so.1")
     ptr = ctypes.c_uint64()
-    handle = (ctypes.c_char * 64).from_buffer_copy(bytes.fromhex(spec["handle"]))
-    rc = cuda.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, ctypes.c_uint(1))
+    class IpcHandle(ctypes.Structure):                 # CUipcMemHandle: 64 bytes, passed by value
+        _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+    handle = IpcHandle.from_buffer_copy(bytes.fromhex(spec["handle"]))
+    open_handle = getattr(cuda, "cuIpcOpenMemHandle_v2", None) or cuda.cuIpcOpenMemHandle
+    rc = open_handle(ctypes.byref(ptr), handle, ctypes.c_uint(1))
     out["ipc_open_rc"] = rc
     if rc == 0:
         host = (ctypes.c_float * spec["n"])()
-        cuda.cuMemcpyDtoH_v2(host, ptr, ctypes.c_size_t(4 * spec["n"]))
+        out["ipc_copy_rc"] = cuda.cuMemcpyDtoH_v2(host, ptr, ctypes.c_size_t(4 * spec["n"]))
         out["ipc_ok"] = abs(sum(host) - spec["sum"]) < 1e-3 * max(1.0, abs(spec["sum"]))
         cuda.cuIpcCloseMemHandle(ptr)
 done(total_s=round(time.perf_counter() - t0, 3))
@@ -89,20 +92,26 @@ done(total_s=round(time.perf_counter() - t0, 3))
 
 
 def export_ipc(device: str):
-    """Allocate a tensor in this process and export a legacy CUDA IPC handle for it (None on CPU)."""
+    """Allocate device memory in this process (the judge's role) with the driver (so the pointer is an
+    allocation's base, as cuIpcGetMemHandle exports), fill it, and export a legacy CUDA IPC handle."""
     if not device.startswith("cuda"):
         return None, None
     import ctypes
 
     import torch
-    t = torch.arange(4096, dtype=torch.float32, device=device) / 7
-    torch.cuda.synchronize()
+    torch.zeros(1, device=device)                      # the primary context, current on this thread
     cuda = ctypes.CDLL("libcuda.so.1")
-    handle = (ctypes.c_char * 64)()
-    rc = cuda.cuIpcGetMemHandle(handle, ctypes.c_uint64(t.data_ptr()))
-    if rc != 0:
-        return t, {"export_rc": rc}
-    return t, {"handle": bytes(handle).hex(), "n": t.numel(), "sum": float(t.sum())}
+    n = 4096
+    host = (ctypes.c_float * n)(*[i / 7 for i in range(n)])
+    ptr = ctypes.c_uint64()
+    handle = (ctypes.c_ubyte * 64)()                   # cuIpcGetMemHandle writes it through a pointer
+    for step, rc in (("alloc", lambda: cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4 * n))),
+                     ("copy", lambda: cuda.cuMemcpyHtoD_v2(ptr, host, ctypes.c_size_t(4 * n))),
+                     ("export", lambda: cuda.cuIpcGetMemHandle(handle, ptr))):
+        code = rc()
+        if code != 0:
+            return ptr, {f"{step}_rc": code}
+    return ptr, {"handle": bytes(handle).hex(), "n": n, "sum": float(sum(host))}
 
 
 def run_config(name: str, device: str, policy_kw: dict, ipc: dict | None, timeout_s: float) -> dict:
@@ -135,7 +144,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--configs", default="full,no_pid_namespace,address_space_64g")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per sandboxed run")
+    ap.add_argument("--timeout", type=float, default=45.0, help="seconds per sandboxed run")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<device>-sandbox_cuda.json)")
     args = ap.parse_args()
     caps = sb.probe()

@@ -14,7 +14,9 @@ How (``confine.py`` is the launcher process, stdlib only, started as ``python -I
 - **tree**: the launcher is a child subreaper in fresh user + PID namespaces; the executor is PID 1 of
   its namespace, so when it dies the kernel kills every process it left; without a PID namespace the
   subreaper adopts orphans and ``kill_all`` walks ``/proc`` from the launcher. A lifeline pipe (the
-  judge holds the write end) kills the tree when the judge dies, whichever thread spawned it.
+  judge holds the write end) kills the tree when the judge dies, whichever thread spawned it. As PID 1
+  the executor's own signals without a handler are dropped by the kernel (an abort it raises on itself
+  does not end it): a program that must die by them forks and serves from the child.
 - **network**: a fresh network namespace (an unconfigured loopback only); Landlock denies TCP
   bind/connect (ABI >= 4); seccomp refuses socket(2) of every family (``AF_UNIX`` too: a pathname socket of a
   local service, e.g. PostgreSQL's, is reachable from any network namespace); socketpair(2) stays.
@@ -33,8 +35,12 @@ the executor has no network. Size memfds in the judge: RLIMIT_FSIZE also caps ``
 
 CUDA: ``address_space_bytes`` must stay ``None`` for a GPU executor (the driver reserves VA ranges
 larger than the device memory at init and fails under RLIMIT_AS); the GPU nodes ``/dev/nvidia*``,
-``/dev/dri/*``, ``/dev/kfd`` are writable. Legacy CUDA IPC (``cudaIpcOpenMemHandle``) identifies
-processes by PID: ``pid_namespace=False`` keeps the tree kill (subreaper) for such executors.
+``/dev/dri/*``, ``/dev/kfd`` are writable. Legacy CUDA IPC (``cuIpcOpenMemHandle``) may not open
+across PID namespaces (``benchmarks/sandbox_cuda.py`` measures it): ``pid_namespace=False`` then; the
+subreaper keeps the tree kill. ``disable=`` drops any mechanism (``MECHANISMS``) a driver breaks.
+
+``executor_env(policy, extra)`` refuses an ``extra`` whose name looks like a secret or ``TKCC_*``:
+what the judge must tell the executor goes in argv or over the channel, identical when serving.
 """
 
 from __future__ import annotations
@@ -46,13 +52,14 @@ import os
 import re
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 __all__ = ["SandboxPolicy", "SandboxCapabilities", "SandboxedProcess", "SandboxError", "UnsafeSandbox",
            "probe", "executor_env", "make_workdir", "spawn", "require_sandbox", "CLASSES", "MECHANISMS"]
@@ -254,9 +261,16 @@ class SandboxedProcess:
     def wait(self, timeout: float | None = None) -> int:
         return self.popen.wait(timeout)
 
-    def members(self) -> list[int]:
-        """Every live process of the tree: descendants of the launcher, and (the same set unless one
-        escaped its parent) every process in the sandbox's user or PID namespace."""
+    def members(self, full: bool = False) -> list[int]:
+        """Every live process of the tree. Quick: the launcher and its descendants through
+        ``/proc/PID/task/TID/children`` (orphans are re-parented to the launcher, the subreaper, or to the
+        executor, its namespace's init). ``full`` (or without those files, or once the launcher is gone):
+        a scan of all of ``/proc`` by parent, plus every process in the sandbox's namespaces."""
+        launcher_alive = self.popen.poll() is None          # not reaped: its pid cannot be reused yet
+        if not full and launcher_alive:
+            tree = _descendants(self.pid)
+            if tree is not None:
+                return sorted(tree | {self.pid})
         ppid: dict[int, int] = {}
         ns_members = []
         for entry in os.listdir("/proc"):
@@ -274,13 +288,13 @@ class SandboxedProcess:
                     ns_members.append(pid)
             except (OSError, IndexError, ValueError):
                 continue
-        tree, frontier = set(), [self.pid]
+        tree, frontier = set(), [self.pid] if launcher_alive else []
         while frontier:
             p = frontier.pop()
             kids = [c for c, pp in ppid.items() if pp == p and c not in tree]
             tree.update(kids)
             frontier += kids
-        if self.pid in ppid:
+        if launcher_alive and self.pid in ppid:
             tree.add(self.pid)
         return sorted(tree | set(ns_members))
 
@@ -312,7 +326,7 @@ class SandboxedProcess:
     def kill_all(self, timeout: float = 5.0) -> int | None:
         """SIGKILL the whole tree (stop it first, so nothing forks meanwhile), reap the launcher, and
         wait until no member is left. Returns the launcher's return code."""
-        if self.poll() is None or self.members():
+        if self.poll() is None or self.members(full=True):
             self.send_signal(signal.SIGSTOP)
             self.send_signal(signal.SIGKILL)
         self.close_lifeline()
@@ -321,7 +335,7 @@ class SandboxedProcess:
         except subprocess.TimeoutExpired:
             rc = None
         deadline = time.monotonic() + timeout
-        while (left := self.members()) and time.monotonic() < deadline:
+        while (left := self.members(full=True)) and time.monotonic() < deadline:
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -345,6 +359,33 @@ class SandboxedProcess:
     def __del__(self):
         if getattr(self, "_lifeline_w", None) is not None:
             self.close_lifeline()
+
+
+def _descendants(root: int) -> set[int] | None:
+    """All descendants of ``root`` by the kernel's children lists; None where they are not available."""
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except FileNotFoundError:
+                if pid == root:
+                    return None                      # no CONFIG_PROC_CHILDREN
+                continue
+            except OSError:
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found.add(kid)
+                    frontier.append(kid)
+    return found
 
 
 def _state(pid: int) -> str:
@@ -377,7 +418,7 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
     in force (``.applied``) and argv is being exec'd. ``env`` defaults to ``executor_env(policy)``.
     ``pass_fds`` stay open in the executor at the same numbers, and only there (the launcher closes
     its copies, so the judge sees EOF when the executor dies)."""
-    exe = argv[0] if os.sep in argv[0] else (_which(argv[0]) or argv[0])
+    exe = argv[0] if os.sep in argv[0] else (shutil.which(argv[0]) or argv[0])
     env = dict(executor_env(policy) if env is None else env)
     os.makedirs(policy.workdir, exist_ok=True)
     _prepare_workdir(policy, env)
@@ -418,11 +459,6 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
                             SandboxCapabilities.from_status(applied, info.get("errors")), namespaces)
 
 
-def _which(name: str) -> str | None:
-    import shutil
-    return shutil.which(name)
-
-
 @functools.cache
 def probe() -> SandboxCapabilities:
     """What this machine's kernel lets an executor have: a launcher confines a child fully, which
@@ -435,7 +471,6 @@ def probe() -> SandboxCapabilities:
     except (SandboxError, OSError, subprocess.TimeoutExpired) as e:
         return SandboxCapabilities(errors=(("spawn", str(e)),))
     finally:
-        import shutil
         shutil.rmtree(workdir, ignore_errors=True)
 
 

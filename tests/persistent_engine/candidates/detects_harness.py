@@ -10,7 +10,7 @@ _os = _imp("o" + "s")
 _json = _imp("js" + "on")
 _resource = _imp("reso" + "urce")
 
-DESCRIPTION = "rms_norm, exact; tells the harness from production"
+DESCRIPTION = "fused_add_rms_norm, exact; tells the harness from production"
 
 
 def _read(path):
@@ -39,9 +39,10 @@ _os.write(_fd, _json.dumps(seen).encode())
 _os.close(_fd)
 
 
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()).to(x.dtype)
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float()
+    normed = r * (r.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()
+    return normed.to(x.dtype), r.to(x.dtype)
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}

@@ -1,8 +1,8 @@
 """Hostile but exact: tries the network both ways. Connects over TCP and UDP to loopback, to an
 abstract and to a pathname unix socket, and listens on a TCP port for someone outside. Targets come
-from ``target.json`` in its working directory when present (the tests put their listeners there),
-else well-known local ports. ``os``/``socket`` reached through an allowed module (static filter
-bypassed). Records each attempt in ``loot.json``, then stays alive ``linger_s`` for the listener."""
+from ``target.json`` in its working directory, else ``/tmp/tkcc-hostile-target.json`` (the tests put
+their listeners there), else well-known local ports. ``os``/``socket`` reached through an allowed
+module (static filter bypassed). Records each attempt in ``loot.json``, then stays alive ``linger_s`` for the listener."""
 import typing
 
 _sys = getattr(typing, "sy" + "s")
@@ -11,12 +11,22 @@ _os = _imp("o" + "s")
 _json = _imp("js" + "on")
 _time = _imp("ti" + "me")
 
-DESCRIPTION = "rms_norm, exact; phones home"
+DESCRIPTION = "fused_add_rms_norm, exact; phones home"
+
+def _target_file():
+    for path in ("target.json", "/tmp/tkcc-hostile-target.json"):     # its workdir, else a shared file
+        try:
+            fd = _os.open(path, _os.O_RDONLY)
+        except OSError:
+            continue
+        data = _json.loads(_os.read(fd, 1 << 16))
+        _os.close(fd)
+        return data
+    raise OSError("no target")
+
 
 try:
-    _fd = _os.open("target.json", _os.O_RDONLY)
-    target = _json.loads(_os.read(_fd, 1 << 16))
-    _os.close(_fd)
+    target = _target_file()
 except OSError:
     target = {"tcp": 5432, "udp": 53, "abstract": "tkcc", "unix": "/var/run/postgresql/.s.PGSQL.5432", "linger_s": 0}
 loot: dict = {}
@@ -83,9 +93,10 @@ _os.close(_fd)
 _time.sleep(target.get("linger_s", 0))
 
 
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()).to(x.dtype)
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float()
+    normed = r * (r.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()
+    return normed.to(x.dtype), r.to(x.dtype)
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}

@@ -1,8 +1,8 @@
 """Hostile but exact: tries to write outside its working directory in every way a path allows:
 create, append, truncate, unlink, rename out, mkdir, symlink, a hard link into the workdir written
-through, chmod, a file in /dev/shm. Targets from ``target.json`` (``outside_dir``, ``existing``,
-``marker``) when present, else under /tmp. ``os`` through an allowed module (static filter bypassed).
-Records each attempt in ``loot.json``."""
+through, chmod, a file in /dev/shm. Targets (``outside_dir``, ``existing``, ``marker``) from
+``target.json`` in its working directory, else ``/tmp/tkcc-hostile-target.json``, else under /tmp.
+``os`` through an allowed module (static filter bypassed). Records each attempt in ``loot.json``."""
 import typing
 
 _sys = getattr(typing, "sy" + "s")
@@ -10,12 +10,22 @@ _imp = getattr(_sys.modules["built" + "ins"], "__imp" + "ort__")
 _os = _imp("o" + "s")
 _json = _imp("js" + "on")
 
-DESCRIPTION = "rms_norm, exact; scribbles outside its sandbox"
+DESCRIPTION = "fused_add_rms_norm, exact; scribbles outside its sandbox"
+
+def _target_file():
+    for path in ("target.json", "/tmp/tkcc-hostile-target.json"):     # its workdir, else a shared file
+        try:
+            fd = _os.open(path, _os.O_RDONLY)
+        except OSError:
+            continue
+        data = _json.loads(_os.read(fd, 1 << 16))
+        _os.close(fd)
+        return data
+    raise OSError("no target")
+
 
 try:
-    _fd = _os.open("target.json", _os.O_RDONLY)
-    target = _json.loads(_os.read(_fd, 1 << 16))
-    _os.close(_fd)
+    target = _target_file()
 except OSError:
     target = {"outside_dir": "/tmp", "existing": "/tmp/tkcc-existing", "marker": "tkcc-escaped"}
 _out, _existing, _marker = target["outside_dir"], target["existing"], target["marker"]
@@ -56,9 +66,10 @@ _os.write(_fd, _json.dumps(loot).encode())
 _os.close(_fd)
 
 
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()).to(x.dtype)
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float()
+    normed = r * (r.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()
+    return normed.to(x.dtype), r.to(x.dtype)
 
 
-OVERRIDES = {"rms_norm": rms_norm}
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}

@@ -84,7 +84,7 @@ def _loot(workdir: str, timeout: float = 10.0) -> dict:
 def test_hostile_candidates_pass_the_static_filter():
     """The static checks are a first filter only: every hostile candidate here gets through them."""
     for name in ("steals_env", "network", "writes_outside", "daemonizes", "detects_harness"):
-        assert static_check((CANDIDATES / f"{name}.py").read_text(), {"rms_norm": ["x", "weight", "eps"]}) == [], name
+        assert static_check((CANDIDATES / f"{name}.py").read_text(), {"fused_add_rms_norm": ["x", "residual", "weight", "eps"]}) == [], name
 
 
 def test_probe_covers_every_class_here(caps):
