@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from benchmarks import e2e_decode as e2e  # noqa: E402
 from compiler import apply as plan_apply  # noqa: E402
 from compiler import plan as plan_mod  # noqa: E402
-from persistent_engine import engine as eng  # noqa: E402
+from persistent_engine.judge import engine as eng  # noqa: E402
 from persistent_engine import tolerance, verify  # noqa: E402
 
 

@@ -82,6 +82,11 @@ def llm_agents(kind: str, count: int, llm_budget: Any) -> list[Agent]:
         raise AgentSpecError(f"--agents {kind}:{count}: {e}") from None
 
 
+def writes_llm_code(spec: str | None) -> bool:
+    """Whether an ``--agents`` string starts LLM agents (their candidates need a complete sandbox)."""
+    return any(item.strip().partition(":")[0] in _LLM for item in (spec or "").split(","))
+
+
 def build_agents(spec: str, device: str = "cpu", llm_budget: Any = None) -> list[Agent]:
     """Agent instances for an ``--agents`` string (see the module docstring); names are unique.
     ``device`` ("cpu" or "cuda") tells the offline agents which kernels are worth timing;

@@ -6,26 +6,22 @@
         logits = model.step(workload)
 
 The plan's ``kernels/composed.py`` is the one candidate file holding every accepted override (what
-the composition step verified and measured); it is loaded as a fresh module, like the engine does.
-``check_plan`` runs a model slice at the plan's workload points with and without the plan and
-reports the largest logit difference and the measured time of both (what ``tkcc plan apply`` prints).
+the composition step verified and measured); it is loaded as a fresh module named and placed as an
+executor loads a judged candidate. ``check_plan`` (what ``tkcc plan apply`` prints) runs the plan's
+kernels in a sandboxed executor of the judge engine, the reference and the comparison in this process:
+the largest logit difference and the measured time of both at the plan's workload points.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import itertools
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from compiler import plan as plan_mod
-
-_counter = itertools.count()
-
 
 @contextlib.contextmanager
 def engine_threads(device: str) -> Iterator[None]:
@@ -57,9 +53,21 @@ class LoadedPlan:
 
 
 def load_module(path: Path) -> Any:
-    """Imports a candidate file as a fresh module (never cached in ``sys.modules`` under a shared name)."""
-    name = f"tkcc_plan_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
+    """Imports a candidate file as a fresh module, named and placed as an executor places a judged candidate
+    (``candidate.module_name``, a fresh ``tkcc-exec-`` temp directory): harness-blind."""
+    import shutil
+    import tempfile
+
+    from persistent_engine.candidate import MODULE_DIR_PREFIX, module_name
+
+    try:
+        source = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise plan_mod.PlanError(f"cannot load {path}: {e}") from None
+    name = module_name(source)
+    where = Path(tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX)) / f"{name}.py"
+    shutil.copyfile(path, where)
+    spec = importlib.util.spec_from_file_location(name, where)
     if spec is None or spec.loader is None:
         raise plan_mod.PlanError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
@@ -81,6 +89,18 @@ def overrides_of(source: str) -> dict[str, Callable]:
         path = Path(d) / "composed.py"
         path.write_text(source)
         return dict(getattr(load_module(path), "OVERRIDES", {}) or {})
+
+
+def _engine_state():
+    """Save torch's thread count and grad mode (the judge engine sets both in this process)."""
+    import torch
+
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+
+    def restore():
+        torch.set_num_threads(threads)
+        torch.set_grad_enabled(grad)
+    return restore
 
 
 def torch_dtype(name: str) -> Any:
@@ -153,48 +173,59 @@ class PointCheck:
 def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] | None = None,
                device: str = "cpu", dtype: str = "bf16", repeats: int = 5,
                seed: int = 0) -> tuple[LoadedPlan, list[PointCheck]]:
-    """Runs the model (``layers`` slice; default the plan's fast tier) at each of the plan's workload
-    points, reference then plan, and returns the logit difference (``ok`` within the dtype's
-    tolerance) and median step times (ms). Cost: 2 x (repeats + 1) forward steps per point."""
-    import torch
-
-    from persistent_engine.models.decoder import build_model
+    """Runs the model (``layers`` slice; default the plan's fast tier) at each of the plan's workload points,
+    reference then plan, and returns the logit difference (``ok`` within the dtype's tolerance) and median
+    step times (ms). The plan's kernels run in a sandboxed executor started by the judge engine, exactly as a
+    judged candidate runs (same entry point, environment, module name: harness-blind); this process computes
+    the reference, compares and times both sides from outside. Cost: one judge start-up, one executor,
+    2 x (repeats + 1) steps per point."""
+    from persistent_engine import io_struct as io
+    from persistent_engine.judge import ab
+    from persistent_engine.judge.engine import Engine, EngineConfig
     from persistent_engine.models.spec import ModelSpec
-    from persistent_engine.ops import registry
-    from persistent_engine.workloads import make_workload
 
-    loaded = load(path)
-    spec = ModelSpec.from_name(model or loaded.plan.model)
+    plan, vdir = plan_mod.load(path)
+    kfile = vdir / "kernels" / plan_mod.COMPOSED_KERNEL
+    if not kfile.is_file() and plan.optimizations:
+        raise plan_mod.PlanError(f"corrupt plan {vdir}: kernels/{plan_mod.COMPOSED_KERNEL} is missing")
+    spec = ModelSpec.from_name(model or plan.model)
     if layers is None:
-        layers = loaded.plan.tiers.get("fast", {}).get("layers") or list(spec.covering_layers())
+        layers = plan.tiers.get("fast", {}).get("layers") or list(spec.covering_layers())
     if dtype not in TOLERANCE:
         raise plan_mod.PlanError(f"dtype must be one of {', '.join(TOLERANCE)}, got {dtype!r}")
     atol, rtol = TOLERANCE[dtype]
-    m = build_model(spec, layers=list(layers), device=device, dtype=torch_dtype(dtype), seed=seed)
-    out = []
-
-    def timed(workload) -> tuple[Any, float]:
-        samples, logits = [], m.step(workload)          # one warm-up step, untimed
-        for _ in range(repeats):
-            if device != "cpu":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            logits = m.step(workload)
-            if device != "cpu":
-                torch.cuda.synchronize()
-            samples.append(time.perf_counter() - t0)
-        return logits, sorted(samples)[len(samples) // 2] * 1e3
-
-    with torch.no_grad(), engine_threads(device):
-        for point in loaded.plan.workload_points:
-            w = make_workload(m, dict(point), seed)
-            ref, ref_ms = timed(w)
-            with registry.override(loaded.overrides):
-                got, plan_ms = timed(w)
+    points = [dict(p) for p in plan.workload_points]
+    restore = _engine_state()
+    engine = Engine(EngineConfig(model=model or plan.model, layers=list(layers), device=device, dtype=dtype,
+                                 points=points, seed=seed, variants=1, pool_size=1))
+    try:
+        ops, config, plan_side = [], {}, engine.baseline
+        if kfile.is_file():
+            load = engine.handle(io.LoadCandidate(source=kfile.read_text(), name="plan"))
+            if not load.ok:
+                why = "; ".join(getattr(load, "reasons", None) or [load.message])
+                raise plan_mod.PlanError(f"plan kernel {kfile} fails to load: {why}"[:2000])
+            ops, config, plan_side = list(load.ops), dict(load.config), engine.candidate.executor
+            if engine.device.type == "cuda":
+                plan_side.call({"op": "capture", "points": sorted(engine.base_graphed)}, 600)
+        out = []
+        for i, point in enumerate(points):
+            ref = engine.ref[i][0]
+            got = ref
+            if plan_side is not engine.baseline:
+                r = plan_side.call({"op": "step", "i": i, "v": 0, "moe": False, "refs": None}, 600)
+                if "error" in r:
+                    raise plan_mod.PlanError(f"plan kernel {kfile} raised: {r['error']}"[:2000])
+                got = r["logits"].to(ref.device)
             diff = float((ref.float() - got.float()).abs().max())
             scale = float(ref.float().abs().max())
+            ref_ms = ab.time_side(engine.baseline, i, 0, repeats, 1)
+            plan_ms = ab.time_side(plan_side, i, 0, repeats, 1)
             out.append(PointCheck(dict(point), diff, scale, ref_ms, plan_ms, diff <= atol + rtol * scale))
-    return loaded, out
+    finally:
+        engine.close()
+        restore()
+    return LoadedPlan(vdir, plan, dict.fromkeys(ops), config), out
 
 
 def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str, *, device: str = "cpu",

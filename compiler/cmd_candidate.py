@@ -9,7 +9,8 @@ with it. ``--json``: ``correct``, ``reasons``, ``speedup`` (+ ``applicable``, ``
 
 ``correct`` says only whether the code is correct. A correct override of an op this model never calls
 (the engine's "kernel actually ran" guard) is ``correct: true`` with ``applicable: false`` and its ops
-in ``not_called`` (exit 0, speedup null: there is nothing to time on this model).
+in ``not_called`` (exit 0, speedup null: there is nothing to time on this model). The file's author is unknown, so
+it is judged only in a complete executor sandbox unless ``--unsafe-no-sandbox``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def register(subparsers) -> None:
     c.add_argument("--timeout", type=positive_float, default=300.0, help="watchdog seconds for the evaluation")
     c.add_argument("--samples", type=count(0), default=0, help="timed samples per point (0: engine default)")
     c.add_argument("--json", action="store_true", help="print one JSON document")
+    c.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="judge the file even where the executor sandbox is incomplete (tkcc doctor)")
     c.set_defaults(func=check)
 
 
@@ -72,6 +75,7 @@ def check(args) -> int:
 
     from persistent_engine.__main__ import parse_layers
     from persistent_engine.candidate import param_names, static_check
+    from persistent_engine.executor.sandbox import require_sandbox
     from persistent_engine.models.spec import ModelSpec, tiny_name
     from persistent_engine.supervisor import Supervisor
 
@@ -80,6 +84,7 @@ def check(args) -> int:
     with open(args.file, encoding="utf-8", errors="replace") as f:
         source = f.read()
     spec = ModelSpec.from_name(args.model)                 # SpecError: exit 2
+    require_sandbox(author_is_llm=True, unsafe=args.unsafe_no_sandbox)   # a file of unknown author: exit 2
     if args.timeout <= 0:
         raise CandidateInputError("--timeout must be positive")
     try:

@@ -4,7 +4,9 @@ Detected devices (name, memory, compute capability), Python / torch / Triton / C
 versions, and which optional parts are present: Ray (many machines), the PostgreSQL driver (a shared
 board); the LLM SDKs (installed or not, their versions) and whether their API keys and endpoints are set
 (the values are never printed), and any engine process that outlived the orchestrator that started it
-(``stray_engines``: pid, command line).
+(``stray_engines``: pid, command line); and which
+mechanisms of the executor sandbox this kernel offers (LLM-written candidates are refused without a
+complete one unless ``--unsafe-no-sandbox``).
 Exit 0; the report is informational.
 """
 
@@ -86,6 +88,7 @@ def collect() -> dict:
         "api_keys": {k: bool(os.environ.get(k)) for k in API_KEYS},
         "stray_engines": _strays(),
         "models": _models(),
+        "sandbox": _sandbox(),
     }
 
 
@@ -100,6 +103,13 @@ def _models() -> dict[str, str]:
     from persistent_engine.models.spec import ALIASES, RELEASES
 
     return {a: RELEASES.get(a, a) for a in ALIASES}
+
+
+def _sandbox() -> dict:
+    from persistent_engine.executor.sandbox import probe
+    caps = probe()
+    return {"mechanisms": caps.as_dict(), "missing": list(caps.missing()), "complete": caps.complete(),
+            "errors": dict(caps.errors)}
 
 
 def render(r: dict) -> str:
@@ -126,6 +136,18 @@ def render(r: dict) -> str:
         where = "custom endpoint" if o["base_url_set"] else "default endpoint"
         lines.append(f"  {sdk:<10} {state:<18} {o['key']} {'set' if o['key_set'] else 'not set'}, {where}; "
                      f"{o['enables']}")
+    sb = r["sandbox"]
+    on = [k for k, v in sb["mechanisms"].items() if v is True and k != "complete"]
+    lines.append(f"executor sandbox: {'complete' if sb['complete'] else 'INCOMPLETE'}"
+                 f" (Landlock ABI {sb['mechanisms']['landlock_abi']}): " + ", ".join(on))
+    off = [k for k, v in sb["mechanisms"].items() if v is False]
+    if off:
+        lines.append("  absent: " + ", ".join(off))
+    if not sb["complete"]:
+        lines.append("  missing: " + "; ".join(sb["missing"])
+                     + " -- LLM-written candidates are refused unless --unsafe-no-sandbox")
+    for what, why in sb["errors"].items():
+        lines.append(f"  {what}: {why}")
     lines.append("API keys: " + ", ".join(f"{k} {'set' if on else 'not set'}" for k, on in r["api_keys"].items()))
     strays = r.get("stray_engines") or []
     lines.append("stray engines: " + ("none" if not strays else f"{len(strays)} outlived their orchestrator "

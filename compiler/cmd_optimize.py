@@ -88,6 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tokens all LLM agents of the run may spend together (default: no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="run LLM-written candidates even where the executor sandbox is incomplete (tkcc doctor)")
     p.set_defaults(func=_optimize)
 
     r = sub.add_parser("recompile", help="recompile a plan when its traffic drifted")
@@ -135,7 +137,9 @@ def watchdog_s(budget_s: float) -> float:
 
 
 def _optimize(args: argparse.Namespace) -> int:
+    from compiler.agent_spec import writes_llm_code
     from compiler.loop import OptimizeConfig, optimize
+    from persistent_engine.executor.sandbox import require_sandbox
 
     from persistent_engine.models.spec import tiny_name
 
@@ -144,6 +148,7 @@ def _optimize(args: argparse.Namespace) -> int:
     for flag, v in (("--llm-budget-usd", args.llm_budget_usd), ("--llm-budget-tokens", args.llm_budget_tokens)):
         if v is not None and not v > 0:
             raise UsageError(f"{flag} must be positive, got {v}")
+    require_sandbox(author_is_llm=writes_llm_code(args.agents), unsafe=args.unsafe_no_sandbox)   # exit 2
     out = args.out or str(Path("plans") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.model).stem) or "model"))
     input_file(args.traffic, "traffic file")          # kinds of every path before any work starts
     output_dir(out)

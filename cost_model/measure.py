@@ -10,7 +10,7 @@ hits all points alike instead of ruining one. A point's time is the fastest of i
 (noise from sharing the cores only ever adds time) and the median on GPU. Rounds stop at
 ``rounds`` or when ``budget_s`` is spent (at least ``min_rounds``).
 
-On GPU each point is timed as the engine times it (``persistent_engine.engine``): a step is captured
+On GPU each point is timed as the engine timed it in process (``persistent_engine.timing``): a step is captured
 in a CUDA graph (warm-up on a side stream, one shared memory pool) and a sample is one replay
 between CUDA events after an L2 flush (``persistent_engine.timing``), so the host's Python and
 launch cost, which serving does not pay, is not in it. A prefill step may read lengths on the host

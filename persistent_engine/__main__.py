@@ -133,7 +133,7 @@ def serve(args) -> int:
     import triton  # noqa: F401
 
     from persistent_engine import timing  # noqa: F401 - binds the clocks before any candidate
-    from persistent_engine.engine import Engine, EngineConfig
+    from persistent_engine.judge.engine import Engine, EngineConfig
     from persistent_engine.models.spec import ModelSpec
     imports_s = time.perf_counter() - t0
     _emit({"stage": "imports", "seconds": round(imports_s, 4)})
@@ -144,6 +144,7 @@ def serve(args) -> int:
                                  points=points, seed=args.seed, variants=args.variants,
                                  cuda_graph=not args.no_cuda_graph, inputs=inputs),
                     log=lambda name, s: _emit({"stage": name, "seconds": round(s, 4)}))
+    engine.start_pool()                         # warm candidate executors start now, in the background
     startup = {"process": round(_process_seconds(), 4), "imports": round(imports_s, 4), **engine.startup}
     engine.startup = startup                    # status replies carry the whole table
     _emit({"ready": True, "port": server.port, "address": server.address, "token_file": token_file,
@@ -151,8 +152,11 @@ def serve(args) -> int:
            "logit_noise": engine.logit_noise, "logit_tol": engine.logit_tol, "inputs": engine.inputs.to_dict(),
            "routing": engine.routing})
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
-    server.serve(engine.handle, after_reply=lambda reply: engine.poisoned,
-                 keep_going=(lambda: os.getppid() == parent) if parent else None)
+    try:
+        server.serve(engine.handle, after_reply=lambda reply: engine.poisoned,
+                     keep_going=(lambda: os.getppid() == parent) if parent else None)
+    finally:
+        engine.close()                          # every executor, with its process group
     if token_file and not args.token_file:
         try:
             os.unlink(token_file)

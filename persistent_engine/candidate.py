@@ -20,9 +20,9 @@ Stdlib only; the op signatures come from the caller (the engine reads them from 
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import inspect
-import itertools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -145,7 +145,13 @@ def static_check(source: str, op_params: dict[str, list[str]]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- loading
-_counter = itertools.count()
+MODULE_DIR_PREFIX = "tkcc-exec-"
+
+
+def module_name(source: str) -> str:
+    """The module name of a candidate file, judged or served alike (harness-blind: a kernel that reads its
+    ``__name__`` learns only its own source's hash)."""
+    return "kernels_" + hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def load_candidate(source: str, name: str, directory: str,
@@ -154,7 +160,7 @@ def load_candidate(source: str, name: str, directory: str,
 
     Runs the candidate's top-level code: call it only after ``static_check`` passed and with the
     engine's guards armed. Exceptions raised by that code become reasons, never escape."""
-    mod_name = f"tkcc_candidate_{os.getpid()}_{next(_counter)}"
+    mod_name = module_name(source)
     path = os.path.join(directory, mod_name + ".py")
     with open(path, "w") as f:
         f.write(source)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import zmq
 
-from persistent_engine.io_struct import (Bench, BenchReply, LoadCandidate, LoadReply, Profile,
-                                         ProfileReply, Reply, Request, Shutdown, Status, StatusReply,
+from persistent_engine.io_struct import (Bench, BenchReply, LoadCandidate, LoadReply, Prepare, PrepareReply,
+                                         Profile, ProfileReply, Reply, Request, Shutdown, Status, StatusReply,
                                          Unload, UnloadReply, Verify, VerifyReply, decode_reply, encode)
 
 
@@ -25,6 +25,14 @@ class EngineTimeout(TimeoutError):
 
 class EngineDied(RuntimeError):
     """The engine process ended while a call was waiting for it."""
+
+
+def _inner(timeout_s: float | None) -> float:
+    """The judge's own watchdog on the executor: a little inside the caller's timeout, so the judge kills a
+    hung executor and answers before the caller gives up on the judge (0: the judge's default)."""
+    if timeout_s is None:
+        return 0.0
+    return max(0.2, min(timeout_s - 1.0, 0.9 * timeout_s))
 
 
 class EngineClient:
@@ -73,13 +81,18 @@ class EngineClient:
     # ------------------------------------------------------------------------------ typed calls
     def load_candidate(self, source: str, name: str = "candidate",
                        timeout_s: float | None = None) -> LoadReply:
-        return self.call(LoadCandidate(token=self._token, source=source, name=name), timeout_s)
+        return self.call(LoadCandidate(token=self._token, source=source, name=name,
+                                       timeout_s=_inner(timeout_s)), timeout_s)
+
+    def prepare(self, timeout_s: float | None = None) -> PrepareReply:
+        return self.call(Prepare(token=self._token), timeout_s)
 
     def verify(self, seed: int | None = None, timeout_s: float | None = None) -> VerifyReply:
-        return self.call(Verify(token=self._token, seed=seed), timeout_s)
+        return self.call(Verify(token=self._token, seed=seed, timeout_s=_inner(timeout_s)), timeout_s)
 
     def bench(self, samples: int = 0, warmup: int = 0, timeout_s: float | None = None) -> BenchReply:
-        return self.call(Bench(token=self._token, samples=samples, warmup=warmup), timeout_s)
+        return self.call(Bench(token=self._token, samples=samples, warmup=warmup, timeout_s=_inner(timeout_s)),
+                         timeout_s)
 
     def unload(self, timeout_s: float | None = None) -> UnloadReply:
         return self.call(Unload(token=self._token), timeout_s)

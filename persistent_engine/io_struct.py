@@ -44,6 +44,13 @@ class LoadCandidate(Request):
     TYPE: ClassVar[str] = "load_candidate"
     source: str = ""
     name: str = "candidate"
+    timeout_s: float = 0.0          # the judge kills the executor past this (0: the judge's default)
+
+
+@dataclass(frozen=True)
+class Prepare(Request):
+    """Have a warm executor ready for the next candidate (waits for the pool; not part of a candidate's time)."""
+    TYPE: ClassVar[str] = "prepare"
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class Verify(Request):
     """Op-level and layer-level verification of the loaded candidate (DESIGN.md steps 2-3)."""
     TYPE: ClassVar[str] = "verify"
     seed: int | None = None         # None: a fresh seed from the engine's own generator
+    timeout_s: float = 0.0          # the judge kills the executor past this (0: the judge's default)
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Bench(Request):
     TYPE: ClassVar[str] = "bench"
     samples: int = 0                # per point and side; 0: the engine's default for its device
     warmup: int = 0
+    timeout_s: float = 0.0          # the judge kills the executor past this (0: the judge's default)
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,13 @@ class LoadReply(Reply):
     description: str = ""
     reasons: list[str] = field(default_factory=list)    # one per failed static/load check
     seconds: float = 0.0
+    sandbox: dict = field(default_factory=dict)         # mechanisms confining this candidate's executor
+
+
+@dataclass(frozen=True)
+class PrepareReply(Reply):
+    TYPE: ClassVar[str] = "prepare"
+    pool_wait_s: float = 0.0                            # how long the judge waited for a warm executor
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,11 @@ class StatusReply(Reply):
     candidate: str | None = None
     served: int = 0
     pid: int = 0
+    sandbox: str = ""                                   # what confines the executors
+    executors_used: int = 0                             # one per candidate loaded
+    pool_size: int = 0                                  # warm candidate executors kept (0: pool not started)
+    pool_wait_s: float = 0.0                            # how long the last load waited for a warm executor
+    pool_ready: int = 0                                 # warm executors waiting now
 
 
 @dataclass(frozen=True)
@@ -165,9 +186,9 @@ class ShutdownReply(Reply):
 
 
 REQUESTS: dict[str, type[Request]] = {c.TYPE: c for c in (
-    LoadCandidate, Verify, Bench, Unload, Profile, Status, Shutdown)}
+    LoadCandidate, Prepare, Verify, Bench, Unload, Profile, Status, Shutdown)}
 REPLIES: dict[str, type[Reply]] = {c.TYPE: c for c in (
-    ErrorReply, LoadReply, VerifyReply, BenchReply, UnloadReply, ProfileReply, StatusReply,
+    ErrorReply, LoadReply, PrepareReply, VerifyReply, BenchReply, UnloadReply, ProfileReply, StatusReply,
     ShutdownReply)}
 
 

@@ -45,11 +45,12 @@ class CandidateVerdict:
     per_point: list[dict] = field(default_factory=list)
     timings: dict = field(default_factory=dict)     # load_s, verify_s, bench_s, total_s, restart_s
     restarted: bool = False
+    sandbox: dict = field(default_factory=dict)     # mechanisms that confined the candidate's executor
 
     def to_dict(self) -> dict:
         return {"correct": self.correct, "reasons": list(self.reasons), "speedup": self.speedup,
                 "per_point": list(self.per_point), "timings": dict(self.timings),
-                "restarted": self.restarted}
+                "restarted": self.restarted, "sandbox": dict(self.sandbox)}
 
 
 def describe_exit(rc: int | None) -> str:
@@ -228,11 +229,17 @@ class Supervisor:
     def evaluate(self, source: str, timeout_s: float = 300.0, name: str = "candidate",
                  samples: int | None = None) -> CandidateVerdict:
         restarted = self.ensure_running()
+        pool_wait = time.monotonic()
+        try:                                    # a warm executor first: waiting for one is not the candidate's time
+            self.client.prepare(timeout_s=self.start_timeout_s)
+        except (EngineTimeout, EngineDied):
+            pass                                # the load below reports it
+        pool_wait = time.monotonic() - pool_wait
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         timings: dict[str, float] = {}
         reasons: list[str] = []
-        speedup, per_point = None, []
+        speedup, per_point, confined = None, [], {}
         phase = "load"
 
         def call(fn, *args):
@@ -246,6 +253,7 @@ class Supervisor:
 
         try:
             r = call(self.client.load_candidate, source, name)
+            confined = dict(getattr(r, "sandbox", None) or {})
             reasons += _reasons(r)
             if not reasons:
                 phase = "verify"
@@ -279,8 +287,9 @@ class Supervisor:
             timings["restart_s"] = self._after_failure("engine exited after the candidate")
             restarted = self.auto_restart
         timings["total_s"] = time.monotonic() - t0
+        timings["pool_wait_s"] = pool_wait
         return CandidateVerdict(correct=not reasons, reasons=reasons, speedup=speedup,
-                                per_point=per_point, timings=timings, restarted=restarted)
+                                per_point=per_point, timings=timings, restarted=restarted, sandbox=confined)
 
     def profile(self, timeout_s: float = 600.0) -> dict:
         self.ensure_running()

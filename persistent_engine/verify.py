@@ -66,12 +66,15 @@ def _same_kind(out, ref: torch.Tensor, where: str) -> str | None:
 
 
 def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], device: torch.device,
-             dtype: torch.dtype, seed: int, budget: int | None = None) -> list[Check]:
+             dtype: torch.dtype, seed: int, budget: int | None = None, check=None) -> list[Check]:
     """``check_op`` for each overridden op at the points' shapes and the odd-size examples. ``budget``:
     bytes an op's check may hold; an op with a ``fit`` is checked at a shape within it (the layer-level
-    check runs it at the model's own shapes)."""
+    check runs it at the model's own shapes). ``check``: ``check_op``'s signature (default ``check_op``;
+    the judge passes one that runs the implementation in the candidate's executor)."""
     from persistent_engine.ops import registry
     from persistent_engine.ops.contract import check_op
+
+    check = check or check_op
 
     checks: list[Check] = []
     for name in op_names:
@@ -87,8 +90,8 @@ def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], dev
         dtypes = tuple(dict.fromkeys((dtype, torch.float32)))
         reasons: list[str] = []
         for k, s in enumerate((seed, seed + 7919)):       # two fresh seeds: caching by shape fails
-            for r in check_op(name, overrides[name], device=device, dtypes=dtypes, shapes=shapes or None,
-                              seed=s):
+            for r in check(name, overrides[name], device=device, dtypes=dtypes, shapes=shapes or None,
+                           seed=s):
                 r = f"op-level: {r}"
                 if r not in reasons:
                     reasons.append(r)

@@ -22,7 +22,7 @@ import torch
 
 from persistent_engine.ops import registry
 
-__all__ = ["check_op", "compare_outputs", "poison_allocator"]
+__all__ = ["check_op", "compare_outputs", "judge_outputs", "poison_allocator", "run_candidate"]
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 POISON_CAP_BYTES = 1 << 30
@@ -95,7 +95,11 @@ def compare_outputs(out: tuple, ref: tuple, atol: float, rtol: float) -> list[st
     return reasons
 
 
-def _check_one(d, impl: Callable, shape: dict, dtype, device, seed: int) -> list[str]:
+def run_candidate(d, impl: Callable, shape: dict, dtype, device, seed: int) -> tuple[tuple | None, str | None]:
+    """The half of a check that runs the implementation (in an executor, DESIGN.md "How a candidate is
+    judged"): inputs from the op's generator, the allocator poisoned with NaN before each of two runs,
+    inputs bitwise unchanged, both runs bitwise equal. Returns (the first run's outputs, None) or
+    (None, the reason)."""
     args = d.make_inputs(shape, dtype, device, seed)
     snapshot = _clone(args)
     in_bytes = sum(t.numel() * t.element_size() for t in _tensors(args))
@@ -106,11 +110,23 @@ def _check_one(d, impl: Callable, shape: dict, dtype, device, seed: int) -> list
             outs.append(_as_tuple(impl(*args)))
             _sync(device)
         except Exception as e:  # noqa: BLE001 - any failure of a candidate is a reason, not a crash
-            return [f"raised: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]]
+            return None, f"raised: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         for i, (a, s) in enumerate(zip(args, snapshot)):
             if isinstance(a, torch.Tensor) and not _bitwise_equal(a, s):
-                return [f"modified input: argument {i} changed"]
+                return None, f"modified input: argument {i} changed"
     first, second = outs
+    if all(isinstance(o, torch.Tensor) for o in first + second) and len(first) == len(second) and \
+            not all(_bitwise_equal(a, b) for a, b in zip(first, second)):
+        return None, "nondeterministic: two runs on the same inputs gave different outputs"
+    return first, None
+
+
+def judge_outputs(d, first: tuple, shape: dict, dtype, device, seed: int,
+                  devices: Sequence[str] | None = None) -> list[str]:
+    """The half of a check that decides (in the judge): the judge draws the same inputs from the op's
+    generator itself, computes the references, and compares ``first`` (the implementation's outputs;
+    ``devices``: where they were produced, when they crossed a process) with them."""
+    snapshot = d.make_inputs(shape, dtype, device, seed)
     ref_native = _as_tuple(d.reference(*_clone(snapshot)))
     if len(first) != len(ref_native) or not all(isinstance(o, torch.Tensor) for o in first):
         return [f"output count: returned {len(first)} value(s), expected {len(ref_native)} tensor(s)"]
@@ -121,16 +137,23 @@ def _check_one(d, impl: Callable, shape: dict, dtype, device, seed: int) -> list
             reasons.append(f"shape{tag}: {list(o.shape)}, expected {list(r.shape)}")
         if o.dtype != r.dtype:
             reasons.append(f"dtype{tag}: {o.dtype}, expected {r.dtype}")
-        if o.device != r.device:
-            reasons.append(f"device{tag}: {o.device}, expected {r.device}")
+        where = devices[i] if devices is not None and i < len(devices) else str(o.device)
+        if torch.device(where) != r.device:
+            reasons.append(f"device{tag}: {where}, expected {r.device}")
     if reasons:
         return reasons
-    if not all(_bitwise_equal(a, b) for a, b in zip(first, second)):
-        return ["nondeterministic: two runs on the same inputs gave different outputs"]
+    first = tuple(o.to(r.device) for o, r in zip(first, ref_native))
     ref_hi = _as_tuple(d.reference(*_upcast(snapshot)))
     canon = d.canonicalize or (lambda t: t)
     atol, rtol = d.tolerance(dtype)
     return compare_outputs(canon(first), canon(ref_hi), atol, rtol)
+
+
+def _check_one(d, impl: Callable, shape: dict, dtype, device, seed: int) -> list[str]:
+    first, reason = run_candidate(d, impl, shape, dtype, device, seed)
+    if reason is not None:
+        return [reason]
+    return judge_outputs(d, first, shape, dtype, device, seed)
 
 
 def check_op(name: str, impl: Callable, *, device="cpu", dtypes=(torch.float32, torch.bfloat16),

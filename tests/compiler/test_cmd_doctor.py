@@ -66,3 +66,19 @@ def test_doctor_says_when_an_sdk_cannot_be_imported():
     sdks = json.loads(out.stdout)["llm_sdks"]
     assert sdks["anthropic"] == {**sdks["anthropic"], "installed": False, "version": None}
     assert sdks["openai"]["installed"]
+
+
+def test_doctor_reports_the_sandbox(capsys, monkeypatch):
+    """The screen names the mechanisms in force; an incomplete sandbox is said so, with the flag."""
+    from compiler import cmd_doctor
+    from persistent_engine.executor import sandbox
+    probed = sandbox.probe()
+    assert main(["doctor", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["sandbox"]
+    assert r["mechanisms"] == probed.as_dict() and r["complete"] == probed.complete()
+    weak = sandbox.SandboxCapabilities(rlimits=True, no_new_privs=True, subreaper=True, seccomp=True,
+                                       errors=(("landlock", "ENOSYS"),))
+    monkeypatch.setattr(sandbox, "probe", lambda: weak)
+    out = cmd_doctor.render(cmd_doctor.collect())
+    assert "executor sandbox: INCOMPLETE" in out and "--unsafe-no-sandbox" in out
+    assert "writes (needs readonly_root or landlock_fs)" in out and "landlock: ENOSYS" in out

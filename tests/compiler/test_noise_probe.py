@@ -9,10 +9,10 @@ import pathlib
 import pytest
 
 from compiler.loop import _identity_candidate, measure_noise
-from persistent_engine import engine as eng
+from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 
-QWEN3 = pathlib.Path(eng.__file__).parent / "models" / "configs" / "qwen3-moe.json"
+QWEN3 = pathlib.Path(eng.__file__).parents[1] / "models" / "configs" / "qwen3-moe.json"
 POINTS = [{"phase": "decode", "batch": 3, "context": 8, "chunk": 1, "weight": 0.6},
           {"phase": "prefill", "batch": 1, "context": 0, "chunk": 8, "weight": 0.4}]
 

@@ -6,7 +6,7 @@ import pathlib
 import pytest
 import torch
 
-from persistent_engine import engine as eng
+from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 from persistent_engine import guards, timing
 from persistent_engine.workloads import relayout_workload

@@ -140,7 +140,7 @@ def test_on_cuda_graphs_events_and_cheats():
         b = s.client
         assert b.load_candidate(src("good_triton")).ok and b.verify().ok
         r = b.bench(samples=10)
-        assert r.ok and r.timer == "cuda_events", r.reasons
+        assert r.ok and r.timer == "judge_wall_clock", r.reasons
         assert all(p["graph"] for p in r.per_point), r.per_point
         assert b.unload().ok, s._stderr_tail(4000)
         for name in ("cached_outputs", "returns_empty", "mutates_weights", "patches_timer"):

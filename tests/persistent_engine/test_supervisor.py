@@ -1,5 +1,6 @@
-"""The supervisor: start-up stages, and a fresh engine after a crash (abort, segfault), a hang
-(watchdog) or a leaked thread, with the candidate rejected for that reason and the run going on."""
+"""The supervisor and the judge's executors: start-up stages; a candidate that crashes (abort, segfault),
+hangs (the judge's watchdog) or leaks a thread takes only its executor down: it is rejected for that reason,
+the judge (same process) serves the next candidate on a fresh executor; a judge that died is restarted."""
 
 import pathlib
 
@@ -38,26 +39,27 @@ def test_start_up_is_logged_stage_by_stage(sup):
 
 
 HOSTILE = [
-    ("abort_sneaky", "crash: engine died during verify (killed by SIGABRT)", 60),
-    ("segfault", "crash: engine died during verify (killed by SIGSEGV)", 60),
-    ("hang", "hang: no answer during verify within the 6 s timeout", 6),
+    ("abort_sneaky", "crash: executor died during verify (killed by SIGABRT)", 60),
+    ("segfault", "crash: executor died during verify (killed by SIGSEGV)", 60),
+    ("hang", "hang: no answer during verify within", 6),
     ("leaks_thread", "candidate left 1 thread(s) running: candidate-worker", 60),
     ("slows_baseline", "load: candidate changed the op registry: linear", 60),
 ]
 
 
 @pytest.mark.parametrize("name, reason, timeout", HOSTILE, ids=[h[0] for h in HOSTILE])
-def test_engine_is_restarted_and_serves_the_next_candidate(sup, name, reason, timeout):
+def test_only_the_executor_goes_and_the_judge_serves_the_next_candidate(sup, name, reason, timeout):
     pid = sup.proc.pid
     restarts = len(sup.restarts)
+    used = sup.status().executors_used
     v = sup.evaluate(src(name), timeout_s=timeout)
-    assert not v.correct and v.restarted
+    assert not v.correct and not v.restarted
     assert any(reason in r for r in v.reasons), v.reasons
     assert len(v.reasons) == 1, v.reasons
-    assert sup.alive() and sup.proc.pid != pid and len(sup.restarts) == restarts + 1
-    assert v.timings["restart_s"] > 0
+    assert sup.alive() and sup.proc.pid == pid and len(sup.restarts) == restarts
     nxt = sup.evaluate(src("good_torch"), timeout_s=120)
     assert nxt.correct and not nxt.restarted, nxt.reasons
+    assert sup.status().executors_used == used + 2          # a fresh executor for each candidate
 
 
 def test_an_engine_that_died_between_calls_is_restarted_on_the_next(sup):

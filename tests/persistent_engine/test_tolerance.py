@@ -5,7 +5,7 @@ applies its per-point bound in layer-level verification and bench's spot re-chec
 import pytest
 import torch
 
-from persistent_engine import engine as eng
+from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 from persistent_engine import tolerance, verify
 

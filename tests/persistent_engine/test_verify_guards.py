@@ -111,7 +111,7 @@ def test_compare_logits_reasons():
 def test_an_engine_without_weight_copies_leaves_after_a_weight_change():
     """Weights too large for host copies (a deepseek tier): a changed weight is named, and the engine
     leaves after the reply instead of restoring (the supervisor starts a fresh one)."""
-    from persistent_engine import engine as eng
+    from persistent_engine.judge import engine as eng
 
     e = eng.Engine(eng.EngineConfig(model="tiny-dense", layers=[0], variants=1,
                                     points=[{"phase": "decode", "batch": 2, "context": 8, "chunk": 1, "weight": 1.0}]))

@@ -9,11 +9,11 @@ import pathlib
 import pytest
 import torch
 
-from persistent_engine import engine as eng
+from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 from persistent_engine import verify
 
-QWEN3 = pathlib.Path(eng.__file__).parent / "models" / "configs" / "qwen3-moe.json"
+QWEN3 = pathlib.Path(eng.__file__).parents[1] / "models" / "configs" / "qwen3-moe.json"
 POINTS = [{"phase": "decode", "batch": 16, "context": 8, "chunk": 1, "weight": 0.5},
           {"phase": "prefill", "batch": 4, "context": 0, "chunk": 8, "weight": 0.5}]
 

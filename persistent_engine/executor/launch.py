@@ -1,0 +1,286 @@
+"""Starting executors (through the OS sandbox), talking to them, and the warm pool.
+
+``Executor``: one executor process and the judge's end of its channel. ``call(msg, timeout_s)`` sends one
+request and waits for the reply; a process that dies meanwhile is ``ExecutorDied`` (with how it ended and the
+tail of its stderr), one that does not answer in time is ``ExecutorTimeout`` (the caller then discards it).
+``stop()`` / ``cont()`` send SIGSTOP / SIGCONT to its whole process group: the judge freezes the side of an
+A/B pair that is not being timed, so no thread of it runs meanwhile.
+
+Processes are spawned by ``sandbox.spawn`` with ``sandbox.executor_env`` (the same environment a served plan
+sees; never the judge's ``os.environ``), each with a private work directory; its stderr goes to a file
+beside that directory, outside the executor's reach.
+
+``ExecutorPool``: ``size`` executors started and warmed in background threads (imports, CUDA context,
+weights from the arena, workloads, kernel warm-up), so that ``take()`` hands out a warm one at once and a
+replacement starts warming; each is used for one candidate, then killed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+from persistent_engine.executor.channel import ChannelClosed, channel_pair, decode_tensors
+
+from persistent_engine.executor import sandbox
+
+# the tree is re-scanned (``/proc``, ~10 ms) when a point's timing starts and every RESCAN_EVERY stops; the
+# stops themselves signal the known members (microseconds each). A process the candidate starts meanwhile
+# is found by the judge's scan at the end of bench and rejects the candidate (``Executor.extra_processes``).
+RESCAN_EVERY = 256
+
+
+class ExecutorDied(RuntimeError):
+    """The executor process ended while the judge waited for it."""
+
+
+class ExecutorTimeout(TimeoutError):
+    """The executor did not answer within the call's deadline."""
+
+
+def describe_exit(rc: int | None) -> str:
+    """How an executor ended: -s (the launcher died by the executor's signal s) or 128 + s (the executor's
+    PID-1 wrapper reports its child's signal, ``worker._init_then_serve``) are both "killed by SIG..."."""
+    if rc is None:
+        return "still running"
+    if rc < 0 or 128 < rc < 128 + 65:
+        sig = -rc if rc < 0 else rc - 128
+        try:
+            return f"killed by {signal.Signals(sig).name}"
+        except ValueError:
+            return f"killed by signal {sig}"
+    return f"exit code {rc}"
+
+
+def executor_env(device: str, policy: "sandbox.SandboxPolicy") -> dict:
+    """The environment of every executor: ``sandbox.executor_env`` (the same one ``tkcc plan apply`` and
+    serving give a plan's kernels), never the judge's ``os.environ``."""
+    extra = {} if device.startswith("cuda") else {"TRITON_INTERPRET": "1"}
+    return sandbox.executor_env(policy, extra=extra)
+
+
+def sandbox_summary() -> str:
+    """What confines the executors here, one line (verdict metadata, ``StatusReply.sandbox``)."""
+    caps = sandbox.probe()
+    return "complete" if caps.complete() else "incomplete (missing: " + "; ".join(caps.missing()) + ")"
+
+
+class Executor:
+    def __init__(self, init: dict, arena, workdir: str, role: str = "candidate"):
+        self.role = role
+        self.tmp = sandbox.make_workdir(workdir)              # the executor's only writable place
+        self.stderr_path = os.path.join(workdir, f"{os.path.basename(self.tmp)}.stderr")   # outside its reach
+        self.chan, theirs = channel_pair()
+        argv = [sys.executable, "-m", "persistent_engine.executor.worker", "--fd", str(theirs.fileno()),
+                "--arena-fd", str(arena.fd)]
+        os.set_inheritable(arena.fd, True)
+        # the baseline executor runs only reference code for the judge's whole life: no CPU-time cap
+        limits = {"cpu_seconds": None} if role == "baseline" else {}
+        policy = sandbox.SandboxPolicy.for_device(init["device"], self.tmp, **limits)
+        try:
+            with open(self.stderr_path, "ab") as err:
+                self.proc = sandbox.spawn(argv, policy, env=executor_env(init["device"], policy),
+                                          pass_fds=(theirs.fileno(), arena.fd), stderr=err)
+        finally:
+            theirs.close()
+        self.pid = self.proc.pid
+        self.applied = self.proc.applied
+        self._members: list[int] = []
+        self._stops = 0
+        self.stopped = False
+        self.chan.send({**init, "arena_size": arena.size, "manifest": arena.manifest})
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float) -> None:
+        reply = self._recv(time.monotonic() + timeout_s, "start-up")
+        if not reply.get("ready"):
+            raise ExecutorDied(f"executor did not start: {reply}")
+        self.ready = True
+        self.base_members = set(self.members())     # the launcher and the executor: anything more is the candidate's
+
+    def extra_processes(self) -> list[int]:
+        """Processes of the tree beyond those it started with (a candidate's forks or daemons)."""
+        return sorted(set(self.members()) - self.base_members)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr_tail(self, n: int = 300) -> str:
+        try:
+            with open(self.stderr_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode(errors="replace").strip().replace("\n", " | ")
+        except OSError:
+            return ""
+
+    def _recv(self, deadline: float, what: str) -> dict:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ExecutorTimeout(f"no answer during {what}")
+            try:
+                return decode_tensors(self.chan.recv(timeout=min(left, 0.05)))
+            except TimeoutError:
+                if not self.alive():
+                    raise ExecutorDied(self._death()) from None
+            except (ChannelClosed, ConnectionError, OSError):
+                raise ExecutorDied(self._death()) from None
+
+    def _death(self) -> str:
+        try:
+            rc = self.proc.wait(5)
+        except Exception:  # noqa: BLE001 - still running: its socket closed
+            rc = None
+        return describe_exit(rc)
+
+    def call(self, msg: dict, timeout_s: float) -> dict:
+        try:
+            self.chan.send(msg)
+        except (ConnectionError, OSError):
+            raise ExecutorDied(self._death()) from None
+        return self._recv(time.monotonic() + timeout_s, msg.get("op", "?"))
+
+    def members(self) -> list[int]:
+        """Every live process of this executor's tree (re-scanned now)."""
+        self._members = self.proc.members()
+        self._stops = 0
+        return list(self._members)
+
+    def stop(self) -> None:
+        """SIGSTOP every process of the tree (all their threads): nothing of it runs until ``cont``."""
+        if self.stopped:
+            return
+        if not self._members or self._stops >= RESCAN_EVERY:
+            self._members = self.proc.members()
+            self._stops = 0
+        self._stops += 1
+        for pid in self._members:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.stopped = True
+
+    def cont(self) -> None:
+        if not self.stopped:
+            return
+        for pid in self._members:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.stopped = False
+
+    def kill_known(self) -> None:
+        """SIGKILL every process of the tree seen at the last scan (microseconds; ``kill`` does the rest)."""
+        for pid in self._members or [self.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill_all()
+        finally:
+            self.chan.close()
+
+
+class ExecutorPool:
+    """Warm executors on demand: ``take()`` one (blocking until one is ready), used once, then killed."""
+
+    def __init__(self, make, size: int, start_timeout_s: float = 900.0, log=lambda line: None):
+        self._make, self.size, self.start_timeout_s, self._log = make, max(1, size), start_timeout_s, log
+        self._ready: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._warming = 0
+        self._closed = False
+        self._all: set = set()
+        for _ in range(self.size):
+            self._start_one()
+
+    def _start_one(self) -> None:
+        """Spawn on the calling (main) thread: an executor dies with the thread that spawned it
+        (PR_SET_PDEATHSIG), so never from a short-lived one; only the wait for its ready line is threaded."""
+        with self._lock:
+            if self._closed:
+                return
+            self._warming += 1
+        try:
+            ex = self._make()
+        except BaseException as e:  # noqa: BLE001 - reported to whoever takes it
+            self._ready.put(RuntimeError(f"executor failed to start: {type(e).__name__}: {e}"))
+            with self._lock:
+                self._warming -= 1
+            return
+        with self._lock:
+            self._all.add(ex)
+        threading.Thread(target=self._warm, args=(ex,), daemon=True, name="tkcc-executor-warm").start()
+
+    def _warm(self, ex) -> None:
+        try:
+            ex.wait_ready(self.start_timeout_s)
+            self._ready.put(ex)
+        except BaseException as e:  # noqa: BLE001 - reported to whoever takes it
+            tail = ex.stderr_tail(600) if ex is not None else ""
+            self._ready.put(RuntimeError(f"executor failed to start: {type(e).__name__}: {e} {tail}"))
+            if ex is not None:
+                ex.kill()
+        finally:
+            with self._lock:
+                self._warming -= 1
+
+    def take(self, timeout_s: float | None = None) -> Executor:
+        t0 = time.monotonic()
+        while True:
+            item = self._ready.get(timeout=timeout_s)
+            self._start_one()               # a replacement starts warming at once
+            if isinstance(item, BaseException):
+                raise item
+            if item.alive():
+                self.waited_s = time.monotonic() - t0
+                self.hand_out(item)
+                return item
+            self.discard(item)
+
+    def pause(self) -> list:
+        """SIGSTOP every executor of the pool (warming or waiting): on a machine with few cores their start-up
+        would add noise to a timed A/B. Returns them for ``resume``."""
+        with self._lock:
+            everyone = [ex for ex in self._all if ex.alive()]
+        for ex in everyone:
+            ex.stop()
+        return everyone
+
+    @staticmethod
+    def resume(paused: list) -> None:
+        for ex in paused:
+            ex.cont()
+
+    def ready_count(self) -> int:
+        return self._ready.qsize()
+
+    def discard(self, ex: Executor) -> None:
+        """SIGKILL the executor's known processes now; the full tree kill (re-scan, reap, wait until no
+        member is left: ~10-200 ms) finishes on a reaper thread, off the judge's cycle."""
+        ex.kill_known()
+        with self._lock:
+            self._all.discard(ex)
+        threading.Thread(target=ex.kill, daemon=True, name="tkcc-executor-reap").start()
+
+    def hand_out(self, ex: Executor) -> None:
+        """``ex`` is the judge's now (a candidate's): no longer paused with the pool."""
+        with self._lock:
+            self._all.discard(ex)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            everyone = list(self._all)
+        for ex in everyone:
+            ex.kill()

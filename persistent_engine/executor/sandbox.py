@@ -1,0 +1,485 @@
+"""The OS sandbox every executor runs in (Linux), and the one environment builder candidates see.
+
+Public face (stable names; the judge and the serving path build on them)::
+
+    policy = SandboxPolicy.for_device("cuda", make_workdir())
+    proc = spawn([sys.executable, "-m", "persistent_engine.executor", ...], policy, pass_fds=(sock,))
+    proc.applied        # SandboxCapabilities actually in force for this process (attach .as_dict() to verdicts)
+    proc.send_signal(signal.SIGSTOP)   # every process of the tree, daemons included (A/B timing)
+    proc.kill_all()     # SIGKILL the whole tree, double-forked / setsid descendants included; reap
+    probe()             # what this kernel offers (cached); `tkcc doctor` prints it
+    require_sandbox(author_is_llm=True, unsafe=False)   # refuses LLM code when the sandbox is incomplete
+
+How (``confine.py`` is the launcher process, stdlib only, started as ``python -I -S confine.py``):
+- **tree**: the launcher is a child subreaper in fresh user + PID namespaces; the executor is PID 1 of
+  its namespace, so when it dies the kernel kills every process it left; without a PID namespace the
+  subreaper adopts orphans and ``kill_all`` walks ``/proc`` from the launcher. A lifeline pipe (the
+  judge holds the write end) kills the tree when the judge dies, whichever thread spawned it. As PID 1
+  the executor's own signals without a handler are dropped by the kernel (an abort it raises on itself
+  does not end it): a program that must die by them forks and serves from the child.
+- **network**: a fresh network namespace (an unconfigured loopback only); Landlock denies TCP
+  bind/connect (ABI >= 4); seccomp refuses socket(2) of every family (``AF_UNIX`` too: a pathname socket of a
+  local service, e.g. PostgreSQL's, is reachable from any network namespace); socketpair(2) stays.
+- **writes**: in the mount namespace every mount is read-only but ``workdir`` (+ ``writable``) and a
+  private ``/dev/shm`` tmpfs (EROFS for writes, chmod, utime, xattrs); Landlock grants write rights
+  only beneath the same dirs and on the GPU device nodes (it does not cover chmod/utime/xattrs).
+- **secrets**: the environment comes only from ``executor_env`` (an allow-list, never a key or the
+  judge's token); a private ``/proc`` shows no outside process, and a Landlock domain cannot ptrace
+  or read ``/proc/PID/environ`` of processes outside it, nor signal them (ABI >= 6).
+- **limits**: rlimits (address space, processes, file size, CPU seconds, open files, no core files).
+- **privileges**: no-new-privs, an empty capability bounding set, seccomp denies ptrace,
+  process_vm_*, mount/unshare/setns, io_uring, bpf, keyrings, kexec and modules.
+
+Judge <-> executor traffic goes over inherited fds (``pass_fds``: socketpairs, pipes, memfds), since
+the executor has no network. Size memfds in the judge: RLIMIT_FSIZE also caps ``ftruncate``.
+
+CUDA: ``address_space_bytes`` must stay ``None`` for a GPU executor (the driver reserves VA ranges
+larger than the device memory at init and fails under RLIMIT_AS); the GPU nodes ``/dev/nvidia*``,
+``/dev/dri/*``, ``/dev/kfd`` are writable. Legacy CUDA IPC (``cuIpcOpenMemHandle``) may not open
+across PID namespaces (``benchmarks/sandbox_cuda.py`` measures it): ``pid_namespace=False`` then; the
+subreaper keeps the tree kill. ``disable=`` drops any mechanism (``MECHANISMS``) a driver breaks.
+
+``executor_env(policy, extra)`` refuses an ``extra`` whose name looks like a secret or ``TKCC_*``:
+what the judge must tell the executor goes in argv or over the channel, identical when serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import os
+import re
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+__all__ = ["SandboxPolicy", "SandboxCapabilities", "SandboxedProcess", "SandboxError", "UnsafeSandbox",
+           "probe", "executor_env", "make_workdir", "spawn", "require_sandbox", "CLASSES", "MECHANISMS"]
+
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confine.py")
+WORKDIR_PREFIX = "tkcc-exec-"
+GIB = 2 ** 30
+
+# Copied from the parent environment when set (never one that matches SECRET_NAME).
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+             "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_HOME",
+             "CUDA_PATH", "CUDA_MODULE_LOADING", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
+             "ROCR_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+             "TRITON_*", "TORCH_*", "PYTORCH_*")
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|^TKCC_|_URL$|^AWS_|^GOOGLE_|^HF_",
+                         re.IGNORECASE)
+# Set by executor_env itself: caches and temp files go to the workdir.
+ENV_WORKDIR = {"HOME": "", "TMPDIR": "tmp", "XDG_CACHE_HOME": "cache", "TRITON_CACHE_DIR": "triton",
+               "TORCHINDUCTOR_CACHE_DIR": "inductor", "CUDA_CACHE_PATH": "nv"}
+DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*", "/dev/kfd")
+STD_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+# confinement class -> the mechanisms any one of which covers it
+CLASSES: dict[str, tuple[str, ...]] = {
+    "network": ("net_namespace", "seccomp"),
+    "unix_sockets": ("seccomp",),               # pathname sockets of local services (a database, an agent)
+    "writes": ("readonly_root", "landlock_fs"),   # Landlock alone leaves chmod/utime/xattrs of one's own files
+    "secrets": ("private_proc", "landlock_fs"),
+    "tree": ("pid_namespace", "subreaper"),
+    "limits": ("rlimits",),
+    "privileges": ("no_new_privs",),
+}
+
+
+# what SandboxPolicy.disable may name
+MECHANISMS = ("user_namespace", "net_namespace", "pid_namespace", "mount_namespace", "landlock", "seccomp", "rlimits")
+
+
+class SandboxError(RuntimeError):
+    """The sandboxed process could not be started (bad argv, the launcher died before confining)."""
+
+
+class UnsafeSandbox(RuntimeError):
+    """An LLM-written candidate was refused: the sandbox is incomplete and --unsafe-no-sandbox was not given."""
+
+    user_error = True
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """What one executor may do. ``workdir`` is its private temp dir: the only writable place (plus
+    ``writable`` and the GPU device nodes). A limit of ``None`` leaves the parent's."""
+
+    workdir: str
+    allow_network: bool = False
+    allow_unix_sockets: bool = False            # socket(AF_UNIX): CUDA MPS clients need it
+    pid_namespace: bool = True                  # False for legacy CUDA IPC with the judge (see module doc)
+    address_space_bytes: int | None = None      # RLIMIT_AS; None on CUDA (the driver's VA reservations)
+    max_processes: int | None = 1024            # RLIMIT_NPROC (threads count), per user namespace; not for uid 0
+    max_file_bytes: int | None = 8 * GIB        # RLIMIT_FSIZE
+    cpu_seconds: int | None = 3600              # RLIMIT_CPU over the executor's life (SIGXCPU, then SIGKILL)
+    open_files: int | None = 4096               # RLIMIT_NOFILE
+    writable: tuple[str, ...] = ()              # more writable dirs (e.g. a Triton cache the judge seeds)
+    device_globs: tuple[str, ...] = DEVICE_GLOBS
+    env_allow: tuple[str, ...] = ENV_ALLOW      # names, or prefixes ending in "*"
+    disable: tuple[str, ...] = ()               # mechanisms not to use (MECHANISMS): fallback tests, a driver they break
+
+    def __post_init__(self):
+        unknown = set(self.disable) - set(MECHANISMS)
+        if unknown:
+            raise ValueError(f"SandboxPolicy.disable: unknown mechanisms {sorted(unknown)}; known: {MECHANISMS}")
+
+    @classmethod
+    def for_device(cls, device: str, workdir: str, **overrides) -> "SandboxPolicy":
+        """The default for a ``cpu`` or ``cuda[:N]`` executor: a 64 GiB address-space cap on CPU only."""
+        base = {"address_space_bytes": None if device.startswith("cuda") else 64 * GIB}
+        return cls(workdir=workdir, **{**base, **overrides})
+
+    def rlimits(self) -> dict[str, list[int]]:
+        want = {"RLIMIT_AS": self.address_space_bytes, "RLIMIT_NPROC": self.max_processes,
+                "RLIMIT_FSIZE": self.max_file_bytes, "RLIMIT_NOFILE": self.open_files}
+        out = {"RLIMIT_CORE": [0, 0]}
+        for name, value in want.items():
+            if value is not None:
+                hard = resource.getrlimit(getattr(resource, name))[1]
+                value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                out[name] = [value, value]
+        if self.cpu_seconds is not None:
+            out["RLIMIT_CPU"] = [self.cpu_seconds, self.cpu_seconds + 5]
+        return out
+
+    def device_files(self) -> list[str]:
+        return list(STD_DEVICES) + sorted({p for g in self.device_globs for p in glob.glob(g)
+                                           if not os.path.isdir(p)})
+
+
+@dataclass(frozen=True)
+class SandboxCapabilities:
+    """Which mechanisms are in force (``probe()``: which this kernel offers). One bool per mechanism."""
+
+    user_namespace: bool = False
+    net_namespace: bool = False
+    pid_namespace: bool = False
+    mount_namespace: bool = False
+    private_proc: bool = False
+    private_shm: bool = False
+    readonly_root: bool = False
+    landlock_fs: bool = False
+    landlock_net: bool = False
+    landlock_scope: bool = False
+    seccomp: bool = False
+    rlimits: bool = False
+    no_new_privs: bool = False
+    caps_dropped: bool = False
+    subreaper: bool = False
+    landlock_abi: int = 0
+    errors: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @classmethod
+    def from_status(cls, applied: Mapping, errors: Mapping[str, str] | None = None) -> "SandboxCapabilities":
+        names = {f.name for f in fields(cls)} - {"errors"}
+        return cls(**{k: v for k, v in applied.items() if k in names},
+                   errors=tuple(sorted((errors or {}).items())))
+
+    def classes(self) -> dict[str, bool]:
+        """Per confinement class (``CLASSES``): is at least one of its mechanisms in force."""
+        return {name: any(getattr(self, m) for m in mechs) for name, mechs in CLASSES.items()}
+
+    def missing(self) -> tuple[str, ...]:
+        """The confinement classes no mechanism covers, each with what would cover it."""
+        return tuple(f"{name} (needs {' or '.join(CLASSES[name])})"
+                     for name, ok in self.classes().items() if not ok)
+
+    def complete(self) -> bool:
+        return not self.missing()
+
+    def as_dict(self) -> dict[str, bool | int]:
+        """Flat, for a verdict's metadata: every mechanism, ``landlock_abi`` and ``complete``."""
+        out: dict[str, bool | int] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "errors"}
+        out["complete"] = self.complete()
+        return out
+
+
+# ------------------------------------------------------------------------------------ environment
+def make_workdir(parent: str | None = None) -> str:
+    """A fresh private directory (mode 0700) named the same way for the harness and for serving."""
+    return tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=parent)
+
+
+def _allowed(name: str, allow: Sequence[str]) -> bool:
+    return any(name == a or (a.endswith("*") and name.startswith(a[:-1])) for a in allow)
+
+
+def executor_env(policy: SandboxPolicy, extra: Mapping[str, str] | None = None,
+                 base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ONE environment a candidate ever sees, in the judge's executors and on the serving path
+    alike (harness-blind): the allow-listed variables of ``base`` (default ``os.environ``) that do not
+    look like secrets, HOME/TMPDIR/caches inside the workdir, then ``extra``. ``extra`` naming a
+    secret-looking variable is refused (ValueError): the judge's token never travels by environment."""
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items() if _allowed(k, policy.env_allow) and not SECRET_NAME.search(k)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    for name, sub in ENV_WORKDIR.items():
+        env[name] = os.path.join(policy.workdir, sub) if sub else policy.workdir
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    for k, v in (extra or {}).items():
+        if SECRET_NAME.search(k):
+            raise ValueError(f"executor_env: {k!r} looks like a secret; pass it over the channel, not the environment")
+        env[k] = str(v)
+    return env
+
+
+def _prepare_workdir(policy: SandboxPolicy, env: Mapping[str, str]) -> None:
+    for name, sub in ENV_WORKDIR.items():
+        if sub and env.get(name, "").startswith(policy.workdir):
+            os.makedirs(env[name], exist_ok=True)
+
+
+# ------------------------------------------------------------------------------------ processes
+class SandboxedProcess:
+    """Popen-like handle on a sandboxed tree. ``pid`` is the launcher's; ``executor_pid`` the
+    executor's (as the judge's PID namespace sees it); ``applied`` what confines it. Dropping the
+    handle (or the judge dying) closes the lifeline: the launcher then kills the tree."""
+
+    def __init__(self, popen: subprocess.Popen, lifeline_w: int, executor_pid: int, applied: SandboxCapabilities,
+                 namespaces: dict[str, str]):
+        self.popen, self.pid, self.executor_pid = popen, popen.pid, executor_pid
+        self.applied, self.namespaces = applied, namespaces
+        self._lifeline_w: int | None = lifeline_w
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.popen.wait(timeout)
+
+    def members(self, full: bool = False) -> list[int]:
+        """Every live process of the tree. Quick: the launcher and its descendants through
+        ``/proc/PID/task/TID/children`` (orphans are re-parented to the launcher, the subreaper, or to the
+        executor, its namespace's init). ``full`` (or without those files, or once the launcher is gone):
+        a scan of all of ``/proc`` by parent, plus every process in the sandbox's namespaces."""
+        launcher_alive = self.popen.poll() is None          # not reaped: its pid cannot be reused yet
+        if not full and launcher_alive:
+            tree = _descendants(self.pid)
+            if tree is not None:
+                return sorted(tree | {self.pid})
+        ppid: dict[int, int] = {}
+        ns_members = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    after = f.read().rsplit(")", 1)[1].split()
+                if after[0] == "Z":
+                    continue
+                ppid[pid] = int(after[1])
+                if self.namespaces and any(os.readlink(f"/proc/{entry}/ns/{k}") == v
+                                           for k, v in self.namespaces.items()):
+                    ns_members.append(pid)
+            except (OSError, IndexError, ValueError):
+                continue
+        tree, frontier = set(), [self.pid] if launcher_alive else []
+        while frontier:
+            p = frontier.pop()
+            kids = [c for c, pp in ppid.items() if pp == p and c not in tree]
+            tree.update(kids)
+            frontier += kids
+        if launcher_alive and self.pid in ppid:
+            tree.add(self.pid)
+        return sorted(tree | set(ns_members))
+
+    def send_signal(self, sig: int) -> list[int]:
+        """Signal every process of the tree; returns their pids. SIGSTOP rescans until no new process
+        appears (a stopped process cannot fork) and until every member is seen stopped (a sibling
+        signalled later cannot have continued an earlier one), so nothing of the candidate runs
+        while the other side of an A/B is timed; SIGKILL rescans the same way."""
+        hit: set[int] = set()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            members = self.members()
+            todo = [p for p in members if p not in hit]
+            if sig == signal.SIGSTOP:
+                todo += [p for p in members if p in hit and _state(p) not in ("T", "t", "Z", "X", "")]
+            if not todo:
+                break
+            for pid in todo:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            hit.update(todo)
+            if sig not in (signal.SIGSTOP, signal.SIGKILL):
+                break
+            time.sleep(0.001)
+        return sorted(hit)
+
+    def kill_all(self, timeout: float = 5.0) -> int | None:
+        """SIGKILL the whole tree (stop it first, so nothing forks meanwhile), reap the launcher, and
+        wait until no member is left. Returns the launcher's return code."""
+        if self.poll() is None or self.members(full=True):
+            self.send_signal(signal.SIGSTOP)
+            self.send_signal(signal.SIGKILL)
+        self.close_lifeline()
+        try:
+            rc = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        deadline = time.monotonic() + timeout
+        while (left := self.members(full=True)) and time.monotonic() < deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.01)
+        return rc
+
+    def close_lifeline(self) -> None:
+        """Closing the lifeline tells the launcher to kill the tree and exit."""
+        if self._lifeline_w is not None:
+            os.close(self._lifeline_w)
+            self._lifeline_w = None
+
+    def __enter__(self) -> "SandboxedProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill_all()
+
+    def __del__(self):
+        if getattr(self, "_lifeline_w", None) is not None:
+            self.close_lifeline()
+
+
+def _descendants(root: int) -> set[int] | None:
+    """All descendants of ``root`` by the kernel's children lists; None where they are not available."""
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except FileNotFoundError:
+                if pid == root:
+                    return None                      # no CONFIG_PROC_CHILDREN
+                continue
+            except OSError:
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found.add(kid)
+                    frontier.append(kid)
+    return found
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc/PID/stat ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _read_status(fd: int, timeout: float) -> list[dict]:
+    """The launcher's and the executor's JSON lines, until EOF (the executor closed it at exec)."""
+    buf, deadline = b"", time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise SandboxError(f"sandbox did not report within {timeout:.0f} s")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    return [json.loads(line) for line in buf.decode().splitlines() if line.strip()]
+
+
+def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] | None = None,
+          pass_fds: Sequence[int] = (), cwd: str | None = None, stdin=subprocess.DEVNULL, stdout=None,
+          stderr=None, probe_only: bool = False, start_timeout_s: float = 30.0) -> SandboxedProcess:
+    """Start ``argv`` (argv[0] resolved on PATH) confined by ``policy``; returns once the sandbox is
+    in force (``.applied``) and argv is being exec'd. ``env`` defaults to ``executor_env(policy)``.
+    ``pass_fds`` stay open in the executor at the same numbers, and only there (the launcher closes
+    its copies, so the judge sees EOF when the executor dies)."""
+    exe = argv[0] if os.sep in argv[0] else (shutil.which(argv[0]) or argv[0])
+    env = dict(executor_env(policy) if env is None else env)
+    os.makedirs(policy.workdir, exist_ok=True)
+    _prepare_workdir(policy, env)
+    status_r, status_w = os.pipe()
+    lifeline_r, lifeline_w = os.pipe()
+    cfg = {"argv": [exe, *argv[1:]], "workdir": os.path.abspath(cwd or policy.workdir),
+           "status_fd": status_w, "lifeline_fd": lifeline_r, "close_fds": list(pass_fds),
+           "allow_network": policy.allow_network,
+           "allow_unix_sockets": policy.allow_unix_sockets, "pid_namespace": policy.pid_namespace,
+           "rlimits": policy.rlimits(), "writable": [os.path.abspath(policy.workdir), *policy.writable],
+           "device_files": policy.device_files(), "disable": list(policy.disable), "probe": probe_only}
+    try:
+        popen = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, json.dumps(cfg)], env=env,
+                                 pass_fds=(status_w, lifeline_r, *pass_fds), stdin=stdin, stdout=stdout,
+                                 stderr=stderr, start_new_session=True, cwd=policy.workdir)
+    finally:
+        os.close(status_w)
+        os.close(lifeline_r)
+    try:
+        lines = _read_status(status_r, start_timeout_s)
+    except SandboxError:
+        popen.kill()
+        os.close(lifeline_w)
+        popen.wait()
+        raise
+    finally:
+        os.close(status_r)
+    info = {k: v for line in lines for k, v in line.items()}
+    if "applied" not in info:
+        popen.wait()
+        os.close(lifeline_w)
+        raise SandboxError(f"sandbox failed before exec: {info.get('error', f'launcher exited {popen.returncode}')}")
+    applied = info["applied"]
+    namespaces = {k: applied.pop(f"ns_{k}") for k in ("user", "pid", "net", "mnt") if f"ns_{k}" in applied}
+    own = {k: os.readlink(f"/proc/self/ns/{k}") for k in namespaces}
+    namespaces = {k: v for k, v in namespaces.items() if v != own[k]}     # only the sandbox's own
+    return SandboxedProcess(popen, lifeline_w, int(info.get("executor", -1)),
+                            SandboxCapabilities.from_status(applied, info.get("errors")), namespaces)
+
+
+@functools.cache
+def probe() -> SandboxCapabilities:
+    """What this machine's kernel lets an executor have: a launcher confines a child fully, which
+    reports and exits (~50 ms, once per process)."""
+    workdir = make_workdir()
+    try:
+        with spawn(["/bin/true"], SandboxPolicy(workdir=workdir), probe_only=True) as proc:
+            proc.wait(10)
+            return proc.applied
+    except (SandboxError, OSError, subprocess.TimeoutExpired) as e:
+        return SandboxCapabilities(errors=(("spawn", str(e)),))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def require_sandbox(author_is_llm: bool, unsafe: bool, caps: SandboxCapabilities | None = None) -> SandboxCapabilities:
+    """The policy: LLM-written candidates run only in a complete sandbox unless ``unsafe`` (the CLI's
+    ``--unsafe-no-sandbox``). Returns the capabilities (to attach to verdicts); raises UnsafeSandbox."""
+    caps = probe() if caps is None else caps
+    if author_is_llm and not unsafe and not caps.complete():
+        raise UnsafeSandbox("the executor sandbox is incomplete on this machine (missing: "
+                            + "; ".join(caps.missing()) + "): LLM-written candidates are refused; "
+                            "see `tkcc doctor`, or pass --unsafe-no-sandbox to run them anyway")
+    return caps

@@ -1,0 +1,337 @@
+"""The executor process: the only place candidate code runs (``python -m persistent_engine.executor.worker``).
+
+Started by the judge (``launch.py``) inside the OS sandbox with two inherited file descriptors: a socket to
+the judge (``channel.Channel``) and the judge's sealed arena (weights, KV caches, step inputs; read-only
+here). It builds the model slice on the arena's weights (zero-copy on CPU, one host-to-device copy on
+CUDA), re-creates each workload and overwrites every tensor of it with the judge's bytes (so the inputs
+are the judge's), warms kernels, and then answers one request at a time:
+
+  load      the candidate as a fresh module (guards snapshot taken before, checked after), CONFIG applied
+  op_check  ``contract.run_candidate`` for one (op, shape, dtype, seed): outputs of the first run
+  step      one step of point i, variant v with every override counted (and ``moe_route`` replayed to the
+            reference routing the judge sent): logits, call counts, the routing it chose
+  capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
+  run       k steps (graph replays where captured) of point i, variant v, each on the token ids the judge
+            sent for it, every output cloned into a ring; replies once the device is idle
+  fetch     output j of the last ``run``
+  guards    what this process's own guards saw (global state, threads): reasons that can only reject
+
+Nothing this process reports decides a verdict in the candidate's favour: outputs are compared and times
+measured by the judge; the reports it makes about itself (guards, call counts) can only reject.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import inspect
+import os
+import sys
+import tempfile
+import traceback
+
+DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
+                 "unspecified launch failure", "misaligned address", "illegal instruction")
+
+
+class Worker:
+    def __init__(self, init: dict, arena):
+        import torch
+
+        from persistent_engine import guards, timing
+        from persistent_engine.models.decoder import Decoder, _resolve_layers
+        from persistent_engine.models.spec import ModelSpec
+        from persistent_engine.ops import registry
+        from persistent_engine.workloads import make_workload
+
+        self.torch, self.guards, self.timing, self.registry = torch, guards, timing, registry
+        self.device = torch.device(init["device"])
+        self.dtype = getattr(torch, init["dtype"])
+        if self.device.type == "cpu":
+            torch.set_num_threads(int(init.get("threads", 1)))
+        torch.set_grad_enabled(False)
+        spec = ModelSpec.from_name(init["model"])
+        layers = _resolve_layers(spec, init["layers"])
+        shared = arena.tensors()
+        params = {k[len("weight."):]: (t if self.device.type == "cpu" else t.to(self.device))
+                  for k, t in shared.items() if k.startswith("weight.") and k != "weight.cos_sin"}
+        self.model = Decoder(spec, layers, params, self.device, self.dtype)
+        self.points = init["points"]
+        self.workloads = []
+        for i, p in enumerate(self.points):
+            row = []
+            for v in range(init["variants"]):
+                w = make_workload(self.model, p, seed=init["seed"] * 1000 + 17 * i + v)
+                for name, t in guards.tensors_of(w).items():     # the judge's inputs, not ours
+                    t.copy_(shared[f"point{i}.v{v}.{name}"])
+                row.append(w)
+            self.workloads.append(row)
+        self.op_params = {n: _param_names(inspect.signature(registry.get(n).reference)) for n in registry.names()}
+        for ws in self.workloads:               # kernels warm (the new tokens' K/V slots written)
+            for w in ws:
+                self.model.step(w)
+        _warm_triton(self.device)
+        self.graphs: dict[int, list] = {}
+        self.graph_errors: dict[int, str] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        if init.get("capture"):
+            self.capture({"points": list(range(len(self.points)))})
+        self.candidate = None
+        self.ring: list = []
+        from persistent_engine.candidate import MODULE_DIR_PREFIX
+        self._dir = tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX)
+        self._sync()
+        import persistent_engine.ops.contract  # noqa: F401 - imported before the snapshot: watched
+        import persistent_engine.tolerance  # noqa: F401
+        import persistent_engine.verify  # noqa: F401
+        self.state_guard = guards.GlobalStateGuard(guards.default_namespaces())
+        self.thread_guard = guards.ThreadGuard()
+        self.native_threads = _native_threads()         # tids at the end of warm-up
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            self.timing._synchronize(self.device)
+
+    # ------------------------------------------------------------------------------ requests
+    def load(self, msg: dict) -> dict:
+        from persistent_engine import candidate as cand_mod
+        from persistent_engine.workloads import relayout_workload
+
+        loaded = cand_mod.load_candidate(msg["source"], msg.get("name", "candidate"), self._dir, self.op_params)
+        reasons = self.guard_reasons("load")
+        if isinstance(loaded, list):
+            return {"reasons": loaded + reasons}
+        self.candidate = loaded
+        bs = loaded.config.get("kv_block_size")
+        if bs is not None and not reasons:
+            if not 1 <= bs <= 4096:
+                reasons.append(f"load: CONFIG['kv_block_size'] = {bs} is outside 1..4096")
+            else:
+                self.workloads = [[relayout_workload(self.model, w, bs, seed=9173 + 31 * i + v)
+                                   for v, w in enumerate(ws)] for i, ws in enumerate(self.workloads)]
+        return {"reasons": reasons, "ops": sorted(loaded.overrides), "config": loaded.config,
+                "description": loaded.description[:2000]}
+
+    def op_check(self, msg: dict) -> dict:
+        from persistent_engine.ops.contract import run_candidate
+
+        d = self.registry.get(msg["name"])
+        first, reason = run_candidate(d, self.candidate.overrides[msg["name"]], msg["shape"],
+                                      getattr(self.torch, msg["dtype"]), self.device, int(msg["seed"]))
+        if reason is not None:
+            return {"reason": reason}
+        return {"outputs": [o if isinstance(o, self.torch.Tensor) else None for o in first],
+                "devices": [str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]}
+
+    def step(self, msg: dict) -> dict:
+        from persistent_engine import verify
+        from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
+
+        i, v = int(msg["i"]), int(msg["v"])
+        counted = {n: self.guards.Counted(fn) for n, fn in self.candidate.overrides.items()}
+        w = self.workloads[i][v]
+        routes = None
+        if msg.get("moe"):
+            refs = calls_from_wire(msg.get("refs"), self.device)
+            out, rec = verify.routed_step(self.registry, self.model, w, counted, refs)
+            routes = {"calls": calls_to_wire(rec.calls), "replayed": isinstance(rec, verify.RouteReplay)}
+        else:
+            with self.registry.override(counted):
+                out = self.model.step(w)
+        self._sync()
+        return {"logits": out if isinstance(out, self.torch.Tensor) else None,
+                "type": type(out).__name__, "calls": {n: c.calls for n, c in counted.items()}, "routes": routes}
+
+    def capture(self, msg: dict) -> dict:
+        if self.device.type != "cuda":
+            return {"graphed": [], "errors": {}}
+        todo = [int(i) for i in msg["points"] if int(i) not in self.graphs]
+        overrides = self.candidate.overrides if self.candidate is not None else {}
+        self.registry.set_overrides(overrides)
+        try:
+            graphs, healthy = self.timing.capture_points(
+                todo, lambda i: [self.timing.capture_graph(lambda w=w: self.model.step(w), self.device, self.pool)
+                                 for w in self.workloads[i]],
+                lambda: self.timing.recover_after_capture(self.device), self.graph_errors)
+        finally:
+            self.registry.clear_overrides()
+        self.graphs.update({i: g for i, g in graphs.items() if g is not None})
+        return {"graphed": sorted(self.graphs), "errors": {str(k): v for k, v in self.graph_errors.items()},
+                "healthy": healthy}
+
+    def run(self, msg: dict) -> dict:
+        i, v = int(msg["i"]), int(msg["v"])
+        ids = msg.get("ids")
+        g = None if msg.get("eager") else self.graphs.get(i)
+        w = self.workloads[i][v]
+        if ids is not None:
+            ids = ids.to(self.device)
+        self.ring = []
+        clone = self.torch.Tensor.clone
+        if g is not None:
+            graph, static = g[v]
+            for r in range(int(msg["k"])):
+                if ids is not None:
+                    w.token_ids.copy_(ids[r])
+                graph.replay()
+                self.ring.append(clone(static))
+        else:
+            with self.registry.override(self.candidate.overrides if self.candidate else {}):
+                for r in range(int(msg["k"])):
+                    if ids is not None:
+                        w.token_ids.copy_(ids[r])
+                    self.ring.append(clone(self.model.step(w)))
+        self._sync()
+        return {"k": len(self.ring), "graph": g is not None}
+
+    def fetch(self, msg: dict) -> dict:
+        out = self.ring[int(msg["j"])]
+        rows = msg.get("rows")
+        return {"logits": out[[int(r) for r in rows]] if rows is not None else out}
+
+    def guard_reasons(self, when: str) -> list[str]:
+        reasons = []
+        changed = self.state_guard.check()
+        if changed:
+            reasons.append(f"{when}: candidate changed global state: {', '.join(changed[:8])}")
+            self.state_guard.restore()
+        current = {n: self.registry.current(n) for n in self.registry.names()}
+        touched = [n for n, fn in current.items() if fn is not self.registry.get(n).baseline]
+        if touched:
+            reasons.append(f"{when}: candidate changed the op registry: {', '.join(touched)}")
+            self.registry.clear_overrides()
+        threads = self.thread_guard.new_threads()
+        if threads:
+            reasons.append(f"candidate left {len(threads)} thread(s) running: {', '.join(threads[:5])}")
+        native = _raw_threads(self.native_threads)
+        if native:                              # raw _thread ones: not in threading.enumerate()
+            reasons.append(f"{when}: candidate left {len(native)} native thread(s) running")
+        return reasons
+
+    def guards_request(self, msg: dict) -> dict:
+        return {"reasons": self.guard_reasons(msg.get("when", "check"))}
+
+
+def _native_threads() -> set[int]:
+    """Thread ids of this process (``/proc/self/task``), raw ``_thread`` ones included."""
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def _comm(tid: int) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _raw_threads(before: set[int]) -> list[int]:
+    """Threads started since ``before`` that ``threading`` does not know and that carry the process's own
+    name (a raw ``_thread``); native library threads (CUDA, Triton, OpenMP) name themselves and are left
+    alone, Python-level ones are ``ThreadGuard``'s."""
+    import threading
+
+    known = {t.native_id for t in threading.enumerate()}
+    main = _comm(os.getpid())
+    return [t for t in sorted(_native_threads() - before) if t not in known and _comm(t) == main]
+
+
+def _param_names(sig) -> list[str]:
+    from persistent_engine.candidate import param_names
+
+    return param_names(sig)
+
+
+def _warm_triton(device) -> None:
+    from persistent_engine.judge.engine import _warm_triton as warm
+
+    warm(device)
+
+
+def serve(chan, arena, init: dict) -> int:
+    from persistent_engine.executor.channel import decode_tensors
+
+    worker = Worker(init, arena)
+    chan.send({"ready": True, "pid": os.getpid()})
+    handlers = {"load": worker.load, "op_check": worker.op_check, "step": worker.step, "capture": worker.capture,
+                "run": worker.run, "fetch": worker.fetch, "guards": worker.guards_request}
+    while True:
+        msg = decode_tensors(chan.recv())
+        op = msg.get("op")
+        if op == "exit":
+            return 0
+        try:
+            reply = handlers[op](msg)
+        except worker.torch.OutOfMemoryError as e:
+            reply = {"error": f"out of memory: {str(e)[:300]}", "kind": "oom"}
+        except BaseException as e:  # noqa: BLE001 - SystemExit of a candidate too: a verdict, not a crash
+            text = f"{type(e).__name__}: {e}"
+            print("".join(traceback.format_exception(e))[-4000:], file=sys.stderr, flush=True)
+            kind = "device" if any(s in text for s in DEVICE_ERRORS) else "candidate"
+            reply = {"error": text[:1000], "kind": kind}
+        chan.send(reply)
+
+
+def _init_then_serve(args) -> None:
+    """As PID 1 of the sandbox's PID namespace the kernel drops every signal this process sends itself
+    without a handler (an abort or a segfault a candidate provokes would not end it, and its cause would be
+    lost): PID 1 forks, the child serves, and PID 1 exits as the child ended (a signal s as 128 + s, which
+    ``launch.describe_exit`` reads back)."""
+    pid = os.fork()
+    if pid == 0:
+        return                              # the child: serve
+    for fd in (args.fd, args.arena_fd):     # EOF reaches the judge when the child dies
+        os.close(fd)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _die_with_parent() -> None:
+    """SIGKILL when the judge goes (prctl PR_SET_PDEATHSIG): no executor outlives it, stopped or hung."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from persistent_engine.executor.channel import Arena, Channel, decode_tensors
+
+    ap = argparse.ArgumentParser(prog="python -m persistent_engine.executor.worker")
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--arena-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+    if os.getpid() == 1:
+        _init_then_serve(args)
+    faulthandler.enable(file=sys.stderr)
+    _die_with_parent()
+    chan = Channel.from_fd(args.fd)
+    init = chan.recv()
+    arena = Arena.open(args.arena_fd, init["arena_size"], init["manifest"])
+    try:
+        code = serve(chan, arena, init)
+    except EOFError:                        # the judge went away: nothing left to do
+        code = 0
+    os._exit(code)                          # no atexit handler of a candidate runs
+
+
+if __name__ == "__main__":
+    main()

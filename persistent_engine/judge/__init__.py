@@ -1,0 +1,16 @@
+"""The judge: the reference slice, the inputs, the tolerances, the clocks and every comparison.
+
+It never imports or runs candidate code: executors (``persistent_engine.executor``) do, on inputs the judge
+chose, and hand their outputs back. ``engine.Engine`` serves the RPC (``server.py``); ``ab.py`` times two
+executors A/B from outside. Light on import (no torch here).
+"""
+
+__all__ = ["Engine", "EngineConfig"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from persistent_engine.judge import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

@@ -1,0 +1,124 @@
+"""The judge's checks of a candidate whose code runs in an executor (``e``: the judge ``Engine``).
+
+``remote_check``: ``contract.check_op``'s signature with the implementation run in the executor (it draws the
+inputs from the op's generator with the judge's seed and runs the override twice, ``run_candidate``); the judge
+draws the same inputs and decides (``judge_outputs``). ``layer_level``: the slice with the overrides run by the
+executor on the judge's workloads, its logits against the judge's reference. ``spot_check``: timed runs fetched
+at random against the judge's own reference on the same token ids. ``default_points``, ``point_label``: the
+workload points and their labels in replies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from persistent_engine import guards, verify
+
+
+def default_points(device: str) -> list[dict]:
+    if device.startswith("cuda"):
+        return [{"phase": "decode", "batch": 1, "context": 1024, "chunk": 1, "weight": 0.4},
+                {"phase": "decode", "batch": 32, "context": 1024, "chunk": 1, "weight": 0.4},
+                {"phase": "prefill", "batch": 1, "context": 0, "chunk": 512, "weight": 0.2}]
+    return [{"phase": "decode", "batch": 1, "context": 24, "chunk": 1, "weight": 0.5},
+            {"phase": "decode", "batch": 3, "context": 40, "chunk": 1, "weight": 0.3},
+            {"phase": "prefill", "batch": 1, "context": 0, "chunk": 16, "weight": 0.2}]
+
+
+def point_label(p: dict) -> str:
+    if p.get("phase") == "prefill":
+        return f"prefill b{p['batch']} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
+    return f"decode b{p['batch']} ctx{p.get('context', 0)}"
+
+
+def remote_check(e, deadline: float):
+    """``contract.check_op``'s signature, the implementation run in the executor: it draws the inputs
+    from the op's generator with the judge's seed and runs the override twice (``run_candidate``); this
+    process draws the same inputs and judges the outputs (``judge_outputs``)."""
+    from persistent_engine.ops.contract import _DTYPE_NAMES, judge_outputs
+
+    def check(name, impl, *, device, dtypes, shapes, seed):
+        d = e.registry.get(name)
+        reasons = []
+        for dtype in dtypes:
+            for j, shape in enumerate(shapes if shapes is not None else d.examples):
+                s = seed + 1000 * j
+                r = e._call({"op": "op_check", "name": name, "shape": shape,
+                                "dtype": str(dtype).removeprefix("torch."), "seed": s}, deadline)
+                prefix = f"{name} {_DTYPE_NAMES.get(dtype, str(dtype))} {shape}: "
+                if r.get("reason"):
+                    reasons.append(prefix + r["reason"])
+                    continue
+                outs = tuple(o.to(device) if isinstance(o, torch.Tensor) else o for o in r["outputs"])
+                reasons += [prefix + x for x in judge_outputs(d, outs, shape, dtype, device, s, r["devices"])]
+        return reasons
+    return check
+
+
+def layer_level(e, deadline: float) -> tuple[list[str], str]:
+    """The slice with the overrides, run by the executor on the judge's workloads, against the judge's
+    reference logits (calibrated bound). MoE points: the reference's routing sent along to be replayed;
+    the routing the executor reports is checked against the reference's ties here (``verify.TieCheck``).
+    Returns (reasons, summary)."""
+    from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
+
+    counted = {n: guards.Counted(None) for n in e.candidate.ops}
+    reasons: list[str] = []
+    ties = verify.TieCheck(e.dtype)
+    for i in e._affected():
+        for v in range(len(e.workloads[i])):
+            where = f"layer-level {point_label(e.points[i])} variant {v}"
+            moe = "moe_route" in e.ops_at[i]
+            refs = (e.moe_routes.get((i, v), e.model, e.workloads[i][v], e.ref[i][v], e.dtype)
+                    if moe else None)
+            r = e._call({"op": "step", "i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs)}, deadline)
+            for n, calls in (r.get("calls") or {}).items():
+                if n in counted:
+                    counted[n].calls += int(calls)
+            out = r["logits"].to(e.device) if isinstance(r.get("logits"), torch.Tensor) else (r.get("type"),)
+            tol = e.logit_tol[i][v]
+            routes = r.get("routes")
+            if moe and routes is not None:
+                rec_calls = calls_from_wire(routes["calls"], e.device)
+                w = e.workloads[i][v]
+                bad = ties.compare(out, e.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
+                                   replayed=bool(routes["replayed"]), tol=tol)
+            else:
+                bad = verify.compare_logits(out, e.ref[i][v], e.dtype, where, tol)
+            if bad:
+                reasons.append(bad)
+                break
+    e.tie_kept_rows = dict(ties.kept_rows)      # for bench's spot re-check of this candidate
+    if not reasons:
+        reasons += [r for r in (ties.budget_reason(),) if r]
+        reasons += guards.never_called(counted, e.ops_at)
+    return reasons, ties.summary()
+
+
+def spot_check(e, i: int, p: dict, kept: list) -> str | None:
+    """Timed runs picked at random after they ran (``kept``: rows of them picked after the run), against this
+    process's own reference on the same token ids (MoE points: the variant's reference, without the sequences
+    the tie check left out)."""
+    for k, v, ids, rows, out in kept:
+        out = out.to(e.device) if isinstance(out, torch.Tensor) else out
+        if ids is not None:
+            w = e.workloads[i][v]
+            saved = w.token_ids.clone()
+            w.token_ids.copy_(ids.to(e.device))
+            ref = e.model.step(w)[rows]
+            w.token_ids.copy_(saved)
+        else:
+            ref = e.ref[i][v][rows]
+            keep = e.tie_kept_rows.get((i, v))
+            if keep is not None:
+                keep = keep[rows]
+                if not bool(keep.any()):
+                    continue
+                out, ref = out[keep], ref[keep]
+        r = verify.compare_logits(out, ref, e.dtype, f"spot re-check {point_label(p)} timed sample {k}",
+                                  e.logit_tol[i][v])
+        if r:
+            e.workload_guard.restore()
+            return r
+    e.workload_guard.restore()
+    return None

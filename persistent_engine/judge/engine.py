@@ -1,0 +1,605 @@
+"""The judge: one model slice and its workload points, built once, judging candidates run by executors.
+
+Start-up (stages timed for the log): weights (``build_model``), KV cache (``make_workload`` for every
+point and input variant), warm-up (baseline logits kept as the verification reference, which ops each
+point calls), calibration (the layer-level logits bound of each point and variant, ``tolerance.py``),
+graph_capture (the sealed arena of weights and workloads shared with executors, the baseline executor
+started: it runs only the reference code, CUDA graphs of every point captured there, and its step
+times measured; the pool of warm candidate executors starts warming on the first candidate).
+
+This process never imports or runs candidate code. A candidate's life: ``load`` (static checks here;
+then a fresh warm executor from the pool imports it) -> ``verify`` (op level: the executor runs each
+override on inputs it draws from the op's generator with the seed the judge chose, the judge draws
+the same inputs, computes the reference and compares; layer level: the executor runs the slice with
+the overrides on the judge's workloads, the judge compares the logits with its reference under the
+calibrated bound, MoE routing replayed from the judge's record) -> ``bench`` (``ab.py``: baseline
+and candidate executors timed from here, A/B in a random order, the side not timed SIGSTOPped, fresh
+token ids per run, random timed runs re-checked against the judge's own reference) -> ``unload``
+(the executor killed with its whole process group: nothing of it survives; the arena's seals and
+bytes and the judge's own weights and workloads checked unchanged).
+
+CONFIG: ``cuda_graph`` and ``cuda_graph_batch_sizes`` pick which affected points are graphed on the
+candidate's side; ``kv_block_size`` re-lays the candidate executor's KV caches (same content, new
+paging); ``max_num_seqs`` and ``max_num_batched_tokens`` are scheduler knobs no single step shows
+(``CONFIG_NOTES``).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import inspect
+import os
+import random
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from persistent_engine import candidate as cand_mod
+from persistent_engine import guards, tier_inputs, timing, tolerance, verify
+from persistent_engine.executor.channel import Arena
+from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
+                                              sandbox_summary)
+from persistent_engine.judge import ab
+from persistent_engine.judge import checks as judging
+from persistent_engine.judge.checks import default_points, point_label
+from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
+                                         PrepareReply, Profile,
+                                         ProfileReply, Reply, Request, Status, StatusReply, Unload,
+                                         UnloadReply, Verify, VerifyReply)
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# what the engine does with each CONFIG knob, as reported in the load and bench replies
+CONFIG_NOTES = {
+    "cuda_graph": "applied: candidate points captured in CUDA graphs (CUDA only)",
+    "cuda_graph_batch_sizes": "applied: only points of these batch sizes are graphed on the candidate side",
+    "kv_block_size": "applied: the candidate's KV caches re-laid with this block size",
+    "max_num_seqs": "not measurable by the engine; judged by compiler config search",
+    "max_num_batched_tokens": "not measurable by the engine; judged by compiler config search",
+}
+# roofline floor: bytes a step must read at least / this bandwidth (GB/s); CUDA when unset
+DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
+# warm candidate executors kept ready: one warms in ~8-9 s on the H200 box (imports ~5 s, CUDA context,
+# weights, the first Triton compile ~2 s), a cycle should take < 1 s, so twelve warming at once on its 16
+# cores (~1.3 per second) keep the judge from waiting;
+# on CPU one (the CI machine has two cores). On CUDA at most half the free device memory holds them
+# (each: its own copy of the weights and KV caches + ~1 GiB of context and graphs).
+POOL_SIZE = {"cuda": 12, "cpu": 1}
+# the pool's executors SIGSTOPped while a point is timed once at least this many are warm (a warming one's
+# imports take a core from the timed sides: on the 2-core CI machine an A/A read 0.4-3.4x with the pool
+# warming, 1.00-1.05 with it paused); always on CPU, on CUDA only while the pool is ahead (it must keep warming)
+PAUSE_POOL_IF_READY = {"cpu": 0, "cuda": 2}
+ARENA_CHUNKS_PER_CHECK = 4             # arena chunks (16 MiB each) re-hashed after every candidate
+EXECUTOR_START_S = 900.0
+DEFAULT_CALL_S = 600.0
+DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
+                 "unspecified launch failure", "misaligned address", "illegal instruction")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    layers: list[int] | None = None     # None: every layer
+    device: str = "cpu"
+    dtype: str = "bf16"
+    points: list[dict] = field(default_factory=list)   # empty: default_points(device)
+    seed: int = 0
+    variants: int = 2                   # input variants per point (fresh inputs across samples)
+    cuda_graph: bool = True
+    # roofline plausibility floor (GB/s): None = DEFAULT_PEAK_BANDWIDTH_GBS of the device (off on CPU)
+    peak_bandwidth_gbs: float | None = None
+    pool_size: int | None = None        # warm candidate executors (None: POOL_SIZE of the device)
+    inputs: dict = field(default_factory=dict)     # tier_inputs.TierInputs as JSON ({}: uniform, random routers)
+
+
+def elog(line: str) -> None:
+    """One line on the engine's stderr (the supervisor keeps it and shows its tail on a crash)."""
+    print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
+
+
+def _gpu_bytes(device: torch.device) -> int | None:
+    """Total memory of the engine's GPU; None on CPU (where the tiny and one-layer models stay small)."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
+def _warm_triton(device: torch.device) -> None:
+    """Compile and launch one trivial Triton kernel (~2 s on a GPU the first time in a process)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return
+
+    @triton.jit
+    def _copy(src, dst, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+    try:
+        x = torch.arange(16, dtype=torch.float32, device=device)
+        y = torch.empty_like(x)
+        _copy[(1,)](x, y, 16, BLOCK=16)
+    except Exception:  # noqa: BLE001 - no Triton backend here (CPU without the interpreter)
+        pass
+
+
+class Candidate:
+    """What the judge knows of the loaded candidate: its executor and what that executor reported at load
+    (names, CONFIG, DESCRIPTION: descriptive only; nothing here decides a verdict)."""
+
+    def __init__(self, name: str, executor: Executor, ops: list[str], config: dict, description: str):
+        self.name, self.executor, self.ops, self.config, self.description = name, executor, ops, config, description
+        self.overrides = dict.fromkeys(ops)     # op names (the implementations live in the executor only)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, log=lambda stage, seconds: None):
+        from persistent_engine.models.decoder import build_model
+        from persistent_engine.models.spec import ModelSpec
+        from persistent_engine.ops import registry
+
+        self.config = config
+        self.registry = registry
+        if not faulthandler.is_enabled():       # a segfault or abort leaves its stack on stderr
+            faulthandler.enable(file=sys.stderr)
+        self.device = torch.device(config.device)
+        self.dtype = DTYPES[config.dtype]
+        self.spec = ModelSpec.from_name(config.model)
+        self.layers = list(config.layers) if config.layers is not None else list(range(self.spec.num_layers))
+        self.points = [dict(p) for p in (config.points or default_points(config.device))]
+        self.startup: dict[str, float] = {}
+        self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))   # seeds, orders: unknown to executors
+        self._dir = tempfile.mkdtemp(prefix="tkcc-judge-")
+        self.op_params = {n: cand_mod.param_names(inspect.signature(registry.get(n).reference))
+                          for n in registry.names()}
+
+        def stage(name, t0):
+            s = (timing.now_ns() - t0) / 1e9
+            self.startup[name] = s
+            log(name, s)
+
+        t0 = timing.now_ns()
+        self.threads = int(os.environ.get("TKCC_ENGINE_THREADS", "1"))
+        if self.device.type == "cpu":           # one thread: steadier timings, no oversubscription
+            torch.set_num_threads(self.threads)
+        torch.manual_seed(config.seed)
+        self.inputs = tier_inputs.TierInputs.from_dict(config.inputs)       # a checkpoint, tokens, routing
+        self.model = build_model(self.spec, layers=self.layers, device=self.device, dtype=self.dtype,
+                                 seed=config.seed, weights=self.inputs.weights)
+        torch.set_grad_enabled(False)
+        self._sync()
+        stage("weights", t0)
+
+        t0 = timing.now_ns()
+        self.workloads, self.routing = self.inputs.build(self.model, self.points, config.variants, config.seed)
+        self._sync()
+        stage("kv_cache", t0)
+
+        t0 = timing.now_ns()
+        from persistent_engine import profiler
+        for ws in self.workloads:               # first step: kernels warm, new-token KV slots written
+            for w in ws:
+                self.model.step(w)
+        self.ref = [[self.model.step(w).clone() for w in ws] for ws in self.workloads]
+        self.ops_at = [set(profiler.op_calls(self.model, ws[0])) for ws in self.workloads]
+        _warm_triton(self.device)
+        self._sync()
+        stage("warmup", t0)
+
+        t0 = timing.now_ns()
+        self.moe_routes = verify.ReferenceRoutes(self.registry)   # the reference's routing, recorded on first use
+        # layer-level logits bound per point and variant: the slice's own rounding noise (tolerance.py)
+        self.logit_noise = tolerance.calibrate(self.registry, self.model, self.workloads, self.ref, self.moe_routes,
+                                               self.ops_at, self.device, self.dtype, config.seed)
+        self.logit_tol = [[tolerance.tolerance(self.dtype, n) for n in row] for row in self.logit_noise]
+        self._sync()
+        stage("calibration", t0)
+
+        t0 = timing.now_ns()
+        weights = guards.model_weights(self.model)
+        shared = {f"weight.{k}": t for k, t in weights.items()}
+        shared.update({f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
+                       for k, t in guards.tensors_of(w).items()})
+        self.arena = Arena.build(shared)        # sealed: no process can write it from here on
+        self.arena_checksums = self.arena.checksums()
+        self._arena_window = 0
+        self._init = {"model": config.model, "layers": self.layers, "device": config.device,
+                      "dtype": str(self.dtype).removeprefix("torch."), "points": self.points,
+                      "variants": config.variants, "seed": config.seed, "threads": self.threads}
+        self.pool: ExecutorPool | None = None   # started on the first candidate
+        self.baseline: Executor | None = None
+        self.graph_errors: dict[int, str] = {}
+        self.base_graphed: set[int] = set()
+        self._start_baseline()
+        # baseline step time per point as bench times it (wall time of a run request, per step)
+        self.base_ms = [ab.time_side(self.baseline, i, 0, 5, ab.run_batch(self.device.type, None)) for i in
+                        range(len(self.points))]
+        self.batch = [ab.run_batch(self.device.type, ms) for ms in self.base_ms]
+        stage("graph_capture", t0)
+
+        gpu_bytes = _gpu_bytes(self.device)
+        self.op_check_budget = gpu_bytes // 4 if gpu_bytes else None
+        self.weight_guard = guards.TensorGuard(weights, device_budget=gpu_bytes // 10 if gpu_bytes else None)
+        self.workload_guard = guards.TensorGuard(
+            {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
+             for k, t in guards.tensors_of(w).items()})
+        self.candidate: Candidate | None = None
+        self.cand_workloads = None              # kept for callers: re-laid caches live in the executor only
+        self.tie_kept_rows: dict = {}           # (point, variant) -> rows the MoE tie check kept
+        self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
+                                   else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
+        self.floor_ms = [guards.min_step_bytes(weights, ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
+                         if self.peak_bandwidth_gbs else 0.0 for ws in self.workloads]
+        self.served = 0
+        self.poisoned = False                   # the judge itself is broken: exit after replying
+        self.poison_cause = ""
+        self.executors_used = 0
+        self.pool_size = 0
+        self.pool_wait_s = 0.0
+        self._next: Executor | None = None      # set aside by ``prepare`` for the next load
+        self._release_cached()
+
+    # ------------------------------------------------------------------------------ executors
+    def _new_executor(self, role: str) -> Executor:
+        capture = role == "baseline" and self.device.type == "cuda" and self.config.cuda_graph
+        return Executor({**self._init, "capture": capture}, self.arena, self._dir, role=role)
+
+    def _start_baseline(self) -> None:
+        """The baseline executor: the reference code only, in a process of the same kind as a candidate's
+        (so both sides of an A/B pay the same overheads); replaced if it ever dies."""
+        if self.baseline is not None:
+            self.baseline.kill()
+        ex = self._new_executor("baseline")
+        ex.wait_ready(EXECUTOR_START_S)
+        self.baseline = ex
+        if self.device.type == "cuda" and self.config.cuda_graph:
+            r = ex.call({"op": "capture", "points": list(range(len(self.points)))}, DEFAULT_CALL_S)
+            self.base_graphed = set(r["graphed"])
+            self.graph_errors = {int(k): v for k, v in r["errors"].items()}
+        else:
+            why = timing.graph_plan(self.points, self.device.type, self.config.cuda_graph)
+            self.graph_errors = {i: w for i, w in enumerate(why) if w}
+
+    def _pool(self) -> ExecutorPool:
+        if self.pool is None:
+            size = self.config.pool_size or POOL_SIZE.get(self.device.type, 1)
+            if self.device.type == "cuda" and not self.config.pool_size:
+                each = self.arena.size + (1 << 30)
+                size = max(1, min(size, int(0.5 * torch.cuda.mem_get_info(self.device)[0] // each)))
+            self.pool_size = size
+            self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S)
+        return self.pool
+
+    def start_pool(self) -> None:
+        """Start warming candidate executors now (else on the first candidate)."""
+        self._pool()
+
+    def close(self) -> None:
+        self._drop_candidate()
+        if self._next is not None:
+            self._next.kill()
+        if self.pool is not None:
+            self.pool.close()
+        if self.baseline is not None:
+            self.baseline.kill()
+
+    # ------------------------------------------------------------------------------ helpers
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            timing._synchronize(self.device)
+
+    def _release_cached(self) -> None:
+        """Hand the caching allocator's free blocks back to the device (after start-up and after each
+        candidate): the two tiers' engines share one GPU."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _poison(self, cause: str) -> None:
+        """This process is done after the current reply (the supervisor starts a fresh one)."""
+        if not self.poisoned:
+            elog(f"leaving after this reply: {cause}")
+        self.poisoned = True
+        self.poison_cause = self.poison_cause or cause
+
+    def _guard_reasons(self, phase: str) -> list[str]:
+        """The judge's own state after a candidate: the arena's seals and a rotating window of its bytes, the
+        judge's weights and workloads. No candidate code runs here, so any finding is a breach: named, and
+        this process replaced."""
+        reasons = []
+        if not self.arena.sealed():
+            reasons.append(f"{phase}: the shared arena lost its seals")
+        n = len(self.arena_checksums)
+        window = [(self._arena_window + j) % n for j in range(min(n, ARENA_CHUNKS_PER_CHECK))] if n else []
+        self._arena_window = (self._arena_window + len(window)) % max(n, 1)
+        bad_chunks = [j for j in window if self.arena.chunk_checksum(j) != self.arena_checksums[j]]
+        if bad_chunks:
+            reasons.append(f"{phase}: the shared weights / KV cache changed (arena chunks {bad_chunks[:5]})")
+        self._sync()
+        bad = self.weight_guard.changed()
+        if bad:
+            reasons.append(f"{phase}: candidate changed the weights: {', '.join(bad[:5])}"
+                           + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))
+            if self.weight_guard.restorable:
+                self.weight_guard.restore(bad)
+            else:
+                self._poison("the weights changed and no copy was kept to restore them")
+        self.workload_guard.restore()           # KV slots the judge's reference steps wrote are put back
+        if reasons:
+            self._poison(reasons[0])
+        return reasons
+
+    def _affected(self) -> list[int]:
+        """Points whose step the candidate changes: an overridden op runs there, or (kv_block_size)
+        every point, whose KV cache it re-lays."""
+        if self.candidate is None:
+            return []
+        if self.candidate.config.get("kv_block_size") is not None:
+            return list(range(len(self.points)))
+        ops = set(self.candidate.ops)
+        return [i for i, at in enumerate(self.ops_at) if at & ops]
+
+    def _config_notes(self) -> dict[str, str]:
+        return {k: CONFIG_NOTES[k] for k in (self.candidate.config if self.candidate else {}) if k in CONFIG_NOTES}
+
+    def _deadline(self, req) -> float:
+        t = getattr(req, "timeout_s", 0.0) or DEFAULT_CALL_S
+        return timing.now_ns() / 1e9 + t
+
+    def _call(self, msg: dict, deadline: float) -> dict:
+        """One request to the candidate's executor, within ``deadline`` (its error replies raised)."""
+        left = deadline - timing.now_ns() / 1e9
+        if left <= 0:
+            raise ExecutorTimeout(f"no answer during {msg.get('op')}")
+        reply = self.candidate.executor.call(msg, left)
+        if "error" in reply:
+            raise CandidateRaised(reply["error"], reply.get("kind", "candidate"))
+        return reply
+
+    def _drop_candidate(self) -> None:
+        self.tie_kept_rows = {}
+        if self.candidate is not None:
+            ex = self.candidate.executor
+            self.candidate = None
+            if self.pool is not None:
+                self.pool.discard(ex)
+            else:
+                ex.kill()
+
+    # ------------------------------------------------------------------------------ requests
+    def handle(self, req: Request) -> Reply:
+        handlers = {LoadCandidate: self.load, Prepare: self.prepare, Verify: self.verify, Bench: self.bench,
+                    Unload: self.unload, Profile: self.profile, Status: self.status}
+        phase = {LoadCandidate: "load", Verify: "verify", Bench: "bench"}.get(type(req), type(req).__name__)
+        try:
+            reply = handlers[type(req)](req)
+        except ExecutorTimeout:
+            limit = getattr(req, "timeout_s", 0.0) or DEFAULT_CALL_S
+            self._drop_candidate()
+            reply = ErrorReply(message=f"no answer during {phase} within the {limit:g} s timeout (watchdog killed "
+                                       "the executor)", kind="hang")
+        except ExecutorDied as e:
+            if self.baseline is not None and not self.baseline.alive():     # not the candidate's doing
+                self._drop_candidate()
+                self._start_baseline()
+                return ErrorReply(message=f"the baseline executor died during {phase} ({e}); restarted",
+                                  kind="internal")
+            tail = self.candidate.executor.stderr_tail(200) if self.candidate else ""
+            self._drop_candidate()
+            self._ensure_baseline()
+            reply = ErrorReply(message=f"executor died during {phase} ({e})" + (f": {tail}" if tail else ""),
+                               kind="crash")
+        except CandidateRaised as e:
+            if e.kind == "device":              # its CUDA context is gone: so is the executor
+                self._drop_candidate()
+                reply = ErrorReply(message=f"device error (executor discarded): {e.text[:500]}", kind="device")
+            elif e.kind == "oom":
+                reply = ErrorReply(message=e.text[:300], kind="oom")
+            else:
+                reply = ErrorReply(message=f"candidate raised {e.text[:1000]}", kind="candidate")
+        except torch.OutOfMemoryError as e:
+            elog(f"{type(req).__name__}: out of memory: {str(e)[:300]}")
+            self._release_cached()
+            return ErrorReply(message=f"out of memory: {str(e)[:300]}", kind="oom")
+        self.served += 1
+        return reply
+
+    def _ensure_baseline(self) -> None:
+        if self.baseline is None or not self.baseline.alive():
+            self._start_baseline()
+
+    def load(self, req: LoadCandidate) -> LoadReply:
+        t0 = timing.now_ns()
+        if self.candidate is not None:
+            self.unload(Unload())
+        reasons = cand_mod.static_check(req.source, self.op_params)
+        if not reasons:
+            ex = self._take()
+            self.executors_used += 1
+            self.candidate = Candidate(req.name, ex, [], {}, "")
+            r = self._call({"op": "load", "source": req.source, "name": req.name}, self._deadline(req))
+            reasons = list(r.get("reasons") or [])
+            if reasons:
+                self._drop_candidate()
+            else:
+                self.candidate = Candidate(req.name, ex, [str(o) for o in r["ops"] if o in self.op_params],
+                                           dict(r.get("config") or {}), str(r.get("description") or ""))
+        secs = (timing.now_ns() - t0) / 1e9
+        confined = _applied(self.candidate.executor if self.candidate else None)
+        if reasons:
+            return LoadReply(ok=False, message="candidate refused", reasons=reasons, seconds=secs, sandbox=confined)
+        c = self.candidate
+        notes = "; ".join(f"{k}: {v}" for k, v in self._config_notes().items())
+        return LoadReply(ok=True, message=f"loaded {c.name}" + (f" (CONFIG {notes})" if notes else ""),
+                         ops=sorted(c.ops), config=c.config, description=c.description[:2000], seconds=secs,
+                         sandbox=confined)
+
+    def _take(self) -> Executor:
+        """The executor ``prepare`` set aside, else a warm one from the pool (waiting for it)."""
+        ex, self._next = self._next, None
+        if ex is not None and ex.alive():
+            return ex
+        if ex is not None:
+            self._pool().discard(ex)
+        t0 = timing.now_ns()
+        ex = self._pool().take()
+        self.pool_wait_s = (timing.now_ns() - t0) / 1e9
+        return ex
+
+    def prepare(self, req: Prepare) -> PrepareReply:
+        if self._next is None or not self._next.alive():
+            self._next = None
+            self._next = self._take()
+        return PrepareReply(message="executor ready", pool_wait_s=self.pool_wait_s)
+
+    def _need_candidate(self) -> ErrorReply | None:
+        if self.candidate is None:
+            return ErrorReply(message="no candidate loaded", kind="no_candidate")
+        return None
+
+    def verify(self, req: Verify) -> Reply:
+        if (err := self._need_candidate()) is not None:
+            return err
+        t0 = timing.now_ns()
+        deadline = self._deadline(req)
+        seed = req.seed if req.seed is not None else self._rng.randrange(1, 2**31)
+        c = self.candidate
+        checks = verify.op_level(sorted(c.ops), c.overrides, self.spec, self.points, self.device, self.dtype,
+                                 seed, budget=self.op_check_budget, check=judging.remote_check(self, deadline))
+        reasons = [ch.detail for ch in checks if not ch.passed]
+        reasons += self._call({"op": "guards", "when": "op-level verification"}, deadline)["reasons"]
+        if not reasons:
+            layer_reasons = judging.layer_level(self, deadline)
+            checks.append(verify.Check("layer", not layer_reasons[0],
+                                       "; ".join(layer_reasons[0])[:2000] or layer_reasons[1]))
+            reasons += layer_reasons[0]
+            reasons += self._call({"op": "guards", "when": "layer-level verification"}, deadline)["reasons"]
+        reasons += self._process_reasons("verification")
+        return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
+                           checks=[ch.to_dict() for ch in checks], seed=seed,
+                           seconds=(timing.now_ns() - t0) / 1e9)
+
+    def bench(self, req: Bench) -> Reply:
+        if (err := self._need_candidate()) is not None:
+            return err
+        t0 = timing.now_ns()
+        deadline = self._deadline(req)
+        c = self.candidate
+        self._ensure_baseline()
+        samples = req.samples or timing.DEFAULT_SAMPLES[self.device.type]
+        affected = set(self._affected())
+        plan = timing.graph_plan(self.points, self.device.type, c.config.get("cuda_graph", True),
+                                 c.config.get("cuda_graph_batch_sizes"))
+        todo = [i for i in sorted(affected) if i in self.base_graphed and plan[i] is None]
+        cand_graphed, cand_errors = set(), {}
+        if todo:
+            r = self._call({"op": "capture", "points": todo}, deadline)
+            cand_graphed = set(r["graphed"]) & set(todo)
+            cand_errors = {int(k): v for k, v in r["errors"].items()}
+        per_point, reasons = [], []
+        notes = self._config_notes()
+        for i, p in enumerate(self.points):
+            if i not in affected:
+                per_point.append({"point": p, "label": point_label(p), "affected": False,
+                                  "baseline_ms": self.base_ms[i], "candidate_ms": self.base_ms[i], "speedup": 1.0})
+                continue
+            graphed = i in cand_graphed
+            k = self.batch[i]
+            n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i] * k, samples)
+            fresh = None if "moe_route" in self.ops_at[i] else self._fresh_ids(i)
+            need = PAUSE_POOL_IF_READY.get(self.device.type)
+            paused = (self.pool.pause() if self.pool is not None and need is not None
+                      and self.pool.ready_count() >= need else [])
+            try:
+                res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
+                                   self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
+                                   stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type),
+                                   rows=int(self.ref[i][0].shape[0]))
+            finally:
+                ExecutorPool.resume(paused)
+            r = judging.spot_check(self, i, p, res.kept)
+            if r:
+                reasons.append(r)
+            r = guards.implausibly_fast(point_label(p), res.candidate.median_ms, self.floor_ms[i])
+            if r:
+                reasons.append(r + (f" ({self.peak_bandwidth_gbs:g} GB/s ceiling)" if self.peak_bandwidth_gbs else ""))
+            per_point.append({"point": p, "label": point_label(p), "affected": True, "graph": graphed,
+                              "graph_error": None if graphed else (cand_errors.get(i) or self.graph_errors.get(i)
+                                                                   or plan[i]),
+                              "baseline_ms": res.baseline.median_ms, "baseline_iqr_ms": res.baseline.iqr_ms,
+                              "candidate_ms": res.candidate.median_ms, "candidate_iqr_ms": res.candidate.iqr_ms,
+                              "samples": res.candidate.n, "runs_per_sample": k, "floor_ms": self.floor_ms[i],
+                              "speedup": res.speedup, **({"config": notes} if notes else {})})
+        reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
+        reasons += self._process_reasons("timing")
+        # a point's weight is already its share of GPU time: new time / old time = sum(w * cand/base) / sum(w)
+        wsum = sum(pp["point"].get("weight", 1.0) for pp in per_point)
+        rsum = sum(pp["point"].get("weight", 1.0) * pp["candidate_ms"] / pp["baseline_ms"]
+                   for pp in per_point if pp["baseline_ms"] > 0)
+        speedup = wsum / rsum if rsum > 0 else None
+        message = "timed" if not reasons else "rejected while timed"
+        if notes:
+            message += "; CONFIG " + "; ".join(f"{k}: {v}" for k, v in notes.items())
+        return BenchReply(ok=not reasons, message=message, reasons=reasons, per_point=per_point,
+                          speedup=speedup, timer=ab.TIMER, samples=samples, seconds=(timing.now_ns() - t0) / 1e9)
+
+    def _process_reasons(self, phase: str) -> list[str]:
+        """Processes the candidate started in its sandbox (a kernel never forks): named, and the executor is
+        killed with all of them at unload."""
+        extra = self.candidate.executor.extra_processes() if self.candidate else []
+        return [f"{phase}: candidate left {len(extra)} process(es) running in its executor"] if extra else []
+
+    def _fresh_ids(self, i: int):
+        """``fresh(k) -> [k, T]`` token ids drawn here for k timed runs of point i (no executor can predict
+        them, so no output can be cached across runs)."""
+        gen = torch.Generator().manual_seed(self._rng.randrange(2**62))
+        t = self.workloads[i][0].token_ids.numel()
+        return lambda k: torch.randint(0, self.spec.vocab_size, (k, t), generator=gen)
+
+    def unload(self, req: Unload) -> UnloadReply:
+        restored = []
+        if self.candidate is not None:
+            restored.append(f"candidate {self.candidate.name}")
+            self._drop_candidate()              # the executor and its process group: killed
+        bad = self._guard_reasons("unload")
+        restored += bad
+        self._ensure_baseline()
+        self._release_cached()
+        return UnloadReply(message="unloaded", restored=restored)
+
+    def profile(self, req: Profile) -> ProfileReply:
+        from persistent_engine import profiler
+
+        per_point = []
+        for i, p in enumerate(self.points):
+            ops = profiler.profile_point(self.model, self.workloads[i][0], self.device)
+            self.workload_guard.restore()
+            per_point.append({"point": p, "label": point_label(p), "step_ms": self.base_ms[i],
+                              "total_ms": sum(o["ms"] for o in ops.values()), "ops": ops})
+        return ProfileReply(message="baseline profile", per_point=per_point,
+                            timer=timing.make_timer(self.device).name + "+sync per op")
+
+    def status(self, req: Status) -> StatusReply:
+        return StatusReply(message="ready", model=self.config.model, layers=self.layers,
+                           device=str(self.device), dtype=self.config.dtype, points=self.points,
+                           startup=self.startup, logit_noise=self.logit_noise, logit_tol=self.logit_tol,
+                           served=self.served, pid=os.getpid(),
+                           candidate=self.candidate.name if self.candidate else None,
+                           sandbox=sandbox_summary(), executors_used=self.executors_used,
+                           pool_size=self.pool_size, pool_wait_s=self.pool_wait_s,
+                           pool_ready=self.pool.ready_count() if self.pool else 0)
+
+
+def _applied(ex: Executor | None) -> dict:
+    """What confined an executor (``SandboxCapabilities.as_dict()``), for the verdict's metadata."""
+    caps = getattr(ex, "applied", None)
+    return dict(caps.as_dict()) if caps is not None else {}
+
+
+class CandidateRaised(Exception):
+    """An executor's error reply: the candidate raised (or ran out of memory, or broke its device)."""
+
+    def __init__(self, text: str, kind: str):
+        super().__init__(text)
+        self.text, self.kind = text, kind

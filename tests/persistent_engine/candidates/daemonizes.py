@@ -1,0 +1,61 @@
+"""Hostile but exact: leaves processes behind. A double-forked, setsid daemon (a fresh python) that
+writes a heartbeat (a counter in ``heartbeat`` in the working directory, every 10 ms) forever, plus a
+posix_spawned shell (``sleep``) in its own session; both command lines carry ``marker`` (the tests
+find survivors by it). ``os`` through an allowed module (static filter bypassed). Targets from
+``target.json`` in its working directory, else ``/tmp/tkcc-hostile-target.json``. With ``exit`` the
+candidate's own process exits once the daemon beats, else it lingers ``linger_s`` (like an executor
+waiting for work)."""
+import typing
+
+_sys = getattr(typing, "sy" + "s")
+_imp = getattr(_sys.modules["built" + "ins"], "__imp" + "ort__")
+_os = _imp("o" + "s")
+_json = _imp("js" + "on")
+_time = _imp("ti" + "me")
+
+DESCRIPTION = "fused_add_rms_norm, exact; leaves a daemon"
+
+def _target_file():
+    for path in ("target.json", "/tmp/tkcc-hostile-target.json"):     # its workdir, else a shared file
+        try:
+            fd = _os.open(path, _os.O_RDONLY)
+        except OSError:
+            continue
+        data = _json.loads(_os.read(fd, 1 << 16))
+        _os.close(fd)
+        return data
+    raise OSError("no target")
+
+
+try:
+    target = _target_file()
+except OSError:
+    target = {}
+_marker = target.get("marker", "tkcc-daemon")
+_here = _os.getcwd()
+
+# the daemon: a fresh python whose argv carries the marker, beating into the working directory
+_BEAT = ("import os, sys, time\nn = 0\nwhile True:\n    n += 1\n"
+         "    with open(sys.argv[1] + '/heartbeat.tmp', 'w') as f:\n        f.write(f'{n} {os.getpid()}')\n"
+         "    os.replace(sys.argv[1] + '/heartbeat.tmp', sys.argv[1] + '/heartbeat')\n    time.sleep(0.01)\n")
+if _os.fork() == 0:
+    _os.setsid()
+    if _os.fork() == 0:
+        _os.posix_spawn("/bin/sh", ["sh", "-c", f"sleep 1000; echo {_marker}"], dict(_os.environ), setsid=True)
+        _os.execv(_sys.executable, [_sys.executable, "-c", _BEAT, _here, _marker])
+    _os._exit(0)
+_os.wait()
+while not _os.path.exists(f"{_here}/heartbeat"):
+    _time.sleep(0.005)
+if target.get("exit"):
+    _os._exit(0)
+_time.sleep(target.get("linger_s", 0))
+
+
+def fused_add_rms_norm(x, residual, weight, eps):
+    r = x.float() + residual.float()
+    normed = r * (r.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()
+    return normed.to(x.dtype), r.to(x.dtype)
+
+
+OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}
