@@ -8,7 +8,7 @@ import pathlib
 import pytest
 import torch
 
-from persistent_engine import engine as eng
+from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 from persistent_engine import routing, tolerance, verify
 from persistent_engine.models.decoder import build_model
