@@ -7,6 +7,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from persistent_engine.client import EngineClient
 from persistent_engine.server import read_token_file
 
@@ -35,6 +37,32 @@ def test_tkcc_engine_serve_hands_the_token_through_a_private_file(tmp_path):
         st = client.status()
         assert st.ok and st.model == "tiny-dense" and st.pid == proc.pid
         assert not EngineClient(ready["address"], "x" * 64, timeout_s=60).status().ok
+        assert client.shutdown().ok
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_tkcc_engine_serve_tiny_serves_glm52_at_toy_size(tmp_path):
+    token_file = tmp_path / "engine.token"
+    env = {k: v for k, v in os.environ.items() if k != "TKCC_ENGINE_TOKEN"}
+    proc = subprocess.Popen([sys.executable, "-m", "compiler", "engine", "serve", "--model", "glm", "--tiny",
+                             "--token-file", str(token_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        ready = None
+        for line in proc.stdout:
+            obj = json.loads(line)
+            if "stage" not in obj:
+                ready = obj
+                break
+        assert ready and ready["ready"] is True, proc.stderr.read() if proc.poll() is not None else ready
+        assert ready["layers"] == [0, 1, 2]                   # dense + full indexer, MoE + full, MoE + shared
+        client = EngineClient(ready["address"], read_token_file(str(token_file)), timeout_s=60)
+        assert client.status().model == "glm+tiny"
         assert client.shutdown().ok
         assert proc.wait(timeout=60) == 0
     finally:
