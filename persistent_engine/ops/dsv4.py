@@ -5,6 +5,7 @@ Source: Hugging Face transformers ``models/deepseek_v4/modeling_deepseek_v4.py``
 DeepSeek-V4 report's sections it cites:
 - ``swiglu_clamp_and_mul`` = ``DeepseekV4Experts._apply_gate`` / ``DeepseekV4MLP``: silu(min(gate, limit)) *
   clamp(up, -limit, limit) (``swiglu_limit`` 10), on tkcc's [gate | up] layout.
+- ``moe_experts_clamp``: the routed experts with that activation (``DeepseekV4Experts.forward``).
 - ``moe_route_hash`` = ``DeepseekV4HashRouter``: the first ``num_hash_layers`` MoE layers take their experts
   from a frozen table ``tid2eid[token_id]``; the learned gate only weighs them (scores by ``scoring``,
   renormalised, times ``routed_scaling_factor``).
@@ -26,13 +27,19 @@ import torch
 import torch.nn.functional as F
 
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.moe import _route_canonical, _weights, expert_scores
+from persistent_engine.ops.moe import (_experts_fit, _experts_inputs, _experts_shapes, _route_canonical, _weights,
+                                       expert_scores, experts_forward)
 from persistent_engine.ops.opdef import DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, randint, randn, tokens
 
 
 def swiglu_clamp_and_mul(x: torch.Tensor, limit: float) -> torch.Tensor:
     gate, up = _acc(x).chunk(2, dim=-1)
     return (F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)).to(x.dtype)
+
+
+def moe_experts_clamp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor, limit: float) -> torch.Tensor:
+    return experts_forward(x, w13, w2, topk_weights, topk_ids, lambda h: swiglu_clamp_and_mul(h, limit))
 
 
 def moe_route_hash(router_logits: torch.Tensor, tid2eid: torch.Tensor, token_ids: torch.Tensor, scoring: str,
@@ -69,6 +76,15 @@ def kv_compress(kv: torch.Tensor, gate: torch.Tensor, position_bias: torch.Tenso
 def _swiglu_inputs(shape, dtype, device, seed):
     g = generator(device, seed)
     return randn(g, [shape["T"], 2 * shape["I"]], dtype, device, 6.0), float(shape.get("limit", 10.0))
+
+
+def _clamp_experts_inputs(shape, dtype, device, seed):
+    x, w13, w2, w, ids = _experts_inputs(shape, dtype, device, seed)
+    return x * 2.0, w13, w2, w, ids, float(shape.get("limit", 10.0))      # x scaled so a 2.0 limit bites
+
+
+def _clamp_experts_shapes(spec, point) -> list[dict]:
+    return [{**s, "limit": spec.swiglu_limit} for s in _experts_shapes(spec, point)] if _v4(spec) else []
 
 
 def _hash_inputs(shape, dtype, device, seed):
@@ -130,6 +146,13 @@ OPS = [
           "swiglu_clamp_and_mul(x[..., 2I], limit: float) -> [..., I]: silu(min(gate, limit)) * clamp(up, -limit, "
           "limit) (DeepSeek-V4 swiglu_limit; gate = first half). shape dict: {'T', 'I', 'limit'}",
           _swiglu_inputs, _swiglu_shapes, ({"T": 5, "I": 24, "limit": 10.0}, {"T": 3, "I": 7, "limit": 1.5})),
+    OpDef("moe_experts_clamp", moe_experts_clamp,
+          "moe_experts_clamp(x[T, H], w13[E, 2I, H], w2[E, H, I], topk_weights[T, k] fp32, topk_ids[T, k] int64, limit) "
+          "-> [T, H]: moe_experts with swiglu_clamp_and_mul for silu_and_mul (DeepSeek-V4 experts). shape dict: "
+          "{'T', 'E', 'k', 'H', 'I', 'limit'}",
+          _clamp_experts_inputs, _clamp_experts_shapes,
+          ({"T": 1, "E": 16, "k": 2, "H": 32, "I": 24, "limit": 2.0}, {"T": 6, "E": 8, "k": 2, "H": 48, "I": 16}),
+          tolerances=dict(MATMUL_TOLERANCES), fit=_experts_fit),
     OpDef("moe_route_hash", moe_route_hash,
           "moe_route_hash(router_logits[T, E] fp32, tid2eid[V, k] int64, token_ids[T] int64, scoring, norm_topk_prob, "
           "routed_scaling_factor) -> (topk_weights[T, k] fp32, topk_ids[T, k] int64): the experts of each token "

@@ -77,3 +77,17 @@ def test_kv_compress_of_equal_rows_is_the_normed_row():
     out = kv_compress(kv, gate, torch.zeros(4, 8), torch.ones(8), 4, False, 1e-6)
     want = row / row.square().mean().add(1e-6).sqrt()
     torch.testing.assert_close(out, want.expand(3, 8), rtol=1e-5, atol=1e-5)
+
+
+def test_clamped_experts_match_a_per_token_loop_and_differ_from_plain_swiglu():
+    from persistent_engine.ops.dsv4 import moe_experts_clamp
+    from persistent_engine.ops.moe import moe_experts
+    x, w13, w2, tw, ti, limit = _inputs("moe_experts_clamp", {"T": 4, "E": 8, "k": 2, "H": 16, "I": 8, "limit": 1.0})
+    want = torch.zeros_like(x)
+    for t in range(4):
+        for j in range(2):
+            e = int(ti[t, j])
+            want[t] += tw[t, j] * (swiglu_clamp_and_mul(x[t] @ w13[e].t(), limit) @ w2[e].t())
+    got = moe_experts_clamp(x, w13, w2, tw, ti, limit)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, moe_experts(x, w13, w2, tw, ti), atol=1e-3)
