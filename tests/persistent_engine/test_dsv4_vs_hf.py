@@ -98,3 +98,68 @@ def test_grouped_linear_matches_hf():
     m = _randomize(hf.DeepseekV4GroupedLinear(24, 2 * 8, 2), seed=13)
     x = torch.randn(5, 2, 24, generator=torch.Generator().manual_seed(14))
     _close(grouped_linear(x, m.weight), m(x[None])[0])
+
+
+def _attention_cfg():
+    return _cfg(compress_ratios=None, layer_types=["sliding_attention", "compressed_sparse_attention",
+                                                   "heavily_compressed_attention", "compressed_sparse_attention"],
+                compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8})
+
+
+def _hf_attention_inputs(cfg, s):
+    h = torch.randn(1, s, 32, generator=torch.Generator().manual_seed(15))
+    pos = torch.arange(s)[None]
+    rope = hf.DeepseekV4RotaryEmbedding(cfg)
+    pe = {k: rope(h, position_ids=pos, layer_type=k) for k in ("main", "compress")}
+    i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    mask = torch.zeros(s, s).masked_fill((j > i) | (j <= i - cfg.sliding_window), float("-inf"))[None, None]
+    return h, pos, pe, mask
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_compressed_attention_in_the_hf_attention_layer(layer):
+    """HF's whole DeepseekV4Attention against its projections + rope around compressed_attention (paged cache)."""
+    cfg, s, bs = _attention_cfg(), 19, 4
+    m = _randomize(hf.DeepseekV4Attention(cfg, layer), seed=16).eval()
+    h, pos, pe, mask = _hf_attention_inputs(cfg, s)
+    want = m(h, pe, pos, mask)[0]
+    cos, sin = pe[m.rope_layer_type]
+    q_res = m.q_a_norm(m.q_a_proj(h))
+    q = hf.apply_rotary_pos_emb(m.q_b_norm(m.q_b_proj(q_res).view(1, s, 4, 16).transpose(1, 2)), cos, sin)
+    kv = hf.apply_rotary_pos_emb(m.kv_norm(m.kv_proj(h)).view(1, s, 1, 16).transpose(1, 2), cos, sin)[0, 0]   # [S, D]
+    nb = (s + bs - 1) // bs
+    cache = torch.zeros(nb * bs, 16)
+    cache[:s] = kv
+    tables, cu, lens = torch.arange(nb, dtype=torch.int32)[None], torch.tensor([0, s], dtype=torch.int32), \
+        torch.tensor([s], dtype=torch.int32)
+    ratio, entries, ids = 0, torch.zeros(1, 1, 16), None
+    if m.compressor is not None:
+        ratio = m.compressor.compress_rate
+        entries = m.compressor(h, q_res, pos, None, layer)[0][0]                     # [1, NE, D]
+        if hasattr(m.compressor, "indexer"):
+            ids = m.compressor.indexer(h, q_res, pos, None, layer)[0]                # [S, k], -1 = none
+    n_entries = torch.tensor([s // ratio if ratio else 0])
+    o = compressed_attention(q[0].transpose(0, 1).contiguous(), cache.view(nb, bs, 16), tables, cu, lens, entries,
+                             n_entries, ids, ratio, cfg.sliding_window, m.sinks, m.scaling)        # [S, Hq, D]
+    o = hf.apply_rotary_pos_emb(o[None].transpose(1, 2), cos, -sin).transpose(1, 2)
+    mine = m.o_b_proj(m.o_a_proj(o.reshape(1, s, 2, -1)).flatten(2))
+    _close(mine, want, 1e-4)
+
+
+def test_csa_indexer_matches_hf_indexer():
+    cfg, s = _attention_cfg(), 23
+    comp = _randomize(hf.DeepseekV4CSACompressor(cfg), seed=17)
+    idx = comp.indexer
+    h, pos, _, _ = _hf_attention_inputs(cfg, s)
+    q_res = torch.randn(1, s, 16, generator=torch.Generator().manual_seed(18))
+    want = idx(h, q_res, pos, None, 0)[0]                                            # [S, k]
+    keys = kv_compress(h[0] @ idx.kv_proj.weight.t(), h[0] @ idx.gate_proj.weight.t(), idx.position_bias,
+                       idx.kv_norm.weight, 4, True, cfg.rms_norm_eps)
+    cos, sin = idx.rotary_emb(keys[None], position_ids=(torch.arange(keys.shape[0]) * 4)[None], layer_type="compress")
+    keys = hf.apply_rotary_pos_emb(keys[None, None], cos, sin)[0, 0]
+    cq, sq = idx.rotary_emb(h, position_ids=pos, layer_type="compress")
+    q = hf.apply_rotary_pos_emb(idx.q_b_proj(q_res).view(1, s, 2, 8).transpose(1, 2), cq, sq).transpose(1, 2)[0]
+    w = idx.scorer.weights_proj(h)[0] * idx.scorer.weights_scaling
+    got = csa_indexer(q, w, keys[None], torch.tensor([keys.shape[0]]), torch.tensor([0, s], dtype=torch.int32),
+                      torch.tensor([s], dtype=torch.int32), 4, cfg.index_topk)
+    assert (got.sort(-1).values == want.sort(-1).values).all()
