@@ -18,10 +18,12 @@ COMMAND_MODULES = [
     "compiler.cmd_optimize",     # optimize, recompile, plan
     "compiler.cmd_traffic",      # traffic profile | diff
     "compiler.cmd_parallelism",  # parallelism
+    "compiler.cmd_cost",         # cost op
     "compiler.cmd_candidate",    # candidate check
     "compiler.cmd_engine",       # engine serve
     "compiler.cmd_ui",           # ui
     "compiler.cmd_doctor",       # doctor
+    "compiler.cmd_serve",        # serve, bench serve
 ]
 
 

@@ -3,6 +3,7 @@
     tkcc optimize  --model M --hw H --traffic FILE [--budget 10m] [--agents offline:4] [--board URL]
                    [--out DIR] [--device auto|cpu|cuda] [--fast-layers N] [--slow-layers N]
                    [--fleet local|ray] [--ray-address ADDR] [--gpus N] [--aa-runs N] [--json]
+                   [--routing-skew ALPHA | --routing-histogram FILE] [--weights PATH]
     tkcc recompile --plan DIR --traffic FILE [--budget 10m] [--force] [--json]
                    exit 0 either way (no drift: nothing written; drift: a new version beside the old)
     tkcc plan show DIR [--json]
@@ -69,6 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="do not continue from the newest plan version already in --out (default: re-verify its "
                         "optimizations first and build on them)")
+    p.add_argument("--routing-skew", type=float, default=None,
+                   help="slow tier's MoE expert load: power-law exponent (default 1.2; 0: uniform random routers)")
+    p.add_argument("--routing-histogram", default=None,
+                   help="slow tier's MoE expert load from measured per-expert counts (JSON or text, per layer)")
+    p.add_argument("--weights", default=None,
+                   help="HF safetensors checkpoint (file or directory) both tiers load instead of random weights")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_optimize)
@@ -132,7 +139,8 @@ def _optimize(args: argparse.Namespace) -> int:
                          timeout_s=args.timeout if args.timeout is not None else watchdog_s(budget),
                          aa_runs=args.aa_runs, gpus=args.gpus,
                          vs_torch_compile=args.vs_torch_compile, continue_plan=not args.fresh,
-                         quiet=args.quiet or args.json)
+                         quiet=args.quiet or args.json, routing_skew=args.routing_skew,
+                         routing_histogram=args.routing_histogram, weights=args.weights)
     res = optimize(cfg)
     _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)
     return 130 if res.interrupted and not args.json else 0

@@ -1,9 +1,13 @@
 """``tkcc parallelism --model M --hw H --gpus N [--traffic FILE] [--ttft-ms X] [--tpot-ms Y] [--json]``
 
-Searches TP / PP / EP / DP-attention / DCP layouts, weight dtypes, batch sizes and prefill/decode
-disaggregation with the cost model; prints a table (or one JSON document with ``configs`` and
-``best``). Exit 0 when a config fits and meets the SLA, 1 when none does (the reason is printed
-plainly), 2 on bad input.
+Searches TP / PP / EP / DP-attention / DCP layouts, weight and KV-cache dtypes, batch sizes and
+prefill/decode disaggregation with the cost model (per-op curves fitted on measured vLLM kernels,
+cost_model.efficiency; ``--calibration`` replaces them with a fitted per-class calibration); prints a
+table (or one JSON document with ``configs`` and ``best``, plus ``objective``). With no SLA the
+objective is stated (cost_model.search.DEFAULT_OBJECTIVE). Quantized weights (below the checkpoint's
+dtype) and an fp8 KV cache are quality trade-offs, chosen only with ``--allow-quantized``. Exit 0
+when a config fits and meets the objective, 1 when none does (the reason is printed plainly), 2 on
+bad input.
 
 ``--traffic`` takes a trace (any format traffic_profiles reads), a saved traffic profile JSON, or
 a JSON list of workload points (``{"points": [...]}`` also works).
@@ -27,7 +31,9 @@ def register(sub) -> None:
     p.add_argument("--traffic", help="trace, traffic profile JSON or workload points JSON")
     p.add_argument("--ttft-ms", type=float, default=None, help="time-to-first-token SLA")
     p.add_argument("--tpot-ms", type=float, default=None, help="time-per-output-token SLA")
-    p.add_argument("--calibration", help="calibration JSON (default: the stored one for --hw, if any)")
+    p.add_argument("--calibration", help="per-class calibration JSON instead of the measured-kernel curves")
+    p.add_argument("--allow-quantized", action="store_true",
+                   help="let the best config quantize weights below the checkpoint's dtype or the KV cache to fp8")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=handle)
 
@@ -72,9 +78,9 @@ def handle(args) -> int:
     spec = ModelSpec.from_name(args.model)
     hw = get_hardware(args.hw)
     traffic = load_traffic(args.traffic) if args.traffic else None
-    calib = load_calibration(hw.name, path=args.calibration)
+    calib = load_calibration(hw.name, path=args.calibration) if args.calibration else None
     result = search(spec, hw, args.gpus, traffic, SLA(args.ttft_ms, args.tpot_ms),
-                    eff=calib.efficiency if calib else None)
+                    eff=calib.efficiency if calib else None, allow_quantized=args.allow_quantized)
     if args.json:
         d = result.to_dict()
         d["calibration"] = calib.summary() if calib else None
@@ -87,9 +93,13 @@ def handle(args) -> int:
 
 def format_table(result, calib=None) -> str:
     t = result.traffic
-    lines = [f"{result.model} on {result.gpus}x {result.hw}; traffic: {t.isl} in / {t.osl} out tokens, "
-             f"prefix hit {t.prefix_hit:.0%}; SLA: {result.sla.describe()}; "
-             f"{'calibrated (' + calib.summary()['source'] + ')' if calib else 'uncalibrated roofline'}",
+    how = ("calibrated (" + calib.summary()["source"] + ")" if calib else
+           "uncalibrated roofline" if result.hw == "cpu" else "per-op curves of measured vLLM kernels")
+    rate = f", {t.rate:g} req/s (CV {t.interarrival_cv:.2f})" if t.rate else ""
+    lines = [f"{result.model} on {result.gpus}x {result.hw}; traffic: {t.isl} in / {t.osl} out tokens{rate}, "
+             f"prefix hit {t.prefix_hit:.0%}; {how}",
+             f"objective: {result.objective}" + ("" if result.allow_quantized else
+                                                 "; quantized configs (q) are listed, not chosen (--allow-quantized)"),
              f"{'layout':<24} {'inst':>4} {'pd':>9} {'batch':>6} {'mem GB':>7} {'TTFT ms':>9} {'TPOT ms':>9} "
              f"{'tok/s/GPU':>10} {'tok/s/user':>10}  flags"]
     rows = [c for c in result.configs if c.fits][:TABLE_ROWS]
@@ -97,9 +107,12 @@ def format_table(result, calib=None) -> str:
         rows.append(result.best)
     for c in rows:
         flags = " ".join(f for f, on in (("best", c is result.best), ("pareto", c.pareto),
-                                         ("sla-miss", not c.meets_sla)) if on)
-        lines.append(f"{c.layout.label():<24} {c.replicas:>4} {c.pd:>9} {c.batch:>6} {c.memory.total / 1e9:>7.1f} "
-                     f"{c.ttft_ms:>9.2f} {c.tpot_ms:>9.2f} {c.tokens_per_s_per_gpu:>10.1f} "
+                                         ("sla-miss", not c.meets_sla), ("q", bool(c.quality)),
+                                         ("overloaded", not c.stable)) if on)
+        label = c.layout.label() + (f" kv-{c.layout.kv_dtype}" if c.layout.kv_dtype != "bf16" else "")
+        ttft = f"{c.ttft_ms:>9.2f}" if c.stable else f"{'inf':>9}"
+        lines.append(f"{label:<24} {c.replicas:>4} {c.pd:>9} {c.batch:>6} {c.memory.total / 1e9:>7.1f} "
+                     f"{ttft} {c.tpot_ms:>9.2f} {c.tokens_per_s_per_gpu:>10.1f} "
                      f"{c.tokens_per_s_per_user:>10.1f}  {flags}")
     unfit = sum(1 for c in result.configs if not c.fits)
     if unfit:

@@ -37,6 +37,8 @@ class FleetConfig:
     timeout_s: float = 300.0                 # watchdog per evaluate
     dtype: str = "bf16"                      # engine dtype: bf16 | fp16 | fp32
     env: dict = field(default_factory=dict)  # extra environment for engine processes
+    # per tier, the engines' input realism (persistent_engine/tier_inputs.py); absent: the defaults
+    inputs: dict = field(default_factory=dict)   # {"fast": {...}, "slow": {...}}
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:
     """Start one engine for a placement (blocks until it is ready)."""
     from persistent_engine.supervisor import Supervisor
     sup = Supervisor(cfg.model, list(p.layers), p.device, [dict(x) for x in cfg.points], dtype=cfg.dtype,
-                     env={**os.environ, **cfg.env}, log=lambda line: log.info("%s/%s %s", p.tier, p.device, line))
+                     env={**os.environ, **cfg.env}, inputs=cfg.inputs.get(p.tier), log=lambda line: log.info("%s/%s %s", p.tier, p.device, line))
     sup.start()
     return sup
 
@@ -197,11 +199,15 @@ class LocalFleet:
 
     def describe(self) -> list[dict]:
         """Per engine: tier, device, layers and, where its ready line said, the layer-level logits bound
-        calibrated at its start-up (``logit_bound``: min and max over points and variants)."""
+        calibrated at its start-up (``logit_bound``: min and max over points and variants) and the routing
+        its MoE layers measured (``routing``: ``persistent_engine.routing.RoutingStats.to_dict``)."""
         out = []
         for e in self.engines:
             d = {"tier": e.tier, "device": e.placement.device, "layers": list(e.placement.layers)}
-            tol = (getattr(e.supervisor, "ready_info", None) or {}).get("logit_tol")
+            info = getattr(e.supervisor, "ready_info", None) or {}
+            if info.get("routing"):
+                d["routing"] = info["routing"]
+            tol = info.get("logit_tol")
             if tol:
                 flat = [t for row in tol for t in row]
                 d["logit_bound"] = [min(flat), max(flat)]

@@ -242,3 +242,147 @@ def parallelism(spec: Any, hw: str, profile: dict, gpus: int) -> tuple[dict | No
     projected = {k: best.get(k) for k in ("tokens_per_s_per_gpu", "tokens_per_s_per_user", "ttft_ms",
                                           "tpot_ms") if best.get(k) is not None}
     return doc, projected or None, str(doc.get("message") or "")
+
+
+# the slow tier's routing skew when neither the traffic nor the user gives one: a power law of this
+# exponent (AIConfigurator's power_law_1.2, persistent_engine/routing.py)
+DEFAULT_ROUTING_SKEW = 1.2
+
+
+def read_histogram(path: str) -> tuple[tuple[float, ...], ...]:
+    """Per-expert loads from a file: JSON (a list of numbers, a list of per-layer lists, or
+    ``{"layers": [...]}``) or text (one layer per line, numbers separated by commas or spaces)."""
+    import json
+    import re
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"routing histogram not found: {path}")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read routing histogram {path}: {e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            doc = [[float(v) for v in re.split(r"[,\s]+", line.strip()) if v]
+                   for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        except ValueError:
+            raise InputError(f"routing histogram {path}: not JSON and not lines of numbers") from None
+    if isinstance(doc, dict):
+        doc = doc.get("layers")
+    if isinstance(doc, list) and doc and all(isinstance(v, (int, float)) for v in doc):
+        doc = [doc]
+    if not (isinstance(doc, list) and doc and all(isinstance(r, list) and r for r in doc)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for r in doc for v in r)):
+        raise InputError(f"routing histogram {path}: expected per-expert numbers (one list, or one per layer)")
+    return tuple(tuple(float(v) for v in r) for r in doc)
+
+
+TOKEN_COLUMNS = ("token_ids", "prompt_token_ids", "input_ids")   # a trace's prompt token ids, if it logs them
+MAX_TRAFFIC_TOKENS = 65536                                         # ids kept from the trace (its first prompts)
+
+
+def traffic_token_ids(path: str, vocab_size: int) -> list[int] | None:
+    """The prompts' token ids of a trace that logs them (a list column named one of ``TOKEN_COLUMNS`` in a
+    parquet or JSON-lines trace), concatenated in request order, the first ``MAX_TRAFFIC_TOKENS``; None
+    when the trace has none. Ids outside the model's vocabulary are an InputError (another tokenizer's)."""
+    import json
+
+    import pandas as pd
+
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+        if head == b"PAR1":
+            import pyarrow.parquet as pq
+
+            names = set(pq.read_schema(p).names)
+            col = next((c for c in TOKEN_COLUMNS if c in names), None)
+            rows = pd.read_parquet(p, columns=[col])[col].tolist() if col else []
+        elif head[:1] == b"{":
+            rows, col, n = [], None, 0
+            with open(p) as f:
+                for i, line in enumerate(f):
+                    rec = json.loads(line) if line.strip() else {}
+                    col = col or next((c for c in TOKEN_COLUMNS if c in rec), None)
+                    if col is None and i == 0:
+                        return None     # the first request logs no tokens: the trace has none
+                    if col and isinstance(rec.get(col), list):
+                        rows.append(rec[col])
+                        n += len(rec[col])
+                    if n >= MAX_TRAFFIC_TOKENS:
+                        break
+        else:
+            return None             # CSV traces carry lengths only
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read its token ids: {e}") from None
+    ids: list[int] = []
+    for r in rows:
+        if r is None:
+            continue
+        ids.extend(int(v) for v in list(r)[: MAX_TRAFFIC_TOKENS - len(ids)])
+        if len(ids) >= MAX_TRAFFIC_TOKENS:
+            break
+    if not ids:
+        return None
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        raise InputError(f"{path}: token ids {min(ids)}..{max(ids)} fall outside the model's vocabulary "
+                         f"(0..{vocab_size - 1}): logged with another tokenizer")
+    return ids
+
+
+def tier_inputs(spec: Any, summary: dict, routing_skew: float | None = None,
+                routing_histogram: str | None = None, weights: str | None = None,
+                token_ids: list[int] | None = None) -> dict:
+    """Each tier's input realism (``persistent_engine.tier_inputs``): the fast tier keeps uniform tokens
+    and the random (balanced) routers; the slow tier gets Zipf tokens, the traffic's prefix-cache hit rate
+    as shared prefixes, and MoE routing from ``routing_histogram`` (measured loads), else a power law of
+    exponent ``routing_skew`` (default ``DEFAULT_ROUTING_SKEW``; 0: the random routers). ``weights``: a
+    checkpoint both tiers load; its trained routers are kept (a skew or histogram is then an error).
+    ``token_ids``: the trace's own prompt tokens (``traffic_token_ids``), used by the slow tier instead of
+    Zipf draws (and by both tiers with a checkpoint)."""
+    import math
+
+    tokens: Any = {"ids": list(token_ids)} if token_ids else "zipf"
+
+    if weights:
+        if not Path(weights).exists():
+            raise InputError(f"weights not found: {weights}")
+        if routing_skew is not None or routing_histogram:
+            raise InputError("--routing-skew/--routing-histogram rebuild random routers; with --weights the "
+                             "checkpoint's trained routers are used")
+        hit = summary.get("prefix_cache_hit_rate")
+        share = float(hit) if isinstance(hit, (int, float)) and math.isfinite(hit) else 0.0
+        slow = {"tokens": tokens, "prefix_share": round(min(max(share, 0.0), 1.0), 4), "weights": str(weights)}
+        return {"fast": {"weights": str(weights), **({"tokens": tokens} if token_ids else {})}, "slow": slow}
+
+    from persistent_engine.routing import RoutingError, RoutingSpec
+
+    if routing_skew is not None and not (math.isfinite(routing_skew) and 0 <= routing_skew <= 10):
+        raise InputError(f"--routing-skew must be a number in [0, 10] (0: uniform routing), got {routing_skew}")
+    try:
+        if routing_histogram:
+            routing = RoutingSpec("histogram", histogram=read_histogram(routing_histogram),
+                                  source=Path(routing_histogram).name)
+            if spec.is_moe:
+                routing.check_experts(spec.num_experts)
+        elif routing_skew == 0:
+            routing = RoutingSpec("uniform")
+        else:
+            routing = RoutingSpec("power_law", alpha=DEFAULT_ROUTING_SKEW if routing_skew is None else routing_skew)
+    except RoutingError as e:
+        raise InputError(f"{routing_histogram or '--routing-skew'}: {e}") from None
+    hit = summary.get("prefix_cache_hit_rate")
+    share = float(hit) if isinstance(hit, (int, float)) and math.isfinite(hit) else 0.0
+    slow = {"tokens": tokens, "routing": routing.to_dict() if spec.is_moe else {"kind": "uniform"},
+            "prefix_share": round(min(max(share, 0.0), 1.0), 4)}
+    return {"fast": {}, "slow": slow}
+
+
+def inputs_summary(tier: dict) -> dict:
+    """A tier's inputs as plan.json records them: the trace's token ids as their count only."""
+    tok = tier.get("tokens")
+    return {**tier, "tokens": f"traffic ({len(tok['ids'])} ids)"} if isinstance(tok, dict) else dict(tier)

@@ -61,6 +61,9 @@ class OptimizeConfig:
     drift: dict | None = None                # recompile: {"features": [...], "old_hash": ...}
     acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
     quiet: bool = False
+    routing_skew: float | None = None        # slow tier's power-law exponent (None: the default, 0: uniform)
+    routing_histogram: str | None = None     # or a file of measured per-expert loads
+    weights: str | None = None               # a checkpoint both tiers load (its routers kept)
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
                                                   device_bytes=inputs.device_memory(device),
                                                   shared=len(device["devices"]) < 2, notes=tier_notes)
+    tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram, cfg.weights,
+                                     inputs.traffic_token_ids(cfg.traffic, spec.vocab_size))
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     agents = make_agents(cfg.agents, device["kind"])
@@ -268,7 +273,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     from compiler.fleet import FleetConfig
     fleet_cfg = FleetConfig(model=cfg.model, points=tuple(points), fast_layers=tuple(fast_layers),
                             slow_layers=tuple(slow_layers), devices=tuple(device["devices"]),
-                            timeout_s=cfg.timeout_s)
+                            timeout_s=cfg.timeout_s, inputs=tier_inputs)
+    tier_info = {t: {"inputs": inputs.inputs_summary(v)} for t, v in tier_inputs.items()}
     interrupted = False
     accepted_log: list[Accepted] = []
     baseline: dict = {}
@@ -282,6 +288,9 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
             fleet = start_fleet(cfg, fleet_cfg)
             progress.restarts_from(fleet.restarts)
             for d in fleet.describe():          # persistent_engine/tolerance.py: each tier's calibrated bound
+                if "routing" in d:              # the routing the tier's routers produce (routing.py)
+                    tier_info[d["tier"]]["routing"] = d["routing"]
+                    progress.event(routing_line(d["tier"], d["routing"]))
                 if "logit_bound" in d:
                     progress.event(f"{d['tier']} engine ({d['device']}, layers {d['layers']}): layer-level logits "
                                    f"bound {d['logit_bound'][0]:.3g}-{d['logit_bound'][1]:.3g}")
@@ -337,7 +346,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 baseline["torch_compile"] = _vs_torch_compile(spec, slow_layers, points, composition, device, progress)
             plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
                                layout_note, baseline, after, noise, composition, accepted_log, interrupted,
-                               tried[0], restarts, time.monotonic() - t_start)
+                               tried[0], restarts, time.monotonic() - t_start, tier_info)
             sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
             vdir = plan_mod.write_version(out, plan, sources=sources,
                                           composed_source=composition.source if composition else compose([]),
@@ -470,7 +479,7 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
                 fast_layers: list[int], slow_layers: list[int], layout: dict | None, projected: dict | None,
                 layout_note: str, baseline: dict, after: dict, noise: dict, composition: Composition | None,
                 accepted: list[Accepted], interrupted: bool, tried: int, restarts: int,
-                elapsed_s: float) -> plan_mod.Plan:
+                elapsed_s: float, tier_info: dict | None = None) -> plan_mod.Plan:
     import math
 
     taken: set[str] = set()
@@ -503,7 +512,8 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
         traffic={"source": traffic.source, "hash": traffic.hash, "summary": traffic.summary},
         workload_points=tuple(points), optimizations=tuple(opts), plan_speedup=plan_speedup,
         parallelism=layout, projected={**(projected or {}), "label": "projected"} if projected else None,
-        tiers={"fast": {"layers": fast_layers}, "slow": {"layers": slow_layers}},
+        tiers={t: {"layers": layers, **(tier_info or {}).get(t, {})}
+               for t, layers in (("fast", fast_layers), ("slow", slow_layers))},
         baseline={"op_ms": after.get("before") or baseline.get("op_ms") or {},
                   "op_ms_after": after.get("after") or {}, "noise": noise,
                   "torch_compile": baseline.get("torch_compile"),
@@ -513,6 +523,17 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
              "fleet": cfg.fleet, "layout_note": layout_note, "origin": _origin(cfg)},
         parent_version=cfg.parent_version,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def routing_line(tier: str, r: dict) -> str:
+    """One progress line on a tier's measured MoE routing (``persistent_engine.routing.RoutingStats``)."""
+    from persistent_engine.routing import RoutingSpec
+
+    spec = RoutingSpec.from_dict(r.get("spec")).label()
+    top = r.get("top1_share") or [0.0]
+    tie = r.get("near_tie_share") or [0.0]
+    return (f"{tier} tier routing: {spec}; hottest expert {100 * min(top):.1f}-{100 * max(top):.1f}% of assignments, "
+            f"near-ties {100 * min(tie):.1f}-{100 * max(tie):.1f}% of tokens per MoE layer")
 
 
 def dropped_summary(dropped: tuple | list, names: int = 3) -> str:

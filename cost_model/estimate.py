@@ -106,7 +106,10 @@ def estimate_step(spec, hw: Hardware, layout: Layout, point: dict, layers: list[
     stages = []
     for s in range(layout.pp):
         ops = step_ops(spec, layout, point, layers, skew, stage=s)
-        t, by = combine(features(ops, hw, layout.gpus), hw, eff)
+        if getattr(eff, "per_op", False):        # cost_model.efficiency.CurveEfficiency: measured kernels
+            t, by = eff.step_time(ops, hw, layout.gpus)
+        else:
+            t, by = combine(features(ops, hw, layout.gpus), hw, eff)
         stages.append((t, by, ops))
     slow = max(stages, key=lambda x: x[0])
     return StepEstimate(stage_s=slow[0], latency_s=sum(x[0] for x in stages), by_class=slow[1],
@@ -123,6 +126,11 @@ def op_table(est: StepEstimate, hw: Hardware, layout: Layout, eff: Efficiency = 
     """Per-op rows of the slowest stage: FLOPs, bytes, arithmetic intensity, bound, seconds."""
     rows = []
     for o in est.ops:
+        if getattr(eff, "per_op", False):
+            t = eff.step_time([o], hw, layout.gpus)[0]
+            rows.append({"op": o.name, "class": o.cls, "count": o.count, "flops": o.flops, "bytes": o.bytes,
+                         "intensity": o.flops / o.bytes if o.bytes else 0.0, "bound": "measured", "seconds": t})
+            continue
         t = eff.class_time(o.cls, features([o], hw, layout.gpus))            # all o.count occurrences
         bound = "comm" if o.cls == "comm" else (
             "compute" if o.flops / (hw.peak_flops(o.dtype) * hw.compute_efficiency) >= o.bytes / hw.mem_bw

@@ -24,7 +24,7 @@ L cached context, n new tokens per sequence, E experts, k experts per token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cost_model.layout import ACT_BYTES, Layout, _ceil_div, heads_per_gpu, stage_layers
 
@@ -44,17 +44,19 @@ class OpCost:
     collective: str = ""    # comm ops: all_reduce | all_gather | all_to_all | p2p
     group: int = 1          # comm ops: GPUs taking part
     count: int = 1          # identical ops (layers of one kind)
+    shape: dict = field(default_factory=dict, compare=False)   # family -> dims, for cost_model.efficiency
 
     def scaled(self, count: int) -> "OpCost":
         return OpCost(self.name, self.cls, self.flops, self.bytes, self.dtype, self.kernels,
-                      self.collective, self.group, self.count * count)
+                      self.collective, self.group, self.count * count, self.shape)
 
 
 def _gemm(name: str, m: float, k: float, n: float, wdtype: str, wbytes: float, weights: float | None = None,
           cls: str = "gemm") -> OpCost:
     """[m, k] @ [k, n]: 2mkn FLOPs; reads the weights once plus activations in and out."""
     w = k * n if weights is None else weights
-    return OpCost(name, cls, flops=2.0 * m * k * n, bytes=w * wbytes + m * (k + n) * ACT_BYTES, dtype=wdtype)
+    return OpCost(name, cls, flops=2.0 * m * k * n, bytes=w * wbytes + m * (k + n) * ACT_BYTES, dtype=wdtype,
+                  shape={"gemm": {"m": m, "n": n, "k": k}})
 
 
 def _elementwise(name: str, elems_moved: float, kernels: int = 1, flops_per: float = 2.0) -> OpCost:
@@ -87,6 +89,16 @@ def expert_load(spec, layout: Layout, tokens: int, skew: float) -> tuple[float, 
     assignments = tokens * k * sum(hot)
     distinct = sum(1.0 - (1.0 - min(1.0, k * pe)) ** tokens for pe in hot)
     return assignments, distinct
+
+
+def _attention_shape(seqs: int, n: int, ctx: int, hq: int, hk: int, dh: int, kv_dtype: str) -> dict:
+    """The measured attention kernel's shape closest to this one (cost_model.efficiency): decode over
+    ctx + 1 keys; a prefill chunk of n tokens over ctx cached ones as a from-scratch prefill of the
+    length with the same causal key count, sqrt(2 n (ctx + (n + 1) / 2))."""
+    dims = {"batch": seqs, "heads": hq, "kv_heads": hk, "head_dim": dh, "kv_dtype": kv_dtype}
+    if n == 1:
+        return {"attention_decode": {**dims, "ctx": ctx + 1}}
+    return {"attention_prefill": {**dims, "isl": max(n, round((2 * n * (ctx + (n + 1) / 2)) ** 0.5))}}
 
 
 # ----------------------------------------------------------------------------- sparse and windowed attention
@@ -143,7 +155,9 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
         ops.append(OpCost("attention_prefill" if n > 1 else "attention_decode", "attention",
                           flops=4.0 * seqs * n * hq * dh * keys,
                           bytes=seqs * attended_keys(spec, ctx + n) * 2 * hk * dh * kb + 2 * t * hq * dh * ACT_BYTES
-                          + t * 2 * hk * dh * kb))
+                          + t * 2 * hk * dh * kb,
+                          shape=_attention_shape(seqs, n, int(attended_keys(spec, ctx + 1)) - 1 if n == 1 else ctx,
+                                                 hq, hk, dh, layout.kv_dtype)))
         ops.append(_gemm("o_proj", t, hq * dh, h, wd, wb))
         return ops
     # MLA (DeepSeek-V3 / Kimi-K2): r latent rank, R rope dims
@@ -162,7 +176,9 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
         local = _ceil_div(int(attended_keys(spec, ctx + 1)), layout.dcp)
         ops.append(_gemm("mla_absorb_q", t, hq * nope, r, wd, wb))
         ops.append(OpCost("mla_decode", "attention", flops=2.0 * seqs * hq * local * (2 * r + rr),
-                          bytes=seqs * local * (r + rr) * kb + t * hq * (2 * r + rr) * ACT_BYTES))
+                          bytes=seqs * local * (r + rr) * kb + t * hq * (2 * r + rr) * ACT_BYTES,
+                          shape={"mla_decode": {"batch": seqs, "ctx": local, "heads": min(hq, 128),
+                                                "kv_dtype": layout.kv_dtype}}))
         ops.append(_gemm("mla_absorb_v", t, hq * r, v, wd, wb))
         c = _comm("dcp_combine", "all_reduce", layout.dcp, t * hq * (r + 1) * 4.0)
         if c:
@@ -173,7 +189,8 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
         ops.append(_gemm("mla_kv_b_proj", kv_tokens, r, hq * (nope + v), wd, wb))
         keys = attended_keys(spec, ctx + (n + 1) / 2)
         ops.append(OpCost("mla_prefill", "attention", flops=2.0 * seqs * n * hq * keys * (qk + v),
-                          bytes=kv_tokens * hq * (qk + v) * ACT_BYTES + t * hq * (qk + v) * ACT_BYTES))
+                          bytes=kv_tokens * hq * (qk + v) * ACT_BYTES + t * hq * (qk + v) * ACT_BYTES,
+                          shape=_attention_shape(seqs, n, ctx, hq, hq, qk, "bf16")))
     ops.append(_gemm("o_proj", t, hq * v, h, wd, wb))
     return ops
 
@@ -226,7 +243,9 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     # grouped GEMMs over the experts this GPU holds: w13 [2I, H] and w2 [H, I] per touched expert
     ops.append(OpCost("moe_experts", "moe", flops=2.0 * 3 * h * i_loc * assign,
                       bytes=distinct * 3 * h * i_loc * layout.wbytes + assign * (2 * h + 3 * i_loc) * ACT_BYTES,
-                      dtype=layout.dtype, kernels=3))
+                      dtype=layout.dtype, kernels=3,
+                      shape={"moe": {"tokens": tm, "hidden": h, "inter": spec.moe_intermediate_size, "topk": k,
+                                     "experts": e, "tp": layout.moe_tp, "ep": layout.ep, "skew": skew}}))
     if spec.num_shared_experts:
         ops += _dense_mlp_ops(spec, layout, shared_tokens, spec.shared_intermediate_size * spec.num_shared_experts,
                               shared_group, prefix="shared")

@@ -12,19 +12,38 @@ Per layout (cost_model.layout) and decode batch B per instance (pp micro-batches
     TPOT = lat_dec; TTFT = T_pf + KV transfer over scale-out
     out  = min(y B pp / lat_dec, x P_rate osl), best x
 tokens/s/GPU = out / N (output tokens), tokens/s/user = 1 / TPOT.
+
+With length distributions the prefill figures are expectations over the input-length buckets, and
+TTFT adds the queueing delay (cost_model.queueing, G/G/c): requests arrive at the trace's rate per
+instance (or, without one, at the rate the config itself sustains, out / osl) with the trace's
+inter-arrival CV, and wait for one of the instance's dp prefill servers (xPyD: one of x prefill
+instances). A config whose utilisation reaches 1 is unstable (TTFT null, never meets an SLA).
+
+Free factors: EP any power-of-two divisor of tp*dp (and tp*dp itself) up to the expert count, so
+EP larger than TP with DP-attention; DCP any divisor of tp for MLA; the KV cache in bf16 or fp8.
+Quality: weights below the checkpoint's own dtype (``native_weight_dtype``) and an fp8 KV cache
+are quality trade-offs, listed per config (``quality``) and never chosen as best unless
+``allow_quantized``. Objective: the SLA when given; with none, ``DEFAULT_OBJECTIVE``: the most
+tokens/s/GPU at TPOT <= 50 ms (20 tokens/s per user, faster than reading) with a stable queue.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 
+from cost_model import queueing
 from cost_model.estimate import DEFAULT_EFFICIENCY, Efficiency, estimate_step
-from cost_model.hardware import WEIGHT_DTYPES, CostModelError, Hardware
+from cost_model.hardware import DTYPE_BYTES, WEIGHT_DTYPES, CostModelError, Hardware
 from cost_model.layout import Layout, MemoryFit, layout_is_valid, max_batch, memory_fit
 from cost_model.traffic import TrafficShape
 
 BATCHES = tuple(2 ** i for i in range(12))          # 1 .. 2048 sequences per attention group
 MAX_TP = 8
+DEFAULT_TPOT_MS = 50.0
+DEFAULT_OBJECTIVE = (f"no SLA given: the most tokens/s/GPU at TPOT <= {DEFAULT_TPOT_MS:g} ms "
+                     f"(>= {1e3 / DEFAULT_TPOT_MS:g} tokens/s/user) with a stable prefill queue")
 
 
 @dataclass(frozen=True)
@@ -55,6 +74,12 @@ class ConfigResult:
     tokens_per_s_per_user: float
     meets_sla: bool = True
     pareto: bool = False
+    quality: tuple = ()             # quality trade-offs of this config (quantized weights, fp8 KV)
+    queue_ms: float = 0.0           # mean queueing delay inside ttft_ms (inf: unstable)
+
+    @property
+    def stable(self) -> bool:
+        return math.isfinite(self.ttft_ms)
 
     def label(self) -> str:
         pd = "" if self.pd == "colocated" else f" {self.pd}"
@@ -64,7 +89,10 @@ class ConfigResult:
         L = self.layout
         return {"tp": L.tp, "pp": L.pp, "ep": L.ep, "dp": L.dp, "dcp": L.dcp, "dtype": L.dtype,
                 "kv_dtype": L.kv_dtype, "batch": self.batch, "replicas": self.replicas, "pd": self.pd,
-                "fits": self.fits, "memory": self.memory.to_dict(), "ttft_ms": round(self.ttft_ms, 4),
+                "fits": self.fits, "memory": self.memory.to_dict(),
+                "ttft_ms": round(self.ttft_ms, 4) if self.stable else None,
+                "queue_ms": round(self.queue_ms, 4) if self.stable else None, "stable": self.stable,
+                "quality": list(self.quality),
                 "tpot_ms": round(self.tpot_ms, 4), "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 3),
                 "tokens_per_s_per_user": round(self.tokens_per_s_per_user, 3), "meets_sla": self.meets_sla,
                 "pareto": self.pareto}
@@ -80,10 +108,13 @@ class SearchResult:
     configs: list = field(default_factory=list)    # ConfigResult, best per layout/pd + the Pareto front
     best: ConfigResult | None = None
     message: str = ""
+    objective: str = ""
+    allow_quantized: bool = False
 
     def to_dict(self) -> dict:
         return {"model": self.model, "hw": self.hw, "gpus": self.gpus, "traffic": self.traffic.to_dict(),
-                "sla": {"ttft_ms": self.sla.ttft_ms, "tpot_ms": self.sla.tpot_ms},
+                "sla": {"ttft_ms": self.sla.ttft_ms, "tpot_ms": self.sla.tpot_ms}, "objective": self.objective,
+                "allow_quantized": self.allow_quantized,
                 "configs": [c.to_dict() for c in self.configs],
                 "best": self.best.to_dict() if self.best else None, "message": self.message}
 
@@ -92,35 +123,95 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(spec, hw: Hardware, gpus: int, dtypes=WEIGHT_DTYPES) -> list[Layout]:
+def _ep_choices(spec, group: int) -> list[int]:
+    """EP degrees for an MLP group of ``group`` GPUs: every power-of-two divisor and the whole group,
+    up to the expert count."""
+    if not spec.is_moe:
+        return [1]
+    return sorted(d for d in _divisors(group) if (d & (d - 1) == 0 or d == group) and d <= spec.num_experts)
+
+
+def enumerate_layouts(spec, hw: Hardware, gpus: int, dtypes=WEIGHT_DTYPES, kv_dtypes=("bf16",)) -> list[Layout]:
     """Every layout that uses all ``gpus`` as whole instances: tp a power of two up to
-    min(8, domain, heads); DP-attention and EP for MoE models; DCP = tp for MLA; pp a power of two."""
+    min(8, domain, heads); DP-attention and EP (``_ep_choices``) for MoE models; DCP any divisor of tp
+    for MLA; pp a power of two; weight and KV dtypes the hardware supports."""
     out = []
     dts = [d for d in dtypes if d == "bf16" or hw.supports(d)]
+    kvs = [d for d in kv_dtypes if d == "bf16" or hw.supports(d)]
     tps = [t for t in (1, 2, 4, 8) if t <= min(MAX_TP, hw.domain, gpus, spec.num_heads) and gpus % t == 0]
     for dt in dts:
-        for tp in tps:
-            for dp in (_divisors(gpus // tp) if spec.is_moe else [1]):
-                for pp in (p for p in (1, 2, 4, 8) if (gpus // (tp * dp)) % p == 0 and p <= spec.num_layers):
-                    eps = [1] if not spec.is_moe else sorted({1, tp * dp} if tp * dp <= spec.num_experts else {1})
-                    dcps = [1, tp] if spec.attention == "mla" and tp > 1 else [1]
-                    for ep in eps:
-                        for dcp in dcps:
-                            L = Layout(tp=tp, pp=pp, ep=ep, dp=dp, dcp=dcp, dtype=dt)
-                            if layout_is_valid(spec, L) is None:
-                                out.append(L)
+        for kv in kvs:
+            for tp in tps:
+                for dp in (_divisors(gpus // tp) if spec.is_moe else [1]):
+                    for pp in (p for p in (1, 2, 4, 8) if (gpus // (tp * dp)) % p == 0 and p <= spec.num_layers):
+                        dcps = _divisors(tp) if spec.attention == "mla" else [1]
+                        for ep in _ep_choices(spec, tp * dp):
+                            for dcp in dcps:
+                                L = Layout(tp=tp, pp=pp, ep=ep, dp=dp, dcp=dcp, dtype=dt, kv_dtype=kv)
+                                if layout_is_valid(spec, L) is None:
+                                    out.append(L)
     return out
 
 
-def _prefill(spec, hw, L, traffic, eff) -> tuple[float, float]:
-    """(TTFT seconds alone, prefills/s one instance sustains)."""
-    lat = stage = 0.0
-    for p in traffic.prefill_points():
-        e = estimate_step(spec, hw, L, p, eff=eff, skew=traffic.expert_skew)
-        lat += e.latency_s
-        stage += e.stage_s
-    rate = L.dp / stage if stage > 0 else float("inf")
-    return lat, rate
+def native_weight_dtype(spec) -> str:
+    """The dtype the model's checkpoint ships its linear weights in: the ``quantization_config`` of
+    its config.json (fp8 for DeepSeek-V3 / Kimi-K2), else bf16."""
+    from persistent_engine.models import spec as spec_mod
+
+    path = spec_mod.CONFIG_DIR / spec_mod.ALIASES[spec.name] if spec.name in spec_mod.ALIASES else None
+    try:
+        q = json.loads(path.read_text()).get("quantization_config") or {} if path else {}
+    except (OSError, ValueError):
+        q = {}
+    method = str(q.get("quant_method", "")).lower() + str(q.get("fmt", "")).lower()
+    if "fp4" in method or "mxfp4" in method:
+        return "fp4"
+    return "fp8" if "fp8" in method or "e4m3" in method else "bf16"
+
+
+def quality_tradeoffs(spec, L: Layout) -> tuple:
+    """What ``L`` gives up in accuracy: weights below the checkpoint's dtype, an fp8 KV cache."""
+    out = []
+    native = native_weight_dtype(spec)
+    if DTYPE_BYTES[L.dtype] < DTYPE_BYTES[native]:
+        out.append(f"{L.dtype} weights (checkpoint {native})")
+    if DTYPE_BYTES[L.kv_dtype] < 2.0:
+        out.append(f"{L.kv_dtype} KV cache")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Prefill:
+    latency_s: float                # mean over the input-length buckets of one request's prefill alone
+    stage_s: float                  # mean busy time of the slowest stage per request (the service time)
+    cv: float                       # coefficient of variation of the service time
+    rate: float                     # prefills/s one instance sustains (dp groups in parallel)
+
+    def ttft(self, arrival_rate: float, ca: float, servers: int) -> tuple[float, float]:
+        """(TTFT seconds, queueing seconds in it) at ``arrival_rate`` requests/s over ``servers``."""
+        q = queueing.wait_s(arrival_rate, self.stage_s, ca, self.cv, servers)
+        return self.latency_s + q, q
+
+
+def _prefill(spec, hw, L, traffic, eff) -> Prefill:
+    lats, stages, probs = [], [], []
+    for isl, p in traffic.isl_buckets():
+        lat = stage = 0.0
+        for pt in traffic.prefill_points(isl):
+            e = estimate_step(spec, hw, L, pt, eff=eff, skew=traffic.expert_skew)
+            lat += e.latency_s
+            stage += e.stage_s
+        lats.append(lat), stages.append(stage), probs.append(p)
+    lat, _ = queueing.service_moments(lats, probs)
+    stage, cv = queueing.service_moments(stages, probs)
+    return Prefill(lat, stage, cv, L.dp / stage if stage > 0 else float("inf"))
+
+
+def _arrivals(traffic: TrafficShape, capacity_rps: float, instances: int) -> float:
+    """Requests/s one of ``instances`` servers sees: the trace's rate split evenly, else the rate
+    the config sustains (``capacity_rps`` for all of them)."""
+    total = traffic.rate if traffic.rate is not None else capacity_rps
+    return total / max(instances, 1)
 
 
 def _kv_transfer_s(spec, hw, L, traffic) -> float:
@@ -135,8 +226,10 @@ def evaluate_layout(spec, hw: Hardware, gpus: int, L: Layout, traffic: TrafficSh
     """All rows of one layout: colocated and (with >= 2 instances) the best xPyD, per batch."""
     replicas = gpus // L.gpus
     ctx = traffic.max_context
+    quality = quality_tradeoffs(spec, L)
     bmax = max_batch(spec, hw, L, ctx, traffic.chunk)
-    t_pf, p_rate = _prefill(spec, hw, L, traffic, eff)
+    pf = _prefill(spec, hw, L, traffic, eff)
+    ca = traffic.interarrival_cv
     rows = []
     cap = max(batches) * L.dp
     sizes = sorted({b * L.dp for b in batches if b * L.dp <= bmax} | ({bmax} if 0 < bmax < cap else set()))
@@ -145,25 +238,34 @@ def evaluate_layout(spec, hw: Hardware, gpus: int, L: Layout, traffic: TrafficSh
                             eff=eff, skew=traffic.expert_skew)
         mem = memory_fit(spec, hw, L, 1, ctx, traffic.chunk)
         tpot = dec.latency_s * 1e3
-        return [ConfigResult(L, 1, replicas, "colocated", False, mem, t_pf * 1e3, tpot, 0.0, 1e3 / tpot, False)]
+        return [ConfigResult(L, 1, replicas, "colocated", False, mem, pf.latency_s * 1e3, tpot, 0.0, 1e3 / tpot,
+                             False, quality=quality)]
     for b in sizes:
         dec = estimate_step(spec, hw, L, {"phase": "decode", "batch": b, "context": traffic.decode_context},
                             eff=eff, skew=traffic.expert_skew)
         mem = memory_fit(spec, hw, L, b, ctx, traffic.chunk)
         inflight = b * L.pp
-        tpot = dec.latency_s + inflight / (traffic.osl * p_rate)
+        tpot = dec.latency_s + inflight / (traffic.osl * pf.rate)
         out = replicas * inflight / tpot
-        rows.append(ConfigResult(L, b, replicas, "colocated", True, mem, t_pf * 1e3, tpot * 1e3, out / gpus,
-                                 1.0 / tpot, sla.met(t_pf * 1e3, tpot * 1e3)))
+        ttft, q = pf.ttft(_arrivals(traffic, out / traffic.osl, replicas), ca, L.dp)
+        if traffic.rate is not None and traffic.rate * traffic.osl > out:
+            ttft = q = math.inf                                    # the trace outruns this config
+        rows.append(ConfigResult(L, b, replicas, "colocated", True, mem, ttft * 1e3, tpot * 1e3, out / gpus,
+                                 1.0 / tpot, math.isfinite(ttft) and sla.met(ttft * 1e3, tpot * 1e3),
+                                 quality=quality, queue_ms=q * 1e3))
         if replicas >= 2:
             dec_rate = inflight / dec.latency_s                    # output tokens/s per decode instance
-            pre_rate = p_rate * traffic.osl                        # output tokens/s one prefill instance feeds
+            pre_rate = pf.rate * traffic.osl                       # output tokens/s one prefill instance feeds
             x = max(range(1, replicas), key=lambda x: min((replicas - x) * dec_rate, x * pre_rate))
             out = min((replicas - x) * dec_rate, x * pre_rate)
-            ttft = (t_pf + _kv_transfer_s(spec, hw, L, traffic)) * 1e3
+            ttft, q = pf.ttft(_arrivals(traffic, out / traffic.osl, x), ca, L.dp)
+            if traffic.rate is not None and traffic.rate * traffic.osl > out:
+                ttft = q = math.inf
+            ttft = (ttft + _kv_transfer_s(spec, hw, L, traffic)) * 1e3
             tpot_pd = dec.latency_s * 1e3
             rows.append(ConfigResult(L, b, replicas, f"{x}P{replicas - x}D", True, mem, ttft, tpot_pd, out / gpus,
-                                     1e3 / tpot_pd, sla.met(ttft, tpot_pd)))
+                                     1e3 / tpot_pd, math.isfinite(ttft) and sla.met(ttft, tpot_pd),
+                                     quality=quality, queue_ms=q * 1e3))
     return rows
 
 
@@ -184,20 +286,31 @@ def _rank(r: ConfigResult) -> tuple:
 
 
 def search(spec, hw: Hardware, gpus: int, traffic: TrafficShape | None = None, sla: SLA | None = None,
-           eff: Efficiency | None = None, dtypes=WEIGHT_DTYPES) -> SearchResult:
-    """Evaluate every layout; keep per layout and pd mode its best row (under the SLA when any
-    row meets it) plus the whole Pareto front; pick the best config that fits and meets the SLA."""
+           eff: Efficiency | None = None, dtypes=None, allow_quantized: bool = False) -> SearchResult:
+    """Evaluate every layout; keep per layout and pd mode its best row (under the objective when
+    any row meets it) plus the whole Pareto front; pick the best config that fits, meets the
+    objective (the SLA, else ``DEFAULT_OBJECTIVE``) and, unless ``allow_quantized``, gives up no
+    quality. ``eff``: None = the measured-kernel curves for ``hw`` (cost_model.efficiency).
+    ``dtypes``: weight dtypes to try (None: those of WEIGHT_DTYPES no wider than the checkpoint's)."""
     if gpus < 1:
         raise CostModelError(f"--gpus must be >= 1, got {gpus}")
     traffic = traffic or TrafficShape()
     sla = sla or SLA()
-    eff = eff or DEFAULT_EFFICIENCY
-    layouts = enumerate_layouts(spec, hw, gpus, dtypes)
+    given = sla.ttft_ms is not None or sla.tpot_ms is not None
+    objective = f"SLA: {sla.describe()}" if given else DEFAULT_OBJECTIVE
+    target = sla if given else SLA(tpot_ms=DEFAULT_TPOT_MS)
+    if eff is None:
+        from cost_model.efficiency import curve_efficiency
+
+        eff = curve_efficiency(hw) or DEFAULT_EFFICIENCY
+    if dtypes is None:                                              # no upcasting past the checkpoint
+        dtypes = [d for d in WEIGHT_DTYPES if DTYPE_BYTES[d] <= DTYPE_BYTES[native_weight_dtype(spec)]]
+    layouts = enumerate_layouts(spec, hw, gpus, dtypes, kv_dtypes=("bf16", "fp8") if allow_quantized else ("bf16",))
     if not layouts:
         raise CostModelError(f"no parallelism layout of {spec.name} uses {gpus} GPUs of {hw.name}")
     rows: list[ConfigResult] = []
     for L in layouts:
-        rows += evaluate_layout(spec, hw, gpus, L, traffic, sla, eff)
+        rows += evaluate_layout(spec, hw, gpus, L, traffic, target, eff)
     front = pareto_front(rows)
     rows = [r if i not in front else _with(r, pareto=True) for i, r in enumerate(rows)]
     keep: dict[tuple, ConfigResult] = {}
@@ -208,10 +321,11 @@ def search(spec, hw: Hardware, gpus: int, traffic: TrafficShape | None = None, s
             keep[key] = r
     chosen = {id(r) for r in keep.values()} | {id(r) for r in rows if r.pareto}
     configs = sorted((r for r in rows if id(r) in chosen), key=lambda r: (not r.fits, -r.tokens_per_s_per_gpu))
-    ok = [r for r in rows if r.fits and r.meets_sla]
+    ok = [r for r in rows if r.fits and r.meets_sla and (allow_quantized or not r.quality)]
     best = max(ok, key=_rank) if ok else None
-    return SearchResult(spec.name, hw.name, gpus, traffic, sla, configs, best,
-                        _message(spec, hw, gpus, rows, best, sla))
+    msg = _message(spec, hw, gpus, rows, best, target, allow_quantized)
+    return SearchResult(spec.name, hw.name, gpus, traffic, sla, configs, best, f"{msg} [{objective}]", objective,
+                        allow_quantized)
 
 
 def _with(r: ConfigResult, **changes) -> ConfigResult:
@@ -219,9 +333,16 @@ def _with(r: ConfigResult, **changes) -> ConfigResult:
     return replace(r, **changes)
 
 
-def _message(spec, hw, gpus, rows, best, sla) -> str:
+def _message(spec, hw, gpus, rows, best, sla, allow_quantized=False) -> str:
     where = f"{spec.name} on {gpus}x {hw.name}"
     fitting = [r for r in rows if r.fits]
+    exact = [r for r in fitting if not r.quality]
+    if best is None and fitting and not allow_quantized and (not exact or any(
+            r.meets_sla for r in fitting if r.quality) and not any(r.meets_sla for r in exact)):
+        q = max((r for r in fitting if r.meets_sla) or fitting, key=_rank)
+        return (f"{where}: only quantized configurations {'fit' if not exact else 'meet ' + sla.describe()} "
+                f"(e.g. {q.label()}: {', '.join(q.quality)}, {q.tokens_per_s_per_gpu:.1f} tokens/s/GPU); "
+                f"pass --allow-quantized to accept the quality trade-off")
     if not fitting:
         need = min(r.memory.weights for r in rows) / 1e9
         return (f"{where}: no layout fits in memory in any dtype (at least {need:.1f} GB of weights per GPU "
@@ -229,7 +350,10 @@ def _message(spec, hw, gpus, rows, best, sla) -> str:
     if best is None:
         fast = min(fitting, key=lambda r: r.tpot_ms)
         quick = min(fitting, key=lambda r: r.ttft_ms)
+        if not math.isfinite(quick.ttft_ms):
+            return f"{where}: every configuration is overloaded by the traffic's arrival rate (unbounded queue)"
         return (f"{where}: no configuration meets {sla.describe()}; the lowest TPOT is {fast.tpot_ms:.2f} ms "
                 f"({fast.label()}), the lowest TTFT {quick.ttft_ms:.2f} ms ({quick.label()})")
-    return (f"{where}: best {best.label()}: {best.tokens_per_s_per_gpu:.1f} tokens/s/GPU, "
+    return (f"{where}: best {best.label()}{' kv ' + best.layout.kv_dtype if best.layout.kv_dtype != 'bf16' else ''}: "
+            f"{best.tokens_per_s_per_gpu:.1f} tokens/s/GPU, "
             f"{best.tokens_per_s_per_user:.1f} tokens/s/user, TTFT {best.ttft_ms:.2f} ms, TPOT {best.tpot_ms:.2f} ms")

@@ -1,7 +1,11 @@
 """The traffic summary the parallelism search needs, from workload points or a profile.
 
-``TrafficShape`` holds the mean input and output lengths, the prefill chunk, the prefix-cache
-hit rate and the expert skew. It is built from:
+``TrafficShape`` holds the mean input and output lengths and, when known, their distributions
+(``isl_dist`` / ``osl_dist``: (length, probability) buckets), the arrival rate and the
+inter-arrival coefficient of variation (for the queueing delay in TTFT, cost_model.queueing), the
+prefill chunk, the prefix-cache hit rate and the expert skew. A profile's length percentiles
+become buckets through a log-normal fitted to p50 and p90, cut at the max and rescaled to the
+mean. It is built from:
   - nothing (defaults: 1024 in, 256 out, chunks of 8192 tokens),
   - workload-point dicts (docs/internals.md): prefill points give the input length and the chunk,
     decode points the mean decode context (= input + output / 2, so output = 2 (ctx - input)),
@@ -11,6 +15,7 @@ hit rate and the expert skew. It is built from:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from cost_model.hardware import CostModelError
@@ -24,33 +29,53 @@ class TrafficShape:
     chunk: int = 8192               # prefill chunk (max tokens per prefill step)
     prefix_hit: float = 0.0         # fraction of input tokens served from the prefix cache
     expert_skew: float = DEFAULT_EXPERT_SKEW
+    rate: float | None = None       # requests/s arriving (None: each config at its own capacity)
+    interarrival_cv: float = 1.0    # 1: Poisson arrivals
+    isl_dist: tuple = ()            # ((input tokens, probability), ...); () = all at the mean
+    osl_dist: tuple = ()            # ((output tokens, probability), ...)
 
     def __post_init__(self):
-        if self.isl < 1 or self.osl < 1 or self.chunk < 1 or not 0.0 <= self.prefix_hit < 1.0:
+        if self.isl < 1 or self.osl < 1 or self.chunk < 1 or not 0.0 <= self.prefix_hit < 1.0 or \
+                (self.rate is not None and not self.rate > 0) or not self.interarrival_cv >= 0:
             raise CostModelError(f"bad traffic shape: {self}")
+
+    def isl_buckets(self) -> list[tuple[int, float]]:
+        return [(int(n), float(p)) for n, p in self.isl_dist] or [(self.isl, 1.0)]
+
+    def osl_buckets(self) -> list[tuple[int, float]]:
+        return [(int(n), float(p)) for n, p in self.osl_dist] or [(self.osl, 1.0)]
 
     @property
     def decode_context(self) -> int:
-        """Mean tokens in the KV cache of a decoding sequence."""
-        return self.isl + self.osl // 2
+        """Mean tokens in the KV cache of a decoding sequence, averaged over decode steps: a request
+        with o output tokens spends o steps, at input + o / 2 on average, so long outputs weigh
+        more: E[isl] + E[osl^2] / (2 E[osl]) (isl + osl / 2 when only means are known)."""
+        osl = self.osl_buckets()
+        m1 = sum(n * p for n, p in osl)
+        m2 = sum(n * n * p for n, p in osl)
+        return int(round(self.isl + m2 / (2 * m1))) if self.osl_dist else self.isl + self.osl // 2
 
     @property
     def max_context(self) -> int:
         """Tokens one sequence holds at its end: what the KV budget must cover."""
         return self.isl + self.osl
 
-    def prefill_points(self) -> list[dict]:
-        """Chunked prefill of one request's uncached input: one point per chunk."""
-        start = int(self.isl * self.prefix_hit)
+    def prefill_points(self, isl: int | None = None) -> list[dict]:
+        """Chunked prefill of one request's uncached input (``isl`` tokens, default the mean): one
+        point per chunk."""
+        isl = self.isl if isl is None else max(1, int(isl))
+        start = int(isl * self.prefix_hit)
         pts, ctx = [], start
-        while ctx < self.isl:
-            n = min(self.chunk, self.isl - ctx)
+        while ctx < isl:
+            n = min(self.chunk, isl - ctx)
             pts.append({"phase": "prefill", "batch": 1, "context": ctx, "chunk": n, "weight": 0.0})
             ctx += n
         return pts
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["isl_dist"], d["osl_dist"] = [list(b) for b in self.isl_dist], [list(b) for b in self.osl_dist]
+        return d
 
     @classmethod
     def from_points(cls, points: list[dict], **overrides) -> "TrafficShape":
@@ -79,8 +104,38 @@ class TrafficShape:
         except (KeyError, TypeError, ValueError):
             raise CostModelError("traffic profile lacks input_tokens/output_tokens means") from None
         hit = d.get("prefix_cache_hit_rate") or 0.0
-        kw = {"isl": max(1, isl), "osl": max(1, osl), "prefix_hit": min(float(hit), 0.99)}
+        kw = {"isl": max(1, isl), "osl": max(1, osl), "prefix_hit": min(float(hit), 0.99),
+              "isl_dist": length_buckets(d["input_tokens"]), "osl_dist": length_buckets(d["output_tokens"])}
+        rate, cv = d.get("requests_per_s"), d.get("interarrival_cv")
+        if isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate):
+            kw["rate"] = float(rate)
+        if isinstance(cv, (int, float)) and cv >= 0 and math.isfinite(cv):
+            kw["interarrival_cv"] = float(cv)
         if d.get("expert_skew") is not None:
             kw["expert_skew"] = float(d["expert_skew"])
         kw.update(overrides)
         return cls(**kw)
+
+
+BUCKETS = 6
+
+
+def length_buckets(stats: dict, buckets: int = BUCKETS) -> tuple:
+    """((length, probability), ...) of a length distribution given as ``{mean, p50, p90, max}``:
+    a log-normal through p50 and p90 (sigma = ln(p90 / p50) / 1.2816), sampled at the midpoints of
+    ``buckets`` equal-probability slices, capped at max, rescaled so the mean matches; () when the
+    percentiles are missing or degenerate (then only the mean is used)."""
+    from statistics import NormalDist
+
+    try:
+        mean, p50, p90 = float(stats["mean"]), float(stats["p50"]), float(stats["p90"])
+        top = float(stats.get("max") or p90 * 10)
+    except (KeyError, TypeError, ValueError):
+        return ()
+    if not (mean > 0 and p50 > 0 and p90 > p50 and top >= p90):
+        return ()
+    sigma = math.log(p90 / p50) / 1.2816
+    z = [NormalDist().inv_cdf((i + 0.5) / buckets) for i in range(buckets)]
+    lengths = [min(top, p50 * math.exp(sigma * zi)) for zi in z]
+    scale = mean / (sum(lengths) / buckets)
+    return tuple((max(1, int(round(min(top, n * scale)))), 1.0 / buckets) for n in lengths)

@@ -95,7 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--variants", type=int, default=2)
     s.add_argument("--no-cuda-graph", action="store_true")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--inputs", default=None, help="the tier's input realism (tier_inputs.py): JSON or a file")
     return ap
+
+
+def parse_inputs(text: str | None) -> dict:
+    if not text:
+        return {}
+    raw = open(text).read() if os.path.exists(text) else text
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--inputs is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("--inputs must be a JSON object")
+    return doc
 
 
 def serve(args) -> int:
@@ -103,7 +117,7 @@ def serve(args) -> int:
                                           write_token_file)
 
     _emit({"stage": "process", "seconds": round(_process_seconds(), 4)})
-    layers, points = parse_layers(args.layers), parse_points(args.points)
+    layers, points, inputs = parse_layers(args.layers), parse_points(args.points), parse_inputs(args.inputs)
     token = os.environ.get(TOKEN_ENV) or make_token()
     server = EngineServer(token, ServerConfig(host=args.host, port=args.port, allow_remote=args.allow_remote))
     token_file = None
@@ -126,13 +140,14 @@ def serve(args) -> int:
         layers = ModelSpec.from_name(args.model).covering_layers()
     engine = Engine(EngineConfig(model=args.model, layers=layers, device=args.device, dtype=args.dtype,
                                  points=points, seed=args.seed, variants=args.variants,
-                                 cuda_graph=not args.no_cuda_graph),
+                                 cuda_graph=not args.no_cuda_graph, inputs=inputs),
                     log=lambda name, s: _emit({"stage": name, "seconds": round(s, 4)}))
     startup = {"process": round(_process_seconds(), 4), "imports": round(imports_s, 4), **engine.startup}
     engine.startup = startup                    # status replies carry the whole table
     _emit({"ready": True, "port": server.port, "address": server.address, "token_file": token_file,
            "pid": os.getpid(), "startup": startup, "layers": engine.layers,
-           "logit_noise": engine.logit_noise, "logit_tol": engine.logit_tol})
+           "logit_noise": engine.logit_noise, "logit_tol": engine.logit_tol, "inputs": engine.inputs.to_dict(),
+           "routing": engine.routing})
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     server.serve(engine.handle, after_reply=lambda reply: engine.poisoned,
                  keep_going=(lambda: os.getppid() == parent) if parent else None)

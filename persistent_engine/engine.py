@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from persistent_engine import candidate as cand_mod
-from persistent_engine import guards, timing, tolerance, verify
+from persistent_engine import guards, tier_inputs, timing, tolerance, verify
 from persistent_engine.workloads import relayout_workload
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
@@ -82,6 +82,7 @@ class EngineConfig:
     cuda_graph: bool = True
     # roofline plausibility floor (GB/s): None = DEFAULT_PEAK_BANDWIDTH_GBS of the device (off on CPU)
     peak_bandwidth_gbs: float | None = None
+    inputs: dict = field(default_factory=dict)     # tier_inputs.TierInputs as JSON ({}: uniform, random routers)
 
 
 def elog(line: str) -> None:
@@ -120,7 +121,6 @@ class Engine:
         from persistent_engine.models.decoder import build_model
         from persistent_engine.models.spec import ModelSpec
         from persistent_engine.ops import registry
-        from persistent_engine.workloads import make_workload
 
         self.config = config
         self.registry = registry
@@ -146,8 +146,9 @@ class Engine:
         if self.device.type == "cpu":           # one thread: steadier timings, no oversubscription
             torch.set_num_threads(int(os.environ.get("TKCC_ENGINE_THREADS", "1")))
         torch.manual_seed(config.seed)
+        self.inputs = tier_inputs.TierInputs.from_dict(config.inputs)       # a checkpoint, tokens, routing
         self.model = build_model(self.spec, layers=self.layers, device=self.device, dtype=self.dtype,
-                                 seed=config.seed)
+                                 seed=config.seed, weights=self.inputs.weights)
         if isinstance(self.model, torch.nn.Module):
             self.model.eval()
         torch.set_grad_enabled(False)
@@ -155,8 +156,7 @@ class Engine:
         stage("weights", t0)
 
         t0 = timing.now_ns()
-        self.workloads = [[make_workload(self.model, p, seed=config.seed * 1000 + 17 * i + v)
-                           for v in range(config.variants)] for i, p in enumerate(self.points)]
+        self.workloads, self.routing = self.inputs.build(self.model, self.points, config.variants, config.seed)
         self._sync()
         stage("kv_cache", t0)
 

@@ -70,7 +70,7 @@ class Supervisor:
                  points: list[dict] | None = None, *, dtype: str = "bf16", variants: int = 2,
                  samples: int = 0, start_timeout_s: float = 900.0, env: dict | None = None,
                  python: str = sys.executable, log: Callable[[str], None] | None = None,
-                 cuda_graph: bool = True, auto_restart: bool = True):
+                 cuda_graph: bool = True, auto_restart: bool = True, inputs: dict | None = None):
         """``auto_restart=False``: after a crash or hang the engine is only killed; the next call
         starts a fresh one (a one-shot ``tkcc candidate check`` never pays for a restart)."""
         self.model, self.device, self.dtype = model, device, dtype
@@ -79,6 +79,7 @@ class Supervisor:
         self.variants, self.samples = variants, samples
         self.start_timeout_s = start_timeout_s
         self.cuda_graph = cuda_graph
+        self.inputs = dict(inputs or {})        # tier_inputs.TierInputs as JSON
         self.auto_restart = auto_restart
         self._env = dict(os.environ if env is None else env)
         self._python = python
@@ -106,6 +107,11 @@ class Supervisor:
             cmd += ["--points", path]
         if not self.cuda_graph:
             cmd.append("--no-cuda-graph")
+        if self.inputs:
+            path = os.path.join(self._dir, "inputs.json")
+            with open(path, "w") as f:
+                json.dump(self.inputs, f)
+            cmd += ["--inputs", path]
         return cmd
 
     def alive(self) -> bool:

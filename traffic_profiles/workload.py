@@ -1,7 +1,7 @@
 """Workload points: replay a trace through a continuous-batching scheduler model and reduce the
 time-weighted shapes it runs to at most 16 weighted points (docs/internals.md, "Workload points").
 
-Scheduler model (vLLM v1 style): every step, each running sequence past its prompt decodes one token;
+Scheduler (``traffic_profiles.scheduler``, the one the serving engine runs; vLLM v1 style): every step, each running sequence past its prompt decodes one token;
 the rest of ``max_num_batched_tokens`` goes to prompt chunks (chunked prefill), first to sequences
 already prefilling, then to newly admitted ones, FCFS, while fewer than ``max_num_seqs`` run and their
 KV (prompt + output tokens, reserved at admission, so nothing is ever preempted) fits
@@ -18,13 +18,13 @@ their time integrated with Simpson's rule, so the replay costs O(events x runnin
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from . import cache
+from .scheduler import Scheduler, SchedulerConfig, Seq, TokenBudget
 from .trace import Trace
 
 
@@ -80,16 +80,6 @@ class RooflineStepTime:
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    kv_capacity_tokens: int | None = None   # None: unbounded
-    prefix_caching: bool = True
-    time_scale: float = 1.0                 # divide inter-arrival times by this (2: twice the load)
-    max_points: int = 16
-
-
-@dataclass(frozen=True)
 class Workload:
     points: tuple[WorkloadPoint, ...]
     summary: dict                           # replay figures: time shares, mean batch, TTFT, ...
@@ -122,94 +112,61 @@ def _decode_time(step_time: StepTime, batch: int, ctx_sum: float, k: int) -> flo
 
 
 def replay(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig()) -> Workload:
-    """Simulate serving ``trace`` and return its workload points (at most ``cfg.max_points``)."""
+    """Simulate serving ``trace`` with the serving engine's scheduler (``traffic_profiles.scheduler``)
+    and return its workload points (at most ``cfg.max_points``)."""
     arr = (trace.timestamp_s / cfg.time_scale).tolist()
     inp, out = trace.input_tokens.tolist(), trace.output_tokens.tolist()
-    hit = _prompt_cached(trace, cfg).tolist()
-    n, cap = trace.rows, cfg.kv_capacity_tokens
+    n = trace.rows
+    sched = Scheduler(cfg, TokenBudget(cfg.kv_capacity_tokens, _prompt_cached(trace, cfg).tolist()))
     dec: list[tuple[int, float, float]] = []            # (batch, mean context, seconds)
     pre: list[tuple[int, int, float]] = []              # (chunk, context, seconds)
     ttft: list[float] = []
-    # a running sequence: [ctx, prefill_left, out_left, reserved, arrival]
-    running: list[list] = []
-    waiting: deque[int] = deque()
-    t, nxt, kv_used, rejected, idle = 0.0, 0, 0, 0, 0.0
+    tpot: list[float] = []                              # per request: (finish - first token) / (outputs - 1)
+    first_at: dict[int, float] = {}
+    t, nxt, rejected, idle = 0.0, 0, 0, 0.0
     while True:
         while nxt < n and arr[nxt] <= t:
-            waiting.append(nxt)
+            sched.add(Seq(nxt, inp[nxt], out[nxt], arr[nxt]))
             nxt += 1
-        if not running and not waiting:
+        if not sched.has_work():
             if nxt >= n:
                 break
             idle += arr[nxt] - t
             t = arr[nxt]
             continue
-        budget = cfg.max_num_batched_tokens
-        decoders = [s for s in running if s[1] == 0]
-        budget -= len(decoders)
-        chunks: list[tuple[list, int]] = []
-        for s in running:
-            if s[1] > 0 and budget > 0:
-                c = min(s[1], budget)
-                chunks.append((s, c))
-                budget -= c
-        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-            r = waiting[0]
-            need = inp[r] + out[r]
-            if cap is not None and kv_used + need > cap:
-                if not running and need > cap:      # can never fit: dropped, as an engine would
-                    waiting.popleft()
-                    rejected += 1
-                    continue
-                break
-            waiting.popleft()
-            kv_used += need
-            cached = min(hit[r], max(inp[r] - 1, 0))  # at least one prompt token is computed
-            s = [cached, inp[r] - cached, out[r], need, arr[r]]
-            running.append(s)
-            c = min(s[1], budget)
-            chunks.append((s, c))
-            budget -= c
-        if not running:
+        plan = sched.schedule()
+        rejected += len(plan.rejected)
+        if not sched.running:
             continue
+        decoders = plan.decodes
         b = len(decoders)
-        ctx_sum = float(sum(s[0] for s in decoders))
-        if not chunks:                              # a stretch of pure decode steps
-            k = min(s[2] for s in decoders)
-            if not waiting and nxt < n:
+        ctx_sum = float(sum(s.computed for s in decoders))
+        if not plan.chunks:                         # a stretch of pure decode steps
+            k = min(s.out_left for s in decoders)
+            if not sched.waiting and nxt < n:
                 tau = step_time(StepShape(b, ctx_sum))
                 k = max(1, min(k, math.ceil((arr[nxt] - t) / tau)))
             dt = _decode_time(step_time, b, ctx_sum, k)
             dec.append((b, ctx_sum / b + (k - 1) / 2, dt))
-            for s in decoders:
-                s[0] += k
-                s[2] -= k
+            _, done = sched.advance(plan, k)
         else:
-            dt = step_time(StepShape(b, ctx_sum, tuple((c, s[0]) for s, c in chunks)))
+            dt = step_time(StepShape(b, ctx_sum, tuple((c, s.computed) for s, c in plan.chunks)))
             t_dec = step_time(StepShape(b, ctx_sum)) if b else 0.0
             if b:
                 dec.append((b, ctx_sum / b, t_dec))
-            tokens = sum(c for _, c in chunks)
-            for s, c in chunks:
-                pre.append((c, s[0], (dt - t_dec) * c / tokens))
-                s[0] += c
-                s[1] -= c
-                if s[1] == 0:                       # the last chunk emits the first token
-                    s[2] -= 1
-                    ttft.append(t + dt - s[4])
-            for s in decoders:
-                s[0] += 1
-                s[2] -= 1
+            tokens = sum(c for _, c in plan.chunks)
+            for s, c in plan.chunks:
+                pre.append((c, s.computed, (dt - t_dec) * c / tokens))
+            first, done = sched.advance(plan)
+            for s in first:
+                first_at[s.rid] = t + dt
+                ttft.append(t + dt - s.arrival)
         t += dt
-        if any(s[1] == 0 and s[2] <= 0 for s in running):
-            keep = []
-            for s in running:
-                if s[1] == 0 and s[2] <= 0:
-                    kv_used -= s[3]
-                else:
-                    keep.append(s)
-            running = keep
-    return _finish(dec, pre, ttft, t, idle, rejected, trace, cfg)
+        for s in done:
+            t_first = first_at.pop(s.rid, None)
+            if t_first is not None and s.max_new > 1:
+                tpot.append((t - t_first) / (s.max_new - 1))
+    return _finish(dec, pre, ttft, tpot, t, idle, rejected, trace, cfg)
 
 
 # ---------------------------------------------------------------------------- reduction
@@ -249,7 +206,7 @@ def _reduce(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return _ward(fx, w, vals, min(k, len(w)))
 
 
-def _finish(dec, pre, ttft, t_end, idle, rejected, trace: Trace, cfg: SchedulerConfig) -> Workload:
+def _finish(dec, pre, ttft, tpot, t_end, idle, rejected, trace: Trace, cfg: SchedulerConfig) -> Workload:
     d = np.asarray(dec, dtype=np.float64).reshape(-1, 3)
     p = np.asarray(pre, dtype=np.float64).reshape(-1, 3)
     t_dec, t_pre = float(d[:, 2].sum()), float(p[:, 2].sum())
@@ -278,6 +235,9 @@ def _finish(dec, pre, ttft, t_end, idle, rejected, trace: Trace, cfg: SchedulerC
         "output_tokens_per_s": float(trace.output_tokens.sum() / t_end) if t_end > 0 else 0.0,
         "ttft_p50_s": float(np.quantile(ttft, 0.5)) if ttft else None,
         "ttft_p99_s": float(np.quantile(ttft, 0.99)) if ttft else None,
+        "ttft_mean_s": float(np.mean(ttft)) if ttft else None,
+        "tpot_p50_s": float(np.quantile(tpot, 0.5)) if tpot else None,
+        "tpot_mean_s": float(np.mean(tpot)) if tpot else None,
     }
     return Workload(tuple(points), summary, cfg)
 

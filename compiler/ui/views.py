@@ -117,5 +117,13 @@ def run_progress(run: Any, now: float | None = None) -> dict:
             "updated_at": run.updated_at, "finished_at": run.finished_at}
 
 
+def tiers_disagree(o: Any) -> bool:
+    """An optimization (a board row with ``speedup_fast``/``speedup_slow``) whose tiers name different
+    winners against the reference (``compiler.report.tiers_disagree``)."""
+    from compiler.report import tiers_disagree as disagree
+
+    return disagree(getattr(o, "speedup_fast", None), getattr(o, "speedup_slow", None))
+
+
 FILTERS = {"time": fmt_time, "speedup": fmt_speedup, "ms": fmt_ms, "duration": fmt_duration,
-           "point": point_label}
+           "point": point_label, "tiers_disagree": tiers_disagree}

@@ -58,6 +58,7 @@ ALIASES = {
     "deepseek-v3": "deepseek.json",
     "deepseek-v3.2": "deepseek-v3.2.json",
     "kimi": "kimi.json",
+    "smollm2-135m": "smollm2-135m.json",
     "tiny-dense": "tiny-dense.json",
     "tiny-moe": "tiny-moe.json",
     "tiny-mla": "tiny-mla.json",
@@ -68,7 +69,7 @@ RELEASES = {
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
     "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V3", "deepseek-v3": "DeepSeek-V3", "deepseek-v3.2": "DeepSeek-V3.2",
-    "kimi": "Kimi-K2", "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
+    "kimi": "Kimi-K2", "smollm2-135m": "SmolLM2-135M-Instruct", "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
 }
 TINY_SUFFIX = "+tiny"       # "glm+tiny": GLM-5.2's architecture at toy size (what --tiny passes on)
 

@@ -49,3 +49,13 @@ def test_traffic_trace_file(tmp_path, capsys):
     rc = main(["parallelism", "--model", "llama-8b", "--hw", "h200", "--gpus", "1", "--traffic", str(f), "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and 2000 <= d["traffic"]["isl"] <= 2400 and 100 <= d["traffic"]["osl"] <= 140
+
+
+def test_objective_and_quantized_flag(capsys):
+    rc = main(["parallelism", "--model", "llama-8b", "--hw", "h200", "--gpus", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "objective: no SLA given" in out and "--allow-quantized" in out
+    rc = main(["parallelism", "--model", "llama-8b", "--hw", "h200", "--gpus", "1", "--allow-quantized", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["allow_quantized"] and "TPOT <= 50 ms" in d["objective"]
+    assert all({"quality", "stable", "kv_dtype"} <= set(c) for c in d["configs"])

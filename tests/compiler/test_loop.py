@@ -82,7 +82,9 @@ def test_run_writes_a_complete_plan(run):
     assert plan.model == "tiny-dense" and plan.hw == "h200"
     assert plan.detected_device["kind"] == "cpu" and plan.detected_device["matches_hw"] is False
     assert plan.run["tried"] >= 2 and len(plan.workload_points) == 1
-    assert plan.tiers == {"fast": {"layers": [0]}, "slow": {"layers": [0, 1]}}
+    assert plan.tiers == {"fast": {"layers": [0], "inputs": {}},          # dense: no routing to rebuild
+                          "slow": {"layers": [0, 1], "inputs": {"tokens": "zipf", "routing": {"kind": "uniform"},
+                                                                "prefix_share": 0.0}}}
     noise = plan.baseline["noise"]
     for o in plan.optimizations:                    # accepted only beyond the measured noise
         assert o.speedup["fast"] > 1 + max(0.01, noise["fast"])

@@ -80,6 +80,10 @@ def test_sigint_during_search_writes_the_plan(tmp_path):
     (["--model", "tiny-dense", "--hw", "h200", "--traffic", "/nonexistent.csv"], "traffic file not found"),
     (["--model", "tiny-dense", "--hw", "h200", "--traffic", CONV, "--budget", "soon"], "bad duration"),
     (["--model", "tiny-dense", "--hw", "h200", "--traffic", CONV, "--agents", "wizard:2"], "unknown agent kind"),
+    (["--model", "tiny-moe", "--hw", "h200", "--traffic", CONV, "--routing-skew", "nan"], "--routing-skew must be"),
+    (["--model", "tiny-moe", "--hw", "h200", "--traffic", CONV, "--routing-skew", "-1"], "--routing-skew must be"),
+    (["--model", "tiny-moe", "--hw", "h200", "--traffic", CONV, "--routing-histogram", "/nonexistent.json"],
+     "routing histogram not found"),
 ])
 def test_bad_inputs_are_one_line_exit_2(tmp_path, args, message):
     r = tkcc("optimize", *args, "--out", str(tmp_path / "p"), "--quiet")

@@ -181,3 +181,20 @@ def test_the_ui_serves_every_board_backend(board_url):
         with pytest.raises(BoardError):
             server.app.state.board.post(s.runs[0], author="ui", body="x")
     writer.close()
+
+
+def test_optimizations_whose_tiers_disagree_are_flagged(served):
+    import re
+
+    from compiler.report import tiers_disagree
+
+    _, client, writer, _, _ = served
+    some = writer.list_optimizations(limit=1).items[0]     # one more whose slow tier finds no gain
+    odd = writer.add_optimization(some.run_id, some.candidate_id, name="split_kv_fast_only", targets=["attention_decode"],
+                                  speedups={"fast": 1.3, "slow": 0.97})
+    html = client.get("/optimizations", params={"n": 200}).text
+    rows = re.findall(r'<tr data-id="(\d+)">(.*?)</tr>', html, re.S)
+    flagged = {int(i) for i, body in rows if "tiers disagree" in body}
+    want = {o.id for o in writer.list_optimizations(limit=1000).items
+            if tiers_disagree(o.speedup_fast, o.speedup_slow)}
+    assert odd.id in flagged and flagged == want and len(rows) == len(writer.list_optimizations(limit=1000).items)

@@ -7,7 +7,7 @@ from persistent_engine.models.spec import ModelSpec
 
 
 def test_deepseek_on_8xh200_bf16_never_fits_fp8_does():
-    r = search(ModelSpec.from_name("deepseek"), get_hardware("h200"), 8)
+    r = search(ModelSpec.from_name("deepseek"), get_hardware("h200"), 8, dtypes=("bf16", "fp8"))
     bf16 = [c for c in r.configs if c.layout.dtype == "bf16"]
     fp8 = [c for c in r.configs if c.layout.dtype == "fp8"]
     assert bf16 and not any(c.fits for c in bf16)
@@ -23,9 +23,15 @@ def test_llama8b_on_one_h200_picks_tp1():
     assert any(c.fits and c.layout.dtype == "bf16" for c in r.configs)
 
 
-def test_kimi_on_gb200_nvl72_picks_large_ep():
+@pytest.mark.slow
+def test_kimi_on_gb200_nvl72_spreads_wide():
+    # ~35 s: 728 layouts (EP a free factor) x 12 batches on the measured-kernel curves. On the
+    # vLLM-measured kernels wide DP-attention wins; whether its MoE runs EP or TP-sharded is within
+    # a few percent of the step (the NCCL all-to-all of the table, not DeepEP), so only the width is
+    # asserted, and that wide EP (larger than TP) is among the fitting configs
     r = search(ModelSpec.from_name("kimi"), get_hardware("gb200"), 72)
-    assert r.best is not None and r.best.layout.ep >= 32
+    assert r.best is not None and r.best.layout.dp >= 8 and r.best.fits
+    assert any(c.fits and c.layout.ep >= 16 > c.layout.tp for c in r.configs)
     # Kimi-K2 (1T parameters) at bf16 cannot fit on 8 GPUs of an NVL72 with TP alone
     assert not any(c.fits for c in r.configs if c.layout.gpus == 8 and c.layout.dtype == "bf16")
 
@@ -47,7 +53,8 @@ def test_pareto_front_is_non_dominated_and_sla_respected():
                 assert not (b.tokens_per_s_per_gpu > a.tokens_per_s_per_gpu * (1 + 1e-9)
                             and b.tokens_per_s_per_user > a.tokens_per_s_per_user * (1 + 1e-9))
     assert r.best.tpot_ms <= 20 and r.best.meets_sla
-    assert all(r.best.tokens_per_s_per_gpu >= c.tokens_per_s_per_gpu for c in r.configs if c.fits and c.meets_sla)
+    assert all(r.best.tokens_per_s_per_gpu >= c.tokens_per_s_per_gpu for c in r.configs
+               if c.fits and c.meets_sla and not c.quality)          # quantized configs need allow_quantized
 
 
 def test_disaggregation_rows():

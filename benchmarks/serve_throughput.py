@@ -1,0 +1,134 @@
+"""Serving throughput: ``tkcc serve`` with a plan, with the reference engine, and with the reference
+under ``torch.compile``, each replaying a trace at its own rate and faster, through the real HTTP
+server (``compiler.serve.ServeServer`` on loopback) measured by ``tkcc bench serve``'s client.
+
+    python benchmarks/serve_throughput.py                                  # H200: llama-1b, random weights
+    python benchmarks/serve_throughput.py --device cpu --model tiny-dense --plan '' --requests 8 \\
+        --rates 1,4 --max-input 64 --max-output 8 --graph-sizes '' --out /tmp/serve.json   # CPU logic check
+
+Variants (the same seeded weights, engine, scheduler and CUDA-graph decode in all three):
+  plan           the plan's overrides (``kernels/composed.py``, hashes verified) and CONFIG knobs
+  reference      the plain-torch reference ops
+  torch_compile  the reference with the decode forward under ``torch.compile(dynamic=True)``, then
+                 graph-captured (at ``--compile-graph-sizes``: fewer shapes bound the compile time)
+Per variant and rate: output tokens/s, requests/s, TTFT/TPOT/ITL p50/p90/p99, goodput under the SLA,
+and the replay model's predicted TTFT/TPOT with its error. The first ``--requests`` requests of the
+trace are replayed (arrival times divided by the rate; lengths clipped to ``--max-input``/``--max-output``).
+Writes ``benchmarks/results/h200-serve.json`` (cuda) or ``cpu-serve.json`` atomically, with the GPU,
+driver, torch and Triton versions; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from compiler.serve import ServeServer  # noqa: E402
+from compiler.serve_bench import BenchOptions, run_bench  # noqa: E402
+from compiler.serve_runtime import ServeOptions, build_runtime  # noqa: E402
+
+
+def newest_version(plan_root: str) -> str:
+    from compiler import plan as plan_mod
+
+    return str(plan_mod.resolve(plan_root))
+
+
+def run_variant(name: str, args, plan: str | None) -> dict:
+    import torch
+
+    t0 = time.perf_counter()
+    sizes = args.compile_graph_sizes if name == "torch_compile" else args.graph_sizes
+    opts = ServeOptions(model=None if plan else args.model, plan=plan, device=args.device,
+                        max_model_len=args.max_model_len, compile=name == "torch_compile",
+                        graphs=bool(sizes), graph_sizes=sizes,
+                        max_num_seqs=args.max_num_seqs)
+    rt = build_runtime(opts)
+    startup = time.perf_counter() - t0
+    out = {"variant": name, "startup_s": startup, "plan": rt.plan_dir, "overrides": sorted(rt.plan_overrides),
+           "engine": {"max_num_seqs": rt.engine.cfg.max_num_seqs,
+                      "max_num_batched_tokens": rt.engine.cfg.max_num_batched_tokens,
+                      "block_size": rt.engine.cfg.block_size, "kv_blocks": rt.engine.kv.num_blocks - 1,
+                      "cuda_graph_batch_sizes": list(rt.engine.cfg.cuda_graph_batch_sizes)}, "runs": []}
+    with ServeServer(rt) as server:
+        for rate in args.rates:
+            res = run_bench(BenchOptions(traffic=args.traffic, url=server.url, rate=rate, max_requests=args.requests,
+                                         max_input=args.max_input, max_output=args.max_output,
+                                         ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms), progress=sys.stderr)
+            out["runs"].append(res)
+            p = res.get("predicted", {})
+            print(f"{name:<14} {rate:>4}x  {res['output_tokens_per_s']:9.1f} tok/s  TTFT p50 "
+                  f"{res['ttft_ms']['p50'] or 0:8.1f} ms (pred {p.get('ttft_ms', {}).get('p50') or 0:8.1f})  "
+                  f"TPOT p50 {res['tpot_ms']['p50'] or 0:7.2f} ms (pred {p.get('tpot_ms', {}).get('p50') or 0:7.2f})  "
+                  f"failed {res['failed']}", flush=True)
+    del rt, server
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama-1b")
+    ap.add_argument("--plan", default=str(ROOT / "examples/plans/llama-1b-h200"),
+                    help="plan root (newest version) or version dir; '' skips the plan variant")
+    ap.add_argument("--traffic", default=str(ROOT / "examples/traffic/azure2023_conv.parquet"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rates", default="1,4", help="replay speed-ups (default 1,4)")
+    ap.add_argument("--requests", type=int, default=120, help="requests replayed per run (default 120)")
+    ap.add_argument("--max-input", type=int, default=2048)
+    ap.add_argument("--max-output", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=2560)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--graph-sizes", default="1,2,4,8,16,32,64,128",
+                    help="decode CUDA-graph batch sizes ('' disables graphs)")
+    ap.add_argument("--compile-graph-sizes", default="1,8,32,128",
+                    help="graph batch sizes of the torch_compile variant (fewer: each shape may compile)")
+    ap.add_argument("--variants", default="plan,reference,torch_compile")
+    ap.add_argument("--ttft-ms", type=float, default=1000.0)
+    ap.add_argument("--tpot-ms", type=float, default=50.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    args.rates = [float(r) for r in args.rates.split(",") if r]
+    args.graph_sizes = tuple(int(b) for b in args.graph_sizes.split(",") if b)
+    args.compile_graph_sizes = tuple(int(b) for b in args.compile_graph_sizes.split(",") if b)
+    variants = [v for v in args.variants.split(",") if v]
+    if not args.plan:
+        variants = [v for v in variants if v != "plan"]
+
+    import torch
+
+    from persistent_engine.versions import software_versions
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("serve_throughput: no CUDA device (use --device cpu)", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    plan = newest_version(args.plan) if args.plan else None
+    t0 = time.perf_counter()
+    results = [run_variant(v, args, plan if v == "plan" else None) for v in variants]
+    doc = {"benchmark": "serve_throughput", "model": args.model, "weights": "random (seed 0)",
+           "traffic": os.path.relpath(args.traffic, ROOT), "rates": args.rates, "requests_per_run": args.requests,
+           "max_input": args.max_input, "max_output": args.max_output, "device": args.device,
+           "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+           "software": software_versions(), "wall_s": time.perf_counter() - t0, "variants": results}
+    out = Path(args.out or ROOT / "benchmarks/results" / ("h200-serve.json" if args.device == "cuda" else "cpu-serve.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, out)
+    print(f"wrote {out} ({doc['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

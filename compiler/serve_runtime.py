@@ -1,0 +1,121 @@
+"""Everything ``tkcc serve`` runs, built once: the served model (weights + tokenizer), the plan's
+overrides and CONFIG knobs, the serving engine and its scheduler (``traffic_profiles.scheduler``, the
+one the trace replay runs).
+
+    rt = build_runtime(ServeOptions(plan="plans/llama-1b", device="cuda"))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from compiler.serve_model import ModelLoadError, load_served_model
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str | None = None
+    plan: str | None = None
+    weights: str | None = None
+    device: str = "auto"              # auto | cpu | cuda
+    tiny: bool = False
+    max_model_len: int | None = None
+    kv_cache_bytes: int | None = None
+    compile: bool = False             # torch.compile the decode forward (the reference under torch.compile)
+    graphs: bool = True               # CUDA graphs for the plan's (or default) decode batch sizes
+    graph_sizes: tuple[int, ...] | None = None   # decode graph batch sizes instead of the plan's / default
+    max_num_seqs: int | None = None   # when the plan's CONFIG sets none (default 64)
+    seed: int = 0
+
+
+DEFAULT_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class Runtime:
+    name: str
+    spec: Any
+    tokenizer: Any
+    engine: Any                       # persistent_engine.serving.ServingEngine
+    sched_cfg: Any                    # traffic_profiles.scheduler.SchedulerConfig
+    source: str
+    plan_dir: str | None
+    plan_overrides: dict[str, Callable]
+
+    @contextlib.contextmanager
+    def overrides(self) -> Iterator[None]:
+        """The plan's overrides active in the op registry (process-global) while the engine runs."""
+        from persistent_engine.ops import registry
+
+        with registry.override(self.plan_overrides):
+            yield
+
+
+def _load_plan(path: str):
+    from compiler import apply
+    from compiler import plan as plan_mod
+
+    verify = getattr(plan_mod, "verify_plan_files", None)      # hashes checked (plan.load does it once merged)
+    if verify is not None:
+        verify(path)
+    return apply.load(path)
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name not in ("cpu", "cuda"):
+        raise ModelLoadError(f"--device must be auto, cpu or cuda, not {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda: no CUDA device is available")
+    return name
+
+
+def build_runtime(opts: ServeOptions) -> Runtime:
+    import torch
+
+    from persistent_engine.models.decoder import Decoder, build_model
+    from persistent_engine.serving import EngineConfig, ServingEngine
+    from traffic_profiles.scheduler import Scheduler, SchedulerConfig
+
+    loaded = _load_plan(opts.plan) if opts.plan else None
+    model = opts.model or (loaded.plan.model if loaded else None)
+    if model is None:
+        raise ModelLoadError("give --plan DIR or --model M")
+    device = _device(opts.device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    served = load_served_model(model, opts.weights, tiny=opts.tiny, dtype=dtype)
+    spec, layers = served.spec, list(range(served.spec.num_layers))
+    if served.params is None:
+        decoder = build_model(spec, layers=layers, device=device, dtype=dtype, seed=opts.seed)
+    else:
+        decoder = Decoder(spec, layers, {k: v.to(device) for k, v in served.params.items()}, device, dtype)
+    knobs = dict(loaded.config) if loaded else {}
+    max_len = opts.max_model_len or min(spec.max_position_embeddings, 4096 if device != "cpu" else 2048)
+    if opts.kv_cache_bytes:
+        kv_bytes = opts.kv_cache_bytes
+    elif device == "cpu":
+        kv_bytes = 256 << 20
+    else:
+        kv_bytes = int(torch.cuda.mem_get_info()[0] * 0.5)
+    if opts.max_num_seqs:
+        knobs.setdefault("max_num_seqs", opts.max_num_seqs)
+    graphs = opts.graph_sizes or knobs.get("cuda_graph_batch_sizes", DEFAULT_GRAPH_SIZES)
+    graphs = () if not opts.graphs or device == "cpu" else graphs
+    cfg = EngineConfig.from_knobs({**knobs, "cuda_graph_batch_sizes": graphs}, device=device, dtype=dtype,
+                                  max_model_len=max_len, kv_cache_bytes=kv_bytes, compile=opts.compile)
+    cfg = dataclasses.replace(cfg, cuda_graph_batch_sizes=tuple(b for b in cfg.cuda_graph_batch_sizes
+                                                                if b <= cfg.max_num_seqs))
+    sched_cfg = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens)
+    overrides = dict(loaded.overrides) if loaded else {}
+    from persistent_engine.ops import registry
+
+    with registry.override(overrides):              # CUDA graphs capture the plan's kernels
+        engine = ServingEngine(decoder, lambda kv: Scheduler(sched_cfg, kv), cfg)
+    return Runtime(served.name, spec, served.tokenizer, engine, sched_cfg, served.source,
+                   str(loaded.version_dir) if loaded else None, overrides)

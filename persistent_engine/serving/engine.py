@@ -1,0 +1,287 @@
+"""The serving engine: continuous batching over the generic decoder, with chunked prefill, a paged KV
+cache with prefix caching (``blocks.BlockManager``) and CUDA graphs for decode batch sizes.
+
+    engine = ServingEngine(model, make_scheduler, EngineConfig.from_knobs(plan_config, device="cuda"))
+    engine.add("r1", prompt_ids, SamplingParams(max_tokens=64))
+    while engine.has_work():
+        for ev in engine.step():          # TokenEvent(rid, token, finish_reason)
+            ...
+
+The scheduling policy is not defined here: ``make_scheduler(kv_policy)`` returns the scheduler (in
+tkcc, ``traffic_profiles.scheduler.Scheduler``, the same one the trace replay runs; injected by the
+caller because ``persistent_engine`` imports no sibling package). The engine relies only on the
+``SchedulerLike`` protocol below.
+
+One step = the scheduler's plan, run as at most two forward passes over the shared KV pools: the
+prompt chunks (ragged, ``attention_prefill``) and the decodes (one token each, ``attention_decode``,
+replayed from a CUDA graph captured for the smallest graph batch size that holds them; padded rows
+write to the scratch block). Every op goes through the registry, so a plan's overrides (installed by
+the caller) run here; its CONFIG knobs come in through ``EngineConfig.from_knobs``.
+Host syncs: one per forward (reading the sampled tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+
+from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
+from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
+from persistent_engine.serving.blocks import SCRATCH_BLOCK, BlockManager
+from persistent_engine.serving.sampling import SamplingParams, sample_rows
+from persistent_engine.workloads import Workload
+
+__all__ = ["EngineConfig", "ServingEngine", "TokenEvent", "SchedulerLike", "KNOBS"]
+
+# CONFIG keys of a plan the serving engine consumes (DESIGN.md "Candidate")
+KNOBS = ("max_num_seqs", "max_num_batched_tokens", "cuda_graph_batch_sizes", "kv_block_size")
+
+
+class SchedulerLike(Protocol):
+    """What the engine needs of a scheduler (``traffic_profiles.scheduler.Scheduler`` is one):
+    ``submit`` queues a request and returns its sequence (with ``rid``, ``prompt_len``, ``computed``,
+    ``out_left``); ``schedule`` returns a plan (``decodes``, ``chunks`` of (seq, tokens), ``rejected``);
+    ``advance(plan)`` books it and returns (first-token seqs, finished seqs, KV released); ``finish``
+    removes a sequence early; ``waiting``/``running`` are its queues."""
+
+    waiting: Any
+    running: Any
+
+    def submit(self, rid: Any, prompt_len: int, max_new: int, arrival: float = 0.0) -> Any: ...
+
+    def schedule(self) -> Any: ...
+
+    def advance(self, plan: Any, decode_steps: int = 1) -> tuple[list, list]: ...
+
+    def finish(self, seq: Any) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_model_len: int = 2048
+    kv_cache_bytes: int = 256 << 20          # bytes of K/V pools, all layers
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    cuda_graph_batch_sizes: tuple[int, ...] = ()     # decode batch sizes captured (CUDA only)
+    prefix_caching: bool = True
+    compile: bool = False                    # torch.compile the decode forward (before graph capture)
+
+    @classmethod
+    def from_knobs(cls, knobs: dict, **kw) -> "EngineConfig":
+        """An engine config from a plan's CONFIG (keys of ``KNOBS``; others are not the engine's)
+        over the keyword defaults."""
+        kw = dict(kw)
+        if "kv_block_size" in knobs:
+            kw["block_size"] = int(knobs["kv_block_size"])
+        for k in ("max_num_seqs", "max_num_batched_tokens"):
+            if k in knobs:
+                kw[k] = int(knobs[k])
+        if "cuda_graph_batch_sizes" in knobs:
+            kw["cuda_graph_batch_sizes"] = tuple(sorted(int(b) for b in knobs["cuda_graph_batch_sizes"]))
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    rid: Any
+    token: int | None                   # None: finished without a token (rejected, aborted)
+    finish_reason: str | None = None    # "length" | "stop" | "abort" | "rejected"
+
+
+@dataclass
+class _Request:
+    rid: Any
+    prompt: list[int]
+    params: SamplingParams
+    seq: Any
+    output: list[int] = field(default_factory=list)
+
+
+class ServingEngine:
+    def __init__(self, model, make_scheduler: Callable[[BlockManager], SchedulerLike], cfg: EngineConfig):
+        self.model, self.cfg = model, cfg
+        bs = cfg.block_size
+        per_block = bs * model.spec.kv_bytes_per_token_layer("fp32" if cfg.dtype == torch.float32 else "bf16")
+        num_blocks = max(2, int(cfg.kv_cache_bytes // max(1.0, per_block * len(model.layers))))
+        self.max_blocks = -(-cfg.max_model_len // bs)
+        self.kv = BlockManager(num_blocks, bs, self.max_blocks, cfg.prefix_caching)
+        pools = alloc_kv_cache(model.spec, model.layers, 1, num_blocks * bs, device=cfg.device, dtype=cfg.dtype,
+                               block_size=bs, fill="zeros")
+        self.pools_k, self.pools_v, self.pools_index = pools.k, pools.v, pools.index_k   # index_k: M3's index keys
+        self.scheduler = make_scheduler(self.kv)
+        self.requests: dict[Any, _Request] = {}
+        self.steps = 0
+        self.decode_fn = torch.compile(model.step, dynamic=True) if cfg.compile else model.step   # one compile, all sizes
+        self.graphs = _DecodeGraphs(self) if cfg.cuda_graph_batch_sizes else None
+
+    # ------------------------------------------------------------- requests
+    def add(self, rid: Any, prompt: list[int], params: SamplingParams, arrival: float | None = None) -> None:
+        """Queues a request; its prompt plus ``max_tokens`` must fit ``max_model_len`` (checked by the caller)."""
+        self.kv.expect(rid, prompt)
+        seq = self.scheduler.submit(rid, len(prompt), params.max_tokens, time.monotonic() if arrival is None else arrival)
+        self.requests[rid] = _Request(rid, list(prompt), params, seq)
+
+    def abort(self, rid: Any) -> None:
+        req = self.requests.pop(rid, None)
+        if req is not None:
+            self.scheduler.finish(req.seq)
+            self.kv.forget(rid)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------- one step
+    @torch.no_grad()
+    def step(self) -> list[TokenEvent]:
+        plan = self.scheduler.schedule()
+        events = [TokenEvent(s.rid, None, "rejected") for s in plan.rejected]
+        for s in plan.rejected:
+            self.requests.pop(s.rid, None)
+            self.kv.forget(s.rid)
+        sampled: dict[Any, int] = {}
+        if plan.chunks:
+            sampled.update(self._prefill(plan.chunks))
+        if plan.decodes:
+            sampled.update(self._decode(plan.decodes))
+        _, done = self.scheduler.advance(plan)
+        finished = {s.rid for s in done}
+        for s, _c in plan.chunks:
+            if s.rid in self.requests and s.rid not in finished:
+                self.kv.commit(s.rid, s.computed)
+        for rid, tok in sampled.items():
+            req = self.requests[rid]
+            req.output.append(tok)
+            reason = None
+            if tok in req.params.stop_token_ids:
+                reason = "stop"
+                if rid not in finished:
+                    self.scheduler.finish(req.seq)
+            elif rid in finished:
+                reason = "length"
+            if reason:
+                del self.requests[rid]
+            events.append(TokenEvent(rid, tok, reason))
+        self.steps += 1
+        return events
+
+    def _workload(self, phase: str, ids, pos, slots, tables, ctx, cu, last) -> Workload:
+        dev = self.cfg.device
+        t = lambda x, dt: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
+        cache = KVCache(self.cfg.block_size, t(tables, torch.int32), self.pools_k, self.pools_v, self.pools_index)
+        return Workload(phase, len(ctx), 0, 1, t(ids, torch.int64), t(pos, torch.int64), t(slots, torch.int64),
+                        t(ctx, torch.int32), t(cu, torch.int32), t(last, torch.int64), cache)
+
+    def _tables(self, rids, width: int) -> list[list[int]]:
+        return [(self.kv.tables[r] + [SCRATCH_BLOCK] * width)[:width] for r in rids]
+
+    def _prefill(self, chunks) -> dict[Any, int]:
+        """One ragged forward over the prompt chunks; samples for the sequences whose prompt ends here."""
+        ids, pos, slots, ctx, cu, last = [], [], [], [], [0], []
+        for s, c in chunks:
+            req = self.requests[s.rid]
+            p0 = s.computed
+            ids += req.prompt[p0:p0 + c]
+            pos += range(p0, p0 + c)
+            slots += [self.kv.slot(s.rid, p) for p in range(p0, p0 + c)]
+            ctx.append(p0 + c)
+            cu.append(cu[-1] + c)
+            last.append(cu[-1] - 1)
+        width = max(self.kv.blocks_for(n) for n in ctx)
+        wl = self._workload("prefill", ids, pos, slots, self._tables([s.rid for s, _ in chunks], width), ctx, cu, last)
+        logits = self.model.step(wl)
+        rows = [i for i, (s, c) in enumerate(chunks) if s.prefill_left == c]      # prompt done: first token
+        return self._sample([chunks[i][0] for i in rows], logits[rows] if rows else logits[:0])
+
+    def _decode(self, decodes) -> dict[Any, int]:
+        rids = [s.rid for s in decodes]
+        ids = [self.requests[r].output[-1] for r in rids]
+        pos = [s.computed for s in decodes]
+        slots = [self.kv.slot(r, p) for r, p in zip(rids, pos)]
+        ctx = [p + 1 for p in pos]
+        if self.graphs is not None and self.graphs.fits(len(rids)):
+            logits = self.graphs.run(ids, pos, slots, [self.kv.tables[r] for r in rids], ctx)
+        else:
+            width = max(self.kv.blocks_for(n) for n in ctx)
+            wl = self._workload("decode", ids, pos, slots, self._tables(rids, width), ctx,
+                                list(range(len(ids) + 1)), list(range(len(ids))))
+            logits = self.decode_fn(wl)
+        return self._sample(decodes, logits)
+
+    def _sample(self, seqs, logits: torch.Tensor) -> dict[Any, int]:
+        if not seqs:
+            return {}
+        reqs = [self.requests[s.rid] for s in seqs]
+        toks = sample_rows(logits, [r.params for r in reqs], [len(r.output) for r in reqs])
+        return {r.rid: t for r, t in zip(reqs, toks)}
+
+    # ------------------------------------------------------------- figures
+    def stats(self) -> dict:
+        return {"waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
+                "kv_usage": self.kv.usage, "kv_blocks": self.kv.num_blocks - 1,
+                "prefix_hit_tokens": self.kv.hit_tokens, "prompt_tokens": self.kv.prompt_tokens,
+                "steps": self.steps}
+
+
+class _DecodeGraphs:
+    """CUDA graphs of the decode forward, one per (batch size of ``cuda_graph_batch_sizes``, block-table
+    width), over static input buffers. Widths are 1/8, 1/4, 1/2 and all of ``max_blocks``: attention
+    reads every column of the table it is given, so short contexts replay a narrow graph. Captured
+    largest first in one memory pool; cost: sizes x 4 captures at start-up. On CPU nothing is captured:
+    ``run`` calls the forward on the same static, padded buffers (the CPU test of this logic)."""
+
+    def __init__(self, engine: ServingEngine):
+        self.engine = engine
+        self.sizes = sorted(engine.cfg.cuda_graph_batch_sizes)
+        mb = engine.max_blocks
+        self.widths = sorted({max(1, mb // d) for d in (8, 4, 2, 1)})
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, Workload, torch.Tensor | None]] = {}
+        capture = engine.cfg.device != "cpu"
+        pool = torch.cuda.graph_pool_handle() if capture else None
+        for b in reversed(self.sizes):
+            for w in reversed(self.widths):
+                wl = engine._workload("decode", [0] * b, [0] * b, [0] * b, [[SCRATCH_BLOCK] * w] * b,
+                                      [1] * b, list(range(b + 1)), list(range(b)))
+                if not capture:
+                    self.graphs[(b, w)] = (None, wl, None)
+                    continue
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):                              # warm-up (and compile) off the graph
+                        engine.decode_fn(wl)
+                torch.cuda.current_stream().wait_stream(stream)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    out = engine.decode_fn(wl)
+                self.graphs[(b, w)] = (g, wl, out)
+
+    def fits(self, batch: int) -> bool:
+        return bool(self.sizes) and batch <= self.sizes[-1]
+
+    def run(self, ids, pos, slots, tables, ctx) -> torch.Tensor:
+        """Logits [n, V] of one decode step of n sequences (``tables``: their block lists, any length)."""
+        n = len(ids)
+        b = next(s for s in self.sizes if s >= n)
+        need = max(self.engine.kv.blocks_for(c) for c in ctx)
+        w = next(x for x in self.widths if x >= need)
+        g, wl, out = self.graphs[(b, w)]
+        pad = b - n
+        dev = self.engine.cfg.device
+        rows = [(t + [SCRATCH_BLOCK] * w)[:w] for t in tables] + [[SCRATCH_BLOCK] * w] * pad
+        wl.token_ids.copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
+        wl.positions.copy_(torch.tensor(pos + [0] * pad), non_blocking=True)
+        wl.slot_mapping.copy_(torch.tensor(slots + [0] * pad), non_blocking=True)
+        wl.context_lens.copy_(torch.tensor(ctx + [1] * pad, dtype=torch.int32), non_blocking=True)
+        wl.cache.block_tables.copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
+        if g is None:
+            return self.engine.decode_fn(wl)[:n]
+        g.replay()
+        return out[:n]
