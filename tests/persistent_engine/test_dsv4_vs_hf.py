@@ -27,7 +27,8 @@ def _cfg(**kw):
 def _randomize(module, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in list(module.parameters()) + [b for b in module.buffers() if b.is_floating_point()]:
+        biases = [b for n, b in module.named_buffers() if n.endswith("e_score_correction_bias")]   # not rope tables
+        for p in list(module.parameters()) + biases:
             p.copy_(torch.randn(p.shape, generator=g) * (p.shape[-1] ** -0.5 if p.dim() > 1 else 0.5))
     return module
 
@@ -163,3 +164,28 @@ def test_csa_indexer_matches_hf_indexer():
     got = csa_indexer(q, w, keys[None], torch.tensor([keys.shape[0]]), torch.tensor([0, s], dtype=torch.int32),
                       torch.tensor([s], dtype=torch.int32), 4, cfg.index_topk)
     assert (got.sort(-1).values == want.sort(-1).values).all()
+
+
+def test_the_reference_forward_matches_hf_deepseek_v4_end_to_end():
+    """Every layer kind (window-only, CSA, HCA), hash and top-k MoE layers, YaRN on compressed layers."""
+    from persistent_engine.models.deepseek_v4 import V4Config, forward
+    kw = dict(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+              moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, q_lora_rank=16,
+              head_dim=16, qk_rope_head_dim=4, o_groups=2, o_lora_rank=8, hc_mult=4, hc_sinkhorn_iters=20,
+              hc_eps=1e-6, num_hash_layers=1, swiglu_limit=1.0, scoring_func="sqrtsoftplus", routed_scaling_factor=1.5,
+              index_n_heads=2, index_head_dim=8, index_topk=2, sliding_window=6, compress_ratios=[0, 4, 128, 4],
+              rms_norm_eps=1e-6, rope_theta=10000.0, compress_rope_theta=160000.0, max_position_embeddings=1024,
+              rope_scaling={"type": "yarn", "factor": 16, "original_max_position_embeddings": 64, "beta_fast": 32,
+                            "beta_slow": 1})
+    model = hf.DeepseekV4ForCausalLM(DeepseekV4Config(**kw)).eval()
+    _randomize(model, seed=20)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp.gate, "tid2eid"):
+                layer.mlp.gate.tid2eid.copy_(torch.rand(64, 8, generator=torch.Generator().manual_seed(21)).argsort(-1)[:, :2])
+    s = 140                                                   # > 128: the HCA layer closes one window
+    ids = torch.randint(0, 64, (1, s), generator=torch.Generator().manual_seed(22))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = forward(V4Config.from_hf(kw), dict(model.state_dict()), ids[0])
+    _close(got, want, 2e-4)
