@@ -163,12 +163,14 @@ def _hc(w, p):
 
 
 @torch.no_grad()
-def forward(cfg: V4Config, w: dict[str, torch.Tensor], token_ids: torch.Tensor) -> torch.Tensor:
-    """Logits [S, V] fp32 of every token of one sequence; ``w``: the checkpoint's tensors by HF name."""
+def forward(cfg: V4Config, w: dict[str, torch.Tensor], token_ids: torch.Tensor,
+            layers: list[int] | None = None) -> torch.Tensor:
+    """Logits [S, V] fp32 of every token of one sequence; ``w``: the checkpoint's tensors by HF name; ``layers``:
+    a slice (each layer keeps its index: its kind and weights), None for all."""
     x = call("embedding", token_ids, w["model.embed_tokens.weight"])
     x = x[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()                 # [S, N, H]
-    for i, ratio in enumerate(cfg.layer_ratios):
-        p = f"model.layers.{i}."
+    for i in range(len(cfg.layer_ratios)) if layers is None else layers:
+        p, ratio = f"model.layers.{i}.", cfg.layer_ratios[i]
         a, post, comb = call("hc_pre", x, *_hc(w, p + "attn_hc."), cfg.hc_iters, cfg.hc_eps, cfg.eps)
         o = attention(cfg, w, p + "self_attn.", call("rms_norm", a, w[p + "input_layernorm.weight"], cfg.eps), ratio)
         x = call("hc_post", o, x, post, comb)
@@ -178,3 +180,63 @@ def forward(cfg: V4Config, w: dict[str, torch.Tensor], token_ids: torch.Tensor) 
     hp = "model.hc_head."
     h = call("hc_head", x, w[hp + "hc_fn"], w[hp + "hc_scale"], w[hp + "hc_base"], cfg.hc_eps, cfg.eps)
     return call("lm_head", call("rms_norm", h, w["model.norm.weight"], cfg.eps), w["lm_head.weight"])
+
+
+# ----------------------------------------------------------------------------- seeded random weights
+def param_shapes(c: dict, layers: list[int]) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of DeepSeek-V4's tensors for ``layers`` of config ``c`` (plus embedding, head, norms)."""
+    cfg = V4Config.from_hf(c)
+    h, v, hq, d, n = c["hidden_size"], c["vocab_size"], cfg.heads, cfg.head_dim, cfg.hc_mult
+    lq, e, im, di = c["q_lora_rank"], c["n_routed_experts"], c["moe_intermediate_size"], cfg.index_dim
+    g, rank = cfg.o_groups, c["o_lora_rank"]
+    out = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h),
+           "model.hc_head.hc_fn": (n, n * h), "model.hc_head.hc_base": (n,), "model.hc_head.hc_scale": (1,)}
+    for i in layers:
+        p, r = f"model.layers.{i}.", cfg.layer_ratios[i]
+        for hc in ("attn_hc.", "ffn_hc."):
+            out.update({p + hc + "fn": ((2 + n) * n, n * h), p + hc + "base": ((2 + n) * n,), p + hc + "scale": (3,)})
+        a = p + "self_attn."
+        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                    a + "q_a_proj.weight": (lq, h), a + "q_a_norm.weight": (lq,), a + "q_b_proj.weight": (hq * d, lq),
+                    a + "kv_proj.weight": (d, h), a + "kv_norm.weight": (d,), a + "sinks": (hq,),
+                    a + "o_a_proj.weight": (g * rank, hq * d // g), a + "o_b_proj.weight": (h, g * rank)})
+        if r:
+            wide = 2 if r == cfg.csa_ratio else 1
+            cp = a + "compressor."
+            out.update({cp + "kv_proj.weight": (wide * d, h), cp + "gate_proj.weight": (wide * d, h),
+                        cp + "position_bias": (r, wide * d), cp + "kv_norm.weight": (d,)})
+            if wide == 2:
+                ip = cp + "indexer."
+                out.update({ip + "kv_proj.weight": (2 * di, h), ip + "gate_proj.weight": (2 * di, h),
+                            ip + "position_bias": (r, 2 * di), ip + "kv_norm.weight": (di,),
+                            ip + "q_b_proj.weight": (cfg.index_heads * di, lq),
+                            ip + "scorer.weights_proj.weight": (cfg.index_heads, h)})
+        m = p + "mlp."
+        out.update({m + "gate.weight": (e, h), m + "experts.gate_up_proj": (e, 2 * im, h),
+                    m + "experts.down_proj": (e, h, im), m + "shared_experts.gate_proj.weight": (im, h),
+                    m + "shared_experts.up_proj.weight": (im, h), m + "shared_experts.down_proj.weight": (h, im)})
+        out[m + ("gate.tid2eid" if i < cfg.num_hash_layers else "gate.e_score_correction_bias")] = \
+            (v, cfg.top_k) if i < cfg.num_hash_layers else (e,)
+    return out
+
+
+def init_weights(c: dict, layers: list[int], device="cpu", dtype=torch.bfloat16, seed: int = 0) -> dict:
+    """Seeded random weights by HF name: projections N(0, 1/fan_in), norms ~1, hc / routing tensors fp32, the hash
+    table k distinct experts per token id."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    out = {}
+    for name, shape in param_shapes(c, layers).items():
+        if name.endswith("tid2eid"):
+            t = torch.rand(shape[0], c["n_routed_experts"], generator=g).argsort(-1)[:, :shape[1]]
+        elif name.endswith(("norm.weight", "layernorm.weight")):
+            t = (1.0 + 0.05 * torch.randn(shape, generator=g)).to(dtype)
+        elif name.endswith(("hc_scale", ".scale")):
+            t = torch.ones(shape)
+        elif name.endswith(("base", "bias", "sinks", "position_bias")):
+            t = 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith(".fn") or name.endswith("hc_fn"):
+            t = torch.randn(shape, generator=g) * shape[-1] ** -0.5
+        else:
+            t = (torch.randn(shape, generator=g) * shape[-1] ** -0.5).to(dtype)
+        out[name] = t.to(device)
+    return out
