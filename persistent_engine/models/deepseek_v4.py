@@ -223,20 +223,23 @@ def param_shapes(c: dict, layers: list[int]) -> dict[str, tuple[int, ...]]:
 def init_weights(c: dict, layers: list[int], device="cpu", dtype=torch.bfloat16, seed: int = 0) -> dict:
     """Seeded random weights by HF name: projections N(0, 1/fan_in), norms ~1, hc / routing tensors fp32, the hash
     table k distinct experts per token id."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator(device=torch.device(device)).manual_seed(seed)     # drawn on the device: 6.6 B per layer
+
+    def randn(shape):
+        return torch.randn(shape, generator=g, device=device)
     out = {}
     for name, shape in param_shapes(c, layers).items():
         if name.endswith("tid2eid"):
-            t = torch.rand(shape[0], c["n_routed_experts"], generator=g).argsort(-1)[:, :shape[1]]
+            t = torch.rand(shape[0], c["n_routed_experts"], generator=g, device=device).argsort(-1)[:, :shape[1]]
         elif name.endswith(("norm.weight", "layernorm.weight")):
-            t = (1.0 + 0.05 * torch.randn(shape, generator=g)).to(dtype)
+            t = (1.0 + 0.05 * randn(shape)).to(dtype)
         elif name.endswith(("hc_scale", ".scale")):
-            t = torch.ones(shape)
+            t = torch.ones(shape, device=device)
         elif name.endswith(("base", "bias", "sinks", "position_bias")):
-            t = 0.1 * torch.randn(shape, generator=g)
+            t = 0.1 * randn(shape)
         elif name.endswith(".fn") or name.endswith("hc_fn"):
-            t = torch.randn(shape, generator=g) * shape[-1] ** -0.5
+            t = randn(shape) * shape[-1] ** -0.5
         else:
-            t = (torch.randn(shape, generator=g) * shape[-1] ** -0.5).to(dtype)
-        out[name] = t.to(device)
+            t = (randn(shape) * shape[-1] ** -0.5).to(dtype)
+        out[name] = t
     return out
