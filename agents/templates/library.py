@@ -143,8 +143,13 @@ def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
     """The [BLOCK_H, L] accumulator, the [BLOCK_K, L] row tile and the [BLOCK_H, BLOCK_K] scores live at once
     (L: kv_lora_rank, 512 for DeepSeek/GLM; 128 assumed without a model)."""
     lat = _next_pow2(dims.get("kv_lora_rank", 128))
-    return _per_thread(k["SMLA_BLOCK_H"] * lat + k["SMLA_BLOCK_K"] * lat + k["SMLA_BLOCK_H"] * k["SMLA_BLOCK_K"],
-                       k["SMLA_NUM_WARPS"])
+    out = _per_thread(k["SMLA_BLOCK_H"] * lat + k["SMLA_BLOCK_K"] * lat + k["SMLA_BLOCK_H"] * k["SMLA_BLOCK_K"],
+                      k["SMLA_NUM_WARPS"])
+    smem = max(k["SMLA_NUM_STAGES"], 1) * k["SMLA_BLOCK_K"] * (lat + 64) * 2     # bf16 row tiles in flight
+    if smem > MOE_SMEM_BYTES:
+        out.append(f"{k['SMLA_NUM_STAGES']} stages of {k['SMLA_BLOCK_K']}-row latent tiles need {smem >> 10} KiB "
+                   f"of shared memory (> {MOE_SMEM_BYTES >> 10})")
+    return out
 
 
 MOE_SMEM_BYTES = 200 * 1024     # bf16 A + gate + up tiles of the w13 GEMM, NUM_STAGES - 1 buffers (H200: 227 KiB)
@@ -232,7 +237,7 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
     Template("sparse_mla_decode.triton", "sparse_mla_decode", "triton_sparse_mla_decode.py",
              "sparse_mla_decode_triton", "triton", ("cuda",),
              (Knob("SMLA_BLOCK_H", (16, 32, 64)), Knob("SMLA_BLOCK_K", (32, 16, 64, 128)),
-              Knob("SMLA_NUM_WARPS", (4, 8, 2, 1)), Knob("SMLA_NUM_STAGES", (2, 1, 3))),
+              Knob("SMLA_NUM_WARPS", (8, 4, 2, 1)), Knob("SMLA_NUM_STAGES", (2, 1, 3))),
              "DSA decode over the indexer's selected latent rows: a head block per program (each row read once "
              "for BLOCK_H heads), online softmax, tl.dot for scores and p @ c", _sparse_mla),
 )

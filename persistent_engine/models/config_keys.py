@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+
+class SpecError(ValueError):
+    """A model name or config that tkcc cannot use. The CLI prints it as one line, exit 2."""
+
+    user_error = True
+
 # Keys that do not change the forward pass tkcc runs, each with the reason.
 NO_MATH: dict[str, str] = {
     "architectures": "selects the family",

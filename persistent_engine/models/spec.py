@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from persistent_engine.models.config_keys import check_config
+from persistent_engine.models.config_keys import SpecError, check_config
+from persistent_engine.models.config_sections import (dsa_fields, minimax_m3_fields, mla_fields,
+                                                      parse_mlp_layer_types, qwen_windows)
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 
@@ -69,7 +71,8 @@ RELEASES = {
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
     "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V3", "deepseek-v3": "DeepSeek-V3", "deepseek-v3.2": "DeepSeek-V3.2",
-    "kimi": "Kimi-K2", "smollm2-135m": "SmolLM2-135M-Instruct", "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
+    "kimi": "Kimi-K2", "smollm2-135m": "SmolLM2-135M-Instruct",
+    "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
 }
 TINY_SUFFIX = "+tiny"       # "glm+tiny": GLM-5.2's architecture at toy size (what --tiny passes on)
 
@@ -90,12 +93,6 @@ DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
 
 DTYPE_BYTES = {"bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "fp32": 4.0,
                "float32": 4.0, "fp8": 1.0, "fp4": 0.5}
-
-
-class SpecError(ValueError):
-    """A model name or config that tkcc cannot use. The CLI prints it as one line, exit 2."""
-
-    user_error = True
 
 
 @dataclass(frozen=True)
@@ -265,15 +262,15 @@ class ModelSpec:
                       routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
                       n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))
         if family in MLA_FAMILIES:
-            kw.update(_mla_fields(c, name, heads))
+            kw.update(mla_fields(c, name, heads))
         if family in DSA_FAMILIES:
-            kw.update(_dsa_fields(c, name, family, kw["num_layers"]))
+            kw.update(dsa_fields(c, name, family, kw["num_layers"]))
         if family == "minimax_m3":
-            kw.update(_minimax_m3_fields(c, name, kw["num_layers"], head_dim))
+            kw.update(minimax_m3_fields(c, name, kw["num_layers"], head_dim))
         if family in ("qwen3", "qwen3_moe"):
-            kw["layer_windows"] = _qwen_windows(c, kw["num_layers"], name)
+            kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
-            kw["mlp_layer_types"] = _mlp_layer_types(c["mlp_layer_types"], kw["num_layers"], name)
+            kw["mlp_layer_types"] = parse_mlp_layer_types(c["mlp_layer_types"], kw["num_layers"], name)
         if kw.get("num_experts"):
             if kw.get("num_shared_experts") and not kw.get("shared_intermediate_size"):
                 kw["shared_intermediate_size"] = kw["moe_intermediate_size"]
@@ -525,124 +522,3 @@ def alias_help() -> str:
 def tiny_name(name: str, tiny: bool) -> str:
     """What ``--tiny`` passes on: NAME+tiny (NAME's architecture at toy size), or NAME unchanged."""
     return name if not tiny or name.endswith(TINY_SUFFIX) else name + TINY_SUFFIX
-
-
-# ----------------------------------------------------------------------------- config sections
-def _mla_fields(c: dict, name: str, heads: int) -> dict[str, Any]:
-    nope, rope, v = int(c["qk_nope_head_dim"]), int(c["qk_rope_head_dim"]), int(c["v_head_dim"])
-    if c.get("qk_head_dim") not in (None, nope + rope):
-        raise SpecError(f"{name}: qk_head_dim {c['qk_head_dim']} is not qk_nope_head_dim + qk_rope_head_dim "
-                        f"({nope} + {rope})")
-    return dict(q_lora_rank=int(c.get("q_lora_rank") or 0), kv_lora_rank=int(c["kv_lora_rank"]),
-                qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, num_kv_heads=heads,
-                head_dim=nope + rope, rotary_dim=rope, rope_interleave=bool(c.get("rope_interleave", True)))
-
-
-def indexer_pattern(num_layers: int, freq: int = 1, offset: int = 2) -> list[str]:
-    """GLM-5.x's schedule: layer i runs the indexer ("full") when max(i - offset + 1, 0) % freq == 0, else it
-    reuses the previous full layer's selection ("shared") (HF GlmMoeDsaConfig)."""
-    freq = max(int(freq), 1)
-    return ["full" if max(i - int(offset) + 1, 0) % freq == 0 else "shared" for i in range(num_layers)]
-
-
-def _dsa_fields(c: dict, name: str, family: str, num_layers: int) -> dict[str, Any]:
-    if not c.get("q_lora_rank"):
-        raise SpecError(f"{name}: sparse attention needs q_lora_rank (the indexer's queries project the q latent)")
-    topk, hi, di = int(c["index_topk"]), int(c["index_n_heads"]), int(c["index_head_dim"])
-    if topk < 1 or hi < 1 or di < int(c["qk_rope_head_dim"]):
-        raise SpecError(f"{name}: bad indexer (index_topk {topk}, index_n_heads {hi}, index_head_dim {di} must be "
-                        f">= qk_rope_head_dim)")
-    pattern = c.get("index_topk_pattern")
-    if c.get("indexer_types"):
-        types = list(c["indexer_types"])
-    elif pattern:
-        types = [{"F": "full", "S": "shared"}.get(ch, ch) for ch in pattern]
-    elif family == "glm_moe_dsa":
-        types = indexer_pattern(num_layers, c.get("index_topk_freq", 1), c.get("index_skip_topk_offset", 2))
-    else:
-        types = ["full"] * num_layers
-    if len(types) != num_layers or set(types) - {"full", "shared"} or types[0] != "full":
-        raise SpecError(f"{name}: indexer_types must give 'full' or 'shared' for each of the {num_layers} layers, "
-                        "the first 'full'")
-    if family == "glm_moe_dsa" and c.get("indexer_types") and ("index_topk_freq" in c or pattern):
-        derived = ([{"F": "full", "S": "shared"}.get(ch, ch) for ch in pattern] if pattern
-                   else indexer_pattern(num_layers, c.get("index_topk_freq", 1), c.get("index_skip_topk_offset", 2)))
-        if derived != types:
-            raise SpecError(f"{name}: indexer_types disagrees with index_topk_freq/index_skip_topk_offset")
-    return dict(index_topk=topk, index_n_heads=hi, index_head_dim=di,
-                indexer_types=tuple(types) if "shared" in types else (),
-                indexer_rope_interleave=bool(c.get("indexer_rope_interleave", False)))
-
-
-MSA_KEYS = {"use_sparse_attention", "sparse_attention_freq", "sparse_block_size", "sparse_disable_index_value",
-            "sparse_index_dim", "sparse_init_block", "sparse_local_block", "sparse_num_index_heads",
-            "sparse_score_type", "sparse_topk_blocks"}
-
-
-def _qwen_windows(c: dict, num_layers: int, name: str) -> tuple[int, ...]:
-    """HF Qwen3Config: with use_sliding_window, layers from max_window_layers on (or those layer_types marks
-    "sliding_attention") attend a window of sliding_window tokens."""
-    window = int(c.get("sliding_window") or 0) if c.get("use_sliding_window") else 0
-    types = c.get("layer_types") or ["sliding_attention" if window and i >= int(c.get("max_window_layers", num_layers))
-                                     else "full_attention" for i in range(num_layers)]
-    if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise SpecError(f"{name}: layer_types must give full_attention or sliding_attention for each of the "
-                        f"{num_layers} layers")
-    if "sliding_attention" in types and not window:
-        raise SpecError(f"{name}: layer_types has sliding_attention layers but no sliding_window is in effect")
-    return tuple(window if t == "sliding_attention" else 0 for t in types) if window else ()
-
-
-def _per_layer_flags(v, num_layers: int, what: str, name: str) -> tuple[bool, ...]:
-    if not isinstance(v, list) or len(v) != num_layers:
-        raise SpecError(f"{name}: {what} must list one flag for each of the {num_layers} layers")
-    return tuple(bool(x) for x in v)
-
-
-def _minimax_m3_fields(c: dict, name: str, num_layers: int, head_dim: int) -> dict[str, Any]:
-    if c.get("use_qk_norm", True) is not True or c.get("qk_norm_type", "per_head") != "per_head":
-        raise SpecError(f"{name}: minimax_m3 is implemented with per-head QK-norm only (use_qk_norm, qk_norm_type)")
-    moe = _per_layer_flags(c["moe_layer_freq"], num_layers, "moe_layer_freq", name)
-    shared = int(c.get("n_shared_experts") or 0)
-    kw: dict[str, Any] = dict(
-        qk_norm="per_head", num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
-        moe_intermediate_size=int(c["moe_intermediate_size"]),
-        intermediate_size=int(c.get("dense_intermediate_size") or c["intermediate_size"]),
-        num_shared_experts=shared, shared_intermediate_size=int(c.get("shared_intermediate_size") or 0) if shared else 0,
-        first_k_dense=int(c.get("first_k_dense_replace", 0)), mlp_layer_types=tuple("moe" if m else "dense" for m in moe),
-        scoring=c.get("scoring_func", "sigmoid"), routing_bias=bool(c.get("use_routing_bias", True)),
-        norm_topk_prob=True, routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
-        mlp_act="swigluoai", swiglu_alpha=float(c.get("swiglu_alpha", 1.702)),
-        swiglu_limit=float(c.get("swiglu_limit", 7.0)), gemma_norm=bool(c.get("use_gemma_norm", False)))
-    sc = c.get("sparse_attention_config") or {}
-    if not sc.get("use_sparse_attention"):
-        if set(sc) - {"use_sparse_attention"}:
-            raise SpecError(f"{name}: sparse_attention_config is set but use_sparse_attention is not")
-        return kw
-    unknown = sorted(set(sc) - MSA_KEYS)
-    if unknown:
-        raise SpecError(f"{name}: sparse_attention_config key {unknown[0]!r} is not implemented; refusing the config "
-                        "rather than ignoring it")
-    layers = _per_layer_flags(sc["sparse_attention_freq"], num_layers, "sparse_attention_freq", name)
-    no_value = _per_layer_flags(sc.get("sparse_disable_index_value", list(layers)), num_layers,
-                                "sparse_disable_index_value", name)
-    if any(s and not nv for s, nv in zip(layers, no_value)):
-        raise SpecError(f"{name}: the index value/output branch (sparse_disable_index_value 0 on a sparse layer) "
-                        "is not implemented")
-    if sc.get("sparse_score_type", "max") != "max":
-        raise SpecError(f"{name}: sparse_score_type {sc['sparse_score_type']!r} is not implemented (max)")
-    if int(sc["sparse_num_index_heads"]) != int(c["num_key_value_heads"]):
-        raise SpecError(f"{name}: sparse_num_index_heads must equal num_key_value_heads (one index head per KV head)")
-    if int(sc.get("sparse_local_block", 1)) < 1:
-        raise SpecError(f"{name}: sparse_local_block must be at least 1 (the query's own block)")
-    kw.update(msa_layers=layers, msa_block_size=int(sc["sparse_block_size"]), msa_topk_blocks=int(sc["sparse_topk_blocks"]),
-              msa_index_dim=int(sc.get("sparse_index_dim", head_dim)), msa_init_blocks=int(sc.get("sparse_init_block", 0)),
-              msa_local_blocks=int(sc.get("sparse_local_block", 1)))
-    return kw
-
-
-def _mlp_layer_types(types: list, num_layers: int, name: str) -> tuple[str, ...]:
-    kinds = {"dense": "dense", "sparse": "moe", "moe": "moe"}
-    if len(types) != num_layers or any(t not in kinds for t in types):
-        raise SpecError(f"{name}: mlp_layer_types must give 'dense' or 'sparse' for each of the {num_layers} layers")
-    return tuple(kinds[t] for t in types)

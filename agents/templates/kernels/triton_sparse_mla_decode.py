@@ -17,7 +17,7 @@ import triton.language as tl
 # ---- section ----
 SMLA_BLOCK_H = 16
 SMLA_BLOCK_K = 32
-SMLA_NUM_WARPS = 4
+SMLA_NUM_WARPS = 8
 SMLA_NUM_STAGES = 2
 
 
