@@ -13,7 +13,7 @@ Source: Hugging Face transformers ``models/deepseek_v4/modeling_deepseek_v4.py``
     o = softmax([q.k_j * scale .., q.e_w * scale .., sink]) [:-1] @ [k_j .. e_w ..]     (fp32 softmax)
 
 Ops: ``compressed_attention``, ``csa_indexer`` (the lightning indexer over compressed keys:
-sum_h w[t, h] * relu(q[t, h] . k_w) * Di^-0.5, future entries masked, top-k).
+sum_h w[t, h] * relu(q[t, h] . k_w) * Di^-0.5, future entries masked, top-k; ties to the earlier entry).
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ def csa_indexer(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, n_en
     w = torch.arange(keys.shape[1], device=q.device)
     ok = (w[None, :] < ((pos + 1) // ratio)[:, None]) & (w[None, :] < n_entries[seq][:, None])
     score = score.masked_fill(~ok, float("-inf"))
-    top = score.topk(min(topk, keys.shape[1]), dim=-1)
-    return torch.where(torch.isfinite(top.values), top.indices, torch.full_like(top.indices, -1))
+    # a stable sort, not topk: tied scores (relu makes exact zeros common) go to the earlier entry, so the picks
+    # are a function of the visible entries only (causal) and the same on every device
+    values, order = score.sort(dim=-1, descending=True, stable=True)
+    k = min(topk, keys.shape[1])
+    return torch.where(torch.isfinite(values[:, :k]), order[:, :k], torch.full_like(order[:, :k], -1))
 
 
 def _ids_canonical(outs: tuple) -> tuple:
@@ -150,7 +153,7 @@ OPS = [
     OpDef("csa_indexer", csa_indexer,
           "csa_indexer(q[T, Hi, Di], weights[T, Hi] fp32, keys[B, NE, Di], n_entries[B] int64, cu_seqlens_q, "
           "context_lens, ratio, topk) -> [T, min(topk, NE)] int64: the top compressed entries by sum_h w * relu(q . k) "
-          "* Di^-0.5 among w < (p + 1) // ratio, -1 where fewer exist (a set: compared sorted). shape dict: {'B', "
+          "* Di^-0.5 among w < (p + 1) // ratio (ties: the earlier entry), -1 where fewer exist (a set: compared sorted). shape dict: {'B', "
           "'chunk', 'ctx', 'BS', 'Hi', 'Di', 'r', 'topk'}",
           _indexer_inputs, _indexer_shapes,
           ({"B": 2, "chunk": 1, "ctx": 41, "BS": 4, "Hi": 3, "Di": 8, "r": 4, "topk": 4},
