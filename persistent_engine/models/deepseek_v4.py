@@ -90,7 +90,7 @@ def rope(x: torch.Tensor, ang: torch.Tensor, inverse: bool = False) -> torch.Ten
     """Rotate consecutive pairs of the last R channels of x[P, ..., D] by ang[P, R/2] (inverse: by -ang)."""
     r = 2 * ang.shape[-1]
     shape = (ang.shape[0],) + (1,) * (x.dim() - 2) + (ang.shape[-1],)
-    cos, sin = ang.cos().float().view(shape), ang.sin().float().view(shape)
+    cos, sin = (f().float().view(shape).to(x.device) for f in (ang.cos, ang.sin))
     if inverse:
         sin = -sin
     nope, pe = x[..., :-r], x[..., -r:].float()
@@ -117,12 +117,13 @@ def attention(cfg: V4Config, w: dict, p: str, a: torch.Tensor, ratio: int) -> to
     q_res = call("rms_norm", call("linear", a, w[p + "q_a_proj.weight"], None), w[p + "q_a_norm.weight"], cfg.eps)
     q = rope(_unit_rms(call("linear", q_res, w[p + "q_b_proj.weight"], None).view(s, hq, d), cfg.eps), ang)
     kv = rope(call("rms_norm", call("linear", a, w[p + "kv_proj.weight"], None), w[p + "kv_norm.weight"], cfg.eps), ang)
-    entries, n_entries, picks = a.new_zeros(1, 1, d), torch.zeros(1, dtype=torch.long), None
-    one = torch.tensor([0, s], dtype=torch.int32), torch.tensor([s], dtype=torch.int32)     # cu_seqlens, lens
+    dev = a.device
+    entries, n_entries, picks = a.new_zeros(1, 1, d), torch.zeros(1, dtype=torch.long, device=dev), None
+    one = (torch.tensor([0, s], dtype=torch.int32, device=dev), torch.tensor([s], dtype=torch.int32, device=dev))  # cu, lens
     if ratio:
         overlap = ratio == cfg.csa_ratio
         ent = _compress(cfg, w, p + "compressor.", a, ratio, overlap, d)
-        entries, n_entries = (ent if ent.shape[0] else a.new_zeros(1, d))[None], torch.tensor([ent.shape[0]])
+        entries, n_entries = (ent if ent.shape[0] else a.new_zeros(1, d))[None], torch.tensor([ent.shape[0]], device=dev)
         if overlap:
             ip = p + "compressor.indexer."
             keys = _compress(cfg, w, ip, a, ratio, True, cfg.index_dim)
@@ -135,7 +136,7 @@ def attention(cfg: V4Config, w: dict, p: str, a: torch.Tensor, ratio: int) -> to
     nb = (s + bs - 1) // bs
     cache = a.new_zeros(nb * bs, d)
     cache[:s] = kv
-    o = call("compressed_attention", q, cache.view(nb, bs, d), torch.arange(nb, dtype=torch.int32)[None], *one,
+    o = call("compressed_attention", q, cache.view(nb, bs, d), torch.arange(nb, dtype=torch.int32, device=dev)[None], *one,
              entries, n_entries, picks, ratio, cfg.window, w[p + "sinks"], d ** -0.5)
     o = rope(o, ang, inverse=True)
     grouped = call("grouped_linear", o.reshape(s, cfg.o_groups, -1), w[p + "o_a_proj.weight"])
