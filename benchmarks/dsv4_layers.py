@@ -7,7 +7,9 @@ for a prefill chunk, and where the time goes, with the reference ops (persistent
 Each case builds the slice [layer] with seeded random bf16 weights (the FP4 experts dequantized: bf16 here)
 and times the forward of one sequence of ``tokens`` tokens (CUDA events, median of the samples; CPU:
 perf_counter medians), minus the empty slice (embedding, hc_head, norm, lm_head). The per-op split comes from
-one extra forward with every registry op timed (device synchronised around each call). Prints a table; writes
+one extra forward with every registry op timed (device synchronised around each call). On cuda the V4 ops'
+Triton templates (hc_post, swiglu_clamp_and_mul) are checked against the op contract at V4-Flash shapes and timed
+against the reference (CUDA events, medians). Prints a table; writes
 ``benchmarks/results/<device>-dsv4-layers.json`` atomically.
 """
 
@@ -79,6 +81,50 @@ def op_split(cfg, w, ids, layers, device: str) -> dict[str, float]:
     return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
+KERNELS = {"hc_post": ("triton_hc_post.py", "hc_post_triton"),
+           "swiglu_clamp_and_mul": ("triton_swiglu_clamp.py", "swiglu_clamp_and_mul_triton")}
+
+
+def _kernel(op: str):
+    """The Triton template's function for ``op``, loaded from its file (agents/templates/kernels), default knobs."""
+    import importlib.util
+    fname, fn = KERNELS[op]
+    spec = importlib.util.spec_from_file_location(fname[:-3], ROOT / "agents" / "templates" / "kernels" / fname)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, fn)
+
+
+def _median_ms(fn, args, samples: int) -> float:
+    fn(*args)
+    out = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end))
+    return statistics.median(out)
+
+
+def templates(c: dict, tokens: int, samples: int) -> list[dict]:
+    """The V4 ops' Triton templates at V4-Flash shapes: op-level contract check (bf16) and ms against the reference."""
+    from persistent_engine.ops.contract import check_op
+    shapes = {"hc_post": {"T": tokens, "N": c["hc_mult"], "D": c["hidden_size"], "iters": c["hc_sinkhorn_iters"]},
+              "swiglu_clamp_and_mul": {"T": tokens * c["num_experts_per_tok"], "I": c["moe_intermediate_size"],
+                                       "limit": c["swiglu_limit"]}}
+    rows = []
+    for op, shape in shapes.items():
+        impl, d = _kernel(op), registry.get(op)
+        reasons = check_op(op, impl, device="cuda", dtypes=(torch.bfloat16,), shapes=[shape])
+        args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
+        ref, tri = _median_ms(d.reference, args, samples), _median_ms(impl, args, samples)
+        rows.append({"op": op, "shape": shape, "correct": not reasons, "reasons": reasons[:2],
+                     "reference_ms": round(ref, 4), "triton_ms": round(tri, 4), "speedup": round(ref / tri, 2)})
+    return rows
+
+
 def run(c: dict, device: str, tokens: int, samples: int) -> list[dict]:
     cfg = V4Config.from_hf(c)
     ids = torch.randint(0, c["vocab_size"], (tokens,), generator=torch.Generator().manual_seed(0)).to(device)
@@ -115,17 +161,22 @@ def main(argv=None) -> int:
     samples = a.samples or (10 if a.device == "cuda" else 2)
     with torch.no_grad():
         rows = run(c, a.device, tokens, samples)
+        kernels = templates(c, tokens, samples) if a.device == "cuda" else []
     print(f"{'kind':<14}{'layer':>6}{'ratio':>6}{'tokens':>8}{'ms/layer':>10}{'tok/s/layer':>13}  top ops (ms)")
     for r in rows:
         ops = ", ".join(f"{k} {v}" for k, v in list(r["ops_ms"].items())[:4])
         print(f"{r['kind']:<14}{r['layer']:>6}{r['ratio']:>6}{r['tokens']:>8}{r['ms_per_layer']:>10.2f}"
               f"{r['tokens_per_s_per_layer']:>13.0f}  {ops}")
+    for k in kernels:
+        print(f"template {k['op']:<22} correct={k['correct']}  reference {k['reference_ms']:.3f} ms  "
+              f"triton {k['triton_ms']:.3f} ms  x{k['speedup']}")
     dev = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}{'-tiny' if a.tiny else ''}-dsv4-layers.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump({"model": "DeepSeek-V4-Flash" + (" (tiny)" if a.tiny else ""), "device": dev, "rows": rows}, f,
+        json.dump({"model": "DeepSeek-V4-Flash" + (" (tiny)" if a.tiny else ""), "device": dev, "tokens": tokens, "rows": rows,
+                   "templates": kernels}, f,
                   indent=1)
     os.replace(tmp, out)
     print(f"wrote {out}")

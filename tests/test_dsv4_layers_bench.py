@@ -42,3 +42,8 @@ def test_cpu_tiny_run_writes_rows(tmp_path):
     assert {"moe_route_hash", "csa_indexer"} <= ops["csa+hash"]
     assert "kv_compress" in ops["hca+moe"] and "csa_indexer" not in ops["hca+moe"]
     assert {"hc_pre", "hc_post", "compressed_attention", "grouped_linear", "moe_experts_clamp"} <= ops["hca+moe"]
+
+
+def test_the_template_kernels_load_from_their_files():
+    bench = _bench()
+    assert all(callable(bench._kernel(op)) for op in bench.KERNELS)
