@@ -318,3 +318,51 @@ def summarize(ops: list[OpCost]) -> dict[str, dict[str, float]]:
         d["bytes"] += o.bytes * o.count
         d["kernels"] += o.kernels * o.count
     return out
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V4 pieces
+# (persistent_engine/ops/hc.py and ops/dsv4.py): manifold-constrained hyper-connections around each block,
+# the KV compressor and its attended keys, the grouped low-rank output projection. Plain numbers in, so the
+# figures stand on their own until ModelSpec carries DeepSeek-V4's fields. N = hc_mult streams, D = hidden.
+def hc_ops(tokens: float, hc_mult: int, hidden: int, sinkhorn_iters: int) -> list[OpCost]:
+    """One block's hc_pre (streams' RMS, [N*D] -> [(2+N)*N] projection in fp32, Sinkhorn on N x N, collapse)
+    and hc_post (expand the block output to N streams plus comb^T @ streams). Per layer: two of each."""
+    n, d, t = hc_mult, hidden, tokens
+    rows = (2 + n) * n
+    pre = OpCost("hc_pre", "elementwise",
+                 flops=2.0 * t * n * d * rows + 3.0 * t * n * d + 2.0 * t * n * d + 4.0 * t * sinkhorn_iters * n * n,
+                 bytes=t * n * d * ACT_BYTES + rows * n * d * 4.0 + t * d * ACT_BYTES + t * (n + n * n) * 4.0)
+    post = OpCost("hc_post", "elementwise", flops=t * n * d * (2.0 + 2.0 * n),
+                  bytes=t * (d + 2 * n * d) * ACT_BYTES + t * (n + n * n) * 4.0)
+    return [pre, post]
+
+
+def compressed_attended_keys(context: float, window: int, ratio: int, index_topk: int) -> float:
+    """Keys one query of a DeepSeek-V4 layer attends: the sliding window plus the compressed entries, all of
+    them (HCA, ratio 128) or the indexer's top-k (CSA, ratio 4); ratio 0 is a window-only layer."""
+    keys = min(context, window)
+    if ratio:
+        entries = context // ratio
+        keys += min(entries, index_topk) if index_topk else entries
+    return keys
+
+
+def kv_compress_ops(tokens: float, hidden: int, head_dim: int, ratio: int, overlap: bool, wbytes: float,
+                    wdtype: str = "bf16") -> list[OpCost]:
+    """The compressor's kv / gate projections of the new tokens ([H] -> C each, C = 2 head_dim when the
+    windows overlap) and the pooling of the windows they close (tokens / ratio entries, 2 r or r slots)."""
+    c = (2 if overlap else 1) * head_dim
+    slots = (2 if overlap else 1) * ratio
+    entries = tokens / ratio
+    return [_gemm("compressor_kv_gate_proj", tokens, hidden, 2 * c, wdtype, wbytes),
+            OpCost("kv_compress", "elementwise", flops=entries * slots * head_dim * 6.0,
+                   bytes=entries * (2 * slots * head_dim + head_dim) * ACT_BYTES)]
+
+
+def grouped_o_proj_ops(tokens: float, heads: int, head_dim: int, groups: int, rank: int, hidden: int,
+                       wbytes: float, wdtype: str = "bf16") -> list[OpCost]:
+    """o_a (G blocks of [Hq*Dh/G -> R]: grouped_linear) then o_b ([G*R -> H])."""
+    k = heads * head_dim // groups
+    o_a = OpCost("grouped_o_a_proj", "gemm", flops=2.0 * tokens * groups * k * rank,
+                 bytes=groups * k * rank * wbytes + tokens * groups * (k + rank) * ACT_BYTES, dtype=wdtype)
+    return [o_a, _gemm("o_b_proj", tokens, groups * rank, hidden, wdtype, wbytes)]

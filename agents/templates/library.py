@@ -128,6 +128,14 @@ def _attn_window(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(g * k["ATTW_BLOCK_T"] * dh, k["ATTW_NUM_WARPS"])
 
 
+def _swcl(k: Mapping, dims: Mapping) -> list[str]:
+    return _per_thread(k["SWCL_BLOCK_I"], k["SWCL_NUM_WARPS"])
+
+
+def _hc_post(k: Mapping, dims: Mapping) -> list[str]:
+    return _per_thread(k["HCP_BLOCK_D"], k["HCP_NUM_WARPS"])
+
+
 def _soai(k: Mapping, dims: Mapping) -> list[str]:
     out = _per_thread(k["SOAI_BLOCK_I"], k["SOAI_NUM_WARPS"])
     if "intermediate" in dims and k["SOAI_BLOCK_I"] > 2 * _next_pow2(dims["intermediate"]):
@@ -226,6 +234,14 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "triton", ("cuda",),
              (Knob("SOAI_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SOAI_NUM_WARPS", POW2_WARPS)),
              "clamped alpha-sigmoid gate times (up + 1) in fp32, one pass, one rounding", _soai),
+    Template("swiglu_clamp_and_mul.triton", "swiglu_clamp_and_mul", "triton_swiglu_clamp.py",
+             "swiglu_clamp_and_mul_triton", "triton", ("cuda",),
+             (Knob("SWCL_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SWCL_NUM_WARPS", POW2_WARPS)),
+             "DeepSeek-V4 clamped SwiGLU (swiglu_limit) in fp32, one pass, one rounding", _swcl),
+    Template("hc_post.triton", "hc_post", "triton_hc_post.py", "hc_post_triton", "triton", ("cuda",),
+             (Knob("HCP_BLOCK_D", (512, 256, 1024, 2048, 128, 64, 16)), Knob("HCP_NUM_WARPS", POW2_WARPS)),
+             "DeepSeek-V4 hyper-connection expand + mix: each D-block of the N streams read once, fp32, one "
+             "rounding", _hc_post),
     Template("sparse_mla_decode.triton", "sparse_mla_decode", "triton_sparse_mla_decode.py",
              "sparse_mla_decode_triton", "triton", ("cuda",),
              (Knob("SMLA_BLOCK_H", (16, 32, 64)), Knob("SMLA_BLOCK_K", (32, 16, 64, 128)),

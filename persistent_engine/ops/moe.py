@@ -29,13 +29,7 @@ LOOP_MIN_TOKENS = 512
 def moe_route(router_logits: torch.Tensor, correction_bias: torch.Tensor | None, top_k: int, scoring: str,
               n_group: int, topk_group: int, norm_topk_prob: bool,
               routed_scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = _acc(router_logits)
-    if scoring == "softmax":
-        scores = torch.softmax(logits, dim=-1)
-    elif scoring == "sigmoid":
-        scores = torch.sigmoid(logits)
-    else:
-        raise ValueError(f"unknown MoE scoring {scoring!r}")
+    scores = expert_scores(_acc(router_logits), scoring)
     choice = scores if correction_bias is None else scores + correction_bias.to(scores.dtype)
     t, e = choice.shape
     if n_group > 1:
@@ -47,6 +41,17 @@ def moe_route(router_logits: torch.Tensor, correction_bias: torch.Tensor | None,
         choice = choice.masked_fill(~keep.repeat_interleave(e // n_group, dim=1), float("-inf"))
     ids = choice.topk(top_k, dim=-1).indices
     return _weights(scores, ids, norm_topk_prob, routed_scaling_factor), ids
+
+
+def expert_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Router scores: softmax, sigmoid, or DeepSeek-V4's sqrtsoftplus (sqrt(softplus(logit)), HF ACT2FN)."""
+    if scoring == "softmax":
+        return torch.softmax(logits, dim=-1)
+    if scoring == "sigmoid":
+        return torch.sigmoid(logits)
+    if scoring == "sqrtsoftplus":
+        return torch.sqrt(torch.nn.functional.softplus(logits))
+    raise ValueError(f"unknown MoE scoring {scoring!r}")
 
 
 def _weights(scores: torch.Tensor, ids: torch.Tensor, norm_topk_prob: bool, scale: float) -> torch.Tensor:
@@ -61,7 +66,7 @@ def route_weights(router_logits: torch.Tensor, ids: torch.Tensor, scoring: str, 
     """The weights ``moe_route`` gives experts ``ids`` [T, k] from these router logits, whatever it would
     have chosen (verification replays the reference's choice through a candidate's router logits)."""
     logits = _acc(router_logits)
-    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    scores = expert_scores(logits, scoring)
     return _weights(scores, ids.to(logits.device).long(), norm_topk_prob, routed_scaling_factor)
 
 
@@ -187,7 +192,8 @@ def _experts_fit(shape: dict, budget: int) -> dict:
 
 OPS = [
     OpDef("moe_route", moe_route,
-          "moe_route(router_logits[T, E] fp32, correction_bias[E] fp32 | None, top_k, scoring: 'softmax'|'sigmoid', "
+          "moe_route(router_logits[T, E] fp32, correction_bias[E] fp32 | None, top_k, scoring: 'softmax'|'sigmoid'|"
+          "'sqrtsoftplus', "
           "n_group, topk_group, norm_topk_prob: bool, routed_scaling_factor: float) -> (topk_weights[T, k] fp32, "
           "topk_ids[T, k] int64); the bias steers the choice only, weights are unbiased scores (renormalised "
           "when norm_topk_prob) times routed_scaling_factor; grouped (n_group > 1): only experts of the "
@@ -198,7 +204,8 @@ OPS = [
           ({"T": 7, "E": 16, "k": 4, "scoring": "softmax"},
            {"T": 5, "E": 32, "k": 8, "scoring": "sigmoid", "bias": True, "scale": 2.5},
            {"T": 9, "E": 64, "k": 6, "scoring": "sigmoid", "bias": True, "n_group": 8, "topk_group": 3,
-            "scale": 2.5}),
+            "scale": 2.5},
+           {"T": 6, "E": 32, "k": 6, "scoring": "sqrtsoftplus", "bias": True, "scale": 1.5}),
           outputs=2, canonicalize=_route_canonical),
     OpDef("moe_experts", moe_experts,
           "moe_experts(x[T, H], w13[E, 2I, H], w2[E, H, I], topk_weights[T, k] fp32, topk_ids[T, k] int64) -> [T, H] "

@@ -40,6 +40,8 @@ SMALL = {
                                              "QKVR_MAX_T": 4, "QKVR_HEADS": 4, "QKVR_REDUCE_WARPS": 1, "QKVR_PDL": 1},
     "attention_decode_window.triton": {"ATTW_BLOCK_T": 8, "ATTW_NUM_WARPS": 4, "ATTW_NUM_STAGES": 1},
     "swigluoai_and_mul.triton": {"SOAI_BLOCK_I": 64, "SOAI_NUM_WARPS": 1},
+    "hc_post.triton": {"HCP_BLOCK_D": 16, "HCP_NUM_WARPS": 1},
+    "swiglu_clamp_and_mul.triton": {"SWCL_BLOCK_I": 64, "SWCL_NUM_WARPS": 1},
     "sparse_mla_decode.triton": {"SMLA_BLOCK_H": 16, "SMLA_BLOCK_K": 16, "SMLA_NUM_WARPS": 2, "SMLA_NUM_STAGES": 1},
     "moe_experts.triton_fused": {"MOE_GEMV_MAX_PAIRS": 8, "MOE_GEMV_ROWS": 4, "MOE_GEMV_BLOCK_K": 32,
                                  "MOE_GEMV_WARPS": 1, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,

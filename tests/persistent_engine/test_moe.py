@@ -13,7 +13,8 @@ route, experts = registry.get("moe_route").reference, registry.get("moe_experts"
 def _brute_route(logits, bias, k, scoring, n_group, topk_group, norm, scale):
     rows = []
     for t in range(logits.shape[0]):
-        s = logits[t].softmax(-1) if scoring == "softmax" else logits[t].sigmoid()
+        s = {"softmax": lambda v: v.softmax(-1), "sigmoid": torch.sigmoid,
+             "sqrtsoftplus": lambda v: torch.log1p(torch.exp(v)).sqrt()}[scoring](logits[t])
         c = s + (bias if bias is not None else 0)
         per = logits.shape[1] // n_group
         if n_group > 1:
