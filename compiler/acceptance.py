@@ -9,8 +9,10 @@
 3. **Composition**: all accepted candidates (best slow speedup first, one owner per op/knob) are
    composed into one source and re-verified and re-measured on both tiers (a correct result within
    the noise is measured a second time and the mean decides). If the whole set fails or loses to
-   its best member, candidates are added greedily one at a time and kept only while the
-   composition stays correct and keeps beating the noise without getting slower.
+   its best member, every accepted candidate (best first) is added greedily one at a time and kept
+   only while the composition stays correct and keeps beating the noise without getting slower; so
+   when a conflict group's winner is not kept, its next-best member takes its place (the deadline
+   bounds how many are tried).
 
 ``evaluate(tier, source) -> CandidateVerdict`` is all this module needs from the fleet.
 """
@@ -86,6 +88,11 @@ def _never_called(*verdicts) -> set[str]:
         for r in (_get(v, "reasons") or []) if v is not None else []:
             names.update(_NEVER_CALLED.findall(str(r)))
     return names
+
+
+def _owned(parts: list[Accepted]) -> set[tuple[str, str]]:
+    """("op", name) and ("knob", key) pairs that ``parts`` set."""
+    return {("op", t) for a in parts for t in a.targets} | {("knob", k) for a in parts for k in a.config_keys}
 
 
 def _get(v: Any, name: str, default: Any = None) -> Any:
@@ -229,33 +236,49 @@ class Acceptor:
             v = dataclasses.replace(v, speedup=mean) if dataclasses.is_dataclass(v) else v
             return v, mean > threshold(noise, self.cfg)
 
+        measured: dict[str, tuple[str, Any, Any, bool]] = {}    # composed source -> its result
+
         def measure(parts: list[Accepted]) -> tuple[str, Any, Any, bool]:
+            """Both tiers' verdicts of the composed ``parts``; the same set is measured once."""
             src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
-            fv, ok = on_tier("fast", src)
-            if not ok:
-                return src, fv, None, False
-            sv, ok = on_tier("slow", src)
-            return src, fv, sv, ok
+            if src not in measured:
+                fv, ok = on_tier("fast", src)
+                sv, ok = on_tier("slow", src) if ok else (None, False)
+                measured[src] = (src, fv, sv, ok)
+            return measured[src]
 
         members = [by_name[p.name] for p in kept]
         src, fv, sv, ok = measure(members)
         shadowed = _never_called(fv, sv)
+        never_called = "shadowed by a composite override: never called when composed"
+        shadowed_out: list[Accepted] = []           # all accepted ones overriding only shadowed ops
         if not ok and shadowed:
             # a composite override (e.g. silu_mul_linear) can leave a fine one (silu_and_mul) with no
             # call site left; the engine rejects such a set, so drop those members and measure again
             gone = [a for a in members if a.targets and set(a.targets) <= shadowed]
             if gone and len(gone) < len(members):
-                dropped += [(a.name, "shadowed by a composite override: never called when composed") for a in gone]
+                dropped = [(a.name, never_called) for a in gone] + dropped
+                shadowed_out = [a for a in ranked if a.targets and set(a.targets) <= shadowed]
                 members = [a for a in members if a not in gone]
                 src, fv, sv, ok = measure(members)
         best_single = members[0].slow
         if ok and (len(members) == 1 or _get(sv, "speedup") >= best_single * (1 - self.noise.get("slow", 0.0))):
             return Composition(tuple(members), src, float(_get(fv, "speedup")), float(_get(sv, "speedup")),
                                merge_points(self.points, fv, sv), tuple(dropped))
+        # greedy over every accepted candidate, best first: when a conflict group's winner is not kept,
+        # its runner-up is tried in its place, so the conflict reasons are decided here afresh
+        dropped = [(a.name, never_called) for a in shadowed_out]
+        skip = {a.name for a in shadowed_out}
+        runners_up = {p.name for p in conflicting}
         chosen: list[Accepted] = []
         best: tuple[str, Any, Any] | None = None
-        for a in members:                       # greedy: keep a member only if it helps
-            if best is not None and deadline is not None and time.monotonic() > deadline:
+        for a in ranked:                        # keep a candidate only if it helps
+            if a.name in skip:
+                continue
+            if _owned(chosen) & _owned([a]):
+                dropped.append((a.name, "overrides an op or knob of a faster accepted candidate"))
+                continue
+            if deadline is not None and time.monotonic() > deadline and (best is not None or a.name in runners_up):
                 dropped.append((a.name, "no time left to re-verify it in the composition"))
                 continue
             src, fv, sv, ok = measure(chosen + [a])

@@ -149,3 +149,66 @@ def test_workload_points_never_exceed_the_model_context_window():
     assert fitted[1]["context"] == 4095 and fitted[2] == pts[2]
     twice = fit_positions([pts[0], {**pts[0], "context": 5, "weight": 0.25}], 4096)
     assert twice == [{**pts[0], "context": 0, "chunk": 4096, "weight": 0.75}]
+
+
+class TagEngine:
+    """speedup of a source = product of the factors of the candidate tags in it (all on one op);
+    a tag in ``broken_composed`` makes any composed plan holding it incorrect, alone or not."""
+
+    def __init__(self, slow, broken_composed=()):
+        self.slow, self.broken, self.calls = slow, set(broken_composed), []
+
+    def __call__(self, tier, source):
+        tags = {t for t in self.slow if f"rms_norm{t}" in source}
+        self.calls.append((tier, tuple(sorted(tags))))
+        if "tkcc composed plan" in source and tags & self.broken:
+            return verdict(None, correct=False)
+        s = 1.0
+        for t in tags:
+            s *= self.slow[t]
+        return verdict(s)
+
+
+def accept_tagged(engine, tags):
+    acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})
+    for tag in tags:
+        acc.consider(cand("rms_norm", tag), engine("fast", cand("rms_norm", tag)), author="x")
+    return acc, {a.description: a.name for a in acc.accepted}
+
+
+def test_conflict_group_falls_back_to_its_runner_up_when_the_winner_fails_composition():
+    engine = TagEngine(slow={"-a": 1.47, "-b": 1.3, "-c": 1.2}, broken_composed={"-a"})
+    acc, name = accept_tagged(engine, ("-c", "-a", "-b"))
+    comp = acc.compose()
+    assert [p.name for p in comp.parts] == [name["rms_norm-b"]]
+    assert abs(comp.slow - 1.3) < 1e-9 and abs(comp.fast - 1.3) < 1e-9
+    why = dict(comp.dropped)
+    assert set(why) == {name["rms_norm-a"], name["rms_norm-c"]}          # b is kept, so not listed
+    assert why[name["rms_norm-a"]] == "incorrect when composed"
+    assert why[name["rms_norm-c"]] == "overrides an op or knob of a faster accepted candidate"
+    assert [c for c in engine.calls[6:] if c[1] == ("-a",)] == [("fast", ("-a",))]   # measured once
+
+
+def test_conflict_group_runners_up_are_tried_in_order_until_one_holds():
+    engine = TagEngine(slow={"-a": 1.47, "-b": 1.3, "-c": 1.2}, broken_composed={"-a", "-b"})
+    acc, name = accept_tagged(engine, ("-a", "-b", "-c"))
+    comp = acc.compose()
+    assert [p.name for p in comp.parts] == [name["rms_norm-c"]]
+    assert dict(comp.dropped) == {name["rms_norm-a"]: "incorrect when composed",
+                                  name["rms_norm-b"]: "incorrect when composed"}
+
+
+def test_runners_up_are_not_tried_past_the_composition_deadline():
+    engine = TagEngine(slow={"-a": 1.47, "-b": 1.3}, broken_composed={"-a"})
+    acc, name = accept_tagged(engine, ("-a", "-b"))
+    comp = acc.compose(deadline=0.0)                 # long past: only the winner's own attempt runs
+    assert comp.parts == ()
+    assert dict(comp.dropped)[name["rms_norm-b"]] == "no time left to re-verify it in the composition"
+
+
+def test_a_kept_winner_leaves_its_group_dropped_as_conflicting():
+    engine = TagEngine(slow={"-a": 1.47, "-b": 1.3})
+    acc, name = accept_tagged(engine, ("-b", "-a"))
+    comp = acc.compose()
+    assert [p.name for p in comp.parts] == [name["rms_norm-a"]]
+    assert dict(comp.dropped) == {name["rms_norm-b"]: "overrides an op or knob of a faster accepted candidate"}
