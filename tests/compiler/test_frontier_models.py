@@ -50,9 +50,10 @@ def test_candidate_check_tiny_rejects_attention_that_ignores_the_selection():
 def test_candidate_check_tiny_minimax_m3():
     out = tkcc("candidate", "check", str(CANDIDATES / "silu_fused.py"), "--model", "minimax", "--tiny",
                "--device", "cpu", "--json", "--samples", "3")
-    # MiniMax-M3 runs swigluoai, not silu_and_mul: the override is never called, and the judge says so
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert any("never called" in r or "not used" in r for r in json.loads(out.stdout)["reasons"]), out.stdout
+    # MiniMax-M3 runs swigluoai, not silu_and_mul: the override is correct but never called (issue 21)
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is True and doc["applicable"] is False and doc["not_called"] == ["silu_and_mul"], out.stdout
     out = tkcc("candidate", "check", str(CANDIDATES / "m3_block_sparse_dense_masked.py"), "--model", "minimax",
                "--tiny", "--device", "cpu", "--json", "--samples", "3")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -5,7 +5,12 @@ import torch
 def moe_route(router_logits, correction_bias, top_k, scoring, n_group, topk_group, norm_topk_prob,
               routed_scaling_factor):
     logits = router_logits.to(torch.promote_types(router_logits.dtype, torch.float32))
-    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    if scoring == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif scoring == "sqrtsoftplus":
+        scores = torch.sqrt(torch.nn.functional.softplus(logits))
+    else:
+        scores = torch.sigmoid(logits)
     choice = scores if correction_bias is None else scores + correction_bias.to(scores.dtype)
     t, e = choice.shape
     if n_group > 1:
