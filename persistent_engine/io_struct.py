@@ -20,6 +20,8 @@ import msgpack
 
 # a candidate source is a few KiB; 8 MiB leaves room and bounds what one request can make us hold
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# the ZeroMQ PLAIN user name of every engine client; its password is the engine's token
+PLAIN_USER = "tkcc"
 # msgpack container limits while decoding a request (a map or list bigger than this is hostile)
 _UNPACK_LIMITS = dict(max_str_len=MAX_REQUEST_BYTES, max_bin_len=MAX_REQUEST_BYTES,
                       max_array_len=100_000, max_map_len=10_000, max_ext_len=0)

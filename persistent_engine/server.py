@@ -3,7 +3,12 @@
 Security model (the engine runs untrusted candidate code, so the socket must not widen that):
   * binds 127.0.0.1 unless ``allow_remote`` is set; a non-loopback host without it is refused;
   * a token made at start (``secrets.token_hex``) is handed over through a 0600 file or the
-    environment (``TKCC_ENGINE_TOKEN``); every request must carry it (constant-time compare);
+    environment (``TKCC_ENGINE_TOKEN``); it is checked twice:
+      - in the transport handshake: ZeroMQ PLAIN (user ``PLAIN_USER``, password the token) with a ZAP
+        handler (``zmq.auth.thread.ThreadAuthenticator``), so a peer without it is disconnected before
+        zmq queues any message of its; before that only its handshake commands are read, each one
+        frame of at most ``zmq.MAXMSGSIZE``;
+      - on every request (constant-time compare), a second layer;
   * a frame over ``max_bytes`` gets an ``ErrorReply(kind="too_large")`` without being decoded;
     zmq drops frames over 256 MiB at the transport (the peer is disconnected);
   * a message of more than ``MAX_FRAMES`` frames (routing id, delimiter, body), or whose frames
@@ -28,8 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
-from persistent_engine.io_struct import (MAX_REQUEST_BYTES, ErrorReply, ProtocolError, Reply, Request,
+from persistent_engine.io_struct import (MAX_REQUEST_BYTES, PLAIN_USER, ErrorReply, ProtocolError, Reply, Request,
                                          Shutdown, ShutdownReply, build_request, encode, unpack_request)
 
 TOKEN_ENV = "TKCC_ENGINE_TOKEN"
@@ -105,23 +111,32 @@ class EngineServer:
         self.config = config
         self._token = token.encode()
         self._ctx = zmq.Context()
+        # the ZAP handler: one daemon thread, started before the engine snapshots its threads
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_plain(domain="*", passwords={PLAIN_USER: token})
         self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.PLAIN_SERVER, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(TRANSPORT_LIMIT_BYTES, 4 * config.max_bytes))
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._sock.setsockopt(zmq.RCVHWM, RCVHWM)
-        host = config.host
-        if not is_loopback(host) and host not in ("*", "0.0.0.0"):
-            host = socket.gethostbyname(host)
-        if config.port:
-            self._sock.bind(f"tcp://{host}:{config.port}")
-        else:
-            self._sock.bind(f"tcp://{host}:0")
+        try:
+            self._bind(config)
+        except BaseException:
+            self.close()
+            raise
         endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(endpoint.rsplit(":", 1)[1])
         self.address = f"tcp://{'127.0.0.1' if is_loopback(config.host) else config.host}:{self.port}"
         self.served = 0
         self._running = False
+
+    def _bind(self, config: ServerConfig) -> None:
+        host = config.host
+        if not is_loopback(host) and host not in ("*", "0.0.0.0"):
+            host = socket.gethostbyname(host)
+        self._sock.bind(f"tcp://{host}:{config.port}")
 
     # ------------------------------------------------------------------------------ one frame
     def handle_frame(self, frame: bytes, handler: Callable[[Request], Reply]) -> tuple[Reply, bool]:
@@ -214,4 +229,5 @@ class EngineServer:
 
     def close(self) -> None:
         self._sock.close(0)
+        self._auth.stop()
         self._ctx.term()

@@ -8,6 +8,7 @@ import pytest
 import zmq
 
 from persistent_engine import io_struct as io
+from persistent_engine.client import authenticate
 from persistent_engine.supervisor import Supervisor
 
 
@@ -51,6 +52,7 @@ def test_thousand_hostile_messages_get_error_replies_and_the_engine_keeps_servin
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
+    authenticate(sock, token)
     sock.connect(engine.client.address)
     kinds = {}
     rng = random.Random(7)

@@ -6,13 +6,14 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 
 import msgpack
 import pytest
 import zmq
 
 from persistent_engine import io_struct as io
-from persistent_engine.client import EngineClient
+from persistent_engine.client import HANDSHAKE_REFUSED, EngineClient, authenticate
 from persistent_engine.server import (BindRefused, EngineServer, ServerConfig, is_loopback, make_token,
                                       read_token_file, write_token_file)
 
@@ -98,11 +99,13 @@ def test_multipart_and_dealer_frames_get_replies(served):
     server, token, _ = served
     ctx = zmq.Context.instance()
     req = ctx.socket(zmq.REQ)
+    authenticate(req, token)
     req.connect(server.address)
     req.send_multipart([b"a", b"b"])
     assert io.decode_reply(req.recv()).kind == "protocol"
     req.close(0)
     dealer = ctx.socket(zmq.DEALER)
+    authenticate(dealer, token)
     dealer.connect(server.address)
     dealer.send(io.encode(io.Status(token=token)))      # no empty delimiter
     assert dealer.poll(5000)
@@ -132,7 +135,7 @@ def test_engine_side_modules_import_only_torch_triton_zmq_msgpack_and_the_stdlib
 
 
 def test_many_frames_and_big_totals_are_refused_before_authentication(served):
-    """Issue 21: a message of many frames without a token (it drove the engine to 2.9 GB) is refused on
+    """Behind the handshake, a message of many frames without a token in its body is still refused on
     zmq's buffers, before any decode or token check; the server goes on serving."""
     from persistent_engine.server import MAX_FRAMES
 
@@ -140,6 +143,7 @@ def test_many_frames_and_big_totals_are_refused_before_authentication(served):
     ctx = zmq.Context.instance()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
+    authenticate(dealer, token)
     dealer.connect(server.address)
     dealer.send_multipart([b""] + [b"\0" * (1 << 20)] * 12)          # 12 frames of 1 MiB, no token
     assert dealer.poll(10_000)
@@ -154,3 +158,69 @@ def test_many_frames_and_big_totals_are_refused_before_authentication(served):
     dealer.close(0)
     assert seen == []                                                     # none reached the handler
     assert EngineClient(server.address, token, timeout_s=5).status().ok
+
+
+# ---------------------------------------------------------------------------------- issue 21: the handshake
+SERVER = """
+import json, os
+from persistent_engine import io_struct as io
+from persistent_engine.server import EngineServer
+server = EngineServer(os.environ["TKCC_ENGINE_TOKEN"])
+print(json.dumps({"address": server.address}), flush=True)
+server.serve(lambda request: io.StatusReply(message="ok", model="m"))
+"""
+FRAME = b"\0" * (32 << 20)                       # 8 frames of it: 256 MiB, each under zmq.MAXMSGSIZE
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def _send_big_message(address: str, password: str | None) -> int:
+    """A DEALER that sends 8 frames of 32 MiB; returns the handshake-failure events it saw (0: none)."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    ctx = zmq.Context.instance()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    if password is not None:
+        authenticate(dealer, password)
+    monitor = dealer.get_monitor_socket(HANDSHAKE_REFUSED)
+    dealer.connect(address)
+    dealer.send_multipart([b""] + [FRAME] * 8, copy=False)
+    event = recv_monitor_message(monitor)["event"] if monitor.poll(10_000) else 0
+    time.sleep(0.5)                                 # the time it would take to push 256 MiB over loopback
+    dealer.disable_monitor()
+    monitor.close(0)
+    dealer.close(0)
+    return event
+
+
+def test_an_unauthenticated_peer_gets_nothing_queued():
+    """Issue 21: without the token a peer is refused in the PLAIN handshake, so its 8 x 32 MiB message is
+    never read (the server's peak RSS stays put); a wrong password too; the same message from an
+    authenticated peer is read whole (the control: the measure sees 256 MiB) and refused by the checks."""
+    token = make_token()
+    env = {**os.environ, "TKCC_ENGINE_TOKEN": token}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        address = json.loads(proc.stdout.readline())["address"]
+        client = EngineClient(address, token, timeout_s=10)
+        assert client.status().ok
+        before = _peak_rss_mib(proc.pid)
+        assert _send_big_message(address, None) & HANDSHAKE_REFUSED          # no credentials
+        assert _send_big_message(address, "x" * 64) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        r = EngineClient(address, token[:-1] + "0" if token[-1] != "0" else token[:-1] + "1", timeout_s=10).status()
+        assert isinstance(r, io.ErrorReply) and r.kind == "auth" and "handshake" in r.message
+        grown = _peak_rss_mib(proc.pid) - before
+        assert grown < 16, f"an unauthenticated peer made the server hold {grown:.0f} MiB"
+        assert client.status().ok                                             # still serving
+        assert _send_big_message(address, token) == 0                         # the control: authenticated
+        assert client.status().ok
+        assert _peak_rss_mib(proc.pid) - before > 200                         # ... its message was read
+        assert isinstance(client.shutdown(), io.ShutdownReply)
+        proc.wait(10)
+    finally:
+        proc.kill()
+        proc.wait()
