@@ -12,7 +12,8 @@ template has gained since the plan was written take their defaults. ``--set PATT
 sets every knob whose name matches the shell-style PATTERN, in every template that has it; the value
 is a Python literal. The output is a copy of the version directory with ``kernels/composed.py``
 re-rendered (the plan's CONFIG kept) and ``plan_knobs.json`` saying what was set; ``plan.json`` is
-unchanged, so ``e2e_decode.py`` and ``tkcc plan apply`` load it as they load the plan.
+unchanged but for the re-rendered kernel's sha256, so ``e2e_decode.py`` and ``tkcc plan apply`` load it
+as they load the plan (its files checked against their hashes).
 Errors (no plan, a setting no template has, a value a knob does not allow, an optimization not from
 the template library) are one line on stderr and exit 2.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import fnmatch
+import hashlib
 import json
 import re
 import shutil
@@ -108,6 +110,10 @@ def write_variant(plan_path: str, settings: list[tuple[str, object]], out: Path)
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(vdir, tmp)
     (tmp / "kernels" / plan_mod.COMPOSED_KERNEL).write_text(source)
+    doc = json.loads((tmp / plan_mod.PLAN_FILE).read_text())   # the copy's own hash of the re-rendered kernel
+    doc.setdefault("kernel_sha256", {})[f"kernels/{plan_mod.COMPOSED_KERNEL}"] = hashlib.sha256(
+        source.encode()).hexdigest()
+    (tmp / plan_mod.PLAN_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     (tmp / "plan_knobs.json").write_text(json.dumps({"plan": str(vdir), "set": done,
                                                      "choices": [c.key() for c in choices]}, indent=1) + "\n")
     tmp.rename(dest)                     # whole or not at all
