@@ -44,13 +44,13 @@ def register(subparsers) -> None:
 def _serve(args) -> int:
     from compiler.serve import serve_forever
     from compiler.serve_runtime import ServeOptions, build_runtime
-    from compiler.serve import ServeError
+    from compiler.http_server import ServeError
 
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be 0..65535, not {args.port}")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise ServeError(f"--max-model-len must be >= 2, not {args.max_model_len}")
-    from compiler.serve import bind
+    from compiler.http_server import bind
 
     bind(args.host, args.port).close()          # a busy port fails before the model loads
     rt = build_runtime(ServeOptions(model=args.model, plan=args.plan, weights=args.weights, device=args.device,

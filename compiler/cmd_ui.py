@@ -25,7 +25,7 @@ def register(subparsers) -> None:
 
 
 def _ui(args) -> int:
-    from compiler.ui.server import ServeError
+    from compiler.http_server import ServeError
     from persistent_engine.server import is_loopback
 
     if not is_loopback(args.host) and not args.allow_remote:

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import queue
-import socket
 import threading
 import time
 import uuid
@@ -31,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from compiler.http_server import ThreadedServer, bind
 from compiler.serve_metrics import Metrics
 from compiler.serve_model import render_chat
 from compiler.serve_runtime import Runtime
@@ -114,26 +114,6 @@ class EngineLoop:
                 self.rt.engine.add(cmd[1], cmd[2], cmd[3])
             else:
                 self.rt.engine.abort(cmd[1])
-
-
-class ServeError(OSError):
-    """The server cannot listen where asked (busy port): one line, exit 2."""
-
-    user_error = True
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket bound before uvicorn starts (a busy port is one clear error; port 0 picks
-    a free one). Written here, not imported from the UI, so serving needs no board (SQLAlchemy)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.listen(128)
-    return sock
 
 
 def _error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
@@ -326,38 +306,16 @@ def create_app(runtime: Runtime) -> FastAPI:
     return app
 
 
-class ServeServer:
+class ServeServer(ThreadedServer):
     """The server on a background thread (tests, benchmarks): ``with ServeServer(rt) as s: s.url``."""
 
+    name = "tkcc-serve"
+    start_timeout_s = 60.0
+    stop_timeout_s = 30.0
+    graceful_shutdown_s = 5
+
     def __init__(self, runtime: Runtime, host: str = "127.0.0.1", port: int = 0):
-        self.app = create_app(runtime)
-        self._sock = bind(host, port)
-        self.host, self.port = self._sock.getsockname()[:2]
-        self.url = f"http://{self.host}:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                                     lifespan="on", timeout_graceful_shutdown=5))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="tkcc-serve", daemon=True)
-
-    def start(self, timeout_s: float = 60.0) -> "ServeServer":
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the serve server did not start")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
-        self._sock.close()
-
-    def __enter__(self) -> "ServeServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().__init__(create_app(runtime), host, port)
 
 
 def serve_forever(runtime: Runtime, host: str, port: int) -> None:
