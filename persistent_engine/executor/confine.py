@@ -138,7 +138,22 @@ def _mount_setattr(path: str, recursive: bool, set_: int, clear: int) -> None:
                         ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), f"mount_setattr {path}")
 
 
-def readonly_root(writable: list[str], shm: bool) -> dict[str, bool]:
+def writable_own_proc() -> None:
+    """The private /proc (only this sandbox's processes) writable, but for every entry that is not a
+    process (``sys``, ``sysrq-trigger``, ``irq``, ...: bound read-only over themselves). The CUDA
+    driver names its threads (``/proc/<pid>/task/<tid>/comm``) in whichever process it runs, and fails
+    at init (error 304) when it cannot."""
+    _mount_setattr("/proc", False, 0, MOUNT_ATTR_RDONLY)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() or entry in ("self", "thread-self"):
+            continue
+        path = os.path.join("/proc", entry)
+        if os.path.islink(path) or libc.mount(path.encode(), path.encode(), None, MS_BIND, None) != 0:
+            continue                                             # a symlink or a vanished entry: nothing to write
+        _mount_setattr(path, False, MOUNT_ATTR_RDONLY, 0)
+
+
+def readonly_root(writable: list[str], shm: bool, own_proc: bool) -> dict[str, bool]:
     """Every mount read-only (writes, chmod, utime, xattrs refused: EROFS), then the workdir (and
     ``writable``) bind-mounted over itself read-write, and the private /dev/shm. Device nodes stay
     writable on a read-only mount. Needs mount_setattr(2) (Linux 5.12)."""
@@ -147,6 +162,8 @@ def readonly_root(writable: list[str], shm: bool) -> dict[str, bool]:
         _mount_setattr(path, False, MOUNT_ATTR_RDONLY, 0)      # a dry run: can it go read-only and back?
         _mount_setattr(path, False, 0, MOUNT_ATTR_RDONLY)
     _mount_setattr("/", True, MOUNT_ATTR_RDONLY, 0)
+    if own_proc:
+        writable_own_proc()
     try:
         for path in writable + (["/dev/shm"] if shm else []):
             _mount_setattr(path, False, 0, MOUNT_ATTR_RDONLY)
@@ -175,7 +192,8 @@ def drop_privileges() -> dict[str, bool]:
 
 
 # ------------------------------------------------------------------------------------ Landlock
-def landlock(abi: int, writable: list[str], device_files: list[str], allow_network: bool) -> dict[str, bool]:
+def landlock(abi: int, writable: list[str], device_files: list[str], allow_network: bool,
+             own_proc: bool) -> dict[str, bool]:
     """Restrict this process and its future children: every write right handled, granted only beneath
     ``writable`` (dirs) and on ``device_files``; no TCP bind/connect (ABI >= 4) unless allowed; no
     signals / abstract unix sockets out of the domain (ABI >= 6). Reads and exec stay unrestricted."""
@@ -190,7 +208,10 @@ def landlock(abi: int, writable: list[str], device_files: list[str], allow_netwo
                                   ctypes.c_uint32(0)), "landlock_create_ruleset")
     try:
         file_rights = FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0)
-        for path, rights in [(p, fs) for p in writable] + [(p, file_rights) for p in device_files]:
+        # thread names (.../task/<tid>/comm), which the CUDA driver sets: in a private /proc every process
+        # there is the sandbox's own (its global entries are read-only mounts); else this process's only
+        own_threads = ["/proc" if own_proc else "/proc/self/task"]
+        for path, rights in ([(p, fs) for p in writable] + [(p, file_rights) for p in device_files + own_threads]):
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
@@ -292,7 +313,7 @@ def confine(cfg: dict, ns: dict[str, bool]) -> tuple[dict, dict]:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)       # the launcher is single-threaded: its death is the tree's
     if ns.get("mount_namespace"):
         applied.update(private_mounts(ns.get("pid_namespace", False)))
-        attempt("readonly_root", readonly_root, cfg["writable"], applied["private_shm"])
+        attempt("readonly_root", readonly_root, cfg["writable"], applied["private_shm"], applied["private_proc"])
     if "rlimits" not in disable:
         attempt("rlimits", lambda: {"rlimits": apply_rlimits(cfg["rlimits"])})
     os.chdir(cfg["workdir"])
@@ -300,7 +321,8 @@ def confine(cfg: dict, ns: dict[str, bool]) -> tuple[dict, dict]:
     applied["landlock_abi"] = abi = landlock_abi()
     if "landlock" not in disable:
         writable = cfg["writable"] + (["/dev/shm"] if applied.get("private_shm") else [])   # a fresh tmpfs
-        attempt("landlock", landlock, abi, writable, cfg["device_files"], cfg["allow_network"])
+        attempt("landlock", landlock, abi, writable, cfg["device_files"], cfg["allow_network"],
+                applied.get("private_proc", False) and applied.get("readonly_root", False))
     if "seccomp" not in disable:
         attempt("seccomp", seccomp, cfg["allow_network"], cfg["allow_unix_sockets"])
     for key in ("user", "pid", "net", "mnt"):

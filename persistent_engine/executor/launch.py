@@ -136,7 +136,8 @@ class Executor:
             rc = self.proc.wait(5)
         except Exception:  # noqa: BLE001 - still running: its socket closed
             rc = None
-        return describe_exit(rc)
+        tail = self.stderr_tail(1200)
+        return describe_exit(rc) + (f"; stderr: {tail}" if tail else "")
 
     def call(self, msg: dict, timeout_s: float) -> dict:
         try:

@@ -19,10 +19,13 @@ How (``confine.py`` is the launcher process, stdlib only, started as ``python -I
   does not end it): a program that must die by them forks and serves from the child.
 - **network**: a fresh network namespace (an unconfigured loopback only); Landlock denies TCP
   bind/connect (ABI >= 4); seccomp refuses socket(2) of every family (``AF_UNIX`` too: a pathname socket of a
-  local service, e.g. PostgreSQL's, is reachable from any network namespace); socketpair(2) stays.
-- **writes**: in the mount namespace every mount is read-only but ``workdir`` (+ ``writable``) and a
-  private ``/dev/shm`` tmpfs (EROFS for writes, chmod, utime, xattrs); Landlock grants write rights
-  only beneath the same dirs and on the GPU device nodes (it does not cover chmod/utime/xattrs).
+  local service, e.g. PostgreSQL's, is reachable from any network namespace; on CUDA ``AF_UNIX``
+  stays, the driver needs it); socketpair(2) stays.
+- **writes**: in the mount namespace every mount is read-only but ``workdir`` (+ ``writable``), a
+  private ``/dev/shm`` tmpfs and ``/proc`` (EROFS for writes, chmod, utime, xattrs); Landlock grants
+  write rights only beneath the same dirs, on the GPU device nodes and on the executor's own
+  ``/proc/self/task`` (thread names: the CUDA driver fails at init when it cannot set them); it does
+  not cover chmod/utime/xattrs.
 - **secrets**: the environment comes only from ``executor_env`` (an allow-list, never a key or the
   judge's token); a private ``/proc`` shows no outside process, and a Landlock domain cannot ptrace
   or read ``/proc/PID/environ`` of processes outside it, nor signal them (ABI >= 6).
@@ -134,8 +137,11 @@ class SandboxPolicy:
 
     @classmethod
     def for_device(cls, device: str, workdir: str, **overrides) -> "SandboxPolicy":
-        """The default for a ``cpu`` or ``cuda[:N]`` executor: a 64 GiB address-space cap on CPU only."""
-        base = {"address_space_bytes": None if device.startswith("cuda") else 64 * GIB}
+        """The default for a ``cpu`` or ``cuda[:N]`` executor: a 64 GiB address-space cap on CPU only;
+        on CUDA ``socket(AF_UNIX)`` stays allowed (the driver's init creates one and fails with error 304
+        when it is refused; measured on the H200, ``benchmarks/results/h200-sandbox-mechanisms.log``)."""
+        gpu = device.startswith("cuda")
+        base = {"address_space_bytes": None if gpu else 64 * GIB, "allow_unix_sockets": gpu}
         return cls(workdir=workdir, **{**base, **overrides})
 
     def rlimits(self) -> dict[str, list[int]]:

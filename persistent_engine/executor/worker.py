@@ -74,9 +74,9 @@ class Worker:
         self.graphs: dict[int, list] = {}
         self.graph_errors: dict[int, str] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        self.candidate = None
         if init.get("capture"):
             self.capture({"points": list(range(len(self.points)))})
-        self.candidate = None
         self.ring: list = []
         from persistent_engine.candidate import MODULE_DIR_PREFIX
         self._dir = tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX)

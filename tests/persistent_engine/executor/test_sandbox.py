@@ -445,3 +445,40 @@ def test_llm_candidates_need_a_complete_sandbox():
     full = sb.SandboxCapabilities(**{m: True for m in ("net_namespace", "landlock_fs", "pid_namespace",
                                                         "rlimits", "no_new_privs", "seccomp")})
     assert sb.require_sandbox(author_is_llm=True, unsafe=False, caps=full).complete()
+
+
+# ------------------------------------------------------------------------------------ /proc
+PROC_PROBE = textwrap.dedent('''
+    import json, os, sys
+    out = {}
+    def write_back(path):               # the value it already has: harmless if it ever got through
+        try:
+            value = open(path).read()
+            with open(path, "w") as f:
+                f.write(value)
+            return "written"
+        except OSError as e:
+            return type(e).__name__
+    pid = os.fork()                     # the executor serves from a child of PID 1: the driver's threads live there
+    if pid == 0:
+        out["thread_name"] = write_back(f"/proc/self/task/{os.getpid()}/comm")
+        out["sysctl"] = write_back("/proc/sys/kernel/domainname")
+        json.dump(out, open("proc.json", "w"))
+        os._exit(0)
+    os.waitpid(pid, 0)
+''')
+
+
+def test_thread_names_writable_but_not_global_proc(caps, tmp_path):
+    """The CUDA driver fails at init unless it can name its threads (``/proc/<pid>/task/<tid>/comm``,
+    measured on the H200): a sandboxed process, forked like the executor, can; a global /proc entry
+    (a sysctl) stays refused."""
+    _need(caps, "full")
+    workdir = sb.make_workdir(str(tmp_path))
+    Path(workdir, "probe.py").write_text(PROC_PROBE)
+    with sb.spawn([sys.executable, str(Path(workdir, "probe.py"))], sb.SandboxPolicy(workdir=workdir)) as proc:
+        assert proc.wait(20) == 0
+        print("applied:", {k: v for k, v in proc.applied.as_dict().items() if v})
+    got = json.loads(Path(workdir, "proc.json").read_text())
+    assert got["thread_name"] == "written", got
+    assert got["sysctl"] != "written", got
