@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -239,7 +240,8 @@ class TensorGuard:
             room = host_bytes_available() if host_available is None else host_available
             keep = room is None or nbytes <= room // 2
             self._copy = {k: t.detach().to("cpu", copy=True) for k, t in self._live.items()} if keep else None
-            self._fp = {k: fingerprint(t) for k, t in self._live.items()}
+            self._seed = int.from_bytes(os.urandom(4), "little") | 1   # a key no executor sees
+            self._fp = {k: fingerprint(t, self._seed) for k, t in self._live.items()}
         else:
             self._copy = {k: t.detach().clone() for k, t in self._live.items()}
 
@@ -249,7 +251,7 @@ class TensorGuard:
 
     def changed(self) -> list[str]:
         if self.on_host:
-            return [k for k, t in self._live.items() if not torch.equal(fingerprint(t), self._fp[k])]
+            return [k for k, t in self._live.items() if not torch.equal(fingerprint(t, self._seed), self._fp[k])]
         return [k for k, t in self._live.items() if not torch.equal(t, self._copy[k])]
 
     def restore(self, names: Iterable[str] | None = None) -> None:

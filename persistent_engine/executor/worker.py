@@ -53,8 +53,12 @@ class Worker:
         spec = ModelSpec.from_name(init["model"])
         layers = _resolve_layers(spec, init["layers"])
         shared = arena.tensors()
-        params = {k[len("weight."):]: (t if self.device.type == "cpu" else t.to(self.device))
-                  for k, t in shared.items() if k.startswith("weight.") and k != "weight.cos_sin"}
+        if init.get("weights"):                  # CUDA: the judge's device copy, mapped (device_share.py)
+            from persistent_engine.executor.device_share import import_weights
+            params = import_weights(init["weights"], self.device)
+        else:
+            params = {k[len("weight."):]: (t if self.device.type == "cpu" else t.to(self.device))
+                      for k, t in shared.items() if k.startswith("weight.") and k != "weight.cos_sin"}
         self.model = Decoder(spec, layers, params, self.device, self.dtype)
         self.points = init["points"]
         self.workloads = []

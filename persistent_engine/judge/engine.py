@@ -40,6 +40,7 @@ import torch
 from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, tier_inputs, timing, tolerance, verify
 from persistent_engine.executor.channel import Arena
+from persistent_engine.executor.device_share import DeviceWeights
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
                                               sandbox_summary)
 from persistent_engine.judge import ab
@@ -199,7 +200,11 @@ class Engine:
 
         t0 = timing.now_ns()
         weights = guards.model_weights(self.model)
-        shared = {f"weight.{k}": t for k, t in weights.items()}
+        self.weight_share = None                # on CUDA: one copy of the weights, mapped by every executor
+        if self.device.type == "cuda":
+            self.weight_share = DeviceWeights.export({k: t for k, t in weights.items() if k != "cos_sin"},
+                                                     self.device)
+        shared = {} if self.weight_share else {f"weight.{k}": t for k, t in weights.items()}
         shared.update({f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
                        for k, t in guards.tensors_of(w).items()})
         self.arena = Arena.build(shared)        # sealed: no process can write it from here on
@@ -207,7 +212,8 @@ class Engine:
         self._arena_window = 0
         self._init = {"model": config.model, "layers": self.layers, "device": config.device,
                       "dtype": str(self.dtype).removeprefix("torch."), "points": self.points,
-                      "variants": config.variants, "seed": config.seed, "threads": self.threads}
+                      "variants": config.variants, "seed": config.seed, "threads": self.threads,
+                      "weights": self.weight_share.spec if self.weight_share else None}
         self.pool: ExecutorPool | None = None   # started on the first candidate
         self.baseline: Executor | None = None
         self.graph_errors: dict[int, str] = {}
