@@ -68,6 +68,7 @@ DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
 # on CPU one (the CI machine has two cores). On CUDA at most half the free device memory holds them
 # (each: its own copy of the weights and KV caches + ~1 GiB of context and graphs).
 POOL_SIZE = {"cuda": 12, "cpu": 1}
+POOL_MEMORY_SHARE = 0.35               # of the free device memory a pool of warm executors may take
 # the pool's executors SIGSTOPped while a point is timed once at least this many are warm (a warming one's
 # imports take a core from the timed sides: on the 2-core CI machine an A/A read 0.4-3.4x with the pool
 # warming, 1.00-1.05 with it paused); always on CPU, on CUDA only while the pool is ahead (it must keep warming)
@@ -98,6 +99,11 @@ class EngineConfig:
 def elog(line: str) -> None:
     """One line on the engine's stderr (the supervisor keeps it and shows its tail on a crash)."""
     print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
+
+
+def _free_gpu_bytes(device) -> int:
+    """Free memory on a CUDA device (every process counted), 0 elsewhere."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
 
 
 def _gpu_bytes(device: torch.device) -> int | None:
@@ -218,7 +224,10 @@ class Engine:
         self.baseline: Executor | None = None
         self.graph_errors: dict[int, str] = {}
         self.base_graphed: set[int] = set()
+        free_before = _free_gpu_bytes(self.device)
         self._start_baseline()
+        # what one executor takes on the device (its KV caches, activations, context): sizes the pool
+        self.executor_bytes = max(free_before - _free_gpu_bytes(self.device), 0) if free_before else 0
         # baseline step time per point as bench times it (wall time of a run request, per step)
         self.base_ms = [ab.time_side(self.baseline, i, 0, 5, ab.run_batch(self.device.type, None)) for i in
                         range(len(self.points))]
@@ -272,8 +281,10 @@ class Engine:
         if self.pool is None:
             size = self.config.pool_size or POOL_SIZE.get(self.device.type, 1)
             if self.device.type == "cuda" and not self.config.pool_size:
-                each = self.arena.size + (1 << 30)
-                size = max(1, min(size, int(0.5 * torch.cuda.mem_get_info(self.device)[0] // each)))
+                # measured footprint of the baseline executor, plus room for a candidate's own buffers;
+                # a share of what is free now (the other tier's engine and its pool use this GPU too)
+                each = max(self.executor_bytes, self.arena.size) + (1 << 30)
+                size = max(1, min(size, int(POOL_MEMORY_SHARE * _free_gpu_bytes(self.device) // each)))
             self.pool_size = size
             self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S)
         return self.pool
