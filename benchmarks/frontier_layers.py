@@ -1,4 +1,4 @@
-"""Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3): ms per layer, bytes,
+"""Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3; Qwen3.5 with --models qwen3.5): ms per layer, bytes,
 share of HBM bandwidth, and where the time goes, with the reference ops (the baseline tkcc optimizes).
 
     python benchmarks/frontier_layers.py --device cuda            # real sizes on one GPU (H200: ~3 min)
@@ -12,7 +12,8 @@ timed as one CUDA-graph replay (eager where capture fails; CPU: eager medians); 
 (slice ms - empty-slice ms) / layers. Bytes a step must read: every weight but the embedding table (B rows),
 routed experts only where the batch routes (counted from the step's routing), and the KV cache as the
 attention reads it: a sparse layer's selection (DSA: index_topk tokens of the latent; M3: topk_blocks x 128
-tokens of K/V), the indexer's keys over the whole context. % of bandwidth = bytes / time / copy bandwidth
+tokens of K/V), the indexer's keys over the whole context; a Qwen3.5 linear-attention layer its recurrent and conv
+states, read and written once per sequence (no per-token cache). % of bandwidth = bytes / time / copy bandwidth
 (measured) and / datasheet. One profiled case per model gives the per-op split (persistent_engine.profiler).
 Prints a table; writes ``benchmarks/results/<device>-frontier-layers.json`` atomically.
 """
@@ -71,7 +72,15 @@ def step_bytes(model, wl) -> dict[str, float]:
     for pool, pools in (("k", wl.cache.k), ("v", wl.cache.v), ("index_k", wl.cache.index_k)):
         for layer, t in pools.items():
             kv += wl.batch * attended_tokens(spec, layer, pool, wl.context) * t[0, 0].numel() * t.element_size()
+    for pools in (wl.cache.state, wl.cache.conv):        # linear layers: [B, ...] read, the new one written
+        kv += sum(2 * t.numel() * t.element_size() for t in pools.values())
     return {"weights": float(weights), "kv": float(kv), "total": float(weights + kv)}
+
+
+def attention_kind(spec, i: int) -> str:
+    if spec.is_linear(i):
+        return "linear"
+    return spec.indexer_kind(i) or ("msa" if spec.block_sparse(i) else "dense")
 
 
 def timed_ms(model, wl, device: str, samples: int) -> tuple[float, str]:
@@ -102,8 +111,7 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
         ms, how = timed_ms(model, wl, device, samples)
         moved = step_bytes(model, wl)
         row = {"model": alias, "release": spec.name, "family": spec.family, "layers": layers,
-               "kinds": [f"{spec.layer_kind(i)}/{spec.indexer_kind(i) or ('msa' if spec.block_sparse(i) else 'dense')}"
-                         for i in layers], "batch": batch, "context": context, "step_ms": ms, "timing": how,
+               "kinds": [f"{spec.layer_kind(i)}/{attention_kind(spec, i)}" for i in layers], "batch": batch, "context": context, "step_ms": ms, "timing": how,
                "empty_slice_ms": base[(batch, context)],
                "ms_per_layer": (ms - base[(batch, context)]) / len(layers), "bytes": moved,
                "gbs": moved["total"] / ms / 1e6, "pct_copy": 100 * moved["total"] / ms / 1e6 / copy_gbs,

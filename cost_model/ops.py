@@ -149,7 +149,8 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
     ops: list[OpCost] = indexer_ops(spec, layout, seqs, n, ctx)
     if spec.attention == "gqa":
         dh = spec.head_dim
-        ops.append(_gemm("qkv_proj", t, h, (hq + 2 * hk) * dh, wd, wb))
+        gate = hq * dh if getattr(spec, "attn_output_gate", False) else 0        # Qwen3.5: gate rows
+        ops.append(_gemm("qkv_proj", t, h, (hq + 2 * hk) * dh + gate, wd, wb))
         ops.append(_elementwise("rotary_embedding", 2 * t * (hq + hk) * dh, kernels=1 + (spec.qk_norm != "none")))
         keys = attended_keys(spec, ctx + (n + 1) / 2 if n > 1 else ctx + 1)   # mean keys per new query (causal)
         ops.append(OpCost("attention_prefill" if n > 1 else "attention_decode", "attention",
@@ -203,15 +204,22 @@ def _dense_mlp_ops(spec, layout: Layout, tokens: int, inter: int, group: int, pr
             _gemm(f"{prefix}_down", tokens, i_loc, h, wd, wb)]
 
 
-def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float) -> list[OpCost]:
+def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float,
+              linear: bool = False) -> list[OpCost]:
     """Ops of one decoder layer of ``kind`` ('dense' | 'moe') on one GPU; ``batch`` sequences per
-    instance (split over the DP-attention groups), ``n`` new tokens each over ``ctx`` cached tokens."""
+    instance (split over the DP-attention groups), ``n`` new tokens each over ``ctx`` cached tokens.
+    ``linear``: the token mixer is gated delta rule linear attention (cost_model.ops_linear)."""
     h = spec.hidden_size
     seqs = _ceil_div(batch, layout.dp)     # sequences in the busiest attention group
     ta = seqs * n                          # tokens per attention group
     tm = batch * n                         # tokens in the MLP / MoE layer of the stage
     ops = [_elementwise("fused_add_rms_norm", 4 * ta * h)]
-    ops += _attention_ops(spec, layout, seqs, n, ctx)
+    if linear:
+        from cost_model.ops_linear import gated_delta_ops
+
+        ops += gated_delta_ops(spec, layout, seqs, n)
+    else:
+        ops += _attention_ops(spec, layout, seqs, n, ctx)
     c = _comm("attn_all_reduce", "all_reduce", layout.tp, ta * h * ACT_BYTES)
     if c:
         ops.append(c)
@@ -249,6 +257,8 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     if spec.num_shared_experts:
         ops += _dense_mlp_ops(spec, layout, shared_tokens, spec.shared_intermediate_size * spec.num_shared_experts,
                               shared_group, prefix="shared")
+        if getattr(spec, "shared_expert_gate", False):
+            ops.append(_gemm("shared_expert_gate", shared_tokens, h, 1, layout.dtype, layout.wbytes))
     if layout.ep == 1:
         c = _comm("moe_all_reduce", "all_reduce", layout.mlp_group, tm * h * ACT_BYTES)
     else:
@@ -285,16 +295,16 @@ def step_ops(spec, layout: Layout, point: dict, layers: list[int] | None = None,
         sizes = [len(stage_layers(spec, layout, s, layers)) for s in range(layout.pp)]
         stage = sizes.index(max(sizes))
     idx = stage_layers(spec, layout, stage, layers)
-    by_kind: dict[str, int] = {}
+    by_kind: dict[tuple[str, bool], int] = {}
     for i in idx:
-        kind = spec.layer_kind(i)
+        kind = (spec.layer_kind(i), bool(getattr(spec, "is_linear", lambda j: False)(i)))
         by_kind[kind] = by_kind.get(kind, 0) + 1
     h, ta = spec.hidden_size, seqs * n
     ops: list[OpCost] = []
     if stage == 0:
         ops.append(_elementwise("embedding", 2 * ta * h, flops_per=0.0))
-    for kind, count in sorted(by_kind.items()):
-        ops += [o.scaled(count) for o in layer_ops(spec, layout, kind, batch, n, ctx, skew)]
+    for (kind, linear), count in sorted(by_kind.items()):
+        ops += [o.scaled(count) for o in layer_ops(spec, layout, kind, batch, n, ctx, skew, linear)]
     if layout.pp > 1:
         ops.append(OpCost("pp_send", "comm", bytes=ta * h * ACT_BYTES, collective="p2p", group=2, kernels=0))
     if stage == layout.pp - 1:

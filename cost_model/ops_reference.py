@@ -212,11 +212,17 @@ def _moe_ops(spec, layout: Layout, tokens: int, skew: float) -> list[OpCost]:
             ref_moe_experts(spec, layout, tokens, skew)]
 
 
-def _layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float) -> list[OpCost]:
+def _layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float,
+               linear: bool = False) -> list[OpCost]:
     h, wd, wb = spec.hidden_size, layout.dtype, layout.wbytes
     t = batch * n
     ops = [ref_rms_norm("fused_add_rms_norm", t * h, True)]
-    ops += _mla_ops(spec, layout, batch, n, ctx) if spec.attention == "mla" else _gqa_ops(spec, layout, batch, n, ctx)
+    if linear:                      # Qwen3.5 Gated DeltaNet (the reference runs the same math as the formulas)
+        from cost_model.ops_linear import gated_delta_ops
+
+        ops += gated_delta_ops(spec, layout, batch, n)
+    else:
+        ops += _mla_ops(spec, layout, batch, n, ctx) if spec.attention == "mla" else _gqa_ops(spec, layout, batch, n, ctx)
     ops.append(ref_rms_norm("fused_add_rms_norm", t * h, True))
     if kind == "dense":
         i = spec.intermediate_size / layout.mlp_group
@@ -237,13 +243,14 @@ def reference_step_ops(spec, layout: Layout, batch: int, n: int, ctx: int, idx: 
     zero residual, the layers, the final fused_add_rms_norm, the last tokens (prefill), lm_head and
     the fp32 copy of its logits (no sampling)."""
     h, t, v = spec.hidden_size, batch * n, spec.vocab_size
-    by_kind: dict[str, int] = {}
+    by_kind: dict[tuple[str, bool], int] = {}
     for i in idx:
-        by_kind[spec.layer_kind(i)] = by_kind.get(spec.layer_kind(i), 0) + 1
+        key = (spec.layer_kind(i), bool(getattr(spec, "is_linear", lambda j: False)(i)))
+        by_kind[key] = by_kind.get(key, 0) + 1
     ops = [OpCost("embedding", "elementwise", bytes=2 * t * h * ACT_BYTES),
            OpCost("residual_zeros", "elementwise", bytes=t * h * ACT_BYTES)]
-    for kind, count in sorted(by_kind.items()):
-        ops += [o.scaled(count) for o in _layer_ops(spec, layout, kind, batch, n, ctx, skew)]
+    for (kind, linear), count in sorted(by_kind.items()):
+        ops += [o.scaled(count) for o in _layer_ops(spec, layout, kind, batch, n, ctx, skew, linear)]
     ops.append(ref_rms_norm("final_norm", t * h, True))
     if n > 1:
         ops.append(OpCost("last_tokens", "elementwise", bytes=2 * batch * h * ACT_BYTES))

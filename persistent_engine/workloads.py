@@ -86,6 +86,7 @@ def make_workload(model, point: dict, seed: int = 0, *, cache: KVCache | None = 
             pre = make_workload(model, {"phase": "prefill", "batch": batch, "context": 0, "chunk": context}, seed + 1,
                                 cache=cache, tokens=tokens)
             model.step(pre)
+            cache.commit_states()           # linear layers: the prefill's states are the context's
         elif fill not in ("random", "model", "zeros"):
             raise WorkloadError(f"unknown cache fill {fill!r}; use random, model or zeros")
     if cache.batch != batch or cache.capacity < total:
@@ -115,6 +116,10 @@ def relayout_workload(model, wl, block_size: int, seed: int):
     seq = torch.arange(batch, device=old.block_tables.device).repeat_interleave(cap)
     pos = torch.arange(cap, device=old.block_tables.device).repeat(batch)
     slots = new.slots(pos, seq)                                   # [B*cap] where token (b, j) goes
+    for pools_old, pools_new in ((old.state, new.state), (old.conv, new.conv), (old.state_next, new.state_next),
+                                 (old.conv_next, new.conv_next)):
+        for layer, src in pools_old.items():        # per sequence, not paged
+            pools_new[layer].copy_(src)
     for pools_old, pools_new in ((old.k, new.k), (old.v, new.v), (old.index_k, new.index_k)):
         for layer, src in pools_old.items():
             flat = gather_pages(src, old.block_tables)[:, :cap].reshape(batch * cap, *src.shape[2:])

@@ -35,3 +35,19 @@ def test_cpu_tiny_run_writes_rows(tmp_path):
     assert {r["model"] for r in doc["rows"]} == {"glm+tiny", "deepseek-v3.2+tiny", "minimax+tiny"}
     assert all(r["step_ms"] > 0 and r["bytes"]["total"] > 0 for r in doc["rows"])
     assert any("indexer_topk" in r.get("top_ops_ms", {}) for r in doc["rows"])
+
+
+def test_qwen3_5_tiny_rows_count_the_linear_states(tmp_path):
+    """Qwen3.5's linear layer: its recurrent state (fp32 [B, Hv, Dk, Dv]) counts as read and written once."""
+    out = tmp_path / "fl.json"
+    fl = _bench()
+    assert fl.main(["--device", "cpu", "--tiny", "--models", "qwen3.5", "--samples", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    spec = ModelSpec.from_name("qwen3.5+tiny")
+    assert [r["kinds"] for r in rows][0] == ["moe/linear", "moe/dense"]
+    state = 2 * spec.linear_num_v_heads * spec.linear_k_dim * spec.linear_v_dim * 4
+    kv_full = 2 * spec.num_kv_heads * spec.head_dim * 2                  # bf16 K and V per cached token
+    conv = 2 * spec.linear_conv_dim * (spec.linear_conv_kernel - 1) * 2
+    for r in rows:
+        assert r["bytes"]["kv"] == r["batch"] * (state + conv + (r["context"] + 1) * kv_full)
+    assert any("gated_delta_decode" in r.get("top_ops_ms", {}) for r in rows)

@@ -23,7 +23,9 @@ def dims_of(spec: Any) -> dict[str, int]:
     return {"hidden": spec.hidden_size, "intermediate": spec.intermediate_size,
             "moe_intermediate": spec.moe_intermediate_size, "head_dim": spec.head_dim,
             "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
-            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1), "kv_lora_rank": spec.kv_lora_rank}
+            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1), "kv_lora_rank": spec.kv_lora_rank,
+            **({"linear_k_dim": spec.linear_k_dim, "linear_v_dim": spec.linear_v_dim}
+               if getattr(spec, "linear_layers", ()) else {})}
 
 
 def _next_pow2(n: int) -> int:
@@ -111,6 +113,14 @@ def _qkv_rotary(k: Mapping, dims: Mapping) -> list[str]:
         out.append(f"split-K slices shorter than one BLOCK_K at hidden {dims['hidden']}")
     if "heads" in dims and k["QKVR_HEADS"] > 2 * _next_pow2(dims["heads"] + 2 * dims["kv_heads"]):
         out.append("more heads per reduce program than the model has")
+    return out
+
+
+def _gated_delta(k: Mapping, dims: Mapping) -> list[str]:
+    """The fp32 state tile [pow2(Dk), BLOCK_V] of one program (two live copies: S and the update)."""
+    out = _per_thread(2 * _next_pow2(dims.get("linear_k_dim", 128)) * k["GDD_BLOCK_V"], k["GDD_NUM_WARPS"])
+    if "linear_v_dim" in dims and k["GDD_BLOCK_V"] > 2 * _next_pow2(dims["linear_v_dim"]):
+        out.append(f"BLOCK_V {k['GDD_BLOCK_V']} is over twice the head's Dv ({dims['linear_v_dim']})")
     return out
 
 
@@ -248,6 +258,10 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
               Knob("SMLA_NUM_WARPS", (8, 4, 2, 1)), Knob("SMLA_NUM_STAGES", (2, 1, 3))),
              "DSA decode over the indexer's selected latent rows: a head block per program (each row read once "
              "for BLOCK_H heads), online softmax, tl.dot for scores and p @ c", _sparse_mla),
+    Template("gated_delta_decode.triton", "gated_delta_decode", "triton_gated_delta.py", "gated_delta_decode_triton",
+             "triton", ("cuda",), (Knob("GDD_BLOCK_V", (32, 16, 64, 128)), Knob("GDD_NUM_WARPS", (4, 2, 8, 1))),
+             "Gated DeltaNet decode: a (sequence, value head, Dv block) per program, the fp32 state tile read "
+             "once and written once, q/k L2-normalised in registers", _gated_delta),
 )
 
 ANY = ("cpu", "cuda")
@@ -267,6 +281,9 @@ TORCH_TEMPLATES: tuple[Template, ...] = (
     Template("rotary_embedding.torch_joint", "rotary_embedding", "torch_rotary.py", "rotary_embedding_torch",
              "torch", ANY, (Knob("TROPE_IMPL", ("joint", "separate")),),
              "q and k rotated in one pass"),
+    Template("gated_delta_decode.torch_onepass", "gated_delta_decode", "torch_gated_delta.py",
+             "gated_delta_decode_torch", "torch", ANY, (Knob("TGD_MATMUL", ("bmm", "einsum")),),
+             "gated delta rule decode reading the state once ([q; k] @ S) and writing it once (baddbmm)"),
     Template("attention_decode.torch_bmm", "attention_decode", "torch_attention_decode.py",
              "attention_decode_torch", "torch", ANY, (Knob("TATT_IMPL", ("bf16_matmul", "fp32_matmul", "sdpa")),),
              "paged decode attention as batched GEMMs (or SDPA) over the gathered pages"),

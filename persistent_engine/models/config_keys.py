@@ -40,6 +40,13 @@ NO_MATH: dict[str, str] = {
     "mtp_transformer_layers": "multi-token-prediction heads: speculative decoding only",
     "num_mtp_modules": "multi-token-prediction heads: speculative decoding only",
     "index_share_for_mtp_iteration": "multi-token-prediction heads: speculative decoding only",
+    "mtp_num_hidden_layers": "multi-token-prediction heads: speculative decoding only",
+    "mtp_use_dedicated_embeddings": "multi-token-prediction heads: speculative decoding only",
+    # Qwen3.5 checkpoints are vision-language: tkcc serves text, whose forward never runs the vision tower
+    "vision_config": "the vision tower (text requests never run it)",
+    "image_token_id": "a vision placeholder token id", "video_token_id": "a vision placeholder token id",
+    "vision_start_token_id": "a vision placeholder token id", "vision_end_token_id": "a vision placeholder token id",
+    "text_config": "its keys are the text model's config (checked as the config itself)",
     "moe_router_dtype": "moe_route takes fp32 logits; the gate projection runs in the model dtype for every "
                         "family (a rounding-level difference)",
 }
@@ -56,7 +63,16 @@ MLA = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v
        "qk_head_dim"}
 DSA = {"index_n_heads", "index_head_dim", "index_topk", "indexer_rope_interleave"}
 
+# Qwen3.5 (HF qwen3_5 / qwen3_5_moe): Gated DeltaNet layers (linear_*) interleaved with gated full attention
+QWEN3_5 = {"layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
+           "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "attn_output_gate",
+           "mamba_ssm_dtype", "output_gate_type"}
+QWEN3_5_MOE = QWEN3_5 | {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                         "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}
+
 FAMILY_KEYS: dict[str, set[str]] = {
+    "qwen3_5": GENERIC | QWEN3_5,
+    "qwen3_5_moe": GENERIC | QWEN3_5_MOE,
     "llama": GENERIC,
     "qwen3": GENERIC | WINDOW,
     "qwen3_moe": GENERIC | WINDOW | {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
@@ -119,6 +135,8 @@ VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "attention_output_gate": (_falsy, "false"),
     "moe_router_dtype": (_one_of("float32", "fp32", None), "float32"),
     "layer_types": (lambda v: v is None or set(v) <= {"full_attention"}, "every layer full_attention"),
+    "mamba_ssm_dtype": (_one_of("float32", None), "float32 (the recurrent state is kept in fp32)"),
+    "output_gate_type": (_one_of("swish", None), "swish (the gated RMSNorm's silu)"),
 }
 
 # per family, value checks that replace the generic ones
@@ -131,6 +149,13 @@ FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "qwen3_moe": {"use_sliding_window": (lambda v: True, "true or false"),
                   "layer_types": (lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
                                   "full_attention / sliding_attention")},
+    "qwen3_5": {"layer_types": (lambda v: v is None or set(v) <= {"linear_attention", "full_attention"},
+                                "linear_attention / full_attention")},
+    "qwen3_5_moe": {"layer_types": (lambda v: v is None or set(v) <= {"linear_attention", "full_attention"},
+                                    "linear_attention / full_attention"),
+                    "norm_topk_prob": (lambda v: v is None or bool(v), "true (HF's Qwen3.5 router always renormalises)"),
+                    "decoder_sparse_step": (_one_of(1, None), "1 (every layer MoE)"),
+                    "mlp_only_layers": (_falsy, "none (every layer MoE)")},
     "glm_moe_dsa": {"layer_types": (lambda v: v is None or set(v) <= {"deepseek_sparse_attention"},
                                     "every layer deepseek_sparse_attention")},
 }

@@ -1,6 +1,6 @@
 """The config sections of the families beyond the plain decoder: MLA, DeepSeek sparse attention (DSA),
 GLM-5.x's indexer schedule and MLP layer types, MiniMax-M3's block-sparse attention and MLPs, Qwen3's
-sliding windows. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
+sliding windows, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
 does not implement (``SpecError``, one line). Pure data (no torch).
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from persistent_engine.models.config_keys import SpecError
 
-__all__ = ["mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields", "qwen_windows",
+__all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields", "qwen_windows",
            "parse_mlp_layer_types"]
 
 
@@ -132,3 +132,45 @@ def parse_mlp_layer_types(types: list, num_layers: int, name: str) -> tuple[str,
     if len(types) != num_layers or any(t not in kinds for t in types):
         raise SpecError(f"{name}: mlp_layer_types must give 'dense' or 'sparse' for each of the {num_layers} layers")
     return tuple(kinds[t] for t in types)
+
+
+def text_config(cfg: dict) -> dict:
+    """A vision-language config's text model (HF Qwen3.5 nests it under ``text_config``): its keys, plus the
+    top-level ones it does not repeat (architectures, the vision keys: checked against the NO_MATH list)."""
+    if not isinstance(cfg.get("text_config"), dict):
+        return cfg
+    out = dict(cfg["text_config"])
+    for key, value in cfg.items():
+        out.setdefault(key, value)
+    return out
+
+
+def qwen3_5_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
+    """HF Qwen3_5(Moe)TextConfig: ``layer_types`` (or every ``full_attention_interval``-th layer full, the rest
+    Gated DeltaNet), the linear layers' heads and conv kernel, the output gate of full attention, Gemma-style
+    (1 + w) norms, per-head QK-norm; MoE: softmax top-k (renormalised) + a sigmoid-gated shared expert. The
+    rope's ``mrope_section``/``mrope_interleaved`` split the rotary dims among (t, h, w) position ids, which
+    are equal for text, so the rotation is plain rope."""
+    interval = int(c.get("full_attention_interval") or 4)
+    derived = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+    types = list(c.get("layer_types") or derived)
+    if len(types) != num_layers or set(types) - {"linear_attention", "full_attention"}:
+        raise SpecError(f"{name}: layer_types must give linear_attention or full_attention for each of the "
+                        f"{num_layers} layers")
+    if c.get("layer_types") and "full_attention_interval" in c and types != derived:
+        raise SpecError(f"{name}: layer_types disagrees with full_attention_interval {interval}")
+    hk, hv = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+    if hv % hk:
+        raise SpecError(f"{name}: linear_num_value_heads {hv} is not a multiple of linear_num_key_heads {hk}")
+    kw: dict[str, Any] = dict(
+        linear_layers=tuple(t == "linear_attention" for t in types), linear_num_k_heads=hk, linear_num_v_heads=hv,
+        linear_k_dim=int(c["linear_key_head_dim"]), linear_v_dim=int(c["linear_value_head_dim"]),
+        linear_conv_kernel=int(c.get("linear_conv_kernel_dim", 4)), attn_output_gate=bool(c.get("attn_output_gate", True)),
+        qk_norm="per_head", gemma_norm=True)
+    if "num_experts" in c:
+        kw.update(num_experts=int(c["num_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                  moe_intermediate_size=int(c["moe_intermediate_size"]), scoring="softmax", norm_topk_prob=True)
+        if int(c.get("shared_expert_intermediate_size") or 0):
+            kw.update(num_shared_experts=1, shared_intermediate_size=int(c["shared_expert_intermediate_size"]),
+                      shared_expert_gate=True)
+    return kw

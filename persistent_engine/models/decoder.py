@@ -29,6 +29,7 @@ from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import DenseMLP, MoEMLP
 from persistent_engine.models.msa import BlockSparseAttention
+from persistent_engine.models import qwen3_5
 from persistent_engine.models.rope import attention_scale, cos_sin_cache
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import init_params, load_weights
@@ -42,14 +43,17 @@ class Layer:
         p = f"layers.{index}."
         self.index, self.kind = index, spec.layer_kind(index)
         self.input_norm, self.post_norm = params[p + "input_norm"], params[p + "post_norm"]
-        if spec.sparse_attention:        # MLA + DSA; ``selections``: the decoder's top-k of this step by layer
+        if spec.linear_layers:           # Qwen3.5: Gated DeltaNet / gated attention, gated shared expert
+            self.attn, self.mlp = qwen3_5.blocks(spec, params, p, cos_sin, scale, index)
+        elif spec.sparse_attention:      # MLA + DSA; ``selections``: the decoder's top-k of this step by layer
             self.attn = DSAAttention(spec, params, p, cos_sin, scale, index, selections)
         elif spec.block_sparse(index):   # MiniMax-M3
             self.attn = BlockSparseAttention(spec, params, p, cos_sin, scale, index)
         else:
             attn = MLAAttention if spec.attention == "mla" else GQAAttention
             self.attn = attn(spec, params, p, cos_sin, scale)
-        self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else MoEMLP(spec, params, p)
+        if not spec.linear_layers:
+            self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else MoEMLP(spec, params, p)
         # (weight, bias) each block's input projection fused with its norm, or None (read now: tensor
         # parallelism may wrap the blocks later)
         self.attn_in = getattr(self.attn, "fused_input", None)
@@ -102,7 +106,7 @@ class Decoder:
         residual = torch.zeros_like(x)             # x + 0 == x exactly: layer 0 is normed like the rest
         for layer in self.blocks:
             a, residual = _attn_input(layer, x, residual, self.eps, wl)
-            x = layer.attn(a, wl, wl.cache.k[layer.index], wl.cache.v.get(layer.index))
+            x = layer.attn(a, wl, wl.cache.k.get(layer.index), wl.cache.v.get(layer.index))
             a, residual = _norm_into(x, residual, layer.post_norm, self.eps, layer.mlp_in)
             x = layer.mlp(a)
         return call("fused_add_rms_norm", x, residual, self.final_norm, self.eps)[0]

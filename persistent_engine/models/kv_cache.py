@@ -4,7 +4,12 @@ GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dh]``; MLA layers keep
 ``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
 lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
 their index keys in ``index_k[NB, BS, Di]``. Blocks are handed out in a seeded random
-order, so a kernel that assumes contiguous blocks fails verification. Bytes per token and layer:
+order, so a kernel that assumes contiguous blocks fails verification.
+
+Qwen3.5's linear-attention layers keep no per-token cache but a per-sequence recurrent state
+``state[B, Hv, Dk, Dv]`` fp32 and conv state ``conv[B, C, K-1]``. A step reads ``state``/``conv`` (the
+state before it) and writes ``state_next``/``conv_next``, so a step can run again on the same workload
+(as the K/V writes can); ``commit_states()`` makes the written states current (after a real step). Bytes per token and layer:
 ``spec.kv_bytes_per_token_layer()``.
 """
 
@@ -24,6 +29,10 @@ class KVCache:
     k: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool
     v: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool (GQA only)
     index_k: dict[int, torch.Tensor] = field(default_factory=dict)   # block-sparse layers: index keys [NB, BS, Di]
+    state: dict[int, torch.Tensor] = field(default_factory=dict)     # linear layers: [B, Hv, Dk, Dv] fp32
+    conv: dict[int, torch.Tensor] = field(default_factory=dict)      # linear layers: [B, C, K-1]
+    state_next: dict[int, torch.Tensor] = field(default_factory=dict)
+    conv_next: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -39,8 +48,16 @@ class KVCache:
         blocks = self.block_tables[seq_index, positions // self.block_size].long()
         return blocks * self.block_size + positions % self.block_size
 
+    def commit_states(self) -> None:
+        """The linear layers' states written by the last step become the states the next step reads."""
+        for cur, new in ((self.state, self.state_next), (self.conv, self.conv_next)):
+            for i, t in new.items():
+                cur[i].copy_(t)
+
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values(), *self.index_k.values()))
+        pools = (*self.k.values(), *self.v.values(), *self.index_k.values(), *self.state.values(), *self.conv.values(),
+                 *self.state_next.values(), *self.conv_next.values())
+        return sum(t.numel() * t.element_size() for t in pools)
 
 
 def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, device="cpu",
@@ -55,14 +72,21 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
     g = torch.Generator(device=torch.device(device))
     g.manual_seed(seed)
 
-    def pool(*shape):
+    def pool(*shape, dt=dtype, std=1.0):
         if fill == "zeros":
-            return torch.zeros(shape, device=device, dtype=dtype)
-        return torch.randn(shape, device=device, dtype=dtype, generator=g)
+            return torch.zeros(shape, device=device, dtype=dt)
+        if dt is dtype and std == 1.0:
+            return torch.randn(shape, device=device, dtype=dtype, generator=g)
+        return (torch.randn(shape, device=device, dtype=torch.float32, generator=g) * std).to(dt)
 
     cache = KVCache(block_size=block_size, block_tables=tables)
     for i in layers:
-        if spec.attention == "mla":
+        if spec.is_linear(i):       # a synthetic context: N(0, 1/Dk) states (the state of unit keys' sums)
+            cache.state[i] = pool(batch, spec.linear_num_v_heads, spec.linear_k_dim, spec.linear_v_dim,
+                                  dt=torch.float32, std=spec.linear_k_dim ** -0.5)
+            cache.conv[i] = pool(batch, spec.linear_conv_dim, spec.linear_conv_kernel - 1)
+            cache.state_next[i], cache.conv_next[i] = cache.state[i].clone(), cache.conv[i].clone()
+        elif spec.attention == "mla":
             cache.k[i] = pool(nb, block_size, spec.kv_lora_rank + spec.qk_rope_head_dim)
             if spec.indexer_kind(i) == "full":
                 cache.v[i] = pool(nb, block_size, spec.index_head_dim)

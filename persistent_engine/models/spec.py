@@ -19,6 +19,11 @@ Supported families (``ModelSpec.family``):
   glm_moe_dsa GlmMoeDsaForCausalLM (GLM-5.x)        DeepSeek-V3.2's layer (MLA + DSA) with per-layer indexer
                                                     types: "full" layers run the indexer, "shared" layers
                                                     reuse the previous full layer's selection
+  qwen3_5     Qwen3_5ForCausalLM / ...ForCondi-     hybrid: Gated DeltaNet linear attention layers (gated delta
+  qwen3_5_moe tionalGeneration, Qwen3_5Moe...       rule + short causal conv, per-sequence recurrent state)
+                                                    interleaved with gated full attention (sigmoid output gate,
+                                                    per-head QK-norm, partial rotary), Gemma (1 + w) norms; MoE:
+                                                    softmax top-k + sigmoid-gated shared expert
   minimax_m3  MiniMaxM3ForCausalLM                  GQA with per-head QK-norm, Gemma (1 + w) norms, partial
                                                     rotary, block-sparse attention (an indexer picks 128-token
                                                     blocks per KV head), swigluoai MLPs (alpha, limit), sigmoid
@@ -40,7 +45,8 @@ from typing import Any
 
 from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (dsa_fields, minimax_m3_fields, mla_fields,
-                                                      parse_mlp_layer_types, qwen_windows)
+                                                      parse_mlp_layer_types, qwen3_5_fields, qwen_windows,
+                                                      text_config)
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 
@@ -60,6 +66,8 @@ ALIASES = {
     "deepseek-v3": "deepseek.json",
     "deepseek-v3.2": "deepseek-v3.2.json",
     "kimi": "kimi.json",
+    "qwen3.5": "qwen3.5-moe.json",
+    "qwen3.5-moe": "qwen3.5-moe.json",
     "smollm2-135m": "smollm2-135m.json",
     "tiny-dense": "tiny-dense.json",
     "tiny-moe": "tiny-moe.json",
@@ -71,7 +79,7 @@ RELEASES = {
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
     "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V3", "deepseek-v3": "DeepSeek-V3", "deepseek-v3.2": "DeepSeek-V3.2",
-    "kimi": "Kimi-K2", "smollm2-135m": "SmolLM2-135M-Instruct",
+    "kimi": "Kimi-K2", "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
 }
 TINY_SUFFIX = "+tiny"       # "glm+tiny": GLM-5.2's architecture at toy size (what --tiny passes on)
@@ -87,9 +95,14 @@ ARCHITECTURES = {
     "DeepseekV32ForCausalLM": "deepseek_v32",
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",
     "MiniMaxM3ForCausalLM": "minimax_m3",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
+QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 
 DTYPE_BYTES = {"bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "fp32": 4.0,
                "float32": 4.0, "fp8": 1.0, "fp4": 0.5}
@@ -160,6 +173,15 @@ class ModelSpec:
     msa_index_dim: int = 0
     msa_init_blocks: int = 0
     msa_local_blocks: int = 0
+    # Qwen3.5 Gated DeltaNet: per layer True for linear attention (its state: per sequence, not per token)
+    linear_layers: tuple[bool, ...] = ()
+    linear_num_k_heads: int = 0
+    linear_num_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv_kernel: int = 0
+    attn_output_gate: bool = False          # full attention output * sigmoid(gate rows of the q projection)
+    shared_expert_gate: bool = False        # shared expert output * sigmoid(linear(h) [T, 1])
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -201,6 +223,8 @@ class ModelSpec:
         if family is None:
             raise SpecError(f"unsupported architecture {archs or cfg.get('model_type')!r} in {name}; "
                             f"supported: {', '.join(ARCHITECTURES)}")
+        if family in QWEN3_5_FAMILIES:
+            cfg = text_config(cfg)
         check_config(cfg, family, name, SpecError)
         try:
             return cls._parse(cfg, name, family)
@@ -231,7 +255,7 @@ class ModelSpec:
             qkv_bias=bool(c.get("attention_bias", False)),
             quantization="fp8-block128" if quant else "none",
         )
-        partial = float(c.get("partial_rotary_factor", 1.0))
+        partial = float(c.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0)))
         kw["rotary_dim"] = int(c.get("rotary_dim") or head_dim * partial)
         if family == "qwen3" or family == "qwen3_moe":
             kw["qk_norm"] = "per_head"
@@ -269,6 +293,8 @@ class ModelSpec:
             kw.update(dsa_fields(c, name, family, kw["num_layers"]))
         if family == "minimax_m3":
             kw.update(minimax_m3_fields(c, name, kw["num_layers"], head_dim))
+        if family in QWEN3_5_FAMILIES:
+            kw.update(qwen3_5_fields(c, name, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -321,6 +347,12 @@ class ModelSpec:
             kw.update(msa_block_size=4, msa_topk_blocks=2, msa_index_dim=head_dim,
                       msa_init_blocks=min(self.msa_init_blocks, 1), msa_local_blocks=1,
                       msa_layers=tuple(self.msa_layers[0] if j == 0 else True for j in range(n)))
+        if self.linear_layers:
+            # 2 key heads, the value/key head ratio kept, 16-wide heads; linear and full layers both kept
+            n, ratio = kw["num_layers"], self.linear_num_v_heads // self.linear_num_k_heads
+            both = any(self.linear_layers) and not all(self.linear_layers)
+            kw.update(linear_num_k_heads=2, linear_num_v_heads=2 * min(ratio, 2), linear_k_dim=16, linear_v_dim=16,
+                      linear_layers=tuple((j < n - 1) if both else self.linear_layers[0] for j in range(n)))
         if self.sparse_attention:
             # a top-k below the tiny contexts (so the selection matters), and a shared layer when the
             # original has any: [dense/full, moe/full, moe/shared]
@@ -369,6 +401,22 @@ class ModelSpec:
         """Layer i's sliding window (tokens a query sees, itself included), 0 for full attention."""
         return self.layer_windows[i] if self.layer_windows else 0
 
+    def is_linear(self, i: int) -> bool:
+        """Whether layer i is a Gated DeltaNet (linear attention) layer (Qwen3.5)."""
+        return bool(self.linear_layers) and self.linear_layers[i]
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a linear layer's short conv: q, k (Hk Dk each) and v (Hv Dv)."""
+        return 2 * self.linear_num_k_heads * self.linear_k_dim + self.linear_num_v_heads * self.linear_v_dim
+
+    def linear_state_bytes_per_seq(self, i: int) -> float:
+        """Per sequence, layer i's recurrent state (Hv Dk Dv fp32) and conv state (C (K-1), model dtype)."""
+        if not self.is_linear(i):
+            return 0.0
+        state = self.linear_num_v_heads * self.linear_k_dim * self.linear_v_dim * 4.0
+        return state + self.linear_conv_dim * (self.linear_conv_kernel - 1) * DTYPE_BYTES[self.dtype]
+
     def block_sparse(self, i: int) -> bool:
         """Whether layer i runs MiniMax-M3's block-sparse attention."""
         return bool(self.msa_layers) and self.msa_layers[i]
@@ -397,6 +445,7 @@ class ModelSpec:
             seen.setdefault("indexer:" + self.indexer_kind(i), i)
             seen.setdefault(f"msa:{self.block_sparse(i)}", i)
             seen.setdefault(f"window:{self.layer_window(i)}", i)
+            seen.setdefault(f"linear:{self.is_linear(i)}", i)
         out = set(seen.values())
         out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
         return sorted(out)
@@ -430,6 +479,12 @@ class ModelSpec:
             n += q + kv
         return n
 
+    def linear_attention_params(self) -> int:
+        """A Gated DeltaNet layer: in_proj (qkv, z, b, a), conv [C, K], A_log, dt_bias, gated norm [Dv], out_proj."""
+        h, hv, vd = self.hidden_size, self.linear_num_v_heads, self.linear_num_v_heads * self.linear_v_dim
+        c = self.linear_conv_dim
+        return h * (c + vd + 2 * hv) + c * self.linear_conv_kernel + 2 * hv + self.linear_v_dim + vd * h
+
     def msa_params(self, i: int) -> int:
         """MiniMax-M3's block indexer of a sparse layer: index_q [Hk Di, H], index_k [Di, H], their norms."""
         if not self.block_sparse(i):
@@ -453,12 +508,17 @@ class ModelSpec:
         expert = 3 * h * self.moe_intermediate_size
         shared = 3 * h * self.shared_intermediate_size * self.num_shared_experts
         router = h * self.num_experts + (self.num_experts if self.routing_bias else 0)
+        shared += h if self.shared_expert_gate else 0
         return (router + self.num_experts * expert + shared,
                 router + self.num_experts_per_tok * expert + shared)
 
     def layer_params(self, i: int) -> tuple[int, int]:
         """(total, active per token) parameters of layer i, norms included."""
-        a = self.attention_params() + self.indexer_params(i) + self.msa_params(i) + 2 * self.hidden_size
+        if self.is_linear(i):
+            a = self.linear_attention_params() + 2 * self.hidden_size
+        else:
+            gate = self.num_heads * self.head_dim * self.hidden_size if self.attn_output_gate else 0
+            a = self.attention_params() + gate + self.indexer_params(i) + self.msa_params(i) + 2 * self.hidden_size
         if self.layer_kind(i) == "dense":
             m = self.dense_mlp_params()
             return a + m, a + m
@@ -482,6 +542,9 @@ class ModelSpec:
     def kv_bytes_per_token_layer(self, dtype: str | None = None, layer: int | None = None) -> float:
         """KV cache bytes for one token in one layer: MLA stores the latent + rope key; a full DSA layer
         also the indexer's key (index_head_dim). ``layer`` None: the mean over the model's layers."""
+        if self.linear_layers:          # linear layers keep a per-sequence state, no per-token cache
+            full = [not self.is_linear(layer)] if layer is not None else [not x for x in self.linear_layers]
+            return 2.0 * self.num_kv_heads * self.head_dim * sum(full) / len(full) * DTYPE_BYTES[dtype or self.dtype]
         if self.attention == "mla":
             elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
         else:
@@ -505,7 +568,8 @@ class ModelSpec:
         """How many consecutive layers from ``start`` fit weights + KV for ``tokens`` in budget."""
         used, n = 0.0, 0
         for i in range(start, self.num_layers):
-            used += self.weight_bytes_layer(i) + tokens * self.kv_bytes_per_token_layer(layer=i)
+            used += self.weight_bytes_layer(i) + tokens * self.kv_bytes_per_token_layer(layer=i) \
+                + self.linear_state_bytes_per_seq(i)
             if used > budget_bytes:
                 break
             n += 1

@@ -6,6 +6,9 @@ Internal layout (what the decoder reads; fused where the ops want it):
   GQA  qkv_w [(Hq + 2 Hk) Dh, H], qkv_b, q_norm [Dh] (per_head) | [Hq Dh] (per_layer), k_norm, o_w [H, Hq Dh]
   MLA  q_a_w [Lq, H], q_a_norm [Lq], q_b_w [Hq (Dn + R), Lq] (or q_w [Hq (Dn + R), H]), kv_a_w [L + R, H],
        kv_a_norm [L], w_uk [Hq, Dn, L], w_uv [Hq, Dv, L], o_w [H, Hq Dv]
+  Qwen3.5 linear layers (models/gated_delta.py): lin_in_w [C + Hv Dv + 2 Hv, H] (rows: conv channels q | k | v,
+       then z, b, a), conv_w [C, K], A_log [Hv] fp32, dt_bias [Hv] fp32, lin_norm [Dv], o_w [H, Hv Dv];
+       gated full attention: qkv_w rows [q | k | v | gate (Hq Dh)]; MoE shared_gate_w [1, H]
   dense gate_up_w [2I, H], down_w [H, I]
   MoE  router_w [E, H], router_bias [E] fp32, w13 [E, 2Im, H], w2 [E, H, Im], shared_gate_up_w, shared_down_w
   M3   block-sparse layers: qkv_w rows [q | k | v | index_q (Hk Di) | index_k (Di)], idx_q_norm / idx_k_norm [Di]
@@ -39,7 +42,9 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
         p = f"layers.{i}."
         out[p + "input_norm"] = ((h,), "norm")
         out[p + "post_norm"] = ((h,), "norm")
-        if spec.attention == "mla":
+        if spec.is_linear(i):
+            out.update(_linear_specs(spec, p))
+        elif spec.attention == "mla":
             hq, dn, r, lat, dv = (spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank,
                                   spec.v_head_dim)
             if spec.q_lora_rank:
@@ -57,7 +62,8 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
         else:
             hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
             index_rows = (hk + 1) * spec.msa_index_dim if spec.block_sparse(i) else 0     # M3: [.. | index_q | index_k]
-            out[p + "qkv_w"] = (((hq + 2 * hk) * dh + index_rows, h), "linear")
+            gate_rows = hq * dh if spec.attn_output_gate else 0                           # Qwen3.5: [.. | gate]
+            out[p + "qkv_w"] = (((hq + 2 * hk) * dh + index_rows + gate_rows, h), "linear")
             if index_rows:
                 out[p + "idx_q_norm"], out[p + "idx_k_norm"] = ((spec.msa_index_dim,), "norm"), ((spec.msa_index_dim,), "norm")
             if spec.qkv_bias:
@@ -83,7 +89,18 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
                 si = spec.shared_intermediate_size * spec.num_shared_experts
                 out[p + "shared_gate_up_w"] = ((2 * si, h), "linear")
                 out[p + "shared_down_w"] = ((h, si), "linear")
+                if spec.shared_expert_gate:
+                    out[p + "shared_gate_w"] = ((1, h), "linear")
     return out
+
+
+def _linear_specs(spec, p: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """A Gated DeltaNet layer's tensors (see the module doc)."""
+    h, hv, c = spec.hidden_size, spec.linear_num_v_heads, spec.linear_conv_dim
+    vd = hv * spec.linear_v_dim
+    return {p + "lin_in_w": ((c + vd + 2 * hv, h), "linear"), p + "conv_w": ((c, spec.linear_conv_kernel), "conv"),
+            p + "A_log": ((hv,), "a_log"), p + "dt_bias": ((hv,), "dt_bias"), p + "lin_norm": ((spec.linear_v_dim,), "norm"),
+            p + "o_w": ((h, vd), "linear")}
 
 
 def _seed(seed: int, name: str) -> int:
@@ -99,7 +116,7 @@ def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, see
         if names is not None and name not in names:
             continue
         g.manual_seed(_seed(seed, name))
-        dt = torch.float32 if kind == "router_bias" else dtype
+        dt = torch.float32 if kind in ("router_bias", "a_log", "dt_bias") else dtype
         t = torch.randn(shape, generator=g, device=device, dtype=dt)
         if kind == "norm":
             t.mul_(0.05).add_(1.0)
@@ -107,6 +124,12 @@ def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, see
             t.mul_(0.1)
         elif kind == "router_bias":
             t.mul_(0.05)
+        elif kind == "a_log":               # exp(A_log) ~ 0.14: per-token decays exp(g) ~ 0.8-0.9
+            t.mul_(0.3).add_(-2.0)
+        elif kind == "dt_bias":
+            t.mul_(0.05).add_(1.0)
+        elif kind == "conv":                # K taps: unit-variance outputs
+            t.mul_(shape[-1] ** -0.5)
         elif kind == "embed":
             t.mul_(spec.hidden_size ** -0.5)
         else:
@@ -330,6 +353,9 @@ def _dequant_fp8(st: SafetensorsDir, name: str, block: int = 128) -> torch.Tenso
 def load_weights(spec, layers: list[int], path, device="cpu", dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
     """Internal tensors for ``layers`` from a safetensors file or directory with HF names (block-fp8
     checkpoints with ``*_scale_inv`` are dequantised). Missing tensors raise ``WeightsError``."""
+    if spec.linear_layers:
+        raise WeightsError(f"{spec.name}: loading Qwen3.5 checkpoints (linear-attention layers) is not implemented yet; "
+                           "run with random weights (no --weights)")
     st = SafetensorsDir(path)
     params = hf_to_internal(spec, layers, lambda n: _dequant_fp8(st, n))
     expected = param_specs(spec, layers)

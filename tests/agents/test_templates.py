@@ -39,6 +39,7 @@ SMALL = {
                                              "QKVR_SPLIT_K": 2, "QKVR_NUM_WARPS": 1, "QKVR_NUM_STAGES": 1,
                                              "QKVR_MAX_T": 4, "QKVR_HEADS": 4, "QKVR_REDUCE_WARPS": 1, "QKVR_PDL": 1},
     "attention_decode_window.triton": {"ATTW_BLOCK_T": 8, "ATTW_NUM_WARPS": 4, "ATTW_NUM_STAGES": 1},
+    "gated_delta_decode.triton": {"GDD_BLOCK_V": 16, "GDD_NUM_WARPS": 1},      # Dv 20: two blocks, a masked tail
     "swigluoai_and_mul.triton": {"SOAI_BLOCK_I": 64, "SOAI_NUM_WARPS": 1},
     "hc_post.triton": {"HCP_BLOCK_D": 16, "HCP_NUM_WARPS": 1},
     "swiglu_clamp_and_mul.triton": {"SWCL_BLOCK_I": 64, "SWCL_NUM_WARPS": 1},
