@@ -63,10 +63,13 @@ def executor_env(device: str, policy: "sandbox.SandboxPolicy") -> dict:
     return sandbox.executor_env(policy, extra=extra)
 
 
-def sandbox_summary() -> str:
+def sandbox_summary(device: str = "cpu") -> str:
     """What confines the executors here, one line (verdict metadata, ``StatusReply.sandbox``)."""
     caps = sandbox.probe()
-    return "complete" if caps.complete() else "incomplete (missing: " + "; ".join(caps.missing()) + ")"
+    line = "complete" if caps.complete() else "incomplete (missing: " + "; ".join(caps.missing()) + ")"
+    if sandbox.SandboxPolicy.for_device(device, "/nonexistent").allow_unix_sockets:
+        line += "; AF_UNIX sockets allowed (the CUDA driver needs them)"
+    return line
 
 
 class Executor:

@@ -603,7 +603,7 @@ class Engine:
                            startup=self.startup, logit_noise=self.logit_noise, logit_tol=self.logit_tol,
                            served=self.served, pid=os.getpid(),
                            candidate=self.candidate.name if self.candidate else None,
-                           sandbox=sandbox_summary(), executors_used=self.executors_used,
+                           sandbox=sandbox_summary(self.device.type), executors_used=self.executors_used,
                            pool_size=self.pool_size, pool_wait_s=self.pool_wait_s,
                            pool_ready=self.pool.ready_count() if self.pool else 0)
 

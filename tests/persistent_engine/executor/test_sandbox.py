@@ -482,3 +482,12 @@ def test_thread_names_writable_but_not_global_proc(caps, tmp_path):
     got = json.loads(Path(workdir, "proc.json").read_text())
     assert got["thread_name"] == "written", got
     assert got["sysctl"] != "written", got
+
+
+def test_cuda_policy_allows_unix_sockets_and_says_so():
+    """The CUDA driver creates an AF_UNIX socket at init (error 304 without it, on the H200): the cuda
+    policy allows them, the CPU one does not, and the verdicts' sandbox line names the difference."""
+    from persistent_engine.executor.launch import sandbox_summary
+    assert sb.SandboxPolicy.for_device("cuda:0", "/tmp/x").allow_unix_sockets
+    assert not sb.SandboxPolicy.for_device("cpu", "/tmp/x").allow_unix_sockets
+    assert "AF_UNIX" in sandbox_summary("cuda") and "AF_UNIX" not in sandbox_summary("cpu")
