@@ -2,6 +2,7 @@
 
 import mmap
 import os
+import threading
 
 import pytest
 import torch
@@ -48,3 +49,58 @@ def test_the_arena_is_sealed_read_only_and_checked():
     assert arena.unchanged(changed) == ["point0.v0.ids"]       # the judge's own copies vs the arena's bytes
     view = Arena.open(arena.fd, arena.size, arena.manifest).tensor("weight.w")
     assert torch.equal(view, tensors["weight.w"])
+
+
+# ------------------------------------------------------------------------------ the reply mailbox
+def _mailbox_pair(size=1 << 20):
+    import socket as _socket
+
+    from persistent_engine.executor.channel import Channel, Mailbox
+    a, b = _socket.socketpair()
+    judge_box = Mailbox.create(size)
+    executor_box = Mailbox(os.dup(judge_box.fd), size)          # the executor maps the same memfd
+    return Channel(a), Channel(b, executor_box), judge_box
+
+
+def test_mailbox_carries_large_tensors_and_leaves_small_ones_inline():
+    from persistent_engine.executor.channel import decode_tensors
+    judge, executor, box = _mailbox_pair()
+    big = torch.randn(300, 257)                                  # 308 KB: through the box
+    small = torch.arange(5)
+    flags = torch.rand(300, 300) > 0.5                           # bool: as uint8, back to bool
+    executor.send({"big": big, "small": small, "flags": flags, "n": 3})
+    raw = judge.recv(5)
+    assert "__m__" in raw["big"] and "__t__" in raw["small"] and "__m__" in raw["flags"]
+    got = decode_tensors(raw, mailbox=box)
+    assert torch.equal(got["big"], big) and torch.equal(got["small"], small) and torch.equal(got["flags"], flags)
+    assert got["flags"].dtype == torch.bool and got["n"] == 3
+    executor.send({"big": big * 0})                              # the next reply reuses the box: copies stay
+    decode_tensors(judge.recv(5), mailbox=box)
+    assert torch.equal(got["big"], big)
+
+
+def test_a_tensor_larger_than_the_box_falls_back_inline():
+    from persistent_engine.executor.channel import decode_tensors
+    judge, executor, box = _mailbox_pair(size=1 << 16)
+    t = torch.randn(100_000)
+    sender = threading.Thread(target=executor.send, args=({"t": t},))      # 400 KB inline: more than the
+    sender.start()                                                          # socket buffers, so a thread
+    raw = judge.recv(5)
+    sender.join()
+    assert "__t__" in raw["t"]
+    assert torch.equal(decode_tensors(raw, mailbox=box)["t"], t)
+
+
+@pytest.mark.parametrize("ref", [
+    {"__m__": "float32", "shape": [4], "offset": (1 << 20) - 8, "nbytes": 16},      # past the end
+    {"__m__": "float32", "shape": [5], "offset": 0, "nbytes": 16},                  # size disagrees
+    {"__m__": "os.system", "shape": [4], "offset": 0, "nbytes": 16},                 # not a dtype
+    {"__m__": "float32", "shape": [-4], "offset": 0, "nbytes": 16},
+])
+def test_forged_mailbox_references_are_protocol_errors(ref):
+    from persistent_engine.executor.channel import ProtocolError, decode_tensors
+    _, _, box = _mailbox_pair()
+    with pytest.raises(ProtocolError):
+        decode_tensors({"out": ref}, mailbox=box)
+    with pytest.raises(ProtocolError):
+        decode_tensors({"out": {**ref, "offset": 0, "nbytes": 16, "shape": [4], "__m__": "float32"}})   # no box
