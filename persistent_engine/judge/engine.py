@@ -13,8 +13,9 @@ override on inputs it draws from the op's generator with the seed the judge chos
 the same inputs, computes the reference and compares; layer level: the executor runs the slice with
 the overrides on the judge's workloads, the judge compares the logits with its reference under the
 calibrated bound, MoE routing replayed from the judge's record) -> ``bench`` (``ab.py``: baseline
-and candidate executors timed from here, A/B in a random order, the side not timed SIGSTOPped, fresh
-token ids per run, random timed runs re-checked against the judge's own reference) -> ``unload``
+and candidate executors timed from here, A/B in a random order, k chained runs per sample so the request's
+fixed cost is amortised, the side not timed SIGSTOPped, fresh token ids per run, random timed runs
+re-checked against the judge's own reference) -> ``unload``
 (the executor killed with its whole process group: nothing of it survives; the arena's seals and
 bytes and the judge's own weights and workloads checked unchanged).
 
@@ -213,10 +214,13 @@ class Engine:
         self.graph_errors: dict[int, str] = {}
         self.base_graphed: set[int] = set()
         self._start_baseline()
-        # baseline step time per point as bench times it (wall time of a run request, per step)
-        self.base_ms = [ab.time_side(self.baseline, i, 0, 5, ab.run_batch(self.device.type, None)) for i in
-                        range(len(self.points))]
-        self.batch = [ab.run_batch(self.device.type, ms) for ms in self.base_ms]
+        # per point: runs per timed sample (k: a sample lasts >= ab.TARGET_SAMPLE_MS, the request's fixed
+        # cost amortised) and the baseline's step time as bench times it (wall time of a request / k)
+        calibrated = [ab.calibrate(self.baseline, i, self.device.type,
+                                   self.ref[i][0].numel() * self.ref[i][0].element_size())
+                      for i in range(len(self.points))]
+        self.base_ms = [ms for ms, _ in calibrated]
+        self.batch = [k for _, k in calibrated]
         stage("graph_capture", t0)
 
         gpu_bytes = _gpu_bytes(self.device)
@@ -385,11 +389,10 @@ class Engine:
                 self._start_baseline()
                 return ErrorReply(message=f"the baseline executor died during {phase} ({e}); restarted",
                                   kind="internal")
-            tail = self.candidate.executor.stderr_tail(200) if self.candidate else ""
             self._drop_candidate()
             self._ensure_baseline()
-            reply = ErrorReply(message=f"executor died during {phase} ({e})" + (f": {tail}" if tail else ""),
-                               kind="crash")
+            reply = ErrorReply(message=f"executor died during {phase} ({e.how})"
+                                       + (f"; its stderr ended: {e.tail}" if e.tail else ""), kind="crash")
         except CandidateRaised as e:
             if e.kind == "device":              # its CUDA context is gone: so is the executor
                 self._drop_candidate()
@@ -515,7 +518,7 @@ class Engine:
                 res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
                                    self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
                                    stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type),
-                                   rows=int(self.ref[i][0].shape[0]))
+                                   rows=int(self.ref[i][0].shape[0]), vocab=self.spec.vocab_size)
             finally:
                 ExecutorPool.resume(paused)
             r = judging.spot_check(self, i, p, res.kept)
@@ -533,10 +536,10 @@ class Engine:
                               "speedup": res.speedup, **({"config": notes} if notes else {})})
         reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
         reasons += self._process_reasons("timing")
-        # a point's weight is already its share of GPU time: new time / old time = sum(w * cand/base) / sum(w)
+        # a point's weight is already its share of GPU time: new time / old time = sum(w / speedup) / sum(w),
+        # a point's speedup being its median per-pair ratio (``ABResult.speedup``)
         wsum = sum(pp["point"].get("weight", 1.0) for pp in per_point)
-        rsum = sum(pp["point"].get("weight", 1.0) * pp["candidate_ms"] / pp["baseline_ms"]
-                   for pp in per_point if pp["baseline_ms"] > 0)
+        rsum = sum(pp["point"].get("weight", 1.0) / pp["speedup"] for pp in per_point if pp["speedup"] > 0)
         speedup = wsum / rsum if rsum > 0 else None
         message = "timed" if not reasons else "rejected while timed"
         if notes:
@@ -552,7 +555,7 @@ class Engine:
 
     def _fresh_ids(self, i: int):
         """``fresh(k) -> [k, T]`` token ids drawn here for k timed runs of point i (no executor can predict
-        them, so no output can be cached across runs)."""
+        them, so no output can be cached across runs; ``ab`` chains them so no two runs can be batched)."""
         gen = torch.Generator().manual_seed(self._rng.randrange(2**62))
         t = self.workloads[i][0].token_ids.numel()
         return lambda k: torch.randint(0, self.spec.vocab_size, (k, t), generator=gen)
