@@ -88,12 +88,15 @@ def _sample(ex, i: int, v: int, k: int, graph: bool, ids, chain: int | None, dea
     return (t1 - t0) / 1e6 / k
 
 
-def time_side(ex, i: int, v: int, samples: int, k: int, fastest: bool = False) -> float:
-    """Median (``fastest``: least) wall ms per run of ``samples`` run requests of ``k`` runs to one
-    executor (after one untimed request)."""
+def side_samples(ex, i: int, v: int, samples: int, k: int) -> list[float]:
+    """Wall ms per run of ``samples`` run requests of ``k`` runs to one executor (after one untimed one)."""
     _sample(ex, i, v, k, True, None, None, None)
-    ms = [_sample(ex, i, v, k, True, None, None, None) for _ in range(samples)]
-    return min(ms) if fastest else Stats.of(ms).median_ms
+    return [_sample(ex, i, v, k, True, None, None, None) for _ in range(samples)]
+
+
+def time_side(ex, i: int, v: int, samples: int, k: int) -> float:
+    """Median wall ms per run of ``side_samples``."""
+    return Stats.of(side_samples(ex, i, v, samples, k)).median_ms
 
 
 def calibrate(ex, i: int, device_type: str, out_bytes: int = 0,
@@ -103,14 +106,14 @@ def calibrate(ex, i: int, device_type: str, out_bytes: int = 0,
     single-run requests (the fixed cost included: k comes out too small, never too large), then passes at
     the k that gives (the fixed cost amortised) until k settles (two more at most)."""
     k = 1
-    fast = time_side(ex, i, 0, samples, k, fastest=True)
+    ms = side_samples(ex, i, 0, samples, k)
     for _ in range(2):
-        nk = run_batch(device_type, fast, out_bytes)
+        nk = run_batch(device_type, min(ms), out_bytes)
         if nk == k:
             break
         k = nk
-        fast = time_side(ex, i, 0, samples, k, fastest=True)
-    return time_side(ex, i, 0, samples, k), k
+        ms = side_samples(ex, i, 0, samples, k)
+    return Stats.of(ms).median_ms, k
 
 
 @dataclass(frozen=True)
