@@ -99,6 +99,19 @@ def _get(v: Any, name: str, default: Any = None) -> Any:
     return v.get(name, default) if isinstance(v, dict) else getattr(v, name, default)
 
 
+def _why_dropped(fv: Any, sv: Any, deadline: float | None) -> str:
+    """Why a composition with a candidate was not kept: incorrect, no gain, or not measured (the fleet
+    refused it past the run's budget, or cut it there: a verdict about the clock, not the composition)."""
+    bad = [v for v in (fv, sv) if v is not None and not _get(v, "correct", False)]
+    if not bad:
+        return "no gain when composed"
+    reasons = [str(r) for r in (_get(bad[0], "reasons") or [])]
+    refused = any(r.startswith("not evaluated: the run's budget is spent") for r in reasons)
+    cut = (any(r.startswith("hang: ") for r in reasons) and deadline is not None
+           and time.monotonic() >= deadline - 1.0)
+    return "not measured when composed: the run's budget ran out" if refused or cut else "incorrect when composed"
+
+
 def threshold(noise: float, cfg: AcceptanceConfig) -> float:
     """The speedup a verdict must exceed on a tier whose A/A spread is ``noise``."""
     return 1.0 + max(cfg.noise_floor, cfg.noise_k * noise)
@@ -286,9 +299,7 @@ class Acceptor:
                 chosen.append(a)
                 best = (src, fv, sv)
             else:
-                why = "incorrect when composed" if not _get(fv, "correct", False) or (
-                    sv is not None and not _get(sv, "correct", False)) else "no gain when composed"
-                dropped.append((a.name, why))
+                dropped.append((a.name, _why_dropped(fv, sv, deadline)))
         if best is None:
             return Composition((), compose([]), 1.0, 1.0, tuple(
                 {**{k: p.get(k) for k in (*POINT_KEYS, "weight")}, "fast": 1.0, "slow": 1.0} for p in self.points),

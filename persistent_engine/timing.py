@@ -50,10 +50,19 @@ STOP_MIN_PAIRS = 20
 STOP_CHECK_EVERY = 5
 
 
-def samples_for(device_type: str, step_ms: float, cap: int) -> int:
-    """Samples per side for a point whose baseline step takes ``step_ms``, at most ``cap``."""
+# A point whose weight is below MINOR_WEIGHT of the heaviest point's moves the plan's speedup by at most that
+# share of its own error: it is timed with at least MINOR_MIN_SAMPLES (a 0.5%-weight CPU prefill of 300 ms
+# had cost more bench time than the decode point that decides the verdict).
+MINOR_WEIGHT = 0.05
+MINOR_MIN_SAMPLES = 5
+
+
+def samples_for(device_type: str, step_ms: float, cap: int, weight_share: float = 1.0) -> int:
+    """Samples per side for a point whose baseline sample takes ``step_ms``, at most ``cap``;
+    ``weight_share``: its weight over the heaviest point's."""
     fit = SAMPLE_BUDGET_MS.get(device_type, float("inf")) / max(step_ms, 1e-6)
-    return int(max(MIN_SAMPLES, min(cap, fit)))
+    floor = MINOR_MIN_SAMPLES if weight_share < MINOR_WEIGHT else MIN_SAMPLES
+    return int(max(floor, min(cap, fit * min(1.0, max(weight_share, 0.0) / MINOR_WEIGHT))))
 
 
 @dataclass(frozen=True)

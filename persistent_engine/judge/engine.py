@@ -509,7 +509,8 @@ class Engine:
                 continue
             graphed = i in cand_graphed
             k = self.batch[i]
-            n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i] * k, samples)
+            n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i] * k, samples,
+                                                               self._weight_share(i))
             fresh = None if "moe_route" in self.ops_at[i] else self._fresh_ids(i)
             need = PAUSE_POOL_IF_READY.get(self.device.type)
             paused = (self.pool.pause() if self.pool is not None and need is not None
@@ -546,6 +547,11 @@ class Engine:
             message += "; CONFIG " + "; ".join(f"{k}: {v}" for k, v in notes.items())
         return BenchReply(ok=not reasons, message=message, reasons=reasons, per_point=per_point,
                           speedup=speedup, timer=ab.TIMER, samples=samples, seconds=(timing.now_ns() - t0) / 1e9)
+
+    def _weight_share(self, i: int) -> float:
+        """Point i's weight over the heaviest point's (``timing.samples_for``: minor points get fewer samples)."""
+        heaviest = max(float(p.get("weight", 1.0)) for p in self.points)
+        return float(self.points[i].get("weight", 1.0)) / heaviest if heaviest > 0 else 1.0
 
     def _process_reasons(self, phase: str) -> list[str]:
         """Processes the candidate started in its sandbox (a kernel never forks): named, and the executor is

@@ -13,3 +13,11 @@ def test_cpu_samples_of_chained_decode_steps_keep_every_sample_a_long_prefill_fe
     cap = timing.DEFAULT_SAMPLES["cpu"]
     assert timing.samples_for("cpu", 20.0, cap) == cap            # a 20 ms sample of k decode steps
     assert timing.samples_for("cpu", 500.0, cap) == timing.MIN_SAMPLES   # a long CPU prefill step
+
+
+def test_minor_points_get_fewer_samples():
+    cap = timing.DEFAULT_SAMPLES["cpu"]
+    assert timing.samples_for("cpu", 300.0, cap, weight_share=0.005) == timing.MINOR_MIN_SAMPLES
+    assert timing.samples_for("cpu", 300.0, cap, weight_share=1.0) == timing.MIN_SAMPLES
+    assert timing.samples_for("cuda", 0.3, 50, weight_share=0.5) == 50        # a major point keeps all
+    assert timing.MINOR_MIN_SAMPLES < timing.samples_for("cuda", 0.3, 50, weight_share=0.02) < 50
