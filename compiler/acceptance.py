@@ -12,7 +12,8 @@
    its best member, every accepted candidate (best first) is added greedily one at a time and kept
    only while the composition stays correct and keeps beating the noise without getting slower; so
    when a conflict group's winner is not kept, its next-best member takes its place (the deadline
-   bounds how many are tried).
+   bounds how many are tried). When the run's budget ran out before any set was measured, the plan is
+   the best accepted candidate alone (its own verdicts are its measurement).
 
 ``evaluate(tier, source) -> CandidateVerdict`` is all this module needs from the fleet.
 """
@@ -300,6 +301,13 @@ class Acceptor:
                 best = (src, fv, sv)
             else:
                 dropped.append((a.name, _why_dropped(fv, sv, deadline)))
+        if best is None and any(why.startswith("not measured") for _, why in dropped):
+            # the budget ran out before any set was measured: the best accepted candidate alone, whose own
+            # verdicts on both tiers are its measurement (the set could not be re-measured)
+            top = ranked[0]
+            dropped = [(n, w) for n, w in dropped if n != top.name]
+            return Composition((top,), compose([Part(top.name, top.source, top.targets, top.config_keys)]),
+                               top.fast, top.slow, top.per_point, tuple(dropped))
         if best is None:
             return Composition((), compose([]), 1.0, 1.0, tuple(
                 {**{k: p.get(k) for k in (*POINT_KEYS, "weight")}, "fast": 1.0, "slow": 1.0} for p in self.points),
