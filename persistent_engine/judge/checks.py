@@ -4,8 +4,8 @@
 inputs from the op's generator with the judge's seed and runs the override twice, ``run_candidate``); the judge
 draws the same inputs and decides (``judge_outputs``). ``layer_level``: the slice with the overrides run by the
 executor on the judge's workloads, its logits against the judge's reference. ``spot_check``: timed runs fetched
-at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``point_label``: the
-workload points and their labels in replies.
+at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``point_label``, ``weight_share``:
+the workload points, their labels in replies, their relative weights.
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ def point_label(p: dict) -> str:
     if p.get("phase") == "prefill":
         return f"prefill b{p['batch']} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
     return f"decode b{p['batch']} ctx{p.get('context', 0)}"
+
+
+def weight_share(points: list[dict], i: int) -> float:
+    """Point i's weight over the heaviest point's (``timing.samples_for``: minor points get fewer samples)."""
+    heaviest = max(float(p.get("weight", 1.0)) for p in points)
+    return float(points[i].get("weight", 1.0)) / heaviest if heaviest > 0 else 1.0
 
 
 def remote_check(e, deadline: float):

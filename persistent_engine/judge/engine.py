@@ -45,7 +45,7 @@ from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorP
                                               sandbox_summary)
 from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
-from persistent_engine.judge.checks import default_points, point_label
+from persistent_engine.judge.checks import default_points, point_label, weight_share
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          PrepareReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
@@ -214,13 +214,10 @@ class Engine:
         self.graph_errors: dict[int, str] = {}
         self.base_graphed: set[int] = set()
         self._start_baseline()
-        # per point: runs per timed sample (k: a sample lasts >= ab.TARGET_SAMPLE_MS, the request's fixed
-        # cost amortised) and the baseline's step time as bench times it (wall time of a request / k)
-        calibrated = [ab.calibrate(self.baseline, i, self.device.type,
-                                   self.ref[i][0].numel() * self.ref[i][0].element_size())
-                      for i in range(len(self.points))]
-        self.base_ms = [ms for ms, _ in calibrated]
-        self.batch = [k for _, k in calibrated]
+        # per point: the baseline's step as bench times it (request wall time / k) and k, the runs per sample
+        cal = [ab.calibrate(self.baseline, i, self.device.type, self.ref[i][0].numel() * self.ref[i][0].element_size())
+               for i in range(len(self.points))]
+        self.base_ms, self.batch = [ms for ms, _ in cal], [k for _, k in cal]
         stage("graph_capture", t0)
 
         gpu_bytes = _gpu_bytes(self.device)
@@ -510,7 +507,7 @@ class Engine:
             graphed = i in cand_graphed
             k = self.batch[i]
             n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i] * k, samples,
-                                                               self._weight_share(i))
+                                                               weight_share(self.points, i))
             fresh = None if "moe_route" in self.ops_at[i] else self._fresh_ids(i)
             need = PAUSE_POOL_IF_READY.get(self.device.type)
             paused = (self.pool.pause() if self.pool is not None and need is not None
@@ -537,8 +534,7 @@ class Engine:
                               "speedup": res.speedup, **({"config": notes} if notes else {})})
         reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
         reasons += self._process_reasons("timing")
-        # a point's weight is already its share of GPU time: new time / old time = sum(w / speedup) / sum(w),
-        # a point's speedup being its median per-pair ratio (``ABResult.speedup``)
+        # a point's weight is its share of GPU time: new / old time = sum(w / point speedup) / sum(w)
         wsum = sum(pp["point"].get("weight", 1.0) for pp in per_point)
         rsum = sum(pp["point"].get("weight", 1.0) / pp["speedup"] for pp in per_point if pp["speedup"] > 0)
         speedup = wsum / rsum if rsum > 0 else None
@@ -547,11 +543,6 @@ class Engine:
             message += "; CONFIG " + "; ".join(f"{k}: {v}" for k, v in notes.items())
         return BenchReply(ok=not reasons, message=message, reasons=reasons, per_point=per_point,
                           speedup=speedup, timer=ab.TIMER, samples=samples, seconds=(timing.now_ns() - t0) / 1e9)
-
-    def _weight_share(self, i: int) -> float:
-        """Point i's weight over the heaviest point's (``timing.samples_for``: minor points get fewer samples)."""
-        heaviest = max(float(p.get("weight", 1.0)) for p in self.points)
-        return float(self.points[i].get("weight", 1.0)) / heaviest if heaviest > 0 else 1.0
 
     def _process_reasons(self, phase: str) -> list[str]:
         """Processes the candidate started in its sandbox (a kernel never forks): named, and the executor is
