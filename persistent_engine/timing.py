@@ -35,7 +35,7 @@ _tensor_clone = torch.Tensor.clone
 DEFAULT_SAMPLES = {"cpu": 21, "cuda": 50}
 # A point's sample count shrinks for long samples so that timing one side of one point costs about
 # SAMPLE_BUDGET_MS (GPU: an eager 512-token prefill at ~4 ms gets 11 samples, a graphed decode sample
-# of ~2 ms keeps all 50; CPU: a 10 ms sample of chained decode steps keeps all 21, a 100 ms prefill
+# of ~2 ms keeps all 50; CPU: a 5 ms sample of chained decode steps keeps all 21, a 100 ms prefill
 # step gets 11); never fewer than MIN_SAMPLES, so the median and IQR stay meaningful.
 SAMPLE_BUDGET_MS = {"cpu": 500.0, "cuda": 25.0}
 MIN_SAMPLES = 11

@@ -7,7 +7,7 @@ in this process) spans the request from send to reply; the sample is that wall t
 candidate's process does with its own clocks changes nothing here.
 
 ``k`` is the judge's: ``calibrate`` picks it per point at start-up so that one sample lasts at least
-``TARGET_SAMPLE_MS`` of the baseline's steps (10 ms on CPU, 2 ms on CUDA). The request's fixed cost (the
+``TARGET_SAMPLE_MS`` of the baseline's steps (5 ms on CPU, 2 ms on CUDA). The request's fixed cost (the
 socket round trip, msgpack, the executor's Python dispatch: 0.1 ms on CUDA, up to ~1 ms on a busy CPU) is
 then a small share of every sample instead of a third of a 2 ms CPU decode step, where it had diluted a
 1.35x kernel to 1.18x and let scheduling jitter decide compositions.
@@ -39,7 +39,7 @@ from persistent_engine.timing import ABResult, Stats, now_ns, ratio_settled
 
 TIMER = "judge_wall_clock"
 # a sample lasts at least this much of the baseline's steps: k = ceil(TARGET / step), 1 <= k <= MAX_RUNS
-TARGET_SAMPLE_MS = {"cuda": 2.0, "cpu": 10.0}
+TARGET_SAMPLE_MS = {"cuda": 2.0, "cpu": 5.0}
 MAX_RUNS = 64
 # the ring holds every output of a sample (any of them may be fetched): k is capped so it stays below this
 RING_BYTES = {"cuda": 256 << 20, "cpu": 256 << 20}

@@ -75,7 +75,7 @@ def run_ab(cand, k=8, samples=12, seed=0):
 
 
 def test_k_amortises_the_request_to_the_target():
-    assert ab.run_batch("cpu", 2.0) == 5 and ab.run_batch("cuda", 0.05) == 40
+    assert ab.run_batch("cpu", 2.0) == 3 and ab.run_batch("cuda", 0.05) == 40
     assert ab.run_batch("cpu", 100.0) == 1 and ab.run_batch("cpu", None) == 1
     assert ab.run_batch("cuda", 0.001) == ab.MAX_RUNS
     assert ab.run_batch("cuda", 0.05, out_bytes=ab.RING_BYTES["cuda"] // 3) == 3    # the ring bounds k

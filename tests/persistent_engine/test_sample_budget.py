@@ -11,7 +11,7 @@ def test_long_gpu_steps_get_fewer_samples_but_never_too_few():
 
 def test_cpu_samples_of_chained_decode_steps_keep_every_sample_a_long_prefill_fewer():
     cap = timing.DEFAULT_SAMPLES["cpu"]
-    assert timing.samples_for("cpu", 10.0, cap) == cap            # a 10 ms sample of k decode steps
+    assert timing.samples_for("cpu", 5.0, cap) == cap             # a 5 ms sample of k decode steps
     assert timing.samples_for("cpu", 500.0, cap) == timing.MIN_SAMPLES   # a long CPU prefill step
 
 
