@@ -9,8 +9,8 @@ candidate's process does with its own clocks changes nothing here.
 ``k`` is the judge's: ``calibrate`` picks it per point at start-up so that one sample lasts at least
 ``TARGET_SAMPLE_MS`` of the baseline's steps (5 ms on CPU, 2 ms on CUDA). The request's fixed cost (the
 socket round trip, msgpack, the executor's Python dispatch: 0.1 ms on CUDA, up to ~1 ms on a busy CPU) is
-then a small share of every sample instead of a third of a 2 ms CPU decode step, where it had diluted a
-1.35x kernel to 1.18x and let scheduling jitter decide compositions.
+then a small share of every sample instead of a third or more of a 1-2 ms CPU decode step, where it
+diluted every gain and let scheduling jitter decide compositions.
 
 Back-to-back runs must not be batchable into one (k decode steps of one point share their KV cache: done
 as one batch of k they would read the weights once). So the runs are **chained**: the judge draws fresh
