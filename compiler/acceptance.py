@@ -12,7 +12,8 @@
    its best member, every accepted candidate (best first) is added greedily one at a time and kept
    only while the composition stays correct and keeps beating the noise without getting slower; so
    when a conflict group's winner is not kept, its next-best member takes its place (the deadline
-   bounds how many are tried).
+   bounds how many are tried). When the run's budget ran out before any set was measured, the plan is
+   the best accepted candidate alone (its own verdicts are its measurement).
 
 ``evaluate(tier, source) -> CandidateVerdict`` is all this module needs from the fleet.
 """
@@ -97,6 +98,19 @@ def _owned(parts: list[Accepted]) -> set[tuple[str, str]]:
 
 def _get(v: Any, name: str, default: Any = None) -> Any:
     return v.get(name, default) if isinstance(v, dict) else getattr(v, name, default)
+
+
+def _why_dropped(fv: Any, sv: Any, deadline: float | None) -> str:
+    """Why a composition with a candidate was not kept: incorrect, no gain, or not measured (the fleet
+    refused it past the run's budget, or cut it there: a verdict about the clock, not the composition)."""
+    bad = [v for v in (fv, sv) if v is not None and not _get(v, "correct", False)]
+    if not bad:
+        return "no gain when composed"
+    reasons = [str(r) for r in (_get(bad[0], "reasons") or [])]
+    refused = any(r.startswith("not evaluated: the run's budget is spent") for r in reasons)
+    cut = (any(r.startswith("hang: ") for r in reasons) and deadline is not None
+           and time.monotonic() >= deadline - 1.0)
+    return "not measured when composed: the run's budget ran out" if refused or cut else "incorrect when composed"
 
 
 def threshold(noise: float, cfg: AcceptanceConfig) -> float:
@@ -286,9 +300,14 @@ class Acceptor:
                 chosen.append(a)
                 best = (src, fv, sv)
             else:
-                why = "incorrect when composed" if not _get(fv, "correct", False) or (
-                    sv is not None and not _get(sv, "correct", False)) else "no gain when composed"
-                dropped.append((a.name, why))
+                dropped.append((a.name, _why_dropped(fv, sv, deadline)))
+        if best is None and any(why.startswith("not measured") for _, why in dropped):
+            # the budget ran out before any set was measured: the best accepted candidate alone, whose own
+            # verdicts on both tiers are its measurement (the set could not be re-measured)
+            top = ranked[0]
+            dropped = [(n, w) for n, w in dropped if n != top.name]
+            return Composition((top,), compose([Part(top.name, top.source, top.targets, top.config_keys)]),
+                               top.fast, top.slow, top.per_point, tuple(dropped))
         if best is None:
             return Composition((), compose([]), 1.0, 1.0, tuple(
                 {**{k: p.get(k) for k in (*POINT_KEYS, "weight")}, "fast": 1.0, "slow": 1.0} for p in self.points),

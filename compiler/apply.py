@@ -219,8 +219,8 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
                 got = r["logits"].to(ref.device)
             diff = float((ref.float() - got.float()).abs().max())
             scale = float(ref.float().abs().max())
-            ref_ms = ab.time_side(engine.baseline, i, 0, repeats, 1)
-            plan_ms = ab.time_side(plan_side, i, 0, repeats, 1)
+            ref_ms = ab.time_side(engine.baseline, i, 0, repeats, engine.batch[i])     # k runs a request:
+            plan_ms = ab.time_side(plan_side, i, 0, repeats, engine.batch[i])         # its fixed cost amortised
             out.append(PointCheck(dict(point), diff, scale, ref_ms, plan_ms, diff <= atol + rtol * scale))
     finally:
         engine.close()

@@ -6,7 +6,9 @@ are fixed at the start, counted back from the bound::
     start ............ search_end | compose_end | end
     start-up, baseline, search   | composition | writing (per-op profile, report, plan)
 
-``compose`` and ``write`` reserves are 15% of the budget each (at least 5 s; at most 2 min and 1 min).
+``compose`` and ``write`` reserves are 25% and 15% of the budget (at least 5 s; at most 2 min and 1 min):
+re-measuring one composed set takes a fast-tier and a slow-tier evaluation (each a fresh executor, verify and
+the A/B: ~10 s on a busy 2-core CPU), and the search's last evaluation may still be in flight at its end.
 The fleet's start-up may use everything up to ``search_end``: engines not ready by then mean the run
 cannot start within its budget (``BudgetError``, one line, exit 2). An evaluation still in flight at
 ``compose_end`` is cut there by the fleet. ``wall_s=None`` leaves a run unbounded (only the search
@@ -47,7 +49,7 @@ class Budget:
 
     @property
     def compose_reserve_s(self) -> float:
-        return 0.0 if self.wall_s is None else _clamp(0.15 * self.wall_s, 5.0, 120.0)
+        return 0.0 if self.wall_s is None else _clamp(0.25 * self.wall_s, 5.0, 120.0)
 
     @property
     def compose_end(self) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,27 +32,37 @@ _synchronize = torch.cuda.synchronize
 _tensor_zero = torch.Tensor.zero_
 _tensor_clone = torch.Tensor.clone
 
-DEFAULT_SAMPLES = {"cpu": 15, "cuda": 50}
-# On the GPU a point's sample count shrinks for long steps so that timing one side of one point
-# costs about SAMPLE_BUDGET_MS of step time (an eager 512-token prefill at ~4 ms gets 11 samples, a
-# graphed decode step at ~0.4 ms keeps all 50); never fewer than MIN_SAMPLES, so the median and IQR
-# stay meaningful. On CPU every point keeps DEFAULT_SAMPLES (its timings are noisier).
-SAMPLE_BUDGET_MS = {"cpu": float("inf"), "cuda": 25.0}
+DEFAULT_SAMPLES = {"cpu": 21, "cuda": 50}
+# A point's sample count shrinks for long samples so that timing one side of one point costs about
+# SAMPLE_BUDGET_MS (GPU: an eager 512-token prefill at ~4 ms gets 11 samples, a graphed decode sample
+# of ~2 ms keeps all 50; CPU: a 5 ms sample of chained decode steps keeps all 21, a 100 ms prefill
+# step gets 11); never fewer than MIN_SAMPLES, so the median and IQR stay meaningful.
+SAMPLE_BUDGET_MS = {"cpu": 500.0, "cuda": 25.0}
 MIN_SAMPLES = 11
 # Sequential stop for graph-timed A/B on the GPU: after at least STOP_MIN_PAIRS pairs, checked every
 # STOP_CHECK_EVERY pairs, timing stops once the standard error of the median per-pair ratio
 # (~0.93 * IQR / sqrt(n)) is below STOP_REL_SE of the median, i.e. the speedup is known to about
 # +-2 x STOP_REL_SE. Graph replays with L2 flushed spread ~1%, so most points stop near 20 pairs
-# instead of the 50 cap; a noisy point still gets all of them. Off on CPU (eager steps are noisier).
-STOP_REL_SE = {"cpu": None, "cuda": 0.003}
+# instead of the 50 cap; a noisy point still gets all of them. CPU: 0.5% (a quiet machine stops early,
+# a busy one takes every sample).
+STOP_REL_SE = {"cpu": 0.005, "cuda": 0.003}
 STOP_MIN_PAIRS = 20
 STOP_CHECK_EVERY = 5
 
 
-def samples_for(device_type: str, step_ms: float, cap: int) -> int:
-    """Samples per side for a point whose baseline step takes ``step_ms``, at most ``cap``."""
+# A point whose weight is below MINOR_WEIGHT of the heaviest point's moves the plan's speedup by at most that
+# share of its own error: it is timed with at least MINOR_MIN_SAMPLES (a 0.5%-weight CPU prefill of 300 ms
+# had cost more bench time than the decode point that decides the verdict).
+MINOR_WEIGHT = 0.05
+MINOR_MIN_SAMPLES = 5
+
+
+def samples_for(device_type: str, step_ms: float, cap: int, weight_share: float = 1.0) -> int:
+    """Samples per side for a point whose baseline sample takes ``step_ms``, at most ``cap``;
+    ``weight_share``: its weight over the heaviest point's."""
     fit = SAMPLE_BUDGET_MS.get(device_type, float("inf")) / max(step_ms, 1e-6)
-    return int(max(MIN_SAMPLES, min(cap, fit)))
+    floor = MINOR_MIN_SAMPLES if weight_share < MINOR_WEIGHT else MIN_SAMPLES
+    return int(max(floor, min(cap, fit * min(1.0, max(weight_share, 0.0) / MINOR_WEIGHT))))
 
 
 @dataclass(frozen=True)
@@ -246,10 +256,18 @@ class ABResult:
     baseline: Stats
     candidate: Stats
     # (sample index, variant index, output clone) of candidate samples kept for the spot re-check
-    kept: list[tuple[int, int, torch.Tensor]]
+    kept: list
+    # per pair (baseline ms, candidate ms), when the speedup is the median per-pair ratio (the judge's A/B)
+    pairs: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def speedup(self) -> float:
+        """Median of the per-pair ratios where ``pairs`` are given (the two samples of a pair ran within a
+        few ms of each other, so load that drifts over the point's timing cancels in each ratio); else the
+        ratio of the two medians."""
+        ratios = [x / y for x, y in self.pairs if y > 0]
+        if ratios:
+            return statistics.median(ratios)
         return self.baseline.median_ms / self.candidate.median_ms if self.candidate.median_ms > 0 else 0.0
 
 

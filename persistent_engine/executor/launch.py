@@ -34,8 +34,18 @@ from persistent_engine.executor import sandbox
 RESCAN_EVERY = 256
 
 
+STDERR_TAIL_LINES = 20                  # lines of a dead executor's stderr carried in ExecutorDied
+STDERR_TAIL_BYTES = 64 * 1024           # read from the end of its stderr file to find them
+STDERR_TAIL_CHARS = 4000                # at most this much of them (the end) in a message
+
+
 class ExecutorDied(RuntimeError):
-    """The executor process ended while the judge waited for it."""
+    """The executor process ended while the judge waited for it. ``how``: how it ended (``describe_exit``);
+    ``tail``: the last ``STDERR_TAIL_LINES`` lines of its stderr, joined by " | " ("" when it wrote none)."""
+
+    def __init__(self, how: str, tail: str = ""):
+        super().__init__(how + (f"; its stderr ended: {tail}" if tail else "; it wrote nothing to stderr"))
+        self.how, self.tail = how, tail
 
 
 class ExecutorTimeout(TimeoutError):
@@ -101,7 +111,7 @@ class Executor:
     def wait_ready(self, timeout_s: float) -> None:
         reply = self._recv(time.monotonic() + timeout_s, "start-up")
         if not reply.get("ready"):
-            raise ExecutorDied(f"executor did not start: {reply}")
+            raise ExecutorDied(f"executor did not start: {reply}", self.stderr_tail())
         self.ready = True
         self.base_members = set(self.members())     # the launcher and the executor: anything more is the candidate's
 
@@ -112,14 +122,18 @@ class Executor:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stderr_tail(self, n: int = 300) -> str:
+    def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
+        """The last ``lines`` non-empty lines of the executor's stderr (the launcher's sandbox errors, a
+        traceback, faulthandler's stack), joined by " | "; at most the last STDERR_TAIL_BYTES are read."""
         try:
             with open(self.stderr_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - n))
-                return f.read().decode(errors="replace").strip().replace("\n", " | ")
+                f.seek(max(0, f.tell() - STDERR_TAIL_BYTES))
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
+        kept = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
+        return " | ".join(kept)[-STDERR_TAIL_CHARS:]
 
     def _recv(self, deadline: float, what: str) -> dict:
         while True:
@@ -130,23 +144,23 @@ class Executor:
                 return decode_tensors(self.chan.recv(timeout=min(left, 0.05)))
             except TimeoutError:
                 if not self.alive():
-                    raise ExecutorDied(self._death()) from None
+                    raise self._death() from None
             except (ChannelClosed, ConnectionError, OSError):
-                raise ExecutorDied(self._death()) from None
+                raise self._death() from None
 
-    def _death(self) -> str:
+    def _death(self) -> ExecutorDied:
+        """How the process ended, with its stderr's last lines (read after it exited: nothing is lost)."""
         try:
             rc = self.proc.wait(5)
         except Exception:  # noqa: BLE001 - still running: its socket closed
             rc = None
-        tail = self.stderr_tail(1200)
-        return describe_exit(rc) + (f"; stderr: {tail}" if tail else "")
+        return ExecutorDied(describe_exit(rc), self.stderr_tail())
 
     def call(self, msg: dict, timeout_s: float) -> dict:
         try:
             self.chan.send(msg)
         except (ConnectionError, OSError):
-            raise ExecutorDied(self._death()) from None
+            raise self._death() from None
         return self._recv(time.monotonic() + timeout_s, msg.get("op", "?"))
 
     def members(self) -> list[int]:
@@ -231,8 +245,9 @@ class ExecutorPool:
             ex.wait_ready(self.start_timeout_s)
             self._ready.put(ex)
         except BaseException as e:  # noqa: BLE001 - reported to whoever takes it
-            tail = ex.stderr_tail(600) if ex is not None else ""
-            self._ready.put(RuntimeError(f"executor failed to start: {type(e).__name__}: {e} {tail}"))
+            tail = "" if isinstance(e, ExecutorDied) or ex is None else ex.stderr_tail()
+            self._ready.put(RuntimeError(f"executor failed to start: {type(e).__name__}: {e}"
+                                         + (f"; its stderr ended: {tail}" if tail else "")))
             if ex is not None:
                 ex.kill()
         finally:

@@ -11,9 +11,10 @@ are the judge's), warms kernels, and then answers one request at a time:
   step      one step of point i, variant v with every override counted (and ``moe_route`` replayed to the
             reference routing the judge sent): logits, call counts, the routing it chose
   capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
-  run       k steps (graph replays where captured) of point i, variant v, each on the token ids the judge
-            sent for it, every output cloned into a ring; replies once the device is idle
-  fetch     output j of the last ``run``
+  run       k back-to-back steps (graph replays where captured) of point i, variant v, each on the token
+            ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), every
+            output cloned into a ring; replies once the device is idle
+  fetch     rows of output j of the last ``run`` (and row 0 of runs j-1, j-2: the chain's links)
   guards    what this process's own guards saw (global state, threads): reasons that can only reject
 
 Nothing this process reports decides a verdict in the candidate's favour: outputs are compared and times
@@ -164,34 +165,51 @@ class Worker:
                 "healthy": healthy}
 
     def run(self, msg: dict) -> dict:
-        i, v = int(msg["i"]), int(msg["v"])
-        ids = msg.get("ids")
+        """k back-to-back steps; with ``chain`` (the vocabulary size), run r's ids are the judge's draw plus
+        argmax(row 0 of run r-1's logits), mod ``chain`` (computed on the device: no host sync between runs)."""
+        i, v, k = int(msg["i"]), int(msg["v"]), int(msg["k"])
+        ids, chain = msg.get("ids"), msg.get("chain")
         g = None if msg.get("eager") else self.graphs.get(i)
         w = self.workloads[i][v]
         if ids is not None:
             ids = ids.to(self.device)
+        torch = self.torch
         self.ring = []
-        clone = self.torch.Tensor.clone
+        clone = torch.Tensor.clone
+
+        def feed(r: int) -> None:
+            if ids is None:
+                return
+            if chain is None or r == 0:
+                w.token_ids.copy_(ids[r])
+            else:
+                w.token_ids.copy_(torch.remainder(ids[r] + torch.argmax(self.ring[-1][0]), int(chain)))
+
         if g is not None:
             graph, static = g[v]
-            for r in range(int(msg["k"])):
-                if ids is not None:
-                    w.token_ids.copy_(ids[r])
+            for r in range(k):
+                feed(r)
                 graph.replay()
                 self.ring.append(clone(static))
         else:
             with self.registry.override(self.candidate.overrides if self.candidate else {}):
-                for r in range(int(msg["k"])):
-                    if ids is not None:
-                        w.token_ids.copy_(ids[r])
+                for r in range(k):
+                    feed(r)
                     self.ring.append(clone(self.model.step(w)))
         self._sync()
         return {"k": len(self.ring), "graph": g is not None}
 
     def fetch(self, msg: dict) -> dict:
-        out = self.ring[int(msg["j"])]
+        """Rows of output j of the last ``run``; with ``links``, row 0 of outputs j-1 and j-2 too (the chain
+        the judge re-derives run j's and run j-1's ids from)."""
+        j = int(msg["j"])
+        out = self.ring[j]
         rows = msg.get("rows")
-        return {"logits": out[[int(r) for r in rows]] if rows is not None else out}
+        reply = {"logits": out[[int(r) for r in rows]] if rows is not None else out}
+        if msg.get("links"):
+            reply["row0_prev"] = self.ring[j - 1][0] if j >= 1 else None
+            reply["row0_prev2"] = self.ring[j - 2][0] if j >= 2 else None
+        return reply
 
     def guard_reasons(self, when: str) -> list[str]:
         reasons = []

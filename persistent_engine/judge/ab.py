@@ -1,50 +1,74 @@
 """A/B timing of two executors from the judge, out of the candidate's reach (DESIGN.md step 4).
 
-One sample of a side is one ``run`` request to its executor: ``k`` steps (CUDA-graph replays where both
-sides captured the point, else eager steps) of one input variant, each on token ids the judge drew for
-it, every output cloned into the executor's ring, the device idle before the reply. The judge's clock
-(``timing.now_ns``, bound at import, in this process) spans the request from send to reply; the sample is
-that wall time / k. What the candidate's process does with its own clocks changes nothing here.
+One sample of a side is one ``run`` request to its executor: ``k`` back-to-back steps (CUDA-graph replays
+where both sides captured the point, else eager steps) of one input variant, every output cloned into the
+executor's ring, the device idle before the reply. The judge's clock (``timing.now_ns``, bound at import,
+in this process) spans the request from send to reply; the sample is that wall time / k. What the
+candidate's process does with its own clocks changes nothing here.
+
+``k`` is the judge's: ``calibrate`` picks it per point at start-up so that one sample lasts at least
+``TARGET_SAMPLE_MS`` of the baseline's steps (5 ms on CPU, 2 ms on CUDA). The request's fixed cost (the
+socket round trip, msgpack, the executor's Python dispatch: 0.1 ms on CUDA, up to ~1 ms on a busy CPU) is
+then a small share of every sample instead of a third or more of a 1-2 ms CPU decode step, where it
+diluted every gain and let scheduling jitter decide compositions.
+
+Back-to-back runs must not be batchable into one (k decode steps of one point share their KV cache: done
+as one batch of k they would read the weights once). So the runs are **chained**: the judge draws fresh
+token ids for every run, and the executor adds to run r's ids the argmax of row 0 of run r-1's logits
+(mod the vocabulary), which it cannot know before run r-1 is computed. A spot re-check of run j fetches,
+with run j's rows, row 0 of run j-1, derives run j's ids from it here and compares run j with the judge's
+own reference on those ids: a run computed on other ids, skipped, cached or batched is caught.
 
 Both sides are executor processes of the same kind (the baseline one runs only the reference code), so
-the request, the copy of the token ids, the clone of each output and the reply cost the same on both.
-Per pair the order is drawn from the judge's generator (unknown to the executors); while one side is
-timed, the other's whole process group is SIGSTOPped, so no thread of the candidate can run during a
-baseline sample. After a sample, with probability CHECK_P (and always for the first and last pair),
-one run of it, picked at random, is fetched for the spot re-check against the judge's own reference on
-the same token ids: an executor that skips, caches or shortcuts a run cannot know which will be asked.
-Sequential stop as ``timing.ab_interleaved``: the median per-pair ratio known to ``stop_rel_se``.
+the request, the copy of the token ids, the chain, the clone of each output and the reply cost the same on
+both. Per pair the order is drawn from the judge's generator (unknown to the executors); while one side
+is timed, the other's whole process group is SIGSTOPped, so no thread of the candidate can run during a
+baseline sample. After a sample, with probability CHECK_P (and always for the first and last pair), one
+run of it, picked at random, is fetched for the spot re-check. Sequential stop as
+``timing.ab_interleaved``: the median per-pair ratio known to ``stop_rel_se``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from persistent_engine import timing
 from persistent_engine.timing import ABResult, Stats, now_ns, ratio_settled
 
 TIMER = "judge_wall_clock"
-# runs per sample on CUDA: enough for ~TARGET_SAMPLE_MS of work, so the request's fixed cost (~0.1 ms of
-# socket round trip) is a small, equal share of both sides; at most MAX_RUNS (the ring holds them all)
-TARGET_SAMPLE_MS = {"cuda": 2.0, "cpu": 0.0}
-MAX_RUNS = 16
+# a sample lasts at least this much of the baseline's steps: k = ceil(TARGET / step), 1 <= k <= MAX_RUNS
+TARGET_SAMPLE_MS = {"cuda": 2.0, "cpu": 5.0}
+MAX_RUNS = 64
+# the ring holds every output of a sample (any of them may be fetched): k is capped so it stays below this
+RING_BYTES = {"cuda": 256 << 20, "cpu": 256 << 20}
+CALIBRATION_SAMPLES = 5
 CHECK_P = 0.15
+# a chained run's argmax may differ from the reference's only at a near-tie: within this many RMS gaps
+# between its row and the reference's (an honest flip needs the two logits' errors to cross the gap)
+TIE_BAND_RMS = 6.0
 # rows (sequences) of a fetched run's logits that are compared, picked after the run (a decode b32 step's
 # logits are 16 MB on llama-1b: four rows cross the socket instead of 32)
 SPOT_ROWS = 4
 
 
-def run_batch(device_type: str, step_ms: float | None) -> int:
-    """Runs per sample for a point whose step takes ``step_ms`` (None: not measured yet -> 1)."""
+def run_batch(device_type: str, step_ms: float | None, out_bytes: int = 0) -> int:
+    """Runs per sample for a point whose step takes ``step_ms`` (None: not measured yet -> 1) and whose
+    output is ``out_bytes`` (the ring keeps k of them)."""
     target = TARGET_SAMPLE_MS.get(device_type, 0.0)
     if step_ms is None or target <= 0 or step_ms <= 0:
         return 1
-    return int(max(1, min(MAX_RUNS, math.ceil(target / step_ms))))
+    k = min(MAX_RUNS, math.ceil(target / step_ms))
+    if out_bytes > 0:
+        k = min(k, RING_BYTES.get(device_type, RING_BYTES["cpu"]) // out_bytes)
+    return int(max(1, k))
 
 
-def _sample(ex, i: int, v: int, k: int, graph: bool, ids, deadline: float | None) -> float:
-    """Wall milliseconds per run of one ``run`` request."""
-    msg = {"op": "run", "i": i, "v": v, "k": k, "ids": ids, "eager": not graph}
+def _sample(ex, i: int, v: int, k: int, graph: bool, ids, chain: int | None, deadline: float | None) -> float:
+    """Wall milliseconds per run of one ``run`` request (``chain``: the vocabulary size the chained ids
+    are taken modulo; None: the variant's own ids, unchained)."""
+    msg = {"op": "run", "i": i, "v": v, "k": k, "ids": ids, "eager": not graph, "chain": chain}
     left = 600.0 if deadline is None else deadline - now_ns() / 1e9
     if left <= 0:
         from persistent_engine.executor.launch import ExecutorTimeout
@@ -57,26 +81,115 @@ def _sample(ex, i: int, v: int, k: int, graph: bool, ids, deadline: float | None
         from persistent_engine.judge.engine import CandidateRaised
 
         raise CandidateRaised(reply["error"], reply.get("kind", "candidate"))
+    if reply.get("k") != k:
+        from persistent_engine.judge.engine import CandidateRaised
+
+        raise CandidateRaised(f"the executor reported {reply.get('k')} runs for a request of {k}", "candidate")
     return (t1 - t0) / 1e6 / k
 
 
+def side_samples(ex, i: int, v: int, samples: int, k: int) -> list[float]:
+    """Wall ms per run of ``samples`` run requests of ``k`` runs to one executor (after one untimed one)."""
+    _sample(ex, i, v, k, True, None, None, None)
+    return [_sample(ex, i, v, k, True, None, None, None) for _ in range(samples)]
+
+
 def time_side(ex, i: int, v: int, samples: int, k: int) -> float:
-    """Median wall ms per run of ``samples`` run requests to one executor (start-up: the baseline's step)."""
-    _sample(ex, i, v, k, True, None, None)
-    return Stats.of([_sample(ex, i, v, k, True, None, None) for _ in range(samples)]).median_ms
+    """Median wall ms per run of ``side_samples``."""
+    return Stats.of(side_samples(ex, i, v, samples, k)).median_ms
+
+
+def calibrate(ex, i: int, device_type: str, out_bytes: int = 0,
+              samples: int = CALIBRATION_SAMPLES) -> tuple[float, int]:
+    """(median ms per run, runs per sample) of point ``i`` on the baseline executor. k follows the fastest
+    sample (other processes can only slow one down, so a busy machine does not shrink k): a first pass of
+    single-run requests (the fixed cost included: k comes out too small, never too large), then passes at
+    the k that gives (the fixed cost amortised) until k settles (two more at most)."""
+    k = 1
+    ms = side_samples(ex, i, 0, samples, k)
+    for _ in range(2):
+        nk = run_batch(device_type, min(ms), out_bytes)
+        if nk == k:
+            break
+        k = nk
+        ms = side_samples(ex, i, 0, samples, k)
+    return Stats.of(ms).median_ms, k
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One timed run fetched for the spot re-check. ``ids``: its token ids as the judge derives them (None:
+    the variant's own, MoE points); ``rows``: the rows picked after the run and ``out`` those rows of its
+    logits. ``link`` (chained runs j >= 1): (run j-1's ids as derived, its claimed row 0): the judge checks
+    that row against its own reference on those ids, and its argmax, which fixed run j's ids (``tie_band``)."""
+
+    pair: int
+    variant: int
+    ids: Any
+    rows: list[int]
+    out: Any
+    link: tuple[Any, Any] | None = None
+
+
+def chained_ids(draw, row0_prev, vocab: int):
+    """A chained run's token ids: the judge's draw plus argmax(row 0 of the previous run's logits), mod
+    ``vocab`` (the first run of a sample: the draw itself, ``row0_prev`` None)."""
+    import torch
+
+    if row0_prev is None:
+        return draw
+    return torch.remainder(draw + int(torch.argmax(row0_prev).item()), vocab)
+
+
+def chain_argmax_reason(claimed, ref, where: str) -> str | None:
+    """None when ``claimed``'s argmax (row 0 of a chained run, which fixed the next run's ids) is one the
+    reference allows: its own argmax, or a token whose reference logit is within the tie band of the
+    maximum, TIE_BAND_RMS x the RMS gap between ``claimed`` and ``ref`` (a correct kernel's rounding can only
+    flip a near-tie; a made-up chain value almost never lands in the band)."""
+    import torch
+
+    c, r = claimed.float().flatten(), ref.float().flatten()
+    top = int(torch.argmax(c).item())
+    rmax = float(r.max().item())
+    band = TIE_BAND_RMS * float((c - r).pow(2).mean().sqrt().item()) + 1e-6 * max(abs(rmax), 1.0)
+    if rmax - float(r[top].item()) <= band:
+        return None
+    return (f"{where}: the chain of timed runs is broken (the next run's ids follow token {top}, "
+            f"the reference's maximum is token {int(torch.argmax(r).item())})")
+
+
+def _fetch(ex, s: int, v: int, k: int, rows: int, chain: int | None, ids, rng, deadline: float) -> Fetched:
+    """Run j of the last sample (pair ``s``, variant ``v``), j picked now, with the links of its chain
+    (``ids``: the sample's [k, T] draws; each sample's chain starts afresh at its run 0)."""
+    j = rng.randrange(k)
+    picked = sorted(rng.sample(range(rows), min(rows, SPOT_ROWS)))
+    links = chain is not None and ids is not None
+    reply = ex.call({"op": "fetch", "j": j, "rows": picked, "links": links}, max(1.0, deadline - now_ns() / 1e9))
+    if ids is None:
+        return Fetched(s, v, None, picked, reply["logits"])
+    if not links or j == 0:
+        return Fetched(s, v, ids[j], picked, reply["logits"])
+    prev, prev2 = reply.get("row0_prev"), reply.get("row0_prev2")
+    if prev is None or (j >= 2 and prev2 is None):
+        from persistent_engine.judge.engine import CandidateRaised
+
+        raise CandidateRaised(f"fetch of timed run {j} did not return the chain's links", "candidate")
+    ids_prev = chained_ids(ids[j - 1], prev2 if j >= 2 else None, chain)
+    return Fetched(s, v, chained_ids(ids[j], prev, chain), picked, reply["logits"], (ids_prev, prev))
 
 
 def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bool, fresh, rng,
               deadline: float, warmup: int = 1, stop_rel_se: float | None = None,
               min_pairs: int = timing.STOP_MIN_PAIRS, check_every: int = timing.STOP_CHECK_EVERY,
-              rows: int = 1) -> ABResult:
-    """Time point ``i`` on ``base`` and ``cand`` A/B, at most ``samples`` pairs. ``fresh(k)``: [k, T] token ids
-    per sample (None: the variants' own ids, MoE points). ``rows``: sequences in a step's logits. ``kept``:
-    (pair, variant, ids or None, row indices, those rows of the output) of the runs fetched for the spot
-    re-check. Cost: 2 x (pairs + warmup) x k steps, plus the fetched outputs."""
+              rows: int = 1, vocab: int | None = None) -> ABResult:
+    """Time point ``i`` on ``base`` and ``cand`` A/B, at most ``samples`` pairs of ``k`` runs each.
+    ``fresh(k)``: [k, T] token ids per sample (None: the variants' own ids, MoE points, unchained);
+    ``vocab``: the modulus of the chain (fresh ids only). ``rows``: sequences in a step's logits. ``kept``:
+    the runs fetched for the spot re-check (``Fetched``). Cost: 2 x (pairs + warmup) x k steps, plus the fetched outputs."""
+    chain = vocab if fresh is not None else None
     for j in range(warmup):
         for ex in (base, cand):
-            _sample(ex, i, j % variants, k, graph, fresh(k) if fresh else None, deadline)
+            _sample(ex, i, j % variants, k, graph, fresh(k) if fresh else None, chain, deadline)
     a: list[float] = []
     b: list[float] = []
     kept: list = []
@@ -92,19 +205,15 @@ def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bo
                 ids = fresh(k) if fresh else None
                 other.stop()
                 try:
-                    acc.append(_sample(ex, i, v, k, graph, ids, deadline))
+                    acc.append(_sample(ex, i, v, k, graph, ids, chain, deadline))
                 finally:
                     other.cont()
                 if ex is cand and (s == 0 or s == samples - 1 or rng.random() < CHECK_P):
-                    j = rng.randrange(k)
-                    picked = sorted(rng.sample(range(rows), min(rows, SPOT_ROWS)))
-                    out = ex.call({"op": "fetch", "j": j, "rows": picked},
-                                  max(1.0, deadline - now_ns() / 1e9))["logits"]
-                    kept.append((s, v, None if ids is None else ids[j], picked, out))
+                    kept.append(_fetch(ex, s, v, k, rows, chain, ids, rng, deadline))
             if (stop_rel_se is not None and s + 1 < samples and len(a) >= min_pairs
                     and (s + 1) % check_every == 0 and ratio_settled(a, b, stop_rel_se)):
                 break
     finally:
         base.cont()
         cand.cont()
-    return ABResult(Stats.of(a), Stats.of(b), kept)
+    return ABResult(Stats.of(a), Stats.of(b), kept, list(zip(a, b)))

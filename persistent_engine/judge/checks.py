@@ -4,8 +4,8 @@
 inputs from the op's generator with the judge's seed and runs the override twice, ``run_candidate``); the judge
 draws the same inputs and decides (``judge_outputs``). ``layer_level``: the slice with the overrides run by the
 executor on the judge's workloads, its logits against the judge's reference. ``spot_check``: timed runs fetched
-at random against the judge's own reference on the same token ids. ``default_points``, ``point_label``: the
-workload points and their labels in replies.
+at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``point_label``, ``weight_share``:
+the workload points, their labels in replies, their relative weights.
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ def point_label(p: dict) -> str:
     if p.get("phase") == "prefill":
         return f"prefill b{p['batch']} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
     return f"decode b{p['batch']} ctx{p.get('context', 0)}"
+
+
+def weight_share(points: list[dict], i: int) -> float:
+    """Point i's weight over the heaviest point's (``timing.samples_for``: minor points get fewer samples)."""
+    heaviest = max(float(p.get("weight", 1.0)) for p in points)
+    return float(points[i].get("weight", 1.0)) / heaviest if heaviest > 0 else 1.0
 
 
 def remote_check(e, deadline: float):
@@ -95,28 +101,46 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
     return reasons, ties.summary()
 
 
+def _reference_on(e, i: int, v: int, ids):
+    """The judge's own step of point i, variant v on token ids ``ids`` (its workload restored after)."""
+    w = e.workloads[i][v]
+    saved = w.token_ids.clone()
+    w.token_ids.copy_(ids.to(e.device))
+    ref = e.model.step(w)
+    w.token_ids.copy_(saved)
+    return ref
+
+
 def spot_check(e, i: int, p: dict, kept: list) -> str | None:
-    """Timed runs picked at random after they ran (``kept``: rows of them picked after the run), against this
-    process's own reference on the same token ids (MoE points: the variant's reference, without the sequences
-    the tie check left out)."""
-    for k, v, ids, rows, out in kept:
-        out = out.to(e.device) if isinstance(out, torch.Tensor) else out
-        if ids is not None:
-            w = e.workloads[i][v]
-            saved = w.token_ids.clone()
-            w.token_ids.copy_(ids.to(e.device))
-            ref = e.model.step(w)[rows]
-            w.token_ids.copy_(saved)
+    """Timed runs picked at random after they ran (``kept``: ``ab.Fetched``, rows picked after the run),
+    against this process's own reference on the same token ids (MoE points: the variant's reference,
+    without the sequences the tie check left out). A chained run's link is checked first: the previous
+    run's row 0 against the reference on its ids, and its argmax, which set this run's ids."""
+    from persistent_engine.judge.ab import chain_argmax_reason
+
+    for f in kept:
+        where = f"spot re-check {point_label(p)} timed sample {f.pair}"
+        out = f.out.to(e.device) if isinstance(f.out, torch.Tensor) else f.out
+        if f.link is not None:
+            ids_prev, row0 = f.link
+            ref0 = _reference_on(e, i, f.variant, ids_prev)[:1]
+            row0 = row0.to(e.device).reshape(ref0.shape) if isinstance(row0, torch.Tensor) else row0
+            r = (verify.compare_logits(row0, ref0, e.dtype, where + " (chain link)", e.logit_tol[i][f.variant])
+                 or chain_argmax_reason(row0, ref0, where))
+            if r:
+                e.workload_guard.restore()
+                return r
+        if f.ids is not None:
+            ref = _reference_on(e, i, f.variant, f.ids)[f.rows]
         else:
-            ref = e.ref[i][v][rows]
-            keep = e.tie_kept_rows.get((i, v))
+            ref = e.ref[i][f.variant][f.rows]
+            keep = e.tie_kept_rows.get((i, f.variant))
             if keep is not None:
-                keep = keep[rows]
+                keep = keep[f.rows]
                 if not bool(keep.any()):
                     continue
                 out, ref = out[keep], ref[keep]
-        r = verify.compare_logits(out, ref, e.dtype, f"spot re-check {point_label(p)} timed sample {k}",
-                                  e.logit_tol[i][v])
+        r = verify.compare_logits(out, ref, e.dtype, where, e.logit_tol[i][f.variant])
         if r:
             e.workload_guard.restore()
             return r

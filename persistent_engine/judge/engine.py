@@ -13,8 +13,9 @@ override on inputs it draws from the op's generator with the seed the judge chos
 the same inputs, computes the reference and compares; layer level: the executor runs the slice with
 the overrides on the judge's workloads, the judge compares the logits with its reference under the
 calibrated bound, MoE routing replayed from the judge's record) -> ``bench`` (``ab.py``: baseline
-and candidate executors timed from here, A/B in a random order, the side not timed SIGSTOPped, fresh
-token ids per run, random timed runs re-checked against the judge's own reference) -> ``unload``
+and candidate executors timed from here, A/B in a random order, k chained runs per sample so the request's
+fixed cost is amortised, the side not timed SIGSTOPped, fresh token ids per run, random timed runs
+re-checked against the judge's own reference) -> ``unload``
 (the executor killed with its whole process group: nothing of it survives; the arena's seals and
 bytes and the judge's own weights and workloads checked unchanged).
 
@@ -45,7 +46,7 @@ from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorP
                                               sandbox_summary)
 from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
-from persistent_engine.judge.checks import default_points, point_label
+from persistent_engine.judge.checks import default_points, point_label, weight_share
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          PrepareReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
@@ -206,11 +207,11 @@ class Engine:
 
         t0 = timing.now_ns()
         weights = guards.model_weights(self.model)
-        self.weight_share = None                # on CUDA: one copy of the weights, mapped by every executor
+        self.device_weights = None                # on CUDA: one copy of the weights, mapped by every executor
         if self.device.type == "cuda":
-            self.weight_share = DeviceWeights.export({k: t for k, t in weights.items() if k != "cos_sin"},
+            self.device_weights = DeviceWeights.export({k: t for k, t in weights.items() if k != "cos_sin"},
                                                      self.device)
-        shared = {} if self.weight_share else {f"weight.{k}": t for k, t in weights.items()}
+        shared = {} if self.device_weights else {f"weight.{k}": t for k, t in weights.items()}
         shared.update({f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
                        for k, t in guards.tensors_of(w).items()})
         self.arena = Arena.build(shared)        # sealed: no process can write it from here on
@@ -219,7 +220,7 @@ class Engine:
         self._init = {"model": config.model, "layers": self.layers, "device": config.device,
                       "dtype": str(self.dtype).removeprefix("torch."), "points": self.points,
                       "variants": config.variants, "seed": config.seed, "threads": self.threads,
-                      "weights": self.weight_share.spec if self.weight_share else None}
+                      "weights": self.device_weights.spec if self.device_weights else None}
         self.pool: ExecutorPool | None = None   # started on the first candidate
         self.baseline: Executor | None = None
         self.graph_errors: dict[int, str] = {}
@@ -228,10 +229,10 @@ class Engine:
         self._start_baseline()
         # what one executor takes on the device (its KV caches, activations, context): sizes the pool
         self.executor_bytes = max(free_before - _free_gpu_bytes(self.device), 0) if free_before else 0
-        # baseline step time per point as bench times it (wall time of a run request, per step)
-        self.base_ms = [ab.time_side(self.baseline, i, 0, 5, ab.run_batch(self.device.type, None)) for i in
-                        range(len(self.points))]
-        self.batch = [ab.run_batch(self.device.type, ms) for ms in self.base_ms]
+        # per point: the baseline's step as bench times it (request wall time / k) and k, the runs per sample
+        cal = [ab.calibrate(self.baseline, i, self.device.type, self.ref[i][0].numel() * self.ref[i][0].element_size())
+               for i in range(len(self.points))]
+        self.base_ms, self.batch = [ms for ms, _ in cal], [k for _, k in cal]
         stage("graph_capture", t0)
 
         gpu_bytes = _gpu_bytes(self.device)
@@ -402,11 +403,10 @@ class Engine:
                 self._start_baseline()
                 return ErrorReply(message=f"the baseline executor died during {phase} ({e}); restarted",
                                   kind="internal")
-            tail = self.candidate.executor.stderr_tail(200) if self.candidate else ""
             self._drop_candidate()
             self._ensure_baseline()
-            reply = ErrorReply(message=f"executor died during {phase} ({e})" + (f": {tail}" if tail else ""),
-                               kind="crash")
+            reply = ErrorReply(message=f"executor died during {phase} ({e.how})"
+                                       + (f"; its stderr ended: {e.tail}" if e.tail else ""), kind="crash")
         except CandidateRaised as e:
             if e.kind == "device":              # its CUDA context is gone: so is the executor
                 self._drop_candidate()
@@ -523,7 +523,8 @@ class Engine:
                 continue
             graphed = i in cand_graphed
             k = self.batch[i]
-            n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i] * k, samples)
+            n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i] * k, samples,
+                                                               weight_share(self.points, i))
             fresh = None if "moe_route" in self.ops_at[i] else self._fresh_ids(i)
             need = PAUSE_POOL_IF_READY.get(self.device.type)
             paused = (self.pool.pause() if self.pool is not None and need is not None
@@ -532,7 +533,7 @@ class Engine:
                 res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
                                    self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
                                    stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type),
-                                   rows=int(self.ref[i][0].shape[0]))
+                                   rows=int(self.ref[i][0].shape[0]), vocab=self.spec.vocab_size)
             finally:
                 ExecutorPool.resume(paused)
             r = judging.spot_check(self, i, p, res.kept)
@@ -550,10 +551,9 @@ class Engine:
                               "speedup": res.speedup, **({"config": notes} if notes else {})})
         reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
         reasons += self._process_reasons("timing")
-        # a point's weight is already its share of GPU time: new time / old time = sum(w * cand/base) / sum(w)
+        # a point's weight is its share of GPU time: new / old time = sum(w / point speedup) / sum(w)
         wsum = sum(pp["point"].get("weight", 1.0) for pp in per_point)
-        rsum = sum(pp["point"].get("weight", 1.0) * pp["candidate_ms"] / pp["baseline_ms"]
-                   for pp in per_point if pp["baseline_ms"] > 0)
+        rsum = sum(pp["point"].get("weight", 1.0) / pp["speedup"] for pp in per_point if pp["speedup"] > 0)
         speedup = wsum / rsum if rsum > 0 else None
         message = "timed" if not reasons else "rejected while timed"
         if notes:
@@ -569,7 +569,7 @@ class Engine:
 
     def _fresh_ids(self, i: int):
         """``fresh(k) -> [k, T]`` token ids drawn here for k timed runs of point i (no executor can predict
-        them, so no output can be cached across runs)."""
+        them, so no output can be cached across runs; ``ab`` chains them so no two runs can be batched)."""
         gen = torch.Generator().manual_seed(self._rng.randrange(2**62))
         t = self.workloads[i][0].token_ids.numel()
         return lambda k: torch.randint(0, self.spec.vocab_size, (k, t), generator=gen)

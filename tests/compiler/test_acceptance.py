@@ -212,3 +212,20 @@ def test_a_kept_winner_leaves_its_group_dropped_as_conflicting():
     comp = acc.compose()
     assert [p.name for p in comp.parts] == [name["rms_norm-a"]]
     assert dict(comp.dropped) == {name["rms_norm-b"]: "overrides an op or knob of a faster accepted candidate"}
+
+
+def test_a_budget_that_runs_out_in_composition_keeps_the_best_candidate_alone():
+    from compiler.fleet import failed_verdict
+
+    engine = TableEngine({"rms_norm": 1.2, "silu_and_mul": 1.1}, {"rms_norm": 1.25, "silu_and_mul": 1.15})
+    acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})
+    for op in ("silu_and_mul", "rms_norm"):
+        acc.consider(cand(op), engine("fast", cand(op)), author="a")
+    assert len(acc.accepted) == 2
+    refused = lambda tier, src: failed_verdict("not evaluated: the run's budget is spent")   # noqa: E731
+    acc.evaluate = refused
+    comp = acc.compose()
+    assert [a.targets for a in comp.parts] == [("rms_norm",)]        # the best slow-tier speedup, alone
+    assert comp.fast == acc.accepted[1].fast and comp.slow == acc.accepted[1].slow
+    assert parse_targets(comp.source)[0] == ("rms_norm",)
+    assert dict(comp.dropped)[acc.accepted[0].name].startswith("not measured when composed")

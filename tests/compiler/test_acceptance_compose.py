@@ -98,3 +98,16 @@ def test_parse_targets_and_errors():
     with pytest.raises(ComposeError, match="does not parse"):
         compose([Part("bad", "def (:\n")])
     assert load(compose([]))["OVERRIDES"] == {}
+
+
+def test_a_composition_refused_for_the_budget_is_not_called_incorrect():
+    from compiler.acceptance import _why_dropped
+    from compiler.fleet import failed_verdict
+
+    ok = type("V", (), {"correct": True, "reasons": [], "speedup": 1.0})()
+    assert _why_dropped(failed_verdict("not evaluated: the run's budget is spent"), None, None) == \
+        "not measured when composed: the run's budget ran out"
+    assert _why_dropped(failed_verdict("layer-level: logits differ"), None, None) == "incorrect when composed"
+    assert _why_dropped(ok, failed_verdict("hang: no answer during bench within 3 s"), 0.0) == \
+        "not measured when composed: the run's budget ran out"          # cut at the deadline
+    assert _why_dropped(ok, ok, None) == "no gain when composed"

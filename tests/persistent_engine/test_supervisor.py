@@ -41,6 +41,8 @@ def test_start_up_is_logged_stage_by_stage(sup):
 HOSTILE = [
     ("abort_sneaky", "crash: executor died during verify (killed by SIGABRT)", 60),
     ("segfault", "crash: executor died during verify (killed by SIGSEGV)", 60),
+    ("stderr_then_exits", "crash: executor died during verify (exit code 7); its stderr ended: candidate stderr "
+                          "line 10 | ", 60),
     ("hang", "hang: no answer during verify within", 6),
     ("leaks_thread", "candidate left 1 thread(s) running: candidate-worker", 60),
     ("slows_baseline", "load: candidate changed the op registry: linear", 60),
@@ -56,6 +58,8 @@ def test_only_the_executor_goes_and_the_judge_serves_the_next_candidate(sup, nam
     assert not v.correct and not v.restarted
     assert any(reason in r for r in v.reasons), v.reasons
     assert len(v.reasons) == 1, v.reasons
+    if name == "stderr_then_exits":             # the last 20 lines it wrote, in order, nothing before them
+        assert v.reasons[0].endswith("candidate stderr line 29") and "line 9 |" not in v.reasons[0], v.reasons
     assert sup.alive() and sup.proc.pid == pid and len(sup.restarts) == restarts
     nxt = sup.evaluate(src("good_torch"), timeout_s=120)
     assert nxt.correct and not nxt.restarted, nxt.reasons
