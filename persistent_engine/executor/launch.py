@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from persistent_engine.executor.channel import ChannelClosed, channel_pair, decode_tensors
+from persistent_engine.executor.channel import ChannelClosed, Mailbox, channel_pair, decode_tensors
 
 from persistent_engine.executor import sandbox
 
@@ -88,16 +88,18 @@ class Executor:
         self.tmp = sandbox.make_workdir(workdir)              # the executor's only writable place
         self.stderr_path = os.path.join(workdir, f"{os.path.basename(self.tmp)}.stderr")   # outside its reach
         self.chan, theirs = channel_pair()
+        self.mailbox = Mailbox.create()                       # its replies' large tensors: this executor's only
         argv = [sys.executable, "-m", "persistent_engine.executor.worker", "--fd", str(theirs.fileno()),
-                "--arena-fd", str(arena.fd)]
+                "--arena-fd", str(arena.fd), "--mailbox-fd", str(self.mailbox.fd)]
         os.set_inheritable(arena.fd, True)
+        os.set_inheritable(self.mailbox.fd, True)
         # the baseline executor runs only reference code for the judge's whole life: no CPU-time cap
         limits = {"cpu_seconds": None} if role == "baseline" else {}
         policy = sandbox.SandboxPolicy.for_device(init["device"], self.tmp, **limits)
         try:
             with open(self.stderr_path, "ab") as err:
                 self.proc = sandbox.spawn(argv, policy, env=executor_env(init["device"], policy),
-                                          pass_fds=(theirs.fileno(), arena.fd), stderr=err)
+                                          pass_fds=(theirs.fileno(), arena.fd, self.mailbox.fd), stderr=err)
         finally:
             theirs.close()
         self.pid = self.proc.pid
@@ -105,7 +107,8 @@ class Executor:
         self._members: list[int] = []
         self._stops = 0
         self.stopped = False
-        self.chan.send({**init, "arena_size": arena.size, "manifest": arena.manifest})
+        self.chan.send({**init, "arena_size": arena.size, "manifest": arena.manifest,
+                        "mailbox_size": self.mailbox.size})
         self.ready = False
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -141,7 +144,7 @@ class Executor:
             if left <= 0:
                 raise ExecutorTimeout(f"no answer during {what}")
             try:
-                return decode_tensors(self.chan.recv(timeout=min(left, 0.05)))
+                return decode_tensors(self.chan.recv(timeout=min(left, 0.05)), mailbox=self.mailbox)
             except TimeoutError:
                 if not self.alive():
                     raise self._death() from None
@@ -207,6 +210,7 @@ class Executor:
             self.proc.kill_all()
         finally:
             self.chan.close()
+            self.mailbox.close()
 
 
 class ExecutorPool:

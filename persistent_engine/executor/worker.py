@@ -305,8 +305,9 @@ def _init_then_serve(args) -> None:
     pid = os.fork()
     if pid == 0:
         return                              # the child: serve
-    for fd in (args.fd, args.arena_fd):     # EOF reaches the judge when the child dies
-        os.close(fd)
+    for fd in (args.fd, args.arena_fd, args.mailbox_fd):     # EOF reaches the judge when the child dies
+        if fd is not None:
+            os.close(fd)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -335,11 +336,12 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from persistent_engine.executor.channel import Arena, Channel, decode_tensors
+    from persistent_engine.executor.channel import Arena, Channel, Mailbox, decode_tensors
 
     ap = argparse.ArgumentParser(prog="python -m persistent_engine.executor.worker")
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--arena-fd", type=int, required=True)
+    ap.add_argument("--mailbox-fd", type=int, default=None)
     args = ap.parse_args(argv)
     if os.getpid() == 1:
         _init_then_serve(args)
@@ -348,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     chan = Channel.from_fd(args.fd)
     init = chan.recv()
     arena = Arena.open(args.arena_fd, init["arena_size"], init["manifest"])
+    if args.mailbox_fd is not None:         # large reply tensors go through the judge's memfd
+        chan.mailbox = Mailbox(args.mailbox_fd, init["mailbox_size"])
     try:
         code = serve(chan, arena, init)
     except EOFError:                        # the judge went away: nothing left to do
