@@ -150,4 +150,8 @@ def build_model(spec: ModelSpec | str, layers=None, device="cpu", dtype=torch.bf
         params = init_params(spec, idx, device=device, dtype=dtype, seed=seed)
     else:
         params = load_weights(spec, idx, weights, device=device, dtype=dtype)
+    if spec.family == "kimi_linear":            # KDA + MLA, latent MoE, attention residuals (models/kimi.py)
+        from persistent_engine.models.kimi import KimiDecoder
+
+        return KimiDecoder(spec, idx, params, device, dtype)
     return Decoder(spec, idx, params, device, dtype)

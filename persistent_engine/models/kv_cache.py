@@ -3,7 +3,11 @@
 GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dh]``; MLA layers keep one latent pool
 ``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
 lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
-their index keys in ``index_k[NB, BS, Di]``. Blocks are handed out in a seeded random
+their index keys in ``index_k[NB, BS, Di]``. Kimi delta attention layers keep no per-token pool but a fixed
+state per sequence next to it: ``state[B, H, Dk, Dv]`` fp32 and ``conv[B, 3 H Dk, W - 1]`` (the short conv's last
+inputs) as they stand after the cached context; a step reads those and writes the states after its tokens to
+``state_next`` / ``conv_next`` (so a step can run again on the same workload); ``advance()`` moves them in
+before the next step. Blocks are handed out in a seeded random
 order, so a kernel that assumes contiguous blocks fails verification. Bytes per token and layer:
 ``spec.kv_bytes_per_token_layer()``.
 """
@@ -24,6 +28,16 @@ class KVCache:
     k: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool
     v: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool (GQA only)
     index_k: dict[int, torch.Tensor] = field(default_factory=dict)   # block-sparse layers: index keys [NB, BS, Di]
+    state: dict[int, torch.Tensor] = field(default_factory=dict)     # KDA layers: recurrent state [B, H, Dk, Dv] fp32
+    conv: dict[int, torch.Tensor] = field(default_factory=dict)      # KDA layers: conv inputs [B, 3 H Dk, W - 1]
+    state_next: dict[int, torch.Tensor] = field(default_factory=dict)   # what the last step left (same shapes)
+    conv_next: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def advance(self) -> None:
+        """Make the states the last step wrote the ones the next step starts from (KDA layers; else nothing)."""
+        for cur, nxt in ((self.state, self.state_next), (self.conv, self.conv_next)):
+            for layer, t in cur.items():
+                t.copy_(nxt[layer])
 
     @property
     def batch(self) -> int:
@@ -40,7 +54,8 @@ class KVCache:
         return blocks * self.block_size + positions % self.block_size
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values(), *self.index_k.values()))
+        pools = (self.k, self.v, self.index_k, self.state, self.conv, self.state_next, self.conv_next)
+        return sum(t.numel() * t.element_size() for p in pools for t in p.values())
 
 
 def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, device="cpu",
@@ -62,6 +77,12 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
 
     cache = KVCache(block_size=block_size, block_tables=tables)
     for i in layers:
+        if spec.is_kda_layer(i):
+            n, d = spec.kda_num_heads, spec.kda_head_dim
+            cache.state[i] = pool(batch, n, d, d).float() * 0.3 if fill != "zeros" else pool(batch, n, d, d).float()
+            cache.conv[i] = pool(batch, 3 * n * d, spec.kda_conv_size - 1)
+            cache.state_next[i], cache.conv_next[i] = cache.state[i].clone(), cache.conv[i].clone()
+            continue
         if spec.attention == "mla":
             cache.k[i] = pool(nb, block_size, spec.kv_lora_rank + spec.qk_rope_head_dim)
             if spec.indexer_kind(i) == "full":
