@@ -23,7 +23,8 @@ def dims_of(spec: Any) -> dict[str, int]:
     return {"hidden": spec.hidden_size, "intermediate": spec.intermediate_size,
             "moe_intermediate": spec.moe_intermediate_size, "head_dim": spec.head_dim,
             "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
-            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1), "kv_lora_rank": spec.kv_lora_rank}
+            "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1), "kv_lora_rank": spec.kv_lora_rank,
+            "kda_head_dim": getattr(spec, "kda_head_dim", 0)}
 
 
 def _next_pow2(n: int) -> int:
@@ -156,6 +157,15 @@ def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
     return out
 
 
+def _kda(k: Mapping, dims: Mapping) -> list[str]:
+    """The fp32 state tile [K, BLOCK_V] lives in registers (K: the KDA head dim, 128 for Kimi; 128 assumed)."""
+    return _per_thread(_next_pow2(dims.get("kda_head_dim") or 128) * k["KDA_BLOCK_V"], k["KDA_NUM_WARPS"])
+
+
+def _situ(k: Mapping, dims: Mapping) -> list[str]:
+    return _per_thread(k["SITU_BLOCK_I"], k["SITU_NUM_WARPS"])
+
+
 MOE_SMEM_BYTES = 200 * 1024     # bf16 A + gate + up tiles of the w13 GEMM, NUM_STAGES - 1 buffers (H200: 227 KiB)
 
 
@@ -234,6 +244,13 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "triton", ("cuda",),
              (Knob("SOAI_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SOAI_NUM_WARPS", POW2_WARPS)),
              "clamped alpha-sigmoid gate times (up + 1) in fp32, one pass, one rounding", _soai),
+    Template("kda_decode.triton", "kda_decode", "triton_kda_decode.py", "kda_decode_triton", "triton", ("cuda",),
+             (Knob("KDA_BLOCK_V", (32, 16, 64, 8, 128)), Knob("KDA_NUM_WARPS", (4, 2, 8, 1))),
+             "Kimi delta attention decode step in one kernel: gate, l2 norms, decay, delta update and output with "
+             "the fp32 state tile in registers (one read and one write of the state)", _kda),
+    Template("situ_and_mul.triton", "situ_and_mul", "triton_situ_and_mul.py", "situ_and_mul_triton", "triton",
+             ("cuda",), (Knob("SITU_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SITU_NUM_WARPS", POW2_WARPS)),
+             "Kimi-K3 SiTU-GLU (tanh-clipped gate and up) in fp32, one pass, one rounding", _situ),
     Template("swiglu_clamp_and_mul.triton", "swiglu_clamp_and_mul", "triton_swiglu_clamp.py",
              "swiglu_clamp_and_mul_triton", "triton", ("cuda",),
              (Knob("SWCL_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SWCL_NUM_WARPS", POW2_WARPS)),

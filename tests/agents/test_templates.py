@@ -43,6 +43,8 @@ SMALL = {
     "hc_post.triton": {"HCP_BLOCK_D": 16, "HCP_NUM_WARPS": 1},
     "swiglu_clamp_and_mul.triton": {"SWCL_BLOCK_I": 64, "SWCL_NUM_WARPS": 1},
     "sparse_mla_decode.triton": {"SMLA_BLOCK_H": 16, "SMLA_BLOCK_K": 16, "SMLA_NUM_WARPS": 2, "SMLA_NUM_STAGES": 1},
+    "kda_decode.triton": {"KDA_BLOCK_V": 8, "KDA_NUM_WARPS": 1},
+    "situ_and_mul.triton": {"SITU_BLOCK_I": 64, "SITU_NUM_WARPS": 1},
     "moe_experts.triton_fused": {"MOE_GEMV_MAX_PAIRS": 8, "MOE_GEMV_ROWS": 4, "MOE_GEMV_BLOCK_K": 32,
                                  "MOE_GEMV_WARPS": 1, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
                                  "MOE_GROUP_M": 4, "MOE_NUM_WARPS": 2, "MOE_NUM_STAGES": 1},
