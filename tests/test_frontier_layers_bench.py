@@ -35,3 +35,15 @@ def test_cpu_tiny_run_writes_rows(tmp_path):
     assert {r["model"] for r in doc["rows"]} == {"glm+tiny", "deepseek-v3.2+tiny", "minimax+tiny"}
     assert all(r["step_ms"] > 0 and r["bytes"]["total"] > 0 for r in doc["rows"])
     assert any("indexer_topk" in r.get("top_ops_ms", {}) for r in doc["rows"])
+
+
+def test_cpu_tiny_kimi_counts_the_recurrent_state(tmp_path):
+    out = tmp_path / "kimi.json"
+    assert _bench().main(["--device", "cpu", "--tiny", "--models", "kimi", "--samples", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    decode = [r for r in rows if r["phase"] == "decode"]
+    assert decode and all(r["bytes"]["state"] > 0 and r["kinds"] == ["dense/kda", "moe/kda", "moe/dense"]
+                          for r in decode)
+    prefill = [r for r in rows if r["phase"] == "prefill"]
+    assert len(prefill) == 1 and "kda_prefill" in prefill[0]["top_ops_ms"]
+    assert _bench().SLICES["kimi"] == [0, 3] and ModelSpec.from_name("kimi").is_kda_layer(0)
