@@ -129,7 +129,8 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
         ms, how = timed_ms(model, wl, device, samples)
         moved = step_bytes(model, wl)
         row = {"model": alias, "release": spec.name, "family": spec.family, "layers": layers,
-               "kinds": [layer_label(spec, i) for i in layers], "phase": "decode", "batch": batch, "context": context, "step_ms": ms, "timing": how,
+               "kinds": [layer_label(spec, i) for i in layers], "phase": "decode", "batch": batch,
+               "context": context, "step_ms": ms, "timing": how,
                "empty_slice_ms": base[(batch, context)],
                "ms_per_layer": (ms - base[(batch, context)]) / len(layers), "bytes": moved,
                "gbs": moved["total"] / ms / 1e6, "pct_copy": 100 * moved["total"] / ms / 1e6 / copy_gbs,

@@ -241,7 +241,8 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     ops = [_elementwise("fused_add_rms_norm", 4 * ta * h)]
     ops += kda_attention_ops(spec, layout, seqs, n) if attn == "kda" else _attention_ops(spec, layout, seqs, n, ctx)
     if attn != "kda" and getattr(spec, "mla_output_gate", False):       # Kimi-K3: o * sigmoid(g_proj(h))
-        ops.append(_gemm("g_proj", ta, h, heads_per_gpu(spec, layout)[0] * spec.v_head_dim, layout.dtype, layout.wbytes))
+        gated = heads_per_gpu(spec, layout)[0] * spec.v_head_dim
+        ops.append(_gemm("g_proj", ta, h, gated, layout.dtype, layout.wbytes))
     c = _comm("attn_all_reduce", "all_reduce", layout.tp, ta * h * ACT_BYTES)
     if c:
         ops.append(c)

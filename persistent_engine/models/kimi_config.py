@@ -37,7 +37,8 @@ KIMI_KEYS = {
 # HF PretrainedConfig's serialised generation / training / bookkeeping defaults (transformers 4.x writes them into
 # every nested config): tkcc's forward and sampler read none of them; the few that would change the model are
 # checked to keep their default (``_HF_MUST_BE_OFF``).
-KIMI_NO_MATH = {k: "HF PretrainedConfig default (generation/training/bookkeeping); not read by the forward pass" for k in (
+_HF_DEFAULT = "HF PretrainedConfig default (generation/training/bookkeeping); not read by the forward pass"
+KIMI_NO_MATH = {k: _HF_DEFAULT for k in (
     "_name_or_path", "add_cross_attention", "bad_words_ids", "begin_suppress_tokens", "chunk_size_feed_forward",
     "cross_attention_hidden_size", "decoder_start_token_id", "diversity_penalty", "do_sample", "early_stopping",
     "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "finetuning_task", "forced_bos_token_id",
@@ -50,10 +51,11 @@ KIMI_NO_MATH = {k: "HF PretrainedConfig default (generation/training/bookkeeping
 _HF_MUST_BE_OFF = ("add_cross_attention", "is_encoder_decoder", "pruned_heads", "cross_attention_hidden_size")
 # keys of the multimodal wrapper around text_config
 _OUTER_NO_MATH = {
-    "architectures": "selects the family", "auto_map": "names the HF remote-code classes", "model_type": "selects the family",
-    "bos_token_id": "tokenizer ids", "eos_token_id": "tokenizer ids", "pad_token_id": "tokenizer ids",
-    "media_placeholder_token_id": "tokenizer id of image inputs", "image_placeholder": "tokenizer string of image inputs",
-    "ignore_index": "training loss", "dtype": "the checkpoint's storage dtype", "torch_dtype": "the checkpoint's storage dtype",
+    "architectures": "selects the family", "auto_map": "names the HF remote-code classes",
+    "model_type": "selects the family", "bos_token_id": "tokenizer ids", "eos_token_id": "tokenizer ids",
+    "pad_token_id": "tokenizer ids", "media_placeholder_token_id": "tokenizer id of image inputs",
+    "image_placeholder": "tokenizer string of image inputs", "ignore_index": "training loss",
+    "dtype": "the checkpoint's storage dtype", "torch_dtype": "the checkpoint's storage dtype",
     "transformers_version": "provenance", "tie_word_embeddings": "checked equal to text_config's",
     "vision_config": "the image encoder and projector: they run only on image inputs; tkcc serves text prompts",
     "text_config": "the text decoder tkcc runs",
@@ -100,7 +102,8 @@ def _layer_flags(la: dict, num_layers: int, name: str) -> tuple[bool, ...]:
     kda = [int(i) for i in la.get("kda_layers") or []]
     full = [int(i) for i in la.get("full_attn_layers") or []]
     if sorted(kda + full) != list(range(1, num_layers + 1)):
-        raise SpecError(f"{name}: linear_attn_config kda_layers and full_attn_layers must split the layers 1..{num_layers}")
+        raise SpecError(f"{name}: linear_attn_config kda_layers and full_attn_layers must split the layers "
+                        f"1..{num_layers}")
     return tuple(i + 1 in set(kda) for i in range(num_layers))
 
 
@@ -144,7 +147,7 @@ def kimi_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
                   routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
                   n_group=groups, topk_group=int(c.get("topk_group") or 1) if groups > 1 else 1,
                   latent_moe_size=int(c.get("routed_expert_hidden_size") or 0),
-                  latent_moe_norm=bool(c.get("latent_moe_use_norm", False)) and bool(c.get("routed_expert_hidden_size")))
+                  latent_moe_norm=bool(c.get("latent_moe_use_norm", False) and c.get("routed_expert_hidden_size")))
     if c.get("hidden_act", "silu") == "situ":
         lb = c.get("activation_situ_linear_beta")
         kw.update(mlp_act="situ", situ_beta=float(c.get("activation_situ_beta") or 1.0),

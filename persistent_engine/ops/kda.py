@@ -332,8 +332,8 @@ OPS = [
           ({"B": 3, "H": 2, "K": 16, "V": 8, "lb": -5.0}, {"B": 1, "H": 3, "K": 8, "V": 12, "lb": None}),
           outputs=2, tolerances=dict(KDA_TOLERANCES)),
     OpDef("kda_prefill", kda_prefill,
-          "kda_prefill(" + _KDA_ARGS.replace("*", "T") + ", cu_seqlens[B+1] int32) -> (o[T, H, V], new_state[B, H, K, V] "
-          "fp32): each sequence's tokens from its state, in order. shape dict: {'B', 'chunk', 'H', 'K', 'V', 'lb'}",
+          "kda_prefill(" + _KDA_ARGS.replace("*", "T") + ", cu_seqlens[B+1] int32) -> (o[T, H, V], "
+          "new_state[B, H, K, V] fp32): each sequence's tokens from its state, in order. shape dict: {'B', 'chunk', 'H', 'K', 'V', 'lb'}",
           _kda_inputs("prefill"), _kda_shapes("prefill"),
           ({"B": 2, "chunk": 21, "H": 2, "K": 16, "V": 8, "lb": -5.0}, {"B": 1, "chunk": 5, "H": 1, "K": 8, "V": 8,
                                                                          "lb": None}),
@@ -355,7 +355,8 @@ OPS = [
           _situ_inputs, _situ_shapes, ({"x": [5, 48]}, {"x": [2, 3, 20], "beta": 2.0, "lbeta": None})),
     OpDef("moe_experts_situ", moe_experts_situ,
           "moe_experts_situ(x[T, H], w13[E, 2I, H], w2[E, H, I], topk_weights[T, k] fp32, topk_ids[T, k] int64, beta, "
-          "linear_beta) -> [T, H]: moe_experts with situ_and_mul. shape dict: {'T', 'E', 'k', 'H', 'I', 'beta', 'lbeta'}",
+          "linear_beta) -> [T, H]: moe_experts with situ_and_mul. "
+          "shape dict: {'T', 'E', 'k', 'H', 'I', 'beta', 'lbeta'}",
           _situ_experts_inputs, _situ_experts_shapes,
           ({"T": 1, "E": 16, "k": 2, "H": 32, "I": 24}, {"T": 6, "E": 8, "k": 2, "H": 48, "I": 16}),
           tolerances=dict(MATMUL_TOLERANCES), fit=_situ_experts_fit),

@@ -81,7 +81,7 @@ def _moes_align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, NUM_BLOCKS,
 
 
 @triton.jit
-def _grouped_pid(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def _moes_grouped_pid(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """GROUP_M swizzle: GROUP_M consecutive row blocks (of one expert in prefill) run one after another
     over the N blocks, so they share a weight tile in L2. Returns (pid_m, pid_n)."""
     width = GROUP_M * num_pid_n
@@ -95,7 +95,7 @@ def _moes_w13_kernel(x_ptr, w13_ptr, sorted_ptr, bexp_ptr, inter_ptr, P, H, I, E
                     stride_xt, stride_xh, stride_we, stride_wr, stride_wk,
                     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, HAS_LB: tl.constexpr):
-    pid_m, pid_n = _grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(I, BLOCK_N), GROUP_M)
+    pid_m, pid_n = _moes_grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(I, BLOCK_N), GROUP_M)
     e = tl.load(bexp_ptr + pid_m)
     if e >= E:                                              # past the last group: nothing to do
         return
@@ -139,7 +139,7 @@ def _moes_w2_kernel(inter_ptr, w2_ptr, sorted_ptr, bexp_ptr, tw_ptr, ypair_ptr, 
                    stride_we, stride_wr, stride_wk,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    pid_m, pid_n = _grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(H, BLOCK_N), GROUP_M)
+    pid_m, pid_n = _moes_grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(H, BLOCK_N), GROUP_M)
     e = tl.load(bexp_ptr + pid_m)
     if e >= E:
         return
@@ -256,8 +256,8 @@ def moe_experts_situ_triton(x, w13, w2, topk_weights, topk_ids, beta, linear_bet
         inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
         _moes_gemv_up_kernel[(P, triton.cdiv(I, MOES_GEMV_ROWS))](
             x, w13, ids, inter, H, I, float(beta), lb, x.stride(0), x.stride(1), w13.stride(0), w13.stride(1),
-            w13.stride(2), TOPK=k, ROWS=MOES_GEMV_ROWS, BLOCK_K=MOES_GEMV_BLOCK_K, HAS_LB=has_lb, num_warps=MOES_GEMV_WARPS,
-            num_stages=MOES_NUM_STAGES)
+            w13.stride(2), TOPK=k, ROWS=MOES_GEMV_ROWS, BLOCK_K=MOES_GEMV_BLOCK_K, HAS_LB=has_lb,
+            num_warps=MOES_GEMV_WARPS, num_stages=MOES_NUM_STAGES)
         _moes_gemv_down_kernel[(P, triton.cdiv(H, MOES_GEMV_ROWS))](
             inter, w2, ids, tw, ypair, H, I, w2.stride(0), w2.stride(1), w2.stride(2),
             ROWS=MOES_GEMV_ROWS, BLOCK_K=MOES_GEMV_BLOCK_K, num_warps=MOES_GEMV_WARPS, num_stages=MOES_NUM_STAGES)
@@ -272,7 +272,8 @@ def moe_experts_situ_triton(x, w13, w2, topk_weights, topk_ids, beta, linear_bet
                                 E_POW2=e_pow2, CHUNK=_moes_align_chunk(e_pow2), num_warps=8)
         inter = torch.empty((slots, I), dtype=x.dtype, device=x.device)
         _moes_w13_kernel[(num_blocks * triton.cdiv(I, MOES_BLOCK_N),)](
-            x, w13, sorted_ids, block_expert, inter, P, H, I, E, num_blocks, float(beta), lb, x.stride(0), x.stride(1),
+            x, w13, sorted_ids, block_expert, inter, P, H, I, E, num_blocks, float(beta), lb, x.stride(0),
+            x.stride(1),
             w13.stride(0), w13.stride(1), w13.stride(2), TOPK=k, BLOCK_M=MOES_BLOCK_M, BLOCK_N=MOES_BLOCK_N,
             BLOCK_K=MOES_BLOCK_K, GROUP_M=MOES_GROUP_M, UPCAST=upcast, IEEE=ieee, HAS_LB=has_lb,
             num_warps=MOES_NUM_WARPS, num_stages=MOES_NUM_STAGES)

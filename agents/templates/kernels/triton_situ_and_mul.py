@@ -14,7 +14,7 @@ SITU_NUM_WARPS = 4
 
 
 @triton.jit
-def _tanh(x):
+def _situ_tanh(x):
     e = tl.exp(-2.0 * tl.abs(x))
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0, -t, t)
@@ -27,9 +27,9 @@ def _situ_kernel(x_ptr, out_ptr, I, stride_xm, stride_om, beta, lbeta, HAS_LB: t
     mask = offs < I
     g = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_xm + I + offs, mask=mask, other=0.0).to(tl.float32)
-    a = beta * _tanh(g / beta) / (1.0 + tl.exp(-g))
+    a = beta * _situ_tanh(g / beta) / (1.0 + tl.exp(-g))
     if HAS_LB:
-        u = lbeta * _tanh(u / lbeta)
+        u = lbeta * _situ_tanh(u / lbeta)
     tl.store(out_ptr + row * stride_om + offs, (a * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 
