@@ -152,13 +152,17 @@ def kda_chunked(q, k, v, g, beta, state, chunk: int = REF_CHUNK):
         return x.reshape(b, n, chunk, h, *x.shape[3:]).movedim(3, 1)
     q, k, v, g, beta = map(heads_first, (q, k, v, g, beta))
     gc = g.cumsum(-2)                                                             # [B, H, N, C, K]
-    rel = (gc[..., :, None, :] - gc[..., None, :, :]).clamp(max=0).exp()          # [.., C(c), C(j), K]
+    akk = q.new_empty(*q.shape[:-1], chunk)                                       # [B, H, N, C(c), C(j)]
+    aqk = torch.empty_like(akk)
+    for j in range(chunk):        # column j: k_j against every token of its chunk, decayed from j (<= 1 for c >= j)
+        kj = k[..., j:j + 1, :] * (gc - gc[..., j:j + 1, :]).clamp(max=0).exp()  # [B, H, N, C, K]
+        akk[..., j], aqk[..., j] = (k * kj).sum(-1), (q * kj).sum(-1)
     lower = torch.tril(torch.ones(chunk, chunk, dtype=torch.bool, device=q.device), -1)
-    akk = torch.einsum("...ck,...cjk,...jk->...cj", k, rel, k).masked_fill(~lower, 0) * beta[..., None]
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    akk = akk.masked_fill(~lower, 0) * beta[..., None]
     a = torch.linalg.solve_triangular(eye + akk, torch.diag_embed(beta), upper=False)
     w, u = a @ (gc.exp() * k), a @ v
-    aqk = torch.einsum("...ck,...cjk,...jk->...cj", q, rel, k).masked_fill(~(lower | eye.bool()), 0)
+    aqk = aqk.masked_fill(~(lower | eye.bool()), 0)
     s = state.clone()
     o = torch.empty_like(v)
     for i in range(n):
