@@ -86,7 +86,7 @@ def make_workload(model, point: dict, seed: int = 0, *, cache: KVCache | None = 
             pre = make_workload(model, {"phase": "prefill", "batch": batch, "context": 0, "chunk": context}, seed + 1,
                                 cache=cache, tokens=tokens)
             model.step(pre)
-            cache.commit_states()           # linear layers: the prefill's states are the context's
+            cache.commit_states()           # recurrent layers: the prefill's states are the context's
         elif fill not in ("random", "model", "zeros"):
             raise WorkloadError(f"unknown cache fill {fill!r}; use random, model or zeros")
     if cache.batch != batch or cache.capacity < total:
@@ -124,5 +124,9 @@ def relayout_workload(model, wl, block_size: int, seed: int):
         for layer, src in pools_old.items():
             flat = gather_pages(src, old.block_tables)[:, :cap].reshape(batch * cap, *src.shape[2:])
             pools_new[layer].view(-1, *src.shape[2:]).index_copy_(0, slots, flat)
+    for cur, nxt in ((new.state, old.state), (new.conv, old.conv), (new.state_next, old.state_next),
+                     (new.conv_next, old.conv_next)):
+        for layer, t in nxt.items():
+            cur[layer].copy_(t)
     tok_seq = torch.arange(wl.batch, device=wl.positions.device).repeat_interleave(wl.chunk)
     return dataclasses.replace(wl, cache=new, slot_mapping=new.slots(wl.positions, tok_seq))
