@@ -106,8 +106,8 @@ def make_workload(model, point: dict, seed: int = 0, *, cache: KVCache | None = 
 
 
 def relayout_workload(model, wl, block_size: int, seed: int):
-    """``wl`` with the same cached K/V paged in blocks of ``block_size`` (fresh random block order);
-    slot mapping and block tables follow. Memory: one more KV cache of the point."""
+    """``wl`` with the same cached K/V paged in blocks of ``block_size`` (fresh random block order) and the same
+    recurrent states; slot mapping and block tables follow. Memory: one more KV cache of the point."""
     from persistent_engine.ops.attention import gather_pages
 
     old = wl.cache
@@ -124,9 +124,5 @@ def relayout_workload(model, wl, block_size: int, seed: int):
         for layer, src in pools_old.items():
             flat = gather_pages(src, old.block_tables)[:, :cap].reshape(batch * cap, *src.shape[2:])
             pools_new[layer].view(-1, *src.shape[2:]).index_copy_(0, slots, flat)
-    for cur, nxt in ((new.state, old.state), (new.conv, old.conv), (new.state_next, old.state_next),
-                     (new.conv_next, old.conv_next)):
-        for layer, t in nxt.items():
-            cur[layer].copy_(t)
     tok_seq = torch.arange(wl.batch, device=wl.positions.device).repeat_interleave(wl.chunk)
     return dataclasses.replace(wl, cache=new, slot_mapping=new.slots(wl.positions, tok_seq))
