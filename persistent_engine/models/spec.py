@@ -28,6 +28,10 @@ Supported families (``ModelSpec.family``):
                                                     rotary, block-sparse attention (an indexer picks 128-token
                                                     blocks per KV head), swigluoai MLPs (alpha, limit), sigmoid
                                                     routing + bias, shared expert, first layers dense
+  kimi_linear KimiLinearForCausalLM / KimiK3For-     hybrid: Kimi delta attention layers (per-channel decay delta
+              ConditionalGeneration (Kimi-K3)       rule + short conv, per-sequence recurrent state) interleaved
+                                                    with gated NoPE MLA; latent MoE, SiTU-GLU, attention residuals
+                                                    (models/kimi_config.py, models/kimi.py)
 
 Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
