@@ -1,19 +1,25 @@
-"""Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3; Qwen3.5 with --models qwen3.5): ms per layer, bytes,
+"""Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3; Qwen3.5 and Kimi-K3 with
+--models qwen3.5,kimi): ms per layer, bytes,
 share of HBM bandwidth, and where the time goes, with the reference ops (the baseline tkcc optimizes).
 
     python benchmarks/frontier_layers.py --device cuda            # real sizes on one GPU (H200: ~3 min)
     python benchmarks/frontier_layers.py --device cpu --tiny      # the same cases at toy size (CPU, ~1 min)
+    python benchmarks/frontier_layers.py --device cuda --models kimi --out benchmarks/results/h200-kimi-layers.json
 
 Per model, two slices are built with seeded random bf16 weights: the slice ``[]`` (embedding, final norm,
 lm_head) and the model's covering layers (every MLP kind and attention kind: GLM-5.2 [0, 2, 3] = dense
 layers with the indexer and an MoE layer that reuses layer 2's selection; DeepSeek-V3.2 [0, 3]; MiniMax-M3
-[0, 3] = dense attention + dense MLP, block-sparse attention + MoE). Each decode case (batch, context) is
+[0, 3] = dense attention + dense MLP, block-sparse attention + MoE; Kimi-K3 [0, 3] = Kimi delta attention + dense
+SiTU MLP, gated NoPE MLA + latent MoE: its covering slice [0, 1, 3] holds two MoE layers of 896 bf16 experts, 59 GB
+each, which with the rest does not fit one H200). Each decode case (batch, context) is
 timed as one CUDA-graph replay (eager where capture fails; CPU: eager medians); ms per layer =
 (slice ms - empty-slice ms) / layers. Bytes a step must read: every weight but the embedding table (B rows),
 routed experts only where the batch routes (counted from the step's routing), and the KV cache as the
 attention reads it: a sparse layer's selection (DSA: index_topk tokens of the latent; M3: topk_blocks x 128
-tokens of K/V), the indexer's keys over the whole context; a Qwen3.5 linear-attention layer its recurrent and conv
-states, read and written once per sequence (no per-token cache). % of bandwidth = bytes / time / copy bandwidth
+tokens of K/V), the indexer's keys over the whole context; a recurrent layer (Qwen3.5's Gated DeltaNet, Kimi's KDA)
+its fp32 state and conv state, read and written once per step (no per-token cache; ``bytes["state"]``). Models with
+KDA layers also time one prefill chunk (eager; the chunked delta rule).
+% of bandwidth = bytes / time / copy bandwidth
 (measured) and / datasheet. One profiled case per model gives the per-op split (persistent_engine.profiler).
 Prints a table; writes ``benchmarks/results/<device>-frontier-layers.json`` atomically.
 """
@@ -45,6 +51,8 @@ from persistent_engine.workloads import make_workload  # noqa: E402
 MODELS = ("glm", "deepseek-v3.2", "minimax")
 CUDA_POINTS = ((1, 4096), (16, 4096), (64, 4096))        # (batch, context): past the 2048-token selections
 CPU_POINTS = ((1, 64), (4, 64))
+SLICES = {"kimi": [0, 3]}                                  # real-size slices other than covering_layers (doc)
+PREFILL_CHUNK = {"cuda": 2048, "cpu": 16}                  # the prefill case of models with KDA layers
 
 
 def attended_tokens(spec, layer: int, pool: str, context: int) -> int:
@@ -72,15 +80,33 @@ def step_bytes(model, wl) -> dict[str, float]:
     for pool, pools in (("k", wl.cache.k), ("v", wl.cache.v), ("index_k", wl.cache.index_k)):
         for layer, t in pools.items():
             kv += wl.batch * attended_tokens(spec, layer, pool, wl.context) * t[0, 0].numel() * t.element_size()
-    for pools in (wl.cache.state, wl.cache.conv):        # linear layers: [B, ...] read, the new one written
-        kv += sum(2 * t.numel() * t.element_size() for t in pools.values())
-    return {"weights": float(weights), "kv": float(kv), "total": float(weights + kv)}
+    state = sum(2 * t.numel() * t.element_size() for pools in (wl.cache.state, wl.cache.conv) for t in pools.values())
+    return {"weights": float(weights), "kv": float(kv), "state": float(state), "total": float(weights + kv + state)}
 
 
-def attention_kind(spec, i: int) -> str:
+def layer_label(spec, i: int) -> str:
+    """'moe/kda', 'dense/linear', 'moe/full' ...: layer i's MLP kind and its attention (or recurrent mixer)."""
     if spec.is_linear(i):
-        return "linear"
-    return spec.indexer_kind(i) or ("msa" if spec.block_sparse(i) else "dense")
+        attn = "linear"
+    elif spec.is_kda_layer(i):
+        attn = "kda"
+    else:
+        attn = spec.indexer_kind(i) or ("msa" if spec.block_sparse(i) else "dense")
+    return f"{spec.layer_kind(i)}/{attn}"
+
+
+def prefill_row(model, alias: str, device: str, samples: int) -> dict:
+    """One prefill chunk of a model with KDA layers (batch 1, no context), eager, with its top ops."""
+    chunk = PREFILL_CHUNK[device]
+    wl = make_workload(model, {"phase": "prefill", "batch": 1, "context": 0, "chunk": chunk}, fill="zeros")
+    ms = statistics.median(time_eager(model, wl, device, max(1, samples // 10)))
+    row = {"model": alias, "release": model.spec.name, "family": model.spec.family, "layers": model.layers,
+           "phase": "prefill", "batch": 1, "context": 0, "chunk": chunk, "step_ms": ms, "timing": "eager",
+           "tokens_per_s": chunk / ms * 1e3, "top_ops_ms": top_ops(model, wl, device)}
+    print(f"{alias:<14} {str(model.layers):<11} prefill {chunk:<5} {ms:9.3f} ms (eager)  "
+          f"{row['tokens_per_s']:9.0f} tokens/s", flush=True)
+    print("    top ops (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in row["top_ops_ms"].items()), flush=True)
+    return row
 
 
 def timed_ms(model, wl, device: str, samples: int) -> tuple[float, str]:
@@ -99,7 +125,7 @@ def top_ops(model, wl, device: str, n: int = 6) -> dict[str, float]:
 
 def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, peak: float | None) -> list[dict]:
     spec = ModelSpec.from_name(alias)
-    layers = spec.covering_layers()
+    layers = SLICES.get(alias, spec.covering_layers())
     rows = []
     empty = build_model(spec, layers=[], device=device)
     base = {pt: timed_ms(empty, make_workload(empty, {"phase": "decode", "batch": pt[0], "context": pt[1]}), device,
@@ -111,7 +137,8 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
         ms, how = timed_ms(model, wl, device, samples)
         moved = step_bytes(model, wl)
         row = {"model": alias, "release": spec.name, "family": spec.family, "layers": layers,
-               "kinds": [f"{spec.layer_kind(i)}/{attention_kind(spec, i)}" for i in layers], "batch": batch, "context": context, "step_ms": ms, "timing": how,
+               "kinds": [layer_label(spec, i) for i in layers], "phase": "decode", "batch": batch,
+               "context": context, "step_ms": ms, "timing": how,
                "empty_slice_ms": base[(batch, context)],
                "ms_per_layer": (ms - base[(batch, context)]) / len(layers), "bytes": moved,
                "gbs": moved["total"] / ms / 1e6, "pct_copy": 100 * moved["total"] / ms / 1e6 / copy_gbs,
@@ -124,6 +151,8 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
               f"{row['pct_copy']:5.1f}% of copy", flush=True)
         if "top_ops_ms" in row:
             print("    top ops (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in row["top_ops_ms"].items()), flush=True)
+    if any(spec.kda_layers):
+        rows.append(prefill_row(model, alias, device, samples))
     del model
     if device == "cuda":
         torch.cuda.empty_cache()

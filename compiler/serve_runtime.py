@@ -91,6 +91,9 @@ def build_runtime(opts: ServeOptions) -> Runtime:
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     served = load_served_model(model, opts.weights, tiny=opts.tiny, dtype=dtype)
     spec, layers = served.spec, list(range(served.spec.num_layers))
+    if any(getattr(spec, "kda_layers", ())):
+        raise ModelLoadError(f"{spec.name}: serving models with Kimi delta attention (a recurrent state per request) "
+                             "is not implemented; tkcc optimize and candidate check run it")
     if served.params is None:
         decoder = build_model(spec, layers=layers, device=device, dtype=dtype, seed=opts.seed)
     else:

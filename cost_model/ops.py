@@ -196,6 +196,32 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
     return ops
 
 
+KDA_CHUNK = 64     # tokens per chunk of the chunked (WY) KDA prefill kernels (FLA, vLLM)
+
+
+def kda_attention_ops(spec, layout: Layout, seqs: int, n: int) -> list[OpCost]:
+    """One Kimi delta attention layer (persistent_engine/ops/kda.py) on one GPU, heads split over TP: the fused
+    input projection [q k v | output gate | beta | f_a], f_b, the short conv, the delta rule and the gated norm,
+    o_proj. The delta rule keeps an fp32 state [Dk, Dv] per sequence and head: decode reads and writes it once
+    (8 Dk Dv bytes) for ~7 Dk Dv FLOPs per token; chunked prefill costs ~6 Dk Dv + 4 C (Dk + Dv) FLOPs per token
+    (C = KDA_CHUNK) and one state read and write per sequence. No per-token KV cache."""
+    h, wd, wb = spec.hidden_size, layout.dtype, layout.wbytes
+    nh, d = _ceil_div(spec.kda_num_heads, layout.tp), spec.kda_head_dim
+    t = seqs * n
+    gate = nh * d if spec.kda_full_rank_gate else d
+    ops = [_gemm("kda_in_proj", t, h, 3 * nh * d + gate + nh + d, wd, wb), _gemm("kda_f_b", t, d, nh * d, wd, wb)]
+    if not spec.kda_full_rank_gate:
+        ops.append(_gemm("kda_g_b", t, d, nh * d, wd, wb))
+    ops.append(_elementwise("short_conv", 2 * t * 3 * nh * d + seqs * 6 * nh * d * (spec.kda_conv_size - 1),
+                            flops_per=spec.kda_conv_size))
+    per_token = 7.0 * d * d if n == 1 else 6.0 * d * d + 4.0 * KDA_CHUNK * 2 * d
+    ops.append(OpCost("kda_decode" if n == 1 else "kda_prefill", "attention", flops=t * nh * per_token,
+                      bytes=seqs * nh * 8.0 * d * d + t * nh * 6 * d * ACT_BYTES, kernels=1 if n == 1 else 6))
+    ops.append(_elementwise("rms_norm_gated", 3 * t * nh * d))
+    ops.append(_gemm("o_proj", t, nh * d, h, wd, wb))
+    return ops
+
+
 def _dense_mlp_ops(spec, layout: Layout, tokens: int, inter: int, group: int, prefix: str = "mlp") -> list[OpCost]:
     h, wd, wb = spec.hidden_size, layout.dtype, layout.wbytes
     i_loc = inter / group
@@ -204,22 +230,37 @@ def _dense_mlp_ops(spec, layout: Layout, tokens: int, inter: int, group: int, pr
             _gemm(f"{prefix}_down", tokens, i_loc, h, wd, wb)]
 
 
+def token_mixer(spec, i: int) -> str:
+    """Layer i's token mixer: 'linear' (Qwen3.5 Gated DeltaNet), 'kda' (Kimi delta attention) or 'attention'."""
+    if getattr(spec, "linear_layers", ()) and spec.is_linear(i):
+        return "linear"
+    if getattr(spec, "kda_layers", ()) and spec.is_kda_layer(i):
+        return "kda"
+    return "attention"
+
+
 def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float,
-              linear: bool = False) -> list[OpCost]:
+              mixer: str = "attention") -> list[OpCost]:
     """Ops of one decoder layer of ``kind`` ('dense' | 'moe') on one GPU; ``batch`` sequences per
-    instance (split over the DP-attention groups), ``n`` new tokens each over ``ctx`` cached tokens.
-    ``linear``: the token mixer is gated delta rule linear attention (cost_model.ops_linear)."""
+    instance (split over the DP-attention groups), ``n`` new tokens each over ``ctx`` cached tokens. ``mixer``
+    (``token_mixer``): 'linear' costs gated delta rule linear attention (cost_model.ops_linear), 'kda' Kimi delta
+    attention (``kda_attention_ops``), 'attention' the model's attention."""
     h = spec.hidden_size
     seqs = _ceil_div(batch, layout.dp)     # sequences in the busiest attention group
     ta = seqs * n                          # tokens per attention group
     tm = batch * n                         # tokens in the MLP / MoE layer of the stage
     ops = [_elementwise("fused_add_rms_norm", 4 * ta * h)]
-    if linear:
+    if mixer == "linear":
         from cost_model.ops_linear import gated_delta_ops
 
         ops += gated_delta_ops(spec, layout, seqs, n)
+    elif mixer == "kda":
+        ops += kda_attention_ops(spec, layout, seqs, n)
     else:
         ops += _attention_ops(spec, layout, seqs, n, ctx)
+        if getattr(spec, "mla_output_gate", False):       # Kimi-K3: o * sigmoid(g_proj(h))
+            gated = heads_per_gpu(spec, layout)[0] * spec.v_head_dim
+            ops.append(_gemm("g_proj", ta, h, gated, layout.dtype, layout.wbytes))
     c = _comm("attn_all_reduce", "all_reduce", layout.tp, ta * h * ACT_BYTES)
     if c:
         ops.append(c)
@@ -235,13 +276,18 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     ops.append(_gemm("router", ta, h, e, "bf16", ACT_BYTES))
     ops.append(OpCost("moe_route", "elementwise", flops=8.0 * ta * e, bytes=ta * e * 4 + ta * k * 12))
     i_loc = spec.moe_intermediate_size / layout.moe_tp
+    lat = getattr(spec, "latent_moe_size", 0)
+    if lat:                                   # Kimi-K3 latent MoE: the routed experts run at width lat
+        ops += [_gemm("latent_down", ta, h, lat, layout.dtype, layout.wbytes),
+                _gemm("latent_up", ta, lat, h, layout.dtype, layout.wbytes)]
+    he = lat or h                             # the routed experts' input/output width
     if layout.ep > 1:
         # DeepEP-style: each GPU dispatches its share (T/tp) of its group's tokens to k experts
         src = _ceil_div(ta, layout.tp)
         assign, distinct = expert_load(spec, layout, tm, skew)
         remote = (layout.ep - 1) / layout.ep
-        send = src * k * h * ACT_BYTES * remote
-        recv = assign * h * ACT_BYTES * remote
+        send = src * k * he * ACT_BYTES * remote
+        recv = assign * he * ACT_BYTES * remote
         for name in ("moe_dispatch", "moe_combine"):
             ops.append(_comm(name, "all_to_all", layout.ep, max(send, recv)))
         shared_tokens, shared_group = src, 1
@@ -249,8 +295,8 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
         assign, distinct = expert_load(spec, layout, tm, skew)
         shared_tokens, shared_group = tm, layout.mlp_group
     # grouped GEMMs over the experts this GPU holds: w13 [2I, H] and w2 [H, I] per touched expert
-    ops.append(OpCost("moe_experts", "moe", flops=2.0 * 3 * h * i_loc * assign,
-                      bytes=distinct * 3 * h * i_loc * layout.wbytes + assign * (2 * h + 3 * i_loc) * ACT_BYTES,
+    ops.append(OpCost("moe_experts", "moe", flops=2.0 * 3 * he * i_loc * assign,
+                      bytes=distinct * 3 * he * i_loc * layout.wbytes + assign * (2 * he + 3 * i_loc) * ACT_BYTES,
                       dtype=layout.dtype, kernels=3,
                       shape={"moe": {"tokens": tm, "hidden": h, "inter": spec.moe_intermediate_size, "topk": k,
                                      "experts": e, "tp": layout.moe_tp, "ep": layout.ep, "skew": skew}}))
@@ -295,16 +341,16 @@ def step_ops(spec, layout: Layout, point: dict, layers: list[int] | None = None,
         sizes = [len(stage_layers(spec, layout, s, layers)) for s in range(layout.pp)]
         stage = sizes.index(max(sizes))
     idx = stage_layers(spec, layout, stage, layers)
-    by_kind: dict[tuple[str, bool], int] = {}
+    by_kind: dict[tuple[str, str], int] = {}
     for i in idx:
-        kind = (spec.layer_kind(i), bool(getattr(spec, "is_linear", lambda j: False)(i)))
+        kind = (spec.layer_kind(i), token_mixer(spec, i))
         by_kind[kind] = by_kind.get(kind, 0) + 1
     h, ta = spec.hidden_size, seqs * n
     ops: list[OpCost] = []
     if stage == 0:
         ops.append(_elementwise("embedding", 2 * ta * h, flops_per=0.0))
-    for (kind, linear), count in sorted(by_kind.items()):
-        ops += [o.scaled(count) for o in layer_ops(spec, layout, kind, batch, n, ctx, skew, linear)]
+    for (kind, mixer), count in sorted(by_kind.items()):
+        ops += [o.scaled(count) for o in layer_ops(spec, layout, kind, batch, n, ctx, skew, mixer)]
     if layout.pp > 1:
         ops.append(OpCost("pp_send", "comm", bytes=ta * h * ACT_BYTES, collective="p2p", group=2, kernels=0))
     if stage == layout.pp - 1:

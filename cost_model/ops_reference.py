@@ -20,7 +20,7 @@ whole KV blocks (the gathered, padded length), H hidden, E experts, k experts pe
 from __future__ import annotations
 
 from cost_model.layout import ACT_BYTES, Layout, _ceil_div, heads_per_gpu
-from cost_model.ops import OpCost, _gemm, expert_load
+from cost_model.ops import OpCost, _gemm, expert_load, kda_attention_ops, token_mixer
 
 REF_BLOCK_SIZE = 16                 # persistent_engine.ops.opdef.DEFAULT_BLOCK_SIZE (tokens per KV block)
 REF_MOE_LOOP_MIN_TOKENS = 512       # persistent_engine.ops.moe.LOOP_MIN_TOKENS
@@ -213,14 +213,16 @@ def _moe_ops(spec, layout: Layout, tokens: int, skew: float) -> list[OpCost]:
 
 
 def _layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, skew: float,
-               linear: bool = False) -> list[OpCost]:
+               mixer: str = "attention") -> list[OpCost]:
     h, wd, wb = spec.hidden_size, layout.dtype, layout.wbytes
     t = batch * n
     ops = [ref_rms_norm("fused_add_rms_norm", t * h, True)]
-    if linear:                      # Qwen3.5 Gated DeltaNet (the reference runs the same math as the formulas)
+    if mixer == "linear":           # Qwen3.5 Gated DeltaNet (the reference runs the same math as the formulas)
         from cost_model.ops_linear import gated_delta_ops
 
         ops += gated_delta_ops(spec, layout, batch, n)
+    elif mixer == "kda":            # Kimi delta attention: the fused-kernel counts (no reference-specific model yet)
+        ops += kda_attention_ops(spec, layout, batch, n)
     else:
         ops += _mla_ops(spec, layout, batch, n, ctx) if spec.attention == "mla" else _gqa_ops(spec, layout, batch, n, ctx)
     ops.append(ref_rms_norm("fused_add_rms_norm", t * h, True))
@@ -243,14 +245,14 @@ def reference_step_ops(spec, layout: Layout, batch: int, n: int, ctx: int, idx: 
     zero residual, the layers, the final fused_add_rms_norm, the last tokens (prefill), lm_head and
     the fp32 copy of its logits (no sampling)."""
     h, t, v = spec.hidden_size, batch * n, spec.vocab_size
-    by_kind: dict[tuple[str, bool], int] = {}
+    by_kind: dict[tuple[str, str], int] = {}
     for i in idx:
-        key = (spec.layer_kind(i), bool(getattr(spec, "is_linear", lambda j: False)(i)))
+        key = (spec.layer_kind(i), token_mixer(spec, i))
         by_kind[key] = by_kind.get(key, 0) + 1
     ops = [OpCost("embedding", "elementwise", bytes=2 * t * h * ACT_BYTES),
            OpCost("residual_zeros", "elementwise", bytes=t * h * ACT_BYTES)]
-    for (kind, linear), count in sorted(by_kind.items()):
-        ops += [o.scaled(count) for o in _layer_ops(spec, layout, kind, batch, n, ctx, skew, linear)]
+    for (kind, mixer), count in sorted(by_kind.items()):
+        ops += [o.scaled(count) for o in _layer_ops(spec, layout, kind, batch, n, ctx, skew, mixer)]
     ops.append(ref_rms_norm("final_norm", t * h, True))
     if n > 1:
         ops.append(OpCost("last_tokens", "elementwise", bytes=2 * batch * h * ACT_BYTES))

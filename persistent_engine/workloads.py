@@ -86,7 +86,7 @@ def make_workload(model, point: dict, seed: int = 0, *, cache: KVCache | None = 
             pre = make_workload(model, {"phase": "prefill", "batch": batch, "context": 0, "chunk": context}, seed + 1,
                                 cache=cache, tokens=tokens)
             model.step(pre)
-            cache.commit_states()           # linear layers: the prefill's states are the context's
+            cache.commit_states()           # recurrent layers: the prefill's states are the context's
         elif fill not in ("random", "model", "zeros"):
             raise WorkloadError(f"unknown cache fill {fill!r}; use random, model or zeros")
     if cache.batch != batch or cache.capacity < total:
@@ -106,8 +106,8 @@ def make_workload(model, point: dict, seed: int = 0, *, cache: KVCache | None = 
 
 
 def relayout_workload(model, wl, block_size: int, seed: int):
-    """``wl`` with the same cached K/V paged in blocks of ``block_size`` (fresh random block order);
-    slot mapping and block tables follow. Memory: one more KV cache of the point."""
+    """``wl`` with the same cached K/V paged in blocks of ``block_size`` (fresh random block order) and the same
+    recurrent states; slot mapping and block tables follow. Memory: one more KV cache of the point."""
     from persistent_engine.ops.attention import gather_pages
 
     old = wl.cache

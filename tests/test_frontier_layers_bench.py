@@ -38,7 +38,8 @@ def test_cpu_tiny_run_writes_rows(tmp_path):
 
 
 def test_qwen3_5_tiny_rows_count_the_linear_states(tmp_path):
-    """Qwen3.5's linear layer: its recurrent state (fp32 [B, Hv, Dk, Dv]) counts as read and written once."""
+    """Qwen3.5's linear layer: its recurrent state (fp32 [B, Hv, Dk, Dv]) and conv state count as read and written
+    once (``bytes["state"]``); the full-attention layer its K/V over the context."""
     out = tmp_path / "fl.json"
     fl = _bench()
     assert fl.main(["--device", "cpu", "--tiny", "--models", "qwen3.5", "--samples", "1", "--out", str(out)]) == 0
@@ -49,5 +50,18 @@ def test_qwen3_5_tiny_rows_count_the_linear_states(tmp_path):
     kv_full = 2 * spec.num_kv_heads * spec.head_dim * 2                  # bf16 K and V per cached token
     conv = 2 * spec.linear_conv_dim * (spec.linear_conv_kernel - 1) * 2
     for r in rows:
-        assert r["bytes"]["kv"] == r["batch"] * (state + conv + (r["context"] + 1) * kv_full)
+        assert r["bytes"]["state"] == r["batch"] * (state + conv)
+        assert r["bytes"]["kv"] == r["batch"] * (r["context"] + 1) * kv_full
     assert any("gated_delta_decode" in r.get("top_ops_ms", {}) for r in rows)
+
+
+def test_cpu_tiny_kimi_counts_the_recurrent_state(tmp_path):
+    out = tmp_path / "kimi.json"
+    assert _bench().main(["--device", "cpu", "--tiny", "--models", "kimi", "--samples", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    decode = [r for r in rows if r["phase"] == "decode"]
+    assert decode and all(r["bytes"]["state"] > 0 and r["kinds"] == ["dense/kda", "moe/kda", "moe/dense"]
+                          for r in decode)
+    prefill = [r for r in rows if r["phase"] == "prefill"]
+    assert len(prefill) == 1 and "kda_prefill" in prefill[0]["top_ops_ms"]
+    assert _bench().SLICES["kimi"] == [0, 3] and ModelSpec.from_name("kimi").is_kda_layer(0)

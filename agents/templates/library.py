@@ -24,6 +24,7 @@ def dims_of(spec: Any) -> dict[str, int]:
             "moe_intermediate": spec.moe_intermediate_size, "head_dim": spec.head_dim,
             "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
             "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1), "kv_lora_rank": spec.kv_lora_rank,
+            "kda_head_dim": getattr(spec, "kda_head_dim", 0),
             **({"linear_k_dim": spec.linear_k_dim, "linear_v_dim": spec.linear_v_dim}
                if getattr(spec, "linear_layers", ()) else {})}
 
@@ -166,6 +167,15 @@ def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
     return out
 
 
+def _kda(k: Mapping, dims: Mapping) -> list[str]:
+    """The fp32 state tile [K, BLOCK_V] lives in registers (K: the KDA head dim, 128 for Kimi; 128 assumed)."""
+    return _per_thread(_next_pow2(dims.get("kda_head_dim") or 128) * k["KDA_BLOCK_V"], k["KDA_NUM_WARPS"])
+
+
+def _situ(k: Mapping, dims: Mapping) -> list[str]:
+    return _per_thread(k["SITU_BLOCK_I"], k["SITU_NUM_WARPS"])
+
+
 MOE_SMEM_BYTES = 200 * 1024     # bf16 A + gate + up tiles of the w13 GEMM, NUM_STAGES - 1 buffers (H200: 227 KiB)
 
 
@@ -234,6 +244,15 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "
              "w2 GEMM times the routing weight, deterministic k-sum; per-pair GEMVs for few pairs",
              _moe),
+    Template("moe_experts_situ.triton_fused", "moe_experts_situ", "triton_moe_experts_situ.py",
+             "moe_experts_situ_triton", "triton", ("cuda",),
+             (Knob("MOES_GEMV_MAX_PAIRS", (16, 8, 32, 64, 128, 0)), Knob("MOES_GEMV_ROWS", (8, 4, 16, 32, 2)),
+              Knob("MOES_GEMV_BLOCK_K", (512, 256, 1024, 128, 32)), Knob("MOES_GEMV_WARPS", POW2_WARPS),
+              Knob("MOES_BLOCK_M", (16, 32, 64)), Knob("MOES_BLOCK_N", (64, 128, 32, 16)),
+              Knob("MOES_BLOCK_K", (64, 128, 32, 256, 16)), Knob("MOES_GROUP_M", (8, 1, 4, 16)),
+              Knob("MOES_NUM_WARPS", (4, 8, 2)), Knob("MOES_NUM_STAGES", (3, 4, 2, 1))),
+             "fused MoE with Kimi-K3's SiTU-GLU epilogue (moe_experts.triton_fused's kernels otherwise)",
+             lambda k, d: _moe({kk.replace("MOES_", "MOE_"): v for kk, v in k.items()}, d)),
     Template("attention_decode_window.triton", "attention_decode_window", "triton_attention_window.py",
              "attention_decode_window_triton", "triton", ("cuda",),
              (Knob("ATTW_BLOCK_T", (16, 8, 32, 64)), Knob("ATTW_NUM_WARPS", (4, 8, 2, 1)),
@@ -244,6 +263,13 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "triton", ("cuda",),
              (Knob("SOAI_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SOAI_NUM_WARPS", POW2_WARPS)),
              "clamped alpha-sigmoid gate times (up + 1) in fp32, one pass, one rounding", _soai),
+    Template("kda_decode.triton", "kda_decode", "triton_kda_decode.py", "kda_decode_triton", "triton", ("cuda",),
+             (Knob("KDA_BLOCK_V", (32, 16, 64, 8, 128)), Knob("KDA_NUM_WARPS", (4, 2, 8, 1))),
+             "Kimi delta attention decode step in one kernel: gate, l2 norms, decay, delta update and output with "
+             "the fp32 state tile in registers (one read and one write of the state)", _kda),
+    Template("situ_and_mul.triton", "situ_and_mul", "triton_situ_and_mul.py", "situ_and_mul_triton", "triton",
+             ("cuda",), (Knob("SITU_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SITU_NUM_WARPS", POW2_WARPS)),
+             "Kimi-K3 SiTU-GLU (tanh-clipped gate and up) in fp32, one pass, one rounding", _situ),
     Template("swiglu_clamp_and_mul.triton", "swiglu_clamp_and_mul", "triton_swiglu_clamp.py",
              "swiglu_clamp_and_mul_triton", "triton", ("cuda",),
              (Knob("SWCL_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SWCL_NUM_WARPS", POW2_WARPS)),

@@ -154,4 +154,14 @@ def build_model(spec: ModelSpec | str, layers=None, device="cpu", dtype=torch.bf
         params = init_params(spec, idx, device=device, dtype=dtype, seed=seed)
     else:
         params = load_weights(spec, idx, weights, device=device, dtype=dtype)
-    return Decoder(spec, idx, params, device, dtype)
+    return make_decoder(spec, idx, params, device, dtype)
+
+
+def make_decoder(spec: ModelSpec, layers: list[int], params: dict[str, torch.Tensor], device, dtype) -> Decoder:
+    """The decoder of ``spec``'s family on ``params``: ``Decoder``, or Kimi-Linear's (models/kimi.py: KDA + MLA,
+    latent MoE, attention residuals)."""
+    if spec.family == "kimi_linear":
+        from persistent_engine.models.kimi import KimiDecoder
+
+        return KimiDecoder(spec, layers, params, device, dtype)
+    return Decoder(spec, layers, params, device, dtype)

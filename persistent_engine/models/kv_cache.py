@@ -6,10 +6,12 @@ lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys;
 their index keys in ``index_k[NB, BS, Di]``. Blocks are handed out in a seeded random
 order, so a kernel that assumes contiguous blocks fails verification.
 
-Qwen3.5's linear-attention layers keep no per-token cache but a per-sequence recurrent state
-``state[B, Hv, Dk, Dv]`` fp32 and conv state ``conv[B, C, K-1]``. A step reads ``state``/``conv`` (the
-state before it) and writes ``state_next``/``conv_next``, so a step can run again on the same workload
-(as the K/V writes can); ``commit_states()`` makes the written states current (after a real step). Bytes per token and layer:
+Recurrent layers keep no per-token cache but a fixed state per sequence: Qwen3.5's Gated DeltaNet layers
+``state[B, Hv, Dk, Dv]`` fp32 and ``conv[B, C, K-1]``, Kimi delta attention layers ``state[B, H, Dk, Dv]`` fp32
+and ``conv[B, 3 H Dk, W - 1]`` (the short conv's last inputs), as they stand after the cached context. A step
+reads ``state``/``conv`` and writes the states after its tokens to ``state_next``/``conv_next``, so a step can
+run again on the same workload (as the K/V writes can: CUDA graph replay, verification, timing);
+``commit_states()`` makes the written states current (after a real step). Bytes per token and layer:
 ``spec.kv_bytes_per_token_layer()``.
 """
 
@@ -29,9 +31,9 @@ class KVCache:
     k: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool
     v: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool (GQA only)
     index_k: dict[int, torch.Tensor] = field(default_factory=dict)   # block-sparse layers: index keys [NB, BS, Di]
-    state: dict[int, torch.Tensor] = field(default_factory=dict)     # linear layers: [B, Hv, Dk, Dv] fp32
-    conv: dict[int, torch.Tensor] = field(default_factory=dict)      # linear layers: [B, C, K-1]
-    state_next: dict[int, torch.Tensor] = field(default_factory=dict)
+    state: dict[int, torch.Tensor] = field(default_factory=dict)     # recurrent layers: [B, H, Dk, Dv] fp32
+    conv: dict[int, torch.Tensor] = field(default_factory=dict)      # recurrent layers: conv inputs [B, C, K-1]
+    state_next: dict[int, torch.Tensor] = field(default_factory=dict)   # what the last step wrote (same shapes)
     conv_next: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -49,15 +51,14 @@ class KVCache:
         return blocks * self.block_size + positions % self.block_size
 
     def commit_states(self) -> None:
-        """The linear layers' states written by the last step become the states the next step reads."""
+        """The recurrent layers' states written by the last step become the states the next step reads."""
         for cur, new in ((self.state, self.state_next), (self.conv, self.conv_next)):
             for i, t in new.items():
                 cur[i].copy_(t)
 
     def nbytes(self) -> int:
-        pools = (*self.k.values(), *self.v.values(), *self.index_k.values(), *self.state.values(), *self.conv.values(),
-                 *self.state_next.values(), *self.conv_next.values())
-        return sum(t.numel() * t.element_size() for t in pools)
+        pools = (self.k, self.v, self.index_k, self.state, self.conv, self.state_next, self.conv_next)
+        return sum(t.numel() * t.element_size() for p in pools for t in p.values())
 
 
 def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, device="cpu",
@@ -81,12 +82,20 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
 
     cache = KVCache(block_size=block_size, block_tables=tables)
     for i in layers:
-        if spec.is_linear(i):       # a synthetic context: N(0, 1/Dk) states (the state of unit keys' sums)
+        # recurrent layers: a synthetic context's states (fp32 N(0, std^2); Gated DeltaNet: std 1/sqrt(Dk), the state
+        # of unit keys' sums), and the same again as the state a step writes
+        if spec.is_linear(i):
             cache.state[i] = pool(batch, spec.linear_num_v_heads, spec.linear_k_dim, spec.linear_v_dim,
                                   dt=torch.float32, std=spec.linear_k_dim ** -0.5)
             cache.conv[i] = pool(batch, spec.linear_conv_dim, spec.linear_conv_kernel - 1)
+        elif spec.is_kda_layer(i):
+            n, d = spec.kda_num_heads, spec.kda_head_dim
+            cache.state[i] = pool(batch, n, d, d, dt=torch.float32, std=0.3)
+            cache.conv[i] = pool(batch, 3 * n * d, spec.kda_conv_size - 1)
+        if i in cache.state:
             cache.state_next[i], cache.conv_next[i] = cache.state[i].clone(), cache.conv[i].clone()
-        elif spec.attention == "mla":
+            continue
+        if spec.attention == "mla":
             cache.k[i] = pool(nb, block_size, spec.kv_lora_rank + spec.qk_rope_head_dim)
             if spec.indexer_kind(i) == "full":
                 cache.v[i] = pool(nb, block_size, spec.index_head_dim)

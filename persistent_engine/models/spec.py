@@ -28,6 +28,10 @@ Supported families (``ModelSpec.family``):
                                                     rotary, block-sparse attention (an indexer picks 128-token
                                                     blocks per KV head), swigluoai MLPs (alpha, limit), sigmoid
                                                     routing + bias, shared expert, first layers dense
+  kimi_linear KimiLinearForCausalLM / KimiK3For-     hybrid: Kimi delta attention layers (per-channel decay delta
+              ConditionalGeneration (Kimi-K3)       rule + short conv, per-sequence recurrent state) interleaved
+                                                    with gated NoPE MLA; latent MoE, SiTU-GLU, attention residuals
+                                                    (models/kimi_config.py, models/kimi.py)
 
 Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
@@ -47,6 +51,7 @@ from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (dsa_fields, minimax_m3_fields, mla_fields,
                                                       parse_mlp_layer_types, qwen3_5_fields, qwen_windows,
                                                       text_config)
+from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 
@@ -65,7 +70,9 @@ ALIASES = {
     "deepseek": "deepseek.json",
     "deepseek-v3": "deepseek.json",
     "deepseek-v3.2": "deepseek-v3.2.json",
-    "kimi": "kimi.json",
+    "kimi": "kimi-k3.json",
+    "kimi-k3": "kimi-k3.json",
+    "kimi-k2": "kimi.json",
     "qwen3.5": "qwen3.5-moe.json",
     "qwen3.5-moe": "qwen3.5-moe.json",
     "smollm2-135m": "smollm2-135m.json",
@@ -79,7 +86,8 @@ RELEASES = {
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
     "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V3", "deepseek-v3": "DeepSeek-V3", "deepseek-v3.2": "DeepSeek-V3.2",
-    "kimi": "Kimi-K2", "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
+    "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2": "Kimi-K2",
+    "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
 }
 TINY_SUFFIX = "+tiny"       # "glm+tiny": GLM-5.2's architecture at toy size (what --tiny passes on)
@@ -95,6 +103,8 @@ ARCHITECTURES = {
     "DeepseekV32ForCausalLM": "deepseek_v32",
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",
     "MiniMaxM3ForCausalLM": "minimax_m3",
+    "KimiLinearForCausalLM": "kimi_linear",
+    "KimiK3ForConditionalGeneration": "kimi_linear",
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
@@ -182,6 +192,20 @@ class ModelSpec:
     linear_conv_kernel: int = 0
     attn_output_gate: bool = False          # full attention output * sigmoid(gate rows of the q projection)
     shared_expert_gate: bool = False        # shared expert output * sigmoid(linear(h) [T, 1])
+    # Kimi-Linear / Kimi-K3 (kimi_linear, models/kimi_config.py): per layer Kimi delta attention (True) or MLA
+    kda_layers: tuple[bool, ...] = ()
+    kda_num_heads: int = 0
+    kda_head_dim: int = 0                   # key and value head dim
+    kda_conv_size: int = 0                  # short convolution width on q, k, v
+    kda_gate_lower_bound: float | None = None   # the "safe gate" lb * sigmoid(...); None: -exp(A) softplus(...)
+    kda_full_rank_gate: bool = False        # KDA output gate from one [H Dv, H] projection (else g_a, g_b)
+    mla_nope: bool = False                  # MLA without rotary
+    mla_output_gate: bool = False           # MLA output * sigmoid(g_proj(h)) before o_proj
+    latent_moe_size: int = 0                # routed experts run in this latent width (0: the hidden size)
+    latent_moe_norm: bool = False           # rms_norm of the routed latent before its up projection
+    situ_beta: float = 1.0                  # mlp_act "situ": SiTU-GLU parameters
+    situ_linear_beta: float | None = None
+    attn_res_block_size: int = 0            # attention residuals over blocks of this many layers (0: plain residual)
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -218,6 +242,7 @@ class ModelSpec:
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], name: str = "model") -> "ModelSpec":
+        cfg = unwrap_text_config(cfg, name)
         archs = cfg.get("architectures") or []
         family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
         if family is None:
@@ -295,6 +320,9 @@ class ModelSpec:
             kw.update(minimax_m3_fields(c, name, kw["num_layers"], head_dim))
         if family in QWEN3_5_FAMILIES:
             kw.update(qwen3_5_fields(c, name, kw["num_layers"]))
+        if family == "kimi_linear":
+            kw.update(mla_fields(c, name, heads))
+            kw.update(kimi_fields(c, name, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -353,6 +381,13 @@ class ModelSpec:
             both = any(self.linear_layers) and not all(self.linear_layers)
             kw.update(linear_num_k_heads=2, linear_num_v_heads=2 * min(ratio, 2), linear_k_dim=16, linear_v_dim=16,
                       linear_layers=tuple((j < n - 1) if both else self.linear_layers[0] for j in range(n)))
+        if self.kda_layers:
+            # Kimi: KDA on all but the last layer (dense + MoE KDA layers, an MoE MLA layer), two layers per
+            # attention-residual block (so blocks close inside the slice), a latent half the hidden size
+            n = kw["num_layers"]
+            kw.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
+                      latent_moe_size=hidden // 2 if self.latent_moe_size else 0,
+                      attn_res_block_size=2 if self.attn_res_block_size else 0)
         if self.sparse_attention:
             # a top-k below the tiny contexts (so the selection matters), and a shared layer when the
             # original has any: [dense/full, moe/full, moe/shared]
@@ -410,12 +445,9 @@ class ModelSpec:
         """Channels of a linear layer's short conv: q, k (Hk Dk each) and v (Hv Dv)."""
         return 2 * self.linear_num_k_heads * self.linear_k_dim + self.linear_num_v_heads * self.linear_v_dim
 
-    def linear_state_bytes_per_seq(self, i: int) -> float:
-        """Per sequence, layer i's recurrent state (Hv Dk Dv fp32) and conv state (C (K-1), model dtype)."""
-        if not self.is_linear(i):
-            return 0.0
-        state = self.linear_num_v_heads * self.linear_k_dim * self.linear_v_dim * 4.0
-        return state + self.linear_conv_dim * (self.linear_conv_kernel - 1) * DTYPE_BYTES[self.dtype]
+    def is_kda_layer(self, i: int) -> bool:
+        """Whether layer i runs Kimi delta attention (else its family's attention: MLA for kimi_linear)."""
+        return bool(self.kda_layers) and self.kda_layers[i]
 
     def block_sparse(self, i: int) -> bool:
         """Whether layer i runs MiniMax-M3's block-sparse attention."""
@@ -446,6 +478,7 @@ class ModelSpec:
             seen.setdefault(f"msa:{self.block_sparse(i)}", i)
             seen.setdefault(f"window:{self.layer_window(i)}", i)
             seen.setdefault(f"linear:{self.is_linear(i)}", i)
+            seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
         out = set(seen.values())
         out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
         return sorted(out)
@@ -484,6 +517,14 @@ class ModelSpec:
         h, hv, vd = self.hidden_size, self.linear_num_v_heads, self.linear_num_v_heads * self.linear_v_dim
         c = self.linear_conv_dim
         return h * (c + vd + 2 * hv) + c * self.linear_conv_kernel + 2 * hv + self.linear_v_dim + vd * h
+    def kda_params(self) -> int:
+        """One KDA layer: q, k, v [H Dk, hidden] each, their short convs [3 H Dk, W], f_a [Dk, hidden], f_b
+        [H Dk, Dk], b [H, hidden], A_log [H], dt_bias [H Dk], output gate (full [H Dv, hidden] or g_a + g_b),
+        o_norm [Dk], o [hidden, H Dk]."""
+        h, n, d = self.hidden_size, self.kda_num_heads, self.kda_head_dim
+        gate = h * n * d if self.kda_full_rank_gate else h * d + d * n * d
+        return 3 * h * n * d + 3 * n * d * self.kda_conv_size + 2 * h * d + n * d * d + h * n + n + n * d + gate + d \
+            + n * d * h
 
     def msa_params(self, i: int) -> int:
         """MiniMax-M3's block indexer of a sparse layer: index_q [Hk Di, H], index_k [Di, H], their norms."""
@@ -505,20 +546,31 @@ class ModelSpec:
     def moe_params(self) -> tuple[int, int]:
         """(total, active per token) parameters of one MoE block: router, experts, shared experts."""
         h = self.hidden_size
-        expert = 3 * h * self.moe_intermediate_size
+        lat = self.latent_moe_size or h
+        expert = 3 * lat * self.moe_intermediate_size
         shared = 3 * h * self.shared_intermediate_size * self.num_shared_experts
         router = h * self.num_experts + (self.num_experts if self.routing_bias else 0)
         shared += h if self.shared_expert_gate else 0
+        if self.latent_moe_size:                          # down and up projections, the latent norm
+            router += 2 * h * lat + (lat if self.latent_moe_norm else 0)
         return (router + self.num_experts * expert + shared,
                 router + self.num_experts_per_tok * expert + shared)
 
     def layer_params(self, i: int) -> tuple[int, int]:
         """(total, active per token) parameters of layer i, norms included."""
         if self.is_linear(i):
-            a = self.linear_attention_params() + 2 * self.hidden_size
+            attn = self.linear_attention_params()
+        elif self.is_kda_layer(i):
+            attn = self.kda_params()
         else:
-            gate = self.num_heads * self.head_dim * self.hidden_size if self.attn_output_gate else 0
-            a = self.attention_params() + gate + self.indexer_params(i) + self.msa_params(i) + 2 * self.hidden_size
+            attn = self.attention_params()
+            if self.attn_output_gate:                    # Qwen3.5: the q projection's gate rows
+                attn += self.num_heads * self.head_dim * self.hidden_size
+            if self.mla_output_gate:                     # Kimi-K3: g_proj
+                attn += self.hidden_size * self.num_heads * self.v_head_dim
+        if self.attn_res_block_size:
+            attn += 4 * self.hidden_size                 # two (norm, proj) pairs of attention residuals
+        a = attn + self.indexer_params(i) + self.msa_params(i) + 2 * self.hidden_size
         if self.layer_kind(i) == "dense":
             m = self.dense_mlp_params()
             return a + m, a + m
@@ -542,9 +594,13 @@ class ModelSpec:
     def kv_bytes_per_token_layer(self, dtype: str | None = None, layer: int | None = None) -> float:
         """KV cache bytes for one token in one layer: MLA stores the latent + rope key; a full DSA layer
         also the indexer's key (index_head_dim). ``layer`` None: the mean over the model's layers."""
-        if self.linear_layers:          # linear layers keep a per-sequence state, no per-token cache
+        # linear (Qwen3.5) and KDA (Kimi) layers keep a per-sequence state (state_bytes_per_seq_layer), no per-token cache
+        if self.linear_layers:
             full = [not self.is_linear(layer)] if layer is not None else [not x for x in self.linear_layers]
             return 2.0 * self.num_kv_heads * self.head_dim * sum(full) / len(full) * DTYPE_BYTES[dtype or self.dtype]
+        if self.kda_layers:
+            mla = [not self.is_kda_layer(layer)] if layer is not None else [not k for k in self.kda_layers]
+            return float(self.kv_lora_rank + self.qk_rope_head_dim) * sum(mla) / len(mla) * DTYPE_BYTES[dtype or self.dtype]
         if self.attention == "mla":
             elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
         else:
@@ -558,6 +614,18 @@ class ModelSpec:
             elems += self.index_head_dim * sum(full) / len(full)
         return elems * DTYPE_BYTES[dtype or self.dtype]
 
+    def state_bytes_per_seq_layer(self, layer: int) -> float:
+        """Per sequence, layer ``layer``'s recurrent state (fp32) plus its conv state (model dtype), 0 for layers
+        with a per-token cache: Gated DeltaNet [Hv, Dk, Dv] + [C, K - 1], KDA [H, Dk, Dv] + [3 H Dk, W - 1].
+        (The cache holds these twice: the current state and the one a step writes, ``KVCache.state_next``.)"""
+        if self.is_linear(layer):
+            state = self.linear_num_v_heads * self.linear_k_dim * self.linear_v_dim * 4.0
+            return state + self.linear_conv_dim * (self.linear_conv_kernel - 1) * DTYPE_BYTES[self.dtype]
+        if self.is_kda_layer(layer):
+            n, d = self.kda_num_heads, self.kda_head_dim
+            return 4.0 * n * d * d + 3 * n * d * (self.kda_conv_size - 1) * DTYPE_BYTES[self.dtype]
+        return 0.0
+
     def weight_bytes(self, dtype: str | None = None) -> float:
         return self.total_params() * DTYPE_BYTES[dtype or self.dtype]
 
@@ -569,7 +637,7 @@ class ModelSpec:
         used, n = 0.0, 0
         for i in range(start, self.num_layers):
             used += self.weight_bytes_layer(i) + tokens * self.kv_bytes_per_token_layer(layer=i) \
-                + self.linear_state_bytes_per_seq(i)
+                + self.state_bytes_per_seq_layer(i)
             if used > budget_bytes:
                 break
             n += 1

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator, Mapping
 
-from persistent_engine.ops import attention, basic, csa, dsa, dsv4, fused, hc, linear_attention, mla, moe, msa, window
+from persistent_engine.ops import (attention, basic, csa, dsa, dsv4, fused, hc, kda, linear_attention, mla, moe, msa,
+                                   window)
 from persistent_engine.ops.opdef import OpDef
 
 __all__ = ["OpDef", "UnknownOpError", "get", "names", "call", "op", "current", "override", "set_overrides",
@@ -29,8 +30,9 @@ class UnknownOpError(KeyError):
         return self.args[0] if self.args else "unknown op"
 
 
-_OPS: dict[str, OpDef] = {d.name: d for m in (basic, attention, window, moe, mla, dsa, msa, hc, dsv4, csa, fused, linear_attention)
-                       for d in m.OPS}
+_OPS: dict[str, OpDef] = {d.name: d for m in (basic, attention, window, moe, mla, dsa, msa, hc, dsv4, csa, kda, fused,
+                                                linear_attention)
+                        for d in m.OPS}
 _IMPL: dict[str, Callable] = {name: d.baseline for name, d in _OPS.items()}   # what call() runs
 _OVERRIDES: dict[str, Callable] = {}
 

@@ -60,13 +60,38 @@ def test_candidate_check_tiny_minimax_m3():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax"])
+@pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi"])
 def test_short_optimize_tiny_writes_a_plan(model, tmp_path):
     out = tkcc("optimize", "--model", model, "--tiny", "--hw", "cpu", "--traffic", small_trace(tmp_path / "t.csv"),
-               "--budget", "20s",
+               "--budget", "90s" if model == "kimi" else "20s",
                "--agents", "offline:1", "--device", "cpu", "--out", str(tmp_path / "plan"), "--max-points", "2",
                "--aa-runs", "1", "--json", timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     doc = json.loads(out.stdout)
     plan = json.loads((pathlib.Path(doc["plan_dir"]) / "plan.json").read_text())
     assert plan["model"] == f"{model}+tiny"
+
+
+@pytest.mark.slow
+def test_candidate_check_tiny_kimi_judges_the_recurrent_state():
+    out = tkcc("candidate", "check", str(CANDIDATES / "kda_decode_folded.py"), "--model", "kimi", "--tiny",
+               "--device", "cpu", "--json", "--samples", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["correct"] is True
+    # right output for this token, a state without the delta update: rejected for output 1 (the state)
+    out = tkcc("candidate", "check", str(CANDIDATES / "kda_decode_drops_state.py"), "--model", "kimi", "--tiny",
+               "--device", "cpu", "--json", "--samples", "3")
+    assert out.returncode == 1, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is False and any("kda_decode" in r and "output 1" in r for r in doc["reasons"])
+
+
+def test_the_h200_kimi_k3_slice_fits_both_tiers_on_one_gpu():
+    from compiler.inputs import tier_layers
+    from persistent_engine.models.spec import ModelSpec
+
+    spec = ModelSpec.from_name(str(HERE.parents[1] / "benchmarks" / "configs" / "kimi-k3-slice.json"))
+    assert (spec.family, spec.num_layers, spec.num_experts, spec.hidden_size) == ("kimi_linear", 8, 64, 7168)
+    notes = []
+    fast, slow = tier_layers(spec, None, None, device_bytes=150.1e9, notes=notes)
+    assert fast == [0, 1, 3] and slow == list(range(8)) and notes == []

@@ -29,7 +29,7 @@ def test_kimi_on_gb200_nvl72_spreads_wide():
     # vLLM-measured kernels wide DP-attention wins; whether its MoE runs EP or TP-sharded is within
     # a few percent of the step (the NCCL all-to-all of the table, not DeepEP), so only the width is
     # asserted, and that wide EP (larger than TP) is among the fitting configs
-    r = search(ModelSpec.from_name("kimi"), get_hardware("gb200"), 72)
+    r = search(ModelSpec.from_name("kimi-k2"), get_hardware("gb200"), 72)
     assert r.best is not None and r.best.layout.dp >= 8 and r.best.fits
     assert any(c.fits and c.layout.ep >= 16 > c.layout.tp for c in r.configs)
     # Kimi-K2 (1T parameters) at bf16 cannot fit on 8 GPUs of an NVL72 with TP alone

@@ -80,7 +80,7 @@ def test_paths_are_selected_by_shape():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("alias", ["glm-4.6", "minimax-m2.5", "deepseek", "kimi", "glm", "deepseek-v3.2"])
+@pytest.mark.parametrize("alias", ["glm-4.6", "minimax-m2.5", "deepseek", "kimi-k2", "glm", "deepseek-v3.2"])
 def test_real_size_moe_layer_runs_on_gpu(alias):
     """One real-size MoE layer (7-34 GB of experts) with embeddings and lm_head, decode and prefill."""
     from persistent_engine.models.decoder import build_model

@@ -22,7 +22,7 @@ def test_every_alias_parses(alias):
 def test_published_parameter_counts():
     # published totals: DeepSeek-V3 671B, Kimi-K2 1.04T (1026B without MTP), Qwen3-30B-A3B 30.5B
     assert round(ModelSpec.from_name("deepseek").total_params() / 1e9) == 671
-    assert 1020 < ModelSpec.from_name("kimi").total_params() / 1e9 < 1040
+    assert 1020 < ModelSpec.from_name("kimi-k2").total_params() / 1e9 < 1040
     assert round(ModelSpec.from_name("qwen3-moe").total_params() / 1e9, 1) == 30.5
     assert 3.2 < ModelSpec.from_name("qwen3-moe").active_params() / 1e9 < 3.5
     assert round(ModelSpec.from_name("llama-8b").total_params() / 1e9, 1) == 8.0
