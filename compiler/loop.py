@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from compiler import inputs, plan as plan_mod, report
+from compiler import config_plan, inputs, plan as plan_mod, report
 from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
 from compiler.budget import Budget
 from compiler.compose import Part, compose, select_compatible
@@ -332,6 +332,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                     progress.event(f"accepted {a.name}: fast {a.fast:.3f}x, slow {a.slow:.3f}x")
 
                 acceptor = Acceptor(fleet.evaluate, points, noise, cfg.acceptance, on_accept, accepted_log)
+                acceptor, agents = config_plan.start(acceptor, agents, cfg.traffic, base_profile, spec, fast_layers,
+                                                     device["kind"], on_accept, progress.event)
                 for name, source in cfg.seeds:               # recompile: the old plan's optimizations first
                     if stop.is_set():
                         break
@@ -578,7 +580,7 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
         opts.append(plan_mod.Optimization(
             name=a.name, targets=a.targets, speedup={"fast": round(a.fast, 4), "slow": round(a.slow, 4)},
             per_point=a.per_point, kernel=f"kernels/{plan_mod.kernel_filename(a.name, taken)}",
-            author=a.author, description=a.description, noise=a.noise))
+            author=a.author, description=a.description, noise=a.noise, projected=getattr(a, "projected", None)))
 
     def num(x: float) -> float | None:
         return None if x is None or not math.isfinite(x) else round(x, 4)

@@ -1,8 +1,9 @@
 """The config search agent: engine and scheduler settings judged by replaying the traffic.
 
-Knobs (:class:`ConfigSpace`): ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_block_size`` and
-``cuda_graph_batch_sizes`` (a family: ``vllm`` 1, 2, 4 and multiples of 8; ``pow2``; ``small`` up to
-8; ``none``), each capped at ``max_num_seqs``.
+Knobs (:class:`ConfigSpace`): ``max_num_seqs``, ``max_num_batched_tokens``, ``max_chunk_tokens``
+(the chunked-prefill size: one prompt chunk at most this; 0: the step's whole token budget),
+``kv_block_size`` and ``cuda_graph_batch_sizes`` (a family: ``vllm`` 1, 2, 4 and multiples of 8;
+``pow2``; ``small`` up to 8; ``none``), each capped at ``max_num_seqs``.
 
 Judging (:class:`ConfigJudge`): the traffic log is replayed through ``traffic_profiles.replay`` (the
 continuous-batching scheduler model) with :class:`MeasuredStepTime`, a step-time model fitted to the
@@ -10,9 +11,12 @@ engine's measured baseline step times (``t = a + b * new tokens + c * KV tokens 
 non-negative; from the profile's ``per_point`` ``step_ms``, or any measured samples). The CUDA-graph
 sizes enter as padding (a decode batch runs at the next captured size) and as ``eager_factor`` for
 decode steps no graph covers (1 on CPU, where nothing is captured); the KV block size as capacity
-lost to partly filled blocks (half a block per sequence). Score: output tokens per busy second (the
-throughput the configuration sustains), 0 when TTFT p99 exceeds ``ttft_slo_s`` or when it drops more
-requests than the baseline. A configuration that beats the best so far by more than ``min_gain`` is
+lost to partly filled blocks (half a block per sequence). Figures per setting: TTFT (mean, p50, p99),
+TPOT (mean, p50), output tokens per second of the trace and per busy second (the capacity). Score:
+the product of the three ratios against the baseline setting (TTFT mean, TPOT mean: baseline / this;
+capacity: this / baseline), so 1 is the baseline; 0 ("infeasible") when any of them is worse than the
+baseline by more than ``tolerance``, when TTFT p99 exceeds ``ttft_slo_s`` or when it drops more
+requests than the baseline: a setting is only better when it trades nothing away. A configuration that beats the best so far by more than ``min_gain`` is
 also submitted to the engine (``ctx.evaluate``) as a CONFIG-only candidate, so it is verified and
 recorded with the run.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -43,12 +48,14 @@ class ConfigSpace:
 
     max_num_seqs: tuple = (256, 8, 16, 32, 64, 128, 512)
     max_num_batched_tokens: tuple = (8192, 512, 1024, 2048, 4096, 16384)
+    max_chunk_tokens: tuple = (0, 128, 256, 512, 1024, 2048, 4096)
     kv_block_size: tuple = (16, 32, 64, 128)
     graphs: tuple = ("vllm", "pow2", "small", "none")
 
     def knobs(self) -> dict[str, tuple]:
         return {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "kv_block_size": self.kv_block_size, "graphs": self.graphs}
+                "max_chunk_tokens": self.max_chunk_tokens, "kv_block_size": self.kv_block_size,
+                "graphs": self.graphs}
 
     def default(self) -> dict:
         return {k: v[0] for k, v in self.knobs().items()}
@@ -69,11 +76,21 @@ def graph_sizes(family: str, max_num_seqs: int) -> list[int]:
 
 
 def engine_config(knobs: Mapping[str, Any]) -> dict:
-    """The candidate's CONFIG dict (DESIGN.md names) for a knob setting."""
-    return {"max_num_seqs": int(knobs["max_num_seqs"]),
-            "max_num_batched_tokens": int(knobs["max_num_batched_tokens"]),
-            "kv_block_size": int(knobs["kv_block_size"]),
-            "cuda_graph_batch_sizes": graph_sizes(knobs["graphs"], int(knobs["max_num_seqs"]))}
+    """The candidate's CONFIG dict (DESIGN.md names) for a knob setting (``max_chunk_tokens`` only when
+    it caps a chunk below the token budget)."""
+    cfg = {"max_num_seqs": int(knobs["max_num_seqs"]),
+           "max_num_batched_tokens": int(knobs["max_num_batched_tokens"]),
+           "kv_block_size": int(knobs["kv_block_size"]),
+           "cuda_graph_batch_sizes": graph_sizes(knobs["graphs"], int(knobs["max_num_seqs"]))}
+    chunk = int(knobs.get("max_chunk_tokens") or 0)
+    if 0 < chunk < cfg["max_num_batched_tokens"]:
+        cfg["max_chunk_tokens"] = chunk
+    return cfg
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """A CONFIG dict as one canonical string (what the judge's ``results`` are keyed by)."""
+    return json.dumps({k: config[k] for k in sorted(config)}, sort_keys=True)
 
 
 def config_title(knobs: Mapping[str, Any]) -> str:
@@ -160,49 +177,89 @@ def samples_from_profile(profile: Mapping[str, Any] | None) -> list[tuple[Any, f
 
 # ----------------------------------------------------------------------------- judge
 class ConfigJudge:
-    """Scores configurations by replaying ``trace`` with ``step_time`` (a fitted MeasuredStepTime)."""
+    """Scores configurations by replaying ``trace`` with ``step_time`` (a fitted MeasuredStepTime).
+    ``results`` keeps every setting's figures by its CONFIG (``config_key``), so whoever receives the
+    engine's verdict on a config candidate can read what the replay projected for it."""
 
     def __init__(self, trace: Any, step_time: MeasuredStepTime, *, kv_capacity_tokens: int | None = None,
                  ttft_slo_s: float | None = None, time_scale: float = 1.0, eager_factor: float = 1.0,
-                 space: ConfigSpace = ConfigSpace()):
+                 tolerance: float = 0.02, space: ConfigSpace = ConfigSpace()):
         self.trace, self.step_time, self.space = trace, step_time, space
         self.kv_capacity_tokens, self.ttft_slo_s = kv_capacity_tokens, ttft_slo_s
-        self.time_scale, self.eager_factor = time_scale, eager_factor
+        self.time_scale, self.eager_factor, self.tolerance = time_scale, eager_factor, tolerance
         self.mean_len = float(np.mean(trace.input_tokens + trace.output_tokens)) if trace.rows else 1.0
+        self.results: dict[str, dict] = {}
         self._baseline: dict | None = None
+        self._lock = threading.Lock()
 
     @classmethod
-    def from_profile(cls, trace: Any, profile: Mapping[str, Any], **kw) -> "ConfigJudge":
-        return cls(trace, MeasuredStepTime.fit(samples_from_profile(profile)), **kw)
+    def from_profile(cls, trace: Any, profile: Mapping[str, Any], *, layer_scale: float = 1.0,
+                     **kw) -> "ConfigJudge":
+        """``layer_scale``: full-model layers / profiled layers (the engine measures a tier's slice)."""
+        samples = [(shape, t * layer_scale) for shape, t in samples_from_profile(profile)]
+        return cls(trace, MeasuredStepTime.fit(samples), **kw)
 
-    def evaluate(self, knobs: Mapping[str, Any]) -> dict:
-        """Replay figures for one setting: ``score`` (tokens per busy second, 0 when infeasible)..."""
+    def replay(self, cfg: Mapping[str, Any]) -> dict:
+        """The replay's figures for one CONFIG (seconds; None where the trace gives none)."""
         from traffic_profiles import SchedulerConfig, replay
 
-        cfg = engine_config(knobs)
+        cfg = dict(cfg)
         cap = self.kv_capacity_tokens
         if cap is not None:        # half a block per sequence is lost to the last, partly filled block
-            cap = int(cap * self.mean_len / (self.mean_len + cfg["kv_block_size"] / 2))
-        st = self.step_time.with_graphs(cfg["cuda_graph_batch_sizes"], self.eager_factor)
+            cap = int(cap * self.mean_len / (self.mean_len + cfg.get("kv_block_size", 16) / 2))
+        st = self.step_time.with_graphs(cfg.get("cuda_graph_batch_sizes", ()), self.eager_factor)
         work = replay(self.trace, st, SchedulerConfig(
-            max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
-            kv_capacity_tokens=cap, time_scale=self.time_scale))
+            max_num_seqs=int(cfg.get("max_num_seqs", 256)),
+            max_num_batched_tokens=int(cfg.get("max_num_batched_tokens", 8192)),
+            max_chunk_tokens=cfg.get("max_chunk_tokens"), kv_capacity_tokens=cap, time_scale=self.time_scale))
         s = work.summary
         busy = s["simulated_s"] * s["busy_share"]
         tokens = float(self.trace.output_tokens.sum())
-        score = tokens / busy if busy > 0 else 0.0
-        ttft = s.get("ttft_p99_s")
-        feasible = (self.ttft_slo_s is None or (ttft is not None and ttft <= self.ttft_slo_s))
-        if self._baseline is not None and s["rejected"] > self._baseline["rejected"]:
-            feasible = False
-        return {"score": score if feasible else 0.0, "tokens_per_busy_s": score, "feasible": feasible,
-                "ttft_p99_s": ttft, "ttft_p50_s": s.get("ttft_p50_s"), "rejected": s["rejected"],
-                "mean_decode_batch": s["mean_decode_batch"], "busy_s": busy, "config": cfg}
+        return {"tokens_per_busy_s": tokens / busy if busy > 0 else 0.0,
+                "tokens_per_s": s["output_tokens_per_s"], "ttft_mean_s": s.get("ttft_mean_s"),
+                "ttft_p50_s": s.get("ttft_p50_s"), "ttft_p99_s": s.get("ttft_p99_s"),
+                "tpot_mean_s": s.get("tpot_mean_s"), "tpot_p50_s": s.get("tpot_p50_s"),
+                "rejected": s["rejected"], "mean_decode_batch": s["mean_decode_batch"], "busy_s": busy,
+                "config": cfg}
+
+    def evaluate(self, knobs: Mapping[str, Any]) -> dict:
+        """Replay figures for one knob setting (:meth:`evaluate_config` of its CONFIG)."""
+        return self.evaluate_config(engine_config(knobs))
+
+    def evaluate_config(self, config: Mapping[str, Any]) -> dict:
+        """Replay figures for one CONFIG, its ``ratios`` against the baseline, ``score`` (their
+        product; 0 when infeasible, see the module doc) and ``feasible``; each CONFIG replayed once."""
+        key = config_key(config)
+        with self._lock:
+            if key in self.results:
+                return self.results[key]
+        default = config_key(engine_config(self.space.default()))
+        base = self.baseline() if self._baseline is not None or key != default else None
+        r = self.replay(config)
+        ttft = r["ttft_p99_s"]
+        feasible = self.ttft_slo_s is None or (ttft is not None and ttft <= self.ttft_slo_s)
+        ratios = {"ttft": 1.0, "tpot": 1.0, "capacity": 1.0}
+        if base is not None:
+            ratios = {"ttft": _ratio(base["ttft_mean_s"], r["ttft_mean_s"]),
+                      "tpot": _ratio(base["tpot_mean_s"], r["tpot_mean_s"]),
+                      "capacity": _ratio(r["tokens_per_busy_s"], base["tokens_per_busy_s"])}
+            feasible = (feasible and r["rejected"] <= base["rejected"]
+                        and all(v >= 1.0 - self.tolerance for v in ratios.values()))
+        score = float(np.prod(list(ratios.values())))
+        out = {**r, "ratios": ratios, "score": score if feasible else 0.0, "feasible": feasible}
+        with self._lock:
+            self.results[key] = out
+        return out
 
     def baseline(self) -> dict:
         if self._baseline is None:
             self._baseline = self.evaluate(self.space.default())
         return self._baseline
+
+
+def _ratio(num: float | None, den: float | None) -> float:
+    """num / den; 1 when either is missing or zero (a figure the trace does not give cannot differ)."""
+    return float(num) / float(den) if num and den else 1.0
 
 
 # ----------------------------------------------------------------------------- agent
@@ -276,8 +333,9 @@ def work_config_idea(agent: OfflineAgent, ctx: AgentContext, lease, doc: Mapping
             "submitted": False}
     if result["feasible"] and result["score"] > best_before * (1 + getattr(agent, "min_gain", 0.01)):
         source = render_candidate([], config=result["config"],
-                                  description=f"{config_title(knobs)}: x{gain:.3f} tokens per busy second "
-                                              "in the traffic replay")
+                                  description=f"{config_title(knobs)}: x{gain:.3f} (TTFT x{result['ratios']['ttft']:.3f}, "
+                                              f"TPOT x{result['ratios']['tpot']:.3f}, capacity "
+                                              f"x{result['ratios']['capacity']:.3f}) in the traffic replay")
         verdict = ctx.evaluate(source, author=agent.name, idea_id=lease.idea_id)
         post.update(submitted=True, verdict=verdict_summary(verdict))
     ctx.post(agent.name, json.dumps(post), idea=lease.idea_id, kind="result")
