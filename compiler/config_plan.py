@@ -16,7 +16,8 @@ What is measured and what is modelled:
              capacity lost to partly filled blocks
 
 :class:`ConfigAcceptor` wraps the kernels' ``compiler.acceptance.Acceptor``: a CONFIG-only candidate is
-accepted when the engine finds it correct and not slower per step than its noise allows, and its replay
+accepted when the engine finds it correct, not slower per step than its noise allows (only for the knobs
+a step can show: KV block size, CUDA-graph sizes on CUDA), and its replay
 beats the baseline setting (``ConfigJudge`` score > 1 + ``min_gain``: no TTFT, TPOT or capacity worse
 by more than the judge's tolerance). Only the best accepted setting goes into the plan (settings share
 knobs), with its projected TTFT, TPOT and tokens/s for the traffic (``Optimization.projected``).
@@ -90,6 +91,7 @@ class ConfigAcceptor:
     inner: Any                                  # compiler.acceptance.Acceptor
     judge: Any                                  # agents.offline.ConfigJudge
     min_gain: float = MIN_GAIN
+    device_kind: str = "cpu"
     on_accept: Callable[[Accepted], None] | None = None
     configs: list[ConfigAccepted] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -117,7 +119,7 @@ class ConfigAcceptor:
         if not getattr(verdict, "correct", False):
             why = (getattr(verdict, "reasons", None) or ["incorrect"])[0]
             return Decision(False, "fast", f"config rejected by the engine: {why}")
-        if speedup is not None and speedup < floor:
+        if speedup is not None and speedup < floor and _changes_a_step(config, self.device_kind):
             return Decision(False, "fast", f"config slows a step: {speedup:.3f}x < {floor:.3f}x", fast=speedup)
         result = self.judge.evaluate_config(config)
         need = 1.0 + self.min_gain
@@ -160,6 +162,16 @@ def with_config(kernels: Composition | None, configs: list[ConfigAccepted]) -> C
                        kernels.vs_torch_compile)
 
 
+def _changes_a_step(config: dict, device_kind: str) -> bool:
+    """Whether the engine's per-step timing can show the setting: a KV block size other than the
+    engine's, or CUDA-graph sizes on CUDA. Scheduler knobs change no single step (their measured
+    speedup is noise), so only these must not slow a step."""
+    from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
+
+    return (int(config.get("kv_block_size", DEFAULT_BLOCK_SIZE)) != DEFAULT_BLOCK_SIZE
+            or (device_kind == "cuda" and "cuda_graph_batch_sizes" in config))
+
+
 def _describe(config: dict, effect: dict) -> str:
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(config.items()) if k != "cuda_graph_batch_sizes")
     graphs = config.get("cuda_graph_batch_sizes")
@@ -196,4 +208,4 @@ def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, sp
               f"{1e9 * st.c:.3f} ns/KV token, fitted to the engine's {len(samples_from_profile(profile))} "
               "measured points (full model projected)")
     agents = list(agents) + [ConfigSearchAgent("config-search", team)]
-    return ConfigAcceptor(acceptor, judge, on_accept=on_accept), agents
+    return ConfigAcceptor(acceptor, judge, device_kind=device_kind, on_accept=on_accept), agents

@@ -27,6 +27,8 @@ from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Compositio
 from compiler.budget import Budget
 from compiler.compose import Part, compose, select_compatible
 from compiler.isolated import run_isolated
+from compiler.memory import RunMemory, shape_class
+from compiler.throughput import DeviceClock, run_fields
 from compiler.recover import mark_recovered, recovered_seeds
 from compiler.progress import Progress
 
@@ -283,6 +285,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                     cfg.drift.get("features", []), run=run_id, old_hash=cfg.drift.get("old_hash", ""),
                     new_hash=traffic.hash)
     progress.on_change = _board_mirror(board, run_id)
+    memory = RunMemory(board, run_id, model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
+                       shape=shape_class(device["kind"], spec.dtype, points, fast_layers, slow_layers))
 
     from compiler.fleet import FleetConfig
     fleet_cfg = FleetConfig(model=cfg.model, points=tuple(points), fast_layers=tuple(fast_layers),
@@ -301,6 +305,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
         with _Interrupt(stop, progress):
             progress.phase("starting")
             fleet = _start_within(cfg, fleet_cfg, budget)
+            clock = DeviceClock(fleet).install()        # compiler/throughput.py: where the engines' time goes
             fleet.deadline = budget.compose_end          # no evaluation runs past the composition's end
             progress.restarts_from(fleet.restarts)
             for d in fleet.describe():          # persistent_engine/tolerance.py: each tier's calibrated bound
@@ -334,16 +339,20 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 acceptor = Acceptor(fleet.evaluate, points, noise, cfg.acceptance, on_accept, accepted_log)
                 acceptor, agents = config_plan.start(acceptor, agents, cfg.traffic, base_profile, spec, fast_layers,
                                                      device["kind"], on_accept, progress.event)
+                memory.seed(agents)
                 for name, source in cfg.seeds:               # recompile: the old plan's optimizations first
                     if stop.is_set():
                         break
-                    _consider(board, run_id, fleet, acceptor, progress, source, author=f"seed:{name}", tried=tried)
+                    _consider(board, run_id, fleet, acceptor, progress, source, author=f"seed:{name}", tried=tried,
+                              memory=memory)
 
                 if not stop.is_set() and time.monotonic() < deadline:
                     progress.phase("searching")
                     timed_on = "cpu" if device["kind"] == "cpu" else cfg.hw       # the roofline's hardware
+                    clock.open()
                     swarm = _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
-                                       base_profile, deadline, stop, tried, hw=timed_on)
+                                       base_profile, deadline, stop, tried, hw=timed_on, memory=memory)
+                    clock.close()
                     agent_reports = per_agent(swarm, accepted_log)
                     _report_agents(board, run_id, agent_reports, progress)
                 interrupted = stop.is_set()
@@ -375,8 +384,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                                layout_note, baseline, after, noise, composition, accepted_log, interrupted,
                                tried[0], restarts, time.monotonic() - t_start, tier_info,
                                progress.snapshot().phases)
-            if agent_reports:
-                plan = dataclasses.replace(plan, run={**plan.run, "agent_reports": agent_reports})
+            plan = dataclasses.replace(plan, run={**plan.run, **run_fields(board, run_id, clock, memory.hits),
+                                                  **({"agent_reports": agent_reports} if agent_reports else {})})
             sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
             vdir = plan_mod.write_version(out, plan, sources=sources,
                                           composed_source=composition.source if composition else compose([]),
@@ -402,9 +411,13 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
 
 def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress: Progress, source: str, *,
               author: str, tried: list[int], idea_id: Any = None, parent: Any = None,
-              author_kind: str = "seed") -> Any:
+              author_kind: str = "seed", memory: RunMemory | None = None) -> Any:
     """Fast tier, then acceptance (slow tier when it beats the noise); everything goes on the board,
-    the candidate with its parent (lineage) and its author's kind ("llm" for LLM-written code)."""
+    the candidate with its parent (lineage) and its author's kind ("llm" for LLM-written code). A
+    source ``memory`` holds a verdict for is not judged again (compiler/memory.py)."""
+    known = memory.recalled(source, acceptor) if memory is not None else None
+    if known is not None:
+        return known
     cand = _board_call(board, "add_candidate", run_id, author=author, source=source, idea=idea_id,
                        parent=parent, author_kind=author_kind)
     verdict = fleet.evaluate("fast", source)
@@ -424,12 +437,15 @@ def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress:
                     verdict="correct" if getattr(verdict, "correct", False) else "rejected",
                     reasons=list(getattr(verdict, "reasons", []) or []), device=fleet.cfg.devices[0],
                     versions={}, timing_method="engine A/B")
+    if memory is not None:
+        memory.remember(source, verdict, decision, acceptor, idea_id=idea_id)
     return verdict
 
 
 def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, fleet: Any,
                acceptor: Acceptor, progress: Progress, spec: Any, points: list[dict], base_profile: dict,
-               deadline: float, stop: threading.Event, tried: list[int], hw: str | None = None) -> Any:
+               deadline: float, stop: threading.Event, tried: list[int], hw: str | None = None,
+               memory: RunMemory | None = None) -> Any:
     """The agents' search; returns the ``agents.SwarmResult``. ``hw``: the cost-model hardware of the
     timings (the LLM agents' roofline)."""
     from agents import AgentContext, op_catalog, run_swarm
@@ -444,7 +460,7 @@ def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, 
             if key in seen:                      # the same source is never measured twice
                 return seen[key]
         verdict = _consider(board, run_id, fleet, acceptor, progress, source, author=author, tried=tried,
-                            idea_id=idea_id, parent=parent, author_kind=author_kind)
+                            idea_id=idea_id, parent=parent, author_kind=author_kind, memory=memory)
         with lock:
             seen[key] = verdict
         return verdict

@@ -288,7 +288,7 @@ class ConfigSearchAgent(OfflineAgent):
             if self._stalled():
                 return False
             best = max(self.team.configs, key=lambda ks: ks[1])[0] if self.team.configs else None
-            candidates = [space.default()] if best is None else []
+            candidates = list(self.team.starts) + ([space.default()] if best is None else [])
             for i in range(200):
                 base = best or space.default()
                 if i < 120:

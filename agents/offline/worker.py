@@ -46,6 +46,7 @@ class OfflineTeam:
         self.search = SearchState()
         self.tried: set[str] = set()            # titles posted or worked by any agent of the team
         self.configs: list[tuple[dict, float]] = []   # (config, score) judged so far
+        self.starts: list[dict] = []            # config knob settings to propose first (known good elsewhere)
         self.members: set[str] = set()          # names of the team's agents
         self.posts_read = 0                     # the run's "result" posts read so far (append-only)
 
