@@ -147,11 +147,13 @@ class DeviceClock:
                 "device_busy_fraction": round(min(judging / (wall * devices), 1.0), 4)}
 
 
-def run_fields(board: Any, run_id: Any, clock: DeviceClock | None, remembered: int = 0) -> dict:
+def run_fields(board: Any, run_id: Any, clock: DeviceClock | None, remembered: int = 0,
+               configs: list[dict] | None = None) -> dict:
     """The plan's ``run`` entries of the search's throughput (also into the run's config on the board,
     where the UI reads it): ``candidates_per_hour``, ``device_busy_fraction`` (None when the search
     never ran), ``throughput`` (the per-engine breakdown) and ``remembered`` (candidates not judged
-    again: their verdicts were known from earlier runs)."""
+    again: their verdicts were known from earlier runs); ``configs`` (the plan's accepted settings with
+    their projected effect) go to the board only, as ``config_optimizations``."""
     summary = clock.summary() if clock is not None else {}
     fields = {"candidates_per_hour": summary.get("candidates_per_hour"),
               "device_busy_fraction": summary.get("device_busy_fraction"),
@@ -159,7 +161,8 @@ def run_fields(board: Any, run_id: Any, clock: DeviceClock | None, remembered: i
     try:
         run = board.get_run(run_id)
         if run is not None:
-            board.update_run(run_id, config={**(run.config or {}), **fields})
+            board.update_run(run_id, config={**(run.config or {}), **fields,
+                                             "config_optimizations": list(configs or [])})
     except Exception:  # noqa: BLE001 - board bookkeeping never stops a run
         pass
     return fields
