@@ -13,7 +13,9 @@ What is measured and what is modelled:
   modelled   between and beyond those points: ``t = a + b * new tokens + c * KV tokens`` fitted to
              them; the full model as the slice's time x (model layers / slice layers); CUDA-graph
              padding and the eager factor of uncaptured decode batches (1 on CPU, 3 on CUDA); the KV
-             capacity lost to partly filled blocks
+             capacity lost to partly filled blocks; the first MAX_REPLAY_ROWS requests stand for the
+             trace, and where the measured engine cannot keep up with their rate they arrive slower
+             (``ConfigJudge.fit_load``: the traffic's mix at 80% of the load the engine carries)
 
 :class:`ConfigAcceptor` wraps the kernels' ``compiler.acceptance.Acceptor``: a CONFIG-only candidate is
 accepted when the engine finds it correct, not slower per step than its noise allows (only for the knobs
@@ -38,8 +40,10 @@ __all__ = ["ConfigAccepted", "ConfigAcceptor", "start", "config_only", "projecte
 
 MODELLED = ("step time between the measured workload points (a + b*new + c*kv fit)",
             "full model = fast-tier slice x layers ratio",
-            "CUDA-graph padding and eager factor", "KV capacity lost to partly filled blocks")
+            "CUDA-graph padding and eager factor", "KV capacity lost to partly filled blocks",
+            "the trace's first requests, slowed to the load the measured engine carries (time_scale)")
 MIN_GAIN = 0.01
+MAX_REPLAY_ROWS = 2000           # requests of the trace replayed per setting (its first ones)
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,7 @@ class ConfigAcceptor:
         if not result["feasible"] or result["score"] <= need:
             return Decision(False, "fast", f"config replay x{result['score']:.3f} does not beat the baseline "
                                            f"setting by {100 * self.min_gain:.0f}% without a loss", fast=speedup)
-        effect = projected_effect(self.judge.baseline(), result)
+        effect = {**projected_effect(self.judge.baseline(), result), "time_scale": round(self.judge.time_scale, 6)}
         name = "config-" + hashlib.sha256(source.encode()).hexdigest()[:8]
         acc = ConfigAccepted(name=name, source=source, author=author, targets=("config",),
                              config_keys=tuple(sorted(config)), fast=float(speedup or 1.0),
@@ -195,9 +199,12 @@ def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, sp
         if event is not None:
             event("config search left out: the engine measured no step time to replay the traffic with")
         return acceptor, agents
-    judge = ConfigJudge.from_profile(read_trace(traffic_path), profile,
-                                     layer_scale=spec.num_layers / max(len(fast_layers), 1),
+    trace = read_trace(traffic_path)
+    if trace.rows > MAX_REPLAY_ROWS:            # a replay holds the GIL: keep it short beside the agents
+        trace = trace.take(slice(0, MAX_REPLAY_ROWS))
+    judge = ConfigJudge.from_profile(trace, profile, layer_scale=spec.num_layers / max(len(fast_layers), 1),
                                      eager_factor=EAGER_FACTOR_CUDA if device_kind == "cuda" else 1.0)
+    scale = judge.fit_load()
     teams = {id(a.team): a.team for a in agents if isinstance(getattr(a, "team", None), OfflineTeam)}
     for team in teams.values():
         team.judge = judge
@@ -206,6 +213,7 @@ def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, sp
     if event is not None:
         event(f"config search: step time {1e3 * st.a:.3f} ms + {1e6 * st.b:.3f} us/token + "
               f"{1e9 * st.c:.3f} ns/KV token, fitted to the engine's {len(samples_from_profile(profile))} "
-              "measured points (full model projected)")
+              "measured points (full model projected)" + ("" if scale == 1.0 else
+              f"; the traffic replayed at {scale:.3g}x its rate, the load the measured engine carries"))
     agents = list(agents) + [ConfigSearchAgent("config-search", team)]
     return ConfigAcceptor(acceptor, judge, device_kind=device_kind, on_accept=on_accept), agents

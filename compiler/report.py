@@ -163,7 +163,8 @@ def _throughput_plot(run: dict) -> str | None:
     if not engines:
         return None
     names = sorted(engines)
-    series = {k: [engines[n][f"{k}_s"] for n in names] for k in ("judging", "compile", "other", "idle", "queue_wait")}
+    series = {k: [engines[n].get(f"{k}_s", 0.0) for n in names]
+              for k in ("judging", "compile", "executor_wait", "other", "idle", "queue_wait")}
     return bar_chart("Search phase: where each engine's time went", names, series, unit=" s")
 
 
@@ -178,11 +179,11 @@ def _throughput_lines(run: dict, plotted: bool) -> list[str]:
          f"{run.get('remembered', 0)} candidate(s) not judged again (verdicts remembered from earlier runs)", ""]
     if plotted:
         L += ["![search throughput](plots/throughput.svg)", ""]
-    L += ["| engine | evaluations | judging s | compile s | other s | idle s | queue wait s |",
-          "|---|---|---|---|---|---|---|"]
+    L += ["| engine | evaluations | judging s | compile s | executor wait s | other s | idle s | queue wait s |",
+          "|---|---|---|---|---|---|---|---|"]
     for name, e in sorted((t.get("engines") or {}).items()):
-        L.append(f"| {name} | {e['calls']} | {e['judging_s']} | {e['compile_s']} | {e['other_s']} | "
-                 f"{e['idle_s']} | {e['queue_wait_s']} |")
+        L.append(f"| {name} | {e['calls']} | {e['judging_s']} | {e['compile_s']} | {e.get('executor_wait_s', 0)} | "
+                 f"{e['other_s']} | {e['idle_s']} | {e['queue_wait_s']} |")
     L.append("")
     return L
 

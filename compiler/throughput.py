@@ -4,13 +4,15 @@
 Ray's: one "engine" per tier) and books every evaluation of the search window:
 
     queue_wait_s   the caller waited for a free engine of the tier (fleet queue + the device's lock)
+    executor_wait_s  waiting for a warm sandboxed executor from the judge's pool (``timings.pool_wait_s``)
     compile_s      the engine loading the candidate: the executor importing it (Triton compiles, module
                    loading) (``timings.load_s``)
     judging_s      verification and timing on the device (``timings.verify_s + bench_s``): busy
     other_s        the rest of an evaluation (unload, RPC, a restart after a crash)
     idle_s         the window's wall time with no evaluation on the engine
 
-Per engine ``compile_s + judging_s + other_s + idle_s`` is the window's wall time (``wall_s``).
+Per engine ``executor_wait_s + compile_s + judging_s + other_s + idle_s`` is the window's wall time
+(``wall_s``); ``queue_wait_s`` is the callers' time, not the engine's.
 ``summary()`` adds ``candidates_per_hour`` (fast-tier evaluations of the window per hour of it and
 per device) and ``device_busy_fraction`` (judging time / (wall x devices)).
 """
@@ -31,6 +33,7 @@ class EngineTime:
     device: str
     calls: int = 0
     queue_wait_s: float = 0.0
+    executor_wait_s: float = 0.0
     compile_s: float = 0.0
     judging_s: float = 0.0
     other_s: float = 0.0
@@ -38,13 +41,16 @@ class EngineTime:
 
     def book(self, t0: float, t1: float, waited: float, timings: dict) -> None:
         span = max(t1 - t0, 0.0)
-        load = min(float(timings.get("load_s") or 0.0), span)
-        judging = min(float(timings.get("verify_s") or 0.0) + float(timings.get("bench_s") or 0.0), span - load)
+        pool = min(float(timings.get("pool_wait_s") or 0.0), span)
+        load = min(float(timings.get("load_s") or 0.0), span - pool)
+        judging = min(float(timings.get("verify_s") or 0.0) + float(timings.get("bench_s") or 0.0),
+                      span - pool - load)
         self.calls += 1
         self.queue_wait_s += max(waited, 0.0)
+        self.executor_wait_s += pool
         self.compile_s += load
         self.judging_s += judging
-        self.other_s += span - load - judging
+        self.other_s += span - pool - load - judging
         self.busy_spans.append((t0, t1))
 
 
@@ -136,7 +142,8 @@ class DeviceClock:
             for key, e in sorted(self.engines.items()):
                 busy = sum(min(t1, end) - t0 for t0, t1 in e.busy_spans if t0 < end)
                 rows[key] = {"tier": e.tier, "device": e.device, "calls": e.calls,
-                             "queue_wait_s": round(e.queue_wait_s, 3), "compile_s": round(e.compile_s, 3),
+                             "queue_wait_s": round(e.queue_wait_s, 3),
+                             "executor_wait_s": round(e.executor_wait_s, 3), "compile_s": round(e.compile_s, 3),
                              "judging_s": round(e.judging_s, 3), "other_s": round(e.other_s, 3),
                              "idle_s": round(max(wall - busy, 0.0), 3), "wall_s": round(wall, 3)}
         devices = max(len({r["device"] for r in rows.values()}), 1)

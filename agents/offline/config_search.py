@@ -199,6 +199,23 @@ class ConfigJudge:
         samples = [(shape, t * layer_scale) for shape, t in samples_from_profile(profile)]
         return cls(trace, MeasuredStepTime.fit(samples), **kw)
 
+    def fit_load(self, utilisation: float = 0.8) -> float:
+        """When the measured engine cannot keep up with the trace at its own rate (the baseline setting
+        busy more than ``utilisation`` of the replay), slow the arrivals down (``time_scale`` < 1) until
+        it is about that busy: the traffic's mix at a load the measured engine carries, instead of a
+        queue growing without bound (where every setting ties). Returns the time scale (1: unchanged).
+        Cost: one replay (plus the baseline's again)."""
+        duration = float(self.trace.timestamp_s[-1]) if self.trace.rows else 0.0
+        for _ in range(3):          # busy time grows a little as batches shrink at the lower rate
+            busy = self.replay(engine_config(self.space.default()))["busy_s"]
+            if duration <= 0 or busy * self.time_scale <= 1.05 * utilisation * duration:
+                break
+            self.time_scale = utilisation * duration / busy     # arrivals span duration / time_scale
+            with self._lock:
+                self.results.clear()
+            self._baseline = None
+        return self.time_scale
+
     def replay(self, cfg: Mapping[str, Any]) -> dict:
         """The replay's figures for one CONFIG (seconds; None where the trace gives none)."""
         from traffic_profiles import SchedulerConfig, replay

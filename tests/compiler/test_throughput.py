@@ -24,7 +24,7 @@ class SleepingSupervisor:
     auto_restart = True
 
     def __init__(self, load_s: float, verify_s: float, bench_s: float):
-        self.t = {"load_s": load_s, "verify_s": verify_s, "bench_s": bench_s}
+        self.t = {"pool_wait_s": 0.01, "load_s": load_s, "verify_s": verify_s, "bench_s": bench_s}
 
     def evaluate(self, source: str, timeout_s: float = 300.0, **_):
         time.sleep(sum(self.t.values()) + 0.005)
@@ -59,9 +59,10 @@ def test_busy_compile_idle_and_queue_wait_add_up_to_the_window():
     fast, slow = s["engines"]["fast-0"], s["engines"]["slow-1"]
     assert (fast["calls"], slow["calls"]) == (4, 1)
     assert fast["compile_s"] == pytest.approx(4 * 0.02, abs=1e-6)
+    assert fast["executor_wait_s"] == pytest.approx(4 * 0.01, abs=1e-6)
     assert fast["judging_s"] == pytest.approx(4 * 0.08, abs=1e-6)
     for e in (fast, slow):
-        total = e["compile_s"] + e["judging_s"] + e["other_s"] + e["idle_s"]
+        total = e["executor_wait_s"] + e["compile_s"] + e["judging_s"] + e["other_s"] + e["idle_s"]
         assert total == pytest.approx(e["wall_s"], abs=0.01)
         assert e["idle_s"] >= 0.09
     # five evaluations on one device lock: all but the first waited; together at least 4 x 0.1 s
