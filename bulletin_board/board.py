@@ -283,15 +283,19 @@ class Board(BoardQueries):
                 raise BoardError(f"post_idea: no run {rid}")
             return Idea.from_row(row)
 
-    def claim_idea(self, run: Any, agent: str, lease_s: float = 300.0) -> Idea | None:
+    def claim_idea(self, run: Any, agent: str, lease_s: float = 300.0, *, target: str | None = None) -> Idea | None:
         """Atomically claim the open idea of highest priority (oldest first) for ``agent`` for
         ``lease_s`` seconds of the database's clock; an idea whose lease lapsed is open again.
-        Returns the claimed idea, or None when nothing is open. Keep it with :meth:`heartbeat`."""
+        ``target``: only ideas with that target. Returns the claimed idea, or None when nothing is
+        open. Keep it with :meth:`heartbeat`."""
         if lease_s <= 0:
             raise BoardError(f"claim_idea: lease_s must be positive, not {lease_s}")
+        stmts = self._claims if target is None else claim_statements(self.dialect, True)
+        params = {"p_run": id_of(run), "p_agent": agent, "p_lease": float(lease_s)}
+        if target is not None:
+            params["p_target"] = target
         with self._write("claim_idea") as conn:
-            row = conn.execute(self._claims.claim, {"p_run": id_of(run), "p_agent": agent,
-                                                    "p_lease": float(lease_s)}).mappings().first()
+            row = conn.execute(stmts.claim, params).mappings().first()
             if row is None:
                 return None
             conn.execute(self._claims.lapse, {"p_idea": row["id"]})

@@ -281,7 +281,10 @@ def _ratio(num: float | None, den: float | None) -> float:
 
 # ----------------------------------------------------------------------------- agent
 class ConfigSearchAgent(OfflineAgent):
-    """Proposes configurations around the best one judged so far (needs ``team.judge``)."""
+    """Proposes configurations around the best one judged so far (needs ``team.judge``); works config
+    ideas only (a replay takes ~0.3 s; a kernel idea would keep it waiting on the engine)."""
+
+    claims_target = CONFIG
 
     def __init__(self, name: str, team: OfflineTeam, *, min_gain: float = 0.01, patience: int = 40,
                  ideas_per_cycle: int = 1, seed: int = 0):

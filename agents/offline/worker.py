@@ -79,7 +79,10 @@ class OfflineTeam:
 
 
 class OfflineAgent(Agent):
-    """Base of the offline agents: subclasses implement :meth:`propose`."""
+    """Base of the offline agents: subclasses implement :meth:`propose`; ``claims_target``: claim only
+    ideas with that target (None: any)."""
+
+    claims_target: str | None = None
 
     def __init__(self, name: str, team: OfflineTeam, *, ideas_per_cycle: int = 1, seed: int = 0):
         super().__init__(name)
@@ -105,7 +108,7 @@ class OfflineAgent(Agent):
                 self.exhausted = True
         if ctx.expired():
             return True
-        lease = ctx.claim(self.name)
+        lease = ctx.claim(self.name, self.claims_target) if self.claims_target else ctx.claim(self.name)
         if lease is None:
             return proposed or not self.exhausted
         try:
