@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(out: Path):
-    return optimize(OptimizeConfig(model="llama-1b+tiny", hw="h200", traffic=CODE, out=str(out), budget_s=45.0,
+    return optimize(OptimizeConfig(model="llama-1b+tiny", hw="h200", traffic=CODE, out=str(out), budget_s=60.0,
                                    agents="offline:2", device="cpu", max_points=2, aa_runs=1, quiet=True))
 
 
