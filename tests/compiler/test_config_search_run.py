@@ -35,14 +35,22 @@ def _consistent(throughput: dict) -> None:
         assert min(e["queue_wait_s"], e["judging_s"], e["idle_s"]) >= 0
 
 
-def test_config_search_and_memory_across_runs(tmp_path):
-    out = tmp_path / "plan"
-    first = _run(out)
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cfg") / "plan"
+    result = _run(out)
     board = Board(f"sqlite:///{out / 'board.db'}")
+    yield out, result, board
+    board.close()
+
+
+@pytest.mark.timeout(1200)
+def test_every_run_searches_configs_and_one_is_accepted_applied_and_measured(first):
+    out, result, board = first
     config_ideas = board.list_ideas(1, target="config", limit=500).items
     assert config_ideas and all(i.title.startswith("config{") for i in config_ideas)
 
-    plan = json.loads((first.plan_dir / "plan.json").read_text())
+    plan = json.loads((result.plan_dir / "plan.json").read_text())
     configs = [o for o in plan["optimizations"] if o.get("projected")]
     assert configs, [o["name"] for o in plan["optimizations"]]
     p = configs[0]["projected"]
@@ -51,16 +59,21 @@ def test_config_search_and_memory_across_runs(tmp_path):
     run = plan["run"]
     assert run["candidates_per_hour"] > 0 and 0 <= run["device_busy_fraction"] <= 1
     _consistent(run["throughput"])
-    assert "Search throughput" in (first.plan_dir / "report.md").read_text()
+    assert "Search throughput" in (result.plan_dir / "report.md").read_text()
     assert board.get_run(1).config["throughput"] == run["throughput"]
 
-    applied = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(first.plan_dir),
+    applied = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(result.plan_dir),
                               "--device", "cpu", "--json"], capture_output=True, text=True, timeout=600)
     assert applied.returncode == 0, applied.stderr[-2000:]
     doc = json.loads(applied.stdout)
     knobs = set(configs[0]["description"].split(":")[0].replace(" ", "").split(","))
     assert doc["config"] and {f"{k}={v}" for k, v in doc["config"].items() if k != "cuda_graph_batch_sizes"} <= knobs
 
+
+@pytest.mark.timeout(1200)
+def test_a_continued_run_judges_no_candidate_twice_and_keeps_the_accepted_setting(first):
+    out, result, board = first
+    plan = json.loads((result.plan_dir / "plan.json").read_text())
     second = _run(out)                                   # continues from v1: its plan's candidates are seeds
     judged = {c.source_hash for c in board.list_candidates(1, limit=1000).items}
     again = {c.source_hash for c in board.list_candidates(2, limit=1000).items}
@@ -68,4 +81,3 @@ def test_config_search_and_memory_across_runs(tmp_path):
     plan2 = json.loads((second.plan_dir / "plan.json").read_text())
     assert plan2["run"]["remembered"] >= len(plan["optimizations"])
     assert [o["name"] for o in plan2["optimizations"] if o.get("projected")]
-    board.close()
