@@ -139,14 +139,17 @@ class RunMemory:
 
     def seed(self, agents: list[Any]) -> int:
         """The offline teams start from what earlier runs found (module doc); returns rows taken in."""
-        from agents.offline import OfflineTeam, reward_of
+        from agents.offline import OfflineTeam
         from agents.offline.config_search import config_title
-        from agents.offline.worker import _Verdict, _choice
 
         teams = {id(a.team): a.team for a in agents if isinstance(getattr(a, "team", None), OfflineTeam)}
         taken = 0
         for team in teams.values():
             configs = []
+            for t in self.known.values():
+                if t.kind == "template":
+                    taken += team.record_result({"template": t.title.split("{")[0], "knobs": t.knobs},
+                                                t.verdict != "rejected", t.speedup)
             with team.lock:
                 for t in self.known.values():
                     other_traffic = t.kind == "config" and t.metrics.get("traffic_hash") != self.traffic_hash
@@ -155,12 +158,7 @@ class RunMemory:
                         continue
                     if t.title:
                         team.tried.add(t.title)
-                    if t.kind == "template":
-                        choice = _choice({"template": t.title.split("{")[0], "knobs": t.knobs})
-                        if choice is not None:
-                            team.search.record(choice, reward_of(_Verdict(t.verdict != "rejected", t.speedup)))
-                            taken += 1
-                    elif t.kind == "config" and t.title.startswith("config{") and t.knobs:
+                    if t.kind == "config" and t.title.startswith("config{") and t.knobs:
                         configs.append(t)
             if team.judge is None:
                 continue

@@ -64,13 +64,23 @@ class OfflineTeam:
                 doc = _json(post.body) or {}
                 if post.author in self.members or doc.get("kind") != TEMPLATE or "correct" not in doc:
                     continue
-                choice = _choice(doc)
-                if choice is None:
-                    continue
-                self.tried.add(choice.key())
-                self.search.record(choice, reward_of(_Verdict(bool(doc["correct"]), doc.get("speedup"))))
-                taken += 1
+                taken += self._record(doc, bool(doc["correct"]), doc.get("speedup"))
             return taken
+
+    def record_result(self, doc: dict, correct: bool, speedup: float | None) -> bool:
+        """A template result measured elsewhere (another team, an earlier run: ``doc`` names the
+        ``template`` and its ``knobs``) into the search state and ``tried``; False when ``doc`` names no
+        known template setting."""
+        with self.lock:
+            return self._record(doc, correct, speedup)
+
+    def _record(self, doc: dict, correct: bool, speedup: float | None) -> bool:
+        choice = _choice(doc)
+        if choice is None:
+            return False
+        self.tried.add(choice.key())
+        self.search.record(choice, reward_of(_Verdict(correct, speedup)))
+        return True
 
     def arms(self, ctx: AgentContext) -> list[Template]:
         """Templates for this device whose op the engine's registry knows."""
