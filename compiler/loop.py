@@ -156,7 +156,8 @@ def continued(cfg: OptimizeConfig, out: Path, progress: Progress | None = None) 
     if prev.model != cfg.model or prev.hw != cfg.hw:
         return cfg
     if progress is not None:
-        progress.event(f"continuing from {vdir}: its {len(seeds)} optimization(s) are re-verified first "
+        progress.event(f"continuing from {vdir}: its {len(seeds)} optimization(s) are re-verified first, unless "
+                       "remembered for this workload "
                        "(--fresh starts over)")
     return dataclasses.replace(cfg, seeds=seeds, parent_version=cfg.parent_version or prev.version)
 

@@ -67,10 +67,11 @@ def _layout_line(best: dict | None) -> str:
 
 
 # how a version with a parent came about (plan.run["origin"]; "" for plans written before it existed)
-_ORIGIN = {"": "Follows v{v}: its optimizations were re-verified first.",
+_ORIGIN = {"": "Follows v{v}: its optimizations were re-verified first (or their verdicts remembered).",
            "drift": "Recompiled from v{v} because traffic drifted.",
            "forced": "Recompiled from v{v} on request (`--force`; traffic had not drifted).",
-           "continued": "Continues v{v}: its optimizations were re-verified first, then searched on from there."}
+           "continued": "Continues v{v}: its optimizations were re-verified first (or, on the same workload, their "
+                        "verdicts remembered), then searched on from there."}
 
 
 def _torch_compile_lines(tc: dict | None) -> list[str]:
