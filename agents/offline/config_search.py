@@ -21,9 +21,10 @@ also submitted to the engine (``ctx.evaluate``) as a CONFIG-only candidate, so i
 recorded with the run.
 
 ``propose`` (:class:`ConfigSearchAgent`): the baseline first, then a mutation of one or two knobs of
-the best configuration so far (random restarts when a neighbourhood is spent); posted as an idea with
-title ``config{...}``, target ``config``. It stops proposing once ``patience`` configurations in a
-row failed to beat the best.
+the best configuration so far (random restarts when a neighbourhood is spent), only among the knobs
+the replay can tell apart (``ConfigJudge.live_knobs``); posted as an idea with title ``config{...}``,
+target ``config``, and worked by the agent itself (it claims config ideas only, several a cycle). It
+stops proposing once ``patience`` configurations in a row failed to beat the best.
 """
 
 from __future__ import annotations
@@ -268,6 +269,17 @@ class ConfigJudge:
             self.results[key] = out
         return out
 
+    def live_knobs(self) -> dict[str, tuple]:
+        """The knobs the replay can tell apart (the others stay at their default): CUDA-graph sizes
+        only with an eager factor (1 on CPU: nothing is captured), the KV block size only with a KV
+        capacity to lose to partly filled blocks."""
+        knobs = self.space.knobs()
+        if self.eager_factor == 1.0:
+            knobs.pop("graphs")
+        if self.kv_capacity_tokens is None:
+            knobs.pop("kv_block_size")
+        return knobs
+
     def baseline(self) -> dict:
         if self._baseline is None:
             self._baseline = self.evaluate(self.space.default())
@@ -287,11 +299,11 @@ class ConfigSearchAgent(OfflineAgent):
     claims_target = CONFIG
 
     def __init__(self, name: str, team: OfflineTeam, *, min_gain: float = 0.01, patience: int = 40,
-                 ideas_per_cycle: int = 1, seed: int = 0):
+                 ideas_per_cycle: int = 1, works_per_cycle: int = 8, seed: int = 0):
         if team.judge is None:
             raise ValueError("a config search agent needs a team with a ConfigJudge (the traffic)")
         super().__init__(name, team, ideas_per_cycle=ideas_per_cycle, seed=seed)
-        self.min_gain, self.patience = min_gain, patience
+        self.min_gain, self.patience, self.works_per_cycle = min_gain, patience, works_per_cycle
 
     def _stalled(self) -> bool:
         """True once ``patience`` configurations in a row failed to beat the best one."""
@@ -301,9 +313,19 @@ class ConfigSearchAgent(OfflineAgent):
         best_at = max(range(len(scores)), key=scores.__getitem__)
         return len(scores) - 1 - best_at >= self.patience
 
+    def run_once(self, ctx: AgentContext) -> bool:
+        """Up to ``works_per_cycle`` propose-and-replay rounds (a replay is cheap; only a setting that
+        beats the best goes to the engine)."""
+        more = True
+        for _ in range(self.works_per_cycle):
+            more = super().run_once(ctx)
+            if not more or ctx.expired():
+                break
+        return more
+
     def propose(self, ctx: AgentContext) -> bool:
         space = self.team.judge.space
-        knobs_space = space.knobs()
+        knobs_space = self.team.judge.live_knobs()
         with self.team.lock:
             if self._stalled():
                 return False
@@ -313,12 +335,12 @@ class ConfigSearchAgent(OfflineAgent):
                 base = best or space.default()
                 if i < 120:
                     k = dict(base)
-                    for name in self.rng.sample(list(knobs_space), self.rng.choice((1, 1, 2))):
+                    for name in self.rng.sample(list(knobs_space), min(self.rng.choice((1, 1, 2)), len(knobs_space))):
                         vals = sorted(knobs_space[name], key=order_key)
                         j = vals.index(k[name]) + self.rng.choice((-1, 1))
                         k[name] = vals[min(max(j, 0), len(vals) - 1)]
                 else:
-                    k = {name: self.rng.choice(vals) for name, vals in knobs_space.items()}
+                    k = {**base, **{name: self.rng.choice(vals) for name, vals in knobs_space.items()}}
                 candidates.append(k)
             for k in candidates:
                 title = config_title(k)
