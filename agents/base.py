@@ -215,9 +215,11 @@ class AgentContext:
     def expired(self) -> bool:
         return self.stop.is_set() or time.monotonic() >= self.deadline
 
-    def claim(self, agent: str) -> Lease | None:
-        """Atomically claim an open idea of this run; None when nothing is open."""
-        idea = self.board.claim_idea(self.run_id, agent=agent, lease_s=self.lease_s)
+    def claim(self, agent: str, target: str | None = None) -> Lease | None:
+        """Atomically claim an open idea of this run (``target``: only ideas with that target); None when
+        nothing is open."""
+        kw = {} if target is None else {"target": target}
+        idea = self.board.claim_idea(self.run_id, agent=agent, lease_s=self.lease_s, **kw)
         return None if idea is None else Lease(self.board, idea, agent, self.lease_s)
 
     def already_tried(self, title: str, target: str | None) -> bool:

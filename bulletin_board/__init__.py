@@ -9,10 +9,10 @@ Imports only SQLAlchemy (and Alembic when a schema must be created or upgraded).
 from .board import Board, jsonable
 from .migrate import HEAD as SCHEMA_VERSION
 from .records import (BoardError, Candidate, Claim, Deployment, DriftEvent, Evaluation, Idea,
-                      Optimization, Page, Post, Run, SchemaError, candidate_id)
+                      Optimization, Page, Post, Run, SchemaError, Tried, candidate_id)
 
 __all__ = [
     "Board", "BoardError", "SchemaError", "SCHEMA_VERSION", "Page",
     "Run", "Deployment", "Idea", "Claim", "Post", "Candidate", "Evaluation", "Optimization",
-    "DriftEvent", "candidate_id", "jsonable",
+    "DriftEvent", "Tried", "candidate_id", "jsonable",
 ]

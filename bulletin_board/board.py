@@ -43,9 +43,9 @@ from .migrate import ensure_schema
 from .queries import BoardQueries
 from .records import (FINISH_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES, BoardError,
                       Deployment, DriftEvent, Evaluation, Idea, Optimization, Post, Run,
-                      SchemaError, candidate_id, id_of, source_hash)
+                      SchemaError, Tried, candidate_id, id_of, source_hash)
 from .schema import (T_CANDIDATES, T_DEPLOYMENTS, T_DRIFT, T_EVALUATIONS, T_IDEAS,
-                     T_OPTIMIZATIONS, T_POSTS, T_RUNS, db_now)
+                     T_OPTIMIZATIONS, T_POSTS, T_RUNS, T_TRIED, db_now)
 
 
 def jsonable(obj: Any) -> Any:
@@ -283,15 +283,19 @@ class Board(BoardQueries):
                 raise BoardError(f"post_idea: no run {rid}")
             return Idea.from_row(row)
 
-    def claim_idea(self, run: Any, agent: str, lease_s: float = 300.0) -> Idea | None:
+    def claim_idea(self, run: Any, agent: str, lease_s: float = 300.0, *, target: str | None = None) -> Idea | None:
         """Atomically claim the open idea of highest priority (oldest first) for ``agent`` for
         ``lease_s`` seconds of the database's clock; an idea whose lease lapsed is open again.
-        Returns the claimed idea, or None when nothing is open. Keep it with :meth:`heartbeat`."""
+        ``target``: only ideas with that target. Returns the claimed idea, or None when nothing is
+        open. Keep it with :meth:`heartbeat`."""
         if lease_s <= 0:
             raise BoardError(f"claim_idea: lease_s must be positive, not {lease_s}")
+        stmts = self._claims if target is None else claim_statements(self.dialect, True)
+        params = {"p_run": id_of(run), "p_agent": agent, "p_lease": float(lease_s)}
+        if target is not None:
+            params["p_target"] = target
         with self._write("claim_idea") as conn:
-            row = conn.execute(self._claims.claim, {"p_run": id_of(run), "p_agent": agent,
-                                                    "p_lease": float(lease_s)}).mappings().first()
+            row = conn.execute(stmts.claim, params).mappings().first()
             if row is None:
                 return None
             conn.execute(self._claims.lapse, {"p_idea": row["id"]})
@@ -439,4 +443,23 @@ class Board(BoardQueries):
                 drifted=bool(drifted), old_hash=old_hash, new_hash=new_hash,
                 features=jsonable(features), created_at=db_now()).returning(*T_DRIFT.c)
             return self._one(conn, stmt, DriftEvent, "add_drift_event returned nothing")
+
+    # -- memory across runs ----------------------------------------------------------------------
+
+    def remember(self, run: Any, *, model: str, hw: str, shape_class: str, source: str, verdict: str,
+                 speedup: float | None = None, kind: str = "source", target: str = "", title: str = "",
+                 knobs: Mapping[str, Any] | None = None, metrics: Mapping[str, Any] | None = None) -> Tried:
+        """Record that ``source`` was judged for (model, hw, shape_class) in ``run`` with ``verdict``
+        ("accepted" | "correct" | "rejected"); a later judgement of the same source replaces it."""
+        values = dict(model=model, hw=hw, shape_class=shape_class, source_hash=source_hash(source),
+                      run_id=id_of(run), kind=kind, target=target or "", title=title or "",
+                      knobs=jsonable(dict(knobs or {})), verdict=verdict,
+                      speedup=_finite(speedup), metrics=jsonable(dict(metrics or {})), created_at=db_now())
+        keep = ("model", "hw", "shape_class", "source_hash")
+        with self._write("remember") as conn:
+            stmt = (self._insert(T_TRIED).values(**values)
+                    .on_conflict_do_update(index_elements=list(keep),
+                                           set_={k: v for k, v in values.items() if k not in keep})
+                    .returning(*T_TRIED.c))
+            return self._one(conn, stmt, Tried, "remember returned nothing")
 

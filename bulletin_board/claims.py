@@ -39,11 +39,14 @@ class ClaimStatements:
 
 
 @functools.lru_cache(maxsize=None)
-def claim_statements(dialect: str) -> ClaimStatements:
+def claim_statements(dialect: str, by_target: bool = False) -> ClaimStatements:
+    """``by_target``: the claim takes only ideas whose target is ``p_target`` (a specialised agent)."""
     t, c, now = T_IDEAS, T_IDEAS.c, db_now()
     lease = bindparam("p_lease", type_=Float)
     in_pool = and_(c.run_id == bindparam("p_run"),
                    or_(c.status == "open", and_(c.status == "claimed", c.lease_expires_at < now)))
+    if by_target:
+        in_pool = and_(in_pool, c.target == bindparam("p_target"))
     pick = select(c.id).where(in_pool).order_by(c.priority.desc(), c.id).limit(1)
     if dialect == "postgresql":
         pick = pick.with_for_update(skip_locked=True)

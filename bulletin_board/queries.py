@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import Select, func, select
 
 from .records import (BoardError, Candidate, Claim, Deployment, DriftEvent, Evaluation, Idea,
-                      Optimization, Page, Post, Run, id_of)
+                      Optimization, Page, Post, Run, Tried, id_of)
 from .schema import (T_CANDIDATES, T_CLAIMS, T_DEPLOYMENTS, T_DRIFT, T_EVALUATIONS, T_IDEAS,
-                     T_OPTIMIZATIONS, T_POSTS, T_RUNS)
+                     T_OPTIMIZATIONS, T_POSTS, T_RUNS, T_TRIED)
 
 MAX_LIMIT = 1000
 
@@ -121,6 +121,18 @@ class BoardQueries:
             return conn.execute(select(T_IDEAS.c.id).where(
                 T_IDEAS.c.run_id == id_of(run),
                 T_IDEAS.c.title_key == title_key(title, target))).first() is not None
+
+    def recall(self, model: str, hw: str, shape_class: str, *, kind: str | None = None,
+               limit: int = 10000) -> list[Tried]:
+        """What was judged before for (model, hw, shape_class), best speedup first (``Board.remember``).
+        Cost: one indexed query of at most ``limit`` rows."""
+        t = T_TRIED
+        stmt = select(t).where(t.c.model == model, t.c.hw == hw, t.c.shape_class == shape_class)
+        if kind is not None:
+            stmt = stmt.where(t.c.kind == kind)
+        stmt = stmt.order_by(t.c.speedup.desc().nulls_last(), t.c.id).limit(limit)
+        with self._e.read.connect() as conn:
+            return [Tried.from_row(r._mapping) for r in conn.execute(stmt)]
 
     def lineage(self, run: Any) -> list[dict]:
         """Every parent -> child edge of a run's candidates: ``{"parent", "child", "parent_author",

@@ -183,6 +183,26 @@ class Optimization(Record):
 
 
 @dataclass(frozen=True)
+class Tried(Record):
+    """A candidate judged before for (model, hw, shape_class): see ``schema.TriedRow``."""
+
+    id: int
+    model: str
+    hw: str
+    shape_class: str
+    source_hash: str
+    run_id: int
+    kind: str
+    target: str
+    title: str
+    knobs: dict
+    verdict: str
+    speedup: float | None
+    metrics: dict
+    created_at: float
+
+
+@dataclass(frozen=True)
 class DriftEvent(Record):
     id: int
     deployment_id: int

@@ -227,6 +227,31 @@ class DriftEventRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class TriedRow(Base):
+    """The memory across runs: one candidate judged for a deployment (model, hw) under a shape class
+    (the workload points and tiers it was judged on, bucketed: ``compiler.memory.shape_class``), with
+    what it was (``kind`` "template" | "config" | "source", ``target`` op, ``title``, ``knobs`` of the
+    idea body) and its verdict. One row per (model, hw, shape_class, source_hash): the latest judgement."""
+
+    __tablename__ = "tried"
+    __table_args__ = (UniqueConstraint("model", "hw", "shape_class", "source_hash", name="uq_tried_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(200))
+    hw: Mapped[str] = mapped_column(String(100))
+    shape_class: Mapped[str] = mapped_column(String(64), index=True)
+    source_hash: Mapped[str] = mapped_column(String(64))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(20), default="source")
+    target: Mapped[str] = mapped_column(String(200), default="")
+    title: Mapped[str] = mapped_column(Text, default="")
+    knobs: Mapped[dict] = mapped_column(JSON)
+    verdict: Mapped[str] = mapped_column(String(40))          # "accepted" | "correct" | "rejected"
+    speedup: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metrics: Mapped[dict] = mapped_column(JSON)               # what a later run needs to reuse the verdict
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 T_DEPLOYMENTS = DeploymentRow.__table__
 T_RUNS = RunRow.__table__
 T_IDEAS = IdeaRow.__table__
@@ -236,3 +261,4 @@ T_CANDIDATES = CandidateRow.__table__
 T_EVALUATIONS = EvaluationRow.__table__
 T_OPTIMIZATIONS = OptimizationRow.__table__
 T_DRIFT = DriftEventRow.__table__
+T_TRIED = TriedRow.__table__

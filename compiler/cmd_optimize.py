@@ -249,6 +249,8 @@ def _apply(args: argparse.Namespace) -> int:
                      "ok": ok, "points": [c.__dict__ for c in checks], "vs_torch_compile": versus})
     else:
         print(f"loaded {loaded.version_dir}: overrides {', '.join(sorted(loaded.overrides)) or 'none'}")
+        if loaded.config:
+            print("config applied: " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.config.items())))
         for c in checks:
             print(f"  {c.point.get('phase')} b{c.point.get('batch')} ctx{c.point.get('context')}: "
                   f"max |diff| {c.max_abs_diff:.2e}  reference {c.reference_ms:.3f} ms  plan {c.plan_ms:.3f} ms")

@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from compiler import inputs, plan as plan_mod, report
+from compiler import config_plan, inputs, plan as plan_mod, report
 from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
+from compiler.baseline import _identity_candidate, measure_noise, op_ms  # noqa: F401 - tests import them here
 from compiler.budget import Budget
 from compiler.compose import Part, compose, select_compatible
 from compiler.isolated import run_isolated
+from compiler.memory import RunMemory, shape_class
+from compiler.throughput import DeviceClock, run_fields
 from compiler.recover import mark_recovered, recovered_seeds
 from compiler.progress import Progress
 
@@ -74,81 +77,6 @@ class OptimizeResult:
     plan_dir: Path
     plan: plan_mod.Plan
     interrupted: bool
-
-
-def _identity_candidate() -> str:
-    """A candidate that recomputes ``linear`` the reference way: timing it A/B against the reference
-    measures the tier's noise (its true speedup is 1). ``linear`` is called by every architecture (the
-    attention output projection of GQA, MLA's projections, the MoE router), so the engine's "override
-    never called" guard accepts it on every model and every workload point is timed."""
-    import inspect
-
-    from persistent_engine.ops import registry
-
-    x, w, b = list(inspect.signature(registry.get("linear").reference).parameters)
-    return (f'"""A/A probe: linear as the reference computes it."""\nimport torch\n\n\n'
-            f"def linear({x}, {w}, {b}):\n"
-            f"    return torch.nn.functional.linear({x}, {w}, {b})\n\n\n"
-            f'OVERRIDES = {{"linear": linear}}\n')
-
-
-def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
-                  on_event: Callable[[str], None] | None = None, deadline: float = float("inf")) -> dict[str, float]:
-    """Relative A/A spread per tier: the median over ``runs`` of |speedup - 1| of the identity
-    candidate (the median, so that one disturbed run, e.g. the engine's first, does not decide).
-    Cost: ``runs`` evaluations per tier (fewer past ``deadline``, one at least)."""
-    import statistics
-
-    src = _identity_candidate()
-    noise = {}
-    for tier in ("fast", "slow"):
-        spreads = []
-        for i in range(max(runs, 1)):
-            if i and time.monotonic() > deadline:     # the run's budget: one round per tier at least
-                break
-            v = evaluate(tier, src)
-            if getattr(v, "correct", False) and getattr(v, "speedup", None):
-                spreads.append(abs(float(v.speedup) - 1.0))
-            elif on_event is not None:
-                on_event(f"warning: the A/A probe was rejected on the {tier} tier: "
-                         f"{(getattr(v, 'reasons', None) or ['no speedup'])[0]}")
-        noise[tier] = round(statistics.median(spreads), 4) if spreads else 0.05   # unmeasurable: 5%
-        if not spreads and on_event is not None:
-            on_event(f"warning: {tier}-tier noise unmeasured; assuming 5% (only gains above it are accepted)")
-    return noise
-
-
-def op_ms(profile: Any, points: list[dict]) -> dict[str, float]:
-    """Per-op milliseconds weighted over workload points, from a ``Supervisor.profile()`` result.
-    Accepts ``{"per_point": [{"point": {...}, "ops": {op: ms | {"ms": x, ...}}}]}`` (the engine's)
-    or a flat ``{op: ms}``."""
-    def ms(v: Any) -> float | None:
-        if isinstance(v, (int, float)):
-            return float(v)
-        if isinstance(v, dict):
-            for k in ("ms", "time_ms", "total_ms", "median_ms"):
-                if isinstance(v.get(k), (int, float)):
-                    return float(v[k])
-            if isinstance(v.get("ns"), (int, float)):
-                return float(v["ns"]) / 1e6
-        return None
-
-    if not isinstance(profile, dict):
-        return {}
-    rows = profile.get("per_point", profile.get("points"))
-    if not isinstance(rows, list):
-        return {k: m for k, v in profile.items() if (m := ms(v)) is not None}
-    weights = {tuple(p.get(k) for k in ("phase", "batch", "context", "chunk")): float(p.get("weight", 1.0))
-               for p in points}
-    out: dict[str, float] = {}
-    for row in rows:
-        p = row.get("point", row) if isinstance(row, dict) else {}
-        w = weights.get(tuple(p.get(k) for k in ("phase", "batch", "context", "chunk")), 1.0 / max(len(rows), 1))
-        for op, v in (row.get("ops") or {}).items():
-            m = ms(v)
-            if m is not None:
-                out[op] = out.get(op, 0.0) + w * m
-    return {k: round(v, 6) for k, v in out.items()}
 
 
 def make_agents(spec: str, device: str, llm_budget_usd: float | None = None,
@@ -228,7 +156,8 @@ def continued(cfg: OptimizeConfig, out: Path, progress: Progress | None = None) 
     if prev.model != cfg.model or prev.hw != cfg.hw:
         return cfg
     if progress is not None:
-        progress.event(f"continuing from {vdir}: its {len(seeds)} optimization(s) are re-verified first "
+        progress.event(f"continuing from {vdir}: its {len(seeds)} optimization(s) are re-verified first, unless "
+                       "remembered for this workload "
                        "(--fresh starts over)")
     return dataclasses.replace(cfg, seeds=seeds, parent_version=cfg.parent_version or prev.version)
 
@@ -283,6 +212,8 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                     cfg.drift.get("features", []), run=run_id, old_hash=cfg.drift.get("old_hash", ""),
                     new_hash=traffic.hash)
     progress.on_change = _board_mirror(board, run_id)
+    memory = RunMemory(board, run_id, model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
+                       shape=shape_class(device["kind"], spec.dtype, points, fast_layers, slow_layers))
 
     from compiler.fleet import FleetConfig
     fleet_cfg = FleetConfig(model=cfg.model, points=tuple(points), fast_layers=tuple(fast_layers),
@@ -301,6 +232,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
         with _Interrupt(stop, progress):
             progress.phase("starting")
             fleet = _start_within(cfg, fleet_cfg, budget)
+            clock = DeviceClock(fleet).install()        # compiler/throughput.py: where the engines' time goes
             fleet.deadline = budget.compose_end          # no evaluation runs past the composition's end
             progress.restarts_from(fleet.restarts)
             for d in fleet.describe():          # persistent_engine/tolerance.py: each tier's calibrated bound
@@ -332,16 +264,22 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                     progress.event(f"accepted {a.name}: fast {a.fast:.3f}x, slow {a.slow:.3f}x")
 
                 acceptor = Acceptor(fleet.evaluate, points, noise, cfg.acceptance, on_accept, accepted_log)
+                acceptor, agents = config_plan.start(acceptor, agents, cfg.traffic, base_profile, spec, fast_layers,
+                                                     device["kind"], on_accept, progress.event)
+                memory.seed(agents)
                 for name, source in cfg.seeds:               # recompile: the old plan's optimizations first
                     if stop.is_set():
                         break
-                    _consider(board, run_id, fleet, acceptor, progress, source, author=f"seed:{name}", tried=tried)
+                    _consider(board, run_id, fleet, acceptor, progress, source, author=f"seed:{name}", tried=tried,
+                              memory=memory)
 
                 if not stop.is_set() and time.monotonic() < deadline:
                     progress.phase("searching")
                     timed_on = "cpu" if device["kind"] == "cpu" else cfg.hw       # the roofline's hardware
+                    clock.open()
                     swarm = _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
-                                       base_profile, deadline, stop, tried, hw=timed_on)
+                                       base_profile, deadline, stop, tried, hw=timed_on, memory=memory)
+                    clock.close()
                     agent_reports = per_agent(swarm, accepted_log)
                     _report_agents(board, run_id, agent_reports, progress)
                 interrupted = stop.is_set()
@@ -373,8 +311,9 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                                layout_note, baseline, after, noise, composition, accepted_log, interrupted,
                                tried[0], restarts, time.monotonic() - t_start, tier_info,
                                progress.snapshot().phases)
-            if agent_reports:
-                plan = dataclasses.replace(plan, run={**plan.run, "agent_reports": agent_reports})
+            plan = dataclasses.replace(plan, run={**plan.run, **run_fields(board, run_id, clock, memory.hits, [
+                o.to_dict() for o in plan.optimizations if o.projected]),
+                                                  **({"agent_reports": agent_reports} if agent_reports else {})})
             sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
             vdir = plan_mod.write_version(out, plan, sources=sources,
                                           composed_source=composition.source if composition else compose([]),
@@ -400,9 +339,13 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
 
 def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress: Progress, source: str, *,
               author: str, tried: list[int], idea_id: Any = None, parent: Any = None,
-              author_kind: str = "seed") -> Any:
+              author_kind: str = "seed", memory: RunMemory | None = None) -> Any:
     """Fast tier, then acceptance (slow tier when it beats the noise); everything goes on the board,
-    the candidate with its parent (lineage) and its author's kind ("llm" for LLM-written code)."""
+    the candidate with its parent (lineage) and its author's kind ("llm" for LLM-written code). A
+    source ``memory`` holds a verdict for is not judged again (compiler/memory.py)."""
+    known = memory.recalled(source, acceptor) if memory is not None else None
+    if known is not None:
+        return known
     cand = _board_call(board, "add_candidate", run_id, author=author, source=source, idea=idea_id,
                        parent=parent, author_kind=author_kind)
     verdict = fleet.evaluate("fast", source)
@@ -422,12 +365,15 @@ def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress:
                     verdict="correct" if getattr(verdict, "correct", False) else "rejected",
                     reasons=list(getattr(verdict, "reasons", []) or []), device=fleet.cfg.devices[0],
                     versions={}, timing_method="engine A/B")
+    if memory is not None:
+        memory.remember(source, verdict, decision, acceptor, idea_id=idea_id)
     return verdict
 
 
 def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, fleet: Any,
                acceptor: Acceptor, progress: Progress, spec: Any, points: list[dict], base_profile: dict,
-               deadline: float, stop: threading.Event, tried: list[int], hw: str | None = None) -> Any:
+               deadline: float, stop: threading.Event, tried: list[int], hw: str | None = None,
+               memory: RunMemory | None = None) -> Any:
     """The agents' search; returns the ``agents.SwarmResult``. ``hw``: the cost-model hardware of the
     timings (the LLM agents' roofline)."""
     from agents import AgentContext, op_catalog, run_swarm
@@ -442,7 +388,7 @@ def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, 
             if key in seen:                      # the same source is never measured twice
                 return seen[key]
         verdict = _consider(board, run_id, fleet, acceptor, progress, source, author=author, tried=tried,
-                            idea_id=idea_id, parent=parent, author_kind=author_kind)
+                            idea_id=idea_id, parent=parent, author_kind=author_kind, memory=memory)
         with lock:
             seen[key] = verdict
         return verdict
@@ -578,7 +524,7 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
         opts.append(plan_mod.Optimization(
             name=a.name, targets=a.targets, speedup={"fast": round(a.fast, 4), "slow": round(a.slow, 4)},
             per_point=a.per_point, kernel=f"kernels/{plan_mod.kernel_filename(a.name, taken)}",
-            author=a.author, description=a.description, noise=a.noise))
+            author=a.author, description=a.description, noise=a.noise, projected=getattr(a, "projected", None)))
 
     def num(x: float) -> float | None:
         return None if x is None or not math.isfinite(x) else round(x, 4)

@@ -59,9 +59,12 @@ class Optimization:
     author: str = ""
     description: str = ""
     noise: float = 0.0                              # fast-tier relative noise it had to beat
+    projected: dict | None = None                   # a config: its replayed TTFT/TPOT/tokens/s (config_plan)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if d["projected"] is None:
+            del d["projected"]
         d["targets"] = list(self.targets)
         d["per_point"] = [dict(p) for p in self.per_point]
         return d
@@ -72,7 +75,8 @@ class Optimization:
                    speedup={k: float(v) for k, v in d["speedup"].items() if v is not None},
                    per_point=tuple(dict(p) for p in d.get("per_point", ())),
                    kernel=str(d.get("kernel", "")), author=str(d.get("author", "")),
-                   description=str(d.get("description", "")), noise=float(d.get("noise", 0.0)))
+                   description=str(d.get("description", "")), noise=float(d.get("noise", 0.0)),
+                   projected=dict(d["projected"]) if isinstance(d.get("projected"), dict) else None)
 
 
 @dataclass(frozen=True)

@@ -67,10 +67,11 @@ def _layout_line(best: dict | None) -> str:
 
 
 # how a version with a parent came about (plan.run["origin"]; "" for plans written before it existed)
-_ORIGIN = {"": "Follows v{v}: its optimizations were re-verified first.",
+_ORIGIN = {"": "Follows v{v}: its optimizations were re-verified first (or their verdicts remembered).",
            "drift": "Recompiled from v{v} because traffic drifted.",
            "forced": "Recompiled from v{v} on request (`--force`; traffic had not drifted).",
-           "continued": "Continues v{v}: its optimizations were re-verified first, then searched on from there."}
+           "continued": "Continues v{v}: its optimizations were re-verified first (or, on the same workload, their "
+                        "verdicts remembered), then searched on from there."}
 
 
 def _torch_compile_lines(tc: dict | None) -> list[str]:
@@ -136,6 +137,58 @@ def _routing_lines(tiers: dict) -> list[str]:
     return out
 
 
+def _config_lines(plan: Plan) -> list[str]:
+    """Accepted engine/scheduler settings: their projected effect on the traffic (config_plan.py)."""
+    rows = [o for o in plan.optimizations if o.projected]
+    if not rows:
+        return []
+    L = ["### Engine and scheduler settings (projected for this traffic)", "",
+         "| name | TTFT mean | TTFT p99 | TPOT mean | tokens/s | tokens per busy s |", "|---|---|---|---|---|---|"]
+
+    def cell(p: dict, key: str, unit: str) -> str:
+        v = p.get(key) or {}
+        return f"{v.get('before')} → {v.get('after')}{unit}" if v.get("after") is not None else "n/a"
+
+    for o in rows:
+        p = o.projected
+        L.append(f"| {o.name} | {cell(p, 'ttft_mean_ms', ' ms')} | {cell(p, 'ttft_p99_ms', ' ms')} | "
+                 f"{cell(p, 'tpot_mean_ms', ' ms')} | {cell(p, 'tokens_per_s', '')} | {cell(p, 'tokens_per_busy_s', '')} |")
+    modelled = rows[0].projected.get("modelled") or []
+    L += ["", "Projected by replaying the traffic through the scheduler model with the step times the engine "
+          "measured at the workload points; modelled: " + "; ".join(modelled) + ".", ""]
+    return L
+
+
+def _throughput_plot(run: dict) -> str | None:
+    engines = (run.get("throughput") or {}).get("engines") or {}
+    if not engines:
+        return None
+    names = sorted(engines)
+    series = {k: [engines[n].get(f"{k}_s", 0.0) for n in names]
+              for k in ("judging", "compile", "executor_wait", "other", "idle", "queue_wait")}
+    return bar_chart("Search phase: where each engine's time went", names, series, unit=" s")
+
+
+def _throughput_lines(run: dict, plotted: bool) -> list[str]:
+    t = run.get("throughput") or {}
+    if not t:
+        return []
+    L = ["## Search throughput", "",
+         f"- candidates per device-hour of search: **{run.get('candidates_per_hour')}**",
+         f"- device busy fraction (judging on the device / search wall x devices): **{run.get('device_busy_fraction')}**",
+         f"- search window {t.get('window_s')} s on {t.get('devices')} device(s); "
+         f"{run.get('remembered', 0)} candidate(s) not judged again (verdicts remembered from earlier runs)", ""]
+    if plotted:
+        L += ["![search throughput](plots/throughput.svg)", ""]
+    L += ["| engine | evaluations | judging s | compile s | executor wait s | other s | idle s | queue wait s |",
+          "|---|---|---|---|---|---|---|---|"]
+    for name, e in sorted((t.get("engines") or {}).items()):
+        L.append(f"| {name} | {e['calls']} | {e['judging_s']} | {e['compile_s']} | {e.get('executor_wait_s', 0)} | "
+                 f"{e['other_s']} | {e['idle_s']} | {e['queue_wait_s']} |")
+    L.append("")
+    return L
+
+
 def _agent_lines(rows: list[dict]) -> list[str]:
     """Per-agent accounting of the search: candidates, acceptances, tokens and dollars (LLM agents)."""
     if not rows:
@@ -156,7 +209,7 @@ def render(plan: Plan) -> dict[str, str]:
     """Files for the version directory: ``report.md`` and ``plots/*.svg``."""
     files: dict[str, str] = {}
     plots = {"speedup_per_point": _speedup_plot(plan), "op_time": _op_plot(plan),
-             "parallelism_pareto": _pareto_plot(plan)}
+             "parallelism_pareto": _pareto_plot(plan), "throughput": _throughput_plot(plan.run)}
     for name, svg in plots.items():
         if svg:
             files[f"plots/{name}.svg"] = svg
@@ -217,11 +270,13 @@ def render(plan: Plan) -> dict[str, str]:
             if o.description:
                 L += [f"- **{o.name}**: {o.description}"]
         L.append("")
+        L += _config_lines(plan)
     else:
         L += ["No candidate beat the reference by more than the measured noise on both tiers; the plan "
               "is the reference forward pass.", ""]
 
     L += _agent_lines(run.get("agent_reports") or [])
+    L += _throughput_lines(run, bool(plots.get("throughput")))
     if "op_time" in plots and plots["op_time"]:
         L += ["## Time per op", "", "![time per op](plots/op_time.svg)", ""]
     L += ["## Parallelism (projected by the cost model)", "",

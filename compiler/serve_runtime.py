@@ -114,7 +114,9 @@ def build_runtime(opts: ServeOptions) -> Runtime:
                                   max_model_len=max_len, kv_cache_bytes=kv_bytes, compile=opts.compile)
     cfg = dataclasses.replace(cfg, cuda_graph_batch_sizes=tuple(b for b in cfg.cuda_graph_batch_sizes
                                                                 if b <= cfg.max_num_seqs))
-    sched_cfg = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens)
+    chunk = knobs.get("max_chunk_tokens")             # the plan's chunked-prefill size (config search)
+    sched_cfg = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                max_chunk_tokens=int(chunk) if chunk else None)
     overrides = dict(loaded.overrides) if loaded else {}
     from persistent_engine.ops import registry
 

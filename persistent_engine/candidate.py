@@ -50,6 +50,7 @@ CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "cuda_graph_batch_sizes": (list,),
     "max_num_seqs": (int,),
     "max_num_batched_tokens": (int,),
+    "max_chunk_tokens": (int,),
     "kv_block_size": (int,),
 }
 MAX_SOURCE_CHARS = 1_000_000
@@ -124,8 +125,11 @@ def static_check(source: str, op_params: dict[str, list[str]]) -> list[str]:
         reasons.append("static: no top-level OVERRIDES = {...} assignment")
         return reasons
     value = overrides[-1].value
+    configs = [n.value for n in tree.body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "CONFIG" for t in n.targets)]
+    config_only = bool(configs) and isinstance(configs[-1], ast.Dict) and bool(configs[-1].keys)
     if isinstance(value, ast.Dict):
-        if not value.keys:
+        if not value.keys and not config_only:      # a CONFIG-only candidate (engine/scheduler knobs) is one
             reasons.append("static: OVERRIDES is empty")
         for k, v in zip(value.keys, value.values):
             if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
@@ -174,8 +178,10 @@ def load_candidate(source: str, name: str, directory: str,
         return [f"load: import raised {type(e).__name__}: {e}"[:500]]
     reasons: list[str] = []
     overrides = getattr(module, "OVERRIDES", None)
-    if not isinstance(overrides, dict) or not overrides:
-        reasons.append("load: OVERRIDES must be a non-empty dict of op name -> callable")
+    config_only = isinstance(getattr(module, "CONFIG", None), dict) and bool(module.CONFIG)
+    if not isinstance(overrides, dict) or not (overrides or config_only):
+        reasons.append("load: OVERRIDES must be a non-empty dict of op name -> callable "
+                       "(or empty beside a non-empty CONFIG)")
         overrides = {}
     for op, fn in overrides.items():
         if not isinstance(op, str) or op not in op_params:

@@ -8,8 +8,8 @@ only relies on the methods below (its ``SchedulerLike`` protocol).
 
 Policy (vLLM v1 style), one step at a time:
   1. every running sequence past its prompt decodes one token (each costs one token of budget);
-  2. the rest of ``max_num_batched_tokens`` goes to prompt chunks (chunked prefill), first to
-     sequences already prefilling, in admission order;
+  2. the rest of ``max_num_batched_tokens`` goes to prompt chunks (chunked prefill, one chunk at most
+     ``max_chunk_tokens``), first to sequences already prefilling, in admission order;
   3. then waiting requests are admitted FCFS while budget remains, fewer than ``max_num_seqs`` run
      and the KV policy reserves room for them (prompt + every output token, so nothing is ever
      preempted); a request that can never fit is rejected once nothing else runs.
@@ -31,6 +31,7 @@ __all__ = ["SchedulerConfig", "Seq", "StepPlan", "KVPolicy", "TokenBudget", "Sch
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    max_chunk_tokens: int | None = None     # chunked-prefill size: one prompt chunk at most this (None: budget)
     kv_capacity_tokens: int | None = None   # None: unbounded
     prefix_caching: bool = True
     time_scale: float = 1.0                 # replay only: divide inter-arrival times by this
@@ -127,9 +128,10 @@ class Scheduler:
         decodes = tuple(s for s in self.running if s.decoding)
         budget -= len(decodes)
         chunks: list[tuple[Seq, int]] = []
+        cap = self.cfg.max_chunk_tokens or budget
         for s in self.running:
             if not s.decoding and budget > 0:
-                c = min(s.prefill_left, budget)
+                c = min(s.prefill_left, budget, cap)
                 chunks.append((s, c))
                 budget -= c
         rejected: list[Seq] = []
@@ -144,7 +146,7 @@ class Scheduler:
             self.waiting.popleft()
             s.prefill_left, s.out_left = s.prompt_len - s.computed, s.max_new
             self.running.append(s)
-            c = min(s.prefill_left, budget)
+            c = min(s.prefill_left, budget, cap)
             chunks.append((s, c))
             budget -= c
         return StepPlan(decodes, tuple(chunks), tuple(rejected))

@@ -1,8 +1,9 @@
 """The config search agent: engine and scheduler settings judged by replaying the traffic.
 
-Knobs (:class:`ConfigSpace`): ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_block_size`` and
-``cuda_graph_batch_sizes`` (a family: ``vllm`` 1, 2, 4 and multiples of 8; ``pow2``; ``small`` up to
-8; ``none``), each capped at ``max_num_seqs``.
+Knobs (:class:`ConfigSpace`): ``max_num_seqs``, ``max_num_batched_tokens``, ``max_chunk_tokens``
+(the chunked-prefill size: one prompt chunk at most this; 0: the step's whole token budget),
+``kv_block_size`` and ``cuda_graph_batch_sizes`` (a family: ``vllm`` 1, 2, 4 and multiples of 8;
+``pow2``; ``small`` up to 8; ``none``), each capped at ``max_num_seqs``.
 
 Judging (:class:`ConfigJudge`): the traffic log is replayed through ``traffic_profiles.replay`` (the
 continuous-batching scheduler model) with :class:`MeasuredStepTime`, a step-time model fitted to the
@@ -10,22 +11,27 @@ engine's measured baseline step times (``t = a + b * new tokens + c * KV tokens 
 non-negative; from the profile's ``per_point`` ``step_ms``, or any measured samples). The CUDA-graph
 sizes enter as padding (a decode batch runs at the next captured size) and as ``eager_factor`` for
 decode steps no graph covers (1 on CPU, where nothing is captured); the KV block size as capacity
-lost to partly filled blocks (half a block per sequence). Score: output tokens per busy second (the
-throughput the configuration sustains), 0 when TTFT p99 exceeds ``ttft_slo_s`` or when it drops more
-requests than the baseline. A configuration that beats the best so far by more than ``min_gain`` is
+lost to partly filled blocks (half a block per sequence). Figures per setting: TTFT (mean, p50, p99),
+TPOT (mean, p50), output tokens per second of the trace and per busy second (the capacity). Score:
+the product of the three ratios against the baseline setting (TTFT mean, TPOT mean: baseline / this;
+capacity: this / baseline), so 1 is the baseline; 0 ("infeasible") when any of them is worse than the
+baseline by more than ``tolerance``, when TTFT p99 exceeds ``ttft_slo_s`` or when it drops more
+requests than the baseline: a setting is only better when it trades nothing away. A configuration that beats the best so far by more than ``min_gain`` is
 also submitted to the engine (``ctx.evaluate``) as a CONFIG-only candidate, so it is verified and
 recorded with the run.
 
 ``propose`` (:class:`ConfigSearchAgent`): the baseline first, then a mutation of one or two knobs of
-the best configuration so far (random restarts when a neighbourhood is spent); posted as an idea with
-title ``config{...}``, target ``config``. It stops proposing once ``patience`` configurations in a
-row failed to beat the best.
+the best configuration so far (random restarts when a neighbourhood is spent), only among the knobs
+the replay can tell apart (``ConfigJudge.live_knobs``); posted as an idea with title ``config{...}``,
+target ``config``, and worked by the agent itself (it claims config ideas only, several a cycle). It
+stops proposing once ``patience`` configurations in a row failed to beat the best.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -43,12 +49,14 @@ class ConfigSpace:
 
     max_num_seqs: tuple = (256, 8, 16, 32, 64, 128, 512)
     max_num_batched_tokens: tuple = (8192, 512, 1024, 2048, 4096, 16384)
+    max_chunk_tokens: tuple = (0, 128, 256, 512, 1024, 2048, 4096)
     kv_block_size: tuple = (16, 32, 64, 128)
     graphs: tuple = ("vllm", "pow2", "small", "none")
 
     def knobs(self) -> dict[str, tuple]:
         return {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "kv_block_size": self.kv_block_size, "graphs": self.graphs}
+                "max_chunk_tokens": self.max_chunk_tokens, "kv_block_size": self.kv_block_size,
+                "graphs": self.graphs}
 
     def default(self) -> dict:
         return {k: v[0] for k, v in self.knobs().items()}
@@ -69,11 +77,21 @@ def graph_sizes(family: str, max_num_seqs: int) -> list[int]:
 
 
 def engine_config(knobs: Mapping[str, Any]) -> dict:
-    """The candidate's CONFIG dict (DESIGN.md names) for a knob setting."""
-    return {"max_num_seqs": int(knobs["max_num_seqs"]),
-            "max_num_batched_tokens": int(knobs["max_num_batched_tokens"]),
-            "kv_block_size": int(knobs["kv_block_size"]),
-            "cuda_graph_batch_sizes": graph_sizes(knobs["graphs"], int(knobs["max_num_seqs"]))}
+    """The candidate's CONFIG dict (DESIGN.md names) for a knob setting (``max_chunk_tokens`` only when
+    it caps a chunk below the token budget)."""
+    cfg = {"max_num_seqs": int(knobs["max_num_seqs"]),
+           "max_num_batched_tokens": int(knobs["max_num_batched_tokens"]),
+           "kv_block_size": int(knobs["kv_block_size"]),
+           "cuda_graph_batch_sizes": graph_sizes(knobs["graphs"], int(knobs["max_num_seqs"]))}
+    chunk = int(knobs.get("max_chunk_tokens") or 0)
+    if 0 < chunk < cfg["max_num_batched_tokens"]:
+        cfg["max_chunk_tokens"] = chunk
+    return cfg
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """A CONFIG dict as one canonical string (what the judge's ``results`` are keyed by)."""
+    return json.dumps({k: config[k] for k in sorted(config)}, sort_keys=True)
 
 
 def config_title(knobs: Mapping[str, Any]) -> str:
@@ -160,44 +178,107 @@ def samples_from_profile(profile: Mapping[str, Any] | None) -> list[tuple[Any, f
 
 # ----------------------------------------------------------------------------- judge
 class ConfigJudge:
-    """Scores configurations by replaying ``trace`` with ``step_time`` (a fitted MeasuredStepTime)."""
+    """Scores configurations by replaying ``trace`` with ``step_time`` (a fitted MeasuredStepTime).
+    ``results`` keeps every setting's figures by its CONFIG (``config_key``), so whoever receives the
+    engine's verdict on a config candidate can read what the replay projected for it."""
 
     def __init__(self, trace: Any, step_time: MeasuredStepTime, *, kv_capacity_tokens: int | None = None,
                  ttft_slo_s: float | None = None, time_scale: float = 1.0, eager_factor: float = 1.0,
-                 space: ConfigSpace = ConfigSpace()):
+                 tolerance: float = 0.02, space: ConfigSpace = ConfigSpace()):
         self.trace, self.step_time, self.space = trace, step_time, space
         self.kv_capacity_tokens, self.ttft_slo_s = kv_capacity_tokens, ttft_slo_s
-        self.time_scale, self.eager_factor = time_scale, eager_factor
+        self.time_scale, self.eager_factor, self.tolerance = time_scale, eager_factor, tolerance
         self.mean_len = float(np.mean(trace.input_tokens + trace.output_tokens)) if trace.rows else 1.0
+        self.results: dict[str, dict] = {}
         self._baseline: dict | None = None
+        self._lock = threading.Lock()
 
     @classmethod
-    def from_profile(cls, trace: Any, profile: Mapping[str, Any], **kw) -> "ConfigJudge":
-        return cls(trace, MeasuredStepTime.fit(samples_from_profile(profile)), **kw)
+    def from_profile(cls, trace: Any, profile: Mapping[str, Any], *, layer_scale: float = 1.0,
+                     **kw) -> "ConfigJudge":
+        """``layer_scale``: full-model layers / profiled layers (the engine measures a tier's slice)."""
+        samples = [(shape, t * layer_scale) for shape, t in samples_from_profile(profile)]
+        return cls(trace, MeasuredStepTime.fit(samples), **kw)
 
-    def evaluate(self, knobs: Mapping[str, Any]) -> dict:
-        """Replay figures for one setting: ``score`` (tokens per busy second, 0 when infeasible)..."""
+    def fit_load(self, utilisation: float = 0.8) -> float:
+        """When the measured engine cannot keep up with the trace at its own rate (the baseline setting
+        busy more than ``utilisation`` of the replay), slow the arrivals down (``time_scale`` < 1) until
+        it is about that busy: the traffic's mix at a load the measured engine carries, instead of a
+        queue growing without bound (where every setting ties). Returns the time scale (1: unchanged).
+        Cost: one replay (plus the baseline's again)."""
+        duration = float(self.trace.timestamp_s[-1]) if self.trace.rows else 0.0
+        for _ in range(3):          # busy time grows a little as batches shrink at the lower rate
+            busy = self.replay(engine_config(self.space.default()))["busy_s"]
+            if duration <= 0 or busy * self.time_scale <= 1.05 * utilisation * duration:
+                break
+            self.time_scale = utilisation * duration / busy     # arrivals span duration / time_scale
+            with self._lock:
+                self.results.clear()
+            self._baseline = None
+        return self.time_scale
+
+    def replay(self, cfg: Mapping[str, Any]) -> dict:
+        """The replay's figures for one CONFIG (seconds; None where the trace gives none)."""
         from traffic_profiles import SchedulerConfig, replay
 
-        cfg = engine_config(knobs)
+        cfg = dict(cfg)
         cap = self.kv_capacity_tokens
         if cap is not None:        # half a block per sequence is lost to the last, partly filled block
-            cap = int(cap * self.mean_len / (self.mean_len + cfg["kv_block_size"] / 2))
-        st = self.step_time.with_graphs(cfg["cuda_graph_batch_sizes"], self.eager_factor)
+            cap = int(cap * self.mean_len / (self.mean_len + cfg.get("kv_block_size", 16) / 2))
+        st = self.step_time.with_graphs(cfg.get("cuda_graph_batch_sizes", ()), self.eager_factor)
         work = replay(self.trace, st, SchedulerConfig(
-            max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
-            kv_capacity_tokens=cap, time_scale=self.time_scale))
+            max_num_seqs=int(cfg.get("max_num_seqs", 256)),
+            max_num_batched_tokens=int(cfg.get("max_num_batched_tokens", 8192)),
+            max_chunk_tokens=cfg.get("max_chunk_tokens"), kv_capacity_tokens=cap, time_scale=self.time_scale))
         s = work.summary
         busy = s["simulated_s"] * s["busy_share"]
         tokens = float(self.trace.output_tokens.sum())
-        score = tokens / busy if busy > 0 else 0.0
-        ttft = s.get("ttft_p99_s")
-        feasible = (self.ttft_slo_s is None or (ttft is not None and ttft <= self.ttft_slo_s))
-        if self._baseline is not None and s["rejected"] > self._baseline["rejected"]:
-            feasible = False
-        return {"score": score if feasible else 0.0, "tokens_per_busy_s": score, "feasible": feasible,
-                "ttft_p99_s": ttft, "ttft_p50_s": s.get("ttft_p50_s"), "rejected": s["rejected"],
-                "mean_decode_batch": s["mean_decode_batch"], "busy_s": busy, "config": cfg}
+        return {"tokens_per_busy_s": tokens / busy if busy > 0 else 0.0,
+                "tokens_per_s": s["output_tokens_per_s"], "ttft_mean_s": s.get("ttft_mean_s"),
+                "ttft_p50_s": s.get("ttft_p50_s"), "ttft_p99_s": s.get("ttft_p99_s"),
+                "tpot_mean_s": s.get("tpot_mean_s"), "tpot_p50_s": s.get("tpot_p50_s"),
+                "rejected": s["rejected"], "mean_decode_batch": s["mean_decode_batch"], "busy_s": busy,
+                "config": cfg}
+
+    def evaluate(self, knobs: Mapping[str, Any]) -> dict:
+        """Replay figures for one knob setting (:meth:`evaluate_config` of its CONFIG)."""
+        return self.evaluate_config(engine_config(knobs))
+
+    def evaluate_config(self, config: Mapping[str, Any]) -> dict:
+        """Replay figures for one CONFIG, its ``ratios`` against the baseline, ``score`` (their
+        product; 0 when infeasible, see the module doc) and ``feasible``; each CONFIG replayed once."""
+        key = config_key(config)
+        with self._lock:
+            if key in self.results:
+                return self.results[key]
+        default = config_key(engine_config(self.space.default()))
+        base = self.baseline() if self._baseline is not None or key != default else None
+        r = self.replay(config)
+        ttft = r["ttft_p99_s"]
+        feasible = self.ttft_slo_s is None or (ttft is not None and ttft <= self.ttft_slo_s)
+        ratios = {"ttft": 1.0, "tpot": 1.0, "capacity": 1.0}
+        if base is not None:
+            ratios = {"ttft": _ratio(base["ttft_mean_s"], r["ttft_mean_s"]),
+                      "tpot": _ratio(base["tpot_mean_s"], r["tpot_mean_s"]),
+                      "capacity": _ratio(r["tokens_per_busy_s"], base["tokens_per_busy_s"])}
+            feasible = (feasible and r["rejected"] <= base["rejected"]
+                        and all(v >= 1.0 - self.tolerance for v in ratios.values()))
+        score = float(np.prod(list(ratios.values())))
+        out = {**r, "ratios": ratios, "score": score if feasible else 0.0, "feasible": feasible}
+        with self._lock:
+            self.results[key] = out
+        return out
+
+    def live_knobs(self) -> dict[str, tuple]:
+        """The knobs the replay can tell apart (the others stay at their default): CUDA-graph sizes
+        only with an eager factor (1 on CPU: nothing is captured), the KV block size only with a KV
+        capacity to lose to partly filled blocks."""
+        knobs = self.space.knobs()
+        if self.eager_factor == 1.0:
+            knobs.pop("graphs")
+        if self.kv_capacity_tokens is None:
+            knobs.pop("kv_block_size")
+        return knobs
 
     def baseline(self) -> dict:
         if self._baseline is None:
@@ -205,16 +286,24 @@ class ConfigJudge:
         return self._baseline
 
 
+def _ratio(num: float | None, den: float | None) -> float:
+    """num / den; 1 when either is missing or zero (a figure the trace does not give cannot differ)."""
+    return float(num) / float(den) if num and den else 1.0
+
+
 # ----------------------------------------------------------------------------- agent
 class ConfigSearchAgent(OfflineAgent):
-    """Proposes configurations around the best one judged so far (needs ``team.judge``)."""
+    """Proposes configurations around the best one judged so far (needs ``team.judge``); works config
+    ideas only (a replay takes ~0.3 s; a kernel idea would keep it waiting on the engine)."""
+
+    claims_target = CONFIG
 
     def __init__(self, name: str, team: OfflineTeam, *, min_gain: float = 0.01, patience: int = 40,
-                 ideas_per_cycle: int = 1, seed: int = 0):
+                 ideas_per_cycle: int = 1, works_per_cycle: int = 8, seed: int = 0):
         if team.judge is None:
             raise ValueError("a config search agent needs a team with a ConfigJudge (the traffic)")
         super().__init__(name, team, ideas_per_cycle=ideas_per_cycle, seed=seed)
-        self.min_gain, self.patience = min_gain, patience
+        self.min_gain, self.patience, self.works_per_cycle = min_gain, patience, works_per_cycle
 
     def _stalled(self) -> bool:
         """True once ``patience`` configurations in a row failed to beat the best one."""
@@ -224,24 +313,34 @@ class ConfigSearchAgent(OfflineAgent):
         best_at = max(range(len(scores)), key=scores.__getitem__)
         return len(scores) - 1 - best_at >= self.patience
 
+    def run_once(self, ctx: AgentContext) -> bool:
+        """Up to ``works_per_cycle`` propose-and-replay rounds (a replay is cheap; only a setting that
+        beats the best goes to the engine)."""
+        more = True
+        for _ in range(self.works_per_cycle):
+            more = super().run_once(ctx)
+            if not more or ctx.expired():
+                break
+        return more
+
     def propose(self, ctx: AgentContext) -> bool:
         space = self.team.judge.space
-        knobs_space = space.knobs()
+        knobs_space = self.team.judge.live_knobs()
         with self.team.lock:
             if self._stalled():
                 return False
             best = max(self.team.configs, key=lambda ks: ks[1])[0] if self.team.configs else None
-            candidates = [space.default()] if best is None else []
+            candidates = list(self.team.starts) + ([space.default()] if best is None else [])
             for i in range(200):
                 base = best or space.default()
                 if i < 120:
                     k = dict(base)
-                    for name in self.rng.sample(list(knobs_space), self.rng.choice((1, 1, 2))):
+                    for name in self.rng.sample(list(knobs_space), min(self.rng.choice((1, 1, 2)), len(knobs_space))):
                         vals = sorted(knobs_space[name], key=order_key)
                         j = vals.index(k[name]) + self.rng.choice((-1, 1))
                         k[name] = vals[min(max(j, 0), len(vals) - 1)]
                 else:
-                    k = {name: self.rng.choice(vals) for name, vals in knobs_space.items()}
+                    k = {**base, **{name: self.rng.choice(vals) for name, vals in knobs_space.items()}}
                 candidates.append(k)
             for k in candidates:
                 title = config_title(k)
@@ -276,8 +375,9 @@ def work_config_idea(agent: OfflineAgent, ctx: AgentContext, lease, doc: Mapping
             "submitted": False}
     if result["feasible"] and result["score"] > best_before * (1 + getattr(agent, "min_gain", 0.01)):
         source = render_candidate([], config=result["config"],
-                                  description=f"{config_title(knobs)}: x{gain:.3f} tokens per busy second "
-                                              "in the traffic replay")
+                                  description=f"{config_title(knobs)}: x{gain:.3f} (TTFT x{result['ratios']['ttft']:.3f}, "
+                                              f"TPOT x{result['ratios']['tpot']:.3f}, capacity "
+                                              f"x{result['ratios']['capacity']:.3f}) in the traffic replay")
         verdict = ctx.evaluate(source, author=agent.name, idea_id=lease.idea_id)
         post.update(submitted=True, verdict=verdict_summary(verdict))
     ctx.post(agent.name, json.dumps(post), idea=lease.idea_id, kind="result")

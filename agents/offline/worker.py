@@ -46,6 +46,7 @@ class OfflineTeam:
         self.search = SearchState()
         self.tried: set[str] = set()            # titles posted or worked by any agent of the team
         self.configs: list[tuple[dict, float]] = []   # (config, score) judged so far
+        self.starts: list[dict] = []            # config knob settings to propose first (known good elsewhere)
         self.members: set[str] = set()          # names of the team's agents
         self.posts_read = 0                     # the run's "result" posts read so far (append-only)
 
@@ -63,13 +64,23 @@ class OfflineTeam:
                 doc = _json(post.body) or {}
                 if post.author in self.members or doc.get("kind") != TEMPLATE or "correct" not in doc:
                     continue
-                choice = _choice(doc)
-                if choice is None:
-                    continue
-                self.tried.add(choice.key())
-                self.search.record(choice, reward_of(_Verdict(bool(doc["correct"]), doc.get("speedup"))))
-                taken += 1
+                taken += self._record(doc, bool(doc["correct"]), doc.get("speedup"))
             return taken
+
+    def record_result(self, doc: dict, correct: bool, speedup: float | None) -> bool:
+        """A template result measured elsewhere (another team, an earlier run: ``doc`` names the
+        ``template`` and its ``knobs``) into the search state and ``tried``; False when ``doc`` names no
+        known template setting."""
+        with self.lock:
+            return self._record(doc, correct, speedup)
+
+    def _record(self, doc: dict, correct: bool, speedup: float | None) -> bool:
+        choice = _choice(doc)
+        if choice is None:
+            return False
+        self.tried.add(choice.key())
+        self.search.record(choice, reward_of(_Verdict(correct, speedup)))
+        return True
 
     def arms(self, ctx: AgentContext) -> list[Template]:
         """Templates for this device whose op the engine's registry knows."""
@@ -78,7 +89,10 @@ class OfflineTeam:
 
 
 class OfflineAgent(Agent):
-    """Base of the offline agents: subclasses implement :meth:`propose`."""
+    """Base of the offline agents: subclasses implement :meth:`propose`; ``claims_target``: claim only
+    ideas with that target (None: any)."""
+
+    claims_target: str | None = None
 
     def __init__(self, name: str, team: OfflineTeam, *, ideas_per_cycle: int = 1, seed: int = 0):
         super().__init__(name)
@@ -104,7 +118,7 @@ class OfflineAgent(Agent):
                 self.exhausted = True
         if ctx.expired():
             return True
-        lease = ctx.claim(self.name)
+        lease = ctx.claim(self.name, self.claims_target) if self.claims_target else ctx.claim(self.name)
         if lease is None:
             return proposed or not self.exhausted
         try:

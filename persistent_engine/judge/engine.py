@@ -60,6 +60,7 @@ CONFIG_NOTES = {
     "kv_block_size": "applied: the candidate's KV caches re-laid with this block size",
     "max_num_seqs": "not measurable by the engine; judged by compiler config search",
     "max_num_batched_tokens": "not measurable by the engine; judged by compiler config search",
+    "max_chunk_tokens": "not measurable by the engine; judged by compiler config search",
 }
 # roofline floor: bytes a step must read at least / this bandwidth (GB/s); CUDA when unset
 DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}

@@ -51,5 +51,7 @@ def test_optimize_with_engines_and_agents_as_actors(cluster, tmp_path):
     from bulletin_board import Board
     board = Board(f"sqlite:///{tmp_path / 'p' / 'board.db'}")
     run_id = board.list_runs().items[0].id
-    ideas = board.list_ideas(run_id).items         # posted from inside the agent actor
+    everything = board.list_ideas(run_id, limit=1000).items
+    ideas = [i for i in everything if i.target != "config"]    # posted from inside the agent actor
     assert {i.author for i in ideas} == {"files-0"} and len(ideas) == len(list(CANDIDATES.glob("*.py")))
+    assert {i.author for i in everything if i.target == "config"} <= {"config-search"}   # every run's config search

@@ -260,3 +260,22 @@ def test_a_plan_with_an_edited_kernel_is_refused(tmp_path, capsys):
     assert main(["serve", "--plan", str(tmp_path), "--port", "0", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "composed.py" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_config_only_plan_sets_the_servers_scheduler(tmp_path):
+    """The setting the config search accepts (a CONFIG-only kernel) reaches the serving scheduler."""
+    from compiler import plan as plan_mod
+
+    source = ('OVERRIDES = {}\nCONFIG = {"max_num_seqs": 3, "max_num_batched_tokens": 64, '
+              '"max_chunk_tokens": 16, "kv_block_size": 8}\n')
+    opt = plan_mod.Optimization(name="config-1", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
+                                kernel="kernels/config.py", projected={"ratios": {"tpot": 1.2}})
+    plan = plan_mod.Plan(model="tiny-dense", hw="cpu", detected_device={"kind": "cpu"}, software={},
+                         traffic={"source": "t", "hash": "x", "summary": {}}, workload_points=(),
+                         optimizations=(opt,), plan_speedup={"fast": 1.0, "slow": 1.0})
+    vdir = plan_mod.write_version(tmp_path, plan, sources={"kernels/config.py": source}, composed_source=source,
+                                  profile=None)
+    rt = build_runtime(ServeOptions(plan=str(vdir), device="cpu", max_model_len=256))
+    assert (rt.sched_cfg.max_num_seqs, rt.sched_cfg.max_num_batched_tokens, rt.sched_cfg.max_chunk_tokens) == (3, 64, 16)
+    assert rt.engine.cfg.block_size == 8 and rt.plan_overrides == {}
+    assert plan_mod.load(vdir)[0].optimizations[0].projected == {"ratios": {"tpot": 1.2}}

@@ -198,3 +198,22 @@ def test_optimizations_whose_tiers_disagree_are_flagged(served):
     want = {o.id for o in writer.list_optimizations(limit=1000).items
             if tiers_disagree(o.speedup_fast, o.speedup_slow)}
     assert odd.id in flagged and flagged == want and len(rows) == len(writer.list_optimizations(limit=1000).items)
+
+
+def test_the_run_page_shows_the_search_throughput_and_the_projected_settings(served):
+    _, client, writer, s, _ = served
+    rid = s.runs[-1]
+    engines = {"fast-0": {"tier": "fast", "device": "cpu", "calls": 7, "queue_wait_s": 1.5, "executor_wait_s": 0.25,
+                          "compile_s": 2.0, "judging_s": 30.5, "other_s": 1.0, "idle_s": 6.25, "wall_s": 40.0}}
+    projected = {k: {"before": 10.0, "after": 5.0} for k in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms",
+                                                              "tokens_per_s", "tokens_per_busy_s")}
+    run = writer.get_run(rid)
+    writer.update_run(rid, config={**run.config, "candidates_per_hour": 630.0, "device_busy_fraction": 0.7625,
+                                   "remembered": 3, "throughput": {"window_s": 40.0, "devices": 1, "engines": engines},
+                                   "config_optimizations": [{"name": "config-ab12", "description": "max_chunk_tokens=512",
+                                                             "projected": {**projected, "label": "projected: replay",
+                                                                           "modelled": ["the fit"]}}]})
+    html = client.get(f"/runs/{rid}").text
+    assert 'id="throughput"' in html and "630.0" in html and "0.7625" in html and "30.5" in html
+    assert 'id="configs"' in html and "config-ab12" in html and "max_chunk_tokens=512" in html
+    assert "10.0 &rarr; 5.0" in html and "3 remembered" in html

@@ -23,6 +23,11 @@ def test_static_check_passes_policy_conforming_sources(name):
     assert cm.static_check(src(name), OP_PARAMS) == []
 
 
+def test_a_config_only_candidate_passes_the_static_check():
+    assert cm.static_check('OVERRIDES = {}\nCONFIG = {"max_num_seqs": 64}\n', OP_PARAMS) == []
+    assert "static: OVERRIDES is empty" in cm.static_check("OVERRIDES = {}\nCONFIG = {}\n", OP_PARAMS)
+
+
 @pytest.mark.parametrize("source, needle", [
     ("", "empty source"),
     ("def f(:\n", "does not parse: line 1"),

@@ -60,3 +60,14 @@ def test_seq_identity_not_equality():
     s.add(y)
     s.finish(y)
     assert list(s.waiting) == [x]
+
+
+def test_the_chunked_prefill_size_caps_each_prompt_chunk():
+    s = _sched(max_num_seqs=4, max_num_batched_tokens=10, max_chunk_tokens=4)
+    s.submit("a", 9, 2)
+    s.submit("b", 3, 2)
+    p1 = s.schedule()                                   # a takes 4, b is admitted with what is left
+    assert [(q.rid, n) for q, n in p1.chunks] == [("a", 4), ("b", 3)]
+    s.advance(p1)
+    p2 = s.schedule()
+    assert [(q.rid, n) for q, n in p2.chunks] == [("a", 4)] and [q.rid for q in p2.decodes] == ["b"]

@@ -1,0 +1,84 @@
+"""The baseline measurements of the optimize loop: the A/A noise probe of each tier and the per-op
+time of the engine's baseline profile weighted over the workload points."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+__all__ = ["measure_noise", "op_ms"]
+
+
+def _identity_candidate() -> str:
+    """A candidate that recomputes ``linear`` the reference way: timing it A/B against the reference
+    measures the tier's noise (its true speedup is 1). ``linear`` is called by every architecture (the
+    attention output projection of GQA, MLA's projections, the MoE router), so the engine's "override
+    never called" guard accepts it on every model and every workload point is timed."""
+    import inspect
+
+    from persistent_engine.ops import registry
+
+    x, w, b = list(inspect.signature(registry.get("linear").reference).parameters)
+    return (f'"""A/A probe: linear as the reference computes it."""\nimport torch\n\n\n'
+            f"def linear({x}, {w}, {b}):\n"
+            f"    return torch.nn.functional.linear({x}, {w}, {b})\n\n\n"
+            f'OVERRIDES = {{"linear": linear}}\n')
+
+
+def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
+                  on_event: Callable[[str], None] | None = None, deadline: float = float("inf")) -> dict[str, float]:
+    """Relative A/A spread per tier: the median over ``runs`` of |speedup - 1| of the identity
+    candidate (the median, so that one disturbed run, e.g. the engine's first, does not decide).
+    Cost: ``runs`` evaluations per tier (fewer past ``deadline``, one at least)."""
+    import statistics
+
+    src = _identity_candidate()
+    noise = {}
+    for tier in ("fast", "slow"):
+        spreads = []
+        for i in range(max(runs, 1)):
+            if i and time.monotonic() > deadline:     # the run's budget: one round per tier at least
+                break
+            v = evaluate(tier, src)
+            if getattr(v, "correct", False) and getattr(v, "speedup", None):
+                spreads.append(abs(float(v.speedup) - 1.0))
+            elif on_event is not None:
+                on_event(f"warning: the A/A probe was rejected on the {tier} tier: "
+                         f"{(getattr(v, 'reasons', None) or ['no speedup'])[0]}")
+        noise[tier] = round(statistics.median(spreads), 4) if spreads else 0.05   # unmeasurable: 5%
+        if not spreads and on_event is not None:
+            on_event(f"warning: {tier}-tier noise unmeasured; assuming 5% (only gains above it are accepted)")
+    return noise
+
+
+def op_ms(profile: Any, points: list[dict]) -> dict[str, float]:
+    """Per-op milliseconds weighted over workload points, from a ``Supervisor.profile()`` result.
+    Accepts ``{"per_point": [{"point": {...}, "ops": {op: ms | {"ms": x, ...}}}]}`` (the engine's)
+    or a flat ``{op: ms}``."""
+    def ms(v: Any) -> float | None:
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, dict):
+            for k in ("ms", "time_ms", "total_ms", "median_ms"):
+                if isinstance(v.get(k), (int, float)):
+                    return float(v[k])
+            if isinstance(v.get("ns"), (int, float)):
+                return float(v["ns"]) / 1e6
+        return None
+
+    if not isinstance(profile, dict):
+        return {}
+    rows = profile.get("per_point", profile.get("points"))
+    if not isinstance(rows, list):
+        return {k: m for k, v in profile.items() if (m := ms(v)) is not None}
+    weights = {tuple(p.get(k) for k in ("phase", "batch", "context", "chunk")): float(p.get("weight", 1.0))
+               for p in points}
+    out: dict[str, float] = {}
+    for row in rows:
+        p = row.get("point", row) if isinstance(row, dict) else {}
+        w = weights.get(tuple(p.get(k) for k in ("phase", "batch", "context", "chunk")), 1.0 / max(len(rows), 1))
+        for op, v in (row.get("ops") or {}).items():
+            m = ms(v)
+            if m is not None:
+                out[op] = out.get(op, 0.0) + w * m
+    return {k: round(v, 6) for k, v in out.items()}

@@ -1,0 +1,76 @@
+"""compiler/config_plan.py: CONFIG-only candidates accepted by replaying the bundled Azure code trace,
+with their projected TTFT/TPOT/tokens/s, and composed into the plan's source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents.offline import ConfigJudge, MeasuredStepTime, engine_config
+from agents.templates import render_candidate
+from compiler.acceptance import Acceptor
+from compiler.config_plan import ConfigAcceptor, config_only
+from persistent_engine.supervisor import CandidateVerdict
+from traffic_profiles.readers import read_trace
+
+CODE = Path(__file__).resolve().parents[2] / "examples" / "traffic" / "azure2023_code.csv"
+
+
+@pytest.fixture(scope="module")
+def judge():
+    # a decode step of 2 ms + 20 us per new token: the shape the engine's fit gives on small models
+    return ConfigJudge(read_trace(str(CODE)), MeasuredStepTime(2e-3, 2e-5, 1e-8))
+
+
+def _source(judge, **knobs):
+    return render_candidate([], config=engine_config({**judge.space.default(), **knobs}), description="c")
+
+
+def _acceptor(judge, seen):
+    def evaluate(tier, source):
+        seen.append(tier)
+        return CandidateVerdict(correct=True, reasons=[], speedup=2.0)
+    return ConfigAcceptor(Acceptor(evaluate, [], {"fast": 0.02, "slow": 0.02}), judge)
+
+
+def test_a_config_that_shortens_tpot_without_a_loss_is_accepted_with_its_projected_effect(judge):
+    seen: list = []
+    acc = _acceptor(judge, seen)
+    src = _source(judge, max_chunk_tokens=1024)
+    assert config_only(src) == engine_config({**judge.space.default(), "max_chunk_tokens": 1024})
+    d = acc.consider(src, CandidateVerdict(correct=True, reasons=[], speedup=0.97), author="config-search")
+    assert d.accepted, d.reason
+    assert seen == []                                   # scheduler knobs: no slow-tier timing asked for
+    [best] = acc.best()
+    p = best.projected
+    assert p["tpot_mean_ms"]["after"] < p["tpot_mean_ms"]["before"]
+    assert p["ttft_mean_ms"]["after"] >= 0.98 * p["ttft_mean_ms"]["before"]   # within the tolerance
+    assert p["tokens_per_s"]["before"] > 0 and p["ratios"]["tpot"] > 1.01
+    assert best.targets == ("config",) and "max_chunk_tokens" in best.config_keys
+    comp = acc.compose()
+    assert comp is not None and comp.parts == (best,) and "max_chunk_tokens" in comp.source
+    assert "1024" in comp.source
+
+
+def test_configs_that_trade_something_away_or_fail_in_the_engine_are_rejected(judge):
+    acc = _acceptor(judge, [])
+    ok = CandidateVerdict(correct=True, reasons=[], speedup=1.0)
+    worse = acc.consider(_source(judge, max_num_batched_tokens=2048), ok, author="c")
+    assert not worse.accepted and "does not beat" in worse.reason
+    bad = acc.consider(_source(judge, max_chunk_tokens=1024),
+                       CandidateVerdict(correct=False, reasons=["load: boom"], speedup=None), author="c")
+    assert not bad.accepted and "boom" in bad.reason
+    slow = acc.consider(_source(judge, max_chunk_tokens=1024, kv_block_size=32),
+                        CandidateVerdict(correct=True, reasons=[], speedup=0.5), author="c")
+    assert not slow.accepted and "slows a step" in slow.reason
+    assert acc.best() == [] and acc.compose() is None
+
+
+def test_kernel_candidates_go_to_the_kernel_acceptor(judge):
+    seen: list = []
+    acc = _acceptor(judge, seen)
+    kernel = 'import torch\n\ndef rms_norm(x, weight, eps):\n    return x\n\nOVERRIDES = {"rms_norm": rms_norm}\n'
+    assert config_only(kernel) is None
+    acc.consider(kernel, CandidateVerdict(correct=True, reasons=[], speedup=2.0), author="k")
+    assert seen == ["slow"] and [a.targets for a in acc.accepted] == [("rms_norm",)]

@@ -1,0 +1,78 @@
+"""compiler/throughput.py: the search window's per-engine time adds up to its wall time.
+
+The fleet here is ``compiler.fleet.LocalFleet`` with its real ``Engine`` objects (queue, device lock,
+retry); only the supervisor behind each engine is a stand-in that sleeps for the phases a verdict
+reports, because what is tested is the booking, not the judging (the optimize tests judge for real)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+
+from compiler.fleet import Engine, FleetConfig, LocalFleet, Placement
+from compiler.throughput import DeviceClock
+from persistent_engine.supervisor import CandidateVerdict
+
+
+class SleepingSupervisor:
+    """Takes ``load_s`` + ``verify_s`` + ``bench_s`` (+ 5 ms of unload) and says so in the verdict."""
+
+    restarts: list = []
+    auto_restart = True
+
+    def __init__(self, load_s: float, verify_s: float, bench_s: float):
+        self.t = {"pool_wait_s": 0.01, "load_s": load_s, "verify_s": verify_s, "bench_s": bench_s}
+
+    def evaluate(self, source: str, timeout_s: float = 300.0, **_):
+        time.sleep(sum(self.t.values()) + 0.005)
+        return CandidateVerdict(correct=True, reasons=[], speedup=1.0, timings=dict(self.t))
+
+
+def _fleet() -> LocalFleet:
+    fleet = LocalFleet(FleetConfig(model="tiny-dense", points=(), fast_layers=(0,), slow_layers=(0, 1)))
+    lock = threading.Lock()                               # one device: the tiers share its lock
+    fleet.engines = [Engine(Placement("fast", "cpu", (0,)), SleepingSupervisor(0.02, 0.03, 0.05), lock),
+                     Engine(Placement("slow", "cpu", (0, 1)), SleepingSupervisor(0.01, 0.02, 0.04), lock)]
+    fleet._free = {"fast": queue.Queue(), "slow": queue.Queue()}
+    for e in fleet.engines:
+        fleet._free[e.tier].put(e)
+    return fleet
+
+
+def test_busy_compile_idle_and_queue_wait_add_up_to_the_window():
+    fleet = _fleet()
+    clock = DeviceClock(fleet).install()
+    fleet.evaluate("fast", "before the window")           # not booked
+    clock.open()
+    threads = [threading.Thread(target=fleet.evaluate, args=("fast", f"c{i}")) for i in range(4)]
+    threads += [threading.Thread(target=fleet.evaluate, args=("slow", "s"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(0.1)                                       # idle at the end of the window
+    clock.close()
+    s = clock.summary()
+    fast, slow = s["engines"]["fast-0"], s["engines"]["slow-1"]
+    assert (fast["calls"], slow["calls"]) == (4, 1)
+    assert fast["compile_s"] == pytest.approx(4 * 0.02, abs=1e-6)
+    assert fast["executor_wait_s"] == pytest.approx(4 * 0.01, abs=1e-6)
+    assert fast["judging_s"] == pytest.approx(4 * 0.08, abs=1e-6)
+    for e in (fast, slow):
+        total = e["executor_wait_s"] + e["compile_s"] + e["judging_s"] + e["other_s"] + e["idle_s"]
+        assert total == pytest.approx(e["wall_s"], abs=0.01)
+        assert e["idle_s"] >= 0.09
+    # five evaluations on one device lock: all but the first waited; together at least 4 x 0.1 s
+    waited = fast["queue_wait_s"] + slow["queue_wait_s"]
+    assert waited >= 0.3
+    assert s["devices"] == 1
+    assert s["device_busy_fraction"] == pytest.approx((fast["judging_s"] + slow["judging_s"]) / s["window_s"], abs=1e-3)
+    assert s["candidates_per_hour"] == pytest.approx(3600 * 4 / s["window_s"], rel=1e-3)
+
+
+def test_a_clock_that_never_opened_reports_nothing():
+    clock = DeviceClock(_fleet()).install()
+    assert clock.summary() == {}
