@@ -48,12 +48,51 @@ def test_serve_throughput_cpu(tmp_path):
                        "--max-output", "4", "--graph-sizes", "", "--max-model-len", "128", "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
+    assert doc["complete"] is True and not out.with_name(out.name + ".tmp").exists()
     assert [v["variant"] for v in doc["variants"]] == ["plan", "reference"]
     plan, ref = doc["variants"]
     assert plan["overrides"] == ["silu_and_mul"] and plan["engine"]["max_num_seqs"] == 4 and plan["plan"]
     assert ref["overrides"] == [] and ref["engine"]["max_num_seqs"] == 128
     for v in doc["variants"]:
+        assert v["warmup_s"] >= 0 and v["load_s"] > 0 and v["compiles"] == 0
         assert [r["rate"] for r in v["runs"]] == [2.0, 8.0]
         for r in v["runs"]:
             assert r["completed"] == 4 and r["output_tokens_per_s"] > 0 and r["predicted"]["tpot_ms"]["p50"] > 0
+            assert r["predicted"]["step_time"]["p"] > 0 and r["wall_s"] > 0
     assert doc["software"]["torch"] and "triton" in doc["software"]
+
+
+def test_each_finished_variant_is_written_before_the_next_starts(tmp_path, monkeypatch, capsys):
+    """A variant that dies (a timeout, a compile error) leaves the variants and runs before it on disk."""
+    mod = _load()
+    out = tmp_path / "serve.json"
+    calls = []
+
+    def fake_variant(name, args, plan, on_run):       # the server part is covered by the slow test above
+        calls.append(name)
+        if name == "torch_compile":
+            assert json.loads(out.read_text())["variants"] == [{"variant": "reference", "runs": [{"rate": 1.0}, {"rate": 4.0}]}]
+            on_run({"variant": name, "runs": [{"rate": 1.0}]})
+            raise KeyboardInterrupt                   # killed in its second rate
+        v = {"variant": name, "runs": []}
+        for rate in args.rates:
+            v["runs"].append({"rate": rate})
+            on_run(v)
+        return v
+
+    monkeypatch.setattr(mod, "run_variant", fake_variant)
+    with pytest.raises(KeyboardInterrupt):
+        mod.main(["--device", "cpu", "--plan", "", "--variants", "reference,torch_compile", "--rates", "1,4",
+                  "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert calls == ["reference", "torch_compile"] and doc["complete"] is False
+    assert [(v["variant"], [r["rate"] for r in v["runs"]]) for v in doc["variants"]] == \
+        [("reference", [1.0, 4.0]), ("torch_compile", [1.0])]
+    assert doc["variants_requested"] == ["reference", "torch_compile"] and doc["requests_per_run"] == 40
+
+
+def test_bad_arguments_exit_2(tmp_path, capsys):
+    mod = _load()
+    assert mod.main(["--device", "cpu", "--variants", "plan,fast", "--out", str(tmp_path / "x.json")]) == 2
+    assert mod.main(["--device", "cpu", "--rates", "1,x", "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
