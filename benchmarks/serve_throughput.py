@@ -1,6 +1,6 @@
 """Serving throughput: ``tkcc serve`` with a plan, with the reference engine, and with the reference
 under ``torch.compile``, each replaying a trace at its own rate and faster, through the real HTTP
-server (``compiler.serve.ServeServer`` on loopback) measured by ``tkcc bench serve``'s client.
+server (``compiler.serve.ServeServer`` on loopback) measured by ``tkcc bench serve`` (its own process).
 
     python benchmarks/serve_throughput.py                                  # H200: llama-1b, random weights
     python benchmarks/serve_throughput.py --device cpu --model tiny-dense --plan '' --requests 8 \\
@@ -10,8 +10,10 @@ Variants (the same seeded weights, engine, scheduler and CUDA-graph decode in al
   plan           the plan's overrides (``kernels/composed.py``, hashes verified) and CONFIG knobs
   reference      the plain-torch reference ops
   torch_compile  the reference with the decode forward under ``torch.compile(dynamic=True)``, then
-                 graph-captured (at ``--compile-graph-sizes`` x 4 block-table widths; every capture
-                 is a shape the compiler may specialise, so fewer sizes bound the compile time)
+                 graph-captured at ``--compile-graph-sizes`` x 4 block-table widths. Dynamo specialises
+                 sizes 0 and 1 (a batch of 1, a table 1 block wide) and is dynamic in every other, so
+                 the default sizes 2,16,128 (a lone sequence pads to 2; widths are >= 2 blocks) need
+                 one compile; adding size 1 costs a second
 Per variant: start-up split into loading and the engine's warm-up (KV pools, CUDA-graph capture and,
 for torch_compile, the compiles: ``warmup_s`` and ``compiles``), never counted in a run; per rate:
 output tokens/s, requests/s, TTFT/TPOT/ITL p50/p90/p99, goodput under the SLA, and the replay model's
@@ -29,6 +31,7 @@ import argparse
 import gc
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from compiler.serve import ServeServer  # noqa: E402
-from compiler.serve_bench import BenchOptions, run_bench  # noqa: E402
 from compiler.serve_runtime import ServeOptions, build_runtime  # noqa: E402
 
 
@@ -92,9 +94,7 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
         for rate in args.rates:
             t0 = time.perf_counter()
             log(f"{name} {rate}x: calibrating the replay model, then {args.requests} requests")
-            res = run_bench(BenchOptions(traffic=args.traffic, url=server.url, rate=rate, max_requests=args.requests,
-                                         max_input=args.max_input, max_output=args.max_output,
-                                         ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms), progress=sys.stderr)
+            res = bench_client(args, server.url, rate)
             res["wall_s"] = time.perf_counter() - t0
             res["compiles_so_far"] = compile_count() - compiles0
             out["runs"].append(res)
@@ -105,6 +105,20 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
+
+
+def bench_client(args, url: str, rate: float) -> dict:
+    """``tkcc bench serve --json`` in its own process: the client's event loop must not share the
+    server's GIL (in one process it delays the server's streaming and its own clock readings)."""
+    cmd = [sys.executable, "-m", "compiler", "bench", "serve", "--traffic", args.traffic, "--url", url,
+           "--rate", str(rate), "--max-requests", str(args.requests), "--max-input", str(args.max_input),
+           "--max-output", str(args.max_output), "--ttft-ms", str(args.ttft_ms), "--tpot-ms", str(args.tpot_ms),
+           "--json"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    if r.returncode != 0:
+        raise RuntimeError(f"tkcc bench serve exited {r.returncode} at {rate}x")
+    return json.loads(r.stdout)
 
 
 def row(name: str, res: dict) -> str:
@@ -134,8 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--graph-sizes", default="1,2,4,8,16,32,64,128",
                     help="decode CUDA-graph batch sizes ('' disables graphs)")
-    ap.add_argument("--compile-graph-sizes", default="1,16,128",
-                    help="graph batch sizes of the torch_compile variant (fewer: each shape may compile)")
+    ap.add_argument("--compile-graph-sizes", default="2,16,128",
+                    help="graph batch sizes of the torch_compile variant (default 2,16,128: no size 1, which "
+                         "torch.compile specialises, so one dynamic compile serves every capture)")
     ap.add_argument("--variants", default="plan,reference,torch_compile",
                     help="comma-separated, in order: plan, reference, torch_compile")
     ap.add_argument("--ttft-ms", type=float, default=1000.0)
