@@ -15,7 +15,9 @@ Variants (the same seeded weights, engine, scheduler and CUDA-graph decode in al
                  the default sizes 2,16,128 (a lone sequence pads to 2; widths are >= 2 blocks) need
                  one compile; adding size 1 costs a second
 Per variant: start-up split into loading and the engine's warm-up (KV pools, CUDA-graph capture and,
-for torch_compile, the compiles: ``warmup_s`` and ``compiles``), never counted in a run; per rate:
+for torch_compile, the compiles: ``warmup_s`` and ``compiles``) and an unmeasured warm-up replay of
+``--warmup-requests`` requests (first calls of kernels at the trace's shapes), never counted in a
+run; per rate:
 output tokens/s, requests/s, TTFT/TPOT/ITL p50/p90/p99, goodput under the SLA, and the replay model's
 predicted TTFT/TPOT with its error. The first ``--requests`` requests of the trace are replayed
 (arrival times divided by the rate; lengths clipped to ``--max-input``/``--max-output``); every run
@@ -91,6 +93,11 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
     log(f"{name}: ready, load {out['load_s']:.1f} s, engine warm-up (graphs, compiles) {out['warmup_s']:.1f} s, "
         f"{out['compiles']} compiled graphs")
     with ServeServer(rt) as server:
+        if args.warmup_requests:
+            t0 = time.perf_counter()
+            log(f"{name}: warm-up replay of {args.warmup_requests} requests (kernels' first shapes; not measured)")
+            bench_client(args, server.url, 8 * max(args.rates), args.warmup_requests, predict=False)
+            out["warmup_replay_s"] = time.perf_counter() - t0
         for rate in args.rates:
             t0 = time.perf_counter()
             log(f"{name} {rate}x: calibrating the replay model, then {args.requests} requests")
@@ -107,13 +114,13 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
     return out
 
 
-def bench_client(args, url: str, rate: float) -> dict:
+def bench_client(args, url: str, rate: float, requests: int | None = None, predict: bool = True) -> dict:
     """``tkcc bench serve --json`` in its own process: the client's event loop must not share the
     server's GIL (in one process it delays the server's streaming and its own clock readings)."""
     cmd = [sys.executable, "-m", "compiler", "bench", "serve", "--traffic", args.traffic, "--url", url,
-           "--rate", str(rate), "--max-requests", str(args.requests), "--max-input", str(args.max_input),
+           "--rate", str(rate), "--max-requests", str(requests or args.requests), "--max-input", str(args.max_input),
            "--max-output", str(args.max_output), "--ttft-ms", str(args.ttft_ms), "--tpot-ms", str(args.tpot_ms),
-           "--json"]
+           "--json"] + ([] if predict else ["--no-predict"])
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     if r.returncode != 0:
@@ -142,6 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rates", default="1,4", help="replay speed-ups (default 1,4)")
     ap.add_argument("--requests", type=int, default=40, help="requests replayed per run (default 40: 24 s of "
                     "the Azure conversation trace at 1x)")
+    ap.add_argument("--warmup-requests", type=int, default=8,
+                    help="requests replayed once, unmeasured, before the first rate (default 8; 0: none)")
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2560)

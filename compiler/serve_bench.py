@@ -10,15 +10,16 @@ prompts in its prefix cache. TTFT = first streamed text; ITL = gaps between stre
 TPOT = (latency - TTFT) / (output tokens - 1), output tokens from ``usage``.
 
 Prediction: probes fit the server's step time as two forward passes (the serving engine runs the
-decodes and the prompt chunks of a step as separate forwards): ``a + b * decode batch`` when
-anything decodes plus ``p + c * prefill tokens`` when a prompt chunk runs. ``a``/``b``: the TPOT of
-one and of eight requests decoding together; ``p``/``c``: the TTFT of a short and of a long prompt
-(``p`` holds the request's HTTP and tokenization cost, which TTFT measures too). Every probe shape
+decodes and the prompt chunks of a step as separate forwards): ``a + b * decode batch + d * their
+context tokens`` when anything decodes plus ``p + c * prefill tokens`` when a prompt chunk runs.
+``a``/``b``: the TPOT of one and of eight requests decoding together after a short prompt; ``d``: the
+TPOT of one after a long prompt; ``p``/``c``: the TTFT of a short and of a long prompt (``p`` holds
+the request's HTTP and tokenization cost, which TTFT measures too). Every probe shape
 runs once unmeasured first (kernel compiles, autotuning, first allocations) and then three times
 (median). The replay with the server's ``max_num_seqs`` / ``max_num_batched_tokens`` (from its
 ``/v1/models`` when it publishes them) then predicts every request's TTFT and TPOT; the table prints
-both and the relative error. What the model leaves out: attention's cost growing with the context,
-and the host's per-token streaming cost at large batches (see docs/performance.md).
+both and the relative error. What the model leaves out: attention's cost growing with the context
+beyond linear (prefill attention), and the host's per-token streaming cost at large batches.
 """
 
 from __future__ import annotations
@@ -76,17 +77,18 @@ class RequestResult:
 @dataclass(frozen=True)
 class LinearStepTime:
     """A ``StepTime`` of the serving engine's step, two forwards (seconds): the decode pass
-    ``a + b x decoding sequences`` when any sequence decodes, plus the prefill pass
-    ``p + c x prefill tokens`` when any prompt chunk runs."""
+    ``a + b x decoding sequences + d x their context tokens`` when any sequence decodes, plus the
+    prefill pass ``p + c x prefill tokens`` when any prompt chunk runs."""
 
     a: float
     b: float
     c: float
     p: float = 0.0
+    d: float = 0.0
 
     def __call__(self, s) -> float:
         tokens = sum(ch for ch, _ in s.prefill)
-        decode = self.a + self.b * s.decode_batch if s.decode_batch else 0.0
+        decode = self.a + self.b * s.decode_batch + self.d * s.decode_context if s.decode_batch else 0.0
         return decode + (self.p + self.c * tokens if tokens else 0.0)
 
 
@@ -216,17 +218,20 @@ def calibrate(base: str, model: str, timeout: float, max_len: int | None = None,
                 values.append(float(np.median(v)))
         return float(np.median(values)) if values else 0.0
 
-    t1 = measured(1, 8, 24, "tpot_s")
-    t8 = measured(8, 8, 24, "tpot_s")
-    n_short = 16
+    n_short, n_out = 16, 24
     n_long = max(2 * n_short, min(1024, (max_len or 512) // 2, max_batched or 1024))   # one chunk
+    t1 = measured(1, n_short, n_out, "tpot_s")
+    t8 = measured(8, n_short, n_out, "tpot_s")
+    t1_long = measured(1, n_long, n_out, "tpot_s")
     f_short = measured(1, n_short, 1, "ttft_s")
     f_long = measured(1, n_long, 1, "ttft_s")
-    b = max(0.0, (t8 - t1) / 7)
-    a = max(1e-5, t1 - b)
+    ctx = n_short + n_out / 2                                    # mean context while decoding
+    d = max(0.0, (t1_long - t1) / (n_long - n_short))
+    b = max(0.0, (t8 - t1) / 7 - d * ctx)
+    a = max(1e-5, t1 - b - d * ctx)
     c = max(0.0, (f_long - f_short) / (n_long - n_short))
     p = max(0.0, f_short - c * n_short)
-    return LinearStepTime(a, b, c, p)
+    return LinearStepTime(a, b, c, p, d)
 
 
 def predict(reqs, step: LinearStepTime, info: dict) -> dict:

@@ -44,7 +44,7 @@ def test_serve_throughput_cpu(tmp_path):
     _tiny_plan(tmp_path / "plan")
     out = tmp_path / "serve.json"
     rc = _load().main(["--device", "cpu", "--model", "tiny-dense", "--plan", str(tmp_path / "plan"),
-                       "--variants", "plan,reference", "--requests", "4", "--rates", "2,8", "--max-input", "16",
+                       "--variants", "plan,reference", "--requests", "4", "--warmup-requests", "2", "--rates", "2,8", "--max-input", "16",
                        "--max-output", "4", "--graph-sizes", "", "--max-model-len", "128", "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
@@ -54,7 +54,7 @@ def test_serve_throughput_cpu(tmp_path):
     assert plan["overrides"] == ["silu_and_mul"] and plan["engine"]["max_num_seqs"] == 4 and plan["plan"]
     assert ref["overrides"] == [] and ref["engine"]["max_num_seqs"] == 128
     for v in doc["variants"]:
-        assert v["warmup_s"] >= 0 and v["load_s"] > 0 and v["compiles"] == 0
+        assert v["warmup_s"] >= 0 and v["load_s"] > 0 and v["compiles"] == 0 and v["warmup_replay_s"] > 0
         assert [r["rate"] for r in v["runs"]] == [2.0, 8.0]
         for r in v["runs"]:
             assert r["completed"] == 4 and r["output_tokens_per_s"] > 0 and r["predicted"]["tpot_ms"]["p50"] > 0

@@ -65,6 +65,8 @@ def test_step_time_charges_each_forward_pass_only_when_it_runs():
     assert st(StepShape(4, 100.0)) == pytest.approx(1e-3 + 4e-4)                          # decode pass only
     assert st(StepShape(0, 0.0, ((200, 0),))) == pytest.approx(5e-3 + 2e-3)              # prefill pass only
     assert st(StepShape(4, 100.0, ((100, 0), (100, 50)))) == pytest.approx(1.4e-3 + 7e-3)  # both
+    long = LinearStepTime(a=1e-3, b=1e-4, c=1e-5, p=5e-3, d=1e-6)                        # + context
+    assert long(StepShape(4, 1000.0)) == pytest.approx(1.4e-3 + 1e-3)
 
 
 @pytest.mark.slow
