@@ -121,7 +121,7 @@ def bench_client(args, url: str, rate: float, requests: int | None = None, predi
            "--rate", str(rate), "--max-requests", str(requests or args.requests), "--max-input", str(args.max_input),
            "--max-output", str(args.max_output), "--ttft-ms", str(args.ttft_ms), "--tpot-ms", str(args.tpot_ms),
            "--json"] + ([] if predict else ["--no-predict"])
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, timeout=args.run_timeout,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     if r.returncode != 0:
         raise RuntimeError(f"tkcc bench serve exited {r.returncode} at {rate}x")
@@ -151,6 +151,7 @@ def main(argv=None) -> int:
                     "the Azure conversation trace at 1x)")
     ap.add_argument("--warmup-requests", type=int, default=8,
                     help="requests replayed once, unmeasured, before the first rate (default 8; 0: none)")
+    ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds one replay may take (default 300)")
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2560)
@@ -207,14 +208,21 @@ def main(argv=None) -> int:
         doc["wall_s"] = time.perf_counter() - t0
         write_json(out, doc)
 
+    failed = []
     for v in variants:
-        save(run_variant(v, args, plan if v == "plan" else None, save))
-        log(f"{v}: done, {time.perf_counter() - t0:.0f} s so far; {out} updated")
-    doc["complete"] = True
+        try:
+            save(run_variant(v, args, plan if v == "plan" else None, save))
+            log(f"{v}: done, {time.perf_counter() - t0:.0f} s so far; {out} updated")
+        except (RuntimeError, subprocess.TimeoutExpired, torch.OutOfMemoryError) as e:   # the next variant still runs
+            failed.append(v)
+            kept = next((x for x in doc["variants"] if x["variant"] == v), {"variant": v, "runs": []})
+            save({**kept, "error": f"{type(e).__name__}: {e}"[:500]})
+            log(f"{v}: FAILED ({type(e).__name__}: {str(e)[:200]}); the runs it finished are kept")
+    doc["complete"] = not failed
     doc["wall_s"] = time.perf_counter() - t0
     write_json(out, doc)
-    print(f"wrote {out} ({doc['wall_s']:.0f} s)")
-    return 0
+    print(f"wrote {out} ({doc['wall_s']:.0f} s){'; failed: ' + ', '.join(failed) if failed else ''}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -96,3 +96,23 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert mod.main(["--device", "cpu", "--variants", "plan,fast", "--out", str(tmp_path / "x.json")]) == 2
     assert mod.main(["--device", "cpu", "--rates", "1,x", "--out", str(tmp_path / "x.json")]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_failing_variant_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
+    mod = _load()
+    out = tmp_path / "serve.json"
+
+    def fake_variant(name, args, plan, on_run):
+        if name == "torch_compile":
+            on_run({"variant": name, "runs": [{"rate": 1.0}]})
+            raise RuntimeError("tkcc bench serve exited 2 at 4.0x")
+        return {"variant": name, "runs": [{"rate": r} for r in args.rates]}
+
+    monkeypatch.setattr(mod, "run_variant", fake_variant)
+    assert mod.main(["--device", "cpu", "--plan", "", "--variants", "torch_compile,reference", "--rates", "1,4",
+                     "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False
+    comp, ref = doc["variants"]
+    assert comp["runs"] == [{"rate": 1.0}] and "exited 2" in comp["error"]
+    assert ref == {"variant": "reference", "runs": [{"rate": 1.0}, {"rate": 4.0}]}
