@@ -16,8 +16,8 @@ Variants (the same seeded weights, engine, scheduler and CUDA-graph decode in al
                  one compile; adding size 1 costs a second
 Per variant: start-up split into loading and the engine's warm-up (KV pools, CUDA-graph capture and,
 for torch_compile, the compiles: ``warmup_s`` and ``compiles``) and an unmeasured warm-up replay of
-``--warmup-requests`` requests (first calls of kernels at the trace's shapes), never counted in a
-run; per rate:
+``--warmup-requests`` requests (first calls of kernels at the trace's shapes; on CPU, where nothing
+is captured, torch.compile compiles here: ``compiles_so_far`` per run), never counted in a run; per rate:
 output tokens/s, requests/s, TTFT/TPOT/ITL p50/p90/p99, goodput under the SLA, and the replay model's
 predicted TTFT/TPOT with its error. The first ``--requests`` requests of the trace are replayed
 (arrival times divided by the rate; lengths clipped to ``--max-input``/``--max-output``); every run
