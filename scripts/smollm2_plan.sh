@@ -15,7 +15,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$PY" - "$work/sparse.csv" <<'PYEOF'
 import sys
-from datetime import datetime, timedelta
+from datetime import datetime
 rows = open("examples/traffic/azure2023_conv.csv").read().splitlines()[:301]
 t0 = datetime.fromisoformat(rows[1].split(",")[0][:26])
 with open(sys.argv[1], "w") as f:
