@@ -2,7 +2,7 @@
 PY ?= python3
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-test demo test test-fast
+.PHONY: install install-test demo test test-fast smollm2-plan
 
 install:
 	PYTHON=$(PY) scripts/install.sh
@@ -20,3 +20,7 @@ test: install-test
 # the tests without PostgreSQL or Chromium, for a quick edit-test loop
 test-fast:
 	$(PY) -m pytest tests -m "not slow" -x -q $(PYTEST_ARGS)
+
+# the SmolLM2 plan tests/compiler/test_serve.py serves (after plan-format or op-signature changes)
+smollm2-plan:
+	PY=$(PY) scripts/smollm2_plan.sh

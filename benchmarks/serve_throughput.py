@@ -1,6 +1,6 @@
 """Serving throughput: ``tkcc serve`` with a plan, with the reference engine, and with the reference
 under ``torch.compile``, each replaying a trace at its own rate and faster, through the real HTTP
-server (``compiler.serve.ServeServer`` on loopback) measured by ``tkcc bench serve``'s client.
+server (``compiler.serve.ServeServer`` on loopback) measured by ``tkcc bench serve`` (its own process).
 
     python benchmarks/serve_throughput.py                                  # H200: llama-1b, random weights
     python benchmarks/serve_throughput.py --device cpu --model tiny-dense --plan '' --requests 8 \\
@@ -10,12 +10,21 @@ Variants (the same seeded weights, engine, scheduler and CUDA-graph decode in al
   plan           the plan's overrides (``kernels/composed.py``, hashes verified) and CONFIG knobs
   reference      the plain-torch reference ops
   torch_compile  the reference with the decode forward under ``torch.compile(dynamic=True)``, then
-                 graph-captured (at ``--compile-graph-sizes``: fewer shapes bound the compile time)
-Per variant and rate: output tokens/s, requests/s, TTFT/TPOT/ITL p50/p90/p99, goodput under the SLA,
-and the replay model's predicted TTFT/TPOT with its error. The first ``--requests`` requests of the
-trace are replayed (arrival times divided by the rate; lengths clipped to ``--max-input``/``--max-output``).
-Writes ``benchmarks/results/h200-serve.json`` (cuda) or ``cpu-serve.json`` atomically, with the GPU,
-driver, torch and Triton versions; prints a table.
+                 graph-captured at ``--compile-graph-sizes`` x 4 block-table widths. Dynamo specialises
+                 sizes 0 and 1 (a batch of 1, a table 1 block wide) and is dynamic in every other, so
+                 the default sizes 2,16,128 (a lone sequence pads to 2; widths are >= 2 blocks) need
+                 one compile; adding size 1 costs a second
+Per variant: start-up split into loading and the engine's warm-up (KV pools, CUDA-graph capture and,
+for torch_compile, the compiles: ``warmup_s`` and ``compiles``) and an unmeasured warm-up replay of
+``--warmup-requests`` requests (first calls of kernels at the trace's shapes; on CPU, where nothing
+is captured, torch.compile compiles here: ``compiles_so_far`` per run), never counted in a run; per rate:
+output tokens/s, requests/s, TTFT/TPOT/ITL p50/p90/p99, goodput under the SLA, and the replay model's
+predicted TTFT/TPOT with its error. The first ``--requests`` requests of the trace are replayed
+(arrival times divided by the rate; lengths clipped to ``--max-input``/``--max-output``); every run
+draws fresh prompts, so no run finds another's in the prefix cache.
+The JSON (``benchmarks/results/h200-serve.json`` on cuda, ``cpu-serve.json`` on CPU, or ``--out``) is
+rewritten atomically after every run, ``"complete": false`` until the last one: a run cut short keeps
+what finished. Progress lines go to stderr; the table to stdout.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import argparse
 import gc
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,7 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from compiler.serve import ServeServer  # noqa: E402
-from compiler.serve_bench import BenchOptions, run_bench  # noqa: E402
 from compiler.serve_runtime import ServeOptions, build_runtime  # noqa: E402
 
 
@@ -42,38 +51,92 @@ def newest_version(plan_root: str) -> str:
     return str(plan_mod.resolve(plan_root))
 
 
-def run_variant(name: str, args, plan: str | None) -> dict:
+def log(msg: str) -> None:
+    print(f"[serve_throughput {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Atomic: a reader (or a kill) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def compile_count() -> int:
+    """Graphs torch.compile has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def run_variant(name: str, args, plan: str | None, on_run) -> dict:
+    """Builds the variant's runtime, serves it on loopback and replays every rate; ``on_run(out)``
+    after each rate (the caller writes the JSON)."""
     import torch
 
-    t0 = time.perf_counter()
     sizes = args.compile_graph_sizes if name == "torch_compile" else args.graph_sizes
     opts = ServeOptions(model=None if plan else args.model, plan=plan, device=args.device,
                         max_model_len=args.max_model_len, compile=name == "torch_compile",
                         graphs=bool(sizes), graph_sizes=sizes,
                         max_num_seqs=args.max_num_seqs)
+    log(f"{name}: building the runtime (graphs {list(sizes) or 'off'}{', torch.compile' if opts.compile else ''})")
+    compiles0 = compile_count()
     rt = build_runtime(opts)
-    startup = time.perf_counter() - t0
-    out = {"variant": name, "startup_s": startup, "plan": rt.plan_dir, "overrides": sorted(rt.plan_overrides),
+    out = {"variant": name, "startup_s": sum(rt.startup_s.values()), "load_s": rt.startup_s.get("load_s"),
+           "warmup_s": rt.startup_s.get("engine_s"), "compiles": compile_count() - compiles0,
+           "plan": rt.plan_dir, "overrides": sorted(rt.plan_overrides),
            "engine": {"max_num_seqs": rt.engine.cfg.max_num_seqs,
                       "max_num_batched_tokens": rt.engine.cfg.max_num_batched_tokens,
                       "block_size": rt.engine.cfg.block_size, "kv_blocks": rt.engine.kv.num_blocks - 1,
                       "cuda_graph_batch_sizes": list(rt.engine.cfg.cuda_graph_batch_sizes)}, "runs": []}
+    log(f"{name}: ready, load {out['load_s']:.1f} s, engine warm-up (graphs, compiles) {out['warmup_s']:.1f} s, "
+        f"{out['compiles']} compiled graphs")
     with ServeServer(rt) as server:
+        if args.warmup_requests:
+            t0 = time.perf_counter()
+            log(f"{name}: warm-up replay of {args.warmup_requests} requests (kernels' first shapes; not measured)")
+            bench_client(args, server.url, 8 * max(args.rates), args.warmup_requests, predict=False)
+            out["warmup_replay_s"] = time.perf_counter() - t0
         for rate in args.rates:
-            res = run_bench(BenchOptions(traffic=args.traffic, url=server.url, rate=rate, max_requests=args.requests,
-                                         max_input=args.max_input, max_output=args.max_output,
-                                         ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms), progress=sys.stderr)
+            t0 = time.perf_counter()
+            log(f"{name} {rate}x: calibrating the replay model, then {args.requests} requests")
+            res = bench_client(args, server.url, rate)
+            res["wall_s"] = time.perf_counter() - t0
+            res["compiles_so_far"] = compile_count() - compiles0
             out["runs"].append(res)
-            p = res.get("predicted", {})
-            print(f"{name:<14} {rate:>4}x  {res['output_tokens_per_s']:9.1f} tok/s  TTFT p50 "
-                  f"{res['ttft_ms']['p50'] or 0:8.1f} ms (pred {p.get('ttft_ms', {}).get('p50') or 0:8.1f})  "
-                  f"TPOT p50 {res['tpot_ms']['p50'] or 0:7.2f} ms (pred {p.get('tpot_ms', {}).get('p50') or 0:7.2f})  "
-                  f"failed {res['failed']}", flush=True)
+            print(row(name, res), flush=True)
+            on_run(out)
     del rt, server
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
+
+
+def bench_client(args, url: str, rate: float, requests: int | None = None, predict: bool = True) -> dict:
+    """``tkcc bench serve --json`` in its own process: the client's event loop must not share the
+    server's GIL (in one process it delays the server's streaming and its own clock readings)."""
+    cmd = [sys.executable, "-m", "compiler", "bench", "serve", "--traffic", args.traffic, "--url", url,
+           "--rate", str(rate), "--max-requests", str(requests or args.requests), "--max-input", str(args.max_input),
+           "--max-output", str(args.max_output), "--ttft-ms", str(args.ttft_ms), "--tpot-ms", str(args.tpot_ms),
+           "--json"] + ([] if predict else ["--no-predict"])
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, timeout=args.run_timeout,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    if r.returncode != 0:
+        raise RuntimeError(f"tkcc bench serve exited {r.returncode} at {rate}x")
+    return json.loads(r.stdout)
+
+
+def row(name: str, res: dict) -> str:
+    p = res.get("predicted", {})
+    e = p.get("error", {})
+    pct = lambda v: "   -" if v is None else f"{100 * v:+4.0f}%"  # noqa: E731
+    return (f"{name:<14} {res['rate']:>4}x  {res['output_tokens_per_s']:9.1f} tok/s  TTFT p50 "
+            f"{res['ttft_ms']['p50'] or 0:8.1f} ms (pred {p.get('ttft_ms', {}).get('p50') or 0:8.1f} "
+            f"{pct(e.get('ttft_p50'))})  TPOT p50 {res['tpot_ms']['p50'] or 0:7.2f} ms (pred "
+            f"{p.get('tpot_ms', {}).get('p50') or 0:7.2f} {pct(e.get('tpot_p50'))})  failed {res['failed']}  "
+            f"[{res['wall_s']:.0f} s]")
 
 
 def main(argv=None) -> int:
@@ -84,24 +147,39 @@ def main(argv=None) -> int:
     ap.add_argument("--traffic", default=str(ROOT / "examples/traffic/azure2023_conv.parquet"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rates", default="1,4", help="replay speed-ups (default 1,4)")
-    ap.add_argument("--requests", type=int, default=120, help="requests replayed per run (default 120)")
+    ap.add_argument("--requests", type=int, default=40, help="requests replayed per run (default 40: 24 s of "
+                    "the Azure conversation trace at 1x)")
+    ap.add_argument("--warmup-requests", type=int, default=8,
+                    help="requests replayed once, unmeasured, before the first rate (default 8; 0: none)")
+    ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds one replay may take (default 300)")
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2560)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--graph-sizes", default="1,2,4,8,16,32,64,128",
                     help="decode CUDA-graph batch sizes ('' disables graphs)")
-    ap.add_argument("--compile-graph-sizes", default="1,8,32,128",
-                    help="graph batch sizes of the torch_compile variant (fewer: each shape may compile)")
-    ap.add_argument("--variants", default="plan,reference,torch_compile")
+    ap.add_argument("--compile-graph-sizes", default="2,16,128",
+                    help="graph batch sizes of the torch_compile variant (default 2,16,128: no size 1, which "
+                         "torch.compile specialises, so one dynamic compile serves every capture)")
+    ap.add_argument("--variants", default="plan,reference,torch_compile",
+                    help="comma-separated, in order: plan, reference, torch_compile")
     ap.add_argument("--ttft-ms", type=float, default=1000.0)
     ap.add_argument("--tpot-ms", type=float, default=50.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    args.rates = [float(r) for r in args.rates.split(",") if r]
-    args.graph_sizes = tuple(int(b) for b in args.graph_sizes.split(",") if b)
-    args.compile_graph_sizes = tuple(int(b) for b in args.compile_graph_sizes.split(",") if b)
+    try:
+        args.rates = [float(r) for r in args.rates.split(",") if r]
+        args.graph_sizes = tuple(int(b) for b in args.graph_sizes.split(",") if b)
+        args.compile_graph_sizes = tuple(int(b) for b in args.compile_graph_sizes.split(",") if b)
+    except ValueError as e:
+        print(f"serve_throughput: bad number in --rates/--graph-sizes/--compile-graph-sizes: {e}", file=sys.stderr)
+        return 2
     variants = [v for v in args.variants.split(",") if v]
+    bad = [v for v in variants if v not in ("plan", "reference", "torch_compile")]
+    if bad or not variants or not args.rates or args.requests < 1:
+        print(f"serve_throughput: --variants takes plan, reference, torch_compile (got {args.variants!r}); "
+              f"--rates and --requests must be non-empty and >= 1", file=sys.stderr)
+        return 2
     if not args.plan:
         variants = [v for v in variants if v != "plan"]
 
@@ -114,20 +192,37 @@ def main(argv=None) -> int:
         return 2
     torch.manual_seed(0)
     plan = newest_version(args.plan) if args.plan else None
+    out = Path(args.out or ROOT / "benchmarks/results" / ("h200-serve.json" if args.device == "cuda" else "cpu-serve.json"))
     t0 = time.perf_counter()
-    results = [run_variant(v, args, plan if v == "plan" else None) for v in variants]
-    doc = {"benchmark": "serve_throughput", "model": args.model, "weights": "random (seed 0)",
+    doc = {"benchmark": "serve_throughput", "complete": False, "model": args.model, "weights": "random (seed 0)",
            "traffic": os.path.relpath(args.traffic, ROOT), "rates": args.rates, "requests_per_run": args.requests,
            "max_input": args.max_input, "max_output": args.max_output, "device": args.device,
+           "variants_requested": variants, "graph_sizes": list(args.graph_sizes),
+           "compile_graph_sizes": list(args.compile_graph_sizes),
            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-           "software": software_versions(), "wall_s": time.perf_counter() - t0, "variants": results}
-    out = Path(args.out or ROOT / "benchmarks/results" / ("h200-serve.json" if args.device == "cuda" else "cpu-serve.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, out)
-    print(f"wrote {out} ({doc['wall_s']:.0f} s)")
-    return 0
+           "software": software_versions(driver=args.device == "cuda"), "wall_s": 0.0, "variants": []}
+
+    def save(variant: dict) -> None:
+        done = [v for v in doc["variants"] if v["variant"] != variant["variant"]]
+        doc["variants"] = done + [variant]
+        doc["wall_s"] = time.perf_counter() - t0
+        write_json(out, doc)
+
+    failed = []
+    for v in variants:
+        try:
+            save(run_variant(v, args, plan if v == "plan" else None, save))
+            log(f"{v}: done, {time.perf_counter() - t0:.0f} s so far; {out} updated")
+        except (RuntimeError, subprocess.TimeoutExpired, torch.OutOfMemoryError) as e:   # the next variant still runs
+            failed.append(v)
+            kept = next((x for x in doc["variants"] if x["variant"] == v), {"variant": v, "runs": []})
+            save({**kept, "error": f"{type(e).__name__}: {e}"[:500]})
+            log(f"{v}: FAILED ({type(e).__name__}: {str(e)[:200]}); the runs it finished are kept")
+    doc["complete"] = not failed
+    doc["wall_s"] = time.perf_counter() - t0
+    write_json(out, doc)
+    print(f"wrote {out} ({doc['wall_s']:.0f} s){'; failed: ' + ', '.join(failed) if failed else ''}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

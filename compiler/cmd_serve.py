@@ -37,6 +37,7 @@ def register(subparsers) -> None:
     s.add_argument("--tpot-ms", type=float, default=200.0, help="SLA on TPOT for goodput (default 200)")
     s.add_argument("--model", default=None, help="model name to request (default: the server's first)")
     s.add_argument("--no-predict", action="store_true", help="skip the replay model's prediction")
+    s.add_argument("--seed", type=int, default=None, help="fix the prompts' token ids (default: fresh every run)")
     s.add_argument("--json", action="store_true", help="JSON on stdout")
     s.set_defaults(func=_bench)
 
@@ -65,7 +66,7 @@ def _bench(args) -> int:
     result = run_bench(BenchOptions(traffic=args.traffic, url=args.url, rate=args.rate, max_requests=args.max_requests,
                                     duration_s=args.duration, max_input=args.max_input, max_output=args.max_output,
                                     ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms, model=args.model,
-                                    predict=not args.no_predict), progress=sys.stderr)
+                                    predict=not args.no_predict, seed=args.seed), progress=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

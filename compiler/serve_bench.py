@@ -4,13 +4,22 @@ the trace replay model (``traffic_profiles.replay``, which runs the serving engi
 
 Each request is a streamed ``/v1/completions`` call with a prompt of random token ids (20..249) of the trace's
 input length, ``max_tokens`` = its output length, greedy, ``ignore_eos`` (vLLM's extension, honoured
-by tkcc serve) so that the output length is the trace's. TTFT = first streamed text; ITL = gaps
-between streamed chunks; TPOT = (latency - TTFT) / (output tokens - 1), output tokens from ``usage``.
+by tkcc serve) so that the output length is the trace's. Prompts are drawn fresh for every run and
+every probe (``--seed`` fixes them): a second run on the same server must not find the first run's
+prompts in its prefix cache. TTFT = first streamed text; ITL = gaps between streamed chunks;
+TPOT = (latency - TTFT) / (output tokens - 1), output tokens from ``usage``.
 
-Prediction: three probes fit the server's step time as ``a + b * decode batch + c * prefill tokens``
-(one request decoding; eight decoding together; one long prompt), then the replay with the server's
-``max_num_seqs`` / ``max_num_batched_tokens`` (from its ``/v1/models`` when it publishes them)
-predicts every request's TTFT and TPOT; the table prints both and the relative error.
+Prediction: probes fit the server's step time as two forward passes (the serving engine runs the
+decodes and the prompt chunks of a step as separate forwards): ``a + b * decode batch + d * their
+context tokens`` when anything decodes plus ``p + c * prefill tokens`` when a prompt chunk runs.
+``a``/``b``: the TPOT of one and of eight requests decoding together after a short prompt; ``d``: the
+TPOT of one after a long prompt; ``p``/``c``: the TTFT of a short and of a long prompt (``p`` holds
+the request's HTTP and tokenization cost, which TTFT measures too). Every probe shape
+runs once unmeasured first (kernel compiles, autotuning, first allocations) and then three times
+(median). The replay with the server's ``max_num_seqs`` / ``max_num_batched_tokens`` (from its
+``/v1/models`` when it publishes them) then predicts every request's TTFT and TPOT; the table prints
+both and the relative error. What the model leaves out: attention's cost growing with the context
+beyond linear (prefill attention), and the host's per-token streaming cost at large batches.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ class BenchOptions:
     tpot_ms: float = 200.0
     model: str | None = None
     predict: bool = True
-    seed: int = 0
+    seed: int | None = None           # prompts' token ids; None: fresh ones every run
     timeout_s: float = 600.0
 
 
@@ -67,14 +76,20 @@ class RequestResult:
 
 @dataclass(frozen=True)
 class LinearStepTime:
-    """Step time = a + b x decoding sequences + c x prefill tokens (seconds), a ``StepTime``."""
+    """A ``StepTime`` of the serving engine's step, two forwards (seconds): the decode pass
+    ``a + b x decoding sequences + d x their context tokens`` when any sequence decodes, plus the
+    prefill pass ``p + c x prefill tokens`` when any prompt chunk runs."""
 
     a: float
     b: float
     c: float
+    p: float = 0.0
+    d: float = 0.0
 
     def __call__(self, s) -> float:
-        return self.a + self.b * s.decode_batch + self.c * sum(ch for ch, _ in s.prefill)
+        tokens = sum(ch for ch, _ in s.prefill)
+        decode = self.a + self.b * s.decode_batch + self.d * s.decode_context if s.decode_batch else 0.0
+        return decode + (self.p + self.c * tokens if tokens else 0.0)
 
 
 def _base(url: str) -> str:
@@ -151,7 +166,7 @@ async def _one(client: httpx.AsyncClient, model: str, arrival: float, t0: float,
                          None if first is None else first - start, end - start, tuple(gaps))
 
 
-async def _replay(base: str, model: str, reqs, seed: int, timeout: float, progress: TextIO | None):
+async def _replay(base: str, model: str, reqs, seed: float, timeout: float, progress: TextIO | None):
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=timeout) as client:
@@ -179,33 +194,44 @@ def _pct(values, qs=(50, 90, 99)) -> dict:
     return {f"p{q}": float(np.percentile(a, q)) for q in qs} | {"mean": float(a.mean())}
 
 
-def calibrate(base: str, model: str, timeout: float, max_len: int | None = None) -> LinearStepTime:
-    """Fits a + b x decode batch + c x prefill tokens from three probes (cost: a few seconds)."""
+def calibrate(base: str, model: str, timeout: float, max_len: int | None = None,
+              max_batched: int | None = None, seed: int | None = None) -> LinearStepTime:
+    """Fits ``LinearStepTime`` from probes (cost: a few seconds): each shape once to warm up, then
+    three times, the median kept; every request a fresh prompt (no prefix-cache hits)."""
+    rng = random.Random(seed)
+
     async def probe(batch: int, n_in: int, n_out: int) -> list[RequestResult]:
-        rng = random.Random(1)
         async with httpx.AsyncClient(base_url=base, timeout=timeout) as client:
             t0 = time.perf_counter()
             return list(await asyncio.gather(*[_one(client, model, 0.0, t0, n_in, n_out, rng, timeout)
                                                for _ in range(batch)]))
 
-    def tpot(rs):
-        bad = [r.error for r in rs if r.error]
-        if bad:
-            raise BenchError(f"calibration request failed: {bad[0]}")
-        v = [r.tpot_s for r in rs if r.tpot_s is not None]
-        return float(np.median(v)) if v else 0.0
+    def measured(batch: int, n_in: int, n_out: int, what: str) -> float:
+        values = []
+        for rep in range(4):                                     # rep 0: warm-up
+            rs = asyncio.run(probe(batch, n_in, n_out))
+            bad = [r.error for r in rs if r.error]
+            if bad:
+                raise BenchError(f"calibration request failed: {bad[0]}")
+            v = [getattr(r, what) for r in rs if getattr(r, what) is not None]
+            if rep and v:
+                values.append(float(np.median(v)))
+        return float(np.median(values)) if values else 0.0
 
-    asyncio.run(probe(1, 8, 4))                                  # warm-up (compiles, first graphs)
-    asyncio.run(probe(8, 8, 4))
-    t1 = tpot(asyncio.run(probe(1, 8, 24)))
-    t8 = tpot(asyncio.run(probe(8, 8, 24)))
-    n_long = min(256, (max_len or 512) // 2)
-    long = asyncio.run(probe(1, n_long, 1))[0]
-    tpot([long])
-    b = max(0.0, (t8 - t1) / 7)
-    a = max(1e-5, t1 - b)
-    c = max(0.0, ((long.ttft_s or 0.0) - a) / n_long)
-    return LinearStepTime(a, b, c)
+    n_short, n_out = 16, 24
+    n_long = max(2 * n_short, min(1024, (max_len or 512) // 2, max_batched or 1024))   # one chunk
+    t1 = measured(1, n_short, n_out, "tpot_s")
+    t8 = measured(8, n_short, n_out, "tpot_s")
+    t1_long = measured(1, n_long, n_out, "tpot_s")
+    f_short = measured(1, n_short, 1, "ttft_s")
+    f_long = measured(1, n_long, 1, "ttft_s")
+    ctx = n_short + n_out / 2                                    # mean context while decoding
+    d = max(0.0, (t1_long - t1) / (n_long - n_short))
+    b = max(0.0, (t8 - t1) / 7 - d * ctx)
+    a = max(1e-5, t1 - b - d * ctx)
+    c = max(0.0, (f_long - f_short) / (n_long - n_short))
+    p = max(0.0, f_short - c * n_short)
+    return LinearStepTime(a, b, c, p, d)
 
 
 def predict(reqs, step: LinearStepTime, info: dict) -> dict:
@@ -243,8 +269,10 @@ def run_bench(opts: BenchOptions, progress: TextIO | None = None) -> dict:
         info = _server_info(c, opts.model)
     model = info["id"]
     reqs = _requests(opts, trace, info.get("max_model_len"))
-    step = calibrate(base, model, opts.timeout_s, info.get("max_model_len")) if opts.predict else None
-    results, wall = asyncio.run(_replay(base, model, reqs, opts.seed, opts.timeout_s, progress))
+    seeds = random.Random(opts.seed)
+    step = (calibrate(base, model, opts.timeout_s, info.get("max_model_len"), info.get("max_num_batched_tokens"),
+                      seeds.random()) if opts.predict else None)
+    results, wall = asyncio.run(_replay(base, model, reqs, seeds.random(), opts.timeout_s, progress))
     ok = [r for r in results if r.error is None]
     out_tokens = sum(r.output_tokens for r in ok)
     good = [r for r in ok if r.ttft_s is not None and r.ttft_s * 1e3 <= opts.ttft_ms

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from compiler.serve_model import ModelLoadError, load_served_model
@@ -44,6 +45,7 @@ class Runtime:
     source: str
     plan_dir: str | None
     plan_overrides: dict[str, Callable]
+    startup_s: dict[str, float] = field(default_factory=dict)   # load (plan, weights), engine (KV, graphs, compile)
 
     @contextlib.contextmanager
     def overrides(self) -> Iterator[None]:
@@ -83,6 +85,7 @@ def build_runtime(opts: ServeOptions) -> Runtime:
     from persistent_engine.serving import EngineConfig, ServingEngine
     from traffic_profiles.scheduler import Scheduler, SchedulerConfig
 
+    t0 = time.perf_counter()
     loaded = _load_plan(opts.plan) if opts.plan else None
     model = opts.model or (loaded.plan.model if loaded else None)
     if model is None:
@@ -120,7 +123,9 @@ def build_runtime(opts: ServeOptions) -> Runtime:
     overrides = dict(loaded.overrides) if loaded else {}
     from persistent_engine.ops import registry
 
+    t1 = time.perf_counter()
     with registry.override(overrides):              # CUDA graphs capture the plan's kernels
         engine = ServingEngine(decoder, lambda kv: Scheduler(sched_cfg, kv), cfg)
     return Runtime(served.name, spec, served.tokenizer, engine, sched_cfg, served.source,
-                   str(loaded.version_dir) if loaded else None, overrides)
+                   str(loaded.version_dir) if loaded else None, overrides,
+                   {"load_s": t1 - t0, "engine_s": time.perf_counter() - t1})

@@ -44,16 +44,75 @@ def test_serve_throughput_cpu(tmp_path):
     _tiny_plan(tmp_path / "plan")
     out = tmp_path / "serve.json"
     rc = _load().main(["--device", "cpu", "--model", "tiny-dense", "--plan", str(tmp_path / "plan"),
-                       "--variants", "plan,reference", "--requests", "4", "--rates", "2,8", "--max-input", "16",
+                       "--variants", "plan,reference", "--requests", "4", "--warmup-requests", "2", "--rates", "2,8", "--max-input", "16",
                        "--max-output", "4", "--graph-sizes", "", "--max-model-len", "128", "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
+    assert doc["complete"] is True and not out.with_name(out.name + ".tmp").exists()
     assert [v["variant"] for v in doc["variants"]] == ["plan", "reference"]
     plan, ref = doc["variants"]
     assert plan["overrides"] == ["silu_and_mul"] and plan["engine"]["max_num_seqs"] == 4 and plan["plan"]
     assert ref["overrides"] == [] and ref["engine"]["max_num_seqs"] == 128
     for v in doc["variants"]:
+        assert v["warmup_s"] >= 0 and v["load_s"] > 0 and v["compiles"] == 0 and v["warmup_replay_s"] > 0
         assert [r["rate"] for r in v["runs"]] == [2.0, 8.0]
         for r in v["runs"]:
             assert r["completed"] == 4 and r["output_tokens_per_s"] > 0 and r["predicted"]["tpot_ms"]["p50"] > 0
+            assert r["predicted"]["step_time"]["p"] > 0 and r["wall_s"] > 0
     assert doc["software"]["torch"] and "triton" in doc["software"]
+
+
+def test_each_finished_variant_is_written_before_the_next_starts(tmp_path, monkeypatch, capsys):
+    """A variant that dies (a timeout, a compile error) leaves the variants and runs before it on disk."""
+    mod = _load()
+    out = tmp_path / "serve.json"
+    calls = []
+
+    def fake_variant(name, args, plan, on_run):       # the server part is covered by the slow test above
+        calls.append(name)
+        if name == "torch_compile":
+            assert json.loads(out.read_text())["variants"] == [{"variant": "reference", "runs": [{"rate": 1.0}, {"rate": 4.0}]}]
+            on_run({"variant": name, "runs": [{"rate": 1.0}]})
+            raise KeyboardInterrupt                   # killed in its second rate
+        v = {"variant": name, "runs": []}
+        for rate in args.rates:
+            v["runs"].append({"rate": rate})
+            on_run(v)
+        return v
+
+    monkeypatch.setattr(mod, "run_variant", fake_variant)
+    with pytest.raises(KeyboardInterrupt):
+        mod.main(["--device", "cpu", "--plan", "", "--variants", "reference,torch_compile", "--rates", "1,4",
+                  "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert calls == ["reference", "torch_compile"] and doc["complete"] is False
+    assert [(v["variant"], [r["rate"] for r in v["runs"]]) for v in doc["variants"]] == \
+        [("reference", [1.0, 4.0]), ("torch_compile", [1.0])]
+    assert doc["variants_requested"] == ["reference", "torch_compile"] and doc["requests_per_run"] == 40
+
+
+def test_bad_arguments_exit_2(tmp_path, capsys):
+    mod = _load()
+    assert mod.main(["--device", "cpu", "--variants", "plan,fast", "--out", str(tmp_path / "x.json")]) == 2
+    assert mod.main(["--device", "cpu", "--rates", "1,x", "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_failing_variant_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
+    mod = _load()
+    out = tmp_path / "serve.json"
+
+    def fake_variant(name, args, plan, on_run):
+        if name == "torch_compile":
+            on_run({"variant": name, "runs": [{"rate": 1.0}]})
+            raise RuntimeError("tkcc bench serve exited 2 at 4.0x")
+        return {"variant": name, "runs": [{"rate": r} for r in args.rates]}
+
+    monkeypatch.setattr(mod, "run_variant", fake_variant)
+    assert mod.main(["--device", "cpu", "--plan", "", "--variants", "torch_compile,reference", "--rates", "1,4",
+                     "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False
+    comp, ref = doc["variants"]
+    assert comp["runs"] == [{"rate": 1.0}] and "exited 2" in comp["error"]
+    assert ref == {"variant": "reference", "runs": [{"rate": 1.0}, {"rate": 4.0}]}

@@ -15,7 +15,9 @@ TRACE = "examples/traffic/azure2023_conv.parquet"
 
 @pytest.fixture(scope="module")
 def server():
-    with ServeServer(build_runtime(ServeOptions(model="tiny-dense", device="cpu", max_model_len=128))) as s:
+    rt = build_runtime(ServeOptions(model="tiny-dense", device="cpu", max_model_len=128))
+    with ServeServer(rt) as s:
+        s.engine = rt.engine
         yield s
 
 
@@ -52,3 +54,34 @@ def test_bench_serve_table(server):
 def test_bench_serve_unreachable_server_is_one_line():
     r = _bench("--url", "http://127.0.0.1:9", "--no-predict")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_step_time_charges_each_forward_pass_only_when_it_runs():
+    from traffic_profiles.workload import StepShape
+
+    from compiler.serve_bench import LinearStepTime
+
+    st = LinearStepTime(a=1e-3, b=1e-4, c=1e-5, p=5e-3)
+    assert st(StepShape(4, 100.0)) == pytest.approx(1e-3 + 4e-4)                          # decode pass only
+    assert st(StepShape(0, 0.0, ((200, 0),))) == pytest.approx(5e-3 + 2e-3)              # prefill pass only
+    assert st(StepShape(4, 100.0, ((100, 0), (100, 50)))) == pytest.approx(1.4e-3 + 7e-3)  # both
+    long = LinearStepTime(a=1e-3, b=1e-4, c=1e-5, p=5e-3, d=1e-6)                        # + context
+    assert long(StepShape(4, 1000.0)) == pytest.approx(1.4e-3 + 1e-3)
+
+
+@pytest.mark.slow
+def test_runs_draw_fresh_prompts_so_the_prefix_cache_never_hits(server):
+    """Two runs of the same trace on one server: no prefix-cache hits unless the seed is fixed."""
+    from compiler.serve_bench import BenchOptions, run_bench
+
+    kv = server.engine.kv
+    opts = BenchOptions(traffic=TRACE, url=server.url, rate=50, max_requests=3, max_input=40, max_output=2,
+                        predict=False)
+    hits0 = kv.hit_tokens
+    run_bench(opts)
+    run_bench(opts)
+    assert kv.hit_tokens == hits0
+    fixed = BenchOptions(**{**opts.__dict__, "seed": 7})
+    run_bench(fixed)
+    run_bench(fixed)                                     # the same prompts again: whole blocks hit
+    assert kv.hit_tokens > hits0

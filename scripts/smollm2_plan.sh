@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Regenerates tests/data/plans/smollm2-135m-cpu: a plan written by `tkcc optimize --model smollm2-135m`
+# on this CPU (offline agents; traffic: the first 300 requests of the bundled Azure conversation trace,
+# arrivals spread 40x so that one request decodes at a time: the trace as-is makes the heaviest workload
+# point a batch of 253, over a second a step on a CPU, too slow and noisy to accept anything in minutes),
+# that tests/compiler/test_serve.py serves with the real SmolLM2 weights to check greedy output is
+# identical with and without it.
+# Run it (`make smollm2-plan`) when that test says the committed plan no longer loads: plan.json's
+# schema or an op's signature changed. Cost: BUDGET (default 12m) of CPU time. Only plan.json and
+# kernels/ are kept (the files `compiler.plan.load` verifies by sha256); it fails if nothing was accepted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$PY" - "$work/sparse.csv" <<'PYEOF'
+import sys
+from datetime import datetime
+rows = open("examples/traffic/azure2023_conv.csv").read().splitlines()[:301]
+t0 = datetime.fromisoformat(rows[1].split(",")[0][:26])
+with open(sys.argv[1], "w") as f:
+    f.write(rows[0] + "\n")
+    for r in rows[1:]:
+        ts, inp, out = r.split(",")
+        t = t0 + (datetime.fromisoformat(ts[:26]) - t0) * 40
+        f.write(f"{t.isoformat(sep=' ')},{inp},{out}\n")
+PYEOF
+"$PY" -m compiler optimize --model smollm2-135m --hw cpu --traffic "$work/sparse.csv" \
+    --budget "${BUDGET:-12m}" --agents offline:2 --device cpu --max-points 1 --slow-layers 2 \
+    --out "$work/plan" --fresh
+dest=tests/data/plans/smollm2-135m-cpu
+"$PY" - "$work/plan/v1" <<'PYEOF'
+import sys
+from compiler import plan
+p, _ = plan.load(sys.argv[1])
+if not p.optimizations:
+    sys.exit("smollm2_plan: tkcc optimize accepted nothing; run again with a larger BUDGET")
+print(f"smollm2_plan: {len(p.optimizations)} optimization(s): {', '.join(o.name for o in p.optimizations)}")
+PYEOF
+rm -rf "$dest"
+mkdir -p "$dest/v1"
+cp "$work/plan/v1/plan.json" "$dest/v1/"
+cp -r "$work/plan/v1/kernels" "$dest/v1/"
+"$PY" -c "from compiler import plan; plan.load('$dest')" && echo "smollm2_plan: wrote $dest/v1"
