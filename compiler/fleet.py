@@ -97,6 +97,7 @@ class Engine:
         self.supervisor = supervisor
         self.measure_lock = measure_lock
         self.failures = 0
+        self.closing = False                 # set by close(): an evaluation it cuts is no verdict
 
     @property
     def tier(self) -> str:
@@ -115,6 +116,8 @@ class Engine:
                     self.supervisor.auto_restart = False
                 return evaluate_with_retry(self.supervisor, source, min(timeout_s, left))
             except Exception as e:  # noqa: BLE001 - the run goes on without this verdict
+                if self.closing:             # the run ended under an overrunning agent's evaluation
+                    return failed_verdict("not evaluated: the run's budget is spent (the fleet closed)")
                 self.failures += 1
                 log.warning("engine %s/%s failed: %s", self.tier, self.placement.device, e)
                 return failed_verdict(f"engine error: {type(e).__name__}: {e}")
@@ -140,6 +143,7 @@ class Engine:
         return None if proc is None else proc.pid
 
     def close(self) -> None:
+        self.closing = True
         try:
             self.supervisor.close()
         except Exception as e:  # noqa: BLE001
