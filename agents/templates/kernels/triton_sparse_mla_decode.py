@@ -54,13 +54,20 @@ def _smla_kernel(qn_ptr, qp_ptr, kv_ptr, bt_ptr, idx_ptr, out_ptr, scale,
         if UPCAST:
             c = c.to(tl.float32)
             kp = kp.to(tl.float32)
-        sc = (tl.dot(qn, tl.trans(c)) + tl.dot(qp, tl.trans(kp))) * scale         # [BLOCK_H, BLOCK_K] fp32
+        if UPCAST:                        # fp32 in: IEEE dots (TF32's 10-bit mantissa misses fp32 tolerances)
+            sc = (tl.dot(qn, tl.trans(c), input_precision="ieee")
+                  + tl.dot(qp, tl.trans(kp), input_precision="ieee")) * scale     # [BLOCK_H, BLOCK_K] fp32
+        else:
+            sc = (tl.dot(qn, tl.trans(c)) + tl.dot(qp, tl.trans(kp))) * scale     # [BLOCK_H, BLOCK_K] fp32
         sc = tl.where(valid[None, :], sc, float("-inf"))
         m_new = tl.maximum(m, tl.max(sc, axis=1))
         p = tl.exp(sc - m_new[:, None])
         alpha = tl.exp(m - m_new)
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)                     # [BLOCK_H, BLOCK_L]
+        if UPCAST:
+            acc = acc * alpha[:, None] + tl.dot(p, c, input_precision="ieee")      # [BLOCK_H, BLOCK_L]
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
         m = m_new
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + dl[None, :], o.to(out_ptr.dtype.element_ty),
