@@ -156,8 +156,15 @@ class Mailbox:
         self._used = 0
 
     def close(self) -> None:
-        self._map.close()
+        """Idempotent (an executor is killed from more than one path)."""
+        if self.fd < 0:
+            return
+        try:
+            self._map.close()
+        except BufferError:                  # a view still alive: the mapping goes with it
+            pass
         os.close(self.fd)
+        self.fd = -1
 
 
 class Channel:

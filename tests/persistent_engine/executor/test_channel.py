@@ -104,3 +104,10 @@ def test_forged_mailbox_references_are_protocol_errors(ref):
         decode_tensors({"out": ref}, mailbox=box)
     with pytest.raises(ProtocolError):
         decode_tensors({"out": {**ref, "offset": 0, "nbytes": 16, "shape": [4], "__m__": "float32"}})   # no box
+
+
+def test_mailbox_close_is_idempotent():
+    from persistent_engine.executor.channel import Mailbox
+    box = Mailbox.create(1 << 16)
+    box.close()
+    box.close()
