@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from persistent_engine.models.deepseek_v4 import V4Config, forward, init_weights  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 
-CONFIG = ROOT / "persistent_engine" / "models" / "configs_pending" / "deepseek-v4-flash.json"
+CONFIG = ROOT / "persistent_engine" / "models" / "configs" / "deepseek-v4-flash.json"
 # V4-Flash: compress_ratios 0, 0, 4, 128, 4, ...; num_hash_layers 3
 LAYERS = {"window+hash": 0, "csa+hash": 2, "hca+moe": 3, "csa+moe": 4}
 

@@ -146,6 +146,10 @@ def build_model(spec: ModelSpec | str, layers=None, device="cpu", dtype=torch.bf
     if isinstance(spec, str):
         spec = ModelSpec.from_name(spec)
     idx = _resolve_layers(spec, layers)
+    if spec.attention == "v4":                      # DeepSeek-V4: hyper-connection streams, compressed attention
+        from persistent_engine.models.deepseek_v4_decoder import build_v4
+
+        return build_v4(spec, idx, device, dtype, seed, weights)
     if weights is None:
         params = init_params(spec, idx, device=device, dtype=dtype, seed=seed)
     else:

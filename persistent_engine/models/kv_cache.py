@@ -3,7 +3,9 @@
 GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dh]``; MLA layers keep one latent pool
 ``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
 lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
-their index keys in ``index_k[NB, BS, Di]``. Blocks are handed out in a seeded random
+their index keys in ``index_k[NB, BS, Di]``; DeepSeek-V4 layers keep the K = V rows in ``k[NB, BS, D]``, their
+compressor's source rows in ``v`` / ``index_k`` and their compressed entries per sequence in ``entries`` /
+``index_entries`` (``models/deepseek_v4_decoder.py``). Blocks are handed out in a seeded random
 order, so a kernel that assumes contiguous blocks fails verification. Bytes per token and layer:
 ``spec.kv_bytes_per_token_layer()``.
 """
@@ -24,6 +26,8 @@ class KVCache:
     k: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool
     v: dict[int, torch.Tensor] = field(default_factory=dict)   # layer index -> pool (GQA only)
     index_k: dict[int, torch.Tensor] = field(default_factory=dict)   # block-sparse layers: index keys [NB, BS, Di]
+    entries: dict[int, torch.Tensor] = field(default_factory=dict)        # DeepSeek-V4: [B, NE, D] per sequence
+    index_entries: dict[int, torch.Tensor] = field(default_factory=dict)  # DeepSeek-V4 CSA: [B, NE, Di]
 
     @property
     def batch(self) -> int:
@@ -40,7 +44,8 @@ class KVCache:
         return blocks * self.block_size + positions % self.block_size
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values(), *self.index_k.values()))
+        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values(), *self.index_k.values(),
+                                                         *self.entries.values(), *self.index_entries.values()))
 
 
 def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, device="cpu",
@@ -48,6 +53,11 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
                    fill: str = "random") -> KVCache:
     """A cache for ``batch`` sequences of up to ``tokens_per_seq`` tokens in each of ``layers``.
     ``fill``: "random" (N(0, 1) everywhere: a synthetic cached context) or "zeros"."""
+    if spec.attention == "v4":
+        from persistent_engine.models.deepseek_v4_decoder import alloc_v4_cache
+
+        return alloc_v4_cache(spec, layers, batch, tokens_per_seq, device=device, dtype=dtype, block_size=block_size,
+                              seed=seed, fill=fill)
     mb = max(1, -(-tokens_per_seq // block_size))
     nb = batch * mb
     perm = torch.randperm(nb, generator=torch.Generator().manual_seed(seed))
