@@ -39,7 +39,7 @@ class Worker:
         import torch
 
         from persistent_engine import guards, timing
-        from persistent_engine.models.decoder import Decoder, _resolve_layers
+        from persistent_engine.models.decoder import _resolve_layers, make_decoder
         from persistent_engine.models.spec import ModelSpec
         from persistent_engine.ops import registry
         from persistent_engine.workloads import make_workload
@@ -55,7 +55,7 @@ class Worker:
         shared = arena.tensors()
         params = {k[len("weight."):]: (t if self.device.type == "cpu" else t.to(self.device))
                   for k, t in shared.items() if k.startswith("weight.") and k != "weight.cos_sin"}
-        self.model = Decoder(spec, layers, params, self.device, self.dtype)
+        self.model = make_decoder(spec, layers, params, self.device, self.dtype)
         self.points = init["points"]
         self.workloads = []
         for i, p in enumerate(self.points):

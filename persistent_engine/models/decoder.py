@@ -124,6 +124,16 @@ class Decoder:
         return sum(t.numel() * t.element_size() for t in self.params.values())
 
 
+def make_decoder(spec: ModelSpec, layers: list[int], params: dict[str, torch.Tensor], device, dtype):
+    """The decoder of ``spec``'s family over ``params`` (the names ``build_model`` gives them): ``Decoder``, or
+    DeepSeek-V4's ``V4Decoder`` (hyper-connection streams, compressed attention)."""
+    if spec.attention == "v4":
+        from persistent_engine.models.deepseek_v4_decoder import V4Decoder
+
+        return V4Decoder(spec, layers, params, device, dtype)
+    return Decoder(spec, layers, params, device, dtype)
+
+
 def _resolve_layers(spec: ModelSpec, layers) -> list[int]:
     if layers is None:
         return list(range(spec.num_layers))
