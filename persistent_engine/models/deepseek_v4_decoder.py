@@ -93,11 +93,15 @@ def alloc_v4_cache(spec: ModelSpec, layers: list[int], batch: int, tokens_per_se
 class _Step:
     """What every layer of one step shares: each token's sequence and position, the windows it closes."""
 
-    def __init__(self, wl):
+    def __init__(self, wl, inv_freq: dict[bool, torch.Tensor]):
         t = wl.token_ids.shape[0]
-        self.wl, self.t = wl, t
+        self.wl, self.t, self.inv_freq = wl, t, inv_freq
         self.seq, self.pos = token_seq_pos(wl.cu_seqlens_q, wl.context_lens, t)
         self.decode = wl.phase == "decode"
+
+    def angles(self, positions: torch.Tensor, compressed: bool) -> torch.Tensor:
+        """[P, R/2] fp64 rotary angles (``deepseek_v4.rope_angles``) from the decoder's on-device frequencies."""
+        return positions.double()[:, None] * self.inv_freq[compressed][None, :]
 
     def closing(self, r: int) -> torch.Tensor:
         """Rows of the tokens whose window of r closes at them (decode: every row, masked when written)."""
@@ -128,7 +132,7 @@ def _close_windows(cfg: v4.V4Config, st: _Step, pool: torch.Tensor, entries: tor
     ent = call("kv_compress", kv.reshape(n * slots, c), gate.reshape(n * slots, c), w[p + "position_bias"],
                w[p + "kv_norm.weight"], r, overlap, cfg.eps)                    # [n * slots / r, Dc]
     ent = ent.view(n, slots // r, -1)[:, -1]                                    # the window each token closes
-    ent = v4.rope(ent, v4.rope_angles(cfg, win.clamp(min=0) * r, True))
+    ent = v4.rope(ent, st.angles(win.clamp(min=0) * r, True))
     ok = win >= 0
     if st.decode:                                                               # no host sync: keep the old entry
         ok = ok & ((pos + 1) % r == 0)
@@ -150,7 +154,7 @@ def attention(cfg: v4.V4Config, w: dict, p: str, a: torch.Tensor, st: _Step, cac
     """Layer i's attention block on the step's tokens a[T, H] (``deepseek_v4.attention`` over the cache)."""
     wl, ratio = st.wl, cfg.layer_ratios[i]
     t, hq, d = a.shape[0], cfg.heads, cfg.head_dim
-    ang = v4.rope_angles(cfg, st.pos, ratio > 0)
+    ang = st.angles(st.pos, ratio > 0)
     q_res = call("rms_norm", call("linear", a, w[p + "q_a_proj.weight"], None), w[p + "q_a_norm.weight"], cfg.eps)
     q = v4.rope(v4._unit_rms(call("linear", q_res, w[p + "q_b_proj.weight"], None).view(t, hq, d), cfg.eps), ang)
     kv = v4.rope(call("rms_norm", call("linear", a, w[p + "kv_proj.weight"], None), w[p + "kv_norm.weight"], cfg.eps), ang)
@@ -187,6 +191,9 @@ class V4Decoder:
         self.spec, self.layers, self.params = spec, list(layers), params
         self.device, self.dtype = torch.device(device), dtype
         self.cfg = v4_config(spec)
+        # rope_angles' inverse frequencies (window-only / compressed layers) on the device, so a decode step
+        # copies nothing from the host (CUDA-graph capturable)
+        self.inv_freq = {c: v4.rope_angles(self.cfg, torch.ones(1), c)[0].to(self.device) for c in (False, True)}
         self.blocks: list = []          # no generic blocks: routing plants nothing (uniform random routers)
 
     @property
@@ -201,7 +208,7 @@ class V4Decoder:
     @torch.no_grad()
     def hidden(self, wl) -> torch.Tensor:
         """Final-normed hidden states of every token of the step: [T, H]. Writes the step's cache rows."""
-        cfg, w, st = self.cfg, self.params, _Step(wl)
+        cfg, w, st = self.cfg, self.params, _Step(wl, self.inv_freq)
         x = call("embedding", wl.token_ids, w["model.embed_tokens.weight"])
         x = x[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()               # [T, N, H] the streams
         for i in self.layers:
