@@ -9,8 +9,14 @@ and times the forward of one sequence of ``tokens`` tokens (CUDA events, median 
 perf_counter medians), minus the empty slice (embedding, hc_head, norm, lm_head). The per-op split comes from
 one extra forward with every registry op timed (device synchronised around each call). On cuda the V4 ops'
 Triton templates (hc_post, swiglu_clamp_and_mul) are checked against the op contract at V4-Flash shapes and timed
-against the reference (CUDA events, medians). Prints a table; writes
-``benchmarks/results/<device>-dsv4-layers.json`` atomically.
+against the reference (CUDA events, medians).
+
+Decode (``--decode-batch``, ``--decode-context``): each layer kind as a one-layer slice of the paged-cache decoder
+(models/deepseek_v4_decoder.py, a synthetic random cache of the context), ms per decode step minus the empty
+slice, and the attention block and the hyper-connection ops alone; beside them NVIDIA's H200 measurements of
+vLLM 0.24's kernels at the same batch and context (``benchmarks/data/aiconfigurator_dsv4_h200.json``:
+``dsv4_csa`` / ``dsv4_hca`` generation modules, FP8 GEMMs and KV; tilelang ``mhc_pre`` / ``mhc_post``), the
+peers to beat. Prints tables; writes ``benchmarks/results/<device>-dsv4-layers.json`` atomically.
 """
 
 from __future__ import annotations
@@ -29,10 +35,16 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.deepseek_v4 import V4Config, forward, init_weights  # noqa: E402
+from persistent_engine.models.deepseek_v4_decoder import attention as cached_attention  # noqa: E402
+from persistent_engine.models.deepseek_v4_decoder import _Step  # noqa: E402
+from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
+from persistent_engine.workloads import make_workload  # noqa: E402
 
 CONFIG = ROOT / "persistent_engine" / "models" / "configs" / "deepseek-v4-flash.json"
+PEERS = ROOT / "benchmarks" / "data" / "aiconfigurator_dsv4_h200.json"
 # V4-Flash: compress_ratios 0, 0, 4, 128, 4, ...; num_hash_layers 3
 LAYERS = {"window+hash": 0, "csa+hash": 2, "hca+moe": 3, "csa+moe": 4}
 
@@ -125,6 +137,75 @@ def templates(c: dict, tokens: int, samples: int) -> list[dict]:
     return rows
 
 
+def _timed_ms(fn, device: str, samples: int) -> float:
+    """Median ms of fn() (warm-up first; the device synchronised around each sample)."""
+    fn()
+    out = []
+    for _ in range(samples):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def layer_kinds(spec: ModelSpec) -> dict[str, int]:
+    """The first layer of each (attention kind, routing) pair: 'csa+hash' -> 2 on V4-Flash."""
+    out: dict[str, int] = {}
+    for i, r in enumerate(spec.compress_ratios):
+        attn = "window" if not r else ("csa" if r == spec.csa_ratio else "hca")
+        out.setdefault(f"{attn}+{'hash' if i < spec.num_hash_layers else 'moe'}", i)
+    return out
+
+
+def peer(peers: dict, table: str, batch: int, context: int) -> dict | None:
+    """The peer row of ``table`` at ``batch`` and the step nearest ``context`` (None when the batch is absent)."""
+    rows = [r for r in peers.get(table, []) if r.get("batch", r.get("tokens")) == batch]
+    if not rows:
+        return None
+    key = "step" if "step" in rows[0] else "tokens"
+    return min(rows, key=lambda r: abs(r[key] - context))
+
+
+def decode(spec: ModelSpec, device: str, batch: int, context: int, samples: int, peers: dict) -> list[dict]:
+    """Per layer kind: ms per decode step of the one-layer slice (minus the empty slice), its attention block and
+    hc_pre + hc_post alone, and the H200 peers at the same shape."""
+    point = {"phase": "decode", "batch": batch, "context": context}
+    empty = build_model(spec, layers=[], device=device)
+    wl = make_workload(empty, point)
+    base = _timed_ms(lambda: empty.step(wl), device, samples)
+    rows = []
+    for kind, layer in layer_kinds(spec).items():
+        model = build_model(spec, layers=[layer], device=device, seed=layer)
+        wl = make_workload(model, point)
+        step_ms = _timed_ms(lambda: model.step(wl), device, samples) - base
+        st, p = _Step(wl, model.inv_freq), f"model.layers.{layer}."
+        a = torch.randn(batch, spec.hidden_size, device=device, dtype=model.dtype)
+        attn_ms = _timed_ms(lambda: cached_attention(model.cfg, model.params, p + "self_attn.", a, st, wl.cache, layer),
+                            device, samples)
+        x = torch.randn(batch, spec.hc_mult, spec.hidden_size, device=device, dtype=model.dtype)
+        fn, sc, bs = (model.params[p + "attn_hc." + k] for k in ("fn", "scale", "base"))
+        pre = registry.call("hc_pre", x, fn, sc, bs, spec.hc_sinkhorn_iters, spec.hc_eps, spec.rms_norm_eps)
+        pre_ms = _timed_ms(lambda: registry.call("hc_pre", x, fn, sc, bs, spec.hc_sinkhorn_iters, spec.hc_eps,
+                                                 spec.rms_norm_eps), device, samples)
+        post_ms = _timed_ms(lambda: registry.call("hc_post", a, x, pre[1], pre[2]), device, samples)
+        attn = kind.split("+")[0]
+        mod = peer(peers, f"{attn}_generation", batch, context) if attn != "window" else None
+        mpre = [r for r in peers.get("mhc", []) if r["op"] == "pre"]
+        mpost = [r for r in peers.get("mhc", []) if r["op"] == "post"]
+        ppre = min(mpre, key=lambda r: abs(r["tokens"] - batch)) if mpre else None
+        ppost = min(mpost, key=lambda r: abs(r["tokens"] - batch)) if mpost else None
+        rows.append({"kind": kind, "layer": layer, "batch": batch, "context": context, "step_ms": round(step_ms, 4),
+                     "attention_ms": round(attn_ms, 4), "hc_pre_ms": round(pre_ms, 4), "hc_post_ms": round(post_ms, 4),
+                     "peer_attention_ms": mod and mod["latency_ms"], "peer_attention_step": mod and mod["step"],
+                     "peer_hc_pre_ms": ppre and ppre["latency_ms"], "peer_hc_post_ms": ppost and ppost["latency_ms"]})
+        del model, wl
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def run(c: dict, device: str, tokens: int, samples: int) -> list[dict]:
     cfg = V4Config.from_hf(c)
     ids = torch.randint(0, c["vocab_size"], (tokens,), generator=torch.Generator().manual_seed(0)).to(device)
@@ -149,6 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="toy widths (the CPU check of this script)")
     ap.add_argument("--tokens", type=int, default=None, help="prefill tokens (cuda 2048, tiny 160: > 128 for HCA)")
     ap.add_argument("--samples", type=int, default=None, help="timed forwards per case (cuda 10, cpu 2)")
+    ap.add_argument("--decode-batch", type=int, default=None, help="decode cases' batch (cuda 32, tiny 2; 0: none)")
+    ap.add_argument("--decode-context", type=int, default=None, help="decode cases' cached tokens (cuda 4096, tiny 40)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -162,6 +245,11 @@ def main(argv=None) -> int:
     with torch.no_grad():
         rows = run(c, a.device, tokens, samples)
         kernels = templates(c, tokens, samples) if a.device == "cuda" else []
+        batch = a.decode_batch if a.decode_batch is not None else (2 if a.tiny else 32)
+        ctx = a.decode_context or (40 if a.tiny else 4096)
+        spec = ModelSpec.from_name("deepseek+tiny" if a.tiny else "deepseek")
+        peers = json.loads(PEERS.read_text())
+        dec = decode(spec, a.device, batch, ctx, samples, peers) if batch else []
     print(f"{'kind':<14}{'layer':>6}{'ratio':>6}{'tokens':>8}{'ms/layer':>10}{'tok/s/layer':>13}  top ops (ms)")
     for r in rows:
         ops = ", ".join(f"{k} {v}" for k, v in list(r["ops_ms"].items())[:4])
@@ -170,13 +258,21 @@ def main(argv=None) -> int:
     for k in kernels:
         print(f"template {k['op']:<22} correct={k['correct']}  reference {k['reference_ms']:.3f} ms  "
               f"triton {k['triton_ms']:.3f} ms  x{k['speedup']}")
+    if dec:
+        print(f"\ndecode b{batch} ctx{ctx} (ms; peer: vLLM 0.24 on H200, FP8, aiconfigurator)")
+        print(f"{'kind':<14}{'layer':>6}{'step':>9}{'attn':>9}{'peer attn':>11}{'hc_pre':>9}{'peer':>8}{'hc_post':>9}{'peer':>8}")
+        for r in dec:
+            def f(v):
+                return f"{v:.3f}" if v is not None else "-"
+            print(f"{r['kind']:<14}{r['layer']:>6}{r['step_ms']:>9.3f}{r['attention_ms']:>9.3f}{f(r['peer_attention_ms']):>11}"
+                  f"{r['hc_pre_ms']:>9.3f}{f(r['peer_hc_pre_ms']):>8}{r['hc_post_ms']:>9.3f}{f(r['peer_hc_post_ms']):>8}")
     dev = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}{'-tiny' if a.tiny else ''}-dsv4-layers.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump({"model": "DeepSeek-V4-Flash" + (" (tiny)" if a.tiny else ""), "device": dev, "tokens": tokens, "rows": rows,
-                   "templates": kernels}, f,
+                   "templates": kernels, "decode": dec, "peers_source": json.loads(PEERS.read_text())["provenance"]}, f,
                   indent=1)
     os.replace(tmp, out)
     print(f"wrote {out}")
