@@ -171,6 +171,17 @@ def _moe(k: Mapping, dims: Mapping) -> list[str]:
     return out
 
 
+MOE_KNOBS = (Knob("MOE_GEMV_MAX_PAIRS", (16, 8, 32, 64, 128, 0)), Knob("MOE_GEMV_ROWS", (8, 4, 16, 32, 2)),
+             Knob("MOE_GEMV_BLOCK_K", (512, 256, 1024, 128, 32)), Knob("MOE_GEMV_WARPS", POW2_WARPS),
+             Knob("MOE_BLOCK_M", (16, 32, 64)), Knob("MOE_BLOCK_N", (64, 128, 32, 16)),
+             Knob("MOE_BLOCK_K", (64, 128, 32, 256, 16)), Knob("MOE_GROUP_M", (8, 1, 4, 16)),
+             Knob("MOE_NUM_WARPS", (4, 8, 2)), Knob("MOE_NUM_STAGES", (3, 4, 2, 1)))
+
+def _moec(k: Mapping, dims: Mapping) -> list[str]:
+    """The clamped fused MoE's tiles are the fused MoE's (its MOEC_ knobs are MOE_'s)."""
+    return _moe({name.replace("MOEC_", "MOE_"): v for name, v in k.items()}, dims)
+
+
 TRITON_TEMPLATES: tuple[Template, ...] = (
     Template("rms_norm.triton_rows", "rms_norm", "triton_rms_norm.py", "rms_norm_triton", "triton",
              ("cuda",), (Knob("RMSN_BLOCK_D", (2048, 1024, 4096, 8192, 512, 256, 128, 64)),
@@ -215,15 +226,15 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "merge kernel; "
              "ATTD_PDL: programmatic dependent launch (SM90+)", _attn),
     Template("moe_experts.triton_fused", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
-             "triton", ("cuda",),
-             (Knob("MOE_GEMV_MAX_PAIRS", (16, 8, 32, 64, 128, 0)), Knob("MOE_GEMV_ROWS", (8, 4, 16, 32, 2)),
-              Knob("MOE_GEMV_BLOCK_K", (512, 256, 1024, 128, 32)), Knob("MOE_GEMV_WARPS", POW2_WARPS),
-              Knob("MOE_BLOCK_M", (16, 32, 64)), Knob("MOE_BLOCK_N", (64, 128, 32, 16)),
-              Knob("MOE_BLOCK_K", (64, 128, 32, 256, 16)), Knob("MOE_GROUP_M", (8, 1, 4, 16)),
-              Knob("MOE_NUM_WARPS", (4, 8, 2)), Knob("MOE_NUM_STAGES", (3, 4, 2, 1))),
+             "triton", ("cuda",), MOE_KNOBS,
              "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "
              "w2 GEMM times the routing weight, deterministic k-sum; per-pair GEMVs for few pairs",
              _moe),
+    Template("moe_experts_clamp.triton_fused", "moe_experts_clamp", "triton_moe_experts_clamp.py",
+             "moe_experts_clamp_triton", "triton", ("cuda",),
+             tuple(Knob(k.name.replace("MOE_", "MOEC_"), k.values) for k in MOE_KNOBS),
+             "DeepSeek-V4's experts as the fused MoE with the clamped SwiGLU (swiglu_limit) in the w13 epilogue",
+             _moec),
     Template("attention_decode_window.triton", "attention_decode_window", "triton_attention_window.py",
              "attention_decode_window_triton", "triton", ("cuda",),
              (Knob("ATTW_BLOCK_T", (16, 8, 32, 64)), Knob("ATTW_NUM_WARPS", (4, 8, 2, 1)),
