@@ -76,3 +76,14 @@ def test_entries_change_the_output(model):
 def test_checkpoint_loading_is_refused_with_one_line(tmp_path):
     with pytest.raises(SpecError, match="not implemented yet"):
         build_model("deepseek+tiny", weights=tmp_path)
+
+
+def test_relayout_keeps_the_cache_and_the_logits(model):
+    """The judge re-pages a workload's cache in other block sizes: the compressed entries (per sequence, not
+    paged) travel with the pages, so the step's logits stay the same."""
+    from persistent_engine.workloads import relayout_workload
+
+    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 37}, seed=4)
+    base = model.step(wl)
+    moved = relayout_workload(model, make_workload(model, {"phase": "decode", "batch": 2, "context": 37}, seed=4), 4, 9)
+    torch.testing.assert_close(model.step(moved), base, **TOL)
