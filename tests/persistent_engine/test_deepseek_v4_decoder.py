@@ -87,3 +87,10 @@ def test_relayout_keeps_the_cache_and_the_logits(model):
     base = model.step(wl)
     moved = relayout_workload(model, make_workload(model, {"phase": "decode", "batch": 2, "context": 37}, seed=4), 4, 9)
     torch.testing.assert_close(model.step(moved), base, **TOL)
+
+
+def test_serving_refuses_v4_with_one_line(model):
+    from persistent_engine.serving.engine import EngineConfig, ServingEngine
+
+    with pytest.raises(SpecError, match="serving DeepSeek-V4 is not implemented yet"):
+        ServingEngine(model, lambda kv: None, EngineConfig())
