@@ -8,7 +8,7 @@ Each case builds the slice [layer] with seeded random bf16 weights (the FP4 expe
 and times the forward of one sequence of ``tokens`` tokens (CUDA events, median of the samples; CPU:
 perf_counter medians), minus the empty slice (embedding, hc_head, norm, lm_head). The per-op split comes from
 one extra forward with every registry op timed (device synchronised around each call). On cuda the V4 ops'
-Triton templates (hc_post, swiglu_clamp_and_mul) are checked against the op contract at V4-Flash shapes and timed
+Triton templates (hc_post, swiglu_clamp_and_mul, the clamped fused MoE) are checked against the op contract at V4-Flash shapes and timed
 against the reference (CUDA events, medians).
 
 Decode (``--decode-batch``, ``--decode-context``): each layer kind as a one-layer slice of the paged-cache decoder
@@ -94,7 +94,8 @@ def op_split(cfg, w, ids, layers, device: str) -> dict[str, float]:
 
 
 KERNELS = {"hc_post": ("triton_hc_post.py", "hc_post_triton"),
-           "swiglu_clamp_and_mul": ("triton_swiglu_clamp.py", "swiglu_clamp_and_mul_triton")}
+           "swiglu_clamp_and_mul": ("triton_swiglu_clamp.py", "swiglu_clamp_and_mul_triton"),
+           "moe_experts_clamp": ("triton_moe_experts_clamp.py", "moe_experts_clamp_triton")}
 
 
 def _kernel(op: str):
@@ -126,8 +127,12 @@ def templates(c: dict, tokens: int, samples: int) -> list[dict]:
     shapes = {"hc_post": {"T": tokens, "N": c["hc_mult"], "D": c["hidden_size"], "iters": c["hc_sinkhorn_iters"]},
               "swiglu_clamp_and_mul": {"T": tokens * c["num_experts_per_tok"], "I": c["moe_intermediate_size"],
                                        "limit": c["swiglu_limit"]}}
+    experts = {"E": c["n_routed_experts"], "k": c["num_experts_per_tok"], "H": c["hidden_size"],
+               "I": c["moe_intermediate_size"], "limit": c["swiglu_limit"]}
+    cases = [(op, shape) for op, shape in shapes.items()]
+    cases += [("moe_experts_clamp", {"T": t, **experts}) for t in (32, tokens)]     # a decode batch, the prefill
     rows = []
-    for op, shape in shapes.items():
+    for op, shape in cases:
         impl, d = _kernel(op), registry.get(op)
         reasons = check_op(op, impl, device="cuda", dtypes=(torch.bfloat16,), shapes=[shape])
         args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
