@@ -70,7 +70,7 @@ from persistent_engine.versions import software_versions  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
 
 DEFAULT_CASES = {
-    "cuda": ["llama-1b:all@1/1024", "qwen3-moe:0,1@azure", "deepseek:cover@azure"],
+    "cuda": ["llama-1b:all@1/1024", "qwen3-moe:0,1@azure", "deepseek-v3:cover@azure"],
     "cpu": ["tiny-dense:all@1/64", "tiny-moe:cover@1,4/64", "tiny-mla:cover@1/64"],
 }
 DEFAULT_TRAFFIC = ROOT / "examples" / "traffic" / "azure2023_conv.parquet"
@@ -79,7 +79,7 @@ STEP_CONFIG = ("cuda_graph", "cuda_graph_batch_sizes", "kv_block_size")   # CONF
 # issue 10's targets: (model, batch or None for every batch, metric, minimum)
 TARGETS = (("llama-1b", 1, "pct_floor", 85.0), ("llama-1b", 1, "vs_torch_compile", 1.6),
            ("qwen3-moe", None, "vs_reference", 2.6), ("qwen3-moe", None, "vs_torch_compile", 1.3),
-           ("deepseek", None, "vs_reference", 2.0))
+           ("deepseek-v3", None, "vs_reference", 2.0))
 
 
 class BenchError(ValueError):

@@ -81,7 +81,7 @@ def _device(name: str) -> str:
 def build_runtime(opts: ServeOptions) -> Runtime:
     import torch
 
-    from persistent_engine.models.decoder import Decoder, build_model
+    from persistent_engine.models.decoder import build_model, make_decoder
     from persistent_engine.serving import EngineConfig, ServingEngine
     from traffic_profiles.scheduler import Scheduler, SchedulerConfig
 
@@ -100,7 +100,7 @@ def build_runtime(opts: ServeOptions) -> Runtime:
     if served.params is None:
         decoder = build_model(spec, layers=layers, device=device, dtype=dtype, seed=opts.seed)
     else:
-        decoder = Decoder(spec, layers, {k: v.to(device) for k, v in served.params.items()}, device, dtype)
+        decoder = make_decoder(spec, layers, {k: v.to(device) for k, v in served.params.items()}, device, dtype)
     knobs = dict(loaded.config) if loaded else {}
     max_len = opts.max_model_len or min(spec.max_position_embeddings, 4096 if device != "cpu" else 2048)
     if opts.kv_cache_bytes:

@@ -2,7 +2,7 @@
 
     from cost_model import get_hardware, search, SLA
     hw = get_hardware("h200")
-    result = search(ModelSpec.from_name("deepseek"), hw, gpus=8, sla=SLA(tpot_ms=50))
+    result = search(ModelSpec.from_name("deepseek-v3"), hw, gpus=8, sla=SLA(tpot_ms=50))
     result.best, result.message
 
 Step times come from per-op efficiency curves fitted on measured vLLM kernels (NVIDIA

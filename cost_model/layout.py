@@ -97,6 +97,8 @@ def heads_per_gpu(spec, layout: Layout) -> tuple[int, int]:
 
 def kv_bytes_per_token_layer_gpu(spec, layout: Layout) -> float:
     """KV bytes one GPU stores per token per layer."""
+    if spec.attention == "v4":      # DeepSeek-V4: one shared K = V head + compressor rows, replicated over TP
+        return spec.kv_bytes_per_token_layer("fp32") / 4.0 * layout.kvbytes
     if spec.attention == "mla":
         return (spec.kv_lora_rank + spec.qk_rope_head_dim) * layout.kvbytes / layout.dcp
     _, hk = heads_per_gpu(spec, layout)
@@ -106,6 +108,8 @@ def kv_bytes_per_token_layer_gpu(spec, layout: Layout) -> float:
 def attention_weight_bytes_gpu(spec, layout: Layout) -> float:
     h, wb = spec.hidden_size, layout.wbytes
     hq, hk = heads_per_gpu(spec, layout)
+    if spec.attention == "v4":      # DeepSeek-V4: counted whole on every GPU of the group (an upper bound)
+        return spec.attention_params() * wb
     if spec.attention == "mla":
         qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
         q = (h * spec.q_lora_rank + spec.q_lora_rank * hq * qk) if spec.q_lora_rank else h * hq * qk

@@ -146,6 +146,8 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
     h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
     t = seqs * n
     hq, hk = heads_per_gpu(spec, layout)
+    if spec.attention == "v4":
+        return v4_attention_ops(spec, layout, seqs, n, ctx)
     ops: list[OpCost] = indexer_ops(spec, layout, seqs, n, ctx)
     if spec.attention == "gqa":
         dh = spec.head_dim
@@ -422,3 +424,43 @@ def grouped_o_proj_ops(tokens: float, heads: int, head_dim: int, groups: int, ra
     o_a = OpCost("grouped_o_a_proj", "gemm", flops=2.0 * tokens * groups * k * rank,
                  bytes=groups * k * rank * wbytes + tokens * groups * (k + rank) * ACT_BYTES, dtype=wdtype)
     return [o_a, _gemm("o_b_proj", tokens, groups * rank, hidden, wdtype, wbytes)]
+
+
+def _share(ops: list[OpCost], frac: float) -> list[OpCost]:
+    return [OpCost(o.name, o.cls, o.flops * frac, o.bytes * frac, o.dtype, o.kernels, shape=o.shape) for o in ops]
+
+
+def v4_attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
+    """A DeepSeek-V4 layer's attention on one GPU, averaged over its layer kinds (window-only, CSA, HCA by
+    their share of compress_ratios), plus both blocks' hyper-connection mixing: q_a / q_b, kv_proj, the
+    compressors and the CSA indexer (q_b, weights_proj, scores over the compressed keys), attention over
+    the window plus the entries (``compressed_attended_keys``), the grouped o-projection."""
+    h, wd, wb, kb = spec.hidden_size, layout.dtype, layout.wbytes, layout.kvbytes
+    t = seqs * n
+    hq, _ = heads_per_gpu(spec, layout)
+    d, lq, di, hi = spec.head_dim, spec.q_lora_rank, spec.index_head_dim, spec.index_n_heads
+    ops = 2 * hc_ops(t, spec.hc_mult, h, spec.hc_sinkhorn_iters)
+    ops += [_gemm("q_a_proj", t, h, lq, wd, wb), _gemm("q_b_proj", t, lq, hq * d, wd, wb),
+            _gemm("kv_proj", t, h, d, wd, wb),
+            _elementwise("v4_norm_rotary", 2 * t * (lq + hq * d + d), kernels=4)]
+    ratios = list(spec.compress_ratios) or [0]
+    mean_keys = ctx + (n + 1) / 2 if n > 1 else ctx + 1
+    for r in sorted(set(ratios)):
+        csa = bool(r) and r == spec.csa_ratio
+        sub: list[OpCost] = []
+        if r:
+            sub += kv_compress_ops(t, h, d, r, csa, wb, wd)
+        if csa:
+            sub += kv_compress_ops(t, h, di, r, True, wb, wd)
+            sub += [_gemm("indexer_q_b_proj", t, lq, hi * di, wd, wb), _gemm("indexer_weights_proj", t, h, hi, wd, wb)]
+            entries = (ctx + n) / r
+            sub.append(OpCost("csa_indexer", "attention", flops=2.0 * t * hi * di * entries,
+                              bytes=seqs * entries * di * kb + t * hi * di * ACT_BYTES))
+        keys = compressed_attended_keys(mean_keys, spec.sliding_window, r, spec.index_topk if csa else 0)
+        sub.append(OpCost("compressed_attention", "attention", flops=4.0 * t * hq * d * keys,
+                          bytes=seqs * compressed_attended_keys(ctx + n, spec.sliding_window, r,
+                                                                spec.index_topk if csa else 0) * d * kb
+                          + 2 * t * hq * d * ACT_BYTES + t * d * kb))
+        ops += _share(sub, ratios.count(r) / len(ratios))
+    groups = max(1, spec.o_groups * hq // spec.num_heads)
+    return ops + grouped_o_proj_ops(t, hq, d, groups, spec.o_lora_rank, h, wb, wd)

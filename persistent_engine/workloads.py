@@ -124,5 +124,8 @@ def relayout_workload(model, wl, block_size: int, seed: int):
         for layer, src in pools_old.items():
             flat = gather_pages(src, old.block_tables)[:, :cap].reshape(batch * cap, *src.shape[2:])
             pools_new[layer].view(-1, *src.shape[2:]).index_copy_(0, slots, flat)
+    for ents_old, ents_new in ((old.entries, new.entries), (old.index_entries, new.index_entries)):
+        for layer, src in ents_old.items():             # per sequence, not paged: copied as they are
+            ents_new[layer].copy_(src)
     tok_seq = torch.arange(wl.batch, device=wl.positions.device).repeat_interleave(wl.chunk)
     return dataclasses.replace(wl, cache=new, slot_mapping=new.slots(wl.positions, tok_seq))

@@ -33,8 +33,15 @@ def test_shipped_config_parses_to_v4_flash_layers():
 
 def test_cpu_tiny_run_writes_rows(tmp_path):
     out = tmp_path / "d.json"
-    assert _bench().main(["--device", "cpu", "--tiny", "--samples", "1", "--tokens", "136", "--out", str(out)]) == 0
-    rows = {r["kind"]: r for r in json.loads(out.read_text())["rows"]}
+    assert _bench().main(["--device", "cpu", "--tiny", "--samples", "1", "--tokens", "136", "--decode-batch", "8",
+                          "--decode-context", "40", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = {r["kind"]: r for r in doc["rows"]}
+    dec = {r["kind"]: r for r in doc["decode"]}
+    assert set(dec) == {"window+hash", "csa+hash", "hca+moe", "csa+moe"} and all(r["attention_ms"] > 0 for r in dec.values())
+    assert dec["window+hash"]["peer_attention_ms"] is None and dec["csa+moe"]["peer_attention_ms"] > 0   # H200 peers
+    assert dec["hca+moe"]["peer_attention_step"] == 32 and dec["csa+hash"]["peer_hc_pre_ms"] > 0      # nearest context
+    assert "AIConfigurator" in doc["peers_source"]["source"]
     assert set(rows) == {"window+hash", "csa+hash", "hca+moe", "csa+moe"} and all(r["ms_per_layer"] > 0 for r in rows.values())
     ops = {k: set(r["ops_ms"]) for k, r in rows.items()}
     assert {"csa_indexer", "kv_compress", "moe_route"} <= ops["csa+moe"] and "moe_route_hash" not in ops["csa+moe"]
@@ -47,3 +54,13 @@ def test_cpu_tiny_run_writes_rows(tmp_path):
 def test_the_template_kernels_load_from_their_files():
     bench = _bench()
     assert all(callable(bench._kernel(op)) for op in bench.KERNELS)
+
+
+def test_peer_rows_match_batch_and_nearest_context():
+    bench = _bench()
+    peers = json.loads(bench.PEERS.read_text())
+    row = bench.peer(peers, "csa_generation", 32, 4000)
+    assert row["batch"] == 32 and row["step"] == 4096 and row["compress_ratio"] == 4 and row["latency_ms"] > 0
+    assert bench.peer(peers, "hca_generation", 3, 4096) is None                 # no such batch measured
+    assert bench.layer_kinds(bench.ModelSpec.from_name("deepseek")) == {"window+hash": 0, "csa+hash": 2, "hca+moe": 3,
+                                                                         "csa+moe": 4}

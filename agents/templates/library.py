@@ -191,6 +191,24 @@ def _moe(k: Mapping, dims: Mapping) -> list[str]:
     return out
 
 
+MOE_KNOBS = (Knob("MOE_GEMV_MAX_PAIRS", (16, 8, 32, 64, 128, 0)), Knob("MOE_GEMV_ROWS", (8, 4, 16, 32, 2)),
+             Knob("MOE_GEMV_BLOCK_K", (512, 256, 1024, 128, 32)), Knob("MOE_GEMV_WARPS", POW2_WARPS),
+             Knob("MOE_BLOCK_M", (16, 32, 64)), Knob("MOE_BLOCK_N", (64, 128, 32, 16)),
+             Knob("MOE_BLOCK_K", (64, 128, 32, 256, 16)), Knob("MOE_GROUP_M", (8, 1, 4, 16)),
+             Knob("MOE_NUM_WARPS", (4, 8, 2)), Knob("MOE_NUM_STAGES", (3, 4, 2, 1)))
+
+
+def _moe_variant(prefix: str):
+    """A fused-MoE variant (its own epilogue, the fused MoE's kernels): MOE_KNOBS renamed to ``prefix``, and
+    the fused MoE's checks on them."""
+    knobs = tuple(Knob(k.name.replace("MOE_", prefix, 1), k.values) for k in MOE_KNOBS)
+    return knobs, lambda k, dims: _moe({name.replace(prefix, "MOE_", 1): v for name, v in k.items()}, dims)
+
+
+MOES_KNOBS, _moes = _moe_variant("MOES_")      # moe_experts_situ (Kimi-K3's SiTU-GLU)
+MOEC_KNOBS, _moec = _moe_variant("MOEC_")      # moe_experts_clamp (DeepSeek-V4's clamped SwiGLU)
+
+
 TRITON_TEMPLATES: tuple[Template, ...] = (
     Template("rms_norm.triton_rows", "rms_norm", "triton_rms_norm.py", "rms_norm_triton", "triton",
              ("cuda",), (Knob("RMSN_BLOCK_D", (2048, 1024, 4096, 8192, 512, 256, 128, 64)),
@@ -235,24 +253,19 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "merge kernel; "
              "ATTD_PDL: programmatic dependent launch (SM90+)", _attn),
     Template("moe_experts.triton_fused", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
-             "triton", ("cuda",),
-             (Knob("MOE_GEMV_MAX_PAIRS", (16, 8, 32, 64, 128, 0)), Knob("MOE_GEMV_ROWS", (8, 4, 16, 32, 2)),
-              Knob("MOE_GEMV_BLOCK_K", (512, 256, 1024, 128, 32)), Knob("MOE_GEMV_WARPS", POW2_WARPS),
-              Knob("MOE_BLOCK_M", (16, 32, 64)), Knob("MOE_BLOCK_N", (64, 128, 32, 16)),
-              Knob("MOE_BLOCK_K", (64, 128, 32, 256, 16)), Knob("MOE_GROUP_M", (8, 1, 4, 16)),
-              Knob("MOE_NUM_WARPS", (4, 8, 2)), Knob("MOE_NUM_STAGES", (3, 4, 2, 1))),
+             "triton", ("cuda",), MOE_KNOBS,
              "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "
              "w2 GEMM times the routing weight, deterministic k-sum; per-pair GEMVs for few pairs",
              _moe),
     Template("moe_experts_situ.triton_fused", "moe_experts_situ", "triton_moe_experts_situ.py",
-             "moe_experts_situ_triton", "triton", ("cuda",),
-             (Knob("MOES_GEMV_MAX_PAIRS", (16, 8, 32, 64, 128, 0)), Knob("MOES_GEMV_ROWS", (8, 4, 16, 32, 2)),
-              Knob("MOES_GEMV_BLOCK_K", (512, 256, 1024, 128, 32)), Knob("MOES_GEMV_WARPS", POW2_WARPS),
-              Knob("MOES_BLOCK_M", (16, 32, 64)), Knob("MOES_BLOCK_N", (64, 128, 32, 16)),
-              Knob("MOES_BLOCK_K", (64, 128, 32, 256, 16)), Knob("MOES_GROUP_M", (8, 1, 4, 16)),
-              Knob("MOES_NUM_WARPS", (4, 8, 2)), Knob("MOES_NUM_STAGES", (3, 4, 2, 1))),
+             "moe_experts_situ_triton", "triton", ("cuda",), MOES_KNOBS,
              "fused MoE with Kimi-K3's SiTU-GLU epilogue (moe_experts.triton_fused's kernels otherwise)",
-             lambda k, d: _moe({kk.replace("MOES_", "MOE_"): v for kk, v in k.items()}, d)),
+             _moes),
+    Template("moe_experts_clamp.triton_fused", "moe_experts_clamp", "triton_moe_experts_clamp.py",
+             "moe_experts_clamp_triton", "triton", ("cuda",),
+             MOEC_KNOBS,
+             "DeepSeek-V4's experts as the fused MoE with the clamped SwiGLU (swiglu_limit) in the w13 epilogue",
+             _moec),
     Template("attention_decode_window.triton", "attention_decode_window", "triton_attention_window.py",
              "attention_decode_window_triton", "triton", ("cuda",),
              (Knob("ATTW_BLOCK_T", (16, 8, 32, 64)), Knob("ATTW_NUM_WARPS", (4, 8, 2, 1)),

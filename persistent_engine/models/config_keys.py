@@ -89,6 +89,11 @@ FAMILY_KEYS: dict[str, set[str]] = {
                              "moe_layer_freq", "scoring_func", "use_routing_bias", "routed_scaling_factor",
                              "use_qk_norm", "qk_norm_type", "use_gemma_norm", "swiglu_alpha", "swiglu_limit",
                              "attention_output_gate", "sparse_attention_config", "swiglu_beta"},
+    "deepseek_v4": GENERIC | DEEPSEEK_MOE | {"q_lora_rank", "qk_rope_head_dim", "index_n_heads", "index_head_dim",
+                                             "index_topk", "hc_mult", "hc_sinkhorn_iters", "hc_eps", "o_groups",
+                                             "o_lora_rank", "num_hash_layers", "swiglu_limit", "sliding_window",
+                                             "compress_ratios", "compress_rates", "compress_rope_theta",
+                                             "layer_types", "expert_dtype"},
 }
 
 # MLA models take their head dims from qk_nope/qk_rope/v_head_dim and are multi-head over the latent.
@@ -156,6 +161,12 @@ FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
                     "norm_topk_prob": (lambda v: v is None or bool(v), "true (HF's Qwen3.5 router always renormalises)"),
                     "decoder_sparse_step": (_one_of(1, None), "1 (every layer MoE)"),
                     "mlp_only_layers": (_falsy, "none (every layer MoE)")},
+    "deepseek_v4": {"scoring_func": (_one_of("sqrtsoftplus", "sigmoid", "softmax"), "sqrtsoftplus, sigmoid or softmax"),
+                    "layer_types": (lambda v: v is None or set(v) <= {"sliding_attention", "compressed_sparse_attention",
+                                                                      "heavily_compressed_attention"},
+                                    "sliding / compressed_sparse / heavily_compressed attention"),
+                    "expert_dtype": (_one_of("fp4", "bf16", None), "fp4 (dequantized on load) or bf16"),
+                    "hidden_act": (_one_of("silu"), "silu (clamped by swiglu_limit)")},
     "glm_moe_dsa": {"layer_types": (lambda v: v is None or set(v) <= {"deepseek_sparse_attention"},
                                     "every layer deepseek_sparse_attention")},
 }

@@ -11,7 +11,7 @@ from typing import Any
 from persistent_engine.models.config_keys import SpecError
 
 __all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields", "qwen_windows",
-           "parse_mlp_layer_types"]
+           "parse_mlp_layer_types", "deepseek_v4_fields"]
 
 
 def mla_fields(c: dict, name: str, heads: int) -> dict[str, Any]:
@@ -174,3 +174,37 @@ def qwen3_5_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
             kw.update(num_shared_experts=1, shared_intermediate_size=int(c["shared_expert_intermediate_size"]),
                       shared_expert_gate=True)
     return kw
+V4_LAYER_TYPES = {"sliding_attention": 0, "compressed_sparse_attention": "csa", "heavily_compressed_attention": "hca"}
+
+
+def deepseek_v4_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
+    """DeepSeek-V4's sections: hyper-connections, per-layer compress ratios (``compress_ratios``, or HF's
+    ``layer_types`` with ``compress_rates``), the sliding window, the grouped output projection, hash layers."""
+    rates = c.get("compress_rates") or {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+    csa = int(rates["compressed_sparse_attention"])
+    if c.get("compress_ratios") is not None:
+        ratios = tuple(int(r) for r in c["compress_ratios"][:num_layers])
+    elif c.get("layer_types") is not None:
+        ratios = tuple(0 if t == "sliding_attention" else int(rates[t]) for t in c["layer_types"][:num_layers])
+    else:
+        raise SpecError(f"{name}: DeepSeek-V4 needs compress_ratios or layer_types (each layer's attention kind)")
+    if len(ratios) != num_layers or any(r < 0 for r in ratios):
+        raise SpecError(f"{name}: {len(ratios)} compress ratios for {num_layers} layers (need one >= 0 per layer)")
+    hq, d, groups = int(c["num_attention_heads"]), int(c["head_dim"]), int(c["o_groups"])
+    if int(c.get("num_key_value_heads") or 1) != 1:
+        raise SpecError(f"{name}: DeepSeek-V4 attention has one shared K = V head; num_key_value_heads "
+                        f"{c['num_key_value_heads']} is not implemented")
+    if hq % groups:
+        raise SpecError(f"{name}: o_groups {groups} does not divide num_attention_heads {hq}")
+    window = int(c["sliding_window"])
+    if window < 1:
+        raise SpecError(f"{name}: sliding_window {window}: DeepSeek-V4 layers need a window >= 1")
+    rope = int(c.get("qk_rope_head_dim") or d * float(c.get("partial_rotary_factor", 1.0)))
+    return dict(num_kv_heads=1, q_lora_rank=int(c["q_lora_rank"]), qk_rope_head_dim=rope, rotary_dim=rope,
+                hc_mult=int(c["hc_mult"]), hc_sinkhorn_iters=int(c["hc_sinkhorn_iters"]), hc_eps=float(c["hc_eps"]),
+                compress_ratios=ratios, csa_ratio=csa, compress_rope_theta=float(c.get("compress_rope_theta", 160000)),
+                sliding_window=window, o_groups=groups, o_lora_rank=int(c["o_lora_rank"]),
+                num_hash_layers=int(c.get("num_hash_layers", 0)), index_n_heads=int(c["index_n_heads"]),
+                index_head_dim=int(c["index_head_dim"]), index_topk=int(c["index_topk"]),
+                swiglu_limit=float(c.get("swiglu_limit", 0.0)), expert_dtype=str(c.get("expert_dtype") or "bf16"),
+                scoring=c.get("scoring_func", "sqrtsoftplus"))

@@ -150,6 +150,10 @@ def build_model(spec: ModelSpec | str, layers=None, device="cpu", dtype=torch.bf
     if isinstance(spec, str):
         spec = ModelSpec.from_name(spec)
     idx = _resolve_layers(spec, layers)
+    if spec.attention == "v4":                      # DeepSeek-V4: hyper-connection streams, compressed attention
+        from persistent_engine.models.deepseek_v4_decoder import build_v4
+
+        return build_v4(spec, idx, device, dtype, seed, weights)
     if weights is None:
         params = init_params(spec, idx, device=device, dtype=dtype, seed=seed)
     else:
@@ -158,8 +162,13 @@ def build_model(spec: ModelSpec | str, layers=None, device="cpu", dtype=torch.bf
 
 
 def make_decoder(spec: ModelSpec, layers: list[int], params: dict[str, torch.Tensor], device, dtype) -> Decoder:
-    """The decoder of ``spec``'s family on ``params``: ``Decoder``, or Kimi-Linear's (models/kimi.py: KDA + MLA,
-    latent MoE, attention residuals)."""
+    """The decoder of ``spec``'s family on ``params`` (the names ``build_model`` gives them): ``Decoder`` (Qwen3.5's
+    Gated DeltaNet layers included), Kimi-Linear's (models/kimi.py: KDA + MLA, latent MoE, attention residuals)
+    or DeepSeek-V4's ``V4Decoder`` (models/deepseek_v4_decoder.py: hyper-connection streams, compressed attention)."""
+    if spec.attention == "v4":
+        from persistent_engine.models.deepseek_v4_decoder import V4Decoder
+
+        return V4Decoder(spec, layers, params, device, dtype)
     if spec.family == "kimi_linear":
         from persistent_engine.models.kimi import KimiDecoder
 

@@ -3,7 +3,9 @@
 GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dh]``; MLA layers keep one latent pool
 ``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
 lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
-their index keys in ``index_k[NB, BS, Di]``. Blocks are handed out in a seeded random
+their index keys in ``index_k[NB, BS, Di]``; DeepSeek-V4 layers keep the K = V rows in ``k[NB, BS, D]``, their
+compressor's source rows in ``v`` / ``index_k`` and their compressed entries per sequence in ``entries`` /
+``index_entries`` (``models/deepseek_v4_decoder.py``). Blocks are handed out in a seeded random
 order, so a kernel that assumes contiguous blocks fails verification.
 
 Recurrent layers keep no per-token cache but a fixed state per sequence: Qwen3.5's Gated DeltaNet layers
@@ -35,6 +37,8 @@ class KVCache:
     conv: dict[int, torch.Tensor] = field(default_factory=dict)      # recurrent layers: conv inputs [B, C, K-1]
     state_next: dict[int, torch.Tensor] = field(default_factory=dict)   # what the last step wrote (same shapes)
     conv_next: dict[int, torch.Tensor] = field(default_factory=dict)
+    entries: dict[int, torch.Tensor] = field(default_factory=dict)        # DeepSeek-V4: [B, NE, D] per sequence
+    index_entries: dict[int, torch.Tensor] = field(default_factory=dict)  # DeepSeek-V4 CSA: [B, NE, Di]
 
     @property
     def batch(self) -> int:
@@ -57,7 +61,8 @@ class KVCache:
                 cur[i].copy_(t)
 
     def nbytes(self) -> int:
-        pools = (self.k, self.v, self.index_k, self.state, self.conv, self.state_next, self.conv_next)
+        pools = (self.k, self.v, self.index_k, self.entries, self.index_entries, self.state, self.conv, self.state_next,
+                 self.conv_next)
         return sum(t.numel() * t.element_size() for p in pools for t in p.values())
 
 
@@ -66,6 +71,11 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
                    fill: str = "random") -> KVCache:
     """A cache for ``batch`` sequences of up to ``tokens_per_seq`` tokens in each of ``layers``.
     ``fill``: "random" (N(0, 1) everywhere: a synthetic cached context) or "zeros"."""
+    if spec.attention == "v4":
+        from persistent_engine.models.deepseek_v4_decoder import alloc_v4_cache
+
+        return alloc_v4_cache(spec, layers, batch, tokens_per_seq, device=device, dtype=dtype, block_size=block_size,
+                              seed=seed, fill=fill)
     mb = max(1, -(-tokens_per_seq // block_size))
     nb = batch * mb
     perm = torch.randperm(nb, generator=torch.Generator().manual_seed(seed))

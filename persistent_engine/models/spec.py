@@ -32,6 +32,11 @@ Supported families (``ModelSpec.family``):
               ConditionalGeneration (Kimi-K3)       rule + short conv, per-sequence recurrent state) interleaved
                                                     with gated NoPE MLA; latent MoE, SiTU-GLU, attention residuals
                                                     (models/kimi_config.py, models/kimi.py)
+  deepseek_v4 DeepseekV4ForCausalLM                 hc_mult hyper-connection residual streams, one shared K = V
+                                                    head over a sliding window plus compressed entries (CSA:
+                                                    indexer top-k; HCA: all), grouped low-rank o-proj, hash-
+                                                    routed first layers, sqrtsoftplus routing, swiglu_limit
+                                                    (models/deepseek_v4.py, models/deepseek_v4_decoder.py)
 
 Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
@@ -48,9 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from persistent_engine.models.config_keys import SpecError, check_config
-from persistent_engine.models.config_sections import (dsa_fields, minimax_m3_fields, mla_fields,
-                                                      parse_mlp_layer_types, qwen3_5_fields, qwen_windows,
-                                                      text_config)
+from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, minimax_m3_fields,
+                                                      mla_fields, parse_mlp_layer_types, qwen3_5_fields,
+                                                      qwen_windows, text_config)
 from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
 
 CONFIG_DIR = Path(__file__).with_name("configs")
@@ -67,7 +72,8 @@ ALIASES = {
     "minimax": "minimax-m3.json",
     "minimax-m3": "minimax-m3.json",
     "minimax-m2.5": "minimax-m2.5.json",
-    "deepseek": "deepseek.json",
+    "deepseek": "deepseek-v4-flash.json",
+    "deepseek-v4-flash": "deepseek-v4-flash.json",
     "deepseek-v3": "deepseek.json",
     "deepseek-v3.2": "deepseek-v3.2.json",
     "kimi": "kimi-k3.json",
@@ -85,7 +91,8 @@ RELEASES = {
     "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B", "qwen3-moe": "Qwen3-30B-A3B",
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
     "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
-    "deepseek": "DeepSeek-V3", "deepseek-v3": "DeepSeek-V3", "deepseek-v3.2": "DeepSeek-V3.2",
+    "deepseek": "DeepSeek-V4-Flash", "deepseek-v4-flash": "DeepSeek-V4-Flash", "deepseek-v3": "DeepSeek-V3",
+    "deepseek-v3.2": "DeepSeek-V3.2",
     "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2": "Kimi-K2",
     "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
@@ -109,6 +116,7 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "DeepseekV4ForCausalLM": "deepseek_v4",
 }
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
@@ -206,6 +214,20 @@ class ModelSpec:
     situ_beta: float = 1.0                  # mlp_act "situ": SiTU-GLU parameters
     situ_linear_beta: float | None = None
     attn_res_block_size: int = 0            # attention residuals over blocks of this many layers (0: plain residual)
+    # DeepSeek-V4 (deepseek_v4): hc_mult residual streams (1: a plain residual); per layer compress ratio
+    # (0 window only, csa_ratio: CSA with the indexer, else HCA); every layer attends its last sliding_window
+    # tokens; o_groups x o_lora_rank grouped output projection; the first num_hash_layers MoE layers hash-routed
+    hc_mult: int = 1
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    compress_ratios: tuple[int, ...] = ()
+    csa_ratio: int = 4
+    compress_rope_theta: float = 160000.0
+    sliding_window: int = 0
+    o_groups: int = 0
+    o_lora_rank: int = 0
+    num_hash_layers: int = 0
+    expert_dtype: str = "bf16"             # checkpoint experts: "bf16" | "fp4" (dequantized on load)
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -301,7 +323,7 @@ class ModelSpec:
                       moe_intermediate_size=int(c["intermediate_size"]), scoring=c.get("scoring_func", "sigmoid"),
                       routing_bias=bool(c.get("use_routing_bias", True)), norm_topk_prob=True,
                       num_shared_experts=1 if shared else 0, shared_intermediate_size=shared)
-        elif family == "glm4_moe" or family in MLA_FAMILIES:
+        elif family in ("glm4_moe", "deepseek_v4") or family in MLA_FAMILIES:
             kw.update(num_experts=int(c["n_routed_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
                       moe_intermediate_size=int(c["moe_intermediate_size"]),
                       num_shared_experts=int(c.get("n_shared_experts") or 0),
@@ -323,6 +345,8 @@ class ModelSpec:
         if family == "kimi_linear":
             kw.update(mla_fields(c, name, heads))
             kw.update(kimi_fields(c, name, kw["num_layers"]))
+        if family == "deepseek_v4":
+            kw.update(deepseek_v4_fields(c, name, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -388,7 +412,9 @@ class ModelSpec:
             kw.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
                       latent_moe_size=hidden // 2 if self.latent_moe_size else 0,
                       attn_res_block_size=2 if self.attn_res_block_size else 0)
-        if self.sparse_attention:
+        if self.family == "deepseek_v4":
+            kw.update(_v4_tiny(self, kw))
+        elif self.sparse_attention:
             # a top-k below the tiny contexts (so the selection matters), and a shared layer when the
             # original has any: [dense/full, moe/full, moe/shared]
             n = kw["num_layers"]
@@ -406,6 +432,9 @@ class ModelSpec:
     # ---------------------------------------------------------------- structure
     @property
     def attention(self) -> str:
+        """'mla', 'gqa', or 'v4' (DeepSeek-V4's shared-KV window + compressed attention)."""
+        if self.family == "deepseek_v4":
+            return "v4"
         return "mla" if self.kv_lora_rank > 0 else "gqa"
 
     @property
@@ -414,8 +443,9 @@ class ModelSpec:
 
     @property
     def sparse_attention(self) -> bool:
-        """DeepSeek sparse attention: each query attends to the indexer's index_topk cached tokens."""
-        return self.index_topk > 0
+        """DeepSeek sparse attention: each query attends to the indexer's index_topk cached tokens (DeepSeek-V4's
+        CSA indexer picks compressed entries instead: its own ops, not this)."""
+        return self.index_topk > 0 and self.family != "deepseek_v4"
 
     def indexer_kind(self, i: int) -> str:
         """'full' (layer i runs the indexer), 'shared' (it reuses an earlier layer's selection) or ''
@@ -479,6 +509,8 @@ class ModelSpec:
             seen.setdefault(f"window:{self.layer_window(i)}", i)
             seen.setdefault(f"linear:{self.is_linear(i)}", i)
             seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
+            if self.compress_ratios:
+                seen.setdefault(f"v4:{self.compress_ratios[i]}:{i < self.num_hash_layers}", i)
         out = set(seen.values())
         out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
         return sorted(out)
@@ -495,6 +527,8 @@ class ModelSpec:
     # ---------------------------------------------------------------- parameter counts
     def attention_params(self) -> int:
         h = self.hidden_size
+        if self.attention == "v4":
+            return _v4_attention_params(self, None)
         if self.attention == "mla":
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim
             q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.num_heads * qk
@@ -562,6 +596,8 @@ class ModelSpec:
             attn = self.linear_attention_params()
         elif self.is_kda_layer(i):
             attn = self.kda_params()
+        elif self.attention == "v4":
+            attn = _v4_attention_params(self, i)
         else:
             attn = self.attention_params()
             if self.attn_output_gate:                    # Qwen3.5: the q projection's gate rows
@@ -601,6 +637,8 @@ class ModelSpec:
         if self.kda_layers:
             mla = [not self.is_kda_layer(layer)] if layer is not None else [not k for k in self.kda_layers]
             return float(self.kv_lora_rank + self.qk_rope_head_dim) * sum(mla) / len(mla) * DTYPE_BYTES[dtype or self.dtype]
+        if self.attention == "v4":
+            return _v4_kv_elems(self, layer) * DTYPE_BYTES[dtype or self.dtype]
         if self.attention == "mla":
             elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
         else:
@@ -656,3 +694,55 @@ def alias_help() -> str:
 def tiny_name(name: str, tiny: bool) -> str:
     """What ``--tiny`` passes on: NAME+tiny (NAME's architecture at toy size), or NAME unchanged."""
     return name if not tiny or name.endswith(TINY_SUFFIX) else name + TINY_SUFFIX
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V4 figures
+def _v4_attention_params(spec: ModelSpec, i: int | None) -> int:
+    """Layer i's attention (None: the mean layer's): q_a/q_b with its norm, kv_proj + norm, sinks, grouped o_a
+    and o_b, and on compressed layers the compressor (kv/gate [C, H], position bias [r, C], norm; C = 2 D on
+    CSA) plus, on CSA, the indexer (its own compressor at Di, q_b [Hi Di, Lq], weights_proj [Hi, H]);
+    each layer's hc_pre projections (2 blocks) are counted here too."""
+    h, hq, d, lq, n = spec.hidden_size, spec.num_heads, spec.head_dim, spec.q_lora_rank, spec.hc_mult
+    base = (h * lq + lq + lq * hq * d + h * d + d + hq + spec.o_groups * spec.o_lora_rank * (hq * d // spec.o_groups)
+            + h * spec.o_groups * spec.o_lora_rank + 2 * ((2 + n) * n * (n * h + 1) + 3))
+    ratios = [spec.compress_ratios[i]] if i is not None else list(spec.compress_ratios)
+
+    def compressor(r: int, dim: int, overlap: bool) -> int:
+        c = (2 if overlap else 1) * dim
+        return 2 * c * h + r * c + dim
+    extra = 0.0
+    for r in ratios:
+        if r:
+            extra += compressor(r, d, r == spec.csa_ratio)
+        if r and r == spec.csa_ratio:
+            di, hi = spec.index_head_dim, spec.index_n_heads
+            extra += compressor(r, di, True) + hi * di * lq + hi * h
+    return int(base + extra / max(1, len(ratios)))
+
+
+def _v4_kv_elems(spec: ModelSpec, layer: int | None) -> float:
+    """Cached elements per token of a DeepSeek-V4 layer (None: the mean): the K = V row (D); compressed layers
+    their compressor's source rows (kv | gate, 2C) and 1/r of an entry (D); CSA layers also the indexer's rows
+    (4 Di) and 1/r of its key (Di)."""
+    ratios = [spec.compress_ratios[layer]] if layer is not None else list(spec.compress_ratios)
+    d, di = spec.head_dim, spec.index_head_dim
+    total = 0.0
+    for r in ratios:
+        total += d
+        if r:
+            csa = r == spec.csa_ratio
+            total += 2 * (2 if csa else 1) * d + d / r
+            if csa:
+                total += 4 * di + di / r
+    return total / max(1, len(ratios))
+
+
+def _v4_tiny(spec: ModelSpec, kw: dict) -> dict:
+    """DeepSeek-V4 at toy size: 4 layers [window + hash, CSA + hash, HCA, CSA] (every attention kind, both
+    routings), CSA ratio 4 with top-2 entries, HCA ratio 8, window 8, 2 o-groups, 4 streams."""
+    ratios = tuple(r for r in (0, spec.csa_ratio, 8, spec.csa_ratio))
+    return dict(num_layers=4, compress_ratios=ratios, num_hash_layers=min(spec.num_hash_layers, 2), sliding_window=8,
+                head_dim=32, qk_rope_head_dim=8, rotary_dim=8, q_lora_rank=32, o_groups=2, o_lora_rank=16,
+                index_n_heads=2, index_head_dim=16, index_topk=2, num_kv_heads=1, num_shared_experts=1,
+                shared_intermediate_size=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                hc_sinkhorn_iters=min(spec.hc_sinkhorn_iters, 20), n_group=1, topk_group=1, first_k_dense=0)

@@ -96,6 +96,13 @@ def linear_shapes(spec, point) -> list[dict]:
         else:
             kn.append((h, spec.num_heads * qk, False))
         kn += [(h, spec.kv_lora_rank + spec.qk_rope_head_dim, False), (spec.num_heads * spec.v_head_dim, h, False)]
+    elif spec.attention == "v4":        # DeepSeek-V4: q_a, q_b, kv_proj, o_b, the compressors and the CSA indexer
+        lq, d, di, hi = spec.q_lora_rank, spec.head_dim, spec.index_head_dim, spec.index_n_heads
+        kn += [(h, lq, False), (lq, spec.num_heads * d, False), (h, d, False), (spec.o_groups * spec.o_lora_rank, h, False)]
+        for r in set(spec.compress_ratios) - {0}:
+            kn.append((h, (2 if r == spec.csa_ratio else 1) * d, False))
+            if r == spec.csa_ratio:
+                kn += [(h, 2 * di, False), (lq, hi * di, False), (h, hi, False)]
     else:
         q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         kn += [(h, q + 2 * kv, spec.qkv_bias), (q, h, False)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from persistent_engine.ops.dsa import _rows, token_seq_pos
+from persistent_engine.ops.dsa import GATHER_BUDGET, _rows, token_seq_pos
 from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, paged_layout, randn
 
 
@@ -45,27 +45,40 @@ def compressed_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
                          sinks: torch.Tensor, scale: float) -> torch.Tensor:
     t, hq, d = q.shape
     ne = entries.shape[1]
+    out = torch.empty_like(q)
     seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
     offs = torch.arange(window, device=q.device)
-    key_pos = pos[:, None] - window + 1 + offs[None, :]                          # [T, W] the window's positions
-    keys = _rows(kv_cache, block_tables, seq, key_pos).float()                   # [T, W, D]
-    ents = entries.float()[seq]                                                  # [T, NE, D]
-    allk = torch.cat([keys, ents], dim=1)                                        # [T, W + NE, D]
-    visible = torch.cat([key_pos >= 0, _entry_mask(pos, seq, n_entries, ne, ratio, entry_ids)], dim=1)
-    s = torch.einsum("thd,tkd->thk", q.float(), allk) * scale
-    s = s.masked_fill(~visible[:, None, :], float("-inf"))
-    sink = sinks.float().view(1, hq, 1).expand(t, hq, 1)
-    p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
-    return torch.einsum("thk,tkd->thd", p, allk).to(q.dtype)
+    # queries in chunks of [C, W + NE, D] gathered keys within GATHER_BUDGET (one chunk at decode: no host sync)
+    step = max(1, min(t, GATHER_BUDGET // max(1, (window + ne) * d)))
+    for c0 in range(0, t, step):
+        c1 = min(t, c0 + step)
+        sq, pq = seq[c0:c1], pos[c0:c1]
+        key_pos = pq[:, None] - window + 1 + offs[None, :]                      # [C, W] the window's positions
+        keys = _rows(kv_cache, block_tables, sq, key_pos).float()               # [C, W, D]
+        allk = torch.cat([keys, entries.float()[sq]], dim=1)                    # [C, W + NE, D]
+        ids = None if entry_ids is None else entry_ids[c0:c1]
+        visible = torch.cat([key_pos >= 0, _entry_mask(pq, sq, n_entries, ne, ratio, ids)], dim=1)
+        s = torch.einsum("thd,tkd->thk", q[c0:c1].float(), allk) * scale
+        s = s.masked_fill(~visible[:, None, :], float("-inf"))
+        sink = sinks.float().view(1, hq, 1).expand(c1 - c0, hq, 1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+        out[c0:c1] = torch.einsum("thk,tkd->thd", p, allk).to(q.dtype)
+    return out
 
 
 def csa_indexer(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, n_entries: torch.Tensor,
                 cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, ratio: int, topk: int) -> torch.Tensor:
     t, hi, di = q.shape
+    ne = keys.shape[1]
     seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
-    k = keys.float()[seq]                                                         # [T, NE, Di]
-    score = (torch.relu(torch.einsum("thd,ted->the", q.float(), k)) * di ** -0.5 * weights.float()[..., None]).sum(1)
-    w = torch.arange(keys.shape[1], device=q.device)
+    score = torch.empty(t, ne, dtype=torch.float32, device=q.device)
+    step = max(1, min(t, GATHER_BUDGET // max(1, ne * max(di, hi))))          # [C, NE, Di] / [C, Hi, NE] bounded
+    for c0 in range(0, t, step):
+        c1 = min(t, c0 + step)
+        k = keys.float()[seq[c0:c1]]                                              # [C, NE, Di]
+        dots = torch.relu(torch.einsum("thd,ted->the", q[c0:c1].float(), k))
+        score[c0:c1] = (dots * di ** -0.5 * weights[c0:c1].float()[..., None]).sum(1)
+    w = torch.arange(ne, device=q.device)
     ok = (w[None, :] < ((pos + 1) // ratio)[:, None]) & (w[None, :] < n_entries[seq][:, None])
     score = score.masked_fill(~ok, float("-inf"))
     # a stable sort, not topk: tied scores (relu makes exact zeros common) go to the earlier entry, so the picks

@@ -49,7 +49,7 @@ def _add_rms_norm_linear_shapes(spec, point) -> list[dict]:
     """{"T", "H", "N", "bias"}: the GQA qkv projection of every layer, the dense gate_up projection."""
     t, h = tokens(point), spec.hidden_size
     out = []
-    if spec.attention != "mla":
+    if spec.attention == "gqa":
         qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
         out.append({"T": t, "H": h, "N": qkv, "bias": bool(spec.qkv_bias)})
     if "dense" in set(spec.layer_kinds()):
@@ -128,7 +128,7 @@ def _add_rms_norm_qkv_rotary_default(x, residual, norm_weight, eps, qkv_weight, 
 def _add_rms_norm_qkv_rotary_shapes(spec, point) -> list[dict]:
     """{"T", "H", "Hq", "Hk", "Dh", "R", "bias"}: the attention input of GQA layers without QK-norm
     (Llama-style); QK-norm models keep add_rms_norm_linear + rms_norm + rotary_embedding."""
-    if spec.attention == "mla" or spec.qk_norm != "none":
+    if spec.attention != "gqa" or spec.qk_norm != "none":
         return []
     return [{"T": tokens(point), "H": spec.hidden_size, "Hq": spec.num_heads, "Hk": spec.num_kv_heads,
              "Dh": spec.head_dim, "R": spec.rotary_dim or spec.head_dim, "bias": bool(spec.qkv_bias)}]

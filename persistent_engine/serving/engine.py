@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
+from persistent_engine.models.spec import SpecError
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
 from persistent_engine.serving.blocks import SCRATCH_BLOCK, BlockManager
 from persistent_engine.serving.sampling import SamplingParams, sample_rows
@@ -108,6 +109,9 @@ class _Request:
 class ServingEngine:
     def __init__(self, model, make_scheduler: Callable[[BlockManager], SchedulerLike], cfg: EngineConfig):
         self.model, self.cfg = model, cfg
+        if model.spec.attention == "v4":
+            raise SpecError(f"{model.spec.name}: serving DeepSeek-V4 is not implemented yet (its compressed entries are "
+                            "kept per sequence, not in the paged pools); tkcc optimize / candidate check run it")
         bs = cfg.block_size
         per_block = bs * model.spec.kv_bytes_per_token_layer("fp32" if cfg.dtype == torch.float32 else "bf16")
         num_blocks = max(2, int(cfg.kv_cache_bytes // max(1.0, per_block * len(model.layers))))

@@ -52,6 +52,9 @@ SMALL = {
     "moe_experts.triton_fused": {"MOE_GEMV_MAX_PAIRS": 8, "MOE_GEMV_ROWS": 4, "MOE_GEMV_BLOCK_K": 32,
                                  "MOE_GEMV_WARPS": 1, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
                                  "MOE_GROUP_M": 4, "MOE_NUM_WARPS": 2, "MOE_NUM_STAGES": 1},
+    "moe_experts_clamp.triton_fused": {"MOEC_GEMV_MAX_PAIRS": 8, "MOEC_GEMV_ROWS": 4, "MOEC_GEMV_BLOCK_K": 32,
+                                       "MOEC_GEMV_WARPS": 1, "MOEC_BLOCK_M": 16, "MOEC_BLOCK_N": 16, "MOEC_BLOCK_K": 16,
+                                       "MOEC_GROUP_M": 4, "MOEC_NUM_WARPS": 2, "MOEC_NUM_STAGES": 1},
 }
 
 

@@ -60,10 +60,11 @@ def test_candidate_check_tiny_minimax_m3():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi"])
+@pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi", "deepseek"])
 def test_short_optimize_tiny_writes_a_plan(model, tmp_path):
     out = tkcc("optimize", "--model", model, "--tiny", "--hw", "cpu", "--traffic", small_trace(tmp_path / "t.csv"),
-               "--budget", "90s" if model == "kimi" else "20s",
+               # Kimi-K3's and V4's engines start in ~20 s on 2 cores
+               "--budget", {"kimi": "90s", "deepseek": "60s"}.get(model, "20s"),
                "--agents", "offline:1", "--device", "cpu", "--out", str(tmp_path / "plan"), "--max-points", "2",
                "--aa-runs", "1", "--json", timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -95,3 +96,20 @@ def test_the_h200_kimi_k3_slice_fits_both_tiers_on_one_gpu():
     notes = []
     fast, slow = tier_layers(spec, None, None, device_bytes=150.1e9, notes=notes)
     assert fast == [0, 1, 3] and slow == list(range(8)) and notes == []
+
+
+@pytest.mark.slow
+def test_candidate_check_tiny_deepseek_v4_hyper_connections():
+    """DeepSeek-V4-Flash (deepseek) at toy size: a correct hc_post is accepted and runs on every point; one that
+    mixes the streams by comb instead of comb^T is rejected on hc_post's own examples."""
+    out = tkcc("candidate", "check", str(CANDIDATES / "hc_post_baddbmm.py"), "--model", "deepseek", "--tiny",
+               "--device", "cpu", "--json", "--samples", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is True and doc["applicable"] is True and doc["not_called"] == []
+    assert {p["point"]["phase"] for p in doc["per_point"]} == {"decode", "prefill"}
+    out = tkcc("candidate", "check", str(CANDIDATES / "hc_post_untransposed.py"), "--model", "deepseek", "--tiny",
+               "--device", "cpu", "--json", "--samples", "3")
+    assert out.returncode == 1, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is False and any("hc_post" in r for r in doc["reasons"])

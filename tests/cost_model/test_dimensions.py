@@ -35,7 +35,7 @@ def test_ep_and_dcp_are_free_factors():
     # EP larger than TP and smaller than the whole MLP group (tp * dp): a free factor
     assert any(L.tp < L.ep < L.tp * L.dp for L in layouts)
     assert {L.ep for L in layouts if L.tp == 2 and L.dp == 4} == {1, 2, 4, 8}
-    ds = enumerate_layouts(ModelSpec.from_name("deepseek"), H200, 8, dtypes=("fp8",))
+    ds = enumerate_layouts(ModelSpec.from_name("deepseek-v3"), H200, 8, dtypes=("fp8",))
     assert {L.dcp for L in ds if L.tp == 8} == {1, 2, 4, 8}
     r = search(qwen, H200, 8)
     assert any(c.layout.ep > c.layout.tp for c in r.configs)
@@ -85,9 +85,9 @@ def test_quantized_weights_are_a_tradeoff_not_a_default():
     assert any(c.quality and c.layout.dtype in ("fp8", "fp4") for c in r.configs)
     q = search(LLAMA, H200, 8, allow_quantized=True)
     assert q.best.tokens_per_s_per_gpu >= r.best.tokens_per_s_per_gpu
-    assert native_weight_dtype(ModelSpec.from_name("deepseek")) == "fp8"
+    assert native_weight_dtype(ModelSpec.from_name("deepseek-v3")) == "fp8"
     assert native_weight_dtype(LLAMA) == "bf16"
-    ds = search(ModelSpec.from_name("deepseek"), H200, 8)
+    ds = search(ModelSpec.from_name("deepseek-v3"), H200, 8)
     assert ds.best is not None and ds.best.layout.dtype == "fp8" and not ds.best.quality   # its checkpoint is fp8
 
 

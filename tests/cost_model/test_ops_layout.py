@@ -32,7 +32,7 @@ def test_llama8b_decode_ops_by_hand():
 
 
 def test_weights_match_the_spec_at_tp1():
-    for name in ("llama-8b", "qwen3-moe", "deepseek"):
+    for name in ("llama-8b", "qwen3-moe", "deepseek-v3"):
         s = ModelSpec.from_name(name)
         w = weight_bytes_gpu(s, Layout())
         assert w == pytest.approx(s.weight_bytes("bf16"), rel=0.01)
@@ -45,13 +45,13 @@ def test_kv_sharding():
     llama = ModelSpec.from_name("llama-8b")
     assert kv_bytes_per_token_layer_gpu(llama, Layout()) == 2 * 8 * 128 * 2
     assert kv_bytes_per_token_layer_gpu(llama, Layout(tp=8)) == 2 * 1 * 128 * 2
-    ds = ModelSpec.from_name("deepseek")             # MLA latent 512 + rope 64, replicated over TP
+    ds = ModelSpec.from_name("deepseek-v3")             # MLA latent 512 + rope 64, replicated over TP
     assert kv_bytes_per_token_layer_gpu(ds, Layout(tp=8)) == 576 * 2
     assert kv_bytes_per_token_layer_gpu(ds, Layout(tp=8, dcp=8)) == 576 * 2 / 8
 
 
 def test_deepseek_on_8xh200_fits_in_fp8_not_bf16():
-    ds = ModelSpec.from_name("deepseek")             # 671B parameters
+    ds = ModelSpec.from_name("deepseek-v3")             # 671B parameters
     bf16 = memory_fit(ds, H200, Layout(tp=8), batch=1, context=2048)
     fp8 = memory_fit(ds, H200, Layout(tp=8, dtype="fp8"), batch=1, context=2048)
     # by hand: 671e9 x 2 B / 8 = 168 GB per GPU > 141 GiB x 0.92 = 139 GB; fp8 ~ 84 GB + bf16 embeddings

@@ -7,7 +7,7 @@ from persistent_engine.models.spec import ModelSpec
 
 
 def test_deepseek_on_8xh200_bf16_never_fits_fp8_does():
-    r = search(ModelSpec.from_name("deepseek"), get_hardware("h200"), 8, dtypes=("bf16", "fp8"))
+    r = search(ModelSpec.from_name("deepseek-v3"), get_hardware("h200"), 8, dtypes=("bf16", "fp8"))
     bf16 = [c for c in r.configs if c.layout.dtype == "bf16"]
     fp8 = [c for c in r.configs if c.layout.dtype == "fp8"]
     assert bf16 and not any(c.fits for c in bf16)

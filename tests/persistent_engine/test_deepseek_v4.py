@@ -9,7 +9,7 @@ import torch
 
 from persistent_engine.models.deepseek_v4 import V4Config, forward, init_weights
 
-CONFIG = pathlib.Path(__file__).parents[2] / "persistent_engine" / "models" / "configs_pending" / "deepseek-v4-flash.json"
+CONFIG = pathlib.Path(__file__).parents[2] / "persistent_engine" / "models" / "configs" / "deepseek-v4-flash.json"
 
 
 def _tiny():

@@ -201,7 +201,7 @@ def test_llama_1b_shapes_and_archs_without_call_sites():
     assert [s["N"] for s in registry.get("add_rms_norm_linear").shapes(qwen, point)] == [
         (qwen.num_heads + 2 * qwen.num_kv_heads) * qwen.head_dim]
     assert registry.get("silu_mul_linear").shapes(qwen, point) == []
-    assert registry.get("add_rms_norm_linear").shapes(ModelSpec.from_name("deepseek"), point) == [
+    assert registry.get("add_rms_norm_linear").shapes(ModelSpec.from_name("deepseek-v3"), point) == [
         {"T": 1, "H": 7168, "N": 2 * 18432, "bias": False}]             # MLA: dense gate_up only
 
 

@@ -41,7 +41,7 @@ def test_absorbed_decode_equals_decompressed_attention():
 
 
 def test_deepseek_yarn_scale_and_cache():
-    spec = ModelSpec.from_name("deepseek")
+    spec = ModelSpec.from_name("deepseek-v3")
     assert attention_scale(spec) == pytest.approx(192 ** -0.5 * yarn_mscale(40, 1.0) ** 2)
     cs = cos_sin_cache(spec, max_pos=64)
     assert cs.shape == (64, 64) and torch.allclose(cs[0, :32], torch.ones(32))   # mscale ratio 1: cos(0) = 1
@@ -49,7 +49,7 @@ def test_deepseek_yarn_scale_and_cache():
 
 @pytest.mark.slow
 def test_real_size_deepseek_mla_block_runs_on_cpu():
-    spec = ModelSpec.from_name("deepseek")
+    spec = ModelSpec.from_name("deepseek-v3")
     names = [n for n in param_specs(spec, [0]) if n.startswith("layers.0.") and n.split(".")[-1] not in ("gate_up_w", "down_w")]
     params = init_params(spec, [0], dtype=torch.float32, names=names)
     assert params["layers.0.w_uk"].shape == (128, 128, 512) and params["layers.0.q_b_w"].shape == (128 * 192, 1536)

@@ -80,7 +80,7 @@ def test_paths_are_selected_by_shape():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("alias", ["glm-4.6", "minimax-m2.5", "deepseek", "kimi-k2", "glm", "deepseek-v3.2"])
+@pytest.mark.parametrize("alias", ["glm-4.6", "minimax-m2.5", "deepseek-v3", "kimi-k2", "glm", "deepseek-v3.2"])
 def test_real_size_moe_layer_runs_on_gpu(alias):
     """One real-size MoE layer (7-34 GB of experts) with embeddings and lm_head, decode and prefill."""
     from persistent_engine.models.decoder import build_model
@@ -147,7 +147,7 @@ def test_op_level_checks_of_huge_expert_sets_use_fewer_experts(monkeypatch):
     from persistent_engine.ops import contract
 
     d = registry.get("moe_experts")
-    ds, qw = ModelSpec.from_name("deepseek"), ModelSpec.from_name("qwen3-moe")
+    ds, qw = ModelSpec.from_name("deepseek-v3"), ModelSpec.from_name("qwen3-moe")
     point = {"phase": "decode", "batch": 13, "context": 1543, "chunk": 1, "weight": 1.0}
     (full,) = d.shapes(ds, point)
     fitted = d.fit(full, 150 * 10 ** 9 // 4)

@@ -72,8 +72,9 @@ def test_shapes_for_every_model_and_phase(alias):
     for phase in ("decode", "prefill"):
         point = {"phase": phase, "batch": 2, "context": 30, "chunk": 8 if phase == "prefill" else 1, "weight": 1.0}
         seen = {n: registry.get(n).shapes(spec, point) for n in registry.names()}
-        attn = ("mla_" if spec.attention == "mla" else "attention_") + phase
+        attn = {"mla": "mla_" + phase, "v4": "compressed_attention"}.get(spec.attention, "attention_" + phase)
         assert seen[attn] and seen["linear"] and seen["rms_norm"] and seen["lm_head"]
         assert bool(seen["moe_experts"]) == spec.is_moe
+        assert bool(seen["hc_pre"]) == bool(seen["moe_experts_clamp"]) == (spec.attention == "v4")
         t = 2 * (8 if phase == "prefill" else 1)
         assert all(s["T"] == t for s in seen["linear"])

@@ -175,7 +175,7 @@ def test_group_limited_routing_keeps_the_limit_and_the_load():
     experts lie in at most 2 groups, the load is the power law's within the greedy deal's slack."""
     from persistent_engine.models.spec import ModelSpec
 
-    spec = ModelSpec.from_name("deepseek").scaled_down()
+    spec = ModelSpec.from_name("deepseek-v3").scaled_down()
     assert (spec.num_experts, spec.n_group, spec.topk_group, spec.num_experts_per_tok) == (16, 4, 2, 4)
     model = build_model(spec)
     ws = [make_workload(model, {"phase": "decode", "batch": 12, "context": 8}, seed=v) for v in range(2)]

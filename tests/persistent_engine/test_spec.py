@@ -21,7 +21,7 @@ def test_every_alias_parses(alias):
 
 def test_published_parameter_counts():
     # published totals: DeepSeek-V3 671B, Kimi-K2 1.04T (1026B without MTP), Qwen3-30B-A3B 30.5B
-    assert round(ModelSpec.from_name("deepseek").total_params() / 1e9) == 671
+    assert round(ModelSpec.from_name("deepseek-v3").total_params() / 1e9) == 671
     assert 1020 < ModelSpec.from_name("kimi-k2").total_params() / 1e9 < 1040
     assert round(ModelSpec.from_name("qwen3-moe").total_params() / 1e9, 1) == 30.5
     assert 3.2 < ModelSpec.from_name("qwen3-moe").active_params() / 1e9 < 3.5
@@ -29,7 +29,7 @@ def test_published_parameter_counts():
 
 
 def test_layer_kinds():
-    ds = ModelSpec.from_name("deepseek")
+    ds = ModelSpec.from_name("deepseek-v3")
     assert ds.attention == "mla" and ds.layer_kind(2) == "dense" and ds.layer_kind(3) == "moe"
     assert ds.covering_layers() == [0, 3]
     glm = ModelSpec.from_name("glm-4.6")

@@ -1,0 +1,275 @@
+"""moe_experts_clamp (DeepSeek-V4's routed experts, ``swiglu_limit``) as a fused MoE in Triton: the kernels of
+``triton_moe_experts.py`` (align by expert, two grouped GEMMs or per-pair GEMVs, a deterministic k-sum; its
+docstring gives the launches, bytes and FLOPs) with the w13 epilogue silu(min(gate, limit)) * clamp(up, -limit,
+limit), the reference's ``swiglu_clamp_and_mul`` on the gate and up rounded to x's dtype. A copy with its own
+names (MOEC_ knobs, ``_moec_`` kernels), so one candidate can hold both fused MoEs.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# ---- section ----
+MOEC_GEMV_MAX_PAIRS = 16
+MOEC_GEMV_ROWS = 8
+MOEC_GEMV_BLOCK_K = 512
+MOEC_GEMV_WARPS = 4
+MOEC_BLOCK_M = 16
+MOEC_BLOCK_N = 64
+MOEC_BLOCK_K = 64
+MOEC_GROUP_M = 8
+MOEC_NUM_WARPS = 4
+MOEC_NUM_STAGES = 3
+MOEC_SUM_BLOCK = 1024          # elements of out per k-sum program
+MOEC_ALIGN_ELEMS = 8192        # one-hot tile of the align kernel (CHUNK * E_POW2), 8 warps: 32 a thread
+
+
+@triton.jit
+def _moec_align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, NUM_BLOCKS,
+                      BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+    # Every slot of sorted[NUM_BLOCKS * BLOCK_M] is written exactly once (a pair id or the sentinel P) and
+    # no value depends on another thread's global store: no write-after-write on a slot ordered only by a
+    # CTA barrier, and no tl.cumsum (a cross-warp scan over the one-hot's interleaved rows); prefix sums are
+    # masked reductions instead. Deterministic whatever the warp schedule.
+    experts = tl.arange(0, E_POW2)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for p0 in range(0, P, CHUNK):                           # pass 1: pairs per expert
+        offs = p0 + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
+        counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    upto = experts[None, :] <= experts[:, None]             # [E_POW2 (e), E_POW2 (f)]: f <= e
+    ends = tl.sum(tl.where(upto, padded[None, :], 0), axis=1)   # [E_POW2] end slot of each group
+    starts = ends - padded
+    fills = starts + counts                                 # first padding slot of each group
+    rows = tl.arange(0, BLOCK_M)
+    for b0 in range(0, NUM_BLOCKS, CHUNK):                  # blocks: owner expert, padding slots
+        blk = b0 + tl.arange(0, CHUNK)
+        # owner: first expert whose group ends after the block; E_POW2 past the last group
+        owner = tl.sum((blk[:, None] * BLOCK_M >= ends[None, :]).to(tl.int32), axis=1)
+        fill = tl.sum(tl.where(experts[None, :] == owner[:, None], fills[None, :], 0), axis=1)  # 0 past the end
+        inb = blk < NUM_BLOCKS
+        tl.store(bexp_ptr + blk, tl.minimum(owner, E), mask=inb)
+        slot = blk[:, None] * BLOCK_M + rows[None, :]                       # [CHUNK, BLOCK_M]
+        tl.store(sorted_ptr + slot, tl.zeros([CHUNK, BLOCK_M], dtype=tl.int32) + P,
+                 mask=(slot >= fill[:, None]) & inb[:, None])
+    before = tl.arange(0, CHUNK)[None, :] < tl.arange(0, CHUNK)[:, None]   # [CHUNK (i), CHUNK (j)]: j < i
+    running = tl.zeros([E_POW2], dtype=tl.int32)
+    for p0 in range(0, P, CHUNK):                           # pass 2: stable scatter by expert
+        offs = p0 + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + offs, mask=offs < P, other=-1).to(tl.int32)
+        hit = (e[:, None] == experts[None, :]).to(tl.int32)                 # [CHUNK, E_POW2]
+        base = tl.sum(hit * (starts + running)[None, :], axis=1)            # next free slot of its expert
+        rank = tl.sum(((e[:, None] == e[None, :]) & before).to(tl.int32), axis=1)   # earlier same-expert pairs
+        tl.store(sorted_ptr + base + rank, offs, mask=offs < P)
+        running += tl.sum(hit, axis=0)
+
+
+@triton.jit
+def _moec_grouped_pid(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """GROUP_M swizzle: GROUP_M consecutive row blocks (of one expert in prefill) run one after another
+    over the N blocks, so they share a weight tile in L2. Returns (pid_m, pid_n)."""
+    width = GROUP_M * num_pid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
+def _moec_w13_kernel(x_ptr, w13_ptr, sorted_ptr, bexp_ptr, inter_ptr, P, H, I, E, num_pid_m,
+                    stride_xt, stride_xh, stride_we, stride_wr, stride_wk,
+                    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, LIMIT):
+    pid_m, pid_n = _moec_grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(I, BLOCK_N), GROUP_M)
+    e = tl.load(bexp_ptr + pid_m)
+    if e >= E:                                              # past the last group: nothing to do
+        return
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + slots)
+    valid = pair < P
+    tok = (pair // TOPK).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < I
+    w_gate = w13_ptr + e.to(tl.int64) * stride_we + offs_n[None, :].to(tl.int64) * stride_wr   # [1, BLOCK_N]
+    w_up = w_gate + I * stride_wr
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < H
+        a = tl.load(x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh,
+                    mask=valid[:, None] & kmask[None, :], other=0.0)                     # [BLOCK_M, BLOCK_K]
+        bmask = kmask[:, None] & nmask[None, :]
+        g = tl.load(w_gate + offs_k[:, None] * stride_wk, mask=bmask, other=0.0)          # [BLOCK_K, BLOCK_N]
+        u = tl.load(w_up + offs_k[:, None] * stride_wk, mask=bmask, other=0.0)
+        if UPCAST:      # the CPU interpreter's bf16 dot is wrong; fp32 there (never on a GPU)
+            a = a.to(tl.float32)
+            g = g.to(tl.float32)
+            u = u.to(tl.float32)
+        if IEEE:        # fp32 inputs: full precision, not tf32
+            acc_g = tl.dot(a, g, acc_g, input_precision="ieee")
+            acc_u = tl.dot(a, u, acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, g, acc_g)
+            acc_u = tl.dot(a, u, acc_u)
+    gate = acc_g.to(inter_ptr.dtype.element_ty).to(tl.float32)
+    up = acc_u.to(inter_ptr.dtype.element_ty).to(tl.float32)
+    gate = tl.minimum(gate, LIMIT)                         # the clamped SwiGLU (swiglu_limit)
+    up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(inter_ptr + slots[:, None].to(tl.int64) * I + offs_n[None, :], y.to(inter_ptr.dtype.element_ty),
+             mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _moec_w2_kernel(inter_ptr, w2_ptr, sorted_ptr, bexp_ptr, tw_ptr, ypair_ptr, P, H, I, E, num_pid_m,
+                   stride_we, stride_wr, stride_wk,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    pid_m, pid_n = _moec_grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(H, BLOCK_N), GROUP_M)
+    e = tl.load(bexp_ptr + pid_m)
+    if e >= E:
+        return
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + slots)
+    valid = pair < P
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < H
+    w_rows = w2_ptr + e.to(tl.int64) * stride_we + offs_n[None, :].to(tl.int64) * stride_wr     # [1, BLOCK_N]
+    a_rows = inter_ptr + slots[:, None].to(tl.int64) * I                                     # [BLOCK_M, 1]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < I
+        a = tl.load(a_rows + offs_k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        b = tl.load(w_rows + offs_k[:, None] * stride_wk, mask=kmask[:, None] & nmask[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    wt = tl.load(tw_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+    acc = acc * wt[:, None]
+    tl.store(ypair_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], acc,
+             mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _moec_gemv_up_kernel(x_ptr, w13_ptr, ids_ptr, inter_ptr, H, I, stride_xt, stride_xh,
+                        stride_we, stride_wr, stride_wk,
+                        TOPK: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, LIMIT):
+    p = tl.program_id(0)
+    t = p // TOPK
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    offs_i = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    imask = offs_i < I
+    w_gate = w13_ptr + e * stride_we + offs_i[:, None].to(tl.int64) * stride_wr                # [ROWS, 1]
+    w_up = w_gate + I * stride_wr
+    acc_g = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < H
+        x = tl.load(x_ptr + t * stride_xt + offs_k * stride_xh, mask=kmask, other=0.0).to(tl.float32)
+        m2 = imask[:, None] & kmask[None, :]
+        g = tl.load(w_gate + offs_k[None, :] * stride_wk, mask=m2, other=0.0)
+        u = tl.load(w_up + offs_k[None, :] * stride_wk, mask=m2, other=0.0)
+        acc_g += g.to(tl.float32) * x[None, :]
+        acc_u += u.to(tl.float32) * x[None, :]
+    gate = tl.sum(acc_g, axis=1).to(inter_ptr.dtype.element_ty).to(tl.float32)
+    up = tl.sum(acc_u, axis=1).to(inter_ptr.dtype.element_ty).to(tl.float32)
+    gate = tl.minimum(gate, LIMIT)                         # the clamped SwiGLU (swiglu_limit)
+    up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(inter_ptr + p * I + offs_i, y.to(inter_ptr.dtype.element_ty), mask=imask)
+
+
+@triton.jit
+def _moec_gemv_down_kernel(inter_ptr, w2_ptr, ids_ptr, tw_ptr, ypair_ptr, H, I,
+                          stride_we, stride_wr, stride_wk, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    offs_n = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    nmask = offs_n < H
+    w_rows = w2_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wr                  # [ROWS, 1]
+    acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < I
+        h = tl.load(inter_ptr + p * I + offs_k, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=nmask[:, None] & kmask[None, :], other=0.0)
+        acc += w.to(tl.float32) * h[None, :]
+    y = tl.sum(acc, axis=1) * tl.load(tw_ptr + p).to(tl.float32)
+    tl.store(ypair_ptr + p.to(tl.int64) * H + offs_n, y, mask=nmask)
+
+
+@triton.jit
+def _moec_sum_kernel(ypair_ptr, out_ptr, TH, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)          # flat index t*H + h
+    mask = offs < TH
+    src = ypair_ptr + (offs // H) * (TOPK * H) + offs % H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOPK):                                             # fixed order: deterministic
+        acc += tl.load(src + j * H, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _moec_pow2(n):
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _moec_align_chunk(e_pow2):
+    """Pairs per step of the align kernel: its tiles are [CHUNK, E_POW2] (one-hot) and [CHUNK, CHUNK]
+    (ranks), both kept within MOEC_ALIGN_ELEMS. Without the second bound 8 experts gave CHUNK 1024, a
+    [1024, 1024] tile that LLVM did not finish compiling in 300 s on the H200."""
+    return max(1, min(MOEC_ALIGN_ELEMS // e_pow2, _moec_pow2(int(MOEC_ALIGN_ELEMS ** 0.5) + 1) // 2))
+
+
+def moe_experts_clamp_triton(x, w13, w2, topk_weights, topk_ids, limit):
+    limit = float(limit)
+    T, H = x.shape
+    E, two_i, _ = w13.shape
+    I = two_i // 2
+    k = topk_ids.shape[1]
+    P = T * k
+    out = torch.empty((T, H), dtype=x.dtype, device=x.device)
+    if P == 0:
+        return out
+    ids = topk_ids.reshape(-1)                                  # [P] pair p = t*k + j
+    tw = topk_weights.reshape(-1)
+    ypair = torch.empty((P, H), dtype=torch.float32, device=x.device)      # weighted expert outputs
+    upcast, ieee = x.device.type != "cuda", x.dtype == torch.float32
+    if P <= MOEC_GEMV_MAX_PAIRS:
+        inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
+        _moec_gemv_up_kernel[(P, triton.cdiv(I, MOEC_GEMV_ROWS))](
+            x, w13, ids, inter, H, I, x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
+            TOPK=k, ROWS=MOEC_GEMV_ROWS, BLOCK_K=MOEC_GEMV_BLOCK_K, LIMIT=limit, num_warps=MOEC_GEMV_WARPS,
+            num_stages=MOEC_NUM_STAGES)
+        _moec_gemv_down_kernel[(P, triton.cdiv(H, MOEC_GEMV_ROWS))](
+            inter, w2, ids, tw, ypair, H, I, w2.stride(0), w2.stride(1), w2.stride(2),
+            ROWS=MOEC_GEMV_ROWS, BLOCK_K=MOEC_GEMV_BLOCK_K, num_warps=MOEC_GEMV_WARPS, num_stages=MOEC_NUM_STAGES)
+    else:
+        slots = P + E * (MOEC_BLOCK_M - 1)                       # static bound on the padded length
+        num_blocks = triton.cdiv(slots, MOEC_BLOCK_M)
+        slots = num_blocks * MOEC_BLOCK_M
+        sorted_ids = torch.empty((slots,), dtype=torch.int32, device=x.device)
+        block_expert = torch.empty((num_blocks,), dtype=torch.int32, device=x.device)
+        e_pow2 = _moec_pow2(E)
+        _moec_align_kernel[(1,)](ids, sorted_ids, block_expert, P, E, num_blocks, BLOCK_M=MOEC_BLOCK_M,
+                                E_POW2=e_pow2, CHUNK=_moec_align_chunk(e_pow2), num_warps=8)
+        inter = torch.empty((slots, I), dtype=x.dtype, device=x.device)
+        _moec_w13_kernel[(num_blocks * triton.cdiv(I, MOEC_BLOCK_N),)](
+            x, w13, sorted_ids, block_expert, inter, P, H, I, E, num_blocks, x.stride(0), x.stride(1),
+            w13.stride(0), w13.stride(1), w13.stride(2), TOPK=k, BLOCK_M=MOEC_BLOCK_M, BLOCK_N=MOEC_BLOCK_N,
+            BLOCK_K=MOEC_BLOCK_K, GROUP_M=MOEC_GROUP_M, UPCAST=upcast, IEEE=ieee, LIMIT=limit,
+            num_warps=MOEC_NUM_WARPS, num_stages=MOEC_NUM_STAGES)
+        _moec_w2_kernel[(num_blocks * triton.cdiv(H, MOEC_BLOCK_N),)](
+            inter, w2, sorted_ids, block_expert, tw, ypair, P, H, I, E, num_blocks,
+            w2.stride(0), w2.stride(1), w2.stride(2), BLOCK_M=MOEC_BLOCK_M, BLOCK_N=MOEC_BLOCK_N,
+            BLOCK_K=MOEC_BLOCK_K, GROUP_M=MOEC_GROUP_M, UPCAST=upcast, IEEE=ieee, num_warps=MOEC_NUM_WARPS,
+            num_stages=MOEC_NUM_STAGES)
+    _moec_sum_kernel[(triton.cdiv(T * H, MOEC_SUM_BLOCK),)](ypair, out, T * H, H, TOPK=k, BLOCK=MOEC_SUM_BLOCK,
+                                                          num_warps=4)
+    return out
