@@ -270,6 +270,13 @@ class ABResult:
             return statistics.median(ratios)
         return self.baseline.median_ms / self.candidate.median_ms if self.candidate.median_ms > 0 else 0.0
 
+    @property
+    def speedup_q1(self) -> float | None:
+        """Lower quartile of the per-pair ratios (> 1: three pairs in four saw the candidate faster); None
+        with fewer than 4 pairs."""
+        ratios = [x / y for x, y in self.pairs if y > 0]
+        return statistics.quantiles(ratios, n=4, method="inclusive")[0] if len(ratios) >= 4 else None
+
 
 def ratio_settled(a: list[float], b: list[float], rel_se: float) -> bool:
     """True when the median of the per-pair ratios b/a is known to within ``rel_se`` (standard error of

@@ -549,7 +549,8 @@ class Engine:
                               "baseline_ms": res.baseline.median_ms, "baseline_iqr_ms": res.baseline.iqr_ms,
                               "candidate_ms": res.candidate.median_ms, "candidate_iqr_ms": res.candidate.iqr_ms,
                               "samples": res.candidate.n, "runs_per_sample": k, "floor_ms": self.floor_ms[i],
-                              "speedup": res.speedup, **({"config": notes} if notes else {})})
+                              "speedup": res.speedup, "speedup_q1": res.speedup_q1,
+                              **({"config": notes} if notes else {})})
         reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
         reasons += self._process_reasons("timing")
         # a point's weight is its share of GPU time: new / old time = sum(w / point speedup) / sum(w)

@@ -153,3 +153,12 @@ def test_cuda_deferred_samples_of_graph_replays_match_synchronous_ones():
     res = timing.ab_interleaved(timer, lambda v: (g4.replay(), o4)[1], lambda v: short(), samples=40, graph=True,
                                 stop_rel_se=0.003)
     assert 3.0 < res.speedup < 5.0 and res.candidate.n <= 40
+
+
+def test_speedup_q1_is_the_lower_quartile_of_the_pair_ratios():
+    from persistent_engine.timing import ABResult, Stats
+    stats = Stats.of([1.0, 1.0])
+    res = ABResult(baseline=stats, candidate=stats, kept=[],
+                   pairs=[(2.0, 1.0), (1.0, 1.0), (3.0, 1.0), (1.5, 1.0), (1.2, 1.0)])
+    assert res.speedup == 1.5 and res.speedup_q1 == 1.2
+    assert ABResult(baseline=stats, candidate=stats, kept=[], pairs=[(2.0, 1.0)]).speedup_q1 is None
