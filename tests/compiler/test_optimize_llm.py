@@ -68,7 +68,7 @@ def test_optimize_with_llm_and_offline_agents_end_to_end(tmp_path, monkeypatch, 
         monkeypatch.setenv("OPENAI_BASE_URL", srv.url + "/v1")
         monkeypatch.setenv("TKCC_ANTHROPIC_MODEL", MODELS["anthropic"])
         monkeypatch.setenv("TKCC_OPENAI_MODEL", MODELS["openai"])
-        code = main(["optimize", "--model", "tiny-dense", "--hw", "h200", "--traffic", CONV, "--budget", "45s",
+        code = main(["optimize", "--model", "tiny-dense", "--hw", "h200", "--traffic", CONV, "--budget", "75s",
                      "--agents", "anthropic:2,openai:2,offline:4", "--max-points", "1", "--aa-runs", "1",
                      "--out", str(out), "--quiet", "--llm-budget-usd", "5"])
         assert code == 0
