@@ -122,7 +122,8 @@ class Mailbox:
         import torch
 
         t = t.detach()
-        t = (t.to(torch.uint8) if t.dtype == torch.bool else t).contiguous()
+        is_bool = t.dtype == torch.bool
+        t = (t.to(torch.uint8) if is_bool else t).contiguous()
         nbytes = t.numel() * t.element_size()
         off = -(-self._used // ALIGN) * ALIGN
         if off + nbytes > self.size:
@@ -130,7 +131,7 @@ class Mailbox:
         dst = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes, offset=off)
         dst.copy_(t.reshape(-1).view(torch.uint8))
         self._used = off + nbytes
-        return {"__m__": _dtype_name(t.dtype), "bool": False, "shape": list(t.shape),
+        return {"__m__": _dtype_name(t.dtype), "bool": is_bool, "shape": list(t.shape),
                 "offset": off, "nbytes": nbytes}
 
     def take(self, ref: dict):
@@ -191,7 +192,6 @@ class Channel:
                 if isinstance(obj, torch.Tensor) and obj.numel() * obj.element_size() >= MAILBOX_MIN_BYTES:
                     ref = box.put(obj)
                     if ref is not None:
-                        ref["bool"] = obj.dtype == torch.bool
                         return ref
                 return _default(obj)
         body = msgpack.packb(msg, use_bin_type=True, default=default)

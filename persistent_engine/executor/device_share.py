@@ -25,6 +25,7 @@ of extra memory at a time); import opens one handle per bucket (~0.1 ms each), n
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["BUCKET_BYTES", "ALIGN", "Slot", "plan_buckets", "DeviceWeights", "import_weights"]
@@ -123,7 +124,7 @@ class DeviceWeights:
                  for n, t in unique.items()}
         slots, bucket_sizes = plan_buckets(sizes)
         cuda = _driver()
-        ptrs, handles, raws, views = [], [], [], {}
+        ptrs, handles, raws = [], [], []
         by_bucket: dict[int, list[Slot]] = {}
         for s in slots:
             by_bucket.setdefault(s.bucket, []).append(s)
@@ -133,8 +134,8 @@ class DeviceWeights:
                 _check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)), "cuMemAlloc")
                 handle = (ctypes.c_ubyte * 64)()
                 _check(cuda.cuIpcGetMemHandle(handle, ptr.value), "cuIpcGetMemHandle")
-                raw, bucket_views = _views([ptr.value], [size], [Slot(s.name, 0, s.offset, s.nbytes, s.dtype, s.shape)
-                                                                for s in by_bucket.get(b, [])], device)
+                raw, bucket_views = _views([ptr.value], [size],
+                                           [dataclasses.replace(s, bucket=0) for s in by_bucket.get(b, [])], device)
                 for name, view in bucket_views.items():
                     view.copy_(unique[name])
                     unique[name].set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
