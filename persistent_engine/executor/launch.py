@@ -181,6 +181,8 @@ class Executor:
             self._stops = 0
         self._stops += 1
         for pid in self._members:
+            if pid == self.proc.pid:            # the launcher: awake, so the judge's death still ends the tree
+                continue
             try:
                 os.kill(pid, signal.SIGSTOP)
             except (ProcessLookupError, PermissionError):

@@ -313,6 +313,8 @@ class SandboxedProcess:
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             members = self.members()
+            if sig == signal.SIGSTOP:       # the launcher runs no candidate code and must stay awake: a
+                members = [p for p in members if p != self.pid]    # stopped one misses the lifeline closing
             todo = [p for p in members if p not in hit]
             if sig == signal.SIGSTOP:
                 todo += [p for p in members if p in hit and _state(p) not in ("T", "t", "Z", "X", "")]

@@ -491,3 +491,21 @@ def test_cuda_policy_allows_unix_sockets_and_says_so():
     assert sb.SandboxPolicy.for_device("cuda:0", "/tmp/x").allow_unix_sockets
     assert not sb.SandboxPolicy.for_device("cpu", "/tmp/x").allow_unix_sockets
     assert "AF_UNIX" in sandbox_summary("cuda") and "AF_UNIX" not in sandbox_summary("cpu")
+
+
+def test_a_stopped_tree_still_dies_with_its_judge(caps, tmp_path):
+    """The judge stops the executor while the other side of an A/B is timed; if the judge dies then, the
+    lifeline must still end the tree (a stopped launcher would never see it close: found as stopped
+    trees left on the machine after killed test runs)."""
+    _need(caps, "full")
+    workdir = sb.make_workdir(str(tmp_path))
+    proc = sb.spawn([sys.executable, "-c", "import time; time.sleep(60)"], sb.SandboxPolicy(workdir=workdir))
+    members = proc.send_signal(signal.SIGSTOP)
+    assert proc.pid not in members and members
+    proc.close_lifeline()                    # what the judge's death does
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and sb._state(p) not in ("Z", "")
+                                              for p in members):
+        time.sleep(0.05)
+    assert not [p for p in members if os.path.exists(f"/proc/{p}") and sb._state(p) not in ("Z", "")]
+    proc.kill_all()
