@@ -20,6 +20,7 @@ import mmap
 import os
 import socket
 import struct
+import threading
 import zlib
 
 import msgpack
@@ -108,6 +109,7 @@ class Mailbox:
 
     def __init__(self, fd: int, size: int):
         self.fd, self.size = fd, size
+        self._closing = threading.Lock()
         self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._used = 0
 
@@ -157,15 +159,18 @@ class Mailbox:
         self._used = 0
 
     def close(self) -> None:
-        """Idempotent (an executor is killed from more than one path)."""
-        if self.fd < 0:
+        """Idempotent and thread-safe (an executor is killed from more than one path, and threads): a
+        second ``os.close`` of the number would close whatever the process opened under it since, e.g.
+        a ZeroMQ socket of the judge's RPC (which then fails with "Socket operation on non-socket")."""
+        with self._closing:
+            fd, self.fd = self.fd, -1
+        if fd < 0:
             return
         try:
             self._map.close()
         except BufferError:                  # a view still alive: the mapping goes with it
             pass
-        os.close(self.fd)
-        self.fd = -1
+        os.close(fd)
 
 
 class Channel:
