@@ -70,7 +70,7 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
 
     counted = {n: guards.Counted(None) for n in e.candidate.ops}
     reasons: list[str] = []
-    ties = verify.TieCheck(e.dtype)
+    ties = verify.TieCheck(e.dtype, depths=verify.moe_depths(e.model))
     for i in e._affected():
         for v in range(len(e.workloads[i])):
             where = f"layer-level {point_label(e.points[i])} variant {v}"

@@ -471,6 +471,17 @@ class Engine:
             self._next = self._take()
         return PrepareReply(message="executor ready", pool_wait_s=self.pool_wait_s)
 
+    def _op_budget(self) -> int | None:
+        """Bytes one op-level check may hold: a quarter of the GPU, and at most half of what is free now
+        (every process counted: the other tier's judge, the executor pools). A GLM-5.2 run's fast and slow
+        tiers hold ~71 GB of weights on a 141 GB H200; a quarter of the total (35 GB) let moe_experts'
+        check keep ~30 real-size experts and one candidate's check ran out of memory at a 2.9 GiB
+        allocation. The check then runs on fewer experts (``OpDef.fit``); the layer level still runs the
+        model's own shapes."""
+        if self.op_check_budget is None:
+            return None
+        return min(self.op_check_budget, _free_gpu_bytes(self.device) // 2)
+
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:
             return ErrorReply(message="no candidate loaded", kind="no_candidate")
@@ -484,7 +495,7 @@ class Engine:
         seed = req.seed if req.seed is not None else self._rng.randrange(1, 2**31)
         c = self.candidate
         checks = verify.op_level(sorted(c.ops), c.overrides, self.spec, self.points, self.device, self.dtype,
-                                 seed, budget=self.op_check_budget, check=judging.remote_check(self, deadline))
+                                 seed, budget=self._op_budget(), check=judging.remote_check(self, deadline))
         reasons = [ch.detail for ch in checks if not ch.passed]
         reasons += self._call({"op": "guards", "when": "op-level verification"}, deadline)["reasons"]
         if not reasons:
