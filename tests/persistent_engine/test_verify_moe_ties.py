@@ -402,10 +402,13 @@ def test_tie_band_counts_the_dense_layers_above_the_router():
 
 def test_moe_depths_of_a_slice():
     from persistent_engine.models.decoder import build_model
+    from persistent_engine.models.spec import ModelSpec
 
     glm = build_model("glm+tiny", dtype=torch.float32)                  # layer 0 dense, 1 and 2 MoE
     assert [glm.spec.layer_kind(i) for i in glm.layers] == ["dense", "moe", "moe"]
     assert verify.moe_depths(glm) == [1, 2]
-    assert verify.moe_depths(build_model("glm+tiny", layers=[0, 2], dtype=torch.float32)) == [1]
-    assert verify.moe_depths(build_model("glm+tiny", layers=[2], dtype=torch.float32)) == [0]
+    assert verify.moe_depths(build_model("glm+tiny", layers=[1, 2], dtype=torch.float32)) == [0, 1]
+    from types import SimpleNamespace                                   # the real GLM-5.2's fast tier
+    glm52 = SimpleNamespace(spec=ModelSpec.from_name("glm"), layers=[0, 2, 3])
+    assert verify.moe_depths(glm52) == [2]
     assert verify.moe_depths(object()) is None
