@@ -412,3 +412,37 @@ def test_moe_depths_of_a_slice():
     glm52 = SimpleNamespace(spec=ModelSpec.from_name("glm"), layers=[0, 2, 3])
     assert verify.moe_depths(glm52) == [2]
     assert verify.moe_depths(object()) is None
+
+
+def test_the_reference_routing_comes_from_the_baseline_executor(tiny_moe):
+    """The layer-level check takes the reference's routing from the baseline executor (a process like the
+    candidate's), and this process's own only where the executor's logits do not match the start-up ones."""
+    from persistent_engine import timing
+
+    e = tiny_moe
+    e.executor_routes.clear()
+    ver, detail = _verify(e, route_src())
+    assert ver.ok and detail == "", (ver.reasons, detail)
+    assert set(e.executor_routes) == {(i, v) for i in range(len(POINTS)) for v in range(2)}
+    for (i, v), calls in e.executor_routes.items():
+        own = e.moe_routes.get((i, v), e.model, e.workloads[i][v], e.ref[i][v], e.dtype)
+        assert calls is not own and len(calls) == len(own) >= 1
+        assert all(torch.equal(a.ids, b.ids) and torch.equal(a.logits, b.logits) for a, b in zip(calls, own))
+
+    class Drifted:                      # a baseline executor whose step no longer matches the reference
+        def __init__(self, real):
+            self.real = real
+
+        def call(self, msg, timeout_s):
+            r = self.real.call(msg, timeout_s)
+            return {**r, "logits": r["logits"] * 1.5}
+
+    real, e.baseline = e.baseline, None
+    try:
+        e.baseline = Drifted(real)
+        e.executor_routes.clear()
+        routes = e.reference_routes(0, 1, timing.now_ns() / 1e9 + 60)
+        assert routes is e.moe_routes.get((0, 1), e.model, e.workloads[0][1], e.ref[0][1], e.dtype)
+    finally:
+        e.baseline = real
+        e.executor_routes.clear()
