@@ -8,8 +8,9 @@ are the judge's), warms kernels, and then answers one request at a time:
 
   load      the candidate as a fresh module (guards snapshot taken before, checked after), CONFIG applied
   op_check  ``contract.run_candidate`` for one (op, shape, dtype, seed): outputs of the first run
-  step      one step of point i, variant v with every override counted (the baseline: none; and ``moe_route`` replayed to the
-            reference routing the judge sent): logits, call counts, the routing it chose
+  step      one step of point i, variant v with every override counted (and ``moe_route`` replayed to the
+            reference routing the judge sent): logits, call counts, the routing it chose; the baseline
+            executor's (no overrides) is the reference routing the judge sends to candidates
   capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
   run       k back-to-back steps (graph replays where captured) of point i, variant v, each on the token
             ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), every
