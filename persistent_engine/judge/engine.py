@@ -508,8 +508,8 @@ class Engine:
         """Bytes one op-level check may hold: a quarter of the GPU, and at most half of what is free now
         (every process counted: the other tier's judge, the executor pools). A GLM-5.2 run's fast and slow
         tiers hold ~71 GB of weights on a 150 GB H200; a quarter of the total (37.5 GB) let moe_experts'
-        check keep 31 real-size experts (fp32 w13: 2.9 GiB) and one candidate's check ran out of memory there
-        allocation. The check then runs on fewer experts (``OpDef.fit``); the layer level still runs the
+        check keep 31 real-size experts (fp32 w13: 2.9 GiB) and one candidate's check ran out of memory there.
+        The check then runs on fewer experts (``OpDef.fit``); the layer level still runs the
         model's own shapes."""
         if self.op_check_budget is None:
             return None
