@@ -306,8 +306,9 @@ def _margins(logits: torch.Tensor, bias: torch.Tensor | None, k: int, scoring: s
 
 
 def routing_stats(model, workloads: list, tie_band: float = 2.0 ** -5) -> RoutingStats:
-    """Expert counts, margins and the near-tie share (margin within ``tie_band`` x (1 + j) at the j-th MoE
-    layer, verify's band for bf16) of ``workloads`` under the current routers."""
+    """Expert counts, margins and the near-tie share (margin within ``tie_band`` x (1 + d) for the router d
+    layers deep in the slice, verify's band for bf16) of ``workloads`` under the current routers."""
+    from persistent_engine import verify
     from persistent_engine.ops import registry
 
     spec = model.spec
@@ -329,10 +330,12 @@ def routing_stats(model, workloads: list, tie_band: float = 2.0 ** -5) -> Routin
             for j, c in enumerate(calls):
                 per_layer.setdefault(j, []).append(c)
     counts, margins, near = [], [], []
+    depths = verify.moe_depths(model)
+    depths = depths if depths is not None and len(depths) == len(per_layer) else sorted(per_layer)
     for j in sorted(per_layer):
         ids = torch.cat([c[2].flatten().cpu() for c in per_layer[j]])
         counts.append(tuple(torch.bincount(ids, minlength=spec.num_experts).tolist()))
         m = torch.cat([_margins(c[0], c[1], spec.num_experts_per_tok, spec.scoring).cpu() for c in per_layer[j]])
         margins.append(round(float(m.median()), 4))
-        near.append(round(float((m <= tie_band * (1 + j)).double().mean()), 4))
+        near.append(round(float((m <= tie_band * (1 + max(j, depths[j]))).double().mean()), 4))
     return RoutingStats(counts=tuple(counts), margins=tuple(margins), near_tie=tuple(near))

@@ -112,11 +112,14 @@ def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], dev
 # correct implementations whose pre-rounding values differ at all can round it a whole ulp apart (2^-7
 # relative), and the logits at the top-k boundary are ~1.5-2x the row's RMS (8th of 128 Gaussian logits:
 # 1.5 sigma): a gap between two of them moves by up to 2 x 2^-7 x 2 = 2^-5 of the RMS from the final
-# rounding alone (the inputs' own roundings, ~2^-9 relative, add less). That holds for the first MoE layer
-# of a step; the j-th (0-based) gets (1 + j) times the band, since each layer above it adds its own
-# roundings to the residual stream. Measured on the H200 (a band of 2^-6 then): qwen3-moe's 8-layer slow
-# tier rejected correct norm composites at first flips of 0.017-0.018 in the first MoE layer and the
-# split-KV attention at 0.069-0.077 in the fourth (band 0.0625); deepseek a SiLU·mul GEMV at 0.0158.
+# rounding alone (the inputs' own roundings, ~2^-9 relative, add less). That holds for a router in the
+# slice's first layer; a router d layers deep (d decoder layers of the slice above it, dense ones included:
+# GLM-5.x and DeepSeek-V3 start with 3 dense layers) gets (1 + d) times the band, since each layer above it
+# adds its own roundings to the residual stream (``moe_depths``; without them, d = the MoE layer's index j).
+# Measured on the H200 (a band of 2^-6 then): qwen3-moe's 8-layer slow tier rejected correct norm composites
+# at first flips of 0.017-0.018 in the first MoE layer and the split-KV attention at 0.069-0.077 in the
+# fourth (band 0.0625); deepseek a SiLU·mul GEMV at 0.0158; GLM-5.2's fast tier (layers 0, 2, 3: its one
+# router two dense layers deep) the fused MoE at 0.0583 > 2^-5 (band 3 x 2^-5 by depth).
 # A wrong expert for a token with a clear margin (gap >> RMS / E; 128 experts: ~0.06 at the boundary,
 # ~1 for a random pick) is never excused. Group-limited routing (deepseek): a token whose expert lies
 # in a group the reference did not keep is measured by the group scores' gap the same way. Without routing
@@ -228,6 +231,16 @@ class ReferenceRoutes:
         return self._routes[key]
 
 
+def moe_depths(model) -> list[int] | None:
+    """Position in the slice (decoder layers above it, dense ones included) of each MoE layer, in the order
+    their routers run: GLM-5.2's fast tier (layers 0, 2, 3) -> [2]. None when the model does not say
+    (``TieCheck`` then takes the MoE layer's index)."""
+    spec, layers = getattr(model, "spec", None), getattr(model, "layers", None)
+    if spec is None or not layers or not hasattr(spec, "layer_kind"):
+        return None
+    return [pos for pos, i in enumerate(layers) if spec.layer_kind(i) != "dense"]
+
+
 def _criterion(c: RouteCall) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The reference's choice criterion [T, E] float64 before any group limit, its slope d criterion /
     d logit [T, E] (None where the criterion is the logits themselves: softmax without bias or groups,
@@ -298,6 +311,7 @@ class TieCheck:
     """The tie-aware logits comparison of one verification (every point and variant of it): routing flips
     at near-ties excused, the sequences holding them left out, the exclusion budget over all steps."""
     dtype: torch.dtype
+    depths: list[int] | None = None     # slice position of each MoE layer (``moe_depths``): the band's depth
     rows: int = 0                       # sequences compared or excluded, over all steps
     excluded: int = 0
     # (point, variant) -> rows [B] bool of the sequences compared (kept) where some were left out; bench's
@@ -328,10 +342,12 @@ class TieCheck:
         tainted = torch.zeros(t, dtype=torch.bool)      # tokens downstream of a flip
         tainted_seq = torch.zeros(b, dtype=torch.bool)  # sequences holding an excused flip
         hard, hard_worst, hard_tol = 0, 0.0, tie
+        depths = self.depths if self.depths is not None and len(self.depths) == len(ref_calls) else None
         for j, (r, c) in enumerate(zip(ref_calls, cand_calls)):
             # the j-th MoE layer of the step: the router's inputs carry the differences of every layer
-            # above it, which grow by about one rounding per layer, so the tie band widens with depth
-            band = tie * (1 + j)
+            # above it (dense ones too), which grow by about one rounding per layer, so the tie band
+            # widens with the router's depth in the slice
+            band = tie * (1 + max(j, depths[j] if depths is not None else j))
             tok, gap = route_flips(r, c.ids)
             fresh = ~tainted[tok]                       # a tainted token's later flips are consequences
             tok, gap = tok[fresh], gap[fresh]
@@ -385,5 +401,5 @@ class TieCheck:
         if not self.excused:
             return ""
         return (f"MoE routing: {self.excused} tokens flipped at near-ties (worst gap {self.worst:.3g}, band "
-                f"(1 + j) x {TIE_RTOL.get(self.dtype, 2.0 ** -5):.3g} at the j-th MoE layer); {self.excluded} of "
+                f"(1 + d) x {TIE_RTOL.get(self.dtype, 2.0 ** -5):.3g} for a router d layers deep); {self.excluded} of "
                 f"{self.rows} sequences left out")

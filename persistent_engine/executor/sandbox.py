@@ -71,11 +71,15 @@ LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confine.py"
 WORKDIR_PREFIX = "tkcc-exec-"
 GIB = 2 ** 30
 
-# Copied from the parent environment when set (never one that matches SECRET_NAME).
+# Copied from the parent environment when set (never one that matches SECRET_NAME). The math libraries'
+# numerics switches (cuBLAS workspace, TF32 override) travel too: without them an executor's reference GEMMs
+# may pick other algorithms than the judge's and round differently, and the judge's MoE routing (recorded
+# in its own process) then differs from a candidate run's upstream of anything the candidate overrides.
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
              "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_HOME",
              "CUDA_PATH", "CUDA_MODULE_LOADING", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
              "ROCR_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+             "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_*", "NVIDIA_TF32_OVERRIDE",
              "TRITON_*", "TORCH_*", "PYTORCH_*")
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|^TKCC_|_URL$|^AWS_|^GOOGLE_|^HF_",
                          re.IGNORECASE)

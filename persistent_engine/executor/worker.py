@@ -9,7 +9,8 @@ are the judge's), warms kernels, and then answers one request at a time:
   load      the candidate as a fresh module (guards snapshot taken before, checked after), CONFIG applied
   op_check  ``contract.run_candidate`` for one (op, shape, dtype, seed): outputs of the first run
   step      one step of point i, variant v with every override counted (and ``moe_route`` replayed to the
-            reference routing the judge sent): logits, call counts, the routing it chose
+            reference routing the judge sent): logits, call counts, the routing it chose; the baseline
+            executor's (no overrides) is the reference routing the judge sends to candidates
   capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
   run       k back-to-back steps (graph replays where captured) of point i, variant v, each on the token
             ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), every
@@ -133,7 +134,8 @@ class Worker:
         from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
 
         i, v = int(msg["i"]), int(msg["v"])
-        counted = {n: self.guards.Counted(fn) for n, fn in self.candidate.overrides.items()}
+        overrides = self.candidate.overrides if self.candidate is not None else {}     # baseline: the reference
+        counted = {n: self.guards.Counted(fn) for n, fn in overrides.items()}
         w = self.workloads[i][v]
         routes = None
         if msg.get("moe"):

@@ -70,13 +70,12 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
 
     counted = {n: guards.Counted(None) for n in e.candidate.ops}
     reasons: list[str] = []
-    ties = verify.TieCheck(e.dtype)
+    ties = verify.TieCheck(e.dtype, depths=verify.moe_depths(e.model))
     for i in e._affected():
         for v in range(len(e.workloads[i])):
             where = f"layer-level {point_label(e.points[i])} variant {v}"
             moe = "moe_route" in e.ops_at[i]
-            refs = (e.moe_routes.get((i, v), e.model, e.workloads[i][v], e.ref[i][v], e.dtype)
-                    if moe else None)
+            refs = e.reference_routes(i, v, deadline) if moe else None
             r = e._call({"op": "step", "i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs)}, deadline)
             for n, calls in (r.get("calls") or {}).items():
                 if n in counted:

@@ -199,6 +199,7 @@ class Engine:
 
         t0 = timing.now_ns()
         self.moe_routes = verify.ReferenceRoutes(self.registry)   # the reference's routing, recorded on first use
+        self.executor_routes: dict = {}         # (point, variant) -> the baseline executor's routing (or ours)
         # layer-level logits bound per point and variant: the slice's own rounding noise (tolerance.py)
         self.logit_noise = tolerance.calibrate(self.registry, self.model, self.workloads, self.ref, self.moe_routes,
                                                self.ops_at, self.device, self.dtype, config.seed)
@@ -471,6 +472,49 @@ class Engine:
             self._next = self._take()
         return PrepareReply(message="executor ready", pool_wait_s=self.pool_wait_s)
 
+    def reference_routes(self, i: int, v: int, deadline: float) -> list | None:
+        """The reference's MoE routing at point i, variant v, as the baseline EXECUTOR computes it: a
+        process of the kind a candidate runs in (same environment, same mapped weights, same workloads), so
+        for a candidate that overrides nothing upstream of a router that router sees the same logits bit
+        for bit. This process's own re-run can round differently (another cuBLAS algorithm, another
+        environment): on the H200 a GLM-5.2 fused-MoE candidate, which changes nothing above its one router,
+        had a first-layer flip of 0.0583 x the logit RMS. Taken only when the executor's logits match the
+        start-up reference as ``ReferenceRoutes`` asks of its re-run; else (or when it cannot answer) this
+        process's routing. Recorded on first use."""
+        from persistent_engine.executor.routes import calls_from_wire
+
+        key = (i, v)
+        if key in self.executor_routes:
+            return self.executor_routes[key]
+        routes = None
+        left = deadline - timing.now_ns() / 1e9
+        if self.baseline is not None and left > 0:
+            try:
+                r = self.baseline.call({"op": "step", "i": i, "v": v, "moe": True, "refs": None}, left)
+            except (ExecutorDied, ExecutorTimeout):
+                r = {}
+            calls = calls_from_wire((r.get("routes") or {}).get("calls"), self.device)
+            out = r.get("logits")
+            if (calls and all(c is not None for c in calls) and isinstance(out, torch.Tensor)
+                    and verify.compare_logits(out.to(self.device), self.ref[i][v], self.dtype, "",
+                                              verify.LOGIT_RTOL.get(self.dtype, 5e-2) / 50) is None):
+                routes = calls
+        if routes is None:
+            routes = self.moe_routes.get(key, self.model, self.workloads[i][v], self.ref[i][v], self.dtype)
+        self.executor_routes[key] = routes
+        return routes
+
+    def _op_budget(self) -> int | None:
+        """Bytes one op-level check may hold: a quarter of the GPU, and at most half of what is free now
+        (every process counted: the other tier's judge, the executor pools). A GLM-5.2 run's fast and slow
+        tiers hold ~71 GB of weights on a 150 GB H200; a quarter of the total (37.5 GB) let moe_experts'
+        check keep 31 real-size experts (fp32 w13: 2.9 GiB) and one candidate's check ran out of memory there.
+        The check then runs on fewer experts (``OpDef.fit``); the layer level still runs the
+        model's own shapes."""
+        if self.op_check_budget is None:
+            return None
+        return min(self.op_check_budget, _free_gpu_bytes(self.device) // 2)
+
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:
             return ErrorReply(message="no candidate loaded", kind="no_candidate")
@@ -484,7 +528,7 @@ class Engine:
         seed = req.seed if req.seed is not None else self._rng.randrange(1, 2**31)
         c = self.candidate
         checks = verify.op_level(sorted(c.ops), c.overrides, self.spec, self.points, self.device, self.dtype,
-                                 seed, budget=self.op_check_budget, check=judging.remote_check(self, deadline))
+                                 seed, budget=self._op_budget(), check=judging.remote_check(self, deadline))
         reasons = [ch.detail for ch in checks if not ch.passed]
         reasons += self._call({"op": "guards", "when": "op-level verification"}, deadline)["reasons"]
         if not reasons:

@@ -377,3 +377,72 @@ def test_tie_band_widens_with_the_depth_of_the_moe_layer():
     r = verify.TieCheck(torch.bfloat16).compare(out, out.clone(), "p", [far, far], [far, _call(far.logits.tolist(), [[0, 2]])], cu)
     assert r is not None and f"> {2 * tie:.3g}" in r, r
 
+
+
+def test_tie_band_counts_the_dense_layers_above_the_router():
+    # GLM-5.2's fast tier (layers 0, 2, 3): its one router sits two dense layers deep, so its band is 3 x the
+    # first layer's; the fused MoE's flip of 0.0583 router-logit RMS on the H200 is within it, not beyond
+    tie = verify.TIE_RTOL[torch.bfloat16]
+    logits = [[3.0, 2.0, 2.0 - 0.0966, 0.0]]                           # ~1.5 first-layer bands behind
+    ref, flip = _call(logits, [[0, 1]]), _call(logits, [[0, 2]])
+    cu, out = torch.tensor([0, 1], dtype=torch.int32), torch.randn(1, 8, generator=torch.Generator().manual_seed(0))
+    assert "beyond ties" in verify.TieCheck(torch.bfloat16).compare(out, out.clone(), "p", [ref], [flip], cu)
+    t = verify.TieCheck(torch.bfloat16, depths=[2])
+    assert t.compare(out, out.clone(), "p", [ref], [flip], cu, replayed=True) is None and t.excused == 1
+    assert "(1 + d) x" in t.summary()
+    # a clear margin (a fifth of the RMS: ~6 first-layer bands) stays beyond the depth-2 band
+    far = _call([[3.0, 2.0, 2.0 - 0.4, 0.0]], [[0, 1]])
+    r = verify.TieCheck(torch.bfloat16, depths=[2]).compare(out, out.clone(), "p", [far], [
+        _call(far.logits.tolist(), [[0, 2]])], cu, replayed=True)
+    assert r is not None and f"> {3 * tie:.3g}" in r, r
+    # depths that do not match the step's routers (another slice) fall back to the MoE layer's index
+    assert "beyond ties" in verify.TieCheck(torch.bfloat16, depths=[2, 3]).compare(out, out.clone(), "p", [ref],
+                                                                                    [flip], cu)
+
+
+def test_moe_depths_of_a_slice():
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.models.spec import ModelSpec
+
+    glm = build_model("glm+tiny", dtype=torch.float32)                  # layer 0 dense, 1 and 2 MoE
+    assert [glm.spec.layer_kind(i) for i in glm.layers] == ["dense", "moe", "moe"]
+    assert verify.moe_depths(glm) == [1, 2]
+    assert verify.moe_depths(build_model("glm+tiny", layers=[1, 2], dtype=torch.float32)) == [0, 1]
+    from types import SimpleNamespace                                   # the real GLM-5.2's fast tier
+    glm52 = SimpleNamespace(spec=ModelSpec.from_name("glm"), layers=[0, 2, 3])
+    assert verify.moe_depths(glm52) == [2]
+    assert verify.moe_depths(object()) is None
+
+
+def test_the_reference_routing_comes_from_the_baseline_executor(tiny_moe):
+    """The layer-level check takes the reference's routing from the baseline executor (a process like the
+    candidate's), and this process's own only where the executor's logits do not match the start-up ones."""
+    from persistent_engine import timing
+
+    e = tiny_moe
+    e.executor_routes.clear()
+    ver, detail = _verify(e, route_src())
+    assert ver.ok and detail == "", (ver.reasons, detail)
+    assert set(e.executor_routes) == {(i, v) for i in range(len(POINTS)) for v in range(2)}
+    for (i, v), calls in e.executor_routes.items():
+        own = e.moe_routes.get((i, v), e.model, e.workloads[i][v], e.ref[i][v], e.dtype)
+        assert calls is not own and len(calls) == len(own) >= 1
+        assert all(torch.equal(a.ids, b.ids) and torch.equal(a.logits, b.logits) for a, b in zip(calls, own))
+
+    class Drifted:                      # a baseline executor whose step no longer matches the reference
+        def __init__(self, real):
+            self.real = real
+
+        def call(self, msg, timeout_s):
+            r = self.real.call(msg, timeout_s)
+            return {**r, "logits": r["logits"] * 1.5}
+
+    real, e.baseline = e.baseline, None
+    try:
+        e.baseline = Drifted(real)
+        e.executor_routes.clear()
+        routes = e.reference_routes(0, 1, timing.now_ns() / 1e9 + 60)
+        assert routes is e.moe_routes.get((0, 1), e.model, e.workloads[0][1], e.ref[0][1], e.dtype)
+    finally:
+        e.baseline = real
+        e.executor_routes.clear()

@@ -436,6 +436,15 @@ def test_executor_env_is_an_allow_list(tmp_path):
         sb.executor_env(pol, {"TKCC_ENGINE_TOKEN": "t"})
 
 
+def test_executor_env_keeps_the_math_libraries_numerics_switches(tmp_path):
+    # the judge records the reference's MoE routing in its own process: an executor whose cuBLAS picks other
+    # GEMM algorithms (another workspace, TF32 forced) would round differently upstream of every router
+    base = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "CUBLASLT_WORKSPACE_SIZE": "1024", "NVIDIA_TF32_OVERRIDE": "0",
+            "CUBLAS_LOGDEST_DBG": "/x"}
+    env = sb.executor_env(sb.SandboxPolicy(workdir=str(tmp_path)), base=base)
+    assert {k: env.get(k) for k in base} == {**{k: base[k] for k in list(base)[:3]}, "CUBLAS_LOGDEST_DBG": None}
+
+
 def test_llm_candidates_need_a_complete_sandbox():
     incomplete = sb.SandboxCapabilities(rlimits=True, no_new_privs=True, subreaper=True)
     with pytest.raises(sb.UnsafeSandbox, match="--unsafe-no-sandbox"):
