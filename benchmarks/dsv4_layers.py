@@ -94,8 +94,8 @@ def op_split(cfg, w, ids, layers, device: str) -> dict[str, float]:
 
 
 KERNELS = {"hc_post": ("triton_hc_post.py", "hc_post_triton"),
-           "swiglu_clamp_and_mul": ("triton_swiglu_clamp.py", "swiglu_clamp_and_mul_triton"),
-           "moe_experts_clamp": ("triton_moe_experts_clamp.py", "moe_experts_clamp_triton")}
+           "swiglu_clamp_and_mul": ("triton_glu_and_mul.py", "swiglu_clamp_and_mul_triton"),
+           "moe_experts_clamp": ("triton_moe_experts.py", "moe_experts_clamp_triton")}
 
 
 def _kernel(op: str):

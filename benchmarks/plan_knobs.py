@@ -1,6 +1,6 @@
 """A plan's accepted template settings re-rendered by the current template library, some knobs set.
 
-    python benchmarks/plan_knobs.py --plan examples/plans/llama-1b-h200/v3 --set '*_PDL=1' --out /tmp/pdl1
+    python benchmarks/plan_knobs.py --plan examples/plans/llama-1b-h200/v5 --set '*_PDL=1' --out /tmp/pdl1
     python benchmarks/e2e_decode.py --device cuda --cases llama-1b:all@1/1024 --plan /tmp/pdl1/v3
 
 An experiment on knobs, not a plan: it answers "what would this plan's step cost with knob X?" for a

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from compiler.compose import Part, compose, parse_targets, select_compatible
+from compiler.plan import seed_parent
 
 TierEvaluate = Callable[[str, str], Any]      # (tier, source) -> CandidateVerdict
 POINT_KEYS = ("phase", "batch", "context", "chunk")
@@ -165,7 +166,10 @@ def merge_points(points: list[dict], fast: Any, slow: Any) -> tuple[dict, ...]:
 
 
 def name_of(source: str, author: str, n: int) -> str:
-    """A short name: author, the ops it overrides (or "config"), and a running number."""
+    """A short name: author, the ops it overrides (or "config"), and a running number; a seed keeps
+    the name it had in the parent plan (``plan.seed_parent``), so a recompile does not lengthen it."""
+    if seed_parent(author):
+        return seed_parent(author)
     targets, _ = _targets(source)
     base = f"{author}-{'+'.join(targets) or 'config'}"
     return f"{base}-{n}"

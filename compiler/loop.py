@@ -270,7 +270,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 for name, source in cfg.seeds:               # recompile: the old plan's optimizations first
                     if stop.is_set():
                         break
-                    _consider(board, run_id, fleet, acceptor, progress, source, author=f"seed:{name}", tried=tried,
+                    _consider(board, run_id, fleet, acceptor, progress, source, author=plan_mod.seed_author(name), tried=tried,
                               memory=memory)
 
                 if not stop.is_set() and time.monotonic() < deadline:
@@ -518,13 +518,13 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
                 phases: dict | None = None) -> plan_mod.Plan:
     import math
 
-    taken: set[str] = set()
     opts = []
     for a in (composition.parts if composition else ()):
         opts.append(plan_mod.Optimization(
             name=a.name, targets=a.targets, speedup={"fast": round(a.fast, 4), "slow": round(a.slow, 4)},
-            per_point=a.per_point, kernel=f"kernels/{plan_mod.kernel_filename(a.name, taken)}",
-            author=a.author, description=a.description, noise=a.noise, projected=getattr(a, "projected", None)))
+            per_point=a.per_point, kernel=plan_mod.kernel_path(a.source, a.targets),
+            author=a.author, description=a.description, noise=a.noise, projected=getattr(a, "projected", None),
+            parent=plan_mod.seed_parent(a.author)))
 
     def num(x: float) -> float | None:
         return None if x is None or not math.isfinite(x) else round(x, 4)

@@ -5,7 +5,9 @@ A plan root directory (``--out DIR``) holds one sub-directory per version::
     DIR/v1/plan.json            model, hw, detected device, versions, traffic summary + hash,
                                 optimizations, plan_speedup, parallelism, projected TPS, version
     DIR/v1/traffic_profile.json the full traffic profile (``tkcc recompile`` diffs new traffic against it)
-    DIR/v1/kernels/<name>.py    each accepted candidate source
+    DIR/v1/kernels/<ops>_<sha>.py  each accepted candidate source, named by the ops it overrides and
+                                the first 12 hex digits of its sha256 (``kernel_path``): one file per
+                                distinct source, and a recompile re-verifying it writes the same name
     DIR/v1/kernels/composed.py  all accepted overrides in one candidate file (what ``plan apply`` loads)
     DIR/v1/report.md + plots/   the readable report
 
@@ -15,6 +17,10 @@ it); ``load`` calls it, so ``plan apply``, ``recompile``, the benchmarks and ser
 kernel files were edited, removed or added after it was written (one line naming the file, exit 2)
 and never import one.
     DIR/v2/...                  written by ``tkcc recompile`` beside the old one
+
+Lineage is data, not part of a name: a version records ``parent_version``, and an optimization that
+re-verified one of the parent's (a seed, authored ``seed:<name>``) keeps that name and records it as
+``parent``, so names do not grow with each recompile.
 
 A version directory is built under a temporary name and renamed into place in one ``os.rename``,
 so a reader never sees a half-written plan (a crash leaves only a ``.tmp-*`` directory behind).
@@ -60,6 +66,7 @@ class Optimization:
     description: str = ""
     noise: float = 0.0                              # fast-tier relative noise it had to beat
     projected: dict | None = None                   # a config: its replayed TTFT/TPOT/tokens/s (config_plan)
+    parent: str = ""                                # the parent version's optimization it re-verified
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -76,7 +83,8 @@ class Optimization:
                    per_point=tuple(dict(p) for p in d.get("per_point", ())),
                    kernel=str(d.get("kernel", "")), author=str(d.get("author", "")),
                    description=str(d.get("description", "")), noise=float(d.get("noise", 0.0)),
-                   projected=dict(d["projected"]) if isinstance(d.get("projected"), dict) else None)
+                   projected=dict(d["projected"]) if isinstance(d.get("projected"), dict) else None,
+                   parent=str(d.get("parent", "")))
 
 
 @dataclass(frozen=True)
@@ -282,20 +290,29 @@ def load_profile(vdir: str | os.PathLike) -> dict:
 
 
 # ---------------------------------------------------------------- writing
+SEED_AUTHOR = "seed:"          # author of a candidate that re-verifies an optimization of a parent plan
+
+
+def seed_author(name: str) -> str:
+    """The author a seed (an optimization ``name`` of the parent version) is judged under."""
+    return f"{SEED_AUTHOR}{name}"
+
+
+def seed_parent(author: str) -> str:
+    """The parent optimization's name when ``author`` is a seed's (``seed_author``), else ""."""
+    return author[len(SEED_AUTHOR):] if author.startswith(SEED_AUTHOR) else ""
+
+
 def _slug(name: str) -> str:
     s = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_").lower()
-    return s[:60] or "candidate"
+    return s[:40] or "config"
 
 
-def kernel_filename(name: str, taken: set[str]) -> str:
-    """A unique, filesystem-safe ``kernels/<slug>.py`` for an optimization name."""
-    base, n = _slug(name), 1
-    fname = f"{base}.py"
-    while fname in taken or fname == COMPOSED_KERNEL:
-        n += 1
-        fname = f"{base}_{n}.py"
-    taken.add(fname)
-    return fname
+def kernel_path(source: str, targets: tuple[str, ...] = ()) -> str:
+    """``kernels/<ops>_<sha12>.py`` for a candidate source: content-addressed, so one source has one
+    name in every version (no copies under growing names) and two sources never share one."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    return f"kernels/{_slug('+'.join(targets))}_{digest}.py"
 
 
 def write_version(root: str | os.PathLike, plan: Plan, *, sources: dict[str, str],

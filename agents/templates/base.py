@@ -12,7 +12,9 @@ imported directly. The file has two parts, separated by the line ``# ---- sectio
 Rendering a template with chosen knob values rewrites the knob assignments of the section in place
 (each knob must be assigned exactly once, on one line) and inlines the section into the candidate,
 so a candidate is one self-contained file with no tkcc import (DESIGN.md "Candidate"). Identifiers in
-a section carry a prefix unique to the file, so several sections can share one candidate.
+a section carry a prefix unique to the file, so several sections can share one candidate. Several
+templates may share one file (one kernel with a constexpr knob, an entry and a knob prefix each): a
+candidate then holds that section once, with every chosen template's knobs set in it.
 
 A knob setting is *valid* when every value is one of the knob's values and the template's
 ``constraint`` (register budget, shape fit) accepts it; ``Template.check`` returns the reasons it is
@@ -112,12 +114,12 @@ class Template:
         return device in self.devices
 
     # ------------------------------------------------------------------ rendering
-    def section(self, knobs: Mapping[str, Any]) -> str:
-        """The kernel file's section with the knob assignments rewritten to ``knobs``."""
+    def set_knobs(self, text: str, knobs: Mapping[str, Any]) -> str:
+        """``text`` (the section of this template's file) with this template's knob assignments rewritten
+        to ``knobs`` (each assigned exactly once, on one line)."""
         bad = self.check(knobs)
         if bad:
             raise TemplateError("; ".join(bad))
-        text = _section_text(self.file)
         for k in self.knobs:
             pattern = re.compile(rf"^{re.escape(k.name)} = .*$", re.MULTILINE)
             text, n = pattern.subn(f"{k.name} = {knobs[k.name]!r}", text)
@@ -174,9 +176,15 @@ def render_candidate(choices: Sequence[Choice], *, config: Mapping[str, Any] | N
     desc = description or "; ".join(c.key() for c in choices) or "engine configuration"
     parts = [f'"""tkcc candidate rendered from the template library: {_one_line(desc)}"""', ""]
     parts += list(ALLOWED_IMPORTS) + ["", ""]
-    for c in choices:
-        parts.append(f"# ======== {c.key()}")
-        parts.append(c.template.section(c.knobs))
+    by_file: dict[str, list[Choice]] = {}       # templates of one file (one kernel, several entries) share
+    for c in choices:                           # its section once, each with its own knobs set in it
+        by_file.setdefault(c.template.file, []).append(c)
+    for same in by_file.values():
+        text = _section_text(same[0].template.file)
+        for c in same:
+            text = c.template.set_knobs(text, c.knobs)
+        parts.append(f"# ======== {'; '.join(c.key() for c in same)}")
+        parts.append(text)
         parts.append("")
     overrides = ", ".join(f"{c.op!r}: {c.template.entry}" for c in choices)
     parts.append(f"OVERRIDES = {{{overrides}}}")

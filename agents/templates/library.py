@@ -48,11 +48,15 @@ def _row_norm(prefix: str):
     return check
 
 
-def _silu(k: Mapping, dims: Mapping) -> list[str]:
-    out = _per_thread(k["SAM_BLOCK_I"], k["SAM_NUM_WARPS"])
-    if "intermediate" in dims and k["SAM_BLOCK_I"] > 2 * _next_pow2(dims["intermediate"]):
-        out.append(f"BLOCK_I {k['SAM_BLOCK_I']} is over twice the row ({dims['intermediate']})")
-    return out
+def _glu(prefix: str, *, row: bool = True):
+    """A gated-unit row kernel (triton_glu_and_mul.py): its BLOCK_I tile per thread and, with ``row``, no
+    block over twice the model's intermediate row."""
+    def check(k: Mapping, dims: Mapping) -> list[str]:
+        out = _per_thread(k[f"{prefix}_BLOCK_I"], k[f"{prefix}_NUM_WARPS"])
+        if row and "intermediate" in dims and k[f"{prefix}_BLOCK_I"] > 2 * _next_pow2(dims["intermediate"]):
+            out.append(f"BLOCK_I {k[f'{prefix}_BLOCK_I']} is over twice the row ({dims['intermediate']})")
+        return out
+    return check
 
 
 def _rope(k: Mapping, dims: Mapping) -> list[str]:
@@ -139,19 +143,8 @@ def _attn_window(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(g * k["ATTW_BLOCK_T"] * dh, k["ATTW_NUM_WARPS"])
 
 
-def _swcl(k: Mapping, dims: Mapping) -> list[str]:
-    return _per_thread(k["SWCL_BLOCK_I"], k["SWCL_NUM_WARPS"])
-
-
 def _hc_post(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(k["HCP_BLOCK_D"], k["HCP_NUM_WARPS"])
-
-
-def _soai(k: Mapping, dims: Mapping) -> list[str]:
-    out = _per_thread(k["SOAI_BLOCK_I"], k["SOAI_NUM_WARPS"])
-    if "intermediate" in dims and k["SOAI_BLOCK_I"] > 2 * _next_pow2(dims["intermediate"]):
-        out.append(f"BLOCK_I {k['SOAI_BLOCK_I']} is over twice the row ({dims['intermediate']})")
-    return out
 
 
 def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
@@ -170,10 +163,6 @@ def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
 def _kda(k: Mapping, dims: Mapping) -> list[str]:
     """The fp32 state tile [K, BLOCK_V] lives in registers (K: the KDA head dim, 128 for Kimi; 128 assumed)."""
     return _per_thread(_next_pow2(dims.get("kda_head_dim") or 128) * k["KDA_BLOCK_V"], k["KDA_NUM_WARPS"])
-
-
-def _situ(k: Mapping, dims: Mapping) -> list[str]:
-    return _per_thread(k["SITU_BLOCK_I"], k["SITU_NUM_WARPS"])
 
 
 MOE_SMEM_BYTES = 200 * 1024     # bf16 A + gate + up tiles of the w13 GEMM, NUM_STAGES - 1 buffers (H200: 227 KiB)
@@ -221,10 +210,10 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
               Knob("FARN_NUM_WARPS", POW2_WARPS + (16,))),
              "residual add and RMSNorm in one pass; the sum never leaves registers",
              _row_norm("FARN")),
-    Template("silu_and_mul.triton", "silu_and_mul", "triton_silu_and_mul.py", "silu_and_mul_triton",
+    Template("silu_and_mul.triton", "silu_and_mul", "triton_glu_and_mul.py", "silu_and_mul_triton",
              "triton", ("cuda",),
              (Knob("SAM_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SAM_NUM_WARPS", POW2_WARPS)),
-             "SiLU(gate) * up in fp32, one rounding", _silu),
+             "SiLU(gate) * up in fp32, one rounding", _glu("SAM")),
     Template("rotary_embedding.triton", "rotary_embedding", "triton_rotary.py", "rotary_embedding_triton",
              "triton", ("cuda",),
              (Knob("ROPE_HEADS", (4, 8, 16, 2, 1, 32)), Knob("ROPE_NUM_WARPS", POW2_WARPS)),
@@ -257,11 +246,11 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "
              "w2 GEMM times the routing weight, deterministic k-sum; per-pair GEMVs for few pairs",
              _moe),
-    Template("moe_experts_situ.triton_fused", "moe_experts_situ", "triton_moe_experts_situ.py",
+    Template("moe_experts_situ.triton_fused", "moe_experts_situ", "triton_moe_experts.py",
              "moe_experts_situ_triton", "triton", ("cuda",), MOES_KNOBS,
              "fused MoE with Kimi-K3's SiTU-GLU epilogue (moe_experts.triton_fused's kernels otherwise)",
              _moes),
-    Template("moe_experts_clamp.triton_fused", "moe_experts_clamp", "triton_moe_experts_clamp.py",
+    Template("moe_experts_clamp.triton_fused", "moe_experts_clamp", "triton_moe_experts.py",
              "moe_experts_clamp_triton", "triton", ("cuda",),
              MOEC_KNOBS,
              "DeepSeek-V4's experts as the fused MoE with the clamped SwiGLU (swiglu_limit) in the w13 epilogue",
@@ -272,21 +261,21 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
               Knob("ATTW_NUM_STAGES", (2, 1, 3))),
              "sliding-window decode: GQA group per program, online softmax over the window's tokens only, "
              "sinks in the denominator", _attn_window),
-    Template("swigluoai_and_mul.triton", "swigluoai_and_mul", "triton_swigluoai.py", "swigluoai_and_mul_triton",
+    Template("swigluoai_and_mul.triton", "swigluoai_and_mul", "triton_glu_and_mul.py", "swigluoai_and_mul_triton",
              "triton", ("cuda",),
              (Knob("SOAI_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SOAI_NUM_WARPS", POW2_WARPS)),
-             "clamped alpha-sigmoid gate times (up + 1) in fp32, one pass, one rounding", _soai),
+             "clamped alpha-sigmoid gate times (up + 1) in fp32, one pass, one rounding", _glu("SOAI")),
     Template("kda_decode.triton", "kda_decode", "triton_kda_decode.py", "kda_decode_triton", "triton", ("cuda",),
              (Knob("KDA_BLOCK_V", (32, 16, 64, 8, 128)), Knob("KDA_NUM_WARPS", (4, 2, 8, 1))),
              "Kimi delta attention decode step in one kernel: gate, l2 norms, decay, delta update and output with "
              "the fp32 state tile in registers (one read and one write of the state)", _kda),
-    Template("situ_and_mul.triton", "situ_and_mul", "triton_situ_and_mul.py", "situ_and_mul_triton", "triton",
+    Template("situ_and_mul.triton", "situ_and_mul", "triton_glu_and_mul.py", "situ_and_mul_triton", "triton",
              ("cuda",), (Knob("SITU_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SITU_NUM_WARPS", POW2_WARPS)),
-             "Kimi-K3 SiTU-GLU (tanh-clipped gate and up) in fp32, one pass, one rounding", _situ),
-    Template("swiglu_clamp_and_mul.triton", "swiglu_clamp_and_mul", "triton_swiglu_clamp.py",
+             "Kimi-K3 SiTU-GLU (tanh-clipped gate and up) in fp32, one pass, one rounding", _glu("SITU", row=False)),
+    Template("swiglu_clamp_and_mul.triton", "swiglu_clamp_and_mul", "triton_glu_and_mul.py",
              "swiglu_clamp_and_mul_triton", "triton", ("cuda",),
              (Knob("SWCL_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SWCL_NUM_WARPS", POW2_WARPS)),
-             "DeepSeek-V4 clamped SwiGLU (swiglu_limit) in fp32, one pass, one rounding", _swcl),
+             "DeepSeek-V4 clamped SwiGLU (swiglu_limit) in fp32, one pass, one rounding", _glu("SWCL", row=False)),
     Template("hc_post.triton", "hc_post", "triton_hc_post.py", "hc_post_triton", "triton", ("cuda",),
              (Knob("HCP_BLOCK_D", (512, 256, 1024, 2048, 128, 64, 16)), Knob("HCP_NUM_WARPS", POW2_WARPS)),
              "DeepSeek-V4 hyper-connection expand + mix: each D-block of the N streams read once, fp32, one "

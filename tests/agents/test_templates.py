@@ -112,6 +112,12 @@ def test_rendered_candidate_is_self_contained_and_composes():
     gemv = get_template("linear.triton_gemv_splitk")
     src = render_candidate([Choice(gemv, {**gemv.default(), "GEMV_SPLIT_K": 8})])
     assert "\nGEMV_SPLIT_K = 8\n" in src and src.count("GEMV_SPLIT_K = ") == 1
+    # templates of one file (the fused MoE's three epilogues): its section once, each template's knobs set
+    moe, clamp = get_template("moe_experts.triton_fused"), get_template("moe_experts_clamp.triton_fused")
+    src = render_candidate([Choice(moe, {**moe.default(), "MOE_BLOCK_M": 32}),
+                            Choice(clamp, {**clamp.default(), "MOEC_BLOCK_M": 64})])
+    assert src.count("def _moe_fused(") == 1 and "\nMOE_BLOCK_M = 32\n" in src and "\nMOEC_BLOCK_M = 64\n" in src
+    assert set(load_candidate(src)["OVERRIDES"]) == {"moe_experts", "moe_experts_clamp"}
 
 
 def test_validity_checks():

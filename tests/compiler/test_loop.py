@@ -149,6 +149,9 @@ def test_recompile_on_drift_writes_a_new_version_seeded_with_the_plan(run):
     authors = {c.author for c in board.list_candidates(board.list_runs().items[0].id).items} if seeds else set()
     # each seed is judged again, or (same shape class) its verdict is remembered and not judged twice
     assert sum(f"seed:{n}" in authors for n in seeds) + new.run["remembered"] >= len(seeds)
+    for o in new.optimizations:           # lineage in the parent field; a seed's name and file unchanged
+        assert o.parent in seeds | {""} and (not o.parent or o.name == o.parent)
+        assert o.kernel == plan_mod.kernel_path((out / "v2" / o.kernel).read_text(), o.targets)
 
 
 def test_cli_recompile_no_drift_json(run):

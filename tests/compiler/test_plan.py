@@ -1,6 +1,7 @@
 """The plan artifact: versioned directories, atomic writes, validation with one-line errors."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -89,10 +90,33 @@ def test_cli_plan_show_corrupt_plan_exits_2_without_traceback(tmp_path):
     assert "corrupt plan" in out.stderr
 
 
-def test_kernel_filenames_are_unique_and_safe():
-    taken: set[str] = set()
-    names = [plan_mod.kernel_filename(n, taken) for n in ("a/b c", "a/b c", "composed", "")]
-    assert names == ["a_b_c.py", "a_b_c_2.py", "composed_2.py", "candidate.py"]
+def test_kernel_paths_are_content_addressed_and_safe():
+    a, b = "OVERRIDES = {'rms_norm': f}\n", "OVERRIDES = {'rms_norm': g}\n"
+    pa = plan_mod.kernel_path(a, ("rms_norm",))
+    assert pa == plan_mod.kernel_path(a, ("rms_norm",)) != plan_mod.kernel_path(b, ("rms_norm",))
+    assert pa.startswith("kernels/rms_norm_") and pa.endswith(".py") and len(pa) == len("kernels/rms_norm_.py") + 12
+    odd = plan_mod.kernel_path(a, ("a/b c", "x" * 200))
+    assert re.fullmatch(r"kernels/[a-z0-9_]{1,40}_[0-9a-f]{12}\.py", odd)
+    assert plan_mod.kernel_path(a).startswith("kernels/config_")          # a config candidate overrides no op
+    assert plan_mod.kernel_path("") != "kernels/" + plan_mod.COMPOSED_KERNEL
+
+
+def test_a_recompile_keeps_a_seeds_name_and_records_its_parent():
+    """Each recompile judges the parent's optimizations again under ``seed:<name>``; the accepted one
+    keeps ``<name>`` (the parent field holds the lineage), so three recompiles leave it as it was."""
+    from compiler.acceptance import name_of
+    source = "OVERRIDES = {'rms_norm': f}\n"
+    name = name_of(source, "offline-kernel-0", 16)
+    assert name == "offline-kernel-0-rms_norm-16"
+    for _ in range(3):
+        author = plan_mod.seed_author(name)
+        assert plan_mod.seed_parent(author) == name
+        name = name_of(source, author, 1)
+    assert name == "offline-kernel-0-rms_norm-16"
+    assert plan_mod.seed_parent("offline-kernel-0") == ""
+    opt = plan_mod.Optimization(name=name, targets=("rms_norm",), speedup={"fast": 1.1, "slow": 1.0}, parent=name)
+    assert plan_mod.Optimization.from_dict(opt.to_dict()) == opt
+    assert plan_mod.Optimization.from_dict({k: v for k, v in opt.to_dict().items() if k != "parent"}).parent == ""
 
 
 def test_software_versions_name_tkcc_also_when_run_from_an_uninstalled_tree(monkeypatch):

@@ -25,6 +25,13 @@ Grouped path (P > MOE_GEMV_MAX_PAIRS), four launches:
 GEMV path (P <= MOE_GEMV_MAX_PAIRS, batch-1 decode): no align; grid (P, cdiv(I, ROWS)) fused
 gate/up GEMV into ``inter[P, I]``, grid (P, cdiv(H, ROWS)) down GEMV times the weight into
 ``ypair``, then the same k-sum. Bytes: P*3*H*I weight elements, the floor at small batch.
+
+The w13 epilogue (``_moe_act``, ACT a constexpr: one compiled kernel per activation, no branch at run time)
+serves three ops, each with its own entry and knob set, so one candidate can hold all three with their own
+tiles: ``moe_experts_triton`` (MOE_ knobs) SiLU(gate) * up; ``moe_experts_clamp_triton`` (MOEC_, DeepSeek-V4's
+``swiglu_limit``) silu(min(gate, limit)) * clamp(up, -limit, limit); ``moe_experts_situ_triton`` (MOES_,
+Kimi-K3) SiTU-GLU beta tanh(gate / beta) sigmoid(gate) * (lb tanh(up / lb), or up without ``linear_beta``).
+Gate and up are rounded to x's dtype first in every case, as the reference does.
 """
 
 import torch
@@ -42,8 +49,52 @@ MOE_BLOCK_K = 64
 MOE_GROUP_M = 8
 MOE_NUM_WARPS = 4
 MOE_NUM_STAGES = 3
+MOEC_GEMV_MAX_PAIRS = 16
+MOEC_GEMV_ROWS = 8
+MOEC_GEMV_BLOCK_K = 512
+MOEC_GEMV_WARPS = 4
+MOEC_BLOCK_M = 16
+MOEC_BLOCK_N = 64
+MOEC_BLOCK_K = 64
+MOEC_GROUP_M = 8
+MOEC_NUM_WARPS = 4
+MOEC_NUM_STAGES = 3
+MOES_GEMV_MAX_PAIRS = 16
+MOES_GEMV_ROWS = 8
+MOES_GEMV_BLOCK_K = 512
+MOES_GEMV_WARPS = 4
+MOES_BLOCK_M = 16
+MOES_BLOCK_N = 64
+MOES_BLOCK_K = 64
+MOES_GROUP_M = 8
+MOES_NUM_WARPS = 4
+MOES_NUM_STAGES = 3
 MOE_SUM_BLOCK = 1024          # elements of out per k-sum program
 MOE_ALIGN_ELEMS = 8192        # one-hot tile of the align kernel (CHUNK * E_POW2), 8 warps: 32 a thread
+
+MOE_SILU, MOE_CLAMP, MOE_SITU, MOE_SITU_LB = 0, 1, 2, 3     # ACT: the w13 epilogue
+
+
+@triton.jit
+def _moe_tanh(x):
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _moe_act(gate, up, A, B, ACT: tl.constexpr):
+    """The GLU of gate and up (fp32): SiLU * up; clamped at limit A first; SiTU-GLU with beta A (and lb B)."""
+    if ACT == 1:                                           # the clamped SwiGLU (swiglu_limit)
+        gate = tl.minimum(gate, A)
+        up = tl.minimum(tl.maximum(up, -A), A)
+    if ACT == 3:
+        up = B * _moe_tanh(up / B)
+    if ACT >= 2:
+        act = A * _moe_tanh(gate / A) / (1.0 + tl.exp(-gate))
+    else:
+        act = gate / (1.0 + tl.exp(-gate))
+    return act * up
 
 
 @triton.jit
@@ -98,10 +149,10 @@ def _grouped_pid(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _moe_w13_kernel(x_ptr, w13_ptr, sorted_ptr, bexp_ptr, inter_ptr, P, H, I, E, num_pid_m,
+def _moe_w13_kernel(x_ptr, w13_ptr, sorted_ptr, bexp_ptr, inter_ptr, P, H, I, E, num_pid_m, A, B,
                     stride_xt, stride_xh, stride_we, stride_wr, stride_wk,
                     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ACT: tl.constexpr):
     pid_m, pid_n = _grouped_pid(tl.program_id(0), num_pid_m, tl.cdiv(I, BLOCK_N), GROUP_M)
     e = tl.load(bexp_ptr + pid_m)
     if e >= E:                                              # past the last group: nothing to do
@@ -136,7 +187,7 @@ def _moe_w13_kernel(x_ptr, w13_ptr, sorted_ptr, bexp_ptr, inter_ptr, P, H, I, E,
             acc_u = tl.dot(a, u, acc_u)
     gate = acc_g.to(inter_ptr.dtype.element_ty).to(tl.float32)
     up = acc_u.to(inter_ptr.dtype.element_ty).to(tl.float32)
-    y = gate / (1.0 + tl.exp(-gate)) * up
+    y = _moe_act(gate, up, A, B, ACT)
     tl.store(inter_ptr + slots[:, None].to(tl.int64) * I + offs_n[None, :], y.to(inter_ptr.dtype.element_ty),
              mask=valid[:, None] & nmask[None, :])
 
@@ -177,9 +228,9 @@ def _moe_w2_kernel(inter_ptr, w2_ptr, sorted_ptr, bexp_ptr, tw_ptr, ypair_ptr, P
 
 
 @triton.jit
-def _moe_gemv_up_kernel(x_ptr, w13_ptr, ids_ptr, inter_ptr, H, I, stride_xt, stride_xh,
+def _moe_gemv_up_kernel(x_ptr, w13_ptr, ids_ptr, inter_ptr, H, I, A, B, stride_xt, stride_xh,
                         stride_we, stride_wr, stride_wk,
-                        TOPK: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+                        TOPK: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOPK
     e = tl.load(ids_ptr + p).to(tl.int64)
@@ -200,7 +251,7 @@ def _moe_gemv_up_kernel(x_ptr, w13_ptr, ids_ptr, inter_ptr, H, I, stride_xt, str
         acc_u += u.to(tl.float32) * x[None, :]
     gate = tl.sum(acc_g, axis=1).to(inter_ptr.dtype.element_ty).to(tl.float32)
     up = tl.sum(acc_u, axis=1).to(inter_ptr.dtype.element_ty).to(tl.float32)
-    y = gate / (1.0 + tl.exp(-gate)) * up
+    y = _moe_act(gate, up, A, B, ACT)
     tl.store(inter_ptr + p * I + offs_i, y.to(inter_ptr.dtype.element_ty), mask=imask)
 
 
@@ -245,7 +296,12 @@ def _moe_align_chunk(e_pow2):
     return max(1, min(MOE_ALIGN_ELEMS // e_pow2, _moe_pow2(int(MOE_ALIGN_ELEMS ** 0.5) + 1) // 2))
 
 
-def moe_experts_triton(x, w13, w2, topk_weights, topk_ids):
+def _moe_fused(x, w13, w2, topk_weights, topk_ids, act, a, b, tiles):
+    """The four launches (or three on the GEMV path) with epilogue ``act`` (A=a, B=b) and ``tiles``
+    (GEMV_MAX_PAIRS, GEMV_ROWS, GEMV_BLOCK_K, GEMV_WARPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_WARPS,
+    NUM_STAGES): one entry's knob values."""
+    (gemv_max_pairs, gemv_rows, gemv_block_k, gemv_warps, block_m, block_n, block_k, group_m, num_warps,
+     num_stages) = tiles
     T, H = x.shape
     E, two_i, _ = w13.shape
     I = two_i // 2
@@ -258,35 +314,54 @@ def moe_experts_triton(x, w13, w2, topk_weights, topk_ids):
     tw = topk_weights.reshape(-1)
     ypair = torch.empty((P, H), dtype=torch.float32, device=x.device)      # weighted expert outputs
     upcast, ieee = x.device.type != "cuda", x.dtype == torch.float32
-    if P <= MOE_GEMV_MAX_PAIRS:
+    if P <= gemv_max_pairs:
         inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
-        _moe_gemv_up_kernel[(P, triton.cdiv(I, MOE_GEMV_ROWS))](
-            x, w13, ids, inter, H, I, x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
-            TOPK=k, ROWS=MOE_GEMV_ROWS, BLOCK_K=MOE_GEMV_BLOCK_K, num_warps=MOE_GEMV_WARPS,
-            num_stages=MOE_NUM_STAGES)
-        _moe_gemv_down_kernel[(P, triton.cdiv(H, MOE_GEMV_ROWS))](
+        _moe_gemv_up_kernel[(P, triton.cdiv(I, gemv_rows))](
+            x, w13, ids, inter, H, I, a, b, x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
+            TOPK=k, ROWS=gemv_rows, BLOCK_K=gemv_block_k, ACT=act, num_warps=gemv_warps,
+            num_stages=num_stages)
+        _moe_gemv_down_kernel[(P, triton.cdiv(H, gemv_rows))](
             inter, w2, ids, tw, ypair, H, I, w2.stride(0), w2.stride(1), w2.stride(2),
-            ROWS=MOE_GEMV_ROWS, BLOCK_K=MOE_GEMV_BLOCK_K, num_warps=MOE_GEMV_WARPS, num_stages=MOE_NUM_STAGES)
+            ROWS=gemv_rows, BLOCK_K=gemv_block_k, num_warps=gemv_warps, num_stages=num_stages)
     else:
-        slots = P + E * (MOE_BLOCK_M - 1)                       # static bound on the padded length
-        num_blocks = triton.cdiv(slots, MOE_BLOCK_M)
-        slots = num_blocks * MOE_BLOCK_M
+        slots = P + E * (block_m - 1)                       # static bound on the padded length
+        num_blocks = triton.cdiv(slots, block_m)
+        slots = num_blocks * block_m
         sorted_ids = torch.empty((slots,), dtype=torch.int32, device=x.device)
         block_expert = torch.empty((num_blocks,), dtype=torch.int32, device=x.device)
         e_pow2 = _moe_pow2(E)
-        _moe_align_kernel[(1,)](ids, sorted_ids, block_expert, P, E, num_blocks, BLOCK_M=MOE_BLOCK_M,
+        _moe_align_kernel[(1,)](ids, sorted_ids, block_expert, P, E, num_blocks, BLOCK_M=block_m,
                                 E_POW2=e_pow2, CHUNK=_moe_align_chunk(e_pow2), num_warps=8)
         inter = torch.empty((slots, I), dtype=x.dtype, device=x.device)
-        _moe_w13_kernel[(num_blocks * triton.cdiv(I, MOE_BLOCK_N),)](
-            x, w13, sorted_ids, block_expert, inter, P, H, I, E, num_blocks, x.stride(0), x.stride(1),
-            w13.stride(0), w13.stride(1), w13.stride(2), TOPK=k, BLOCK_M=MOE_BLOCK_M, BLOCK_N=MOE_BLOCK_N,
-            BLOCK_K=MOE_BLOCK_K, GROUP_M=MOE_GROUP_M, UPCAST=upcast, IEEE=ieee, num_warps=MOE_NUM_WARPS,
-            num_stages=MOE_NUM_STAGES)
-        _moe_w2_kernel[(num_blocks * triton.cdiv(H, MOE_BLOCK_N),)](
+        _moe_w13_kernel[(num_blocks * triton.cdiv(I, block_n),)](
+            x, w13, sorted_ids, block_expert, inter, P, H, I, E, num_blocks, a, b, x.stride(0), x.stride(1),
+            w13.stride(0), w13.stride(1), w13.stride(2), TOPK=k, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, GROUP_M=group_m, UPCAST=upcast, IEEE=ieee, ACT=act, num_warps=num_warps,
+            num_stages=num_stages)
+        _moe_w2_kernel[(num_blocks * triton.cdiv(H, block_n),)](
             inter, w2, sorted_ids, block_expert, tw, ypair, P, H, I, E, num_blocks,
-            w2.stride(0), w2.stride(1), w2.stride(2), BLOCK_M=MOE_BLOCK_M, BLOCK_N=MOE_BLOCK_N,
-            BLOCK_K=MOE_BLOCK_K, GROUP_M=MOE_GROUP_M, UPCAST=upcast, IEEE=ieee, num_warps=MOE_NUM_WARPS,
-            num_stages=MOE_NUM_STAGES)
+            w2.stride(0), w2.stride(1), w2.stride(2), BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, GROUP_M=group_m, UPCAST=upcast, IEEE=ieee, num_warps=num_warps,
+            num_stages=num_stages)
     _moe_sum_kernel[(triton.cdiv(T * H, MOE_SUM_BLOCK),)](ypair, out, T * H, H, TOPK=k, BLOCK=MOE_SUM_BLOCK,
                                                           num_warps=4)
     return out
+
+
+def moe_experts_triton(x, w13, w2, topk_weights, topk_ids):
+    return _moe_fused(x, w13, w2, topk_weights, topk_ids, MOE_SILU, 0.0, 0.0,
+                      (MOE_GEMV_MAX_PAIRS, MOE_GEMV_ROWS, MOE_GEMV_BLOCK_K, MOE_GEMV_WARPS, MOE_BLOCK_M,
+                       MOE_BLOCK_N, MOE_BLOCK_K, MOE_GROUP_M, MOE_NUM_WARPS, MOE_NUM_STAGES))
+
+
+def moe_experts_clamp_triton(x, w13, w2, topk_weights, topk_ids, limit):
+    return _moe_fused(x, w13, w2, topk_weights, topk_ids, MOE_CLAMP, float(limit), 0.0,
+                      (MOEC_GEMV_MAX_PAIRS, MOEC_GEMV_ROWS, MOEC_GEMV_BLOCK_K, MOEC_GEMV_WARPS, MOEC_BLOCK_M,
+                       MOEC_BLOCK_N, MOEC_BLOCK_K, MOEC_GROUP_M, MOEC_NUM_WARPS, MOEC_NUM_STAGES))
+
+
+def moe_experts_situ_triton(x, w13, w2, topk_weights, topk_ids, beta, linear_beta):
+    act, lb = (MOE_SITU, 1.0) if linear_beta is None else (MOE_SITU_LB, float(linear_beta))
+    return _moe_fused(x, w13, w2, topk_weights, topk_ids, act, float(beta), lb,
+                      (MOES_GEMV_MAX_PAIRS, MOES_GEMV_ROWS, MOES_GEMV_BLOCK_K, MOES_GEMV_WARPS, MOES_BLOCK_M,
+                       MOES_BLOCK_N, MOES_BLOCK_K, MOES_GROUP_M, MOES_NUM_WARPS, MOES_NUM_STAGES))

@@ -1,2 +1,0 @@
-"""tkcc plan: no accepted optimizations (the reference forward pass)."""
-OVERRIDES = {}
