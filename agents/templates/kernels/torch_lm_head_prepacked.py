@@ -1,13 +1,13 @@
 """lm_head on CPU with the vocabulary weight packed once into oneDNN's blocked layout.
 
 Reads x[B, H] (bf16) and weight[V, H] (bf16); writes logits[B, V] fp32, bit-identical to the
-reference (the same oneDNN bf16 GEMM, fp32 accumulation). The reference ``F.linear`` re-lays the
-[V, H] weight out for oneDNN on every call; at decode sizes that copy costs as much as the GEMM (it
-reads and writes the whole V*H weight). Packing it once per weight tensor
-(``torch.ops.mkldnn._reorder_linear_weight``, what inductor's CPU freezing pass does) and calling
-the packed GEMM reads it once a step. Measured on a 2-core x86 (AVX512-BF16) at SmolLM2's sizes
-(B=2, V=49152, H=576, one thread): ~1.4x the reference op; the lm_head is ~80% of a one-layer
-slice's decode step there (a 49152 x 576 head against 3.5M weights per layer).
+reference (the same oneDNN bf16 GEMM, fp32 accumulation). The reference ``F.linear`` hands oneDNN
+the plain [V, H] weight on every call; packed once per weight tensor into oneDNN's blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``, what inductor's CPU freezing pass does), the GEMM
+streams a layout made for it (a decode step reads the V*H weight once either way). Measured on a
+2-core x86 (AVX512-BF16) at SmolLM2's sizes (B=2, V=49152, H=576, one thread): ~1.4x the
+reference op; the lm_head is ~80% of a one-layer slice's decode step there (a 49152 x 576 head
+against 3.5M weights per layer).
 
 The packed copy is cached per weight tensor: the entry holds the tensor itself (so its id cannot be
 reused while cached) and its ``_version`` (an in-place write repacks). At most ``TLMH_CACHED``
