@@ -238,14 +238,13 @@ def smollm2_reference():
     return ref, streamed, plain
 
 
-def _greedy_with_plan(plan_dir, plain: bool = False) -> tuple[str, dict, Counter] | tuple[str, str, dict, Counter]:
+def _greedy_with_plan(plan_dir) -> tuple[str, str, dict, Counter]:
+    """(chat answer, plain-prompt completion, /v1/models entry, calls of each plan override) served with a plan."""
     rt = build_runtime(ServeOptions(plan=str(plan_dir), device="cpu", max_model_len=512))
     calls = _counting(rt)
     with ServeServer(rt) as s:
         info = httpx.get(s.url + "/v1/models").json()["data"][0]
-        if plain:
-            return _greedy_chat(s, 16), _greedy_plain(s), info, calls
-        return _greedy_chat(s, 16), info, calls
+        return _greedy_chat(s, 16), _greedy_plain(s), info, calls
 
 
 @needs_smollm2
@@ -254,10 +253,10 @@ def test_smollm2_answers_and_a_plan_keeps_greedy_output(smollm2_reference, smoll
     ref, streamed, plain = smollm2_reference
     assert "Paris" in ref and streamed == ref
     assert "Paris" in plain, plain                                   # a plain prompt, continued sensibly
-    out, info, calls = _greedy_with_plan(smollm2_plan)
+    out, plain_out, info, calls = _greedy_with_plan(smollm2_plan)
     assert info["plan"] and info["source"].endswith(".gguf") and info["max_num_batched_tokens"] == 16
     assert info["overrides"] == ["fused_add_rms_norm", "silu_and_mul"]
-    assert out == ref
+    assert out == ref and plain_out == plain
     assert calls["fused_add_rms_norm"] > 0 and calls["silu_and_mul"] > 0, calls    # the plan's kernels ran
 
 
@@ -275,7 +274,7 @@ def test_smollm2_greedy_output_is_identical_with_the_plan_tkcc_optimize_wrote(sm
         pytest.fail(f"{e} -- regenerate the committed plan with `make smollm2-plan`")
     assert written.model == "smollm2-135m" and written.optimizations
     assert written.run.get("origin") == "new" and written.run.get("tried", 0) >= 1     # a search wrote it
-    out, plain, info, calls = _greedy_with_plan(OPTIMIZE_PLAN, plain=True)
+    out, plain, info, calls = _greedy_with_plan(OPTIMIZE_PLAN)
     assert info["plan"] and out == smollm2_reference[0] and plain == smollm2_reference[2]
     used = {t for o in written.optimizations for t in o.targets if t in info["overrides"]}
     assert used and all(calls[t] > 0 for t in used), calls
