@@ -110,16 +110,23 @@ def torch_dtype(name: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
-def _load_verified(kfile: Path, sha256: str) -> Any:
-    """Imports the kernel file's bytes only if they still hash to ``sha256``: read once, checked, and
-    imported from a private copy, so a file swapped after ``plan.load`` verified it is never run."""
+def verified_bytes(kfile: Path, sha256: str) -> bytes:
+    """The kernel file's bytes, read once and checked against ``sha256`` (what is used is what was
+    checked: a file swapped after ``plan.load`` verified it is refused, never run)."""
     import hashlib
-    import tempfile
 
     data = kfile.read_bytes()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise plan_mod.PlanError(f"plan {kfile.parent.parent}: kernel file kernels/{kfile.name} does not match "
                                  "its sha256 in plan.json (edited after the plan was written); refused")
+    return data
+
+
+def _load_verified(kfile: Path, sha256: str) -> Any:
+    """Imports the kernel file's verified bytes (``verified_bytes``) from a private copy."""
+    import tempfile
+
+    data = verified_bytes(kfile, sha256)
     with tempfile.TemporaryDirectory(prefix="tkcc-plan-") as d:
         private = Path(d) / kfile.name
         private.write_bytes(data)
@@ -201,7 +208,8 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     try:
         ops, config, plan_side = [], {}, engine.baseline
         if kfile.is_file():
-            load = engine.handle(io.LoadCandidate(source=kfile.read_text(), name="plan"))
+            source = verified_bytes(kfile, plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", ""))
+            load = engine.handle(io.LoadCandidate(source=source.decode(), name="plan"))
             if not load.ok:
                 why = "; ".join(getattr(load, "reasons", None) or [load.message])
                 raise plan_mod.PlanError(f"plan kernel {kfile} fails to load: {why}"[:2000])

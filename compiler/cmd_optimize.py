@@ -270,6 +270,7 @@ def _apply(args: argparse.Namespace) -> int:
 
 def _versus_compile(args: argparse.Namespace, loaded, layers: list[int] | None) -> dict:
     from compiler import plan as plan_mod
+    from compiler.apply import verified_bytes
     from compiler.compare import compare_with_torch_compile
     from compiler.compose import compose
     from persistent_engine.models.spec import ModelSpec
@@ -278,6 +279,7 @@ def _versus_compile(args: argparse.Namespace, loaded, layers: list[int] | None) 
     spec = ModelSpec.from_name(args.model or plan.model)
     layers = layers or list(plan.tiers.get("fast", {}).get("layers") or [0])
     kfile = loaded.version_dir / "kernels" / plan_mod.COMPOSED_KERNEL
-    source = kfile.read_text() if kfile.is_file() else compose([])
+    source = (verified_bytes(kfile, plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", "")).decode()
+              if kfile.is_file() else compose([]))
     return compare_with_torch_compile(spec, layers, [dict(p) for p in plan.workload_points], source,
                                       device=args.device, dtype=args.dtype)

@@ -169,3 +169,27 @@ def test_attention_auto_splits_fill_the_gpu_and_match_the_reference():
     ns["_SMS"][q.device] = 132                             # cdiv(264, 4) -> 4 tiles of 32: 4 slices
     out = ns["attention_decode_triton"](q, kc, vc, bt, cl, 0.125)
     torch.testing.assert_close(out, attention_decode(q, kc, vc, bt, cl, 0.125), atol=2e-5, rtol=1e-4)
+
+
+def test_prepacked_lm_head_repacks_a_weight_written_in_place():
+    """The packed-weight cache of lm_head.torch_prepacked: the same tensor is packed once, an in-place
+    write repacks it, at most TLMH_CACHED weights are held, and the logits equal the reference's bits."""
+    from persistent_engine.ops.basic import lm_head
+
+    t = get_template("lm_head.torch_prepacked")
+    ns = load_candidate(render_candidate([Choice(t, t.default())]))
+    fn, cache = ns["OVERRIDES"]["lm_head"], ns["TLMH_PACKED"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=g).bfloat16()
+    w = torch.randn(500, 64, generator=g).bfloat16()
+    assert torch.equal(fn(x, w), lm_head(x, w)) and fn(x, w).dtype == torch.float32
+    packed = next(iter(cache.values()))[3]
+    fn(x, w)
+    assert next(iter(cache.values()))[3] is packed                  # packed once for this tensor
+    w.mul_(2)
+    assert torch.equal(fn(x, w), lm_head(x, w))                     # repacked after the write
+    others = [torch.randn(500, 64, generator=g).bfloat16() for _ in range(3)]
+    for o in others:
+        assert torch.equal(fn(x, o), lm_head(x, o))
+    assert len(cache) == ns["TLMH_CACHED"]
+    assert torch.equal(fn(x.float(), w.float()), lm_head(x.float(), w.float()))   # other dtypes: the reference

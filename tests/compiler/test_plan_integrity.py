@@ -100,3 +100,21 @@ def test_the_example_plans_verify():
     assert roots
     for v in roots:
         plan_mod.verify_plan_files(v)
+
+
+@pytest.mark.slow
+def test_plan_apply_runs_only_the_bytes_it_verified(vdir, monkeypatch):
+    """A composed kernel swapped after ``plan.load`` checked it (before the engine reads it) is refused:
+    ``check_plan`` hands the engine the bytes it hashed, never a second read of the file."""
+    from compiler import apply
+
+    verified = plan_mod.load
+
+    def load_then_swap(path):
+        out = verified(path)
+        (vdir / "kernels" / plan_mod.COMPOSED_KERNEL).write_text("OVERRIDES = {}\n")
+        return out
+
+    monkeypatch.setattr(apply.plan_mod, "load", load_then_swap)
+    with pytest.raises(plan_mod.PlanError, match="composed.py does not match its sha256"):
+        apply.check_plan(vdir, device="cpu", dtype="fp32")

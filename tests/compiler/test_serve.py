@@ -218,41 +218,54 @@ def _counting(rt) -> Counter:
     return calls
 
 
+PLAIN_PROMPT = "The capital of France is the city of"
+
+
+def _greedy_plain(server) -> str:
+    r = _client(server).completions.create(model="smollm2-135m", prompt=PLAIN_PROMPT, max_tokens=8, temperature=0)
+    return r.choices[0].text
+
+
 @pytest.fixture(scope="module")
 def smollm2_reference():
-    """SmolLM2's greedy answer to QUESTION without a plan (non-streamed and streamed)."""
+    """SmolLM2's greedy answers without a plan: to QUESTION (non-streamed and streamed) and to
+    PLAIN_PROMPT (a completion)."""
     with ServeServer(build_runtime(ServeOptions(model="smollm2-135m", device="cpu", max_model_len=512))) as s:
         ref = _greedy_chat(s, 16)
         streamed = "".join(ch.choices[0].delta.content or "" for ch in _client(s).chat.completions.create(
             model="smollm2-135m", messages=QUESTION, max_tokens=16, temperature=0, stream=True))
-    return ref, streamed
+        plain = _greedy_plain(s)
+    return ref, streamed, plain
 
 
-def _greedy_with_plan(plan_dir) -> tuple[str, dict, Counter]:
+def _greedy_with_plan(plan_dir) -> tuple[str, str, dict, Counter]:
+    """(chat answer, plain-prompt completion, /v1/models entry, calls of each plan override) served with a plan."""
     rt = build_runtime(ServeOptions(plan=str(plan_dir), device="cpu", max_model_len=512))
     calls = _counting(rt)
     with ServeServer(rt) as s:
         info = httpx.get(s.url + "/v1/models").json()["data"][0]
-        return _greedy_chat(s, 16), info, calls
+        return _greedy_chat(s, 16), _greedy_plain(s), info, calls
 
 
 @needs_smollm2
 @pytest.mark.slow
 def test_smollm2_answers_and_a_plan_keeps_greedy_output(smollm2_reference, smollm2_plan):
-    ref, streamed = smollm2_reference
+    ref, streamed, plain = smollm2_reference
     assert "Paris" in ref and streamed == ref
-    out, info, calls = _greedy_with_plan(smollm2_plan)
+    assert "Paris" in plain, plain                                   # a plain prompt, continued sensibly
+    out, plain_out, info, calls = _greedy_with_plan(smollm2_plan)
     assert info["plan"] and info["source"].endswith(".gguf") and info["max_num_batched_tokens"] == 16
     assert info["overrides"] == ["fused_add_rms_norm", "silu_and_mul"]
-    assert out == ref
+    assert out == ref and plain_out == plain
     assert calls["fused_add_rms_norm"] > 0 and calls["silu_and_mul"] > 0, calls    # the plan's kernels ran
 
 
 @needs_smollm2
 @pytest.mark.slow
-@pytest.mark.skipif(not OPTIMIZE_PLAN.is_dir(), reason="no plan from `tkcc optimize --model smollm2-135m` is "
-                    "committed (make smollm2-plan writes one when the run accepts an optimization)")
 def test_smollm2_greedy_output_is_identical_with_the_plan_tkcc_optimize_wrote(smollm2_reference):
+    """The committed plan (``make smollm2-plan``: ``tkcc optimize --model smollm2-135m`` on a CPU) is
+    loaded with every kernel's sha256 checked, its kernels run while serving, and the greedy chat and
+    plain-prompt answers are the reference's, token for token."""
     from compiler import plan as plan_mod
 
     try:
@@ -260,8 +273,9 @@ def test_smollm2_greedy_output_is_identical_with_the_plan_tkcc_optimize_wrote(sm
     except plan_mod.PlanError as e:
         pytest.fail(f"{e} -- regenerate the committed plan with `make smollm2-plan`")
     assert written.model == "smollm2-135m" and written.optimizations
-    out, info, calls = _greedy_with_plan(OPTIMIZE_PLAN)
-    assert info["plan"] and out == smollm2_reference[0]
+    assert written.run.get("origin") == "new" and written.run.get("tried", 0) >= 1     # a search wrote it
+    out, plain, info, calls = _greedy_with_plan(OPTIMIZE_PLAN)
+    assert info["plan"] and out == smollm2_reference[0] and plain == smollm2_reference[2]
     used = {t for o in written.optimizations for t in o.targets if t in info["overrides"]}
     assert used and all(calls[t] > 0 for t in used), calls
 
