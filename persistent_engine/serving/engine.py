@@ -323,7 +323,6 @@ class _DecodeGraphs:
         w = next(x for x in self.widths if x >= need)
         g, wl, out = self.graphs[(b, w)]
         pad = b - n
-        dev = self.engine.cfg.device
         rows = [(t + [SCRATCH_BLOCK] * w)[:w] for t in tables] + [[SCRATCH_BLOCK] * w] * pad
         wl.token_ids.copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
         wl.positions.copy_(torch.tensor(pos + [0] * pad), non_blocking=True)

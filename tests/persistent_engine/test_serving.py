@@ -161,7 +161,8 @@ def test_compiled_decode_compiles_once_for_every_graph_size_and_width():
         for b in (128, 16, 2):                                  # the capture order: largest first
             for w in (32, 16, 8, 4):
                 n = b - 1                                       # one padded row
-                logits = eng.graphs.run([1] * n, list(range(n)), [0] * n, [[SCRATCH_BLOCK] * w] * n, [1 + 16 * (w - 1)] * n)
+                ctx = [1 + eng.cfg.block_size * (w - 1)] * n          # needs all w blocks: graph (b, w)
+                logits = eng.graphs.run([1] * n, list(range(n)), [0] * n, [[SCRATCH_BLOCK] * w] * n, ctx)
                 assert logits.shape == (n, m.spec.vocab_size)
         assert compile_count() - c0 == 1
         for b, w in ((1, 1), (3, 5), (1, 6), (7, 1), (5, 9), (1, 1)):   # the eager path: any batch, any width
