@@ -9,11 +9,13 @@ server (``compiler.serve.ServeServer`` on loopback) measured by ``tkcc bench ser
 Variants (the same seeded weights, engine, scheduler and CUDA-graph decode in all three):
   plan           the plan's overrides (``kernels/composed.py``, hashes verified) and CONFIG knobs
   reference      the plain-torch reference ops
-  torch_compile  the reference with the decode forward under ``torch.compile(dynamic=True)``, then
-                 graph-captured at ``--compile-graph-sizes`` x 4 block-table widths. Dynamo specialises
-                 sizes 0 and 1 (a batch of 1, a table 1 block wide) and is dynamic in every other, so
-                 the default sizes 2,16,128 (a lone sequence pads to 2; widths are >= 2 blocks) need
-                 one compile; adding size 1 costs a second
+  torch_compile  the reference with the decode forward under ``torch.compile`` (default backend and
+                 mode), dynamic in the batch and the block-table width only, the weights' shapes static
+                 (``persistent_engine.serving.engine.compiled_decode``, as vLLM marks its token dim),
+                 then graph-captured at ``--compile-graph-sizes`` x 4 block-table widths. Sizes of 1
+                 are specialised, so the default sizes 2,16,128 (a lone sequence pads to 2; widths are
+                 >= 2 blocks) need one compile; adding size 1 costs a second. A progress line per
+                 capture (size, width, seconds, compiles so far), also kept in the JSON (``startup_log``)
 Per variant: start-up split into loading and the engine's warm-up (KV pools, CUDA-graph capture and,
 for torch_compile, the compiles: ``warmup_s`` and ``compiles``) and an unmeasured warm-up replay of
 ``--warmup-requests`` requests (first calls of kernels at the trace's shapes; on CPU, where nothing
@@ -43,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from compiler.serve import ServeServer  # noqa: E402
 from compiler.serve_runtime import ServeOptions, build_runtime  # noqa: E402
+from persistent_engine.serving.engine import compile_count  # noqa: E402
 
 
 def newest_version(plan_root: str) -> str:
@@ -63,13 +66,6 @@ def write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def compile_count() -> int:
-    """Graphs torch.compile has compiled in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def run_variant(name: str, args, plan: str | None, on_run) -> dict:
     """Builds the variant's runtime, serves it on loopback and replays every rate; ``on_run(out)``
     after each rate (the caller writes the JSON)."""
@@ -82,14 +78,21 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
                         max_num_seqs=args.max_num_seqs)
     log(f"{name}: building the runtime (graphs {list(sizes) or 'off'}{', torch.compile' if opts.compile else ''})")
     compiles0 = compile_count()
-    rt = build_runtime(opts)
+    startup_log: list[str] = []
+
+    def progress(line: str) -> None:
+        startup_log.append(line)
+        log(f"{name}: {line}")
+
+    rt = build_runtime(opts, progress)
     out = {"variant": name, "startup_s": sum(rt.startup_s.values()), "load_s": rt.startup_s.get("load_s"),
            "warmup_s": rt.startup_s.get("engine_s"), "compiles": compile_count() - compiles0,
            "plan": rt.plan_dir, "overrides": sorted(rt.plan_overrides),
            "engine": {"max_num_seqs": rt.engine.cfg.max_num_seqs,
                       "max_num_batched_tokens": rt.engine.cfg.max_num_batched_tokens,
                       "block_size": rt.engine.cfg.block_size, "kv_blocks": rt.engine.kv.num_blocks - 1,
-                      "cuda_graph_batch_sizes": list(rt.engine.cfg.cuda_graph_batch_sizes)}, "runs": []}
+                      "cuda_graph_batch_sizes": list(rt.engine.cfg.cuda_graph_batch_sizes)},
+           "startup_log": startup_log, "runs": []}
     log(f"{name}: ready, load {out['load_s']:.1f} s, engine warm-up (graphs, compiles) {out['warmup_s']:.1f} s, "
         f"{out['compiles']} compiled graphs")
     with ServeServer(rt) as server:

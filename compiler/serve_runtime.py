@@ -78,7 +78,8 @@ def _device(name: str) -> str:
     return name
 
 
-def build_runtime(opts: ServeOptions) -> Runtime:
+def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = None) -> Runtime:
+    """``progress``: called with a line per CUDA-graph capture (size, width, seconds, compiles so far)."""
     import torch
 
     from persistent_engine.models.decoder import build_model, make_decoder
@@ -125,7 +126,7 @@ def build_runtime(opts: ServeOptions) -> Runtime:
 
     t1 = time.perf_counter()
     with registry.override(overrides):              # CUDA graphs capture the plan's kernels
-        engine = ServingEngine(decoder, lambda kv: Scheduler(sched_cfg, kv), cfg)
+        engine = ServingEngine(decoder, lambda kv: Scheduler(sched_cfg, kv), cfg, progress)
     return Runtime(served.name, spec, served.tokenizer, engine, sched_cfg, served.source,
                    str(loaded.version_dir) if loaded else None, overrides,
                    {"load_s": t1 - t0, "engine_s": time.perf_counter() - t1})

@@ -35,7 +35,7 @@ from persistent_engine.serving.blocks import SCRATCH_BLOCK, BlockManager
 from persistent_engine.serving.sampling import SamplingParams, sample_rows
 from persistent_engine.workloads import Workload
 
-__all__ = ["EngineConfig", "ServingEngine", "TokenEvent", "SchedulerLike", "KNOBS"]
+__all__ = ["EngineConfig", "ServingEngine", "TokenEvent", "SchedulerLike", "KNOBS", "compiled_decode", "compile_count"]
 
 # CONFIG keys of a plan the serving engine consumes (DESIGN.md "Candidate")
 KNOBS = ("max_num_seqs", "max_num_batched_tokens", "cuda_graph_batch_sizes", "kv_block_size")
@@ -74,6 +74,7 @@ class EngineConfig:
     cuda_graph_batch_sizes: tuple[int, ...] = ()     # decode batch sizes captured (CUDA only)
     prefix_caching: bool = True
     compile: bool = False                    # torch.compile the decode forward (before graph capture)
+    compile_backend: str = "inductor"        # torch.compile's backend ("eager": dynamo only, the CPU test's)
 
     @classmethod
     def from_knobs(cls, knobs: dict, **kw) -> "EngineConfig":
@@ -107,7 +108,9 @@ class _Request:
 
 
 class ServingEngine:
-    def __init__(self, model, make_scheduler: Callable[[BlockManager], SchedulerLike], cfg: EngineConfig):
+    def __init__(self, model, make_scheduler: Callable[[BlockManager], SchedulerLike], cfg: EngineConfig,
+                 progress: Callable[[str], None] | None = None):
+        """``progress``: called with a line per CUDA-graph capture (size, width, seconds, compiles so far)."""
         self.model, self.cfg = model, cfg
         if model.spec.attention == "v4":
             raise SpecError(f"{model.spec.name}: serving DeepSeek-V4 is not implemented yet (its compressed entries are "
@@ -123,8 +126,8 @@ class ServingEngine:
         self.scheduler = make_scheduler(self.kv)
         self.requests: dict[Any, _Request] = {}
         self.steps = 0
-        self.decode_fn = torch.compile(model.step, dynamic=True) if cfg.compile else model.step   # one compile, all sizes
-        self.graphs = _DecodeGraphs(self) if cfg.cuda_graph_batch_sizes else None
+        self.decode_fn = compiled_decode(model.step, cfg.compile_backend) if cfg.compile else model.step
+        self.graphs = _DecodeGraphs(self, progress) if cfg.cuda_graph_batch_sizes else None
 
     # ------------------------------------------------------------- requests
     def add(self, rid: Any, prompt: list[int], params: SamplingParams, arrival: float | None = None) -> None:
@@ -234,6 +237,44 @@ class ServingEngine:
                 "steps": self.steps}
 
 
+def compile_count() -> int:
+    """Graphs torch.compile (dynamo) has compiled in this process so far (recompiles included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _mark_decode_dims(wl: Workload) -> None:
+    """Marks what varies between decode steps as dynamic: the batch (dim 0 of every per-token and
+    per-sequence tensor) and the block-table width. Everything else (weights, KV pools, cos/sin cache)
+    keeps its static shape. ``maybe_``: a size of 1 is specialised (one more compile), not an error."""
+    for t in (wl.token_ids, wl.positions, wl.slot_mapping, wl.context_lens, wl.cu_seqlens_q, wl.last_token_index):
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+    torch._dynamo.maybe_mark_dynamic(wl.cache.block_tables, 0)
+    torch._dynamo.maybe_mark_dynamic(wl.cache.block_tables, 1)
+
+
+def compiled_decode(step: Callable[[Workload], torch.Tensor], backend: str = "inductor") -> Callable:
+    """``step`` (the decode forward) under ``torch.compile`` as a serving engine compiles it (vLLM marks
+    its token dimension dynamic the same way): one graph for every batch size >= 2 and every block-table
+    width >= 2, the weights' shapes static. ``torch.compile(step, dynamic=True)`` instead makes every
+    tensor dimension symbolic, the weights' too, and duck sizing then ties a batch size to an equal weight
+    or pool dimension (tiny-dense: batch 128 == its qkv rows) so another batch size recompiles; it also
+    compiles weight-generic kernels. Duck sizing is off while compiling so that an equal batch size and
+    width at the first call do not tie those two either. Compiles: 1, plus one per size-1 case met
+    (a batch of 1, a table 1 block wide: at most 4 in all)."""
+    from torch.fx.experimental import _config as fx_config
+
+    fn = torch.compile(step, backend=backend)
+
+    def run(wl: Workload) -> torch.Tensor:
+        _mark_decode_dims(wl)
+        with fx_config.patch(use_duck_shape=False):
+            return fn(wl)
+
+    return run
+
+
 class _DecodeGraphs:
     """CUDA graphs of the decode forward, one per (batch size of ``cuda_graph_batch_sizes``, block-table
     width), over static input buffers. Widths are 1/8, 1/4, 1/2 and all of ``max_blocks``: attention
@@ -241,7 +282,7 @@ class _DecodeGraphs:
     largest first in one memory pool; cost: sizes x 4 captures at start-up. On CPU nothing is captured:
     ``run`` calls the forward on the same static, padded buffers (the CPU test of this logic)."""
 
-    def __init__(self, engine: ServingEngine):
+    def __init__(self, engine: ServingEngine, progress: Callable[[str], None] | None = None):
         self.engine = engine
         self.sizes = sorted(engine.cfg.cuda_graph_batch_sizes)
         mb = engine.max_blocks
@@ -251,6 +292,7 @@ class _DecodeGraphs:
         pool = torch.cuda.graph_pool_handle() if capture else None
         for b in reversed(self.sizes):
             for w in reversed(self.widths):
+                t0 = time.perf_counter()
                 wl = engine._workload("decode", [0] * b, [0] * b, [0] * b, [[SCRATCH_BLOCK] * w] * b,
                                       [1] * b, list(range(b + 1)), list(range(b)))
                 if not capture:
@@ -266,6 +308,9 @@ class _DecodeGraphs:
                 with torch.cuda.graph(g, pool=pool):
                     out = engine.decode_fn(wl)
                 self.graphs[(b, w)] = (g, wl, out)
+                if progress is not None:
+                    progress(f"decode graph {len(self.graphs)}/{len(self.sizes) * len(self.widths)}: batch {b}, "
+                             f"width {w} blocks, {time.perf_counter() - t0:.1f} s ({compile_count()} compiles so far)")
 
     def fits(self, batch: int) -> bool:
         return bool(self.sizes) and batch <= self.sizes[-1]
@@ -278,7 +323,6 @@ class _DecodeGraphs:
         w = next(x for x in self.widths if x >= need)
         g, wl, out = self.graphs[(b, w)]
         pad = b - n
-        dev = self.engine.cfg.device
         rows = [(t + [SCRATCH_BLOCK] * w)[:w] for t in tables] + [[SCRATCH_BLOCK] * w] * pad
         wl.token_ids.copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
         wl.positions.copy_(torch.tensor(pos + [0] * pad), non_blocking=True)

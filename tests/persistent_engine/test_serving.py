@@ -138,3 +138,35 @@ def test_serving_frontier_models_equals_plain_loop(name):
     out = run(eng)
     for i, p in enumerate(prompts):
         assert out[i] == naive_greedy(m, p, 3), (name, i)
+
+
+@pytest.mark.slow
+def test_compiled_decode_compiles_once_for_every_graph_size_and_width():
+    """The torch_compile variant's decode forward: the capture loop's calls (every graph batch size x
+    table width, on the same static buffers as on CUDA) compile one graph, and the eager path's ragged
+    batches add at most the size-1 specialisations. tiny-dense's qkv weight has 128 rows: a fully dynamic
+    compile (``dynamic=True``) ties batch 128 to it and recompiles at batch 16. Backend "eager": the
+    guards and graph count are dynamo's, the same as inductor's, without its code generation."""
+    from persistent_engine.serving.engine import compile_count
+    from persistent_engine.serving.blocks import SCRATCH_BLOCK
+
+    torch._dynamo.reset()
+    m = build_model("tiny-dense", layers=1, device="cpu", dtype=torch.float32, seed=0)
+    assert m.blocks[0].attn_in[0].shape[0] == 128
+    eng = engine(m, max_model_len=512, cuda_graph_batch_sizes=(2, 16, 128), compile=True, compile_backend="eager",
+                 max_num_seqs=128)
+    assert eng.graphs.widths == [4, 8, 16, 32]
+    c0 = compile_count()
+    with torch.no_grad():
+        for b in (128, 16, 2):                                  # the capture order: largest first
+            for w in (32, 16, 8, 4):
+                n = b - 1                                       # one padded row
+                ctx = [1 + eng.cfg.block_size * (w - 1)] * n          # needs all w blocks: graph (b, w)
+                logits = eng.graphs.run([1] * n, list(range(n)), [0] * n, [[SCRATCH_BLOCK] * w] * n, ctx)
+                assert logits.shape == (n, m.spec.vocab_size)
+        assert compile_count() - c0 == 1
+        for b, w in ((1, 1), (3, 5), (1, 6), (7, 1), (5, 9), (1, 1)):   # the eager path: any batch, any width
+            wl = eng._workload("decode", [1] * b, [0] * b, [0] * b, [[SCRATCH_BLOCK] * w] * b, [1] * b,
+                               list(range(b + 1)), list(range(b)))
+            assert torch.equal(eng.decode_fn(wl), m.step(wl))
+    assert compile_count() - c0 <= 4                            # + (batch 1, width 1, both)
