@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from compiler.compose import Part, compose, parse_targets, select_compatible
+from compiler.compose import Part, compose, select_compatible
+from persistent_engine import CandidateSource
 
 TierEvaluate = Callable[[str, str], Any]      # (tier, source) -> CandidateVerdict
 POINT_KEYS = ("phase", "batch", "context", "chunk")
@@ -166,29 +167,8 @@ def merge_points(points: list[dict], fast: Any, slow: Any) -> tuple[dict, ...]:
 
 def name_of(source: str, author: str, n: int) -> str:
     """A short name: author, the ops it overrides (or "config"), and a running number."""
-    targets, _ = _targets(source)
-    base = f"{author}-{'+'.join(targets) or 'config'}"
+    base = f"{author}-{'+'.join(CandidateSource.parse(source).overrides) or 'config'}"
     return f"{base}-{n}"
-
-
-def _targets(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    try:
-        return parse_targets(source)
-    except SyntaxError:
-        return (), ()
-
-
-def description_of(source: str) -> str:
-    import ast
-    try:
-        for stmt in ast.parse(source).body:
-            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DESCRIPTION"
-                                                    for t in stmt.targets):
-                if isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-                    return stmt.value.value.strip().splitlines()[0][:200] if stmt.value.value.strip() else ""
-    except SyntaxError:
-        pass
-    return ""
 
 
 @dataclass
@@ -216,12 +196,12 @@ class Acceptor:
         decision = Decision(ds.accepted, "slow", ds.reason, fast=d.fast, slow=ds.slow, threshold=ds.threshold)
         self.log.append({"author": author, "stage": "slow", "reason": ds.reason})
         if ds.accepted:
-            targets, knobs = _targets(source)
+            declared = CandidateSource.parse(source)
             acc = Accepted(name=name_of(source, author, len(self.accepted) + 1), source=source,
-                           author=author, targets=targets, config_keys=knobs, fast=float(d.fast),
+                           author=author, targets=declared.overrides, config_keys=declared.config_keys, fast=float(d.fast),
                            slow=float(ds.slow), per_point=merge_points(self.points, fast_verdict, slow_verdict),
                            noise=max(self.noise.get("fast", 0.0), self.noise.get("slow", 0.0)),
-                           description=description_of(source), idea_id=idea_id, candidate_id=candidate_id)
+                           description=declared.description, idea_id=idea_id, candidate_id=candidate_id)
             self.accepted.append(acc)
             if self.on_accept is not None:
                 self.on_accept(acc)

@@ -63,7 +63,7 @@ def place(cfg: FleetConfig) -> list[Placement]:
 
 def failed_verdict(reason: str) -> Any:
     """A rejected CandidateVerdict for a failure outside the candidate's own verdict."""
-    from persistent_engine.supervisor import CandidateVerdict
+    from persistent_engine import CandidateVerdict
     return CandidateVerdict(correct=False, reasons=[reason], speedup=None, per_point=[], timings={},
                             restarted=True)
 
@@ -81,7 +81,7 @@ def evaluate_with_retry(supervisor: Any, source: str, timeout_s: float) -> Any:
 
 def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:
     """Start one engine for a placement (blocks until it is ready)."""
-    from persistent_engine.supervisor import Supervisor
+    from persistent_engine import Supervisor
     sup = Supervisor(cfg.model, list(p.layers), p.device, [dict(x) for x in cfg.points], dtype=cfg.dtype,
                      env={**os.environ, **cfg.env}, inputs=cfg.inputs.get(p.tier), start_timeout_s=cfg.start_timeout_s,
                      log=lambda line: log.info("%s/%s %s", p.tier, p.device, line))

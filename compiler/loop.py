@@ -458,7 +458,7 @@ def _unmeasured(accepted: list[Accepted]) -> Composition | None:
 
 def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Any:
     """The fleet, started within the run's budget; engines not ready in time end the run (one line)."""
-    from persistent_engine.supervisor import EngineStartError
+    from persistent_engine import EngineStartError
     try:
         return start_fleet(cfg, fleet_cfg)
     except EngineStartError as e:
@@ -564,7 +564,7 @@ def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.Tr
 
 def routing_line(tier: str, r: dict) -> str:
     """One progress line on a tier's measured MoE routing (``persistent_engine.routing.RoutingStats``)."""
-    from persistent_engine.routing import RoutingSpec
+    from persistent_engine import RoutingSpec
 
     spec = RoutingSpec.from_dict(r.get("spec")).label()
     top = r.get("top1_share") or [0.0]

@@ -76,7 +76,7 @@ class RunMemory:
 
     def recalled(self, source: str, acceptor: Any) -> Any:
         """The remembered verdict of ``source`` (a ``CandidateVerdict``), None when it must be judged."""
-        from persistent_engine.supervisor import CandidateVerdict
+        from persistent_engine import CandidateVerdict
 
         t = self.known.get(hashlib.sha256(source.encode()).hexdigest())
         if t is None or (t.kind == "config" and t.metrics.get("traffic_hash") != self.traffic_hash):
@@ -140,7 +140,7 @@ class RunMemory:
     def seed(self, agents: list[Any]) -> int:
         """The offline teams start from what earlier runs found (module doc); returns rows taken in."""
         from agents.offline import OfflineTeam
-        from agents.offline.config_search import config_title
+        from agents.offline import config_title
 
         teams = {id(a.team): a.team for a in agents if isinstance(getattr(a, "team", None), OfflineTeam)}
         taken = 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bulletin_board.records import source_hash
+from bulletin_board import source_hash
 
 STALE_S = 600.0
 MAX_RUNS = 20                       # most recent unfinished runs looked at

@@ -81,9 +81,9 @@ def _device(name: str) -> str:
 def build_runtime(opts: ServeOptions) -> Runtime:
     import torch
 
-    from persistent_engine.models.decoder import build_model, make_decoder
+    from persistent_engine import build_model, make_decoder
     from persistent_engine.serving import EngineConfig, ServingEngine
-    from traffic_profiles.scheduler import Scheduler, SchedulerConfig
+    from traffic_profiles import Scheduler, SchedulerConfig
 
     t0 = time.perf_counter()
     loaded = _load_plan(opts.plan) if opts.plan else None

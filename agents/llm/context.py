@@ -68,8 +68,8 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[Mapping[str, Any]]
     """Per workload point, per registry op: FLOPs, bytes, roofline vs measured ms (see the module
     docstring); ``op`` keeps one op. Points are ordered as given (with their traffic weight)."""
     from cost_model import Layout, get_hardware
-    from cost_model.estimate import op_parts
-    from cost_model.ops_reference import reference_step_ops
+    from cost_model import op_parts
+    from cost_model import reference_step_ops
 
     if spec is None:
         raise ValueError("no model spec in this run: the roofline needs one")

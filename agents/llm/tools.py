@@ -23,7 +23,7 @@ import logging
 from typing import Any
 
 from agents.base import AgentContext, Lease, _id_of, verdict_summary
-from bulletin_board.records import candidate_id
+from bulletin_board import candidate_id
 from agents.llm import context
 from agents.llm.messages import ToolCall, ToolResult, ToolSpec
 from agents.prompts import op_costs, to_json

@@ -37,14 +37,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader
 
-from bulletin_board import Board, BoardError
-from bulletin_board.records import IDEA_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES
+from bulletin_board import IDEA_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES, Board, BoardError, UIQueries
 
 from . import views
 from .access import Access, check_access
 from .charts import op_breakdown, op_breakdown_chart, speedup_history_chart
 from .highlight import highlight
-from .queries import UIQueries
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")

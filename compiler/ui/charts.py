@@ -15,9 +15,8 @@ from typing import Any, Iterable, Sequence
 
 from markupsafe import Markup
 
+from bulletin_board import HistoryPoint
 from compiler.plots import bar_chart
-
-from .queries import HistoryPoint
 
 POINT_KEYS = ("phase", "batch", "context", "chunk")
 _FONT = 'font-family="system-ui,Helvetica,Arial,sans-serif"'

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from compiler.ui import highlight
 from compiler.ui.charts import op_breakdown, op_breakdown_chart, speedup_history_chart
-from compiler.ui.queries import HistoryPoint
+from bulletin_board import HistoryPoint
 from compiler.ui.views import pager, point_label, run_progress
 
 HOSTILE = "<script>alert(1)</script>"
