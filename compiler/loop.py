@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 from compiler import config_plan, inputs, plan as plan_mod, report
 from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
@@ -32,6 +32,9 @@ from compiler.memory import RunMemory, shape_class
 from compiler.throughput import DeviceClock, run_fields
 from compiler.recover import mark_recovered, recovered_seeds
 from compiler.progress import Progress
+
+if TYPE_CHECKING:
+    from bulletin_board import BoardAPI
 
 log = logging.getLogger("tkcc.loop")
 # the plan's per-op profile and its torch.compile comparison run in a child process (compiler.isolated);
@@ -125,7 +128,7 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._old)
 
 
-def _recovered(cfg: OptimizeConfig, board: Any, progress: Progress) -> tuple[OptimizeConfig, list]:
+def _recovered(cfg: OptimizeConfig, board: BoardAPI, progress: Progress) -> tuple[OptimizeConfig, list]:
     """The accepted candidates of runs into this root that wrote no plan become seeds (compiler.recover);
     returns the config and the ids of those runs (marked once this run exists)."""
     if not cfg.continue_plan:
@@ -207,10 +210,10 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     if dead:
         _best_effort(mark_recovered, board, dead, run_id)
     if cfg.drift is not None:                    # recompile: the drift check that triggered this run
-        deployment = _board_call(board, "deployment", cfg.model, cfg.hw, traffic.hash)
-        _board_call(board, "add_drift_event", deployment, True,
-                    cfg.drift.get("features", []), run=run_id, old_hash=cfg.drift.get("old_hash", ""),
-                    new_hash=traffic.hash)
+        deployment = _best_effort(board.deployment, cfg.model, cfg.hw, traffic.hash)
+        _best_effort(board.add_drift_event, deployment, True,
+                     cfg.drift.get("features", []), run=run_id, old_hash=cfg.drift.get("old_hash", ""),
+                     new_hash=traffic.hash)
     progress.on_change = _board_mirror(board, run_id)
     memory = RunMemory(board, run_id, model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
                        shape=shape_class(device["kind"], spec.dtype, points, fast_layers, slow_layers))
@@ -249,7 +252,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                 progress.phase("baseline")
                 base_profile = fleet.profile("fast")
                 baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
-                _board_call(board, "set_baseline", run_id, base_profile)
+                _best_effort(board.set_baseline, run_id, base_profile)
                 noise = {"fast": 0.05, "slow": 0.05} if stop.is_set() else \
                     measure_noise(fleet.evaluate, cfg.aa_runs, progress.event, budget.baseline_end())
                 progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
@@ -320,16 +323,16 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
                                           profile=traffic.profile, extra_files=report.render)
             for o, a in zip(plan.optimizations, composition.parts if composition else ()):
                 if a.candidate_id is not None:
-                    _board_call(board, "add_optimization", run_id, a.candidate_id, name=o.name, targets=list(o.targets),
-                                speedups=o.speedup, per_point=list(o.per_point), plan_version=written_version(vdir))
+                    _best_effort(board.add_optimization, run_id, a.candidate_id, name=o.name, targets=list(o.targets),
+                                 speedups=o.speedup, per_point=list(o.per_point), plan_version=written_version(vdir))
             progress.phase("done")
             snap = progress.snapshot()
-            _board_call(board, "update_run", run_id, status="interrupted" if interrupted else "done",
-                        message=f"plan {vdir}", candidates_tried=snap.tried, candidates_accepted=snap.accepted,
-                        best_speedup=snap.best_speedup, engine_restarts=restarts)
+            _best_effort(board.update_run, run_id, status="interrupted" if interrupted else "done",
+                         message=f"plan {vdir}", candidates_tried=snap.tried, candidates_accepted=snap.accepted,
+                         best_speedup=snap.best_speedup, engine_restarts=restarts)
     except BaseException as e:
-        _board_call(board, "update_run", run_id, status="interrupted" if isinstance(e, KeyboardInterrupt)
-                    else "failed", message=f"{type(e).__name__}: {e}"[:500])
+        _best_effort(board.update_run, run_id, status="interrupted" if isinstance(e, KeyboardInterrupt)
+                     else "failed", message=f"{type(e).__name__}: {e}"[:500])
         raise
     finally:
         progress.close()
@@ -337,7 +340,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     return OptimizeResult(vdir, written, interrupted)
 
 
-def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress: Progress, source: str, *,
+def _consider(board: BoardAPI, run_id: Any, fleet: Any, acceptor: Acceptor, progress: Progress, source: str, *,
               author: str, tried: list[int], idea_id: Any = None, parent: Any = None,
               author_kind: str = "seed", memory: RunMemory | None = None) -> Any:
     """Fast tier, then acceptance (slow tier when it beats the noise); everything goes on the board,
@@ -346,8 +349,8 @@ def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress:
     known = memory.recalled(source, acceptor) if memory is not None else None
     if known is not None:
         return known
-    cand = _board_call(board, "add_candidate", run_id, author=author, source=source, idea=idea_id,
-                       parent=parent, author_kind=author_kind)
+    cand = _best_effort(board.add_candidate, run_id, author=author, source=source, idea=idea_id,
+                        parent=parent, author_kind=author_kind)
     verdict = fleet.evaluate("fast", source)
     tried[0] += 1
     progress.count("tried")
@@ -357,20 +360,20 @@ def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress:
     if decision.stage == "slow":
         progress.count("fast_passed")
     if cand is not None:
-        _board_call(board, "add_evaluation", cand, tier="fast", point=None,
-                    metrics={"speedup": getattr(verdict, "speedup", None), "per_point": getattr(verdict, "per_point", []),
+        _best_effort(board.add_evaluation, cand, tier="fast", point=None,
+                     metrics={"speedup": getattr(verdict, "speedup", None), "per_point": getattr(verdict, "per_point", []),
                              "accepted": bool(decision.accepted),
                              "timings": getattr(verdict, "timings", {}), "decision": decision.reason,
                              "slow_speedup": decision.slow},
-                    verdict="correct" if getattr(verdict, "correct", False) else "rejected",
-                    reasons=list(getattr(verdict, "reasons", []) or []), device=fleet.cfg.devices[0],
-                    versions={}, timing_method="engine A/B")
+                     verdict="correct" if getattr(verdict, "correct", False) else "rejected",
+                     reasons=list(getattr(verdict, "reasons", []) or []), device=fleet.cfg.devices[0],
+                     versions={}, timing_method="engine A/B")
     if memory is not None:
         memory.remember(source, verdict, decision, acceptor, idea_id=idea_id)
     return verdict
 
 
-def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, fleet: Any,
+def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: BoardAPI, run_id: Any, fleet: Any,
                acceptor: Acceptor, progress: Progress, spec: Any, points: list[dict], base_profile: dict,
                deadline: float, stop: threading.Event, tried: list[int], hw: str | None = None,
                memory: RunMemory | None = None) -> Any:
@@ -415,13 +418,13 @@ def per_agent(swarm: Any, accepted: list[Accepted]) -> list[dict]:
     return rows
 
 
-def _report_agents(board: Any, run_id: Any, rows: list[dict], progress: Progress) -> None:
+def _report_agents(board: BoardAPI, run_id: Any, rows: list[dict], progress: Progress) -> None:
     """Per-agent accounting into the run's config (the UI shows it), the LLM agents' stopping lines (a
     budget spent) and one line of the LLM spend, as progress events."""
-    run = _board_call(board, "get_run", run_id)
+    run = _best_effort(board.get_run, run_id)
     if run is not None:
-        _board_call(board, "update_run", run_id, config={**(run.config or {}), "agent_reports": rows})
-    stopped = _board_call(board, "list_posts", run_id, kind="stopped", limit=100)
+        _best_effort(board.update_run, run_id, config={**(run.config or {}), "agent_reports": rows})
+    stopped = _best_effort(board.list_posts, run_id, kind="stopped", limit=100)
     for post in getattr(stopped, "items", ()):                  # "stopping: the run's LLM budget is spent ..."
         progress.event(f"{post.author}: {post.body}")
     llm = [r for r in rows if r["requests"]]
@@ -603,13 +606,7 @@ def _best_effort(fn: Callable, *args: Any, **kwargs: Any) -> Any:
         return None
 
 
-def _board_call(board: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    """A board method, best effort (a board that lacks it or errors never stops a run)."""
-    fn = getattr(board, method, None)
-    return None if fn is None else _best_effort(fn, *args, **kwargs)
-
-
-def _board_mirror(board: Any, run_id: Any) -> Callable[[Any], None]:
+def _board_mirror(board: BoardAPI, run_id: Any) -> Callable[[Any], None]:
     """Mirrors the progress counters to the run's row (at most once a second)."""
     last = [0.0, ""]
 
@@ -618,7 +615,7 @@ def _board_mirror(board: Any, run_id: Any) -> Callable[[Any], None]:
         if now - last[0] < 1.0 and snap.phase == last[1]:
             return
         last[0], last[1] = now, snap.phase
-        _board_call(board, "update_run", run_id, message=snap.phase, candidates_tried=snap.tried,
-                    candidates_accepted=snap.accepted, best_speedup=snap.best_speedup,
-                    engine_restarts=snap.restarts)
+        _best_effort(board.update_run, run_id, message=snap.phase, candidates_tried=snap.tried,
+                     candidates_accepted=snap.accepted, best_speedup=snap.best_speedup,
+                     engine_restarts=snap.restarts)
     return mirror

@@ -25,9 +25,12 @@ import hashlib
 import json
 import logging
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, TYPE_CHECKING
 
 from compiler.acceptance import Accepted
+
+if TYPE_CHECKING:
+    from bulletin_board import BoardAPI
 
 __all__ = ["RunMemory", "shape_class"]
 
@@ -50,7 +53,7 @@ def shape_class(device_kind: str, dtype: str, points: Iterable[dict], fast_layer
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _idea_doc(board: Any, idea_id: Any) -> tuple[str, str, dict]:
+def _idea_doc(board: BoardAPI, idea_id: Any) -> tuple[str, str, dict]:
     """(title, target, body JSON) of the idea a candidate came from ("", "", {} when none)."""
     if idea_id is None:
         return "", "", {}
@@ -63,7 +66,7 @@ def _idea_doc(board: Any, idea_id: Any) -> tuple[str, str, dict]:
 
 
 class RunMemory:
-    def __init__(self, board: Any, run_id: Any, *, model: str, hw: str, shape: str, traffic_hash: str):
+    def __init__(self, board: BoardAPI, run_id: Any, *, model: str, hw: str, shape: str, traffic_hash: str):
         self.board, self.run_id, self.model, self.hw = board, run_id, model, hw
         self.shape, self.traffic_hash = shape, traffic_hash
         try:
