@@ -35,6 +35,7 @@ from compiler.progress import Progress
 
 if TYPE_CHECKING:
     from bulletin_board import BoardAPI
+    from compiler.fleet import Fleet
 
 log = logging.getLogger("tkcc.loop")
 # the plan's per-op profile and its torch.compile comparison run in a child process (compiler.isolated);
@@ -93,7 +94,7 @@ def make_agents(spec: str, device: str, llm_budget_usd: float | None = None,
     return build_agents(spec, device, llm_budget=shared)
 
 
-def start_fleet(cfg: OptimizeConfig, fleet_cfg: Any) -> Any:
+def start_fleet(cfg: OptimizeConfig, fleet_cfg: Any) -> Fleet:
     if cfg.fleet == "ray":
         from compiler.ray_fleet import RayFleet
         return RayFleet(fleet_cfg, address=cfg.ray_address).start()
@@ -340,7 +341,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     return OptimizeResult(vdir, written, interrupted)
 
 
-def _consider(board: BoardAPI, run_id: Any, fleet: Any, acceptor: Acceptor, progress: Progress, source: str, *,
+def _consider(board: BoardAPI, run_id: Any, fleet: Fleet, acceptor: Acceptor, progress: Progress, source: str, *,
               author: str, tried: list[int], idea_id: Any = None, parent: Any = None,
               author_kind: str = "seed", memory: RunMemory | None = None) -> Any:
     """Fast tier, then acceptance (slow tier when it beats the noise); everything goes on the board,
@@ -373,7 +374,7 @@ def _consider(board: BoardAPI, run_id: Any, fleet: Any, acceptor: Acceptor, prog
     return verdict
 
 
-def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: BoardAPI, run_id: Any, fleet: Any,
+def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: BoardAPI, run_id: Any, fleet: Fleet,
                acceptor: Acceptor, progress: Progress, spec: Any, points: list[dict], base_profile: dict,
                deadline: float, stop: threading.Event, tried: list[int], hw: str | None = None,
                memory: RunMemory | None = None) -> Any:
@@ -459,7 +460,7 @@ def _unmeasured(accepted: list[Accepted]) -> Composition | None:
     return Composition(members, src, float("nan"), float("nan"), (), (("*", "not re-measured: interrupted"),))
 
 
-def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Any:
+def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Fleet:
     """The fleet, started within the run's budget; engines not ready in time end the run (one line)."""
     from persistent_engine import EngineStartError
     try:

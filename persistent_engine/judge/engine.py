@@ -27,6 +27,7 @@ paging); ``max_num_seqs`` and ``max_num_batched_tokens`` are scheduler knobs no 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import inspect
 import os
@@ -40,6 +41,7 @@ import torch
 
 from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, tier_inputs, timing, tolerance, verify
+from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena
 from persistent_engine.executor.device_share import DeviceWeights
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
@@ -103,37 +105,6 @@ def elog(line: str) -> None:
     print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
 
 
-def _free_gpu_bytes(device) -> int:
-    """Free memory on a CUDA device (every process counted), 0 elsewhere."""
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
-
-
-def _gpu_bytes(device: torch.device) -> int | None:
-    """Total memory of the engine's GPU; None on CPU (where the tiny and one-layer models stay small)."""
-    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-
-
-def _warm_triton(device: torch.device) -> None:
-    """Compile and launch one trivial Triton kernel (~2 s on a GPU the first time in a process)."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return
-
-    @triton.jit
-    def _copy(src, dst, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
-
-    try:
-        x = torch.arange(16, dtype=torch.float32, device=device)
-        y = torch.empty_like(x)
-        _copy[(1,)](x, y, 16, BLOCK=16)
-    except Exception:  # noqa: BLE001 - no Triton backend here (CPU without the interpreter)
-        pass
-
-
 class Candidate:
     """What the judge knows of the loaded candidate: its executor and what that executor reported at load
     (names, CONFIG, DESCRIPTION: descriptive only; nothing here decides a verdict)."""
@@ -145,11 +116,42 @@ class Candidate:
 
 class Engine:
     def __init__(self, config: EngineConfig, log=lambda stage, seconds: None):
-        from persistent_engine.models.decoder import build_model
+        """Builds the judge's slice and starts its baseline executor, stage by stage (each stage's seconds
+        go to ``self.startup`` and ``log``; see the module docstring)."""
+        self.config = config
+        self.startup: dict[str, float] = {}
+        self._log_stage = log
+        self._setup()
+        with self._stage("weights"):
+            self._build_model()
+        with self._stage("kv_cache"):
+            self.workloads, self.routing = self.inputs.build(self.model, self.points, config.variants, config.seed)
+        with self._stage("warmup"):
+            self._warm_up()
+        with self._stage("calibration"):
+            self._calibrate()
+        with self._stage("graph_capture"):
+            weights = self._share_and_start_baseline()
+        self._arm_guards(weights)
+        self._reset_counters()
+        self._release_cached()
+
+    @contextlib.contextmanager
+    def _stage(self, name: str):
+        """Times one start-up stage (device work synchronised before the clock stops)."""
+        t0 = timing.now_ns()
+        yield
+        self._sync()
+        self.startup[name] = (timing.now_ns() - t0) / 1e9
+        self._log_stage(name, self.startup[name])
+
+    def _setup(self) -> None:
+        """The process (fault handler, torch threads), the model spec, layers and points, the judge's own
+        randomness and private directory, the reference signatures (the static checks read them)."""
         from persistent_engine.models.spec import ModelSpec
         from persistent_engine.ops import registry
 
-        self.config = config
+        config = self.config
         self.registry = registry
         if not faulthandler.is_enabled():       # a segfault or abort leaves its stack on stderr
             faulthandler.enable(file=sys.stderr)
@@ -158,63 +160,54 @@ class Engine:
         self.spec = ModelSpec.from_name(config.model)
         self.layers = list(config.layers) if config.layers is not None else list(range(self.spec.num_layers))
         self.points = [dict(p) for p in (config.points or default_points(config.device))]
-        self.startup: dict[str, float] = {}
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))   # seeds, orders: unknown to executors
         self._dir = tempfile.mkdtemp(prefix="tkcc-judge-")
         self.op_params = {n: cand_mod.param_names(inspect.signature(registry.get(n).reference))
                           for n in registry.names()}
-
-        def stage(name, t0):
-            s = (timing.now_ns() - t0) / 1e9
-            self.startup[name] = s
-            log(name, s)
-
-        t0 = timing.now_ns()
         self.threads = int(os.environ.get("TKCC_ENGINE_THREADS", "1"))
         if self.device.type == "cpu":           # one thread: steadier timings, no oversubscription
             torch.set_num_threads(self.threads)
-        torch.manual_seed(config.seed)
-        self.inputs = tier_inputs.TierInputs.from_dict(config.inputs)       # a checkpoint, tokens, routing
+
+    def _build_model(self) -> None:
+        """The slice's weights (seeded, or the checkpoint of the tier's inputs)."""
+        from persistent_engine.models.decoder import build_model
+
+        torch.manual_seed(self.config.seed)
+        self.inputs = tier_inputs.TierInputs.from_dict(self.config.inputs)       # a checkpoint, tokens, routing
         self.model = build_model(self.spec, layers=self.layers, device=self.device, dtype=self.dtype,
-                                 seed=config.seed, weights=self.inputs.weights)
+                                 seed=self.config.seed, weights=self.inputs.weights)
         torch.set_grad_enabled(False)
-        self._sync()
-        stage("weights", t0)
 
-        t0 = timing.now_ns()
-        self.workloads, self.routing = self.inputs.build(self.model, self.points, config.variants, config.seed)
-        self._sync()
-        stage("kv_cache", t0)
-
-        t0 = timing.now_ns()
+    def _warm_up(self) -> None:
+        """First steps (kernels warm, new-token KV slots written); the reference logits of every point and
+        variant kept; which ops each point calls."""
         from persistent_engine import profiler
-        for ws in self.workloads:               # first step: kernels warm, new-token KV slots written
+
+        for ws in self.workloads:
             for w in ws:
                 self.model.step(w)
         self.ref = [[self.model.step(w).clone() for w in ws] for ws in self.workloads]
         self.ops_at = [set(profiler.op_calls(self.model, ws[0])) for ws in self.workloads]
-        _warm_triton(self.device)
-        self._sync()
-        stage("warmup", t0)
+        warm_triton(self.device)
 
-        t0 = timing.now_ns()
+    def _calibrate(self) -> None:
+        """The layer-level logits bound per point and variant: the slice's own rounding noise (tolerance.py)."""
         self.moe_routes = verify.ReferenceRoutes(self.registry)   # the reference's routing, recorded on first use
-        # layer-level logits bound per point and variant: the slice's own rounding noise (tolerance.py)
         self.logit_noise = tolerance.calibrate(self.registry, self.model, self.workloads, self.ref, self.moe_routes,
-                                               self.ops_at, self.device, self.dtype, config.seed)
+                                               self.ops_at, self.device, self.dtype, self.config.seed)
         self.logit_tol = [[tolerance.tolerance(self.dtype, n) for n in row] for row in self.logit_noise]
-        self._sync()
-        stage("calibration", t0)
 
-        t0 = timing.now_ns()
+    def _share_and_start_baseline(self) -> dict:
+        """The sealed arena of weights and workloads shared with executors, the baseline executor started
+        (its CUDA graphs captured) and each point's baseline step measured; returns the model's weights."""
+        config = self.config
         weights = guards.model_weights(self.model)
         self.device_weights = None                # on CUDA: one copy of the weights, mapped by every executor
         if self.device.type == "cuda":
             self.device_weights = DeviceWeights.export({k: t for k, t in weights.items() if k != "cos_sin"},
                                                      self.device)
         shared = {} if self.device_weights else {f"weight.{k}": t for k, t in weights.items()}
-        shared.update({f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
-                       for k, t in guards.tensors_of(w).items()})
+        shared.update(self._workload_tensors())
         self.arena = Arena.build(shared)        # sealed: no process can write it from here on
         self.arena_checksums = self.arena.checksums()
         self._arena_window = 0
@@ -226,29 +219,38 @@ class Engine:
         self.baseline: Executor | None = None
         self.graph_errors: dict[int, str] = {}
         self.base_graphed: set[int] = set()
-        free_before = _free_gpu_bytes(self.device)
+        free_before = free_gpu_bytes(self.device)
         self._start_baseline()
         # what one executor takes on the device (its KV caches, activations, context): sizes the pool
-        self.executor_bytes = max(free_before - _free_gpu_bytes(self.device), 0) if free_before else 0
+        self.executor_bytes = max(free_before - free_gpu_bytes(self.device), 0) if free_before else 0
         # per point: the baseline's step as bench times it (request wall time / k) and k, the runs per sample
         cal = [ab.calibrate(self.baseline, i, self.device.type, self.ref[i][0].numel() * self.ref[i][0].element_size())
                for i in range(len(self.points))]
         self.base_ms, self.batch = [ms for ms, _ in cal], [k for _, k in cal]
-        stage("graph_capture", t0)
+        return weights
 
-        gpu_bytes = _gpu_bytes(self.device)
-        self.op_check_budget = gpu_bytes // 4 if gpu_bytes else None
-        self.weight_guard = guards.TensorGuard(weights, device_budget=gpu_bytes // 10 if gpu_bytes else None)
-        self.workload_guard = guards.TensorGuard(
-            {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
-             for k, t in guards.tensors_of(w).items()})
-        self.candidate: Candidate | None = None
-        self.cand_workloads = None              # kept for callers: re-laid caches live in the executor only
-        self.tie_kept_rows: dict = {}           # (point, variant) -> rows the MoE tie check kept
-        self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
+    def _workload_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of every point's workloads, by arena name (``point<i>.v<variant>.<name>``)."""
+        return {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
+                for k, t in guards.tensors_of(w).items()}
+
+    def _arm_guards(self, weights: dict) -> None:
+        """What the judge checks after every candidate: its weights and workloads unchanged, the op-level
+        memory budget, the roofline floor of each point's step."""
+        total = gpu_bytes(self.device)
+        self.op_check_budget = total // 4 if total else None
+        self.weight_guard = guards.TensorGuard(weights, device_budget=total // 10 if total else None)
+        self.workload_guard = guards.TensorGuard(self._workload_tensors())
+        self.peak_bandwidth_gbs = (self.config.peak_bandwidth_gbs if self.config.peak_bandwidth_gbs is not None
                                    else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
         self.floor_ms = [guards.min_step_bytes(weights, ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
                          if self.peak_bandwidth_gbs else 0.0 for ws in self.workloads]
+
+    def _reset_counters(self) -> None:
+        """No candidate loaded yet; the served / executor counters at zero."""
+        self.candidate: Candidate | None = None
+        self.cand_workloads = None              # kept for callers: re-laid caches live in the executor only
+        self.tie_kept_rows: dict = {}           # (point, variant) -> rows the MoE tie check kept
         self.served = 0
         self.poisoned = False                   # the judge itself is broken: exit after replying
         self.poison_cause = ""
@@ -256,7 +258,6 @@ class Engine:
         self.pool_size = 0
         self.pool_wait_s = 0.0
         self._next: Executor | None = None      # set aside by ``prepare`` for the next load
-        self._release_cached()
 
     # ------------------------------------------------------------------------------ executors
     def _new_executor(self, role: str) -> Executor:
@@ -286,7 +287,7 @@ class Engine:
                 # measured footprint of the baseline executor, plus room for a candidate's own buffers;
                 # a share of what is free now (the other tier's engine and its pool use this GPU too)
                 each = max(self.executor_bytes, self.arena.size) + (1 << 30)
-                size = max(1, min(size, int(POOL_MEMORY_SHARE * _free_gpu_bytes(self.device) // each)))
+                size = max(1, min(size, int(POOL_MEMORY_SHARE * free_gpu_bytes(self.device) // each)))
             self.pool_size = size
             self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S)
         return self.pool
