@@ -17,7 +17,6 @@ from cost_model.calibration import (Calibration, Measurement, evaluate, fit, loa
 from cost_model.estimate import Efficiency, StepEstimate, estimate_points, estimate_step, op_table
 from cost_model.hardware import CostModelError, Hardware, get_hardware, known_hardware, probe_cpu
 from cost_model.layout import Layout, MemoryFit, max_batch, memory_fit
-from cost_model.measure import measure_suite
 from cost_model.ops import OP_CLASSES, OpCost, expert_load, step_ops, summarize
 from cost_model.queueing import wait_s
 from cost_model.search import (DEFAULT_OBJECTIVE, SLA, ConfigResult, SearchResult, enumerate_layouts, pareto_front,
@@ -29,6 +28,6 @@ __all__ = [
     "collective_latency", "curve_efficiency", "op_latency", "wait_s", "Hardware", "Layout", "Measurement",
     "MemoryFit", "OP_CLASSES", "OpCost", "SLA", "SearchResult", "StepEstimate", "TrafficShape",
     "enumerate_layouts", "estimate_points", "estimate_step", "evaluate", "expert_load", "fit",
-    "get_hardware", "known_hardware", "load_calibration", "load_measurements", "max_batch", "measure_suite", "memory_fit",
+    "get_hardware", "known_hardware", "load_calibration", "load_measurements", "max_batch", "memory_fit",
     "op_table", "pareto_front", "probe_cpu", "search", "step_ops", "summarize",
 ]
