@@ -54,19 +54,10 @@ def read_traffic(path: str, spec: Any, hw: str = "cpu", *, max_points: int = 6,
 def workload_points(trace: Any, spec: Any, hw: str, max_points: int) -> list[dict]:
     """The traffic package's workload points: the trace replayed through its continuous-batching
     scheduler model, with step times from a roofline of ``spec`` on the target ``hw``."""
-    from cost_model import get_hardware
-    from traffic_profiles import RooflineStepTime, SchedulerConfig, replay
+    from cost_model import get_hardware, roofline_step_time
+    from traffic_profiles import SchedulerConfig, replay
 
-    h = get_hardware(hw)
-    if spec.attention == "mla":     # absorbed MLA: scores over latent + rope dims, values over latent
-        per_head = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank
-    else:
-        per_head = 2 * spec.head_dim
-    peak = h.tflops.get(spec.dtype) or h.tflops.get("bf16") or max(v for v in h.tflops.values() if v)
-    step = RooflineStepTime(weight_bytes=spec.weight_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token(),
-                            flops_per_token=2.0 * spec.active_params(), bandwidth=h.hbm_bw * h.mem_efficiency,
-                            flops=peak * 1e12 * h.compute_efficiency,
-                            attn_flops_per_pair=2.0 * spec.num_layers * spec.num_heads * per_head)
+    step = roofline_step_time(spec, get_hardware(hw))
     points = [p.to_dict() for p in replay(trace, step, SchedulerConfig(max_points=max_points)).points]
     return fit_positions(points, spec.max_position_embeddings)
 

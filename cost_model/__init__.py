@@ -22,7 +22,7 @@ from cost_model.ops import OP_CLASSES, OpCost, expert_load, step_ops, summarize
 from cost_model.queueing import wait_s
 from cost_model.search import (DEFAULT_OBJECTIVE, SLA, ConfigResult, SearchResult, enumerate_layouts, pareto_front,
                                search)
-from cost_model.traffic import TrafficShape
+from cost_model.traffic import TrafficShape, roofline_step_time
 
 __all__ = [
     "Calibration", "ConfigResult", "CostModelError", "CurveEfficiency", "DEFAULT_OBJECTIVE", "Efficiency", "OpLatency",
@@ -30,5 +30,5 @@ __all__ = [
     "MemoryFit", "OP_CLASSES", "OpCost", "SLA", "SearchResult", "StepEstimate", "TrafficShape",
     "enumerate_layouts", "estimate_points", "estimate_step", "evaluate", "expert_load", "fit",
     "get_hardware", "known_hardware", "load_calibration", "load_measurements", "max_batch", "memory_fit",
-    "op_parts", "op_table", "pareto_front", "reference_step_ops", "probe_cpu", "search", "step_ops", "summarize",
+    "op_parts", "op_table", "pareto_front", "reference_step_ops", "roofline_step_time", "probe_cpu", "search", "step_ops", "summarize",
 ]

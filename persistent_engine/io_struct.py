@@ -33,6 +33,56 @@ class ProtocolError(ValueError):
     user_error = True
 
 
+# ------------------------------------------------------------------------------- value types
+POINT_FIELDS = ("phase", "batch", "context", "chunk")       # what identifies a workload point (not its weight)
+
+
+@dataclass(frozen=True)
+class WorkloadPoint:
+    """One shape the engine runs: ``batch`` sequences with ``context`` tokens already in the KV cache,
+    each adding ``chunk`` new tokens (1 for decode); ``weight`` is its share of GPU time (the points of a
+    workload sum to 1). ``traffic_profiles.WorkloadPoint`` produces them (compiler/inputs.py converts, the
+    one boundary); on the wire and in plan.json / board rows a point is the map of these five fields."""
+
+    phase: str = "decode"           # "decode" | "prefill"
+    batch: int = 1
+    context: int = 0
+    chunk: int = 1
+    weight: float = 1.0
+
+    @property
+    def key(self) -> tuple:
+        return point_key(self.to_dict())
+
+    def label(self, weighted: bool = False) -> str:
+        return point_label(self.to_dict(), weighted)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "WorkloadPoint":
+        return cls(phase=str(d.get("phase", "decode")), batch=int(d["batch"]), context=int(d.get("context", 0)),
+                   chunk=int(d.get("chunk", 1)), weight=float(d.get("weight", 1.0)))
+
+
+def point_key(p: Any) -> tuple:
+    """(phase, batch, context, chunk) of a point stored as a map (a plan's or a profile's row may carry
+    more fields: speedups, timings)."""
+    return tuple(p.get(k) for k in POINT_FIELDS)
+
+
+def point_label(p: Any, weighted: bool = False) -> str:
+    """``decode b8 ctx1024`` / ``prefill b1 ctx0 chunk512`` of a point map; ``weighted``: `` (40%)`` after it."""
+    if p.get("phase") == "prefill":
+        s = f"prefill b{p.get('batch')} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
+    else:
+        s = f"{p.get('phase', 'decode')} b{p.get('batch')} ctx{p.get('context', 0)}"
+    if weighted and p.get("weight") is not None:
+        s += f" ({100 * float(p['weight']):.0f}%)"
+    return s
+
+
 # ----------------------------------------------------------------------------------- requests
 @dataclass(frozen=True)
 class Request:

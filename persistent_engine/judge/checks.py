@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine import guards, verify
+from persistent_engine.io_struct import point_label  # noqa: F401 - the judge's replies label points with it
 
 
 def default_points(device: str) -> list[dict]:
@@ -23,12 +24,6 @@ def default_points(device: str) -> list[dict]:
     return [{"phase": "decode", "batch": 1, "context": 24, "chunk": 1, "weight": 0.5},
             {"phase": "decode", "batch": 3, "context": 40, "chunk": 1, "weight": 0.3},
             {"phase": "prefill", "batch": 1, "context": 0, "chunk": 16, "weight": 0.2}]
-
-
-def point_label(p: dict) -> str:
-    if p.get("phase") == "prefill":
-        return f"prefill b{p['batch']} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
-    return f"decode b{p['batch']} ctx{p.get('context', 0)}"
 
 
 def weight_share(points: list[dict], i: int) -> float:
