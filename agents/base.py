@@ -1,6 +1,6 @@
 """The agent protocol: what every agent (offline search, LLM) implements and what it is given.
 
-Contract (docs/internals.md, "Agents"):
+Contract (docs/internals.md, "Agents"; tests/agents/test_agent_contract.py runs it against every agent):
 
 - An :class:`Agent` has a unique ``name`` and one method, ``run_once(ctx) -> bool``: one cycle of
   work. It returns ``False`` when it has nothing left to try (the swarm then stops running it) and
