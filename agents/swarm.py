@@ -213,7 +213,7 @@ def board_evaluator(board: Any, run_id: Any, engine_evaluate: Callable[[str, flo
             board.add_evaluation(
                 cand, tier=tier, point=None,
                 metrics={"speedup": s["speedup"], "timings": getattr(verdict, "timings", {}),
-                         "per_point": getattr(verdict, "per_point", []),
+                         "per_point": [p.to_dict() for p in getattr(verdict, "per_point", ())],
                          "restarted": s["restarted"], "accepted": bool(accept(verdict))},
                 verdict="correct" if s["correct"] else "rejected", reasons=s["reasons"],
                 device=device, versions={}, timing_method=timing_method)
