@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "benchmark": "hot_reload", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "device": args.device, "host": platform.node(), "python": platform.python_version(),
-        "model": model, "layers": status.layers, "points": status.points, "samples": args.samples,
+        "model": model, "layers": status.layers, "points": [p.to_dict() for p in status.points], "samples": args.samples,
         "cold_start": {"runs": colds, "median_spawn_to_ready_s": cold_s,
                        "stages_median": {s: statistics.median(c["stages"].get(s, 0.0) for c in colds)
                                          for s in STAGES}},
