@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agents.base import Agent, AgentContext, Usage, _id_of, is_faster, verdict_summary
 
@@ -216,7 +216,7 @@ def board_evaluator(board: BoardAPI, run_id: Any, engine_evaluate: Callable[[str
             board.add_evaluation(
                 cand, tier=tier, point=None,
                 metrics={"speedup": s["speedup"], "timings": getattr(verdict, "timings", {}),
-                         "per_point": getattr(verdict, "per_point", []),
+                         "per_point": [p.to_dict() for p in getattr(verdict, "per_point", ())],
                          "restarted": s["restarted"], "accepted": bool(accept(verdict))},
                 verdict="correct" if s["correct"] else "rejected", reasons=s["reasons"],
                 device=device, versions={}, timing_method=timing_method)

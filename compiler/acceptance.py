@@ -133,12 +133,7 @@ def screen(verdict: CandidateVerdict, noise: float, cfg: AcceptanceConfig, tier:
 
 def point_speedups(verdict: CandidateVerdict | None) -> dict[tuple, float]:
     """Per-point speedups of a verdict keyed by (phase, batch, context, chunk)."""
-    out = {}
-    for entry in verdict.per_point if verdict is not None else ():
-        s = entry.get("speedup")
-        if isinstance(s, (int, float)):
-            out[point_key(entry["point"])] = float(s)
-    return out
+    return {entry.point.key: entry.speedup for entry in (verdict.per_point if verdict is not None else ())}
 
 
 def merge_points(points: list[dict], fast: CandidateVerdict | None, slow: CandidateVerdict | None) -> tuple[dict, ...]:

@@ -25,7 +25,7 @@ import hashlib
 import json
 import logging
 import math
-from typing import Any, Iterable, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterable
 
 from compiler.acceptance import Accepted
 

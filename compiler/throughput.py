@@ -22,10 +22,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bulletin_board import BoardAPI
+    from compiler.fleet import Fleet
 
 __all__ = ["DeviceClock", "EngineTime", "run_fields"]
 
@@ -75,7 +76,7 @@ class _TimedLock:
 class DeviceClock:
     """Installs itself on ``fleet`` (``install``); books evaluations made between ``open`` and ``close``."""
 
-    def __init__(self, fleet: Any):
+    def __init__(self, fleet: Fleet):
         self.fleet = fleet
         self.engines: dict[str, EngineTime] = {}
         self.lock = threading.Lock()

@@ -4,8 +4,8 @@
 inputs from the op's generator with the judge's seed and runs the override twice, ``run_candidate``); the judge
 draws the same inputs and decides (``judge_outputs``). ``layer_level``: the slice with the overrides run by the
 executor on the judge's workloads, its logits against the judge's reference. ``spot_check``: timed runs fetched
-at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``point_label``, ``weight_share``:
-the workload points, their labels in replies, their relative weights.
+at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``weight_share``:
+the workload points and their relative weights (labels: ``io_struct.point_label``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine import guards, verify
-from persistent_engine.io_struct import point_label  # noqa: F401 - the judge's replies label points with it
+from persistent_engine.io_struct import point_label
 
 
 def default_points(device: str) -> list[dict]:

@@ -52,7 +52,7 @@ from persistent_engine.judge.checks import default_points, point_label, weight_s
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          PrepareReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
-                                         UnloadReply, Verify, VerifyReply)
+                                         UnloadReply, Verify, VerifyReply, WorkloadPoint, PointProfile, PointTiming)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # what the engine does with each CONFIG knob, as reported in the load and bench replies
@@ -496,7 +496,7 @@ class Engine:
             reasons += self._call({"op": "guards", "when": "layer-level verification"}, deadline)["reasons"]
         reasons += self._process_reasons("verification")
         return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
-                           checks=[ch.to_dict() for ch in checks], seed=seed,
+                           checks=checks, seed=seed,
                            seconds=(timing.now_ns() - t0) / 1e9)
 
     def bench(self, req: Bench) -> Reply:
@@ -520,8 +520,8 @@ class Engine:
         notes = self._config_notes()
         for i, p in enumerate(self.points):
             if i not in affected:
-                per_point.append({"point": p, "label": point_label(p), "affected": False,
-                                  "baseline_ms": self.base_ms[i], "candidate_ms": self.base_ms[i], "speedup": 1.0})
+                per_point.append(PointTiming(WorkloadPoint.from_dict(p), point_label(p), affected=False,
+                                             baseline_ms=self.base_ms[i], candidate_ms=self.base_ms[i], speedup=1.0))
                 continue
             graphed = i in cand_graphed
             k = self.batch[i]
@@ -544,19 +544,18 @@ class Engine:
             r = guards.implausibly_fast(point_label(p), res.candidate.median_ms, self.floor_ms[i])
             if r:
                 reasons.append(r + (f" ({self.peak_bandwidth_gbs:g} GB/s ceiling)" if self.peak_bandwidth_gbs else ""))
-            per_point.append({"point": p, "label": point_label(p), "affected": True, "graph": graphed,
-                              "graph_error": None if graphed else (cand_errors.get(i) or self.graph_errors.get(i)
-                                                                   or plan[i]),
-                              "baseline_ms": res.baseline.median_ms, "baseline_iqr_ms": res.baseline.iqr_ms,
-                              "candidate_ms": res.candidate.median_ms, "candidate_iqr_ms": res.candidate.iqr_ms,
-                              "samples": res.candidate.n, "runs_per_sample": k, "floor_ms": self.floor_ms[i],
-                              "speedup": res.speedup, "speedup_q1": res.speedup_q1,
-                              **({"config": notes} if notes else {})})
+            per_point.append(PointTiming(
+                WorkloadPoint.from_dict(p), point_label(p), affected=True, graph=graphed,
+                graph_error=None if graphed else (cand_errors.get(i) or self.graph_errors.get(i) or plan[i]),
+                baseline_ms=res.baseline.median_ms, baseline_iqr_ms=res.baseline.iqr_ms,
+                candidate_ms=res.candidate.median_ms, candidate_iqr_ms=res.candidate.iqr_ms,
+                samples=res.candidate.n, runs_per_sample=k, floor_ms=self.floor_ms[i],
+                speedup=res.speedup, speedup_q1=res.speedup_q1, config=notes or {}))
         reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
         reasons += self._process_reasons("timing")
         # a point's weight is its share of GPU time: new / old time = sum(w / point speedup) / sum(w)
-        wsum = sum(pp["point"].get("weight", 1.0) for pp in per_point)
-        rsum = sum(pp["point"].get("weight", 1.0) / pp["speedup"] for pp in per_point if pp["speedup"] > 0)
+        wsum = sum(pp.point.weight for pp in per_point)
+        rsum = sum(pp.point.weight / pp.speedup for pp in per_point if pp.speedup > 0)
         speedup = wsum / rsum if rsum > 0 else None
         message = "timed" if not reasons else "rejected while timed"
         if notes:
@@ -595,14 +594,15 @@ class Engine:
         for i, p in enumerate(self.points):
             ops = profiler.profile_point(self.model, self.workloads[i][0], self.device)
             self.workload_guard.restore()
-            per_point.append({"point": p, "label": point_label(p), "step_ms": self.base_ms[i],
-                              "total_ms": sum(o["ms"] for o in ops.values()), "ops": ops})
+            per_point.append(PointProfile(WorkloadPoint.from_dict(p), point_label(p), step_ms=self.base_ms[i],
+                                          total_ms=sum(o["ms"] for o in ops.values()), ops=ops))
         return ProfileReply(message="baseline profile", per_point=per_point,
                             timer=timing.make_timer(self.device).name + "+sync per op")
 
     def status(self, req: Status) -> StatusReply:
         return StatusReply(message="ready", model=self.config.model, layers=self.layers,
-                           device=str(self.device), dtype=self.config.dtype, points=self.points,
+                           device=str(self.device), dtype=self.config.dtype,
+                           points=[WorkloadPoint.from_dict(p) for p in self.points],
                            startup=self.startup, logit_noise=self.logit_noise, logit_tol=self.logit_tol,
                            served=self.served, pid=os.getpid(),
                            candidate=self.candidate.name if self.candidate else None,
