@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from persistent_engine.io_struct import POINT_FIELDS, point_key
+
 # cost-model reference op name -> registry op (names that are registry ops map to themselves)
 _AS_REGISTRY = {"final_norm": "fused_add_rms_norm", "qk_norm": "rms_norm", "q_a_norm": "rms_norm",
                 "kv_a_norm": "rms_norm", "shared_silu": "silu_and_mul", "moe_experts_dense": "moe_experts",
@@ -36,10 +38,8 @@ def registry_op(name: str, cls: str, known: Sequence[str]) -> str | None:
 
 def _measured(profile: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, float]:
     """``{op: ms}`` of the profile row for ``point`` (matched on phase, batch, context, chunk)."""
-    keys = ("phase", "batch", "context", "chunk")
     for row in (profile.get("per_point") or []) if isinstance(profile, Mapping) else []:
-        p = row.get("point") or {}
-        if all(p.get(k) == point.get(k) for k in keys):
+        if point_key(row.get("point") or {}) == point_key(point):
             out = {}
             for op, v in (row.get("ops") or {}).items():
                 ms = v.get("ms") if isinstance(v, Mapping) else v
@@ -112,7 +112,7 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[Mapping[str, Any]]
                         "flops": r["flops"], "bytes": r["bytes"],
                         "flops_per_byte": round(r["flops"] / r["bytes"], 2) if r["bytes"] else None,
                         "cost_model_rows": sorted(set(r["parts"]))})
-        out.append({"point": {k: p.get(k) for k in ("phase", "batch", "context", "chunk", "weight")},
+        out.append({"point": {k: p.get(k) for k in (*POINT_FIELDS, "weight")},
                     "ops": ops})
     return {"hardware": hw.name, "layers": layers, "points": out,
             "note": "roofline_ms: max(bytes/bandwidth, flops/peak) of the reference op's traffic, no launch "
