@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from persistent_engine.io_struct import POINT_FIELDS, point_key
+from persistent_engine import POINT_FIELDS, point_key
 
 # cost-model reference op name -> registry op (names that are registry ops map to themselves)
 _AS_REGISTRY = {"final_norm": "fused_add_rms_norm", "qk_norm": "rms_norm", "q_a_norm": "rms_norm",

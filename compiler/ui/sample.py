@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 
 from bulletin_board import Board
-from persistent_engine.io_struct import POINT_FIELDS
+from persistent_engine import POINT_FIELDS
 
 OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "linear", "rotary_embedding",
        "attention_decode", "attention_prefill", "embedding", "lm_head")
