@@ -1,6 +1,6 @@
 """The agent protocol: what every agent (offline search, LLM) implements and what it is given.
 
-Contract (docs/internals.md, "Agents"):
+Contract (docs/internals.md, "Agents"; tests/agents/test_agent_contract.py runs it against every agent):
 
 - An :class:`Agent` has a unique ``name`` and one method, ``run_once(ctx) -> bool``: one cycle of
   work. It returns ``False`` when it has nothing left to try (the swarm then stops running it) and
@@ -41,7 +41,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-if TYPE_CHECKING:  # torch-free at import time
+if TYPE_CHECKING:  # torch-free (and SQLAlchemy-free) at import time
+    from bulletin_board import BoardAPI
     from persistent_engine.models.spec import ModelSpec
 
 log = logging.getLogger("tkcc.agents")
@@ -141,7 +142,7 @@ class Lease:
     the block raises (the exception propagates); call ``lease.finish(status)`` to choose yourself.
     """
 
-    def __init__(self, board: Any, idea: Any, agent: str, lease_s: float):
+    def __init__(self, board: BoardAPI, idea: Any, agent: str, lease_s: float):
         self.board, self.idea, self.agent = board, idea, agent
         self.idea_id = _id_of(idea)
         self._stop = threading.Event()
@@ -194,7 +195,7 @@ class AgentContext:
     """Everything an agent is given. The swarm hands each agent its own copy (``dataclasses.replace``)
     with ``evaluate`` wrapped to count verdicts and ``deadline`` clipped to the swarm's budget."""
 
-    board: Any                                 # bulletin_board.Board
+    board: BoardAPI                            # bulletin_board.Board on SQLite or PostgreSQL
     run_id: Any                                # the run (row or id) on that board
     evaluate: Evaluate                         # (source, *, author, idea_id) -> CandidateVerdict
     profile: Mapping[str, Any]                 # per-op baseline time (see Supervisor.profile())

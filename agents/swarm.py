@@ -20,9 +20,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agents.base import Agent, AgentContext, Usage, _id_of, is_faster, verdict_summary
+
+if TYPE_CHECKING:
+    from bulletin_board import BoardAPI
 
 log = logging.getLogger("tkcc.agents")
 
@@ -187,7 +190,7 @@ def run_swarm(agents: Sequence[Agent], ctx: AgentContext, budget_s: float, *,
         failures=sum(r.failures for r in reports))
 
 
-def board_evaluator(board: Any, run_id: Any, engine_evaluate: Callable[[str, float], Any], *,
+def board_evaluator(board: BoardAPI, run_id: Any, engine_evaluate: Callable[[str, float], Any], *,
                     timeout_s: float = 300.0, tier: str = "fast", device: str = "cpu",
                     timing_method: str = "", accept: Callable[[Any], bool] = is_faster) -> Callable[..., Any]:
     """``ctx.evaluate`` backed by an engine: records candidate (with its parent and author kind) and
@@ -213,7 +216,7 @@ def board_evaluator(board: Any, run_id: Any, engine_evaluate: Callable[[str, flo
             board.add_evaluation(
                 cand, tier=tier, point=None,
                 metrics={"speedup": s["speedup"], "timings": getattr(verdict, "timings", {}),
-                         "per_point": getattr(verdict, "per_point", []),
+                         "per_point": [p.to_dict() for p in getattr(verdict, "per_point", ())],
                          "restarted": s["restarted"], "accepted": bool(accept(verdict))},
                 verdict="correct" if s["correct"] else "rejected", reasons=s["reasons"],
                 device=device, versions={}, timing_method=timing_method)

@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                      "cycle_s": wall, "pool_wait_s": st.pool_wait_s, "executors_used": st.executors_used, **{k2: v.timings.get(k2) for k2 in ("load_s", "verify_s", "bench_s",
                                                                            "unload_s")},
                      "restarted": v.restarted,
-                     "points": [{"label": p.get("label"), "graph": p.get("graph"), "graph_error": p.get("graph_error"),
-                                 "baseline_ms": p.get("baseline_ms"), "candidate_ms": p.get("candidate_ms")}
+                     "points": [{"label": p.label, "graph": p.graph, "graph_error": p.graph_error,
+                                 "baseline_ms": p.baseline_ms, "candidate_ms": p.candidate_ms}
                                 for p in v.per_point]})
         print(f"  cycle {k:>3} {name:<26} {wall:7.3f} s  correct={v.correct}  "
               f"speedup={v.speedup if v.speedup is None else round(v.speedup, 3)}", file=sys.stderr)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "benchmark": "hot_reload", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "device": args.device, "host": platform.node(), "python": platform.python_version(),
-        "model": model, "layers": status.layers, "points": status.points, "samples": args.samples,
+        "model": model, "layers": status.layers, "points": [p.to_dict() for p in status.points], "samples": args.samples,
         "cold_start": {"runs": colds, "median_spawn_to_ready_s": cold_s,
                        "stages_median": {s: statistics.median(c["stages"].get(s, 0.0) for c in colds)
                                          for s in STAGES}},

@@ -26,11 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from compiler.compose import Part, compose, parse_targets, select_compatible
+from compiler.compose import Part, compose, select_compatible
+from persistent_engine import POINT_FIELDS, CandidateSource, CandidateVerdict, point_key
 from compiler.plan import seed_parent
 
-TierEvaluate = Callable[[str, str], Any]      # (tier, source) -> CandidateVerdict
-POINT_KEYS = ("phase", "batch", "context", "chunk")
+TierEvaluate = Callable[[str, str], CandidateVerdict]      # (tier, source) -> its verdict
+ROW_FIELDS = (*POINT_FIELDS, "weight")                     # a per-point row: the point, then its speedups
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _never_called(*verdicts) -> set[str]:
     """Op names the engine reported as overridden but never called (the "kernel actually ran" guard)."""
     names: set[str] = set()
     for v in verdicts:
-        for r in (_get(v, "reasons") or []) if v is not None else []:
+        for r in v.reasons if v is not None else []:
             names.update(_NEVER_CALLED.findall(str(r)))
     return names
 
@@ -97,17 +98,13 @@ def _owned(parts: list[Accepted]) -> set[tuple[str, str]]:
     return {("op", t) for a in parts for t in a.targets} | {("knob", k) for a in parts for k in a.config_keys}
 
 
-def _get(v: Any, name: str, default: Any = None) -> Any:
-    return v.get(name, default) if isinstance(v, dict) else getattr(v, name, default)
-
-
 def _why_dropped(fv: Any, sv: Any, deadline: float | None) -> str:
     """Why a composition with a candidate was not kept: incorrect, no gain, or not measured (the fleet
     refused it past the run's budget, or cut it there: a verdict about the clock, not the composition)."""
-    bad = [v for v in (fv, sv) if v is not None and not _get(v, "correct", False)]
+    bad = [v for v in (fv, sv) if v is not None and not v.correct]
     if not bad:
         return "no gain when composed"
-    reasons = [str(r) for r in (_get(bad[0], "reasons") or [])]
+    reasons = [str(r) for r in bad[0].reasons]
     refused = any(r.startswith("not evaluated: the run's budget is spent") for r in reasons)
     cut = (any(r.startswith("hang: ") for r in reasons) and deadline is not None
            and time.monotonic() >= deadline - 1.0)
@@ -119,12 +116,12 @@ def threshold(noise: float, cfg: AcceptanceConfig) -> float:
     return 1.0 + max(cfg.noise_floor, cfg.noise_k * noise)
 
 
-def screen(verdict: Any, noise: float, cfg: AcceptanceConfig, tier: str) -> Decision:
+def screen(verdict: CandidateVerdict, noise: float, cfg: AcceptanceConfig, tier: str) -> Decision:
     """Correct and beyond the noise on one tier?"""
-    speedup = _get(verdict, "speedup")
+    speedup = verdict.speedup
     need = threshold(noise, cfg)
-    if not _get(verdict, "correct", False):
-        reasons = _get(verdict, "reasons") or ["incorrect"]
+    if not verdict.correct:
+        reasons = verdict.reasons or ["incorrect"]
         return Decision(False, tier, f"rejected on the {tier} tier: {reasons[0]}", threshold=need)
     if speedup is None:
         return Decision(False, tier, f"not timed on the {tier} tier", threshold=need)
@@ -135,34 +132,16 @@ def screen(verdict: Any, noise: float, cfg: AcceptanceConfig, tier: str) -> Deci
                     **{tier: speedup})
 
 
-def point_key(p: dict) -> tuple:
-    return tuple(p.get(k) for k in POINT_KEYS)
+def point_speedups(verdict: CandidateVerdict | None) -> dict[tuple, float]:
+    """Per-point speedups of a verdict keyed by (phase, batch, context, chunk)."""
+    return {entry.point.key: entry.speedup for entry in (verdict.per_point if verdict is not None else ())}
 
 
-def point_speedups(verdict: Any) -> dict[tuple, tuple[dict, float]]:
-    """Per-point speedups of a verdict keyed by (phase, batch, context, chunk). Accepts entries that
-    carry the point's fields at top level or under ``"point"``, and ``speedup`` as the figure."""
-    out = {}
-    for entry in _get(verdict, "per_point") or []:
-        if not isinstance(entry, dict):
-            continue
-        p = entry.get("point") if isinstance(entry.get("point"), dict) else entry
-        s = entry.get("speedup")
-        if isinstance(s, (int, float)):
-            fields = {k: p.get(k) for k in (*POINT_KEYS, "weight") if k in p}
-            out[point_key(p)] = (fields, float(s))
-    return out
-
-
-def merge_points(points: list[dict], fast: Any, slow: Any) -> tuple[dict, ...]:
+def merge_points(points: list[dict], fast: CandidateVerdict | None, slow: CandidateVerdict | None) -> tuple[dict, ...]:
     """One row per workload point: its fields plus the fast and slow speedups (None when missing)."""
     f, s = point_speedups(fast), point_speedups(slow)
-    rows = []
-    for p in points:
-        k = point_key(p)
-        rows.append({**{key: p.get(key) for key in (*POINT_KEYS, "weight")},
-                     "fast": f[k][1] if k in f else None, "slow": s[k][1] if k in s else None})
-    return tuple(rows)
+    return tuple({**{k: p.get(k) for k in ROW_FIELDS}, "fast": f.get(point_key(p)), "slow": s.get(point_key(p))}
+                 for p in points)
 
 
 def name_of(source: str, author: str, n: int) -> str:
@@ -170,29 +149,8 @@ def name_of(source: str, author: str, n: int) -> str:
     the name it had in the parent plan (``plan.seed_parent``), so a recompile does not lengthen it."""
     if seed_parent(author):
         return seed_parent(author)
-    targets, _ = _targets(source)
-    base = f"{author}-{'+'.join(targets) or 'config'}"
+    base = f"{author}-{'+'.join(CandidateSource.parse(source).overrides) or 'config'}"
     return f"{base}-{n}"
-
-
-def _targets(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    try:
-        return parse_targets(source)
-    except SyntaxError:
-        return (), ()
-
-
-def description_of(source: str) -> str:
-    import ast
-    try:
-        for stmt in ast.parse(source).body:
-            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DESCRIPTION"
-                                                    for t in stmt.targets):
-                if isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-                    return stmt.value.value.strip().splitlines()[0][:200] if stmt.value.value.strip() else ""
-    except SyntaxError:
-        pass
-    return ""
 
 
 @dataclass
@@ -220,12 +178,12 @@ class Acceptor:
         decision = Decision(ds.accepted, "slow", ds.reason, fast=d.fast, slow=ds.slow, threshold=ds.threshold)
         self.log.append({"author": author, "stage": "slow", "reason": ds.reason})
         if ds.accepted:
-            targets, knobs = _targets(source)
+            declared = CandidateSource.parse(source)
             acc = Accepted(name=name_of(source, author, len(self.accepted) + 1), source=source,
-                           author=author, targets=targets, config_keys=knobs, fast=float(d.fast),
+                           author=author, targets=declared.overrides, config_keys=declared.config_keys, fast=float(d.fast),
                            slow=float(ds.slow), per_point=merge_points(self.points, fast_verdict, slow_verdict),
                            noise=max(self.noise.get("fast", 0.0), self.noise.get("slow", 0.0)),
-                           description=description_of(source), idea_id=idea_id, candidate_id=candidate_id)
+                           description=declared.description, idea_id=idea_id, candidate_id=candidate_id)
             self.accepted.append(acc)
             if self.on_accept is not None:
                 self.on_accept(acc)
@@ -245,13 +203,13 @@ class Acceptor:
             the two speedups decides (a transient load spike must not drop a proven set)."""
             v = self.evaluate(tier, src)
             noise = self.noise.get(tier, 0.0)
-            if screen(v, noise, self.cfg, tier).accepted or not _get(v, "correct", False) or _get(v, "speedup") is None:
+            if screen(v, noise, self.cfg, tier).accepted or not v.correct or v.speedup is None:
                 return v, screen(v, noise, self.cfg, tier).accepted
             again = self.evaluate(tier, src)
-            if not _get(again, "correct", False) or _get(again, "speedup") is None:
+            if not again.correct or again.speedup is None:
                 return again, False
-            mean = (float(_get(v, "speedup")) + float(_get(again, "speedup"))) / 2
-            v = dataclasses.replace(v, speedup=mean) if dataclasses.is_dataclass(v) else v
+            mean = (float(v.speedup) + float(again.speedup)) / 2
+            v = dataclasses.replace(v, speedup=mean)
             return v, mean > threshold(noise, self.cfg)
 
         measured: dict[str, tuple[str, Any, Any, bool]] = {}    # composed source -> its result
@@ -280,8 +238,8 @@ class Acceptor:
                 members = [a for a in members if a not in gone]
                 src, fv, sv, ok = measure(members)
         best_single = members[0].slow
-        if ok and (len(members) == 1 or _get(sv, "speedup") >= best_single * (1 - self.noise.get("slow", 0.0))):
-            return Composition(tuple(members), src, float(_get(fv, "speedup")), float(_get(sv, "speedup")),
+        if ok and (len(members) == 1 or sv.speedup >= best_single * (1 - self.noise.get("slow", 0.0))):
+            return Composition(tuple(members), src, float(fv.speedup), float(sv.speedup),
                                merge_points(self.points, fv, sv), tuple(dropped))
         # greedy over every accepted candidate, best first: when a conflict group's winner is not kept,
         # its runner-up is tried in its place, so the conflict reasons are decided here afresh
@@ -300,7 +258,7 @@ class Acceptor:
                 dropped.append((a.name, "no time left to re-verify it in the composition"))
                 continue
             src, fv, sv, ok = measure(chosen + [a])
-            if ok and (best is None or _get(sv, "speedup") > _get(best[2], "speedup")):
+            if ok and (best is None or sv.speedup > best[2].speedup):
                 chosen.append(a)
                 best = (src, fv, sv)
             else:
@@ -314,8 +272,8 @@ class Acceptor:
                                top.fast, top.slow, top.per_point, tuple(dropped))
         if best is None:
             return Composition((), compose([]), 1.0, 1.0, tuple(
-                {**{k: p.get(k) for k in (*POINT_KEYS, "weight")}, "fast": 1.0, "slow": 1.0} for p in self.points),
+                {**{k: p.get(k) for k in ROW_FIELDS}, "fast": 1.0, "slow": 1.0} for p in self.points),
                 tuple(dropped))
         src, fv, sv = best
-        return Composition(tuple(chosen), src, float(_get(fv, "speedup")), float(_get(sv, "speedup")),
+        return Composition(tuple(chosen), src, float(fv.speedup), float(sv.speedup),
                            merge_points(self.points, fv, sv), tuple(dropped))

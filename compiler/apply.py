@@ -15,13 +15,12 @@ the largest logit difference and the measured time of both at the plan's workloa
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from compiler import plan as plan_mod
+from persistent_engine import read_contract
 
 @contextlib.contextmanager
 def engine_threads(device: str) -> Iterator[None]:
@@ -54,30 +53,20 @@ class LoadedPlan:
 
 def load_module(path: Path) -> Any:
     """Imports a candidate file as a fresh module, named and placed as an executor places a judged candidate
-    (``candidate.module_name``, a fresh ``tkcc-exec-`` temp directory): harness-blind."""
-    import shutil
+    (``persistent_engine.import_source``: named by its hash, in a fresh ``tkcc-exec-`` temp directory):
+    harness-blind. For a plan's verified kernels only: this runs their code in this process."""
     import tempfile
 
-    from persistent_engine.candidate import MODULE_DIR_PREFIX, module_name
+    from persistent_engine import MODULE_DIR_PREFIX, import_source
 
     try:
         source = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise plan_mod.PlanError(f"cannot load {path}: {e}") from None
-    name = module_name(source)
-    where = Path(tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX)) / f"{name}.py"
-    shutil.copyfile(path, where)
-    spec = importlib.util.spec_from_file_location(name, where)
-    if spec is None or spec.loader is None:
-        raise plan_mod.PlanError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module      # triton.jit and dataclasses look modules up by name
     try:
-        spec.loader.exec_module(module)
+        return import_source(source, tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX))
     except Exception as e:  # noqa: BLE001 - a broken kernel file is a corrupt plan, one line
-        sys.modules.pop(name, None)
         raise plan_mod.PlanError(f"plan kernel {path} fails to load: {type(e).__name__}: {e}") from None
-    return module
 
 
 def overrides_of(source: str) -> dict[str, Callable]:
@@ -88,7 +77,8 @@ def overrides_of(source: str) -> dict[str, Callable]:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "composed.py"
         path.write_text(source)
-        return dict(getattr(load_module(path), "OVERRIDES", {}) or {})
+        overrides, _, _, _ = read_contract(load_module(path), None)
+        return overrides
 
 
 def _engine_state():
@@ -142,10 +132,12 @@ def load(path: str | Path) -> LoadedPlan:
             raise plan_mod.PlanError(f"corrupt plan {vdir}: kernels/{plan_mod.COMPOSED_KERNEL} is missing")
         return LoadedPlan(vdir, plan, {}, {})
     module = _load_verified(kfile, plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", ""))
-    overrides = getattr(module, "OVERRIDES", None)
-    if not isinstance(overrides, dict):
+    overrides, config, _, reasons = read_contract(module, None)
+    if not isinstance(getattr(module, "OVERRIDES", None), dict):
         raise plan_mod.PlanError(f"corrupt plan {vdir}: {kfile.name} defines no OVERRIDES dict")
-    return LoadedPlan(vdir, plan, dict(overrides), dict(getattr(module, "CONFIG", None) or {}))
+    if reasons:
+        raise plan_mod.PlanError(f"corrupt plan {vdir}: {kfile.name}: {'; '.join(reasons)}")
+    return LoadedPlan(vdir, plan, overrides, config)
 
 
 def load_plan_overrides(path: str | Path) -> tuple[dict[str, Callable], dict]:
@@ -188,7 +180,7 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     2 x (repeats + 1) steps per point."""
     from persistent_engine import io_struct as io
     from persistent_engine.judge import ab
-    from persistent_engine.judge.engine import Engine, EngineConfig
+    from persistent_engine.judge import Engine, EngineConfig
     from persistent_engine.models.spec import ModelSpec
 
     plan, vdir = plan_mod.load(path)
@@ -248,10 +240,10 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
 
     import torch
 
-    from persistent_engine.models.decoder import build_model
+    from persistent_engine import build_model
     from persistent_engine.ops import registry
-    from persistent_engine.profiler import profile_point
-    from persistent_engine.workloads import make_workload
+    from persistent_engine import profile_point
+    from persistent_engine import make_workload
 
     overrides = overrides_of(source)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from persistent_engine import point_key
+
 __all__ = ["measure_noise", "op_ms"]
 
 
@@ -51,34 +53,15 @@ def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
     return noise
 
 
-def op_ms(profile: Any, points: list[dict]) -> dict[str, float]:
-    """Per-op milliseconds weighted over workload points, from a ``Supervisor.profile()`` result.
-    Accepts ``{"per_point": [{"point": {...}, "ops": {op: ms | {"ms": x, ...}}}]}`` (the engine's)
-    or a flat ``{op: ms}``."""
-    def ms(v: Any) -> float | None:
-        if isinstance(v, (int, float)):
-            return float(v)
-        if isinstance(v, dict):
-            for k in ("ms", "time_ms", "total_ms", "median_ms"):
-                if isinstance(v.get(k), (int, float)):
-                    return float(v[k])
-            if isinstance(v.get("ns"), (int, float)):
-                return float(v["ns"]) / 1e6
-        return None
-
-    if not isinstance(profile, dict):
-        return {}
-    rows = profile.get("per_point", profile.get("points"))
-    if not isinstance(rows, list):
-        return {k: m for k, v in profile.items() if (m := ms(v)) is not None}
-    weights = {tuple(p.get(k) for k in ("phase", "batch", "context", "chunk")): float(p.get("weight", 1.0))
-               for p in points}
+def op_ms(profile: dict, points: list[dict]) -> dict[str, float]:
+    """Per-op milliseconds weighted over workload points, from the engine's profile document
+    (``Supervisor.profile()``: ``{"per_point": [{"point": {...}, "ops": {op: {"ms", "calls", "share"}}}]}``);
+    a row whose point is not among ``points`` weighs 1 / rows."""
+    weights = {point_key(p): float(p.get("weight", 1.0)) for p in points}
+    rows = profile.get("per_point") or []
     out: dict[str, float] = {}
     for row in rows:
-        p = row.get("point", row) if isinstance(row, dict) else {}
-        w = weights.get(tuple(p.get(k) for k in ("phase", "batch", "context", "chunk")), 1.0 / max(len(rows), 1))
-        for op, v in (row.get("ops") or {}).items():
-            m = ms(v)
-            if m is not None:
-                out[op] = out.get(op, 0.0) + w * m
+        w = weights.get(point_key(row["point"]), 1.0 / len(rows))
+        for op, v in row["ops"].items():
+            out[op] = out.get(op, 0.0) + w * float(v["ms"])
     return {k: round(v, 6) for k, v in out.items()}

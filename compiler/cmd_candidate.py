@@ -73,11 +73,11 @@ def _device(name: str) -> str:
 def check(args) -> int:
     import inspect
 
-    from persistent_engine.__main__ import parse_layers
-    from persistent_engine.candidate import param_names, static_check
-    from persistent_engine.executor.sandbox import require_sandbox
+    from persistent_engine import parse_layers
+    from persistent_engine import param_names, static_check
+    from persistent_engine import require_sandbox
     from persistent_engine.models.spec import ModelSpec, tiny_name
-    from persistent_engine.supervisor import Supervisor
+    from persistent_engine import Supervisor
 
     input_file(args.file, "candidate file")
     args.model = tiny_name(args.model, args.tiny)

@@ -125,7 +125,7 @@ def parse_shape(op: str, params: list[str]) -> dict:
 def cost_op(op: str, hw_name: str, dtype: str, params: list[str]):
     """The ``cost_model.efficiency.OpLatency`` of one ``tkcc cost op`` call."""
     from cost_model import CostModelError, get_hardware
-    from cost_model.efficiency import collective_latency, op_latency
+    from cost_model import collective_latency, op_latency
 
     shape = parse_shape(op, params)
     hw = get_hardware(hw_name)

@@ -62,7 +62,7 @@ def _devices() -> tuple[dict, list[dict]]:
     info["cuda"] = torch.version.cuda
     info["hip"] = getattr(torch.version, "hip", None)
     if torch.cuda.is_available():
-        from persistent_engine.versions import driver_version
+        from persistent_engine import driver_version
         info["driver"] = driver_version()
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
@@ -94,7 +94,7 @@ def collect() -> dict:
 
 def _strays() -> list[dict]:
     """Engine processes that outlived their orchestrator (persistent_engine.lifeline)."""
-    from persistent_engine.lifeline import stray_processes
+    from persistent_engine import stray_processes
     return stray_processes()
 
 
@@ -106,7 +106,7 @@ def _models() -> dict[str, str]:
 
 
 def _sandbox() -> dict:
-    from persistent_engine.executor.sandbox import probe
+    from persistent_engine import sandbox_probe as probe
     caps = probe()
     return {"mechanisms": caps.as_dict(), "missing": list(caps.missing()), "complete": caps.complete(),
             "errors": dict(caps.errors)}

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 
 
 def serve(args) -> int:
-    from persistent_engine.__main__ import main
+    from persistent_engine import engine_main as main
     from persistent_engine.models.spec import tiny_name
 
     argv = ["serve", "--model", tiny_name(args.model, args.tiny), "--device", args.device, "--dtype", args.dtype,

@@ -139,7 +139,7 @@ def watchdog_s(budget_s: float) -> float:
 def _optimize(args: argparse.Namespace) -> int:
     from compiler.agent_spec import writes_llm_code
     from compiler.loop import OptimizeConfig, optimize
-    from persistent_engine.executor.sandbox import require_sandbox
+    from persistent_engine import require_sandbox
 
     from persistent_engine.models.spec import tiny_name
 

@@ -62,8 +62,8 @@ def load_traffic(path: str):
     read_trace = getattr(traffic_profiles, "read_trace", None)
     build_profile = getattr(traffic_profiles, "build_profile", None)
     if read_trace is None or build_profile is None:
-        from traffic_profiles.profile import build_profile
-        from traffic_profiles.readers import read_trace
+        from traffic_profiles import build_profile
+        from traffic_profiles import read_trace
     return TrafficShape.from_profile(build_profile(read_trace(path)))
 
 

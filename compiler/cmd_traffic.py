@@ -53,7 +53,7 @@ def register(subparsers) -> None:
     diff.add_argument("old", help="trace or saved profile JSON")
     diff.add_argument("new", help="trace or saved profile JSON")
     diff.add_argument("--json", action="store_true", help="print one JSON document")
-    from traffic_profiles.thresholds import DriftThresholds   # light: no pandas
+    from traffic_profiles import DriftThresholds   # light: no pandas
     for name in DriftThresholds.names():
         diff.add_argument("--" + name.replace("_", "-"), type=nonneg_float, default=getattr(DriftThresholds, name),
                           metavar="X", help=f"threshold (default {getattr(DriftThresholds, name):g})")
@@ -94,7 +94,7 @@ def _workload(args, trace) -> dict:
 
 def _profile(args) -> int:
     from traffic_profiles import ProfileConfig, build_profile, read_trace
-    from traffic_profiles.profile import _rounded
+    from traffic_profiles import rounded_json
     if args.lru_blocks is not None and args.lru_blocks < 1:
         raise _UsageError("--lru-blocks must be at least 1")
     input_file(args.file, "trace")
@@ -104,7 +104,7 @@ def _profile(args) -> int:
     profile = build_profile(trace, ProfileConfig(lru_blocks=args.lru_blocks))
     doc = profile.to_dict()
     if args.workload:
-        doc["workload"] = _rounded(_workload(args, trace))
+        doc["workload"] = rounded_json(_workload(args, trace))
     if args.out:
         profile.save(args.out)
     if args.json:

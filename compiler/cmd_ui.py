@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 def _ui(args) -> int:
     from compiler.http_server import ServeError
-    from persistent_engine.server import is_loopback
+    from persistent_engine import is_loopback
 
     if not is_loopback(args.host) and not args.allow_remote:
         raise ServeError(f"refusing to serve on non-loopback host {args.host!r}: pass --allow-remote "

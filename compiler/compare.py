@@ -74,9 +74,9 @@ def compare_with_torch_compile(spec: Any, layers: list[int], points: list[dict],
     import torch
 
     from persistent_engine import timing
-    from persistent_engine.models.decoder import build_model
+    from persistent_engine import build_model
     from persistent_engine.ops import registry
-    from persistent_engine.workloads import make_workload
+    from persistent_engine import make_workload
 
     overrides = overrides_of(source)
     model = build_model(spec, layers=list(layers), device=device, dtype=torch_dtype(dtype), seed=seed)

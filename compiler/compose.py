@@ -15,7 +15,9 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-SPECIAL = ("OVERRIDES", "CONFIG", "DESCRIPTION")
+from persistent_engine import CONTRACT_NAMES, CandidateSource
+
+SPECIAL = CONTRACT_NAMES
 
 
 class ComposeError(ValueError):
@@ -134,17 +136,10 @@ class _Renamer(ast.NodeTransformer):
 
 
 def parse_targets(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(op names in OVERRIDES, keys of CONFIG) read from dict literals; () where not literal."""
-    tree = ast.parse(source)
-    out: dict[str, tuple[str, ...]] = {"OVERRIDES": (), "CONFIG": ()}
-    for stmt in tree.body:
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            for t in targets:
-                if isinstance(t, ast.Name) and t.id in out and isinstance(stmt.value, ast.Dict):
-                    out[t.id] = tuple(k.value for k in stmt.value.keys
-                                      if isinstance(k, ast.Constant) and isinstance(k.value, str))
-    return out["OVERRIDES"], out["CONFIG"]
+    """(op names in OVERRIDES, keys of CONFIG) read from dict literals; () where not literal or where
+    the source does not parse (``persistent_engine.CandidateSource``, the one reader of the contract)."""
+    declared = CandidateSource.parse(source)
+    return declared.overrides, declared.config_keys
 
 
 def select_compatible(parts: list[Part]) -> tuple[list[Part], list[Part]]:

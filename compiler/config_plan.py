@@ -169,7 +169,7 @@ def _changes_a_step(config: dict, device_kind: str) -> bool:
     """Whether the engine's per-step timing can show the setting: a KV block size other than the
     engine's, or CUDA-graph sizes on CUDA. Scheduler knobs change no single step (their measured
     speedup is noise), so only these must not slow a step."""
-    from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
+    from persistent_engine import DEFAULT_BLOCK_SIZE
 
     return (int(config.get("kv_block_size", DEFAULT_BLOCK_SIZE)) != DEFAULT_BLOCK_SIZE
             or (device_kind == "cuda" and "cuda_graph_batch_sizes" in config))
@@ -192,7 +192,7 @@ def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, sp
     the engine measured no step time to replay with."""
     from agents.offline import ConfigJudge, ConfigSearchAgent, OfflineTeam, samples_from_profile
     from agents.offline import EAGER_FACTOR_CUDA
-    from traffic_profiles.readers import read_trace
+    from traffic_profiles import read_trace
 
     if not samples_from_profile(profile):
         if event is not None:

@@ -12,6 +12,10 @@ different GPUs measure in parallel. ``evaluate(tier, source)`` takes a free engi
 never raises: an engine that fails outside a candidate's verdict (it died and could not restart)
 gives a rejected verdict with the reason, and the next call finds it restarted. A crash verdict is
 re-tried once on the restarted engine (see :func:`evaluate_with_retry`).
+
+:class:`Fleet` is the interface the optimize loop codes against; :class:`LocalFleet` (here) and
+``compiler.ray_fleet.RayFleet`` implement it, and tests/compiler/test_fleet_contract.py is the one
+contract suite run against both.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 log = logging.getLogger("tkcc.fleet")
 
@@ -63,7 +67,7 @@ def place(cfg: FleetConfig) -> list[Placement]:
 
 def failed_verdict(reason: str) -> Any:
     """A rejected CandidateVerdict for a failure outside the candidate's own verdict."""
-    from persistent_engine.supervisor import CandidateVerdict
+    from persistent_engine import CandidateVerdict
     return CandidateVerdict(correct=False, reasons=[reason], speedup=None, per_point=[], timings={},
                             restarted=True)
 
@@ -81,12 +85,56 @@ def evaluate_with_retry(supervisor: Any, source: str, timeout_s: float) -> Any:
 
 def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:
     """Start one engine for a placement (blocks until it is ready)."""
-    from persistent_engine.supervisor import Supervisor
+    from persistent_engine import Supervisor
     sup = Supervisor(cfg.model, list(p.layers), p.device, [dict(x) for x in cfg.points], dtype=cfg.dtype,
                      env={**os.environ, **cfg.env}, inputs=cfg.inputs.get(p.tier), start_timeout_s=cfg.start_timeout_s,
                      log=lambda line: log.info("%s/%s %s", p.tier, p.device, line))
     sup.start()
     return sup
+
+
+@runtime_checkable
+class Fleet(Protocol):
+    """The fast-tier and slow-tier engines of a run, started once.
+
+    Contract (every implementation):
+    - ``kind`` names it ("local", "ray"); ``cfg`` is its :class:`FleetConfig`; ``deadline`` (a
+      ``time.monotonic()`` value, ``math.inf`` until the loop sets the run's budget): no evaluation
+      starts past it.
+    - ``start()`` boots every engine of :func:`place` and returns the fleet, ready to evaluate; when an
+      engine fails to boot, the ones that started are closed and the error raised. As a context
+      manager: entering starts, leaving closes.
+    - ``evaluate(tier, source)`` is thread-safe and never raises: it returns the tier's
+      ``CandidateVerdict``; a failure outside the candidate (an engine that died and could not
+      restart, a lost actor) is a rejected verdict with the reason and ``restarted=True``; past
+      ``deadline`` the reason is "not evaluated: the run's budget is spent".
+    - ``profile(tier)``: the baseline's per-op profile on that tier (``Supervisor.profile()``).
+    - ``restarts()``: engine restarts so far; ``engine_pids()``: one pid per engine (None where none
+      runs); ``describe()``: one dict per engine with at least ``tier``, ``device``, ``layers``.
+    - ``close()`` ends every engine process; closing twice is harmless.
+    """
+
+    kind: str
+    cfg: FleetConfig
+    deadline: float
+
+    def start(self) -> "Fleet": ...
+
+    def __enter__(self) -> "Fleet": ...
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+    def evaluate(self, tier: str, source: str) -> Any: ...
+
+    def profile(self, tier: str = "fast") -> dict: ...
+
+    def restarts(self) -> int: ...
+
+    def engine_pids(self) -> list[int | None]: ...
+
+    def describe(self) -> list[dict]: ...
+
+    def close(self) -> None: ...
 
 
 class Engine:
@@ -151,7 +199,7 @@ class Engine:
 
 
 class LocalFleet:
-    """Engines as local processes. Use as a context manager; ``evaluate`` is thread-safe."""
+    """A :class:`Fleet` of local engine processes."""
 
     kind = "local"
 

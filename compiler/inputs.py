@@ -29,8 +29,8 @@ def read_traffic(path: str, spec: Any, hw: str = "cpu", *, max_points: int = 6,
                  profile_only: bool = False) -> TrafficInput:
     """Profiles a trace and derives the workload points for ``spec`` (the ``max_points`` heaviest,
     weights renormalised to sum to 1; none when ``profile_only``)."""
-    from traffic_profiles.profile import build_profile
-    from traffic_profiles.readers import read_trace
+    from traffic_profiles import build_profile
+    from traffic_profiles import read_trace
 
     if not Path(path).is_file():
         raise InputError(f"traffic file not found: {path}")
@@ -54,19 +54,10 @@ def read_traffic(path: str, spec: Any, hw: str = "cpu", *, max_points: int = 6,
 def workload_points(trace: Any, spec: Any, hw: str, max_points: int) -> list[dict]:
     """The traffic package's workload points: the trace replayed through its continuous-batching
     scheduler model, with step times from a roofline of ``spec`` on the target ``hw``."""
-    from cost_model.hardware import get_hardware
-    from traffic_profiles import RooflineStepTime, SchedulerConfig, replay
+    from cost_model import get_hardware, roofline_step_time
+    from traffic_profiles import SchedulerConfig, replay
 
-    h = get_hardware(hw)
-    if spec.attention == "mla":     # absorbed MLA: scores over latent + rope dims, values over latent
-        per_head = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank
-    else:
-        per_head = 2 * spec.head_dim
-    peak = h.tflops.get(spec.dtype) or h.tflops.get("bf16") or max(v for v in h.tflops.values() if v)
-    step = RooflineStepTime(weight_bytes=spec.weight_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token(),
-                            flops_per_token=2.0 * spec.active_params(), bandwidth=h.hbm_bw * h.mem_efficiency,
-                            flops=peak * 1e12 * h.compute_efficiency,
-                            attn_flops_per_pair=2.0 * spec.num_layers * spec.num_heads * per_head)
+    step = roofline_step_time(spec, get_hardware(hw))
     points = [p.to_dict() for p in replay(trace, step, SchedulerConfig(max_points=max_points)).points]
     return fit_positions(points, spec.max_position_embeddings)
 
@@ -89,8 +80,8 @@ def fit_positions(points: list[dict], max_positions: int) -> list[dict]:
 
 def drift(old_profile: dict, new_profile: dict) -> tuple[bool, list[dict]]:
     """(drifted, per-feature rows) between a stored profile and a new one."""
-    from traffic_profiles.drift import compare
-    from traffic_profiles.profile import TrafficProfile
+    from traffic_profiles import compare
+    from traffic_profiles import TrafficProfile
 
     report = compare(TrafficProfile.from_dict(old_profile), TrafficProfile.from_dict(new_profile))
     doc = report.to_dict()
@@ -99,7 +90,7 @@ def drift(old_profile: dict, new_profile: dict) -> tuple[bool, list[dict]]:
 
 def validate_hw(hw: str) -> dict:
     """The cost model's catalogue entry for --hw, as a small JSON record (CostModelError if unknown)."""
-    from cost_model.hardware import get_hardware
+    from cost_model import get_hardware
 
     h = get_hardware(hw)
     return {"name": h.name, "label": h.label}
@@ -208,7 +199,7 @@ def hw_matches(hw: str, device: dict) -> bool:
 
 
 def software_versions() -> dict:
-    from persistent_engine.versions import package_version, software_versions as versions
+    from persistent_engine import package_version, software_versions as versions
 
     return {**versions(), "tkcc": package_version("tkcc") or _source_version()}
 
@@ -229,9 +220,9 @@ def _source_version() -> str | None:
 def parallelism(spec: Any, hw: str, profile: dict, gpus: int) -> tuple[dict | None, dict | None, str]:
     """(layouts as ``tkcc parallelism --json`` gives them, projected full-model figures of the best,
     note). A cost-model failure is recorded as the note, never fatal to the run."""
-    from cost_model.hardware import get_hardware
-    from cost_model.search import search
-    from cost_model.traffic import TrafficShape
+    from cost_model import get_hardware
+    from cost_model import search
+    from cost_model import TrafficShape
 
     try:
         result = search(spec, get_hardware(hw), gpus, traffic=TrafficShape.from_profile(profile))
@@ -359,7 +350,7 @@ def tier_inputs(spec: Any, summary: dict, routing_skew: float | None = None,
         slow = {"tokens": tokens, "prefix_share": round(min(max(share, 0.0), 1.0), 4), "weights": str(weights)}
         return {"fast": {"weights": str(weights), **({"tokens": tokens} if token_ids else {})}, "slow": slow}
 
-    from persistent_engine.routing import RoutingError, RoutingSpec
+    from persistent_engine import RoutingError, RoutingSpec
 
     if routing_skew is not None and not (math.isfinite(routing_skew) and 0 <= routing_skew <= 10):
         raise InputError(f"--routing-skew must be a number in [0, 10] (0: uniform routing), got {routing_skew}")

@@ -21,7 +21,7 @@ class IsolatedError(RuntimeError):
 
 
 def _child(conn: Any, parent: int, fn: Callable, args: tuple, kwargs: dict) -> None:
-    from persistent_engine.lifeline import watch_parent
+    from persistent_engine import watch_parent
     watch_parent(parent)                    # dies with the orchestrator, whatever kills it
     try:
         result = ("ok", fn(*args, **kwargs))

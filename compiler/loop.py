@@ -12,31 +12,29 @@ leaves no half-written plan).
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import hashlib
-import logging
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from compiler import config_plan, inputs, plan as plan_mod, report
+from compiler import config_plan, inputs, plan as plan_mod
 from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
-from compiler.baseline import _identity_candidate, measure_noise, op_ms  # noqa: F401 - tests import them here
+from compiler.baseline import measure_noise, op_ms
 from compiler.budget import Budget
 from compiler.compose import Part, compose, select_compatible
-from compiler.isolated import run_isolated
+from compiler.judging import Judge, per_agent, release_agents, report_agents, run_swarm
 from compiler.memory import RunMemory, shape_class
-from compiler.throughput import DeviceClock, run_fields
-from compiler.recover import mark_recovered, recovered_seeds
+from compiler.plan_writer import write_plan
 from compiler.progress import Progress
+from compiler.recover import mark_recovered, recovered_seeds
+from compiler.run_state import Baseline, Engines, Outcome, Run, RunInputs, best_effort
+from compiler.throughput import DeviceClock
 
-log = logging.getLogger("tkcc.loop")
-# the plan's per-op profile and its torch.compile comparison run in a child process (compiler.isolated);
-# past this they are left out of the plan (they are optional, the plan is not)
-ISOLATED_TIMEOUT_S = 900.0
+if TYPE_CHECKING:
+    from bulletin_board import BoardAPI
+    from compiler.fleet import Fleet
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ def make_agents(spec: str, device: str, llm_budget_usd: float | None = None,
     return build_agents(spec, device, llm_budget=shared)
 
 
-def start_fleet(cfg: OptimizeConfig, fleet_cfg: Any) -> Any:
+def start_fleet(cfg: OptimizeConfig, fleet_cfg: Any) -> Fleet:
     if cfg.fleet == "ray":
         from compiler.ray_fleet import RayFleet
         return RayFleet(fleet_cfg, address=cfg.ray_address).start()
@@ -125,12 +123,12 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._old)
 
 
-def _recovered(cfg: OptimizeConfig, board: Any, progress: Progress) -> tuple[OptimizeConfig, list]:
+def _recovered(cfg: OptimizeConfig, board: BoardAPI, progress: Progress) -> tuple[OptimizeConfig, list]:
     """The accepted candidates of runs into this root that wrote no plan become seeds (compiler.recover);
     returns the config and the ids of those runs (marked once this run exists)."""
     if not cfg.continue_plan:
         return cfg, []
-    lost, dead = _best_effort(recovered_seeds, board, cfg.model, cfg.hw, cfg.seeds) or ([], [])
+    lost, dead = best_effort(recovered_seeds, board, cfg.model, cfg.hw, cfg.seeds) or ([], [])
     if lost:
         progress.event(f"recovered {len(lost)} accepted candidate(s) of runs that wrote no plan; "
                        "they are re-verified first")
@@ -163,32 +161,57 @@ def continued(cfg: OptimizeConfig, out: Path, progress: Progress | None = None) 
 
 
 def optimize(cfg: OptimizeConfig) -> OptimizeResult:
-    """Runs the whole loop and writes the next plan version under ``cfg.out``."""
-    from persistent_engine.models.spec import ModelSpec
-
+    """Runs the whole loop and writes the next plan version under ``cfg.out``: gather the inputs, open the
+    run on the board, run the engines' phases (start, baseline, seeds, search, compose), write the plan."""
     t_start = time.monotonic()
     budget = Budget(cfg.wall_s, t_start)
-    deadline = min(t_start + cfg.budget_s, budget.end)
+    run_in = gather_inputs(cfg)
+    agents = make_agents(cfg.agents, run_in.device["kind"], cfg.llm_budget_usd, cfg.llm_budget_tokens)
+    startup_s = budget.startup_timeout(900.0)    # before the board: a budget too short to start writes nothing
+    run = open_run(cfg, run_in, budget, t_start)
+    run.progress.start()
+    try:
+        with _Interrupt(run.stop, run.progress):
+            outcome = run_engines(run, run_in, agents, startup_s)
+            vdir = write_plan(run, run_in, outcome)
+    except BaseException as e:
+        best_effort(run.board.update_run, run.run_id, status="interrupted" if isinstance(e, KeyboardInterrupt)
+                    else "failed", message=f"{type(e).__name__}: {e}"[:500])
+        raise
+    finally:
+        run.progress.close()
+    written, _ = plan_mod.load(vdir)
+    return OptimizeResult(vdir, written, outcome.interrupted)
+
+
+def gather_inputs(cfg: OptimizeConfig) -> RunInputs:
+    """Model, device, traffic and its points, tiers, the tiers' inputs and the cost model's layout."""
+    from persistent_engine.models.spec import ModelSpec
+
     spec = ModelSpec.from_name(cfg.model)
     device = inputs.detect_device(cfg.device)
     hw_doc = inputs.validate_hw(cfg.hw)
     traffic = inputs.read_traffic(cfg.traffic, spec, cfg.hw, max_points=cfg.max_points)
-    points = [dict(p) for p in traffic.points]
     gpus = cfg.gpus or (len(device["devices"]) if device["kind"] == "cuda" else 1)
-    tier_notes: list[str] = []
+    notes: list[str] = []
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
                                                   device_bytes=inputs.device_memory(device),
-                                                  shared=len(device["devices"]) < 2, notes=tier_notes)
+                                                  shared=len(device["devices"]) < 2, notes=notes)
     tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram, cfg.weights,
                                      inputs.traffic_token_ids(cfg.traffic, spec.vocab_size))
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
-    agents = make_agents(cfg.agents, device["kind"], cfg.llm_budget_usd, cfg.llm_budget_tokens)
-    startup_s = budget.startup_timeout(900.0)    # before the board: a budget too short to start writes nothing
+    return RunInputs(spec, device, traffic, [dict(p) for p in traffic.points], fast_layers, slow_layers,
+                     tier_inputs, layout, projected, layout_note, tuple(notes))
 
-    stop = threading.Event()
+
+def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: float) -> Run:
+    """The progress display, the board and the run's row on it (continuing from the plan root's newest
+    version and recovering lost accepted candidates as seeds), and the run's memory of verdicts."""
+    deadline = min(t_start + cfg.budget_s, budget.end)
     progress = Progress(deadline, quiet=cfg.quiet, started=t_start)
-    for note in tier_notes:                      # tiers shrunk to fit this device's memory
+    device = run_in.device
+    for note in run_in.notes:
         progress.event(note)
     if not device["matches_hw"]:
         progress.event(f"target --hw {cfg.hw} differs from the detected device {device['name']} "
@@ -201,247 +224,143 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     board_url = checked_board_url(cfg.board or f"sqlite:///{(out / 'board.db').resolve()}")
     board = open_board(board_url)
     cfg, dead = _recovered(cfg, board, progress)
-    run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
+    traffic_hash = run_in.traffic.hash
+    run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic_hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
                                       "device": device["kind"], "parent_version": cfg.parent_version})
     if dead:
-        _best_effort(mark_recovered, board, dead, run_id)
+        best_effort(mark_recovered, board, dead, run_id)
     if cfg.drift is not None:                    # recompile: the drift check that triggered this run
-        deployment = _board_call(board, "deployment", cfg.model, cfg.hw, traffic.hash)
-        _board_call(board, "add_drift_event", deployment, True,
+        deployment = best_effort(board.deployment, cfg.model, cfg.hw, traffic_hash)
+        best_effort(board.add_drift_event, deployment, True,
                     cfg.drift.get("features", []), run=run_id, old_hash=cfg.drift.get("old_hash", ""),
-                    new_hash=traffic.hash)
+                    new_hash=traffic_hash)
     progress.on_change = _board_mirror(board, run_id)
-    memory = RunMemory(board, run_id, model=cfg.model, hw=cfg.hw, traffic_hash=traffic.hash,
-                       shape=shape_class(device["kind"], spec.dtype, points, fast_layers, slow_layers))
+    memory = RunMemory(board, run_id, model=cfg.model, hw=cfg.hw, traffic_hash=traffic_hash,
+                       shape=shape_class(device["kind"], run_in.spec.dtype, run_in.points, run_in.fast_layers,
+                                         run_in.slow_layers))
+    return Run(cfg, board, board_url, run_id, memory, progress, threading.Event(), budget, t_start)
 
-    from compiler.fleet import FleetConfig
-    fleet_cfg = FleetConfig(model=cfg.model, points=tuple(points), fast_layers=tuple(fast_layers),
-                            slow_layers=tuple(slow_layers), devices=tuple(device["devices"]),
-                            timeout_s=cfg.timeout_s, inputs=tier_inputs, start_timeout_s=startup_s)
-    tier_info = {t: {"inputs": inputs.inputs_summary(v)} for t, v in tier_inputs.items()}
-    interrupted = False
-    accepted_log: list[Accepted] = []
-    baseline: dict = {}
-    noise: dict[str, float] = {}
-    composition: Composition | None = None
-    agent_reports: list[dict] = []
-    tried = [0]
-    progress.start()
+
+def run_engines(run: Run, run_in: RunInputs, agents: list[Any], startup_s: float) -> Outcome:
+    """The phases on the fleet: start it, measure the baseline, re-verify the seeds, search, compose;
+    the fleet and the agents are released whatever happens."""
+    progress, cfg = run.progress, run.cfg
+    progress.phase("starting")
+    engines = start_engines(run, run_in, startup_s)
+    fleet = engines.fleet
     try:
-        with _Interrupt(stop, progress):
-            progress.phase("starting")
-            fleet = _start_within(cfg, fleet_cfg, budget)
-            clock = DeviceClock(fleet).install()        # compiler/throughput.py: where the engines' time goes
-            fleet.deadline = budget.compose_end          # no evaluation runs past the composition's end
-            progress.restarts_from(fleet.restarts)
-            for d in fleet.describe():          # persistent_engine/tolerance.py: each tier's calibrated bound
-                if "routing" in d:              # the routing the tier's routers produce (routing.py)
-                    tier_info[d["tier"]]["routing"] = d["routing"]
-                    progress.event(routing_line(d["tier"], d["routing"]))
-                if "logit_bound" in d:
-                    progress.event(f"{d['tier']} engine ({d['device']}, layers {d['layers']}): layer-level logits "
-                                   f"bound {d['logit_bound'][0]:.3g}-{d['logit_bound'][1]:.3g}")
-            try:
-                if cfg.fleet == "ray":                   # agents as actors too (the cluster is up now)
-                    from compiler.ray_agents import remote_agents
-                    agents = remote_agents(cfg.agents, len(agents), device["kind"], board_url)
-                progress.phase("baseline")
-                base_profile = fleet.profile("fast")
-                baseline = {"profile": base_profile, "op_ms": op_ms(base_profile, points)}
-                _board_call(board, "set_baseline", run_id, base_profile)
-                noise = {"fast": 0.05, "slow": 0.05} if stop.is_set() else \
-                    measure_noise(fleet.evaluate, cfg.aa_runs, progress.event, budget.baseline_end())
-                progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
-                               f"slow ±{100 * noise['slow']:.1f}%")
-                if max(noise.values()) > 0.25:
-                    progress.event("warning: timing noise above 25% (a busy machine?); only large gains can be accepted")
-                deadline = min(time.monotonic() + cfg.budget_s, budget.search_end)   # budget_s: the search's
-                progress.deadline = budget.end if cfg.wall_s is not None else deadline
-
-                def on_accept(a: Accepted) -> None:
-                    progress.accepted(a.slow)
-                    progress.event(f"accepted {a.name}: fast {a.fast:.3f}x, slow {a.slow:.3f}x")
-
-                acceptor = Acceptor(fleet.evaluate, points, noise, cfg.acceptance, on_accept, accepted_log)
-                acceptor, agents = config_plan.start(acceptor, agents, cfg.traffic, base_profile, spec, fast_layers,
-                                                     device["kind"], on_accept, progress.event)
-                memory.seed(agents)
-                for name, source in cfg.seeds:               # recompile: the old plan's optimizations first
-                    if stop.is_set():
-                        break
-                    _consider(board, run_id, fleet, acceptor, progress, source, author=plan_mod.seed_author(name), tried=tried,
-                              memory=memory)
-
-                if not stop.is_set() and time.monotonic() < deadline:
-                    progress.phase("searching")
-                    timed_on = "cpu" if device["kind"] == "cpu" else cfg.hw       # the roofline's hardware
-                    clock.open()
-                    swarm = _run_swarm(cfg, agents, board, run_id, fleet, acceptor, progress, spec, points,
-                                       base_profile, deadline, stop, tried, hw=timed_on, memory=memory)
-                    clock.close()
-                    agent_reports = per_agent(swarm, accepted_log)
-                    _report_agents(board, run_id, agent_reports, progress)
-                interrupted = stop.is_set()
-                progress.phase("composing")
-                if interrupted:
-                    composition = _unmeasured(acceptor.accepted)
-                else:
-                    composition = acceptor.compose(deadline=min(time.monotonic() + max(60.0, 0.1 * cfg.budget_s),
-                                                                budget.compose_end))
-                interrupted = stop.is_set()              # a Ctrl-C during composition counts too
-                if composition is not None:
-                    progress.event(f"composition: kept {len(composition.parts)} of {len(acceptor.accepted)} accepted"
-                                   + dropped_summary(composition.dropped))
-            finally:
-                restarts = fleet.restarts()
-                _release_agents(agents)
-                fleet.close()
-                progress.restarts_from(lambda: restarts)
-            progress.phase("writing")
-            # after Ctrl-C the plan is written at once: no per-op profile of the composition
-            after = {} if interrupted else _op_ms_after(
-                spec, fast_layers, points, composition, device, baseline,
-                _isolated_time(budget, progress, "the per-op profile of the plan"))
-            if cfg.vs_torch_compile and composition is not None and composition.parts and not interrupted:
-                baseline["torch_compile"] = _vs_torch_compile(
-                    spec, slow_layers, points, composition, device, progress,
-                    _isolated_time(budget, progress, "the torch.compile comparison"))
-            plan = _build_plan(cfg, spec, device, traffic, points, fast_layers, slow_layers, layout, projected,
-                               layout_note, baseline, after, noise, composition, accepted_log, interrupted,
-                               tried[0], restarts, time.monotonic() - t_start, tier_info,
-                               progress.snapshot().phases)
-            plan = dataclasses.replace(plan, run={**plan.run, **run_fields(board, run_id, clock, memory.hits, [
-                o.to_dict() for o in plan.optimizations if o.projected]),
-                                                  **({"agent_reports": agent_reports} if agent_reports else {})})
-            sources = {o.kernel: a.source for o, a in zip(plan.optimizations, composition.parts if composition else ())}
-            vdir = plan_mod.write_version(out, plan, sources=sources,
-                                          composed_source=composition.source if composition else compose([]),
-                                          profile=traffic.profile, extra_files=report.render)
-            for o, a in zip(plan.optimizations, composition.parts if composition else ()):
-                if a.candidate_id is not None:
-                    _board_call(board, "add_optimization", run_id, a.candidate_id, name=o.name, targets=list(o.targets),
-                                speedups=o.speedup, per_point=list(o.per_point), plan_version=written_version(vdir))
-            progress.phase("done")
-            snap = progress.snapshot()
-            _board_call(board, "update_run", run_id, status="interrupted" if interrupted else "done",
-                        message=f"plan {vdir}", candidates_tried=snap.tried, candidates_accepted=snap.accepted,
-                        best_speedup=snap.best_speedup, engine_restarts=restarts)
-    except BaseException as e:
-        _board_call(board, "update_run", run_id, status="interrupted" if isinstance(e, KeyboardInterrupt)
-                    else "failed", message=f"{type(e).__name__}: {e}"[:500])
-        raise
+        if cfg.fleet == "ray":                   # agents as actors too (the cluster is up now)
+            from compiler.ray_agents import remote_agents
+            agents = remote_agents(cfg.agents, len(agents), run_in.device["kind"], run.board_url)
+        progress.phase("baseline")
+        baseline = measure_baseline(run, fleet, run_in.points)
+        deadline = min(time.monotonic() + cfg.budget_s, run.budget.search_end)   # budget_s: the search's
+        progress.deadline = run.budget.end if cfg.wall_s is not None else deadline
+        judge, agents = start_judging(run, run_in, fleet, baseline, agents)
+        reverify_seeds(judge, cfg.seeds, run.stop)
+        reports = search(run, run_in, judge, engines.clock, agents, baseline.profile, deadline)
+        progress.phase("composing")
+        composition, interrupted = compose_accepted(run, judge.acceptor)
     finally:
-        progress.close()
-    written, _ = plan_mod.load(vdir)
-    return OptimizeResult(vdir, written, interrupted)
+        restarts = fleet.restarts()
+        release_agents(agents)
+        fleet.close()
+        progress.restarts_from(lambda: restarts)
+    return Outcome(baseline, composition, judge.accepted, judge.tried, interrupted, restarts, reports,
+                   tier_info=engines.tier_info, clock=engines.clock)
 
 
-def _consider(board: Any, run_id: Any, fleet: Any, acceptor: Acceptor, progress: Progress, source: str, *,
-              author: str, tried: list[int], idea_id: Any = None, parent: Any = None,
-              author_kind: str = "seed", memory: RunMemory | None = None) -> Any:
-    """Fast tier, then acceptance (slow tier when it beats the noise); everything goes on the board,
-    the candidate with its parent (lineage) and its author's kind ("llm" for LLM-written code). A
-    source ``memory`` holds a verdict for is not judged again (compiler/memory.py)."""
-    known = memory.recalled(source, acceptor) if memory is not None else None
-    if known is not None:
-        return known
-    cand = _board_call(board, "add_candidate", run_id, author=author, source=source, idea=idea_id,
-                       parent=parent, author_kind=author_kind)
-    verdict = fleet.evaluate("fast", source)
-    tried[0] += 1
-    progress.count("tried")
-    if getattr(verdict, "correct", False):
-        progress.count("correct")
-    decision = acceptor.consider(source, verdict, author=author, idea_id=idea_id, candidate_id=cand)
-    if decision.stage == "slow":
-        progress.count("fast_passed")
-    if cand is not None:
-        _board_call(board, "add_evaluation", cand, tier="fast", point=None,
-                    metrics={"speedup": getattr(verdict, "speedup", None), "per_point": getattr(verdict, "per_point", []),
-                             "accepted": bool(decision.accepted),
-                             "timings": getattr(verdict, "timings", {}), "decision": decision.reason,
-                             "slow_speedup": decision.slow},
-                    verdict="correct" if getattr(verdict, "correct", False) else "rejected",
-                    reasons=list(getattr(verdict, "reasons", []) or []), device=fleet.cfg.devices[0],
-                    versions={}, timing_method="engine A/B")
-    if memory is not None:
-        memory.remember(source, verdict, decision, acceptor, idea_id=idea_id)
-    return verdict
+def start_engines(run: Run, run_in: RunInputs, startup_s: float) -> Engines:
+    """The fleet, started once within the budget, its device clock, and each tier's inputs and measured
+    routing (the tiers' calibrated layer-level bounds as progress lines)."""
+    from compiler.fleet import FleetConfig
+
+    fleet_cfg = FleetConfig(model=run.cfg.model, points=tuple(run_in.points), fast_layers=tuple(run_in.fast_layers),
+                            slow_layers=tuple(run_in.slow_layers), devices=tuple(run_in.device["devices"]),
+                            timeout_s=run.cfg.timeout_s, inputs=run_in.tier_inputs, start_timeout_s=startup_s)
+    tier_info = {t: {"inputs": inputs.inputs_summary(v)} for t, v in run_in.tier_inputs.items()}
+    fleet = _start_within(run.cfg, fleet_cfg, run.budget)
+    clock = DeviceClock(fleet).install()        # compiler/throughput.py: where the engines' time goes
+    fleet.deadline = run.budget.compose_end      # no evaluation runs past the composition's end
+    run.progress.restarts_from(fleet.restarts)
+    for d in fleet.describe():          # persistent_engine/tolerance.py: each tier's calibrated bound
+        if "routing" in d:              # the routing the tier's routers produce (routing.py)
+            tier_info[d["tier"]]["routing"] = d["routing"]
+            run.progress.event(routing_line(d["tier"], d["routing"]))
+        if "logit_bound" in d:
+            run.progress.event(f"{d['tier']} engine ({d['device']}, layers {d['layers']}): layer-level logits "
+                               f"bound {d['logit_bound'][0]:.3g}-{d['logit_bound'][1]:.3g}")
+    return Engines(fleet, clock, tier_info)
 
 
-def _run_swarm(cfg: OptimizeConfig, agents: list[Any], board: Any, run_id: Any, fleet: Any,
-               acceptor: Acceptor, progress: Progress, spec: Any, points: list[dict], base_profile: dict,
-               deadline: float, stop: threading.Event, tried: list[int], hw: str | None = None,
-               memory: RunMemory | None = None) -> Any:
-    """The agents' search; returns the ``agents.SwarmResult``. ``hw``: the cost-model hardware of the
-    timings (the LLM agents' roofline)."""
-    from agents import AgentContext, op_catalog, run_swarm
-
-    seen: dict[str, Any] = {}
-    lock = threading.Lock()
-
-    def evaluate(source: str, *, author: str, idea_id: Any = None, parent: Any = None,
-                 author_kind: str = "") -> Any:
-        key = hashlib.sha256(source.encode()).hexdigest()
-        with lock:
-            if key in seen:                      # the same source is never measured twice
-                return seen[key]
-        verdict = _consider(board, run_id, fleet, acceptor, progress, source, author=author, tried=tried,
-                            idea_id=idea_id, parent=parent, author_kind=author_kind, memory=memory)
-        with lock:
-            seen[key] = verdict
-        return verdict
-
-    ctx = AgentContext(board=board, run_id=run_id, evaluate=evaluate, profile=base_profile, points=points,
-                       spec=spec, ops=op_catalog(), deadline=deadline, stop=stop, hw=hw)
-    return run_swarm(agents, ctx, max(deadline - time.monotonic(), 0.0))
+def measure_baseline(run: Run, fleet: Fleet, points: list[dict]) -> Baseline:
+    """The fast tier's per-op profile (posted on the board) and each tier's A/A timing noise."""
+    profile = fleet.profile("fast")
+    best_effort(run.board.set_baseline, run.run_id, profile)
+    noise = {"fast": 0.05, "slow": 0.05} if run.stop.is_set() else \
+        measure_noise(fleet.evaluate, run.cfg.aa_runs, run.progress.event, run.budget.baseline_end())
+    run.progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
+                       f"slow ±{100 * noise['slow']:.1f}%")
+    if max(noise.values()) > 0.25:
+        run.progress.event("warning: timing noise above 25% (a busy machine?); only large gains can be accepted")
+    return Baseline(profile, op_ms(profile, points), noise)
 
 
-def per_agent(swarm: Any, accepted: list[Accepted]) -> list[dict]:
-    """One row per agent: cycles, candidates tried / correct / accepted (confirmed on both tiers),
-    tokens, dollars and why it stopped."""
-    by_author: dict[str, int] = {}
-    for a in accepted:
-        by_author[a.author] = by_author.get(a.author, 0) + 1
-    rows = []
-    for r in getattr(swarm, "agents", ()):
-        u = r.usage
-        rows.append({"name": r.name, "cycles": r.cycles, "tried": r.tried, "correct": r.correct,
-                     "accepted": by_author.get(r.name, 0), "failures": r.failures,
-                     "input_tokens": u.input_tokens, "cached_tokens": u.cached_tokens,
-                     "output_tokens": u.output_tokens, "cost_usd": round(u.cost_usd, 6),
-                     "requests": u.requests, "stopped": r.stopped})
-    return rows
+def start_judging(run: Run, run_in: RunInputs, fleet: Fleet, baseline: Baseline,
+                  agents: list[Any]) -> tuple[Judge, list[Any]]:
+    """The acceptor (with the config search's settings plan, compiler/config_plan.py) behind a ``Judge``
+    for every candidate; the agents seeded from the run's memory."""
+    progress = run.progress
+
+    def on_accept(a: Accepted) -> None:
+        progress.accepted(a.slow)
+        progress.event(f"accepted {a.name}: fast {a.fast:.3f}x, slow {a.slow:.3f}x")
+
+    accepted: list[Accepted] = []
+    acceptor = Acceptor(fleet.evaluate, run_in.points, baseline.noise, run.cfg.acceptance, on_accept, accepted)
+    acceptor, agents = config_plan.start(acceptor, agents, run.cfg.traffic, baseline.profile, run_in.spec,
+                                         run_in.fast_layers, run_in.device["kind"], on_accept, progress.event)
+    run.memory.seed(agents)
+    return Judge(run, fleet, acceptor, accepted), agents
 
 
-def _report_agents(board: Any, run_id: Any, rows: list[dict], progress: Progress) -> None:
-    """Per-agent accounting into the run's config (the UI shows it), the LLM agents' stopping lines (a
-    budget spent) and one line of the LLM spend, as progress events."""
-    run = _board_call(board, "get_run", run_id)
-    if run is not None:
-        _board_call(board, "update_run", run_id, config={**(run.config or {}), "agent_reports": rows})
-    stopped = _board_call(board, "list_posts", run_id, kind="stopped", limit=100)
-    for post in getattr(stopped, "items", ()):                  # "stopping: the run's LLM budget is spent ..."
-        progress.event(f"{post.author}: {post.body}")
-    llm = [r for r in rows if r["requests"]]
-    if llm:
-        progress.event(f"LLM agents: {sum(r['input_tokens'] + r['cached_tokens'] + r['output_tokens'] for r in llm)} "
-                       f"tokens, ${sum(r['cost_usd'] for r in llm):.4f}, {sum(r['tried'] for r in llm)} candidates, "
-                       f"{sum(r['accepted'] for r in llm)} accepted")
+def reverify_seeds(judge: Judge, seeds: tuple[tuple[str, str], ...], stop: threading.Event) -> None:
+    """Recompile / continue: the old plan's optimizations are judged first."""
+    for name, source in seeds:
+        if stop.is_set():
+            break
+        judge.consider(source, author=plan_mod.seed_author(name))
 
 
-def _release_agents(agents: list[Any]) -> None:
-    """Ends agent actors (``--fleet ray``); local agents need nothing."""
-    actors = [a.actor for a in agents if hasattr(a, "actor")]
-    if actors:
-        import ray
-        for actor in actors:
-            ray.kill(actor)
+def search(run: Run, run_in: RunInputs, judge: Judge, clock: DeviceClock, agents: list[Any], profile: dict,
+           deadline: float) -> list[dict]:
+    """The agents' search until ``deadline`` (unless stopped); returns the per-agent rows."""
+    if run.stop.is_set() or time.monotonic() >= deadline:
+        return []
+    run.progress.phase("searching")
+    timed_on = "cpu" if run_in.device["kind"] == "cpu" else run.cfg.hw       # the roofline's hardware
+    clock.open()
+    swarm = run_swarm(judge, agents, run_in, profile, deadline, hw=timed_on)
+    clock.close()
+    reports = per_agent(swarm, judge.accepted)
+    report_agents(run.board, run.run_id, reports, run.progress)
+    return reports
 
 
-def written_version(vdir: Path) -> int:
-    return int(vdir.name.lstrip("v"))
+def compose_accepted(run: Run, acceptor: Acceptor) -> tuple[Composition | None, bool]:
+    """(composition, interrupted): re-verified and re-measured, or after Ctrl-C composed unmeasured."""
+    interrupted = run.stop.is_set()
+    if interrupted:
+        composition = _unmeasured(acceptor.accepted)
+    else:
+        composition = acceptor.compose(deadline=min(time.monotonic() + max(60.0, 0.1 * run.cfg.budget_s),
+                                                    run.budget.compose_end))
+    interrupted = run.stop.is_set()              # a Ctrl-C during composition counts too
+    if composition is not None:
+        run.progress.event(f"composition: kept {len(composition.parts)} of {len(acceptor.accepted)} accepted"
+                           + dropped_summary(composition.dropped))
+    return composition, interrupted
 
 
 def _unmeasured(accepted: list[Accepted]) -> Composition | None:
@@ -456,9 +375,9 @@ def _unmeasured(accepted: list[Accepted]) -> Composition | None:
     return Composition(members, src, float("nan"), float("nan"), (), (("*", "not re-measured: interrupted"),))
 
 
-def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Any:
+def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Fleet:
     """The fleet, started within the run's budget; engines not ready in time end the run (one line)."""
-    from persistent_engine.supervisor import EngineStartError
+    from persistent_engine import EngineStartError
     try:
         return start_fleet(cfg, fleet_cfg)
     except EngineStartError as e:
@@ -467,104 +386,9 @@ def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Any:
         raise
 
 
-def _isolated_time(budget: Budget, progress: Progress, what: str, least_s: float = 10.0) -> float:
-    """Seconds an optional child measurement of the writing phase may take (0: left out, said so)."""
-    left = min(ISOLATED_TIMEOUT_S, budget.left() - 3.0)
-    if left < least_s:
-        progress.event(f"{what} is left out: {max(left, 0):.0f} s of the budget remain")
-        return 0.0
-    return left
-
-
-def _op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: Composition | None,
-                 device: dict, baseline: dict, timeout_s: float = ISOLATED_TIMEOUT_S) -> dict[str, dict[str, float]]:
-    """Per-op time of the fast-tier slice before and after the composed plan, measured the same way
-    in a child process (candidate code never runs in the orchestrator; the engine's profile covers the
-    reference only)."""
-    if composition is None or not composition.parts or timeout_s <= 0:
-        return {}
-    try:
-        from compiler.apply import op_times_with
-        return run_isolated(op_times_with, spec, layers, points, composition.source,
-                            device="cpu" if device["kind"] == "cpu" else "cuda", timeout_s=timeout_s)
-    except Exception as e:  # noqa: BLE001 - the plot is optional; the plan is not
-        log.warning("per-op timing with the plan failed: %s", e)
-        return {}
-
-
-def _vs_torch_compile(spec: Any, layers: list[int], points: list[dict], composition: Composition,
-                      device: dict, progress: Progress, timeout_s: float = ISOLATED_TIMEOUT_S) -> dict:
-    if timeout_s <= 0:
-        return {"error": "left out: the run's budget was spent"}
-    try:
-        from compiler.compare import compare_with_torch_compile
-        res = run_isolated(compare_with_torch_compile, spec, layers, points, composition.source,   # a child process
-                           device="cpu" if device["kind"] == "cpu" else "cuda", timeout_s=timeout_s)
-    except Exception as e:  # noqa: BLE001 - a comparison that fails is recorded, the plan stands
-        return {"error": f"{type(e).__name__}: {e}"[:300]}
-    left_out = [f"{r['point'].get('phase')} b{r['point'].get('batch')}: {r['error']}" for r in res["points"] if "error" in r]
-    progress.event(f"plan ({res['plan_timing']}) vs torch.compile ({res['torch_compile_mode']}) of the slow-tier "
-                   f"slice: {res['plan_vs_torch_compile']}x (vs reference eager {res['plan_vs_reference']}x), "
-                   f"{100 * res['weight_covered']:.0f}% of the traffic weight"
-                   + "".join(f"; left out {p}" for p in left_out))
-    return res
-
-
-def _build_plan(cfg: OptimizeConfig, spec: Any, device: dict, traffic: inputs.TrafficInput, points: list[dict],
-                fast_layers: list[int], slow_layers: list[int], layout: dict | None, projected: dict | None,
-                layout_note: str, baseline: dict, after: dict, noise: dict, composition: Composition | None,
-                accepted: list[Accepted], interrupted: bool, tried: int, restarts: int,
-                elapsed_s: float, tier_info: dict | None = None,
-                phases: dict | None = None) -> plan_mod.Plan:
-    import math
-
-    opts = []
-    for a in (composition.parts if composition else ()):
-        opts.append(plan_mod.Optimization(
-            name=a.name, targets=a.targets, speedup={"fast": round(a.fast, 4), "slow": round(a.slow, 4)},
-            per_point=a.per_point, kernel=plan_mod.kernel_path(a.source, a.targets),
-            author=a.author, description=a.description, noise=a.noise, projected=getattr(a, "projected", None),
-            parent=plan_mod.seed_parent(a.author)))
-
-    def num(x: float) -> float | None:
-        return None if x is None or not math.isfinite(x) else round(x, 4)
-
-    if composition is None:
-        plan_speedup = {"fast": 1.0, "slow": 1.0, "per_point": [], "note": "nothing accepted: the reference"}
-    else:
-        plan_speedup = {"fast": num(composition.fast), "slow": num(composition.slow),
-                        "per_point": list(composition.per_point),
-                        "dropped": [list(d) for d in composition.dropped]}
-        if interrupted:
-            plan_speedup["note"] = "interrupted: composition not re-measured"
-        tc = baseline.get("torch_compile") or {}
-        if tc.get("plan_vs_torch_compile") is not None:
-            plan_speedup["vs_torch_compile"] = tc["plan_vs_torch_compile"]
-            plan_speedup["vs_reference_in_process"] = tc["plan_vs_reference"]
-    summary_dev = {k: v for k, v in device.items() if k != "target"}
-    return plan_mod.Plan(
-        model=cfg.model, hw=cfg.hw, detected_device=summary_dev,
-        software=inputs.software_versions(),
-        traffic={"source": traffic.source, "hash": traffic.hash, "summary": traffic.summary},
-        workload_points=tuple(points), optimizations=tuple(opts), plan_speedup=plan_speedup,
-        parallelism=layout, projected={**(projected or {}), "label": "projected"} if projected else None,
-        tiers={t: {"layers": layers, **(tier_info or {}).get(t, {})}
-               for t, layers in (("fast", fast_layers), ("slow", slow_layers))},
-        baseline={"op_ms": after.get("before") or baseline.get("op_ms") or {},
-                  "op_ms_after": after.get("after") or {}, "noise": noise,
-                  "torch_compile": baseline.get("torch_compile"),
-                  "profile": baseline.get("profile")},
-        run={"budget_s": cfg.budget_s, "wall_s": cfg.wall_s, "phases_s": dict(phases or {}),
-             "elapsed_s": round(elapsed_s, 1), "interrupted": interrupted,
-             "tried": tried, "accepted": len(accepted), "restarts": restarts, "agents": cfg.agents,
-             "fleet": cfg.fleet, "layout_note": layout_note, "origin": _origin(cfg)},
-        parent_version=cfg.parent_version,
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-
-
 def routing_line(tier: str, r: dict) -> str:
     """One progress line on a tier's measured MoE routing (``persistent_engine.routing.RoutingStats``)."""
-    from persistent_engine.routing import RoutingSpec
+    from persistent_engine import RoutingSpec
 
     spec = RoutingSpec.from_dict(r.get("spec")).label()
     top = r.get("top1_share") or [0.0]
@@ -586,30 +410,7 @@ def dropped_summary(dropped: tuple | list, names: int = 3) -> str:
     return "".join(parts)
 
 
-def _origin(cfg: OptimizeConfig) -> str:
-    """Why this version exists: "new" (first in its root), "continued" (optimize into an existing root:
-    the newest version's optimizations re-verified as seeds), "drift" or "forced" (tkcc recompile)."""
-    if cfg.drift is not None:
-        return "forced" if cfg.drift.get("forced") else "drift"
-    return "continued" if cfg.parent_version is not None else "new"
-
-
-def _best_effort(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Board bookkeeping is best effort: a failure is logged and never stops a run."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        log.warning("%s failed: %s", getattr(fn, "__name__", fn), e)
-        return None
-
-
-def _board_call(board: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    """A board method, best effort (a board that lacks it or errors never stops a run)."""
-    fn = getattr(board, method, None)
-    return None if fn is None else _best_effort(fn, *args, **kwargs)
-
-
-def _board_mirror(board: Any, run_id: Any) -> Callable[[Any], None]:
+def _board_mirror(board: BoardAPI, run_id: Any) -> Callable[[Any], None]:
     """Mirrors the progress counters to the run's row (at most once a second)."""
     last = [0.0, ""]
 
@@ -618,7 +419,7 @@ def _board_mirror(board: Any, run_id: Any) -> Callable[[Any], None]:
         if now - last[0] < 1.0 and snap.phase == last[1]:
             return
         last[0], last[1] = now, snap.phase
-        _board_call(board, "update_run", run_id, message=snap.phase, candidates_tried=snap.tried,
+        best_effort(board.update_run, run_id, message=snap.phase, candidates_tried=snap.tried,
                     candidates_accepted=snap.accepted, best_speedup=snap.best_speedup,
                     engine_restarts=snap.restarts)
     return mirror

@@ -25,9 +25,12 @@ import hashlib
 import json
 import logging
 import math
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from compiler.acceptance import Accepted
+
+if TYPE_CHECKING:
+    from bulletin_board import BoardAPI
 
 __all__ = ["RunMemory", "shape_class"]
 
@@ -50,7 +53,7 @@ def shape_class(device_kind: str, dtype: str, points: Iterable[dict], fast_layer
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _idea_doc(board: Any, idea_id: Any) -> tuple[str, str, dict]:
+def _idea_doc(board: BoardAPI, idea_id: Any) -> tuple[str, str, dict]:
     """(title, target, body JSON) of the idea a candidate came from ("", "", {} when none)."""
     if idea_id is None:
         return "", "", {}
@@ -63,7 +66,7 @@ def _idea_doc(board: Any, idea_id: Any) -> tuple[str, str, dict]:
 
 
 class RunMemory:
-    def __init__(self, board: Any, run_id: Any, *, model: str, hw: str, shape: str, traffic_hash: str):
+    def __init__(self, board: BoardAPI, run_id: Any, *, model: str, hw: str, shape: str, traffic_hash: str):
         self.board, self.run_id, self.model, self.hw = board, run_id, model, hw
         self.shape, self.traffic_hash = shape, traffic_hash
         try:
@@ -76,7 +79,7 @@ class RunMemory:
 
     def recalled(self, source: str, acceptor: Any) -> Any:
         """The remembered verdict of ``source`` (a ``CandidateVerdict``), None when it must be judged."""
-        from persistent_engine.supervisor import CandidateVerdict
+        from persistent_engine import CandidateVerdict
 
         t = self.known.get(hashlib.sha256(source.encode()).hexdigest())
         if t is None or (t.kind == "config" and t.metrics.get("traffic_hash") != self.traffic_hash):
@@ -140,7 +143,7 @@ class RunMemory:
     def seed(self, agents: list[Any]) -> int:
         """The offline teams start from what earlier runs found (module doc); returns rows taken in."""
         from agents.offline import OfflineTeam
-        from agents.offline.config_search import config_title
+        from agents.offline import config_title
 
         teams = {id(a.team): a.team for a in agents if isinstance(getattr(a, "team", None), OfflineTeam)}
         taken = 0

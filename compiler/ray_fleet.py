@@ -17,9 +17,11 @@ Connect: ``address`` (or ``RAY_ADDRESS``) names an existing cluster; otherwise a
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 from compiler.fleet import FleetConfig, Placement, evaluate_with_retry, failed_verdict, make_supervisor, place
@@ -70,13 +72,14 @@ class _EngineActorImpl:
 
 
 class RayFleet:
-    """Engines as Ray actors; the interface of :class:`compiler.fleet.LocalFleet`."""
+    """A :class:`compiler.fleet.Fleet` of engines as Ray actors."""
 
     kind = "ray"
 
     def __init__(self, cfg: FleetConfig, address: str | None = None):
         self.cfg = cfg
         self.address = address or os.environ.get("RAY_ADDRESS")
+        self.deadline = math.inf             # the run's budget: set by the loop once the fleet is up
         self.actors: list[tuple[Placement, Any, threading.Lock]] = []
         self._free: dict[str, queue.Queue] = {"fast": queue.Queue(), "slow": queue.Queue()}
         self._started_ray = False
@@ -126,7 +129,10 @@ class RayFleet:
         _, handle, lock = item
         try:
             with lock:
-                return ray.get(handle.evaluate.remote(source, self.cfg.timeout_s))
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    return failed_verdict("not evaluated: the run's budget is spent")
+                return ray.get(handle.evaluate.remote(source, min(self.cfg.timeout_s, left)))
         except Exception as e:  # noqa: BLE001 - a lost actor rejects this candidate; the run goes on
             return failed_verdict(f"engine actor error: {type(e).__name__}: {e}")
         finally:

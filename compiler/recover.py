@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bulletin_board.records import source_hash
+from bulletin_board import BoardAPI, source_hash
 
 STALE_S = 600.0
 MAX_RUNS = 20                       # most recent unfinished runs looked at
@@ -29,7 +29,7 @@ def _unfinished(run: Any, now: float) -> bool:
     return run.status == "running" and now - float(run.updated_at) > STALE_S
 
 
-def recovered_seeds(board: Any, model: str, hw: str,
+def recovered_seeds(board: BoardAPI, model: str, hw: str,
                     known: tuple[tuple[str, str], ...] = ()) -> tuple[list[tuple[str, str]], list[int]]:
     """``(name, source)`` of candidates accepted by unfinished runs of ``model`` on ``hw``, newest run first,
     one per distinct source, leaving out sources already in ``known`` (the continued plan's seeds); and the
@@ -51,7 +51,7 @@ def recovered_seeds(board: Any, model: str, hw: str,
     return out, runs
 
 
-def mark_recovered(board: Any, runs: list[int], by: Any) -> None:
+def mark_recovered(board: BoardAPI, runs: list[int], by: Any) -> None:
     """The unfinished runs whose candidates run ``by`` took over: failed, and never recovered again."""
     by = getattr(by, "id", by)                  # a Run record or its id
     for run in runs:

@@ -6,17 +6,7 @@ from __future__ import annotations
 
 from compiler.plan import Plan
 from compiler.plots import bar_chart, scatter_chart
-
-
-def point_label(p: dict) -> str:
-    """``decode b8 ctx1024`` / ``prefill b1 chunk512+ctx0`` with the point's weight."""
-    if p.get("phase") == "prefill":
-        s = f"prefill b{p.get('batch')} chunk{p.get('chunk')}+ctx{p.get('context')}"
-    else:
-        s = f"decode b{p.get('batch')} ctx{p.get('context')}"
-    if p.get("weight") is not None:
-        s += f" ({100 * float(p['weight']):.0f}%)"
-    return s
+from persistent_engine import point_label
 
 
 def _x(v) -> str:
@@ -31,7 +21,7 @@ def _speedup_plot(plan: Plan) -> str | None:
     if not series:
         return None
     return bar_chart("Plan speedup per workload point (reference / plan)",
-                     [point_label(r) for r in rows], series, unit="x", reference=1.0)
+                     [point_label(r, weighted=True) for r in rows], series, unit="x", reference=1.0)
 
 
 def _op_plot(plan: Plan) -> str | None:
@@ -107,7 +97,7 @@ def _disagree_cell(o) -> str:
     if tiers_disagree(o.speedup.get("fast"), o.speedup.get("slow"), o.noise):
         return "**yes**"
     if points:
-        return "at " + ", ".join(point_label({**p, "weight": None}) for p in points)
+        return "at " + ", ".join(point_label(p) for p in points)
     return "no"
 
 
@@ -250,7 +240,7 @@ def render(plan: Plan) -> dict[str, str]:
     rows = ps.get("per_point") or []
     if rows:
         L += ["| workload point | weight | fast | slow |", "|---|---|---|---|"]
-        L += [f"| {point_label({**r, 'weight': None})} | {100 * float(r.get('weight', 0)):.1f}% | "
+        L += [f"| {point_label(r)} | {100 * float(r.get('weight', 0)):.1f}% | "
               f"{_x(r.get('fast'))} | {_x(r.get('slow'))} |" for r in rows]
         L.append("")
 

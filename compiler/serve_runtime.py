@@ -82,9 +82,9 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
     """``progress``: called with a line per CUDA-graph capture (size, width, seconds, compiles so far)."""
     import torch
 
-    from persistent_engine.models.decoder import build_model, make_decoder
+    from persistent_engine import build_model, make_decoder
     from persistent_engine.serving import EngineConfig, ServingEngine
-    from traffic_profiles.scheduler import Scheduler, SchedulerConfig
+    from traffic_profiles import Scheduler, SchedulerConfig
 
     t0 = time.perf_counter()
     loaded = _load_plan(opts.plan) if opts.plan else None

@@ -22,7 +22,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bulletin_board import BoardAPI
+    from compiler.fleet import Fleet
 
 __all__ = ["DeviceClock", "EngineTime", "run_fields"]
 
@@ -72,7 +76,7 @@ class _TimedLock:
 class DeviceClock:
     """Installs itself on ``fleet`` (``install``); books evaluations made between ``open`` and ``close``."""
 
-    def __init__(self, fleet: Any):
+    def __init__(self, fleet: Fleet):
         self.fleet = fleet
         self.engines: dict[str, EngineTime] = {}
         self.lock = threading.Lock()
@@ -154,7 +158,7 @@ class DeviceClock:
                 "device_busy_fraction": round(min(judging / (wall * devices), 1.0), 4)}
 
 
-def run_fields(board: Any, run_id: Any, clock: DeviceClock | None, remembered: int = 0,
+def run_fields(board: BoardAPI, run_id: Any, clock: DeviceClock | None, remembered: int = 0,
                configs: list[dict] | None = None) -> dict:
     """The plan's ``run`` entries of the search's throughput (also into the run's config on the board,
     where the UI reads it): ``candidates_per_hour``, ``device_busy_fraction`` (None when the search

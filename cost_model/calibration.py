@@ -10,7 +10,7 @@ A measurements file (JSON) is what the engine's timings produce:
 
 A row without ``op_class`` is a whole step (the sliced model's forward, embeddings and lm_head
 included); with it, the time of that op class alone. ``impl`` (default "fused") says which kernels
-ran: "reference" rows (the engine's plain-torch ops, what ``cost_model.measure`` times) are costed
+ran: "reference" rows (the engine's plain-torch ops, what ``persistent_engine.measure`` times) are costed
 with the reference formulas of ``cost_model.ops``. ``graph`` (GPU rows): true when the step was
 replayed from a CUDA graph, false when it ran eagerly (not capturable: prefill); an eager GPU row
 also pays the host's per-kernel launch cost, a separate unknown ``e`` (CPU rows: none, their

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_model.hardware import CostModelError, Hardware
+from cost_model.hardware import DTYPE_BYTES, CostModelError, Hardware
 
 DATA_DIR = Path(__file__).with_name("data")
 MEASURED_GPUS = ("h100", "h200")
@@ -63,10 +63,9 @@ DTYPES = ("bf16", "fp8", "fp8_block", "fp4")     # fp8: per-tensor scales; fp8_b
 
 
 def weight_bytes(dtype: str) -> float:
-    try:
-        return {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "fp4": 0.5}[dtype]
-    except KeyError:
-        raise CostModelError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}") from None
+    if dtype not in (*DTYPES, "fp16"):
+        raise CostModelError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    return DTYPE_BYTES["fp8" if dtype == "fp8_block" else dtype]
 
 
 def compute_dtype(dtype: str, hw: Hardware) -> str:

@@ -23,11 +23,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from persistent_engine.models.spec import DTYPE_BYTES as _SPEC_DTYPE_BYTES
+
 CATALOGUE_FILE = Path(__file__).with_name("hardware.json")
 
 # weight dtypes the cost model knows; activations and the KV cache stay in bf16 unless told otherwise
 WEIGHT_DTYPES = ("bf16", "fp8", "fp4")
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0, "fp4": 0.5}
+# the dtype names the cost model accepts, their bytes from the one table (persistent_engine.models.spec)
+DTYPE_BYTES = {k: _SPEC_DTYPE_BYTES[k] for k in ("bf16", "fp16", "fp32", "fp8", "fp4")}
 
 
 class CostModelError(ValueError):

@@ -156,9 +156,9 @@ def enumerate_layouts(spec, hw: Hardware, gpus: int, dtypes=WEIGHT_DTYPES, kv_dt
 def native_weight_dtype(spec) -> str:
     """The dtype the model's checkpoint ships its linear weights in: the ``quantization_config`` of
     its config.json (fp8 for DeepSeek-V3 / Kimi-K2), else bf16."""
-    from persistent_engine.models import spec as spec_mod
+    from persistent_engine.models.spec import ALIASES, CONFIG_DIR
 
-    path = spec_mod.CONFIG_DIR / spec_mod.ALIASES[spec.name] if spec.name in spec_mod.ALIASES else None
+    path = CONFIG_DIR / ALIASES[spec.name] if spec.name in ALIASES else None
     try:
         q = json.loads(path.read_text()).get("quantization_config") or {} if path else {}
     except (OSError, ValueError):

@@ -139,3 +139,22 @@ def length_buckets(stats: dict, buckets: int = BUCKETS) -> tuple:
     lengths = [min(top, p50 * math.exp(sigma * zi)) for zi in z]
     scale = mean / (sum(lengths) / buckets)
     return tuple((max(1, int(round(min(top, n * scale)))), 1.0 / buckets) for n in lengths)
+
+
+def roofline_step_time(spec, hw):
+    """The traffic package's step-time model for replaying a trace (``traffic_profiles.RooflineStepTime``)
+    of ``spec`` on ``hw`` (a ``Hardware``): weights and KV read at the achievable HBM bandwidth, ~2 x the
+    active parameters of FLOPs per new token at the achievable peak of the spec's dtype, and attention
+    FLOPs per (query, context) token pair over every layer's heads (absorbed MLA: scores over latent +
+    rope dims, values over latent; GQA: keys and values of ``head_dim`` each)."""
+    from traffic_profiles import RooflineStepTime
+
+    if spec.attention == "mla":
+        per_head = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank
+    else:
+        per_head = 2 * spec.head_dim
+    peak = hw.tflops.get(spec.dtype) or hw.tflops.get("bf16") or max(v for v in hw.tflops.values() if v)
+    return RooflineStepTime(weight_bytes=spec.weight_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token(),
+                            flops_per_token=2.0 * spec.active_params(), bandwidth=hw.hbm_bw * hw.mem_efficiency,
+                            flops=peak * 1e12 * hw.compute_efficiency,
+                            attn_flops_per_pair=2.0 * spec.num_layers * spec.num_heads * per_head)

@@ -1,4 +1,9 @@
-"""Candidates: static checks on the source (DESIGN.md step 1), then loading it as a fresh module.
+"""Candidates: the one home of the candidate contract (DESIGN.md "Candidate"): reading what a source
+declares (``CandidateSource.parse``, static), the static checks (DESIGN.md step 1), importing it as a
+fresh module (``import_source``) and reading the contract off the live module (``read_contract``).
+The judge and the compiler only ever parse (``ast``: nothing of the candidate runs); importing is for
+the sandboxed executor, and for ``tkcc serve`` / ``compiler.apply`` on a plan whose kernels were
+verified and hash-checked.
 
 A candidate is one Python file with ``OVERRIDES: dict[str, Callable]``, optional ``CONFIG: dict`` and
 ``DESCRIPTION: str``. ``static_check`` runs before any of its code does: it parses; the imports are
@@ -11,9 +16,10 @@ The policy is a first line, not the guard: a determined candidate can still reac
 allowed module. What it then does (crash, hang, patch, spawn) is caught at run time by the engine's
 guards and the supervisor's process isolation.
 
-``load_candidate`` writes the source to the engine's private directory (Triton's ``jit`` reads the
-source of kernels through ``inspect``, so it must be a real file), imports it under a unique module
-name, and checks ``OVERRIDES``/``CONFIG``/``DESCRIPTION`` and the signatures again on the live objects.
+``load_candidate`` (the executor's) imports the source (``import_source``: a real file in a private
+directory, since Triton's ``jit`` reads the source of kernels through ``inspect``, under a name made of
+its hash) and checks ``OVERRIDES``/``CONFIG``/``DESCRIPTION`` and the signatures again on the live
+objects (``read_contract``).
 Stdlib only; the op signatures come from the caller (the engine reads them from the registry).
 """
 
@@ -54,6 +60,44 @@ CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "kv_block_size": (int,),
 }
 MAX_SOURCE_CHARS = 1_000_000
+CONTRACT_NAMES = ("OVERRIDES", "CONFIG", "DESCRIPTION")     # the module attributes a candidate declares
+DESCRIPTION_CHARS = 200                                     # CandidateSource.description: its first line, cut
+
+
+@dataclass(frozen=True)
+class CandidateSource:
+    """What a candidate source declares, read statically (``ast``; none of its code runs): the op names
+    its ``OVERRIDES`` dict literal names and the keys of its ``CONFIG`` literal (empty where the value is
+    no dict literal; the last top-level assignment wins, as at import), and the first line of its
+    ``DESCRIPTION`` string. ``parses`` is False for a source that does not parse (everything else empty)."""
+
+    overrides: tuple[str, ...] = ()
+    config_keys: tuple[str, ...] = ()
+    description: str = ""
+    parses: bool = True
+
+    @classmethod
+    def parse(cls, source: str) -> "CandidateSource":
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return cls(parses=False)
+        found: dict[str, ast.expr] = {}
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                for t in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+                    if isinstance(t, ast.Name) and t.id in CONTRACT_NAMES:
+                        found[t.id] = stmt.value
+        desc = found.get("DESCRIPTION")
+        text = desc.value.strip() if isinstance(desc, ast.Constant) and isinstance(desc.value, str) else ""
+        return cls(overrides=_literal_keys(found.get("OVERRIDES")), config_keys=_literal_keys(found.get("CONFIG")),
+                   description=text.splitlines()[0][:DESCRIPTION_CHARS] if text else "")
+
+
+def _literal_keys(value: ast.expr | None) -> tuple[str, ...]:
+    if not isinstance(value, ast.Dict):
+        return ()
+    return tuple(k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
 
 
 class CandidateError(ValueError):
@@ -158,12 +202,11 @@ def module_name(source: str) -> str:
     return "kernels_" + hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def load_candidate(source: str, name: str, directory: str,
-                   op_params: dict[str, list[str]]) -> LoadedCandidate | list[str]:
-    """Import ``source`` as a fresh module; returns the candidate, or the reasons it was refused.
-
-    Runs the candidate's top-level code: call it only after ``static_check`` passed and with the
-    engine's guards armed. Exceptions raised by that code become reasons, never escape."""
+def import_source(source: str, directory: str) -> ModuleType:
+    """``source`` imported as the fresh module ``module_name(source)`` from a real file in ``directory``
+    (registered in ``sys.modules``: ``triton.jit`` and dataclasses look modules up by name). Runs its
+    top-level code: only in a sandboxed executor, or on a verified plan's kernels. What that code
+    raises propagates (the module is unregistered first)."""
     mod_name = module_name(source)
     path = os.path.join(directory, mod_name + ".py")
     with open(path, "w") as f:
@@ -173,12 +216,34 @@ def load_candidate(source: str, name: str, directory: str,
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt from a candidate too
+    except BaseException:
         sys.modules.pop(mod_name, None)
-        return [f"load: import raised {type(e).__name__}: {e}"[:500]]
+        raise
+    return module
+
+
+def read_contract(module: ModuleType, op_params: dict[str, list[str]] | None
+                  ) -> tuple[dict[str, Callable], dict, str, list[str]]:
+    """``(OVERRIDES, CONFIG, DESCRIPTION, reasons)`` of an imported candidate; ``reasons`` empty when it
+    keeps the contract. With ``op_params`` (op -> the reference's parameter names) the full check of a
+    candidate to judge: known ops, callables with the reference's signature, known CONFIG keys of the
+    right type, not empty. Without it (a plan's composed kernels, judged already) only the shapes:
+    OVERRIDES and CONFIG dicts, DESCRIPTION a string."""
     reasons: list[str] = []
     overrides = getattr(module, "OVERRIDES", None)
-    config_only = isinstance(getattr(module, "CONFIG", None), dict) and bool(module.CONFIG)
+    config = getattr(module, "CONFIG", {})
+    description = getattr(module, "DESCRIPTION", "")
+    if op_params is None:
+        config = {} if config is None else config
+        if not isinstance(overrides, dict):
+            reasons.append("load: OVERRIDES must be a dict of op name -> callable")
+        if not isinstance(config, dict):
+            reasons.append("load: CONFIG must be a dict")
+        if not isinstance(description, str):
+            reasons.append("load: DESCRIPTION must be a string")
+        return (dict(overrides) if isinstance(overrides, dict) else {}, dict(config) if isinstance(config, dict)
+                else {}, description if isinstance(description, str) else "", reasons)
+    config_only = isinstance(config, dict) and bool(config)
     if not isinstance(overrides, dict) or not (overrides or config_only):
         reasons.append("load: OVERRIDES must be a non-empty dict of op name -> callable "
                        "(or empty beside a non-empty CONFIG)")
@@ -196,7 +261,6 @@ def load_candidate(source: str, name: str, directory: str,
             if got != op_params[op]:
                 reasons.append(f"load: signature of {op} override ({', '.join(got or ['?'])}) does "
                                f"not match the reference ({', '.join(op_params[op])})")
-    config = getattr(module, "CONFIG", {})
     if not isinstance(config, dict):
         reasons.append("load: CONFIG must be a dict")
         config = {}
@@ -205,15 +269,28 @@ def load_candidate(source: str, name: str, directory: str,
             reasons.append(f"load: unknown CONFIG key {key!r} (known: {', '.join(CONFIG_KEYS)})")
         elif not isinstance(value, CONFIG_KEYS[key]) or isinstance(value, bool) != (CONFIG_KEYS[key] == (bool,)):
             reasons.append(f"load: CONFIG[{key!r}] has the wrong type {type(value).__name__}")
-    description = getattr(module, "DESCRIPTION", "")
     if not isinstance(description, str):
         reasons.append("load: DESCRIPTION must be a string")
         description = ""
+    return dict(overrides), dict(config), description, reasons
+
+
+def load_candidate(source: str, name: str, directory: str,
+                   op_params: dict[str, list[str]]) -> LoadedCandidate | list[str]:
+    """Import ``source`` as a fresh module; returns the candidate, or the reasons it was refused.
+
+    Runs the candidate's top-level code: call it only after ``static_check`` passed and with the
+    engine's guards armed (the executor does). Exceptions raised by that code become reasons, never escape."""
+    try:
+        module = import_source(source, directory)
+    except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt from a candidate too
+        return [f"load: import raised {type(e).__name__}: {e}"[:500]]
+    overrides, config, description, reasons = read_contract(module, op_params)
     if reasons:
-        sys.modules.pop(mod_name, None)
+        sys.modules.pop(module.__name__, None)
         return reasons
-    return LoadedCandidate(name=name, module=module, overrides=dict(overrides), config=dict(config),
-                           description=description, path=path)
+    return LoadedCandidate(name=name, module=module, overrides=overrides, config=config,
+                           description=description, path=module.__file__)
 
 
 def unload_candidate(cand: LoadedCandidate) -> None:

@@ -1,7 +1,9 @@
 """Typed request and reply messages of the engine RPC, and their msgpack frames.
 
-One request is one msgpack map ``{"type": <name>, "token": <str>, **fields}`` in a single zmq frame;
-one reply is a map ``{"type": <name>, "ok": bool, "message": str, **fields}``. Every field is checked
+One request is one msgpack map ``{"type": <name>, "v": WIRE_VERSION, "token": <str>, **fields}`` in a single
+zmq frame; one reply is a map ``{"type": <name>, "v": WIRE_VERSION, "ok": bool, "message": str, **fields}``; a
+value type in a field (``WorkloadPoint``, ``Check``, ``PointTiming``, ``PointProfile``) travels as the list of
+its fields in declaration order (no keys: a bench reply of 16 points stays ~2 KiB). Every field is checked
 against the dataclass annotation when a frame is decoded, so the engine only ever sees well-typed
 requests; anything else becomes a ``ProtocolError`` and, on the server, an ``ErrorReply``.
 
@@ -18,6 +20,8 @@ from typing import Any, ClassVar
 
 import msgpack
 
+# the frames' layout; a side that gets another version refuses the frame (2: value types as field lists)
+WIRE_VERSION = 2
 # a candidate source is a few KiB; 8 MiB leaves room and bounds what one request can make us hold
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 # the ZeroMQ PLAIN user name of every engine client; its password is the engine's token
@@ -31,6 +35,108 @@ class ProtocolError(ValueError):
     """A frame that is not a valid request or reply (bad msgpack, unknown type, wrong field type)."""
 
     user_error = True
+
+
+# ------------------------------------------------------------------------------- value types
+POINT_FIELDS = ("phase", "batch", "context", "chunk")       # what identifies a workload point (not its weight)
+
+
+@dataclass(frozen=True)
+class WorkloadPoint:
+    """One shape the engine runs: ``batch`` sequences with ``context`` tokens already in the KV cache,
+    each adding ``chunk`` new tokens (1 for decode); ``weight`` is its share of GPU time (the points of a
+    workload sum to 1). ``traffic_profiles.WorkloadPoint`` produces them (compiler/inputs.py converts, the
+    one boundary); on the wire and in plan.json / board rows a point is the map of these five fields."""
+
+    phase: str = "decode"           # "decode" | "prefill"
+    batch: int = 1
+    context: int = 0
+    chunk: int = 1
+    weight: float = 1.0
+
+    @property
+    def key(self) -> tuple:
+        return point_key(self.to_dict())
+
+    def label(self, weighted: bool = False) -> str:
+        return point_label(self.to_dict(), weighted)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "WorkloadPoint":
+        return cls(phase=str(d.get("phase", "decode")), batch=int(d["batch"]), context=int(d.get("context", 0)),
+                   chunk=int(d.get("chunk", 1)), weight=float(d.get("weight", 1.0)))
+
+
+def point_key(p: Any) -> tuple:
+    """(phase, batch, context, chunk) of a point stored as a map (a plan's or a profile's row may carry
+    more fields: speedups, timings)."""
+    return tuple(p.get(k) for k in POINT_FIELDS)
+
+
+def point_label(p: Any, weighted: bool = False) -> str:
+    """``decode b8 ctx1024`` / ``prefill b1 ctx0 chunk512`` of a point map; ``weighted``: `` (40%)`` after it."""
+    if p.get("phase") == "prefill":
+        s = f"prefill b{p.get('batch')} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
+    else:
+        s = f"{p.get('phase', 'decode')} b{p.get('batch')} ctx{p.get('context', 0)}"
+    if weighted and p.get("weight") is not None:
+        s += f" ({100 * float(p['weight']):.0f}%)"
+    return s
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verification check of a candidate (``op:<name>`` per op, ``layer``): passed, or the reason."""
+
+    name: str
+    passed: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PointTiming:
+    """The A/B timing of a candidate against the baseline at one workload point (medians and IQRs of
+    the interleaved samples, in ms; ``speedup`` = baseline / candidate). A point no overridden op runs at
+    is not timed: ``affected`` False, the baseline's time on both sides, speedup 1."""
+
+    point: WorkloadPoint
+    label: str
+    affected: bool
+    baseline_ms: float
+    candidate_ms: float
+    speedup: float
+    baseline_iqr_ms: float = 0.0
+    candidate_iqr_ms: float = 0.0
+    speedup_q1: float | None = None     # lower quartile of the pairs' ratios
+    samples: int = 0                    # per side
+    runs_per_sample: int = 1
+    floor_ms: float = 0.0               # the bandwidth floor below which a time is implausible
+    graph: bool = False                 # timed as CUDA-graph replays
+    graph_error: str | None = None      # why not, on a GPU
+    config: dict = field(default_factory=dict)   # CONFIG knob -> what timing it means
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PointProfile:
+    """The baseline forward's time per op at one workload point (``persistent_engine.profiler``)."""
+
+    point: WorkloadPoint
+    label: str
+    step_ms: float                      # the whole step, timed as in a bench
+    total_ms: float                     # the sum of the ops' times (synchronized per op)
+    ops: dict = field(default_factory=dict)      # op -> {"ms", "calls", "share"[, "parts": {fine op: ms}]}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 # ----------------------------------------------------------------------------------- requests
@@ -131,7 +237,7 @@ class PrepareReply(Reply):
 class VerifyReply(Reply):
     TYPE: ClassVar[str] = "verify"
     reasons: list[str] = field(default_factory=list)
-    checks: list[dict] = field(default_factory=list)    # {"name", "passed", "detail"}
+    checks: list[Check] = field(default_factory=list)
     seed: int = 0
     seconds: float = 0.0
 
@@ -140,7 +246,7 @@ class VerifyReply(Reply):
 class BenchReply(Reply):
     TYPE: ClassVar[str] = "bench"
     reasons: list[str] = field(default_factory=list)    # spot re-check and guard failures
-    per_point: list[dict] = field(default_factory=list)  # point, baseline/candidate median+iqr ms, speedup
+    per_point: list[PointTiming] = field(default_factory=list)
     speedup: float | None = None                        # weighted by the points' time weights
     timer: str = ""                                     # "cuda_graph_events" | "perf_counter_ns"
     samples: int = 0
@@ -156,7 +262,7 @@ class UnloadReply(Reply):
 @dataclass(frozen=True)
 class ProfileReply(Reply):
     TYPE: ClassVar[str] = "profile"
-    per_point: list[dict] = field(default_factory=list)  # point, total_ms, ops {name: {ms, calls, share}}
+    per_point: list[PointProfile] = field(default_factory=list)
     timer: str = ""
 
 
@@ -167,7 +273,7 @@ class StatusReply(Reply):
     layers: list[int] = field(default_factory=list)
     device: str = ""
     dtype: str = ""
-    points: list[dict] = field(default_factory=list)
+    points: list[WorkloadPoint] = field(default_factory=list)
     startup: dict = field(default_factory=dict)         # stage -> seconds
     # [point][variant]: the re-rounded reference's relative logits error, and the layer-level bound from it
     logit_noise: list = field(default_factory=list)
@@ -195,34 +301,65 @@ REPLIES: dict[str, type[Reply]] = {c.TYPE: c for c in (
 
 
 # ------------------------------------------------------------------------------ type checking
-def _type_ok(value: Any, tp: Any) -> bool:
-    """Does a decoded msgpack value match an annotation of the small set used above?"""
+class _Mismatch(Exception):
+    pass
+
+
+def _convert(value: Any, tp: Any) -> Any:
+    """A decoded msgpack value as the annotation ``tp`` of the small set used above (an int where a
+    float is wanted becomes a float; a value type arrives as the list of its fields in order); raises
+    ``_Mismatch`` when it is not one."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in typing.get_args(tp))
+        for a in typing.get_args(tp):
+            try:
+                return _convert(value, a)
+            except _Mismatch:
+                pass
+        raise _Mismatch
     if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    if tp is dict or origin is dict:
-        return isinstance(value, dict)
-    if origin is list:
+        ok = value is None
+    elif tp is bool:
+        ok = isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        ok = False
+    elif tp is str:
+        ok = isinstance(value, str)
+    elif dataclasses.is_dataclass(tp):
+        fields = dataclasses.fields(tp)
+        if not isinstance(value, list) or len(value) != len(fields):
+            raise _Mismatch
+        hints = _hints(tp)
+        return tp(**{f.name: _convert(v, hints[f.name]) for f, v in zip(fields, value)})
+    elif tp is dict or origin is dict:
+        ok = isinstance(value, dict)
+    elif origin is list:
+        if not isinstance(value, list):
+            raise _Mismatch
         (item,) = typing.get_args(tp)
-        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
-    if tp is list:
-        return isinstance(value, list)
-    return False
+        return [_convert(v, item) for v in value]
+    elif tp is list:
+        ok = isinstance(value, list)
+    else:
+        ok = False
+    if not ok:
+        raise _Mismatch
+    return value
 
 
-def _wants_float(tp: Any) -> bool:
-    args = typing.get_args(tp) or (tp,)
-    return float in args and int not in args
+def _wire(value: Any) -> Any:
+    """A field's value as msgpack carries it: a value type as the list of its fields (compact: no keys)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [_wire(getattr(value, f.name)) for f in dataclasses.fields(value)]
+    if isinstance(value, (list, tuple)):
+        return [_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire(v) for k, v in value.items()}
+    return value
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -238,16 +375,18 @@ def _build(cls: type, data: dict, what: str):
     hints = _hints(cls)
     kwargs = {}
     for key, value in data.items():
-        if key == "type":
+        if key in ("type", "v"):
             continue
         if not isinstance(key, str) or key not in hints:
             raise ProtocolError(f"{what} {cls.TYPE!r} has no field {key!r}")
-        if not _type_ok(value, hints[key]):
+        try:
+            kwargs[key] = _convert(value, hints[key])
+        except _Mismatch:
             raise ProtocolError(f"{what} {cls.TYPE!r} field {key!r} must be {hints[key]}, "
-                                f"got {type(value).__name__}")
-        if isinstance(value, int) and not isinstance(value, bool) and _wants_float(hints[key]):
-            value = float(value)
-        kwargs[key] = value
+                                f"got {type(value).__name__}") from None
+    if data.get("v") != WIRE_VERSION:
+        raise ProtocolError(f"{what} {cls.TYPE!r} is wire version {data.get('v')!r}; this side speaks "
+                            f"{WIRE_VERSION} (engine and client from different tkcc versions)")
     return cls(**kwargs)
 
 
@@ -265,8 +404,8 @@ def _unpack(data: bytes, what: str, limits: dict | None = None) -> dict:
 
 # ------------------------------------------------------------------------------------ frames
 def encode(msg: Request | Reply) -> bytes:
-    data = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
-    data["type"] = msg.TYPE
+    data = {f.name: _wire(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
+    data["type"], data["v"] = msg.TYPE, WIRE_VERSION
     return msgpack.packb(data, use_bin_type=True)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from persistent_engine.client import EngineClient, EngineDied, EngineTimeout
-from persistent_engine.io_struct import ErrorReply, Reply
+from persistent_engine.io_struct import ErrorReply, PointTiming, Reply
 from persistent_engine.server import TOKEN_ENV, make_token
 
 STAGES = ("process", "imports", "weights", "kv_cache", "warmup", "calibration", "graph_capture")
@@ -42,14 +42,14 @@ class CandidateVerdict:
     correct: bool
     reasons: list[str]
     speedup: float | None
-    per_point: list[dict] = field(default_factory=list)
+    per_point: list[PointTiming] = field(default_factory=list)
     timings: dict = field(default_factory=dict)     # load_s, verify_s, bench_s, total_s, restart_s
     restarted: bool = False
     sandbox: dict = field(default_factory=dict)     # mechanisms that confined the candidate's executor
 
     def to_dict(self) -> dict:
         return {"correct": self.correct, "reasons": list(self.reasons), "speedup": self.speedup,
-                "per_point": list(self.per_point), "timings": dict(self.timings),
+                "per_point": [p.to_dict() for p in self.per_point], "timings": dict(self.timings),
                 "restarted": self.restarted, "sandbox": dict(self.sandbox)}
 
 
@@ -296,7 +296,7 @@ class Supervisor:
         r = self.client.profile(timeout_s=timeout_s)
         if not r.ok:
             raise RuntimeError(f"profile failed: {r.message}")
-        return {"per_point": r.per_point, "timer": r.timer}
+        return {"per_point": [p.to_dict() for p in r.per_point], "timer": r.timer}   # the profile document
 
     def status(self, timeout_s: float = 30.0) -> Reply:
         self.ensure_running()

@@ -19,19 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from persistent_engine.io_struct import Check
 from persistent_engine.ops.moe import route_weights
 
 LOGIT_RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 3e-2, torch.bfloat16: 5e-2}
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    passed: bool
-    detail: str = ""
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail}
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

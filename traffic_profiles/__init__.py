@@ -16,7 +16,7 @@ import importlib
 _EXPORTS = {
     "DriftReport": "drift", "DriftThresholds": "thresholds", "FeatureDrift": "drift", "compare": "drift",
     "ProfileConfig": "profile", "TrafficProfile": "profile", "build_profile": "profile",
-    "profile_file": "profile", "read_trace": "readers", "Trace": "trace", "TraceError": "trace",
+    "profile_file": "profile", "rounded_json": "profile", "Scheduler": "scheduler", "read_trace": "readers", "Trace": "trace", "TraceError": "trace",
     "RooflineStepTime": "workload", "SchedulerConfig": "workload", "StepShape": "workload",
     "Workload": "workload", "WorkloadPoint": "workload", "replay": "workload",
     "workload_points": "workload", "write_parquet": "writer", "SynthConfig": "synth", "generate": "synth",
@@ -24,9 +24,9 @@ _EXPORTS = {
 
 __all__ = [
     "DriftReport", "DriftThresholds", "FeatureDrift", "ProfileConfig", "RooflineStepTime",
-    "SchedulerConfig", "StepShape", "SynthConfig", "Trace", "TraceError", "TrafficProfile", "Workload",
+    "Scheduler", "SchedulerConfig", "StepShape", "SynthConfig", "Trace", "TraceError", "TrafficProfile", "Workload",
     "WorkloadPoint", "build_profile", "compare", "generate", "profile_file", "read_trace", "replay",
-    "workload_points", "write_parquet",
+    "rounded_json", "workload_points", "write_parquet",
 ]
 
 

@@ -63,7 +63,7 @@ class TrafficProfile:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        d = _rounded(asdict(self))
+        d = rounded_json(asdict(self))
         d["kind"], d["version"] = PROFILE_KIND, PROFILE_VERSION
         d["hash"] = content_hash(d)
         return d
@@ -117,17 +117,18 @@ def content_hash(d: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _rounded(x: Any) -> Any:
+def rounded_json(x: Any) -> Any:
+    """``x`` as JSON-safe values: floats to 6 significant digits, non-finite ones None, numpy scalars unwrapped."""
     if isinstance(x, float):
         if not math.isfinite(x):
             return None
         return float(f"{x:.6g}")
     if isinstance(x, (np.floating, np.integer)):
-        return _rounded(x.item())
+        return rounded_json(x.item())
     if isinstance(x, dict):
-        return {str(k): _rounded(v) for k, v in x.items()}
+        return {str(k): rounded_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_rounded(v) for v in x]
+        return [rounded_json(v) for v in x]
     return x
 
 

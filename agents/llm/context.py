@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from persistent_engine import POINT_FIELDS, point_key
+
 # cost-model reference op name -> registry op (names that are registry ops map to themselves)
 _AS_REGISTRY = {"final_norm": "fused_add_rms_norm", "qk_norm": "rms_norm", "q_a_norm": "rms_norm",
                 "kv_a_norm": "rms_norm", "shared_silu": "silu_and_mul", "moe_experts_dense": "moe_experts",
@@ -36,10 +38,8 @@ def registry_op(name: str, cls: str, known: Sequence[str]) -> str | None:
 
 def _measured(profile: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, float]:
     """``{op: ms}`` of the profile row for ``point`` (matched on phase, batch, context, chunk)."""
-    keys = ("phase", "batch", "context", "chunk")
     for row in (profile.get("per_point") or []) if isinstance(profile, Mapping) else []:
-        p = row.get("point") or {}
-        if all(p.get(k) == point.get(k) for k in keys):
+        if point_key(row.get("point") or {}) == point_key(point):
             out = {}
             for op, v in (row.get("ops") or {}).items():
                 ms = v.get("ms") if isinstance(v, Mapping) else v
@@ -68,8 +68,8 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[Mapping[str, Any]]
     """Per workload point, per registry op: FLOPs, bytes, roofline vs measured ms (see the module
     docstring); ``op`` keeps one op. Points are ordered as given (with their traffic weight)."""
     from cost_model import Layout, get_hardware
-    from cost_model.estimate import op_parts
-    from cost_model.ops_reference import reference_step_ops
+    from cost_model import op_parts
+    from cost_model import reference_step_ops
 
     if spec is None:
         raise ValueError("no model spec in this run: the roofline needs one")
@@ -112,7 +112,7 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[Mapping[str, Any]]
                         "flops": r["flops"], "bytes": r["bytes"],
                         "flops_per_byte": round(r["flops"] / r["bytes"], 2) if r["bytes"] else None,
                         "cost_model_rows": sorted(set(r["parts"]))})
-        out.append({"point": {k: p.get(k) for k in ("phase", "batch", "context", "chunk", "weight")},
+        out.append({"point": {k: p.get(k) for k in (*POINT_FIELDS, "weight")},
                     "ops": ops})
     return {"hardware": hw.name, "layers": layers, "points": out,
             "note": "roofline_ms: max(bytes/bandwidth, flops/peak) of the reference op's traffic, no launch "

@@ -23,10 +23,10 @@ import logging
 from typing import Any
 
 from agents.base import AgentContext, Lease, _id_of, verdict_summary
-from bulletin_board.records import candidate_id
 from agents.llm import context
 from agents.llm.messages import ToolCall, ToolResult, ToolSpec
 from agents.prompts import op_costs, to_json
+from bulletin_board import BoardAPI, candidate_id
 
 log = logging.getLogger("tkcc.agents.llm")
 
@@ -113,12 +113,12 @@ def claim_free_text(ctx: AgentContext, agent: str) -> Lease | None:
     return lease
 
 
-def accepted_ids(board: Any, run: Any) -> set[str]:
+def accepted_ids(board: BoardAPI, run: Any) -> set[str]:
     """Ids of the run's candidates that went into a plan (optimization rows)."""
     return {o.candidate_id for o in _items(board.list_optimizations(run=run, limit=1000))}
 
 
-def candidate_verdict(board: Any, cand: Any, evals: list | None = None,
+def candidate_verdict(board: BoardAPI, cand: Any, evals: list | None = None,
                       accepted: set[str] | None = None) -> dict:
     """``{"verdict": accepted|correct|rejected|crashed|unjudged, "speedup", "reasons"}`` of a candidate
     from its evaluations (accepted: the compiler accepted it, or it went into a plan)."""

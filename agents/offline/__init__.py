@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from agents.offline.config_search import (ConfigJudge, ConfigSearchAgent, ConfigSpace, MeasuredStepTime,
-                                          engine_config, samples_from_profile)
+                                          config_title, engine_config, samples_from_profile)
 from agents.offline.kernel_search import KernelSearchAgent
 from agents.offline.strategy import (STRATEGIES, BanditStrategy, EvolutionStrategy, SearchState, op_shares,
                                      reward_of)
@@ -18,7 +18,8 @@ from agents.offline.worker import OfflineAgent, OfflineTeam
 
 EAGER_FACTOR_CUDA = 3.0
 
-__all__ = ["BanditStrategy", "ConfigJudge", "ConfigSearchAgent", "ConfigSpace", "EvolutionStrategy",
+__all__ = ["EAGER_FACTOR_CUDA", "config_title",
+           "BanditStrategy", "ConfigJudge", "ConfigSearchAgent", "ConfigSpace", "EvolutionStrategy",
            "KernelSearchAgent", "MeasuredStepTime", "OfflineAgent", "OfflineTeam", "STRATEGIES", "SearchState",
            "engine_config", "make_offline_agents", "op_shares", "reward_of", "samples_from_profile"]
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from agents.base import AgentContext, verdict_summary
 from agents.offline.strategy import order_key
-from agents.offline.worker import CONFIG, OfflineAgent, OfflineTeam, tried_on_board
+from agents.offline.worker import CONFIG, OfflineAgent, OfflineTeam
 from agents.templates import render_candidate
 
 
@@ -344,7 +344,7 @@ class ConfigSearchAgent(OfflineAgent):
                 candidates.append(k)
             for k in candidates:
                 title = config_title(k)
-                if title in self.team.tried or tried_on_board(ctx, title, CONFIG):
+                if title in self.team.tried or ctx.already_tried(title, CONFIG):
                     continue
                 self.team.tried.add(title)
                 break

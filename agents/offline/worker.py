@@ -186,16 +186,9 @@ class OfflineAgent(Agent):
                 if choice is None:
                     return None
                 self.team.tried.add(choice.key())
-                if not tried_on_board(ctx, choice.key(), choice.op):
+                if not ctx.already_tried(choice.key(), choice.op):
                     return choice
         return None
-
-
-def tried_on_board(ctx: AgentContext, title: str, target: str | None) -> bool:
-    try:
-        return ctx.already_tried(title, target)
-    except AttributeError:          # a board without idea_exists: post_idea's dedup still holds
-        return False
 
 
 @dataclass(frozen=True)

@@ -37,14 +37,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader
 
-from bulletin_board import Board, BoardError
-from bulletin_board.records import IDEA_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES
+from bulletin_board import IDEA_STATUSES, OPTIMIZATION_STATUSES, RUN_STATUSES, Board, BoardError, UIQueries
 
 from . import views
 from .access import Access, check_access
 from .charts import op_breakdown, op_breakdown_chart, speedup_history_chart
 from .highlight import highlight
-from .queries import UIQueries
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -111,19 +109,53 @@ def secure(response: Response) -> Response:
 def create_app(config: UIConfig) -> FastAPI:
     """The app over ``config.board`` (raises ``bulletin_board.SchemaError`` when it cannot be opened)."""
     board = Board(config.board, readonly=True, migrate=False)
-    q = UIQueries(config.board)
-    env = _env()
-    env.globals.update(app_title=config.title, board_url=board.url, poll_ms=config.poll_ms)
+    queries = UIQueries(config.board)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
         board.close()
-        q.close()
+        queries.close()
 
     app = FastAPI(title="tkcc ui", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.board, app.state.queries = board, q
+    app.state.board, app.state.queries = board, queries
     app.mount("/static", StaticFiles(directory=_package_dir("static")), name="static")
+    ui = Pages(config, board, queries)
+    _add_access_and_headers(app, config)
+    _add_error_pages(app, ui)
+    _add_deployment_pages(app, ui)
+    _add_optimization_pages(app, ui)
+    _add_run_pages(app, ui)
+    _add_idea_pages(app, ui)
+    _add_drift_page(app, ui)
+    return app
+
+
+class Pages:
+    """What every page handler uses: the read-only board, the UI's own queries, ``render`` (a template
+    to an HTML response) and ``need`` (a row, or a 404 page)."""
+
+    def __init__(self, config: UIConfig, board: Board, queries: UIQueries):
+        self.board, self.queries = board, queries
+        self.env = _env()
+        self.env.globals.update(app_title=config.title, board_url=board.url, poll_ms=config.poll_ms)
+
+    def render(self, request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+        ctx.setdefault("nav", name.split(".")[0])
+        html = self.env.get_template(name).render(request_path=request.url.path[:500],
+                                                  params=dict(request.query_params), **ctx)
+        return HTMLResponse(html, status_code=status_code)
+
+    @staticmethod
+    def need(obj: Any, what: str) -> Any:
+        if obj is None:
+            raise NotFound(f"no {what}")
+        return obj
+
+
+def _add_access_and_headers(app: FastAPI, config: UIConfig) -> None:
+    """Every request: refused unless its token and Host pass ``check_access``; every response: the
+    security headers and its server time."""
 
     @app.middleware("http")
     async def _headers(request: Request, call_next):
@@ -135,6 +167,10 @@ def create_app(config: UIConfig) -> FastAPI:
         response = await call_next(request)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1000:.1f}"
         return secure(response)
+
+
+def _add_error_pages(app: FastAPI, ui: Pages) -> None:
+    """Errors as pages: 500 without detail, 404 for a bad path or a missing row, 400 for a bad query."""
 
     @app.exception_handler(Exception)
     def _internal(request: Request, exc: Exception):
@@ -149,29 +185,21 @@ def create_app(config: UIConfig) -> FastAPI:
         in_path = any(e.get("loc", ("",))[0] == "path" for e in errors)
         what = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ())[1:])}: {e.get('msg', 'invalid')}"
                          for e in errors)[:300]
-        return render(request, "error.html", status_code=404 if in_path else 400,
-                      message="no such page" if in_path else f"bad query: {what}")
+        return ui.render(request, "error.html", status_code=404 if in_path else 400,
+                         message="no such page" if in_path else f"bad query: {what}")
 
     @app.exception_handler(BoardError)
     def _bad_request(request: Request, exc: BoardError):
-        return render(request, "error.html", status_code=400, message=str(exc))
+        return ui.render(request, "error.html", status_code=400, message=str(exc))
 
     @app.exception_handler(NotFound)
     def _not_found(request: Request, exc: NotFound):
-        return render(request, "error.html", status_code=404, message=str(exc))
+        return ui.render(request, "error.html", status_code=404, message=str(exc))
 
-    def render(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
-        ctx.setdefault("nav", name.split(".")[0])
-        html = env.get_template(name).render(request_path=request.url.path[:500],
-                                             params=dict(request.query_params), **ctx)
-        return HTMLResponse(html, status_code=status_code)
 
-    def need(obj: Any, what: str) -> Any:
-        if obj is None:
-            raise NotFound(f"no {what}")
-        return obj
-
-    # -- deployments ---------------------------------------------------------------------------
+def _add_deployment_pages(app: FastAPI, ui: Pages) -> None:
+    """/ and /deployments/{id}."""
+    board, q, render, need = ui.board, ui.queries, ui.render, ui.need
 
     @app.get("/", response_class=HTMLResponse)
     def deployments(request: Request, page: int = page_query(), n: int = Query(views.PER_PAGE, ge=1)):
@@ -196,7 +224,10 @@ def create_app(config: UIConfig) -> FastAPI:
                       top=board.list_optimizations(deployment=did, status="active", sort="-speedup", limit=10),
                       drift=board.list_drift_events(deployment=did, sort="-date", limit=5))
 
-    # -- optimizations ---------------------------------------------------------------------------
+
+def _add_optimization_pages(app: FastAPI, ui: Pages) -> None:
+    """/optimizations (and its JSON), /optimizations/{id}, /candidates/{id}."""
+    board, q, render, need = ui.board, ui.queries, ui.render, ui.need
 
     def _opt_page(request: Request, deployment: int | None, run: int | None, status: str | None,
                   op: str | None, agent: str | None, sort: str, page: int, n: int):
@@ -248,7 +279,10 @@ def create_app(config: UIConfig) -> FastAPI:
                       parent=board.get_candidate(cand.parent_id) if cand.parent_id else None,
                       children=board.list_candidates(parent=cid, sort="date", limit=100).items)
 
-    # -- runs ------------------------------------------------------------------------------------
+
+def _add_run_pages(app: FastAPI, ui: Pages) -> None:
+    """/runs, /runs/{id} and the live progress JSON /api/runs/{id}."""
+    board, q, render, need = ui.board, ui.queries, ui.render, ui.need
 
     @app.get("/runs", response_class=HTMLResponse)
     def runs(request: Request, deployment: int | None = id_query(), status: str | None = None,
@@ -283,7 +317,10 @@ def create_app(config: UIConfig) -> FastAPI:
             return JSONResponse({"error": f"no run {rid}"}, status_code=404)
         return JSONResponse(views.run_progress(r))
 
-    # -- ideas -----------------------------------------------------------------------------------
+
+def _add_idea_pages(app: FastAPI, ui: Pages) -> None:
+    """/ideas and /ideas/{id}."""
+    board, q, render, need = ui.board, ui.queries, ui.render, ui.need
 
     @app.get("/ideas", response_class=HTMLResponse)
     def ideas(request: Request, run: int | None = id_query(), status: str | None = None,
@@ -308,7 +345,10 @@ def create_app(config: UIConfig) -> FastAPI:
                       evals=q.idea_evaluations(iid),
                       claims=board.list_claims(idea=iid, sort="id", limit=100).items)
 
-    # -- drift -----------------------------------------------------------------------------------
+
+def _add_drift_page(app: FastAPI, ui: Pages) -> None:
+    """/drift."""
+    board, render = ui.board, ui.render
 
     @app.get("/drift", response_class=HTMLResponse)
     def drift(request: Request, deployment: int | None = id_query(), page: int = page_query(),
@@ -319,5 +359,3 @@ def create_app(config: UIConfig) -> FastAPI:
         pg = views.pager("/drift", request.query_params, page, n, found.total)
         return render(request, "drift.html", items=found.items, pager=pg,
                       deployments=board.list_deployments(limit=200).items)
-
-    return app

@@ -15,11 +15,10 @@ from typing import Any, Iterable, Sequence
 
 from markupsafe import Markup
 
+from bulletin_board import HistoryPoint
 from compiler.plots import bar_chart
+from persistent_engine import point_key
 
-from .queries import HistoryPoint
-
-POINT_KEYS = ("phase", "batch", "context", "chunk")
 _FONT = 'font-family="system-ui,Helvetica,Arial,sans-serif"'
 
 
@@ -84,17 +83,11 @@ def speedup_history_chart(points: Sequence[HistoryPoint], *, width: int = 760,
     return Markup("".join(out))
 
 
-def _key(p: dict) -> tuple:
-    return tuple(p.get(k) for k in POINT_KEYS)
-
-
 def _ms(v: Any) -> float | None:
     if isinstance(v, (int, float)) and math.isfinite(v):
         return float(v)
-    if isinstance(v, dict):
-        for k in ("ms", "time_ms", "median_ms"):
-            if isinstance(v.get(k), (int, float)):
-                return float(v[k])
+    if isinstance(v, dict):                # a profile's op entry {"ms", "calls", "share"}
+        return _ms(v.get("ms"))
     return None
 
 
@@ -130,7 +123,7 @@ def op_breakdown(baseline: dict, optimizations: Iterable[Any]) -> tuple[dict[str
         for o in opts:
             s = None
             for pp in o.per_point or ():
-                if isinstance(pp, dict) and _key(pp) == _key(point):
+                if isinstance(pp, dict) and point_key(pp) == point_key(point):
                     s = pp.get("fast") if pp.get("fast") is not None else pp.get("slow")
             if s is None:
                 s = o.speedup_fast if o.speedup_fast is not None else o.speedup_slow

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, field
 
 from bulletin_board import Board
+from persistent_engine import POINT_FIELDS
 
 OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "linear", "rotary_embedding",
        "attention_decode", "attention_prefill", "embedding", "lm_head")
@@ -186,7 +187,7 @@ def fill_board(board: Board, spec: SampleSpec = SampleSpec()) -> SampleBoard:
                                      metrics={"speedup": slow, "per_point": _per_point(rng, slow, baseline)},
                                      verdict="correct", device="cpu" if dep.hw == "cpu" else "NVIDIA H200",
                                      timing_method="engine A/B, perf_counter_ns medians")
-                per_point = [{**{k: p[k] for k in ("phase", "batch", "context", "chunk", "weight")},
+                per_point = [{**{k: p[k] for k in (*POINT_FIELDS, "weight")},
                               "fast": round((s or 1.2) * rng.uniform(0.95, 1.05), 4),
                               "slow": round(slow * rng.uniform(0.95, 1.05), 4)} for p in POINTS]
                 opt = board.add_optimization(run, cid, name=f"{op}_triton_r{run.id}_{e}", targets=[op],

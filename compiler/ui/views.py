@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlencode
 
+from persistent_engine import point_label
+
 PER_PAGE = 50
 MAX_PER_PAGE = 200
 MAX_PAGE = 10 ** 6                  # page * MAX_PER_PAGE stays far inside a 64-bit offset
@@ -88,15 +90,9 @@ def fmt_duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def point_label(p: Any) -> str:
-    """A workload point dict as ``decode b8 ctx1024`` / ``prefill b1 ctx0 chunk512`` (+ weight)."""
-    if not isinstance(p, dict):
-        return "all points"
-    if p.get("phase") == "prefill":
-        label = f"prefill b{p.get('batch')} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
-    else:
-        label = f"{p.get('phase', 'decode')} b{p.get('batch')} ctx{p.get('context', 0)}"
-    return label
+def point_or_all(p: Any) -> str:
+    """A row's workload point (``io_struct.point_label``), or "all points" for a row about none."""
+    return point_label(p) if isinstance(p, dict) else "all points"
 
 
 def run_progress(run: Any, now: float | None = None) -> dict:
@@ -149,4 +145,4 @@ def visible(value: Any) -> Any:
 
 
 FILTERS = {"time": fmt_time, "speedup": fmt_speedup, "ms": fmt_ms, "duration": fmt_duration,
-           "point": point_label, "tiers_disagree": tiers_disagree}
+           "point": point_or_all, "tiers_disagree": tiers_disagree}

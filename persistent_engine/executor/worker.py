@@ -270,9 +270,9 @@ def _param_names(sig) -> list[str]:
 
 
 def _warm_triton(device) -> None:
-    from persistent_engine.judge.engine import _warm_triton as warm
+    from persistent_engine.devices import warm_triton
 
-    warm(device)
+    warm_triton(device)
 
 
 def serve(chan, arena, init: dict) -> int:

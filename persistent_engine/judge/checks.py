@@ -4,8 +4,8 @@
 inputs from the op's generator with the judge's seed and runs the override twice, ``run_candidate``); the judge
 draws the same inputs and decides (``judge_outputs``). ``layer_level``: the slice with the overrides run by the
 executor on the judge's workloads, its logits against the judge's reference. ``spot_check``: timed runs fetched
-at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``point_label``, ``weight_share``:
-the workload points, their labels in replies, their relative weights.
+at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``weight_share``:
+the workload points and their relative weights (labels: ``io_struct.point_label``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine import guards, verify
+from persistent_engine.io_struct import point_label
 
 
 def default_points(device: str) -> list[dict]:
@@ -23,12 +24,6 @@ def default_points(device: str) -> list[dict]:
     return [{"phase": "decode", "batch": 1, "context": 24, "chunk": 1, "weight": 0.5},
             {"phase": "decode", "batch": 3, "context": 40, "chunk": 1, "weight": 0.3},
             {"phase": "prefill", "batch": 1, "context": 0, "chunk": 16, "weight": 0.2}]
-
-
-def point_label(p: dict) -> str:
-    if p.get("phase") == "prefill":
-        return f"prefill b{p['batch']} ctx{p.get('context', 0)} chunk{p.get('chunk', 1)}"
-    return f"decode b{p['batch']} ctx{p.get('context', 0)}"
 
 
 def weight_share(points: list[dict], i: int) -> float:

@@ -27,6 +27,7 @@ paging); ``max_num_seqs`` and ``max_num_batched_tokens`` are scheduler knobs no 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import inspect
 import os
@@ -40,6 +41,7 @@ import torch
 
 from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, tier_inputs, timing, tolerance, verify
+from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena
 from persistent_engine.executor.device_share import DeviceWeights
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
@@ -50,7 +52,7 @@ from persistent_engine.judge.checks import default_points, point_label, weight_s
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          PrepareReply, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
-                                         UnloadReply, Verify, VerifyReply)
+                                         UnloadReply, Verify, VerifyReply, WorkloadPoint, PointProfile, PointTiming)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # what the engine does with each CONFIG knob, as reported in the load and bench replies
@@ -103,37 +105,6 @@ def elog(line: str) -> None:
     print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
 
 
-def _free_gpu_bytes(device) -> int:
-    """Free memory on a CUDA device (every process counted), 0 elsewhere."""
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
-
-
-def _gpu_bytes(device: torch.device) -> int | None:
-    """Total memory of the engine's GPU; None on CPU (where the tiny and one-layer models stay small)."""
-    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-
-
-def _warm_triton(device: torch.device) -> None:
-    """Compile and launch one trivial Triton kernel (~2 s on a GPU the first time in a process)."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return
-
-    @triton.jit
-    def _copy(src, dst, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
-
-    try:
-        x = torch.arange(16, dtype=torch.float32, device=device)
-        y = torch.empty_like(x)
-        _copy[(1,)](x, y, 16, BLOCK=16)
-    except Exception:  # noqa: BLE001 - no Triton backend here (CPU without the interpreter)
-        pass
-
-
 class Candidate:
     """What the judge knows of the loaded candidate: its executor and what that executor reported at load
     (names, CONFIG, DESCRIPTION: descriptive only; nothing here decides a verdict)."""
@@ -145,11 +116,42 @@ class Candidate:
 
 class Engine:
     def __init__(self, config: EngineConfig, log=lambda stage, seconds: None):
-        from persistent_engine.models.decoder import build_model
+        """Builds the judge's slice and starts its baseline executor, stage by stage (each stage's seconds
+        go to ``self.startup`` and ``log``; see the module docstring)."""
+        self.config = config
+        self.startup: dict[str, float] = {}
+        self._log_stage = log
+        self._setup()
+        with self._stage("weights"):
+            self._build_model()
+        with self._stage("kv_cache"):
+            self.workloads, self.routing = self.inputs.build(self.model, self.points, config.variants, config.seed)
+        with self._stage("warmup"):
+            self._warm_up()
+        with self._stage("calibration"):
+            self._calibrate()
+        with self._stage("graph_capture"):
+            weights = self._share_and_start_baseline()
+        self._arm_guards(weights)
+        self._reset_counters()
+        self._release_cached()
+
+    @contextlib.contextmanager
+    def _stage(self, name: str):
+        """Times one start-up stage (device work synchronised before the clock stops)."""
+        t0 = timing.now_ns()
+        yield
+        self._sync()
+        self.startup[name] = (timing.now_ns() - t0) / 1e9
+        self._log_stage(name, self.startup[name])
+
+    def _setup(self) -> None:
+        """The process (fault handler, torch threads), the model spec, layers and points, the judge's own
+        randomness and private directory, the reference signatures (the static checks read them)."""
         from persistent_engine.models.spec import ModelSpec
         from persistent_engine.ops import registry
 
-        self.config = config
+        config = self.config
         self.registry = registry
         if not faulthandler.is_enabled():       # a segfault or abort leaves its stack on stderr
             faulthandler.enable(file=sys.stderr)
@@ -158,64 +160,55 @@ class Engine:
         self.spec = ModelSpec.from_name(config.model)
         self.layers = list(config.layers) if config.layers is not None else list(range(self.spec.num_layers))
         self.points = [dict(p) for p in (config.points or default_points(config.device))]
-        self.startup: dict[str, float] = {}
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))   # seeds, orders: unknown to executors
         self._dir = tempfile.mkdtemp(prefix="tkcc-judge-")
         self.op_params = {n: cand_mod.param_names(inspect.signature(registry.get(n).reference))
                           for n in registry.names()}
-
-        def stage(name, t0):
-            s = (timing.now_ns() - t0) / 1e9
-            self.startup[name] = s
-            log(name, s)
-
-        t0 = timing.now_ns()
         self.threads = int(os.environ.get("TKCC_ENGINE_THREADS", "1"))
         if self.device.type == "cpu":           # one thread: steadier timings, no oversubscription
             torch.set_num_threads(self.threads)
-        torch.manual_seed(config.seed)
-        self.inputs = tier_inputs.TierInputs.from_dict(config.inputs)       # a checkpoint, tokens, routing
+
+    def _build_model(self) -> None:
+        """The slice's weights (seeded, or the checkpoint of the tier's inputs)."""
+        from persistent_engine.models.decoder import build_model
+
+        torch.manual_seed(self.config.seed)
+        self.inputs = tier_inputs.TierInputs.from_dict(self.config.inputs)       # a checkpoint, tokens, routing
         self.model = build_model(self.spec, layers=self.layers, device=self.device, dtype=self.dtype,
-                                 seed=config.seed, weights=self.inputs.weights)
+                                 seed=self.config.seed, weights=self.inputs.weights)
         torch.set_grad_enabled(False)
-        self._sync()
-        stage("weights", t0)
 
-        t0 = timing.now_ns()
-        self.workloads, self.routing = self.inputs.build(self.model, self.points, config.variants, config.seed)
-        self._sync()
-        stage("kv_cache", t0)
-
-        t0 = timing.now_ns()
+    def _warm_up(self) -> None:
+        """First steps (kernels warm, new-token KV slots written); the reference logits of every point and
+        variant kept; which ops each point calls."""
         from persistent_engine import profiler
-        for ws in self.workloads:               # first step: kernels warm, new-token KV slots written
+
+        for ws in self.workloads:
             for w in ws:
                 self.model.step(w)
         self.ref = [[self.model.step(w).clone() for w in ws] for ws in self.workloads]
         self.ops_at = [set(profiler.op_calls(self.model, ws[0])) for ws in self.workloads]
-        _warm_triton(self.device)
-        self._sync()
-        stage("warmup", t0)
+        warm_triton(self.device)
 
-        t0 = timing.now_ns()
+    def _calibrate(self) -> None:
+        """The layer-level logits bound per point and variant: the slice's own rounding noise (tolerance.py)."""
         self.moe_routes = verify.ReferenceRoutes(self.registry)   # the reference's routing, recorded on first use
         self.executor_routes: dict = {}         # (point, variant) -> the baseline executor's routing (or ours)
-        # layer-level logits bound per point and variant: the slice's own rounding noise (tolerance.py)
         self.logit_noise = tolerance.calibrate(self.registry, self.model, self.workloads, self.ref, self.moe_routes,
-                                               self.ops_at, self.device, self.dtype, config.seed)
+                                               self.ops_at, self.device, self.dtype, self.config.seed)
         self.logit_tol = [[tolerance.tolerance(self.dtype, n) for n in row] for row in self.logit_noise]
-        self._sync()
-        stage("calibration", t0)
 
-        t0 = timing.now_ns()
+    def _share_and_start_baseline(self) -> dict:
+        """The sealed arena of weights and workloads shared with executors, the baseline executor started
+        (its CUDA graphs captured) and each point's baseline step measured; returns the model's weights."""
+        config = self.config
         weights = guards.model_weights(self.model)
         self.device_weights = None                # on CUDA: one copy of the weights, mapped by every executor
         if self.device.type == "cuda":
             self.device_weights = DeviceWeights.export({k: t for k, t in weights.items() if k != "cos_sin"},
                                                      self.device)
         shared = {} if self.device_weights else {f"weight.{k}": t for k, t in weights.items()}
-        shared.update({f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
-                       for k, t in guards.tensors_of(w).items()})
+        shared.update(self._workload_tensors())
         self.arena = Arena.build(shared)        # sealed: no process can write it from here on
         self.arena_checksums = self.arena.checksums()
         self._arena_window = 0
@@ -227,29 +220,38 @@ class Engine:
         self.baseline: Executor | None = None
         self.graph_errors: dict[int, str] = {}
         self.base_graphed: set[int] = set()
-        free_before = _free_gpu_bytes(self.device)
+        free_before = free_gpu_bytes(self.device)
         self._start_baseline()
         # what one executor takes on the device (its KV caches, activations, context): sizes the pool
-        self.executor_bytes = max(free_before - _free_gpu_bytes(self.device), 0) if free_before else 0
+        self.executor_bytes = max(free_before - free_gpu_bytes(self.device), 0) if free_before else 0
         # per point: the baseline's step as bench times it (request wall time / k) and k, the runs per sample
         cal = [ab.calibrate(self.baseline, i, self.device.type, self.ref[i][0].numel() * self.ref[i][0].element_size())
                for i in range(len(self.points))]
         self.base_ms, self.batch = [ms for ms, _ in cal], [k for _, k in cal]
-        stage("graph_capture", t0)
+        return weights
 
-        gpu_bytes = _gpu_bytes(self.device)
-        self.op_check_budget = gpu_bytes // 4 if gpu_bytes else None
-        self.weight_guard = guards.TensorGuard(weights, device_budget=gpu_bytes // 10 if gpu_bytes else None)
-        self.workload_guard = guards.TensorGuard(
-            {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
-             for k, t in guards.tensors_of(w).items()})
-        self.candidate: Candidate | None = None
-        self.cand_workloads = None              # kept for callers: re-laid caches live in the executor only
-        self.tie_kept_rows: dict = {}           # (point, variant) -> rows the MoE tie check kept
-        self.peak_bandwidth_gbs = (config.peak_bandwidth_gbs if config.peak_bandwidth_gbs is not None
+    def _workload_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of every point's workloads, by arena name (``point<i>.v<variant>.<name>``)."""
+        return {f"point{i}.v{v}.{k}": t for i, ws in enumerate(self.workloads) for v, w in enumerate(ws)
+                for k, t in guards.tensors_of(w).items()}
+
+    def _arm_guards(self, weights: dict) -> None:
+        """What the judge checks after every candidate: its weights and workloads unchanged, the op-level
+        memory budget, the roofline floor of each point's step."""
+        total = gpu_bytes(self.device)
+        self.op_check_budget = total // 4 if total else None
+        self.weight_guard = guards.TensorGuard(weights, device_budget=total // 10 if total else None)
+        self.workload_guard = guards.TensorGuard(self._workload_tensors())
+        self.peak_bandwidth_gbs = (self.config.peak_bandwidth_gbs if self.config.peak_bandwidth_gbs is not None
                                    else DEFAULT_PEAK_BANDWIDTH_GBS.get(self.device.type))
         self.floor_ms = [guards.min_step_bytes(weights, ws[0], self.spec) / (self.peak_bandwidth_gbs * 1e9) * 1e3
                          if self.peak_bandwidth_gbs else 0.0 for ws in self.workloads]
+
+    def _reset_counters(self) -> None:
+        """No candidate loaded yet; the served / executor counters at zero."""
+        self.candidate: Candidate | None = None
+        self.cand_workloads = None              # kept for callers: re-laid caches live in the executor only
+        self.tie_kept_rows: dict = {}           # (point, variant) -> rows the MoE tie check kept
         self.served = 0
         self.poisoned = False                   # the judge itself is broken: exit after replying
         self.poison_cause = ""
@@ -257,7 +259,6 @@ class Engine:
         self.pool_size = 0
         self.pool_wait_s = 0.0
         self._next: Executor | None = None      # set aside by ``prepare`` for the next load
-        self._release_cached()
 
     # ------------------------------------------------------------------------------ executors
     def _new_executor(self, role: str) -> Executor:
@@ -287,7 +288,7 @@ class Engine:
                 # measured footprint of the baseline executor, plus room for a candidate's own buffers;
                 # a share of what is free now (the other tier's engine and its pool use this GPU too)
                 each = max(self.executor_bytes, self.arena.size) + (1 << 30)
-                size = max(1, min(size, int(POOL_MEMORY_SHARE * _free_gpu_bytes(self.device) // each)))
+                size = max(1, min(size, int(POOL_MEMORY_SHARE * free_gpu_bytes(self.device) // each)))
             self.pool_size = size
             self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S)
         return self.pool
@@ -539,7 +540,7 @@ class Engine:
             reasons += self._call({"op": "guards", "when": "layer-level verification"}, deadline)["reasons"]
         reasons += self._process_reasons("verification")
         return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
-                           checks=[ch.to_dict() for ch in checks], seed=seed,
+                           checks=checks, seed=seed,
                            seconds=(timing.now_ns() - t0) / 1e9)
 
     def bench(self, req: Bench) -> Reply:
@@ -563,8 +564,8 @@ class Engine:
         notes = self._config_notes()
         for i, p in enumerate(self.points):
             if i not in affected:
-                per_point.append({"point": p, "label": point_label(p), "affected": False,
-                                  "baseline_ms": self.base_ms[i], "candidate_ms": self.base_ms[i], "speedup": 1.0})
+                per_point.append(PointTiming(WorkloadPoint.from_dict(p), point_label(p), affected=False,
+                                             baseline_ms=self.base_ms[i], candidate_ms=self.base_ms[i], speedup=1.0))
                 continue
             graphed = i in cand_graphed
             k = self.batch[i]
@@ -587,19 +588,18 @@ class Engine:
             r = guards.implausibly_fast(point_label(p), res.candidate.median_ms, self.floor_ms[i])
             if r:
                 reasons.append(r + (f" ({self.peak_bandwidth_gbs:g} GB/s ceiling)" if self.peak_bandwidth_gbs else ""))
-            per_point.append({"point": p, "label": point_label(p), "affected": True, "graph": graphed,
-                              "graph_error": None if graphed else (cand_errors.get(i) or self.graph_errors.get(i)
-                                                                   or plan[i]),
-                              "baseline_ms": res.baseline.median_ms, "baseline_iqr_ms": res.baseline.iqr_ms,
-                              "candidate_ms": res.candidate.median_ms, "candidate_iqr_ms": res.candidate.iqr_ms,
-                              "samples": res.candidate.n, "runs_per_sample": k, "floor_ms": self.floor_ms[i],
-                              "speedup": res.speedup, "speedup_q1": res.speedup_q1,
-                              **({"config": notes} if notes else {})})
+            per_point.append(PointTiming(
+                WorkloadPoint.from_dict(p), point_label(p), affected=True, graph=graphed,
+                graph_error=None if graphed else (cand_errors.get(i) or self.graph_errors.get(i) or plan[i]),
+                baseline_ms=res.baseline.median_ms, baseline_iqr_ms=res.baseline.iqr_ms,
+                candidate_ms=res.candidate.median_ms, candidate_iqr_ms=res.candidate.iqr_ms,
+                samples=res.candidate.n, runs_per_sample=k, floor_ms=self.floor_ms[i],
+                speedup=res.speedup, speedup_q1=res.speedup_q1, config=notes or {}))
         reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
         reasons += self._process_reasons("timing")
         # a point's weight is its share of GPU time: new / old time = sum(w / point speedup) / sum(w)
-        wsum = sum(pp["point"].get("weight", 1.0) for pp in per_point)
-        rsum = sum(pp["point"].get("weight", 1.0) / pp["speedup"] for pp in per_point if pp["speedup"] > 0)
+        wsum = sum(pp.point.weight for pp in per_point)
+        rsum = sum(pp.point.weight / pp.speedup for pp in per_point if pp.speedup > 0)
         speedup = wsum / rsum if rsum > 0 else None
         message = "timed" if not reasons else "rejected while timed"
         if notes:
@@ -638,14 +638,15 @@ class Engine:
         for i, p in enumerate(self.points):
             ops = profiler.profile_point(self.model, self.workloads[i][0], self.device)
             self.workload_guard.restore()
-            per_point.append({"point": p, "label": point_label(p), "step_ms": self.base_ms[i],
-                              "total_ms": sum(o["ms"] for o in ops.values()), "ops": ops})
+            per_point.append(PointProfile(WorkloadPoint.from_dict(p), point_label(p), step_ms=self.base_ms[i],
+                                          total_ms=sum(o["ms"] for o in ops.values()), ops=ops))
         return ProfileReply(message="baseline profile", per_point=per_point,
                             timer=timing.make_timer(self.device).name + "+sync per op")
 
     def status(self, req: Status) -> StatusReply:
         return StatusReply(message="ready", model=self.config.model, layers=self.layers,
-                           device=str(self.device), dtype=self.config.dtype, points=self.points,
+                           device=str(self.device), dtype=self.config.dtype,
+                           points=[WorkloadPoint.from_dict(p) for p in self.points],
                            startup=self.startup, logit_noise=self.logit_noise, logit_tol=self.logit_tol,
                            served=self.served, pid=os.getpid(),
                            candidate=self.candidate.name if self.candidate else None,

@@ -59,6 +59,9 @@ from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fi
 from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
+__all__ = ["ALIASES", "CONFIG_DIR", "DTYPE_BYTES", "RELEASES", "ModelSpec", "SpecError", "alias_help",
+           "known_models", "tiny_name"]
+
 CONFIG_DIR = Path(__file__).with_name("configs")
 
 # each family's alias names its newest release; older releases keep versioned aliases

@@ -49,8 +49,8 @@ def test_four_offline_agents_find_a_faster_verified_candidate(tmp_path):
     # one of them beyond the spread of its A/B pairs at some point: three pairs in four saw it faster
     # (pairs share the load of the moment, so this holds on a busy 2-core machine where unpaired IQRs
     # of the two sides overlap)
-    assert any((p.get("speedup_q1") or 0.0) > 1.0 for v in kernel for p in v.per_point), \
-        [[(p.get("speedup"), p.get("speedup_q1")) for p in v.per_point] for v in kernel]
+    assert any((p.speedup_q1 or 0.0) > 1.0 for v in kernel for p in v.per_point), \
+        [[(p.speedup, p.speedup_q1) for p in v.per_point] for v in kernel]
     assert result.best_speedup == pytest.approx(max(v.speedup for v in kernel))
     # no idea worked twice: titles unique, every idea claimed at most once, one result per worked idea
     ideas = list(getattr(board.list_ideas(run, limit=1000), "items", []))

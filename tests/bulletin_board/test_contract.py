@@ -1,7 +1,9 @@
-"""The Board API contract, run on SQLite and PostgreSQL (see conftest.board_url)."""
+"""The Board API contract (``bulletin_board.BoardAPI``), run against every implementation: ``Board`` on
+SQLite and on PostgreSQL (see conftest.board_url)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 
@@ -9,7 +11,20 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
-from bulletin_board import Board, BoardError, candidate_id
+from bulletin_board import Board, BoardAPI, BoardError, candidate_id
+
+
+def protocol_methods() -> list[str]:
+    return sorted(n for n, v in vars(BoardAPI).items() if callable(v) and not n.startswith("_"))
+
+
+def test_the_board_is_the_protocol_with_the_same_signatures(board):
+    assert isinstance(board, BoardAPI)
+    methods = protocol_methods()
+    public = sorted(n for n in dir(type(board)) if not n.startswith("_") and callable(getattr(type(board), n)))
+    assert public == methods                 # nothing public beyond the protocol, nothing missing
+    for name in methods:
+        assert inspect.signature(getattr(type(board), name)) == inspect.signature(getattr(BoardAPI, name)), name
 
 
 def wait_until_lapsed(board: Board, idea) -> None:

@@ -3,6 +3,7 @@ accepted set and falls back to a greedy build when the whole set fails. The engi
 deterministic table (speedup per set of ops present in the source): the decision logic is under
 test; the real engine is exercised by the loop tests."""
 
+from persistent_engine.io_struct import PointTiming, WorkloadPoint, point_label
 from persistent_engine.supervisor import CandidateVerdict
 
 from compiler.acceptance import AcceptanceConfig, Acceptor, merge_points, screen, threshold
@@ -17,8 +18,9 @@ def cand(op: str, tag: str = "") -> str:
 
 
 def verdict(speedup, correct=True):
-    per_point = [{"point": p, "speedup": None if speedup is None else speedup * (1.1 if i == 0 else 0.9)}
-                 for i, p in enumerate(POINTS)]
+    per_point = [] if speedup is None else [
+        PointTiming(WorkloadPoint.from_dict(p), point_label(p), True, 1.0, 1.0, speedup * (1.1 if i == 0 else 0.9))
+        for i, p in enumerate(POINTS)]
     return CandidateVerdict(correct=correct, reasons=[] if correct else ["op rms_norm: mismatch"],
                             speedup=speedup, per_point=per_point)
 

@@ -45,7 +45,7 @@ def test_failures_are_one_line_errors():
 def test_the_loop_measures_the_composed_plan_in_a_child(monkeypatch):
     """The optimize loop's per-op profile of the composed plan goes through run_isolated (never the
     orchestrator): the composition's source is executed only in the child."""
-    from compiler import loop
+    from compiler import plan_writer as loop
     from compiler.acceptance import Composition
     from persistent_engine.models.spec import ModelSpec
 
@@ -60,7 +60,7 @@ def test_the_loop_measures_the_composed_plan_in_a_child(monkeypatch):
            "OVERRIDES = {'lm_head': lm_head}\n")
     comp = Composition((object(),), src, 1.0, 1.0, (), ())
     points = [{"phase": "decode", "batch": 2, "context": 8, "chunk": 1, "weight": 1.0}]
-    after = loop._op_ms_after(ModelSpec.from_name("tiny-dense"), [0], points, comp, {"kind": "cpu"}, {})
+    after = loop.op_ms_after(ModelSpec.from_name("tiny-dense"), [0], points, comp, {"kind": "cpu"})
     assert seen == ["op_times_with"]
     assert after["after"]["lm_head"] > 0 and after["before"]["lm_head"] > 0
     assert "TKCC_ISOLATED_PROBE" not in os.environ

@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from compiler.loop import _identity_candidate, measure_noise
+from compiler.baseline import _identity_candidate, measure_noise
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 
@@ -39,7 +39,7 @@ def test_the_probe_is_correct_and_times_every_point(model, tmp_path):
         assert bench.ok, bench.reasons
     finally:
         e.handle(io.Unload())
-    assert all(p["affected"] for p in bench.per_point)
+    assert all(p.affected for p in bench.per_point)
     assert 0.3 < bench.speedup < 3.0
 
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from compiler.ui import highlight
 from compiler.ui.charts import op_breakdown, op_breakdown_chart, speedup_history_chart
-from compiler.ui.queries import HistoryPoint
-from compiler.ui.views import pager, point_label, run_progress
+from bulletin_board import HistoryPoint
+from compiler.ui.views import pager, point_or_all, run_progress
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -88,8 +88,8 @@ def test_pager_and_labels():
     assert (pg.offset, pg.pages, pg.has_prev, pg.has_next) == (40, 3, True, False)
     assert pg.link(2) == "/optimizations?sort=-date&page=2" and pg.link(1) == "/optimizations?sort=-date"
     assert pager("/", {}, 1, 10_000).per_page == 200
-    assert point_label({"phase": "prefill", "batch": 1, "context": 0, "chunk": 512}) == "prefill b1 ctx0 chunk512"
-    assert point_label(None) == "all points"
+    assert point_or_all({"phase": "prefill", "batch": 1, "context": 0, "chunk": 512}) == "prefill b1 ctx0 chunk512"
+    assert point_or_all(None) == "all points"
     run = SimpleNamespace(id=1, status="running", message="searching", config={"budget_s": 100},
                           created_at=1000.0, finished_at=None, candidates_tried=3, candidates_accepted=1,
                           best_speedup=1.2, engine_restarts=0, updated_at=1010.0)

@@ -99,3 +99,14 @@ def test_held_out_split_is_stratified():
 def test_unknown_model_is_a_one_line_error(capsys, tmp_path):
     assert _bench().main(["--device", "cpu", "--models", "nope", "--out-dir", str(tmp_path)]) == 2
     assert "nope" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_engine_constants_in_step():
+    """ops_reference copies three engine constants (cost_model may import only models.spec); they must
+    stay what the engine runs."""
+    from cost_model import ops_reference as ref
+    from persistent_engine.ops import attention, moe, opdef
+
+    assert ref.REF_BLOCK_SIZE == opdef.DEFAULT_BLOCK_SIZE
+    assert ref.REF_MOE_LOOP_MIN_TOKENS == moe.LOOP_MIN_TOKENS
+    assert ref.REF_PREFILL_SCORE_BUDGET == attention.PREFILL_SCORE_BUDGET

@@ -172,7 +172,7 @@ def test_roofline_floor_rejects_a_step_faster_than_the_bandwidth_allows(engine, 
     _, ver, bench = _cycle(engine, GOOD)
     assert ver.ok and not bench.ok
     assert len(bench.reasons) == 1 and bench.reasons[0].startswith("timing: implausibly fast at decode b1 ctx24:")
-    assert bench.per_point[0]["floor_ms"] == 1e6
+    assert bench.per_point[0].floor_ms == 1e6
 
 
 def test_kv_block_size_relays_the_candidate_cache_and_restores_it(engine):
@@ -185,8 +185,8 @@ def test_kv_block_size_relays_the_candidate_cache_and_restores_it(engine):
     assert load.ok and "kv_block_size: applied" in load.message
     assert "max_num_seqs: not measurable by the engine; judged by compiler config search" in load.message
     assert ver.ok, ver.reasons
-    assert bench.ok and all(p["affected"] for p in bench.per_point)
-    assert bench.per_point[0]["config"]["max_num_seqs"].startswith("not measurable")
+    assert bench.ok and all(p.affected for p in bench.per_point)
+    assert bench.per_point[0].config["max_num_seqs"].startswith("not measurable")
     assert engine.cand_workloads is None and [w.cache.block_size for ws in engine.workloads for w in ws] == before
     bad = GOOD.replace('CONFIG = {"cuda_graph": True}', 'CONFIG = {"kv_block_size": 0}')
     load = engine.handle(io.LoadCandidate(source=bad))
@@ -197,6 +197,6 @@ def test_kv_block_size_relays_the_candidate_cache_and_restores_it(engine):
 def test_graph_knobs_reach_the_bench_reply(engine):
     src = GOOD.replace('CONFIG = {"cuda_graph": True}', 'CONFIG = {"cuda_graph_batch_sizes": [1]}')
     _, _, bench = _cycle(engine, src)
-    assert bench.ok and all(p["graph"] is False and p["graph_error"] == "cpu: no CUDA graphs"
+    assert bench.ok and all(p.graph is False and p.graph_error == "cpu: no CUDA graphs"
                             for p in bench.per_point)
     assert "cuda_graph_batch_sizes: applied" in bench.message

@@ -33,9 +33,9 @@ def test_correct_torch_candidate_passes_with_a_speedup(sup):
     v = sup.evaluate(src("good_torch"), timeout_s=120)
     assert v.correct and v.reasons == [], v.reasons
     assert isinstance(v.speedup, float) and v.speedup > 0      # noise on a shared CPU: no bound
-    assert len(v.per_point) == 3 and all(p["affected"] for p in v.per_point)
+    assert len(v.per_point) == 3 and all(p.affected for p in v.per_point)
     for p in v.per_point:
-        assert p["baseline_ms"] > 0 and p["candidate_ms"] > 0 and p["baseline_iqr_ms"] >= 0
+        assert p.baseline_ms > 0 and p.candidate_ms > 0 and p.baseline_iqr_ms >= 0
     assert {"load_s", "verify_s", "bench_s", "unload_s", "total_s"} <= set(v.timings)
     assert not v.restarted
 
@@ -88,7 +88,7 @@ def test_a_slow_candidate_that_patches_the_clocks_is_timed_slow(sup):
     b = c.bench(samples=5)
     assert any("changed global state" in r for r in b.reasons)
     assert b.speedup is not None and b.speedup < 0.8, b.per_point
-    assert all(p["candidate_ms"] > p["baseline_ms"] for p in b.per_point)
+    assert all(p.candidate_ms > p.baseline_ms for p in b.per_point)
     r = c.unload()
     assert r.ok
     _assert_serves_next(sup, sup.proc.pid)
@@ -136,12 +136,12 @@ def test_on_cuda_graphs_events_and_cheats():
         s.start()
         v = s.evaluate(src("good_torch"), timeout_s=300)
         assert v.correct, v.reasons
-        assert v.per_point and all(p["graph"] for p in v.per_point), v.per_point
+        assert v.per_point and all(p.graph for p in v.per_point), v.per_point
         b = s.client
         assert b.load_candidate(src("good_triton")).ok and b.verify().ok
         r = b.bench(samples=10)
         assert r.ok and r.timer == "judge_wall_clock", r.reasons
-        assert all(p["graph"] for p in r.per_point), r.per_point
+        assert all(p.graph for p in r.per_point), r.per_point
         assert b.unload().ok, s._stderr_tail(4000)
         for name in ("cached_outputs", "returns_empty", "mutates_weights", "patches_timer"):
             bad = s.evaluate(src(name), timeout_s=300)

@@ -56,7 +56,7 @@ def _judged_exact(sup, name: str, then=None):
     good = sup.evaluate((HERE / "good_torch.py").read_text(), timeout_s=180)
     assert good.correct and not good.restarted and sup.proc.pid == pid, good.reasons
     if v.speedup is not None:
-        spread = max((p["baseline_iqr_ms"] + p["candidate_iqr_ms"]) / p["baseline_ms"] for p in good.per_point)
+        spread = max((p.baseline_iqr_ms + p.candidate_iqr_ms) / p.baseline_ms for p in good.per_point)
         assert v.speedup < good.speedup * (1.0 + max(0.5, 2 * spread)), (v.per_point, good.per_point)
     return v
 

@@ -84,8 +84,8 @@ def test_raw_thread_time_stealing_gains_nothing(sup):
     assert b.speedup is not None and b.speedup < 1.6, b.per_point
     # within the measured noise of the A/B: each point's speedup inside the spread of its two sides
     for p in b.per_point:
-        spread = (p["baseline_iqr_ms"] + p["candidate_iqr_ms"]) / p["baseline_ms"]
-        assert p["speedup"] < 1.0 + max(0.3, 2 * spread), p
+        spread = (p.baseline_iqr_ms + p.candidate_iqr_ms) / p.baseline_ms
+        assert p.speedup < 1.0 + max(0.3, 2 * spread), p
     assert any("native thread" in r for r in b.reasons), b.reasons
     _next_is_judged_correctly(sup, sup.proc.pid, sup.status().executors_used - 1)
 

@@ -210,7 +210,7 @@ def test_engine_verification_excuses_fewer_near_tie_flips_with_power_law_routing
             ver = e.handle(io.Verify(seed=3))
             e.handle(io.Unload())
             assert isinstance(ver, io.VerifyReply) and ver.ok, ver
-            detail = next(c["detail"] for c in ver.checks if c["name"] == "layer")
+            detail = next(c.detail for c in ver.checks if c.name == "layer")
             flipped[kind] = int(detail.split("MoE routing: ")[1].split()[0]) if "MoE routing: " in detail else 0
     finally:
         torch.set_num_threads(threads)

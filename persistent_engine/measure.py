@@ -28,7 +28,8 @@ step) is not in it. On an idle machine it equals the wall time; ``clock="wall"``
 timer (``persistent_engine.timing``) as on GPU.
 
 Cost: one build per model; per round, the sum of the points' step times. torch and the engine are
-imported inside the functions, so ``import cost_model`` stays torch-free.
+imported inside the functions. It lives in the engine (cost_model sees only ``models.spec``); the rows it
+returns are plain dicts that ``cost_model.calibration`` reads (``load_measurements``).
 """
 
 from __future__ import annotations

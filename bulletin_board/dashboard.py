@@ -1,7 +1,8 @@
-"""Read queries the UI needs beyond ``bulletin_board.queries``: per-deployment summaries, the
+"""Read queries the web UI (``compiler.ui``) needs beyond ``bulletin_board.queries``: per-deployment summaries, the
 speedup history for the chart, the latest baseline profile, filter choices and verdict counts.
 
-They run on their own read-only engines (``bulletin_board.connect.open_engines(readonly=True)``:
+They live here, beside the schema, so that no other package touches the board's tables.
+They run on their own read-only engines (``connect.open_engines(readonly=True)``:
 SQLite ``mode=ro`` + ``PRAGMA query_only``, PostgreSQL ``READ ONLY`` transactions), so the UI never
 takes a write lock. Every query is bounded (``LIMIT`` or ``GROUP BY`` over an indexed column), so
 a page costs a few milliseconds on a board with tens of thousands of rows.
@@ -14,9 +15,9 @@ from typing import Any, Iterable
 
 from sqlalchemy import case, func, select
 
-from bulletin_board import Optimization
-from bulletin_board.connect import open_engines
-from bulletin_board.schema import (T_CANDIDATES, T_DRIFT, T_EVALUATIONS, T_IDEAS, T_OPTIMIZATIONS,
+from .connect import open_engines
+from .records import Optimization
+from .schema import (T_CANDIDATES, T_DRIFT, T_EVALUATIONS, T_IDEAS, T_OPTIMIZATIONS,
                                    T_RUNS)
 
 HISTORY_LIMIT = 500         # optimizations drawn on the speedup-over-time chart (newest kept)
