@@ -160,11 +160,19 @@ class Executor:
         return ExecutorDied(describe_exit(rc), self.stderr_tail())
 
     def call(self, msg: dict, timeout_s: float) -> dict:
+        self.send(msg)
+        return self.receive(timeout_s, msg.get("op", "?"))
+
+    def send(self, msg: dict) -> None:
+        """The first half of ``call``: the request is on its way (the judge works meanwhile)."""
         try:
             self.chan.send(msg)
         except (ConnectionError, OSError):
             raise self._death() from None
-        return self._recv(time.monotonic() + timeout_s, msg.get("op", "?"))
+
+    def receive(self, timeout_s: float, what: str) -> dict:
+        """The second half of ``call``: the reply to the request ``send`` sent."""
+        return self._recv(time.monotonic() + timeout_s, what)
 
     def members(self) -> list[int]:
         """Every live process of this executor's tree (re-scanned now)."""

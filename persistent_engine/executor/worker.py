@@ -7,7 +7,8 @@ CUDA), re-creates each workload and overwrites every tensor of it with the judge
 are the judge's), warms kernels, and then answers one request at a time:
 
   load      the candidate as a fresh module (guards snapshot taken before, checked after), CONFIG applied
-  op_check  ``contract.run_candidate`` for one (op, shape, dtype, seed): outputs of the first run
+  op_checks ``contract.run_candidate`` for each (shape, dtype, seed) of one op: outputs of each first run
+            (as many cases as the mailbox holds; the judge asks again for the rest)
   step      one step of point i, variant v with every override counted (and ``moe_route`` replayed to the
             reference routing the judge sent): logits, call counts, the routing it chose
   capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
@@ -30,6 +31,8 @@ import os
 import sys
 import tempfile
 import traceback
+
+from persistent_engine.executor.channel import ALIGN, MAILBOX_BYTES, Arena, Channel, Mailbox, decode_tensors
 
 DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
                  "unspecified launch failure", "misaligned address", "illegal instruction")
@@ -117,16 +120,29 @@ class Worker:
         return {"reasons": reasons, "ops": sorted(loaded.overrides), "config": loaded.config,
                 "description": loaded.description[:2000]}
 
-    def op_check(self, msg: dict) -> dict:
+    def op_checks(self, msg: dict) -> dict:
+        """``contract.run_candidate`` for each case (shape, dtype, seed) of one op, in order: the first
+        run's outputs of each, or its reason. Stops before a case whose outputs would take the replies
+        past ``reply_bytes`` (the mailbox): the judge asks again for the cases not answered."""
         from persistent_engine.ops.contract import run_candidate
 
         d = self.registry.get(msg["name"])
-        first, reason = run_candidate(d, self.candidate.overrides[msg["name"]], msg["shape"],
-                                      getattr(self.torch, msg["dtype"]), self.device, int(msg["seed"]))
-        if reason is not None:
-            return {"reason": reason}
-        return {"outputs": [o if isinstance(o, self.torch.Tensor) else None for o in first],
-                "devices": [str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]}
+        impl = self.candidate.overrides[msg["name"]]
+        results, used = [], 0
+        for case in msg["cases"]:
+            first, reason = run_candidate(d, impl, case["shape"], getattr(self.torch, case["dtype"]), self.device,
+                                          int(case["seed"]))
+            if reason is not None:
+                results.append({"reason": reason})
+                continue
+            tensors = [o for o in first if isinstance(o, self.torch.Tensor)]
+            nbytes = sum(o.numel() * o.element_size() + ALIGN for o in tensors)
+            if results and used + nbytes > self.reply_bytes:
+                break
+            used += nbytes
+            results.append({"outputs": [o if isinstance(o, self.torch.Tensor) else None for o in first],
+                            "devices": [str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]})
+        return {"results": results}
 
     def step(self, msg: dict) -> dict:
         from persistent_engine import verify
@@ -274,11 +290,11 @@ def _warm_triton(device) -> None:
 
 
 def serve(chan, arena, init: dict) -> int:
-    from persistent_engine.executor.channel import decode_tensors
-
     worker = Worker(init, arena)
+    # op_checks' outputs of one reply: 3/4 of the mailbox (alignment and the rest of the reply: slack)
+    worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES) // 4
     chan.send({"ready": True, "pid": os.getpid()})
-    handlers = {"load": worker.load, "op_check": worker.op_check, "step": worker.step, "capture": worker.capture,
+    handlers = {"load": worker.load, "op_checks": worker.op_checks, "step": worker.step, "capture": worker.capture,
                 "run": worker.run, "fetch": worker.fetch, "guards": worker.guards_request}
     while True:
         msg = decode_tensors(chan.recv())
@@ -336,8 +352,6 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from persistent_engine.executor.channel import Arena, Channel, Mailbox, decode_tensors
-
     ap = argparse.ArgumentParser(prog="python -m persistent_engine.executor.worker")
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--arena-fd", type=int, required=True)

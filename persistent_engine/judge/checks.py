@@ -1,8 +1,8 @@
 """The judge's checks of a candidate whose code runs in an executor (``e``: the judge ``Engine``).
 
-``remote_check``: ``contract.check_op``'s signature with the implementation run in the executor (it draws the
-inputs from the op's generator with the judge's seed and runs the override twice, ``run_candidate``); the judge
-draws the same inputs and decides (``judge_outputs``). ``layer_level``: the slice with the overrides run by the
+``remote_check``: ``contract.check_op``'s signature with the implementation run in the executor (one request
+per op and seed: it draws the inputs from the op's generator with the judge's seed and runs the override twice,
+``run_candidate``); the judge draws the same inputs meanwhile and decides (``judge_against``). ``layer_level``: the slice with the overrides run by the
 executor on the judge's workloads, its logits against the judge's reference. ``spot_check``: timed runs fetched
 at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``point_label``, ``weight_share``:
 the workload points, their labels in replies, their relative weights.
@@ -38,25 +38,43 @@ def weight_share(points: list[dict], i: int) -> float:
 
 
 def remote_check(e, deadline: float):
-    """``contract.check_op``'s signature, the implementation run in the executor: it draws the inputs
-    from the op's generator with the judge's seed and runs the override twice (``run_candidate``); this
-    process draws the same inputs and judges the outputs (``judge_outputs``)."""
-    from persistent_engine.ops.contract import _DTYPE_NAMES, judge_outputs
+    """``contract.check_op``'s signature, the implementation run in the executor: ONE ``op_checks``
+    request carries every (dtype, shape) of the call (the executor draws each case's inputs from the op's
+    generator with the judge's seed and runs the override twice, ``run_candidate``); while it runs, this
+    process draws the same inputs and computes the references (``reference_outputs``: they depend on
+    nothing the executor sends), then judges each case's outputs (``judge_against``). An executor whose
+    mailbox would overflow answers a prefix of the cases: the rest are asked for again."""
+    from persistent_engine.judge.engine import CandidateRaised
+    from persistent_engine.ops.contract import _DTYPE_NAMES, judge_against, reference_outputs
 
     def check(name, impl, *, device, dtypes, shapes, seed):
         d = e.registry.get(name)
-        reasons = []
-        for dtype in dtypes:
-            for j, shape in enumerate(shapes if shapes is not None else d.examples):
-                s = seed + 1000 * j
-                r = e._call({"op": "op_check", "name": name, "shape": shape,
-                                "dtype": str(dtype).removeprefix("torch."), "seed": s}, deadline)
+        cases = [(dtype, shape, seed + 1000 * j) for dtype in dtypes
+                 for j, shape in enumerate(shapes if shapes is not None else d.examples)]
+        reasons, refs, todo = [], {}, list(range(len(cases)))
+        while todo:
+            e._send({"op": "op_checks", "name": name,
+                     "cases": [{"shape": cases[k][1], "dtype": str(cases[k][0]).removeprefix("torch."),
+                                "seed": cases[k][2]} for k in todo]}, deadline)
+            for k in todo:                      # the judge's half, while the executor runs its half
+                if k not in refs:
+                    refs[k] = reference_outputs(d, cases[k][1], cases[k][0], device, cases[k][2])
+            results = e._receive(deadline, "op_checks").get("results")
+            if not isinstance(results, list) or not 1 <= len(results) <= len(todo) \
+                    or not all(isinstance(r, dict) for r in results):
+                raise CandidateRaised(f"op_checks of {name}: the executor answered "
+                                      f"{len(results) if isinstance(results, list) else 'no'} results "
+                                      f"for {len(todo)} cases", "candidate")
+            for k, r in zip(todo, results):
+                dtype, shape, _ = cases[k]
                 prefix = f"{name} {_DTYPE_NAMES.get(dtype, str(dtype))} {shape}: "
+                ref = refs.pop(k)
                 if r.get("reason"):
-                    reasons.append(prefix + r["reason"])
+                    reasons.append(prefix + str(r["reason"]))
                     continue
-                outs = tuple(o.to(device) if isinstance(o, torch.Tensor) else o for o in r["outputs"])
-                reasons += [prefix + x for x in judge_outputs(d, outs, shape, dtype, device, s, r["devices"])]
+                outs = tuple(o.to(device) if isinstance(o, torch.Tensor) else o for o in r.get("outputs") or ())
+                reasons += [prefix + x for x in judge_against(d, outs, ref, dtype, list(r.get("devices") or ()))]
+            todo = todo[len(results):]
         return reasons
     return check
 

@@ -368,10 +368,20 @@ class Engine:
 
     def _call(self, msg: dict, deadline: float) -> dict:
         """One request to the candidate's executor, within ``deadline`` (its error replies raised)."""
+        self._send(msg, deadline)
+        return self._receive(deadline, str(msg.get("op")))
+
+    def _send(self, msg: dict, deadline: float) -> None:
+        """``_call``'s first half: the request sent, the judge free to work until ``_receive``."""
+        if deadline - timing.now_ns() / 1e9 <= 0:
+            raise ExecutorTimeout(f"no answer during {msg.get('op')}")
+        self.candidate.executor.send(msg)
+
+    def _receive(self, deadline: float, what: str) -> dict:
         left = deadline - timing.now_ns() / 1e9
         if left <= 0:
-            raise ExecutorTimeout(f"no answer during {msg.get('op')}")
-        reply = self.candidate.executor.call(msg, left)
+            raise ExecutorTimeout(f"no answer during {what}")
+        reply = self.candidate.executor.receive(left, what)
         if "error" in reply:
             raise CandidateRaised(reply["error"], reply.get("kind", "candidate"))
         return reply
