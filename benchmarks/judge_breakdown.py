@@ -6,7 +6,7 @@
 Builds the judge (``judge.engine.Engine``) in this process (candidate code still runs only in its
 executors) and wraps, at class level, the judge's side of the wire: ``Executor.call`` (count, wall time and
 reply bytes per request ``op``), ``Executor.stop`` / ``cont`` (the SIGSTOP / SIGCONT of an A/B side) and
-``contract.judge_outputs`` (the judge's reference computation and comparison of an op check). Then it judges
+``contract.reference_outputs`` / ``judge_against`` (the judge's half of an op check). Then it judges
 ``--cycles`` candidates of ``hot_reload.candidates`` (load + verify + bench + unload, as ``Supervisor.evaluate``
 does) and prints, per phase, the wall time split into the executor's round trips by kind, the judge's own
 work and the rest. Writes ``benchmarks/results/<device>-judge_breakdown.json`` atomically.
@@ -49,12 +49,17 @@ class Probe:
         from persistent_engine.ops import contract
 
         probe = self
-        call, stop, cont = launch.Executor.call, launch.Executor.stop, launch.Executor.cont
+        send, receive = launch.Executor.send, launch.Executor.receive
+        stop, cont = launch.Executor.stop, launch.Executor.cont
 
-        def timed_call(ex, msg, timeout_s):
-            t0 = time.perf_counter()
-            reply = call(ex, msg, timeout_s)
-            probe.add(f"rpc {msg.get('op')}", time.perf_counter() - t0, _tensor_bytes(reply))
+        def timed_send(ex, msg):                # a round trip: from its send to its reply
+            ex._probe_sent = (str(msg.get("op")), time.perf_counter())
+            return send(ex, msg)
+
+        def timed_receive(ex, timeout_s, what):
+            reply = receive(ex, timeout_s, what)
+            op, t0 = getattr(ex, "_probe_sent", (what, time.perf_counter()))
+            probe.add(f"rpc {op}", time.perf_counter() - t0, _tensor_bytes(reply))
             return reply
 
         def timed(fn, kind):
@@ -66,13 +71,12 @@ class Probe:
                     probe.add(kind, time.perf_counter() - t0)
             return wrapper
 
-        launch.Executor.call = timed_call
+        launch.Executor.send, launch.Executor.receive = timed_send, timed_receive
         launch.Executor.stop = timed(stop, "SIGSTOP side")
         launch.Executor.cont = timed(cont, "SIGCONT side")
-        contract.judge_outputs = timed(contract.judge_outputs, "judge: op reference + compare")
+        contract.reference_outputs = timed(contract.reference_outputs, "judge: op references")
+        contract.judge_against = timed(contract.judge_against, "judge: op outputs compared")
         checks.spot_check = timed(checks.spot_check, "judge: spot re-check")
-        if hasattr(checks, "judge_op_replies"):
-            checks.judge_op_replies = timed(checks.judge_op_replies, "judge: op references + compare")
 
 
 def _tensor_bytes(obj) -> int:
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="tiny-dense")
     ap.add_argument("--layers", default=None, help="N (the first N layers; default: the model's covering set)")
     ap.add_argument("--cycles", type=int, default=6)
+    ap.add_argument("--no-bench", action="store_true", help="load, verify, unload only (bench: its own noise)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import os
@@ -115,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             walls = {}
             for phase, req in zip(PHASES, (io.LoadCandidate(source=source, name=f"c{k}"), io.Verify(),
                                            io.Bench(), io.Unload())):
+                if phase == "bench" and args.no_bench:
+                    walls[phase] = 0.0
+                    continue
                 probe.phase = phase
                 t = time.perf_counter()
                 reply = engine.handle(req)

@@ -1,0 +1,104 @@
+"""The batched op-level check on CPU: the judge's loop (``checks.remote_check``) against a wire that runs the
+executor's half (``Worker.op_checks``) in this process, so that its logic is tested without processes: every
+case judged once, a reply cut short by the mailbox budget asked again for the rest, a wrong implementation
+rejected with the same reasons as ``check_op``, and a reply of no or too many results refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from persistent_engine.executor.worker import Worker
+from persistent_engine.judge import checks
+from persistent_engine.judge.engine import CandidateRaised
+from persistent_engine.ops import registry
+from persistent_engine.ops.contract import check_op
+
+
+class _Loaded:
+    def __init__(self, name, impl):
+        self.overrides = {name: impl}
+
+
+def _worker(name, impl, reply_bytes):
+    """``Worker.op_checks``'s state only (the model, workloads and guards play no part in it)."""
+    w = object.__new__(Worker)
+    w.torch, w.registry, w.device = torch, registry, torch.device("cpu")
+    w.candidate, w.reply_bytes = _Loaded(name, impl), reply_bytes
+    return w
+
+
+class _Wire:
+    """The judge's ``_send`` / ``_receive``, the executor's half answered in this process (``tamper``:
+    what a hostile executor does to the results before they are sent)."""
+
+    def __init__(self, worker, tamper=None):
+        self.registry, self.worker, self.tamper, self.requests, self._msg = registry, worker, tamper, [], None
+
+    def _send(self, msg, deadline):
+        self.requests.append(msg)
+        self._msg = msg
+
+    def _receive(self, deadline, what):
+        reply = self.worker.op_checks(self._msg)
+        return self.tamper(reply) if self.tamper else reply
+
+
+SHAPES = [{"x": [5, 64]}, {"x": [9, 96]}, {"x": [1, 2048]}]
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _remote(name, impl, reply_bytes=1 << 30, tamper=None):
+    wire = _Wire(_worker(name, impl, reply_bytes), tamper)
+    reasons = checks.remote_check(wire, deadline=float("inf"))(name, impl, device=torch.device("cpu"),
+                                                               dtypes=DTYPES, shapes=SHAPES, seed=11)
+    return reasons, wire.requests
+
+
+def test_one_request_carries_every_case_and_the_reference_passes():
+    reasons, requests = _remote("fused_add_rms_norm", registry.get("fused_add_rms_norm").reference)
+    assert reasons == []
+    assert len(requests) == 1 and len(requests[0]["cases"]) == len(SHAPES) * len(DTYPES)
+    assert [c["seed"] for c in requests[0]["cases"]] == [11, 1011, 2011] * 2
+
+
+def test_a_reply_cut_short_by_the_mailbox_is_asked_again_for_the_rest():
+    # a budget below one output: the executor answers one case per request (always at least one)
+    reasons, requests = _remote("fused_add_rms_norm", registry.get("fused_add_rms_norm").reference, reply_bytes=64)
+    assert reasons == []
+    assert [len(r["cases"]) for r in requests] == [6, 5, 4, 3, 2, 1]
+
+
+def test_a_wrong_implementation_gets_the_reasons_check_op_gives():
+    ref = registry.get("rms_norm").reference
+    bad = lambda x, w, eps: ref(x, w, eps) * 1.05        # noqa: E731
+    reasons, _ = _remote("rms_norm", bad, reply_bytes=4096)
+    local = check_op("rms_norm", bad, dtypes=DTYPES, shapes=SHAPES, seed=11)
+    assert reasons == local and len(reasons) == 6 and all("mismatch" in r for r in reasons)
+
+
+def test_a_modified_input_is_reported_per_case():
+    def inplace(x):
+        out = registry.get("silu_and_mul").reference(x)
+        x.zero_()
+        return out
+    wire = _Wire(_worker("silu_and_mul", inplace, 1 << 30))
+    reasons = checks.remote_check(wire, float("inf"))("silu_and_mul", inplace, device=torch.device("cpu"),
+                                                      dtypes=(torch.float32,), shapes=[{"x": [5, 128]}], seed=3)
+    assert reasons == ["silu_and_mul fp32 {'x': [5, 128]}: modified input: argument 0 changed"]
+
+
+@pytest.mark.parametrize("tamper", [lambda r: {"results": []}, lambda r: {"results": r["results"] * 2},
+                                    lambda r: {"results": "all fine"}, lambda r: {}])
+def test_a_reply_of_no_or_too_many_results_is_refused(tamper):
+    with pytest.raises(CandidateRaised, match="op_checks of rms_norm"):
+        _remote("rms_norm", registry.get("rms_norm").reference, tamper=tamper)
+
+
+def test_outputs_forged_after_the_run_are_judged_as_sent():
+    def forge(reply):                           # the executor replaces its outputs by zeros before sending
+        for r in reply["results"]:
+            r["outputs"] = [torch.zeros_like(o) for o in r["outputs"]]
+        return reply
+    reasons, _ = _remote("rms_norm", registry.get("rms_norm").reference, tamper=forge)
+    assert len(reasons) == 6 and all("mismatch" in r for r in reasons)
