@@ -9,8 +9,9 @@ are the judge's), warms kernels, and then answers one request at a time:
   load      the candidate as a fresh module (guards snapshot taken before, checked after), CONFIG applied
   op_checks ``contract.run_candidate`` for each (shape, dtype, seed) of one op: outputs of each first run
             (as many cases as the mailbox holds; the judge asks again for the rest)
-  step      one step of point i, variant v with every override counted (and ``moe_route`` replayed to the
-            reference routing the judge sent): logits, call counts, the routing it chose
+  steps     per (point i, variant v): one step with every override counted (and ``moe_route`` replayed to
+            the reference routing the judge sent): logits, call counts, the routing it chose (as many as the
+            mailbox holds; the judge asks again for the rest)
   capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
   run       k back-to-back steps (graph replays where captured) of point i, variant v, each on the token
             ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), every
@@ -163,6 +164,22 @@ class Worker:
         return {"logits": out if isinstance(out, self.torch.Tensor) else None,
                 "type": type(out).__name__, "calls": {n: c.calls for n, c in counted.items()}, "routes": routes}
 
+    def steps(self, msg: dict) -> dict:
+        """``step`` for each of ``msg["steps"]`` in order, until the logits gathered would take the reply
+        past ``reply_bytes`` (at least one answered): the judge asks again for the rest."""
+        results, used = [], 0
+        for one in msg["steps"]:
+            r = self.step(one)
+            out = r["logits"]
+            if out is not None:                 # a candidate's lm_head may hand back one buffer every step
+                out = r["logits"] = out.clone()
+            nbytes = out.numel() * out.element_size() + ALIGN if out is not None else 0
+            if results and used + nbytes > self.reply_bytes:
+                break
+            used += nbytes
+            results.append(r)
+        return {"results": results}
+
     def capture(self, msg: dict) -> dict:
         if self.device.type != "cuda":
             return {"graphed": [], "errors": {}}
@@ -294,7 +311,7 @@ def serve(chan, arena, init: dict) -> int:
     # op_checks' outputs of one reply: 3/4 of the mailbox (alignment and the rest of the reply: slack)
     worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES) // 4
     chan.send({"ready": True, "pid": os.getpid()})
-    handlers = {"load": worker.load, "op_checks": worker.op_checks, "step": worker.step, "capture": worker.capture,
+    handlers = {"load": worker.load, "op_checks": worker.op_checks, "steps": worker.steps, "capture": worker.capture,
                 "run": worker.run, "fetch": worker.fetch, "guards": worker.guards_request}
     while True:
         msg = decode_tensors(chan.recv())

@@ -3,7 +3,8 @@
 ``remote_check``: ``contract.check_op``'s signature with the implementation run in the executor (one request
 per op and seed: it draws the inputs from the op's generator with the judge's seed and runs the override twice,
 ``run_candidate``); the judge draws the same inputs meanwhile and decides (``judge_against``). ``layer_level``: the slice with the overrides run by the
-executor on the judge's workloads, its logits against the judge's reference. ``spot_check``: timed runs fetched
+executor on the judge's workloads (``remote_steps``: every point and variant in one request), its logits
+against the judge's reference. ``spot_check``: timed runs fetched
 at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``point_label``, ``weight_share``:
 the workload points, their labels in replies, their relative weights.
 """
@@ -79,39 +80,62 @@ def remote_check(e, deadline: float):
     return check
 
 
+def remote_steps(e, msgs: list[dict], deadline: float) -> list[dict]:
+    """The executor's replies to ``msgs`` (``step`` requests), sent as ``steps`` requests: all at once, and
+    again for the ones a reply cut short (its mailbox full; a reply of no or too many results is refused)."""
+    from persistent_engine.judge.engine import CandidateRaised
+
+    replies: list[dict] = []
+    while len(replies) < len(msgs):
+        todo = msgs[len(replies):]
+        results = e._call({"op": "steps", "steps": todo}, deadline).get("results")
+        if not isinstance(results, list) or not 1 <= len(results) <= len(todo) \
+                or not all(isinstance(r, dict) for r in results):
+            raise CandidateRaised(f"steps: the executor answered {len(results) if isinstance(results, list) else 'no'}"
+                                  f" results for {len(todo)} steps", "candidate")
+        replies += results
+    return replies
+
+
 def layer_level(e, deadline: float) -> tuple[list[str], str]:
-    """The slice with the overrides, run by the executor on the judge's workloads, against the judge's
-    reference logits (calibrated bound). MoE points: the reference's routing sent along to be replayed;
-    the routing the executor reports is checked against the reference's ties here (``verify.TieCheck``).
-    Returns (reasons, summary)."""
+    """The slice with the overrides, run by the executor on the judge's workloads (every point and variant
+    in one request), against the judge's reference logits (calibrated bound). MoE points: the reference's
+    routing sent along to be replayed; the routing the executor reports is checked against the reference's
+    ties here (``verify.TieCheck``). A point's first failing variant ends its check. Returns (reasons, summary)."""
     from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
 
     counted = {n: guards.Counted(None) for n in e.candidate.ops}
     reasons: list[str] = []
     ties = verify.TieCheck(e.dtype)
+    todo, msgs = [], []
     for i in e._affected():
         for v in range(len(e.workloads[i])):
-            where = f"layer-level {point_label(e.points[i])} variant {v}"
             moe = "moe_route" in e.ops_at[i]
             refs = (e.moe_routes.get((i, v), e.model, e.workloads[i][v], e.ref[i][v], e.dtype)
                     if moe else None)
-            r = e._call({"op": "step", "i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs)}, deadline)
-            for n, calls in (r.get("calls") or {}).items():
-                if n in counted:
-                    counted[n].calls += int(calls)
-            out = r["logits"].to(e.device) if isinstance(r.get("logits"), torch.Tensor) else (r.get("type"),)
-            tol = e.logit_tol[i][v]
-            routes = r.get("routes")
-            if moe and routes is not None:
-                rec_calls = calls_from_wire(routes["calls"], e.device)
-                w = e.workloads[i][v]
-                bad = ties.compare(out, e.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
-                                   replayed=bool(routes["replayed"]), tol=tol)
-            else:
-                bad = verify.compare_logits(out, e.ref[i][v], e.dtype, where, tol)
-            if bad:
-                reasons.append(bad)
-                break
+            todo.append((i, v, moe, refs))
+            msgs.append({"i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs)})
+    failed: set[int] = set()
+    for (i, v, moe, refs), r in zip(todo, remote_steps(e, msgs, deadline)):
+        if i in failed:
+            continue
+        where = f"layer-level {point_label(e.points[i])} variant {v}"
+        for n, calls in (r.get("calls") or {}).items():
+            if n in counted:
+                counted[n].calls += int(calls)
+        out = r["logits"].to(e.device) if isinstance(r.get("logits"), torch.Tensor) else (r.get("type"),)
+        tol = e.logit_tol[i][v]
+        routes = r.get("routes")
+        if moe and routes is not None:
+            rec_calls = calls_from_wire(routes["calls"], e.device)
+            w = e.workloads[i][v]
+            bad = ties.compare(out, e.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
+                               replayed=bool(routes["replayed"]), tol=tol)
+        else:
+            bad = verify.compare_logits(out, e.ref[i][v], e.dtype, where, tol)
+        if bad:
+            reasons.append(bad)
+            failed.add(i)
     e.tie_kept_rows = dict(ties.kept_rows)      # for bench's spot re-check of this candidate
     if not reasons:
         reasons += [r for r in (ties.budget_reason(),) if r]
