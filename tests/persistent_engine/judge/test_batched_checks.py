@@ -1,7 +1,7 @@
-"""The batched op-level check on CPU: the judge's loop (``checks.remote_check``) against a wire that runs the
-executor's half (``Worker.op_checks``) in this process, so that its logic is tested without processes: every
-case judged once, a reply cut short by the mailbox budget asked again for the rest, a wrong implementation
-rejected with the same reasons as ``check_op``, and a reply of no or too many results refused."""
+"""The batched verification requests on CPU: the judge's loops (``checks.remote_check``, ``remote_steps``) against
+wires that answer in this process (``Worker.op_checks`` run here for the op checks), so that their logic is
+tested without processes: every case judged once, a reply cut short by the mailbox budget asked again for the
+rest, a wrong implementation rejected with the reasons ``check_op`` gives, replies of no or too many results refused."""
 
 from __future__ import annotations
 
@@ -102,3 +102,34 @@ def test_outputs_forged_after_the_run_are_judged_as_sent():
         return reply
     reasons, _ = _remote("rms_norm", registry.get("rms_norm").reference, tamper=forge)
     assert len(reasons) == 6 and all("mismatch" in r for r in reasons)
+
+
+class _Steps:
+    """The judge's ``_call`` for ``steps`` requests, answering at most ``per_reply`` steps each."""
+
+    def __init__(self, per_reply, tamper=None):
+        self.per_reply, self.tamper, self.sizes = per_reply, tamper, []
+
+    def _call(self, msg, deadline):
+        assert msg["op"] == "steps"
+        self.sizes.append(len(msg["steps"]))
+        reply = {"results": [{"logits": torch.full((1, 4), float(s["i"] * 10 + s["v"]))}
+                             for s in msg["steps"][:self.per_reply]]}
+        return self.tamper(reply) if self.tamper else reply
+
+
+def test_layer_level_steps_go_in_one_request_and_a_short_reply_is_asked_again():
+    msgs = [{"i": i, "v": v} for i in range(3) for v in range(2)]
+    whole = _Steps(per_reply=6)
+    assert [float(r["logits"][0, 0]) for r in checks.remote_steps(whole, msgs, float("inf"))] == \
+        [0.0, 1.0, 10.0, 11.0, 20.0, 21.0]
+    assert whole.sizes == [6]
+    short = _Steps(per_reply=4)
+    assert len(checks.remote_steps(short, msgs, float("inf"))) == 6 and short.sizes == [6, 2]
+
+
+@pytest.mark.parametrize("tamper", [lambda r: {"results": []}, lambda r: {"results": r["results"] * 3},
+                                    lambda r: {"results": [1, 2]}])
+def test_a_steps_reply_of_no_or_too_many_results_is_refused(tamper):
+    with pytest.raises(CandidateRaised, match="steps: the executor answered"):
+        checks.remote_steps(_Steps(6, tamper), [{"i": 0, "v": v} for v in range(2)], float("inf"))
