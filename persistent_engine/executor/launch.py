@@ -88,7 +88,7 @@ class Executor:
         self.tmp = sandbox.make_workdir(workdir)              # the executor's only writable place
         self.stderr_path = os.path.join(workdir, f"{os.path.basename(self.tmp)}.stderr")   # outside its reach
         self.chan, theirs = channel_pair()
-        self.mailbox = Mailbox.create()                       # its replies' large tensors: this executor's only
+        self.mailbox = Mailbox.create(device=init["device"])  # its replies' large tensors: this executor's only
         argv = [sys.executable, "-m", "persistent_engine.executor.worker", "--fd", str(theirs.fileno()),
                 "--arena-fd", str(arena.fd), "--mailbox-fd", str(self.mailbox.fd)]
         os.set_inheritable(arena.fd, True)

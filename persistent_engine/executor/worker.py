@@ -33,7 +33,8 @@ import sys
 import tempfile
 import traceback
 
-from persistent_engine.executor.channel import ALIGN, MAILBOX_BYTES, Arena, Channel, Mailbox, decode_tensors
+from persistent_engine.executor.channel import (ALIGN, MAILBOX_BYTES, PREFAULT_BYTES, Arena, Channel, Mailbox,
+                                                decode_tensors)
 
 DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
                  "unspecified launch failure", "misaligned address", "illegal instruction")
@@ -383,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     arena = Arena.open(args.arena_fd, init["arena_size"], init["manifest"])
     if args.mailbox_fd is not None:         # large reply tensors go through the judge's memfd
         chan.mailbox = Mailbox(args.mailbox_fd, init["mailbox_size"])
+        chan.mailbox.prefault(PREFAULT_BYTES["cuda" if str(init["device"]).startswith("cuda") else "cpu"])
     try:
         code = serve(chan, arena, init)
     except EOFError:                        # the judge went away: nothing left to do
