@@ -38,6 +38,15 @@ def weight_share(points: list[dict], i: int) -> float:
     return float(points[i].get("weight", 1.0)) / heaviest if heaviest > 0 else 1.0
 
 
+# references the judge computes ahead, while the executor runs (the rest: as each reply is judged); an op
+# check's inputs may take a quarter of the GPU (``Engine.op_check_budget``), so not all of them at once
+REFERENCES_AHEAD_BYTES = 1 << 30
+
+
+def _nbytes(refs: tuple) -> int:
+    return sum(t.numel() * t.element_size() for part in refs for t in part if isinstance(t, torch.Tensor))
+
+
 def remote_check(e, deadline: float):
     """``contract.check_op``'s signature, the implementation run in the executor: ONE ``op_checks``
     request carries every (dtype, shape) of the call (the executor draws each case's inputs from the op's
@@ -57,9 +66,13 @@ def remote_check(e, deadline: float):
             e._send({"op": "op_checks", "name": name,
                      "cases": [{"shape": cases[k][1], "dtype": str(cases[k][0]).removeprefix("torch."),
                                 "seed": cases[k][2]} for k in todo]}, deadline)
+            ahead = sum(_nbytes(r) for r in refs.values())
             for k in todo:                      # the judge's half, while the executor runs its half
+                if ahead >= REFERENCES_AHEAD_BYTES:
+                    break
                 if k not in refs:
                     refs[k] = reference_outputs(d, cases[k][1], cases[k][0], device, cases[k][2])
+                    ahead += _nbytes(refs[k])
             results = e._receive(deadline, "op_checks").get("results")
             if not isinstance(results, list) or not 1 <= len(results) <= len(todo) \
                     or not all(isinstance(r, dict) for r in results):
@@ -69,7 +82,7 @@ def remote_check(e, deadline: float):
             for k, r in zip(todo, results):
                 dtype, shape, _ = cases[k]
                 prefix = f"{name} {_DTYPE_NAMES.get(dtype, str(dtype))} {shape}: "
-                ref = refs.pop(k)
+                ref = refs.pop(k) if k in refs else reference_outputs(d, shape, dtype, device, cases[k][2])
                 if r.get("reason"):
                     reasons.append(prefix + str(r["reason"]))
                     continue

@@ -133,3 +133,11 @@ def test_layer_level_steps_go_in_one_request_and_a_short_reply_is_asked_again():
 def test_a_steps_reply_of_no_or_too_many_results_is_refused(tamper):
     with pytest.raises(CandidateRaised, match="steps: the executor answered"):
         checks.remote_steps(_Steps(6, tamper), [{"i": 0, "v": v} for v in range(2)], float("inf"))
+
+
+def test_references_beyond_the_ahead_budget_are_computed_as_each_case_is_judged(monkeypatch):
+    monkeypatch.setattr(checks, "REFERENCES_AHEAD_BYTES", 1)     # one reference ahead, the rest afterwards
+    ref = registry.get("rms_norm").reference
+    assert _remote("rms_norm", ref)[0] == []
+    bad = lambda x, w, eps: ref(x, w, eps) * 1.05                 # noqa: E731
+    assert _remote("rms_norm", bad)[0] == check_op("rms_norm", bad, dtypes=DTYPES, shapes=SHAPES, seed=11)
