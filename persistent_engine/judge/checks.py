@@ -1,12 +1,12 @@
 """The judge's checks of a candidate whose code runs in an executor (``e``: the judge ``Engine``).
 
 ``remote_check``: ``contract.check_op``'s signature with the implementation run in the executor (one request
-per op and seed: it draws the inputs from the op's generator with the judge's seed and runs the override twice,
-``run_candidate``); the judge draws the same inputs meanwhile and decides (``judge_against``). ``layer_level``: the slice with the overrides run by the
-executor on the judge's workloads (``remote_steps``: every point and variant in one request), its logits
-against the judge's reference. ``spot_check``: timed runs fetched
-at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``point_label``, ``weight_share``:
-the workload points, their labels in replies, their relative weights.
+per op and seed: it draws the inputs from the op's generator with the judge's seed and runs the override
+twice, ``run_candidate``); the judge draws the same inputs meanwhile and decides (``judge_against``).
+``layer_level``: the slice with the overrides run by the executor on the judge's workloads (``remote_steps``:
+every point and variant in one request), its logits against the judge's reference. ``spot_check``: timed runs
+fetched at random against the judge's own reference on the same (chained) token ids. ``default_points``,
+``point_label``, ``weight_share``: the workload points, their labels in replies, their relative weights.
 """
 
 from __future__ import annotations
