@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import sys
 import time
@@ -98,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default=None, help="N (the first N layers; default: the model's covering set)")
     ap.add_argument("--cycles", type=int, default=6)
     ap.add_argument("--no-bench", action="store_true", help="load, verify, unload only (bench: its own noise)")
+    ap.add_argument("--settle-s", type=float, default=120.0, help="wait up to this long for the pool to fill")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    import os
-
-    os.environ.setdefault("TRITON_INTERPRET", "1") if not args.device.startswith("cuda") else None
+    if not args.device.startswith("cuda"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     from persistent_engine import io_struct as io
     from persistent_engine.judge.engine import Engine, EngineConfig
 
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     engine = Engine(EngineConfig(args.model, layers=layers, device=args.device))
     engine.start_pool()
+    settle = time.perf_counter()                # steady state, as hot_reload: the pool of warm executors full
+    while engine.pool.ready_count() < engine.pool_size and time.perf_counter() - settle < args.settle_s:
+        time.sleep(0.5)
     engine.prepare(io.Prepare())                # a warm executor before the first timed cycle
     print(f"judge up in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     per_cycle = []
