@@ -142,7 +142,8 @@ class Worker:
             if results and used + nbytes > self.reply_bytes:
                 break
             used += nbytes
-            results.append({"outputs": [o if isinstance(o, self.torch.Tensor) else None for o in first],
+            # cloned: a candidate that hands back one buffer every call answered this case with its values now
+            results.append({"outputs": [o.clone() if isinstance(o, self.torch.Tensor) else None for o in first],
                             "devices": [str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]})
         return {"results": results}
 

@@ -141,3 +141,18 @@ def test_references_beyond_the_ahead_budget_are_computed_as_each_case_is_judged(
     assert _remote("rms_norm", ref)[0] == []
     bad = lambda x, w, eps: ref(x, w, eps) * 1.05                 # noqa: E731
     assert _remote("rms_norm", bad)[0] == check_op("rms_norm", bad, dtypes=DTYPES, shapes=SHAPES, seed=11)
+
+
+def test_an_implementation_that_reuses_one_output_buffer_is_judged_per_case():
+    ref = registry.get("silu_and_mul").reference
+    buffers = {}
+
+    def reuses(x):                              # one output buffer per shape, rewritten by every call
+        out = ref(x)
+        buf = buffers.setdefault((tuple(out.shape), out.dtype), torch.empty_like(out))
+        return buf.copy_(out)
+    shapes = [{"x": [5, 128]}, {"x": [5, 128]}]          # the same shape twice: the buffer is shared
+    wire = _Wire(_worker("silu_and_mul", reuses, 1 << 30))
+    reasons = checks.remote_check(wire, float("inf"))("silu_and_mul", reuses, device=torch.device("cpu"),
+                                                      dtypes=(torch.float32,), shapes=shapes, seed=5)
+    assert reasons == [] and len(wire.requests) == 1
