@@ -100,8 +100,9 @@ BEFORE = {"cycle_s": 0.31, "candidates_per_hour": 11500,
 PHASE_CAUSES = {
     "load_s": "a warm executor taken from the pool (waiting when none is warm yet) imports the candidate in its "
               "own process, guard snapshots, one round trip",
-    "verify_s": "every op-level check and every layer-level step is a request to the executor; outputs and logits "
-                "cross the process boundary (device -> host -> socket -> judge device)",
+    "verify_s": "one op_checks request per op and seed (every shape and dtype; the judge's references computed "
+                "meanwhile) and one for every layer-level step; outputs and logits cross the process boundary "
+                "(device -> host mailbox -> judge device), host syncs on a GPU the warming pool shares",
     "bench_s": "each sample is the judge's wall clock over a run request of k steps (fresh token ids, every output "
                "cloned), the other side SIGSTOPped; spot-checked outputs fetched; the candidate's graphs captured "
                "in its executor",

@@ -88,7 +88,7 @@ class Executor:
         self.tmp = sandbox.make_workdir(workdir)              # the executor's only writable place
         self.stderr_path = os.path.join(workdir, f"{os.path.basename(self.tmp)}.stderr")   # outside its reach
         self.chan, theirs = channel_pair()
-        self.mailbox = Mailbox.create()                       # its replies' large tensors: this executor's only
+        self.mailbox = Mailbox.create(device=init["device"])  # its replies' large tensors: this executor's only
         argv = [sys.executable, "-m", "persistent_engine.executor.worker", "--fd", str(theirs.fileno()),
                 "--arena-fd", str(arena.fd), "--mailbox-fd", str(self.mailbox.fd)]
         os.set_inheritable(arena.fd, True)
@@ -160,11 +160,19 @@ class Executor:
         return ExecutorDied(describe_exit(rc), self.stderr_tail())
 
     def call(self, msg: dict, timeout_s: float) -> dict:
+        self.send(msg)
+        return self.receive(timeout_s, msg.get("op", "?"))
+
+    def send(self, msg: dict) -> None:
+        """The first half of ``call``: the request is on its way (the judge works meanwhile)."""
         try:
             self.chan.send(msg)
         except (ConnectionError, OSError):
             raise self._death() from None
-        return self._recv(time.monotonic() + timeout_s, msg.get("op", "?"))
+
+    def receive(self, timeout_s: float, what: str) -> dict:
+        """The second half of ``call``: the reply to the request ``send`` sent."""
+        return self._recv(time.monotonic() + timeout_s, what)
 
     def members(self) -> list[int]:
         """Every live process of this executor's tree (re-scanned now)."""

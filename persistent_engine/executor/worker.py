@@ -7,10 +7,12 @@ CUDA), re-creates each workload and overwrites every tensor of it with the judge
 are the judge's), warms kernels, and then answers one request at a time:
 
   load      the candidate as a fresh module (guards snapshot taken before, checked after), CONFIG applied
-  op_check  ``contract.run_candidate`` for one (op, shape, dtype, seed): outputs of the first run
-  step      one step of point i, variant v with every override counted (and ``moe_route`` replayed to the
-            reference routing the judge sent): logits, call counts, the routing it chose; the baseline
-            executor's (no overrides) is the reference routing the judge sends to candidates
+  op_checks ``contract.run_candidate`` for each (shape, dtype, seed) of one op: outputs of each first run
+            (as many cases as the mailbox holds; the judge asks again for the rest)
+  steps     per (point i, variant v): one step with every override counted (and ``moe_route`` replayed to
+            the reference routing the judge sent): logits, call counts, the routing it chose (as many as the
+            mailbox holds; the judge asks again for the rest)
+            (the baseline executor's, with no overrides, is the reference routing sent to candidates)
   capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
   run       k back-to-back steps (graph replays where captured) of point i, variant v, each on the token
             ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), every
@@ -31,6 +33,9 @@ import os
 import sys
 import tempfile
 import traceback
+
+from persistent_engine.executor.channel import (ALIGN, MAILBOX_BYTES, PREFAULT_BYTES, Arena, Channel, Mailbox,
+                                                decode_tensors)
 
 DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
                  "unspecified launch failure", "misaligned address", "illegal instruction")
@@ -118,16 +123,30 @@ class Worker:
         return {"reasons": reasons, "ops": sorted(loaded.overrides), "config": loaded.config,
                 "description": loaded.description[:2000]}
 
-    def op_check(self, msg: dict) -> dict:
+    def op_checks(self, msg: dict) -> dict:
+        """``contract.run_candidate`` for each case (shape, dtype, seed) of one op, in order: the first
+        run's outputs of each, or its reason. Stops before a case whose outputs would take the replies
+        past ``reply_bytes`` (the mailbox): the judge asks again for the cases not answered."""
         from persistent_engine.ops.contract import run_candidate
 
         d = self.registry.get(msg["name"])
-        first, reason = run_candidate(d, self.candidate.overrides[msg["name"]], msg["shape"],
-                                      getattr(self.torch, msg["dtype"]), self.device, int(msg["seed"]))
-        if reason is not None:
-            return {"reason": reason}
-        return {"outputs": [o if isinstance(o, self.torch.Tensor) else None for o in first],
-                "devices": [str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]}
+        impl = self.candidate.overrides[msg["name"]]
+        results, used = [], 0
+        for case in msg["cases"]:
+            first, reason = run_candidate(d, impl, case["shape"], getattr(self.torch, case["dtype"]), self.device,
+                                          int(case["seed"]))
+            if reason is not None:
+                results.append({"reason": reason})
+                continue
+            tensors = [o for o in first if isinstance(o, self.torch.Tensor)]
+            nbytes = sum(o.numel() * o.element_size() + ALIGN for o in tensors)
+            if results and used + nbytes > self.reply_bytes:
+                break
+            used += nbytes
+            # cloned: a candidate that hands back one buffer every call answered this case with its values now
+            results.append({"outputs": [o.clone() if isinstance(o, self.torch.Tensor) else None for o in first],
+                            "devices": [str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]})
+        return {"results": results}
 
     def step(self, msg: dict) -> dict:
         from persistent_engine import verify
@@ -148,6 +167,22 @@ class Worker:
         self._sync()
         return {"logits": out if isinstance(out, self.torch.Tensor) else None,
                 "type": type(out).__name__, "calls": {n: c.calls for n, c in counted.items()}, "routes": routes}
+
+    def steps(self, msg: dict) -> dict:
+        """``step`` for each of ``msg["steps"]`` in order, until the logits gathered would take the reply
+        past ``reply_bytes`` (at least one answered): the judge asks again for the rest."""
+        results, used = [], 0
+        for one in msg["steps"]:
+            r = self.step(one)
+            out = r["logits"]
+            if out is not None:                 # a candidate's lm_head may hand back one buffer every step
+                out = r["logits"] = out.clone()
+            nbytes = out.numel() * out.element_size() + ALIGN if out is not None else 0
+            if results and used + nbytes > self.reply_bytes:
+                break
+            used += nbytes
+            results.append(r)
+        return {"results": results}
 
     def capture(self, msg: dict) -> dict:
         if self.device.type != "cuda":
@@ -276,11 +311,11 @@ def _warm_triton(device) -> None:
 
 
 def serve(chan, arena, init: dict) -> int:
-    from persistent_engine.executor.channel import decode_tensors
-
     worker = Worker(init, arena)
+    # op_checks' outputs of one reply: 3/4 of the mailbox (alignment and the rest of the reply: slack)
+    worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES) // 4
     chan.send({"ready": True, "pid": os.getpid()})
-    handlers = {"load": worker.load, "op_check": worker.op_check, "step": worker.step, "capture": worker.capture,
+    handlers = {"load": worker.load, "op_checks": worker.op_checks, "steps": worker.steps, "capture": worker.capture,
                 "run": worker.run, "fetch": worker.fetch, "guards": worker.guards_request}
     while True:
         msg = decode_tensors(chan.recv())
@@ -338,8 +373,6 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from persistent_engine.executor.channel import Arena, Channel, Mailbox, decode_tensors
-
     ap = argparse.ArgumentParser(prog="python -m persistent_engine.executor.worker")
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--arena-fd", type=int, required=True)
@@ -354,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     arena = Arena.open(args.arena_fd, init["arena_size"], init["manifest"])
     if args.mailbox_fd is not None:         # large reply tensors go through the judge's memfd
         chan.mailbox = Mailbox(args.mailbox_fd, init["mailbox_size"])
+        chan.mailbox.prefault(PREFAULT_BYTES["cuda" if str(init["device"]).startswith("cuda") else "cpu"])
     try:
         code = serve(chan, arena, init)
     except EOFError:                        # the judge went away: nothing left to do

@@ -1,11 +1,12 @@
 """The judge's checks of a candidate whose code runs in an executor (``e``: the judge ``Engine``).
 
-``remote_check``: ``contract.check_op``'s signature with the implementation run in the executor (it draws the
-inputs from the op's generator with the judge's seed and runs the override twice, ``run_candidate``); the judge
-draws the same inputs and decides (``judge_outputs``). ``layer_level``: the slice with the overrides run by the
-executor on the judge's workloads, its logits against the judge's reference. ``spot_check``: timed runs fetched
-at random against the judge's own reference on the same (chained) token ids. ``default_points``, ``weight_share``:
-the workload points and their relative weights (labels: ``io_struct.point_label``).
+``remote_check``: ``contract.check_op``'s signature with the implementation run in the executor (one request
+per op and seed: it draws the inputs from the op's generator with the judge's seed and runs the override
+twice, ``run_candidate``); the judge draws the same inputs meanwhile and decides (``judge_against``).
+``layer_level``: the slice with the overrides run by the executor on the judge's workloads (``remote_steps``:
+every point and variant in one request), its logits against the judge's reference. ``spot_check``: timed runs
+fetched at random against the judge's own reference on the same (chained) token ids. ``default_points``,
+``point_label``, ``weight_share``: the workload points, their labels in replies, their relative weights.
 """
 
 from __future__ import annotations
@@ -32,62 +33,116 @@ def weight_share(points: list[dict], i: int) -> float:
     return float(points[i].get("weight", 1.0)) / heaviest if heaviest > 0 else 1.0
 
 
+# references the judge computes ahead, while the executor runs (the rest: as each reply is judged); an op
+# check's inputs may take a quarter of the GPU (``Engine.op_check_budget``), so not all of them at once
+REFERENCES_AHEAD_BYTES = 1 << 30
+
+
+def _nbytes(refs: tuple) -> int:
+    return sum(t.numel() * t.element_size() for part in refs for t in part if isinstance(t, torch.Tensor))
+
+
 def remote_check(e, deadline: float):
-    """``contract.check_op``'s signature, the implementation run in the executor: it draws the inputs
-    from the op's generator with the judge's seed and runs the override twice (``run_candidate``); this
-    process draws the same inputs and judges the outputs (``judge_outputs``)."""
-    from persistent_engine.ops.contract import _DTYPE_NAMES, judge_outputs
+    """``contract.check_op``'s signature, the implementation run in the executor: ONE ``op_checks``
+    request carries every (dtype, shape) of the call (the executor draws each case's inputs from the op's
+    generator with the judge's seed and runs the override twice, ``run_candidate``); while it runs, this
+    process draws the same inputs and computes the references (``reference_outputs``: they depend on
+    nothing the executor sends), then judges each case's outputs (``judge_against``). An executor whose
+    mailbox would overflow answers a prefix of the cases: the rest are asked for again."""
+    from persistent_engine.judge.engine import CandidateRaised
+    from persistent_engine.ops.contract import _DTYPE_NAMES, judge_against, reference_outputs
 
     def check(name, impl, *, device, dtypes, shapes, seed):
         d = e.registry.get(name)
-        reasons = []
-        for dtype in dtypes:
-            for j, shape in enumerate(shapes if shapes is not None else d.examples):
-                s = seed + 1000 * j
-                r = e._call({"op": "op_check", "name": name, "shape": shape,
-                                "dtype": str(dtype).removeprefix("torch."), "seed": s}, deadline)
+        cases = [(dtype, shape, seed + 1000 * j) for dtype in dtypes
+                 for j, shape in enumerate(shapes if shapes is not None else d.examples)]
+        reasons, refs, todo = [], {}, list(range(len(cases)))
+        while todo:
+            e._send({"op": "op_checks", "name": name,
+                     "cases": [{"shape": cases[k][1], "dtype": str(cases[k][0]).removeprefix("torch."),
+                                "seed": cases[k][2]} for k in todo]}, deadline)
+            ahead = sum(_nbytes(r) for r in refs.values())
+            for k in todo:                      # the judge's half, while the executor runs its half
+                if ahead >= REFERENCES_AHEAD_BYTES:
+                    break
+                if k not in refs:
+                    refs[k] = reference_outputs(d, cases[k][1], cases[k][0], device, cases[k][2])
+                    ahead += _nbytes(refs[k])
+            results = e._receive(deadline, "op_checks").get("results")
+            if not isinstance(results, list) or not 1 <= len(results) <= len(todo) \
+                    or not all(isinstance(r, dict) for r in results):
+                raise CandidateRaised(f"op_checks of {name}: the executor answered "
+                                      f"{len(results) if isinstance(results, list) else 'no'} results "
+                                      f"for {len(todo)} cases", "candidate")
+            for k, r in zip(todo, results):
+                dtype, shape, _ = cases[k]
                 prefix = f"{name} {_DTYPE_NAMES.get(dtype, str(dtype))} {shape}: "
+                ref = refs.pop(k) if k in refs else reference_outputs(d, shape, dtype, device, cases[k][2])
                 if r.get("reason"):
-                    reasons.append(prefix + r["reason"])
+                    reasons.append(prefix + str(r["reason"]))
                     continue
-                outs = tuple(o.to(device) if isinstance(o, torch.Tensor) else o for o in r["outputs"])
-                reasons += [prefix + x for x in judge_outputs(d, outs, shape, dtype, device, s, r["devices"])]
+                outs = tuple(o.to(device) if isinstance(o, torch.Tensor) else o for o in r.get("outputs") or ())
+                reasons += [prefix + x for x in judge_against(d, outs, ref, dtype, list(r.get("devices") or ()))]
+            todo = todo[len(results):]
         return reasons
     return check
 
 
+def remote_steps(e, msgs: list[dict], deadline: float) -> list[dict]:
+    """The executor's replies to ``msgs`` (``step`` requests), sent as ``steps`` requests: all at once, and
+    again for the ones a reply cut short (its mailbox full; a reply of no or too many results is refused)."""
+    from persistent_engine.judge.engine import CandidateRaised
+
+    replies: list[dict] = []
+    while len(replies) < len(msgs):
+        todo = msgs[len(replies):]
+        results = e._call({"op": "steps", "steps": todo}, deadline).get("results")
+        if not isinstance(results, list) or not 1 <= len(results) <= len(todo) \
+                or not all(isinstance(r, dict) for r in results):
+            raise CandidateRaised(f"steps: the executor answered {len(results) if isinstance(results, list) else 'no'}"
+                                  f" results for {len(todo)} steps", "candidate")
+        replies += results
+    return replies
+
+
 def layer_level(e, deadline: float) -> tuple[list[str], str]:
-    """The slice with the overrides, run by the executor on the judge's workloads, against the judge's
-    reference logits (calibrated bound). MoE points: the reference's routing sent along to be replayed;
-    the routing the executor reports is checked against the reference's ties here (``verify.TieCheck``).
-    Returns (reasons, summary)."""
+    """The slice with the overrides, run by the executor on the judge's workloads (every point and variant
+    in one request), against the judge's reference logits (calibrated bound). MoE points: the reference's
+    routing sent along to be replayed; the routing the executor reports is checked against the reference's
+    ties here (``verify.TieCheck``). A point's first failing variant ends its check. Returns (reasons, summary)."""
     from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
 
     counted = {n: guards.Counted(None) for n in e.candidate.ops}
     reasons: list[str] = []
     ties = verify.TieCheck(e.dtype, depths=verify.moe_depths(e.model))
+    todo, msgs = [], []
     for i in e._affected():
         for v in range(len(e.workloads[i])):
-            where = f"layer-level {point_label(e.points[i])} variant {v}"
             moe = "moe_route" in e.ops_at[i]
             refs = e.reference_routes(i, v, deadline) if moe else None
-            r = e._call({"op": "step", "i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs)}, deadline)
-            for n, calls in (r.get("calls") or {}).items():
-                if n in counted:
-                    counted[n].calls += int(calls)
-            out = r["logits"].to(e.device) if isinstance(r.get("logits"), torch.Tensor) else (r.get("type"),)
-            tol = e.logit_tol[i][v]
-            routes = r.get("routes")
-            if moe and routes is not None:
-                rec_calls = calls_from_wire(routes["calls"], e.device)
-                w = e.workloads[i][v]
-                bad = ties.compare(out, e.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
-                                   replayed=bool(routes["replayed"]), tol=tol)
-            else:
-                bad = verify.compare_logits(out, e.ref[i][v], e.dtype, where, tol)
-            if bad:
-                reasons.append(bad)
-                break
+            todo.append((i, v, moe, refs))
+            msgs.append({"i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs)})
+    failed: set[int] = set()
+    for (i, v, moe, refs), r in zip(todo, remote_steps(e, msgs, deadline)):
+        if i in failed:
+            continue
+        where = f"layer-level {point_label(e.points[i])} variant {v}"
+        for n, calls in (r.get("calls") or {}).items():
+            if n in counted:
+                counted[n].calls += int(calls)
+        out = r["logits"].to(e.device) if isinstance(r.get("logits"), torch.Tensor) else (r.get("type"),)
+        tol = e.logit_tol[i][v]
+        routes = r.get("routes")
+        if moe and routes is not None:
+            rec_calls = calls_from_wire(routes["calls"], e.device)
+            w = e.workloads[i][v]
+            bad = ties.compare(out, e.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
+                               replayed=bool(routes["replayed"]), tol=tol)
+        else:
+            bad = verify.compare_logits(out, e.ref[i][v], e.dtype, where, tol)
+        if bad:
+            reasons.append(bad)
+            failed.add(i)
     e.tie_kept_rows = dict(ties.kept_rows)      # for bench's spot re-check of this candidate
     if not reasons:
         reasons += [r for r in (ties.budget_reason(),) if r]

@@ -370,10 +370,20 @@ class Engine:
 
     def _call(self, msg: dict, deadline: float) -> dict:
         """One request to the candidate's executor, within ``deadline`` (its error replies raised)."""
+        self._send(msg, deadline)
+        return self._receive(deadline, str(msg.get("op")))
+
+    def _send(self, msg: dict, deadline: float) -> None:
+        """``_call``'s first half: the request sent, the judge free to work until ``_receive``."""
+        if deadline - timing.now_ns() / 1e9 <= 0:
+            raise ExecutorTimeout(f"no answer during {msg.get('op')}")
+        self.candidate.executor.send(msg)
+
+    def _receive(self, deadline: float, what: str) -> dict:
         left = deadline - timing.now_ns() / 1e9
         if left <= 0:
-            raise ExecutorTimeout(f"no answer during {msg.get('op')}")
-        reply = self.candidate.executor.call(msg, left)
+            raise ExecutorTimeout(f"no answer during {what}")
+        reply = self.candidate.executor.receive(left, what)
         if "error" in reply:
             raise CandidateRaised(reply["error"], reply.get("kind", "candidate"))
         return reply
@@ -491,7 +501,9 @@ class Engine:
         left = deadline - timing.now_ns() / 1e9
         if self.baseline is not None and left > 0:
             try:
-                r = self.baseline.call({"op": "step", "i": i, "v": v, "moe": True, "refs": None}, left)
+                results = self.baseline.call({"op": "steps", "steps": [{"i": i, "v": v, "moe": True, "refs": None}]},
+                                             left).get("results")
+                r = results[0] if isinstance(results, list) and results and isinstance(results[0], dict) else {}
             except (ExecutorDied, ExecutorTimeout):
                 r = {}
             calls = calls_from_wire((r.get("routes") or {}).get("calls"), self.device)

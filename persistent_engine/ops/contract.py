@@ -22,7 +22,8 @@ import torch
 
 from persistent_engine.ops import registry
 
-__all__ = ["check_op", "compare_outputs", "judge_outputs", "poison_allocator", "run_candidate"]
+__all__ = ["check_op", "compare_outputs", "judge_against", "judge_outputs", "poison_allocator", "reference_outputs",
+           "run_candidate"]
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 POISON_CAP_BYTES = 1 << 30
@@ -61,48 +62,73 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.is_floating_point():
-        return bool(torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0))
-                    and torch.equal(a.isnan(), b.isnan()))
-    return bool(torch.equal(a, b))
-
-
 def compare_outputs(out: tuple, ref: tuple, atol: float, rtol: float) -> list[str]:
-    """Value check of ``out`` against a higher-precision ``ref`` (same count and shapes)."""
-    reasons = []
-    for i, (o, r) in enumerate(zip(out, ref)):
-        tag = f"output {i}: " if len(ref) > 1 else ""
+    """Value check of ``out`` against a higher-precision ``ref`` (same count and shapes). One host sync
+    when everything passes (the flags of every output read at once); the counts of a failure after."""
+    flags, parts = [], []
+    for o, r in zip(out, ref):
         if not r.is_floating_point():
-            if not torch.equal(o.to(r.dtype), r):
-                bad = int((o.to(r.dtype) != r).sum())
-                reasons.append(f"mismatch: {tag}{bad} of {r.numel()} integer values differ")
+            oi = o.to(r.dtype)
+            flags += [(oi == r).all(), torch.ones((), dtype=torch.bool, device=r.device)]
+            parts.append((oi, r, None, None))
             continue
         of, rf = o.to(r.dtype), r
-        if not torch.equal(torch.isfinite(of), torch.isfinite(rf)):
-            n = int((torch.isfinite(of) != torch.isfinite(rf)).sum())
-            reasons.append(f"non-finite: {tag}{n} values are NaN/inf where the reference is not (or vice versa)")
-            continue
         fin = torch.isfinite(rf)
         err = (of - rf).abs().masked_fill(~fin, 0)
         allowed = atol + rtol * rf.abs().masked_fill(~fin, 0)
-        if bool((err > allowed).any()):
+        flags += [(torch.isfinite(of) == fin).all(), (err <= allowed).all()]
+        parts.append((of, rf, err, allowed))
+    if not flags:
+        return []
+    values = torch.stack(flags).tolist()
+    reasons = []
+    for i, (o, r, err, allowed) in enumerate(parts):
+        tag = f"output {i}: " if len(ref) > 1 else ""
+        same_finite, within = values[2 * i], values[2 * i + 1]
+        if err is None:
+            if not same_finite:
+                reasons.append(f"mismatch: {tag}{int((o != r).sum())} of {r.numel()} integer values differ")
+        elif not same_finite:
+            n = int((torch.isfinite(o) != torch.isfinite(r)).sum())
+            reasons.append(f"non-finite: {tag}{n} values are NaN/inf where the reference is not (or vice versa)")
+        elif not within:
             k = int((err > allowed).sum())
             reasons.append(f"mismatch: {tag}{k} of {r.numel()} values outside tolerance (max abs error "
                            f"{float(err.max()):.3g}, atol {atol:g}, rtol {rtol:g})")
     return reasons
 
 
+def _equal_flags(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """Per pair: bitwise equal (same shape, dtype and device; floats equal after NaN/inf are mapped to
+    fixed values, NaN exactly where the other has NaN). ONE host sync for all pairs (a sync per pair costs
+    a device round trip each; on a GPU shared with other processes, often a time slice each)."""
+    flags: list = []
+    for a, b in pairs:
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            flags.append(False)
+        elif a.is_floating_point():
+            flags.append((a.nan_to_num(0.0, 1.0, -1.0) == b.nan_to_num(0.0, 1.0, -1.0)).all()
+                         & (a.isnan() == b.isnan()).all())
+        else:
+            flags.append((a == b).all())
+    on_device = [i for i, f in enumerate(flags) if isinstance(f, torch.Tensor)]
+    if on_device:
+        values = torch.stack([flags[i].reshape(()) for i in on_device]).tolist()
+        for i, v in zip(on_device, values):
+            flags[i] = bool(v)
+    return [bool(f) for f in flags]
+
+
 def run_candidate(d, impl: Callable, shape: dict, dtype, device, seed: int) -> tuple[tuple | None, str | None]:
     """The half of a check that runs the implementation (in an executor, DESIGN.md "How a candidate is
     judged"): inputs from the op's generator, the allocator poisoned with NaN before each of two runs,
     inputs bitwise unchanged, both runs bitwise equal. Returns (the first run's outputs, None) or
-    (None, the reason)."""
+    (None, the reason). Host syncs: two per run (errors surfaced, inputs compared) and one for the
+    determinism check."""
     args = d.make_inputs(shape, dtype, device, seed)
     snapshot = _clone(args)
     in_bytes = sum(t.numel() * t.element_size() for t in _tensors(args))
+    tensor_args = [(i, a, s) for i, (a, s) in enumerate(zip(args, snapshot)) if isinstance(a, torch.Tensor)]
     outs = []
     for _ in range(2):
         poison_allocator(device, 2 * in_bytes)
@@ -111,23 +137,32 @@ def run_candidate(d, impl: Callable, shape: dict, dtype, device, seed: int) -> t
             _sync(device)
         except Exception as e:  # noqa: BLE001 - any failure of a candidate is a reason, not a crash
             return None, f"raised: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        for i, (a, s) in enumerate(zip(args, snapshot)):
-            if isinstance(a, torch.Tensor) and not _bitwise_equal(a, s):
+        same = _equal_flags([(a, s) for _, a, s in tensor_args])
+        for (i, _, _), ok in zip(tensor_args, same):
+            if not ok:
                 return None, f"modified input: argument {i} changed"
     first, second = outs
     if all(isinstance(o, torch.Tensor) for o in first + second) and len(first) == len(second) and \
-            not all(_bitwise_equal(a, b) for a, b in zip(first, second)):
+            not all(_equal_flags(list(zip(first, second)))):
         return None, "nondeterministic: two runs on the same inputs gave different outputs"
     return first, None
 
 
-def judge_outputs(d, first: tuple, shape: dict, dtype, device, seed: int,
-                  devices: Sequence[str] | None = None) -> list[str]:
-    """The half of a check that decides (in the judge): the judge draws the same inputs from the op's
-    generator itself, computes the references, and compares ``first`` (the implementation's outputs;
-    ``devices``: where they were produced, when they crossed a process) with them."""
+def reference_outputs(d, shape: dict, dtype, device, seed: int) -> tuple[tuple, tuple]:
+    """The judge's references for one check: (native precision, higher precision) outputs of the op's
+    reference on the inputs its generator draws with ``seed`` (computed before or while the candidate's
+    outputs are on their way: they depend on nothing the candidate sends)."""
     snapshot = d.make_inputs(shape, dtype, device, seed)
     ref_native = _as_tuple(d.reference(*_clone(snapshot)))
+    ref_hi = _as_tuple(d.reference(*_upcast(snapshot)))
+    return ref_native, ref_hi
+
+
+def judge_against(d, first: tuple, refs: tuple[tuple, tuple], dtype,
+                  devices: Sequence[str] | None = None) -> list[str]:
+    """``first`` (the implementation's outputs; ``devices``: where they were produced, when they crossed
+    a process) against ``refs`` (``reference_outputs``): count, shapes, dtypes, device, then values."""
+    ref_native, ref_hi = refs
     if len(first) != len(ref_native) or not all(isinstance(o, torch.Tensor) for o in first):
         return [f"output count: returned {len(first)} value(s), expected {len(ref_native)} tensor(s)"]
     reasons = []
@@ -143,10 +178,17 @@ def judge_outputs(d, first: tuple, shape: dict, dtype, device, seed: int,
     if reasons:
         return reasons
     first = tuple(o.to(r.device) for o, r in zip(first, ref_native))
-    ref_hi = _as_tuple(d.reference(*_upcast(snapshot)))
     canon = d.canonicalize or (lambda t: t)
     atol, rtol = d.tolerance(dtype)
     return compare_outputs(canon(first), canon(ref_hi), atol, rtol)
+
+
+def judge_outputs(d, first: tuple, shape: dict, dtype, device, seed: int,
+                  devices: Sequence[str] | None = None) -> list[str]:
+    """The half of a check that decides (in the judge): the judge draws the same inputs from the op's
+    generator itself, computes the references (``reference_outputs``), and compares ``first`` with them
+    (``judge_against``)."""
+    return judge_against(d, first, reference_outputs(d, shape, dtype, device, seed), dtype, devices)
 
 
 def _check_one(d, impl: Callable, shape: dict, dtype, device, seed: int) -> list[str]:

@@ -111,3 +111,25 @@ def test_mailbox_close_is_idempotent():
     box = Mailbox.create(1 << 16)
     box.close()
     box.close()
+
+
+def test_a_prefaulted_box_still_carries_replies_and_copies_never_alias_it():
+    from persistent_engine.executor.channel import decode_tensors
+    judge, executor, box = _mailbox_pair(1 << 20)
+    executor.mailbox.prefault(1 << 30)                           # clipped to the box: the first MiB written
+    big = torch.randn(256, 300)
+    executor.send({"big": big})
+    got = decode_tensors(judge.recv(5), mailbox=box)
+    executor.mailbox.prefault(1 << 20)                           # the executor rewrites its box afterwards
+    assert torch.equal(got["big"], big)                          # the judge's copy is its own
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the judge's copy lands there)")
+def test_a_judge_box_on_cuda_copies_straight_to_the_device():
+    from persistent_engine.executor.channel import decode_tensors
+    judge, executor, box = _mailbox_pair(1 << 20)
+    box.device = "cuda"
+    big = torch.randn(256, 300)
+    executor.send({"big": big})
+    got = decode_tensors(judge.recv(5), mailbox=box)["big"]
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), big)
