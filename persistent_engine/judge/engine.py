@@ -526,7 +526,7 @@ class Engine:
         model's own shapes."""
         if self.op_check_budget is None:
             return None
-        return min(self.op_check_budget, _free_gpu_bytes(self.device) // 2)
+        return min(self.op_check_budget, free_gpu_bytes(self.device) // 2)
 
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:
