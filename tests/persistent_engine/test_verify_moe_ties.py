@@ -63,8 +63,8 @@ def _verify(e, source):
     finally:
         e.handle(io.Unload())
     assert isinstance(ver, io.VerifyReply), ver
-    layer = [c for c in ver.checks if c["name"] == "layer"]
-    return ver, (layer[0]["detail"] if layer else None)
+    layer = [c for c in ver.checks if c.name == "layer"]
+    return ver, (layer[0].detail if layer else None)
 
 
 @pytest.fixture(scope="module")
