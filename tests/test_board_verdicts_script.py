@@ -1,4 +1,4 @@
-"""scripts/board_verdicts.py names every verdict of a committed H200 run's board (examples/plans)."""
+"""scripts/board_verdicts.py names every verdict of an optimize run's board."""
 
 import importlib.util
 import pathlib
@@ -13,11 +13,29 @@ def _script():
     return mod
 
 
-def test_every_evaluation_of_the_qwen3_moe_board_is_one_line_with_its_reasons():
-    lines = _script().verdict_lines(str(ROOT / "examples/plans/qwen3-moe-h200/board.db"), run=1)
-    assert len(lines) > 10 and all(line.startswith("run 1 ") for line in lines)
-    assert any(" rejected " in line and "nondeterministic" in line for line in lines)
-    assert any(" correct " in line and "attention_decode" in line for line in lines)
+def _board(tmp_path):
+    """A board as an optimize run leaves it: two ideas, their candidates, a rejection and a pass."""
+    from bulletin_board import Board
+
+    db = tmp_path / "board.db"
+    board = Board(f"sqlite:///{db}")
+    run = board.create_run("qwen3-moe", "h200")
+    for title, verdict, speedup, reasons in (
+            ("attention_decode.triton{BLOCK=64}", "correct", 1.21, ()),
+            ("moe_experts.triton_fused", "rejected", None, ("nondeterministic: two runs differ", "second"))):
+        idea = board.post_idea(run, "offline-kernel-0", title)
+        cand = board.add_candidate(run, "offline-kernel-0", f"# {title}\nOVERRIDES = {{}}\n", idea)
+        board.add_evaluation(cand, "fast", None, {"speedup": speedup} if speedup else {}, verdict, reasons)
+    board.close()
+    return db, run.id
+
+
+def test_every_evaluation_of_a_board_is_one_line_with_its_reasons(tmp_path):
+    db, run = _board(tmp_path)
+    lines = _script().verdict_lines(str(db), run=run)
+    assert len(lines) == 2 and all(line.startswith(f"run {run} fast ") for line in lines)
+    assert " correct " in lines[0] and "1.210x" in lines[0] and "attention_decode" in lines[0]
+    assert " rejected " in lines[1] and "nondeterministic: two runs differ; second" in lines[1]
 
 
 def test_a_missing_board_is_one_line_and_exit_2(capsys):

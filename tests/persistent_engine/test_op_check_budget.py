@@ -25,12 +25,12 @@ def test_a_quarter_of_the_h200_kept_the_experts_whose_w13_ran_out_of_memory():
 
 def test_the_budget_is_at_most_half_the_free_memory(monkeypatch):
     judge = SimpleNamespace(op_check_budget=H200_TOTAL // 4, device=torch.device("cuda"))
-    monkeypatch.setattr(eng, "_free_gpu_bytes", lambda device: 30 << 30)
+    monkeypatch.setattr(eng, "free_gpu_bytes", lambda device: 30 << 30)
     budget = eng.Engine._op_budget(judge)
     assert budget == 15 << 30
     fitted = _experts_fit(GLM52_EXPERTS, budget)
     assert 2 * GLM52_EXPERTS["k"] <= fitted["E"] < 31
-    monkeypatch.setattr(eng, "_free_gpu_bytes", lambda device: 120 << 30)       # an idle GPU: the quarter
+    monkeypatch.setattr(eng, "free_gpu_bytes", lambda device: 120 << 30)       # an idle GPU: the quarter
     assert eng.Engine._op_budget(judge) == H200_TOTAL // 4
 
 

@@ -434,8 +434,8 @@ def test_the_reference_routing_comes_from_the_baseline_executor(tiny_moe):
             self.real = real
 
         def call(self, msg, timeout_s):
-            r = self.real.call(msg, timeout_s)
-            return {**r, "logits": r["logits"] * 1.5}
+            r = self.real.call(msg, timeout_s)          # a ``steps`` request: one result per step
+            return {**r, "results": [{**x, "logits": x["logits"] * 1.5} for x in r["results"]]}
 
     real, e.baseline = e.baseline, None
     try:
