@@ -288,6 +288,7 @@ class _DecodeGraphs:
         mb = engine.max_blocks
         self.widths = sorted({max(1, mb // d) for d in (8, 4, 2, 1)})
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, Workload, torch.Tensor | None]] = {}
+        self.rows = self.padded_rows = 0        # decode rows replayed: real ones, padding
         capture = engine.cfg.device != "cpu"
         pool = torch.cuda.graph_pool_handle() if capture else None
         for b in reversed(self.sizes):
@@ -315,12 +316,18 @@ class _DecodeGraphs:
     def fits(self, batch: int) -> bool:
         return bool(self.sizes) and batch <= self.sizes[-1]
 
+    def pick(self, batch: int, blocks: int) -> tuple[int, int]:
+        """The graph a decode of ``batch`` sequences needing ``blocks`` table columns replays: the
+        smallest captured size and width that hold it. Its cost grows with the padded size (attention
+        reads every row and column), so sparse sizes (2, 16, 128) make a batch of 3 pay for 16."""
+        return next(s for s in self.sizes if s >= batch), next(x for x in self.widths if x >= blocks)
+
     def run(self, ids, pos, slots, tables, ctx) -> torch.Tensor:
         """Logits [n, V] of one decode step of n sequences (``tables``: their block lists, any length)."""
         n = len(ids)
-        b = next(s for s in self.sizes if s >= n)
-        need = max(self.engine.kv.blocks_for(c) for c in ctx)
-        w = next(x for x in self.widths if x >= need)
+        b, w = self.pick(n, max(self.engine.kv.blocks_for(c) for c in ctx))
+        self.rows += n
+        self.padded_rows += b - n
         g, wl, out = self.graphs[(b, w)]
         pad = b - n
         rows = [(t + [SCRATCH_BLOCK] * w)[:w] for t in tables] + [[SCRATCH_BLOCK] * w] * pad
