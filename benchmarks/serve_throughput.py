@@ -16,9 +16,10 @@ Variants (the same seeded weights, engine, scheduler and CUDA-graph decode in al
                  same padding as the reference: a decode replays the smallest size that holds it, and
                  its cost grows with that size). Two compiles: one dynamic graph for sizes >= 2, one
                  for size 1, which torch.compile specialises (widths are >= 2 blocks). A progress line
-                 per capture (size, width, seconds, compiles so far), also kept in the JSON
-                 (``startup_log``); per run, ``decode_rows`` / ``decode_padded_rows`` count the rows the
-                 graphs replayed for real sequences and for padding
+                 per capture (size, width, seconds, one replay's device time, compiles so far), also
+                 kept in the JSON (``startup_log``, ``graph_replay_ms`` by "size x width"); per run,
+                 ``decode_rows`` / ``decode_padded_rows``: rows the graphs replayed for real sequences
+                 and for padding
 Per variant: start-up split into loading and the engine's warm-up (KV pools, CUDA-graph capture and,
 for torch_compile, the compiles: ``warmup_s`` and ``compiles``) and an unmeasured warm-up replay of
 ``--warmup-requests`` requests (first calls of kernels at the trace's shapes; on CPU, where nothing
@@ -105,6 +106,8 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
                       "max_num_batched_tokens": rt.engine.cfg.max_num_batched_tokens,
                       "block_size": rt.engine.cfg.block_size, "kv_blocks": rt.engine.kv.num_blocks - 1,
                       "cuda_graph_batch_sizes": list(rt.engine.cfg.cuda_graph_batch_sizes)},
+           "graph_replay_ms": {f"{b}x{w}": ms for (b, w), ms in rt.engine.graphs.replay_ms.items()}
+           if rt.engine.graphs is not None else {},
            "startup_log": startup_log, "runs": []}
     log(f"{name}: ready, load {out['load_s']:.1f} s, engine warm-up (graphs, compiles) {out['warmup_s']:.1f} s, "
         f"{out['compiles']} compiled graphs")
