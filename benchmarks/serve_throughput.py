@@ -76,7 +76,31 @@ def variant_options(name: str, args, plan: str | None) -> ServeOptions:
     sizes = args.graph_sizes
     return ServeOptions(model=None if plan else args.model, plan=plan, device=args.device,
                         max_model_len=args.max_model_len, compile=name == "torch_compile",
-                        graphs=bool(sizes), graph_sizes=sizes, max_num_seqs=args.max_num_seqs)
+                        graphs=bool(sizes), graph_sizes=sizes, max_num_seqs=args.max_num_seqs,
+                        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None)
+
+
+def graph_kernels(rt, top: int = 8) -> list[dict]:
+    """The ``top`` kernels by device time of one replay of the smallest decode graph (a batch of 1 or 2,
+    the narrowest table): what a decode step's fixed cost is spent on (CUDA only; about a second)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = rt.engine.graphs
+    if graphs is None or not torch.cuda.is_available() or not graphs.replay_ms:
+        return []
+    g = graphs.graphs[(graphs.sizes[0], graphs.widths[0])][0]
+    g.replay()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+    except RuntimeError as e:                       # a profiler that cannot start costs the figure only
+        return [{"error": str(e)[:200]}]
+    rows = [{"kernel": e.key[:120], "calls": e.count, "device_ms": e.device_time_total / 1e3}
+            for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["device_ms"])[:top]
 
 
 def _graph_rows(rt) -> tuple[int, int]:
@@ -108,7 +132,9 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
                       "cuda_graph_batch_sizes": list(rt.engine.cfg.cuda_graph_batch_sizes)},
            "graph_replay_ms": {f"{b}x{w}": ms for (b, w), ms in rt.engine.graphs.replay_ms.items()}
            if rt.engine.graphs is not None else {},
-           "startup_log": startup_log, "runs": []}
+           "startup_log": startup_log, "graph_kernels": graph_kernels(rt), "runs": []}
+    for k in out["graph_kernels"][:3]:
+        log(f"{name}: smallest decode graph's kernel {k}")
     log(f"{name}: ready, load {out['load_s']:.1f} s, engine warm-up (graphs, compiles) {out['warmup_s']:.1f} s, "
         f"{out['compiles']} compiled graphs")
     with ServeServer(rt) as server:
@@ -177,6 +203,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-output", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2560)
     ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--kv-cache-gib", type=float, default=None,
+                    help="KV pools of every variant, GiB (default: half the free device memory)")
     ap.add_argument("--graph-sizes", default="1,2,4,8,16,32,64,128",
                     help="decode CUDA-graph batch sizes ('' disables graphs)")
     ap.add_argument("--variants", default="plan,reference,torch_compile",
