@@ -12,10 +12,14 @@ Variants (the same seeded weights, engine, scheduler and CUDA-graph decode in al
   torch_compile  the reference with the decode forward under ``torch.compile`` (default backend and
                  mode), dynamic in the batch and the block-table width only, the weights' shapes static
                  (``persistent_engine.serving.engine.compiled_decode``, as vLLM marks its token dim),
-                 then graph-captured at ``--compile-graph-sizes`` x 4 block-table widths. Sizes of 1
-                 are specialised, so the default sizes 2,16,128 (a lone sequence pads to 2; widths are
-                 >= 2 blocks) need one compile; adding size 1 costs a second. A progress line per
-                 capture (size, width, seconds, compiles so far), also kept in the JSON (``startup_log``)
+                 then graph-captured at the reference's ``--graph-sizes`` x 4 block-table widths (the
+                 same padding as the reference: a decode replays the smallest size that holds it, and
+                 its cost grows with that size). Two compiles: one dynamic graph for sizes >= 2, one
+                 for size 1, which torch.compile specialises (widths are >= 2 blocks). A progress line
+                 per capture (size, width, seconds, one replay's device time, compiles so far), also
+                 kept in the JSON (``startup_log``, ``graph_replay_ms`` by "size x width"); per run,
+                 ``decode_rows`` / ``decode_padded_rows``: rows the graphs replayed for real sequences
+                 and for padding
 Per variant: start-up split into loading and the engine's warm-up (KV pools, CUDA-graph capture and,
 for torch_compile, the compiles: ``warmup_s`` and ``compiles``) and an unmeasured warm-up replay of
 ``--warmup-requests`` requests (first calls of kernels at the trace's shapes; on CPU, where nothing
@@ -66,17 +70,51 @@ def write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
+def variant_options(name: str, args, plan: str | None) -> ServeOptions:
+    """The runtime options of one variant: all three capture the same ``--graph-sizes`` (a variant
+    padding its decodes to coarser sizes pays for rows it does not serve); torch_compile compiles."""
+    sizes = args.graph_sizes
+    return ServeOptions(model=None if plan else args.model, plan=plan, device=args.device,
+                        max_model_len=args.max_model_len, compile=name == "torch_compile",
+                        graphs=bool(sizes), graph_sizes=sizes, max_num_seqs=args.max_num_seqs,
+                        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None)
+
+
+def graph_kernels(rt, top: int = 8) -> list[dict]:
+    """The ``top`` kernels by device time of one replay of the smallest decode graph (a batch of 1 or 2,
+    the narrowest table): what a decode step's fixed cost is spent on (CUDA only; about a second)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = rt.engine.graphs
+    if graphs is None or not torch.cuda.is_available() or not graphs.replay_ms:
+        return []
+    g = graphs.graphs[(graphs.sizes[0], graphs.widths[0])][0]
+    g.replay()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+    except RuntimeError as e:                       # a profiler that cannot start costs the figure only
+        return [{"error": str(e)[:200]}]
+    rows = [{"kernel": e.key[:120], "calls": e.count, "device_ms": e.device_time_total / 1e3}
+            for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["device_ms"])[:top]
+
+
+def _graph_rows(rt) -> tuple[int, int]:
+    graphs = rt.engine.graphs
+    return (graphs.rows, graphs.padded_rows) if graphs is not None else (0, 0)
+
+
 def run_variant(name: str, args, plan: str | None, on_run) -> dict:
     """Builds the variant's runtime, serves it on loopback and replays every rate; ``on_run(out)``
     after each rate (the caller writes the JSON)."""
     import torch
 
-    sizes = args.compile_graph_sizes if name == "torch_compile" else args.graph_sizes
-    opts = ServeOptions(model=None if plan else args.model, plan=plan, device=args.device,
-                        max_model_len=args.max_model_len, compile=name == "torch_compile",
-                        graphs=bool(sizes), graph_sizes=sizes,
-                        max_num_seqs=args.max_num_seqs)
-    log(f"{name}: building the runtime (graphs {list(sizes) or 'off'}{', torch.compile' if opts.compile else ''})")
+    opts = variant_options(name, args, plan)
+    log(f"{name}: building the runtime (graphs {list(opts.graph_sizes) or 'off'}{', torch.compile' if opts.compile else ''})")
     compiles0 = compile_count()
     startup_log: list[str] = []
 
@@ -92,7 +130,11 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
                       "max_num_batched_tokens": rt.engine.cfg.max_num_batched_tokens,
                       "block_size": rt.engine.cfg.block_size, "kv_blocks": rt.engine.kv.num_blocks - 1,
                       "cuda_graph_batch_sizes": list(rt.engine.cfg.cuda_graph_batch_sizes)},
-           "startup_log": startup_log, "runs": []}
+           "graph_replay_ms": {f"{b}x{w}": ms for (b, w), ms in rt.engine.graphs.replay_ms.items()}
+           if rt.engine.graphs is not None else {},
+           "startup_log": startup_log, "graph_kernels": graph_kernels(rt), "runs": []}
+    for k in out["graph_kernels"][:3]:
+        log(f"{name}: smallest decode graph's kernel {k}")
     log(f"{name}: ready, load {out['load_s']:.1f} s, engine warm-up (graphs, compiles) {out['warmup_s']:.1f} s, "
         f"{out['compiles']} compiled graphs")
     with ServeServer(rt) as server:
@@ -102,10 +144,12 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
             bench_client(args, server.url, 8 * max(args.rates), args.warmup_requests, predict=False)
             out["warmup_replay_s"] = time.perf_counter() - t0
         for rate in args.rates:
-            t0 = time.perf_counter()
+            t0, rows0 = time.perf_counter(), _graph_rows(rt)
             log(f"{name} {rate}x: calibrating the replay model, then {args.requests} requests")
             res = bench_client(args, server.url, rate)
             res["wall_s"] = time.perf_counter() - t0
+            rows = _graph_rows(rt)
+            res["decode_rows"], res["decode_padded_rows"] = rows[0] - rows0[0], rows[1] - rows0[1]
             res["compiles_so_far"] = compile_count() - compiles0
             out["runs"].append(res)
             print(row(name, res), flush=True)
@@ -159,11 +203,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-output", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2560)
     ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--kv-cache-gib", type=float, default=None,
+                    help="KV pools of every variant, GiB (default: half the free device memory)")
     ap.add_argument("--graph-sizes", default="1,2,4,8,16,32,64,128",
                     help="decode CUDA-graph batch sizes ('' disables graphs)")
-    ap.add_argument("--compile-graph-sizes", default="2,16,128",
-                    help="graph batch sizes of the torch_compile variant (default 2,16,128: no size 1, which "
-                         "torch.compile specialises, so one dynamic compile serves every capture)")
     ap.add_argument("--variants", default="plan,reference,torch_compile",
                     help="comma-separated, in order: plan, reference, torch_compile")
     ap.add_argument("--ttft-ms", type=float, default=1000.0)
@@ -173,9 +216,8 @@ def main(argv=None) -> int:
     try:
         args.rates = [float(r) for r in args.rates.split(",") if r]
         args.graph_sizes = tuple(int(b) for b in args.graph_sizes.split(",") if b)
-        args.compile_graph_sizes = tuple(int(b) for b in args.compile_graph_sizes.split(",") if b)
     except ValueError as e:
-        print(f"serve_throughput: bad number in --rates/--graph-sizes/--compile-graph-sizes: {e}", file=sys.stderr)
+        print(f"serve_throughput: bad number in --rates/--graph-sizes: {e}", file=sys.stderr)
         return 2
     variants = [v for v in args.variants.split(",") if v]
     bad = [v for v in variants if v not in ("plan", "reference", "torch_compile")]
@@ -201,7 +243,6 @@ def main(argv=None) -> int:
            "traffic": os.path.relpath(args.traffic, ROOT), "rates": args.rates, "requests_per_run": args.requests,
            "max_input": args.max_input, "max_output": args.max_output, "device": args.device,
            "variants_requested": variants, "graph_sizes": list(args.graph_sizes),
-           "compile_graph_sizes": list(args.compile_graph_sizes),
            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
            "software": software_versions(driver=args.device == "cuda"), "wall_s": 0.0, "variants": []}
 

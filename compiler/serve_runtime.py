@@ -79,7 +79,7 @@ def _device(name: str) -> str:
 
 
 def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = None) -> Runtime:
-    """``progress``: called with a line per CUDA-graph capture (size, width, seconds, compiles so far)."""
+    """``progress``: called with a line per CUDA-graph capture (size, width, seconds, replay ms, compiles so far)."""
     import torch
 
     from persistent_engine import build_model, make_decoder

@@ -116,3 +116,17 @@ def test_a_failing_variant_is_recorded_and_the_next_still_runs(tmp_path, monkeyp
     comp, ref = doc["variants"]
     assert comp["runs"] == [{"rate": 1.0}] and "exited 2" in comp["error"]
     assert ref == {"variant": "reference", "runs": [{"rate": 1.0}, {"rate": 4.0}]}
+
+
+def test_every_variant_captures_the_reference_graph_sizes():
+    """torch_compile is not handed coarser graph sizes than the reference (padding a batch of 3 to 16
+    made its decode pay for 13 rows it does not serve); only it compiles."""
+    mod = _load()
+    args = mod.argparse.Namespace(model="llama-1b", device="cuda", max_model_len=2560, max_num_seqs=128,
+                                  graph_sizes=(1, 2, 4, 8, 16, 32, 64, 128), kv_cache_gib=0.5)
+    opts = {v: mod.variant_options(v, args, None) for v in ("reference", "torch_compile")}
+    assert opts["reference"].graph_sizes == opts["torch_compile"].graph_sizes == args.graph_sizes
+    assert opts["torch_compile"].graphs and opts["torch_compile"].compile and not opts["reference"].compile
+    assert opts["reference"].kv_cache_bytes == opts["torch_compile"].kv_cache_bytes == 1 << 29
+    plan = mod.variant_options("plan", args, "plans/x")
+    assert plan.graph_sizes == args.graph_sizes and plan.model is None and not plan.compile

@@ -110,7 +110,7 @@ class _Request:
 class ServingEngine:
     def __init__(self, model, make_scheduler: Callable[[BlockManager], SchedulerLike], cfg: EngineConfig,
                  progress: Callable[[str], None] | None = None):
-        """``progress``: called with a line per CUDA-graph capture (size, width, seconds, compiles so far)."""
+        """``progress``: called with a line per CUDA-graph capture (size, width, seconds, replay ms, compiles so far)."""
         self.model, self.cfg = model, cfg
         if model.spec.attention == "v4":
             raise SpecError(f"{model.spec.name}: serving DeepSeek-V4 is not implemented yet (its compressed entries are "
@@ -275,6 +275,18 @@ def compiled_decode(step: Callable[[Workload], torch.Tensor], backend: str = "in
     return run
 
 
+def _replay_ms(g: "torch.cuda.CUDAGraph") -> float:
+    """Device time of one replay of ``g`` after a warm one (CUDA events; < 1 s for all 32 graphs). The
+    graph's static buffers write their K/V to the scratch block, so replaying it changes no sequence."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    start.record()
+    g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 class _DecodeGraphs:
     """CUDA graphs of the decode forward, one per (batch size of ``cuda_graph_batch_sizes``, block-table
     width), over static input buffers. Widths are 1/8, 1/4, 1/2 and all of ``max_blocks``: attention
@@ -288,6 +300,8 @@ class _DecodeGraphs:
         mb = engine.max_blocks
         self.widths = sorted({max(1, mb // d) for d in (8, 4, 2, 1)})
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, Workload, torch.Tensor | None]] = {}
+        self.rows = self.padded_rows = 0        # decode rows replayed: real ones, padding
+        self.replay_ms: dict[tuple[int, int], float] = {}   # one replay's device time per graph (CUDA only)
         capture = engine.cfg.device != "cpu"
         pool = torch.cuda.graph_pool_handle() if capture else None
         for b in reversed(self.sizes):
@@ -308,19 +322,27 @@ class _DecodeGraphs:
                 with torch.cuda.graph(g, pool=pool):
                     out = engine.decode_fn(wl)
                 self.graphs[(b, w)] = (g, wl, out)
+                self.replay_ms[(b, w)] = _replay_ms(g)
                 if progress is not None:
                     progress(f"decode graph {len(self.graphs)}/{len(self.sizes) * len(self.widths)}: batch {b}, "
-                             f"width {w} blocks, {time.perf_counter() - t0:.1f} s ({compile_count()} compiles so far)")
+                             f"width {w} blocks, {time.perf_counter() - t0:.1f} s, replay "
+                             f"{self.replay_ms[(b, w)]:.3f} ms ({compile_count()} compiles so far)")
 
     def fits(self, batch: int) -> bool:
         return bool(self.sizes) and batch <= self.sizes[-1]
 
+    def pick(self, batch: int, blocks: int) -> tuple[int, int]:
+        """The graph a decode of ``batch`` sequences needing ``blocks`` table columns replays: the
+        smallest captured size and width that hold it. Its cost grows with the padded size (attention
+        reads every row and column), so sparse sizes (2, 16, 128) make a batch of 3 pay for 16."""
+        return next(s for s in self.sizes if s >= batch), next(x for x in self.widths if x >= blocks)
+
     def run(self, ids, pos, slots, tables, ctx) -> torch.Tensor:
         """Logits [n, V] of one decode step of n sequences (``tables``: their block lists, any length)."""
         n = len(ids)
-        b = next(s for s in self.sizes if s >= n)
-        need = max(self.engine.kv.blocks_for(c) for c in ctx)
-        w = next(x for x in self.widths if x >= need)
+        b, w = self.pick(n, max(self.engine.kv.blocks_for(c) for c in ctx))
+        self.rows += n
+        self.padded_rows += b - n
         g, wl, out = self.graphs[(b, w)]
         pad = b - n
         rows = [(t + [SCRATCH_BLOCK] * w)[:w] for t in tables] + [[SCRATCH_BLOCK] * w] * pad

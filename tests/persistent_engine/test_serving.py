@@ -125,6 +125,48 @@ def test_decode_graph_buffers_pad_and_bucket_like_eager(model):
     assert outs[0] == outs[1]
 
 
+def test_decode_graph_pick_is_the_smallest_size_and_width_that_hold_the_batch(model):
+    """A decode replays the smallest captured (size, width) that holds it, and the engine counts the
+    padding rows it pays for: with sizes (2, 16, 128) a batch of 3 replays 16 rows (13 of padding),
+    with the reference's powers of two 4 rows (1)."""
+    from persistent_engine.serving.blocks import SCRATCH_BLOCK
+
+    coarse = engine(model, max_model_len=512, cuda_graph_batch_sizes=(2, 16, 128), max_num_seqs=128).graphs
+    fine = engine(model, max_model_len=512, cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128),
+                  max_num_seqs=128).graphs
+    assert fine.widths == coarse.widths == [4, 8, 16, 32]
+    assert [coarse.pick(n, 5)[0] for n in (1, 2, 3, 16, 17, 128)] == [2, 2, 16, 16, 128, 128]
+    assert [fine.pick(n, 5)[0] for n in (1, 2, 3, 5, 9, 17, 33, 65)] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert [fine.pick(3, blocks)[1] for blocks in (1, 4, 5, 9, 17, 32)] == [4, 4, 8, 16, 32, 32]
+    with torch.no_grad():
+        for graphs in (coarse, fine):
+            logits = graphs.run([1] * 3, [0, 1, 2], [0] * 3, [[SCRATCH_BLOCK]] * 3, [1, 2, 3])
+            assert logits.shape == (3, model.spec.vocab_size)
+    assert (coarse.rows, coarse.padded_rows) == (3, 13) and (fine.rows, fine.padded_rows) == (3, 1)
+
+
+@pytest.mark.slow
+def test_compiled_decode_at_the_reference_graph_sizes_compiles_twice_and_equals_eager():
+    """The torch_compile variant captured at the reference's sizes 1..128: size 1, which torch.compile
+    specialises, adds the one recompile; every (size, width) buffer gives the eager forward's logits."""
+    from persistent_engine.serving.engine import compile_count
+    from persistent_engine.serving.blocks import SCRATCH_BLOCK
+
+    torch._dynamo.reset()
+    m = build_model("tiny-dense", layers=1, device="cpu", dtype=torch.float32, seed=0)
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128)
+    eng = engine(m, max_model_len=512, cuda_graph_batch_sizes=sizes, compile=True, compile_backend="eager",
+                 max_num_seqs=128)
+    c0 = compile_count()
+    with torch.no_grad():
+        for b in reversed(sizes):                               # the capture order: largest first
+            for w in reversed(eng.graphs.widths):
+                ctx = [1 + eng.cfg.block_size * (w - 1)] * b          # needs all w blocks: graph (b, w)
+                logits = eng.graphs.run([1] * b, list(range(b)), [0] * b, [[SCRATCH_BLOCK] * w] * b, ctx)
+                assert torch.equal(logits, m.step(eng.graphs.graphs[(b, w)][1])), (b, w)
+    assert compile_count() - c0 == 2 and eng.graphs.padded_rows == 0
+
+
 @pytest.mark.parametrize("name", ["glm+tiny", "minimax+tiny"])
 def test_serving_frontier_models_equals_plain_loop(name):
     """Continuous batching over DSA (indexer keys in the cache) and block-sparse attention gives the plain
