@@ -1,0 +1,137 @@
+"""The judge's device-memory accounting (persistent_engine/judge/memory.py), on the byte counts of the H200 run
+that rejected GLM-5.2's fused MoE for memory: fast [0, 2, 3] (25.1 GB of weights) and slow [0..4] (45.7 GB)
+on one 150.1 GB H200; moe_experts' check fitted to 27 experts (half of the ~65 GB free when it began), whose
+bf16 w13 (1.27 GiB) found 199 MiB free."""
+
+import pytest
+
+from compiler.fleet import FleetConfig, co_tenant_weights, place
+from persistent_engine import verify
+from persistent_engine.executor.launch import ExecutorDied, failed_to_start
+from persistent_engine.judge import memory
+from persistent_engine.judge.checks import default_points
+from persistent_engine.models.spec import ModelSpec
+from persistent_engine.ops.moe import _experts_fit, experts_check_bytes
+
+GIB = memory.GIB
+GB = 10 ** 9
+H200_TOTAL = 150_100_000_000
+GLM52_EXPERTS = {"T": 3460, "E": 256, "k": 8, "H": 6144, "I": 2048}
+FAST_W, SLOW_W = 25_145_991_680, 45_683_854_848      # compiler.fleet.slice_weight_bytes of the two tiers
+
+
+def _w13_bf16(shape: dict) -> int:
+    return shape["E"] * 2 * shape["I"] * shape["H"] * 2
+
+
+def test_half_the_free_memory_was_the_budget_that_sized_the_1_27_gib_allocation():
+    fitted = _experts_fit(GLM52_EXPERTS, 65 * GB // 2)
+    assert fitted["E"] == 26 or fitted["E"] == 27
+    assert round(_w13_bf16({**GLM52_EXPERTS, "E": 27}) / GIB, 2) == 1.27
+    assert _experts_fit(GLM52_EXPERTS, H200_TOTAL // 4)["E"] == 31          # a quarter of the GPU: 31
+
+
+def test_the_glm52_op_check_floor_is_16_experts_of_about_19_gb():
+    spec = ModelSpec.from_name("glm")
+    floor = verify.op_check_floor_bytes(["linear", "moe_experts", "rms_norm"], spec, default_points("cuda"))
+    assert floor == experts_check_bytes({**GLM52_EXPERTS, "E": 16})
+    assert 19 * GB < floor < 20 * GB
+    assert verify.op_check_floor_bytes(["linear", "rms_norm"], spec, default_points("cuda")) == 0
+
+
+def test_the_fleet_tells_each_engine_the_other_tiers_weights_on_its_gpu():
+    one = FleetConfig(model="glm", points=(), fast_layers=(0, 2, 3), slow_layers=(0, 1, 2, 3, 4), devices=("cuda:0",))
+    got = {p.tier: co_tenant_weights(one, p) for p in place(one)}
+    assert got == {"fast": SLOW_W, "slow": FAST_W}
+    two = FleetConfig(model="glm", points=(), fast_layers=(0, 2, 3), slow_layers=(0, 1), devices=("cuda:0", "cuda:1"))
+    assert [co_tenant_weights(two, p) for p in place(two)] == [0, 0]
+    cpu = FleetConfig(model="glm", points=(), fast_layers=(0,), slow_layers=(0, 1))
+    assert [co_tenant_weights(cpu, p) for p in place(cpu)] == [0, 0]
+
+
+def test_weights_still_to_come_are_what_the_co_tenant_will_hold_less_what_others_hold_now():
+    own = FAST_W + 6 * GB
+    # the slow engine still building: nothing of it on the device yet
+    assert memory.to_come(H200_TOTAL, H200_TOTAL - own, own, SLOW_W) == SLOW_W
+    # half of it there
+    assert memory.to_come(H200_TOTAL, H200_TOTAL - own - SLOW_W // 2, own, SLOW_W) == SLOW_W - SLOW_W // 2
+    # all of it and more (its judge's context, its pool): nothing to come, never negative
+    assert memory.to_come(H200_TOTAL, H200_TOTAL - own - SLOW_W - 9 * GB, own, SLOW_W) == 0
+    assert memory.to_come(H200_TOTAL, 10 * GB, own, 0) == 0
+
+
+def test_the_pools_of_both_tiers_leave_the_checks_of_both_free():
+    floor = experts_check_bytes({**GLM52_EXPERTS, "E": 16})
+    reserve = memory.op_check_reserve(floor, co_tenants=1)
+    assert reserve == 2 * floor
+    each = memory.executor_bytes(3 * GIB, 200 << 20)
+    assert each == 4 * GIB
+    free = 67 * GB                                      # both slices loaded, both baseline executors started
+    fast = memory.pool_plan(12, free, each, reserve)
+    slow = memory.pool_plan(12, free - fast.size * each, each, reserve)
+    assert fast.size >= 1 and slow.size >= 1
+    assert free - (fast.size + slow.size) * each >= reserve     # both tiers' checks at their floor still fit
+    # the old sizing (35% of whatever was free, no reserve): 5 + 3 executors, 35 GB left for two 19 GB checks
+    old_fast = int(0.35 * free) // each
+    old_slow = int(0.35 * (free - old_fast * each)) // each
+    assert free - (old_fast + old_slow) * each < reserve
+
+
+def test_a_pool_sized_before_the_other_tier_loaded_still_leaves_its_weights():
+    floor = experts_check_bytes({**GLM52_EXPERTS, "E": 16})
+    reserve, each = memory.op_check_reserve(floor, 1), 4 * GIB
+    own = FAST_W + 6 * GB
+    free = H200_TOTAL - own                             # the slow engine has not allocated yet
+    plan = memory.pool_plan(12, free, each, reserve, memory.to_come(H200_TOTAL, free, own, SLOW_W))
+    assert plan.to_come == SLOW_W and plan.room == free - SLOW_W - reserve
+    assert free - plan.size * each - SLOW_W >= reserve
+    blind = memory.pool_plan(12, free, each, 0)         # what the free memory alone allows
+    assert blind.size == 9 and plan.size == 2         # 35% of 34.6 GB: 2 x 4 GiB
+
+
+def test_memory_short_gives_a_smaller_pool_and_one_at_least():
+    each = 4 * GIB
+    assert memory.pool_plan(12, 200 * GIB, each, 0).size == 12
+    assert memory.pool_plan(12, 40 * GIB, each, 0).size == 3
+    assert memory.pool_plan(12, 40 * GIB, each, 30 * GIB).size == 1
+    short = memory.pool_plan(12, 10 * GIB, each, 30 * GIB)
+    assert short.size == 1 and short.room < 0
+    assert "pool of 1 warm executor(s) x 4.0 GiB" in short.line() and "30.0 GiB kept for op-level checks" in short.line()
+
+
+def test_the_op_budget_subtracts_what_is_coming_and_splits_with_the_other_tier():
+    cap = H200_TOTAL // 4
+    assert memory.op_check_budget(cap, 65 * GB, 0, 0) == 65 * GB // 2               # alone, nothing pending
+    assert memory.op_check_budget(cap, 65 * GB, 0, 1) == 65 * GB // 4               # two tiers on one GPU
+    assert memory.op_check_budget(cap, 65 * GB, 3 * 4 * GIB, 1) == (65 * GB - 12 * GIB) // 4   # 3 warming
+    assert memory.op_check_budget(cap, 10 * GB, 40 * GB, 1) == 0                    # more coming than free
+    assert memory.op_check_budget(cap, 140 * GB, 0, 0) == cap                       # an idle GPU: the quarter
+    budget = memory.op_check_budget(cap, 65 * GB, 0, 1)
+    assert _experts_fit(GLM52_EXPERTS, budget)["E"] == 2 * GLM52_EXPERTS["k"]      # the floor: 16 experts
+
+
+def test_references_ahead_stay_within_the_check_budget():
+    assert memory.references_ahead(None) == memory.REFERENCES_AHEAD_BYTES
+    assert memory.references_ahead(100 * GIB) == GIB
+    assert memory.references_ahead(2 * GIB) == GIB // 2
+    assert memory.references_ahead(0) == 0
+
+
+def test_an_executor_that_could_not_start_is_reported_with_the_memory_left():
+    note = memory.describe_memory(199 << 20, 3 * GIB)
+    assert note == "when it failed the GPU had 0.19 GiB free and the host 3.0 GiB available"
+    line = failed_to_start(ExecutorDied("killed by SIGKILL"), "", note)
+    assert line.startswith("executor failed to start: ExecutorDied: killed by SIGKILL; it wrote nothing to stderr")
+    assert "out-of-memory killer" in line and line.endswith(note)
+    crashed = failed_to_start(ExecutorDied("exit code 1", "RuntimeError: boom"), "", "")
+    assert "out-of-memory killer" not in crashed and crashed.endswith("RuntimeError: boom")
+    assert memory.describe_memory(None, None) == ""
+    assert failed_to_start(TimeoutError("not ready"), "a | b") == \
+        "executor failed to start: TimeoutError: not ready; its stderr ended: a | b"
+
+
+@pytest.mark.parametrize("bad", [-1, 0])
+def test_no_room_never_divides(bad):
+    assert memory.pool_plan(4, 10 * GIB, max(bad, 0), 0).size == 1
+    assert memory.op_check_reserve(bad, 1) == 0
+
