@@ -135,3 +135,13 @@ def test_no_room_never_divides(bad):
     assert memory.pool_plan(4, 10 * GIB, max(bad, 0), 0).size == 1
     assert memory.op_check_reserve(bad, 1) == 0
 
+
+
+def test_the_co_tenant_weights_reach_the_engine_through_its_command_line():
+    from persistent_engine.__main__ import build_parser
+    from persistent_engine.supervisor import Supervisor
+
+    cmd = Supervisor("glm", [0, 2, 3], "cuda:0", co_tenant_weights=SLOW_W)._command()
+    assert cmd[cmd.index("--co-tenant-weights") + 1] == str(SLOW_W)
+    assert build_parser().parse_args(cmd[3:]).co_tenant_weights == SLOW_W
+    assert "--co-tenant-weights" not in Supervisor("tiny-dense")._command()
