@@ -99,7 +99,7 @@ class EngineConfig:
     pool_size: int | None = None        # warm candidate executors (None: POOL_SIZE of the device)
     inputs: dict = field(default_factory=dict)     # tier_inputs.TierInputs as JSON ({}: uniform, random routers)
     # bytes of weights the other engines on this device hold or will hold (the other tier's slice on a
-    # one-GPU run; 0: this engine is alone): kept out of the pool, and their op checks counted (memory.py)
+    # one-GPU run; 0: this engine is alone): kept out of the pool and the op-check budget (memory.py)
     co_tenant_weights: int = 0
 
 
@@ -300,10 +300,6 @@ class Engine:
         return self.pool
 
     # ------------------------------------------------------------------------------ device memory
-    @property
-    def _co_tenants(self) -> int:
-        return 1 if self.config.co_tenant_weights > 0 else 0
-
     def _executor_each(self) -> int:
         return memory.executor_bytes(self.executor_bytes, self.arena.size)
 
@@ -318,9 +314,9 @@ class Engine:
 
     def _pool_plan(self, wanted: int) -> memory.PoolPlan:
         """Warm executors from what is left once the co-tenants' weights have landed and the op-level
-        checks' reserve is kept (this engine's and the co-tenants')."""
+        checks' reserve is kept."""
         free = free_gpu_bytes(self.device)
-        reserve = memory.op_check_reserve(self.op_check_floor, self._co_tenants)
+        reserve = memory.op_check_reserve(self.op_check_floor)
         return memory.pool_plan(wanted, free, self._executor_each(), reserve, self._weights_to_come(free))
 
     def _memory_note(self) -> str:
@@ -555,7 +551,7 @@ class Engine:
     def _op_budget(self) -> int | None:
         """Bytes one op-level check may hold (``memory.op_check_budget``): a quarter of the GPU, and at most
         half of what is free once the pool's warming executors and the co-tenants' weights still to come
-        have landed, split with the co-tenants' checks. A GLM-5.2 run's fast and slow tiers hold ~71 GB of
+        have landed. A GLM-5.2 run's fast and slow tiers hold ~71 GB of
         weights on a 150 GB H200; half of the free memory alone (65 GB when a check began) let moe_experts'
         check keep 27 real-size experts, whose bf16 w13 (1.27 GiB) then found 199 MiB free. The check runs
         on fewer experts (``OpDef.fit``); the layer level still runs the model's own shapes."""
@@ -563,8 +559,7 @@ class Engine:
             return None
         free = free_gpu_bytes(self.device)
         warming = self.pool.warming_count() * self._executor_each() if self.pool is not None else 0
-        return memory.op_check_budget(self.op_check_budget, free, warming + self._weights_to_come(free),
-                                      self._co_tenants)
+        return memory.op_check_budget(self.op_check_budget, free, warming + self._weights_to_come(free))
 
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:

@@ -25,8 +25,7 @@ def _w13_bf16(shape: dict) -> int:
 
 
 def test_half_the_free_memory_was_the_budget_that_sized_the_1_27_gib_allocation():
-    fitted = _experts_fit(GLM52_EXPERTS, 65 * GB // 2)
-    assert fitted["E"] == 26 or fitted["E"] == 27
+    assert _experts_fit(GLM52_EXPERTS, 65_300_000_000 // 2)["E"] == 27     # ~65 GB free when the check began
     assert round(_w13_bf16({**GLM52_EXPERTS, "E": 27}) / GIB, 2) == 1.27
     assert _experts_fit(GLM52_EXPERTS, H200_TOTAL // 4)["E"] == 31          # a quarter of the GPU: 31
 
@@ -60,54 +59,55 @@ def test_weights_still_to_come_are_what_the_co_tenant_will_hold_less_what_others
     assert memory.to_come(H200_TOTAL, 10 * GB, own, 0) == 0
 
 
-def test_the_pools_of_both_tiers_leave_the_checks_of_both_free():
+def test_the_pools_of_both_tiers_leave_the_check_reserve_free():
     floor = experts_check_bytes({**GLM52_EXPERTS, "E": 16})
-    reserve = memory.op_check_reserve(floor, co_tenants=1)
-    assert reserve == 2 * floor
+    reserve = memory.op_check_reserve(floor)
+    assert reserve == int(1.25 * floor)
     each = memory.executor_bytes(3 * GIB, 200 << 20)
     assert each == 4 * GIB
     free = 67 * GB                                      # both slices loaded, both baseline executors started
     fast = memory.pool_plan(12, free, each, reserve)
-    slow = memory.pool_plan(12, free - fast.size * each, each, reserve)
-    assert fast.size >= 1 and slow.size >= 1
-    assert free - (fast.size + slow.size) * each >= reserve     # both tiers' checks at their floor still fit
-    # the old sizing (35% of whatever was free, no reserve): 5 + 3 executors, 35 GB left for two 19 GB checks
+    slow = memory.pool_plan(12, free - (fast.size + memory.HELD_OUT) * each, each, reserve)
+    assert (fast.size, slow.size) == (2, 1)
+    left = free - (fast.size + slow.size + 2 * memory.HELD_OUT) * each
+    assert left >= reserve                              # every executor of both judges started: the check fits
+    # the old sizing (35% of whatever was free, nothing kept, the held-out ones not counted): 5 + 3 executors
     old_fast = int(0.35 * free) // each
     old_slow = int(0.35 * (free - old_fast * each)) // each
-    assert free - (old_fast + old_slow) * each < reserve
+    assert (old_fast, old_slow) == (5, 3)
+    assert free - (old_fast + old_slow + 2 * memory.HELD_OUT) * each < reserve
 
 
 def test_a_pool_sized_before_the_other_tier_loaded_still_leaves_its_weights():
-    floor = experts_check_bytes({**GLM52_EXPERTS, "E": 16})
-    reserve, each = memory.op_check_reserve(floor, 1), 4 * GIB
+    reserve, each = memory.op_check_reserve(experts_check_bytes({**GLM52_EXPERTS, "E": 16})), 4 * GIB
     own = FAST_W + 6 * GB
     free = H200_TOTAL - own                             # the slow engine has not allocated yet
     plan = memory.pool_plan(12, free, each, reserve, memory.to_come(H200_TOTAL, free, own, SLOW_W))
     assert plan.to_come == SLOW_W and plan.room == free - SLOW_W - reserve
-    assert free - plan.size * each - SLOW_W >= reserve
+    assert free - (plan.size + memory.HELD_OUT) * each - SLOW_W >= reserve
     blind = memory.pool_plan(12, free, each, 0)         # what the free memory alone allows
-    assert blind.size == 9 and plan.size == 2         # 35% of 34.6 GB: 2 x 4 GiB
+    assert blind.size == 11 and plan.size == 3
 
 
 def test_memory_short_gives_a_smaller_pool_and_one_at_least():
     each = 4 * GIB
     assert memory.pool_plan(12, 200 * GIB, each, 0).size == 12
-    assert memory.pool_plan(12, 40 * GIB, each, 0).size == 3
-    assert memory.pool_plan(12, 40 * GIB, each, 30 * GIB).size == 1
+    assert memory.pool_plan(12, 40 * GIB, each, 0).size == 3          # 20 GiB: 5 executors, 2 held out
+    assert memory.pool_plan(12, 40 * GIB, each, 20 * GIB).size == 1
     short = memory.pool_plan(12, 10 * GIB, each, 30 * GIB)
     assert short.size == 1 and short.room < 0
     assert "pool of 1 warm executor(s) x 4.0 GiB" in short.line() and "30.0 GiB kept for op-level checks" in short.line()
 
 
-def test_the_op_budget_subtracts_what_is_coming_and_splits_with_the_other_tier():
+def test_the_op_budget_subtracts_what_is_still_coming():
     cap = H200_TOTAL // 4
-    assert memory.op_check_budget(cap, 65 * GB, 0, 0) == 65 * GB // 2               # alone, nothing pending
-    assert memory.op_check_budget(cap, 65 * GB, 0, 1) == 65 * GB // 4               # two tiers on one GPU
-    assert memory.op_check_budget(cap, 65 * GB, 3 * 4 * GIB, 1) == (65 * GB - 12 * GIB) // 4   # 3 warming
-    assert memory.op_check_budget(cap, 10 * GB, 40 * GB, 1) == 0                    # more coming than free
-    assert memory.op_check_budget(cap, 140 * GB, 0, 0) == cap                       # an idle GPU: the quarter
-    budget = memory.op_check_budget(cap, 65 * GB, 0, 1)
-    assert _experts_fit(GLM52_EXPERTS, budget)["E"] == 2 * GLM52_EXPERTS["k"]      # the floor: 16 experts
+    assert memory.op_check_budget(cap, 65 * GB, 0) == 65 * GB // 2                  # nothing pending: as before
+    assert _experts_fit(GLM52_EXPERTS, 65 * GB // 2)["E"] == 26
+    pending = 8 * 4 * GIB                                                           # 8 executors warming
+    assert memory.op_check_budget(cap, 65 * GB, pending) == (65 * GB - pending) // 2
+    assert _experts_fit(GLM52_EXPERTS, (65 * GB - pending) // 2)["E"] == 2 * GLM52_EXPERTS["k"]   # the floor: 16
+    assert memory.op_check_budget(cap, 10 * GB, 40 * GB) == 0                       # more coming than free
+    assert memory.op_check_budget(cap, 140 * GB, 0) == cap                          # an idle GPU: the quarter
 
 
 def test_references_ahead_stay_within_the_check_budget():
@@ -133,7 +133,7 @@ def test_an_executor_that_could_not_start_is_reported_with_the_memory_left():
 @pytest.mark.parametrize("bad", [-1, 0])
 def test_no_room_never_divides(bad):
     assert memory.pool_plan(4, 10 * GIB, max(bad, 0), 0).size == 1
-    assert memory.op_check_reserve(bad, 1) == 0
+    assert memory.op_check_reserve(bad) == 0
 
 
 
