@@ -52,6 +52,10 @@ class ExecutorTimeout(TimeoutError):
     """The executor did not answer within the call's deadline."""
 
 
+class ExecutorStartFailed(RuntimeError):
+    """A pool executor that never became ready (``failed_to_start`` says why); the pool starts another."""
+
+
 def describe_exit(rc: int | None) -> str:
     """How an executor ended: -s (the launcher died by the executor's signal s) or 128 + s (the executor's
     PID-1 wrapper reports its child's signal, ``worker._init_then_serve``) are both "killed by SIG..."."""
@@ -259,7 +263,7 @@ class ExecutorPool:
         try:
             ex = self._make()
         except BaseException as e:  # noqa: BLE001 - reported to whoever takes it
-            self._ready.put(RuntimeError(self._failed(e)))
+            self._ready.put(ExecutorStartFailed(self._failed(e)))
             with self._lock:
                 self._warming -= 1
             return
@@ -273,7 +277,7 @@ class ExecutorPool:
             self._ready.put(ex)
         except BaseException as e:  # noqa: BLE001 - reported to whoever takes it
             tail = "" if isinstance(e, ExecutorDied) or ex is None else ex.stderr_tail()
-            self._ready.put(RuntimeError(self._failed(e, tail)))
+            self._ready.put(ExecutorStartFailed(self._failed(e, tail)))
             if ex is not None:
                 ex.kill()
         finally:

@@ -44,8 +44,8 @@ from persistent_engine import guards, tier_inputs, timing, tolerance, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena
 from persistent_engine.executor.device_share import DeviceWeights
-from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
-                                              sandbox_summary)
+from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorStartFailed,
+                                              ExecutorTimeout, sandbox_summary)
 from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
 from persistent_engine.judge import memory
@@ -504,7 +504,11 @@ class Engine:
         if ex is not None:
             self._pool().discard(ex)
         t0 = timing.now_ns()
-        ex = self._pool().take()
+        try:
+            ex = self._pool().take()
+        except ExecutorStartFailed as e:        # not the candidate's doing: the pool started another at once
+            elog(str(e))
+            ex = self._pool().take()            # a second failure is the reply's reason
         self.pool_wait_s = (timing.now_ns() - t0) / 1e9
         return ex
 

@@ -145,3 +145,42 @@ def test_the_co_tenant_weights_reach_the_engine_through_its_command_line():
     assert cmd[cmd.index("--co-tenant-weights") + 1] == str(SLOW_W)
     assert build_parser().parse_args(cmd[3:]).co_tenant_weights == SLOW_W
     assert "--co-tenant-weights" not in Supervisor("tiny-dense")._command()
+
+
+def test_a_pool_executor_that_cannot_start_says_why_with_the_memory_left():
+    from persistent_engine.executor.launch import ExecutorPool, ExecutorStartFailed
+
+    def make():
+        raise OSError("no room")
+
+    pool = ExecutorPool(make, 1, note=lambda: memory.describe_memory(199 << 20, None))
+    try:
+        with pytest.raises(ExecutorStartFailed, match="OSError: no room; when it failed the GPU had 0.19 GiB free"):
+            pool.take(timeout_s=5)
+    finally:
+        pool.close()
+
+
+def test_the_judge_takes_the_replacement_when_an_executor_could_not_start():
+    from types import SimpleNamespace
+
+    from persistent_engine.executor.launch import ExecutorStartFailed
+    from persistent_engine.judge.engine import Engine
+
+    class Pool:
+        def __init__(self, fails):
+            self.fails, self.taken = fails, 0
+
+        def take(self):
+            self.taken += 1
+            if self.taken <= self.fails:
+                raise ExecutorStartFailed(f"executor failed to start: #{self.taken}")
+            return "warm executor"
+
+    once = Pool(1)
+    judge = SimpleNamespace(_next=None, _pool=lambda: once, pool_wait_s=0.0)
+    assert Engine._take(judge) == "warm executor" and once.taken == 2
+    twice = Pool(2)
+    judge = SimpleNamespace(_next=None, _pool=lambda: twice, pool_wait_s=0.0)
+    with pytest.raises(ExecutorStartFailed, match="#2"):
+        Engine._take(judge)
