@@ -96,7 +96,8 @@ def co_tenant_weights(cfg: FleetConfig, p: Placement) -> int:
     engine keeps them out of its executor pool (persistent_engine/judge/memory.py)."""
     if not p.device.startswith("cuda"):
         return 0
-    return sum(slice_weight_bytes(cfg.model, q.layers, cfg.dtype) for q in place(cfg) if q.device == p.device and q != p)
+    others = [q for q in place(cfg) if q.device == p.device and q != p]
+    return sum(slice_weight_bytes(cfg.model, q.layers, cfg.dtype) for q in others)
 
 
 def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:

@@ -139,7 +139,8 @@ def test_references_beyond_the_ahead_budget_are_computed_as_each_case_is_judged(
     ref = registry.get("rms_norm").reference                    # ahead_bytes=1: one reference ahead, the rest after
     assert _remote("rms_norm", ref, ahead_bytes=1)[0] == []
     bad = lambda x, w, eps: ref(x, w, eps) * 1.05                 # noqa: E731
-    assert _remote("rms_norm", bad, ahead_bytes=1)[0] == check_op("rms_norm", bad, dtypes=DTYPES, shapes=SHAPES, seed=11)
+    assert _remote("rms_norm", bad, ahead_bytes=1)[0] == \
+        check_op("rms_norm", bad, dtypes=DTYPES, shapes=SHAPES, seed=11)
 
 
 def test_an_implementation_that_reuses_one_output_buffer_is_judged_per_case():

@@ -96,7 +96,8 @@ def test_memory_short_gives_a_smaller_pool_and_one_at_least():
     assert memory.pool_plan(12, 40 * GIB, each, 20 * GIB).size == 1
     short = memory.pool_plan(12, 10 * GIB, each, 30 * GIB)
     assert short.size == 1 and short.room < 0
-    assert "pool of 1 warm executor(s) x 4.0 GiB" in short.line() and "30.0 GiB kept for op-level checks" in short.line()
+    assert "pool of 1 warm executor(s) x 4.0 GiB" in short.line()
+    assert "30.0 GiB kept for op-level checks" in short.line()
 
 
 def test_the_op_budget_subtracts_what_is_still_coming():
