@@ -555,10 +555,10 @@ class Engine:
     def _op_budget(self) -> int | None:
         """Bytes one op-level check may hold (``memory.op_check_budget``): a quarter of the GPU, and at most
         half of what is free once the pool's warming executors and the co-tenants' weights still to come
-        have landed. A GLM-5.2 run's fast and slow tiers hold ~71 GB of
-        weights on a 150 GB H200; half of the free memory alone (65 GB when a check began) let moe_experts'
-        check keep 27 real-size experts, whose bf16 w13 (1.27 GiB) then found 199 MiB free. The check runs
-        on fewer experts (``OpDef.fit``); the layer level still runs the model's own shapes."""
+        have landed. A GLM-5.2 run's fast and slow tiers hold ~71 GB of weights on a 150 GB H200; half of
+        the free memory alone (~65 GB when a check began) let moe_experts' check keep 27 real-size experts,
+        whose bf16 w13 (1.27 GiB) then found 199 MiB free. The check runs on fewer experts (``OpDef.fit``);
+        the layer level still runs the model's own shapes."""
         if self.op_check_budget is None:
             return None
         free = free_gpu_bytes(self.device)
