@@ -31,24 +31,27 @@ def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
                   on_event: Callable[[str], None] | None = None, deadline: float = float("inf")) -> dict[str, float]:
     """Relative A/A spread per tier: the median over ``runs`` of |speedup - 1| of the identity
     candidate (the median, so that one disturbed run, e.g. the engine's first, does not decide).
-    Cost: ``runs`` evaluations per tier (fewer past ``deadline``, one at least)."""
+    Rounds alternate the tiers (fast, slow, fast, slow, ...), so that ``deadline`` leaves both with as many
+    runs (before, the fast tier took all its rounds and the slow one got one). Cost: ``runs`` evaluations per
+    tier (fewer past ``deadline``: one round of both at least)."""
     import statistics
 
     src = _identity_candidate()
-    noise = {}
-    for tier in ("fast", "slow"):
-        spreads = []
-        for i in range(max(runs, 1)):
-            if i and time.monotonic() > deadline:     # the run's budget: one round per tier at least
-                break
+    spreads: dict[str, list[float]] = {"fast": [], "slow": []}
+    for i in range(max(runs, 1)):
+        if i and time.monotonic() > deadline:         # the run's budget: one round per tier at least
+            break
+        for tier in ("fast", "slow"):
             v = evaluate(tier, src)
             if getattr(v, "correct", False) and getattr(v, "speedup", None):
-                spreads.append(abs(float(v.speedup) - 1.0))
+                spreads[tier].append(abs(float(v.speedup) - 1.0))
             elif on_event is not None:
                 on_event(f"warning: the A/A probe was rejected on the {tier} tier: "
                          f"{(getattr(v, 'reasons', None) or ['no speedup'])[0]}")
-        noise[tier] = round(statistics.median(spreads), 4) if spreads else 0.05   # unmeasurable: 5%
-        if not spreads and on_event is not None:
+    noise = {}
+    for tier, got in spreads.items():
+        noise[tier] = round(statistics.median(got), 4) if got else 0.05   # unmeasurable: 5%
+        if not got and on_event is not None:
             on_event(f"warning: {tier}-tier noise unmeasured; assuming 5% (only gains above it are accepted)")
     return noise
 

@@ -83,12 +83,30 @@ def evaluate_with_retry(supervisor: Any, source: str, timeout_s: float) -> Any:
     return verdict
 
 
+def slice_weight_bytes(model: str, layers: tuple[int, ...], dtype: str) -> int:
+    """Bytes of an engine's weights: the embedding and lm_head, and its layers (ModelSpec's sizes)."""
+    from persistent_engine.models.spec import DTYPE_BYTES, ModelSpec
+
+    spec = ModelSpec.from_name(model)
+    return int(spec.embedding_params() * DTYPE_BYTES[dtype] + sum(spec.weight_bytes_layer(i, dtype) for i in layers))
+
+
+def co_tenant_weights(cfg: FleetConfig, p: Placement) -> int:
+    """Bytes of weights the other engines placed on ``p``'s GPU hold (0 on CPU or alone on its GPU): the
+    engine keeps them out of its executor pool (persistent_engine/judge/memory.py)."""
+    if not p.device.startswith("cuda"):
+        return 0
+    others = [q for q in place(cfg) if q.device == p.device and q != p]
+    return sum(slice_weight_bytes(cfg.model, q.layers, cfg.dtype) for q in others)
+
+
 def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:
     """Start one engine for a placement (blocks until it is ready)."""
     from persistent_engine import Supervisor
     sup = Supervisor(cfg.model, list(p.layers), p.device, [dict(x) for x in cfg.points], dtype=cfg.dtype,
                      env={**os.environ, **cfg.env}, inputs=cfg.inputs.get(p.tier), start_timeout_s=cfg.start_timeout_s,
-                     log=lambda line: log.info("%s/%s %s", p.tier, p.device, line))
+                     log=lambda line: log.info("%s/%s %s", p.tier, p.device, line),
+                     co_tenant_weights=co_tenant_weights(cfg, p))
     sup.start()
     return sup
 

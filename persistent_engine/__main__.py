@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-cuda-graph", action="store_true")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--inputs", default=None, help="the tier's input realism (tier_inputs.py): JSON or a file")
+    s.add_argument("--co-tenant-weights", type=int, default=0,
+                   help="bytes of weights other engines on this device hold or will hold (judge/memory.py)")
     return ap
 
 
@@ -142,7 +144,8 @@ def serve(args) -> int:
         layers = ModelSpec.from_name(args.model).covering_layers()
     engine = Engine(EngineConfig(model=args.model, layers=layers, device=args.device, dtype=args.dtype,
                                  points=points, seed=args.seed, variants=args.variants,
-                                 cuda_graph=not args.no_cuda_graph, inputs=inputs),
+                                 cuda_graph=not args.no_cuda_graph, inputs=inputs,
+                                 co_tenant_weights=max(0, args.co_tenant_weights)),
                     log=lambda name, s: _emit({"stage": name, "seconds": round(s, 4)}))
     engine.start_pool()                         # warm candidate executors start now, in the background
     startup = {"process": round(_process_seconds(), 4), "imports": round(imports_s, 4), **engine.startup}

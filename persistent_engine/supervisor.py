@@ -71,9 +71,12 @@ class Supervisor:
                  points: list[dict] | None = None, *, dtype: str = "bf16", variants: int = 2,
                  samples: int = 0, start_timeout_s: float = 900.0, env: dict | None = None,
                  python: str = sys.executable, log: Callable[[str], None] | None = None,
-                 cuda_graph: bool = True, auto_restart: bool = True, inputs: dict | None = None):
+                 cuda_graph: bool = True, auto_restart: bool = True, inputs: dict | None = None,
+                 co_tenant_weights: int = 0):
         """``auto_restart=False``: after a crash or hang the engine is only killed; the next call
-        starts a fresh one (a one-shot ``tkcc candidate check`` never pays for a restart)."""
+        starts a fresh one (a one-shot ``tkcc candidate check`` never pays for a restart).
+        ``co_tenant_weights``: bytes of weights other engines on the same device hold or will hold
+        (``EngineConfig.co_tenant_weights``)."""
         self.model, self.device, self.dtype = model, device, dtype
         self.layers = list(range(layers)) if isinstance(layers, int) else layers
         self.points = points
@@ -81,6 +84,7 @@ class Supervisor:
         self.start_timeout_s = start_timeout_s
         self.cuda_graph = cuda_graph
         self.inputs = dict(inputs or {})        # tier_inputs.TierInputs as JSON
+        self.co_tenant_weights = int(co_tenant_weights)
         self.auto_restart = auto_restart
         self._env = dict(os.environ if env is None else env)
         self._python = python
@@ -108,6 +112,8 @@ class Supervisor:
             cmd += ["--points", path]
         if not self.cuda_graph:
             cmd.append("--no-cuda-graph")
+        if self.co_tenant_weights:
+            cmd += ["--co-tenant-weights", str(self.co_tenant_weights)]
         if self.inputs:
             path = os.path.join(self._dir, "inputs.json")
             with open(path, "w") as f:

@@ -56,6 +56,23 @@ def _same_kind(out, ref: torch.Tensor, where: str) -> str | None:
     return None
 
 
+def op_check_floor_bytes(op_names: list[str], spec, points: list[dict]) -> int:
+    """Bytes the largest op-level check of ``op_names`` holds at its smallest shape (``OpDef.fit`` with no
+    budget; ops without ``fit`` and ``check_bytes``: 0): what the judge keeps free of executors
+    (``judge/memory.py``). GLM-5.2's moe_experts: 16 experts, ~19 GB."""
+    from persistent_engine.ops import registry
+
+    floor = 0
+    for name in op_names:
+        op = registry.get(name)
+        if op.fit is None or op.check_bytes is None:
+            continue
+        for p in points:
+            for s in op.shapes(spec, p):
+                floor = max(floor, op.check_bytes(op.fit(s, 0)))
+    return floor
+
+
 def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], device: torch.device,
              dtype: torch.dtype, seed: int, budget: int | None = None, check=None) -> list[Check]:
     """``check_op`` for each overridden op at the points' shapes and the odd-size examples. ``budget``:

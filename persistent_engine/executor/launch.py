@@ -52,6 +52,10 @@ class ExecutorTimeout(TimeoutError):
     """The executor did not answer within the call's deadline."""
 
 
+class ExecutorStartFailed(RuntimeError):
+    """A pool executor that never became ready (``failed_to_start`` says why); the pool starts another."""
+
+
 def describe_exit(rc: int | None) -> str:
     """How an executor ended: -s (the launcher died by the executor's signal s) or 128 + s (the executor's
     PID-1 wrapper reports its child's signal, ``worker._init_then_serve``) are both "killed by SIG..."."""
@@ -223,11 +227,24 @@ class Executor:
             self.mailbox.close()
 
 
+def failed_to_start(e: BaseException, tail: str = "", note: str = "") -> str:
+    """One line: why an executor did not start. A SIGKILL with nothing on stderr came from outside (nothing
+    in tkcc kills a warming executor but the pool's close): most often the kernel's out-of-memory killer."""
+    line = f"executor failed to start: {type(e).__name__}: {e}" + (f"; its stderr ended: {tail}" if tail else "")
+    if isinstance(e, ExecutorDied) and "SIGKILL" in e.how and not e.tail:
+        line += " (killed from outside: most often the kernel's out-of-memory killer)"
+    return line + (f"; {note}" if note else "")
+
+
 class ExecutorPool:
     """Warm executors on demand: ``take()`` one (blocking until one is ready), used once, then killed."""
 
-    def __init__(self, make, size: int, start_timeout_s: float = 900.0, log=lambda line: None):
+    def __init__(self, make, size: int, start_timeout_s: float = 900.0, log=lambda line: None,
+                 note=lambda: ""):
+        """``note()``: a clause appended to the reason of an executor that failed to start (the judge's
+        memory figures at that moment)."""
         self._make, self.size, self.start_timeout_s, self._log = make, max(1, size), start_timeout_s, log
+        self._note = note
         self._ready: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._warming = 0
@@ -246,7 +263,7 @@ class ExecutorPool:
         try:
             ex = self._make()
         except BaseException as e:  # noqa: BLE001 - reported to whoever takes it
-            self._ready.put(RuntimeError(f"executor failed to start: {type(e).__name__}: {e}"))
+            self._ready.put(ExecutorStartFailed(self._failed(e)))
             with self._lock:
                 self._warming -= 1
             return
@@ -260,13 +277,25 @@ class ExecutorPool:
             self._ready.put(ex)
         except BaseException as e:  # noqa: BLE001 - reported to whoever takes it
             tail = "" if isinstance(e, ExecutorDied) or ex is None else ex.stderr_tail()
-            self._ready.put(RuntimeError(f"executor failed to start: {type(e).__name__}: {e}"
-                                         + (f"; its stderr ended: {tail}" if tail else "")))
+            self._ready.put(ExecutorStartFailed(self._failed(e, tail)))
             if ex is not None:
                 ex.kill()
         finally:
             with self._lock:
                 self._warming -= 1
+
+    def _failed(self, e: BaseException, tail: str = "") -> str:
+        """The reason an executor could not start: what ended it, its stderr's tail, the ``note``."""
+        try:
+            note = self._note()
+        except Exception as why:  # noqa: BLE001 - the reason must still be given
+            note = f"(memory unknown: {why})"
+        return failed_to_start(e, tail, note)
+
+    def warming_count(self) -> int:
+        """Executors started and not ready yet (each still to take its device memory)."""
+        with self._lock:
+            return self._warming
 
     def take(self, timeout_s: float | None = None) -> Executor:
         t0 = time.monotonic()

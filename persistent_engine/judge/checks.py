@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine import guards, verify
+from persistent_engine.judge import memory
 from persistent_engine.io_struct import point_label
 
 
@@ -33,22 +34,19 @@ def weight_share(points: list[dict], i: int) -> float:
     return float(points[i].get("weight", 1.0)) / heaviest if heaviest > 0 else 1.0
 
 
-# references the judge computes ahead, while the executor runs (the rest: as each reply is judged); an op
-# check's inputs may take a quarter of the GPU (``Engine.op_check_budget``), so not all of them at once
-REFERENCES_AHEAD_BYTES = 1 << 30
-
-
 def _nbytes(refs: tuple) -> int:
     return sum(t.numel() * t.element_size() for part in refs for t in part if isinstance(t, torch.Tensor))
 
 
-def remote_check(e, deadline: float):
+def remote_check(e, deadline: float, ahead_bytes: int = memory.REFERENCES_AHEAD_BYTES):
     """``contract.check_op``'s signature, the implementation run in the executor: ONE ``op_checks``
     request carries every (dtype, shape) of the call (the executor draws each case's inputs from the op's
     generator with the judge's seed and runs the override twice, ``run_candidate``); while it runs, this
     process draws the same inputs and computes the references (``reference_outputs``: they depend on
     nothing the executor sends), then judges each case's outputs (``judge_against``). An executor whose
-    mailbox would overflow answers a prefix of the cases: the rest are asked for again."""
+    mailbox would overflow answers a prefix of the cases: the rest are asked for again. ``ahead_bytes``: at
+    most this much of references computed ahead (``memory.references_ahead``: within the check's budget;
+    the rest as each reply is judged)."""
     from persistent_engine.judge.engine import CandidateRaised
     from persistent_engine.ops.contract import _DTYPE_NAMES, judge_against, reference_outputs
 
@@ -63,7 +61,7 @@ def remote_check(e, deadline: float):
                                 "seed": cases[k][2]} for k in todo]}, deadline)
             ahead = sum(_nbytes(r) for r in refs.values())
             for k in todo:                      # the judge's half, while the executor runs its half
-                if ahead >= REFERENCES_AHEAD_BYTES:
+                if ahead >= ahead_bytes:
                     break
                 if k not in refs:
                     refs[k] = reference_outputs(d, cases[k][1], cases[k][0], device, cases[k][2])

@@ -44,10 +44,11 @@ from persistent_engine import guards, tier_inputs, timing, tolerance, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena
 from persistent_engine.executor.device_share import DeviceWeights
-from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorTimeout,
-                                              sandbox_summary)
+from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorStartFailed,
+                                              ExecutorTimeout, sandbox_summary)
 from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
+from persistent_engine.judge import memory
 from persistent_engine.judge.checks import default_points, point_label, weight_share
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          PrepareReply, Profile,
@@ -69,10 +70,9 @@ DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
 # warm candidate executors kept ready: one warms in ~8-9 s on the H200 box (imports ~5 s, CUDA context,
 # weights, the first Triton compile ~2 s), a cycle should take < 1 s, so twelve warming at once on its 16
 # cores (~1.3 per second) keep the judge from waiting;
-# on CPU one (the CI machine has two cores). On CUDA at most half the free device memory holds them
-# (each: its own copy of the weights and KV caches + ~1 GiB of context and graphs).
+# on CPU one (the CI machine has two cores). On CUDA fewer when memory is short (``memory.pool_plan``: each
+# takes its KV caches, activations and context; the weights are mapped, device_share.py).
 POOL_SIZE = {"cuda": 12, "cpu": 1}
-POOL_MEMORY_SHARE = 0.35               # of the free device memory a pool of warm executors may take
 # the pool's executors SIGSTOPped while a point is timed once at least this many are warm (a warming one's
 # imports take a core from the timed sides: on the 2-core CI machine an A/A read 0.4-3.4x with the pool
 # warming, 1.00-1.05 with it paused); always on CPU, on CUDA only while the pool is ahead (it must keep warming)
@@ -98,6 +98,9 @@ class EngineConfig:
     peak_bandwidth_gbs: float | None = None
     pool_size: int | None = None        # warm candidate executors (None: POOL_SIZE of the device)
     inputs: dict = field(default_factory=dict)     # tier_inputs.TierInputs as JSON ({}: uniform, random routers)
+    # bytes of weights the other engines on this device hold or will hold (the other tier's slice on a
+    # one-GPU run; 0: this engine is alone): kept out of the pool and the op-check budget (memory.py)
+    co_tenant_weights: int = 0
 
 
 def elog(line: str) -> None:
@@ -240,6 +243,7 @@ class Engine:
         memory budget, the roofline floor of each point's step."""
         total = gpu_bytes(self.device)
         self.op_check_budget = total // 4 if total else None
+        self.op_check_floor = verify.op_check_floor_bytes(sorted(set().union(*self.ops_at)), self.spec, self.points)
         self.weight_guard = guards.TensorGuard(weights, device_budget=total // 10 if total else None)
         self.workload_guard = guards.TensorGuard(self._workload_tensors())
         self.peak_bandwidth_gbs = (self.config.peak_bandwidth_gbs if self.config.peak_bandwidth_gbs is not None
@@ -285,13 +289,40 @@ class Engine:
         if self.pool is None:
             size = self.config.pool_size or POOL_SIZE.get(self.device.type, 1)
             if self.device.type == "cuda" and not self.config.pool_size:
-                # measured footprint of the baseline executor, plus room for a candidate's own buffers;
-                # a share of what is free now (the other tier's engine and its pool use this GPU too)
-                each = max(self.executor_bytes, self.arena.size) + (1 << 30)
-                size = max(1, min(size, int(POOL_MEMORY_SHARE * free_gpu_bytes(self.device) // each)))
+                # the baseline executor's measured footprint each, from what the other tier's weights and
+                # the op checks leave (the other tier's engine and its pool use this GPU too)
+                plan = self._pool_plan(size)
+                elog(plan.line())
+                size = plan.size
             self.pool_size = size
-            self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S)
+            self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S,
+                                     note=self._memory_note)
         return self.pool
+
+    # ------------------------------------------------------------------------------ device memory
+    def _executor_each(self) -> int:
+        return memory.executor_bytes(self.executor_bytes, self.arena.size)
+
+    def _weights_to_come(self, free: int) -> int:
+        """The co-tenants' weights not on the device yet (this process's own holdings: the allocator's
+        reserve, the exported weights, its context, the baseline executor and the started candidate ones)."""
+        started = (self.pool_size - self.pool.warming_count()) if self.pool is not None else 0
+        started += (self.candidate is not None) + (self._next is not None)     # taken from the pool
+        own = (torch.cuda.memory_reserved(self.device) + (self.device_weights.nbytes if self.device_weights else 0)
+               + memory.CONTEXT_BYTES + self.executor_bytes + started * self._executor_each())
+        return memory.to_come(gpu_bytes(self.device) or 0, free, own, self.config.co_tenant_weights)
+
+    def _pool_plan(self, wanted: int) -> memory.PoolPlan:
+        """Warm executors from what is left once the co-tenants' weights have landed and the op-level
+        checks' reserve is kept."""
+        free = free_gpu_bytes(self.device)
+        reserve = memory.op_check_reserve(self.op_check_floor)
+        return memory.pool_plan(wanted, free, self._executor_each(), reserve, self._weights_to_come(free))
+
+    def _memory_note(self) -> str:
+        """What was free when an executor failed to start (for the reason the judge reports)."""
+        return memory.describe_memory(free_gpu_bytes(self.device) if self.device.type == "cuda" else None,
+                                      guards.host_bytes_available())
 
     def start_pool(self) -> None:
         """Start warming candidate executors now (else on the first candidate)."""
@@ -473,7 +504,11 @@ class Engine:
         if ex is not None:
             self._pool().discard(ex)
         t0 = timing.now_ns()
-        ex = self._pool().take()
+        try:
+            ex = self._pool().take()
+        except ExecutorStartFailed as e:        # not the candidate's doing: the pool started another at once
+            elog(str(e))
+            ex = self._pool().take()            # a second failure is the reply's reason
         self.pool_wait_s = (timing.now_ns() - t0) / 1e9
         return ex
 
@@ -518,15 +553,17 @@ class Engine:
         return routes
 
     def _op_budget(self) -> int | None:
-        """Bytes one op-level check may hold: a quarter of the GPU, and at most half of what is free now
-        (every process counted: the other tier's judge, the executor pools). A GLM-5.2 run's fast and slow
-        tiers hold ~71 GB of weights on a 150 GB H200; a quarter of the total (37.5 GB) let moe_experts'
-        check keep 31 real-size experts (fp32 w13: 2.9 GiB) and one candidate's check ran out of memory there.
-        The check then runs on fewer experts (``OpDef.fit``); the layer level still runs the
-        model's own shapes."""
+        """Bytes one op-level check may hold (``memory.op_check_budget``): a quarter of the GPU, and at most
+        half of what is free once the pool's warming executors and the co-tenants' weights still to come
+        have landed. A GLM-5.2 run's fast and slow tiers hold ~71 GB of weights on a 150 GB H200; half of
+        the free memory alone (~65 GB when a check began) let moe_experts' check keep 27 real-size experts,
+        whose bf16 w13 (1.27 GiB) then found 199 MiB free. The check runs on fewer experts (``OpDef.fit``);
+        the layer level still runs the model's own shapes."""
         if self.op_check_budget is None:
             return None
-        return min(self.op_check_budget, free_gpu_bytes(self.device) // 2)
+        free = free_gpu_bytes(self.device)
+        warming = self.pool.warming_count() * self._executor_each() if self.pool is not None else 0
+        return memory.op_check_budget(self.op_check_budget, free, warming + self._weights_to_come(free))
 
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:
@@ -540,8 +577,10 @@ class Engine:
         deadline = self._deadline(req)
         seed = req.seed if req.seed is not None else self._rng.randrange(1, 2**31)
         c = self.candidate
+        budget = self._op_budget()
         checks = verify.op_level(sorted(c.ops), c.overrides, self.spec, self.points, self.device, self.dtype,
-                                 seed, budget=self._op_budget(), check=judging.remote_check(self, deadline))
+                                 seed, budget=budget,
+                                 check=judging.remote_check(self, deadline, memory.references_ahead(budget)))
         reasons = [ch.detail for ch in checks if not ch.passed]
         reasons += self._call({"op": "guards", "when": "op-level verification"}, deadline)["reasons"]
         if not reasons:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.moe import (_experts_fit, _experts_inputs, _experts_shapes, _route_canonical, _weights,
-                                       expert_scores, experts_forward)
+                                       expert_scores, experts_check_bytes, experts_forward)
 from persistent_engine.ops.opdef import DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, randint, randn, tokens
 
 
@@ -152,7 +152,8 @@ OPS = [
           "{'T', 'E', 'k', 'H', 'I', 'limit'}",
           _clamp_experts_inputs, _clamp_experts_shapes,
           ({"T": 1, "E": 16, "k": 2, "H": 32, "I": 24, "limit": 2.0}, {"T": 6, "E": 8, "k": 2, "H": 48, "I": 16}),
-          tolerances=dict(MATMUL_TOLERANCES), fit=_experts_fit),
+          tolerances=dict(MATMUL_TOLERANCES), fit=_experts_fit,
+          check_bytes=experts_check_bytes),
     OpDef("moe_route_hash", moe_route_hash,
           "moe_route_hash(router_logits[T, E] fp32, tid2eid[V, k] int64, token_ids[T] int64, scoring, norm_topk_prob, "
           "routed_scaling_factor) -> (topk_weights[T, k] fp32, topk_ids[T, k] int64): the experts of each token "

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.moe import _experts_inputs, _experts_fit, experts_forward
+from persistent_engine.ops.moe import _experts_fit, _experts_inputs, experts_check_bytes, experts_forward
 from persistent_engine.ops.opdef import DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, randn, tokens
 
 L2NORM_EPS = 1e-6           # FLA l2norm_fwd
@@ -363,7 +363,8 @@ OPS = [
           "shape dict: {'T', 'E', 'k', 'H', 'I', 'beta', 'lbeta'}",
           _situ_experts_inputs, _situ_experts_shapes,
           ({"T": 1, "E": 16, "k": 2, "H": 32, "I": 24}, {"T": 6, "E": 8, "k": 2, "H": 48, "I": 16}),
-          tolerances=dict(MATMUL_TOLERANCES), fit=_situ_experts_fit),
+          tolerances=dict(MATMUL_TOLERANCES), fit=_situ_experts_fit,
+          check_bytes=experts_check_bytes),
     OpDef("rms_norm_gated", rms_norm_gated,
           "rms_norm_gated(x[..., D], gate[..., D], weight[D], eps) -> rms_norm(x) * weight * sigmoid(gate). "
           "shape dict: {'x'}",

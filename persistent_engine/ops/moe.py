@@ -185,9 +185,14 @@ def _experts_fit(shape: dict, budget: int) -> dict:
     8 fp32-sized copies of each expert's w13 and w2 at once (generation temporaries, the inputs, their
     snapshot, the allocator poisoning, the upcast reference). DeepSeek-V3's 256 experts need ~360 GB that
     way; each expert's work is the same with a few dozen of them. At least 2k experts stay."""
-    per_expert = 8 * 3 * shape["H"] * shape["I"] * 4
-    e = max(2 * shape["k"], min(shape["E"], budget // per_expert))
+    e = max(2 * shape["k"], min(shape["E"], budget // experts_check_bytes({**shape, "E": 1})))
     return shape if e >= shape["E"] else {**shape, "E": int(e)}
+
+
+def experts_check_bytes(shape: dict) -> int:
+    """Bytes an op-level check of an experts op holds at ``shape`` (both halves, the judge's and the
+    executor's): ~8 fp32-sized copies of the E experts' w13 [E, 2I, H] and w2 [E, H, I]."""
+    return 8 * 3 * shape["E"] * shape["H"] * shape["I"] * 4
 
 
 # the op-level examples are checked for every model; DeepSeek-V4's sqrtsoftplus scoring joins them once a model
@@ -215,5 +220,6 @@ OPS = [
           _experts_inputs, _experts_shapes,
           ({"T": 1, "E": 16, "k": 2, "H": 32, "I": 24}, {"T": 6, "E": 8, "k": 2, "H": 48, "I": 16},
            {"T": LOOP_MIN_TOKENS + 3, "E": 8, "k": 3, "H": 16, "I": 8}),
-          tolerances=dict(MATMUL_TOLERANCES), fit=_experts_fit),
+          tolerances=dict(MATMUL_TOLERANCES), fit=_experts_fit,
+          check_bytes=experts_check_bytes),
 ]

@@ -53,6 +53,9 @@ class OpDef:
     # (shape, budget bytes) -> a smaller shape of the same op whose op-level check fits the budget (None:
     # always checked at full size); layer-level verification still runs the op at the model's shapes
     fit: Callable[[dict, int], dict] | None = None
+    # shape -> bytes an op-level check at that shape holds (both halves); with ``fit``, what the judge keeps
+    # free for the check at its smallest shape (``judge/memory.py``); None: small enough to ignore
+    check_bytes: Callable[[dict], int] | None = None
 
     @property
     def composite(self) -> bool:

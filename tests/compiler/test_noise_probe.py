@@ -57,3 +57,31 @@ def test_measure_noise_uses_the_probe_and_falls_back_only_when_it_is_rejected():
     assert measure_noise(rejected, 2, events.append) == {"fast": 0.05, "slow": 0.05}
     assert any("A/A probe was rejected on the fast tier" in e for e in events)
     assert any("slow-tier noise unmeasured; assuming 5%" in e for e in events)
+
+
+def test_rounds_alternate_the_tiers_so_the_deadline_leaves_both_with_as_many_runs(monkeypatch):
+    import compiler.baseline as baseline
+
+    clock = [0.0]
+    monkeypatch.setattr(baseline.time, "monotonic", lambda: clock[0])
+    calls = []
+
+    def evaluate(tier, source):
+        calls.append(tier)
+        clock[0] += 10.0                        # each evaluation: 10 s
+        return type("V", (), {"correct": True, "speedup": 1.01 if tier == "fast" else 1.03})()
+
+    assert measure_noise(evaluate, 3, deadline=25.0) == {"fast": 0.01, "slow": 0.03}
+    assert calls == ["fast", "slow", "fast", "slow"]     # round 2 started at 20 s < 25 s; round 3 not at 40 s
+    calls.clear()
+    clock[0] = 100.0
+    assert measure_noise(evaluate, 3, deadline=0.0) == {"fast": 0.01, "slow": 0.03}
+    assert calls == ["fast", "slow"]                     # past the deadline: one round of both
+
+
+def test_the_baseline_gets_a_quarter_of_what_is_left_before_the_search_ends():
+    from compiler.budget import Budget
+
+    b = Budget(360.0, start=0.0)
+    assert b.search_end == 360.0 - 54.0 - 90.0
+    assert b.baseline_end(now=78.0) == 78.0 + 0.25 * (216.0 - 78.0)

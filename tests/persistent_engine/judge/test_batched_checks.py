@@ -48,10 +48,10 @@ SHAPES = [{"x": [5, 64]}, {"x": [9, 96]}, {"x": [1, 2048]}]
 DTYPES = (torch.bfloat16, torch.float32)
 
 
-def _remote(name, impl, reply_bytes=1 << 30, tamper=None):
+def _remote(name, impl, reply_bytes=1 << 30, tamper=None, ahead_bytes=1 << 30):
     wire = _Wire(_worker(name, impl, reply_bytes), tamper)
-    reasons = checks.remote_check(wire, deadline=float("inf"))(name, impl, device=torch.device("cpu"),
-                                                               dtypes=DTYPES, shapes=SHAPES, seed=11)
+    reasons = checks.remote_check(wire, float("inf"), ahead_bytes)(name, impl, device=torch.device("cpu"),
+                                                                   dtypes=DTYPES, shapes=SHAPES, seed=11)
     return reasons, wire.requests
 
 
@@ -135,12 +135,12 @@ def test_a_steps_reply_of_no_or_too_many_results_is_refused(tamper):
         checks.remote_steps(_Steps(6, tamper), [{"i": 0, "v": v} for v in range(2)], float("inf"))
 
 
-def test_references_beyond_the_ahead_budget_are_computed_as_each_case_is_judged(monkeypatch):
-    monkeypatch.setattr(checks, "REFERENCES_AHEAD_BYTES", 1)     # one reference ahead, the rest afterwards
-    ref = registry.get("rms_norm").reference
-    assert _remote("rms_norm", ref)[0] == []
+def test_references_beyond_the_ahead_budget_are_computed_as_each_case_is_judged():
+    ref = registry.get("rms_norm").reference                    # ahead_bytes=1: one reference ahead, the rest after
+    assert _remote("rms_norm", ref, ahead_bytes=1)[0] == []
     bad = lambda x, w, eps: ref(x, w, eps) * 1.05                 # noqa: E731
-    assert _remote("rms_norm", bad)[0] == check_op("rms_norm", bad, dtypes=DTYPES, shapes=SHAPES, seed=11)
+    assert _remote("rms_norm", bad, ahead_bytes=1)[0] == \
+        check_op("rms_norm", bad, dtypes=DTYPES, shapes=SHAPES, seed=11)
 
 
 def test_an_implementation_that_reuses_one_output_buffer_is_judged_per_case():
