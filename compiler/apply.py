@@ -213,10 +213,10 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
             ref = engine.ref[i][0]
             got = ref
             if plan_side is not engine.baseline:
-                r = plan_side.call({"op": "step", "i": i, "v": 0, "moe": False, "refs": None}, 600)
+                r = plan_side.call({"op": "steps", "steps": [{"i": i, "v": 0, "moe": False, "refs": None}]}, 600)
                 if "error" in r:
                     raise plan_mod.PlanError(f"plan kernel {kfile} raised: {r['error']}"[:2000])
-                got = r["logits"].to(ref.device)
+                got = r["results"][0]["logits"].to(ref.device)
             diff = float((ref.float() - got.float()).abs().max())
             scale = float(ref.float().abs().max())
             ref_ms = ab.time_side(engine.baseline, i, 0, repeats, engine.batch[i])     # k runs a request:
