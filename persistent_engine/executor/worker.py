@@ -57,7 +57,7 @@ class Worker:
         if self.device.type == "cpu":
             torch.set_num_threads(int(init.get("threads", 1)))
         torch.set_grad_enabled(False)
-        spec = ModelSpec.from_name(init["model"])
+        spec = ModelSpec.from_name(init["model"], init.get("model_config"))
         layers = _resolve_layers(spec, init["layers"])
         shared = arena.tensors()
         if init.get("weights"):                  # CUDA: the judge's device copy, mapped (device_share.py)

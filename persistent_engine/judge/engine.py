@@ -204,6 +204,8 @@ class Engine:
     def _share_and_start_baseline(self) -> dict:
         """The sealed arena of weights and workloads shared with executors, the baseline executor started
         (its CUDA graphs captured) and each point's baseline step measured; returns the model's weights."""
+        from persistent_engine.models.spec import config_of_path
+
         config = self.config
         weights = guards.model_weights(self.model)
         self.device_weights = None                # on CUDA: one copy of the weights, mapped by every executor
@@ -215,7 +217,8 @@ class Engine:
         self.arena = Arena.build(shared)        # sealed: no process can write it from here on
         self.arena_checksums = self.arena.checksums()
         self._arena_window = 0
-        self._init = {"model": config.model, "layers": self.layers, "device": config.device,
+        self._init = {"model": config.model, "model_config": config_of_path(config.model),  # executors' cwd differs
+                      "layers": self.layers, "device": config.device,
                       "dtype": str(self.dtype).removeprefix("torch."), "points": self.points,
                       "variants": config.variants, "seed": config.seed, "threads": self.threads,
                       "weights": self.device_weights.spec if self.device_weights else None}

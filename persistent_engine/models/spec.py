@@ -234,13 +234,16 @@ class ModelSpec(SpecSizes):
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_name(cls, name: str) -> "ModelSpec":
+    def from_name(cls, name: str, config: dict[str, Any] | None = None) -> "ModelSpec":
         """An alias of DESIGN.md (``llama-1b``, ``glm``, ``tiny-moe``...) or a path to a config.json;
-        either with ``+tiny``: the same architecture at toy size (``scaled_down``)."""
+        either with ``+tiny``: the same architecture at toy size (``scaled_down``). ``config``: the
+        path's content as ``config_of_path`` read it elsewhere (an executor need not see the file)."""
         if name.endswith(TINY_SUFFIX) and len(name) > len(TINY_SUFFIX):
-            return cls.from_name(name[: -len(TINY_SUFFIX)]).scaled_down().replace(name=name)
+            return cls.from_name(name[: -len(TINY_SUFFIX)], config).scaled_down().replace(name=name)
         if name in ALIASES:
             return cls.from_config_file(CONFIG_DIR / ALIASES[name], name=name)
+        if config is not None:
+            return cls.from_config(config, name=Path(name).stem)
         path = Path(name)
         if path.is_dir():
             path = path / "config.json"
@@ -549,3 +552,15 @@ def _v4_tiny(spec: ModelSpec, kw: dict) -> dict:
                 index_n_heads=2, index_head_dim=16, index_topk=2, num_kv_heads=1, num_shared_experts=1,
                 shared_intermediate_size=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                 hc_sinkhorn_iters=min(spec.hc_sinkhorn_iters, 20), n_group=1, topk_group=1, first_k_dense=0)
+
+
+def config_of_path(name: str) -> dict[str, Any] | None:
+    """The parsed config.json behind a model name that is a path (``None`` for an alias): what the judge
+    hands its executors, which run in another working directory and may not read the user's files."""
+    base = name[: -len(TINY_SUFFIX)] if name.endswith(TINY_SUFFIX) and len(name) > len(TINY_SUFFIX) else name
+    if base in ALIASES:
+        return None
+    path = Path(base)
+    path = path / "config.json" if path.is_dir() else path
+    cfg = json.loads(path.read_text())       # ModelSpec.from_name has already parsed it with clear errors
+    return cfg if isinstance(cfg, dict) else None

@@ -68,3 +68,23 @@ def test_scaled_down_keeps_code_paths(alias):
         assert t.num_experts % t.n_group == 0 and t.num_experts_per_tok <= t.topk_group * t.num_experts // t.n_group
     if s.attention == "mla":
         assert bool(t.q_lora_rank) == bool(s.q_lora_rank)
+
+
+def test_a_config_path_reaches_an_executor_as_its_content(tmp_path, monkeypatch):
+    """An executor runs in its own working directory (and may not read the user's files): a model given
+    as a relative config path travels as the parsed config (``config_of_path``), and parses the same."""
+    from persistent_engine.models.spec import config_of_path
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run" / "m.json").write_text((CONFIG_DIR / ALIASES["qwen3-moe"]).read_text())
+    monkeypatch.chdir(tmp_path / "run")
+    judged = {name: ModelSpec.from_name(name) for name in ("m.json", "m.json+tiny")}
+    configs = {name: config_of_path(name) for name in judged}
+    assert config_of_path("qwen3-moe") is None and config_of_path("qwen3-moe+tiny") is None
+
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(SpecError, match="not found"):
+        ModelSpec.from_name("m.json")
+    for name, spec in judged.items():
+        assert ModelSpec.from_name(name, configs[name]) == spec
