@@ -1,7 +1,11 @@
+import pytest
 import torch
 
-from persistent_engine.models.kv_cache import alloc_kv_cache
+from persistent_engine.models.decoder import build_model
+from persistent_engine.models.kv_cache import alloc_kv_cache, kv_write, write_kv
 from persistent_engine.models.spec import ModelSpec
+from persistent_engine.serving.engine import compiled_decode
+from persistent_engine.workloads import make_workload
 
 
 def test_gqa_and_mla_pools_match_the_spec_accounting():
@@ -26,3 +30,91 @@ def test_blocks_are_shuffled_disjoint_and_slots_follow_the_tables():
     assert c.slots(pos, seq).tolist() == want
     z = alloc_kv_cache(spec, [0], batch=1, tokens_per_seq=3, fill="zeros")
     assert not z.k[0].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("row", [(2, 16), (40,), (1, 8)])          # GQA [Hk, Dh]; MLA [L + R]; an index key
+def test_kv_write_op_writes_what_index_copy_writes(dtype, row):
+    """``tkcc::kv_write`` and the eager ``write_kv`` write the rows index_copy_ writes, also from the
+    strided q|k|v views of a fused projection (row stride (Hq + 2 Hk) Dh), and nothing else."""
+    g = torch.Generator().manual_seed(0)
+    pool = torch.randn(5, 4, *row, generator=g).to(dtype)
+    slots = torch.tensor([7, 0, 19, 12])
+    fused = torch.randn(4, 3, *row, generator=g).to(dtype)
+    for values in (fused[:, 1], fused[:, 2].contiguous()):            # a strided view, a contiguous copy
+        want = pool.clone()
+        want.view(-1, *row).index_copy_(0, slots, values)
+        for write in (kv_write, torch.ops.tkcc.kv_write, write_kv):
+            got = pool.clone()
+            write(got, slots, values)
+            assert torch.equal(got, want), write
+
+
+def _decode(seed: int = 0):
+    m = build_model("tiny-dense", layers=2, device="cpu", dtype=torch.float32, seed=seed)
+    return m, make_workload(m, {"phase": "decode", "batch": 3, "context": 21}, seed)
+
+
+def _pools(wl) -> dict:
+    return {(name, i): t for name, d in (("k", wl.cache.k), ("v", wl.cache.v)) for i, t in d.items()}
+
+
+def test_compiled_decode_writes_the_cache_through_the_custom_op():
+    """Dynamo's graph of a tiny llama decode step calls ``tkcc.kv_write`` once per pool (never
+    index_copy_), and the compiled step gives eager's logits and pools; the eager step never enters the
+    op (write_kv calls index_copy_ unless compiling)."""
+    m, wl = _decode()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    pools0 = {k: t.clone() for k, t in _pools(wl).items()}
+    with torch.no_grad():
+        eager, eager_pools = m.step(wl), {k: t.clone() for k, t in _pools(wl).items()}
+        for k, t in _pools(wl).items():
+            t.copy_(pools0[k])
+        compiled = compiled_decode(m.step, record)(wl)
+    assert torch.equal(compiled, eager)
+    assert all(torch.equal(t, eager_pools[k]) for k, t in _pools(wl).items())
+    assert any(not torch.equal(t, pools0[k]) for k, t in _pools(wl).items())     # the step did write
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
+    assert sum("kv_write" in t for t in targets) == len(_pools(wl)) == 4
+    assert not any("index_copy" in t for t in targets)
+
+
+@pytest.mark.slow
+def test_inductor_writes_the_pools_in_place_without_a_whole_pool_copy(monkeypatch):
+    """The graph inductor lowers (after its post-grad passes) calls kv_write on the pool inputs
+    themselves: no out-of-place index_copy and no ``copy_`` of another pool-sized tensor into a pool
+    (the functionalization epilogue's ``copy_(pool, pool)`` remains, a no-op the lowering drops). A
+    traced ``index_copy_`` into the pool's view (before write_kv) left ``index_copy`` + ``copy_(pool,
+    new pool)`` there, which CUDA inductor runs as two whole-pool kernels per write (~17 s: C++ compile)."""
+    from torch._inductor.graph import GraphLowering
+
+    lowered, init = [], GraphLowering.__init__
+
+    def recording_init(self, gm, *args, **kwargs):
+        lowered.append(gm)
+        init(self, gm, *args, **kwargs)
+
+    monkeypatch.setattr(GraphLowering, "__init__", recording_init)
+    m, wl = _decode()
+    torch._dynamo.reset()
+    no_caches = (torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False),
+                 torch._functorch.config.patch(enable_autograd_cache=False))   # a cache hit skips lowering
+    with torch.no_grad(), no_caches[0], no_caches[1]:
+        eager = m.step(wl)
+        compiled = compiled_decode(m.step)(wl)                          # default backend: inductor
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    pool_numel = next(iter(_pools(wl).values())).numel()
+    (gm,) = lowered
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    pool_copies = [n for n in nodes if str(n.target) == "aten.copy_.default"
+                   and n.args[0].meta["val"].numel() == pool_numel and n.args[1] is not n.args[0]]
+    assert not pool_copies
+    assert not [n for n in nodes if "index_copy" in str(n.target)]
+    writes = [n for n in nodes if "kv_write" in str(n.target)]
+    assert len(writes) == 4 and all(n.args[0].op == "placeholder" for n in writes)
