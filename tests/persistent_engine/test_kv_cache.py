@@ -1,3 +1,5 @@
+import operator
+
 import pytest
 import torch
 
@@ -50,9 +52,17 @@ def test_kv_write_op_writes_what_index_copy_writes(dtype, row):
             assert torch.equal(got, want), write
 
 
-def _decode(seed: int = 0):
+def _decode(seed: int = 0, pool_blocks: int = 64):
+    """A tiny llama (2 layers) and a decode step of 3 sequences (2 blocks of 16 each) over pools of
+    ``pool_blocks`` blocks, as a serving engine's pools are larger than one step's tables: a pool-sized
+    tensor in a graph is then a copy of the pool, not the step's gathered pages."""
     m = build_model("tiny-dense", layers=2, device="cpu", dtype=torch.float32, seed=seed)
-    return m, make_workload(m, {"phase": "decode", "batch": 3, "context": 21}, seed)
+    wl = make_workload(m, {"phase": "decode", "batch": 3, "context": 21}, seed)
+    g = torch.Generator().manual_seed(seed)
+    for pools in (wl.cache.k, wl.cache.v):
+        for i, t in pools.items():
+            pools[i] = torch.randn(pool_blocks, *t.shape[1:], generator=g)
+    return m, wl
 
 
 def _pools(wl) -> dict:
@@ -83,6 +93,43 @@ def test_compiled_decode_writes_the_cache_through_the_custom_op():
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
     assert sum("kv_write" in t for t in targets) == len(_pools(wl)) == 4
     assert not any("index_copy" in t for t in targets)
+
+
+def test_functionalized_decode_builds_no_pool_sized_tensor_but_the_kv_writes():
+    """The functionalized graph inductor receives (AOT autograd, input mutations kept as inductor keeps
+    them) makes no pool-sized tensor out of place except through ``auto_functionalized(kv_write)``,
+    which inductor turns back into the in-place call on the pool input; each pool's epilogue ``copy_``
+    copies from its kv_write. A traced ``index_copy_`` into the pool's view (before write_kv) became an
+    out-of-place ``index_copy`` of the whole pool here, lowered on CUDA (torch 2.11) as two whole-pool
+    kernels per write."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    m, wl = _decode()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = m.step(wl)
+        compiled = compiled_decode(m.step, aot_autograd(fw_compiler=record, keep_inference_input_mutations=True))(wl)
+    torch.testing.assert_close(compiled, eager)
+    pool_numel = next(iter(_pools(wl).values())).numel()
+    (gm,) = graphs
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+
+    def pool_sized(n):
+        v = n.meta.get("val")
+        return isinstance(v, torch.Tensor) and v.numel() == pool_numel
+
+    makers = [n for n in nodes if pool_sized(n) and str(n.target) not in ("aten.copy_.default", "<built-in function getitem>")]
+    assert not makers, [str(n.target) for n in makers]
+    writes = [n for n in nodes if "auto_functionalized" in str(n.target) and "kv_write" in str(n.args[0])]
+    copies = [n for n in nodes if str(n.target) == "aten.copy_.default" and pool_sized(n)]
+    assert len(writes) == len(copies) == 4
+    assert all(c.args[1].target is operator.getitem and c.args[1].args[0] in writes for c in copies)
 
 
 @pytest.mark.slow
