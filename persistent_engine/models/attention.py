@@ -7,7 +7,7 @@ too: the layer runs ``add_rms_norm_qkv_rotary`` with ``fused_input`` (qkv weight
 ``fused_rotary`` (cos/sin cache, rotary_dim, Hq, Hk) and passes the rotated (q, k, v) to ``__call__``.
 With QK-norm (which sits between the projection and the rotary) the layer runs ``add_rms_norm_linear``
 and passes qkv[T, (Hq + 2 Hk) Dh]. The q/k/v split is not copied: q is a [T, Hq, Dh] view with row
-stride (Hq + 2 Hk) Dh, and rotary_embedding and index_copy_ take such strided views.
+stride (Hq + 2 Hk) Dh, and rotary_embedding and write_kv take such strided views.
 
 Layers with a sliding window (``spec.layer_window``) or attention sinks run ``attention_decode_window`` /
 ``attention_prefill_window`` (ops/window.py) instead.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from persistent_engine.models.kv_cache import write_kv
 from persistent_engine.ops.fused import split_qkv
 from persistent_engine.ops.registry import call
 
@@ -44,8 +45,8 @@ class GQAAttention:
         qkv[T, (Hq + 2 Hk) Dh] (the normed hidden state projected by ``fused_input``; QK-norm models)."""
         q, k, v = a if isinstance(a, tuple) else self._qk_norm_rotary(a, wl)
         t, hq, hk, dh = q.shape[0], self.hq, self.hk, self.dh
-        k_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, k)              # same slots on every run
-        v_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, v)
+        write_kv(k_cache, wl.slot_mapping, k)                                    # same slots on every run
+        write_kv(v_cache, wl.slot_mapping, v)
         o = self.attend(q, wl, k_cache, v_cache)
         return call("linear", o.reshape(t, hq * dh), self.o_w, None)
 

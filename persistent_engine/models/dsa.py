@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from persistent_engine.models.kv_cache import write_kv
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.ops.registry import call
 
@@ -53,6 +54,6 @@ class DSAAttention(MLAAttention):
         q = call("linear", cq, self.wq_i, None).view(t, self.hi, self.di)
         k = call("layer_norm", call("linear", h, self.wk_i, None), self.k_norm_w, self.k_norm_b, INDEXER_NORM_EPS)
         q, k = call("rotary_embedding", wl.positions, q, k.view(t, 1, self.di), self.cos_sin, self.r)
-        index_cache.view(-1, self.di).index_copy_(0, wl.slot_mapping, k.view(t, self.di))
+        write_kv(index_cache, wl.slot_mapping, k.view(t, self.di))
         w = call("linear", h, self.weights_w, None).float() * self.weight_scale    # [T, Hi] fp32
         return call("indexer_topk", q, w, index_cache, wl.block_tables, wl.cu_seqlens_q, wl.context_lens, self.topk)

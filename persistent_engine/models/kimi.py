@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine.models.decoder import Decoder
+from persistent_engine.models.kv_cache import write_kv
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import MoEMLP
 from persistent_engine.models.rope import attention_scale, cos_sin_cache
@@ -136,7 +137,7 @@ class GatedMLA(MLAAttention):
         q = q.view(t, self.h, self.dn + self.r)
         kv = call("linear", h, self.kv_a_w, None)                                    # [T, L + R]
         c = call("rms_norm", kv[:, : self.lat].contiguous(), self.kv_a_norm, self.eps)
-        cache.view(-1, self.lat + self.r).index_copy_(0, wl.slot_mapping, torch.cat([c, kv[:, self.lat:]], -1))
+        write_kv(cache, wl.slot_mapping, torch.cat([c, kv[:, self.lat:]], -1))          # [T, L + R]
         return call("mla_q_absorb", q[..., : self.dn].contiguous(), self.w_uk), q[..., self.dn:].contiguous()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from persistent_engine.models.kv_cache import write_kv
 from persistent_engine.ops.registry import call
 
 
@@ -50,7 +51,7 @@ class MLAAttention:
         c = call("rms_norm", kv[:, : self.lat].contiguous(), self.kv_a_norm, self.eps)
         k_pe = kv[:, self.lat:].contiguous().view(t, 1, self.r)
         q_pe, k_pe = call("rotary_embedding", wl.positions, q_pe, k_pe, self.cos_sin, self.r)
-        cache.view(-1, self.lat + self.r).index_copy_(0, wl.slot_mapping, torch.cat([c, k_pe.view(t, self.r)], -1))
+        write_kv(cache, wl.slot_mapping, torch.cat([c, k_pe.view(t, self.r)], -1))      # [T, L + R]
         return call("mla_q_absorb", q_nope, self.w_uk), q_pe, cq                  # q_abs [T, H, L]
 
     def output(self, o_latent: torch.Tensor) -> torch.Tensor:

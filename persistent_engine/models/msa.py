@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine.models.attention import GQAAttention
+from persistent_engine.models.kv_cache import write_kv
 from persistent_engine.ops.registry import call
 
 
@@ -34,10 +35,10 @@ class BlockSparseAttention(GQAAttention):
         iq = call("rms_norm", a[:, n:n + hk * di].view(t, hk, di), self.iq_norm, self.eps)
         ik = call("rms_norm", a[:, n + hk * di:].view(t, 1, di), self.ik_norm, self.eps)
         iq, ik = call("rotary_embedding", wl.positions, iq, ik, self.cos_sin, self.rotary_dim)
-        k_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, k)
-        v_cache.view(-1, hk, dh).index_copy_(0, wl.slot_mapping, v)
+        write_kv(k_cache, wl.slot_mapping, k)
+        write_kv(v_cache, wl.slot_mapping, v)
         index_cache = wl.cache.index_k[self.index]
-        index_cache.view(-1, di).index_copy_(0, wl.slot_mapping, ik.view(t, di))
+        write_kv(index_cache, wl.slot_mapping, ik.view(t, di))
         blocks = call("block_topk", iq, index_cache, wl.block_tables, wl.cu_seqlens_q, wl.context_lens, *self.select_args)
         mb = self.select_args[0]
         if wl.phase == "decode":

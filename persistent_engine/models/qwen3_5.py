@@ -16,6 +16,7 @@ import torch
 
 from persistent_engine.models.attention import GQAAttention
 from persistent_engine.models.gated_delta import GatedDeltaNet
+from persistent_engine.models.kv_cache import write_kv
 from persistent_engine.models.moe import DenseMLP, MoEMLP, swiglu
 from persistent_engine.ops.registry import call
 
@@ -29,8 +30,8 @@ class GatedAttention(GQAAttention):
         """a: [T, (2 Hq + 2 Hk) Dh] = the normed hidden state projected to q | k | v | gate."""
         t = a.shape[0]
         q, k, v = self._qk_norm_rotary(a[:, : self.qkv_rows], wl)
-        k_cache.view(-1, self.hk, self.dh).index_copy_(0, wl.slot_mapping, k)
-        v_cache.view(-1, self.hk, self.dh).index_copy_(0, wl.slot_mapping, v)
+        write_kv(k_cache, wl.slot_mapping, k)
+        write_kv(v_cache, wl.slot_mapping, v)
         o = self.attend(q, wl, k_cache, v_cache).reshape(t, self.hq * self.dh)
         return call("linear", call("sigmoid_gate", o, a[:, self.qkv_rows:]), self.o_w, None)
 
