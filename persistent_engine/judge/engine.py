@@ -231,6 +231,7 @@ class Engine:
         cal = [ab.calibrate(self.baseline, i, self.device.type, self.ref[i][0].numel() * self.ref[i][0].element_size())
                for i in range(len(self.points))]
         self.base_ms, self.batch = [ms for ms, _ in cal], [k for _, k in cal]
+        self.executor_overhead = self._measured_overhead()
         return weights
 
     def _workload_tensors(self) -> dict[str, torch.Tensor]:
@@ -263,6 +264,7 @@ class Engine:
         self.pool_size = 0
         self.pool_wait_s = 0.0
         self._next: Executor | None = None      # set aside by ``prepare`` for the next load
+        self.prepare_ahead = True               # False when memory is short (``memory.pool_plan``)
 
     # ------------------------------------------------------------------------------ executors
     def _new_executor(self, role: str) -> Executor:
@@ -293,15 +295,29 @@ class Engine:
                 # the op checks leave (the other tier's engine and its pool use this GPU too)
                 plan = self._pool_plan(size)
                 elog(plan.line())
-                size = plan.size
+                size, self.prepare_ahead = plan.size, plan.held_out >= memory.HELD_OUT
             self.pool_size = size
             self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S,
                                      note=self._memory_note)
         return self.pool
 
     # ------------------------------------------------------------------------------ device memory
+    def _measured_overhead(self) -> int:
+        """The warmed baseline executor's own overhead beyond its tensors (``memory.measured_overhead`` of
+        its ``memory`` report; the constant where it cannot answer)."""
+        if self.device.type != "cuda":
+            return memory.EXECUTOR_OVERHEAD_BYTES
+        try:
+            report = self.baseline.call({"op": "memory"}, DEFAULT_CALL_S)
+        except (ExecutorDied, ExecutorTimeout) as e:
+            elog(f"the baseline executor did not report its memory ({e}); counting "
+                 f"{memory.EXECUTOR_OVERHEAD_BYTES / memory.GIB:.1f} GiB of overhead per executor")
+            return memory.EXECUTOR_OVERHEAD_BYTES
+        return memory.measured_overhead(report if isinstance(report, dict) and "error" not in report else None)
+
     def _executor_each(self) -> int:
-        return memory.executor_bytes(self.executor_bytes, self.arena.size)
+        return memory.executor_bytes(self.executor_bytes, self.arena.size,
+                                     getattr(self, "executor_overhead", memory.EXECUTOR_OVERHEAD_BYTES))
 
     def _weights_to_come(self, free: int) -> int:
         """The co-tenants' weights not on the device yet (this process's own holdings: the allocator's
@@ -513,6 +529,9 @@ class Engine:
         return ex
 
     def prepare(self, req: Prepare) -> PrepareReply:
+        self._pool()
+        if not self.prepare_ahead:              # memory short (memory.pool_plan): the load takes one itself
+            return PrepareReply(message="no executor prepared ahead: device memory short", pool_wait_s=0.0)
         if self._next is None or not self._next.alive():
             self._next = None
             self._next = self._take()
