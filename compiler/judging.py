@@ -87,7 +87,7 @@ class Judge:
             progress.count("correct")
         owed = dict(source=source, verdict=verdict, author=author, idea_id=idea_id, cand=cand)
         if self._wins_fast(source, verdict) and time.monotonic() >= self.search_end:
-            with self._lock:                 # the search has ended: confirmed by confirm_owed, not here
+            with self._settled:              # the search has ended: confirmed by confirm_owed, not here
                 self._owed.append(owed)
             return verdict
         self._decide(**owed)
