@@ -238,3 +238,29 @@ def test_a_pool_with_room_still_holds_two_out():
     plan = memory.pool_plan(12, 80 * GIB, 4 * GIB, 10 * GIB)
     assert plan.held_out == memory.HELD_OUT and plan.size == 6
     assert "memory short" not in plan.line()
+
+
+def test_a_judge_short_of_memory_prepares_no_executor_ahead():
+    from types import SimpleNamespace
+
+    from persistent_engine.judge.engine import Engine
+
+    taken = []
+    judge = SimpleNamespace(_next=None, prepare_ahead=False, _pool=lambda: None, pool_wait_s=0.0,
+                            _take=lambda: taken.append(1) or "warm executor")
+    reply = Engine.prepare(judge, None)
+    assert "no executor prepared ahead" in reply.message and judge._next is None and not taken
+    judge.prepare_ahead = True
+    Engine.prepare(judge, None)
+    assert judge._next == "warm executor" and taken == [1]
+
+
+def test_the_cpu_judge_counts_the_constant_overhead_without_asking():
+    from types import SimpleNamespace
+
+    import torch
+
+    from persistent_engine.judge.engine import Engine
+
+    judge = SimpleNamespace(device=torch.device("cpu"), baseline=None)
+    assert Engine._measured_overhead(judge) == memory.EXECUTOR_OVERHEAD_BYTES
