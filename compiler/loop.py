@@ -258,8 +258,10 @@ def run_engines(run: Run, run_in: RunInputs, agents: list[Any], startup_s: float
         deadline = min(time.monotonic() + cfg.budget_s, run.budget.search_end)   # budget_s: the search's
         progress.deadline = run.budget.end if cfg.wall_s is not None else deadline
         judge, agents = start_judging(run, run_in, fleet, baseline, agents)
+        judge.search_end, judge.confirm_end = deadline, fleet.deadline
         reverify_seeds(judge, cfg.seeds, run.stop)
         reports = search(run, run_in, judge, engines.clock, agents, baseline.profile, deadline)
+        judge.confirm_owed()                 # fast-tier winners the search's end left unconfirmed
         progress.phase("composing")
         composition, interrupted = compose_accepted(run, judge.acceptor)
     finally:
@@ -298,13 +300,23 @@ def measure_baseline(run: Run, fleet: Fleet, points: list[dict]) -> Baseline:
     """The fast tier's per-op profile (posted on the board) and each tier's A/A timing noise."""
     profile = fleet.profile("fast")
     best_effort(run.board.set_baseline, run.run_id, profile)
+    took: dict[str, list[float]] = {}
+
+    def timed(tier: str, source: str) -> Any:
+        t0 = time.monotonic()
+        try:
+            return fleet.evaluate(tier, source)
+        finally:
+            took.setdefault(tier, []).append(time.monotonic() - t0)
+
     noise = {"fast": 0.05, "slow": 0.05} if run.stop.is_set() else \
-        measure_noise(fleet.evaluate, run.cfg.aa_runs, run.progress.event, run.budget.baseline_end())
+        measure_noise(timed, run.cfg.aa_runs, run.progress.event, run.budget.baseline_end())
     run.progress.event(f"baseline profiled; measured noise fast ±{100 * noise['fast']:.1f}% "
                        f"slow ±{100 * noise['slow']:.1f}%")
     if max(noise.values()) > 0.25:
         run.progress.event("warning: timing noise above 25% (a busy machine?); only large gains can be accepted")
-    return Baseline(profile, op_ms(profile, points), noise)
+    eval_s = {tier: sorted(got)[len(got) // 2] for tier, got in took.items()}   # the confirmations' estimate
+    return Baseline(profile, op_ms(profile, points), noise, eval_s)
 
 
 def start_judging(run: Run, run_in: RunInputs, fleet: Fleet, baseline: Baseline,
@@ -322,7 +334,7 @@ def start_judging(run: Run, run_in: RunInputs, fleet: Fleet, baseline: Baseline,
     acceptor, agents = config_plan.start(acceptor, agents, run.cfg.traffic, baseline.profile, run_in.spec,
                                          run_in.fast_layers, run_in.device["kind"], on_accept, progress.event)
     run.memory.seed(agents)
-    return Judge(run, fleet, acceptor, accepted), agents
+    return Judge(run, fleet, acceptor, accepted, eval_s=dict(baseline.eval_s)), agents
 
 
 def reverify_seeds(judge: Judge, seeds: tuple[tuple[str, str], ...], stop: threading.Event) -> None:

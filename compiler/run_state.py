@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from compiler import inputs
@@ -70,6 +70,7 @@ class Baseline:
     profile: dict                            # the fast engine's per-op profile (Supervisor.profile)
     op_ms: dict[str, float]
     noise: dict[str, float]                  # tier -> A/A spread
+    eval_s: dict[str, float] = field(default_factory=dict)   # tier -> seconds of one A/A evaluation (median)
 
 
 @dataclass

@@ -19,6 +19,8 @@ are the judge's), warms kernels, and then answers one request at a time:
             output cloned into a ring; replies once the device is idle
   fetch     rows of output j of the last ``run`` (and row 0 of runs j-1, j-2: the chain's links)
   guards    what this process's own guards saw (global state, threads): reasons that can only reject
+  memory    its caching allocator's bytes (allocated now, reserved now and at peak; 0 on CPU): sizes the
+            judge's pool (judge/memory.py ``measured_overhead``, asked of the baseline executor only)
 
 Nothing this process reports decides a verdict in the candidate's favour: outputs are compared and times
 measured by the judge; the reports it makes about itself (guards, call counts) can only reject.
@@ -270,6 +272,14 @@ class Worker:
     def guards_request(self, msg: dict) -> dict:
         return {"reasons": self.guard_reasons(msg.get("when", "check"))}
 
+    def memory_request(self, msg: dict) -> dict:
+        """This process's device bytes by torch's caching allocator (all 0 on CPU)."""
+        cuda = self.torch.cuda
+        if self.device.type != "cuda":
+            return {"allocated": 0, "reserved": 0, "peak_reserved": 0}
+        return {"allocated": int(cuda.memory_allocated(self.device)), "reserved": int(cuda.memory_reserved(self.device)),
+                "peak_reserved": int(cuda.max_memory_reserved(self.device))}
+
 
 def _native_threads() -> set[int]:
     """Thread ids of this process (``/proc/self/task``), raw ``_thread`` ones included."""
@@ -316,7 +326,8 @@ def serve(chan, arena, init: dict) -> int:
     worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES) // 4
     chan.send({"ready": True, "pid": os.getpid()})
     handlers = {"load": worker.load, "op_checks": worker.op_checks, "steps": worker.steps, "capture": worker.capture,
-                "run": worker.run, "fetch": worker.fetch, "guards": worker.guards_request}
+                "run": worker.run, "fetch": worker.fetch, "guards": worker.guards_request,
+                "memory": worker.memory_request}
     while True:
         msg = decode_tensors(chan.recv())
         op = msg.get("op")

@@ -34,7 +34,6 @@ import os
 import random
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -44,14 +43,15 @@ from persistent_engine import guards, tier_inputs, timing, tolerance, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena
 from persistent_engine.executor.device_share import DeviceWeights
-from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorStartFailed,
-                                              ExecutorTimeout, sandbox_summary)
+from persistent_engine.executor.launch import Executor, ExecutorDied, ExecutorPool, ExecutorTimeout, sandbox_summary
 from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
 from persistent_engine.judge import memory
+from persistent_engine.judge.executors import (DEFAULT_CALL_S, EXECUTOR_START_S, POOL_SIZE,  # noqa: F401 (public face)
+                                              ExecutorSide, elog)
 from persistent_engine.judge.checks import default_points, point_label, weight_share
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
-                                         PrepareReply, Profile,
+                                         Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
                                          UnloadReply, Verify, VerifyReply, WorkloadPoint, PointProfile, PointTiming)
 
@@ -67,19 +67,11 @@ CONFIG_NOTES = {
 }
 # roofline floor: bytes a step must read at least / this bandwidth (GB/s); CUDA when unset
 DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
-# warm candidate executors kept ready: one warms in ~8-9 s on the H200 box (imports ~5 s, CUDA context,
-# weights, the first Triton compile ~2 s), a cycle should take < 1 s, so twelve warming at once on its 16
-# cores (~1.3 per second) keep the judge from waiting;
-# on CPU one (the CI machine has two cores). On CUDA fewer when memory is short (``memory.pool_plan``: each
-# takes its KV caches, activations and context; the weights are mapped, device_share.py).
-POOL_SIZE = {"cuda": 12, "cpu": 1}
 # the pool's executors SIGSTOPped while a point is timed once at least this many are warm (a warming one's
 # imports take a core from the timed sides: on the 2-core CI machine an A/A read 0.4-3.4x with the pool
 # warming, 1.00-1.05 with it paused); always on CPU, on CUDA only while the pool is ahead (it must keep warming)
 PAUSE_POOL_IF_READY = {"cpu": 0, "cuda": 2}
 ARENA_CHUNKS_PER_CHECK = 4             # arena chunks (16 MiB each) re-hashed after every candidate
-EXECUTOR_START_S = 900.0
-DEFAULT_CALL_S = 600.0
 DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
                  "unspecified launch failure", "misaligned address", "illegal instruction")
 
@@ -103,11 +95,6 @@ class EngineConfig:
     co_tenant_weights: int = 0
 
 
-def elog(line: str) -> None:
-    """One line on the engine's stderr (the supervisor keeps it and shows its tail on a crash)."""
-    print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
-
-
 class Candidate:
     """What the judge knows of the loaded candidate: its executor and what that executor reported at load
     (names, CONFIG, DESCRIPTION: descriptive only; nothing here decides a verdict)."""
@@ -117,7 +104,7 @@ class Candidate:
         self.overrides = dict.fromkeys(ops)     # op names (the implementations live in the executor only)
 
 
-class Engine:
+class Engine(ExecutorSide):
     def __init__(self, config: EngineConfig, log=lambda stage, seconds: None):
         """Builds the judge's slice and starts its baseline executor, stage by stage (each stage's seconds
         go to ``self.startup`` and ``log``; see the module docstring)."""
@@ -234,6 +221,7 @@ class Engine:
         cal = [ab.calibrate(self.baseline, i, self.device.type, self.ref[i][0].numel() * self.ref[i][0].element_size())
                for i in range(len(self.points))]
         self.base_ms, self.batch = [ms for ms, _ in cal], [k for _, k in cal]
+        self.executor_overhead = self._measured_overhead()
         return weights
 
     def _workload_tensors(self) -> dict[str, torch.Tensor]:
@@ -266,70 +254,7 @@ class Engine:
         self.pool_size = 0
         self.pool_wait_s = 0.0
         self._next: Executor | None = None      # set aside by ``prepare`` for the next load
-
-    # ------------------------------------------------------------------------------ executors
-    def _new_executor(self, role: str) -> Executor:
-        capture = role == "baseline" and self.device.type == "cuda" and self.config.cuda_graph
-        return Executor({**self._init, "capture": capture}, self.arena, self._dir, role=role)
-
-    def _start_baseline(self) -> None:
-        """The baseline executor: the reference code only, in a process of the same kind as a candidate's
-        (so both sides of an A/B pay the same overheads); replaced if it ever dies."""
-        if self.baseline is not None:
-            self.baseline.kill()
-        ex = self._new_executor("baseline")
-        ex.wait_ready(EXECUTOR_START_S)
-        self.baseline = ex
-        if self.device.type == "cuda" and self.config.cuda_graph:
-            r = ex.call({"op": "capture", "points": list(range(len(self.points)))}, DEFAULT_CALL_S)
-            self.base_graphed = set(r["graphed"])
-            self.graph_errors = {int(k): v for k, v in r["errors"].items()}
-        else:
-            why = timing.graph_plan(self.points, self.device.type, self.config.cuda_graph)
-            self.graph_errors = {i: w for i, w in enumerate(why) if w}
-
-    def _pool(self) -> ExecutorPool:
-        if self.pool is None:
-            size = self.config.pool_size or POOL_SIZE.get(self.device.type, 1)
-            if self.device.type == "cuda" and not self.config.pool_size:
-                # the baseline executor's measured footprint each, from what the other tier's weights and
-                # the op checks leave (the other tier's engine and its pool use this GPU too)
-                plan = self._pool_plan(size)
-                elog(plan.line())
-                size = plan.size
-            self.pool_size = size
-            self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S,
-                                     note=self._memory_note)
-        return self.pool
-
-    # ------------------------------------------------------------------------------ device memory
-    def _executor_each(self) -> int:
-        return memory.executor_bytes(self.executor_bytes, self.arena.size)
-
-    def _weights_to_come(self, free: int) -> int:
-        """The co-tenants' weights not on the device yet (this process's own holdings: the allocator's
-        reserve, the exported weights, its context, the baseline executor and the started candidate ones)."""
-        started = (self.pool_size - self.pool.warming_count()) if self.pool is not None else 0
-        started += (self.candidate is not None) + (self._next is not None)     # taken from the pool
-        own = (torch.cuda.memory_reserved(self.device) + (self.device_weights.nbytes if self.device_weights else 0)
-               + memory.CONTEXT_BYTES + self.executor_bytes + started * self._executor_each())
-        return memory.to_come(gpu_bytes(self.device) or 0, free, own, self.config.co_tenant_weights)
-
-    def _pool_plan(self, wanted: int) -> memory.PoolPlan:
-        """Warm executors from what is left once the co-tenants' weights have landed and the op-level
-        checks' reserve is kept."""
-        free = free_gpu_bytes(self.device)
-        reserve = memory.op_check_reserve(self.op_check_floor)
-        return memory.pool_plan(wanted, free, self._executor_each(), reserve, self._weights_to_come(free))
-
-    def _memory_note(self) -> str:
-        """What was free when an executor failed to start (for the reason the judge reports)."""
-        return memory.describe_memory(free_gpu_bytes(self.device) if self.device.type == "cuda" else None,
-                                      guards.host_bytes_available())
-
-    def start_pool(self) -> None:
-        """Start warming candidate executors now (else on the first candidate)."""
-        self._pool()
+        self.prepare_ahead = True               # False when memory is short (``memory.pool_plan``)
 
     def close(self) -> None:
         self._drop_candidate()
@@ -498,75 +423,6 @@ class Engine:
         return LoadReply(ok=True, message=f"loaded {c.name}" + (f" (CONFIG {notes})" if notes else ""),
                          ops=sorted(c.ops), config=c.config, description=c.description[:2000], seconds=secs,
                          sandbox=confined)
-
-    def _take(self) -> Executor:
-        """The executor ``prepare`` set aside, else a warm one from the pool (waiting for it)."""
-        ex, self._next = self._next, None
-        if ex is not None and ex.alive():
-            return ex
-        if ex is not None:
-            self._pool().discard(ex)
-        t0 = timing.now_ns()
-        try:
-            ex = self._pool().take()
-        except ExecutorStartFailed as e:        # not the candidate's doing: the pool started another at once
-            elog(str(e))
-            ex = self._pool().take()            # a second failure is the reply's reason
-        self.pool_wait_s = (timing.now_ns() - t0) / 1e9
-        return ex
-
-    def prepare(self, req: Prepare) -> PrepareReply:
-        if self._next is None or not self._next.alive():
-            self._next = None
-            self._next = self._take()
-        return PrepareReply(message="executor ready", pool_wait_s=self.pool_wait_s)
-
-    def reference_routes(self, i: int, v: int, deadline: float) -> list | None:
-        """The reference's MoE routing at point i, variant v, as the baseline EXECUTOR computes it: a
-        process of the kind a candidate runs in (same environment, same mapped weights, same workloads), so
-        for a candidate that overrides nothing upstream of a router that router sees the same logits bit
-        for bit. This process's own re-run can round differently (another cuBLAS algorithm, another
-        environment): on the H200 a GLM-5.2 fused-MoE candidate, which changes nothing above its one router,
-        had a first-layer flip of 0.0583 x the logit RMS. Taken only when the executor's logits match the
-        start-up reference as ``ReferenceRoutes`` asks of its re-run; else (or when it cannot answer) this
-        process's routing. Recorded on first use."""
-        from persistent_engine.executor.routes import calls_from_wire
-
-        key = (i, v)
-        if key in self.executor_routes:
-            return self.executor_routes[key]
-        routes = None
-        left = deadline - timing.now_ns() / 1e9
-        if self.baseline is not None and left > 0:
-            try:
-                results = self.baseline.call({"op": "steps", "steps": [{"i": i, "v": v, "moe": True, "refs": None}]},
-                                             left).get("results")
-                r = results[0] if isinstance(results, list) and results and isinstance(results[0], dict) else {}
-            except (ExecutorDied, ExecutorTimeout):
-                r = {}
-            calls = calls_from_wire((r.get("routes") or {}).get("calls"), self.device)
-            out = r.get("logits")
-            if (calls and all(c is not None for c in calls) and isinstance(out, torch.Tensor)
-                    and verify.compare_logits(out.to(self.device), self.ref[i][v], self.dtype, "",
-                                              verify.LOGIT_RTOL.get(self.dtype, 5e-2) / 50) is None):
-                routes = calls
-        if routes is None:
-            routes = self.moe_routes.get(key, self.model, self.workloads[i][v], self.ref[i][v], self.dtype)
-        self.executor_routes[key] = routes
-        return routes
-
-    def _op_budget(self) -> int | None:
-        """Bytes one op-level check may hold (``memory.op_check_budget``): a quarter of the GPU, and at most
-        half of what is free once the pool's warming executors and the co-tenants' weights still to come
-        have landed. A GLM-5.2 run's fast and slow tiers hold ~71 GB of weights on a 150 GB H200; half of
-        the free memory alone (~65 GB when a check began) let moe_experts' check keep 27 real-size experts,
-        whose bf16 w13 (1.27 GiB) then found 199 MiB free. The check runs on fewer experts (``OpDef.fit``);
-        the layer level still runs the model's own shapes."""
-        if self.op_check_budget is None:
-            return None
-        free = free_gpu_bytes(self.device)
-        warming = self.pool.warming_count() * self._executor_each() if self.pool is not None else 0
-        return memory.op_check_budget(self.op_check_budget, free, warming + self._weights_to_come(free))
 
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:

@@ -1,0 +1,115 @@
+"""compiler/judging.py's confirmations on a real board with the real acceptor: a fast-tier winner found when
+the search's time is up is confirmed on the slow tier after the swarm (not lost, as the v3 H200 GLM-5.2 run's
+1.233x fused MoE was), no new fast-tier work starts once the time left is the confirmations', and a winner no
+slow-tier time is left for is recorded as not confirmed. The fleet is scripted (its verdicts and durations):
+the engines' part is tested in tests/compiler/test_loop.py and tests/persistent_engine."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+
+from bulletin_board import Board
+from compiler.acceptance import Acceptor
+from compiler.budget import Budget
+from compiler.fleet import FleetConfig
+from compiler.judging import Judge
+from compiler.loop import OptimizeConfig
+from compiler.memory import RunMemory, shape_class
+from compiler.progress import Progress
+from compiler.run_state import Run
+from persistent_engine.supervisor import CandidateVerdict
+
+POINTS = [{"phase": "decode", "batch": 8, "context": 300, "chunk": 1}]
+WINNER = "from persistent_engine.ops import registry\n# fused MoE stand-in: a source is all the judge keys on\n"
+OTHER = WINNER + "# another\n"
+
+
+class ScriptedFleet:
+    """The ``Fleet`` face the judge uses: per tier a speedup and the seconds an evaluation takes."""
+
+    def __init__(self, fast_s: float = 0.0, slow_s: float = 0.0):
+        self.cfg = FleetConfig(model="tiny-dense", points=tuple(POINTS), fast_layers=(0,), slow_layers=(0, 1))
+        self.fast_s, self.slow_s = fast_s, slow_s
+        self.calls: list[tuple[str, str]] = []
+
+    def evaluate(self, tier: str, source: str) -> CandidateVerdict:
+        self.calls.append((tier, source))
+        time.sleep(self.fast_s if tier == "fast" else self.slow_s)
+        return CandidateVerdict(correct=True, reasons=[], speedup=1.233 if tier == "fast" else 1.2)
+
+
+@pytest.fixture
+def board(tmp_path):
+    b = Board(f"sqlite:///{tmp_path / 'board.db'}")
+    yield b
+    b.close()
+
+
+def _judge(board, fleet, *, search_in: float, confirm_in: float, eval_s=None) -> tuple[Judge, io.StringIO]:
+    now = time.monotonic()
+    stream = io.StringIO()
+    progress = Progress(now + confirm_in, stream=stream)
+    row = board.create_run(model="tiny-dense", hw="cpu", traffic_hash="t")
+    memory = RunMemory(board, row.id, model="tiny-dense", hw="cpu", traffic_hash="t",
+                       shape=shape_class("cpu", "bf16", POINTS, [0], [0, 1]))
+    cfg = OptimizeConfig(model="tiny-dense", hw="cpu", traffic="t", out="unused")
+    run = Run(cfg, board, "sqlite://", row.id, memory, progress, threading.Event(), Budget(None), now)
+    accepted: list = []
+    acceptor = Acceptor(fleet.evaluate, POINTS, {"fast": 0.055, "slow": 0.002}, accepted=accepted)
+    judge = Judge(run, fleet, acceptor, accepted, search_end=now + search_in, confirm_end=now + confirm_in,
+                  eval_s=eval_s or {})
+    return judge, stream
+
+
+def test_a_winner_found_as_the_search_ends_is_confirmed_after_it(board):
+    fleet = ScriptedFleet(fast_s=0.3)                    # the fast verdict lands past the search's end
+    judge, stream = _judge(board, fleet, search_in=0.1, confirm_in=30)
+    verdict = judge.evaluate(WINNER, author="offline-kernel-3")
+    assert verdict.speedup == 1.233 and not judge.accepted and judge.owed() == 1
+    assert fleet.calls == [("fast", WINNER)]             # not confirmed in the agent's thread
+    refused = judge.evaluate(OTHER, author="offline-kernel-0")   # no new fast-tier work past the search's end
+    assert not refused.correct and "search's time is spent" in refused.reasons[0]
+    assert len(fleet.calls) == 1
+    assert judge.confirm_owed() == 1
+    assert fleet.calls[-1] == ("slow", WINNER) and judge.owed() == 0
+    assert [a.slow for a in judge.accepted] == [1.2]
+    assert "confirming 1 fast-tier winner(s) on the slow tier" in stream.getvalue()
+    assert judge.estimate_s("slow") >= 0.0
+
+
+def test_a_confirmation_under_way_in_an_agent_thread_is_waited_for(board):
+    fleet = ScriptedFleet(slow_s=0.5)
+    judge, stream = _judge(board, fleet, search_in=0.2, confirm_in=30)
+    agent = threading.Thread(target=judge.evaluate, args=(WINNER,), kwargs={"author": "a"})
+    agent.start()                                        # fast at once, then 0.5 s on the slow tier
+    time.sleep(0.3)
+    assert judge.owed() == 1
+    judge.confirm_owed()                                 # the swarm gave up on the thread; the run waits
+    assert [a.name for a in judge.accepted] and judge.owed() == 0
+    agent.join()
+
+
+def test_no_new_fast_work_when_the_time_left_is_the_owed_confirmations(board):
+    fleet = ScriptedFleet(fast_s=0.3)
+    judge, _ = _judge(board, fleet, search_in=0.1, confirm_in=30, eval_s={"slow": 20.0, "fast": 5.0})
+    judge.evaluate(WINNER, author="a")                   # owed: one confirmation, ~20 s
+    judge.search_end = time.monotonic() + 60             # search time left, but not for the confirmation
+    judge.confirm_end = time.monotonic() + 15
+    why = judge.refusal()
+    assert why is not None and "kept to confirm 1 fast-tier winner(s)" in why
+    judge.confirm_end = time.monotonic() + 40
+    assert judge.refusal() is None
+
+
+def test_a_winner_with_no_slow_time_left_is_recorded_unconfirmed(board):
+    fleet = ScriptedFleet(fast_s=0.3)
+    judge, stream = _judge(board, fleet, search_in=0.1, confirm_in=30, eval_s={"slow": 20.0})
+    judge.evaluate(WINNER, author="a")
+    judge.confirm_end = time.monotonic() + 5             # one slow evaluation takes ~20 s
+    assert judge.confirm_owed() == 0 and not judge.accepted
+    assert ("slow", WINNER) not in fleet.calls
+    assert "not confirmed (no time left)" in stream.getvalue()
