@@ -99,8 +99,11 @@ def validate_hw(hw: str) -> dict:
 # share of one device's memory the tiers' weights may take together (the rest: KV caches of the workload
 # points, activations, MoE and attention intermediates, CUDA-graph pools, candidates' workspaces). At 0.7
 # deepseek's tiers (fast [0, 3], slow [0..5]: 104 GB of weights on a 150 GB H200) left < 1 GB free, and
-# 30 of 87 candidates failed with CUDA OOM allocating 0.9-1.4 GB; 0.55 keeps ~23 GB more (slow [0..4]).
-TIER_WEIGHT_SHARE = 0.55
+# 30 of 87 candidates failed with CUDA OOM allocating 0.9-1.4 GB; 0.55 kept ~23 GB more (slow [0..4]). At 0.55
+# GLM-5.2's tiers (fast [0, 2, 3], slow [0..4]: 70.8 GB) held 118 GB in judges and executors (29.7 + 60.4 +
+# 13.3 + 14.9 GB), and the slow tier's confirmation of a 1.36x fused MoE failed allocating 1.5 GiB with 1.2 GiB
+# free (benchmarks/results/h200-optimize-glm52-v4-engine-memory.log): 0.45 keeps one MoE layer (~12 GB) more.
+TIER_WEIGHT_SHARE = 0.45
 
 
 def tier_layers(spec: Any, fast_layers: int | None, slow_layers: int | None, device_bytes: float | None = None,
