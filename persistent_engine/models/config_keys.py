@@ -33,6 +33,7 @@ NO_MATH: dict[str, str] = {
     "hidden_dropout": "dropout is inactive at inference",
     "aux_loss_alpha": "training loss", "seq_aux": "training loss", "router_aux_loss_coef": "training loss",
     "output_router_logits": "training output",
+    "router_jitter_noise": "router input noise HF applies in training only (MixtralSparseMoeBlock: self.training)",
     "ep_size": "a parallelism hint (tkcc's cost model searches the layout)",
     "pretraining_tp": "HF's tensor-parallel emulation of training; the same linear maps",
     "num_nextn_predict_layers": "multi-token-prediction heads: speculative decoding only, not the main forward",
@@ -80,6 +81,8 @@ FAMILY_KEYS: dict[str, set[str]] = {
     "minimax_m2": GENERIC | {"num_local_experts", "num_experts_per_tok", "scoring_func", "use_routing_bias",
                              "shared_intermediate_size", "use_qk_norm", "qk_norm_type"},
     "glm4_moe": GENERIC | DEEPSEEK_MOE | {"use_qk_norm"},
+    # Mixtral (HF mixtral): Llama attention, every layer windowed when sliding_window is set, softmax top-k MoE
+    "mixtral": GENERIC | {"num_local_experts", "num_experts_per_tok", "sliding_window"},
     "deepseek_v3": GENERIC | DEEPSEEK_MOE | MLA,
     "deepseek_v32": GENERIC | DEEPSEEK_MOE | MLA | DSA,
     "glm_moe_dsa": GENERIC | DEEPSEEK_MOE | MLA | DSA | {"indexer_types", "index_topk_freq", "index_skip_topk_offset",

@@ -1,6 +1,6 @@
 """The config sections of the families beyond the plain decoder: MLA, DeepSeek sparse attention (DSA),
 GLM-5.x's indexer schedule and MLP layer types, MiniMax-M3's block-sparse attention and MLPs, Qwen3's
-sliding windows, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
+sliding windows, Mixtral's MoE, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
 does not implement (``SpecError``, one line). Pure data (no torch).
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 from persistent_engine.models.config_keys import SpecError
 
 __all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields", "qwen_windows",
-           "parse_mlp_layer_types", "deepseek_v4_fields"]
+           "parse_mlp_layer_types", "deepseek_v4_fields", "mixtral_fields"]
 
 
 def mla_fields(c: dict, name: str, heads: int) -> dict[str, Any]:
@@ -77,6 +77,17 @@ def qwen_windows(c: dict, num_layers: int, name: str) -> tuple[int, ...]:
     if "sliding_attention" in types and not window:
         raise SpecError(f"{name}: layer_types has sliding_attention layers but no sliding_window is in effect")
     return tuple(window if t == "sliding_attention" else 0 for t in types) if window else ()
+
+
+def mixtral_fields(c: dict, num_layers: int) -> dict[str, Any]:
+    """HF MixtralConfig: every layer MoE (num_local_experts, num_experts_per_tok) with experts of intermediate_size;
+    MixtralTopKRouter: softmax over all experts in fp32, top-k, the k weights renormalised to sum 1 (moe_route's
+    softmax + norm_topk_prob); with sliding_window set every layer attends that many tokens (HF masks
+    kv_idx > q_idx - sliding_window, ops/window.py's window)."""
+    window = int(c.get("sliding_window") or 0)
+    return dict(num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                moe_intermediate_size=int(c["intermediate_size"]), scoring="softmax", norm_topk_prob=True,
+                layer_windows=(window,) * num_layers if window else ())
 
 
 def _per_layer_flags(v, num_layers: int, what: str, name: str) -> tuple[bool, ...]:

@@ -54,8 +54,8 @@ from typing import Any
 
 from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, minimax_m3_fields,
-                                                      mla_fields, parse_mlp_layer_types, qwen3_5_fields,
-                                                      qwen_windows, text_config)
+                                                      mixtral_fields, mla_fields, parse_mlp_layer_types,
+                                                      qwen3_5_fields, qwen_windows, text_config)
 from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
@@ -80,6 +80,8 @@ ALIASES = {
     "deepseek-v4-flash": "deepseek-v4-flash.json",
     "deepseek-v3": "deepseek.json",
     "deepseek-v3.2": "deepseek-v3.2.json",
+    "mixtral": "mixtral-8x7b.json",
+    "mixtral-8x7b": "mixtral-8x7b.json",
     "kimi": "kimi-k3.json",
     "kimi-k3": "kimi-k3.json",
     "kimi-k2": "kimi.json",
@@ -96,7 +98,7 @@ RELEASES = {
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
     "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V4-Flash", "deepseek-v4-flash": "DeepSeek-V4-Flash", "deepseek-v3": "DeepSeek-V3",
-    "deepseek-v3.2": "DeepSeek-V3.2",
+    "deepseek-v3.2": "DeepSeek-V3.2", "mixtral": "Mixtral-8x7B-v0.1", "mixtral-8x7b": "Mixtral-8x7B-v0.1",
     "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2": "Kimi-K2",
     "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
@@ -121,6 +123,7 @@ ARCHITECTURES = {
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "DeepseekV4ForCausalLM": "deepseek_v4",
+    "MixtralForCausalLM": "mixtral",
 }
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
@@ -318,6 +321,8 @@ class ModelSpec(SpecSizes):
                       norm_topk_prob=bool(c.get("norm_topk_prob", True)), scoring="softmax")
             if c.get("mlp_only_layers"):
                 kw["extra"] = {"mlp_only_layers": list(c["mlp_only_layers"])}
+        elif family == "mixtral":
+            kw.update(mixtral_fields(c, kw["num_layers"]))
         elif family == "minimax_m2":
             shared = int(c.get("shared_intermediate_size", 0))
             kw.update(num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),

@@ -145,7 +145,7 @@ def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, see
 # ----------------------------------------------------------------------------- HF names
 def _moe_names(spec, i: int) -> tuple[str, str, str, tuple[str, str, str]]:
     """(router weight, correction bias, experts prefix, (gate, up, down) names) of layer i's MoE."""
-    if spec.family in ("minimax_m2", "minimax_m3"):
+    if spec.family in ("minimax_m2", "minimax_m3", "mixtral"):
         b = f"model.layers.{i}.block_sparse_moe."
         return b + "gate.weight", b + "e_score_correction_bias", b + "experts.", ("w1", "w3", "w2")
     b = f"model.layers.{i}.mlp."
