@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from persistent_engine.models.config_keys import SpecError, check_config
-from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, minimax_m3_fields,
-                                                      mixtral_fields, mla_fields, parse_mlp_layer_types,
+from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields,
+                                                      minimax_m3_fields, mixtral_fields, mla_fields, parse_mlp_layer_types,
                                                       qwen3_5_fields, qwen_windows, text_config)
 from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
@@ -82,6 +82,9 @@ ALIASES = {
     "deepseek-v3.2": "deepseek-v3.2.json",
     "mixtral": "mixtral-8x7b.json",
     "mixtral-8x7b": "mixtral-8x7b.json",
+    "gemma": "gemma-3-27b.json",
+    "gemma-3-27b": "gemma-3-27b.json",
+    "gemma-2-9b": "gemma-2-9b.json",
     "kimi": "kimi-k3.json",
     "kimi-k3": "kimi-k3.json",
     "kimi-k2": "kimi.json",
@@ -99,6 +102,7 @@ RELEASES = {
     "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V4-Flash", "deepseek-v4-flash": "DeepSeek-V4-Flash", "deepseek-v3": "DeepSeek-V3",
     "deepseek-v3.2": "DeepSeek-V3.2", "mixtral": "Mixtral-8x7B-v0.1", "mixtral-8x7b": "Mixtral-8x7B-v0.1",
+    "gemma": "Gemma-3-27B (text)", "gemma-3-27b": "Gemma-3-27B (text)", "gemma-2-9b": "Gemma-2-9B",
     "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2": "Kimi-K2",
     "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
@@ -124,7 +128,10 @@ ARCHITECTURES = {
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "DeepseekV4ForCausalLM": "deepseek_v4",
     "MixtralForCausalLM": "mixtral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
 }
+GEMMA_FAMILIES = ("gemma2", "gemma3")
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
@@ -232,6 +239,15 @@ class ModelSpec(SpecSizes):
     o_lora_rank: int = 0
     num_hash_layers: int = 0
     expert_dtype: str = "bf16"             # checkpoint experts: "bf16" | "fp4" (dequantized on load)
+    # Gemma-2 / Gemma-3 (config_sections.gemma_fields): embeddings times sqrt(hidden), (1 + w) norms on the attention
+    # and MLP outputs too (sandwich), scores scaled by query_pre_attn_scalar^-0.5, tanh soft-caps (0: none), the
+    # sliding layers' own rope base (0: every layer rope_theta and rope_scaling; else those are the full layers')
+    embed_scale: bool = False
+    sandwich_norms: bool = False
+    query_pre_attn_scalar: float = 0.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    rope_local_theta: float = 0.0
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -353,6 +369,8 @@ class ModelSpec(SpecSizes):
             kw.update(kimi_fields(c, name, kw["num_layers"]))
         if family == "deepseek_v4":
             kw.update(deepseek_v4_fields(c, name, kw["num_layers"]))
+        if family in GEMMA_FAMILIES:
+            kw.update(gemma_fields(c, name, family, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -418,6 +436,8 @@ class ModelSpec(SpecSizes):
             kw.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
                       latent_moe_size=hidden // 2 if self.latent_moe_size else 0,
                       attn_res_block_size=2 if self.attn_res_block_size else 0)
+        if self.query_pre_attn_scalar:          # the same score scale relative to the head dim
+            kw["query_pre_attn_scalar"] = self.query_pre_attn_scalar * head_dim / self.head_dim
         if self.family == "deepseek_v4":
             kw.update(_v4_tiny(self, kw))
         elif self.sparse_attention:

@@ -46,6 +46,8 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
         p = f"layers.{i}."
         out[p + "input_norm"] = ((h,), "norm")
         out[p + "post_norm"] = ((h,), "norm")
+        if spec.sandwich_norms:                 # Gemma: norms on the attention and MLP outputs too
+            out[p + "attn_out_norm"], out[p + "mlp_out_norm"] = ((h,), "norm"), ((h,), "norm")
         if spec.is_linear(i):
             out.update(_linear_specs(spec, p))
         elif spec.attention == "mla":
@@ -206,12 +208,23 @@ def _indexer_to_hf(spec, i: int, params: dict[str, torch.Tensor]) -> dict[str, t
     return {base + v: t[p + k] for k, v in _INDEXER_HF.items()}
 
 
-_NORMS = ("input_norm", "post_norm", "final_norm", "q_norm", "k_norm", "idx_q_norm", "idx_k_norm")
+_NORMS = ("input_norm", "post_norm", "final_norm", "q_norm", "k_norm", "idx_q_norm", "idx_k_norm", "attn_out_norm",
+          "mlp_out_norm")
+
+
+def _block_norm_names(spec) -> tuple[tuple[str, str], ...]:
+    """(internal, HF) names of a layer's norms after input_layernorm: post_norm is the norm before the MLP
+    (Gemma's pre_feedforward_layernorm; its post_attention_layernorm is on the attention output)."""
+    if spec.sandwich_norms:
+        return (("post_norm", "pre_feedforward_layernorm"), ("attn_out_norm", "post_attention_layernorm"),
+                ("mlp_out_norm", "post_feedforward_layernorm"))
+    return (("post_norm", "post_attention_layernorm"),)
 _HF_NORMS = ("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")
 
 
 def _gemma_norms(spec, tensors: dict[str, torch.Tensor], add: float, hf: bool = False) -> dict[str, torch.Tensor]:
-    """Gemma-style norms (MiniMax-M3 ``use_gemma_norm``) scale by (1 + w): internally the norm weight is 1 + w."""
+    """Gemma-style norms (Gemma-2/3, MiniMax-M3 ``use_gemma_norm``) scale by (1 + w): internally the norm weight is
+    1 + w."""
     if not spec.gemma_norm:
         return tensors
     ends = _HF_NORMS if hf else _NORMS
@@ -227,7 +240,8 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
     for i in layers:
         p, a = f"layers.{i}.", f"model.layers.{i}.self_attn."
         out[p + "input_norm"] = get(f"model.layers.{i}.input_layernorm.weight")
-        out[p + "post_norm"] = get(f"model.layers.{i}.post_attention_layernorm.weight")
+        for name, hf_name in _block_norm_names(spec):
+            out[p + name] = get(f"model.layers.{i}.{hf_name}.weight")
         if spec.attention == "mla":
             hq, dn, r, lat, dv = (spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank,
                                   spec.v_head_dim)
@@ -285,7 +299,8 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
     for i in layers:
         p, a = f"layers.{i}.", f"model.layers.{i}.self_attn."
         out[f"model.layers.{i}.input_layernorm.weight"] = params[p + "input_norm"]
-        out[f"model.layers.{i}.post_attention_layernorm.weight"] = params[p + "post_norm"]
+        for name, hf_name in _block_norm_names(spec):
+            out[f"model.layers.{i}.{hf_name}.weight"] = params[p + name]
         if spec.attention == "mla":
             hq, dn, r, lat = spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank
             inv = (_rope_perm(r) if spec.rope_interleave else torch.arange(r)).argsort()
