@@ -87,6 +87,11 @@ FAMILY_KEYS: dict[str, set[str]] = {
     # Gemma-2 / Gemma-3 text (HF gemma2, gemma3 / gemma3_text; config_sections.gemma_fields)
     "gemma2": GENERIC | GEMMA,
     "gemma3": GENERIC | GEMMA | {"rope_local_base_freq", "sliding_window_pattern"},
+    # Llama-4 text (HF llama4_text; config_sections.llama4_fields)
+    "llama4": GENERIC | {"intermediate_size_mlp", "num_local_experts", "num_experts_per_tok", "moe_layers",
+                         "interleave_moe_layer_step", "use_qk_norm", "no_rope_layers", "no_rope_layer_interval",
+                         "attention_chunk_size", "layer_types", "attn_temperature_tuning", "floor_scale",
+                         "attn_scale"},
     # Mixtral (HF mixtral): Llama attention, every layer windowed when sliding_window is set, softmax top-k MoE
     "mixtral": GENERIC | {"num_local_experts", "num_experts_per_tok", "sliding_window"},
     "deepseek_v3": GENERIC | DEEPSEEK_MOE | MLA,
@@ -193,6 +198,9 @@ FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
                                     "sliding / compressed_sparse / heavily_compressed attention"),
                     "expert_dtype": (_one_of("fp4", "bf16", None), "fp4 (dequantized on load) or bf16"),
                     "hidden_act": (_one_of("silu"), "silu (clamped by swiglu_limit)")},
+    "llama4": {"layer_types": (lambda v: v is None or set(v) <= {"full_attention", "chunked_attention"},
+                               "full_attention / chunked_attention"),
+               "attention_bias": (_falsy, "false")},
     "gemma2": _GELU,
     "gemma3": {**_GELU, "rope_scaling": (_gemma3_rope_ok, "default or linear rope on full layers"),
                "rope_parameters": (_gemma3_rope_ok, "default or linear rope on full layers, default on sliding ones"),

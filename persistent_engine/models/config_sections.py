@@ -1,6 +1,6 @@
 """The config sections of the families beyond the plain decoder: MLA, DeepSeek sparse attention (DSA),
 GLM-5.x's indexer schedule and MLP layer types, MiniMax-M3's block-sparse attention and MLPs, Qwen3's
-sliding windows, Mixtral's MoE, Gemma-2/3's layers, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
+sliding windows, Mixtral's MoE, Gemma-2/3's and Llama-4's layers, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
 does not implement (``SpecError``, one line). Pure data (no torch).
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 from persistent_engine.models.config_keys import SpecError
 
 __all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields", "qwen_windows",
-           "parse_mlp_layer_types", "deepseek_v4_fields", "mixtral_fields", "gemma_fields"]
+           "parse_mlp_layer_types", "deepseek_v4_fields", "mixtral_fields", "gemma_fields", "llama4_fields"]
 
 
 def mla_fields(c: dict, name: str, heads: int) -> dict[str, Any]:
@@ -138,6 +138,39 @@ def _gemma3_rope(c: dict) -> tuple[dict, dict]:
         full["rope_theta"] = c["rope_theta"]
     local = {"rope_theta": c["rope_local_base_freq"]} if "rope_local_base_freq" in c else {}
     return full, local
+
+
+def llama4_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
+    """HF Llama4TextConfig with its defaults: no_rope_layers (1: the layer uses rope; default every
+    no_rope_layer_interval-th layer NoPE), rope layers chunked (layer_types "chunked_attention" when
+    attention_chunk_size is set) with L2-normed q/k (use_qk_norm), NoPE layers' query temperature
+    (attn_temperature_tuning, floor_scale, attn_scale); MoE layers (moe_layers, default every
+    interleave_moe_layer_step-th) of num_local_experts at intermediate_size with a shared expert of the same width,
+    Llama4Router: top-k of the raw logits, weight sigmoid(logit), no renormalisation, applied to the expert's input;
+    dense layers at intermediate_size_mlp."""
+    interval = int(c.get("no_rope_layer_interval", 4))
+    rope = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if not isinstance(rope, list) or len(rope) != num_layers:
+        raise SpecError(f"{name}: no_rope_layers must give 0 or 1 for each of the {num_layers} layers")
+    chunk = int(c.get("attention_chunk_size", 8192) or 0)
+    types = c.get("layer_types") or ["chunked_attention" if r and chunk else "full_attention" for r in rope]
+    want = ["chunked_attention" if r and chunk else "full_attention" for r in rope]
+    if list(types) != want:
+        raise SpecError(f"{name}: layer_types must be chunked_attention exactly on the rope layers (no_rope_layers) "
+                        "when attention_chunk_size is set, else full_attention")
+    step = int(c.get("interleave_moe_layer_step", 1))
+    moe = c.get("moe_layers")
+    moe = set(range(step - 1, num_layers, step) if moe is None else moe)
+    experts = int(c.get("num_local_experts", 16))
+    tuning = c.get("attn_temperature_tuning", True)
+    return dict(rope_layers=tuple(bool(r) for r in rope), qk_l2_norm=bool(c.get("use_qk_norm", True)),
+                attention_chunk_size=chunk, attn_temperature_floor=int(c.get("floor_scale", 8192)) if tuning else 0,
+                attn_temperature_scale=float(c.get("attn_scale", 0.1)), moe_input_scaled=True,
+                num_experts=experts, num_experts_per_tok=int(c.get("num_experts_per_tok", 1)),
+                moe_intermediate_size=int(c["intermediate_size"]), intermediate_size=int(c["intermediate_size_mlp"]),
+                num_shared_experts=1, shared_intermediate_size=int(c["intermediate_size"]), scoring="sigmoid",
+                norm_topk_prob=False, rope_theta=float(c.get("rope_theta", 500000.0)),
+                mlp_layer_types=tuple("moe" if i in moe else "dense" for i in range(num_layers)))
 
 
 def _per_layer_flags(v, num_layers: int, what: str, name: str) -> tuple[bool, ...]:

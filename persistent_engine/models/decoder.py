@@ -29,7 +29,7 @@ from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import DenseMLP, MoEMLP
 from persistent_engine.models.msa import BlockSparseAttention
-from persistent_engine.models import qwen3_5
+from persistent_engine.models import llama4, qwen3_5
 from persistent_engine.models.rope import attention_scale, cos_sin_cache, local_cos_sin_cache
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import init_params, load_weights
@@ -47,6 +47,8 @@ class Layer:
         self.attn_out_norm, self.mlp_out_norm = params.get(p + "attn_out_norm"), params.get(p + "mlp_out_norm")
         if spec.linear_layers:           # Qwen3.5: Gated DeltaNet / gated attention, gated shared expert
             self.attn, self.mlp = qwen3_5.blocks(spec, params, p, cos_sin, scale, index)
+        elif spec.family == "llama4":    # NoPE / chunked rope layers, input-scaled experts + shared expert
+            self.attn, self.mlp = llama4.blocks(spec, params, p, cos_sin, scale, index)
         elif spec.sparse_attention:      # MLA + DSA; ``selections``: the decoder's top-k of this step by layer
             self.attn = DSAAttention(spec, params, p, cos_sin, scale, index, selections)
         elif spec.block_sparse(index):   # MiniMax-M3
@@ -54,7 +56,7 @@ class Layer:
         else:
             attn = MLAAttention if spec.attention == "mla" else GQAAttention
             self.attn = attn(spec, params, p, cos_sin, scale)
-        if not spec.linear_layers:
+        if not spec.linear_layers and spec.family != "llama4":
             self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else MoEMLP(spec, params, p)
         # (weight, bias) each block's input projection fused with its norm, or None (read now: tensor
         # parallelism may wrap the blocks later)

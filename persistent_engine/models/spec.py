@@ -61,7 +61,7 @@ from typing import Any
 
 from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields,
-                                                      minimax_m3_fields, mixtral_fields, mla_fields, parse_mlp_layer_types,
+                                                      llama4_fields, minimax_m3_fields, mixtral_fields, mla_fields, parse_mlp_layer_types,
                                                       qwen3_5_fields, qwen_windows, text_config)
 from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
@@ -92,6 +92,8 @@ ALIASES = {
     "gemma": "gemma-3-27b.json",
     "gemma-3-27b": "gemma-3-27b.json",
     "gemma-2-9b": "gemma-2-9b.json",
+    "llama4": "llama-4-scout.json",
+    "llama-4-scout": "llama-4-scout.json",
     "kimi": "kimi-k3.json",
     "kimi-k3": "kimi-k3.json",
     "kimi-k2": "kimi.json",
@@ -110,6 +112,7 @@ RELEASES = {
     "deepseek": "DeepSeek-V4-Flash", "deepseek-v4-flash": "DeepSeek-V4-Flash", "deepseek-v3": "DeepSeek-V3",
     "deepseek-v3.2": "DeepSeek-V3.2", "mixtral": "Mixtral-8x7B-v0.1", "mixtral-8x7b": "Mixtral-8x7B-v0.1",
     "gemma": "Gemma-3-27B (text)", "gemma-3-27b": "Gemma-3-27B (text)", "gemma-2-9b": "Gemma-2-9B",
+    "llama4": "Llama-4-Scout-17B-16E (text)", "llama-4-scout": "Llama-4-Scout-17B-16E (text)",
     "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2": "Kimi-K2",
     "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
@@ -137,6 +140,7 @@ ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Llama4ForCausalLM": "llama4",
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
@@ -255,6 +259,15 @@ class ModelSpec(SpecSizes):
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     rope_local_theta: float = 0.0
+    # Llama-4 (config_sections.llama4_fields): per layer rope (False: NoPE); rope layers L2-normed q/k (weightless RMS
+    # after the rotary) and chunked attention (chunks of attention_chunk_size, 0: full); NoPE layers' query temperature
+    # (attn_temperature_floor 0: none); routed experts take the router weight on their input
+    rope_layers: tuple[bool, ...] = ()
+    qk_l2_norm: bool = False
+    attention_chunk_size: int = 0
+    attn_temperature_floor: int = 0
+    attn_temperature_scale: float = 0.1
+    moe_input_scaled: bool = False
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -378,6 +391,8 @@ class ModelSpec(SpecSizes):
             kw.update(deepseek_v4_fields(c, name, kw["num_layers"]))
         if family in GEMMA_FAMILIES:
             kw.update(gemma_fields(c, name, family, kw["num_layers"]))
+        if family == "llama4":
+            kw.update(llama4_fields(c, name, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -443,6 +458,10 @@ class ModelSpec(SpecSizes):
             kw.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
                       latent_moe_size=hidden // 2 if self.latent_moe_size else 0,
                       attn_res_block_size=2 if self.attn_res_block_size else 0)
+        if self.rope_layers:                    # Llama-4: a rope layer (chunked) then a NoPE one, chunks of 8 tokens
+            kw.update(rope_layers=tuple(j < kw["num_layers"] - 1 for j in range(kw["num_layers"])),
+                      attention_chunk_size=8 if self.attention_chunk_size else 0,
+                      attn_temperature_floor=4 if self.attn_temperature_floor else 0)
         if self.query_pre_attn_scalar:          # the same score scale relative to the head dim
             kw["query_pre_attn_scalar"] = self.query_pre_attn_scalar * head_dim / self.head_dim
         if self.family == "deepseek_v4":
@@ -499,6 +518,10 @@ class ModelSpec(SpecSizes):
         """Layer i's sliding window (tokens a query sees, itself included), 0 for full attention."""
         return self.layer_windows[i] if self.layer_windows else 0
 
+    def uses_rope(self, i: int) -> bool:
+        """Whether layer i rotates q and k (Llama-4's NoPE layers do not)."""
+        return not self.rope_layers or self.rope_layers[i]
+
     def is_linear(self, i: int) -> bool:
         """Whether layer i is a Gated DeltaNet (linear attention) layer (Qwen3.5)."""
         return bool(self.linear_layers) and self.linear_layers[i]
@@ -540,6 +563,7 @@ class ModelSpec(SpecSizes):
             seen.setdefault("indexer:" + self.indexer_kind(i), i)
             seen.setdefault(f"msa:{self.block_sparse(i)}", i)
             seen.setdefault(f"window:{self.layer_window(i)}", i)
+            seen.setdefault(f"rope:{self.uses_rope(i)}", i)
             seen.setdefault(f"linear:{self.is_linear(i)}", i)
             seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
             if self.compress_ratios:

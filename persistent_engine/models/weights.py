@@ -232,6 +232,45 @@ def _gemma_norms(spec, tensors: dict[str, torch.Tensor], add: float, hf: bool = 
             for k, v in tensors.items()}
 
 
+def _llama4_qk_rows(spec, inverse: bool) -> torch.Tensor:
+    """Row order of a Llama-4 qkv_w: each q and k head's interleaved rope pairs (HF apply_rotary_emb's complex
+    pairs) -> halves (the neox rotary_embedding), or back; v rows unchanged."""
+    dh, hq, hk = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    perm = _rope_perm(dh).argsort() if inverse else _rope_perm(dh)
+    heads = torch.cat([h * dh + perm for h in range(hq + hk)])
+    return torch.cat([heads, torch.arange((hq + hk) * dh, (hq + 2 * hk) * dh)])
+
+
+def _llama4_mlp_from_hf(spec, i: int, get) -> dict[str, torch.Tensor]:
+    """Llama-4's feed_forward: dense gate/up/down, or router, experts.gate_up_proj [E, H, 2I] / down_proj [E, I, H]
+    (stored transposed) and shared_expert."""
+    p, f = f"layers.{i}.", f"model.layers.{i}.feed_forward."
+    dense = spec.layer_kind(i) == "dense"
+    s = f if dense else f + "shared_expert."
+    out = {p + ("gate_up_w" if dense else "shared_gate_up_w"): torch.cat([get(s + "gate_proj.weight"),
+                                                                         get(s + "up_proj.weight")]),
+           p + ("down_w" if dense else "shared_down_w"): get(s + "down_proj.weight")}
+    if not dense:
+        out[p + "router_w"] = get(f + "router.weight")
+        out[p + "w13"] = get(f + "experts.gate_up_proj").transpose(1, 2).contiguous()
+        out[p + "w2"] = get(f + "experts.down_proj").transpose(1, 2).contiguous()
+    return out
+
+
+def _llama4_mlp_to_hf(spec, i: int, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    p, f = f"layers.{i}.", f"model.layers.{i}.feed_forward."
+    dense = spec.layer_kind(i) == "dense"
+    s = f if dense else f + "shared_expert."
+    out = dict(zip((s + "gate_proj.weight", s + "up_proj.weight"),
+                   params[p + ("gate_up_w" if dense else "shared_gate_up_w")].chunk(2)))
+    out[s + "down_proj.weight"] = params[p + ("down_w" if dense else "shared_down_w")]
+    if not dense:
+        out[f + "router.weight"] = params[p + "router_w"]
+        out[f + "experts.gate_up_proj"] = params[p + "w13"].transpose(1, 2)
+        out[f + "experts.down_proj"] = params[p + "w2"].transpose(1, 2)
+    return out
+
+
 def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
     """Internal tensors from an HF checkpoint; ``get(hf_name) -> Tensor``."""
     out: dict[str, torch.Tensor] = {"embed": get("model.embed_tokens.weight"), "final_norm": get("model.norm.weight")}
@@ -271,6 +310,10 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
             if spec.qk_norm != "none":
                 out[p + "q_norm"], out[p + "k_norm"] = get(a + "q_norm.weight"), get(a + "k_norm.weight")
         out[p + "o_w"] = get(a + "o_proj.weight")
+        if spec.family == "llama4":
+            out[p + "qkv_w"] = out[p + "qkv_w"][_llama4_qk_rows(spec, inverse=False)]
+            out.update(_llama4_mlp_from_hf(spec, i, get))
+            continue
         m = f"model.layers.{i}.mlp."
         if spec.layer_kind(i) == "dense":
             out[p + "gate_up_w"] = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")])
@@ -334,6 +377,12 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
             if spec.qk_norm != "none":
                 out[a + "q_norm.weight"], out[a + "k_norm.weight"] = params[p + "q_norm"], params[p + "k_norm"]
         out[a + "o_proj.weight"] = params[p + "o_w"]
+        if spec.family == "llama4":
+            rows = _llama4_qk_rows(spec, inverse=True)
+            for x, t in zip("qkv", params[p + "qkv_w"][rows].split(sizes)):
+                out[a + f"{x}_proj.weight"] = t
+            out.update(_llama4_mlp_to_hf(spec, i, params))
+            continue
         m = f"model.layers.{i}.mlp."
         if spec.layer_kind(i) == "dense":
             out[m + "gate_proj.weight"], out[m + "up_proj.weight"] = params[p + "gate_up_w"].chunk(2)
