@@ -151,12 +151,12 @@ def llama4_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
     interval = int(c.get("no_rope_layer_interval", 4))
     rope = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
     if not isinstance(rope, list) or len(rope) != num_layers:
-        raise SpecError(f"{name}: no_rope_layers must give 0 or 1 for each of the {num_layers} layers")
+        raise SpecError(f"{name}: 'no_rope_layers' must give 0 or 1 for each of the {num_layers} layers")
     chunk = int(c.get("attention_chunk_size", 8192) or 0)
     types = c.get("layer_types") or ["chunked_attention" if r and chunk else "full_attention" for r in rope]
     want = ["chunked_attention" if r and chunk else "full_attention" for r in rope]
     if list(types) != want:
-        raise SpecError(f"{name}: layer_types must be chunked_attention exactly on the rope layers (no_rope_layers) "
+        raise SpecError(f"{name}: 'layer_types' must be chunked_attention exactly on the rope layers (no_rope_layers) "
                         "when attention_chunk_size is set, else full_attention")
     step = int(c.get("interleave_moe_layer_step", 1))
     moe = c.get("moe_layers")
