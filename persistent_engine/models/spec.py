@@ -39,6 +39,9 @@ Supported families (``ModelSpec.family``):
                                                     query_pre_attn_scalar, tanh soft-capped scores and logits
   gemma3      Gemma3ForCausalLM                     Gemma-2's layer without score soft-capping, + per-head (1 + w)
                                                     QK-norm, sliding layers' own rope base (rope_local_base_freq)
+  llama4      Llama4ForCausalLM                     NoPE layers (query temperature) interleaved with rope layers
+                                                    (L2 qk-norm, chunked attention); top-1 sigmoid router scaling
+                                                    the experts' input + shared expert; interleaved MoE layers
   deepseek_v4 DeepseekV4ForCausalLM                 hc_mult hyper-connection residual streams, one shared K = V
                                                     head over a sliding window plus compressed entries (CSA:
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-
