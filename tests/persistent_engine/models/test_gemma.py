@@ -46,7 +46,6 @@ def last_logits(spec: ModelSpec, state: dict, ids: torch.Tensor) -> torch.Tensor
     return model.step(wl)
 
 
-@pytest.mark.slow          # ~9 s: the first HF Gemma forward on CPU
 @pytest.mark.parametrize("cfg", [GEMMA2, GEMMA3], ids=["gemma2", "gemma3"])
 def test_gemma_matches_hf(cfg):
     model = hf_model(cfg, seed=1)
