@@ -32,16 +32,12 @@ Supported families (``ModelSpec.family``):
               ConditionalGeneration (Kimi-K3)       rule + short conv, per-sequence recurrent state) interleaved
                                                     with gated NoPE MLA; latent MoE, SiTU-GLU, attention residuals
                                                     (models/kimi_config.py, models/kimi.py)
-  mixtral     MixtralForCausalLM                    Llama attention (optional sliding window on every layer),
-                                                    softmax top-k MoE renormalised over the k, w1/w3/w2 experts
-  gemma2      Gemma2ForCausalLM                     GeGLU, (1 + w) norms before and after attention and MLP,
-                                                    embeddings x sqrt(hidden), sliding/full layer interleave,
-                                                    query_pre_attn_scalar, tanh soft-capped scores and logits
-  gemma3      Gemma3ForCausalLM                     Gemma-2's layer without score soft-capping, + per-head (1 + w)
-                                                    QK-norm, sliding layers' own rope base (rope_local_base_freq)
-  llama4      Llama4ForCausalLM                     NoPE layers (query temperature) interleaved with rope layers
-                                                    (L2 qk-norm, chunked attention); top-1 sigmoid router scaling
-                                                    the experts' input + shared expert; interleaved MoE layers
+  mixtral     MixtralForCausalLM                    Llama attention (optional window), softmax top-k MoE renormalised
+  gemma2      Gemma2ForCausalLM                     GeGLU, (1 + w) norms around attention and MLP, sqrt(H) embeddings,
+  gemma3      Gemma3ForCausalLM                     sliding/full interleave, soft-capped scores (2) and logits; 3: QK-
+                                                    norm, sliding layers' own rope base (config_sections.gemma_fields)
+  llama4      Llama4ForCausalLM                     NoPE layers (query temperature) between chunked rope layers (L2
+                                                    qk-norm); top-1 sigmoid router on the experts' input + shared
   deepseek_v4 DeepseekV4ForCausalLM                 hc_mult hyper-connection residual streams, one shared K = V
                                                     head over a sliding window plus compressed entries (CSA:
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-
