@@ -8,7 +8,7 @@ import torch
 
 from persistent_engine.models.decoder import make_decoder
 from persistent_engine.models.spec import ModelSpec
-from persistent_engine.models.weights import hf_to_internal
+from persistent_engine.models.weights import hf_to_internal, param_specs
 from persistent_engine.ops.gemma import attention_decode_softcap, attention_prefill_softcap, gelu_tanh_and_mul
 from persistent_engine.workloads import make_workload
 
@@ -39,7 +39,10 @@ def hf_model(cfg: dict, seed: int):
 
 def last_logits(spec: ModelSpec, state: dict, ids: torch.Tensor) -> torch.Tensor:
     layers = list(range(spec.num_layers))
-    model = make_decoder(spec, layers, hf_to_internal(spec, layers, state.__getitem__), "cpu", torch.float32)
+    params = hf_to_internal(spec, layers, state.__getitem__)
+    # the shapes a --weights load checks (load_weights: param_specs)
+    assert {k: tuple(t.shape) for k, t in params.items()} == {k: s for k, (s, _) in param_specs(spec, layers).items()}
+    model = make_decoder(spec, layers, params, "cpu", torch.float32)
     b, s = ids.shape
     wl = make_workload(model, {"phase": "prefill", "batch": b, "context": 0, "chunk": s}, token_ids=ids.flatten(),
                        fill="zeros")

@@ -8,7 +8,7 @@ import torch
 
 from persistent_engine.models.decoder import make_decoder
 from persistent_engine.models.spec import ModelSpec
-from persistent_engine.models.weights import hf_to_internal
+from persistent_engine.models.weights import hf_to_internal, param_specs
 from persistent_engine.ops.moe import moe_experts, moe_route
 from persistent_engine.workloads import make_workload
 
@@ -54,7 +54,10 @@ def checkpoint_names(state: dict[str, torch.Tensor], inter: int) -> dict[str, to
 def last_logits(spec: ModelSpec, ckpt: dict, ids: torch.Tensor) -> torch.Tensor:
     """tkcc's logits [B, V] of each sequence's last token after a prefill of ids[B, S] (fp32)."""
     layers = list(range(spec.num_layers))
-    model = make_decoder(spec, layers, hf_to_internal(spec, layers, ckpt.__getitem__), "cpu", torch.float32)
+    params = hf_to_internal(spec, layers, ckpt.__getitem__)
+    # the shapes a --weights load checks (load_weights: param_specs)
+    assert {k: tuple(t.shape) for k, t in params.items()} == {k: s for k, (s, _) in param_specs(spec, layers).items()}
+    model = make_decoder(spec, layers, params, "cpu", torch.float32)
     b, s = ids.shape
     wl = make_workload(model, {"phase": "prefill", "batch": b, "context": 0, "chunk": s}, token_ids=ids.flatten(),
                        fill="zeros")
