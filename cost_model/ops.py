@@ -102,11 +102,13 @@ def _attention_shape(seqs: int, n: int, ctx: int, hq: int, hk: int, dh: int, kv_
 
 
 # ----------------------------------------------------------------------------- sparse and windowed attention
-# (DeepSeek sparse attention of GLM-5.x / DeepSeek-V3.2, MiniMax-M3's block-sparse attention, sliding windows):
+# (DeepSeek sparse attention of GLM-5.x / DeepSeek-V3.2, MiniMax-M3's block-sparse attention, sliding windows,
+# Llama-4's chunks):
 # how many cached tokens a query's attention reads, and the indexers' own cost. Per-layer patterns (shared
 # indexer layers, windowed and full layers, M3's dense first layers) are averaged over the model's layers.
 def attended_keys(spec, keys: float) -> float:
-    """Mean keys a query attends when ``keys`` are visible: the DSA top-k, M3's top blocks, the window."""
+    """Mean keys a query attends when ``keys`` are visible: the DSA top-k, M3's top blocks, the window, Llama-4's
+    chunk (at most ``attention_chunk_size`` keys on its rope layers)."""
     n = max(spec.num_layers, 1)
     if getattr(spec, "index_topk", 0):
         return min(keys, spec.index_topk)
@@ -116,6 +118,9 @@ def attended_keys(spec, keys: float) -> float:
     windows = getattr(spec, "layer_windows", ())
     if windows and any(windows):
         return sum(min(keys, w) if w else keys for w in windows) / n
+    chunk, rope = getattr(spec, "attention_chunk_size", 0), getattr(spec, "rope_layers", ())
+    if chunk and rope:                  # Llama-4: rope layers attend within their chunk, NoPE layers everything
+        return sum(min(keys, chunk) if r else keys for r in rope) / n
     return keys
 
 

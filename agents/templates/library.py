@@ -265,6 +265,10 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "triton", ("cuda",),
              (Knob("SOAI_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("SOAI_NUM_WARPS", POW2_WARPS)),
              "clamped alpha-sigmoid gate times (up + 1) in fp32, one pass, one rounding", _glu("SOAI")),
+    Template("gelu_tanh_and_mul.triton", "gelu_tanh_and_mul", "triton_glu_and_mul.py", "gelu_tanh_and_mul_triton",
+             "triton", ("cuda",),
+             (Knob("GELU_BLOCK_I", (1024, 512, 2048, 4096, 256, 128, 64)), Knob("GELU_NUM_WARPS", POW2_WARPS)),
+             "Gemma's GeGLU (tanh-approximated gelu gate times up) in fp32, one pass, one rounding", _glu("GELU")),
     Template("kda_decode.triton", "kda_decode", "triton_kda_decode.py", "kda_decode_triton", "triton", ("cuda",),
              (Knob("KDA_BLOCK_V", (32, 16, 64, 8, 128)), Knob("KDA_NUM_WARPS", (4, 2, 8, 1))),
              "Kimi delta attention decode step in one kernel: gate, l2 norms, decay, delta update and output with "

@@ -10,7 +10,8 @@ and passes qkv[T, (Hq + 2 Hk) Dh]. The q/k/v split is not copied: q is a [T, Hq,
 stride (Hq + 2 Hk) Dh, and rotary_embedding and write_kv take such strided views.
 
 Layers with a sliding window (``spec.layer_window``) or attention sinks run ``attention_decode_window`` /
-``attention_prefill_window`` (ops/window.py) instead.
+``attention_prefill_window`` (ops/window.py) instead; Gemma-2's soft-capped scores ``attention_decode_softcap`` /
+``attention_prefill_softcap`` (ops/gemma.py).
 
 Per decode token: reads (Hq + 2 Hk) Dh H + Hq Dh H weights and 2 Hk Dh elements per cached token.
 """
@@ -35,6 +36,7 @@ class GQAAttention:
         self.o_w = params[prefix + "o_w"]
         layer = int(prefix.split(".")[1])                   # prefix "layers.{i}."
         self.window, self.sinks = spec.layer_window(layer), params.get(prefix + "sinks")
+        self.softcap = spec.attn_softcap                    # Gemma-2: tanh(s / c) * c on every score (0: none)
         # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
         self.fused_input = (self.qkv_w, self.qkv_b)
         # without QK-norm the rotary is fused as well (add_rms_norm_qkv_rotary's trailing arguments)
@@ -52,6 +54,12 @@ class GQAAttention:
 
     def attend(self, q: torch.Tensor, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Paged attention of the step's queries [T, Hq, Dh] over the cache -> [T, Hq, Dh]."""
+        if self.softcap:                                    # soft-capped scores (ops/gemma.py), windowed or not
+            if wl.phase == "decode":
+                return call("attention_decode_softcap", q, k_cache, v_cache, wl.block_tables, wl.context_lens,
+                            self.scale, self.window, self.softcap)
+            return call("attention_prefill_softcap", q, k_cache, v_cache, wl.block_tables, wl.cu_seqlens_q,
+                        wl.context_lens, self.scale, self.window, self.softcap)
         if self.window or self.sinks is not None:           # sliding window and/or attention sinks
             if wl.phase == "decode":
                 return call("attention_decode_window", q, k_cache, v_cache, wl.block_tables, wl.context_lens,

@@ -33,6 +33,8 @@ NO_MATH: dict[str, str] = {
     "hidden_dropout": "dropout is inactive at inference",
     "aux_loss_alpha": "training loss", "seq_aux": "training loss", "router_aux_loss_coef": "training loss",
     "output_router_logits": "training output",
+    "cache_implementation": "HF generation's KV-cache class (tkcc keeps its own paged cache)",
+    "router_jitter_noise": "router input noise HF applies in training only (MixtralSparseMoeBlock: self.training)",
     "ep_size": "a parallelism hint (tkcc's cost model searches the layout)",
     "pretraining_tp": "HF's tensor-parallel emulation of training; the same linear maps",
     "num_nextn_predict_layers": "multi-token-prediction heads: speculative decoding only, not the main forward",
@@ -61,6 +63,8 @@ DEEPSEEK_MOE = {"n_routed_experts", "num_experts_per_tok", "moe_intermediate_siz
                 "routed_scaling_factor", "n_group", "topk_group"}
 MLA = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
        "qk_head_dim"}
+GEMMA = {"hidden_activation", "query_pre_attn_scalar", "sliding_window", "sliding_window_size", "layer_types",
+         "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"}
 DSA = {"index_n_heads", "index_head_dim", "index_topk", "indexer_rope_interleave"}
 
 # Qwen3.5 (HF qwen3_5 / qwen3_5_moe): Gated DeltaNet layers (linear_*) interleaved with gated full attention
@@ -80,6 +84,16 @@ FAMILY_KEYS: dict[str, set[str]] = {
     "minimax_m2": GENERIC | {"num_local_experts", "num_experts_per_tok", "scoring_func", "use_routing_bias",
                              "shared_intermediate_size", "use_qk_norm", "qk_norm_type"},
     "glm4_moe": GENERIC | DEEPSEEK_MOE | {"use_qk_norm"},
+    # Gemma-2 / Gemma-3 text (HF gemma2, gemma3 / gemma3_text; config_sections.gemma_fields)
+    "gemma2": GENERIC | GEMMA,
+    "gemma3": GENERIC | GEMMA | {"rope_local_base_freq", "sliding_window_pattern"},
+    # Llama-4 text (HF llama4_text; config_sections.llama4_fields)
+    "llama4": GENERIC | {"intermediate_size_mlp", "num_local_experts", "num_experts_per_tok", "moe_layers",
+                         "interleave_moe_layer_step", "use_qk_norm", "no_rope_layers", "no_rope_layer_interval",
+                         "attention_chunk_size", "layer_types", "attn_temperature_tuning", "floor_scale",
+                         "attn_scale"},
+    # Mixtral (HF mixtral): Llama attention, every layer windowed when sliding_window is set, softmax top-k MoE
+    "mixtral": GENERIC | {"num_local_experts", "num_experts_per_tok", "sliding_window"},
     "deepseek_v3": GENERIC | DEEPSEEK_MOE | MLA,
     "deepseek_v32": GENERIC | DEEPSEEK_MOE | MLA | DSA,
     "glm_moe_dsa": GENERIC | DEEPSEEK_MOE | MLA | DSA | {"indexer_types", "index_topk_freq", "index_skip_topk_offset",
@@ -123,7 +137,24 @@ def _rope_ok(v: Any) -> bool:
         return True
     if not isinstance(v, dict):
         return False
-    return (v.get("rope_type") or v.get("type") or "default") in ("default", "llama3", "yarn")
+    return (v.get("rope_type") or v.get("type") or "default") in ("default", "linear", "llama3", "yarn")
+
+
+def _gemma3_rope_ok(v: Any) -> bool:
+    """Gemma-3: default or linear rope (flat: the full layers'), or HF v5's per layer type form with default rope
+    on sliding layers."""
+    if not isinstance(v, dict) or not ({"full_attention", "sliding_attention"} & set(v)):
+        return not v or (isinstance(v, dict) and (v.get("rope_type") or v.get("type") or "default") in ("default", "linear"))
+    full, local = v.get("full_attention") or {}, v.get("sliding_attention") or {}
+    return (full.get("rope_type") or "default") in ("default", "linear") and (local.get("rope_type") or "default") == "default"
+
+
+_GELU = {"hidden_activation": (lambda v: v in ("gelu_pytorch_tanh", None), "gelu_pytorch_tanh"),
+         "hidden_act": (lambda v: v in ("gelu_pytorch_tanh", None), "gelu_pytorch_tanh (HF Gemma reads hidden_activation)"),
+         "attention_bias": (_falsy, "false"),
+         "use_bidirectional_attention": (_falsy, "false (causal attention)"),
+         "layer_types": (lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
+                         "full_attention / sliding_attention")}
 
 
 # key -> (predicate on the value, what tkcc implements); a key absent from the config is never checked
@@ -131,8 +162,8 @@ VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "hidden_act": (_one_of("silu", "swiglu"), "silu (SwiGLU)"),
     "mlp_bias": (_falsy, "false"),
     "quantization_config": (_quant_ok, "none, or fp8 with 128x128 weight blocks (dequantized on load)"),
-    "rope_scaling": (_rope_ok, "default, llama3 or yarn rope"),
-    "rope_parameters": (_rope_ok, "default, llama3 or yarn rope"),
+    "rope_scaling": (_rope_ok, "default, linear, llama3 or yarn rope"),
+    "rope_parameters": (_rope_ok, "default, linear, llama3 or yarn rope"),
     "scoring_func": (_one_of("softmax", "sigmoid"), "softmax or sigmoid"),
     "topk_method": (_one_of("noaux_tc", "greedy", "group_limited_greedy"), "noaux_tc, greedy or group_limited_greedy"),
     "qk_norm_type": (_one_of("per_layer", "per_head"), "per_layer or per_head"),
@@ -167,6 +198,13 @@ FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
                                     "sliding / compressed_sparse / heavily_compressed attention"),
                     "expert_dtype": (_one_of("fp4", "bf16", None), "fp4 (dequantized on load) or bf16"),
                     "hidden_act": (_one_of("silu"), "silu (clamped by swiglu_limit)")},
+    "llama4": {"layer_types": (lambda v: v is None or set(v) <= {"full_attention", "chunked_attention"},
+                               "full_attention / chunked_attention"),
+               "attention_bias": (_falsy, "false")},
+    "gemma2": _GELU,
+    "gemma3": {**_GELU, "rope_scaling": (_gemma3_rope_ok, "default or linear rope on full layers"),
+               "rope_parameters": (_gemma3_rope_ok, "default or linear rope on full layers, default on sliding ones"),
+               "attn_logit_softcapping": (lambda v: v is None, "null (HF's Gemma3Attention never soft-caps scores)")},
     "glm_moe_dsa": {"layer_types": (lambda v: v is None or set(v) <= {"deepseek_sparse_attention"},
                                     "every layer deepseek_sparse_attention")},
 }

@@ -1,6 +1,6 @@
 """The config sections of the families beyond the plain decoder: MLA, DeepSeek sparse attention (DSA),
 GLM-5.x's indexer schedule and MLP layer types, MiniMax-M3's block-sparse attention and MLPs, Qwen3's
-sliding windows, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
+sliding windows, Mixtral's MoE, Gemma-2/3's and Llama-4's layers, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
 does not implement (``SpecError``, one line). Pure data (no torch).
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 from persistent_engine.models.config_keys import SpecError
 
 __all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields", "qwen_windows",
-           "parse_mlp_layer_types", "deepseek_v4_fields"]
+           "parse_mlp_layer_types", "deepseek_v4_fields", "mixtral_fields", "gemma_fields", "llama4_fields"]
 
 
 def mla_fields(c: dict, name: str, heads: int) -> dict[str, Any]:
@@ -77,6 +77,100 @@ def qwen_windows(c: dict, num_layers: int, name: str) -> tuple[int, ...]:
     if "sliding_attention" in types and not window:
         raise SpecError(f"{name}: layer_types has sliding_attention layers but no sliding_window is in effect")
     return tuple(window if t == "sliding_attention" else 0 for t in types) if window else ()
+
+
+def mixtral_fields(c: dict, num_layers: int) -> dict[str, Any]:
+    """HF MixtralConfig: every layer MoE (num_local_experts, num_experts_per_tok) with experts of intermediate_size;
+    MixtralTopKRouter: softmax over all experts in fp32, top-k, the k weights renormalised to sum 1 (moe_route's
+    softmax + norm_topk_prob); with sliding_window set every layer attends that many tokens (HF masks
+    kv_idx > q_idx - sliding_window, ops/window.py's window)."""
+    window = int(c.get("sliding_window") or 0)
+    return dict(num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                moe_intermediate_size=int(c["intermediate_size"]), scoring="softmax", norm_topk_prob=True,
+                layer_windows=(window,) * num_layers if window else ())
+
+
+def gemma_fields(c: dict, name: str, family: str, num_layers: int) -> dict[str, Any]:
+    """HF Gemma2Config / Gemma3TextConfig with their defaults (a key a config leaves out means HF's default):
+    GeGLU (gelu_pytorch_tanh), (1 + w) RMSNorms before and after attention and the MLP, embeddings times
+    sqrt(hidden), scores times query_pre_attn_scalar^-0.5, layer_types (default: Gemma-2 alternates sliding and
+    full from layer 0, Gemma-3 has every sliding_window_pattern-th layer full) with sliding layers attending
+    sliding_window tokens, tanh soft-caps of scores (Gemma-2 only: Gemma3Attention never passes its softcap) and
+    of the final logits; Gemma-3: per-head (1 + w) QK-norm, rope_theta and rope_scaling on full layers,
+    rope_local_base_freq (default rope) on sliding ones."""
+    g3 = family == "gemma3"
+    window = int(c.get("sliding_window", 4096) or 0)
+    if c.get("sliding_window_size") not in (None, window):
+        raise SpecError(f"{name}: sliding_window_size {c['sliding_window_size']} differs from sliding_window {window}")
+    pattern = int(c.get("sliding_window_pattern", 6)) if g3 else 2
+    types = c.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                     for i in range(num_layers)]
+    if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise SpecError(f"{name}: layer_types must give full_attention or sliding_attention for each of the "
+                        f"{num_layers} layers")
+    if "sliding_attention" in types and not window:
+        raise SpecError(f"{name}: layer_types has sliding_attention layers but sliding_window is {window}")
+    head_dim = int(c.get("head_dim", 256))
+    kw: dict[str, Any] = dict(
+        head_dim=head_dim, rotary_dim=head_dim, mlp_act="gelu_tanh", gemma_norm=True, embed_scale=True,
+        sandwich_norms=True, tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        query_pre_attn_scalar=float(c.get("query_pre_attn_scalar", 256)),
+        layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+        final_softcap=float(c.get("final_logit_softcapping", None if g3 else 30.0) or 0.0),
+        attn_softcap=0.0 if g3 else float(c.get("attn_logit_softcapping", 50.0) or 0.0),
+        max_position_embeddings=int(c.get("max_position_embeddings", 131072 if g3 else 8192)))
+    if g3:
+        full, local = _gemma3_rope(c)
+        kw.update(qk_norm="per_head", rope_theta=float(full.get("rope_theta", 1e6)),
+                  rope_scaling=full if (full.get("rope_type") or "default") != "default" else None,
+                  rope_local_theta=float(local.get("rope_theta", 1e4)))
+    return kw
+
+
+def _gemma3_rope(c: dict) -> tuple[dict, dict]:
+    """(full layers', sliding layers') rope parameters: HF v5's rope_parameters by layer type, or the published
+    configs' rope_theta / rope_scaling (full layers) and rope_local_base_freq (sliding layers)."""
+    rp = c.get("rope_parameters") or {}
+    if "full_attention" in rp or "sliding_attention" in rp:
+        return dict(rp.get("full_attention") or {}), dict(rp.get("sliding_attention") or {})
+    full = dict(c.get("rope_scaling") or {})
+    if "rope_theta" in c:
+        full["rope_theta"] = c["rope_theta"]
+    local = {"rope_theta": c["rope_local_base_freq"]} if "rope_local_base_freq" in c else {}
+    return full, local
+
+
+def llama4_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
+    """HF Llama4TextConfig with its defaults: no_rope_layers (1: the layer uses rope; default every
+    no_rope_layer_interval-th layer NoPE), rope layers chunked (layer_types "chunked_attention" when
+    attention_chunk_size is set) with L2-normed q/k (use_qk_norm), NoPE layers' query temperature
+    (attn_temperature_tuning, floor_scale, attn_scale); MoE layers (moe_layers, default every
+    interleave_moe_layer_step-th) of num_local_experts at intermediate_size with a shared expert of the same width,
+    Llama4Router: top-k of the raw logits, weight sigmoid(logit), no renormalisation, applied to the expert's input;
+    dense layers at intermediate_size_mlp."""
+    interval = int(c.get("no_rope_layer_interval", 4))
+    rope = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if not isinstance(rope, list) or len(rope) != num_layers:
+        raise SpecError(f"{name}: 'no_rope_layers' must give 0 or 1 for each of the {num_layers} layers")
+    chunk = int(c.get("attention_chunk_size", 8192) or 0)
+    types = c.get("layer_types") or ["chunked_attention" if r and chunk else "full_attention" for r in rope]
+    want = ["chunked_attention" if r and chunk else "full_attention" for r in rope]
+    if list(types) != want:
+        raise SpecError(f"{name}: 'layer_types' must be chunked_attention exactly on the rope layers (no_rope_layers) "
+                        "when attention_chunk_size is set, else full_attention")
+    step = int(c.get("interleave_moe_layer_step", 1))
+    moe = c.get("moe_layers")
+    moe = set(range(step - 1, num_layers, step) if moe is None else moe)
+    experts = int(c.get("num_local_experts", 16))
+    tuning = c.get("attn_temperature_tuning", True)
+    return dict(rope_layers=tuple(bool(r) for r in rope), qk_l2_norm=bool(c.get("use_qk_norm", True)),
+                attention_chunk_size=chunk, attn_temperature_floor=int(c.get("floor_scale", 8192)) if tuning else 0,
+                attn_temperature_scale=float(c.get("attn_scale", 0.1)), moe_input_scaled=True,
+                num_experts=experts, num_experts_per_tok=int(c.get("num_experts_per_tok", 1)),
+                moe_intermediate_size=int(c["intermediate_size"]), intermediate_size=int(c["intermediate_size_mlp"]),
+                num_shared_experts=1, shared_intermediate_size=int(c["intermediate_size"]), scoring="sigmoid",
+                norm_topk_prob=False, rope_theta=float(c.get("rope_theta", 500000.0)),
+                mlp_layer_types=tuple("moe" if i in moe else "dense" for i in range(num_layers)))
 
 
 def _per_layer_flags(v, num_layers: int, what: str, name: str) -> tuple[bool, ...]:

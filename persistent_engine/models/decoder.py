@@ -29,8 +29,8 @@ from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import DenseMLP, MoEMLP
 from persistent_engine.models.msa import BlockSparseAttention
-from persistent_engine.models import qwen3_5
-from persistent_engine.models.rope import attention_scale, cos_sin_cache
+from persistent_engine.models import llama4, qwen3_5
+from persistent_engine.models.rope import attention_scale, cos_sin_cache, local_cos_sin_cache
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import init_params, load_weights
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
@@ -43,8 +43,12 @@ class Layer:
         p = f"layers.{index}."
         self.index, self.kind = index, spec.layer_kind(index)
         self.input_norm, self.post_norm = params[p + "input_norm"], params[p + "post_norm"]
+        # Gemma: norms on the attention and MLP outputs before they join the residual (None elsewhere)
+        self.attn_out_norm, self.mlp_out_norm = params.get(p + "attn_out_norm"), params.get(p + "mlp_out_norm")
         if spec.linear_layers:           # Qwen3.5: Gated DeltaNet / gated attention, gated shared expert
             self.attn, self.mlp = qwen3_5.blocks(spec, params, p, cos_sin, scale, index)
+        elif spec.family == "llama4":    # NoPE / chunked rope layers, input-scaled experts + shared expert
+            self.attn, self.mlp = llama4.blocks(spec, params, p, cos_sin, scale, index)
         elif spec.sparse_attention:      # MLA + DSA; ``selections``: the decoder's top-k of this step by layer
             self.attn = DSAAttention(spec, params, p, cos_sin, scale, index, selections)
         elif spec.block_sparse(index):   # MiniMax-M3
@@ -52,7 +56,7 @@ class Layer:
         else:
             attn = MLAAttention if spec.attention == "mla" else GQAAttention
             self.attn = attn(spec, params, p, cos_sin, scale)
-        if not spec.linear_layers:
+        if not spec.linear_layers and spec.family != "llama4":
             self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else MoEMLP(spec, params, p)
         # (weight, bias) each block's input projection fused with its norm, or None (read now: tensor
         # parallelism may wrap the blocks later)
@@ -83,12 +87,16 @@ class Decoder:
         self.spec, self.layers, self.params = spec, list(layers), params
         self.device, self.dtype = torch.device(device), dtype
         self.cos_sin = cos_sin_cache(spec, device=device)
+        local = local_cos_sin_cache(spec, device=device)           # Gemma-3's sliding layers (None: one table)
         self.scale = attention_scale(spec)
         self.eps = spec.rms_norm_eps
         self.embed, self.final_norm = params["embed"], params["final_norm"]
         self.lm_head_w = params.get("lm_head", self.embed)
+        # Gemma: embeddings times sqrt(hidden) rounded to the model dtype (HF Gemma*ScaledWordEmbedding)
+        self.embed_scale = torch.tensor(spec.hidden_size ** 0.5, dtype=dtype) if spec.embed_scale else None
         self.selections: dict[int, torch.Tensor] = {}     # DSA: each full layer's top-k of the current step
-        self.blocks = [Layer(spec, i, params, self.cos_sin, self.scale, self.selections) for i in self.layers]
+        self.blocks = [Layer(spec, i, params, local if local is not None and spec.layer_window(i) else self.cos_sin,
+                             self.scale, self.selections) for i in self.layers]
 
     @property
     def max_positions(self) -> int:
@@ -103,12 +111,18 @@ class Decoder:
     def hidden(self, wl) -> torch.Tensor:
         """Final-normed hidden states of every token of the step: [T, H]."""
         x = call("embedding", wl.token_ids, self.embed)                           # [T, H]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale.to(x.device)
         residual = torch.zeros_like(x)             # x + 0 == x exactly: layer 0 is normed like the rest
         for layer in self.blocks:
             a, residual = _attn_input(layer, x, residual, self.eps, wl)
             x = layer.attn(a, wl, wl.cache.k.get(layer.index), wl.cache.v.get(layer.index))
+            if layer.attn_out_norm is not None:
+                x = call("rms_norm", x, layer.attn_out_norm, self.eps)
             a, residual = _norm_into(x, residual, layer.post_norm, self.eps, layer.mlp_in)
             x = layer.mlp(a)
+            if layer.mlp_out_norm is not None:
+                x = call("rms_norm", x, layer.mlp_out_norm, self.eps)
         return call("fused_add_rms_norm", x, residual, self.final_norm, self.eps)[0]
 
     @torch.no_grad()
@@ -118,7 +132,10 @@ class Decoder:
         h = self.hidden(wl)
         if wl.phase != "decode":
             h = h[wl.last_token_index]                                          # [B, H]
-        return call("lm_head", h, self.lm_head_w)
+        logits = call("lm_head", h, self.lm_head_w)
+        if self.spec.final_softcap:                                             # Gemma: tanh(z / c) * c
+            logits = call("logit_softcap", logits, self.spec.final_softcap)
+        return logits
 
     @torch.no_grad()
     def greedy(self, logits: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The MLP of one layer: dense SwiGLU, or a routed MoE block with optional shared experts.
+"""The MLP of one layer: dense SwiGLU (Gemma: GeGLU), or a routed MoE block with optional shared experts.
 
 Dense: the gate_up projection is fused with the norm before it (the layer runs ``add_rms_norm_linear``
 with ``fused_input``), so ``DenseMLP`` takes gate_up[T, 2I] and runs ``silu_mul_linear``. MoE takes the
@@ -38,11 +38,14 @@ class DenseMLP:
     def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str):
         self.gate_up_w, self.down_w = params[prefix + "gate_up_w"], params[prefix + "down_w"]
         self.oai = oai_args(spec)
+        self.geglu = spec.mlp_act == "gelu_tanh"            # Gemma: gelu_pytorch_tanh(gate) * up
         # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
         self.fused_input = (self.gate_up_w, None)
 
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up[T, 2I] (already projected by ``fused_input``) -> [T, H]."""
+        if self.geglu:
+            return call("linear", call("gelu_tanh_and_mul", gate_up), self.down_w, None)
         return _act_down(gate_up, self.down_w, self.oai)
 
 

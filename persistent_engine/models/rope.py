@@ -1,5 +1,5 @@
 """Rotary position tables: the ``cos_sin_cache[max_pos, R]`` (fp32) that ``rotary_embedding`` reads,
-with the frequency scaling of each family (none, Llama-3, YaRN), and YaRN's attention-scale factor.
+with the frequency scaling of each family (none, linear, Llama-3, YaRN), and YaRN's attention-scale factor.
 
 Cost: max_pos * R * 4 bytes, built once per model (GLM-4.6: 202752 x 64 -> 52 MB).
 """
@@ -65,14 +65,26 @@ def cos_sin_cache(spec, device="cpu", max_pos: int | None = None) -> torch.Tenso
         inv = 1.0 / base ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
         if kind == "llama3":
             inv = _llama3_inv_freq(inv, spec.rope_scaling)
+        elif kind == "linear":                      # HF _compute_linear_scaling_rope_parameters: positions / factor
+            inv = inv / float(spec.rope_scaling["factor"])
         mul = 1.0
     n = int(max_pos or spec.max_position_embeddings)
     ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
     return (torch.cat([ang.cos(), ang.sin()], dim=-1) * mul).float().to(device)
 
 
+def local_cos_sin_cache(spec, device="cpu") -> torch.Tensor | None:
+    """Gemma-3's sliding layers: the default rope at base rope_local_theta (None when every layer shares one table)."""
+    if not spec.rope_local_theta:
+        return None
+    return cos_sin_cache(spec.replace(rope_theta=spec.rope_local_theta, rope_scaling=None), device=device)
+
+
 def attention_scale(spec) -> float:
-    """Softmax scale: 1/sqrt(qk head dim); MLA with YaRN also multiplies by mscale(all_dim)^2."""
+    """Softmax scale: 1/sqrt(qk head dim) (Gemma: 1/sqrt(query_pre_attn_scalar)); MLA with YaRN also multiplies by
+    mscale(all_dim)^2."""
+    if spec.query_pre_attn_scalar:
+        return spec.query_pre_attn_scalar ** -0.5
     if spec.attention != "mla":
         return spec.head_dim ** -0.5
     scale = (spec.qk_nope_head_dim + spec.qk_rope_head_dim) ** -0.5

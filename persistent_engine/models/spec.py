@@ -32,6 +32,12 @@ Supported families (``ModelSpec.family``):
               ConditionalGeneration (Kimi-K3)       rule + short conv, per-sequence recurrent state) interleaved
                                                     with gated NoPE MLA; latent MoE, SiTU-GLU, attention residuals
                                                     (models/kimi_config.py, models/kimi.py)
+  mixtral     MixtralForCausalLM                    Llama attention (optional window), softmax top-k MoE renormalised
+  gemma2      Gemma2ForCausalLM                     GeGLU, (1 + w) norms around attention and MLP, sqrt(H) embeddings,
+  gemma3      Gemma3ForCausalLM                     sliding/full interleave, soft-capped scores (2) and logits; 3: QK-
+                                                    norm, sliding layers' own rope base (config_sections.gemma_fields)
+  llama4      Llama4ForCausalLM                     NoPE layers (query temperature) between chunked rope layers (L2
+                                                    qk-norm); top-1 sigmoid router on the experts' input + shared
   deepseek_v4 DeepseekV4ForCausalLM                 hc_mult hyper-connection residual streams, one shared K = V
                                                     head over a sliding window plus compressed entries (CSA:
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-
@@ -53,9 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from persistent_engine.models.config_keys import SpecError, check_config
-from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, minimax_m3_fields,
-                                                      mla_fields, parse_mlp_layer_types, qwen3_5_fields,
-                                                      qwen_windows, text_config)
+from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields,
+                                                      llama4_fields, minimax_m3_fields, mixtral_fields, mla_fields, parse_mlp_layer_types,
+                                                      qwen3_5_fields, qwen_windows, text_config)
 from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
@@ -80,6 +86,13 @@ ALIASES = {
     "deepseek-v4-flash": "deepseek-v4-flash.json",
     "deepseek-v3": "deepseek.json",
     "deepseek-v3.2": "deepseek-v3.2.json",
+    "mixtral": "mixtral-8x7b.json",
+    "mixtral-8x7b": "mixtral-8x7b.json",
+    "gemma": "gemma-3-27b.json",
+    "gemma-3-27b": "gemma-3-27b.json",
+    "gemma-2-9b": "gemma-2-9b.json",
+    "llama4": "llama-4-scout.json",
+    "llama-4-scout": "llama-4-scout.json",
     "kimi": "kimi-k3.json",
     "kimi-k3": "kimi-k3.json",
     "kimi-k2": "kimi.json",
@@ -96,7 +109,9 @@ RELEASES = {
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
     "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V4-Flash", "deepseek-v4-flash": "DeepSeek-V4-Flash", "deepseek-v3": "DeepSeek-V3",
-    "deepseek-v3.2": "DeepSeek-V3.2",
+    "deepseek-v3.2": "DeepSeek-V3.2", "mixtral": "Mixtral-8x7B-v0.1", "mixtral-8x7b": "Mixtral-8x7B-v0.1",
+    "gemma": "Gemma-3-27B (text)", "gemma-3-27b": "Gemma-3-27B (text)", "gemma-2-9b": "Gemma-2-9B",
+    "llama4": "Llama-4-Scout-17B-16E (text)", "llama-4-scout": "Llama-4-Scout-17B-16E (text)",
     "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2": "Kimi-K2",
     "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
@@ -121,7 +136,12 @@ ARCHITECTURES = {
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "DeepseekV4ForCausalLM": "deepseek_v4",
+    "MixtralForCausalLM": "mixtral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Llama4ForCausalLM": "llama4",
 }
+GEMMA_FAMILIES = ("gemma2", "gemma3")
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
@@ -229,6 +249,24 @@ class ModelSpec(SpecSizes):
     o_lora_rank: int = 0
     num_hash_layers: int = 0
     expert_dtype: str = "bf16"             # checkpoint experts: "bf16" | "fp4" (dequantized on load)
+    # Gemma-2 / Gemma-3 (config_sections.gemma_fields): embeddings times sqrt(hidden), (1 + w) norms on the attention
+    # and MLP outputs too (sandwich), scores scaled by query_pre_attn_scalar^-0.5, tanh soft-caps (0: none), the
+    # sliding layers' own rope base (0: every layer rope_theta and rope_scaling; else those are the full layers')
+    embed_scale: bool = False
+    sandwich_norms: bool = False
+    query_pre_attn_scalar: float = 0.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    rope_local_theta: float = 0.0
+    # Llama-4 (config_sections.llama4_fields): per layer rope (False: NoPE); rope layers L2-normed q/k (weightless RMS
+    # after the rotary) and chunked attention (chunks of attention_chunk_size, 0: full); NoPE layers' query temperature
+    # (attn_temperature_floor 0: none); routed experts take the router weight on their input
+    rope_layers: tuple[bool, ...] = ()
+    qk_l2_norm: bool = False
+    attention_chunk_size: int = 0
+    attn_temperature_floor: int = 0
+    attn_temperature_scale: float = 0.1
+    moe_input_scaled: bool = False
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -321,6 +359,8 @@ class ModelSpec(SpecSizes):
                       norm_topk_prob=bool(c.get("norm_topk_prob", True)), scoring="softmax")
             if c.get("mlp_only_layers"):
                 kw["extra"] = {"mlp_only_layers": list(c["mlp_only_layers"])}
+        elif family == "mixtral":
+            kw.update(mixtral_fields(c, kw["num_layers"]))
         elif family == "minimax_m2":
             shared = int(c.get("shared_intermediate_size", 0))
             kw.update(num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
@@ -351,6 +391,10 @@ class ModelSpec(SpecSizes):
             kw.update(kimi_fields(c, name, kw["num_layers"]))
         if family == "deepseek_v4":
             kw.update(deepseek_v4_fields(c, name, kw["num_layers"]))
+        if family in GEMMA_FAMILIES:
+            kw.update(gemma_fields(c, name, family, kw["num_layers"]))
+        if family == "llama4":
+            kw.update(llama4_fields(c, name, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -416,6 +460,12 @@ class ModelSpec(SpecSizes):
             kw.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
                       latent_moe_size=hidden // 2 if self.latent_moe_size else 0,
                       attn_res_block_size=2 if self.attn_res_block_size else 0)
+        if self.rope_layers:                    # Llama-4: a rope layer (chunked) then a NoPE one, chunks of 8 tokens
+            kw.update(rope_layers=tuple(j < kw["num_layers"] - 1 for j in range(kw["num_layers"])),
+                      attention_chunk_size=8 if self.attention_chunk_size else 0,
+                      attn_temperature_floor=4 if self.attn_temperature_floor else 0)
+        if self.query_pre_attn_scalar:          # the same score scale relative to the head dim
+            kw["query_pre_attn_scalar"] = self.query_pre_attn_scalar * head_dim / self.head_dim
         if self.family == "deepseek_v4":
             kw.update(_v4_tiny(self, kw))
         elif self.sparse_attention:
@@ -470,6 +520,10 @@ class ModelSpec(SpecSizes):
         """Layer i's sliding window (tokens a query sees, itself included), 0 for full attention."""
         return self.layer_windows[i] if self.layer_windows else 0
 
+    def uses_rope(self, i: int) -> bool:
+        """Whether layer i rotates q and k (Llama-4's NoPE layers do not)."""
+        return not self.rope_layers or self.rope_layers[i]
+
     def is_linear(self, i: int) -> bool:
         """Whether layer i is a Gated DeltaNet (linear attention) layer (Qwen3.5)."""
         return bool(self.linear_layers) and self.linear_layers[i]
@@ -511,6 +565,7 @@ class ModelSpec(SpecSizes):
             seen.setdefault("indexer:" + self.indexer_kind(i), i)
             seen.setdefault(f"msa:{self.block_sparse(i)}", i)
             seen.setdefault(f"window:{self.layer_window(i)}", i)
+            seen.setdefault(f"rope:{self.uses_rope(i)}", i)
             seen.setdefault(f"linear:{self.is_linear(i)}", i)
             seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
             if self.compress_ratios:

@@ -46,6 +46,8 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
         p = f"layers.{i}."
         out[p + "input_norm"] = ((h,), "norm")
         out[p + "post_norm"] = ((h,), "norm")
+        if spec.sandwich_norms:                 # Gemma: norms on the attention and MLP outputs too
+            out[p + "attn_out_norm"], out[p + "mlp_out_norm"] = ((h,), "norm"), ((h,), "norm")
         if spec.is_linear(i):
             out.update(_linear_specs(spec, p))
         elif spec.attention == "mla":
@@ -145,7 +147,7 @@ def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, see
 # ----------------------------------------------------------------------------- HF names
 def _moe_names(spec, i: int) -> tuple[str, str, str, tuple[str, str, str]]:
     """(router weight, correction bias, experts prefix, (gate, up, down) names) of layer i's MoE."""
-    if spec.family in ("minimax_m2", "minimax_m3"):
+    if spec.family in ("minimax_m2", "minimax_m3", "mixtral"):
         b = f"model.layers.{i}.block_sparse_moe."
         return b + "gate.weight", b + "e_score_correction_bias", b + "experts.", ("w1", "w3", "w2")
     b = f"model.layers.{i}.mlp."
@@ -206,17 +208,67 @@ def _indexer_to_hf(spec, i: int, params: dict[str, torch.Tensor]) -> dict[str, t
     return {base + v: t[p + k] for k, v in _INDEXER_HF.items()}
 
 
-_NORMS = ("input_norm", "post_norm", "final_norm", "q_norm", "k_norm", "idx_q_norm", "idx_k_norm")
+_NORMS = ("input_norm", "post_norm", "final_norm", "q_norm", "k_norm", "idx_q_norm", "idx_k_norm", "attn_out_norm",
+          "mlp_out_norm")
+
+
+def _block_norm_names(spec) -> tuple[tuple[str, str], ...]:
+    """(internal, HF) names of a layer's norms after input_layernorm: post_norm is the norm before the MLP
+    (Gemma's pre_feedforward_layernorm; its post_attention_layernorm is on the attention output)."""
+    if spec.sandwich_norms:
+        return (("post_norm", "pre_feedforward_layernorm"), ("attn_out_norm", "post_attention_layernorm"),
+                ("mlp_out_norm", "post_feedforward_layernorm"))
+    return (("post_norm", "post_attention_layernorm"),)
 _HF_NORMS = ("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")
 
 
 def _gemma_norms(spec, tensors: dict[str, torch.Tensor], add: float, hf: bool = False) -> dict[str, torch.Tensor]:
-    """Gemma-style norms (MiniMax-M3 ``use_gemma_norm``) scale by (1 + w): internally the norm weight is 1 + w."""
+    """Gemma-style norms (Gemma-2/3, MiniMax-M3 ``use_gemma_norm``) scale by (1 + w): internally the norm weight is
+    1 + w."""
     if not spec.gemma_norm:
         return tensors
     ends = _HF_NORMS if hf else _NORMS
     return {k: (v.float() + add).to(v.dtype) if k.endswith(ends) and "indexer" not in k else v
             for k, v in tensors.items()}
+
+
+def _llama4_qk_rows(spec, inverse: bool) -> torch.Tensor:
+    """Row order of a Llama-4 qkv_w: each q and k head's interleaved rope pairs (HF apply_rotary_emb's complex
+    pairs) -> halves (the neox rotary_embedding), or back; v rows unchanged."""
+    dh, hq, hk = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    perm = _rope_perm(dh).argsort() if inverse else _rope_perm(dh)
+    heads = torch.cat([h * dh + perm for h in range(hq + hk)])
+    return torch.cat([heads, torch.arange((hq + hk) * dh, (hq + 2 * hk) * dh)])
+
+
+def _llama4_mlp_from_hf(spec, i: int, get) -> dict[str, torch.Tensor]:
+    """Llama-4's feed_forward: dense gate/up/down, or router, experts.gate_up_proj [E, H, 2I] / down_proj [E, I, H]
+    (stored transposed) and shared_expert."""
+    p, f = f"layers.{i}.", f"model.layers.{i}.feed_forward."
+    dense = spec.layer_kind(i) == "dense"
+    s = f if dense else f + "shared_expert."
+    out = {p + ("gate_up_w" if dense else "shared_gate_up_w"): torch.cat([get(s + "gate_proj.weight"),
+                                                                         get(s + "up_proj.weight")]),
+           p + ("down_w" if dense else "shared_down_w"): get(s + "down_proj.weight")}
+    if not dense:
+        out[p + "router_w"] = get(f + "router.weight")
+        out[p + "w13"] = get(f + "experts.gate_up_proj").transpose(1, 2).contiguous()
+        out[p + "w2"] = get(f + "experts.down_proj").transpose(1, 2).contiguous()
+    return out
+
+
+def _llama4_mlp_to_hf(spec, i: int, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    p, f = f"layers.{i}.", f"model.layers.{i}.feed_forward."
+    dense = spec.layer_kind(i) == "dense"
+    s = f if dense else f + "shared_expert."
+    out = dict(zip((s + "gate_proj.weight", s + "up_proj.weight"),
+                   params[p + ("gate_up_w" if dense else "shared_gate_up_w")].chunk(2)))
+    out[s + "down_proj.weight"] = params[p + ("down_w" if dense else "shared_down_w")]
+    if not dense:
+        out[f + "router.weight"] = params[p + "router_w"]
+        out[f + "experts.gate_up_proj"] = params[p + "w13"].transpose(1, 2)
+        out[f + "experts.down_proj"] = params[p + "w2"].transpose(1, 2)
+    return out
 
 
 def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
@@ -227,7 +279,8 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
     for i in layers:
         p, a = f"layers.{i}.", f"model.layers.{i}.self_attn."
         out[p + "input_norm"] = get(f"model.layers.{i}.input_layernorm.weight")
-        out[p + "post_norm"] = get(f"model.layers.{i}.post_attention_layernorm.weight")
+        for name, hf_name in _block_norm_names(spec):
+            out[p + name] = get(f"model.layers.{i}.{hf_name}.weight")
         if spec.attention == "mla":
             hq, dn, r, lat, dv = (spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank,
                                   spec.v_head_dim)
@@ -257,6 +310,10 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
             if spec.qk_norm != "none":
                 out[p + "q_norm"], out[p + "k_norm"] = get(a + "q_norm.weight"), get(a + "k_norm.weight")
         out[p + "o_w"] = get(a + "o_proj.weight")
+        if spec.family == "llama4":
+            out[p + "qkv_w"] = out[p + "qkv_w"][_llama4_qk_rows(spec, inverse=False)]
+            out.update(_llama4_mlp_from_hf(spec, i, get))
+            continue
         m = f"model.layers.{i}.mlp."
         if spec.layer_kind(i) == "dense":
             out[p + "gate_up_w"] = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")])
@@ -285,7 +342,8 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
     for i in layers:
         p, a = f"layers.{i}.", f"model.layers.{i}.self_attn."
         out[f"model.layers.{i}.input_layernorm.weight"] = params[p + "input_norm"]
-        out[f"model.layers.{i}.post_attention_layernorm.weight"] = params[p + "post_norm"]
+        for name, hf_name in _block_norm_names(spec):
+            out[f"model.layers.{i}.{hf_name}.weight"] = params[p + name]
         if spec.attention == "mla":
             hq, dn, r, lat = spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank
             inv = (_rope_perm(r) if spec.rope_interleave else torch.arange(r)).argsort()
@@ -319,6 +377,12 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
             if spec.qk_norm != "none":
                 out[a + "q_norm.weight"], out[a + "k_norm.weight"] = params[p + "q_norm"], params[p + "k_norm"]
         out[a + "o_proj.weight"] = params[p + "o_w"]
+        if spec.family == "llama4":
+            rows = _llama4_qk_rows(spec, inverse=True)
+            for x, t in zip("qkv", params[p + "qkv_w"][rows].split(sizes)):
+                out[a + f"{x}_proj.weight"] = t
+            out.update(_llama4_mlp_to_hf(spec, i, params))
+            continue
         m = f"model.layers.{i}.mlp."
         if spec.layer_kind(i) == "dense":
             out[m + "gate_proj.weight"], out[m + "up_proj.weight"] = params[p + "gate_up_w"].chunk(2)

@@ -65,6 +65,10 @@ def check_supported(spec: ModelSpec, cfg: ParallelConfig) -> None:
     tp, why = cfg.tp, None
     if spec.attention == "mla":
         why = "MLA attention is not sharded yet"
+    elif spec.moe_input_scaled:
+        why = "Llama-4's input-scaled experts are not sharded yet"
+    elif spec.final_softcap:
+        why = "final logit soft-capping (Gemma) is not sharded yet"
     elif spec.qk_norm == "per_layer":
         why = "a per-layer QK-norm (over all heads) is not sharded yet"
     elif spec.num_heads % tp:

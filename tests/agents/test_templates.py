@@ -49,6 +49,7 @@ SMALL = {
                                       "MOES_GROUP_M": 4, "MOES_NUM_WARPS": 2, "MOES_NUM_STAGES": 1},
     "kda_decode.triton": {"KDA_BLOCK_V": 8, "KDA_NUM_WARPS": 1},
     "situ_and_mul.triton": {"SITU_BLOCK_I": 64, "SITU_NUM_WARPS": 1},
+    "gelu_tanh_and_mul.triton": {"GELU_BLOCK_I": 64, "GELU_NUM_WARPS": 1},
     "moe_experts.triton_fused": {"MOE_GEMV_MAX_PAIRS": 8, "MOE_GEMV_ROWS": 4, "MOE_GEMV_BLOCK_K": 32,
                                  "MOE_GEMV_WARPS": 1, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
                                  "MOE_GROUP_M": 4, "MOE_NUM_WARPS": 2, "MOE_NUM_STAGES": 1},

@@ -31,8 +31,8 @@ def test_every_key_of_every_shipped_config_is_accounted_for(name):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_an_unknown_key_is_refused_by_name(name):
-    cfg = {**_cfg(name), "sliding_window_pattern": 6}
-    with pytest.raises(SpecError, match="'sliding_window_pattern' is not implemented"):
+    cfg = {**_cfg(name), "sliding_window_pattern_v9": 6}
+    with pytest.raises(SpecError, match="'sliding_window_pattern_v9' is not implemented"):
         ModelSpec.from_config(cfg, name=name)
 
 
@@ -54,6 +54,17 @@ def test_every_no_math_key_says_why():
     ("minimax-m3.json", {"attention_output_gate": True}, "attention_output_gate"),
     ("minimax-m3.json", {"swiglu_beta": 2.0}, "swiglu_beta"),
     ("minimax-m3.json", {"hidden_act": "silu"}, "hidden_act"),
+    ("mixtral-8x7b.json", {"hidden_act": "gelu"}, "hidden_act"),
+    ("gemma-2-9b.json", {"hidden_activation": "gelu"}, "hidden_activation"),
+    ("gemma-2-9b.json", {"rope_local_base_freq": 10000.0}, "rope_local_base_freq"),     # a Gemma-3 key
+    ("gemma-3-27b.json", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma-3-27b.json", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ("gemma-3-27b.json", {"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, "rope_scaling"),
+    ("gemma-3-27b.json", {"sliding_window_pattern": 6, "layer_types": ["chunked_attention"] * 62}, "layer_types"),
+    ("llama-4-scout.json", {"layer_types": ["full_attention"] * 48}, "layer_types"),
+    ("llama-4-scout.json", {"no_rope_layers": [1] * 47}, "no_rope_layers"),
+    ("llama-4-scout.json", {"attention_bias": True}, "attention_bias"),
+    ("mixtral-8x7b.json", {"attention_chunk_size": 8192}, "attention_chunk_size"),   # a Llama-4 key
 ])
 def test_unimplemented_values_and_keys_are_refused(base, change, key):
     with pytest.raises(SpecError, match=f"'{key}'"):

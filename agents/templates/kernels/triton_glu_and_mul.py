@@ -7,6 +7,8 @@ time); each op has its own entry and knob prefix, so one candidate can hold seve
   clamp(up, -limit, limit)``;
 - ``swigluoai_and_mul_triton`` (SOAI_, MiniMax-M3, gpt-oss): ``(clamp(up, -limit, limit) + 1) * g *
   sigmoid(alpha * g)``, ``g = min(gate, limit)``;
+- ``gelu_tanh_and_mul_triton`` (GELU_, Gemma's GeGLU, persistent_engine/ops/gemma.py): ``gelu_tanh(gate) * up``,
+  ``gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``;
 - ``situ_and_mul_triton`` (SITU_, Kimi-K3's SiTU-GLU, persistent_engine/ops/kda.py): ``beta tanh(gate / beta)
   sigmoid(gate) * (lb tanh(up / lb)`` when ``linear_beta`` is given, else ``up)``.
 
@@ -27,7 +29,9 @@ SOAI_BLOCK_I = 1024
 SOAI_NUM_WARPS = 4
 SITU_BLOCK_I = 1024
 SITU_NUM_WARPS = 4
-GLU_SILU, GLU_CLAMP, GLU_OAI, GLU_SITU, GLU_SITU_LB = 0, 1, 2, 3, 4     # ACT
+GELU_BLOCK_I = 1024
+GELU_NUM_WARPS = 4
+GLU_SILU, GLU_CLAMP, GLU_OAI, GLU_SITU, GLU_SITU_LB, GLU_GELU = 0, 1, 2, 3, 4, 5     # ACT
 
 
 @triton.jit
@@ -52,6 +56,8 @@ def _glu_kernel(x_ptr, out_ptr, I, stride_xm, stride_om, A, B, ACT: tl.constexpr
         g = tl.minimum(g, B)
         u = tl.minimum(tl.maximum(u, -B), B)
         y = (u + 1.0) * g / (1.0 + tl.exp(-A * g))
+    elif ACT == 5:
+        y = 0.5 * g * (1.0 + _glu_tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u
     elif ACT >= 3:
         a = A * _glu_tanh(g / A) / (1.0 + tl.exp(-g))
         if ACT == 4:
@@ -85,6 +91,10 @@ def swiglu_clamp_and_mul_triton(x, limit):
 
 def swigluoai_and_mul_triton(x, alpha, limit):
     return _glu_and_mul(x, GLU_OAI, float(alpha), float(limit), SOAI_BLOCK_I, SOAI_NUM_WARPS)
+
+
+def gelu_tanh_and_mul_triton(x):
+    return _glu_and_mul(x, GLU_GELU, 0.0, 0.0, GELU_BLOCK_I, GELU_NUM_WARPS)
 
 
 def situ_and_mul_triton(x, beta, linear_beta):

@@ -1,0 +1,138 @@
+"""Gemma-2 / Gemma-3's own ops: GeGLU, soft-capped attention over the paged KV cache, soft-capped logits.
+
+- ``gelu_tanh_and_mul(x[..., 2I]) -> [..., I]``: gelu_pytorch_tanh(gate) * up (HF Gemma2MLP / Gemma3MLP:
+  ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, ``hidden_activation`` "gelu_pytorch_tanh"), in fp32.
+- ``attention_decode_softcap`` / ``attention_prefill_softcap``: the windowed attention of ops/window.py with
+  each score soft-capped before the mask and softmax, as HF's Gemma-2 ``eager_attention_forward`` does:
+  ``s = tanh(s * scale / cap) * cap`` (``attn_logit_softcapping``); ``window`` 0 is full (causal) attention.
+- ``logit_softcap(logits[B, V], cap) -> tanh(logits / cap) * cap`` (``final_logit_softcapping``, Gemma2ForCausalLM
+  and Gemma3ForCausalLM after lm_head).
+
+Reads and writes as the ops they extend: a decode step reads min(window, context) keys per sequence when windowed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs, gather_pages
+from persistent_engine.ops.basic import _acc
+from persistent_engine.ops.dsa import GATHER_BUDGET, _rows, token_seq_pos
+from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn, tokens
+from persistent_engine.ops.window import _hidden
+
+
+# ----------------------------------------------------------------------------- GeGLU
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = _acc(x).chunk(2, dim=-1)
+    return (F.gelu(gate, approximate="tanh") * up).to(x.dtype)
+
+
+def _glu_inputs(shape, dtype, device, seed):
+    return (randn(generator(device, seed), shape["x"], dtype, device),)
+
+
+def _glu_shapes(spec, point) -> list[dict]:
+    if spec.mlp_act != "gelu_tanh":
+        return []
+    return [{"x": [tokens(point), 2 * spec.intermediate_size]}]
+
+
+# ----------------------------------------------------------------------------- soft-capped attention
+def _capped(s: torch.Tensor, cap: float) -> torch.Tensor:
+    return torch.tanh(s / cap) * cap
+
+
+def attention_decode_softcap(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                             context_lens: torch.Tensor, scale: float, window: int, cap: float) -> torch.Tensor:
+    b, hq, dh = q.shape
+    hk = k_cache.shape[2]
+    k, v = gather_pages(k_cache, block_tables), gather_pages(v_cache, block_tables)        # [B, L, Hk, D]
+    s = _capped(_acc(torch.einsum("bhgd,blhd->bhgl", q.view(b, hk, hq // hk, dh), k)) * scale, cap)
+    hidden = _hidden(torch.arange(k.shape[1], device=q.device), context_lens.long() - 1, window)      # [B, L]
+    p = torch.softmax(s.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
+    return torch.einsum("bhgl,blhd->bhgd", p.to(v.dtype), v).reshape(b, hq, v.shape[-1]).to(q.dtype)
+
+
+def attention_prefill_softcap(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                              cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float, window: int,
+                              cap: float) -> torch.Tensor:
+    t, hq, dh = q.shape
+    hk = k_cache.shape[2]
+    length = block_tables.shape[1] * k_cache.shape[1]
+    out = torch.empty(t, hq, v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    if t == 0:
+        return out
+    seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
+    key = torch.arange(length, device=q.device)
+    chunk = max(1, min(t, GATHER_BUDGET // max(1, length * hk * dh)))          # query rows per gather
+    for c0 in range(0, t, chunk):
+        c1 = min(t, c0 + chunk)
+        idx = key.expand(c1 - c0, length)
+        kk = _rows(k_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, dh)
+        vv = _rows(v_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, -1)
+        s = _capped(_acc(torch.einsum("chgd,clhd->chgl", q[c0:c1].view(c1 - c0, hk, hq // hk, dh), kk)) * scale, cap)
+        p = torch.softmax(s.masked_fill(_hidden(key, pos[c0:c1], window)[:, None, None, :], float("-inf")), dim=-1)
+        out[c0:c1] = torch.einsum("chgl,clhd->chgd", p.to(vv.dtype), vv).reshape(c1 - c0, hq, -1).to(q.dtype)
+    return out
+
+
+def _with_cap(make):
+    def inputs(shape, dtype, device, seed):
+        return (*make(shape, dtype, device, seed), int(shape.get("window", 0)), float(shape["cap"]))
+    return inputs
+
+
+def _attn_shapes(phase: str):
+    def shapes(spec, point) -> list[dict]:
+        if not spec.attn_softcap or point.get("phase", "decode") != phase:
+            return []
+        chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
+        base = {"B": int(point.get("batch", 1)), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
+                "Dv": spec.head_dim, "ctx": int(point.get("context", 0)) + chunk,
+                "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE)), "cap": spec.attn_softcap}
+        if phase == "prefill":
+            base["chunk"] = chunk
+        return [{**base, "window": w} for w in sorted({spec.layer_window(i) for i in range(spec.num_layers)})]
+    return shapes
+
+
+# ----------------------------------------------------------------------------- soft-capped logits
+def logit_softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    return (torch.tanh(_acc(logits) / cap) * cap).to(logits.dtype)
+
+
+def _logit_inputs(shape, dtype, device, seed):
+    return randn(generator(device, seed), [shape["B"], shape["V"]], torch.float32, device, std=30.0), float(shape["cap"])
+
+
+def _logit_shapes(spec, point) -> list[dict]:
+    return [{"B": int(point.get("batch", 1)), "V": spec.vocab_size, "cap": spec.final_softcap}] if spec.final_softcap else []
+
+
+OPS = [
+    OpDef("gelu_tanh_and_mul", gelu_tanh_and_mul,
+          "gelu_tanh_and_mul(x[..., 2I]) -> [..., I] = gelu(x[..., :I], approximate='tanh') * x[..., I:] in fp32 "
+          "(Gemma's GeGLU). shape dict: {'x': [..., 2I]}",
+          _glu_inputs, _glu_shapes, ({"x": [5, 128]}, {"x": [3, 2 * 37]})),
+    OpDef("attention_decode_softcap", attention_decode_softcap,
+          "attention_decode_softcap(q[B, Hq, Dh], k_cache[NB, BS, Hk, Dh], v_cache[NB, BS, Hk, Dv], block_tables[B, MB] "
+          "int32, context_lens[B] int32, scale, window: int, cap: float) -> [B, Hq, Dv]: attention_decode_window with "
+          "scores tanh(q.k * scale / cap) * cap (Gemma-2). shape dict: {'B', 'Hq', 'Hk', 'Dh', 'Dv', 'ctx', 'BS', "
+          "'window', 'cap'}",
+          _with_cap(_decode_inputs), _attn_shapes("decode"),
+          ({"B": 3, "Hq": 4, "Hk": 2, "Dh": 16, "Dv": 16, "ctx": 37, "BS": 16, "window": 8, "cap": 2.0},
+           {"B": 2, "Hq": 4, "Hk": 1, "Dh": 16, "Dv": 16, "ctx": 21, "BS": 4, "window": 0, "cap": 50.0}),
+          tolerances=dict(MATMUL_TOLERANCES)),
+    OpDef("attention_prefill_softcap", attention_prefill_softcap,
+          "attention_prefill_softcap(q[T, Hq, Dh], k_cache, v_cache, block_tables, cu_seqlens_q[B+1] int32, "
+          "context_lens[B] int32, scale, window, cap) -> [T, Hq, Dv]: attention_prefill_window with soft-capped "
+          "scores. shape dict: {'B', 'chunk', 'Hq', 'Hk', 'Dh', 'Dv', 'ctx', 'BS', 'window', 'cap'}",
+          _with_cap(_prefill_inputs), _attn_shapes("prefill"),
+          ({"B": 2, "chunk": 5, "Hq": 4, "Hk": 2, "Dh": 16, "Dv": 16, "ctx": 21, "BS": 8, "window": 6, "cap": 2.0},),
+          tolerances=dict(MATMUL_TOLERANCES)),
+    OpDef("logit_softcap", logit_softcap,
+          "logit_softcap(logits[B, V] fp32, cap) -> [B, V] = tanh(logits / cap) * cap. shape dict: {'B', 'V', 'cap'}",
+          _logit_inputs, _logit_shapes, ({"B": 3, "V": 97, "cap": 30.0},)),
+]
