@@ -66,5 +66,5 @@ def test_optimize_glm_on_a_small_machine_refuses_at_once_naming_tiny(monkeypatch
     rc = main(["optimize", "--model", "glm", "--hw", "b200", "--traffic", str(conv),
                "--device", "cpu", "--out", str(tmp_path / "p"), "--quiet"])
     err = capsys.readouterr().err
-    assert rc == 2 and "--tiny" in err and "exceed 55% of the device's 24.0 GB" in err
+    assert rc == 2 and "--tiny" in err and f"exceed {inputs.TIER_WEIGHT_SHARE:.0%} of the device's 24.0 GB" in err
     assert time.monotonic() - t0 < 60
