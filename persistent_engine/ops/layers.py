@@ -247,7 +247,7 @@ OPS = [
           ({"T": 3, "ctx": 21, "H": 64, "Hq": 4, "Hk": 2, "Dh": 16, "R": 16, "bias": False, "BS": 8},
            {"T": 1, "ctx": 5, "H": 48, "Hq": 3, "Hk": 1, "Dh": 10, "R": 6, "bias": True, "BS": 4}),
           outputs=2, tolerances=dict(MATMUL_TOLERANCES), default=_qkv_kv_default,
-          writes=(SlotWrite(pool=11, slots=13), SlotWrite(pool=12, slots=13))),
+          writes=(SlotWrite(pool=11, slots=13), SlotWrite(pool=12, slots=13)), region=True),
     OpDef("dense_gqa_decode_layer", dense_gqa_decode_layer,
           "dense_gqa_decode_layer(x[B, H], residual[B, H], positions[B] int64, k_cache[NB, BS, Hk, Dh], "
           "v_cache[NB, BS, Hk, Dh], slot_mapping[B] int64, block_tables[B, MB] int32, context_lens[B] int32, "

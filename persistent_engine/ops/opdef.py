@@ -72,8 +72,8 @@ class OpDef:
     check_bytes: Callable[[dict], int] | None = None
     # declared in-place outputs (checked after the returned ones, in this order; see ``SlotWrite``)
     writes: tuple[SlotWrite, ...] = ()
-    # a layer- or step-sized composite (``ops/layers.py``): the profiler attributes its time to its parts
-    # while it runs its default
+    # a region (``ops/layers.py``: a layer, the step, the K/V write around the qkv composite): the profiler
+    # attributes its time to its parts while it runs its default (profiles keep the fine ops' names)
     region: bool = False
 
     @property
