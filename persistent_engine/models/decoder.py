@@ -104,6 +104,7 @@ class Decoder:
         self.lm_head_w = params.get("lm_head", self.embed)
         self.selections: dict[int, torch.Tensor] = {}     # DSA: each full layer's top-k of the current step
         self.blocks = [Layer(spec, i, params, self.cos_sin, self.scale, self.selections) for i in self.layers]
+        self.dense_gqa = dense_gqa(spec)        # decode steps may run as regions (``_region_weights``)
 
     @property
     def max_positions(self) -> int:
@@ -149,7 +150,7 @@ class Decoder:
     def _region_weights(self, wl) -> tuple | None:
         """Per layer the weights of ``dense_gqa_decode_layer`` when this step runs as regions (a decode step,
         every layer plain dense GQA), else None."""
-        if wl.phase != "decode" or not dense_gqa(self.spec):
+        if wl.phase != "decode" or not getattr(self, "dense_gqa", False):
             return None
         weights = tuple(layer.region_weights() for layer in self.blocks)
         return None if any(w is None for w in weights) else weights

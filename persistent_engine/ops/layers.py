@@ -93,9 +93,15 @@ _REFERENCES = {"add_rms_norm_qkv_rotary_kv_write": add_rms_norm_qkv_rotary_kv_wr
                "lm_head": basic.lm_head}
 
 
+_HANDLES: dict = {}
+
+
 def _registry_op(name: str):
-    from persistent_engine.ops.registry import op
-    return op(name)
+    """The registry's handle of ``name`` (resolves the override at call time, so it can be kept)."""
+    if name not in _HANDLES:
+        from persistent_engine.ops.registry import op          # lazy: the registry imports this module
+        _HANDLES[name] = op(name)
+    return _HANDLES[name]
 
 
 def dense_gqa_decode_layer(x, residual, positions, k_cache, v_cache, slot_mapping, block_tables, context_lens,
