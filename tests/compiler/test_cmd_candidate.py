@@ -97,3 +97,14 @@ def test_whole_layer_candidate_is_judged_through_the_executor():
     assert bad.returncode == 1, bad.stderr
     reasons = json.loads(bad.stdout)["reasons"]
     assert reasons and "outside its declared slots" in reasons[0]
+
+
+@pytest.mark.slow
+def test_layer_candidate_writing_an_extra_cache_row_only_in_the_model_is_rejected_at_layer_level():
+    """Passes the op-level checks (their caches have spare blocks) and leaves the logits unchanged (the row is
+    masked); the layer-level cache check names the pool (~45 s on 2 cores)."""
+    out = tkcc(str(CANDIDATES / "layer_extra_row_in_model.py"), "--model", "llama-1b", "--tiny", "--device", "cpu",
+               "--json", "--samples", "3")
+    assert out.returncode == 1, out.stderr
+    reasons = json.loads(out.stdout)["reasons"]
+    assert reasons and all("KV cache rows other than its new tokens'" in r for r in reasons)

@@ -159,3 +159,19 @@ def test_op_level_verification_checks_the_layer_at_the_workload_points(llama):
     bad = _candidate("layer_wrong_slot").dense_gqa_decode_layer
     [no] = verify.op_level([LAYER], {LAYER: bad}, spec, points, torch.device("cpu"), torch.bfloat16, seed=11)
     assert not no.passed and "'ctx': 21" in no.detail and "declared slots" in no.detail
+
+
+def test_cache_rows_guard_names_a_pool_written_outside_the_new_tokens(llama):
+    from persistent_engine import guards
+
+    wl = make_workload(llama, {**DECODE, "context": 5}, seed=4)      # the next row after each new token: masked
+    rows = guards.CacheRows(wl)
+    llama.step(wl)
+    assert rows.changed() == []                                     # the default writes the new tokens' rows only
+    sneaky = _candidate("layer_extra_row_in_model")
+    assert check_op(LAYER, sneaky.dense_gqa_decode_layer) == []     # op-level inputs have spare blocks: unseen
+    base = llama.step(wl)
+    with registry.override({LAYER: sneaky.dense_gqa_decode_layer}):
+        out = llama.step(wl)
+    assert verify.compare_logits(out, base, llama.dtype, "layer", 5e-2) is None      # the logits cannot tell
+    assert rows.changed() == [f"k[{i}]" for i in llama.layers]
