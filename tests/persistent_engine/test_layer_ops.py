@@ -175,3 +175,16 @@ def test_cache_rows_guard_names_a_pool_written_outside_the_new_tokens(llama):
         out = llama.step(wl)
     assert verify.compare_logits(out, base, llama.dtype, "layer", 5e-2) is None      # the logits cannot tell
     assert rows.changed() == [f"k[{i}]" for i in llama.layers]
+
+
+def test_triton_rotary_and_kv_write_in_one_kernel_passes_and_reaches_the_model(llama):
+    """kv_write_triton.py: one Triton kernel rotates q/k and writes K/V into their cache rows (TRITON_INTERPRET
+    on CPU, tests/conftest.py): the contract holds, and inside the layer region's default it replaces the
+    default's rotary and K/V writes on every layer with the same logits."""
+    fused = _candidate("kv_write_triton").add_rms_norm_qkv_rotary_kv_write
+    assert check_op(KV, fused) == []
+    wl = make_workload(llama, {**DECODE, "batch": 2, "context": 9}, seed=5)
+    base = llama.step(wl)
+    with registry.override({KV: fused, "rotary_embedding": lambda *a: 1 / 0}):
+        out = llama.step(wl)
+    assert verify.compare_logits(out, base, llama.dtype, "kv", 5e-2) is None
