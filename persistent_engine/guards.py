@@ -11,6 +11,9 @@
   and KV cache); ``changed()`` names the changed ones (``torch.equal``, one pass over the bytes),
   ``restore()`` copies the originals back. Memory: one extra copy of the guarded tensors, on the device,
   or in host memory with a device-side fingerprint per tensor when they exceed a device budget.
+* ``CacheRows``: the paged K/V pools of a workload outside its new tokens' rows (``slot_mapping``), kept before
+  a layer-level step of a candidate that declares in-place cache writes; ``changed()`` names the pools whose
+  other rows the step wrote.
 * Verdict checks: ``Counted`` / ``never_called`` (the "kernel actually ran" guard: an override the model
   never calls is rejected) and ``min_step_bytes`` / ``implausibly_fast`` (the roofline: a step faster than
   its minimum bytes allow at the peak bandwidth is rejected).
@@ -275,6 +278,36 @@ class Counted:
     def __call__(self, *args):
         self.calls += 1
         return self.fn(*args)
+
+
+class CacheRows:
+    """Every paged pool of ``workload.cache`` (``k``, ``v``, ``index_k``: [NB, BS, ...] per layer) except the
+    rows ``workload.slot_mapping`` a step writes by design (the new tokens' K/V; what a region op declares,
+    ``OpDef.writes``): copied now, compared by ``changed()``. Memory: one copy of those pools."""
+
+    def __init__(self, workload):
+        cache, slots = workload.cache, workload.slot_mapping.long()
+        self.rows: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        for kind in ("k", "v", "index_k"):
+            for layer, pool in getattr(cache, kind).items():
+                flat = pool.view(pool.shape[0] * pool.shape[1], *pool.shape[2:])
+                keep = torch.ones(flat.shape[0], dtype=torch.bool, device=flat.device)
+                keep[slots] = False
+                self.rows[f"{kind}[{layer}]"] = (flat, keep, flat[keep].clone())
+
+    def changed(self) -> list[str]:
+        """Pools with a row outside the new tokens' changed (one host sync)."""
+        if not self.rows:
+            return []
+        flags = torch.stack([_same(flat[keep], before) for flat, keep, before in self.rows.values()])
+        return [name for name, ok in zip(self.rows, flags.tolist()) if not ok]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Bitwise equal as a device bool (NaN equal to NaN at the same place)."""
+    if a.is_floating_point():
+        return ((a == b) | (a.isnan() & b.isnan())).all()
+    return (a == b).all()
 
 
 def never_called(counted: dict, ops_at: list[set]) -> list[str]:

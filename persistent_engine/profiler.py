@@ -8,7 +8,9 @@ runs (``linear`` inside ``add_rms_norm_linear``) is not counted again at the top
 the composite's ``parts`` ({fine op: ms}, direct children only). The synchronisation inflates short ops
 on a GPU by the launch+sync latency (~10 µs, paid again by each part inside a composite), so ``share``
 is of the summed top-level op time and ``step_ms`` (one graph replay or eager step, unwrapped) is
-reported beside it for scale. Cost: ``reps`` + 1 wrapped steps per point.
+reported beside it for scale. A region (a decoder layer or decode step op, ``OpDef.region``) that runs its
+default is looked through: its parts are the top-level ops (counted in ``all_calls`` only); overridden, it
+is one op like any other. Cost: ``reps`` + 1 wrapped steps per point.
 """
 
 from __future__ import annotations
@@ -64,10 +66,21 @@ class _Recorder:
             return out
         return wrapper
 
+    def see_through(self, name: str, impl: Callable) -> Callable:
+        """A region running its default: counted in ``all_calls`` only, its parts timed as top-level ops."""
+        def wrapper(*args):
+            self.all_calls[name] += 1
+            return impl(*args)
+        return wrapper
+
     def run(self, model, workload) -> None:
         from persistent_engine.ops import registry
 
-        with registry.override({n: self.wrap(n, registry.current(n)) for n in registry.names()}):
+        wrapped = {}
+        for n in registry.names():
+            impl, d = registry.current(n), registry.get(n)
+            wrapped[n] = self.see_through(n, impl) if d.region and impl is d.baseline else self.wrap(n, impl)
+        with registry.override(wrapped):
             model.step(workload)
 
 

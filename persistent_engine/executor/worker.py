@@ -159,6 +159,7 @@ class Worker:
         counted = {n: self.guards.Counted(fn) for n, fn in overrides.items()}
         w = self.workloads[i][v]
         routes = None
+        rows = self.guards.CacheRows(w) if msg.get("check_cache") else None     # declared in-place cache writes
         if msg.get("moe"):
             refs = calls_from_wire(msg.get("refs"), self.device)
             out, rec = verify.routed_step(self.registry, self.model, w, counted, refs)
@@ -168,7 +169,8 @@ class Worker:
                 out = self.model.step(w)
         self._sync()
         return {"logits": out if isinstance(out, self.torch.Tensor) else None,
-                "type": type(out).__name__, "calls": {n: c.calls for n, c in counted.items()}, "routes": routes}
+                "type": type(out).__name__, "calls": {n: c.calls for n, c in counted.items()}, "routes": routes,
+                "cache": rows.changed() if rows is not None else []}
 
     def steps(self, msg: dict) -> dict:
         """``step`` for each of ``msg["steps"]`` in order, until the logits gathered would take the reply

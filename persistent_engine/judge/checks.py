@@ -114,12 +114,15 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
     reasons: list[str] = []
     ties = verify.TieCheck(e.dtype, depths=verify.moe_depths(e.model))
     todo, msgs = [], []
+    # an override that declares in-place cache writes (OpDef.writes): the executor also reports any pool row
+    # other than the step's new tokens' that the step changed (guards.CacheRows)
+    check_cache = any(e.registry.get(n).writes for n in e.candidate.ops)
     for i in e._affected():
         for v in range(len(e.workloads[i])):
             moe = "moe_route" in e.ops_at[i]
             refs = e.reference_routes(i, v, deadline) if moe else None
             todo.append((i, v, moe, refs))
-            msgs.append({"i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs)})
+            msgs.append({"i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs), "check_cache": check_cache})
     failed: set[int] = set()
     for (i, v, moe, refs), r in zip(todo, remote_steps(e, msgs, deadline)):
         if i in failed:
@@ -129,6 +132,11 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
             if n in counted:
                 counted[n].calls += int(calls)
         out = r["logits"].to(e.device) if isinstance(r.get("logits"), torch.Tensor) else (r.get("type"),)
+        if r.get("cache"):
+            reasons.append(f"{where}: the step wrote KV cache rows other than its new tokens' in "
+                           f"{', '.join(map(str, r['cache'][:4]))}")
+            failed.add(i)
+            continue
         tol = e.logit_tol[i][v]
         routes = r.get("routes")
         if moe and routes is not None:

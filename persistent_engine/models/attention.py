@@ -46,7 +46,7 @@ class GQAAttention:
         """``a``: the rotated (q[T, Hq, Dh], k[T, Hk, Dh], v[T, Hk, Dh]) of add_rms_norm_qkv_rotary, or
         qkv[T, (Hq + 2 Hk) Dh] (the normed hidden state projected by ``fused_input``; QK-norm models)."""
         q, k, v = a if isinstance(a, tuple) else self._qk_norm_rotary(a, wl)
-        t, hq, hk, dh = q.shape[0], self.hq, self.hk, self.dh
+        t, hq, dh = q.shape[0], self.hq, self.dh
         write_kv(k_cache, wl.slot_mapping, k)                                    # same slots on every run
         write_kv(v_cache, wl.slot_mapping, v)
         o = self.attend(q, wl, k_cache, v_cache)

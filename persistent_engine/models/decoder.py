@@ -13,6 +13,11 @@ calls ``add_rms_norm_qkv_rotary``, whose default is add_rms_norm_linear then rot
 numbers are the same); MLA and MoE blocks, whose normed input feeds several projections, keep
 ``fused_add_rms_norm``. The residual stream starts as zeros (x + 0 is exact), so layer 0 fuses the same way.
 
+Regions (``ops/layers.py``): a decode step of a model whose every layer is dense GQA without QK-norm
+(Llama-style, ``dense_gqa``) is one ``dense_gqa_decode_step`` call, each layer one ``dense_gqa_decode_layer``
+(their defaults run the same ops in the same order, so the numbers are the same; ``hidden`` calls the
+layer op too); prefill, other families and blocks wrapped by tensor parallelism keep the fine path.
+
 A slice keeps each layer's original index (its weights equal the full model's layer i for the same
 seed); embeddings, final norm and lm_head are always included. ``step`` does no host sync on the
 decode path (prefill attention and large-batch MoE read lengths on the host), so a decode step can
@@ -33,6 +38,7 @@ from persistent_engine.models import llama4, qwen3_5
 from persistent_engine.models.rope import attention_scale, cos_sin_cache, local_cos_sin_cache
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import init_params, load_weights
+from persistent_engine.ops.layers import dense_gqa
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
 from persistent_engine.ops.registry import call
 
@@ -63,6 +69,16 @@ class Layer:
         self.attn_in = getattr(self.attn, "fused_input", None)
         self.mlp_in = getattr(self.mlp, "fused_input", None)
         self.attn_rope = getattr(self.attn, "fused_rotary", None)      # (cos_sin, rotary_dim, Hq, Hk) or None
+
+    def region_weights(self) -> tuple | None:
+        """The 7 weights ``dense_gqa_decode_layer`` takes (input_norm .. down_weight), or None when this
+        layer's blocks are not the plain dense GQA ones (another family, or wrapped by tensor parallelism)."""
+        a, m = self.attn, self.mlp
+        if type(a) is not GQAAttention or type(m) is not DenseMLP or a.fused_rotary is None or a.window \
+                or a.sinks is not None or m.oai is not None or self.attn_out_norm is not None \
+                or self.mlp_out_norm is not None:
+            return None
+        return (self.input_norm, a.qkv_w, a.qkv_b, a.o_w, self.post_norm, m.gate_up_w, m.down_w)
 
 
 def _norm_into(x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, proj):
@@ -97,6 +113,7 @@ class Decoder:
         self.selections: dict[int, torch.Tensor] = {}     # DSA: each full layer's top-k of the current step
         self.blocks = [Layer(spec, i, params, local if local is not None and spec.layer_window(i) else self.cos_sin,
                              self.scale, self.selections) for i in self.layers]
+        self.dense_gqa = dense_gqa(spec)        # decode steps may run as regions (``_region_weights``)
 
     @property
     def max_positions(self) -> int:
@@ -114,7 +131,12 @@ class Decoder:
         if self.embed_scale is not None:
             x = x * self.embed_scale.to(x.device)
         residual = torch.zeros_like(x)             # x + 0 == x exactly: layer 0 is normed like the rest
-        for layer in self.blocks:
+        regions = self._region_weights(wl)
+        for j, layer in enumerate(self.blocks):
+            if regions is not None:
+                x, residual = call("dense_gqa_decode_layer", x, residual, *self._region_batch(wl, layer),
+                                   *regions[j], *self._region_tail())
+                continue
             a, residual = _attn_input(layer, x, residual, self.eps, wl)
             x = layer.attn(a, wl, wl.cache.k.get(layer.index), wl.cache.v.get(layer.index))
             if layer.attn_out_norm is not None:
@@ -129,6 +151,12 @@ class Decoder:
     def step(self, wl) -> torch.Tensor:
         """One forward step (decode, or a prefill chunk): logits of each sequence's last token [B, V] fp32.
         Writes the step's K/V into the workload's cache at its fixed slots, so it can run again."""
+        regions = self._region_weights(wl)
+        if regions is not None:
+            c = wl.cache
+            return call("dense_gqa_decode_step", wl.token_ids, wl.positions, wl.slot_mapping, wl.block_tables,
+                        wl.context_lens, self.embed, self.final_norm, self.lm_head_w, regions,
+                        tuple(c.k[i] for i in self.layers), tuple(c.v[i] for i in self.layers), *self._region_tail())
         h = self.hidden(wl)
         if wl.phase != "decode":
             h = h[wl.last_token_index]                                          # [B, H]
@@ -136,6 +164,25 @@ class Decoder:
         if self.spec.final_softcap:                                             # Gemma: tanh(z / c) * c
             logits = call("logit_softcap", logits, self.spec.final_softcap)
         return logits
+
+    def _region_weights(self, wl) -> tuple | None:
+        """Per layer the weights of ``dense_gqa_decode_layer`` when this step runs as regions (a decode step,
+        every layer plain dense GQA), else None."""
+        if wl.phase != "decode" or not getattr(self, "dense_gqa", False) or self.embed_scale is not None \
+                or self.spec.final_softcap:
+            return None
+        weights = tuple(layer.region_weights() for layer in self.blocks)
+        return None if any(w is None for w in weights) else weights
+
+    def _region_batch(self, wl, layer: Layer) -> tuple:
+        """positions, k_cache, v_cache, slot_mapping, block_tables, context_lens of ``layer``."""
+        return (wl.positions, wl.cache.k[layer.index], wl.cache.v[layer.index], wl.slot_mapping, wl.block_tables,
+                wl.context_lens)
+
+    def _region_tail(self) -> tuple:
+        """cos_sin_cache, eps, scale, rotary_dim, Hq, Hk (the regions' trailing arguments)."""
+        cos_sin, rotary_dim, hq, hk = self.blocks[0].attn_rope
+        return (cos_sin, self.eps, self.scale, rotary_dim, hq, hk)
 
     @torch.no_grad()
     def greedy(self, logits: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from persistent_engine.ops.kv_write import kv_write, write_kv  # noqa: F401 - the models' KV writes
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
 
 
@@ -71,28 +72,6 @@ class KVCache:
         pools = (self.k, self.v, self.index_k, self.entries, self.index_entries, self.state, self.conv, self.state_next,
                  self.conv_next)
         return sum(t.numel() * t.element_size() for p in pools for t in p.values())
-
-
-@torch.library.custom_op("tkcc::kv_write", mutates_args=("cache",))
-def kv_write(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
-    """``cache``: a pool [NB, BS, *row]; ``slots`` [T] int64 flat slots; ``values`` [T, *row] (may be a
-    strided view): row t goes to slot ``slots[t]``. Writes T rows, reads nothing of the pool."""
-    cache.view(-1, *values.shape[1:]).index_copy_(0, slots, values)
-
-
-@kv_write.register_fake
-def _kv_write_fake(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
-    return None
-
-
-def write_kv(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
-    """Writes the step's rows ``values`` [T, *row] into the pool ``cache`` [NB, BS, *row] at ``slots``.
-    Eager (and CUDA-graph capture) runs ``index_copy_`` directly: the custom op's dispatch costs ~20 us a
-    call on CPU (``index_copy_`` ~4 us; 32 writes a llama-1b step), checking ``is_compiling`` < 1 us."""
-    if torch.compiler.is_compiling():
-        torch.ops.tkcc.kv_write(cache, slots, values)
-    else:
-        cache.view(-1, *values.shape[1:]).index_copy_(0, slots, values)
 
 
 def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, device="cpu",

@@ -10,6 +10,11 @@ honours the contract. Per dtype and shape, with inputs from the op's own generat
   5. values must be within the op's (atol, rtol) of the reference computed in higher precision
      (float32 for 16-bit inputs, float64 for float32), NaN/inf only where the reference has them;
      integer outputs must be equal (after the op's ``canonicalize``, e.g. top-k order).
+Declared in-place outputs (``OpDef.writes``): the declared rows are poisoned with NaN in the inputs before
+each run (a row left unwritten stays NaN), the rows of the pool outside them must be bitwise unchanged (a
+wrong or an extra row written is a ``modified input``), and the declared rows after the call are checked
+like outputs, after the returned ones (``written_rows``).
+Tuple arguments (a step's per-layer weights and caches) are cloned, upcast and checked element by element.
 Reasons start with the op, dtype and shape, then a category: ``raised``, ``modified input``,
 ``nondeterministic``, ``output count``, ``shape``, ``dtype``, ``device``, ``non-finite``, ``mismatch``.
 """
@@ -23,7 +28,7 @@ import torch
 from persistent_engine.ops import registry
 
 __all__ = ["check_op", "compare_outputs", "judge_against", "judge_outputs", "poison_allocator", "reference_outputs",
-           "run_candidate"]
+           "run_candidate", "written_rows"]
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 POISON_CAP_BYTES = 1 << 30
@@ -34,19 +39,84 @@ def _as_tuple(out) -> tuple:
 
 
 def _tensors(args: Iterable) -> list[torch.Tensor]:
-    return [a for a in args if isinstance(a, torch.Tensor)]
+    return [t for _, t in _labelled(args)]
+
+
+def _labelled(args: Iterable, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """(label, tensor) of every tensor argument, tuple elements included ("3", "8[2]", "8[2][0]")."""
+    out = []
+    for i, a in enumerate(args):
+        label = f"{prefix}[{i}]" if prefix else str(i)
+        if isinstance(a, torch.Tensor):
+            out.append((label, a))
+        elif isinstance(a, (tuple, list)):
+            out += _labelled(a, label)
+    return out
+
+
+def _map(args: Sequence, fn) -> tuple:
+    """``fn`` on every tensor argument (into tuples and lists, which come back as tuples)."""
+    return tuple(fn(a) if isinstance(a, torch.Tensor) else _map(a, fn) if isinstance(a, (tuple, list)) else a
+                 for a in args)
 
 
 def _clone(args: Sequence) -> tuple:
-    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    return _map(args, torch.Tensor.clone)
 
 
 def _upcast(args: Sequence) -> tuple:
     def up(a):
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
+        if a.is_floating_point():
             return a.to(torch.float64 if a.dtype == torch.float32 else torch.float32)
-        return a.clone() if isinstance(a, torch.Tensor) else a
-    return tuple(up(a) for a in args)
+        return a.clone()
+    return _map(args, up)
+
+
+# ----------------------------------------------------------------------------- declared in-place outputs
+def _pools(args: Sequence, w) -> list[torch.Tensor]:
+    p = args[w.pool]
+    return list(p) if isinstance(p, (tuple, list)) else [p]
+
+
+def _rows(pool: torch.Tensor) -> torch.Tensor:
+    """[NB, BS, ...] -> [NB * BS, ...] (a view: pools are contiguous)."""
+    return pool.view(pool.shape[0] * pool.shape[1], *pool.shape[2:])
+
+
+def written_rows(d, args: Sequence) -> tuple:
+    """Copies of the rows each declared in-place output holds after a call: per ``SlotWrite`` and pool,
+    [T, ...] (the rows ``args[slots]`` in slot-mapping order)."""
+    return tuple(_rows(p)[args[w.slots].long()].clone() for w in d.writes for p in _pools(args, w))
+
+
+def _poison_slots(d, args: Sequence) -> None:
+    """NaN into the declared rows (float pools), so a row the implementation leaves unwritten shows."""
+    for w in d.writes:
+        for p in _pools(args, w):
+            if p.is_floating_point():
+                _rows(p).index_fill_(0, args[w.slots].long(), float("nan"))
+
+
+def _outside_pairs(d, args: Sequence, snapshot: Sequence) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(label, rows outside the declared ones now, the same rows before) of every declared pool."""
+    out = []
+    for w in d.writes:
+        pools, before = _pools(args, w), _pools(snapshot, w)
+        for j, (p, s) in enumerate(zip(pools, before)):
+            keep = torch.ones(_rows(p).shape[0], dtype=torch.bool, device=p.device)
+            keep[args[w.slots].long()] = False
+            label = str(w.pool) + (f"[{j}]" if isinstance(args[w.pool], (tuple, list)) else "")
+            out.append((label, _rows(p)[keep], _rows(s)[keep]))
+    return out
+
+
+def _declared_labels(d, args: Sequence) -> set[str]:
+    """``_labelled``'s labels of the declared pools (checked by ``_outside_pairs`` instead)."""
+    out = set()
+    for w in d.writes:
+        p = args[w.pool]
+        out |= {f"{w.pool}[{j}]" for j in range(len(p))} if isinstance(p, (tuple, list)) else {str(w.pool)}
+    return out
 
 
 def poison_allocator(device, nbytes: int) -> None:
@@ -122,25 +192,41 @@ def _equal_flags(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[boo
 def run_candidate(d, impl: Callable, shape: dict, dtype, device, seed: int) -> tuple[tuple | None, str | None]:
     """The half of a check that runs the implementation (in an executor, DESIGN.md "How a candidate is
     judged"): inputs from the op's generator, the allocator poisoned with NaN before each of two runs,
-    inputs bitwise unchanged, both runs bitwise equal. Returns (the first run's outputs, None) or
-    (None, the reason). Host syncs: two per run (errors surfaced, inputs compared) and one for the
-    determinism check."""
+    inputs bitwise unchanged (declared in-place pools: outside their declared rows, which are NaN before
+    each run), both runs bitwise equal. Returns (the first run's outputs, then its declared rows
+    (``written_rows``); None) or (None, the reason). Host syncs: two per run (errors surfaced, inputs
+    compared) and one for the determinism check."""
     args = d.make_inputs(shape, dtype, device, seed)
+    if d.writes:
+        _poison_slots(d, args)
     snapshot = _clone(args)
     in_bytes = sum(t.numel() * t.element_size() for t in _tensors(args))
-    tensor_args = [(i, a, s) for i, (a, s) in enumerate(zip(args, snapshot)) if isinstance(a, torch.Tensor)]
+    declared = _declared_labels(d, args) if d.writes else set()
+    tensor_args = [(lab, a, s) for (lab, a), (_, s) in zip(_labelled(args), _labelled(snapshot))
+                   if lab not in declared]
     outs = []
-    for _ in range(2):
+    for run in range(2):
+        if run and d.writes:                     # the second run starts from the same (poisoned) pools
+            for (_, a), (_, s) in zip(_labelled([args[w.pool] for w in d.writes]),
+                                      _labelled([snapshot[w.pool] for w in d.writes])):
+                a.copy_(s)
         poison_allocator(device, 2 * in_bytes)
         try:
-            outs.append(_as_tuple(impl(*args)))
+            outs.append(_as_tuple(impl(*args)) + (written_rows(d, args) if d.writes else ()))
             _sync(device)
         except Exception as e:  # noqa: BLE001 - any failure of a candidate is a reason, not a crash
             return None, f"raised: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         same = _equal_flags([(a, s) for _, a, s in tensor_args])
-        for (i, _, _), ok in zip(tensor_args, same):
+        for (lab, _, _), ok in zip(tensor_args, same):
             if not ok:
-                return None, f"modified input: argument {i} changed"
+                return None, f"modified input: argument {lab} changed"
+        outside = _outside_pairs(d, args, snapshot) if d.writes else []
+        for (lab, now, before), ok in zip(outside, _equal_flags([(n, b) for _, n, b in outside])):
+            if not ok:
+                n = int((now.nan_to_num(0.0, 1.0, -1.0) != before.nan_to_num(0.0, 1.0, -1.0))
+                        .reshape(now.shape[0], -1).any(-1).sum()) if now.is_floating_point() else -1
+                return None, (f"modified input: argument {lab} changed outside its declared slots "
+                              f"({n} other rows written)")
     first, second = outs
     if all(isinstance(o, torch.Tensor) for o in first + second) and len(first) == len(second) and \
             not all(_equal_flags(list(zip(first, second)))):
@@ -150,11 +236,12 @@ def run_candidate(d, impl: Callable, shape: dict, dtype, device, seed: int) -> t
 
 def reference_outputs(d, shape: dict, dtype, device, seed: int) -> tuple[tuple, tuple]:
     """The judge's references for one check: (native precision, higher precision) outputs of the op's
-    reference on the inputs its generator draws with ``seed`` (computed before or while the candidate's
+    reference (then its declared rows, ``written_rows``) on the inputs its generator draws with ``seed`` (computed before or while the candidate's
     outputs are on their way: they depend on nothing the candidate sends)."""
     snapshot = d.make_inputs(shape, dtype, device, seed)
-    ref_native = _as_tuple(d.reference(*_clone(snapshot)))
-    ref_hi = _as_tuple(d.reference(*_upcast(snapshot)))
+    native, hi = _clone(snapshot), _upcast(snapshot)
+    ref_native = _as_tuple(d.reference(*native)) + (written_rows(d, native) if d.writes else ())
+    ref_hi = _as_tuple(d.reference(*hi)) + (written_rows(d, hi) if d.writes else ())
     return ref_native, ref_hi
 
 

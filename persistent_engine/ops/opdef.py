@@ -1,7 +1,10 @@
 """``OpDef``: what the registry knows about one op, and the helpers the op modules share.
 
-An op is a pure function of tensors and Python scalars that returns new tensors and never modifies
-its inputs. Its ``reference`` is plain PyTorch (the ``native`` path). ``make_inputs(shape, dtype,
+An op is a function of tensors and Python scalars that returns new tensors and modifies none of its
+inputs, except its *declared in-place outputs* (``writes``: ``SlotWrite(pool, slots)``, e.g. the new tokens'
+K/V rows of the paged cache): it writes exactly the rows ``args[slots]`` of the pool ``args[pool]`` (a
+tensor, or a tuple of tensors each written at those rows) and leaves every other row bitwise unchanged.
+The contract checks those rows as outputs and the rest as inputs (``contract.run_candidate``). Its ``reference`` is plain PyTorch (the ``native`` path). ``make_inputs(shape, dtype,
 device, seed)`` draws a fresh positional-argument tuple from its own ``torch.Generator`` (never the
 global RNG); ``shape`` is one of the dicts that ``shapes(spec, point)`` returns for a model spec and a
 workload point, or one of ``examples`` (small shapes with odd sizes, for contract tests).
@@ -11,7 +14,9 @@ A *composite* op is a fusion of finer ops that the model calls as one (e.g. ``ad
 references (what verification compares against); its ``default`` is the same composition dispatched
 through ``registry.call``, which the registry runs when the composite is not overridden, so an override
 of a fine op still reaches the call sites inside the composite. Overriding the composite itself
-replaces the whole fusion (one kernel instead of several).
+replaces the whole fusion (one kernel instead of several). A *region* is a composite the size of a
+decoder layer or of the whole decode step (``ops/layers.py``): the same rules, the weights passed as
+arguments like any composite's; the profiler looks through a region that runs its default.
 """
 
 from __future__ import annotations
@@ -37,6 +42,15 @@ DEFAULT_BLOCK_SIZE = 16     # KV cache block size (tokens) when a workload point
 
 
 @dataclass(frozen=True)
+class SlotWrite:
+    """A declared in-place output: the op writes rows ``args[slots]`` (int64 [T], flat slot = block * BS +
+    offset; distinct) of the paged pool ``args[pool]`` ([NB, BS, ...], viewed as [NB * BS, ...]; or a tuple of
+    such pools, each written at the same rows) and nothing else of it."""
+    pool: int                                        # positional index of the pool argument
+    slots: int                                       # positional index of the slot-mapping argument
+
+
+@dataclass(frozen=True)
 class OpDef:
     name: str
     reference: Callable[..., Any]
@@ -56,6 +70,11 @@ class OpDef:
     # shape -> bytes an op-level check at that shape holds (both halves); with ``fit``, what the judge keeps
     # free for the check at its smallest shape (``judge/memory.py``); None: small enough to ignore
     check_bytes: Callable[[dict], int] | None = None
+    # declared in-place outputs (checked after the returned ones, in this order; see ``SlotWrite``)
+    writes: tuple[SlotWrite, ...] = ()
+    # a region (``ops/layers.py``: a layer, the step, the K/V write around the qkv composite): the profiler
+    # attributes its time to its parts while it runs its default (profiles keep the fine ops' names)
+    region: bool = False
 
     @property
     def composite(self) -> bool:

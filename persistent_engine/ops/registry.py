@@ -4,7 +4,8 @@ The model calls every op through ``call(name, *args)`` (or a handle from ``op(na
 override when one is set and the op's baseline otherwise, so one override reaches every call site.
 The baseline is the reference, except for *composite* ops (``fused``: a fusion of finer ops the model
 calls as one): their ``default`` composes the fine ops through ``call``, so an override of ``linear``
-still runs inside ``add_rms_norm_linear`` unless the composite itself is overridden. Overrides are
+still runs inside ``add_rms_norm_linear`` unless the composite itself is overridden. Regions (``layers``: a
+decoder layer, the decode step) are composites too. Overrides are
 process-global (the engine serves one candidate at a time).
 """
 
@@ -13,8 +14,8 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator, Mapping
 
-from persistent_engine.ops import (attention, basic, csa, dsa, dsv4, fused, gemma, hc, kda, linear_attention, llama4,
-                                   mla, moe, msa, window)
+from persistent_engine.ops import (attention, basic, csa, dsa, dsv4, fused, gemma, hc, kda, layers, linear_attention,
+                                   llama4, mla, moe, msa, window)
 from persistent_engine.ops.opdef import OpDef
 
 __all__ = ["OpDef", "UnknownOpError", "get", "names", "call", "op", "current", "override", "set_overrides",
@@ -31,7 +32,7 @@ class UnknownOpError(KeyError):
 
 
 _OPS: dict[str, OpDef] = {d.name: d for m in (basic, attention, window, moe, mla, dsa, msa, hc, dsv4, csa, kda, fused,
-                                                linear_attention, gemma, llama4)
+                                               linear_attention, gemma, llama4, layers)
                         for d in m.OPS}
 _IMPL: dict[str, Callable] = {name: d.baseline for name, d in _OPS.items()}   # what call() runs
 _OVERRIDES: dict[str, Callable] = {}

@@ -82,3 +82,29 @@ def test_a_wrong_kernel_for_an_op_the_model_never_calls_is_still_rejected(tmp_pa
     assert out.returncode == 1, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     assert doc["correct"] is False and any("op-level" in r for r in doc["reasons"])
+
+
+@pytest.mark.slow
+def test_whole_layer_candidate_is_judged_through_the_executor():
+    """A dense_gqa_decode_layer override (K/V written in place) on tiny llama-1b: correct; the same writing
+    one row past the declared slots: rejected by the op-level check of the cache (~45 s each on 2 cores)."""
+    good = tkcc(str(CANDIDATES / "layer_torch.py"), "--model", "llama-1b", "--tiny", "--device", "cpu", "--json",
+                "--samples", "3")
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["correct"] is True
+    bad = tkcc(str(CANDIDATES / "layer_wrong_slot.py"), "--model", "llama-1b", "--tiny", "--device", "cpu", "--json",
+               "--samples", "3")
+    assert bad.returncode == 1, bad.stderr
+    reasons = json.loads(bad.stdout)["reasons"]
+    assert reasons and "outside its declared slots" in reasons[0]
+
+
+@pytest.mark.slow
+def test_layer_candidate_writing_an_extra_cache_row_only_in_the_model_is_rejected_at_layer_level():
+    """Passes the op-level checks (their caches have spare blocks) and leaves the logits unchanged (the row is
+    masked); the layer-level cache check names the pool (~45 s on 2 cores)."""
+    out = tkcc(str(CANDIDATES / "layer_extra_row_in_model.py"), "--model", "llama-1b", "--tiny", "--device", "cpu",
+               "--json", "--samples", "3")
+    assert out.returncode == 1, out.stderr
+    reasons = json.loads(out.stdout)["reasons"]
+    assert reasons and all("KV cache rows other than its new tokens'" in r for r in reasons)

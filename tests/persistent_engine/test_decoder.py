@@ -214,6 +214,11 @@ def test_llama_style_layers_call_the_fused_qkv_rotary_composite():
     base = model.step(wl)
     with registry.override({n: counting(n) for n in registry.names()}):
         assert torch.equal(model.step(wl), base)
+    assert dict(counts) == {"dense_gqa_decode_step": 1}         # a Llama-style decode step is one region op
+    counts.clear()
+    regions = {"dense_gqa_decode_step", "dense_gqa_decode_layer", "add_rms_norm_qkv_rotary_kv_write"}
+    with registry.override({n: counting(n) for n in registry.names() if n not in regions}):
+        assert torch.equal(model.step(wl), base)               # the regions' defaults: the fine ops
     assert counts["add_rms_norm_qkv_rotary"] == 2 and counts["rotary_embedding"] == 0
     assert counts["add_rms_norm_linear"] == 2 and counts["silu_mul_linear"] == 2      # gate_up; down
     assert counts["linear"] == 2 and counts["fused_add_rms_norm"] == 1 and counts["rms_norm"] == 0
