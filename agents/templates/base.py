@@ -11,7 +11,11 @@ imported directly. The file has two parts, separated by the line ``# ---- sectio
 
 Rendering a template with chosen knob values rewrites the knob assignments of the section in place
 (each knob must be assigned exactly once, on one line) and inlines the section into the candidate,
-so a candidate is one self-contained file with no tkcc import (DESIGN.md "Candidate"). Identifiers in
+so a candidate is one self-contained file with no tkcc import (DESIGN.md "Candidate"). A header may also
+import names from a *shared* file of this folder (``from agents.templates.kernels.shared_gemv import ...``:
+kernels a family of templates has in common, with no knobs): the renderer inlines that file's section once
+per candidate, ahead of the sections that use it, so the template file still imports and runs as it is
+and the candidate still imports nothing of tkcc. Identifiers in
 a section carry a prefix unique to the file, so several sections can share one candidate. Several
 templates may share one file (one kernel with a constexpr knob, an entry and a knob prefix each): a
 candidate then holds that section once, with every chosen template's knobs set in it.
@@ -36,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 KERNEL_DIR = Path(__file__).with_name("kernels")
 SECTION_MARK = "# ---- section ----"
 ALLOWED_IMPORTS = ("import math", "import torch", "import triton", "import triton.language as tl")
+SHARED_IMPORT = "from agents.templates.kernels."     # a header line naming a shared file to inline
 
 # constraint(knobs, dims) -> list of reasons; dims are model sizes (hidden, intermediate, head_dim...)
 Constraint = Callable[[Mapping[str, Any], Mapping[str, int]], list]
@@ -152,16 +157,23 @@ class Choice:
 
 
 @lru_cache(maxsize=None)
-def _section_text(file: str) -> str:
+def _section(file: str) -> tuple[tuple[str, ...], str]:
+    """(the shared files whose sections ``file``'s header imports, ``file``'s section)."""
     path = KERNEL_DIR / file
     text = path.read_text()
     head, mark, body = text.partition(SECTION_MARK)
     if not mark:
         raise TemplateError(f"{path} has no '{SECTION_MARK}' line")
+    shared = []
     for line in head.splitlines():
-        if line.startswith(("import ", "from ")) and line.strip() not in ALLOWED_IMPORTS:
+        if line.startswith(SHARED_IMPORT):
+            name = line[len(SHARED_IMPORT):].split(" ", 1)[0] + ".py"
+            if not (KERNEL_DIR / name).is_file() or _section(name)[0]:
+                raise TemplateError(f"{path}: {name} is not a shared kernel file of {KERNEL_DIR}")
+            shared.append(name)
+        elif line.startswith(("import ", "from ")) and line.strip() not in ALLOWED_IMPORTS:
             raise TemplateError(f"{path}: import not allowed in a candidate: {line.strip()}")
-    return body.strip("\n") + "\n"
+    return tuple(shared), body.strip("\n") + "\n"
 
 
 def render_candidate(choices: Sequence[Choice], *, config: Mapping[str, Any] | None = None,
@@ -179,8 +191,11 @@ def render_candidate(choices: Sequence[Choice], *, config: Mapping[str, Any] | N
     by_file: dict[str, list[Choice]] = {}       # templates of one file (one kernel, several entries) share
     for c in choices:                           # its section once, each with its own knobs set in it
         by_file.setdefault(c.template.file, []).append(c)
+    shared = dict.fromkeys(name for file in by_file for name in _section(file)[0])   # each once, in order
+    for name in shared:
+        parts += [f"# ======== shared kernels: {name}", _section(name)[1], ""]
     for same in by_file.values():
-        text = _section_text(same[0].template.file)
+        text = _section(same[0].template.file)[1]
         for c in same:
             text = c.template.set_knobs(text, c.knobs)
         parts.append(f"# ======== {'; '.join(c.key() for c in same)}")
