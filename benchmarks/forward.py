@@ -152,6 +152,16 @@ def _peak(device: str, override: float | None) -> tuple[str, float | None]:
     return name, override or (DATASHEET_GBS[key] if key else None)
 
 
+def write_json(doc: dict, out: Path) -> None:
+    """``doc`` as indented JSON at ``out``, atomically (a temporary file in its folder, then a rename)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc, indent=1))
+    os.replace(tmp, out)
+    print(f"wrote {out}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -207,12 +217,7 @@ def main(argv=None) -> int:
            "triton": versions["triton"], "driver": versions["driver"],
            "copy_bandwidth_gbs": copy_gbs, "datasheet_bandwidth_gbs": peak, "samples": samples, "rows": rows}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}-forward.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc, indent=1))
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    write_json(doc, out)
     return 0
 
 

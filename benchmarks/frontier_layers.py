@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from forward import _peak, copy_bandwidth_gbs, experts_touched, time_eager, time_graph  # noqa: E402
+from forward import _peak, copy_bandwidth_gbs, experts_touched, time_eager, time_graph, write_json  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec, tiny_name  # noqa: E402
 from persistent_engine.profiler import profile_point  # noqa: E402
@@ -185,12 +182,7 @@ def main(argv=None) -> int:
         "triton": versions["triton"], "driver": versions["driver"], "copy_bandwidth_gbs": copy_gbs,
         "datasheet_bandwidth_gbs": peak, "samples": samples, "tiny": a.tiny, "rows": rows}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else a.device}-frontier-layers.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc, indent=1))
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    write_json(doc, out)
     return 0
 
 
