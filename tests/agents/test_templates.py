@@ -3,12 +3,14 @@ registry's small example shapes: Triton templates under TRITON_INTERPRET=1 (set 
 settings each (the default and a small-block one that exercises masks, loops and split paths)."""
 
 import ast
+import importlib.util
 
 import pytest
 import torch
 
 from agents.templates import (TEMPLATES, Choice, TemplateError, dims_of, get_template, load_candidate,
                               render_candidate, templates_for)
+from agents.templates.base import KERNEL_DIR
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops.contract import check_op
 
@@ -193,3 +195,17 @@ def test_prepacked_lm_head_repacks_a_weight_written_in_place():
         assert torch.equal(fn(x, o), lm_head(x, o))
     assert len(cache) == ns["TLMH_CACHED"]
     assert torch.equal(fn(x.float(), w.float()), lm_head(x.float(), w.float()))   # other dtypes: the reference
+
+
+def test_a_shared_kernel_file_is_inlined_once_and_template_files_still_import():
+    """The linear family's kernels (shared_gemv.py) stand once in a candidate that holds two of its templates,
+    ahead of the sections that call them; a template file itself still imports and names them."""
+    arnl, sml = get_template("add_rms_norm_linear.triton_fused"), get_template("silu_mul_linear.triton_fused")
+    src = render_candidate([Choice(arnl, arnl.default()), Choice(sml, sml.default())])
+    assert src.count("def _sg_gemv(") == 1 and src.count("def _sg_reduce(") == 1
+    assert src.index("def _sg_gemv(") < src.index("def add_rms_norm_linear_triton(")
+    assert "from agents" not in src and "import agents" not in src
+    spec = importlib.util.spec_from_file_location("gemv_file", KERNEL_DIR / "triton_linear_gemv.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.linear_gemv.__globals__["_sg_decode"].__name__ == "_sg_decode"

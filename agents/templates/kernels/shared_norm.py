@@ -1,0 +1,16 @@
+"""The scale-and-store step of the row-blocked RMSNorm templates, written once.
+
+Not a template of its own: ``triton_rms_norm`` and ``triton_fused_add_rms_norm`` import it in their header, and
+``render_candidate`` inlines this section once into every candidate that holds one of them.
+"""
+
+import triton
+import triton.language as tl
+
+# ---- section ----
+@triton.jit
+def _sn_store(xf, rstd, w_ptr, out_ptr, rows, stride_om, c, mask, D):
+    """out[rows, c] = xf * rstd * w[c], rounded to out's dtype (xf: the [ROWS, BLOCK_D] fp32 block; rstd [ROWS])."""
+    w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)
+    y = xf * rstd[:, None] * w[None, :]
+    tl.store(out_ptr + rows[:, None] * stride_om + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
