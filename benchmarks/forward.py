@@ -96,17 +96,22 @@ def experts_touched(model, wl) -> dict[int, int]:
     return dict(zip(moe_layers, seen))
 
 
-def bytes_read(model, wl) -> dict[str, float]:
-    spec, p = model.spec, model.params
-    touched = experts_touched(model, wl) if spec.is_moe else {}
+def weight_bytes(model, wl, touched: dict[int, int]) -> int:
+    """Weight bytes one step reads: every parameter, the embedding rows of the batch's tokens only (untied), and
+    of each MoE layer's expert stacks (``.w13``/``.w2``) the ``touched[layer]`` experts only."""
     weights = 0
-    for name, t in p.items():
+    for name, t in model.params.items():
         n = t.numel() * t.element_size()
         if name == "embed":
-            n = n if spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
+            n = n if model.spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
         elif name.endswith((".w13", ".w2")):
             n = n // t.shape[0] * touched[int(name.split(".")[1])]
         weights += n
+    return weights
+
+
+def bytes_read(model, wl) -> dict[str, float]:
+    weights = weight_bytes(model, wl, experts_touched(model, wl) if model.spec.is_moe else {})
     kv = sum(t.element_size() * (t[0, 0].numel()) for t in (*wl.cache.k.values(), *wl.cache.v.values()))
     kv_bytes = kv * wl.batch * (wl.context + 1)
     return {"weights": float(weights), "kv": float(kv_bytes), "total": float(weights + kv_bytes)}

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from forward import _peak, copy_bandwidth_gbs, experts_touched, time_eager, time_graph, write_json  # noqa: E402
+from forward import _peak, copy_bandwidth_gbs, experts_touched, time_eager, time_graph, weight_bytes, write_json  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec, tiny_name  # noqa: E402
 from persistent_engine.profiler import profile_point  # noqa: E402
@@ -63,16 +63,9 @@ def attended_tokens(spec, layer: int, pool: str, context: int) -> int:
 
 
 def step_bytes(model, wl) -> dict[str, float]:
-    spec, p = model.spec, model.params
+    spec = model.spec
     touched = experts_touched(model, wl) if spec.is_moe and any(b.kind == "moe" for b in model.blocks) else {}
-    weights = 0
-    for name, t in p.items():
-        n = t.numel() * t.element_size()
-        if name == "embed":
-            n = n if spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
-        elif name.endswith((".w13", ".w2")):
-            n = n // t.shape[0] * touched[int(name.split(".")[1])]
-        weights += n
+    weights = weight_bytes(model, wl, touched)
     kv = 0
     for pool, pools in (("k", wl.cache.k), ("v", wl.cache.v), ("index_k", wl.cache.index_k)):
         for layer, t in pools.items():

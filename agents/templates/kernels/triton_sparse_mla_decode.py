@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agents.templates.kernels.shared_attention import _sa_softmax_step
+
 # ---- section ----
 SMLA_BLOCK_H = 16
 SMLA_BLOCK_K = 32
@@ -59,11 +61,7 @@ def _smla_kernel(qn_ptr, qp_ptr, kv_ptr, bt_ptr, idx_ptr, out_ptr, scale,
                   + tl.dot(qp, tl.trans(kp), input_precision="ieee")) * scale     # [BLOCK_H, BLOCK_K] fp32
         else:
             sc = (tl.dot(qn, tl.trans(c)) + tl.dot(qp, tl.trans(kp))) * scale     # [BLOCK_H, BLOCK_K] fp32
-        sc = tl.where(valid[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=1))
-        p = tl.exp(sc - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        l = l * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l = _sa_softmax_step(sc, valid, m, l)
         if UPCAST:
             acc = acc * alpha[:, None] + tl.dot(p, c, input_precision="ieee")      # [BLOCK_H, BLOCK_L]
         else:
