@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
+from forward import write_json  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.deepseek_v4 import V4Config, forward, init_weights  # noqa: E402
 from persistent_engine.models.deepseek_v4_decoder import attention as cached_attention  # noqa: E402
@@ -273,14 +273,9 @@ def main(argv=None) -> int:
                   f"{r['hc_pre_ms']:>9.3f}{f(r['peer_hc_pre_ms']):>8}{r['hc_post_ms']:>9.3f}{f(r['peer_hc_post_ms']):>8}")
     dev = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}{'-tiny' if a.tiny else ''}-dsv4-layers.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"model": "DeepSeek-V4-Flash" + (" (tiny)" if a.tiny else ""), "device": dev, "tokens": tokens, "rows": rows,
-                   "templates": kernels, "decode": dec, "peers_source": json.loads(PEERS.read_text())["provenance"]}, f,
-                  indent=1)
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    write_json({"model": "DeepSeek-V4-Flash" + (" (tiny)" if a.tiny else ""), "device": dev, "tokens": tokens,
+                "rows": rows, "templates": kernels, "decode": dec,
+                "peers_source": json.loads(PEERS.read_text())["provenance"]}, out)
     return 0
 
 

@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from compiler.plan import atomic_write_text  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
@@ -158,12 +157,8 @@ def _peak(device: str, override: float | None) -> tuple[str, float | None]:
 
 
 def write_json(doc: dict, out: Path) -> None:
-    """``doc`` as indented JSON at ``out``, atomically (a temporary file in its folder, then a rename)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc, indent=1))
-    os.replace(tmp, out)
+    """``doc`` as indented JSON at ``out``, atomically (the plan writer's temporary file and rename)."""
+    atomic_write_text(out, json.dumps(doc, indent=1))
     print(f"wrote {out}")
 
 
