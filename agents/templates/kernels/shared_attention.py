@@ -40,6 +40,13 @@ def _sa_paged_kv(k_ptr, v_ptr, bt_ptr, b, hk, offs_t, tmask, dh, dv, stride_bt, 
 
 
 @triton.jit
+def _sa_softmax_init(ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The online softmax's start: running max m = -1e30 and sum l = 0 [ROWS], output accumulator 0 [ROWS, COLS]."""
+    return (tl.full([ROWS], -1e30, dtype=tl.float32), tl.zeros([ROWS], dtype=tl.float32),
+            tl.zeros([ROWS, COLS], dtype=tl.float32))
+
+
+@triton.jit
 def _sa_softmax_step(sc, valid, m, l):
     """One tile of the online softmax: scores ``sc`` [rows, tokens] (-inf where not ``valid``), the running max
     ``m`` and sum ``l`` [rows] -> (p = exp(sc - m_new), alpha = exp(m - m_new), m_new, l * alpha + sum(p))."""

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agents.templates.kernels.shared_attention import _sa_group_q, _sa_paged_kv, _sa_softmax_step
+from agents.templates.kernels.shared_attention import _sa_group_q, _sa_paged_kv, _sa_softmax_init, _sa_softmax_step
 
 # ---- section ----
 ATTW_BLOCK_T = 16
@@ -31,9 +31,7 @@ def _attw_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, sink_ptr, out_ptr, scale, 
     start = tl.maximum(ctx - window, 0) if window > 0 else 0
     heads, gmask, dh, q = _sa_group_q(q_ptr, b, hk, stride_qb, stride_qh, scale, DH, G, BLOCK_G, BLOCK_DH)
     dv = tl.arange(0, BLOCK_DV)
-    m = tl.full([BLOCK_G], -1e30, dtype=tl.float32)
-    l = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
+    m, l, acc = _sa_softmax_init(BLOCK_G, BLOCK_DV)
     for t0 in range(start, ctx, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
         tmask = offs_t < ctx

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agents.templates.kernels.shared_math import _sm_tanh
+
 # ---- section ----
 SAM_BLOCK_I = 1024
 SAM_NUM_WARPS = 4
@@ -28,13 +30,6 @@ SOAI_NUM_WARPS = 4
 SITU_BLOCK_I = 1024
 SITU_NUM_WARPS = 4
 GLU_SILU, GLU_CLAMP, GLU_OAI, GLU_SITU, GLU_SITU_LB = 0, 1, 2, 3, 4     # ACT
-
-
-@triton.jit
-def _glu_tanh(x):
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -53,9 +48,9 @@ def _glu_kernel(x_ptr, out_ptr, I, stride_xm, stride_om, A, B, ACT: tl.constexpr
         u = tl.minimum(tl.maximum(u, -B), B)
         y = (u + 1.0) * g / (1.0 + tl.exp(-A * g))
     elif ACT >= 3:
-        a = A * _glu_tanh(g / A) / (1.0 + tl.exp(-g))
+        a = A * _sm_tanh(g / A) / (1.0 + tl.exp(-g))
         if ACT == 4:
-            u = B * _glu_tanh(u / B)
+            u = B * _sm_tanh(u / B)
         y = a * u
     else:
         y = g / (1.0 + tl.exp(-g)) * u

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agents.templates.kernels.shared_attention import _sa_softmax_step
+from agents.templates.kernels.shared_attention import _sa_softmax_init, _sa_softmax_step
 
 # ---- section ----
 SMLA_BLOCK_H = 16
@@ -41,9 +41,7 @@ def _smla_kernel(qn_ptr, qp_ptr, kv_ptr, bt_ptr, idx_ptr, out_ptr, scale,
     if UPCAST:
         qn = qn.to(tl.float32)
         qp = qp.to(tl.float32)
-    m = tl.full([BLOCK_H], -1e30, dtype=tl.float32)
-    l = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_L], dtype=tl.float32)
+    m, l, acc = _sa_softmax_init(BLOCK_H, BLOCK_L)
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         pos = tl.load(idx_ptr + b * stride_ib + offs, mask=offs < K, other=-1)
