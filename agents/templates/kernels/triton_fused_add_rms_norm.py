@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agents.templates.kernels.shared_norm import _sn_store
+from agents.templates.kernels.shared_norm import _sn_scale_rows, _sn_store
 
 # ---- section ----
 FARN_BLOCK_D = 2048
@@ -43,11 +43,7 @@ def _farn_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, M, D, stride_xm, stride_
             sf = s.to(tl.float32)
             acc += sf * sf
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / D + eps)
-        for d0 in range(0, D, BLOCK_D):
-            c = d0 + cols
-            mask = rmask[:, None] & (c[None, :] < D)
-            sf = tl.load(res_ptr + rows[:, None] * stride_om + c[None, :], mask=mask, other=0.0).to(tl.float32)
-            _sn_store(sf, rstd, w_ptr, out_ptr, rows, stride_om, c, mask, D)
+        _sn_scale_rows(res_ptr, stride_om, w_ptr, out_ptr, stride_om, rows, rmask, cols, D, rstd, BLOCK_D)
 
 
 def fused_add_rms_norm_triton(x, residual, weight, eps):

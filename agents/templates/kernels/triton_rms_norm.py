@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agents.templates.kernels.shared_norm import _sn_store
+from agents.templates.kernels.shared_norm import _sn_scale_rows, _sn_store
 
 # ---- section ----
 RMSN_BLOCK_D = 2048
@@ -37,11 +37,7 @@ def _rmsn_kernel(x_ptr, w_ptr, out_ptr, M, D, stride_xm, stride_om, eps,
             x = tl.load(x_ptr + rows[:, None] * stride_xm + c[None, :], mask=mask, other=0.0).to(tl.float32)
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / D + eps)
-        for d0 in range(0, D, BLOCK_D):
-            c = d0 + cols
-            mask = rmask[:, None] & (c[None, :] < D)
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + c[None, :], mask=mask, other=0.0).to(tl.float32)
-            _sn_store(x, rstd, w_ptr, out_ptr, rows, stride_om, c, mask, D)
+        _sn_scale_rows(x_ptr, stride_xm, w_ptr, out_ptr, stride_om, rows, rmask, cols, D, rstd, BLOCK_D)
 
 
 def rms_norm_triton(x, weight, eps):
