@@ -199,12 +199,16 @@ def test_prepacked_lm_head_repacks_a_weight_written_in_place():
 
 def test_a_shared_kernel_file_is_inlined_once_and_template_files_still_import():
     """The linear family's kernels (shared_gemv.py) stand once in a candidate that holds two of its templates,
-    ahead of the sections that call them; a template file itself still imports and names them."""
+    after the sections that call them, and only those its templates need; a template file itself still imports
+    and names them."""
     arnl, sml = get_template("add_rms_norm_linear.triton_fused"), get_template("silu_mul_linear.triton_fused")
     src = render_candidate([Choice(arnl, arnl.default()), Choice(sml, sml.default())])
     assert src.count("def _sg_gemv(") == 1 and src.count("def _sg_reduce(") == 1
-    assert src.index("def _sg_gemv(") < src.index("def add_rms_norm_linear_triton(")
+    assert src.index("def silu_mul_linear_triton(") < src.index("def _sg_gemv(")
     assert "from agents" not in src and "import agents" not in src
+    gemv = get_template("linear.triton_gemv_splitk")            # no tiled GEMM: not called by the GEMV template
+    only = render_candidate([Choice(gemv, gemv.default())])
+    assert "def _sg_gemv(" in only and "def _sg_tiled(" not in only and "def _sg_gemm(" not in only
     spec = importlib.util.spec_from_file_location("gemv_file", KERNEL_DIR / "triton_linear_gemv.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
