@@ -21,7 +21,6 @@ peers to beat. Prints tables; writes ``benchmarks/results/<device>-dsv4-layers.j
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -34,7 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from forward import write_json  # noqa: E402
+from forward import device_parser, write_json  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.deepseek_v4 import V4Config, forward, init_weights  # noqa: E402
 from persistent_engine.models.deepseek_v4_decoder import attention as cached_attention  # noqa: E402
@@ -230,8 +229,7 @@ def run(c: dict, device: str, tokens: int, samples: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap = device_parser(__doc__)
     ap.add_argument("--tiny", action="store_true", help="toy widths (the CPU check of this script)")
     ap.add_argument("--tokens", type=int, default=None, help="prefill tokens (cuda 2048, tiny 160: > 128 for HCA)")
     ap.add_argument("--samples", type=int, default=None, help="timed forwards per case (cuda 10, cpu 2)")

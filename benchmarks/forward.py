@@ -156,6 +156,14 @@ def _peak(device: str, override: float | None) -> tuple[str, float | None]:
     return name, override or (DATASHEET_GBS[key] if key else None)
 
 
+def device_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring's first line as the description, and ``--device`` (cuda when
+    there is a GPU)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    return ap
+
+
 def write_json(doc: dict, out: Path) -> None:
     """``doc`` as indented JSON at ``out``, atomically (the plan writer's temporary file and rename)."""
     atomic_write_text(out, json.dumps(doc, indent=1))
@@ -163,8 +171,7 @@ def write_json(doc: dict, out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap = device_parser(__doc__)
     ap.add_argument("--cases", nargs="*", help="alias:layers@batch (layers: all, N or i,j); default by device")
     ap.add_argument("--context", type=int, default=None, help="cached tokens per sequence (cuda 1024, cpu 128)")
     ap.add_argument("--samples", type=int, default=None, help="timed steps per case (cuda 50, cpu 5)")

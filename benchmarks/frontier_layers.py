@@ -26,7 +26,6 @@ Prints a table; writes ``benchmarks/results/<device>-frontier-layers.json`` atom
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import statistics
 import sys
@@ -38,7 +37,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from forward import _peak, copy_bandwidth_gbs, experts_touched, time_eager, time_graph, weight_bytes, write_json  # noqa: E402
+from forward import (_peak, copy_bandwidth_gbs, device_parser, experts_touched, time_eager, time_graph,  # noqa: E402
+                     weight_bytes, write_json)
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec, tiny_name  # noqa: E402
 from persistent_engine.profiler import profile_point  # noqa: E402
@@ -150,8 +150,7 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap = device_parser(__doc__)
     ap.add_argument("--models", default=",".join(MODELS), help="comma list of aliases (default: %(default)s)")
     ap.add_argument("--tiny", action="store_true", help="every model at toy size (the CPU check of this script)")
     ap.add_argument("--samples", type=int, default=None, help="timed steps per case (cuda 30, cpu 3)")

@@ -13,7 +13,6 @@ fp32 state read and written once: 8 B H Dk Dv, the floor), GB/s, the template's 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,7 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from forward import write_json  # noqa: E402
+from forward import device_parser, write_json  # noqa: E402
 from agents.templates import Choice, get_template, load_candidate, render_candidate  # noqa: E402
 from persistent_engine.ops import kda  # noqa: E402
 
@@ -95,8 +94,7 @@ def run_batch(batch: int, shape: dict, device: str, dtype, samples: int, triton_
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap = device_parser(__doc__)
     ap.add_argument("--tiny", action="store_true", help="toy shapes (the CPU check of this script)")
     ap.add_argument("--samples", type=int, default=None, help="timed calls per case (cuda 50, cpu 3)")
     ap.add_argument("--out", default=None)
