@@ -213,3 +213,26 @@ def test_a_shared_kernel_file_is_inlined_once_and_template_files_still_import():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.linear_gemv.__globals__["_sg_decode"].__name__ == "_sg_decode"
+
+
+def test_a_header_imports_only_shared_files_and_a_candidate_takes_what_it_calls(tmp_path, monkeypatch):
+    """A shared file's functions that a template names (and what they call) are inlined, the rest not; a header
+    that imports from a file which is itself not shared (it imports a shared one) is refused."""
+    from agents.templates import base
+    (tmp_path / "shared_x.py").write_text("import triton\n# ---- section ----\ndef _x_one():\n    return 1\n\n\n"
+                                          "def _x_two():\n    return _x_one() + 1\n\n\ndef _x_unused():\n    return 0\n")
+    (tmp_path / "t.py").write_text("from agents.templates.kernels.shared_x import _x_two\n# ---- section ----\n"
+                                   "T_K = 1\n\n\ndef t_entry():\n    return _x_two() + T_K\n")
+    (tmp_path / "bad.py").write_text("from agents.templates.kernels.t import t_entry\n# ---- section ----\n")
+    monkeypatch.setattr(base, "KERNEL_DIR", tmp_path)
+    base._section.cache_clear()
+    base._shared_text.cache_clear()
+    try:
+        t = base.Template("x.t", "x", "t.py", "t_entry", "torch", ("cpu",), (base.Knob("T_K", (1, 2)),), "test")
+        src = render_candidate([Choice(t, {"T_K": 2})])
+        assert load_candidate(src)["OVERRIDES"]["x"]() == 4 and "_x_unused" not in src
+        with pytest.raises(TemplateError, match="not a shared kernel file"):
+            base._section("bad.py")
+    finally:
+        base._section.cache_clear()
+        base._shared_text.cache_clear()
