@@ -99,13 +99,13 @@ def _sg_fma(acc, w, a, ACC_2D: tl.constexpr):
 
 
 @triton.jit
-def _sg_epilogue(acc, ss, b_ptr, out_ptr, ws_ptr, ss_ptr, pid_k, rows64, offs_m, offs_n, mmask, nmask, resmask,
+def _sg_epilogue(acc, ss, b_ptr, out_ptr, ws_ptr, ss_ptr, pid_k, rows, offs_m, offs_n, mmask, nmask, resmask,
                  M, N, K, stride_om, eps, HAS_BIAS: tl.constexpr, PARTIALS: tl.constexpr, PROLOGUE: tl.constexpr):
-    """Stores the [BLOCK_M, BLOCK_N] fp32 ``acc``: PARTIALS to the workspace (and ss for the reduce), else scaled
-    by the rows' RMS (PROLOGUE 1), plus the bias, rounded into out."""
+    """Stores the [BLOCK_M, BLOCK_N] fp32 ``acc`` of rows ``rows`` [BLOCK_M, 1]: PARTIALS to the workspace (and ss
+    for the reduce), else scaled by the rows' RMS (PROLOGUE 1), plus the bias, rounded into out."""
     omask = mmask[:, None] & nmask[None, :]
     if PARTIALS:
-        tl.store(ws_ptr + (pid_k * M + rows64) * N + offs_n[None, :], acc, mask=omask)
+        tl.store(ws_ptr + (pid_k * M + rows) * N + offs_n[None, :], acc, mask=omask)
         if PROLOGUE == 1:
             tl.store(ss_ptr + pid_k * M + offs_m, ss, mask=resmask)
     else:
@@ -113,7 +113,7 @@ def _sg_epilogue(acc, ss, b_ptr, out_ptr, ws_ptr, ss_ptr, pid_k, rows64, offs_m,
             acc = acc * tl.rsqrt(ss / K + eps)[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rows64 * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
+        tl.store(out_ptr + rows * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -173,7 +173,11 @@ def _sg_gemv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_ptr
         acc = _sg_fma(acc, w, a, ACC_2D)
     if ACC_2D:
         acc = tl.sum(acc, axis=1)[None, :]                        # [1, BLOCK_N]
-    _sg_epilogue(acc, ss, b_ptr, out_ptr, ws_ptr, ss_ptr, pid_k, rows64, offs_m, offs_n, mmask, nmask, resmask,
+    if PROLOGUE == 0:
+        out_rows = offs_m[:, None]                                # the linear GEMV's int32 store offsets
+    else:
+        out_rows = rows64
+    _sg_epilogue(acc, ss, b_ptr, out_ptr, ws_ptr, ss_ptr, pid_k, out_rows, offs_m, offs_n, mmask, nmask, resmask,
                  M, N, K, stride_om, eps, HAS_BIAS, PARTIALS, PROLOGUE)
 
 
