@@ -230,7 +230,8 @@ def render_candidate(choices: Sequence[Choice], *, config: Mapping[str, Any] | N
         parts.append(text)
         parts.append("")
     for name, names in shared.items():          # after the sections: a reader (or a cut) meets the template first
-        parts += [f"# ======== shared kernels the sections above call: {name}", _shared_text(name, frozenset(names)), ""]
+        parts += [f"# ======== shared kernels the sections above call: {name}",
+                  _shared_text(name, frozenset(names)), ""]
     overrides = ", ".join(f"{c.op!r}: {c.template.entry}" for c in choices)
     parts.append(f"OVERRIDES = {{{overrides}}}")
     if config:

@@ -2,8 +2,8 @@
 online-softmax step.
 
 Not a template of its own: ``triton_attention_decode``, ``triton_attention_window`` and
-``triton_sparse_mla_decode`` import these names in their header, and ``render_candidate`` inlines this section
-once into every candidate that holds one of them. Each is a ``triton.jit`` function, inlined by the compiler
+``triton_sparse_mla_decode`` import these names in their header, and ``render_candidate`` inlines the functions a
+candidate's templates use once, after their sections. Each is a ``triton.jit`` function, inlined by the compiler
 into the kernel that calls it.
 """
 

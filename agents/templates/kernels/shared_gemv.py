@@ -2,9 +2,9 @@
 
 Not a template of its own: ``triton_linear_gemv``, ``triton_linear_tiled``, ``triton_add_rms_norm_linear``,
 ``triton_silu_mul_linear`` and ``triton_add_rms_norm_qkv_rotary`` import these names in their header, and
-``render_candidate`` inlines this section once into every candidate that holds one of them (ahead of their
-sections), so a candidate still imports nothing of tkcc. The members differ in the A tile's prologue, a
-constexpr resolved at compile time (each member's kernels are what its own file used to hold):
+``render_candidate`` inlines the ones a candidate's templates use (and what those call) once, after their
+sections, so a candidate still imports nothing of tkcc. The members differ in the A tile's prologue, a
+constexpr resolved at compile time (each member compiles to the kernels its own file used to hold):
 
 - ``PROLOGUE == 0`` plain: ``a = x`` (the linear templates);
 - ``PROLOGUE == 1`` add + RMSNorm: ``s = x + r`` in fp32 (stored rounded as new_residual by the pid_n == 0
@@ -317,7 +317,8 @@ def _sg_gemm(prologue, x2, weight, out, k, *, block_m, block_n, block_k, num_war
              split_k=0, r2=None, g=None, res=None, bias=None, eps=0.0):
     """Launches the tiled GEMM over the rows of ``x2`` into ``out``; ``split_k`` 0: no K split (the loop runs to
     the runtime K), else that many K slices and the reduce (no RMS scale there: add + RMSNorm takes no split)."""
-    assert not (split_k and prologue == 1), "the tiled GEMM reduces no sums of squares"
+    if split_k and prologue == 1:
+        raise ValueError("the tiled GEMM's reduce applies no RMS scale: add + RMSNorm runs unsplit")
     m, n = x2.shape[0], weight.shape[0]
     k_per_split, split = _sg_split(k, split_k, block_k) if split_k else (0, 1)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else out

@@ -1,7 +1,7 @@
 """Elementwise functions several templates' kernels use, written once.
 
 Not a template of its own: ``triton_glu_and_mul`` and ``triton_moe_experts`` import it in their header, and
-``render_candidate`` inlines this section once into every candidate that holds one of them.
+``render_candidate`` inlines the functions a candidate's templates use once, after their sections.
 """
 
 import triton

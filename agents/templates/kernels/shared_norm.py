@@ -1,7 +1,7 @@
 """The scale-and-store steps of the row-blocked RMSNorm templates, written once.
 
 Not a template of its own: ``triton_rms_norm`` and ``triton_fused_add_rms_norm`` import it in their header, and
-``render_candidate`` inlines this section once into every candidate that holds one of them.
+``render_candidate`` inlines the functions a candidate's templates use once, after their sections.
 """
 
 import triton
