@@ -21,20 +21,19 @@ peers to beat. Prints tables; writes ``benchmarks/results/<device>-dsv4-layers.j
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
+from forward import device_parser, write_json  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.deepseek_v4 import V4Config, forward, init_weights  # noqa: E402
 from persistent_engine.models.deepseek_v4_decoder import attention as cached_attention  # noqa: E402
@@ -230,8 +229,7 @@ def run(c: dict, device: str, tokens: int, samples: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap = device_parser(__doc__)
     ap.add_argument("--tiny", action="store_true", help="toy widths (the CPU check of this script)")
     ap.add_argument("--tokens", type=int, default=None, help="prefill tokens (cuda 2048, tiny 160: > 128 for HCA)")
     ap.add_argument("--samples", type=int, default=None, help="timed forwards per case (cuda 10, cpu 2)")
@@ -273,14 +271,9 @@ def main(argv=None) -> int:
                   f"{r['hc_pre_ms']:>9.3f}{f(r['peer_hc_pre_ms']):>8}{r['hc_post_ms']:>9.3f}{f(r['peer_hc_post_ms']):>8}")
     dev = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}{'-tiny' if a.tiny else ''}-dsv4-layers.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"model": "DeepSeek-V4-Flash" + (" (tiny)" if a.tiny else ""), "device": dev, "tokens": tokens, "rows": rows,
-                   "templates": kernels, "decode": dec, "peers_source": json.loads(PEERS.read_text())["provenance"]}, f,
-                  indent=1)
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    write_json({"model": "DeepSeek-V4-Flash" + (" (tiny)" if a.tiny else ""), "device": dev, "tokens": tokens,
+                "rows": rows, "templates": kernels, "decode": dec,
+                "peers_source": json.loads(PEERS.read_text())["provenance"]}, out)
     return 0
 
 

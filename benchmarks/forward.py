@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from compiler.plan import atomic_write_text  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
@@ -96,17 +95,22 @@ def experts_touched(model, wl) -> dict[int, int]:
     return dict(zip(moe_layers, seen))
 
 
-def bytes_read(model, wl) -> dict[str, float]:
-    spec, p = model.spec, model.params
-    touched = experts_touched(model, wl) if spec.is_moe else {}
+def weight_bytes(model, wl, touched: dict[int, int]) -> int:
+    """Weight bytes one step reads: every parameter, the embedding rows of the batch's tokens only (untied), and
+    of each MoE layer's expert stacks (``.w13``/``.w2``) the ``touched[layer]`` experts only."""
     weights = 0
-    for name, t in p.items():
+    for name, t in model.params.items():
         n = t.numel() * t.element_size()
         if name == "embed":
-            n = n if spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
+            n = n if model.spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
         elif name.endswith((".w13", ".w2")):
             n = n // t.shape[0] * touched[int(name.split(".")[1])]
         weights += n
+    return weights
+
+
+def bytes_read(model, wl) -> dict[str, float]:
+    weights = weight_bytes(model, wl, experts_touched(model, wl) if model.spec.is_moe else {})
     kv = sum(t.element_size() * (t[0, 0].numel()) for t in (*wl.cache.k.values(), *wl.cache.v.values()))
     kv_bytes = kv * wl.batch * (wl.context + 1)
     return {"weights": float(weights), "kv": float(kv_bytes), "total": float(weights + kv_bytes)}
@@ -152,9 +156,22 @@ def _peak(device: str, override: float | None) -> tuple[str, float | None]:
     return name, override or (DATASHEET_GBS[key] if key else None)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def device_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring's first line as the description, and ``--device`` (cuda when
+    there is a GPU)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    return ap
+
+
+def write_json(doc: dict, out: Path) -> None:
+    """``doc`` as indented JSON at ``out``, atomically (the plan writer's temporary file and rename)."""
+    atomic_write_text(out, json.dumps(doc, indent=1))
+    print(f"wrote {out}")
+
+
+def main(argv=None) -> int:
+    ap = device_parser(__doc__)
     ap.add_argument("--cases", nargs="*", help="alias:layers@batch (layers: all, N or i,j); default by device")
     ap.add_argument("--context", type=int, default=None, help="cached tokens per sequence (cuda 1024, cpu 128)")
     ap.add_argument("--samples", type=int, default=None, help="timed steps per case (cuda 50, cpu 5)")
@@ -207,12 +224,7 @@ def main(argv=None) -> int:
            "triton": versions["triton"], "driver": versions["driver"],
            "copy_bandwidth_gbs": copy_gbs, "datasheet_bandwidth_gbs": peak, "samples": samples, "rows": rows}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{a.device}-forward.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc, indent=1))
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    write_json(doc, out)
     return 0
 
 

@@ -27,13 +27,9 @@ Prints a table; writes ``benchmarks/results/<device>-frontier-layers.json`` atom
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +38,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from forward import _peak, copy_bandwidth_gbs, experts_touched, time_eager, time_graph  # noqa: E402
+from forward import (_peak, copy_bandwidth_gbs, device_parser, experts_touched, time_eager, time_graph,  # noqa: E402
+                     weight_bytes, write_json)
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec, tiny_name  # noqa: E402
 from persistent_engine.profiler import profile_point  # noqa: E402
@@ -67,16 +64,9 @@ def attended_tokens(spec, layer: int, pool: str, context: int) -> int:
 
 
 def step_bytes(model, wl) -> dict[str, float]:
-    spec, p = model.spec, model.params
+    spec = model.spec
     touched = experts_touched(model, wl) if spec.is_moe and any(b.kind == "moe" for b in model.blocks) else {}
-    weights = 0
-    for name, t in p.items():
-        n = t.numel() * t.element_size()
-        if name == "embed":
-            n = n if spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
-        elif name.endswith((".w13", ".w2")):
-            n = n // t.shape[0] * touched[int(name.split(".")[1])]
-        weights += n
+    weights = weight_bytes(model, wl, touched)
     kv = 0
     for pool, pools in (("k", wl.cache.k), ("v", wl.cache.v), ("index_k", wl.cache.index_k)):
         for layer, t in pools.items():
@@ -161,8 +151,7 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap = device_parser(__doc__)
     ap.add_argument("--models", default=",".join(MODELS), help="comma list of aliases (default: %(default)s)")
     ap.add_argument("--tiny", action="store_true", help="every model at toy size (the CPU check of this script)")
     ap.add_argument("--samples", type=int, default=None, help="timed steps per case (cuda 30, cpu 3)")
@@ -186,12 +175,7 @@ def main(argv=None) -> int:
         "triton": versions["triton"], "driver": versions["driver"], "copy_bandwidth_gbs": copy_gbs,
         "datasheet_bandwidth_gbs": peak, "samples": samples, "tiny": a.tiny, "rows": rows}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else a.device}-frontier-layers.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc, indent=1))
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    write_json(doc, out)
     return 0
 
 

@@ -13,20 +13,20 @@ fp32 state read and written once: 8 B H Dk Dv, the floor), GB/s, the template's 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
+from forward import device_parser, write_json  # noqa: E402
 from agents.templates import Choice, get_template, load_candidate, render_candidate  # noqa: E402
 from persistent_engine.ops import kda  # noqa: E402
 
@@ -94,8 +94,7 @@ def run_batch(batch: int, shape: dict, device: str, dtype, samples: int, triton_
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap = device_parser(__doc__)
     ap.add_argument("--tiny", action="store_true", help="toy shapes (the CPU check of this script)")
     ap.add_argument("--samples", type=int, default=None, help="timed calls per case (cuda 50, cpu 3)")
     ap.add_argument("--out", default=None)
@@ -112,12 +111,7 @@ def main(argv=None) -> int:
     doc = {"benchmark": "kda_ops", "device": a.device, "device_name": torch.cuda.get_device_name() if cuda else "cpu",
            "torch": torch.__version__, "shape": shape, "tiny": a.tiny, "rows": rows}
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else 'cpu'}-kda-ops.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc, indent=1))
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    write_json(doc, out)
     return 0
 
 

@@ -11,7 +11,12 @@ imported directly. The file has two parts, separated by the line ``# ---- sectio
 
 Rendering a template with chosen knob values rewrites the knob assignments of the section in place
 (each knob must be assigned exactly once, on one line) and inlines the section into the candidate,
-so a candidate is one self-contained file with no tkcc import (DESIGN.md "Candidate"). Identifiers in
+so a candidate is one self-contained file with no tkcc import (DESIGN.md "Candidate"). A header may also
+import names from a *shared* file of this folder (``from agents.templates.kernels.shared_gemv import ...``:
+functions a family of templates has in common, with no knobs): the renderer inlines the ones the
+candidate's templates name, and what those call, once per candidate after the sections (module-level
+definitions, resolved when a kernel first runs), so the template file still imports and runs as it is
+and the candidate still imports nothing of tkcc. Identifiers in
 a section carry a prefix unique to the file, so several sections can share one candidate. Several
 templates may share one file (one kernel with a constexpr knob, an entry and a knob prefix each): a
 candidate then holds that section once, with every chosen template's knobs set in it.
@@ -36,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 KERNEL_DIR = Path(__file__).with_name("kernels")
 SECTION_MARK = "# ---- section ----"
 ALLOWED_IMPORTS = ("import math", "import torch", "import triton", "import triton.language as tl")
+SHARED_IMPORT = "from agents.templates.kernels."     # a header line naming a shared file to inline
 
 # constraint(knobs, dims) -> list of reasons; dims are model sizes (hidden, intermediate, head_dim...)
 Constraint = Callable[[Mapping[str, Any], Mapping[str, int]], list]
@@ -152,16 +158,49 @@ class Choice:
 
 
 @lru_cache(maxsize=None)
-def _section_text(file: str) -> str:
+def _section(file: str) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], str]:
+    """(the shared files ``file``'s header imports, each with the names it takes; ``file``'s section)."""
     path = KERNEL_DIR / file
     text = path.read_text()
     head, mark, body = text.partition(SECTION_MARK)
     if not mark:
         raise TemplateError(f"{path} has no '{SECTION_MARK}' line")
+    shared = []
     for line in head.splitlines():
-        if line.startswith(("import ", "from ")) and line.strip() not in ALLOWED_IMPORTS:
+        if line.startswith(SHARED_IMPORT):
+            node = ast.parse(line).body[0]
+            name = node.module.rsplit(".", 1)[1] + ".py"
+            if not (KERNEL_DIR / name).is_file() or _section(name)[0]:
+                raise TemplateError(f"{path}: {name} is not a shared kernel file of {KERNEL_DIR}")
+            shared.append((name, tuple(a.name for a in node.names)))
+        elif line.startswith(("import ", "from ")) and line.strip() not in ALLOWED_IMPORTS:
             raise TemplateError(f"{path}: import not allowed in a candidate: {line.strip()}")
-    return body.strip("\n") + "\n"
+    return tuple(shared), body.strip("\n") + "\n"
+
+
+@lru_cache(maxsize=None)
+def _shared_text(file: str, names: frozenset) -> str:
+    """The definitions of shared ``file`` that ``names`` need (those named and what they call, transitively), in
+    the file's order: a candidate holds only the shared kernels its templates use."""
+    body = _section(file)[1]
+    lines = body.splitlines()
+    defs = {}                                   # name -> (first line incl. decorators, last line, names it uses)
+    for node in ast.parse(body).body:
+        if not isinstance(node, ast.FunctionDef):
+            raise TemplateError(f"{file}: a shared section holds functions only, not {type(node).__name__}")
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        defs[node.name] = (first, node.end_lineno, {n.id for n in ast.walk(node) if isinstance(n, ast.Name)})
+    missing = names - defs.keys()
+    if missing:
+        raise TemplateError(f"{file} defines no {', '.join(sorted(missing))}")
+    need, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in need:
+            need.add(name)
+            todo += [n for n in defs[name][2] if n in defs]
+    chosen = ["\n".join(lines[first - 1:last]) for name, (first, last, _) in defs.items() if name in need]
+    return "\n\n\n".join(chosen) + "\n"
 
 
 def render_candidate(choices: Sequence[Choice], *, config: Mapping[str, Any] | None = None,
@@ -179,13 +218,20 @@ def render_candidate(choices: Sequence[Choice], *, config: Mapping[str, Any] | N
     by_file: dict[str, list[Choice]] = {}       # templates of one file (one kernel, several entries) share
     for c in choices:                           # its section once, each with its own knobs set in it
         by_file.setdefault(c.template.file, []).append(c)
+    shared: dict[str, set] = {}                 # each shared file once, with every name its templates take
+    for file in by_file:
+        for name, names in _section(file)[0]:
+            shared.setdefault(name, set()).update(names)
     for same in by_file.values():
-        text = _section_text(same[0].template.file)
+        text = _section(same[0].template.file)[1]
         for c in same:
             text = c.template.set_knobs(text, c.knobs)
         parts.append(f"# ======== {'; '.join(c.key() for c in same)}")
         parts.append(text)
         parts.append("")
+    for name, names in shared.items():          # after the sections: a reader (or a cut) meets the template first
+        parts += [f"# ======== shared kernels the sections above call: {name}",
+                  _shared_text(name, frozenset(names)), ""]
     overrides = ", ".join(f"{c.op!r}: {c.template.entry}" for c in choices)
     parts.append(f"OVERRIDES = {{{overrides}}}")
     if config:

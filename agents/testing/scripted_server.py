@@ -233,6 +233,11 @@ def _bearer(headers: dict) -> str | None:
     return auth[len("Bearer "):] if auth.startswith("Bearer ") else None
 
 
+def _wrong_bearer(headers: dict, key: str | None) -> bool:
+    """A key is required and the request's ``Authorization: Bearer`` token is not it (OpenAI's two APIs)."""
+    return key is not None and _bearer(headers) != key
+
+
 def _check_anthropic(headers: dict, body: dict, key: str | None) -> str | None:
     # the key as x-api-key or (newer SDKs) as a bearer token
     if key is not None and key not in (headers.get("x-api-key"), _bearer(headers)):
@@ -274,7 +279,7 @@ def _check_anthropic(headers: dict, body: dict, key: str | None) -> str | None:
 
 
 def _check_openai(headers: dict, body: dict, key: str | None) -> str | None:
-    if key is not None and headers.get("authorization") != f"Bearer {key}":
+    if _wrong_bearer(headers, key):
         return "missing or wrong Authorization bearer token"
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -304,7 +309,7 @@ def _check_openai(headers: dict, body: dict, key: str | None) -> str | None:
 
 
 def _check_responses(headers: dict, body: dict, key: str | None) -> str | None:
-    if key is not None and headers.get("authorization") != f"Bearer {key}":
+    if _wrong_bearer(headers, key):
         return "missing or wrong Authorization bearer token"
     items = body.get("input")
     if isinstance(items, str):

@@ -192,32 +192,19 @@ class Executor:
             self._members = self.proc.members()
             self._stops = 0
         self._stops += 1
-        for pid in self._members:
-            if pid == self.proc.pid:            # the launcher: awake, so the judge's death still ends the tree
-                continue
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except (ProcessLookupError, PermissionError):
-                pass
+        # the launcher stays awake, so the judge's death still ends the tree
+        _signal_each([pid for pid in self._members if pid != self.proc.pid], signal.SIGSTOP)
         self.stopped = True
 
     def cont(self) -> None:
         if not self.stopped:
             return
-        for pid in self._members:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _signal_each(self._members, signal.SIGCONT)
         self.stopped = False
 
     def kill_known(self) -> None:
         """SIGKILL every process of the tree seen at the last scan (microseconds; ``kill`` does the rest)."""
-        for pid in self._members or [self.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _signal_each(self._members or [self.pid], signal.SIGKILL)
 
     def kill(self) -> None:
         try:
@@ -225,6 +212,15 @@ class Executor:
         finally:
             self.chan.close()
             self.mailbox.close()
+
+
+def _signal_each(pids, sig: int) -> None:
+    """``sig`` to each of ``pids``; a process that is gone (or no longer ours) is passed over."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def failed_to_start(e: BaseException, tail: str = "", note: str = "") -> str:

@@ -78,6 +78,23 @@ def _rows(cache: torch.Tensor, block_tables: torch.Tensor, seq: torch.Tensor, po
     return cache.reshape(-1, cache.shape[-1])[blocks * bs + p % bs]
 
 
+def _chunk_scores(q, k_cache, v_cache, block_tables, seq, c0: int, c1: int, key: torch.Tensor, scale: float):
+    """Query tokens c0:c1 of ``q`` [T, Hq, Dh] against every key position ``key`` [L] of their sequences ``seq``
+    (GQA, the paged caches [NB, BS, Hk, D]): (scores [C, Hk, G, L] in fp32 times ``scale``, V rows [C, L, Hk, Dv]).
+    Gathers C*L rows of each cache: a caller bounds C by GATHER_BUDGET."""
+    hq, dh = q.shape[1:]
+    hk, n = k_cache.shape[2], c1 - c0
+    idx = key.expand(n, key.shape[0])
+    kk = _rows(k_cache.flatten(2), block_tables, seq[c0:c1], idx).view(n, -1, hk, dh)
+    vv = _rows(v_cache.flatten(2), block_tables, seq[c0:c1], idx).view(n, key.shape[0], hk, -1)
+    return _acc(torch.einsum("chgd,clhd->chgl", q[c0:c1].view(n, hk, hq // hk, dh), kk)) * scale, vv
+
+
+def _chunk_out(p: torch.Tensor, vv: torch.Tensor, dtype) -> torch.Tensor:
+    """Attention weights p [C, Hk, G, L] times the V rows [C, L, Hk, Dv]: [C, Hk * G, Dv] in ``dtype``."""
+    return torch.einsum("chgl,clhd->chgd", p.to(vv.dtype), vv).reshape(p.shape[0], -1, vv.shape[-1]).to(dtype)
+
+
 # ----------------------------------------------------------------------------- indexer_topk
 def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, topk: int) -> torch.Tensor:

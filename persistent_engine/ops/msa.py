@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.dsa import GATHER_BUDGET, _layout, _rows, token_seq_pos
+from persistent_engine.ops.dsa import GATHER_BUDGET, _chunk_out, _chunk_scores, _layout, _rows, token_seq_pos
 from persistent_engine.ops.moe import _experts_inputs, _experts_shapes, experts_forward
 from persistent_engine.ops.opdef import (DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn,
                                          tokens)
@@ -115,14 +115,11 @@ def _block_sparse(q, k_cache, v_cache, block_tables, seq, pos, blocks, block_siz
     chunk = max(1, min(t, GATHER_BUDGET // max(1, length * hk * max(dh, blocks.shape[-1]))))
     for c0 in range(0, t, chunk):
         c1 = min(t, c0 + chunk)
-        idx = key_pos.expand(c1 - c0, length)
-        kk = _rows(k_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, dh)
-        vv = _rows(v_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, -1)
-        s = _acc(torch.einsum("cgnd,clgd->cgnl", q[c0:c1].view(c1 - c0, hk, hq // hk, dh), kk)) * scale
+        s, vv = _chunk_scores(q, k_cache, v_cache, block_tables, seq, c0, c1, key_pos, scale)   # [C, Hk, G, L]
         chosen = (blocks[c0:c1, :, :, None].long() == (key_pos // block_size)[None, None, None, :]).any(2)  # [C, Hk, L]
         keep = chosen & (key_pos[None, None, :] <= pos[c0:c1, None, None])                # [C, Hk, L]
         p = torch.softmax(s.masked_fill(~keep[:, :, None, :], float("-inf")), dim=-1)
-        out[c0:c1] = torch.einsum("cgnl,clgd->cgnd", p.to(vv.dtype), vv).reshape(c1 - c0, hq, -1).to(q.dtype)
+        out[c0:c1] = _chunk_out(p, vv, q.dtype)
     return out
 
 

@@ -17,7 +17,7 @@ import torch
 
 from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs, gather_pages
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.dsa import GATHER_BUDGET, _rows, token_seq_pos
+from persistent_engine.ops.dsa import GATHER_BUDGET, _chunk_out, _chunk_scores, token_seq_pos
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn
 
 
@@ -63,13 +63,10 @@ def attention_prefill_window(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     chunk = max(1, min(t, GATHER_BUDGET // max(1, length * hk * dh)))
     for c0 in range(0, t, chunk):
         c1 = min(t, c0 + chunk)
-        idx = key.expand(c1 - c0, length)
-        kk = _rows(k_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, dh)
-        vv = _rows(v_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, -1)
-        s = _acc(torch.einsum("chgd,clhd->chgl", q[c0:c1].view(c1 - c0, hk, hq // hk, dh), kk)) * scale
+        s, vv = _chunk_scores(q, k_cache, v_cache, block_tables, seq, c0, c1, key, scale)       # [C, Hk, G, L]
         hidden = _hidden(key, pos[c0:c1], window)                                               # [C, L]
         p = _softmax_with_sinks(s.masked_fill(hidden[:, None, None, :], float("-inf")), sinks)
-        out[c0:c1] = torch.einsum("chgl,clhd->chgd", p.to(vv.dtype), vv).reshape(c1 - c0, hq, -1).to(q.dtype)
+        out[c0:c1] = _chunk_out(p, vv, q.dtype)
     return out
 
 

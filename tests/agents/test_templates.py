@@ -3,12 +3,14 @@ registry's small example shapes: Triton templates under TRITON_INTERPRET=1 (set 
 settings each (the default and a small-block one that exercises masks, loops and split paths)."""
 
 import ast
+import importlib.util
 
 import pytest
 import torch
 
 from agents.templates import (TEMPLATES, Choice, TemplateError, dims_of, get_template, load_candidate,
                               render_candidate, templates_for)
+from agents.templates.base import KERNEL_DIR
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops.contract import check_op
 
@@ -194,3 +196,44 @@ def test_prepacked_lm_head_repacks_a_weight_written_in_place():
         assert torch.equal(fn(x, o), lm_head(x, o))
     assert len(cache) == ns["TLMH_CACHED"]
     assert torch.equal(fn(x.float(), w.float()), lm_head(x.float(), w.float()))   # other dtypes: the reference
+
+
+def test_a_shared_kernel_file_is_inlined_once_and_template_files_still_import():
+    """The linear family's kernels (shared_gemv.py) stand once in a candidate that holds two of its templates,
+    after the sections that call them, and only those its templates need; a template file itself still imports
+    and names them."""
+    arnl, sml = get_template("add_rms_norm_linear.triton_fused"), get_template("silu_mul_linear.triton_fused")
+    src = render_candidate([Choice(arnl, arnl.default()), Choice(sml, sml.default())])
+    assert src.count("def _sg_gemv(") == 1 and src.count("def _sg_reduce(") == 1
+    assert src.index("def silu_mul_linear_triton(") < src.index("def _sg_gemv(")
+    assert "from agents" not in src and "import agents" not in src
+    gemv = get_template("linear.triton_gemv_splitk")            # no tiled GEMM: not called by the GEMV template
+    only = render_candidate([Choice(gemv, gemv.default())])
+    assert "def _sg_gemv(" in only and "def _sg_tiled(" not in only and "def _sg_gemm(" not in only
+    spec = importlib.util.spec_from_file_location("gemv_file", KERNEL_DIR / "triton_linear_gemv.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.linear_gemv.__globals__["_sg_decode"].__name__ == "_sg_decode"
+
+
+def test_a_header_imports_only_shared_files_and_a_candidate_takes_what_it_calls(tmp_path, monkeypatch):
+    """A shared file's functions that a template names (and what they call) are inlined, the rest not; a header
+    that imports from a file which is itself not shared (it imports a shared one) is refused."""
+    from agents.templates import base
+    (tmp_path / "shared_x.py").write_text("import triton\n# ---- section ----\ndef _x_one():\n    return 1\n\n\n"
+                                          "def _x_two():\n    return _x_one() + 1\n\n\ndef _x_unused():\n    return 0\n")
+    (tmp_path / "t.py").write_text("from agents.templates.kernels.shared_x import _x_two\n# ---- section ----\n"
+                                   "T_K = 1\n\n\ndef t_entry():\n    return _x_two() + T_K\n")
+    (tmp_path / "bad.py").write_text("from agents.templates.kernels.t import t_entry\n# ---- section ----\n")
+    monkeypatch.setattr(base, "KERNEL_DIR", tmp_path)
+    base._section.cache_clear()
+    base._shared_text.cache_clear()
+    try:
+        t = base.Template("x.t", "x", "t.py", "t_entry", "torch", ("cpu",), (base.Knob("T_K", (1, 2)),), "test")
+        src = render_candidate([Choice(t, {"T_K": 2})])
+        assert load_candidate(src)["OVERRIDES"]["x"]() == 4 and "_x_unused" not in src
+        with pytest.raises(TemplateError, match="not a shared kernel file"):
+            base._section("bad.py")
+    finally:
+        base._section.cache_clear()
+        base._shared_text.cache_clear()

@@ -18,11 +18,16 @@ with the RMS scale factored out of the dot (as in the add_rms_norm_linear templa
 - ``QKVR_PDL`` = 1 (decode, SM90+ GPUs; ignored elsewhere): both kernels are launched with programmatic
   dependent launch; the GEMV loads its first W tile (written by no kernel) before ``gdc_wait`` (the
   previous kernel, which produced x, done and flushed) and everything else after.
+
+The GEMV is the linear family's (``shared_gemv.py``, add + RMSNorm prologue), inlined by the renderer; the
+reduce is this template's own.
 """
 
 import torch
 import triton
 import triton.language as tl
+
+from agents.templates.kernels.shared_gemv import _sg_decode, _sg_norm_linear_torch, _sg_partials, _sg_rms_scale, _sg_rows
 
 # ---- section ----
 QKVR_BLOCK_N = 8
@@ -35,83 +40,6 @@ QKVR_MAX_T = 16
 QKVR_HEADS = 2               # heads per reduce program
 QKVR_REDUCE_WARPS = 2
 QKVR_PDL = 0                 # 1: programmatic dependent launch of the decode kernels (SM90+)
-
-
-def _qkvr_pdl(x) -> bool:
-    """Programmatic dependent launch: asked for, and a GPU that has it (SM90+)."""
-    return bool(QKVR_PDL) and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
-
-
-@triton.jit
-def _qkvr_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask, mmask, resmask):
-    """(s * g, sum of s^2 per row) of the [BLOCK_M, BLOCK_K] tile, s = x + r in fp32, stored rounded as
-    new_residual where ``resmask`` (the pid_n == 0 column)."""
-    xmask = mmask[:, None] & kmask[None, :]
-    xv = tl.load(x_ptr + rows64 * stride_xm + offs_k[None, :], mask=xmask, other=0.0)
-    rv = tl.load(r_ptr + rows64 * stride_rm + offs_k[None, :], mask=xmask, other=0.0)
-    s = xv.to(tl.float32) + rv.to(tl.float32)
-    tl.store(res_ptr + rows64 * stride_res + offs_k[None, :], s.to(res_ptr.dtype.element_ty),
-             mask=resmask[:, None] & kmask[None, :])
-    g = tl.load(g_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
-    return s * g[None, :], tl.sum(s * s, axis=1)
-
-
-@triton.jit
-def _qkvr_w(w_rows, offs_k, nmask, kmask):
-    """The [BLOCK_N, BLOCK_K] weight tile at ``offs_k`` in fp32 (streamed once: evicted first)."""
-    return tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
-                   eviction_policy="evict_first").to(tl.float32)
-
-
-@triton.jit
-def _qkvr_gemv(x_ptr, r_ptr, g_ptr, w_ptr, res_ptr, ws_ptr, ss_ptr, M, N, K,
-               stride_xm, stride_rm, stride_wn, stride_res,
-               K_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PEEL: tl.constexpr, GDC: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)             # [BLOCK_N]
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)             # [BLOCK_M]
-    nmask = offs_n < N
-    mmask = offs_m < M
-    k_begin = pid_k * K_PER_SPLIT
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    rows64 = offs_m[:, None].to(tl.int64)
-    resmask = offs_m < tl.where(pid_n == 0, M, 0)                # only the pid_n == 0 column writes s
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_start = 0
-    if PEEL:    # first W tile before waiting for x's producer (GDC); nothing else is read or written before
-        offs_k = tl.max_contiguous(tl.multiple_of(k_begin + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
-        kmask = offs_k < K
-        w = _qkvr_w(w_rows, offs_k, nmask, kmask)
-        if GDC:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        a, sq = _qkvr_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask,
-                        mmask, resmask)
-        ss += sq
-        acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
-        k_start = BLOCK_K
-    for k0 in range(k_start, K_PER_SPLIT, BLOCK_K):
-        offs_k = tl.max_contiguous(tl.multiple_of(k_begin + k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
-        kmask = offs_k < K
-        a, sq = _qkvr_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k, kmask,
-                        mmask, resmask)                           # [BLOCK_M, BLOCK_K], [BLOCK_M]
-        ss += sq
-        w = _qkvr_w(w_rows, offs_k, nmask, kmask)                  # [BLOCK_N, BLOCK_K]
-        acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
-    tl.store(ws_ptr + (pid_k * M + rows64) * N + offs_n[None, :], acc, mask=mmask[:, None] & nmask[None, :])
-    tl.store(ss_ptr + pid_k * M + offs_m, ss, mask=resmask)
-
-
-@triton.jit
-def _qkvr_partial(ws_ptr, m, M, N, col, mask, SPLIT_K: tl.constexpr):
-    acc = tl.zeros(col.shape, dtype=tl.float32)
-    for s in range(SPLIT_K):                                      # fixed order: deterministic
-        acc += tl.load(ws_ptr + (s * M + m) * N + col, mask=mask, other=0.0)
-    return acc
 
 
 @triton.jit
@@ -128,12 +56,11 @@ def _qkvr_reduce(ws_ptr, ss_ptr, b_ptr, pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr, M,
     mask = hmask[:, None] & (d[None, :] < Dh)
     rot = (heads < Hq + Hk)[:, None] & (d[None, :] < R)          # q and k heads, first R dims
     partner = tl.where(d < HALF, d + HALF, d - HALF)              # the other element of d's rotary pair
-    sp = tl.arange(0, SPLIT_P2)
-    scale = tl.rsqrt(tl.sum(tl.load(ss_ptr + sp * M + m, mask=sp < SPLIT_K, other=0.0), axis=0) / K + eps)
+    scale = _sg_rms_scale(ss_ptr, m, M, K, eps, SPLIT_K, SPLIT_P2)
     col = heads[:, None] * Dh + d[None, :]                        # [HEADS, BLOCK_D] columns of qkv
     pcol = heads[:, None] * Dh + partner[None, :]
-    y = _qkvr_partial(ws_ptr, m, M, N, col, mask, SPLIT_K) * scale
-    yp = _qkvr_partial(ws_ptr, m, M, N, pcol, rot, SPLIT_K) * scale
+    y = _sg_partials(ws_ptr, m, M, N, col, mask, SPLIT_K) * scale
+    yp = _sg_partials(ws_ptr, m, M, N, pcol, rot, SPLIT_K) * scale
     if HAS_BIAS:
         y += tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32)
         yp += tl.load(b_ptr + pcol, mask=rot, other=0.0).to(tl.float32)
@@ -154,10 +81,8 @@ def _qkvr_reduce(ws_ptr, ss_ptr, b_ptr, pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr, M,
 
 def _qkvr_torch(x2, r2, norm_weight, eps, weight, bias, positions, cos_sin_cache, rotary_dim, hq, hk):
     """T > MAX_T: fp32 add, one rms_norm kernel, cuBLAS projection, rotary in fp32 on the q/k views."""
-    T, H = x2.shape
-    s = x2.float() + r2.float()                                           # [T, H] fp32
-    normed = torch.nn.functional.rms_norm(s, (H,), norm_weight.float(), eps).to(x2.dtype)
-    qkv = torch.nn.functional.linear(normed, weight, bias)                # [T, (Hq + 2 Hk) Dh]
+    T = x2.shape[0]
+    qkv, s = _sg_norm_linear_torch(x2, r2, norm_weight, eps, weight, bias)  # [T, (Hq + 2 Hk) Dh], [T, H]
     dh = qkv.shape[1] // (hq + 2 * hk)
     heads = qkv.view(T, hq + 2 * hk, dh)
     half = rotary_dim // 2
@@ -166,7 +91,7 @@ def _qkvr_torch(x2, r2, norm_weight, eps, weight, bias, positions, cos_sin_cache
     x1, x2_ = qk[..., :half], qk[..., half:rotary_dim]
     c, sn = cos[:, None, :], sin[:, None, :]
     qk = torch.cat([x1 * c - x2_ * sn, x2_ * c + x1 * sn, qk[..., rotary_dim:]], dim=-1).to(qkv.dtype)
-    return qk[:, :hq], qk[:, hq:], heads[:, hq + hk:], s.to(x2.dtype)
+    return qk[:, :hq], qk[:, hq:], heads[:, hq + hk:], s
 
 
 def add_rms_norm_qkv_rotary_triton(x, residual, norm_weight, eps, qkv_weight, qkv_bias, positions, cos_sin_cache,
@@ -175,12 +100,7 @@ def add_rms_norm_qkv_rotary_triton(x, residual, norm_weight, eps, qkv_weight, qk
     N = qkv_weight.shape[0]
     hq, hk = int(num_heads), int(num_kv_heads)
     dh = N // (hq + 2 * hk)
-    x2, r2 = x.reshape(-1, H), residual.reshape(-1, H)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    if r2.stride(-1) != 1:
-        r2 = r2.contiguous()
-    w = qkv_weight if qkv_weight.stride(-1) == 1 else qkv_weight.contiguous()
+    x2, r2, w = _sg_rows(x, H), _sg_rows(residual, H), _sg_rows(qkv_weight, H)
     M = x2.shape[0]
     eps = float(eps)
     if M > QKVR_MAX_T or M == 0:
@@ -190,18 +110,12 @@ def add_rms_norm_qkv_rotary_triton(x, residual, norm_weight, eps, qkv_weight, qk
     k = torch.empty((M, hk, dh), dtype=x.dtype, device=x.device)
     v = torch.empty((M, hk, dh), dtype=x.dtype, device=x.device)
     res = torch.empty((M, H), dtype=x.dtype, device=x.device)
-    k_per_split = triton.cdiv(triton.cdiv(H, QKVR_SPLIT_K), QKVR_BLOCK_K) * QKVR_BLOCK_K
-    split = triton.cdiv(H, k_per_split)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device)       # fp32 partial products
-    ss = torch.empty((split, M), dtype=torch.float32, device=x.device)          # partial sums of squares
-    grid = (triton.cdiv(N, QKVR_BLOCK_N), split, triton.cdiv(M, QKVR_BLOCK_M))
-    peel, pdl = bool(QKVR_PDL), _qkvr_pdl(x)     # the peeled first tile is testable on CPU
-    launch = {"launch_pdl": True} if pdl else {}
-    _qkvr_gemv[grid](x2, r2, norm_weight, w, res, ws, ss, M, N, H, x2.stride(0), r2.stride(0), w.stride(0),
-                     res.stride(0), K_PER_SPLIT=k_per_split, BLOCK_M=QKVR_BLOCK_M, BLOCK_N=QKVR_BLOCK_N,
-                     BLOCK_K=QKVR_BLOCK_K, PEEL=peel, GDC=pdl, num_warps=QKVR_NUM_WARPS, num_stages=QKVR_NUM_STAGES,
-                     **launch)
+    ws, ss, split, pdl = _sg_decode(1, x2, w, None, H, r2=r2, g=norm_weight, res=res, eps=eps, reduce=False,
+                                    flat_row=False, block_n=QKVR_BLOCK_N, block_k=QKVR_BLOCK_K, block_m=QKVR_BLOCK_M,
+                                    split_k=QKVR_SPLIT_K, num_warps=QKVR_NUM_WARPS, num_stages=QKVR_NUM_STAGES,
+                                    pdl=QKVR_PDL)     # fp32 partial products [split, M, N], sums of squares [split, M]
     b = qkv_bias if qkv_bias is not None else ws
+    launch = {"launch_pdl": True} if pdl else {}
     _qkvr_reduce[(triton.cdiv(hq + 2 * hk, QKVR_HEADS), M)](
         ws, ss, b, positions, cs, q, k, v, M, N, H, hq, hk, dh, cs.stride(0), eps, rotary_dim // 2, rotary_dim,
         HAS_BIAS=qkv_bias is not None, SPLIT_K=split, SPLIT_P2=triton.next_power_of_2(split), HEADS=QKVR_HEADS,

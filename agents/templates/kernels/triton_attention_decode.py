@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agents.templates.kernels.shared_attention import _sa_group_q, _sa_paged_kv, _sa_softmax_init, _sa_softmax_step
+
 # ---- section ----
 ATTD_BLOCK_T = 32
 ATTD_NUM_SPLITS = 0     # 0: about two programs per SM
@@ -65,34 +67,19 @@ def _attd_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pl_ptr, s
     ctx = tl.load(cl_ptr + b)
     start = s * tokens_per_split
     end = tl.minimum(start + tokens_per_split, ctx)
-    offs_g = tl.arange(0, BLOCK_G)
-    gmask = offs_g < G
-    heads = hk * G + offs_g                                           # [BLOCK_G] query heads
-    dh = tl.arange(0, BLOCK_DH)
+    heads, gmask, dh, q = _sa_group_q(q_ptr, b, hk, stride_qb, stride_qh, scale, DH, G, BLOCK_G, BLOCK_DH)
     dv = tl.arange(0, BLOCK_DV)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dh[None, :],
-                mask=gmask[:, None] & (dh[None, :] < DH), other=0.0).to(tl.float32) * scale
-    m = tl.full([BLOCK_G], -1e30, dtype=tl.float32)
-    l = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
+    m, l, acc = _sa_softmax_init(BLOCK_G, BLOCK_DV)
     for t0 in range(start, end, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)                            # [BLOCK_T]
         tmask = offs_t < end
-        page = tl.load(bt_ptr + b * stride_bt + offs_t // PAGE, mask=tmask, other=0).to(tl.int64)
-        slot = offs_t % PAGE
-        kk = tl.load(k_ptr + page[:, None] * stride_kn + slot[:, None] * stride_kt + hk * stride_kh + dh[None, :],
-                     mask=tmask[:, None] & (dh[None, :] < DH), other=0.0).to(tl.float32)
-        vv = tl.load(v_ptr + page[:, None] * stride_vn + slot[:, None] * stride_vt + hk * stride_vh + dv[None, :],
-                     mask=tmask[:, None] & (dv[None, :] < DV), other=0.0).to(tl.float32)
+        kk, vv = _sa_paged_kv(k_ptr, v_ptr, bt_ptr, b, hk, offs_t, tmask, dh, dv, stride_bt, stride_kn, stride_kt,
+                              stride_kh, stride_vn, stride_vt, stride_vh, DH, DV, PAGE)
         if DOT:
             sc = _attd_dot(q, tl.trans(kk), k_ptr, UPCAST, IEEE)
         else:
             sc = tl.sum(q[:, None, :] * kk[None, :, :], axis=2)       # [BLOCK_G, BLOCK_T]
-        sc = tl.where(tmask[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=1))
-        p = tl.exp(sc - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        l = l * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l = _sa_softmax_step(sc, tmask, m, l)
         if DOT:
             pv = _attd_dot(p, vv, v_ptr, UPCAST, IEEE)
         else:

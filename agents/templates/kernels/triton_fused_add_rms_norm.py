@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agents.templates.kernels.shared_norm import _sn_scale_rows, _sn_store
+
 # ---- section ----
 FARN_BLOCK_D = 2048
 FARN_ROWS = 1
@@ -28,9 +30,7 @@ def _farn_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, M, D, stride_xm, stride_
         tl.store(res_ptr + rows[:, None] * stride_om + cols[None, :], s, mask=mask)
         sf = s.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(sf * sf, axis=1) / D + eps)
-        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-        y = sf * rstd[:, None] * w[None, :]
-        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        _sn_store(sf, rstd, w_ptr, out_ptr, rows, stride_om, cols, mask, D)
     else:
         acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
@@ -43,13 +43,7 @@ def _farn_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, M, D, stride_xm, stride_
             sf = s.to(tl.float32)
             acc += sf * sf
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / D + eps)
-        for d0 in range(0, D, BLOCK_D):
-            c = d0 + cols
-            mask = rmask[:, None] & (c[None, :] < D)
-            sf = tl.load(res_ptr + rows[:, None] * stride_om + c[None, :], mask=mask, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)
-            y = sf * rstd[:, None] * w[None, :]
-            tl.store(out_ptr + rows[:, None] * stride_om + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        _sn_scale_rows(res_ptr, stride_om, w_ptr, out_ptr, stride_om, rows, rmask, cols, D, rstd, BLOCK_D)
 
 
 def fused_add_rms_norm_triton(x, residual, weight, eps):

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agents.templates.kernels.shared_math import _sm_tanh
+
 # ---- section ----
 SAM_BLOCK_I = 1024
 SAM_NUM_WARPS = 4
@@ -32,13 +34,6 @@ SITU_NUM_WARPS = 4
 GELU_BLOCK_I = 1024
 GELU_NUM_WARPS = 4
 GLU_SILU, GLU_CLAMP, GLU_OAI, GLU_SITU, GLU_SITU_LB, GLU_GELU = 0, 1, 2, 3, 4, 5     # ACT
-
-
-@triton.jit
-def _glu_tanh(x):
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -59,9 +54,9 @@ def _glu_kernel(x_ptr, out_ptr, I, stride_xm, stride_om, A, B, ACT: tl.constexpr
     elif ACT == 5:
         y = 0.5 * g * (1.0 + _glu_tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u
     elif ACT >= 3:
-        a = A * _glu_tanh(g / A) / (1.0 + tl.exp(-g))
+        a = A * _sm_tanh(g / A) / (1.0 + tl.exp(-g))
         if ACT == 4:
-            u = B * _glu_tanh(u / B)
+            u = B * _sm_tanh(u / B)
         y = a * u
     else:
         y = g / (1.0 + tl.exp(-g)) * u

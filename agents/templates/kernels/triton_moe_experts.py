@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agents.templates.kernels.shared_math import _sm_tanh
+
 # ---- section ----
 MOE_GEMV_MAX_PAIRS = 16
 MOE_GEMV_ROWS = 8
@@ -76,22 +78,15 @@ MOE_SILU, MOE_CLAMP, MOE_SITU, MOE_SITU_LB = 0, 1, 2, 3     # ACT: the w13 epilo
 
 
 @triton.jit
-def _moe_tanh(x):
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
 def _moe_act(gate, up, A, B, ACT: tl.constexpr):
     """The GLU of gate and up (fp32): SiLU * up; clamped at limit A first; SiTU-GLU with beta A (and lb B)."""
     if ACT == 1:                                           # the clamped SwiGLU (swiglu_limit)
         gate = tl.minimum(gate, A)
         up = tl.minimum(tl.maximum(up, -A), A)
     if ACT == 3:
-        up = B * _moe_tanh(up / B)
+        up = B * _sm_tanh(up / B)
     if ACT >= 2:
-        act = A * _moe_tanh(gate / A) / (1.0 + tl.exp(-gate))
+        act = A * _sm_tanh(gate / A) / (1.0 + tl.exp(-gate))
     else:
         act = gate / (1.0 + tl.exp(-gate))
     return act * up

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agents.templates.kernels.shared_norm import _sn_scale_rows, _sn_store
+
 # ---- section ----
 RMSN_BLOCK_D = 2048
 RMSN_ROWS = 1
@@ -26,9 +28,7 @@ def _rmsn_kernel(x_ptr, w_ptr, out_ptr, M, D, stride_xm, stride_om, eps,
         mask = rmask[:, None] & (cols[None, :] < D)
         x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)          # [ROWS]
-        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-        y = x * rstd[:, None] * w[None, :]
-        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        _sn_store(x, rstd, w_ptr, out_ptr, rows, stride_om, cols, mask, D)
     else:
         acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
@@ -37,13 +37,7 @@ def _rmsn_kernel(x_ptr, w_ptr, out_ptr, M, D, stride_xm, stride_om, eps,
             x = tl.load(x_ptr + rows[:, None] * stride_xm + c[None, :], mask=mask, other=0.0).to(tl.float32)
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / D + eps)
-        for d0 in range(0, D, BLOCK_D):
-            c = d0 + cols
-            mask = rmask[:, None] & (c[None, :] < D)
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + c[None, :], mask=mask, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)
-            y = x * rstd[:, None] * w[None, :]
-            tl.store(out_ptr + rows[:, None] * stride_om + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        _sn_scale_rows(x_ptr, stride_xm, w_ptr, out_ptr, stride_om, rows, rmask, cols, D, rstd, BLOCK_D)
 
 
 def rms_norm_triton(x, weight, eps):

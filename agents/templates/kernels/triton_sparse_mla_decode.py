@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agents.templates.kernels.shared_attention import _sa_softmax_init, _sa_softmax_step
+
 # ---- section ----
 SMLA_BLOCK_H = 16
 SMLA_BLOCK_K = 32
@@ -39,9 +41,7 @@ def _smla_kernel(qn_ptr, qp_ptr, kv_ptr, bt_ptr, idx_ptr, out_ptr, scale,
     if UPCAST:
         qn = qn.to(tl.float32)
         qp = qp.to(tl.float32)
-    m = tl.full([BLOCK_H], -1e30, dtype=tl.float32)
-    l = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_L], dtype=tl.float32)
+    m, l, acc = _sa_softmax_init(BLOCK_H, BLOCK_L)
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         pos = tl.load(idx_ptr + b * stride_ib + offs, mask=offs < K, other=-1)
@@ -59,11 +59,7 @@ def _smla_kernel(qn_ptr, qp_ptr, kv_ptr, bt_ptr, idx_ptr, out_ptr, scale,
                   + tl.dot(qp, tl.trans(kp), input_precision="ieee")) * scale     # [BLOCK_H, BLOCK_K] fp32
         else:
             sc = (tl.dot(qn, tl.trans(c)) + tl.dot(qp, tl.trans(kp))) * scale     # [BLOCK_H, BLOCK_K] fp32
-        sc = tl.where(valid[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=1))
-        p = tl.exp(sc - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        l = l * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l = _sa_softmax_step(sc, valid, m, l)
         if UPCAST:
             acc = acc * alpha[:, None] + tl.dot(p, c, input_precision="ieee")      # [BLOCK_H, BLOCK_L]
         else:
