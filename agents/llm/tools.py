@@ -30,8 +30,8 @@ from bulletin_board import BoardAPI, candidate_id
 
 log = logging.getLogger("tkcc.agents.llm")
 
-RESULT_CHARS = 12000        # bound of every tool result (characters of JSON)
-SOURCE_CHARS = 9000         # bound of one candidate or template source inside a result
+RESULT_CHARS = 24000        # bound of every tool result (characters of JSON)
+SOURCE_CHARS = 16000        # bound of one candidate or template source (rendered GEMV templates: ~12.6k)
 VERDICTS = ("any", "accepted", "correct", "rejected", "crashed")
 
 

@@ -52,7 +52,7 @@ def _glu_kernel(x_ptr, out_ptr, I, stride_xm, stride_om, A, B, ACT: tl.constexpr
         u = tl.minimum(tl.maximum(u, -B), B)
         y = (u + 1.0) * g / (1.0 + tl.exp(-A * g))
     elif ACT == 5:
-        y = 0.5 * g * (1.0 + _glu_tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u
+        y = 0.5 * g * (1.0 + _sm_tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u
     elif ACT >= 3:
         a = A * _sm_tanh(g / A) / (1.0 + tl.exp(-g))
         if ACT == 4:
