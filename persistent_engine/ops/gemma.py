@@ -16,11 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs, gather_pages
+from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.dsa import GATHER_BUDGET, _rows, token_seq_pos
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn, tokens
-from persistent_engine.ops.window import _hidden
+from persistent_engine.ops.window import _hidden, masked_decode, masked_prefill
 
 
 # ----------------------------------------------------------------------------- GeGLU
@@ -40,42 +39,17 @@ def _glu_shapes(spec, point) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- soft-capped attention
-def _capped(s: torch.Tensor, cap: float) -> torch.Tensor:
-    return torch.tanh(s / cap) * cap
-
-
 def attention_decode_softcap(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                              context_lens: torch.Tensor, scale: float, window: int, cap: float) -> torch.Tensor:
-    b, hq, dh = q.shape
-    hk = k_cache.shape[2]
-    k, v = gather_pages(k_cache, block_tables), gather_pages(v_cache, block_tables)        # [B, L, Hk, D]
-    s = _capped(_acc(torch.einsum("bhgd,blhd->bhgl", q.view(b, hk, hq // hk, dh), k)) * scale, cap)
-    hidden = _hidden(torch.arange(k.shape[1], device=q.device), context_lens.long() - 1, window)      # [B, L]
-    p = torch.softmax(s.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
-    return torch.einsum("bhgl,blhd->bhgd", p.to(v.dtype), v).reshape(b, hq, v.shape[-1]).to(q.dtype)
+    return masked_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                         lambda key, pos: _hidden(key, pos, window), cap=cap)
 
 
 def attention_prefill_softcap(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                               cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float, window: int,
                               cap: float) -> torch.Tensor:
-    t, hq, dh = q.shape
-    hk = k_cache.shape[2]
-    length = block_tables.shape[1] * k_cache.shape[1]
-    out = torch.empty(t, hq, v_cache.shape[-1], dtype=q.dtype, device=q.device)
-    if t == 0:
-        return out
-    seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
-    key = torch.arange(length, device=q.device)
-    chunk = max(1, min(t, GATHER_BUDGET // max(1, length * hk * dh)))          # query rows per gather
-    for c0 in range(0, t, chunk):
-        c1 = min(t, c0 + chunk)
-        idx = key.expand(c1 - c0, length)
-        kk = _rows(k_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, dh)
-        vv = _rows(v_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, -1)
-        s = _capped(_acc(torch.einsum("chgd,clhd->chgl", q[c0:c1].view(c1 - c0, hk, hq // hk, dh), kk)) * scale, cap)
-        p = torch.softmax(s.masked_fill(_hidden(key, pos[c0:c1], window)[:, None, None, :], float("-inf")), dim=-1)
-        out[c0:c1] = torch.einsum("chgl,clhd->chgd", p.to(vv.dtype), vv).reshape(c1 - c0, hq, -1).to(q.dtype)
-    return out
+    return masked_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                          lambda key, pos: _hidden(key, pos, window), cap=cap)
 
 
 def _with_cap(make):

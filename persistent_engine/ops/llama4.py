@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs, gather_pages
+from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.dsa import GATHER_BUDGET, _rows, token_seq_pos
 from persistent_engine.ops.moe import _experts_fit, _experts_inputs, _experts_shapes, experts_check_bytes, moe_experts
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn, tokens
+from persistent_engine.ops.window import masked_decode, masked_prefill
 
 
 def _outside_chunk(key: torch.Tensor, pos: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -30,37 +30,15 @@ def _outside_chunk(key: torch.Tensor, pos: torch.Tensor, chunk: int) -> torch.Te
 
 def attention_decode_chunked(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                              context_lens: torch.Tensor, scale: float, chunk: int) -> torch.Tensor:
-    b, hq, dh = q.shape
-    hk = k_cache.shape[2]
-    k, v = gather_pages(k_cache, block_tables), gather_pages(v_cache, block_tables)        # [B, L, Hk, D]
-    s = _acc(torch.einsum("bhgd,blhd->bhgl", q.view(b, hk, hq // hk, dh), k)) * scale
-    hidden = _outside_chunk(torch.arange(k.shape[1], device=q.device), context_lens.long() - 1, chunk)
-    p = torch.softmax(s.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
-    return torch.einsum("bhgl,blhd->bhgd", p.to(v.dtype), v).reshape(b, hq, v.shape[-1]).to(q.dtype)
+    return masked_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                         lambda key, pos: _outside_chunk(key, pos, chunk))
 
 
 def attention_prefill_chunked(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                               cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float,
                               chunk: int) -> torch.Tensor:
-    t, hq, dh = q.shape
-    hk = k_cache.shape[2]
-    length = block_tables.shape[1] * k_cache.shape[1]
-    out = torch.empty(t, hq, v_cache.shape[-1], dtype=q.dtype, device=q.device)
-    if t == 0:
-        return out
-    seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
-    key = torch.arange(length, device=q.device)
-    rows = max(1, min(t, GATHER_BUDGET // max(1, length * hk * dh)))           # query rows per gather
-    for c0 in range(0, t, rows):
-        c1 = min(t, c0 + rows)
-        idx = key.expand(c1 - c0, length)
-        kk = _rows(k_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, dh)
-        vv = _rows(v_cache.flatten(2), block_tables, seq[c0:c1], idx).view(c1 - c0, length, hk, -1)
-        s = _acc(torch.einsum("chgd,clhd->chgl", q[c0:c1].view(c1 - c0, hk, hq // hk, dh), kk)) * scale
-        hidden = _outside_chunk(key, pos[c0:c1], chunk)
-        p = torch.softmax(s.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
-        out[c0:c1] = torch.einsum("chgl,clhd->chgd", p.to(vv.dtype), vv).reshape(c1 - c0, hq, -1).to(q.dtype)
-    return out
+    return masked_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                          lambda key, pos: _outside_chunk(key, pos, chunk))
 
 
 def _with_chunk(make):

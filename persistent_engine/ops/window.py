@@ -13,6 +13,8 @@ min(W, context) tokens of K/V per layer. Ops: ``attention_decode_window``, ``att
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs, gather_pages
@@ -35,23 +37,29 @@ def _hidden(key: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
     return (key[None, :] > pos[:, None]) | (key[None, :] <= lo[:, None])
 
 
-def attention_decode_window(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                            context_lens: torch.Tensor, scale: float, window: int,
-                            sinks: torch.Tensor | None) -> torch.Tensor:
+def masked_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  context_lens: torch.Tensor, scale: float, hidden: Callable, sinks: torch.Tensor | None = None,
+                  cap: float = 0.0) -> torch.Tensor:
+    """Decode attention of q[B, Hq, Dh] over the cached keys of its sequence but those ``hidden(key[L],
+    pos[B]) -> [B, L]`` masks (pos: the query's position); scores soft-capped (tanh(s / cap) * cap, Gemma-2) when
+    ``cap``; sinks as ``_softmax_with_sinks``. The reference of the window, soft-capped and chunked ops."""
     b, hq, dh = q.shape
     hk = k_cache.shape[2]
     k = gather_pages(k_cache, block_tables)                                    # [B, L, Hk, Dh]
     v = gather_pages(v_cache, block_tables)
-    qg = q.view(b, hk, hq // hk, dh)
-    s = _acc(torch.einsum("bhgd,blhd->bhgl", qg, k)) * scale                   # [B, Hk, G, L]
-    hidden = _hidden(torch.arange(k.shape[1], device=q.device), context_lens.long() - 1, window)      # [B, L]
-    p = _softmax_with_sinks(s.masked_fill(hidden[:, None, None, :], float("-inf")), sinks)
+    s = _acc(torch.einsum("bhgd,blhd->bhgl", q.view(b, hk, hq // hk, dh), k)) * scale     # [B, Hk, G, L]
+    if cap:
+        s = torch.tanh(s / cap) * cap
+    masked = hidden(torch.arange(k.shape[1], device=q.device), context_lens.long() - 1)  # [B, L]
+    p = _softmax_with_sinks(s.masked_fill(masked[:, None, None, :], float("-inf")), sinks)
     return torch.einsum("bhgl,blhd->bhgd", p.to(v.dtype), v).reshape(b, hq, v.shape[-1]).to(q.dtype)
 
 
-def attention_prefill_window(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                             cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float, window: int,
-                             sinks: torch.Tensor | None) -> torch.Tensor:
+def masked_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float, hidden: Callable,
+                   sinks: torch.Tensor | None = None, cap: float = 0.0) -> torch.Tensor:
+    """``masked_decode`` for the prompt tokens q[T, Hq, Dh] (their keys already in the cache), C query rows at
+    a time (C x L gathered rows bounded by GATHER_BUDGET)."""
     t, hq, dh = q.shape
     hk = k_cache.shape[2]
     length = block_tables.shape[1] * k_cache.shape[1]
@@ -64,10 +72,26 @@ def attention_prefill_window(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     for c0 in range(0, t, chunk):
         c1 = min(t, c0 + chunk)
         s, vv = _chunk_scores(q, k_cache, v_cache, block_tables, seq, c0, c1, key, scale)       # [C, Hk, G, L]
-        hidden = _hidden(key, pos[c0:c1], window)                                               # [C, L]
-        p = _softmax_with_sinks(s.masked_fill(hidden[:, None, None, :], float("-inf")), sinks)
+        if cap:
+            s = torch.tanh(s / cap) * cap
+        masked = hidden(key, pos[c0:c1])                                                        # [C, L]
+        p = _softmax_with_sinks(s.masked_fill(masked[:, None, None, :], float("-inf")), sinks)
         out[c0:c1] = _chunk_out(p, vv, q.dtype)
     return out
+
+
+def attention_decode_window(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                            context_lens: torch.Tensor, scale: float, window: int,
+                            sinks: torch.Tensor | None) -> torch.Tensor:
+    return masked_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                         lambda key, pos: _hidden(key, pos, window), sinks)
+
+
+def attention_prefill_window(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                             cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float, window: int,
+                             sinks: torch.Tensor | None) -> torch.Tensor:
+    return masked_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                          lambda key, pos: _hidden(key, pos, window), sinks)
 
 
 def _with_window(make):
