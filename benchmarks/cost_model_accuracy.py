@@ -47,16 +47,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from persistent_engine.io_struct import WorkloadPoint
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _d(b, c):
-    return {"phase": "decode", "batch": b, "context": c, "chunk": 1, "weight": 1.0}
+    return WorkloadPoint("decode", b, c, 1, 1.0)
 
 
 def _p(n, c=0):
-    return {"phase": "prefill", "batch": 1, "context": c, "chunk": n, "weight": 1.0}
+    return WorkloadPoint("prefill", 1, c, n, 1.0)
 
 
 # (model, layers, points): on CPU persistent_engine.measure.CPU_SUITE (tiny models whole, one llama-1b layer)

@@ -67,7 +67,7 @@ class Worker:
             params = {k[len("weight."):]: (t if self.device.type == "cpu" else t.to(self.device))
                       for k, t in shared.items() if k.startswith("weight.") and k != "weight.cos_sin"}
         self.model = make_decoder(spec, layers, params, self.device, self.dtype)
-        self.points = init["points"]
+        self.points = [WorkloadPoint.from_dict(p) for p in init["points"]]     # msgpack maps: the wire
         self.workloads = []
         for i, p in enumerate(self.points):
             row = []

@@ -219,12 +219,12 @@ def _kda_inputs(phase: str):
 
 def _kda_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if not any(getattr(spec, "kda_layers", ())) or point.get("phase", "decode") != phase:
+        if not any(getattr(spec, "kda_layers", ())) or point.phase != phase:
             return []
-        s = {"B": int(point.get("batch", 1)), "H": spec.kda_num_heads, "K": spec.kda_head_dim,
+        s = {"B": int(point.batch), "H": spec.kda_num_heads, "K": spec.kda_head_dim,
              "V": spec.kda_head_dim, "lb": spec.kda_gate_lower_bound}
         if phase == "prefill":
-            s["chunk"] = int(point.get("chunk", 1))
+            s["chunk"] = int(point.chunk)
         return [s]
     return shapes
 
@@ -244,11 +244,11 @@ def _conv_inputs(phase: str):
 
 def _conv_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if not any(getattr(spec, "kda_layers", ())) or point.get("phase", "decode") != phase:
+        if not any(getattr(spec, "kda_layers", ())) or point.phase != phase:
             return []
-        s = {"B": int(point.get("batch", 1)), "D": 3 * spec.kda_num_heads * spec.kda_head_dim, "W": spec.kda_conv_size}
+        s = {"B": int(point.batch), "D": 3 * spec.kda_num_heads * spec.kda_head_dim, "W": spec.kda_conv_size}
         if phase == "prefill":
-            s["chunk"] = int(point.get("chunk", 1))
+            s["chunk"] = int(point.chunk)
         return [s]
     return shapes
 

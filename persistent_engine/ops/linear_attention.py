@@ -248,10 +248,10 @@ def _dims(spec) -> dict:
 
 def _phase_shapes(phase: str, kind: str):
     def shapes(spec, point) -> list[dict]:
-        if not spec.linear_layers or point.get("phase", "decode") != phase:
+        if not spec.linear_layers or point.phase != phase:
             return []
-        b = int(point.get("batch", 1))
-        extra = {} if phase == "decode" else {"chunk": int(point.get("chunk", 1))}
+        b = int(point.batch)
+        extra = {} if phase == "decode" else {"chunk": int(point.chunk)}
         if kind == "conv":
             return [{"B": b, "C": spec.linear_conv_dim, "K": spec.linear_conv_kernel, **extra}]
         return [{"B": b, **_dims(spec), **extra}]
