@@ -46,6 +46,7 @@ class Worker:
         import torch
 
         from persistent_engine import guards, timing
+        from persistent_engine.io_struct import WorkloadPoint
         from persistent_engine.models.decoder import _resolve_layers, make_decoder
         from persistent_engine.models.spec import ModelSpec
         from persistent_engine.ops import registry

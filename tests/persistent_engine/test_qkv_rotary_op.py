@@ -17,10 +17,11 @@ from persistent_engine.ops import registry
 from persistent_engine.ops.attention import rope_cache
 from persistent_engine.ops.contract import check_op
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 NAME = "add_rms_norm_qkv_rotary"
-DECODE = {"phase": "decode", "batch": 2, "context": 10, "chunk": 1, "weight": 1.0}
-PREFILL = {"phase": "prefill", "batch": 1, "context": 6, "chunk": 5, "weight": 1.0}
+DECODE = WorkloadPoint(phase="decode", batch=2, context=10, chunk=1, weight=1.0)
+PREFILL = WorkloadPoint(phase="prefill", batch=1, context=6, chunk=5, weight=1.0)
 
 
 def _ref(name):
@@ -164,7 +165,7 @@ def test_overriding_the_composite_bypasses_the_fine_ops():
 
 # ----------------------------------------------------------------------------- shapes and the decoder
 def test_shapes_only_for_gqa_without_qk_norm():
-    point = {"phase": "decode", "batch": 4, "context": 512, "chunk": 1, "weight": 1.0}
+    point = WorkloadPoint(phase="decode", batch=4, context=512, chunk=1, weight=1.0)
     shapes = registry.get(NAME).shapes
     assert shapes(ModelSpec.from_name("llama-1b"), point) == [
         {"T": 4, "H": 2048, "Hq": 32, "Hk": 8, "Dh": 64, "R": 64, "bias": False}]
