@@ -271,7 +271,7 @@ def report(results: Path = RESULTS, hw_name: str = "h200") -> dict:
     eff = curve_efficiency(hw)
     for r in plan:
         spec = ModelSpec.from_name(r["model"])
-        proj = estimate_step(spec, hw, Layout(), r["point"], r["layers"], eff=eff).latency_s
+        proj = estimate_step(spec, hw, Layout(), WorkloadPoint.from_dict(r["point"]), r["layers"], eff=eff).latency_s
         out["plans"].append({"source": r["source"], "model": r["model"], "plan": r["plan"], "point": r["point"],
                              "tkcc_ms": r["seconds"] * 1e3, "vllm_kernels_projected_ms": proj * 1e3})
     return out
