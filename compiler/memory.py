@@ -27,6 +27,8 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Iterable
 
+from persistent_engine import WorkloadPoint
+
 from compiler.acceptance import Accepted
 
 if TYPE_CHECKING:
@@ -43,11 +45,10 @@ def _bucket(x: Any) -> int:
     return 0 if x <= 0 else 1 << int(math.log2(x))
 
 
-def shape_class(device_kind: str, dtype: str, points: Iterable[dict], fast_layers: Iterable[int],
+def shape_class(device_kind: str, dtype: str, points: Iterable[WorkloadPoint], fast_layers: Iterable[int],
                 slow_layers: Iterable[int]) -> str:
     """16 hex digits naming what a verdict depends on (module doc)."""
-    shapes = sorted({(str(p.get("phase")), _bucket(p.get("batch")), _bucket(p.get("context")),
-                      _bucket(p.get("chunk"))) for p in points})
+    shapes = sorted({(p.phase, _bucket(p.batch), _bucket(p.context), _bucket(p.chunk)) for p in points})
     doc = {"device": device_kind, "dtype": dtype, "points": shapes,
            "fast": list(fast_layers), "slow": list(slow_layers)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]

@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from persistent_engine import WorkloadPoint
+
 SCHEMA = "tkcc.plan/1"
 PLAN_FILE = "plan.json"
 PROFILE_FILE = "traffic_profile.json"
@@ -97,7 +99,7 @@ class Plan:
     detected_device: dict
     software: dict
     traffic: dict                                   # {"source", "hash", "summary"}
-    workload_points: tuple[dict, ...]
+    workload_points: tuple[WorkloadPoint, ...]     # stored as their maps
     optimizations: tuple[Optimization, ...]
     plan_speedup: dict                              # {"fast": x, "slow": y, "per_point": [...]}
     parallelism: dict | None = None
@@ -114,14 +116,14 @@ class Plan:
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "optimizations"}
         d["optimizations"] = [o.to_dict() for o in self.optimizations]
-        d["workload_points"] = [dict(p) for p in self.workload_points]
+        d["workload_points"] = [p.to_dict() for p in self.workload_points]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
         return cls(model=d["model"], hw=d["hw"], detected_device=dict(d["detected_device"]),
                    software=dict(d["software"]), traffic=dict(d["traffic"]),
-                   workload_points=tuple(dict(p) for p in d["workload_points"]),
+                   workload_points=tuple(WorkloadPoint.from_dict(p) for p in d["workload_points"]),
                    optimizations=tuple(Optimization.from_dict(o) for o in d["optimizations"]),
                    plan_speedup=dict(d["plan_speedup"]), parallelism=d.get("parallelism"),
                    projected=d.get("projected"), tiers=dict(d.get("tiers") or {}),

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from persistent_engine import WorkloadPoint
+
 from compiler import inputs, plan as plan_mod, report
 from compiler.budget import Budget
 from compiler.compose import compose
@@ -78,7 +80,7 @@ def isolated_time(budget: Budget, progress: Progress, what: str, least_s: float 
     return left
 
 
-def op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: Composition | None,
+def op_ms_after(spec: Any, layers: list[int], points: list[WorkloadPoint], composition: Composition | None,
                  device: dict, timeout_s: float = ISOLATED_TIMEOUT_S) -> dict[str, dict[str, float]]:
     """Per-op time of the fast-tier slice before and after the composed plan, measured the same way
     in a child process (candidate code never runs in the orchestrator; the engine's profile covers the
@@ -94,7 +96,7 @@ def op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: C
         return {}
 
 
-def vs_torch_compile(spec: Any, layers: list[int], points: list[dict], composition: Composition,
+def vs_torch_compile(spec: Any, layers: list[int], points: list[WorkloadPoint], composition: Composition,
                       device: dict, progress: Progress, timeout_s: float = ISOLATED_TIMEOUT_S) -> dict:
     if timeout_s <= 0:
         return {"error": "left out: the run's budget was spent"}
