@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 from cost_model.estimate import Efficiency, features
 from cost_model.hardware import CostModelError, Hardware

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from cost_model.comm import collective_time
 from cost_model.hardware import Hardware
 from cost_model.layout import Layout
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 from cost_model.ops import DEFAULT_EXPERT_SKEW, OP_CLASSES, OpCost, step_ops
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 from cost_model.layout import ACT_BYTES, Layout, _ceil_div, heads_per_gpu, stage_layers
 

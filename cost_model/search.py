@@ -33,7 +33,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 from cost_model import queueing
 from cost_model.estimate import DEFAULT_EFFICIENCY, Efficiency, estimate_step

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 from cost_model.hardware import CostModelError
 from cost_model.ops import DEFAULT_EXPERT_SKEW

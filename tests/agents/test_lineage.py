@@ -17,8 +17,9 @@ from agents.llm import AnthropicAgent, AnthropicConfig, OpenAIAgent, OpenAIConfi
 from agents.offline import make_offline_agents
 from agents.testing import ScriptedLLMServer
 from llm_support import inline_judge, make_board
+from persistent_engine.io_struct import WorkloadPoint
 
-POINTS = [{"phase": "decode", "batch": 4, "context": 64, "chunk": 1, "weight": 1.0}]
+POINTS = [WorkloadPoint(phase="decode", batch=4, context=64, chunk=1, weight=1.0)]
 PROFILE = {"per_point": [{"point": POINTS[0], "ops": {"rms_norm": {"ms": 0.5}, "linear": {"ms": 2.0}}}]}
 
 

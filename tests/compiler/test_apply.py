@@ -12,10 +12,11 @@ from compiler import plan as plan_mod
 from compiler.apply import apply_plan, check_plan, load_plan_overrides
 from compiler.compose import Part, compose
 from plan_samples import make_plan
+from persistent_engine.io_struct import WorkloadPoint
 
 CANDIDATES = Path(__file__).with_name("candidates")
-POINTS = ({"phase": "decode", "batch": 2, "context": 40, "chunk": 1, "weight": 0.6},
-          {"phase": "prefill", "batch": 1, "context": 8, "chunk": 16, "weight": 0.4})
+POINTS = (WorkloadPoint(phase="decode", batch=2, context=40, chunk=1, weight=0.6),
+          WorkloadPoint(phase="prefill", batch=1, context=8, chunk=16, weight=0.4))
 
 
 def write_plan(root, sources: dict[str, str]) -> Path:

@@ -4,6 +4,7 @@ continued run's offline agents start from the previous best setting."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,9 +17,9 @@ from compiler.acceptance import Accepted, Acceptor, Decision
 from compiler.memory import RunMemory, shape_class
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.supervisor import CandidateVerdict
+from persistent_engine.io_struct import WorkloadPoint
 
-POINTS = [{"phase": "decode", "batch": 8, "context": 300, "chunk": 1}, {"phase": "prefill", "batch": 1,
-                                                                         "context": 0, "chunk": 512}]
+POINTS = [WorkloadPoint(phase="decode", batch=8, context=300, chunk=1), WorkloadPoint(phase="prefill", batch=1, context=0, chunk=512)]
 LINEAR = get_template("linear.torch_small_m")
 
 
@@ -47,8 +48,8 @@ def _template_idea(board, run, m):
 
 
 def test_shape_class_follows_the_buckets_of_the_workload_points():
-    same = [{**POINTS[0], "context": 400}, POINTS[1]]                # 300 and 400: one power-of-two bucket
-    moved = [{**POINTS[0], "batch": 32}, POINTS[1]]
+    same = [dataclasses.replace(POINTS[0], context=400), POINTS[1]]                # 300 and 400: one power-of-two bucket
+    moved = [dataclasses.replace(POINTS[0], batch=32), POINTS[1]]
     key = shape_class("cpu", "bf16", POINTS, [0], [0, 1])
     assert shape_class("cpu", "bf16", same, [0], [0, 1]) == key
     assert shape_class("cpu", "bf16", moved, [0], [0, 1]) != key
@@ -77,7 +78,7 @@ def test_a_later_run_judges_no_remembered_candidate_twice_and_adopts_accepted_on
     assert (adopted.name, adopted.fast, adopted.slow, adopted.targets) == ("k-linear-1", 1.4, 1.3, ("linear",))
     assert mem2.recalled("OVERRIDES = {'new': 3}\n", acc2) is None and mem2.hits == 2
 
-    _, mem3 = _memory(board, points=[{**POINTS[0], "batch": 64}, POINTS[1]])   # the workload moved
+    _, mem3 = _memory(board, points=[dataclasses.replace(POINTS[0], batch=64), POINTS[1]])   # the workload moved
     assert mem3.recalled(kept, _acceptor()) is None and mem3.recalled(rejected, _acceptor()) is None
 
 

@@ -6,7 +6,7 @@ import pytest
 from cost_model import CostModelError, Efficiency, Layout, estimate_step, evaluate, fit, get_hardware, load_calibration
 from cost_model.calibration import Calibration, load_measurements
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 H200 = get_hardware("h200")
 POINTS = [WorkloadPoint(phase="decode", batch=b, context=c, chunk=1, weight=1.0)

@@ -11,7 +11,7 @@ from cost_model.queueing import wait_s
 from cost_model.search import DEFAULT_OBJECTIVE, SLA, enumerate_layouts, evaluate_layout, native_weight_dtype
 from cost_model.traffic import length_buckets
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 H200 = get_hardware("h200")
 LLAMA = ModelSpec.from_name("llama-8b")

@@ -10,7 +10,7 @@ import pytest
 from cost_model import Efficiency, Layout, estimate_step, fit, get_hardware
 from cost_model.calibration import COLUMNS, FORMS, FitBounds, _bvls
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 H200 = get_hardware("h200")
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from cost_model.comm import all_reduce_time, all_to_all_time
 from cost_model.layout import kv_bytes_per_token_layer_gpu, weight_bytes_gpu
 from cost_model.ops import expert_load
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 H200 = get_hardware("h200")
 

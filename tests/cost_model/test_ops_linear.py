@@ -4,7 +4,7 @@ the context), its full layers their KV cache, and the layer counts follow the in
 from cost_model.layout import Layout
 from cost_model.ops import step_ops
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 
 def _by_name(point):

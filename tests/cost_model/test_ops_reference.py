@@ -8,7 +8,7 @@ from cost_model import Layout, step_ops
 from cost_model.ops_reference import (K_TRANSPOSE_READ, ref_attention_decode, ref_attention_prefill,
                                       ref_moe_experts, ref_rms_norm, ref_rotary)
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ import pytest
 from cost_model import SLA, TrafficShape, get_hardware, search
 from cost_model.search import enumerate_layouts
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 
 def test_deepseek_on_8xh200_bf16_never_fits_fp8_does():

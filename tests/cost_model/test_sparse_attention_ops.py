@@ -6,7 +6,7 @@ import json
 from cost_model.layout import Layout
 from cost_model.ops import attended_keys, step_ops
 from persistent_engine.models.spec import CONFIG_DIR, ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 
 def _bytes(spec, ctx, name):

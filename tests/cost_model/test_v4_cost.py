@@ -4,7 +4,7 @@ compressed-attention ops, and attention cost grows far slower than the context (
 from cost_model.layout import Layout
 from cost_model.ops import compressed_attended_keys, step_ops
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles.workload import WorkloadPoint
+from traffic_profiles import WorkloadPoint
 
 
 def _attn_flops(spec, ctx: int) -> float:
