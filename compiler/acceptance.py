@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from compiler.compose import Part, compose, select_compatible
 from persistent_engine import CandidateSource, CandidateVerdict, WorkloadPoint
-from compiler.plan import seed_parent
+from compiler.plan import PointSpeedup, seed_parent
 
 TierEvaluate = Callable[[str, str], CandidateVerdict]      # (tier, source) -> its verdict
 
@@ -60,7 +60,7 @@ class Accepted:
     config_keys: tuple[str, ...]
     fast: float
     slow: float
-    per_point: tuple[dict, ...]     # point fields + "fast" / "slow"
+    per_point: tuple[PointSpeedup, ...]
     noise: float
     description: str = ""
     idea_id: Any = None
@@ -75,7 +75,7 @@ class Composition:
     source: str
     fast: float
     slow: float
-    per_point: tuple[dict, ...]
+    per_point: tuple[PointSpeedup, ...]
     dropped: tuple[tuple[str, str], ...] = ()      # (name, why)
     vs_torch_compile: float | None = None
 
@@ -137,11 +137,10 @@ def point_speedups(verdict: CandidateVerdict | None) -> dict[tuple, float]:
 
 
 def merge_points(points: list[WorkloadPoint], fast: CandidateVerdict | None,
-                 slow: CandidateVerdict | None) -> tuple[dict, ...]:
-    """One plan.json ``per_point`` row per workload point: its fields plus the fast and slow speedups
-    (None when missing)."""
+                 slow: CandidateVerdict | None) -> tuple[PointSpeedup, ...]:
+    """The fast and slow speedups at each workload point (None when missing)."""
     f, s = point_speedups(fast), point_speedups(slow)
-    return tuple({**p.to_dict(), "fast": f.get(p.key), "slow": s.get(p.key)} for p in points)
+    return tuple(PointSpeedup(p, f.get(p.key), s.get(p.key)) for p in points)
 
 
 def name_of(source: str, author: str, n: int) -> str:
@@ -272,7 +271,7 @@ class Acceptor:
                                top.fast, top.slow, top.per_point, tuple(dropped))
         if best is None:
             return Composition((), compose([]), 1.0, 1.0, tuple(
-                {**p.to_dict(), "fast": 1.0, "slow": 1.0} for p in self.points),
+                PointSpeedup(p, 1.0, 1.0) for p in self.points),
                 tuple(dropped))
         src, fv, sv = best
         return Composition(tuple(chosen), src, float(fv.speedup), float(sv.speedup),

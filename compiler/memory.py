@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from persistent_engine import WorkloadPoint
 
 from compiler.acceptance import Accepted
+from compiler.plan import PointSpeedup
 
 if TYPE_CHECKING:
     from bulletin_board import BoardAPI
@@ -102,7 +103,7 @@ class RunMemory:
             return False
         kw = dict(name=m["name"], source=source, author=m.get("author", "memory"), targets=tuple(m["targets"]),
                   config_keys=tuple(m.get("config_keys", ())), fast=float(m["fast"]), slow=float(m["slow"]),
-                  per_point=tuple(m.get("per_point", ())), noise=float(m.get("noise", 0.0)),
+                  per_point=tuple(PointSpeedup.from_dict(p) for p in m.get("per_point", ())), noise=float(m.get("noise", 0.0)),
                   description=m.get("description", ""))
         if t.kind == "config" and hasattr(acceptor, "configs"):
             acceptor.configs.append(ConfigAccepted(**kw, projected=dict(m.get("projected") or {}),
@@ -129,7 +130,7 @@ class RunMemory:
             if a is not None:
                 metrics["accepted"] = {"name": a.name, "author": a.author, "targets": list(a.targets),
                                        "config_keys": list(a.config_keys), "fast": a.fast, "slow": a.slow,
-                                       "per_point": [dict(p) for p in a.per_point], "noise": a.noise,
+                                       "per_point": [p.to_dict() for p in a.per_point], "noise": a.noise,
                                        "description": a.description, "projected": getattr(a, "projected", None),
                                        "score": getattr(a, "score", None)}
         verdict_name = "accepted" if accepted else ("correct" if getattr(verdict, "correct", False) else "rejected")

@@ -55,6 +55,24 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class PointSpeedup:
+    """A candidate's speedup at one workload point on each tier (None: not timed there). In plan.json and
+    the run memory's board rows it is the point's map plus ``fast`` and ``slow``."""
+
+    point: WorkloadPoint
+    fast: float | None = None
+    slow: float | None = None
+
+    def to_dict(self) -> dict:
+        return {**self.point.to_dict(), "fast": self.fast, "slow": self.slow}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PointSpeedup":
+        num = lambda v: None if v is None else float(v)  # noqa: E731
+        return cls(WorkloadPoint.from_dict(d), num(d.get("fast")), num(d.get("slow")))
+
+
+@dataclass(frozen=True)
 class Optimization:
     """One accepted candidate. ``speedup`` is reference time / candidate time on each tier (>1 is
     faster); ``per_point`` holds the same per workload point (the point's fields + ``fast``/``slow``)."""
@@ -62,7 +80,7 @@ class Optimization:
     name: str
     targets: tuple[str, ...]
     speedup: dict[str, float]                       # {"fast": x, "slow": y}
-    per_point: tuple[dict, ...] = ()
+    per_point: tuple[PointSpeedup, ...] = ()
     kernel: str = ""                                # path relative to the version dir
     author: str = ""
     description: str = ""
@@ -75,14 +93,14 @@ class Optimization:
         if d["projected"] is None:
             del d["projected"]
         d["targets"] = list(self.targets)
-        d["per_point"] = [dict(p) for p in self.per_point]
+        d["per_point"] = [p.to_dict() for p in self.per_point]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Optimization":
         return cls(name=str(d["name"]), targets=tuple(str(t) for t in d["targets"]),
                    speedup={k: float(v) for k, v in d["speedup"].items() if v is not None},
-                   per_point=tuple(dict(p) for p in d.get("per_point", ())),
+                   per_point=tuple(PointSpeedup.from_dict(p) for p in d.get("per_point", ())),
                    kernel=str(d.get("kernel", "")), author=str(d.get("author", "")),
                    description=str(d.get("description", "")), noise=float(d.get("noise", 0.0)),
                    projected=dict(d["projected"]) if isinstance(d.get("projected"), dict) else None,

@@ -57,7 +57,7 @@ def write_plan(run: Run, run_in: RunInputs, outcome: Outcome) -> Path:
     for o, a in zip(plan.optimizations, parts):
         if a.candidate_id is not None:
             best_effort(run.board.add_optimization, run.run_id, a.candidate_id, name=o.name,
-                        targets=list(o.targets), speedups=o.speedup, per_point=list(o.per_point),
+                        targets=list(o.targets), speedups=o.speedup, per_point=[p.to_dict() for p in o.per_point],
                         plan_version=written_version(vdir))
     progress.phase("done")
     snap = progress.snapshot()
@@ -136,7 +136,7 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
         plan_speedup = {"fast": 1.0, "slow": 1.0, "per_point": [], "note": "nothing accepted: the reference"}
     else:
         plan_speedup = {"fast": num(composition.fast), "slow": num(composition.slow),
-                        "per_point": list(composition.per_point),
+                        "per_point": [p.to_dict() for p in composition.per_point],
                         "dropped": [list(d) for d in composition.dropped]}
         if outcome.interrupted:
             plan_speedup["note"] = "interrupted: composition not re-measured"

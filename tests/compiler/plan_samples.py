@@ -7,8 +7,7 @@ from persistent_engine.io_struct import WorkloadPoint
 def make_plan(**changes) -> plan_mod.Plan:
     opt = plan_mod.Optimization(
         name="offline-0-rms_norm-1", targets=("rms_norm",), speedup={"fast": 1.31, "slow": 1.12},
-        per_point=({"phase": "decode", "batch": 8, "context": 512, "chunk": 1, "weight": 0.7,
-                    "fast": 1.4, "slow": 1.1},),
+        per_point=(plan_mod.PointSpeedup(WorkloadPoint("decode", 8, 512, 1, 0.7), fast=1.4, slow=1.1),),
         kernel="kernels/offline_0_rms_norm_1.py", author="offline-0", description="fused rms", noise=0.02)
     base = dict(
         model="tiny-dense", hw="h200", detected_device={"kind": "cpu", "name": "x86_64", "matches_hw": False},

@@ -74,7 +74,7 @@ def test_only_candidates_beating_noise_reach_the_slow_tier_and_must_hold_there()
     assert slow_calls == [("slow", ("rms_norm",)), ("slow", ("linear",))]      # silu never went slow
     a = acc.accepted[0]
     assert (round(a.fast, 3), round(a.slow, 3)) == (1.3, 1.2)
-    assert a.per_point[0]["fast"] == 1.3 * 1.1 and a.per_point[1]["slow"] == 1.2 * 0.9
+    assert a.per_point[0].fast == 1.3 * 1.1 and a.per_point[1].slow == 1.2 * 0.9
     assert "within the noise" in acc.log[-1]["reason"]
 
 
@@ -138,7 +138,8 @@ def test_conflicting_candidates_keep_the_faster_one():
 
 def test_merge_points_fills_missing_with_none():
     rows = merge_points(POINTS, verdict(1.2), CandidateVerdict(True, [], 1.1, per_point=[]))
-    assert rows[0]["fast"] == 1.2 * 1.1 and rows[0]["slow"] is None and rows[1]["weight"] == 0.25
+    assert rows[0].fast == 1.2 * 1.1 and rows[0].slow is None and rows[1].point.weight == 0.25
+    assert rows[0].to_dict() == {**POINTS[0].to_dict(), "fast": 1.2 * 1.1, "slow": None}      # the plan.json row
 
 
 def test_workload_points_never_exceed_the_model_context_window():

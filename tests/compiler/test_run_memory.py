@@ -15,6 +15,7 @@ from agents.templates import Choice, dims_of, get_template
 from bulletin_board import Board
 from compiler.acceptance import Accepted, Acceptor, Decision
 from compiler.memory import RunMemory, shape_class
+from compiler.plan import PointSpeedup
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.supervisor import CandidateVerdict
 from persistent_engine.io_struct import WorkloadPoint
@@ -64,7 +65,7 @@ def test_a_later_run_judges_no_remembered_candidate_twice_and_adopts_accepted_on
     mem1.remember(rejected, CandidateVerdict(correct=False, reasons=["op-level: wrong"], speedup=None),
                   Decision(False, "fast", "rejected"), acc1, idea_id=_template_idea(board, run1, 2).id)
     acc1.accepted.append(Accepted(name="k-linear-1", source=kept, author="k", targets=("linear",), config_keys=(),
-                                  fast=1.4, slow=1.3, per_point=({"phase": "decode", "fast": 1.4, "slow": 1.3},),
+                                  fast=1.4, slow=1.3, per_point=(PointSpeedup(WorkloadPoint("decode", 1), 1.4, 1.3),),
                                   noise=0.02))
     mem1.remember(kept, CandidateVerdict(correct=True, reasons=[], speedup=1.4), Decision(True, "slow", "ok"), acc1)
 
