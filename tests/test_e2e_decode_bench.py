@@ -13,13 +13,13 @@ import torch
 
 from compiler import plan as plan_mod
 from compiler.compose import Part, compose
+from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.workloads import make_workload
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_decode.py"
 CORRECT = '''"""fused_add_rms_norm in fp32, one fused expression."""
 import torch
-from persistent_engine.io_struct import WorkloadPoint
 
 
 def fused_add_rms_norm(x, residual, weight, eps):

@@ -171,7 +171,7 @@ def test_shapes_only_for_gqa_without_qk_norm():
         {"T": 4, "H": 2048, "Hq": 32, "Hk": 8, "Dh": 64, "R": 64, "bias": False}]
     for alias in ("qwen3-moe", "glm-4.6", "minimax-m2.5", "deepseek-v3", "tiny-moe", "tiny-mla"):   # QK-norm or MLA
         assert shapes(ModelSpec.from_name(alias), point) == [], alias
-    assert shapes(ModelSpec.from_name("tiny-dense"), {**PREFILL})[0]["T"] == 5
+    assert shapes(ModelSpec.from_name("tiny-dense"), PREFILL)[0]["T"] == 5
 
 
 @pytest.fixture(scope="module")
