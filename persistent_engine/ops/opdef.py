@@ -98,15 +98,17 @@ def tokens(point: WorkloadPoint) -> int:
     return int(point.batch) * new_tokens(point)
 
 
+def seq_shape(point: WorkloadPoint, chunk_always: bool = False) -> dict:
+    """The per-sequence part of an op's shape dict at a point: ``B`` sequences and, for prefill (or
+    ``chunk_always``), ``chunk`` new tokens per sequence (recurrent ops: no KV cache)."""
+    return {"B": int(point.batch), **({"chunk": new_tokens(point)} if chunk_always or point.phase == "prefill" else {})}
+
+
 def paged_shape(point: WorkloadPoint, chunk_always: bool = False) -> dict:
     """The paged-KV part of an attention op's shape dict at a point: ``B`` sequences, ``ctx`` tokens in
     the cache after the step (cached + new), ``BS`` block size, and for prefill (or ``chunk_always``)
     ``chunk`` new tokens per sequence. The one place the attention ops read a point."""
-    chunk = new_tokens(point)
-    s = {"B": int(point.batch), "ctx": int(point.context) + chunk, "BS": DEFAULT_BLOCK_SIZE}
-    if chunk_always or point.phase == "prefill":
-        s["chunk"] = chunk
-    return s
+    return {**seq_shape(point, chunk_always), "ctx": int(point.context) + new_tokens(point), "BS": DEFAULT_BLOCK_SIZE}
 
 
 def dedup(shapes: list[dict]) -> list[dict]:
