@@ -41,6 +41,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from persistent_engine import WorkloadPoint
+
 if TYPE_CHECKING:  # torch-free (and SQLAlchemy-free) at import time
     from bulletin_board import BoardAPI
     from persistent_engine.models.spec import ModelSpec
@@ -199,7 +201,7 @@ class AgentContext:
     run_id: Any                                # the run (row or id) on that board
     evaluate: Evaluate                         # (source, *, author, idea_id) -> CandidateVerdict
     profile: Mapping[str, Any]                 # per-op baseline time (see Supervisor.profile())
-    points: Sequence[Mapping[str, Any]]        # workload point dicts
+    points: Sequence[WorkloadPoint]            # the run's workload points
     spec: "ModelSpec | None"                   # the model
     ops: Mapping[str, OpInfo]                  # registry names -> signature and reference source
     deadline: float                            # time.monotonic() at which agents stop

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
+from persistent_engine import WorkloadPoint
+
 from agents.base import AgentContext
 
 SYSTEM = """\
@@ -68,9 +70,9 @@ def _profile_lines(profile: Mapping[str, Any], n: int = 8) -> list[str]:
             for name, ms in list(costs.items())[:n]]
 
 
-def _point_lines(points: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [f"  {p.get('phase')} batch={p.get('batch')} context={p.get('context')} "
-            f"chunk={p.get('chunk')} weight={float(p.get('weight', 0)):.3f}" for p in points]
+def _point_lines(points: Sequence[WorkloadPoint]) -> list[str]:
+    return [f"  {p.phase} batch={p.batch} context={p.context} chunk={p.chunk} weight={p.weight:.3f}"
+            for p in points]
 
 
 def board_digest(ideas: Iterable[Any], limit: int = 20) -> list[str]:

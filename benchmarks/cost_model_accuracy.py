@@ -47,16 +47,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from persistent_engine.io_struct import WorkloadPoint
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _d(b, c):
-    return {"phase": "decode", "batch": b, "context": c, "chunk": 1, "weight": 1.0}
+    return WorkloadPoint("decode", b, c, 1, 1.0)
 
 
 def _p(n, c=0):
-    return {"phase": "prefill", "batch": 1, "context": c, "chunk": n, "weight": 1.0}
+    return WorkloadPoint("prefill", 1, c, n, 1.0)
 
 
 # (model, layers, points): on CPU persistent_engine.measure.CPU_SUITE (tiny models whole, one llama-1b layer)
@@ -269,7 +271,7 @@ def report(results: Path = RESULTS, hw_name: str = "h200") -> dict:
     eff = curve_efficiency(hw)
     for r in plan:
         spec = ModelSpec.from_name(r["model"])
-        proj = estimate_step(spec, hw, Layout(), r["point"], r["layers"], eff=eff).latency_s
+        proj = estimate_step(spec, hw, Layout(), WorkloadPoint.from_dict(r["point"]), r["layers"], eff=eff).latency_s
         out["plans"].append({"source": r["source"], "model": r["model"], "plan": r["plan"], "point": r["point"],
                              "tkcc_ms": r["seconds"] * 1e3, "vllm_kernels_projected_ms": proj * 1e3})
     return out

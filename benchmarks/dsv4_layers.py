@@ -41,6 +41,7 @@ from persistent_engine.models.deepseek_v4_decoder import _Step  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 CONFIG = ROOT / "persistent_engine" / "models" / "configs" / "deepseek-v4-flash.json"
 PEERS = ROOT / "benchmarks" / "data" / "aiconfigurator_dsv4_h200.json"
@@ -175,7 +176,7 @@ def peer(peers: dict, table: str, batch: int, context: int) -> dict | None:
 def decode(spec: ModelSpec, device: str, batch: int, context: int, samples: int, peers: dict) -> list[dict]:
     """Per layer kind: ms per decode step of the one-layer slice (minus the empty slice), its attention block and
     hc_pre + hc_post alone, and the H200 peers at the same shape."""
-    point = {"phase": "decode", "batch": batch, "context": context}
+    point = WorkloadPoint(phase="decode", batch=batch, context=context)
     empty = build_model(spec, layers=[], device=device)
     wl = make_workload(empty, point)
     base = _timed_ms(lambda: empty.step(wl), device, samples)

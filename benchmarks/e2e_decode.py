@@ -68,6 +68,7 @@ from persistent_engine import verify  # noqa: E402
 from persistent_engine.verify import LOGIT_RTOL, rel_err  # noqa: E402
 from persistent_engine.versions import software_versions  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 DEFAULT_CASES = {
     "cuda": ["llama-1b:all@1/1024", "qwen3-moe:0,1@azure", "deepseek-v3:cover@azure"],
@@ -133,8 +134,8 @@ def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str, 
             context = int(ctx) if ctx else None
             if batches == "azure":
                 points = read_traffic(str(traffic), spec, hw, max_points=max_points).points
-                cases += [Case(alias, layers, int(p["batch"]), context or int(p["context"]), float(p["weight"]), text)
-                          for p in points if p["phase"] == "decode"]
+                cases += [Case(alias, layers, p.batch, context or p.context, p.weight, text)
+                          for p in points if p.phase == "decode"]
             else:
                 cases += [Case(alias, layers, int(b), context or default_context, None, text)
                           for b in (batches or "1").split(",")]
@@ -207,7 +208,7 @@ def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, time
     wl = wl_ref
     bs = config.get("kv_block_size")
     if bs and bs != wl_ref.cache.block_size:
-        wl = make_workload(model, {"phase": "decode", "batch": case.batch, "context": case.context}, seed,
+        wl = make_workload(model, WorkloadPoint(phase="decode", batch=case.batch, context=case.context), seed,
                            fill="zeros", block_size=int(bs))
         relayout(wl_ref.cache, wl.cache, case.context)
     batches = config.get("cuda_graph_batch_sizes")
@@ -265,7 +266,7 @@ def replay_agreement(model, wl, overrides: dict, ref_logits: torch.Tensor, dtype
 def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs: float) -> dict:
     cuda = model.device.type == "cuda"
     seed = a.seed
-    wl = make_workload(model, {"phase": "decode", "batch": case.batch, "context": case.context}, seed)
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=case.batch, context=case.context), seed)
     moved = bytes_read(model, wl)
     floor_ms = moved["total"] / (copy_gbs * 1e9) * 1e3
     ref_ms, ref_logits = timed(timer, lambda: model.step(wl), a.eager_samples, graph=False)

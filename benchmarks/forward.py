@@ -40,6 +40,7 @@ from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.timing import capture_graph  # noqa: E402
 from persistent_engine.versions import software_versions  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 DEFAULT_CASES = {
     "cuda": ["llama-1b:all@1", "llama-1b:all@64", "qwen3-moe:0,1@1", "qwen3-moe:0,1@64"],
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
             models[key] = build_model(ModelSpec.from_name(alias), layers=layers, device=a.device)
         model = models[key]
-        wl = make_workload(model, {"phase": "decode", "batch": batch, "context": context, "chunk": 1})
+        wl = make_workload(model, WorkloadPoint(phase="decode", batch=batch, context=context, chunk=1))
         moved = bytes_read(model, wl)
         eager = statistics.median(time_eager(model, wl, a.device, samples))
         graph_samples = time_graph(model, wl, samples) if cuda else None

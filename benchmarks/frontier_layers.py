@@ -45,6 +45,7 @@ from persistent_engine.models.spec import ModelSpec, tiny_name  # noqa: E402
 from persistent_engine.profiler import profile_point  # noqa: E402
 from persistent_engine.versions import software_versions  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 MODELS = ("glm", "deepseek-v3.2", "minimax")
 CUDA_POINTS = ((1, 4096), (16, 4096), (64, 4096))        # (batch, context): past the 2048-token selections
@@ -89,7 +90,7 @@ def layer_label(spec, i: int) -> str:
 def prefill_row(model, alias: str, device: str, samples: int) -> dict:
     """One prefill chunk of a model with KDA layers (batch 1, no context), eager, with its top ops."""
     chunk = PREFILL_CHUNK[device]
-    wl = make_workload(model, {"phase": "prefill", "batch": 1, "context": 0, "chunk": chunk}, fill="zeros")
+    wl = make_workload(model, WorkloadPoint(phase="prefill", batch=1, context=0, chunk=chunk), fill="zeros")
     ms = statistics.median(time_eager(model, wl, device, max(1, samples // 10)))
     row = {"model": alias, "release": model.spec.name, "family": model.spec.family, "layers": model.layers,
            "phase": "prefill", "batch": 1, "context": 0, "chunk": chunk, "step_ms": ms, "timing": "eager",
@@ -119,12 +120,12 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
     layers = SLICES.get(alias, spec.covering_layers())
     rows = []
     empty = build_model(spec, layers=[], device=device)
-    base = {pt: timed_ms(empty, make_workload(empty, {"phase": "decode", "batch": pt[0], "context": pt[1]}), device,
+    base = {pt: timed_ms(empty, make_workload(empty, WorkloadPoint(phase="decode", batch=pt[0], context=pt[1])), device,
                          samples)[0] for pt in points}
     del empty
     model = build_model(spec, layers=layers, device=device)
     for batch, context in points:
-        wl = make_workload(model, {"phase": "decode", "batch": batch, "context": context})
+        wl = make_workload(model, WorkloadPoint(phase="decode", batch=batch, context=context))
         ms, how = timed_ms(model, wl, device, samples)
         moved = step_bytes(model, wl)
         row = {"model": alias, "release": spec.name, "family": spec.family, "layers": layers,

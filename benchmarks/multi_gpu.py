@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from persistent_engine.io_struct import WorkloadPoint
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
@@ -41,8 +43,8 @@ GPU_SIZES = [2 ** p for p in range(13, 31, 2)]          # 8 KiB .. 1 GiB per ran
 CPU_SIZES = [2 ** p for p in range(12, 25, 2)]          # 4 KiB .. 16 MiB per rank
 
 
-def _d(b: int, c: int) -> dict:
-    return {"phase": "decode", "batch": b, "context": c, "chunk": 1, "weight": 1.0}
+def _d(b: int, c: int) -> WorkloadPoint:
+    return WorkloadPoint("decode", b, c, 1, 1.0)
 
 
 DECODE_POINTS = [_d(1, 1024), _d(32, 1024), _d(128, 2048)]
@@ -139,7 +141,7 @@ def _time_step(model, wl, samples: int, dev: str) -> tuple[list[float], str]:
     return out, "eager"
 
 
-def decode_worker(rank: int, world: int, model_name: str, layers, ep: int, points: list, samples: int,
+def decode_worker(rank: int, world: int, model_name: str, layers, ep: int, points: list[WorkloadPoint], samples: int,
                   device: str) -> list[dict]:
     import torch.distributed as dist
 
@@ -157,7 +159,7 @@ def decode_worker(rank: int, world: int, model_name: str, layers, ep: int, point
         times, mode = _time_step(model, wl, samples, dev)
         med = torch.tensor([statistics.median(times)], dtype=torch.float64, device=dev)
         dist.all_reduce(med, op=dist.ReduceOp.MAX)
-        rows.append({**point, "measured_s": float(med), "timing": mode, "samples": samples})
+        rows.append({**point.to_dict(), "measured_s": float(med), "timing": mode, "samples": samples})
         del wl
     return rows
 
@@ -298,7 +300,7 @@ def run_gpu(args) -> dict:
                                                            "cuda"))[0]
             layout = Layout(tp=tp, ep=ep)
             for r in rows:
-                pred = estimate_step(spec, hw, layout, r, idx, eff, skew=0.0).latency_s
+                pred = estimate_step(spec, hw, layout, WorkloadPoint.from_dict(r), idx, eff, skew=0.0).latency_s
                 r.update(model=model_name, layers=len(idx), tp=tp, ep=ep, predicted_s=pred,
                          abs_err=abs(pred - r["measured_s"]) / r["measured_s"])
                 print(f"{model_name:<10}{layout.label().split()[0]:<9}{r['batch']:>6}{r['context']:>6}"

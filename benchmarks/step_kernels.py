@@ -44,6 +44,7 @@ from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 Interval = tuple[str, float, float]          # (kernel name, start us, end us)
 MARK = "tkcc_step"                           # the record_function window around one replay
@@ -122,7 +123,7 @@ def profile_intervals(run: Callable[[], object], steps: int,
 
 def run_case(case: e2e.Case, model, plans: dict, steps: int, copy_gbs: float, seed: int) -> list[dict]:
     cuda = model.device.type == "cuda"
-    wl = make_workload(model, {"phase": "decode", "batch": case.batch, "context": case.context}, seed)
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=case.batch, context=case.context), seed)
     moved = bytes_read(model, wl)
     floor_us = moved["total"] / (copy_gbs * 1e9) * 1e6
     parts = plans.get(case.model)

@@ -38,6 +38,7 @@ import torch  # noqa: E402
 
 from agents.offline.strategy import mutate  # noqa: E402
 from agents.templates import Choice, dims_of, load_candidate, render_candidate, templates_for  # noqa: E402
+from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.ops.contract import compare_outputs  # noqa: E402
@@ -185,10 +186,8 @@ def args_dtype(args) -> torch.dtype:
     return torch.float32
 
 
-def points_for(device: str, batches: list[int], context: int, chunk: int) -> list[dict]:
-    pts = [{"phase": "decode", "batch": b, "context": context, "chunk": 1, "weight": 1.0} for b in batches]
-    pts.append({"phase": "prefill", "batch": 1, "context": 0, "chunk": chunk, "weight": 1.0})
-    return pts
+def points_for(device: str, batches: list[int], context: int, chunk: int) -> list[WorkloadPoint]:
+    return [*(WorkloadPoint("decode", b, context, 1, 1.0) for b in batches), WorkloadPoint("prefill", 1, 0, chunk, 1.0)]
 
 
 def _upcast(args):
@@ -256,8 +255,8 @@ def run(argv: list[str] | None = None) -> int:
                                                                 fit=fit_seed(t, shape, 2 * sms))
                         if knobs is not None:
                             carried[(model, t.name, si)] = knobs
-                        row = {"model": model, "phase": point["phase"], "batch": point["batch"],
-                               "chunk": point["chunk"], "op": op, "shape": shape, "template": t.name,
+                        row = {"model": model, "phase": point.phase, "batch": point.batch,
+                               "chunk": point.chunk, "op": op, "shape": shape, "template": t.name,
                                "reference_us": ref_t * 1e6, "best_us": None if knobs is None else best_t * 1e6,
                                "speedup": None if knobs is None else ref_t / best_t, "best_knobs": knobs,
                                "settings_tried": tried, "settings_rejected": rejected, "bytes": moved,

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from compiler.compose import Part, compose, select_compatible
-from persistent_engine import POINT_FIELDS, CandidateSource, CandidateVerdict, point_key
-from compiler.plan import seed_parent
+from persistent_engine import CandidateSource, CandidateVerdict, WorkloadPoint
+from compiler.plan import PointSpeedup, seed_parent
 
 TierEvaluate = Callable[[str, str], CandidateVerdict]      # (tier, source) -> its verdict
-ROW_FIELDS = (*POINT_FIELDS, "weight")                     # a per-point row: the point, then its speedups
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class Accepted:
     config_keys: tuple[str, ...]
     fast: float
     slow: float
-    per_point: tuple[dict, ...]     # point fields + "fast" / "slow"
+    per_point: tuple[PointSpeedup, ...]
     noise: float
     description: str = ""
     idea_id: Any = None
@@ -76,7 +75,7 @@ class Composition:
     source: str
     fast: float
     slow: float
-    per_point: tuple[dict, ...]
+    per_point: tuple[PointSpeedup, ...]
     dropped: tuple[tuple[str, str], ...] = ()      # (name, why)
     vs_torch_compile: float | None = None
 
@@ -137,11 +136,11 @@ def point_speedups(verdict: CandidateVerdict | None) -> dict[tuple, float]:
     return {entry.point.key: entry.speedup for entry in (verdict.per_point if verdict is not None else ())}
 
 
-def merge_points(points: list[dict], fast: CandidateVerdict | None, slow: CandidateVerdict | None) -> tuple[dict, ...]:
-    """One row per workload point: its fields plus the fast and slow speedups (None when missing)."""
+def merge_points(points: list[WorkloadPoint], fast: CandidateVerdict | None,
+                 slow: CandidateVerdict | None) -> tuple[PointSpeedup, ...]:
+    """The fast and slow speedups at each workload point (None when missing)."""
     f, s = point_speedups(fast), point_speedups(slow)
-    return tuple({**{k: p.get(k) for k in ROW_FIELDS}, "fast": f.get(point_key(p)), "slow": s.get(point_key(p))}
-                 for p in points)
+    return tuple(PointSpeedup(p, f.get(p.key), s.get(p.key)) for p in points)
 
 
 def name_of(source: str, author: str, n: int) -> str:
@@ -159,7 +158,7 @@ class Acceptor:
     :meth:`consider` from agent threads, and ``evaluate`` serialises per tier."""
 
     evaluate: TierEvaluate
-    points: list[dict]
+    points: list[WorkloadPoint]
     noise: dict[str, float]                          # {"fast": x, "slow": y} A/A spreads
     cfg: AcceptanceConfig = field(default_factory=AcceptanceConfig)
     on_accept: Callable[[Accepted], None] | None = None
@@ -272,7 +271,7 @@ class Acceptor:
                                top.fast, top.slow, top.per_point, tuple(dropped))
         if best is None:
             return Composition((), compose([]), 1.0, 1.0, tuple(
-                {**{k: p.get(k) for k in ROW_FIELDS}, "fast": 1.0, "slow": 1.0} for p in self.points),
+                PointSpeedup(p, 1.0, 1.0) for p in self.points),
                 tuple(dropped))
         src, fv, sv = best
         return Composition(tuple(chosen), src, float(fv.speedup), float(sv.speedup),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from compiler import plan as plan_mod
-from persistent_engine import read_contract
+from persistent_engine import WorkloadPoint, read_contract
 
 @contextlib.contextmanager
 def engine_threads(device: str) -> Iterator[None]:
@@ -161,7 +161,7 @@ TOLERANCE = {"bf16": (5e-2, 2e-2), "fp16": (1e-2, 1e-2), "fp32": (1e-4, 1e-4)}  
 
 @dataclass(frozen=True)
 class PointCheck:
-    point: dict
+    point: WorkloadPoint
     max_abs_diff: float
     max_abs_reference: float
     reference_ms: float
@@ -193,7 +193,7 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     if dtype not in TOLERANCE:
         raise plan_mod.PlanError(f"dtype must be one of {', '.join(TOLERANCE)}, got {dtype!r}")
     atol, rtol = TOLERANCE[dtype]
-    points = [dict(p) for p in plan.workload_points]
+    points = list(plan.workload_points)
     restore = _engine_state()
     engine = Engine(EngineConfig(model=model or plan.model, layers=list(layers), device=device, dtype=dtype,
                                  points=points, seed=seed, variants=1, pool_size=1))
@@ -221,14 +221,14 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
             scale = float(ref.float().abs().max())
             ref_ms = ab.time_side(engine.baseline, i, 0, repeats, engine.batch[i])     # k runs a request:
             plan_ms = ab.time_side(plan_side, i, 0, repeats, engine.batch[i])         # its fixed cost amortised
-            out.append(PointCheck(dict(point), diff, scale, ref_ms, plan_ms, diff <= atol + rtol * scale))
+            out.append(PointCheck(point, diff, scale, ref_ms, plan_ms, diff <= atol + rtol * scale))
     finally:
         engine.close()
         restore()
     return LoadedPlan(vdir, plan, dict.fromkeys(ops), config), out
 
 
-def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str, *, device: str = "cpu",
+def op_times_with(spec: Any, layers: list[int], points: list[WorkloadPoint], source: str, *, device: str = "cpu",
                   reps: int = 3, seed: int = 0) -> dict[str, dict[str, float]]:
     """``{"before": {op: ms}, "after": {op: ms}}``: per-op time of one step of the ``layers`` slice,
     weighted over ``points``, with the reference and with the candidate ``source`` (a plan's composed
@@ -251,11 +251,11 @@ def op_times_with(spec: Any, layers: list[int], points: list[dict], source: str,
     result: dict[str, dict[str, float]] = {"before": defaultdict(float), "after": defaultdict(float)}
     with torch.no_grad(), engine_threads(device):
         for point in points:
-            workload = make_workload(model, dict(point), seed)
+            workload = make_workload(model, point, seed)
             for side in ("before", "after"):
                 ctx = registry.override(overrides) if side == "after" else contextlib.nullcontext()
                 with ctx:
                     prof = profile_point(model, workload, torch.device(device), reps)
                 for op, row in prof.items():
-                    result[side][op] += float(point.get("weight", 1.0)) * row["ms"]
+                    result[side][op] += point.weight * row["ms"]
     return {side: {k: round(v, 6) for k, v in ops.items()} for side, ops in result.items()}

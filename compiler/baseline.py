@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from persistent_engine import point_key
+from persistent_engine import WorkloadPoint, point_key
 
 __all__ = ["measure_noise", "op_ms"]
 
@@ -56,11 +56,11 @@ def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
     return noise
 
 
-def op_ms(profile: dict, points: list[dict]) -> dict[str, float]:
+def op_ms(profile: dict, points: list[WorkloadPoint]) -> dict[str, float]:
     """Per-op milliseconds weighted over workload points, from the engine's profile document
     (``Supervisor.profile()``: ``{"per_point": [{"point": {...}, "ops": {op: {"ms", "calls", "share"}}}]}``);
     a row whose point is not among ``points`` weighs 1 / rows."""
-    weights = {point_key(p): float(p.get("weight", 1.0)) for p in points}
+    weights = {p.key: p.weight for p in points}
     rows = profile.get("per_point") or []
     out: dict[str, float] = {}
     for row in rows:

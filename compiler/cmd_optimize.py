@@ -252,7 +252,7 @@ def _apply(args: argparse.Namespace) -> int:
         if loaded.config:
             print("config applied: " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.config.items())))
         for c in checks:
-            print(f"  {c.point.get('phase')} b{c.point.get('batch')} ctx{c.point.get('context')}: "
+            print(f"  {c.point.label()}: "
                   f"max |diff| {c.max_abs_diff:.2e}  reference {c.reference_ms:.3f} ms  plan {c.plan_ms:.3f} ms")
         print("outputs match the reference" if ok else "outputs DIFFER from the reference", file=sys.stderr)
         if versus:
@@ -281,5 +281,5 @@ def _versus_compile(args: argparse.Namespace, loaded, layers: list[int] | None) 
     kfile = loaded.version_dir / "kernels" / plan_mod.COMPOSED_KERNEL
     source = (verified_bytes(kfile, plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", "")).decode()
               if kfile.is_file() else compose([]))
-    return compare_with_torch_compile(spec, layers, [dict(p) for p in plan.workload_points], source,
+    return compare_with_torch_compile(spec, layers, list(plan.workload_points), source,
                                       device=args.device, dtype=args.dtype)

@@ -43,6 +43,7 @@ def register(sub) -> None:
 def load_traffic(path: str):
     """TrafficShape from a points JSON, a profile JSON or a trace file."""
     from cost_model import CostModelError, TrafficShape
+    from persistent_engine import WorkloadPoint
 
     f = Path(path)
     if not f.exists():
@@ -56,7 +57,10 @@ def load_traffic(path: str):
         if isinstance(points, list):
             if not all(isinstance(p, dict) for p in points):
                 raise CostModelError(f"{path}: workload points must be JSON objects")
-            return TrafficShape.from_points(points)
+            try:
+                return TrafficShape.from_points([WorkloadPoint.from_dict(p) for p in points])   # the file's boundary
+            except (KeyError, TypeError, ValueError) as e:
+                raise CostModelError(f"{path}: bad workload point: {e!r}") from None
         return TrafficShape.from_profile(doc)
     import traffic_profiles
     read_trace = getattr(traffic_profiles, "read_trace", None)

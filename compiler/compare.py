@@ -24,6 +24,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from persistent_engine import WorkloadPoint
+
 from compiler.apply import engine_threads, overrides_of, torch_dtype
 
 
@@ -65,7 +67,7 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
 
 
-def compare_with_torch_compile(spec: Any, layers: list[int], points: list[dict], source: str, *,
+def compare_with_torch_compile(spec: Any, layers: list[int], points: list[WorkloadPoint], source: str, *,
                                device: str = "cpu", dtype: str = "bf16", samples: int | None = None,
                                seed: int = 0) -> dict:
     """Weighted step times (ms) of the slice ``layers`` over ``points``: ``reference_ms``, ``plan_ms``
@@ -109,9 +111,9 @@ def compare_with_torch_compile(spec: Any, layers: list[int], points: list[dict],
     t0 = time.monotonic()
     with torch.no_grad(), engine_threads(device):
         for point in points:
-            row: dict = {"point": dict(point), "weight": float(point.get("weight", 1.0))}
+            row: dict = {"point": point.to_dict(), "weight": point.weight}       # a plan.json row
             try:
-                wl = make_workload(model, dict(point), seed)
+                wl = make_workload(model, point, seed)
                 row["reference_ms"] = ms(lambda: model.step(wl), graph=False)
                 row["plan_ms"], row["how"] = plan_ms(wl)
                 run, row["compile_s"], row["compile_cudagraphs"] = compile_step(model, wl)

@@ -30,13 +30,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from persistent_engine import WorkloadPoint
+
 log = logging.getLogger("tkcc.fleet")
 
 
 @dataclass(frozen=True)
 class FleetConfig:
     model: str
-    points: tuple[dict, ...]
+    points: tuple[WorkloadPoint, ...]
     fast_layers: tuple[int, ...]
     slow_layers: tuple[int, ...]
     devices: tuple[str, ...] = ("cpu",)      # "cpu" or "cuda:0", "cuda:1", ...
@@ -103,7 +105,7 @@ def co_tenant_weights(cfg: FleetConfig, p: Placement) -> int:
 def make_supervisor(cfg: FleetConfig, p: Placement) -> Any:
     """Start one engine for a placement (blocks until it is ready)."""
     from persistent_engine import Supervisor
-    sup = Supervisor(cfg.model, list(p.layers), p.device, [dict(x) for x in cfg.points], dtype=cfg.dtype,
+    sup = Supervisor(cfg.model, list(p.layers), p.device, list(cfg.points), dtype=cfg.dtype,
                      env={**os.environ, **cfg.env}, inputs=cfg.inputs.get(p.tier), start_timeout_s=cfg.start_timeout_s,
                      log=lambda line: log.info("%s/%s %s", p.tier, p.device, line),
                      co_tenant_weights=co_tenant_weights(cfg, p))

@@ -4,10 +4,13 @@ model's parallelism layout. Each is a thin call into the package that owns it.""
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from persistent_engine import WorkloadPoint
 
 
 class InputError(ValueError):
@@ -22,7 +25,7 @@ class TrafficInput:
     profile: dict          # the full profile (stored with the plan; recompile diffs against it)
     summary: dict          # what plan.json carries
     hash: str
-    points: tuple[dict, ...]
+    points: tuple[WorkloadPoint, ...]
 
 
 def read_traffic(path: str, spec: Any, hw: str = "cpu", *, max_points: int = 6,
@@ -41,40 +44,41 @@ def read_traffic(path: str, spec: Any, hw: str = "cpu", *, max_points: int = 6,
                                        "output_tokens", "interarrival_cv", "prefix_cache_hit_rate")}
     summary = {k: ({q: v.get(q) for q in ("mean", "p50", "p90", "p99", "max")} if isinstance(v, dict) else v)
                for k, v in summary.items()}
-    points: list[dict] = []
+    points: list[WorkloadPoint] = []
     if not profile_only:
         points = workload_points(trace, spec, hw, max_points)
-        points = sorted(points, key=lambda p: -float(p["weight"]))[:max_points]
-        total = sum(float(p["weight"]) for p in points) or 1.0
-        points = [{**p, "weight": round(float(p["weight"]) / total, 6)} for p in points]
+        points = sorted(points, key=lambda p: -p.weight)[:max_points]
+        total = sum(p.weight for p in points) or 1.0
+        points = [dataclasses.replace(p, weight=round(p.weight / total, 6)) for p in points]
     return TrafficInput(source=str(path), profile=doc, summary=summary, hash=str(doc.get("hash", "")),
                         points=tuple(points))
 
 
-def workload_points(trace: Any, spec: Any, hw: str, max_points: int) -> list[dict]:
+def workload_points(trace: Any, spec: Any, hw: str, max_points: int) -> list[WorkloadPoint]:
     """The traffic package's workload points: the trace replayed through its continuous-batching
-    scheduler model, with step times from a roofline of ``spec`` on the target ``hw``."""
+    scheduler model, with step times from a roofline of ``spec`` on the target ``hw``. The one place a
+    ``traffic_profiles.WorkloadPoint`` becomes the engine's ``io_struct.WorkloadPoint`` (the two
+    packages may not import each other; the fields are the same five)."""
     from cost_model import get_hardware, roofline_step_time
     from traffic_profiles import SchedulerConfig, replay
 
     step = roofline_step_time(spec, get_hardware(hw))
-    points = [p.to_dict() for p in replay(trace, step, SchedulerConfig(max_points=max_points)).points]
+    points = [WorkloadPoint(p.phase, p.batch, p.context, p.chunk, p.weight)
+              for p in replay(trace, step, SchedulerConfig(max_points=max_points)).points]
     return fit_positions(points, spec.max_position_embeddings)
 
 
-def fit_positions(points: list[dict], max_positions: int) -> list[dict]:
+def fit_positions(points: list[WorkloadPoint], max_positions: int) -> list[WorkloadPoint]:
     """Points clipped to what the model can attend over: a request longer than the model's context
     window is served truncated, so context + chunk never exceeds ``max_positions`` (the engine
     refuses such a workload). Prefill keeps its chunk and loses cached prefix first."""
-    out: dict[tuple, dict] = {}                 # points that clip to the same shape are merged
+    out: dict[tuple, WorkloadPoint] = {}        # points that clip to the same shape are merged
     for p in points:
-        chunk = min(int(p.get("chunk", 1)), max_positions)
-        context = min(int(p["context"]), max_positions - chunk)
-        key = (p["phase"], p["batch"], context, chunk)
-        if key in out:
-            out[key]["weight"] = round(float(out[key]["weight"]) + float(p["weight"]), 6)
-        else:
-            out[key] = {**p, "context": context, "chunk": chunk}
+        chunk = min(int(p.chunk), max_positions)
+        q = dataclasses.replace(p, context=min(int(p.context), max_positions - chunk), chunk=chunk)
+        if q.key in out:
+            q = dataclasses.replace(q, weight=round(out[q.key].weight + q.weight, 6))
+        out[q.key] = q
     return list(out.values())
 
 

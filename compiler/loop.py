@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from persistent_engine import WorkloadPoint
+
 from compiler import config_plan, inputs, plan as plan_mod
 from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
 from compiler.baseline import measure_noise, op_ms
@@ -201,7 +203,7 @@ def gather_inputs(cfg: OptimizeConfig) -> RunInputs:
                                      inputs.traffic_token_ids(cfg.traffic, spec.vocab_size))
     layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
-    return RunInputs(spec, device, traffic, [dict(p) for p in traffic.points], fast_layers, slow_layers,
+    return RunInputs(spec, device, traffic, list(traffic.points), fast_layers, slow_layers,
                      tier_inputs, layout, projected, layout_note, tuple(notes))
 
 
@@ -296,7 +298,7 @@ def start_engines(run: Run, run_in: RunInputs, startup_s: float) -> Engines:
     return Engines(fleet, clock, tier_info)
 
 
-def measure_baseline(run: Run, fleet: Fleet, points: list[dict]) -> Baseline:
+def measure_baseline(run: Run, fleet: Fleet, points: list[WorkloadPoint]) -> Baseline:
     """The fast tier's per-op profile (posted on the board) and each tier's A/A timing noise."""
     profile = fleet.profile("fast")
     best_effort(run.board.set_baseline, run.run_id, profile)

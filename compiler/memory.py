@@ -27,7 +27,10 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Iterable
 
+from persistent_engine import WorkloadPoint
+
 from compiler.acceptance import Accepted
+from compiler.plan import PointSpeedup
 
 if TYPE_CHECKING:
     from bulletin_board import BoardAPI
@@ -43,11 +46,10 @@ def _bucket(x: Any) -> int:
     return 0 if x <= 0 else 1 << int(math.log2(x))
 
 
-def shape_class(device_kind: str, dtype: str, points: Iterable[dict], fast_layers: Iterable[int],
+def shape_class(device_kind: str, dtype: str, points: Iterable[WorkloadPoint], fast_layers: Iterable[int],
                 slow_layers: Iterable[int]) -> str:
     """16 hex digits naming what a verdict depends on (module doc)."""
-    shapes = sorted({(str(p.get("phase")), _bucket(p.get("batch")), _bucket(p.get("context")),
-                      _bucket(p.get("chunk"))) for p in points})
+    shapes = sorted({(p.phase, _bucket(p.batch), _bucket(p.context), _bucket(p.chunk)) for p in points})
     doc = {"device": device_kind, "dtype": dtype, "points": shapes,
            "fast": list(fast_layers), "slow": list(slow_layers)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
@@ -101,7 +103,7 @@ class RunMemory:
             return False
         kw = dict(name=m["name"], source=source, author=m.get("author", "memory"), targets=tuple(m["targets"]),
                   config_keys=tuple(m.get("config_keys", ())), fast=float(m["fast"]), slow=float(m["slow"]),
-                  per_point=tuple(m.get("per_point", ())), noise=float(m.get("noise", 0.0)),
+                  per_point=tuple(PointSpeedup.from_dict(p) for p in m.get("per_point", ())), noise=float(m.get("noise", 0.0)),
                   description=m.get("description", ""))
         if t.kind == "config" and hasattr(acceptor, "configs"):
             acceptor.configs.append(ConfigAccepted(**kw, projected=dict(m.get("projected") or {}),
@@ -128,7 +130,7 @@ class RunMemory:
             if a is not None:
                 metrics["accepted"] = {"name": a.name, "author": a.author, "targets": list(a.targets),
                                        "config_keys": list(a.config_keys), "fast": a.fast, "slow": a.slow,
-                                       "per_point": [dict(p) for p in a.per_point], "noise": a.noise,
+                                       "per_point": [p.to_dict() for p in a.per_point], "noise": a.noise,
                                        "description": a.description, "projected": getattr(a, "projected", None),
                                        "score": getattr(a, "score", None)}
         verdict_name = "accepted" if accepted else ("correct" if getattr(verdict, "correct", False) else "rejected")

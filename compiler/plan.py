@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from persistent_engine import WorkloadPoint
+
 SCHEMA = "tkcc.plan/1"
 PLAN_FILE = "plan.json"
 PROFILE_FILE = "traffic_profile.json"
@@ -53,6 +55,24 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class PointSpeedup:
+    """A candidate's speedup at one workload point on each tier (None: not timed there). In plan.json and
+    the run memory's board rows it is the point's map plus ``fast`` and ``slow``."""
+
+    point: WorkloadPoint
+    fast: float | None = None
+    slow: float | None = None
+
+    def to_dict(self) -> dict:
+        return {**self.point.to_dict(), "fast": self.fast, "slow": self.slow}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PointSpeedup":
+        num = lambda v: None if v is None else float(v)  # noqa: E731
+        return cls(WorkloadPoint.from_dict(d), num(d.get("fast")), num(d.get("slow")))
+
+
+@dataclass(frozen=True)
 class Optimization:
     """One accepted candidate. ``speedup`` is reference time / candidate time on each tier (>1 is
     faster); ``per_point`` holds the same per workload point (the point's fields + ``fast``/``slow``)."""
@@ -60,7 +80,7 @@ class Optimization:
     name: str
     targets: tuple[str, ...]
     speedup: dict[str, float]                       # {"fast": x, "slow": y}
-    per_point: tuple[dict, ...] = ()
+    per_point: tuple[PointSpeedup, ...] = ()
     kernel: str = ""                                # path relative to the version dir
     author: str = ""
     description: str = ""
@@ -73,14 +93,14 @@ class Optimization:
         if d["projected"] is None:
             del d["projected"]
         d["targets"] = list(self.targets)
-        d["per_point"] = [dict(p) for p in self.per_point]
+        d["per_point"] = [p.to_dict() for p in self.per_point]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Optimization":
         return cls(name=str(d["name"]), targets=tuple(str(t) for t in d["targets"]),
                    speedup={k: float(v) for k, v in d["speedup"].items() if v is not None},
-                   per_point=tuple(dict(p) for p in d.get("per_point", ())),
+                   per_point=tuple(PointSpeedup.from_dict(p) for p in d.get("per_point", ())),
                    kernel=str(d.get("kernel", "")), author=str(d.get("author", "")),
                    description=str(d.get("description", "")), noise=float(d.get("noise", 0.0)),
                    projected=dict(d["projected"]) if isinstance(d.get("projected"), dict) else None,
@@ -97,7 +117,7 @@ class Plan:
     detected_device: dict
     software: dict
     traffic: dict                                   # {"source", "hash", "summary"}
-    workload_points: tuple[dict, ...]
+    workload_points: tuple[WorkloadPoint, ...]     # stored as their maps
     optimizations: tuple[Optimization, ...]
     plan_speedup: dict                              # {"fast": x, "slow": y, "per_point": [...]}
     parallelism: dict | None = None
@@ -114,14 +134,14 @@ class Plan:
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "optimizations"}
         d["optimizations"] = [o.to_dict() for o in self.optimizations]
-        d["workload_points"] = [dict(p) for p in self.workload_points]
+        d["workload_points"] = [p.to_dict() for p in self.workload_points]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
         return cls(model=d["model"], hw=d["hw"], detected_device=dict(d["detected_device"]),
                    software=dict(d["software"]), traffic=dict(d["traffic"]),
-                   workload_points=tuple(dict(p) for p in d["workload_points"]),
+                   workload_points=tuple(WorkloadPoint.from_dict(p) for p in d["workload_points"]),
                    optimizations=tuple(Optimization.from_dict(o) for o in d["optimizations"]),
                    plan_speedup=dict(d["plan_speedup"]), parallelism=d.get("parallelism"),
                    projected=d.get("projected"), tiers=dict(d.get("tiers") or {}),

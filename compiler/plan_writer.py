@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from persistent_engine import WorkloadPoint
+
 from compiler import inputs, plan as plan_mod, report
 from compiler.budget import Budget
 from compiler.compose import compose
@@ -55,7 +57,7 @@ def write_plan(run: Run, run_in: RunInputs, outcome: Outcome) -> Path:
     for o, a in zip(plan.optimizations, parts):
         if a.candidate_id is not None:
             best_effort(run.board.add_optimization, run.run_id, a.candidate_id, name=o.name,
-                        targets=list(o.targets), speedups=o.speedup, per_point=list(o.per_point),
+                        targets=list(o.targets), speedups=o.speedup, per_point=[p.to_dict() for p in o.per_point],
                         plan_version=written_version(vdir))
     progress.phase("done")
     snap = progress.snapshot()
@@ -78,7 +80,7 @@ def isolated_time(budget: Budget, progress: Progress, what: str, least_s: float 
     return left
 
 
-def op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: Composition | None,
+def op_ms_after(spec: Any, layers: list[int], points: list[WorkloadPoint], composition: Composition | None,
                  device: dict, timeout_s: float = ISOLATED_TIMEOUT_S) -> dict[str, dict[str, float]]:
     """Per-op time of the fast-tier slice before and after the composed plan, measured the same way
     in a child process (candidate code never runs in the orchestrator; the engine's profile covers the
@@ -94,7 +96,7 @@ def op_ms_after(spec: Any, layers: list[int], points: list[dict], composition: C
         return {}
 
 
-def vs_torch_compile(spec: Any, layers: list[int], points: list[dict], composition: Composition,
+def vs_torch_compile(spec: Any, layers: list[int], points: list[WorkloadPoint], composition: Composition,
                       device: dict, progress: Progress, timeout_s: float = ISOLATED_TIMEOUT_S) -> dict:
     if timeout_s <= 0:
         return {"error": "left out: the run's budget was spent"}
@@ -134,7 +136,7 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
         plan_speedup = {"fast": 1.0, "slow": 1.0, "per_point": [], "note": "nothing accepted: the reference"}
     else:
         plan_speedup = {"fast": num(composition.fast), "slow": num(composition.slow),
-                        "per_point": list(composition.per_point),
+                        "per_point": [p.to_dict() for p in composition.per_point],
                         "dropped": [list(d) for d in composition.dropped]}
         if outcome.interrupted:
             plan_speedup["note"] = "interrupted: composition not re-measured"

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from agents import Agent, AgentContext
+from persistent_engine import WorkloadPoint
 
 
 class _AgentActorImpl:
@@ -41,7 +42,7 @@ class _AgentActorImpl:
     def kind(self) -> str:
         return self.agent.kind
 
-    def start_cycle(self, run_id: Any, profile: dict, points: list, spec: Any, ops: dict,
+    def start_cycle(self, run_id: Any, profile: dict, points: list[WorkloadPoint], spec: Any, ops: dict,
                     seconds_left: float, lease_s: float) -> None:
         self.stop.clear()
 

@@ -93,11 +93,11 @@ def tiers_disagree(fast, slow, noise: float = 0.0) -> bool:
 
 
 def _disagree_cell(o) -> str:
-    points = [p for p in o.per_point if tiers_disagree(p.get("fast"), p.get("slow"))]
+    points = [p for p in o.per_point if tiers_disagree(p.fast, p.slow)]
     if tiers_disagree(o.speedup.get("fast"), o.speedup.get("slow"), o.noise):
         return "**yes**"
     if points:
-        return "at " + ", ".join(point_label(p) for p in points)
+        return "at " + ", ".join(p.point.label() for p in points)
     return "no"
 
 

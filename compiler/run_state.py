@@ -10,6 +10,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from persistent_engine import WorkloadPoint
+
 from compiler import inputs
 from compiler.acceptance import Accepted, Composition
 from compiler.budget import Budget
@@ -33,7 +35,7 @@ class RunInputs:
     spec: Any                                # persistent_engine.models.spec.ModelSpec
     device: dict                             # inputs.detect_device + "matches_hw", "target"
     traffic: inputs.TrafficInput
-    points: list[dict]
+    points: list[WorkloadPoint]
     fast_layers: list[int]
     slow_layers: list[int]
     tier_inputs: dict                        # tier -> persistent_engine.tier_inputs.TierInputs as JSON

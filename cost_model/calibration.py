@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from traffic_profiles import WorkloadPoint
+
 from cost_model.estimate import Efficiency, features
 from cost_model.hardware import CostModelError, Hardware
 from cost_model.layout import Layout
@@ -65,7 +67,7 @@ def user_dir() -> Path:
 @dataclass(frozen=True)
 class Measurement:
     model: str
-    point: dict
+    point: WorkloadPoint          # stored as its map (to_dict / from_dict: the calibration file's boundary)
     seconds: float
     layers: list | None = None
     dtype: str = "bf16"
@@ -80,7 +82,7 @@ class Measurement:
             layers = d.get("layers")
             if isinstance(layers, int):
                 layers = list(range(layers))
-            m = cls(model=str(d["model"]), point=dict(d["point"]), seconds=float(d["seconds"]), layers=layers,
+            m = cls(model=str(d["model"]), point=WorkloadPoint.from_dict(d["point"]), seconds=float(d["seconds"]), layers=layers,
                     dtype=str(d.get("dtype", "bf16")), layout=dict(d.get("layout") or {}),
                     op_class=d.get("op_class"), impl=str(d.get("impl") or "fused"),
                     graph=None if d.get("graph") is None else bool(d["graph"]))
@@ -92,7 +94,7 @@ class Measurement:
         return m
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "point": self.point, "seconds": self.seconds, "layers": self.layers,
+        return {"model": self.model, "point": self.point.to_dict(), "seconds": self.seconds, "layers": self.layers,
                 "dtype": self.dtype, "layout": self.layout, "op_class": self.op_class, "impl": self.impl,
                 "graph": self.graph}
 

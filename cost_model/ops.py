@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from traffic_profiles import WorkloadPoint
+
 from cost_model.layout import ACT_BYTES, Layout, _ceil_div, heads_per_gpu, stage_layers
 
 OP_CLASSES = ("gemm", "attention", "moe", "elementwise", "comm")
@@ -321,16 +323,16 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     return ops
 
 
-def point_shape(point: dict) -> tuple[str, int, int, int]:
-    """(phase, batch, context, new tokens per sequence) of a workload-point dict."""
-    phase = point.get("phase", "decode")
-    batch = max(1, int(point.get("batch", 1)))
-    ctx = max(0, int(point.get("context", 0)))
-    n = 1 if phase == "decode" else max(1, int(point.get("chunk", 1)))
-    return phase, batch, ctx, n
+def point_shape(point: WorkloadPoint) -> tuple[str, int, int, int]:
+    """(phase, batch, context, new tokens per sequence) of a workload point. ``point``: a
+    ``traffic_profiles.WorkloadPoint`` or anything with its fields (the engine's ``io_struct.WorkloadPoint``,
+    which cost_model may not import, has the same five)."""
+    batch, ctx = max(1, int(point.batch)), max(0, int(point.context))
+    n = 1 if point.phase == "decode" else max(1, int(point.chunk))
+    return point.phase, batch, ctx, n
 
 
-def step_ops(spec, layout: Layout, point: dict, layers: list[int] | None = None,
+def step_ops(spec, layout: Layout, point: WorkloadPoint, layers: list[int] | None = None,
              skew: float = DEFAULT_EXPERT_SKEW, stage: int | None = None, impl: str = "fused") -> list[OpCost]:
     """All ops one GPU runs for one step of ``point`` (the fullest stage unless ``stage`` is
     given); ``layers`` selects layer indices of a sliced model (embeddings, final norm and

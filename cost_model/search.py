@@ -33,6 +33,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from traffic_profiles import WorkloadPoint
+
 from cost_model import queueing
 from cost_model.estimate import DEFAULT_EFFICIENCY, Efficiency, estimate_step
 from cost_model.hardware import DTYPE_BYTES, WEIGHT_DTYPES, CostModelError, Hardware
@@ -234,14 +236,14 @@ def evaluate_layout(spec, hw: Hardware, gpus: int, L: Layout, traffic: TrafficSh
     cap = max(batches) * L.dp
     sizes = sorted({b * L.dp for b in batches if b * L.dp <= bmax} | ({bmax} if 0 < bmax < cap else set()))
     if not sizes:   # does not fit: one row at batch 1 so that the memory figures are reported
-        dec = estimate_step(spec, hw, L, {"phase": "decode", "batch": 1, "context": traffic.decode_context},
+        dec = estimate_step(spec, hw, L, WorkloadPoint("decode", 1, traffic.decode_context, 1, 1.0),
                             eff=eff, skew=traffic.expert_skew)
         mem = memory_fit(spec, hw, L, 1, ctx, traffic.chunk)
         tpot = dec.latency_s * 1e3
         return [ConfigResult(L, 1, replicas, "colocated", False, mem, pf.latency_s * 1e3, tpot, 0.0, 1e3 / tpot,
                              False, quality=quality)]
     for b in sizes:
-        dec = estimate_step(spec, hw, L, {"phase": "decode", "batch": b, "context": traffic.decode_context},
+        dec = estimate_step(spec, hw, L, WorkloadPoint("decode", b, traffic.decode_context, 1, 1.0),
                             eff=eff, skew=traffic.expert_skew)
         mem = memory_fit(spec, hw, L, b, ctx, traffic.chunk)
         inflight = b * L.pp

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from traffic_profiles import WorkloadPoint
+
 from cost_model.hardware import CostModelError
 from cost_model.ops import DEFAULT_EXPERT_SKEW
 
@@ -60,7 +62,7 @@ class TrafficShape:
         """Tokens one sequence holds at its end: what the KV budget must cover."""
         return self.isl + self.osl
 
-    def prefill_points(self, isl: int | None = None) -> list[dict]:
+    def prefill_points(self, isl: int | None = None) -> list[WorkloadPoint]:
         """Chunked prefill of one request's uncached input (``isl`` tokens, default the mean): one
         point per chunk."""
         isl = self.isl if isl is None else max(1, int(isl))
@@ -68,7 +70,7 @@ class TrafficShape:
         pts, ctx = [], start
         while ctx < isl:
             n = min(self.chunk, isl - ctx)
-            pts.append({"phase": "prefill", "batch": 1, "context": ctx, "chunk": n, "weight": 0.0})
+            pts.append(WorkloadPoint("prefill", 1, ctx, n, 0.0))
             ctx += n
         return pts
 
@@ -78,21 +80,21 @@ class TrafficShape:
         return d
 
     @classmethod
-    def from_points(cls, points: list[dict], **overrides) -> "TrafficShape":
-        pre = [p for p in points if p.get("phase") == "prefill"]
-        dec = [p for p in points if p.get("phase", "decode") == "decode"]
+    def from_points(cls, points: list[WorkloadPoint], **overrides) -> "TrafficShape":
+        pre = [p for p in points if p.phase == "prefill"]
+        dec = [p for p in points if p.phase == "decode"]
         if not pre and not dec:
             raise CostModelError("no workload points to derive the traffic from")
 
         def wmean(ps, f):
-            w = sum(float(p.get("weight", 1.0)) for p in ps) or len(ps)
-            return sum(f(p) * float(p.get("weight", 1.0)) for p in ps) / w if ps else None
+            w = sum(float(p.weight) for p in ps) or len(ps)
+            return sum(f(p) * float(p.weight) for p in ps) / w if ps else None
 
-        isl = wmean(pre, lambda p: int(p.get("context", 0)) + int(p.get("chunk", 1)))
-        ctx = wmean(dec, lambda p: int(p.get("context", 0)))
+        isl = wmean(pre, lambda p: int(p.context) + int(p.chunk))
+        ctx = wmean(dec, lambda p: int(p.context))
         isl = int(round(isl)) if isl else max(1, int(round((ctx or 1024) * 0.8)))
         osl = max(16, int(round(2 * (ctx - isl)))) if ctx else cls.osl
-        chunk = max((int(p.get("chunk", 1)) for p in pre), default=cls.chunk)
+        chunk = max((int(p.chunk) for p in pre), default=cls.chunk)
         return cls(**{"isl": max(1, isl), "osl": osl, "chunk": max(chunk, 1), **overrides})
 
     @classmethod

@@ -16,7 +16,7 @@ _EXPORTS = {
     "make_workload": "workloads", "measure_suite": "measure", "CPU_SUITE": "measure", "profile_point": "profiler", "DEFAULT_BLOCK_SIZE": "ops.opdef",
     "EngineClient": "client", "Supervisor": "supervisor", "CandidateVerdict": "supervisor",
     "EngineStartError": "supervisor", "startup_table": "supervisor", "ProtocolError": "io_struct",
-    "POINT_FIELDS": "io_struct", "point_key": "io_struct", "point_label": "io_struct",
+    "POINT_FIELDS": "io_struct", "WorkloadPoint": "io_struct", "point_key": "io_struct", "point_label": "io_struct",
     "RoutingSpec": "routing", "RoutingError": "routing", "is_loopback": "server",
     "watch_parent": "lifeline", "stray_processes": "lifeline",
     "driver_version": "versions", "package_version": "versions", "software_versions": "versions",

@@ -14,6 +14,10 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from persistent_engine.io_struct import WorkloadPoint
 
 T_MAIN = time.time()
 PARENT_ENV = "TKCC_ENGINE_PARENT_PID"       # set by the supervisor: leave when that process is gone
@@ -65,7 +69,10 @@ def parse_layers(text: str | None):
     return list(range(n))
 
 
-def parse_points(text: str | None) -> list[dict]:
+def parse_points(text: str | None) -> list[WorkloadPoint]:
+    """``--points``: a JSON list of point maps (or a file holding one), the CLI's boundary."""
+    from persistent_engine.io_struct import WorkloadPoint
+
     if not text:
         return []
     raw = open(text).read() if os.path.exists(text) else text
@@ -76,7 +83,10 @@ def parse_points(text: str | None) -> list[dict]:
     if not isinstance(points, list) or not all(isinstance(p, dict) and "phase" in p and "batch" in p
                                                for p in points):
         raise ValueError("--points must be a JSON list of workload point objects")
-    return points
+    try:
+        return [WorkloadPoint.from_dict(p) for p in points]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--points has a bad workload point: {e}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

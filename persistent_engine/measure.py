@@ -37,13 +37,15 @@ from __future__ import annotations
 import statistics
 import time
 
-
-def _d(batch: int, context: int) -> dict:
-    return {"phase": "decode", "batch": batch, "context": context, "chunk": 1, "weight": 1.0}
+from persistent_engine.io_struct import WorkloadPoint
 
 
-def _p(chunk: int, context: int = 0, batch: int = 1) -> dict:
-    return {"phase": "prefill", "batch": batch, "context": context, "chunk": chunk, "weight": 1.0}
+def _d(batch: int, context: int) -> WorkloadPoint:
+    return WorkloadPoint("decode", batch, context, 1, 1.0)
+
+
+def _p(chunk: int, context: int = 0, batch: int = 1) -> WorkloadPoint:
+    return WorkloadPoint("prefill", batch, context, chunk, 1.0)
 
 
 # The CPU suite: the tiny models whole and one llama-1b layer (embeddings and its 128k-vocab lm_head
@@ -59,7 +61,7 @@ CPU_SUITE = [
 ]
 
 
-def _points_of(suite: list) -> list[tuple[str, object, dict]]:
+def _points_of(suite: list) -> list[tuple[str, object, WorkloadPoint]]:
     return [(model, layers, p) for model, layers, points in suite for p in points]
 
 
@@ -67,7 +69,7 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
                   budget_s: float | None = None, seed: int = 0, threads: int | None = 1,
                   clock: str | None = None) -> list[dict]:
     """Measurement dicts (``cost_model.calibration`` format, plus ``samples`` and ``spread``) for
-    every point of ``suite`` = [(model name, layers | None, [point dict, ...]), ...], in order.
+    every point of ``suite`` = [(model name, layers | None, [WorkloadPoint, ...]), ...], in order.
 
     ``threads``: torch intra-op threads on CPU while measuring (1: the cost model's CPU probe is
     one core's figures, and one thread is what stays repeatable on a shared machine). ``clock``:
@@ -105,10 +107,10 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
                 built.append((model, point, m, wl))
             for model, point, m, wl in built:
                 row = {"model": model, "layers": list(m.layers), "dtype": "bf16",
-                       "point": dict(point), "impl": "reference", "graph": None}
+                       "point": point.to_dict(), "impl": "reference", "graph": None}
                 step, graph = (lambda m=m, wl=wl: m.step(wl)), False
                 if dev.type == "cuda":
-                    error = None if point.get("phase", "decode") == "decode" else _host_sync(torch, m, wl)
+                    error = None if point.phase == "decode" else _host_sync(torch, m, wl)
                     if error is None:
                         step, error = _capture(torch, m, wl, pool, dev)
                     graph = error is None

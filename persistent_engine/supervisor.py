@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from persistent_engine.client import EngineClient, EngineDied, EngineTimeout
-from persistent_engine.io_struct import ErrorReply, PointTiming, Reply
+from persistent_engine.io_struct import ErrorReply, PointTiming, Reply, WorkloadPoint
 from persistent_engine.server import TOKEN_ENV, make_token
 
 STAGES = ("process", "imports", "weights", "kv_cache", "warmup", "calibration", "graph_capture")
@@ -68,7 +68,7 @@ def describe_exit(rc: int | None) -> str:
 
 class Supervisor:
     def __init__(self, model: str, layers: list[int] | int | None = None, device: str = "cpu",
-                 points: list[dict] | None = None, *, dtype: str = "bf16", variants: int = 2,
+                 points: list[WorkloadPoint] | None = None, *, dtype: str = "bf16", variants: int = 2,
                  samples: int = 0, start_timeout_s: float = 900.0, env: dict | None = None,
                  python: str = sys.executable, log: Callable[[str], None] | None = None,
                  cuda_graph: bool = True, auto_restart: bool = True, inputs: dict | None = None,
@@ -108,7 +108,7 @@ class Supervisor:
         if self.points:
             path = os.path.join(self._dir, "points.json")
             with open(path, "w") as f:
-                json.dump(self.points, f)
+                json.dump([p.to_dict() for p in self.points], f)
             cmd += ["--points", path]
         if not self.cuda_graph:
             cmd.append("--no-cuda-graph")

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from persistent_engine.io_struct import WorkloadPoint
+from persistent_engine.ops.opdef import new_tokens
 from persistent_engine.routing import RoutingError, RoutingSpec, plant_routing
 from persistent_engine.workloads import make_workload
 
@@ -69,7 +71,7 @@ class TierInputs:
         d = {"tokens": tokens, "routing": self.routing.to_dict(), "prefix_share": self.prefix_share}
         return {**d, "weights": self.weights} if self.weights else d
 
-    def workload(self, model, point: dict, seed: int):
+    def workload(self, model, point: WorkloadPoint, seed: int):
         """``make_workload`` with these tokens, then the batch's shared prefix."""
         if self.tokens == "ids":
             wl = make_workload(model, point, seed=seed, token_ids=self._windows(point, seed))
@@ -79,18 +81,17 @@ class TierInputs:
             share_prefix(wl, int(self.prefix_share * wl.context))
         return wl
 
-    def build(self, model, points: list[dict], variants: int, seed: int) -> tuple[list[list], dict]:
+    def build(self, model, points: list[WorkloadPoint], variants: int, seed: int) -> tuple[list[list], dict]:
         """The engine's workloads ([point][variant], the engine's seeds) and the routing they measured
         after the routers were rebuilt for all of them (``plant``)."""
         ws = [[self.workload(model, p, seed=seed * 1000 + 17 * i + v) for v in range(variants)]
               for i, p in enumerate(points)]
         return ws, self.plant(model, [w for row in ws for w in row], seed)
 
-    def _windows(self, point: dict, seed: int) -> torch.Tensor:
+    def _windows(self, point: WorkloadPoint, seed: int) -> torch.Tensor:
         """[batch * chunk] ids: sequence b's chunk is the trace's tokens from offset + b * (context + chunk)
         on (its cached context precedes them there), cyclic over the logged ids."""
-        batch, context = int(point.get("batch", 1)), int(point.get("context", 0))
-        chunk = 1 if point.get("phase", "decode") == "decode" else int(point.get("chunk", 1))
+        batch, context, chunk = int(point.batch), int(point.context), new_tokens(point)
         pool = torch.tensor(self.token_ids, dtype=torch.long)
         start = (int(seed) * 7919) % pool.numel()
         seq = start + torch.arange(batch)[:, None] * (context + chunk) + context + torch.arange(chunk)[None, :]

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from persistent_engine.io_struct import WorkloadPoint
+
 _perf_counter_ns = time.perf_counter_ns
 _cuda_available = torch.cuda.is_available
 _Event = torch.cuda.Event
@@ -201,15 +203,15 @@ def recover_after_capture(device: torch.device) -> bool:
     return False
 
 
-def graph_plan(points: list[dict], device_type: str, enabled: bool,
+def graph_plan(points: list[WorkloadPoint], device_type: str, enabled: bool,
                batch_sizes: list[int] | None = None) -> list[str | None]:
     """Per point: None to capture it in a CUDA graph, else why it is timed eagerly."""
     if device_type != "cuda":
         return [f"{device_type}: no CUDA graphs"] * len(points)
     if not enabled:
         return ["CUDA graphs off"] * len(points)
-    return [None if batch_sizes is None or int(p.get("batch", 1)) in batch_sizes
-            else f"batch {p.get('batch', 1)} not in cuda_graph_batch_sizes" for p in points]
+    return [None if batch_sizes is None or int(p.batch) in batch_sizes
+            else f"batch {p.batch} not in cuda_graph_batch_sizes" for p in points]
 
 
 def describe_error(e: BaseException, limit: int = 300) -> str:

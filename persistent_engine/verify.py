@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from persistent_engine.io_struct import Check
+from persistent_engine.io_struct import Check, WorkloadPoint
 from persistent_engine.ops.moe import route_weights
 
 LOGIT_RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 3e-2, torch.bfloat16: 5e-2}
@@ -56,7 +56,7 @@ def _same_kind(out, ref: torch.Tensor, where: str) -> str | None:
     return None
 
 
-def op_check_floor_bytes(op_names: list[str], spec, points: list[dict]) -> int:
+def op_check_floor_bytes(op_names: list[str], spec, points: list[WorkloadPoint]) -> int:
     """Bytes the largest op-level check of ``op_names`` holds at its smallest shape (``OpDef.fit`` with no
     budget; ops without ``fit`` and ``check_bytes``: 0): what the judge keeps free of executors
     (``judge/memory.py``). GLM-5.2's moe_experts: 16 experts, ~19 GB."""
@@ -73,7 +73,7 @@ def op_check_floor_bytes(op_names: list[str], spec, points: list[dict]) -> int:
     return floor
 
 
-def op_level(op_names: list[str], overrides: dict, spec, points: list[dict], device: torch.device,
+def op_level(op_names: list[str], overrides: dict, spec, points: list[WorkloadPoint], device: torch.device,
              dtype: torch.dtype, seed: int, budget: int | None = None, check=None) -> list[Check]:
     """``check_op`` for each overridden op at the points' shapes and the odd-size examples. ``budget``:
     bytes an op's check may hold; an op with a ``fit`` is checked at a shape within it (the layer-level

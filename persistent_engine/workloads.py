@@ -1,6 +1,6 @@
 """Workloads: the inputs of one forward step at a workload point, with the paged KV cache filled.
 
-A point is ``{"phase": "decode"|"prefill", "batch", "context", "chunk", "weight"}`` (docs/internals.md):
+A point is an ``io_struct.WorkloadPoint`` (phase "decode" | "prefill", batch, context, chunk, weight):
 decode runs ``batch`` sequences with ``context`` cached tokens and one new token each; prefill runs a
 chunk of ``chunk`` new tokens per sequence on top of ``context`` cached ones. ``model.step(wl)`` may
 run any number of times on the same workload: it writes the new tokens' K/V to the same slots.
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.kv_cache import KVCache
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
 
@@ -40,7 +41,7 @@ class Workload:
     cu_seqlens_q: torch.Tensor       # [B + 1] int32
     last_token_index: torch.Tensor   # [B] int64: row of each sequence's last new token
     cache: KVCache
-    point: dict = field(default_factory=dict)
+    point: WorkloadPoint = field(default_factory=WorkloadPoint)
 
     @property
     def block_tables(self) -> torch.Tensor:
@@ -61,29 +62,29 @@ def _draw_tokens(vocab: int, n: int, seed: int, dist: str) -> torch.Tensor:
     raise WorkloadError(f"unknown token distribution {dist!r}; use uniform or zipf")
 
 
-def make_workload(model, point: dict, seed: int = 0, *, cache: KVCache | None = None,
+def make_workload(model, point: WorkloadPoint, seed: int = 0, *, cache: KVCache | None = None,
                   token_ids: torch.Tensor | None = None, fill: str = "random", tokens: str = "uniform",
                   block_size: int | None = None, capacity: int | None = None) -> Workload:
     """The workload of ``point`` for ``model``. ``cache``: reuse a cache (e.g. one a previous prefill
     filled; ``fill`` is then ignored); ``token_ids``: the step's tokens [batch * chunk] instead of random
     ones; ``capacity``: tokens per sequence to allocate (default context + chunk)."""
-    phase = point.get("phase", "decode")
+    phase = point.phase
     if phase not in ("decode", "prefill"):
         raise WorkloadError(f"unknown phase {phase!r}; use decode or prefill")
-    batch, context = int(point.get("batch", 1)), int(point.get("context", 0))
-    chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
+    batch, context = int(point.batch), int(point.context)
+    chunk = 1 if phase == "decode" else int(point.chunk)
     if batch < 1 or context < 0 or chunk < 1:
         raise WorkloadError(f"bad workload point {point}: need batch >= 1, context >= 0, chunk >= 1")
     total = context + chunk
     if total > model.max_positions:
         raise WorkloadError(f"context {context} + chunk {chunk} exceeds the model's {model.max_positions} positions")
     dev = model.device
-    bs = int(block_size or point.get("block_size", DEFAULT_BLOCK_SIZE))
+    bs = int(block_size or DEFAULT_BLOCK_SIZE)
     if cache is None:
         cap = max(int(capacity or 0), total)
         cache = model.alloc_cache(batch, cap, block_size=bs, seed=seed, fill="zeros" if fill != "random" else "random")
         if fill == "model" and context > 0:
-            pre = make_workload(model, {"phase": "prefill", "batch": batch, "context": 0, "chunk": context}, seed + 1,
+            pre = make_workload(model, WorkloadPoint("prefill", batch, 0, context), seed + 1,
                                 cache=cache, tokens=tokens)
             model.step(pre)
             cache.commit_states()           # recurrent layers: the prefill's states are the context's
@@ -102,7 +103,7 @@ def make_workload(model, point: dict, seed: int = 0, *, cache: KVCache | None = 
     return Workload(phase=phase, batch=batch, context=context, chunk=chunk, token_ids=ids.to(dev), positions=pos.to(dev),
                     slot_mapping=slots, context_lens=torch.full((batch,), total, dtype=torch.int32, device=dev),
                     cu_seqlens_q=cu.to(dev), last_token_index=(cu[1:] - 1).long().to(dev), cache=cache,
-                    point=dict(point))
+                    point=point)
 
 
 def relayout_workload(model, wl, block_size: int, seed: int):

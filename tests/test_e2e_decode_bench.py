@@ -13,6 +13,7 @@ import torch
 
 from compiler import plan as plan_mod
 from compiler.compose import Part, compose
+from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.workloads import make_workload
 
@@ -60,7 +61,7 @@ def write_plan(root: Path, name: str, source: str, model: str = "tiny-dense",
     plan = plan_mod.Plan(
         model=model, hw="cpu", detected_device={"kind": "cpu", "name": "x86_64"},
         software={"torch": "x"}, traffic={"source": "t", "hash": "h", "summary": {}},
-        workload_points=({"phase": "decode", "batch": 2, "context": 24, "chunk": 1, "weight": 1.0},),
+        workload_points=(WorkloadPoint(phase="decode", batch=2, context=24, chunk=1, weight=1.0),),
         optimizations=(opt,), plan_speedup={"fast": 1.2, "slow": 1.1, "per_point": []},
         tiers={"fast": {"layers": [0]}, "slow": {"layers": [0, 1]}})
     return plan_mod.write_version(root, plan, sources={f"kernels/{name}.py": source},
@@ -175,7 +176,7 @@ def test_moe_slices_are_also_checked_with_routing_replay():
 
     torch.manual_seed(0)
     model = build_model(ModelSpec.from_name("tiny-moe"), device="cpu", dtype=torch.bfloat16, seed=0)
-    wl = make_workload(model, {"phase": "decode", "batch": 64, "context": 16}, 0)
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=64, context=16), 0)
     ref = model.step(wl).clone()
     ok = bench.replay_agreement(model, wl, overrides_of(ROUTER_NUDGE.replace("AMP", "2e-2")), ref, torch.bfloat16)
     assert ok["ok"] and ok["replayed"] and ok["reason"] is None and ok["rel_err"] < 0.05, ok
@@ -183,7 +184,7 @@ def test_moe_slices_are_also_checked_with_routing_replay():
     bad = bench.replay_agreement(model, wl, overrides_of(ROUTER_NUDGE.replace("AMP", "0.5")), ref, torch.bfloat16)
     assert not bad["ok"] and "MoE routing differs beyond ties" in bad["reason"], bad
     dense = build_model(ModelSpec.from_name("tiny-dense"), device="cpu", dtype=torch.bfloat16, seed=0)
-    dwl = make_workload(dense, {"phase": "decode", "batch": 2, "context": 16}, 0)
+    dwl = make_workload(dense, WorkloadPoint(phase="decode", batch=2, context=16), 0)
     assert bench.replay_agreement(dense, dwl, {}, dense.step(dwl), torch.bfloat16) is None
 
 

@@ -11,6 +11,7 @@ from agents.templates import Choice, get_template, render_candidate
 from compiler import apply as plan_apply
 from compiler import plan as plan_mod
 from compiler.compose import Part, compose
+from persistent_engine.io_struct import WorkloadPoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_knobs.py"
 spec = importlib.util.spec_from_file_location("plan_knobs_under_test", SCRIPT)
@@ -30,7 +31,7 @@ def template_plan(root: Path, impl: str = "fp32_add", description: str | None = 
     plan = plan_mod.Plan(
         model="tiny-dense", hw="cpu", detected_device={"kind": "cpu", "name": "x86_64"}, software={"torch": "x"},
         traffic={"source": "t", "hash": "h", "summary": {}},
-        workload_points=({"phase": "decode", "batch": 2, "context": 24, "chunk": 1, "weight": 1.0},),
+        workload_points=(WorkloadPoint(phase="decode", batch=2, context=24, chunk=1, weight=1.0),),
         optimizations=(opt,), plan_speedup={"fast": 1.1, "slow": 1.1, "per_point": []},
         tiers={"fast": {"layers": [0]}, "slow": {"layers": [0, 1]}})
     return plan_mod.write_version(root, plan, sources={"kernels/farn.py": source},

@@ -32,17 +32,19 @@ from .trace import Trace
 class WorkloadPoint:
     phase: str          # "decode" | "prefill"
     batch: int          # sequences in the step
-    context: int        # tokens already in the KV cache per sequence
-    chunk: int          # new tokens per sequence (1 for decode)
-    weight: float       # share of GPU time spent at this point (all points sum to 1)
+    context: int = 0    # tokens already in the KV cache per sequence
+    chunk: int = 1      # new tokens per sequence (1 for decode)
+    weight: float = 1.0  # share of GPU time spent at this point (all points sum to 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "WorkloadPoint":
-        return cls(phase=str(d["phase"]), batch=int(d["batch"]), context=int(d["context"]),
-                   chunk=int(d["chunk"]), weight=float(d["weight"]))
+        """A point stored as a map (JSON: profiles, calibration files); the map may leave out ``phase``
+        (decode), ``context`` (0), ``chunk`` (1) and ``weight`` (1)."""
+        return cls(phase=str(d.get("phase", "decode")), batch=int(d["batch"]), context=int(d.get("context", 0)),
+                   chunk=int(d.get("chunk", 1)), weight=float(d.get("weight", 1.0)))
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,6 @@ def _finish(dec, pre, ttft, tpot, t_end, idle, rejected, trace: Trace, cfg: Sche
     return Workload(tuple(points), summary, cfg)
 
 
-def workload_points(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig()) -> list[dict]:
-    """The points as plain dicts (the cross-package form)."""
-    return [p.to_dict() for p in replay(trace, step_time, cfg).points]
+def workload_points(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig()) -> list[WorkloadPoint]:
+    """The replay's workload points."""
+    return list(replay(trace, step_time, cfg).points)

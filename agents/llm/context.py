@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from persistent_engine import POINT_FIELDS, point_key
+from persistent_engine import WorkloadPoint, point_key
 
 # cost-model reference op name -> registry op (names that are registry ops map to themselves)
 _AS_REGISTRY = {"final_norm": "fused_add_rms_norm", "qk_norm": "rms_norm", "q_a_norm": "rms_norm",
@@ -36,10 +36,10 @@ def registry_op(name: str, cls: str, known: Sequence[str]) -> str | None:
     return mapped if mapped in known else None
 
 
-def _measured(profile: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, float]:
+def _measured(profile: Mapping[str, Any], point: WorkloadPoint) -> dict[str, float]:
     """``{op: ms}`` of the profile row for ``point`` (matched on phase, batch, context, chunk)."""
     for row in (profile.get("per_point") or []) if isinstance(profile, Mapping) else []:
-        if point_key(row.get("point") or {}) == point_key(point):
+        if point_key(row.get("point") or {}) == point.key:        # the profile's rows: JSON maps
             out = {}
             for op, v in (row.get("ops") or {}).items():
                 ms = v.get("ms") if isinstance(v, Mapping) else v
@@ -63,7 +63,7 @@ def hardware(hw_name: str | None) -> dict:
                                      for k, v in hw.tflops.items() if v}}
 
 
-def roofline(spec: Any, hw_name: str | None, points: Sequence[Mapping[str, Any]],
+def roofline(spec: Any, hw_name: str | None, points: Sequence[WorkloadPoint],
              profile: Mapping[str, Any], known_ops: Sequence[str], op: str | None = None) -> dict:
     """Per workload point, per registry op: FLOPs, bytes, roofline vs measured ms (see the module
     docstring); ``op`` keeps one op. Points are ordered as given (with their traffic weight)."""
@@ -79,9 +79,8 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[Mapping[str, Any]]
         layers.setdefault(spec.layer_kind(i), i)
     out = []
     for p in points:
-        phase = p.get("phase", "decode")
-        batch, ctx = int(p.get("batch", 1)), int(p.get("context", 0))
-        n = int(p.get("chunk", 1)) if phase == "prefill" else 1
+        batch, ctx = int(p.batch), int(p.context)
+        n = int(p.chunk) if p.phase == "prefill" else 1
         rows: dict[str, dict] = {}
         for o in reference_step_ops(spec, Layout(), batch, n, ctx, sorted(layers.values()), 1.0):
             name = registry_op(o.name, o.cls, known_ops)
@@ -112,8 +111,7 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[Mapping[str, Any]]
                         "flops": r["flops"], "bytes": r["bytes"],
                         "flops_per_byte": round(r["flops"] / r["bytes"], 2) if r["bytes"] else None,
                         "cost_model_rows": sorted(set(r["parts"]))})
-        out.append({"point": {k: p.get(k) for k in (*POINT_FIELDS, "weight")},
-                    "ops": ops})
+        out.append({"point": p.to_dict(), "ops": ops})
     return {"hardware": hw.name, "layers": layers, "points": out,
             "note": "roofline_ms: max(bytes/bandwidth, flops/peak) of the reference op's traffic, no launch "
                     "cost; achieved = roofline_ms / measured_ms (1 is at the roofline)"}

@@ -168,7 +168,7 @@ class ToolBox:
     # -- reading -------------------------------------------------------------------------------
     def _read_profile(self) -> dict:
         return {"ms_per_op": op_costs(self.ctx.profile), "profile": self.ctx.profile,
-                "points": list(self.ctx.points)}
+                "points": [p.to_dict() for p in self.ctx.points]}
 
     def _read_roofline(self, op: str | None = None) -> dict:
         return context.roofline(self.ctx.spec, self.ctx.hw, self.ctx.points, self.ctx.profile,

@@ -48,6 +48,7 @@ class Worker:
         import torch
 
         from persistent_engine import guards, timing
+        from persistent_engine.io_struct import WorkloadPoint
         from persistent_engine.models.decoder import _resolve_layers, make_decoder
         from persistent_engine.models.spec import ModelSpec
         from persistent_engine.ops import registry
@@ -69,7 +70,7 @@ class Worker:
             params = {k[len("weight."):]: (t if self.device.type == "cpu" else t.to(self.device))
                       for k, t in shared.items() if k.startswith("weight.") and k != "weight.cos_sin"}
         self.model = make_decoder(spec, layers, params, self.device, self.dtype)
-        self.points = init["points"]
+        self.points = [WorkloadPoint.from_dict(p) for p in init["points"]]     # msgpack maps: the wire
         self.workloads = []
         for i, p in enumerate(self.points):
             row = []

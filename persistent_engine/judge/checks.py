@@ -6,7 +6,7 @@ twice, ``run_candidate``); the judge draws the same inputs meanwhile and decides
 ``layer_level``: the slice with the overrides run by the executor on the judge's workloads (``remote_steps``:
 every point and variant in one request), its logits against the judge's reference. ``spot_check``: timed runs
 fetched at random against the judge's own reference on the same (chained) token ids. ``default_points``,
-``point_label``, ``weight_share``: the workload points, their labels in replies, their relative weights.
+``weight_share``: the workload points and their relative weights.
 """
 
 from __future__ import annotations
@@ -15,23 +15,21 @@ import torch
 
 from persistent_engine import guards, verify
 from persistent_engine.judge import memory
-from persistent_engine.io_struct import point_label
+from persistent_engine.io_struct import WorkloadPoint
 
 
-def default_points(device: str) -> list[dict]:
+def default_points(device: str) -> list[WorkloadPoint]:
     if device.startswith("cuda"):
-        return [{"phase": "decode", "batch": 1, "context": 1024, "chunk": 1, "weight": 0.4},
-                {"phase": "decode", "batch": 32, "context": 1024, "chunk": 1, "weight": 0.4},
-                {"phase": "prefill", "batch": 1, "context": 0, "chunk": 512, "weight": 0.2}]
-    return [{"phase": "decode", "batch": 1, "context": 24, "chunk": 1, "weight": 0.5},
-            {"phase": "decode", "batch": 3, "context": 40, "chunk": 1, "weight": 0.3},
-            {"phase": "prefill", "batch": 1, "context": 0, "chunk": 16, "weight": 0.2}]
+        return [WorkloadPoint("decode", 1, 1024, 1, 0.4), WorkloadPoint("decode", 32, 1024, 1, 0.4),
+                WorkloadPoint("prefill", 1, 0, 512, 0.2)]
+    return [WorkloadPoint("decode", 1, 24, 1, 0.5), WorkloadPoint("decode", 3, 40, 1, 0.3),
+            WorkloadPoint("prefill", 1, 0, 16, 0.2)]
 
 
-def weight_share(points: list[dict], i: int) -> float:
+def weight_share(points: list[WorkloadPoint], i: int) -> float:
     """Point i's weight over the heaviest point's (``timing.samples_for``: minor points get fewer samples)."""
-    heaviest = max(float(p.get("weight", 1.0)) for p in points)
-    return float(points[i].get("weight", 1.0)) / heaviest if heaviest > 0 else 1.0
+    heaviest = max(float(p.weight) for p in points)
+    return float(points[i].weight) / heaviest if heaviest > 0 else 1.0
 
 
 def _nbytes(refs: tuple) -> int:
@@ -127,7 +125,7 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
     for (i, v, moe, refs), r in zip(todo, remote_steps(e, msgs, deadline)):
         if i in failed:
             continue
-        where = f"layer-level {point_label(e.points[i])} variant {v}"
+        where = f"layer-level {e.points[i].label()} variant {v}"
         for n, calls in (r.get("calls") or {}).items():
             if n in counted:
                 counted[n].calls += int(calls)
@@ -166,7 +164,7 @@ def _reference_on(e, i: int, v: int, ids):
     return ref
 
 
-def spot_check(e, i: int, p: dict, kept: list) -> str | None:
+def spot_check(e, i: int, p: WorkloadPoint, kept: list) -> str | None:
     """Timed runs picked at random after they ran (``kept``: ``ab.Fetched``, rows picked after the run),
     against this process's own reference on the same token ids (MoE points: the variant's reference,
     without the sequences the tie check left out). A chained run's link is checked first: the previous
@@ -174,7 +172,7 @@ def spot_check(e, i: int, p: dict, kept: list) -> str | None:
     from persistent_engine.judge.ab import chain_argmax_reason
 
     for f in kept:
-        where = f"spot re-check {point_label(p)} timed sample {f.pair}"
+        where = f"spot re-check {p.label()} timed sample {f.pair}"
         out = f.out.to(e.device) if isinstance(f.out, torch.Tensor) else f.out
         if f.link is not None:
             ids_prev, row0 = f.link

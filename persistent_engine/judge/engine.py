@@ -49,7 +49,7 @@ from persistent_engine.judge import checks as judging
 from persistent_engine.judge import memory
 from persistent_engine.judge.executors import (DEFAULT_CALL_S, EXECUTOR_START_S, POOL_SIZE,  # noqa: F401 (public face)
                                               ExecutorSide, elog)
-from persistent_engine.judge.checks import default_points, point_label, weight_share
+from persistent_engine.judge.checks import default_points, weight_share
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
@@ -82,7 +82,7 @@ class EngineConfig:
     layers: list[int] | None = None     # None: every layer
     device: str = "cpu"
     dtype: str = "bf16"
-    points: list[dict] = field(default_factory=list)   # empty: default_points(device)
+    points: list[WorkloadPoint] = field(default_factory=list)   # empty: default_points(device)
     seed: int = 0
     variants: int = 2                   # input variants per point (fresh inputs across samples)
     cuda_graph: bool = True
@@ -149,7 +149,7 @@ class Engine(ExecutorSide):
         self.dtype = DTYPES[config.dtype]
         self.spec = ModelSpec.from_name(config.model)
         self.layers = list(config.layers) if config.layers is not None else list(range(self.spec.num_layers))
-        self.points = [dict(p) for p in (config.points or default_points(config.device))]
+        self.points = list(config.points or default_points(config.device))
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))   # seeds, orders: unknown to executors
         self._dir = tempfile.mkdtemp(prefix="tkcc-judge-")
         self.op_params = {n: cand_mod.param_names(inspect.signature(registry.get(n).reference))
@@ -206,7 +206,7 @@ class Engine(ExecutorSide):
         self._arena_window = 0
         self._init = {"model": config.model, "model_config": config_of_path(config.model),  # executors' cwd differs
                       "layers": self.layers, "device": config.device,
-                      "dtype": str(self.dtype).removeprefix("torch."), "points": self.points,
+                      "dtype": str(self.dtype).removeprefix("torch."), "points": [p.to_dict() for p in self.points],
                       "variants": config.variants, "seed": config.seed, "threads": self.threads,
                       "weights": self.device_weights.spec if self.device_weights else None}
         self.pool: ExecutorPool | None = None   # started on the first candidate
@@ -474,7 +474,7 @@ class Engine(ExecutorSide):
         notes = self._config_notes()
         for i, p in enumerate(self.points):
             if i not in affected:
-                per_point.append(PointTiming(WorkloadPoint.from_dict(p), point_label(p), affected=False,
+                per_point.append(PointTiming(p, p.label(), affected=False,
                                              baseline_ms=self.base_ms[i], candidate_ms=self.base_ms[i], speedup=1.0))
                 continue
             graphed = i in cand_graphed
@@ -495,11 +495,11 @@ class Engine(ExecutorSide):
             r = judging.spot_check(self, i, p, res.kept)
             if r:
                 reasons.append(r)
-            r = guards.implausibly_fast(point_label(p), res.candidate.median_ms, self.floor_ms[i])
+            r = guards.implausibly_fast(p.label(), res.candidate.median_ms, self.floor_ms[i])
             if r:
                 reasons.append(r + (f" ({self.peak_bandwidth_gbs:g} GB/s ceiling)" if self.peak_bandwidth_gbs else ""))
             per_point.append(PointTiming(
-                WorkloadPoint.from_dict(p), point_label(p), affected=True, graph=graphed,
+                p, p.label(), affected=True, graph=graphed,
                 graph_error=None if graphed else (cand_errors.get(i) or self.graph_errors.get(i) or plan[i]),
                 baseline_ms=res.baseline.median_ms, baseline_iqr_ms=res.baseline.iqr_ms,
                 candidate_ms=res.candidate.median_ms, candidate_iqr_ms=res.candidate.iqr_ms,
@@ -548,7 +548,7 @@ class Engine(ExecutorSide):
         for i, p in enumerate(self.points):
             ops = profiler.profile_point(self.model, self.workloads[i][0], self.device)
             self.workload_guard.restore()
-            per_point.append(PointProfile(WorkloadPoint.from_dict(p), point_label(p), step_ms=self.base_ms[i],
+            per_point.append(PointProfile(p, p.label(), step_ms=self.base_ms[i],
                                           total_ms=sum(o["ms"] for o in ops.values()), ops=ops))
         return ProfileReply(message="baseline profile", per_point=per_point,
                             timer=timing.make_timer(self.device).name + "+sync per op")
@@ -556,7 +556,7 @@ class Engine(ExecutorSide):
     def status(self, req: Status) -> StatusReply:
         return StatusReply(message="ready", model=self.config.model, layers=self.layers,
                            device=str(self.device), dtype=self.config.dtype,
-                           points=[WorkloadPoint.from_dict(p) for p in self.points],
+                           points=list(self.points),
                            startup=self.startup, logit_noise=self.logit_noise, logit_tol=self.logit_tol,
                            served=self.served, pid=os.getpid(),
                            candidate=self.candidate.name if self.candidate else None,

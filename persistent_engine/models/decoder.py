@@ -3,7 +3,7 @@ lm_head. Every op goes through the registry (``persistent_engine.ops.registry.ca
 reaches every call site.
 
     model = build_model(ModelSpec.from_name("tiny-moe"), layers=spec.covering_layers())
-    wl = make_workload(model, {"phase": "decode", "batch": 4, "context": 100, "chunk": 1, "weight": 1})
+    wl = make_workload(model, WorkloadPoint("decode", batch=4, context=100))
     logits = model.step(wl)                       # [B, V] fp32
 
 Each block's input norm is fused with the block's first projection where that projection is the only

@@ -12,7 +12,7 @@ import torch
 
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.opdef import (DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator,
-                                         paged_layout, randint, randn, tokens)
+                                         paged_layout, paged_shape, randint, randn, tokens)
 
 
 # ----------------------------------------------------------------------------- rotary
@@ -149,15 +149,10 @@ def _prefill_inputs(shape, dtype, device, seed):
 
 def _attn_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if spec.attention != "gqa" or point.get("phase", "decode") != phase:
+        if spec.attention != "gqa" or point.phase != phase:
             return []
-        chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
-        s = {"B": int(point.get("batch", 1)), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
-             "Dv": spec.head_dim, "ctx": int(point.get("context", 0)) + chunk,
-             "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE))}
-        if phase == "prefill":
-            s["chunk"] = chunk
-        return [s]
+        return [{**paged_shape(point), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
+                 "Dv": spec.head_dim}]
     return shapes
 
 

@@ -146,7 +146,7 @@ def _lm_head_inputs(shape, dtype, device, seed):
 
 
 def _batch(point) -> int:
-    return int(point.get("batch", 1))
+    return int(point.batch)
 
 
 # ----------------------------------------------------------------------------- sample

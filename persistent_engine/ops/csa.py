@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine.ops.dsa import GATHER_BUDGET, _rows, token_seq_pos
-from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, paged_layout, randn
+from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, paged_layout, paged_shape, randn
 
 
 def _entry_mask(pos: torch.Tensor, seq: torch.Tensor, n_entries: torch.Tensor, ne: int, ratio: int,
@@ -130,9 +130,7 @@ def _indexer_inputs(shape, dtype, device, seed):
 def _v4_point(spec, point):
     if getattr(spec, "family", "") != "deepseek_v4":
         return None
-    chunk = 1 if point.get("phase", "decode") == "decode" else int(point.get("chunk", 1))
-    return {"B": int(point.get("batch", 1)), "chunk": chunk, "ctx": int(point.get("context", 0)) + chunk,
-            "BS": int(point.get("block_size", 16))}
+    return paged_shape(point, chunk_always=True)
 
 
 def _attention_shapes(spec, point) -> list[dict]:

@@ -32,8 +32,9 @@ import torch.nn.functional as F
 
 from persistent_engine.ops.attention import _ragged_lens
 from persistent_engine.ops.basic import _acc
+from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.ops.opdef import (DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator,
-                                         paged_layout, randn)
+                                         paged_layout, paged_shape, randn, tokens)
 
 # elements gathered at once by the references ([C, L, Di] keys or [C, K, L + R] latent rows): 2^26 fp32
 # values, 256 MiB, so a 2048-token prefill over an 8k context runs in bounded memory
@@ -56,7 +57,7 @@ def _layer_norm_inputs(shape, dtype, device, seed):
 def _layer_norm_shapes(spec, point) -> list[dict]:
     if not spec.sparse_attention:
         return []
-    return [{"x": [_tokens(point), spec.index_head_dim]}]
+    return [{"x": [tokens(point), spec.index_head_dim]}]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -159,11 +160,6 @@ def sparse_mla_prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch
 
 
 # ----------------------------------------------------------------------------- inputs and shapes
-def _tokens(point: dict) -> int:
-    chunk = 1 if point.get("phase", "decode") == "decode" else int(point.get("chunk", 1))
-    return int(point.get("batch", 1)) * max(chunk, 1)
-
-
 def _layout(g, shape, device):
     """(ragged context lens, block tables, context_lens, NB, cu_seqlens_q, chunk) of a shape dict."""
     b, chunk, bs = shape["B"], shape.get("chunk", 1), shape.get("BS", DEFAULT_BLOCK_SIZE)
@@ -214,14 +210,8 @@ def _sparse_inputs(phase: str):
     return make
 
 
-def _base_shape(spec, point) -> dict:
-    phase = point.get("phase", "decode")
-    chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
-    s = {"B": int(point.get("batch", 1)), "ctx": int(point.get("context", 0)) + chunk,
-         "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE)), "topk": spec.index_topk}
-    if phase == "prefill":
-        s["chunk"] = chunk
-    return s
+def _base_shape(spec, point: WorkloadPoint) -> dict:
+    return {**paged_shape(point), "topk": spec.index_topk}
 
 
 def _indexer_shapes(spec, point) -> list[dict]:
@@ -232,7 +222,7 @@ def _indexer_shapes(spec, point) -> list[dict]:
 
 def _sparse_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if not spec.sparse_attention or point.get("phase", "decode") != phase:
+        if not spec.sparse_attention or point.phase != phase:
             return []
         return [{**_base_shape(spec, point), "H": spec.num_heads, "L": spec.kv_lora_rank, "R": spec.qk_rope_head_dim,
                  "Dqk": spec.qk_nope_head_dim + spec.qk_rope_head_dim}]

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.moe import (_experts_fit, _experts_inputs, _experts_shapes, _route_canonical, _weights,
                                        expert_scores, experts_check_bytes, experts_forward)
-from persistent_engine.ops.opdef import DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, randint, randn, tokens
+from persistent_engine.ops.opdef import (DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, new_tokens,
+                                         randint, randn, tokens)
 
 
 def swiglu_clamp_and_mul(x: torch.Tensor, limit: float) -> torch.Tensor:
@@ -136,7 +137,7 @@ def _grouped_shapes(spec, point) -> list[dict]:
 def _compress_shapes(spec, point) -> list[dict]:
     if not _v4(spec):
         return []
-    ctx = int(point.get("context", 0)) + (1 if point.get("phase", "decode") == "decode" else int(point.get("chunk", 1)))
+    ctx = int(point.context) + new_tokens(point)
     return [{"S": ctx, "D": spec.head_dim, "r": r, "overlap": r == spec.csa_ratio}
             for r in sorted({r for r in spec.compress_ratios if r})]
 

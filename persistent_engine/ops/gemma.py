@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn, tokens
+from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, paged_shape, randn, tokens
 from persistent_engine.ops.window import _hidden, masked_decode, masked_prefill
 
 
@@ -60,14 +60,10 @@ def _with_cap(make):
 
 def _attn_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if not spec.attn_softcap or point.get("phase", "decode") != phase:
+        if not spec.attn_softcap or point.phase != phase:
             return []
-        chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
-        base = {"B": int(point.get("batch", 1)), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
-                "Dv": spec.head_dim, "ctx": int(point.get("context", 0)) + chunk,
-                "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE)), "cap": spec.attn_softcap}
-        if phase == "prefill":
-            base["chunk"] = chunk
+        base = {**paged_shape(point), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
+                "Dv": spec.head_dim, "cap": spec.attn_softcap}
         return [{**base, "window": w} for w in sorted({spec.layer_window(i) for i in range(spec.num_layers)})]
     return shapes
 
@@ -82,7 +78,7 @@ def _logit_inputs(shape, dtype, device, seed):
 
 
 def _logit_shapes(spec, point) -> list[dict]:
-    return [{"B": int(point.get("batch", 1)), "V": spec.vocab_size, "cap": spec.final_softcap}] if spec.final_softcap else []
+    return [{"B": int(point.batch), "V": spec.vocab_size, "cap": spec.final_softcap}] if spec.final_softcap else []
 
 
 OPS = [

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.moe import _experts_fit, _experts_inputs, experts_check_bytes, experts_forward
-from persistent_engine.ops.opdef import DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, randn, tokens
+from persistent_engine.ops.opdef import (DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, randn, seq_shape,
+                                         tokens)
 
 L2NORM_EPS = 1e-6           # FLA l2norm_fwd
 REF_CHUNK = 16              # tokens per chunk of the chunked reference (any size gives the same numbers)
@@ -219,13 +220,10 @@ def _kda_inputs(phase: str):
 
 def _kda_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if not any(getattr(spec, "kda_layers", ())) or point.get("phase", "decode") != phase:
+        if not any(getattr(spec, "kda_layers", ())) or point.phase != phase:
             return []
-        s = {"B": int(point.get("batch", 1)), "H": spec.kda_num_heads, "K": spec.kda_head_dim,
-             "V": spec.kda_head_dim, "lb": spec.kda_gate_lower_bound}
-        if phase == "prefill":
-            s["chunk"] = int(point.get("chunk", 1))
-        return [s]
+        return [{**seq_shape(point), "H": spec.kda_num_heads, "K": spec.kda_head_dim, "V": spec.kda_head_dim,
+                 "lb": spec.kda_gate_lower_bound}]
     return shapes
 
 
@@ -244,12 +242,9 @@ def _conv_inputs(phase: str):
 
 def _conv_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if not any(getattr(spec, "kda_layers", ())) or point.get("phase", "decode") != phase:
+        if not any(getattr(spec, "kda_layers", ())) or point.phase != phase:
             return []
-        s = {"B": int(point.get("batch", 1)), "D": 3 * spec.kda_num_heads * spec.kda_head_dim, "W": spec.kda_conv_size}
-        if phase == "prefill":
-            s["chunk"] = int(point.get("chunk", 1))
-        return [s]
+        return [{**seq_shape(point), "D": 3 * spec.kda_num_heads * spec.kda_head_dim, "W": spec.kda_conv_size}]
     return shapes
 
 

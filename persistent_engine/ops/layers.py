@@ -38,7 +38,7 @@ import torch
 from persistent_engine.ops import attention, basic, fused
 from persistent_engine.ops.kv_write import write_kv
 from persistent_engine.ops.opdef import (DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, SlotWrite, generator,
-                                         paged_layout, randint, randn)
+                                         paged_layout, paged_shape, randint, randn)
 
 # a layer chains six matmuls and the attention: its outputs carry a few more roundings than one GEMM's
 REGION_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -153,12 +153,11 @@ def dense_gqa(spec) -> bool:
 
 
 def _region_shape(spec, point) -> dict | None:
-    if not dense_gqa(spec) or point.get("phase", "decode") != "decode":
+    if not dense_gqa(spec) or point.phase != "decode":
         return None
-    return {"B": int(point.get("batch", 1)), "ctx": int(point.get("context", 0)) + 1, "H": spec.hidden_size,
-            "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim, "R": spec.rotary_dim or spec.head_dim,
-            "I": spec.intermediate_size, "bias": bool(spec.qkv_bias),
-            "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE))}
+    return {**paged_shape(point), "H": spec.hidden_size, "Hq": spec.num_heads, "Hk": spec.num_kv_heads,
+            "Dh": spec.head_dim, "R": spec.rotary_dim or spec.head_dim, "I": spec.intermediate_size,
+            "bias": bool(spec.qkv_bias)}
 
 
 def _qkv_kv_shapes(spec, point) -> list[dict]:

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.opdef import DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, dedup, generator, randn, tokens
+from persistent_engine.ops.opdef import (DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, dedup, generator, randn,
+                                         seq_shape, tokens)
 
 L2_EPS = 1e-6
 # the recurrent state accumulates over tokens: bf16 inputs get matmul-level slack on outputs and states
@@ -248,13 +249,11 @@ def _dims(spec) -> dict:
 
 def _phase_shapes(phase: str, kind: str):
     def shapes(spec, point) -> list[dict]:
-        if not spec.linear_layers or point.get("phase", "decode") != phase:
+        if not spec.linear_layers or point.phase != phase:
             return []
-        b = int(point.get("batch", 1))
-        extra = {} if phase == "decode" else {"chunk": int(point.get("chunk", 1))}
         if kind == "conv":
-            return [{"B": b, "C": spec.linear_conv_dim, "K": spec.linear_conv_kernel, **extra}]
-        return [{"B": b, **_dims(spec), **extra}]
+            return [{**seq_shape(point), "C": spec.linear_conv_dim, "K": spec.linear_conv_kernel}]
+        return [{**seq_shape(point), **_dims(spec)}]
     return shapes
 
 

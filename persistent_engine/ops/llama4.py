@@ -18,7 +18,7 @@ import torch
 from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.moe import _experts_fit, _experts_inputs, _experts_shapes, experts_check_bytes, moe_experts
-from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn, tokens
+from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, paged_shape, randn, tokens
 from persistent_engine.ops.window import masked_decode, masked_prefill
 
 
@@ -49,14 +49,10 @@ def _with_chunk(make):
 
 def _chunk_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if not spec.attention_chunk_size or point.get("phase", "decode") != phase:
+        if not spec.attention_chunk_size or point.phase != phase:
             return []
-        chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
-        s = {"B": int(point.get("batch", 1)), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
-             "Dv": spec.head_dim, "ctx": int(point.get("context", 0)) + chunk,
-             "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE)), "chunk_size": spec.attention_chunk_size}
-        if phase == "prefill":
-            s["chunk"] = chunk
+        s = {**paged_shape(point), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
+             "Dv": spec.head_dim, "chunk_size": spec.attention_chunk_size}
         return [s]
     return shapes
 

@@ -16,7 +16,7 @@ import torch
 from persistent_engine.ops.attention import (_ragged_lens, attention_decode, attention_prefill)
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.opdef import (DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator,
-                                         paged_layout, randn, tokens)
+                                         paged_layout, paged_shape, randn, tokens)
 
 
 def mla_q_absorb(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
@@ -78,15 +78,10 @@ def _mla_inputs(phase: str):
 
 def _mla_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if spec.attention != "mla" or point.get("phase", "decode") != phase:
+        if spec.attention != "mla" or point.phase != phase:
             return []
-        chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
-        s = {"B": int(point.get("batch", 1)), "H": spec.num_heads, "L": spec.kv_lora_rank, "R": spec.qk_rope_head_dim,
-             "ctx": int(point.get("context", 0)) + chunk, "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE)),
-             "Dqk": spec.qk_nope_head_dim + spec.qk_rope_head_dim}
-        if phase == "prefill":
-            s["chunk"] = chunk
-        return [s]
+        return [{**paged_shape(point), "H": spec.num_heads, "L": spec.kv_lora_rank, "R": spec.qk_rope_head_dim,
+                 "Dqk": spec.qk_nope_head_dim + spec.qk_rope_head_dim}]
     return shapes
 
 

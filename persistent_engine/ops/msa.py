@@ -26,8 +26,9 @@ import torch
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.dsa import GATHER_BUDGET, _chunk_out, _chunk_scores, _layout, _rows, token_seq_pos
 from persistent_engine.ops.moe import _experts_inputs, _experts_shapes, experts_forward
-from persistent_engine.ops.opdef import (DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn,
-                                         tokens)
+from persistent_engine.io_struct import WorkloadPoint
+from persistent_engine.ops.opdef import (DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator,
+                                         paged_shape, randn, tokens)
 
 
 # ----------------------------------------------------------------------------- swigluoai
@@ -177,15 +178,8 @@ def _attn_inputs(phase: str):
     return make
 
 
-def _shape(spec, point) -> dict:
-    phase = point.get("phase", "decode")
-    chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
-    s = {"B": int(point.get("batch", 1)), "ctx": int(point.get("context", 0)) + chunk,
-         "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE)), "Hk": spec.num_kv_heads, "MB": spec.msa_block_size,
-         "topk": spec.msa_topk_blocks}
-    if phase == "prefill":
-        s["chunk"] = chunk
-    return s
+def _shape(spec, point: WorkloadPoint) -> dict:
+    return {**paged_shape(point), "Hk": spec.num_kv_heads, "MB": spec.msa_block_size, "topk": spec.msa_topk_blocks}
 
 
 def _topk_shapes(spec, point) -> list[dict]:
@@ -197,7 +191,7 @@ def _topk_shapes(spec, point) -> list[dict]:
 
 def _attn_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if not spec.msa_block_size or point.get("phase", "decode") != phase:
+        if not spec.msa_block_size or point.phase != phase:
             return []
         return [{**_shape(spec, point), "Hq": spec.num_heads, "Dh": spec.head_dim}]
     return shapes

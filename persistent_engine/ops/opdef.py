@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import torch
 
+from persistent_engine.io_struct import WorkloadPoint
+
 # (atol, rtol) by dtype for elementwise-ish ops; ops with long reductions pass their own table.
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-4, 1e-4),
@@ -56,7 +58,7 @@ class OpDef:
     reference: Callable[..., Any]
     signature: str                                   # documented shapes, dtypes and semantics
     make_inputs: Callable[[dict, torch.dtype, Any, int], tuple]
-    shapes: Callable[[Any, dict], list[dict]]        # (ModelSpec, workload point) -> shape dicts
+    shapes: Callable[[Any, WorkloadPoint], list[dict]]   # (ModelSpec, workload point) -> shape dicts
     examples: tuple[dict, ...]                       # small shapes (odd sizes) for contract tests
     outputs: int = 1                                 # number of returned tensors (1: a bare tensor)
     tolerances: dict = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
@@ -105,10 +107,27 @@ def randint(g: torch.Generator, high: int, shape, device, dtype=torch.int64) -> 
     return torch.randint(0, int(high), tuple(shape), generator=g, device=device, dtype=dtype)
 
 
-def tokens(point: dict) -> int:
-    """Tokens in flight at a workload point: batch x chunk (chunk 1 for decode)."""
-    chunk = 1 if point.get("phase", "decode") == "decode" else int(point.get("chunk", 1))
-    return int(point.get("batch", 1)) * max(chunk, 1)
+def new_tokens(point: WorkloadPoint) -> int:
+    """New tokens per sequence at a workload point: 1 for decode, the chunk for prefill."""
+    return 1 if point.phase == "decode" else max(int(point.chunk), 1)
+
+
+def tokens(point: WorkloadPoint) -> int:
+    """Tokens in flight at a workload point: batch x new tokens per sequence."""
+    return int(point.batch) * new_tokens(point)
+
+
+def seq_shape(point: WorkloadPoint, chunk_always: bool = False) -> dict:
+    """The per-sequence part of an op's shape dict at a point: ``B`` sequences and, for prefill (or
+    ``chunk_always``), ``chunk`` new tokens per sequence (recurrent ops: no KV cache)."""
+    return {"B": int(point.batch), **({"chunk": new_tokens(point)} if chunk_always or point.phase == "prefill" else {})}
+
+
+def paged_shape(point: WorkloadPoint, chunk_always: bool = False) -> dict:
+    """The paged-KV part of an attention op's shape dict at a point: ``B`` sequences, ``ctx`` tokens in
+    the cache after the step (cached + new), ``BS`` block size, and for prefill (or ``chunk_always``)
+    ``chunk`` new tokens per sequence. The one place the attention ops read a point."""
+    return {**seq_shape(point, chunk_always), "ctx": int(point.context) + new_tokens(point), "BS": DEFAULT_BLOCK_SIZE}
 
 
 def dedup(shapes: list[dict]) -> list[dict]:

@@ -20,7 +20,7 @@ import torch
 from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs, gather_pages
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.dsa import GATHER_BUDGET, _chunk_out, _chunk_scores, token_seq_pos
-from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator, randn
+from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, paged_shape, randn
 
 
 def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
@@ -104,17 +104,13 @@ def _with_window(make):
 
 def _shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
-        if spec.attention != "gqa" or point.get("phase", "decode") != phase:
+        if spec.attention != "gqa" or point.phase != phase:
             return []
         windows = sorted({spec.layer_window(i) for i in range(spec.num_layers)} - {0})
         if not windows and not spec.attention_sinks:
             return []
-        chunk = 1 if phase == "decode" else int(point.get("chunk", 1))
-        base = {"B": int(point.get("batch", 1)), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
-                "Dv": spec.head_dim, "ctx": int(point.get("context", 0)) + chunk,
-                "BS": int(point.get("block_size", DEFAULT_BLOCK_SIZE)), "sinks": spec.attention_sinks}
-        if phase == "prefill":
-            base["chunk"] = chunk
+        base = {**paged_shape(point), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
+                "Dv": spec.head_dim, "sinks": spec.attention_sinks}
         return [{**base, "window": w} for w in windows or [0]]
     return shapes
 

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import torch
 
+from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.parallel.group import launch, pick_backend
 
 __all__ = ["DEFAULT_POINTS", "check_sharded", "compare_worker"]
 
-DEFAULT_POINTS = (
-    {"phase": "decode", "batch": 3, "context": 37, "chunk": 1, "weight": 1.0},
-    {"phase": "prefill", "batch": 2, "context": 9, "chunk": 5, "weight": 1.0},
-)
+DEFAULT_POINTS = (WorkloadPoint("decode", 3, 37, 1, 1.0), WorkloadPoint("prefill", 2, 9, 5, 1.0))
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCE = {"float32": (2e-4, 2e-4), "bfloat16": (5e-2, 5e-2)}
 
 
-def compare_worker(rank: int, world: int, cases: list, points: list, seed: int, device: str, dtype: str) -> list[dict]:
+def compare_worker(rank: int, world: int, cases: list, points: list[WorkloadPoint], seed: int, device: str, dtype: str) -> list[dict]:
     """One rank's comparison of every (model, tp, ep) case at every point."""
     import torch.distributed as dist
 
@@ -51,8 +49,8 @@ def compare_worker(rank: int, world: int, cases: list, points: list, seed: int, 
             got = sharded.step(swl)
             err = (got - want).abs()
             bound = atol + rtol * want.abs()
-            rows.append({"model": model_name, "layout": cfg.label(), "rank": rank, "phase": point["phase"],
-                         "batch": point["batch"], "context": point["context"],
+            rows.append({"model": model_name, "layout": cfg.label(), "rank": rank, "phase": point.phase,
+                         "batch": point.batch, "context": point.context,
                          "shape": list(got.shape), "max_abs_err": float(err.max()),
                          "max_ref": float(want.abs().max()),
                          "qkv_rows": int(sharded.params[f"layers.{ref.layers[0]}.qkv_w"].shape[0]),

@@ -19,9 +19,10 @@ from agents.testing import ScriptedLLMServer
 from bulletin_board import Board
 from llm_support import FIXTURES
 from persistent_engine.models.spec import ModelSpec
+from persistent_engine.io_struct import WorkloadPoint
 
-POINT = {"phase": "decode", "batch": 4, "context": 256, "chunk": 1, "weight": 1.0}
-PROFILE = {"per_point": [{"point": POINT, "ops": {"silu_and_mul": {"ms": 0.6}, "rms_norm": {"ms": 0.3},
+POINT = WorkloadPoint(phase="decode", batch=4, context=256, chunk=1, weight=1.0)
+PROFILE = {"per_point": [{"point": POINT.to_dict(), "ops": {"silu_and_mul": {"ms": 0.6}, "rms_norm": {"ms": 0.3},
                                                    "fused_add_rms_norm": {"ms": 0.3}}}]}
 IMPLEMENTATIONS = ["kernel-search", "anthropic", "openai"]
 

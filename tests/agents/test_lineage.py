@@ -17,9 +17,10 @@ from agents.llm import AnthropicAgent, AnthropicConfig, OpenAIAgent, OpenAIConfi
 from agents.offline import make_offline_agents
 from agents.testing import ScriptedLLMServer
 from llm_support import inline_judge, make_board
+from persistent_engine.io_struct import WorkloadPoint
 
-POINTS = [{"phase": "decode", "batch": 4, "context": 64, "chunk": 1, "weight": 1.0}]
-PROFILE = {"per_point": [{"point": POINTS[0], "ops": {"rms_norm": {"ms": 0.5}, "linear": {"ms": 2.0}}}]}
+POINTS = [WorkloadPoint(phase="decode", batch=4, context=64, chunk=1, weight=1.0)]
+PROFILE = {"per_point": [{"point": POINTS[0].to_dict(), "ops": {"rms_norm": {"ms": 0.5}, "linear": {"ms": 2.0}}}]}
 
 
 def _correct(verdict) -> bool:
@@ -134,7 +135,7 @@ def test_an_offline_agent_works_a_template_idea_posted_by_an_llm_agent(swarm_ctx
                "expect": ["rms_norm.torch_fused"]},
               {"tool_calls": [{"name": "post_idea", "input": {
                   "title": "rms_norm.torch_fused at its defaults", "target": "rms_norm", "body": "cheap to try",
-                  "template": "rms_norm.torch_fused", "knobs": {}, "point": POINTS[0]}}],
+                  "template": "rms_norm.torch_fused", "knobs": {}, "point": POINTS[0].to_dict()}}],
                "expect": ["knob_space", "OVERRIDES"]},
               {"text": "Posted for the template searchers.", "expect": ["template searchers"]}]
     with ScriptedLLMServer({"m": script}) as srv:

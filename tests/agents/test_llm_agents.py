@@ -13,13 +13,13 @@ from agents import AgentContext, board_evaluator, op_catalog, run_swarm
 from agents.llm import AnthropicAgent, AnthropicConfig, LLMBudget, OpenAIAgent, OpenAIConfig, SharedSpend
 from agents.testing import ScriptedLLMServer
 from llm_support import FIXTURES, make_board
+from persistent_engine.io_struct import WorkloadPoint
 
 RETRIES = 2
 PRICE = (3.0, 15.0)
-PROFILE = {"per_point": [{"point": {"phase": "decode", "batch": 4, "context": 256, "chunk": 1,
-                                    "weight": 1.0},
+PROFILE = {"per_point": [{"point": {"phase": "decode", "batch": 4, "context": 256, "chunk": 1, "weight": 1.0},
                           "ops": {"linear": {"ms": 1.2}, "rms_norm": {"ms": 0.3}}}]}
-POINTS = [{"phase": "decode", "batch": 4, "context": 256, "chunk": 1, "weight": 1.0}]
+POINTS = [WorkloadPoint(phase="decode", batch=4, context=256, chunk=1, weight=1.0)]
 
 
 def _cycle(tag: str) -> list[dict]:

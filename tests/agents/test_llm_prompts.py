@@ -7,6 +7,7 @@ import pytest
 from agents import AgentContext, OpInfo
 from agents.prompts import SYSTEM, cycle_prompt, op_costs, to_json
 from llm_support import make_board
+from persistent_engine.io_struct import WorkloadPoint
 
 ENGINE_PROFILE = {"timer": "perf_counter_ns", "per_point": [
     {"point": {"phase": "decode", "batch": 8, "weight": 0.75},
@@ -28,7 +29,7 @@ def test_cycle_prompt_carries_profile_points_ops_board_and_held_idea(tmp_path):
     run = board.create_run(model="tiny-dense", hw="cpu")
     idea = board.post_idea(run, author="agent-2", title="split-K linear", target="linear",
                            body="split K by 4 for batch <= 8")
-    points = [{"phase": "decode", "batch": 8, "context": 512, "chunk": 1, "weight": 0.75}]
+    points = [WorkloadPoint(phase="decode", batch=8, context=512, chunk=1, weight=0.75)]
     ops = {"linear": OpInfo("linear", "linear(x[..., K], weight[N, K], bias[N] | None)", "def linear")}
     ctx = AgentContext(board=board, run_id=run.id, evaluate=None, profile=ENGINE_PROFILE,
                        points=points, spec=None, ops=ops, deadline=time.monotonic() + 100)

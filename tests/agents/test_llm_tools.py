@@ -11,11 +11,12 @@ from agents import AgentContext, op_catalog
 from agents.llm import RESULT_CHARS, ToolBox, ToolCall
 from agents.llm.tools import SOURCE_CHARS
 from llm_support import make_board
+from persistent_engine.io_struct import WorkloadPoint
 
-POINTS = [{"phase": "decode", "batch": 4, "context": 256, "chunk": 1, "weight": 0.7},
-          {"phase": "prefill", "batch": 1, "context": 0, "chunk": 64, "weight": 0.3}]
-PROFILE = {"per_point": [{"point": POINTS[0], "ops": {"linear": {"ms": 0.8}, "rms_norm": {"ms": 0.1}}},
-                         {"point": POINTS[1], "ops": {"linear": {"ms": 3.0}}}]}
+POINTS = [WorkloadPoint(phase="decode", batch=4, context=256, chunk=1, weight=0.7),
+          WorkloadPoint(phase="prefill", batch=1, context=0, chunk=64, weight=0.3)]
+PROFILE = {"per_point": [{"point": POINTS[0].to_dict(), "ops": {"linear": {"ms": 0.8}, "rms_norm": {"ms": 0.1}}},
+                         {"point": POINTS[1].to_dict(), "ops": {"linear": {"ms": 3.0}}}]}
 
 
 @pytest.fixture()

@@ -14,6 +14,7 @@ from agents.templates import Choice, get_template, load_candidate, render_candid
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op, compare_outputs
+from persistent_engine.io_struct import WorkloadPoint
 
 NAME = "moe_experts.triton_fused"
 # small tiles so that the tiny shapes take several N and K blocks and several blocks per expert
@@ -207,7 +208,7 @@ def test_benchmark_search_finds_a_valid_setting():
     d, t = registry.get("moe_experts"), get_template(NAME)
     timer = bench.Timer("cpu", 1)
     for batch in (1, 9):                                         # 2 pairs (GEMV), 18 pairs (grouped)
-        point = {"phase": "decode", "batch": batch, "context": 16, "chunk": 1, "weight": 1.0}
+        point = WorkloadPoint(phase="decode", batch=batch, context=16, chunk=1, weight=1.0)
         (shape,) = d.shapes(model, point)
         args = d.make_inputs(shape, torch.bfloat16, "cpu", 0)
         ref_hi = (d.reference(*bench._upcast(args)),)
@@ -223,7 +224,7 @@ def test_cuda_graph_capture_at_qwen3_moe_dims():
     d = registry.get("moe_experts")
     spec = ModelSpec.from_name("qwen3-moe")
     for batch in (1, 16, 64):
-        (shape,) = d.shapes(spec, {"phase": "decode", "batch": batch, "context": 1, "chunk": 1, "weight": 1.0})
+        (shape,) = d.shapes(spec, WorkloadPoint(phase="decode", batch=batch, context=1, chunk=1, weight=1.0))
         args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
         eager = fn(*args)
         s = torch.cuda.Stream()
@@ -249,7 +250,7 @@ def test_cuda_runs_are_bitwise_repeatable_at_qwen3_moe_prefill():
     t, d = get_template(NAME), registry.get("moe_experts")
     spec = ModelSpec.from_name("qwen3-moe")
     dims = {"hidden": spec.hidden_size}
-    (shape,) = d.shapes(spec, {"phase": "prefill", "batch": 1, "context": 3778, "chunk": 3778, "weight": 1.0})
+    (shape,) = d.shapes(spec, WorkloadPoint(phase="prefill", batch=1, context=3778, chunk=3778, weight=1.0))
     args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
     rng, settings = random.Random(0), [t.default()]
     while len(settings) < 6:

@@ -25,21 +25,22 @@ from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
 from traffic_profiles import StepShape, SynthConfig, generate
+from persistent_engine.io_struct import WorkloadPoint
 
 TINY = ModelSpec.from_name("tiny-dense")
-POINT = {"phase": "decode", "batch": 8, "context": 64, "chunk": 1, "weight": 1.0}
+POINT = WorkloadPoint(phase="decode", batch=8, context=64, chunk=1, weight=1.0)
 
 
 def _profile(shares: dict[str, float], step_ms: float = 1.0) -> dict:
-    return {"per_point": [{"point": POINT, "step_ms": step_ms,
+    return {"per_point": [{"point": POINT.to_dict(), "step_ms": step_ms,
                            "ops": {op: {"ms": s, "calls": 1} for op, s in shares.items()}}]}
 
 
 # ----------------------------------------------------------------------------- strategies
 def test_op_shares_weights_points_by_their_share():
     prof = {"per_point": [
-        {"point": {**POINT, "weight": 0.75}, "ops": {"linear": {"ms": 2.0}, "rms_norm": {"ms": 1.0}}},
-        {"point": {**POINT, "weight": 0.25}, "ops": {"linear": {"ms": 1.0}, "attention_decode": {"ms": 4.0}}}]}
+        {"point": {**POINT.to_dict(), "weight": 0.75}, "ops": {"linear": {"ms": 2.0}, "rms_norm": {"ms": 1.0}}},
+        {"point": {**POINT.to_dict(), "weight": 0.25}, "ops": {"linear": {"ms": 1.0}, "attention_decode": {"ms": 4.0}}}]}
     shares = op_shares(prof)
     assert list(shares) == ["linear", "attention_decode", "rms_norm"]
     assert shares["linear"] == pytest.approx(1.75 / 3.5) and sum(shares.values()) == pytest.approx(1.0)
@@ -266,13 +267,13 @@ def _measured_profile() -> dict:
     rows, threads = [], torch.get_num_threads()
     torch.set_num_threads(1)            # as the engine runs (TKCC_ENGINE_THREADS): no oversubscription
     try:
-        for p in ({"phase": "decode", "batch": 1, "context": 32, "chunk": 1, "weight": 0.4},
-                  {"phase": "decode", "batch": 16, "context": 64, "chunk": 1, "weight": 0.4},
-                  {"phase": "prefill", "batch": 1, "context": 0, "chunk": 64, "weight": 0.2}):
+        for p in (WorkloadPoint(phase="decode", batch=1, context=32, chunk=1, weight=0.4),
+                  WorkloadPoint(phase="decode", batch=16, context=64, chunk=1, weight=0.4),
+                  WorkloadPoint(phase="prefill", batch=1, context=0, chunk=64, weight=0.2)):
             wl = make_workload(model, p, 0)
             with torch.inference_mode():
                 ms = _median_s(model.step, (wl,), n=10) * 1e3
-            rows.append({"point": p, "step_ms": ms, "ops": {}})
+            rows.append({"point": p.to_dict(), "step_ms": ms, "ops": {}})
     finally:
         torch.set_num_threads(threads)
     return {"per_point": rows}

@@ -14,10 +14,11 @@ from bulletin_board import Board
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.supervisor import Supervisor
 from traffic_profiles import SynthConfig, generate
+from persistent_engine.io_struct import WorkloadPoint
 
-POINTS = [{"phase": "decode", "batch": 1, "context": 64, "chunk": 1, "weight": 0.5},
-          {"phase": "decode", "batch": 8, "context": 128, "chunk": 1, "weight": 0.3},
-          {"phase": "prefill", "batch": 1, "context": 0, "chunk": 32, "weight": 0.2}]
+POINTS = [WorkloadPoint(phase="decode", batch=1, context=64, chunk=1, weight=0.5),
+          WorkloadPoint(phase="decode", batch=8, context=128, chunk=1, weight=0.3),
+          WorkloadPoint(phase="prefill", batch=1, context=0, chunk=32, weight=0.2)]
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from agents.templates import Choice, dims_of, get_template, load_candidate, rend
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
+from persistent_engine.io_struct import WorkloadPoint
 
 COMPOSITE = ("add_rms_norm_linear", "silu_mul_linear")
 
@@ -137,8 +138,8 @@ def test_rotary_accepts_strided_qkv_views(name, knobs):
 
 # ----------------------------------------------------------------------------- search and engine
 def _profile(shares):
-    point = {"phase": "decode", "batch": 1, "context": 64, "chunk": 1, "weight": 1.0}
-    return {"per_point": [{"point": point, "ops": {op: {"ms": s, "calls": 1} for op, s in shares.items()}}]}
+    point = WorkloadPoint(phase="decode", batch=1, context=64, chunk=1, weight=1.0)
+    return {"per_point": [{"point": point.to_dict(), "ops": {op: {"ms": s, "calls": 1} for op, s in shares.items()}}]}
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -170,8 +171,8 @@ def test_engine_accepts_searched_composite_candidates():
     layer-level checks, timing, spot re-check)."""
     from persistent_engine.supervisor import Supervisor
 
-    points = [{"phase": "decode", "batch": 2, "context": 16, "chunk": 1, "weight": 0.7},
-              {"phase": "prefill", "batch": 1, "context": 0, "chunk": 20, "weight": 0.3}]
+    points = [WorkloadPoint(phase="decode", batch=2, context=16, chunk=1, weight=0.7),
+              WorkloadPoint(phase="prefill", batch=1, context=0, chunk=20, weight=0.3)]
     spec = ModelSpec.from_name("tiny-dense")
     dims = dims_of(spec)
     with Supervisor("tiny-dense", layers=None, device="cpu", points=points, start_timeout_s=300) as sup:
@@ -281,7 +282,7 @@ def test_cuda_pdl_kernels_in_a_graph_match_eager_and_the_reference_at_llama_dims
     assert _pdl_on(fn, next(iter(knobs)), torch.zeros(1, device="cuda")) is True
     d = registry.get(t.op)
     shape = d.shapes(ModelSpec.from_name("llama-1b"),
-                     {"phase": "decode", "batch": 1, "context": 1024, "chunk": 1, "weight": 1.0})[0]
+                     WorkloadPoint(phase="decode", batch=1, context=1024, chunk=1, weight=1.0))[0]
     args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
 
     def chain():        # each call's x is written by the kernel just before it; the reduce reads the GEMV's partials

@@ -1,20 +1,20 @@
 """A sample plan record shared by the plan, report and apply tests."""
 
 from compiler import plan as plan_mod
+from persistent_engine.io_struct import WorkloadPoint
 
 
 def make_plan(**changes) -> plan_mod.Plan:
     opt = plan_mod.Optimization(
         name="offline-0-rms_norm-1", targets=("rms_norm",), speedup={"fast": 1.31, "slow": 1.12},
-        per_point=({"phase": "decode", "batch": 8, "context": 512, "chunk": 1, "weight": 0.7,
-                    "fast": 1.4, "slow": 1.1},),
+        per_point=(plan_mod.PointSpeedup(WorkloadPoint("decode", 8, 512, 1, 0.7), fast=1.4, slow=1.1),),
         kernel="kernels/offline_0_rms_norm_1.py", author="offline-0", description="fused rms", noise=0.02)
     base = dict(
         model="tiny-dense", hw="h200", detected_device={"kind": "cpu", "name": "x86_64", "matches_hw": False},
         software={"python": "3.11", "torch": "2.13"},
         traffic={"source": "conv.csv", "hash": "abc123", "summary": {"rows": 10}},
-        workload_points=({"phase": "decode", "batch": 8, "context": 512, "chunk": 1, "weight": 0.7},
-                         {"phase": "prefill", "batch": 1, "context": 0, "chunk": 256, "weight": 0.3}),
+        workload_points=(WorkloadPoint(phase="decode", batch=8, context=512, chunk=1, weight=0.7),
+                         WorkloadPoint(phase="prefill", batch=1, context=0, chunk=256, weight=0.3)),
         optimizations=(opt,),
         plan_speedup={"fast": 1.3, "slow": 1.1, "per_point": [
             {"phase": "decode", "batch": 8, "context": 512, "chunk": 1, "weight": 0.7, "fast": 1.4, "slow": 1.1},

@@ -3,14 +3,15 @@ accepted set and falls back to a greedy build when the whole set fails. The engi
 deterministic table (speedup per set of ops present in the source): the decision logic is under
 test; the real engine is exercised by the loop tests."""
 
-from persistent_engine.io_struct import PointTiming, WorkloadPoint, point_label
+import dataclasses
+from persistent_engine.io_struct import PointTiming, WorkloadPoint
 from persistent_engine.supervisor import CandidateVerdict
 
 from compiler.acceptance import AcceptanceConfig, Acceptor, merge_points, screen, threshold
 from compiler.compose import parse_targets
 
-POINTS = [{"phase": "decode", "batch": 4, "context": 64, "chunk": 1, "weight": 0.75},
-          {"phase": "prefill", "batch": 1, "context": 0, "chunk": 32, "weight": 0.25}]
+POINTS = [WorkloadPoint(phase="decode", batch=4, context=64, chunk=1, weight=0.75),
+          WorkloadPoint(phase="prefill", batch=1, context=0, chunk=32, weight=0.25)]
 
 
 def cand(op: str, tag: str = "") -> str:
@@ -19,7 +20,7 @@ def cand(op: str, tag: str = "") -> str:
 
 def verdict(speedup, correct=True):
     per_point = [] if speedup is None else [
-        PointTiming(WorkloadPoint.from_dict(p), point_label(p), True, 1.0, 1.0, speedup * (1.1 if i == 0 else 0.9))
+        PointTiming(p, p.label(), True, 1.0, 1.0, speedup * (1.1 if i == 0 else 0.9))
         for i, p in enumerate(POINTS)]
     return CandidateVerdict(correct=correct, reasons=[] if correct else ["op rms_norm: mismatch"],
                             speedup=speedup, per_point=per_point)
@@ -73,7 +74,7 @@ def test_only_candidates_beating_noise_reach_the_slow_tier_and_must_hold_there()
     assert slow_calls == [("slow", ("rms_norm",)), ("slow", ("linear",))]      # silu never went slow
     a = acc.accepted[0]
     assert (round(a.fast, 3), round(a.slow, 3)) == (1.3, 1.2)
-    assert a.per_point[0]["fast"] == 1.3 * 1.1 and a.per_point[1]["slow"] == 1.2 * 0.9
+    assert a.per_point[0].fast == 1.3 * 1.1 and a.per_point[1].slow == 1.2 * 0.9
     assert "within the noise" in acc.log[-1]["reason"]
 
 
@@ -137,20 +138,21 @@ def test_conflicting_candidates_keep_the_faster_one():
 
 def test_merge_points_fills_missing_with_none():
     rows = merge_points(POINTS, verdict(1.2), CandidateVerdict(True, [], 1.1, per_point=[]))
-    assert rows[0]["fast"] == 1.2 * 1.1 and rows[0]["slow"] is None and rows[1]["weight"] == 0.25
+    assert rows[0].fast == 1.2 * 1.1 and rows[0].slow is None and rows[1].point.weight == 0.25
+    assert rows[0].to_dict() == {**POINTS[0].to_dict(), "fast": 1.2 * 1.1, "slow": None}      # the plan.json row
 
 
 def test_workload_points_never_exceed_the_model_context_window():
     from compiler.inputs import fit_positions
-    pts = [{"phase": "prefill", "batch": 1, "context": 29, "chunk": 4220, "weight": 0.5},
-           {"phase": "decode", "batch": 8, "context": 9000, "chunk": 1, "weight": 0.5},
-           {"phase": "decode", "batch": 2, "context": 100, "chunk": 1, "weight": 0.0}]
+    pts = [WorkloadPoint(phase="prefill", batch=1, context=29, chunk=4220, weight=0.5),
+           WorkloadPoint(phase="decode", batch=8, context=9000, chunk=1, weight=0.5),
+           WorkloadPoint(phase="decode", batch=2, context=100, chunk=1, weight=0.0)]
     fitted = fit_positions(pts, 4096)
-    assert all(p["context"] + p["chunk"] <= 4096 for p in fitted)
-    assert fitted[0] == {**pts[0], "context": 0, "chunk": 4096}
-    assert fitted[1]["context"] == 4095 and fitted[2] == pts[2]
-    twice = fit_positions([pts[0], {**pts[0], "context": 5, "weight": 0.25}], 4096)
-    assert twice == [{**pts[0], "context": 0, "chunk": 4096, "weight": 0.75}]
+    assert all(p.context + p.chunk <= 4096 for p in fitted)
+    assert fitted[0] == dataclasses.replace(pts[0], context=0, chunk=4096)
+    assert fitted[1].context == 4095 and fitted[2] == pts[2]
+    twice = fit_positions([pts[0], dataclasses.replace(pts[0], context=5, weight=0.25)], 4096)
+    assert twice == [dataclasses.replace(pts[0], context=0, chunk=4096, weight=0.75)]
 
 
 class TagEngine:

@@ -12,10 +12,11 @@ from compiler import plan as plan_mod
 from compiler.apply import apply_plan, check_plan, load_plan_overrides
 from compiler.compose import Part, compose
 from plan_samples import make_plan
+from persistent_engine.io_struct import WorkloadPoint
 
 CANDIDATES = Path(__file__).with_name("candidates")
-POINTS = ({"phase": "decode", "batch": 2, "context": 40, "chunk": 1, "weight": 0.6},
-          {"phase": "prefill", "batch": 1, "context": 8, "chunk": 16, "weight": 0.4})
+POINTS = (WorkloadPoint(phase="decode", batch=2, context=40, chunk=1, weight=0.6),
+          WorkloadPoint(phase="prefill", batch=1, context=8, chunk=16, weight=0.4))
 
 
 def write_plan(root, sources: dict[str, str]) -> Path:
@@ -44,7 +45,7 @@ def test_overrides_load_and_are_active_only_inside_apply_plan(plan_dir):
 
 def test_check_plan_matches_reference_on_the_model(plan_dir):
     loaded, checks = check_plan(plan_dir, repeats=2)
-    assert [c.point for c in checks] == [dict(p) for p in POINTS]
+    assert [c.point for c in checks] == list(POINTS)
     assert all(c.ok and c.max_abs_reference > 0 and c.reference_ms > 0 and c.plan_ms > 0 for c in checks)
 
 
@@ -72,7 +73,7 @@ def test_plan_apply_vs_torch_compile_times_the_plan_against_compile_of_the_same_
     assert r.returncode == 0, r.stderr
     vs = json.loads(r.stdout)["vs_torch_compile"]
     assert vs["layers"] == [0] and vs["torch_compile_mode"] == "default" and vs["weight_covered"] == 1.0
-    assert [p["point"] for p in vs["points"]] == [dict(p) for p in POINTS]
+    assert [p["point"] for p in vs["points"]] == [p.to_dict() for p in POINTS]
     assert all(p["plan_ms"] > 0 and p["torch_compile_ms"] > 0 and p["compile_s"] > 0 for p in vs["points"])
     assert vs["plan_vs_torch_compile"] == pytest.approx(vs["torch_compile_ms"] / vs["plan_ms"], rel=1e-3)
 

@@ -2,6 +2,7 @@
 import json
 
 from compiler.cli import main
+from persistent_engine.io_struct import WorkloadPoint
 
 FIELDS = {"tp", "pp", "ep", "dp", "dcp", "dtype", "fits", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
           "ttft_ms", "tpot_ms", "pareto"}
@@ -30,10 +31,10 @@ def test_unknown_hardware_exit_2(capsys):
 
 
 def test_traffic_points_file(tmp_path, capsys):
-    pts = [{"phase": "prefill", "batch": 1, "context": 0, "chunk": 4096, "weight": 0.4},
-           {"phase": "decode", "batch": 64, "context": 4352, "chunk": 1, "weight": 0.6}]
+    pts = [WorkloadPoint(phase="prefill", batch=1, context=0, chunk=4096, weight=0.4),
+           WorkloadPoint(phase="decode", batch=64, context=4352, chunk=1, weight=0.6)]
     f = tmp_path / "points.json"
-    f.write_text(json.dumps(pts))
+    f.write_text(json.dumps([p.to_dict() for p in pts]))
     rc = main(["parallelism", "--model", "llama-8b", "--hw", "h100", "--gpus", "2", "--traffic", str(f), "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["traffic"]["isl"] == 4096 and d["traffic"]["osl"] == 512

@@ -8,9 +8,10 @@ import pytest
 from compiler.compare import compare_with_torch_compile
 from compiler.compose import compose, Part
 from persistent_engine.models.spec import ModelSpec
+from persistent_engine.io_struct import WorkloadPoint
 
 SILU = Path(__file__).parent / "candidates" / "silu_fused.py"
-DECODE = {"phase": "decode", "batch": 2, "chunk": 1, "context": 24, "weight": 0.75}
+DECODE = WorkloadPoint(phase="decode", batch=2, chunk=1, context=24, weight=0.75)
 
 
 def _source() -> str:
@@ -18,7 +19,7 @@ def _source() -> str:
 
 
 def test_a_point_that_cannot_run_is_left_out_and_the_ratios_cover_the_rest():
-    bogus = {"phase": "verify", "batch": 1, "chunk": 1, "context": 8, "weight": 0.25}   # no such phase
+    bogus = WorkloadPoint(phase="verify", batch=1, chunk=1, context=8, weight=0.25)   # no such phase
     res = compare_with_torch_compile(ModelSpec.from_name("tiny-dense"), [0], [DECODE, bogus], _source(),
                                      device="cpu", dtype="fp32", samples=3)
     assert (res["plan_timing"], res["torch_compile_mode"], res["device"]) == ("eager", "default", "cpu")
@@ -33,7 +34,7 @@ def test_a_point_that_cannot_run_is_left_out_and_the_ratios_cover_the_rest():
 
 
 def test_no_point_measurable_raises_with_the_first_error():
-    bogus = {"phase": "verify", "batch": 1, "chunk": 1, "context": 8, "weight": 1.0}
+    bogus = WorkloadPoint(phase="verify", batch=1, chunk=1, context=8, weight=1.0)
     with pytest.raises(RuntimeError, match="no point could be compared: .*verify"):
         compare_with_torch_compile(ModelSpec.from_name("tiny-dense"), [0], [bogus], _source(),
                                    device="cpu", dtype="fp32", samples=1)

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from compiler.fleet import Fleet, FleetConfig, LocalFleet
+from persistent_engine.io_struct import WorkloadPoint
 
 CANDIDATES = Path(__file__).with_name("candidates")
-POINT = {"phase": "decode", "batch": 2, "context": 64, "chunk": 1, "weight": 1.0}
+POINT = WorkloadPoint(phase="decode", batch=2, context=64, chunk=1, weight=1.0)
 CFG = FleetConfig(model="tiny-dense", points=(POINT,), fast_layers=(0,), slow_layers=(0, 1), timeout_s=240.0)
 
 pytestmark = pytest.mark.slow

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from compiler.isolated import IsolatedError, run_isolated
+from persistent_engine.io_struct import WorkloadPoint
 
 
 def _where(tag: str, *, scale: int = 1) -> tuple[int, str, int]:
@@ -59,7 +60,7 @@ def test_the_loop_measures_the_composed_plan_in_a_child(monkeypatch):
            "    return torch.matmul(x, weight.t())\n"
            "OVERRIDES = {'lm_head': lm_head}\n")
     comp = Composition((object(),), src, 1.0, 1.0, (), ())
-    points = [{"phase": "decode", "batch": 2, "context": 8, "chunk": 1, "weight": 1.0}]
+    points = [WorkloadPoint(phase="decode", batch=2, context=8, chunk=1, weight=1.0)]
     after = loop.op_ms_after(ModelSpec.from_name("tiny-dense"), [0], points, comp, {"kind": "cpu"})
     assert seen == ["op_times_with"]
     assert after["after"]["lm_head"] > 0 and after["before"]["lm_head"] > 0

@@ -11,10 +11,11 @@ import pytest
 from compiler.baseline import _identity_candidate, measure_noise
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
+from persistent_engine.io_struct import WorkloadPoint
 
 QWEN3 = pathlib.Path(eng.__file__).parents[1] / "models" / "configs" / "qwen3-moe.json"
-POINTS = [{"phase": "decode", "batch": 3, "context": 8, "chunk": 1, "weight": 0.6},
-          {"phase": "prefill", "batch": 1, "context": 0, "chunk": 8, "weight": 0.4}]
+POINTS = [WorkloadPoint(phase="decode", batch=3, context=8, chunk=1, weight=0.6),
+          WorkloadPoint(phase="prefill", batch=1, context=0, chunk=8, weight=0.4)]
 
 
 def _qwen3_small(tmp_path) -> str:

@@ -12,11 +12,12 @@ import pytest
 from compiler import plan as plan_mod
 from compiler.compose import Part, compose
 from plan_samples import make_plan
+from persistent_engine.io_struct import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[2]
 CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
 CANDIDATES = Path(__file__).with_name("candidates")
-POINTS = ({"phase": "decode", "batch": 2, "context": 40, "chunk": 1, "weight": 1.0},)
+POINTS = (WorkloadPoint(phase="decode", batch=2, context=40, chunk=1, weight=1.0),)
 
 
 @pytest.fixture

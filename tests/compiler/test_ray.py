@@ -13,11 +13,12 @@ from compiler import plan as plan_mod  # noqa: E402
 from compiler.fleet import FleetConfig  # noqa: E402
 from compiler.loop import OptimizeConfig, optimize  # noqa: E402
 from compiler.ray_fleet import RayFleet  # noqa: E402
+from persistent_engine.io_struct import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[2]
 CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
 CANDIDATES = Path(__file__).with_name("candidates")
-POINT = {"phase": "decode", "batch": 2, "context": 64, "chunk": 1, "weight": 1.0}
+POINT = WorkloadPoint(phase="decode", batch=2, context=64, chunk=1, weight=1.0)
 
 pytestmark = pytest.mark.slow
 

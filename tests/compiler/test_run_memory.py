@@ -4,6 +4,7 @@ continued run's offline agents start from the previous best setting."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,11 +15,12 @@ from agents.templates import Choice, dims_of, get_template
 from bulletin_board import Board
 from compiler.acceptance import Accepted, Acceptor, Decision
 from compiler.memory import RunMemory, shape_class
+from compiler.plan import PointSpeedup
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.supervisor import CandidateVerdict
+from persistent_engine.io_struct import WorkloadPoint
 
-POINTS = [{"phase": "decode", "batch": 8, "context": 300, "chunk": 1}, {"phase": "prefill", "batch": 1,
-                                                                         "context": 0, "chunk": 512}]
+POINTS = [WorkloadPoint(phase="decode", batch=8, context=300, chunk=1), WorkloadPoint(phase="prefill", batch=1, context=0, chunk=512)]
 LINEAR = get_template("linear.torch_small_m")
 
 
@@ -47,8 +49,8 @@ def _template_idea(board, run, m):
 
 
 def test_shape_class_follows_the_buckets_of_the_workload_points():
-    same = [{**POINTS[0], "context": 400}, POINTS[1]]                # 300 and 400: one power-of-two bucket
-    moved = [{**POINTS[0], "batch": 32}, POINTS[1]]
+    same = [dataclasses.replace(POINTS[0], context=400), POINTS[1]]                # 300 and 400: one power-of-two bucket
+    moved = [dataclasses.replace(POINTS[0], batch=32), POINTS[1]]
     key = shape_class("cpu", "bf16", POINTS, [0], [0, 1])
     assert shape_class("cpu", "bf16", same, [0], [0, 1]) == key
     assert shape_class("cpu", "bf16", moved, [0], [0, 1]) != key
@@ -63,7 +65,7 @@ def test_a_later_run_judges_no_remembered_candidate_twice_and_adopts_accepted_on
     mem1.remember(rejected, CandidateVerdict(correct=False, reasons=["op-level: wrong"], speedup=None),
                   Decision(False, "fast", "rejected"), acc1, idea_id=_template_idea(board, run1, 2).id)
     acc1.accepted.append(Accepted(name="k-linear-1", source=kept, author="k", targets=("linear",), config_keys=(),
-                                  fast=1.4, slow=1.3, per_point=({"phase": "decode", "fast": 1.4, "slow": 1.3},),
+                                  fast=1.4, slow=1.3, per_point=(PointSpeedup(WorkloadPoint("decode", 1), 1.4, 1.3),),
                                   noise=0.02))
     mem1.remember(kept, CandidateVerdict(correct=True, reasons=[], speedup=1.4), Decision(True, "slow", "ok"), acc1)
 
@@ -77,7 +79,7 @@ def test_a_later_run_judges_no_remembered_candidate_twice_and_adopts_accepted_on
     assert (adopted.name, adopted.fast, adopted.slow, adopted.targets) == ("k-linear-1", 1.4, 1.3, ("linear",))
     assert mem2.recalled("OVERRIDES = {'new': 3}\n", acc2) is None and mem2.hits == 2
 
-    _, mem3 = _memory(board, points=[{**POINTS[0], "batch": 64}, POINTS[1]])   # the workload moved
+    _, mem3 = _memory(board, points=[dataclasses.replace(POINTS[0], batch=64), POINTS[1]])   # the workload moved
     assert mem3.recalled(kept, _acceptor()) is None and mem3.recalled(rejected, _acceptor()) is None
 
 

@@ -9,7 +9,9 @@ import json
 import pytest
 
 from compiler import inputs
+from compiler.plan import PointSpeedup
 from compiler.report import render, tiers_disagree
+from persistent_engine import WorkloadPoint
 from persistent_engine.models.spec import ModelSpec
 from plan_samples import make_plan
 
@@ -50,7 +52,7 @@ def test_report_shows_skew_and_flags_disagreeing_tiers():
     plan = make_plan(version=2)
     o = plan.optimizations[0]
     o2 = dataclasses.replace(o, name="split", speedup={"fast": 1.3, "slow": 0.95},
-                             per_point=({"phase": "decode", "batch": 8, "context": 512, "fast": 1.3, "slow": 0.95},))
+                             per_point=(PointSpeedup(WorkloadPoint("decode", 8, 512), fast=1.3, slow=0.95),))
     tiers = {"fast": {"layers": [0], "inputs": {}},
              "slow": {"layers": [0, 1], "inputs": {"tokens": "zipf", "routing": {"kind": "power_law", "alpha": 1.2},
                                                    "prefix_share": 0.25},

@@ -6,11 +6,12 @@ import pytest
 from cost_model import CostModelError, Efficiency, Layout, estimate_step, evaluate, fit, get_hardware, load_calibration
 from cost_model.calibration import Calibration, load_measurements
 from persistent_engine.models.spec import ModelSpec
+from traffic_profiles import WorkloadPoint
 
 H200 = get_hardware("h200")
-POINTS = [{"phase": "decode", "batch": b, "context": c, "chunk": 1, "weight": 1.0}
+POINTS = [WorkloadPoint(phase="decode", batch=b, context=c, chunk=1, weight=1.0)
           for b, c in ((1, 1024), (8, 2048), (64, 4096), (256, 1024), (16, 16384))] + \
-         [{"phase": "prefill", "batch": 1, "context": c, "chunk": n, "weight": 1.0}
+         [WorkloadPoint(phase="prefill", batch=1, context=c, chunk=n, weight=1.0)
           for c, n in ((0, 512), (0, 4096), (4096, 2048))]
 TRUE = Efficiency(factors={"gemm": 1.3, "attention": 2.0, "moe": 1.6, "elementwise": 1.5, "comm": 1.0},
                   kernel_overhead_s=6e-6)
@@ -22,7 +23,7 @@ def _synthetic():
         spec = ModelSpec.from_name(model)
         for p in POINTS:
             t = estimate_step(spec, H200, Layout(), p, layers, eff=TRUE).latency_s
-            rows.append({"model": model, "layers": layers, "point": p, "seconds": t})
+            rows.append({"model": model, "layers": layers, "point": p.to_dict(), "seconds": t})
     return rows
 
 
@@ -74,7 +75,7 @@ def test_split_form_recovers_memory_and_compute_factors(tmp_path):
         spec = ModelSpec.from_name(model)
         for p in POINTS:
             t = estimate_step(spec, H200, Layout(), p, layers, eff=true).latency_s
-            rows.append({"model": model, "layers": layers, "point": p, "seconds": t})
+            rows.append({"model": model, "layers": layers, "point": p.to_dict(), "seconds": t})
     roof = fit(rows[0::2], H200, form="roofline")
     calib = fit(rows[0::2], H200)
     assert calib.form == "split" and calib.error_after < 0.01 < roof.error_after

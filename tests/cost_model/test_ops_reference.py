@@ -8,6 +8,7 @@ from cost_model import Layout, step_ops
 from cost_model.ops_reference import (K_TRANSPOSE_READ, ref_attention_decode, ref_attention_prefill,
                                       ref_moe_experts, ref_rms_norm, ref_rotary)
 from persistent_engine.models.spec import ModelSpec
+from traffic_profiles import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,14 +70,14 @@ def test_moe_experts_paths_by_hand():
 
 def test_reference_step_follows_the_decoder():
     s = ModelSpec.from_name("llama-1b")                  # 16 dense GQA layers
-    ops = step_ops(s, Layout(), {"phase": "decode", "batch": 4, "context": 100}, impl="reference")
+    ops = step_ops(s, Layout(), WorkloadPoint(phase="decode", batch=4, context=100), impl="reference")
     names = [o.name for o in ops]
     assert "qkv_split" not in names and "rms_norm" not in names          # strided views; zero residual
     assert names.count("residual_zeros") == 1 and names[-1] == "logits_fp32"
     norms = [o for o in ops if o.name == "fused_add_rms_norm"]
     assert sum(o.count for o in norms) == 2 * 16
     assert next(o for o in ops if o.name == "final_norm").bytes == 64 * 4 * 2048
-    pre = step_ops(s, Layout(), {"phase": "prefill", "batch": 1, "context": 0, "chunk": 64}, impl="reference")
+    pre = step_ops(s, Layout(), WorkloadPoint(phase="prefill", batch=1, context=0, chunk=64), impl="reference")
     assert "last_tokens" in [o.name for o in pre]
 
 
@@ -92,7 +93,7 @@ def test_held_out_split_is_stratified():
     rows = ([{"model": "a", "point": {"phase": "decode"}}] * 3 + [{"model": "a", "point": {"phase": "prefill"}}] * 2
             + [{"model": "b", "point": {"phase": "decode"}}] * 2)
     assert b.split_sets(rows) == ["train", "held_out", "train", "train", "held_out", "train", "held_out"]
-    sets = b.split_sets([r for m, _, pts in b.GPU_SUITE for r in ({"model": m, "point": p} for p in pts)])
+    sets = b.split_sets([r for m, _, pts in b.GPU_SUITE for r in ({"model": m, "point": p.to_dict()} for p in pts)])
     assert len(sets) >= 20 and sets.count("held_out") >= 10
 
 

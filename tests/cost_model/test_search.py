@@ -4,6 +4,7 @@ import pytest
 from cost_model import SLA, TrafficShape, get_hardware, search
 from cost_model.search import enumerate_layouts
 from persistent_engine.models.spec import ModelSpec
+from traffic_profiles import WorkloadPoint
 
 
 def test_deepseek_on_8xh200_bf16_never_fits_fp8_does():
@@ -78,8 +79,8 @@ def test_traffic_shapes_change_memory_need():
 
 
 def test_traffic_from_points():
-    pts = [{"phase": "prefill", "batch": 1, "context": 0, "chunk": 2048, "weight": 0.3},
-           {"phase": "decode", "batch": 32, "context": 2304, "chunk": 1, "weight": 0.7}]
+    pts = [WorkloadPoint(phase="prefill", batch=1, context=0, chunk=2048, weight=0.3),
+           WorkloadPoint(phase="decode", batch=32, context=2304, chunk=1, weight=0.7)]
     t = TrafficShape.from_points(pts)
     assert t.isl == 2048 and t.osl == 512 and t.chunk == 2048
 

@@ -11,6 +11,7 @@ from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ALIASES, ModelSpec, SpecError
 from persistent_engine.ops import registry
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 
 @pytest.fixture
@@ -115,10 +116,10 @@ def _close(a, b, rel):
 
 
 def _decode_vs_naive(model, batch, context, rel, seed=0):
-    wl = make_workload(model, {"phase": "decode", "batch": batch, "context": context}, seed=seed, fill="model")
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=batch, context=context), seed=seed, fill="model")
     logits = model.step(wl)
     # the cached context came from a prefill over seeded tokens: recover them by re-drawing
-    pre = make_workload(model, {"phase": "prefill", "batch": batch, "context": 0, "chunk": context}, seed + 1,
+    pre = make_workload(model, WorkloadPoint(phase="prefill", batch=batch, context=0, chunk=context), seed + 1,
                         cache=model.alloc_cache(batch, context, fill="zeros"))
     ids = torch.cat([pre.token_ids.view(batch, context), wl.token_ids.view(batch, 1)], dim=1)
     for b in range(batch):
@@ -144,11 +145,11 @@ def test_prefill_then_decode_equals_longer_prefill(alias):
     model = build_model(alias, dtype=torch.float32)
     n = 19
     ids = torch.randint(0, model.spec.vocab_size, (2, n + 1), generator=torch.Generator().manual_seed(3))
-    pre = make_workload(model, {"phase": "prefill", "batch": 2, "context": 0, "chunk": n}, fill="zeros",
+    pre = make_workload(model, WorkloadPoint(phase="prefill", batch=2, context=0, chunk=n), fill="zeros",
                         token_ids=ids[:, :n], capacity=n + 1)
     model.step(pre)
-    dec = make_workload(model, {"phase": "decode", "batch": 2, "context": n}, cache=pre.cache, token_ids=ids[:, n])
-    full = make_workload(model, {"phase": "prefill", "batch": 2, "context": 0, "chunk": n + 1}, fill="zeros",
+    dec = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=n), cache=pre.cache, token_ids=ids[:, n])
+    full = make_workload(model, WorkloadPoint(phase="prefill", batch=2, context=0, chunk=n + 1), fill="zeros",
                          token_ids=ids)
     _close(model.step(dec), model.step(full), 1e-5)
 
@@ -156,17 +157,17 @@ def test_prefill_then_decode_equals_longer_prefill(alias):
 def test_prefill_chunk_on_cached_prefix_equals_one_prefill():
     model = build_model("tiny-moe", dtype=torch.float32)
     ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(4))
-    first = make_workload(model, {"phase": "prefill", "batch": 1, "context": 0, "chunk": 16}, token_ids=ids[:, :16],
+    first = make_workload(model, WorkloadPoint(phase="prefill", batch=1, context=0, chunk=16), token_ids=ids[:, :16],
                           fill="zeros", capacity=24)
     model.step(first)
-    second = make_workload(model, {"phase": "prefill", "batch": 1, "context": 16, "chunk": 8}, cache=first.cache,
+    second = make_workload(model, WorkloadPoint(phase="prefill", batch=1, context=16, chunk=8), cache=first.cache,
                            token_ids=ids[:, 16:])
     _close(model.step(second)[0], naive_logits(model, ids[0])[-1], 1e-4)
 
 
 def test_step_is_rerunnable_and_deterministic():
     model = build_model("tiny-mla")
-    wl = make_workload(model, {"phase": "decode", "batch": 4, "context": 30})
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=4, context=30))
     a, b = model.step(wl), model.step(wl)
     assert a.shape == (4, 256) and a.dtype == torch.float32 and torch.equal(a, b)
     assert model.greedy(a).tolist() == a.argmax(-1).tolist()
@@ -188,7 +189,7 @@ def test_counting_override_proves_every_op_goes_through_the_registry():
     counts = collections.Counter()
     counting = _counting(counts)
     model = build_model("tiny-moe")                      # layers: dense, moe, moe
-    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 10})
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=10))
     base = model.step(wl)
     with registry.override({n: counting(n) for n in registry.names()}):
         assert torch.equal(model.step(wl), base)
@@ -210,7 +211,7 @@ def test_llama_style_layers_call_the_fused_qkv_rotary_composite():
     counts = collections.Counter()
     counting = _counting(counts)
     model = build_model("tiny-dense")                    # 2 dense GQA layers, no QK-norm
-    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 10})
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=10))
     base = model.step(wl)
     with registry.override({n: counting(n) for n in registry.names()}):
         assert torch.equal(model.step(wl), base)
@@ -240,16 +241,15 @@ def test_every_alias_at_tiny_scale_returns_finite_logits(alias):
     spec = ModelSpec.from_name(alias).scaled_down()
     assert spec.family == ModelSpec.from_name(alias).family and spec.hidden_size == 64
     model = build_model(spec)
-    for point in ({"phase": "decode", "batch": 3, "context": 17}, {"phase": "prefill", "batch": 2, "context": 5,
-                                                                      "chunk": 6}):
+    for point in (WorkloadPoint(phase="decode", batch=3, context=17), WorkloadPoint(phase="prefill", batch=2, context=5, chunk=6)):
         logits = model.step(make_workload(model, point, fill="model"))
-        assert logits.shape == (point["batch"], spec.vocab_size) and torch.isfinite(logits).all()
+        assert logits.shape == (point.batch, spec.vocab_size) and torch.isfinite(logits).all()
 
 
 def test_bf16_activations_stay_finite_through_many_layers():
     spec = ModelSpec.from_name("glm-4.6").scaled_down().replace(num_layers=24)
     model = build_model(spec)
-    logits = model.step(make_workload(model, {"phase": "decode", "batch": 2, "context": 40}))
+    logits = model.step(make_workload(model, WorkloadPoint(phase="decode", batch=2, context=40)))
     assert torch.isfinite(logits).all() and 0.1 < logits.std() < 30
 
 
@@ -259,7 +259,7 @@ def test_real_dims_slice_runs_on_cpu(alias, layers, one_thread):
     model = build_model(alias, layers=layers)
     spec = model.spec
     assert model.params["embed"].shape == (spec.vocab_size, spec.hidden_size)
-    logits = model.step(make_workload(model, {"phase": "decode", "batch": 2, "context": 33}))
+    logits = model.step(make_workload(model, WorkloadPoint(phase="decode", batch=2, context=33)))
     assert logits.shape == (2, spec.vocab_size) and torch.isfinite(logits).all()
 
 
@@ -268,7 +268,7 @@ def test_real_dims_slice_runs_on_cpu(alias, layers, one_thread):
 def test_decode_step_has_no_host_sync_and_replays_in_a_cuda_graph(alias):
     model = build_model(alias, device="cuda")
     for batch in (1, 64):                    # MoE: the gather path, then the dense path
-        wl = make_workload(model, {"phase": "decode", "batch": batch, "context": 100})
+        wl = make_workload(model, WorkloadPoint(phase="decode", batch=batch, context=100))
         eager = model.step(wl)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

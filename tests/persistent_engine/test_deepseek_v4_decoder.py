@@ -11,6 +11,7 @@ from persistent_engine.models.deepseek_v4 import forward
 from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 TOL = dict(rtol=2e-4, atol=2e-4)
 
@@ -43,12 +44,12 @@ def test_prefill_then_decode_equals_the_longer_prefill(model):
     b, n, steps = 2, 19, 9
     ids = _ids(b, n + steps, 5)
     ref = _reference(model, ids)
-    pre = make_workload(model, {"phase": "prefill", "batch": b, "context": 0, "chunk": n}, fill="zeros",
+    pre = make_workload(model, WorkloadPoint(phase="prefill", batch=b, context=0, chunk=n), fill="zeros",
                         token_ids=ids[:, :n], capacity=n + steps)
     torch.testing.assert_close(model.step(pre), ref[:, n - 1], **TOL)
     cache = pre.cache
     for j in range(steps):
-        wl = make_workload(model, {"phase": "decode", "batch": b, "context": n + j}, cache=cache,
+        wl = make_workload(model, WorkloadPoint(phase="decode", batch=b, context=n + j), cache=cache,
                            token_ids=ids[:, n + j])
         torch.testing.assert_close(model.step(wl), ref[:, n + j], **TOL)
 
@@ -56,17 +57,17 @@ def test_prefill_then_decode_equals_the_longer_prefill(model):
 def test_chunked_prefill_equals_one_prefill(model):
     ids = _ids(1, 30, 7)
     ref = _reference(model, ids)
-    first = make_workload(model, {"phase": "prefill", "batch": 1, "context": 0, "chunk": 13}, fill="zeros",
+    first = make_workload(model, WorkloadPoint(phase="prefill", batch=1, context=0, chunk=13), fill="zeros",
                           token_ids=ids[:, :13], capacity=30)
     model.step(first)
-    second = make_workload(model, {"phase": "prefill", "batch": 1, "context": 13, "chunk": 17}, cache=first.cache,
+    second = make_workload(model, WorkloadPoint(phase="prefill", batch=1, context=13, chunk=17), cache=first.cache,
                            token_ids=ids[:, 13:])
     torch.testing.assert_close(model.step(second), ref[:, -1], **TOL)
 
 
 def test_entries_change_the_output(model):
     """The compressed entries are read: corrupting the cached entries of a long context changes the logits."""
-    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 40}, seed=1)
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=40), seed=1)
     base = model.step(wl)
     for pool in wl.cache.entries.values():
         pool.mul_(-1.0)
@@ -83,9 +84,9 @@ def test_relayout_keeps_the_cache_and_the_logits(model):
     paged) travel with the pages, so the step's logits stay the same."""
     from persistent_engine.workloads import relayout_workload
 
-    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 37}, seed=4)
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=37), seed=4)
     base = model.step(wl)
-    moved = relayout_workload(model, make_workload(model, {"phase": "decode", "batch": 2, "context": 37}, seed=4), 4, 9)
+    moved = relayout_workload(model, make_workload(model, WorkloadPoint(phase="decode", batch=2, context=37), seed=4), 4, 9)
     torch.testing.assert_close(model.step(moved), base, **TOL)
 
 

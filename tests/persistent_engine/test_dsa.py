@@ -10,6 +10,7 @@ from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.ops import registry
 from persistent_engine.ops.dsa import indexer_topk, sparse_mla_decode, sparse_mla_prefill
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 F32 = torch.float32
 
@@ -96,8 +97,8 @@ def _dense_with_mask_override():
 
 
 @pytest.mark.parametrize("name", ["glm+tiny", "deepseek-v3.2+tiny"])
-@pytest.mark.parametrize("point", [{"phase": "decode", "batch": 3, "context": 40},
-                                   {"phase": "prefill", "batch": 2, "context": 2, "chunk": 9}])
+@pytest.mark.parametrize("point", [WorkloadPoint(phase="decode", batch=3, context=40),
+                                   WorkloadPoint(phase="prefill", batch=2, context=2, chunk=9)])
 def test_model_equals_dense_attention_with_the_indexer_mask(name, point):
     model = build_model(name, dtype=F32)
     wl = make_workload(model, point)
@@ -109,7 +110,7 @@ def test_model_equals_dense_attention_with_the_indexer_mask(name, point):
 
 def test_index_topk_changes_the_output_and_all_tokens_is_dense_mla():
     spec = ModelSpec.from_name("deepseek-v3.2+tiny")
-    point = {"phase": "decode", "batch": 2, "context": 40}
+    point = WorkloadPoint(phase="decode", batch=2, context=40)
 
     def logits(s):
         m = build_model(s, dtype=F32, seed=5)
@@ -124,7 +125,7 @@ def test_shared_layers_reuse_the_source_selection():
     spec = ModelSpec.from_name("glm+tiny")
     assert spec.indexer_types == ("full", "full", "shared") and spec.indexer_source(2) == 1
     model = build_model(spec, dtype=F32)
-    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 30})
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=30))
     calls = []
 
     def counting(*args):

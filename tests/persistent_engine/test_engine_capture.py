@@ -11,6 +11,7 @@ from persistent_engine import io_struct as io
 from persistent_engine import guards, timing
 from persistent_engine.workloads import relayout_workload
 from persistent_engine.ops import attention, moe
+from persistent_engine.io_struct import WorkloadPoint
 
 HERE = pathlib.Path(__file__).parent / "candidates"
 
@@ -78,7 +79,7 @@ def test_moe_experts_grouped_path_matches_the_loop_and_reads_nothing_on_the_host
 
 # ----------------------------------------------------------------------------- graph decisions
 def test_graph_plan_per_point():
-    pts = [{"phase": "decode", "batch": 1}, {"phase": "prefill", "batch": 4}]
+    pts = [WorkloadPoint(phase="decode", batch=1), WorkloadPoint(phase="prefill", batch=4)]
     assert timing.graph_plan(pts, "cuda", True) == [None, None]                 # prefill is captured too
     assert timing.graph_plan(pts, "cuda", True, [4]) == ["batch 1 not in cuda_graph_batch_sizes", None]
     assert timing.graph_plan(pts, "cuda", False) == ["CUDA graphs off"] * 2

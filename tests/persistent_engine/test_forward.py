@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from persistent_engine.io_struct import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +31,7 @@ def test_moe_bytes_count_only_routed_experts():
     from persistent_engine.models.decoder import build_model
     from persistent_engine.workloads import make_workload
     model = build_model("tiny-moe", layers=[1])                  # 8 experts, top-2
-    one = forward.bytes_read(model, make_workload(model, {"phase": "decode", "batch": 1, "context": 8}))
-    many = forward.bytes_read(model, make_workload(model, {"phase": "decode", "batch": 64, "context": 8}))
+    one = forward.bytes_read(model, make_workload(model, WorkloadPoint(phase="decode", batch=1, context=8)))
+    many = forward.bytes_read(model, make_workload(model, WorkloadPoint(phase="decode", batch=64, context=8)))
     expert = (2 * 32 * 64 + 64 * 32) * 2
     assert many["weights"] - one["weights"] == (8 - 2) * expert + 63 * 64 * 2     # all experts vs 2; embed rows

@@ -14,9 +14,10 @@ from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 COMPOSITES = ("add_rms_norm_linear", "silu_mul_linear")
-DECODE = {"phase": "decode", "batch": 2, "context": 10, "chunk": 1, "weight": 1.0}
+DECODE = WorkloadPoint(phase="decode", batch=2, context=10, chunk=1, weight=1.0)
 
 
 def _ref(name):
@@ -187,12 +188,12 @@ def test_decoder_calls_each_composite_per_step_at_the_listed_shapes(models, alia
     with registry.override({n: recording(n) for n in TRACKED}):
         assert torch.equal(model.step(wl), base)
     for name in TRACKED:
-        listed = registry.get(name).shapes(model.spec, {**DECODE})
+        listed = registry.get(name).shapes(model.spec, DECODE)
         assert sorted(map(str, seen[name])) == sorted(map(str, listed)), name
 
 
 def test_llama_1b_shapes_and_archs_without_call_sites():
-    point = {"phase": "decode", "batch": 1, "context": 512, "chunk": 1, "weight": 1.0}
+    point = WorkloadPoint(phase="decode", batch=1, context=512, chunk=1, weight=1.0)
     llama = ModelSpec.from_name("llama-1b")
     assert registry.get("add_rms_norm_linear").shapes(llama, point) == [
         {"T": 1, "H": 2048, "N": 3072, "bias": False}, {"T": 1, "H": 2048, "N": 16384, "bias": False}]

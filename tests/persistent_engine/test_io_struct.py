@@ -82,3 +82,14 @@ def test_one_point_label_and_key():
     assert io.point_label({"phase": "decode", "batch": 8, "context": 1024}) == "decode b8 ctx1024"
     assert p.key == io.point_key({**p.to_dict(), "fast": 1.2}) == ("prefill", 1, 0, 512)
     assert io.WorkloadPoint.from_dict(p.to_dict()) == p
+
+
+def test_engine_cli_points_become_typed_at_the_boundary(tmp_path):
+    from persistent_engine.__main__ import parse_points
+
+    f = tmp_path / "points.json"
+    f.write_text('[{"phase": "prefill", "batch": 1, "context": 0, "chunk": 16, "weight": 0.2}, {"phase": "decode", "batch": 3}]')
+    assert parse_points(str(f)) == [io.WorkloadPoint("prefill", 1, 0, 16, 0.2), io.WorkloadPoint("decode", 3)]
+    assert parse_points(None) == []
+    with pytest.raises(ValueError, match="bad workload point"):
+        parse_points('[{"phase": "decode", "batch": "x"}]')

@@ -13,6 +13,7 @@ from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.ops import kda
 from persistent_engine.ops.contract import check_op
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 
 def _qkvgb(b, t, h, kd, vd, seed=0):
@@ -87,7 +88,7 @@ def _tokens(n, batch=2, seed=0):
 
 def _prefill(model, ids, cache=None, context=0):
     b, n = ids.shape
-    wl = make_workload(model, {"phase": "prefill", "batch": b, "context": context, "chunk": n}, cache=cache,
+    wl = make_workload(model, WorkloadPoint(phase="prefill", batch=b, context=context, chunk=n), cache=cache,
                        token_ids=ids.flatten(), fill="zeros", capacity=32)
     return model.step(wl), wl.cache
 
@@ -100,12 +101,12 @@ def test_prefill_then_decode_equals_a_longer_prefill():
     cache.commit_states()
     part, cache = _prefill(model, ids[:, 6:9], cache=cache, context=6)        # a second chunk: conv + state carried
     cache.commit_states()
-    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 9}, cache=cache, token_ids=ids[:, 9])
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=9), cache=cache, token_ids=ids[:, 9])
     got = model.step(wl)
     assert torch.allclose(got, model.step(wl))                                 # a step can run again
     assert torch.allclose(got, want, atol=1e-4), float((got - want).abs().max())
     cache.commit_states()
-    stale = make_workload(model, {"phase": "decode", "batch": 2, "context": 9}, cache=cache, token_ids=ids[:, 9])
+    stale = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=9), cache=cache, token_ids=ids[:, 9])
     assert not torch.allclose(model.step(stale), want, atol=1e-3)            # the state is really used
 
 

@@ -11,6 +11,7 @@ from persistent_engine.ops import linear_attention as la
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 F64 = torch.float64
 
@@ -111,8 +112,7 @@ def _model():
 def _run(model, context, ids, phase):
     """Logits of ``ids`` [B, n] run as one step on top of ``context`` (a workload whose cache holds it)."""
     b, n = ids.shape
-    point = {"phase": phase, "batch": b, "context": context if isinstance(context, int) else context.context + context.chunk,
-             "chunk": n}
+    point = WorkloadPoint(phase=phase, batch=b, context=context if isinstance(context, int) else context.context + context.chunk, chunk=n)
     cache = None if isinstance(context, int) else context.cache
     wl = make_workload(model, point, cache=cache, token_ids=ids.flatten(), fill="zeros", capacity=96)
     out = model.step(wl)
@@ -150,7 +150,7 @@ def test_the_state_matters():
 
 def test_a_step_can_be_replayed():
     model = _model()
-    wl = make_workload(model, {"phase": "decode", "batch": 3, "context": 11})
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=3, context=11))
     torch.testing.assert_close(model.step(wl), model.step(wl), atol=0, rtol=0)
 
 

@@ -11,6 +11,7 @@ from persistent_engine.models.spec import ModelSpec
 from persistent_engine.models.weights import init_params, param_specs
 from persistent_engine.ops import registry
 from persistent_engine.workloads import Workload, make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 
 def test_absorbed_decode_equals_decompressed_attention():
@@ -63,7 +64,7 @@ def test_real_size_deepseek_mla_block_runs_on_cpu():
             from persistent_engine.models.kv_cache import alloc_kv_cache
             return alloc_kv_cache(spec, [0], batch, tokens, dtype=torch.float32, **kw)
     _Model.spec = spec
-    wl: Workload = make_workload(_Model(), {"phase": "decode", "batch": 2, "context": 40})
+    wl: Workload = make_workload(_Model(), WorkloadPoint(phase="decode", batch=2, context=40))
     assert wl.cache.k[0].shape[-1] == 576                               # latent 512 + rope 64
     h = torch.randn(2, spec.hidden_size, generator=torch.Generator().manual_seed(1))
     out = attn(h, wl, wl.cache.k[0])

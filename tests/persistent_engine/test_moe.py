@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from persistent_engine.ops import registry
 from persistent_engine.ops import moe as moe_ops
+from persistent_engine.io_struct import WorkloadPoint
 
 route, experts = registry.get("moe_route").reference, registry.get("moe_experts").reference
 
@@ -92,10 +93,10 @@ def test_real_size_moe_layer_runs_on_gpu(alias):
     model = build_model(spec, layers=layers, device="cuda")
     assert model.params[f"layers.{moe_layer}.w13"].shape == (spec.num_experts, 2 * spec.moe_intermediate_size,
                                                               spec.hidden_size)
-    for point in ({"phase": "decode", "batch": 1, "context": 1000}, {"phase": "decode", "batch": 64, "context": 1000},
-                  {"phase": "prefill", "batch": 1, "context": 0, "chunk": 1024}):
+    for point in (WorkloadPoint(phase="decode", batch=1, context=1000), WorkloadPoint(phase="decode", batch=64, context=1000),
+                  WorkloadPoint(phase="prefill", batch=1, context=0, chunk=1024)):
         logits = model.step(make_workload(model, point))
-        assert logits.shape == (point["batch"], spec.vocab_size) and torch.isfinite(logits).all()
+        assert logits.shape == (point.batch, spec.vocab_size) and torch.isfinite(logits).all()
     del model
     torch.cuda.empty_cache()
 
@@ -148,7 +149,7 @@ def test_op_level_checks_of_huge_expert_sets_use_fewer_experts(monkeypatch):
 
     d = registry.get("moe_experts")
     ds, qw = ModelSpec.from_name("deepseek-v3"), ModelSpec.from_name("qwen3-moe")
-    point = {"phase": "decode", "batch": 13, "context": 1543, "chunk": 1, "weight": 1.0}
+    point = WorkloadPoint(phase="decode", batch=13, context=1543, chunk=1, weight=1.0)
     (full,) = d.shapes(ds, point)
     fitted = d.fit(full, 150 * 10 ** 9 // 4)
     assert full["E"] == 256 and 16 <= fitted["E"] < 32

@@ -10,6 +10,7 @@ from persistent_engine.ops import registry
 from persistent_engine.ops.attention import attention_decode
 from persistent_engine.ops.msa import block_sparse_decode, block_sparse_prefill, block_topk, swigluoai_and_mul
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 F32 = torch.float32
 
@@ -98,12 +99,12 @@ def test_m3_layer_equals_dense_attention_under_the_block_mask_and_topk_matters()
     spec = ModelSpec.from_name("minimax+tiny")
     assert spec.msa_layers == (False, True, True) and spec.covering_layers() == [0, 1]
     model = build_model(spec, dtype=F32)
-    wl = make_workload(model, {"phase": "decode", "batch": 3, "context": 40})
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=3, context=40))
     ref = model.step(wl)
     with registry.override({"block_sparse_decode": _dense_masked_decode}):
         torch.testing.assert_close(model.step(wl), ref, atol=2e-4, rtol=2e-4)
     wide = build_model(spec.replace(msa_topk_blocks=64), dtype=F32)
-    wl2 = make_workload(wide, {"phase": "decode", "batch": 3, "context": 40})
+    wl2 = make_workload(wide, WorkloadPoint(phase="decode", batch=3, context=40))
     with registry.override({"block_sparse_decode": lambda q, kc, vc, bt, cl, blocks, mb, scale:
                             attention_decode(q, kc, vc, bt, cl, scale)}):
         dense = wide.step(wl2)                                 # every block selected == dense attention

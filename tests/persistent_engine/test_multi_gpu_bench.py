@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from persistent_engine.io_struct import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,6 +55,6 @@ def test_rank_workers_on_two_gloo_processes(monkeypatch):
     assert [(r["op"], r["bytes"]) for r in coll[0]] == [("all_reduce", 4096), ("all_reduce", 65536),
                                                          ("all_to_all", 4096), ("all_to_all", 65536)]
     assert all(r["time_s"] > 0 for r in coll[0])
-    point = {"phase": "decode", "batch": 2, "context": 20, "chunk": 1, "weight": 1.0}
+    point = WorkloadPoint(phase="decode", batch=2, context=20, chunk=1, weight=1.0)
     rows = launch(bench.decode_worker, 2, "gloo", args=("tiny-moe", None, 2, [point], 2, "cpu"))
     assert rows[0] == rows[1] and rows[0][0]["measured_s"] > 0 and rows[0][0]["batch"] == 2

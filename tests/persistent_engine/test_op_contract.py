@@ -5,6 +5,7 @@ import torch
 
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
+from persistent_engine.io_struct import WorkloadPoint
 
 
 @pytest.mark.parametrize("name", registry.names())
@@ -97,7 +98,7 @@ def test_candidate_runs_before_the_reference(monkeypatch):
 def test_explicit_shapes_from_a_model():
     from persistent_engine.models.spec import ModelSpec
     spec = ModelSpec.from_name("tiny-mla")
-    point = {"phase": "decode", "batch": 3, "context": 20, "chunk": 1, "weight": 1.0}
+    point = WorkloadPoint(phase="decode", batch=3, context=20, chunk=1, weight=1.0)
     for name in ("mla_decode", "mla_q_absorb", "moe_route", "moe_experts"):
         shapes = registry.get(name).shapes(spec, point)
         assert shapes and check_op(name, _ref(name), shapes=shapes) == []

@@ -17,10 +17,11 @@ from persistent_engine.ops import registry
 from persistent_engine.ops.attention import rope_cache
 from persistent_engine.ops.contract import check_op
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 NAME = "add_rms_norm_qkv_rotary"
-DECODE = {"phase": "decode", "batch": 2, "context": 10, "chunk": 1, "weight": 1.0}
-PREFILL = {"phase": "prefill", "batch": 1, "context": 6, "chunk": 5, "weight": 1.0}
+DECODE = WorkloadPoint(phase="decode", batch=2, context=10, chunk=1, weight=1.0)
+PREFILL = WorkloadPoint(phase="prefill", batch=1, context=6, chunk=5, weight=1.0)
 
 
 def _ref(name):
@@ -164,13 +165,13 @@ def test_overriding_the_composite_bypasses_the_fine_ops():
 
 # ----------------------------------------------------------------------------- shapes and the decoder
 def test_shapes_only_for_gqa_without_qk_norm():
-    point = {"phase": "decode", "batch": 4, "context": 512, "chunk": 1, "weight": 1.0}
+    point = WorkloadPoint(phase="decode", batch=4, context=512, chunk=1, weight=1.0)
     shapes = registry.get(NAME).shapes
     assert shapes(ModelSpec.from_name("llama-1b"), point) == [
         {"T": 4, "H": 2048, "Hq": 32, "Hk": 8, "Dh": 64, "R": 64, "bias": False}]
     for alias in ("qwen3-moe", "glm-4.6", "minimax-m2.5", "deepseek-v3", "tiny-moe", "tiny-mla"):   # QK-norm or MLA
         assert shapes(ModelSpec.from_name(alias), point) == [], alias
-    assert shapes(ModelSpec.from_name("tiny-dense"), {**PREFILL})[0]["T"] == 5
+    assert shapes(ModelSpec.from_name("tiny-dense"), PREFILL)[0]["T"] == 5
 
 
 @pytest.fixture(scope="module")

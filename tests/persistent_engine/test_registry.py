@@ -4,6 +4,7 @@ import torch
 from persistent_engine.models.spec import ALIASES, ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.registry import UnknownOpError
+from persistent_engine.io_struct import WorkloadPoint
 
 DESIGN_OPS = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "linear", "embedding", "rotary_embedding",
               "attention_decode", "attention_prefill", "moe_route", "moe_experts", "mla_decode", "mla_prefill",
@@ -70,7 +71,7 @@ def test_make_inputs_is_seeded_and_leaves_global_rng_alone():
 def test_shapes_for_every_model_and_phase(alias):
     spec = ModelSpec.from_name(alias)
     for phase in ("decode", "prefill"):
-        point = {"phase": phase, "batch": 2, "context": 30, "chunk": 8 if phase == "prefill" else 1, "weight": 1.0}
+        point = WorkloadPoint(phase=phase, batch=2, context=30, chunk=8 if phase == "prefill" else 1, weight=1.0)
         seen = {n: registry.get(n).shapes(spec, point) for n in registry.names()}
         attn = {"mla": "mla_" + phase, "v4": "compressed_attention"}.get(spec.attention, "attention_" + phase)
         assert seen[attn] and seen["linear"] and seen["rms_norm"] and seen["lm_head"]

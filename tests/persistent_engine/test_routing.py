@@ -15,10 +15,11 @@ from persistent_engine.models.decoder import build_model
 from persistent_engine.ops import registry
 from persistent_engine.tier_inputs import TierInputs, share_prefix
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 CONFIG = str(pathlib.Path(__file__).parent / "configs" / "moe-64x8.json")
-POINTS = [{"phase": "decode", "batch": 16, "context": 8}, {"phase": "prefill", "batch": 1, "context": 0, "chunk": 32},
-          {"phase": "decode", "batch": 8, "context": 20}]
+POINTS = [WorkloadPoint(phase="decode", batch=16, context=8), WorkloadPoint(phase="prefill", batch=1, context=0, chunk=32),
+          WorkloadPoint(phase="decode", batch=8, context=20)]
 HIST_TOL = 0.02             # total variation distance, measured vs requested expert load, per layer
 
 
@@ -106,7 +107,7 @@ def test_verification_trips_on_fewer_near_ties_than_with_uniform_routing(uniform
 
 def test_histogram_routing_and_prefix_sharing():
     model = build_model(CONFIG, layers=2)
-    ws = [make_workload(model, {"phase": "decode", "batch": 24, "context": 40}, seed=v) for v in range(2)]
+    ws = [make_workload(model, WorkloadPoint(phase="decode", batch=24, context=40), seed=v) for v in range(2)]
     hist = tuple(float(e % 4 == 0) * 3 + 1 for e in range(64))            # every 4th expert 4x as loaded
     stats = routing.plant_routing(model, ws, routing.RoutingSpec("histogram", histogram=(hist,)), seed=1)
     want = routing.histogram_counts(hist, 24, 8) * 2
@@ -127,7 +128,7 @@ def test_engine_slow_tier_reports_its_routing():
     inputs = TierInputs(tokens="zipf", routing=routing.RoutingSpec("power_law", alpha=1.2), prefix_share=0.5)
     try:
         e = eng.Engine(eng.EngineConfig(model="tiny-moe", variants=2, inputs=inputs.to_dict(),
-                                        points=[{"phase": "decode", "batch": 8, "context": 40, "weight": 1.0}]))
+                                        points=[WorkloadPoint(phase="decode", batch=8, context=40, weight=1.0)]))
         r = e.routing
         assert r["spec"] == {"kind": "power_law", "alpha": 1.2} and len(r["counts"]) == 2
         assert max(r["top1_share"]) > 1 / 8 and max(r["near_tie_share"]) < 0.05
@@ -160,7 +161,7 @@ def test_engine_loads_a_checkpoint_given_in_its_inputs(tmp_path):
     try:
         e = eng.Engine(eng.EngineConfig(model="tiny-moe", layers=[0, 1], variants=1, seed=0,
                                         inputs={"weights": str(tmp_path / "model.safetensors")},
-                                        points=[{"phase": "decode", "batch": 2, "context": 8, "weight": 1.0}]))
+                                        points=[WorkloadPoint(phase="decode", batch=2, context=8, weight=1.0)]))
         assert all(torch.equal(e.model.params[k], v) for k, v in src.params.items())
         assert e.routing["spec"] == {"kind": "uniform"}          # a checkpoint's routers are kept
     finally:
@@ -178,7 +179,7 @@ def test_group_limited_routing_keeps_the_limit_and_the_load():
     spec = ModelSpec.from_name("deepseek-v3").scaled_down()
     assert (spec.num_experts, spec.n_group, spec.topk_group, spec.num_experts_per_tok) == (16, 4, 2, 4)
     model = build_model(spec)
-    ws = [make_workload(model, {"phase": "decode", "batch": 12, "context": 8}, seed=v) for v in range(2)]
+    ws = [make_workload(model, WorkloadPoint(phase="decode", batch=12, context=8), seed=v) for v in range(2)]
     stats = routing.plant_routing(model, ws, routing.RoutingSpec("power_law", alpha=1.2), seed=0)
     want = (2 * routing.power_law_counts(12, 16, 4, 1.2)).double()
     for counts in stats.counts:
@@ -225,7 +226,7 @@ def test_token_ids_from_the_trace_are_consecutive_windows():
     pool = tuple(range(3, 203))
     inputs = TierInputs.from_dict({"tokens": {"ids": list(pool)}})
     assert inputs.tokens == "ids" and inputs.to_dict()["tokens"] == {"ids": list(pool)}
-    wl = inputs.workload(model, {"phase": "prefill", "batch": 2, "context": 4, "chunk": 5}, seed=0)
+    wl = inputs.workload(model, WorkloadPoint(phase="prefill", batch=2, context=4, chunk=5), seed=0)
     ids = wl.token_ids.view(2, 5).tolist()
     assert ids[0] == [7, 8, 9, 10, 11] and ids[1] == [16, 17, 18, 19, 20]     # after each context of 4
     with pytest.raises(routing.RoutingError):

@@ -8,6 +8,7 @@ from persistent_engine.models.decoder import build_model
 from persistent_engine.serving import BlockManager, EngineConfig, SamplingParams, ServingEngine
 from persistent_engine.workloads import make_workload
 from traffic_profiles.scheduler import Scheduler, SchedulerConfig, Seq
+from persistent_engine.io_struct import WorkloadPoint
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def model():
 def naive_greedy(m, prompt, n):
     toks = list(prompt)
     for _ in range(n):
-        wl = make_workload(m, {"phase": "prefill", "batch": 1, "context": 0, "chunk": len(toks)}, 0,
+        wl = make_workload(m, WorkloadPoint(phase="prefill", batch=1, context=0, chunk=len(toks)), 0,
                            token_ids=torch.tensor(toks), fill="zeros")
         toks.append(int(m.step(wl).argmax(-1)[0]))
     return toks[len(prompt):]

@@ -8,9 +8,10 @@ import torch
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 from persistent_engine import tolerance, verify
+from persistent_engine.io_struct import WorkloadPoint
 
-POINTS = [{"phase": "decode", "batch": 4, "context": 16, "chunk": 1, "weight": 0.5},
-          {"phase": "prefill", "batch": 2, "context": 0, "chunk": 8, "weight": 0.5}]
+POINTS = [WorkloadPoint(phase="decode", batch=4, context=16, chunk=1, weight=0.5),
+          WorkloadPoint(phase="prefill", batch=2, context=0, chunk=8, weight=0.5)]
 
 # fused_add_rms_norm as the reference, except (in bf16) a relative jitter of 2^-12 before the final cast, so
 # some outputs round to the neighbouring bf16 value: a correct op whose rounding differs

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from persistent_engine import guards, verify
+from persistent_engine.io_struct import WorkloadPoint
 
 
 def test_global_state_guard_names_and_restores_patches():
@@ -114,7 +115,7 @@ def test_an_engine_without_weight_copies_leaves_after_a_weight_change():
     from persistent_engine.judge import engine as eng
 
     e = eng.Engine(eng.EngineConfig(model="tiny-dense", layers=[0], variants=1,
-                                    points=[{"phase": "decode", "batch": 2, "context": 8, "chunk": 1, "weight": 1.0}]))
+                                    points=[WorkloadPoint(phase="decode", batch=2, context=8, chunk=1, weight=1.0)]))
     weights = guards.model_weights(e.model)
     e.weight_guard = guards.TensorGuard(weights, device_budget=0, host_available=0)
     assert e.weight_guard.on_host and not e.weight_guard.restorable and e._guard_reasons("bench") == []

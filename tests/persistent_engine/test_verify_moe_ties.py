@@ -12,10 +12,11 @@ import torch
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 from persistent_engine import verify
+from persistent_engine.io_struct import WorkloadPoint
 
 QWEN3 = pathlib.Path(eng.__file__).parents[1] / "models" / "configs" / "qwen3-moe.json"
-POINTS = [{"phase": "decode", "batch": 16, "context": 8, "chunk": 1, "weight": 0.5},
-          {"phase": "prefill", "batch": 4, "context": 0, "chunk": 8, "weight": 0.5}]
+POINTS = [WorkloadPoint(phase="decode", batch=16, context=8, chunk=1, weight=0.5),
+          WorkloadPoint(phase="prefill", batch=4, context=0, chunk=8, weight=0.5)]
 
 # moe_route as the reference computes it, but choosing on logits moved by AMP x the row's logit RMS
 # (a cosine over expert ids): only tokens whose reference gap is below ~2 AMP change experts. in_model

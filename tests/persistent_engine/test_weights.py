@@ -8,10 +8,11 @@ from persistent_engine.models.safetensors_io import SafetensorsDir, WeightsError
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.models.weights import init_params, internal_to_hf, param_specs, save_weights
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 
 def _logits(model, seed=0):
-    return model.step(make_workload(model, {"phase": "decode", "batch": 2, "context": 12}, seed=seed, fill="model"))
+    return model.step(make_workload(model, WorkloadPoint(phase="decode", batch=2, context=12), seed=seed, fill="model"))
 
 
 @pytest.mark.parametrize("alias", ["tiny-dense", "tiny-moe", "tiny-mla", "minimax-m2.5", "qwen3-moe", "glm-5.2", "deepseek-v3.2", "minimax"])

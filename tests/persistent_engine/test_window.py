@@ -11,6 +11,7 @@ from persistent_engine.models.spec import CONFIG_DIR, ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.window import attention_decode_window, attention_prefill_window
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 F32 = torch.float32
 
@@ -63,7 +64,7 @@ def test_qwen3_sliding_window_config_is_honoured():
     assert ModelSpec.from_config(cfg, name="q").layer_windows == ()          # use_sliding_window false: none
     tiny = spec.scaled_down()
     assert tiny.layer_windows == (0, 8)
-    point = {"phase": "decode", "batch": 2, "context": 30}
+    point = WorkloadPoint(phase="decode", batch=2, context=30)
 
     def logits(s):
         m = build_model(s, dtype=F32, seed=3)
@@ -77,7 +78,7 @@ def test_sinks_take_probability_mass():
     spec = ModelSpec.from_name("tiny-dense").replace(attention_sinks=True)
     model = build_model(spec, dtype=F32)
     assert model.params["layers.0.sinks"].shape == (spec.num_heads,)
-    wl = make_workload(model, {"phase": "decode", "batch": 2, "context": 20})
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=20))
     with_sinks = model.step(wl)
     for i in model.layers:
         model.params[f"layers.{i}.sinks"].fill_(-1e4)                       # a sink of ~0 probability

@@ -73,7 +73,7 @@ def test_roofline_is_memory_then_compute_bound():
 
 def test_azure_conv_llama_1b_points(conv_trace):
     pts = workload_points(conv_trace, ROOF, SchedulerConfig(max_num_seqs=256))
-    assert 2 <= len(pts) <= 16 and sum(p["weight"] for p in pts) == pytest.approx(1.0)
-    assert {p["phase"] for p in pts} == {"decode", "prefill"}
-    decode_weight = sum(p["weight"] for p in pts if p["phase"] == "decode")
+    assert 2 <= len(pts) <= 16 and sum(p.weight for p in pts) == pytest.approx(1.0)
+    assert {p.phase for p in pts} == {"decode", "prefill"}
+    decode_weight = sum(p.weight for p in pts if p.phase == "decode")
     assert decode_weight > 0.8                          # light load: mostly small-batch decode
