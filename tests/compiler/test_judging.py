@@ -21,9 +21,10 @@ from compiler.loop import OptimizeConfig
 from compiler.memory import RunMemory, shape_class
 from compiler.progress import Progress
 from compiler.run_state import Run
+from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.supervisor import CandidateVerdict
 
-POINTS = [{"phase": "decode", "batch": 8, "context": 300, "chunk": 1}]
+POINTS = [WorkloadPoint("decode", 8, 300, 1)]
 WINNER = "from persistent_engine.ops import registry\n# fused MoE stand-in: a source is all the judge keys on\n"
 OTHER = WINNER + "# another\n"
 

@@ -8,6 +8,7 @@ from persistent_engine.models.kv_cache import alloc_kv_cache, kv_write, write_kv
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.serving.engine import compiled_decode
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 
 def test_gqa_and_mla_pools_match_the_spec_accounting():
@@ -57,7 +58,7 @@ def _decode(seed: int = 0, pool_blocks: int = 64):
     ``pool_blocks`` blocks, as a serving engine's pools are larger than one step's tables: a pool-sized
     tensor in a graph is then a copy of the pool, not the step's gathered pages."""
     m = build_model("tiny-dense", layers=2, device="cpu", dtype=torch.float32, seed=seed)
-    wl = make_workload(m, {"phase": "decode", "batch": 3, "context": 21}, seed)
+    wl = make_workload(m, WorkloadPoint("decode", 3, 21), seed)
     g = torch.Generator().manual_seed(seed)
     for pools in (wl.cache.k, wl.cache.v):
         for i, t in pools.items():

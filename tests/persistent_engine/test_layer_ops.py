@@ -2,6 +2,7 @@
 K/V-write composite, the dense GQA decode layer and decode step; the decoder's call sites; a candidate that
 writes a wrong, an extra or no slot of the paged cache is rejected."""
 
+import dataclasses
 import importlib.util
 import os
 import pathlib
@@ -15,10 +16,11 @@ from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import layers, registry
 from persistent_engine.ops.contract import check_op, run_candidate, written_rows
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 KV = "add_rms_norm_qkv_rotary_kv_write"
 LAYER, STEP = "dense_gqa_decode_layer", "dense_gqa_decode_step"
-DECODE = {"phase": "decode", "batch": 3, "context": 20, "chunk": 1, "weight": 1.0}
+DECODE = WorkloadPoint("decode", 3, 20, 1, 1.0)
 CANDIDATES = pathlib.Path(__file__).parent / "candidates"
 
 
@@ -112,7 +114,7 @@ def test_step_region_checks_tuples_of_caches_and_weights():
 def test_shapes_only_for_dense_gqa_models_at_decode_points():
     llama = ModelSpec.from_name("llama-1b")
     assert layers.dense_gqa(llama) and registry.get(LAYER).shapes(llama, DECODE)[0]["I"] == 8192
-    assert registry.get(LAYER).shapes(llama, {**DECODE, "phase": "prefill", "chunk": 8}) == []
+    assert registry.get(LAYER).shapes(llama, dataclasses.replace(DECODE, phase="prefill", chunk=8)) == []
     for alias in ("qwen3-moe", "tiny-moe", "tiny-mla", "glm"):
         assert not layers.dense_gqa(ModelSpec.from_name(alias))
         assert all(registry.get(n).shapes(ModelSpec.from_name(alias), DECODE) == [] for n in (KV, LAYER, STEP))
@@ -153,7 +155,7 @@ def test_a_layer_override_replaces_every_layers_work(llama):
 
 
 def test_op_level_verification_checks_the_layer_at_the_workload_points(llama):
-    spec, points = llama.spec, [DECODE, {**DECODE, "batch": 1, "context": 7}]
+    spec, points = llama.spec, [DECODE, dataclasses.replace(DECODE, batch=1, context=7)]
     good = _candidate("layer_torch").dense_gqa_decode_layer
     [ok] = verify.op_level([LAYER], {LAYER: good}, spec, points, torch.device("cpu"), torch.bfloat16, seed=11)
     assert ok.passed, ok.detail
@@ -165,7 +167,7 @@ def test_op_level_verification_checks_the_layer_at_the_workload_points(llama):
 def test_cache_rows_guard_names_a_pool_written_outside_the_new_tokens(llama):
     from persistent_engine import guards
 
-    wl = make_workload(llama, {**DECODE, "context": 5}, seed=4)      # the next row after each new token: masked
+    wl = make_workload(llama, dataclasses.replace(DECODE, context=5), seed=4)      # the next row after each new token: masked
     rows = guards.CacheRows(wl)
     llama.step(wl)
     assert rows.changed() == []                                     # the default writes the new tokens' rows only
@@ -188,7 +190,7 @@ def test_triton_rotary_and_kv_write_in_one_kernel_passes_and_reaches_the_model(l
         assert check_op(KV, fused, device="cuda") == []
         return
     assert check_op(KV, fused) == []
-    wl = make_workload(llama, {**DECODE, "batch": 2, "context": 9}, seed=5)
+    wl = make_workload(llama, dataclasses.replace(DECODE, batch=2, context=9), seed=5)
     base = llama.step(wl)
     with registry.override({KV: fused, "rotary_embedding": lambda *a: 1 / 0}):
         out = llama.step(wl)

@@ -11,6 +11,7 @@ from persistent_engine.models.spec import ModelSpec
 from persistent_engine.models.weights import hf_to_internal, param_specs
 from persistent_engine.ops.gemma import attention_decode_softcap, attention_prefill_softcap, gelu_tanh_and_mul
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,7 +45,7 @@ def last_logits(spec: ModelSpec, state: dict, ids: torch.Tensor) -> torch.Tensor
     assert {k: tuple(t.shape) for k, t in params.items()} == {k: s for k, (s, _) in param_specs(spec, layers).items()}
     model = make_decoder(spec, layers, params, "cpu", torch.float32)
     b, s = ids.shape
-    wl = make_workload(model, {"phase": "prefill", "batch": b, "context": 0, "chunk": s}, token_ids=ids.flatten(),
+    wl = make_workload(model, WorkloadPoint("prefill", b, 0, s), token_ids=ids.flatten(),
                        fill="zeros")
     return model.step(wl)
 

@@ -13,6 +13,7 @@ from persistent_engine.models.weights import hf_to_internal, internal_to_hf, par
 from persistent_engine.ops.attention import attention_prefill
 from persistent_engine.ops.llama4 import attention_decode_chunked, attention_prefill_chunked
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 hf = pytest.importorskip("transformers.models.llama4.modeling_llama4")
 from transformers import Llama4TextConfig  # noqa: E402
@@ -43,7 +44,7 @@ def last_logits(spec: ModelSpec, state: dict, ids: torch.Tensor) -> torch.Tensor
     assert {k: tuple(t.shape) for k, t in params.items()} == {k: s for k, (s, _) in param_specs(spec, layers).items()}
     model = make_decoder(spec, layers, params, "cpu", torch.float32)
     b, s = ids.shape
-    wl = make_workload(model, {"phase": "prefill", "batch": b, "context": 0, "chunk": s}, token_ids=ids.flatten(),
+    wl = make_workload(model, WorkloadPoint("prefill", b, 0, s), token_ids=ids.flatten(),
                        fill="zeros")
     return model.step(wl)
 

@@ -11,6 +11,7 @@ from persistent_engine.models.spec import ModelSpec
 from persistent_engine.models.weights import hf_to_internal, param_specs
 from persistent_engine.ops.moe import moe_experts, moe_route
 from persistent_engine.workloads import make_workload
+from persistent_engine.io_struct import WorkloadPoint
 
 hf = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
 from transformers import MixtralConfig  # noqa: E402
@@ -59,7 +60,7 @@ def last_logits(spec: ModelSpec, ckpt: dict, ids: torch.Tensor) -> torch.Tensor:
     assert {k: tuple(t.shape) for k, t in params.items()} == {k: s for k, (s, _) in param_specs(spec, layers).items()}
     model = make_decoder(spec, layers, params, "cpu", torch.float32)
     b, s = ids.shape
-    wl = make_workload(model, {"phase": "prefill", "batch": b, "context": 0, "chunk": s}, token_ids=ids.flatten(),
+    wl = make_workload(model, WorkloadPoint("prefill", b, 0, s), token_ids=ids.flatten(),
                        fill="zeros")
     return model.step(wl)
 
