@@ -57,7 +57,7 @@ def test_evaluate_judges_a_correct_and_a_broken_candidate_without_raising(fleet)
 
 def test_profile_is_the_baselines_per_op_time(fleet):
     rows = fleet.profile("fast")["per_point"]
-    assert [r["point"]["batch"] for r in rows] == [POINT["batch"]]
+    assert [r["point"]["batch"] for r in rows] == [POINT.batch]
     assert rows[0]["ops"] and all(o["ms"] > 0 for o in rows[0]["ops"].values())
 
 
