@@ -32,6 +32,7 @@ from compiler import apply as plan_apply  # noqa: E402
 from compiler import plan as plan_mod  # noqa: E402
 from persistent_engine.judge import engine as eng  # noqa: E402
 from persistent_engine import tolerance, verify  # noqa: E402
+from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 
 def plan_errors(e: eng.Engine, overrides: dict) -> list[list[float]]:
@@ -53,12 +54,12 @@ def plan_errors(e: eng.Engine, overrides: dict) -> list[list[float]]:
     return errs
 
 
-def measure_tier(model: str, tier: str, layers: list[int], points: list[dict], overrides: dict, device: str,
-                 dtype: str) -> list[dict]:
+def measure_tier(model: str, tier: str, layers: list[int], points: list[WorkloadPoint], overrides: dict,
+                 device: str, dtype: str) -> list[dict]:
     e = eng.Engine(eng.EngineConfig(model=model, layers=list(layers), device=device, dtype=dtype,
-                                    points=[dict(p) for p in points], cuda_graph=False))
+                                    points=list(points), cuda_graph=False))
     errs = plan_errors(e, overrides)
-    rows = [{"tier": tier, "layers": list(layers), "point": eng.point_label(p), "variant": v,
+    rows = [{"tier": tier, "layers": list(layers), "point": p.label(), "variant": v,
              "noise": e.logit_noise[i][v], "bound": e.logit_tol[i][v], "plan_error": errs[i][v],
              "plan_over_noise": errs[i][v] / e.logit_noise[i][v] if e.logit_noise[i][v] > 0 else None}
             for i, p in enumerate(e.points) for v in range(len(e.workloads[i]))]

@@ -3,6 +3,7 @@
 power-law expert load, and a correct implementation that rounds differently flips far fewer routing
 decisions than with the random (uniform) routers. Both rates are printed (pytest -s)."""
 
+import dataclasses
 import pathlib
 
 import pytest
@@ -206,7 +207,7 @@ def test_engine_verification_excuses_fewer_near_tie_flips_with_power_law_routing
         for kind in ("uniform", "power_law"):
             inputs = TierInputs(tokens="zipf", routing=routing.RoutingSpec(kind, alpha=1.2))
             e = eng.Engine(eng.EngineConfig(model=CONFIG, layers=[0, 1, 2, 3], variants=2, inputs=inputs.to_dict(),
-                                            points=[dict(p, weight=1 / 3) for p in POINTS]))
+                                            points=[dataclasses.replace(p, weight=1 / 3) for p in POINTS]))
             assert e.handle(io.LoadCandidate(source=SPLIT_K_LINEAR)).ok
             ver = e.handle(io.Verify(seed=3))
             e.handle(io.Unload())
