@@ -6,12 +6,8 @@ and linear rope scaling (Gemma-3); and the soft-capped attention op equals HF's 
 import pytest
 import torch
 
-from persistent_engine.models.decoder import make_decoder
 from persistent_engine.models.spec import ModelSpec
-from persistent_engine.models.weights import hf_to_internal, param_specs
 from persistent_engine.ops.gemma import attention_decode_softcap, attention_prefill_softcap, gelu_tanh_and_mul
-from persistent_engine.workloads import make_workload
-from persistent_engine.io_struct import WorkloadPoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,27 +34,17 @@ def hf_model(cfg: dict, seed: int):
     return model.eval()
 
 
-def last_logits(spec: ModelSpec, state: dict, ids: torch.Tensor) -> torch.Tensor:
-    layers = list(range(spec.num_layers))
-    params = hf_to_internal(spec, layers, state.__getitem__)
-    # the shapes a --weights load checks (load_weights: param_specs)
-    assert {k: tuple(t.shape) for k, t in params.items()} == {k: s for k, (s, _) in param_specs(spec, layers).items()}
-    model = make_decoder(spec, layers, params, "cpu", torch.float32)
-    b, s = ids.shape
-    wl = make_workload(model, WorkloadPoint("prefill", b, 0, s), token_ids=ids.flatten(),
-                       fill="zeros")
-    return model.step(wl)
 
 
 @pytest.mark.parametrize("cfg", [GEMMA2, GEMMA3], ids=["gemma2", "gemma3"])
-def test_gemma_matches_hf(cfg):
+def test_gemma_matches_hf(cfg, tkcc_last_logits):
     model = hf_model(cfg, seed=1)
     ids = torch.randint(0, 96, (2, 14), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = model(ids).logits[:, -1]
     spec = ModelSpec.from_config(cfg, name="gemma-test")
     assert spec.layer_windows == ((5, 0, 5, 0) if cfg is GEMMA2 else (5, 0, 5, 0))
-    got = last_logits(spec, dict(model.state_dict()), ids)
+    got = tkcc_last_logits(spec, dict(model.state_dict()), ids)
     torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
     if cfg is GEMMA2:
         assert want.abs().max() < cfg["final_logit_softcapping"]

@@ -7,13 +7,10 @@ attention op equals full attention restricted to each chunk."""
 import pytest
 import torch
 
-from persistent_engine.models.decoder import make_decoder
 from persistent_engine.models.spec import ModelSpec
-from persistent_engine.models.weights import hf_to_internal, internal_to_hf, param_specs
+from persistent_engine.models.weights import hf_to_internal, internal_to_hf
 from persistent_engine.ops.attention import attention_prefill
 from persistent_engine.ops.llama4 import attention_decode_chunked, attention_prefill_chunked
-from persistent_engine.workloads import make_workload
-from persistent_engine.io_struct import WorkloadPoint
 
 hf = pytest.importorskip("transformers.models.llama4.modeling_llama4")
 from transformers import Llama4TextConfig  # noqa: E402
@@ -37,19 +34,9 @@ def hf_model(cfg: dict, seed: int):
     return model.eval()
 
 
-def last_logits(spec: ModelSpec, state: dict, ids: torch.Tensor) -> torch.Tensor:
-    layers = list(range(spec.num_layers))
-    params = hf_to_internal(spec, layers, state.__getitem__)
-    # the shapes a --weights load checks (load_weights: param_specs)
-    assert {k: tuple(t.shape) for k, t in params.items()} == {k: s for k, (s, _) in param_specs(spec, layers).items()}
-    model = make_decoder(spec, layers, params, "cpu", torch.float32)
-    b, s = ids.shape
-    wl = make_workload(model, WorkloadPoint("prefill", b, 0, s), token_ids=ids.flatten(),
-                       fill="zeros")
-    return model.step(wl)
 
 
-def test_llama4_matches_hf():
+def test_llama4_matches_hf(tkcc_last_logits):
     model = hf_model(CFG, seed=1)
     ids = torch.randint(0, 96, (2, 13), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -57,7 +44,7 @@ def test_llama4_matches_hf():
     spec = ModelSpec.from_config(CFG, name="llama4-test")
     assert spec.rope_layers == (True, False, True, False) and spec.layer_kinds() == ["dense", "moe", "dense", "moe"]
     state = dict(model.state_dict())
-    got = last_logits(spec, state, ids)
+    got = tkcc_last_logits(spec, state, ids)
     torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
     layers = list(range(4))                                 # the checkpoint names round-trip
     back = internal_to_hf(spec, layers, hf_to_internal(spec, layers, state.__getitem__))

@@ -6,12 +6,8 @@ all-experts sum under the top-2 mask."""
 import pytest
 import torch
 
-from persistent_engine.models.decoder import make_decoder
 from persistent_engine.models.spec import ModelSpec
-from persistent_engine.models.weights import hf_to_internal, param_specs
 from persistent_engine.ops.moe import moe_experts, moe_route
-from persistent_engine.workloads import make_workload
-from persistent_engine.io_struct import WorkloadPoint
 
 hf = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
 from transformers import MixtralConfig  # noqa: E402
@@ -52,21 +48,10 @@ def checkpoint_names(state: dict[str, torch.Tensor], inter: int) -> dict[str, to
     return out
 
 
-def last_logits(spec: ModelSpec, ckpt: dict, ids: torch.Tensor) -> torch.Tensor:
-    """tkcc's logits [B, V] of each sequence's last token after a prefill of ids[B, S] (fp32)."""
-    layers = list(range(spec.num_layers))
-    params = hf_to_internal(spec, layers, ckpt.__getitem__)
-    # the shapes a --weights load checks (load_weights: param_specs)
-    assert {k: tuple(t.shape) for k, t in params.items()} == {k: s for k, (s, _) in param_specs(spec, layers).items()}
-    model = make_decoder(spec, layers, params, "cpu", torch.float32)
-    b, s = ids.shape
-    wl = make_workload(model, WorkloadPoint("prefill", b, 0, s), token_ids=ids.flatten(),
-                       fill="zeros")
-    return model.step(wl)
 
 
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixtral_matches_hf(window):
+def test_mixtral_matches_hf(window, tkcc_last_logits):
     cfg = tiny_config(sliding_window=window)
     model = randomize(hf.MixtralForCausalLM(MixtralConfig(**cfg)).eval(), seed=1)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
@@ -74,7 +59,7 @@ def test_mixtral_matches_hf(window):
         want = model(ids).logits[:, -1]
     spec = ModelSpec.from_config(cfg, name="mixtral-test")
     assert spec.family == "mixtral" and spec.layer_windows == ((window,) * 2 if window else ())
-    got = last_logits(spec, checkpoint_names(model.state_dict(), cfg["intermediate_size"]), ids)
+    got = tkcc_last_logits(spec, checkpoint_names(model.state_dict(), cfg["intermediate_size"]), ids)
     torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
 
 
