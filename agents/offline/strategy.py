@@ -36,7 +36,14 @@ STALE_DECAY = 0.8        # per pull without a new best: 10 such pulls weigh an a
 
 
 def op_shares(profile: Mapping[str, Any] | None) -> dict[str, float]:
-    """Fraction of baseline time per op from an engine profile, points weighted by their share.
+    """Fraction of baseline time per op from an engine profile: ``sum_p w_p * f_p(op)``, where ``f_p`` is the
+    op's fraction of point p's profiled time and ``w_p`` the point's weight (its share of GPU time).
+
+    That is what the judge's speedup can gain from the op: the speedup is ``sum w / sum(w / s_p)`` over the
+    points, so making the op r times faster gives ``1 / (1 - (1 - 1/r) sum_p w_p f_p)``. Weighting the op's
+    milliseconds by ``w_p`` instead counts a long point's time twice: the Kimi-K3 slice's 220 ms prefill
+    (weight 0.17) then ranked its kernels above the decode step's (weight 0.83, 6.6 ms), and the one op the
+    decode step could gain most on (``kda_decode``, 6x faster as a template) was never searched.
 
     Accepts the supervisor's ``{"per_point": [{"point": {..., "weight"}, "ops": {op: {"ms", "calls"}}}]}``
     as well as ``{op: seconds}``, ``{op: {"ms"|"us"|"total_s"...: t}}`` and ``{"ops": {...}}``.
@@ -50,10 +57,11 @@ def op_shares(profile: Mapping[str, Any] | None) -> dict[str, float]:
             items = [(row.get("op"), row) for row in ops if isinstance(row, Mapping)]
         else:
             return
-        for op, value in items:
-            t = _seconds(value)
-            if isinstance(op, str) and t is not None and t > 0:
-                totals[op] = totals.get(op, 0.0) + weight * t
+        times = [(op, _seconds(value)) for op, value in items]
+        times = [(op, t) for op, t in times if isinstance(op, str) and t is not None and t > 0]
+        point_total = sum(t for _, t in times)
+        for op, t in times:
+            totals[op] = totals.get(op, 0.0) + weight * t / point_total
 
     prof = profile or {}
     if isinstance(prof, Mapping) and isinstance(prof.get("per_point"), (list, tuple)):

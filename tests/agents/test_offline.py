@@ -41,9 +41,16 @@ def test_op_shares_weights_points_by_their_share():
     prof = {"per_point": [
         {"point": {**POINT.to_dict(), "weight": 0.75}, "ops": {"linear": {"ms": 2.0}, "rms_norm": {"ms": 1.0}}},
         {"point": {**POINT.to_dict(), "weight": 0.25}, "ops": {"linear": {"ms": 1.0}, "attention_decode": {"ms": 4.0}}}]}
-    shares = op_shares(prof)
-    assert list(shares) == ["linear", "attention_decode", "rms_norm"]
-    assert shares["linear"] == pytest.approx(1.75 / 3.5) and sum(shares.values()) == pytest.approx(1.0)
+    shares = op_shares(prof)       # per point: linear 2/3, rms_norm 1/3 (w 0.75); linear 1/5, attention 4/5 (w 0.25)
+    assert list(shares) == ["linear", "rms_norm", "attention_decode"]
+    assert shares["linear"] == pytest.approx(0.75 * 2 / 3 + 0.25 / 5) and sum(shares.values()) == pytest.approx(1.0)
+    # a long point does not count twice: its weight already is its share of the time
+    long = {"per_point": [{"point": {**POINT.to_dict(), "weight": 0.8}, "ops": {"kda_decode": {"ms": 1.0},
+                                                                             "linear": {"ms": 1.0}}},
+                          {"point": {**POINT.to_dict(), "weight": 0.2}, "ops": {"kda_prefill": {"ms": 90.0},
+                                                                             "linear": {"ms": 10.0}}}]}
+    shares = op_shares(long)
+    assert shares["kda_decode"] == pytest.approx(0.4) and shares["kda_prefill"] == pytest.approx(0.18)
     assert op_shares({"linear": 0.003, "rms_norm": {"us": 1000}}) == pytest.approx({"linear": 0.75, "rms_norm": 0.25})
     assert op_shares(None) == {} and op_shares({"per_point": []}) == {}
 
