@@ -21,6 +21,7 @@ import torch
 
 from persistent_engine.io_struct import Check, WorkloadPoint
 from persistent_engine.ops.csa import indexer_scores
+from persistent_engine.ops.dsa import GATHER_BUDGET, token_seq_pos
 from persistent_engine.ops.moe import expert_scores, route_weights
 
 LOGIT_RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 3e-2, torch.bfloat16: 5e-2}
@@ -218,22 +219,21 @@ class RouteReplay(RouteRecorder):
 # layer-level check therefore replays the reference's picks where the candidate's differ (``PickReplay``, as
 # RouteReplay replays experts: nothing cascades) and checks the candidate's own picks against the reference's
 # indexer scores: a flip is excused when the candidate's set is a top-k of the reference's scores up to a gap of
-# the tie band x the query's score mass: the RMS over its visible entries of sum_h |w_h| relu(q_h . k) Di^-0.5
-# (a score is a signed sum over Hi heads of such terms, each moved by a few bf16 roundings of its own size, so
-# the mass, not the score, which cancels, sets the noise; on the scaled Flash slice below, 1-ulp rounding
-# changes moved picks by up to 0.12 x the visible scores' RMS, 0.07 x the mass). The band is TIE_RTOL x (2 + d)
-# for an indexer d layers deep: a router logit carries one rounding of its own (its linear's output), a score
-# two (q and the compressed key, each a bf16 projection rotated and rounded again), and each layer above adds
-# one as for the routers. Measured on that slice: worst excused gap 0.057 in the first CSA layer (d = 1, band
-# 0.094), 0.071 in the second (d = 3, band 0.156); a 30% error in the indexer's q projection: 0.1-2.5 (rejected).
-# A pick outside the visible entries, a repeated one or a set of another size is never a tie.
+# the tie band x the query's score unit (``score_unit``: the scale of the dots' rounding errors, as the logits'
+# RMS is a router's). The band is TIE_RTOL x (2 + d) for an indexer d layers deep: a router logit carries one
+# rounding of its own (its linear's output), a score two (q and the compressed key, each a bf16 projection
+# rotated and rounded again), and each layer above adds one as for the routers. Measured on a scaled Flash slice
+# (tests/persistent_engine/test_verify_csa_ties.py's, 12 steps, every linear or rms_norm rounded toward zero):
+# worst excused gap 0.041 in the first CSA layer (d = 1, band 0.094), 0.080 in the second (d = 3, band 0.156);
+# the indexer's q projection 10% off: up to 0.31 (rejected). A pick outside the visible entries, a repeated
+# one or a set of another size is never a tie.
 @dataclass(frozen=True)
 class PickCall:
     """One ``csa_indexer`` call (one CSA layer of one step): each query's picked entries and, in the
     reference's record, the scores they were picked by."""
     ids: torch.Tensor                   # [T, k] int64 picks sorted per row (-1: none; a set, order carries no meaning)
     scores: torch.Tensor | None         # [T, NE] fp32 indexer scores, -inf where not visible (reference only)
-    mass: torch.Tensor | None = None    # [T] fp32 each query's score mass (the gap's unit; reference only)
+    unit: torch.Tensor | None = None    # [T] fp32 each query's ``score_unit`` (the gap's unit; reference only)
 
 
 class PickReplay:
@@ -253,13 +253,11 @@ class PickReplay:
             self.calls.append(None)
             return out
         j, ids = len(self.calls), out.detach().long().sort(dim=-1).values
-        scores = mass = None
+        scores = unit = None
         if self.refs is None:                       # the reference's record: what the picks were chosen by
             scores = indexer_scores(*args[:7]).detach().clone()
-            terms = indexer_scores(args[0], args[1].abs(), *args[2:7])         # sum_h |w_h| relu(q_h . k)
-            vis = torch.isfinite(terms)
-            mass = (terms.masked_fill(~vis, 0.0).double().pow(2).sum(-1) / vis.sum(-1).clamp_min(1)).sqrt().float()
-        self.calls.append(PickCall(ids.clone(), scores, mass))
+            unit = score_unit(*args[:7])
+        self.calls.append(PickCall(ids.clone(), scores, unit))
         ref = self.refs[j] if self.refs is not None and j < len(self.refs) else None
         if not isinstance(ref, PickCall) or ref.ids.shape != ids.shape:
             return out
@@ -269,14 +267,36 @@ class PickReplay:
         return torch.where(flipped[:, None], ref.ids.to(out.device, out.dtype), out)
 
 
+def score_unit(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, n_entries: torch.Tensor,
+               cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, ratio: int) -> torch.Tensor:
+    """[T] fp32: the scale by which rounding moves query t's indexer scores, sqrt(sum_h w_th^2 mean_j (q_th .
+    k_j)^2) Di^-0.5 over its visible entries j: a dot product's rounding error scales with |q| |k| / sqrt(Di),
+    the RMS of the dots (as a router logit's with the logits' RMS), and the heads' errors add in quadrature.
+    Cost: the indexer's, T x NE x Hi x Di, chunked."""
+    t, hi, di = q.shape
+    ne = keys.shape[1]
+    seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
+    w = torch.arange(ne, device=q.device)
+    vis = (w[None, :] < ((pos + 1) // ratio)[:, None]) & (w[None, :] < n_entries[seq][:, None])      # [T, NE]
+    unit = torch.zeros(t, dtype=torch.float32, device=q.device)
+    step = max(1, min(t, GATHER_BUDGET // max(1, ne * max(di, hi))))
+    for c0 in range(0, t, step):
+        c1 = min(t, c0 + step)
+        dots = torch.einsum("thd,ted->the", q[c0:c1].float(), keys.float()[seq[c0:c1]])              # [C, Hi, NE]
+        v = vis[c0:c1, None, :]
+        msq = dots.square().masked_fill(~v, 0.0).sum(-1) / v.sum(-1).clamp_min(1)                     # [C, Hi]
+        unit[c0:c1] = (weights[c0:c1].float().square() * msq).sum(-1).sqrt() * di ** -0.5
+    return unit
+
+
 def pick_flips(ref: PickCall, cand_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries whose pick set differs from the reference's, and for each the gap (the reference's indexer
-    scores / that query's score mass) by which the candidate's set misses being a top-k of them: max score
+    scores / that query's ``score_unit``) by which the candidate's set misses being a top-k of them: max score
     left out minus min score picked (<= 0: an exact tie). inf for a pick not visible, out of range or
     repeated, a set of another size, or no reference scores. Cost: O(F NE) for F flipped queries."""
     cand = cand_ids.to(ref.ids.device).long().sort(dim=-1).values
     tok = (ref.ids != cand).any(-1).nonzero().flatten()
-    if tok.numel() == 0 or ref.scores is None or ref.mass is None:
+    if tok.numel() == 0 or ref.scores is None or ref.unit is None:
         return tok.cpu(), torch.full((tok.numel(),), float("inf"), dtype=torch.float64)
     s, ids = ref.scores[tok].double(), cand[tok]
     f, ne = s.shape
@@ -288,7 +308,7 @@ def pick_flips(ref: PickCall, cand_ids: torch.Tensor) -> tuple[torch.Tensor, tor
     valid &= ~(chosen & ~vis).any(-1)
     min_in = s.masked_fill(~chosen, float("inf")).min(-1).values
     max_out = s.masked_fill(chosen | ~vis, float("-inf")).max(-1).values
-    unit = ref.mass[tok].double().clamp_min(1e-30)
+    unit = ref.unit[tok].double().clamp_min(1e-30)
     gap = torch.nan_to_num((max_out - min_in).clamp_min(0) / unit, nan=float("inf"), posinf=float("inf"))
     return tok.cpu(), gap.masked_fill(~valid, float("inf")).cpu()
 
@@ -535,7 +555,7 @@ class TieCheck:
     def _hard_reason(where: str, kind: str, n: int, worst: float, band: float, replayed: bool) -> str:
         if kind == "pick":
             return (f"{where}: CSA indexer picks differ beyond ties: {n} queries, worst margin {worst:.3g} > "
-                    f"{band:.3g} (indexer-score gap / the query's score mass, in the reference)")
+                    f"{band:.3g} (indexer-score gap / the query's score unit, in the reference)")
         return (f"{where}: MoE routing differs beyond ties: {n} tokens, worst margin {worst:.3g} "
                 f"> {band:.3g} (router-logit gap / RMS, in the reference{'' if replayed else '; first flips only'})")
 

@@ -22,7 +22,7 @@ def calls_to_wire(calls: list | None, scores: bool = True) -> list | None:
         if c is None:
             return None
         if isinstance(c, PickCall):
-            return {"kind": "picks", "ids": c.ids, "scores": c.scores if scores else None, "mass": c.mass}
+            return {"kind": "picks", "ids": c.ids, "scores": c.scores if scores else None, "unit": c.unit}
         return {"logits": c.logits, "ids": c.ids, "bias": c.bias, "scoring": c.scoring,
                 "n_group": c.n_group, "topk_group": c.topk_group, "order": c.order}
     return [one(c) for c in calls]
@@ -41,7 +41,7 @@ def calls_from_wire(wire: list | None, device=None) -> list | None:
         if c is None:
             return None
         if c.get("kind") == "picks":
-            return PickCall(dev(c["ids"]), dev(c["scores"]), dev(c.get("mass")))
+            return PickCall(dev(c["ids"]), dev(c["scores"]), dev(c.get("unit")))
         return RouteCall(dev(c["logits"]), dev(c["ids"]), dev(c["bias"]), str(c["scoring"]), int(c["n_group"]),
                          int(c["topk_group"]), dev(c["order"]))
     return [one(c) for c in wire]
