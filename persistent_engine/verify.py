@@ -338,8 +338,9 @@ def routed_step(registry, model, workload, overrides: dict, refs: list | None, r
 
 class ReferenceRoutes:
     """The reference's routing and indexer picks at each (point, variant), recorded on first use by re-running
-    the baseline step with ``moe_route`` and ``csa_indexer`` wrapped (``routed_step``). None for a step whose re-run does not reproduce the start-up logits
-    (e.g. non-deterministic atomics flipped a tie): then no flip is excused there."""
+    the baseline step with ``moe_route`` and ``csa_indexer`` wrapped (``routed_step``). None for a step whose
+    re-run does not reproduce the start-up logits (e.g. non-deterministic atomics flipped a tie): then no flip
+    is excused there."""
 
     def __init__(self, registry):
         self.registry = registry
