@@ -255,7 +255,7 @@ def replay_agreement(model, wl, overrides: dict, ref_logits: torch.Tensor, dtype
                 "(its re-run differs from its timed run)", "summary": "", "rel_err": None}
     out, wrap = verify.routed_step(registry, model, wl, overrides, refs)
     replayed = isinstance(wrap, verify.RouteReplay)     # a plan that keeps the reference router
-    ties = verify.TieCheck(dtype, depths=verify.moe_depths(model))
+    ties = verify.TieCheck(dtype, depths=verify.moe_depths(model), pick_depths=verify.pick_depths(model))
     reason = ties.compare(out, ref_logits, "e2e", refs, wrap.calls, wl.cu_seqlens_q, replayed=replayed)
     reason = reason or ties.budget_reason()
     return {"ok": reason is None, "replayed": replayed, "reason": reason, "summary": ties.summary(),

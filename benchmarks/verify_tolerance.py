@@ -42,7 +42,7 @@ def plan_errors(e: eng.Engine, overrides: dict) -> list[list[float]]:
     for i, ws in enumerate(e.workloads):
         row = []
         for v, w in enumerate(ws):
-            if "moe_route" in e.ops_at[i]:
+            if verify.decides(e.ops_at[i]):
                 refs = e.moe_routes.get((i, v), e.model, w, e.ref[i][v], e.dtype)
                 out, _ = verify.routed_step(e.registry, e.model, w, overrides, refs)
             else:

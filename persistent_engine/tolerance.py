@@ -83,7 +83,7 @@ def calibrate(registry, model, workloads: list[list], refs: list[list], routes: 
         row = []
         for v, w in enumerate(ws):
             wrapped = {n: Rerounded(registry.current(n), gen) for n in leaves}
-            if "moe_route" in ops_at[i]:            # the re-rounded router, replayed like a candidate's
+            if verify.decides(ops_at[i]):           # the re-rounded router and indexer, replayed like a candidate's
                 router, ref_routes = wrapped.pop("moe_route"), routes.get((i, v), model, w, refs[i][v], dtype)
                 out, _ = verify.routed_step(registry, model, w, wrapped, ref_routes, router=router)
             else:

@@ -1,24 +1,35 @@
-"""MoE routing records (``verify.RouteCall``) on the wire between judge and executor.
+"""The step's discrete-decision records (``verify.RouteCall``: MoE routing, ``verify.PickCall``: CSA indexer
+picks) on the wire between judge and executor.
 
-The judge records the reference routing of each (point, variant) and sends it with a layer-level
-``step`` request, so the executor can replay it (``verify.RouteReplay``); the executor sends back the
-routing the candidate's step chose, and the judge's ``verify.TieCheck`` decides on it. A list entry is
-None where a call's output was not (weights, ids).
+The judge records the reference's decisions of each (point, variant) and sends them with a layer-level
+``step`` request, so the executor can replay them (``verify.RouteReplay``, ``verify.PickReplay``); the
+executor sends back the decisions the candidate's step took, and the judge's ``verify.TieCheck`` decides on
+them. A list entry is None where a call's output was not (weights, ids) / picks.
 """
 
 from __future__ import annotations
 
 
-def calls_to_wire(calls: list | None) -> list | None:
+def calls_to_wire(calls: list | None, scores: bool = True) -> list | None:
+    """``scores`` False: the picks' indexer scores left out (a replay reads the picks only; on DeepSeek-V4-
+    Flash's 3k-token prefill they are 9 MB a CSA layer)."""
+    from persistent_engine.verify import PickCall
+
     if calls is None:
         return None
-    return [None if c is None else {"logits": c.logits, "ids": c.ids, "bias": c.bias, "scoring": c.scoring,
-                                    "n_group": c.n_group, "topk_group": c.topk_group, "order": c.order}
-            for c in calls]
+
+    def one(c):
+        if c is None:
+            return None
+        if isinstance(c, PickCall):
+            return {"kind": "picks", "ids": c.ids, "scores": c.scores if scores else None, "unit": c.unit}
+        return {"logits": c.logits, "ids": c.ids, "bias": c.bias, "scoring": c.scoring,
+                "n_group": c.n_group, "topk_group": c.topk_group, "order": c.order}
+    return [one(c) for c in calls]
 
 
 def calls_from_wire(wire: list | None, device=None) -> list | None:
-    from persistent_engine.verify import RouteCall
+    from persistent_engine.verify import PickCall, RouteCall
 
     if wire is None:
         return None
@@ -26,6 +37,11 @@ def calls_from_wire(wire: list | None, device=None) -> list | None:
     def dev(t):
         return None if t is None else (t.to(device) if device is not None else t)
 
-    return [None if c is None else RouteCall(dev(c["logits"]), dev(c["ids"]), dev(c["bias"]), str(c["scoring"]),
-                                             int(c["n_group"]), int(c["topk_group"]), dev(c["order"]))
-            for c in wire]
+    def one(c):
+        if c is None:
+            return None
+        if c.get("kind") == "picks":
+            return PickCall(dev(c["ids"]), dev(c["scores"]), dev(c.get("unit")))
+        return RouteCall(dev(c["logits"]), dev(c["ids"]), dev(c["bias"]), str(c["scoring"]), int(c["n_group"]),
+                         int(c["topk_group"]), dev(c["order"]))
+    return [one(c) for c in wire]

@@ -110,17 +110,18 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
 
     counted = {n: guards.Counted(None) for n in e.candidate.ops}
     reasons: list[str] = []
-    ties = verify.TieCheck(e.dtype, depths=verify.moe_depths(e.model))
+    ties = verify.TieCheck(e.dtype, depths=verify.moe_depths(e.model), pick_depths=verify.pick_depths(e.model))
     todo, msgs = [], []
     # an override that declares in-place cache writes (OpDef.writes): the executor also reports any pool row
     # other than the step's new tokens' that the step changed (guards.CacheRows)
     check_cache = any(e.registry.get(n).writes for n in e.candidate.ops)
     for i in e._affected():
         for v in range(len(e.workloads[i])):
-            moe = "moe_route" in e.ops_at[i]
+            moe = verify.decides(e.ops_at[i])          # routes experts or picks CSA entries
             refs = e.reference_routes(i, v, deadline) if moe else None
             todo.append((i, v, moe, refs))
-            msgs.append({"i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs), "check_cache": check_cache})
+            msgs.append({"i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs, scores=False),
+                         "check_cache": check_cache})
     failed: set[int] = set()
     for (i, v, moe, refs), r in zip(todo, remote_steps(e, msgs, deadline)):
         if i in failed:

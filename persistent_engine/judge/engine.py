@@ -481,7 +481,8 @@ class Engine(ExecutorSide):
             k = self.batch[i]
             n = samples if req.samples else timing.samples_for(self.device.type, self.base_ms[i] * k, samples,
                                                                weight_share(self.points, i))
-            fresh = None if "moe_route" in self.ops_at[i] else self._fresh_ids(i)
+            # routing / indexer points: the variants' own ids, whose near-tie rows the spot re-check leaves out
+            fresh = None if verify.decides(self.ops_at[i]) else self._fresh_ids(i)
             need = PAUSE_POOL_IF_READY.get(self.device.type)
             paused = (self.pool.pause() if self.pool is not None and need is not None
                       and self.pool.ready_count() >= need else [])

@@ -66,8 +66,10 @@ def compressed_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
     return out
 
 
-def csa_indexer(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, n_entries: torch.Tensor,
-                cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, ratio: int, topk: int) -> torch.Tensor:
+def indexer_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, n_entries: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, ratio: int) -> torch.Tensor:
+    """[T, NE] fp32: each query's indexer score of every compressed entry of its sequence, -inf where the
+    entry is not visible (future or past n_entries). Cost: T x NE x Hi x Di multiply-adds, chunked."""
     t, hi, di = q.shape
     ne = keys.shape[1]
     seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
@@ -80,7 +82,12 @@ def csa_indexer(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, n_en
         score[c0:c1] = (dots * di ** -0.5 * weights[c0:c1].float()[..., None]).sum(1)
     w = torch.arange(ne, device=q.device)
     ok = (w[None, :] < ((pos + 1) // ratio)[:, None]) & (w[None, :] < n_entries[seq][:, None])
-    score = score.masked_fill(~ok, float("-inf"))
+    return score.masked_fill(~ok, float("-inf"))
+
+
+def csa_indexer(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, n_entries: torch.Tensor,
+                cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, ratio: int, topk: int) -> torch.Tensor:
+    score = indexer_scores(q, weights, keys, n_entries, cu_seqlens_q, context_lens, ratio)
     # a stable sort, not topk: tied scores (relu makes exact zeros common) go to the earlier entry, so the picks
     # are a function of the visible entries only (causal) and the same on every device
     values, order = score.sort(dim=-1, descending=True, stable=True)
