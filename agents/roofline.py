@@ -19,12 +19,20 @@ from typing import Any, Mapping, Sequence
 
 from persistent_engine import WorkloadPoint, point_key
 
-__all__ = ["measured_calls", "op_rooflines", "registry_op", "roofline"]
+__all__ = ["HEADROOM_UNKNOWN", "headroom", "measured_calls", "op_rooflines", "registry_op", "roofline"]
+
+HEADROOM_UNKNOWN = 0.5     # headroom of an op the cost model has no roofline for: neither favoured nor dropped
 
 # cost-model reference op name -> registry op (names that are registry ops map to themselves)
 _AS_REGISTRY = {"final_norm": "fused_add_rms_norm", "qk_norm": "rms_norm", "q_a_norm": "rms_norm",
                 "kv_a_norm": "rms_norm", "shared_silu": "silu_and_mul", "moe_experts_dense": "moe_experts",
                 "moe_experts_loop": "moe_experts", "router": "linear"}
+
+# registry op -> the op whose cost-model row models its traffic: the cost model walks a GLU or an MoE
+# with one activation (SiLU), and an activation's arithmetic does not change the bytes moved
+_VARIANT_OF = {"moe_experts_situ": "moe_experts", "moe_experts_clamp": "moe_experts",
+               "situ_and_mul": "silu_and_mul", "swiglu_clamp_and_mul": "silu_and_mul",
+               "swigluoai_and_mul": "silu_and_mul", "gelu_tanh_and_mul": "silu_and_mul"}
 
 
 def registry_op(name: str, cls: str, known: Sequence[str]) -> str | None:
@@ -118,3 +126,39 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[WorkloadPoint],
     return {"hardware": hw.name, "layers": layers, "points": out,
             "note": "roofline_ms: max(bytes/bandwidth, flops/peak) of the reference op's traffic, no launch "
                     "cost; achieved = roofline_ms / measured_ms (1 is at the roofline)"}
+
+
+def headroom(spec: Any, hw_name: str | None, point: Mapping[str, Any], profile: Mapping[str, Any],
+             known_ops: Sequence[str], default: float = HEADROOM_UNKNOWN) -> dict[str, float]:
+    """``{op: 1 - achieved}`` for each op the profile measured at ``point`` (a profile row's point map):
+    what a kernel at the roofline would take off the op's time, in [0, 1]; ``default`` where the cost
+    model has no row for the op, or there is no spec or known hardware.
+
+    ``achieved`` = roofline / measured, clipped to [0, 1]. An op measured under an activation variant
+    (``moe_experts_situ``) takes its base op's row (``moe_experts``) where the base was not measured.
+    Where the profile counts more calls than the reference step has rows, the roofline is scaled to the
+    calls (the Kimi-K3 slice's fast tier runs an MLA layer, a layer kind the cost model does not walk:
+    23 ``linear`` calls against 11 rows); never scaled down (fewer calls may be the same traffic fused).
+    """
+    from cost_model import get_hardware
+
+    measured = measured_calls(profile, point)
+    if spec is None or not hw_name:
+        return {op: default for op in measured}
+    try:
+        hw = get_hardware(hw_name)
+    except (KeyError, ValueError):
+        return {op: default for op in measured}
+    known = set(known_ops) | set(measured) | {_VARIANT_OF[op] for op in measured if op in _VARIANT_OF}
+    rows = op_rooflines(spec, hw, WorkloadPoint.from_dict(point), sorted(known))
+    out = {}
+    for op, (ms, calls) in measured.items():
+        r = rows.get(op)
+        if r is None and op in _VARIANT_OF and _VARIANT_OF[op] not in measured:
+            r = rows.get(_VARIANT_OF[op])
+        if r is None or ms <= 0 or r["roofline_ms"] <= 0:
+            out[op] = default
+            continue
+        floor = r["roofline_ms"] * max(1.0, (calls or 0) / max(r["rows"], 1))
+        out[op] = 1.0 - min(max(floor / ms, 0.0), 1.0)
+    return out
