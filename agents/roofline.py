@@ -136,9 +136,10 @@ def headroom(spec: Any, hw_name: str | None, point: Mapping[str, Any], profile: 
 
     ``achieved`` = roofline / measured, clipped to [0, 1]. An op measured under an activation variant
     (``moe_experts_situ``) takes its base op's row (``moe_experts``) where the base was not measured.
-    Where the profile counts more calls than the reference step has rows, the roofline is scaled to the
-    calls (the Kimi-K3 slice's fast tier runs an MLA layer, a layer kind the cost model does not walk:
-    23 ``linear`` calls against 11 rows); never scaled down (fewer calls may be the same traffic fused).
+    Where the profile counts the op's calls and they differ from the reference step's rows, the roofline
+    is the rows' mean times the calls: the Kimi-K3 slice's fast tier runs an MLA layer, a layer kind the
+    cost model does not walk (23 ``linear`` calls against 9 rows), and llama-1b's composite ops run 3 of
+    its 4 GEMMs per layer (1 ``linear`` call left against 4 rows).
     """
     from cost_model import get_hardware
 
@@ -159,6 +160,6 @@ def headroom(spec: Any, hw_name: str | None, point: Mapping[str, Any], profile: 
         if r is None or ms <= 0 or r["roofline_ms"] <= 0:
             out[op] = default
             continue
-        floor = r["roofline_ms"] * max(1.0, (calls or 0) / max(r["rows"], 1))
+        floor = r["roofline_ms"] * (calls / r["rows"] if calls and r["rows"] else 1.0)
         out[op] = 1.0 - min(max(floor / ms, 0.0), 1.0)
     return out

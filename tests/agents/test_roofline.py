@@ -92,6 +92,8 @@ def test_an_op_at_its_roofline_has_prior_about_zero():
     assert "rms_norm" not in rows and room["rms_norm"] == HEADROOM_UNKNOWN
     faster = _profile((point, {"linear": (0.5 * lin["roofline_ms"], lin["rows"])}))         # below: clipped
     assert headroom(spec, "h200", point, faster, ["linear"])["linear"] == 0.0
+    half = _profile((point, {"linear": (lin["roofline_ms"], lin["rows"] // 2)}))   # half the GEMMs (a composite
+    assert headroom(spec, "h200", point, half, ["linear"])["linear"] == pytest.approx(0.5)   # runs the rest)
 
     priors, shares = op_priors(profile, spec, "h200", ["linear", "silu_and_mul"]), op_shares(profile)
     assert shares["linear"] > 0.3 and priors["linear"] == pytest.approx(0.0, abs=1e-9)
