@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from agents.offline.config_search import (ConfigJudge, ConfigSearchAgent, ConfigSpace, MeasuredStepTime,
                                           config_title, engine_config, samples_from_profile)
 from agents.offline.kernel_search import KernelSearchAgent
-from agents.offline.strategy import (STRATEGIES, BanditStrategy, EvolutionStrategy, SearchState, op_shares,
+from agents.offline.strategy import (STRATEGIES, BanditStrategy, EvolutionStrategy, SearchState, op_priors, op_shares,
                                      reward_of)
 from agents.offline.worker import OfflineAgent, OfflineTeam
 
@@ -21,7 +21,7 @@ EAGER_FACTOR_CUDA = 3.0
 __all__ = ["EAGER_FACTOR_CUDA", "config_title",
            "BanditStrategy", "ConfigJudge", "ConfigSearchAgent", "ConfigSpace", "EvolutionStrategy",
            "KernelSearchAgent", "MeasuredStepTime", "OfflineAgent", "OfflineTeam", "STRATEGIES", "SearchState",
-           "engine_config", "make_offline_agents", "op_shares", "reward_of", "samples_from_profile"]
+           "engine_config", "make_offline_agents", "op_priors", "op_shares", "reward_of", "samples_from_profile"]
 
 
 def make_offline_agents(n: int, *, device: str = "cpu", trace: Any = None, profile: Mapping | None = None,

@@ -1,8 +1,15 @@
 """Search strategies over the template library, steered by where the time goes.
 
-An *arm* is one template. Its prior is its op's share of the baseline time (``op_shares`` of the
-engine profile): an op that takes 1% of the step can speed the step up by 1% at most, so it is
-searched last. Both strategies propose one :class:`~agents.templates.Choice` at a time that is valid
+An *arm* is one template. Its prior is what a kernel at the roofline could take off the baseline
+time in its op (``op_priors``): ``sum_p w_p * f_p(op) * headroom_p(op)`` over the workload points, where
+``w_p`` is the point's weight, ``f_p`` the op's fraction of the point's profiled time (``op_shares``) and
+``headroom = 1 - roofline_ms / measured_ms`` (``agents.roofline.headroom``; 0.5, neither favoured nor
+dropped, where the cost model has no roofline for the op or there is no spec or hardware). A share says
+how much an op could give at most, not how much is left: on the H200 a Kimi-K3 slice search ordered by
+share spent its whole budget on ``moe_experts_situ`` (19% of the step, the reference already near HBM
+bandwidth: best candidate 1.007x) and ``linear`` (cuBLAS: GEMV candidates 0.32-0.89x) and never tried
+``kda_decode.triton``, 6x faster than the reference at batch 8-32 (0.084 vs 0.533 ms); with headroom
+``kda_decode`` (8% of the step at 9% of its roofline) comes first. Both strategies propose one :class:`~agents.templates.Choice` at a time that is valid
 at the model's sizes and not in ``tried``:
 
 - :class:`BanditStrategy` (UCB1 weighted by the prior): untried arms in prior order first, then the
@@ -29,6 +36,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from agents.roofline import HEADROOM_UNKNOWN
 from agents.templates import Choice, Template
 
 MAX_DRAWS = 200          # attempts to find an untried valid setting before an arm is declared spent
@@ -48,31 +56,73 @@ def op_shares(profile: Mapping[str, Any] | None) -> dict[str, float]:
     Accepts the supervisor's ``{"per_point": [{"point": {..., "weight"}, "ops": {op: {"ms", "calls"}}}]}``
     as well as ``{op: seconds}``, ``{op: {"ms"|"us"|"total_s"...: t}}`` and ``{"ops": {...}}``.
     """
-    totals: dict[str, float] = {}
+    return _weighted(point_fractions(profile), lambda point, op: 1.0)
 
-    def add_ops(ops: Any, weight: float) -> None:
+
+def op_priors(profile: Mapping[str, Any] | None, spec: Any = None, hw: str | None = None,
+              known_ops: Iterable[str] = (), default: float = HEADROOM_UNKNOWN) -> dict[str, float]:
+    """What a kernel at the roofline could take off the baseline time, per op: ``sum_p w_p * f_p(op) *
+    headroom_p(op)`` over the profile's points (``agents.roofline.headroom``: ``1 - roofline / measured``
+    at that point, ``default`` where the cost model has no roofline for the op or there is no spec or
+    hardware), over ``sum_p w_p``. Ordered by prior, highest first."""
+    from agents.roofline import headroom
+
+    known = tuple(known_ops)
+    rooms: dict[int, dict[str, float]] = {}
+
+    def room(point: Mapping[str, Any] | None, op: str) -> float:
+        if point is None:
+            return default
+        if id(point) not in rooms:
+            rooms[id(point)] = headroom(spec, hw, point, profile or {}, known, default)
+        return rooms[id(point)].get(op, default)
+
+    return _weighted(point_fractions(profile), room)
+
+
+def point_fractions(profile: Mapping[str, Any] | None) -> list[tuple[float, Mapping[str, Any] | None, dict[str, float]]]:
+    """``[(weight, point map or None, {op: fraction of the point's profiled time})]`` of a profile (the
+    forms :func:`op_shares` accepts; a profile without points is one point of weight 1)."""
+    def fractions(ops: Any) -> dict[str, float]:
         if isinstance(ops, Mapping):
             items = ops.items()
         elif isinstance(ops, (list, tuple)):
             items = [(row.get("op"), row) for row in ops if isinstance(row, Mapping)]
         else:
-            return
+            return {}
         times = [(op, _seconds(value)) for op, value in items]
         times = [(op, t) for op, t in times if isinstance(op, str) and t is not None and t > 0]
         point_total = sum(t for _, t in times)
+        out: dict[str, float] = {}
         for op, t in times:
-            totals[op] = totals.get(op, 0.0) + weight * t / point_total
+            out[op] = out.get(op, 0.0) + t / point_total
+        return out
 
     prof = profile or {}
     if isinstance(prof, Mapping) and isinstance(prof.get("per_point"), (list, tuple)):
+        rows = []
         for row in prof["per_point"]:
             if isinstance(row, Mapping):
-                w = row.get("point", {}).get("weight", 1.0) if isinstance(row.get("point"), Mapping) else 1.0
-                add_ops(row.get("ops", {}), float(w or 0.0))
-    elif isinstance(prof, Mapping):
-        add_ops(prof.get("ops", prof.get("per_op", prof)), 1.0)
-    total = sum(totals.values())
-    return {op: t / total for op, t in sorted(totals.items(), key=lambda kv: -kv[1])} if total > 0 else {}
+                point = row.get("point") if isinstance(row.get("point"), Mapping) else None
+                w = point.get("weight", 1.0) if point is not None else 1.0
+                rows.append((float(w or 0.0), point, fractions(row.get("ops", {}))))
+        return rows
+    if isinstance(prof, Mapping):
+        return [(1.0, None, fractions(prof.get("ops", prof.get("per_op", prof))))]
+    return []
+
+
+def _weighted(rows, factor) -> dict[str, float]:
+    """``sum_p w_p * f_p(op) * factor(point, op)``, over the weight of the points that measured anything,
+    highest first (the shares sum to 1 when ``factor`` is 1)."""
+    totals: dict[str, float] = {}
+    weight = 0.0
+    for w, point, fractions in rows:
+        if fractions:
+            weight += w
+        for op, f in fractions.items():
+            totals[op] = totals.get(op, 0.0) + w * f * factor(point, op)
+    return {op: t / weight for op, t in sorted(totals.items(), key=lambda kv: -kv[1])} if weight > 0 else {}
 
 
 def _seconds(value: Any) -> float | None:
