@@ -208,11 +208,12 @@ def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool,
     return stats.median_ms, run().clone()
 
 
-def kernels_per_step(run: Callable[[], torch.Tensor], steps: int, wall_ms: float) -> dict:
-    """Kernels, busy / idle microseconds per call of ``run`` over ``steps`` profiled calls (kernel_profile.py),
-    the 5 heaviest kernels, and ``wall_idle_us`` = the timed median ``wall_ms`` - busy."""
+def kernels_per_step(run: Callable[[], torch.Tensor], steps: int, wall_ms: float, cuda: bool = True) -> dict:
+    """Kernels, busy / idle microseconds per call of ``run`` over ``steps`` profiled calls (kernel_profile.py;
+    ``cuda`` False: top-level aten ops stand in, for tests), the 5 heaviest kernels, and ``wall_idle_us`` =
+    the timed median ``wall_ms`` - busy."""
     try:
-        s = summarize(*profile_intervals(run, steps, cuda=True), top=5)
+        s = summarize(*profile_intervals(run, steps, cuda=cuda), top=5)
     except RuntimeError as e:                          # the profiler saw no kernel in some call
         return {"error": str(e)}
     return {**s, "wall_us": wall_ms * 1e3, "wall_idle_us": wall_ms * 1e3 - s["busy_us"]}
