@@ -222,7 +222,8 @@ class TransformerBlock(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         self.attention = Attention(args)
-        self.feed_forward = MOEFeedForward(args) if args.is_moe(layer) else FeedForward(args.dim, args.intermediate_size)
+        self.feed_forward = (MOEFeedForward(args) if args.is_moe(layer)
+                             else FeedForward(args.dim, args.intermediate_size))
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
@@ -253,7 +254,8 @@ class Transformer(nn.Module):
         for b in self.layers:
             b.attention.kv_cache = KVCache(max_batch_size, max_seq_length, self.args.n_local_heads, self.args.head_dim,
                                            w.dtype, w.device)
-        self.register_buffer("freqs_cis", precompute_freqs_cis(max_seq_length, self.args).to(w.device), persistent=False)
+        freqs = precompute_freqs_cis(max_seq_length, self.args).to(w.device)
+        self.register_buffer("freqs_cis", freqs, persistent=False)
         causal = torch.tril(torch.ones(max_seq_length, max_seq_length, dtype=torch.bool, device=w.device))
         self.register_buffer("causal_mask", causal, persistent=False)
         return self
@@ -348,7 +350,8 @@ def state_dict_from_tkcc(args: ModelArgs, params: dict[str, Tensor], layers: tup
             sd[f + "cond_ffn.w2"] = params[p + "w2"].clone()
         else:
             gate_up, n = params[p + "gate_up_w"], args.intermediate_size
-            sd[q + "feed_forward.w1.weight"], sd[q + "feed_forward.w3.weight"] = gate_up[:n].clone(), gate_up[n:].clone()
+            sd[q + "feed_forward.w1.weight"] = gate_up[:n].clone()
+            sd[q + "feed_forward.w3.weight"] = gate_up[n:].clone()
             sd[q + "feed_forward.w2.weight"] = params[p + "down_w"].clone()
     return sd
 

@@ -343,7 +343,8 @@ def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs:
         row["reference_graph_ms"], logits = timed(timer, lambda: (g.replay(), out)[1], a.samples, graph=True)
         checks["reference_graph"] = agreement(ref_logits, logits, model.dtype)
         if profile:
-            kernels["reference_graph"] = kernels_per_step(lambda: (g.replay(), out)[1], profile, row["reference_graph_ms"])
+            kernels["reference_graph"] = kernels_per_step(lambda: (g.replay(), out)[1], profile,
+                                                          row["reference_graph_ms"])
         del g
     else:
         row["reference_graph_ms"] = None
@@ -441,8 +442,8 @@ def markdown(r: dict, parts: PlanParts | None) -> str:
     """The docs/performance.md section of one case: the plan's optimizations and what each gave."""
     lines = [f"### {r['model']}, {len(r['layers'])} layer(s), batch {r['batch']}, context {r['context']}", ""]
     lines.append(f"eager {_f(r['reference_ms'])} ms, CUDA graph {_f(r['reference_graph_ms'])} ms, torch.compile "
-                 f"{_f(r['torch_compile_ms'])} ms, gpt-fast {_f(r['gptfast_ms'])} ms, tkcc {_f(r['tkcc_ms'])} ms per step; "
-                 f"floor {_f(r['floor_ms'])} ms "
+                 f"{_f(r['torch_compile_ms'])} ms, gpt-fast {_f(r['gptfast_ms'])} ms, tkcc {_f(r['tkcc_ms'])} ms "
+                 f"per step; floor {_f(r['floor_ms'])} ms "
                  f"(tkcc at {_f(r['pct_floor']['tkcc_ms'], '{:.1f}')}% of it).")
     lines.append("")
     if parts is None or not parts.loaded.plan.optimizations:

@@ -17,7 +17,8 @@ from persistent_engine.models.decoder import build_model
 from persistent_engine.workloads import make_workload
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("baseline_gptfast_under_test", ROOT / "benchmarks" / "baseline_gptfast.py")
+spec = importlib.util.spec_from_file_location("baseline_gptfast_under_test",
+                                              ROOT / "benchmarks" / "baseline_gptfast.py")
 gf = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = gf                  # dataclasses look their module up by name
 spec.loader.exec_module(gf)
