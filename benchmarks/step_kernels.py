@@ -14,6 +14,7 @@ sync, so a kernel belongs to the replay whose window holds its start. Per replay
   busy     length of the union of the kernel intervals: time at least one kernel runs
   span     first kernel start to last kernel end;  idle = span - busy (gaps between kernels)
 
+The profiling itself is ``benchmarks/kernel_profile.py`` (``e2e_decode.py`` uses it too).
 ``floor_us`` (``e2e_decode.py``'s bytes / the measured copy bandwidth) against ``busy`` is how far the
 kernels themselves are from the bandwidth floor; ``idle`` is what fusing launches away could win.
 Per kernel name: calls and microseconds per step, the heaviest first. On CPU (no kernels) the
