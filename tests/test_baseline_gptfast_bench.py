@@ -116,3 +116,13 @@ def test_the_compiled_step_is_one_graph_and_equals_eager(tmp_path):
     with torch.no_grad():
         compiled = step(wl.token_ids.view(2, 1), torch.tensor([12]))
     assert rel(compiled, ref) < 1e-5
+
+
+def test_it_imports_only_torch_and_the_standard_library():
+    """Independent of tkcc's code: no project package (persistent_engine, compiler, ...) is imported."""
+    import ast
+
+    tree = ast.parse((ROOT / "benchmarks" / "baseline_gptfast.py").read_text())
+    roots = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+             for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    assert roots <= {"__future__", "json", "math", "dataclasses", "pathlib", "torch"}, roots
