@@ -274,10 +274,15 @@ def run_gptfast(model, wl, case: Case, a, timer, cuda: bool) -> tuple[dict, torc
             return step(idx, pos)
 
     t0 = time.perf_counter()
-    for _ in range(3):                                  # compile (and record the CUDA graphs)
-        run()
-    if cuda:
-        torch.cuda.synchronize()
+    try:
+        for _ in range(3):                              # compile (and record the CUDA graphs)
+            run()
+        if cuda:
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - a baseline that does not compile is reported, the run goes on
+        torch._dynamo.reset()
+        row["gptfast_note"] = f"not measured: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        return row, None, None
     if not a.no_compile:
         row["gptfast_compile_s"] = time.perf_counter() - t0
     row["gptfast_timed"] = ("eager (--no-compile)" if a.no_compile else

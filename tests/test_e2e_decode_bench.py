@@ -234,3 +234,23 @@ def test_kernels_per_step_reports_busy_idle_and_wall_minus_busy():
     assert k["steps"] == 3 and k["kernels"] >= 2 and 0 < k["busy_us"] <= k["span_us"]
     assert k["wall_us"] == 5000.0 and k["wall_idle_us"] == pytest.approx(5000.0 - k["busy_us"])
     assert "error" in bench.kernels_per_step(lambda: x, 2, wall_ms=1.0, cuda=False)     # no op: no kernel seen
+
+
+def test_a_baseline_that_fails_to_compile_is_reported_and_the_run_goes_on(monkeypatch):
+    from argparse import Namespace
+
+    from persistent_engine.models.decoder import build_model
+    model = build_model("tiny-dense", dtype=torch.float32)
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=1, context=8), 0)
+
+    def broken(module):
+        def step(*args):
+            raise RuntimeError("inductor: no lowering\nsecond line")
+        return step
+
+    monkeypatch.setattr(bench.gptfast, "compile_decode", broken)
+    a = Namespace(no_compile=False, samples=2, eager_samples=2, profile_steps=0)
+    row, logits, kernels = bench.run_gptfast(model, wl, bench.Case("tiny-dense", None, 1, 8), a,
+                                             bench.timing.make_timer(model.device), cuda=False)
+    assert logits is None and kernels is None and row["gptfast_ms"] is None
+    assert row["gptfast_note"] == "not measured: RuntimeError: inductor: no lowering"
