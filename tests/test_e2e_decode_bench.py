@@ -4,6 +4,7 @@ agreement check passes for a correct override and fails for a wrong one, and the
 issue 10 asks for. torch.compile is skipped (--no-compile): on 2 CPU cores it takes ~30 s per case."""
 
 import importlib.util
+from argparse import Namespace
 import json
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from compiler import plan as plan_mod
 from compiler.compose import Part, compose
 from persistent_engine.io_struct import WorkloadPoint
+from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.workloads import make_workload
 from test_baseline_gptfast_bench import tiny_qwen3_moe
@@ -237,9 +239,6 @@ def test_kernels_per_step_reports_busy_idle_and_wall_minus_busy():
 
 
 def test_a_baseline_that_fails_to_compile_is_reported_and_the_run_goes_on(monkeypatch):
-    from argparse import Namespace
-
-    from persistent_engine.models.decoder import build_model
     model = build_model("tiny-dense", dtype=torch.float32)
     wl = make_workload(model, WorkloadPoint(phase="decode", batch=1, context=8), 0)
 
