@@ -4,9 +4,9 @@ agreement check passes for a correct override and fails for a wrong one, and the
 issue 10 asks for. torch.compile is skipped (--no-compile): on 2 CPU cores it takes ~30 s per case."""
 
 import importlib.util
-from argparse import Namespace
 import json
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
