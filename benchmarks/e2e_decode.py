@@ -18,6 +18,17 @@ Per case (model, layer slice, batch, context; bf16 decode, one new token per seq
                    listed as ignored). Without a plan (or overrides) for the model it is the reference
                    under the engine's graph path with the plan's CONFIG, and ``tkcc_source`` says so.
 
+  gpt-fast         the independent baseline (``benchmarks/baseline_gptfast.py``, no tkcc code: a user's
+                   gpt-fast-style model, static contiguous KV cache, SDPA, gathered-experts MoE) on the same
+                   weights and cached context, ``torch.compile(mode="reduce-overhead", fullgraph=True)``
+                   (``gptfast_ms``; eager with ``--no-compile``; ``gptfast_note`` says why when the family is
+                   not one it implements). Every tkcc ratio is also given against it (``vs_gptfast``).
+
+Kernels per step (``step_kernels``, CUDA only; None on CPU, ``step_kernels_note`` says why): each graph or
+compiled variant profiled over ``--profile-steps`` calls (``benchmarks/kernel_profile.py``, as
+``step_kernels.py``): kernels, busy (union of kernel intervals), idle (first start to last end - busy)
+and ``wall_idle_us`` (the timed median - busy).
+
 Timing: ``persistent_engine.timing`` (CUDA events around a graph replay or an eager step, L2 flushed
 before each sample, device synchronised; ``perf_counter_ns`` on CPU), median of ``--samples``.
 Floor: ``floor_ms`` = bytes one step must read (weights except the untouched embedding rows, only
@@ -46,6 +57,7 @@ import datetime
 import json
 import platform
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -55,12 +67,17 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks import baseline_gptfast as gptfast  # noqa: E402
+from benchmarks.e2e_results import BenchError, merge_files, merge_results, print_targets  # noqa: E402
+from benchmarks.e2e_results import fmt as _f, read_results, target_verdicts  # noqa: E402
 from benchmarks.forward import bytes_read  # noqa: E402
+from benchmarks.kernel_profile import profile_intervals, summarize  # noqa: E402
 from compiler import apply as plan_apply  # noqa: E402
 from compiler.compare import capture, compile_step  # noqa: E402
 from compiler import plan as plan_mod  # noqa: E402
 from compiler.compose import parse_targets  # noqa: E402
 from persistent_engine import timing  # noqa: E402
+from persistent_engine.models.aliases import ALIASES, CONFIG_DIR  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
@@ -77,16 +94,6 @@ DEFAULT_CASES = {
 DEFAULT_TRAFFIC = ROOT / "examples" / "traffic" / "azure2023_conv.parquet"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STEP_CONFIG = ("cuda_graph", "cuda_graph_batch_sizes", "kv_block_size")   # CONFIG that shapes one step
-# issue 10's targets: (model, batch or None for every batch, metric, minimum)
-TARGETS = (("llama-1b", 1, "pct_floor", 85.0), ("llama-1b", 1, "vs_torch_compile", 1.6),
-           ("qwen3-moe", None, "vs_reference", 2.6), ("qwen3-moe", None, "vs_torch_compile", 1.3),
-           ("deepseek-v3", None, "vs_reference", 2.0))
-
-
-class BenchError(ValueError):
-    user_error = True
-
-
 @dataclass(frozen=True)
 class Case:
     model: str
@@ -201,10 +208,22 @@ def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool,
     return stats.median_ms, run().clone()
 
 
+def kernels_per_step(run: Callable[[], torch.Tensor], steps: int, wall_ms: float, cuda: bool = True) -> dict:
+    """Kernels, busy / idle microseconds per call of ``run`` over ``steps`` profiled calls (kernel_profile.py;
+    ``cuda`` False: top-level aten ops stand in, for tests), the 5 heaviest kernels, and ``wall_idle_us`` =
+    the timed median ``wall_ms`` - busy."""
+    try:
+        s = summarize(*profile_intervals(run, steps, cuda=cuda), top=5)
+    except RuntimeError as e:                          # the profiler saw no kernel in some call
+        return {"error": str(e)}
+    return {**s, "wall_us": wall_ms * 1e3, "wall_idle_us": wall_ms * 1e3 - s["busy_us"]}
+
+
 def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, timer, samples: int, cuda: bool,
-                  seed: int) -> tuple[float, torch.Tensor, str | None]:
-    """tkcc: the step with ``overrides`` and the step-level CONFIG: (ms, logits, how it ran). Like the
-    engine, a step whose capture fails (an override that syncs the host) is timed eagerly."""
+                  seed: int, profile_steps: int = 0) -> tuple[float, torch.Tensor, str | None, dict | None]:
+    """tkcc: the step with ``overrides`` and the step-level CONFIG: (ms, logits, how it ran, kernels per step
+    when ``profile_steps``). Like the engine, a step whose capture fails (an override that syncs the host)
+    is timed eagerly."""
     wl = wl_ref
     bs = config.get("kv_block_size")
     if bs and bs != wl_ref.cache.block_size:
@@ -221,11 +240,59 @@ def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, time
             how = f"eager (capture failed: {str(e).splitlines()[0][:200]})"
         else:
             ms, logits = timed(timer, lambda: (g.replay(), out)[1], samples, graph=True)
+            kernels = kernels_per_step(lambda: (g.replay(), out)[1], profile_steps, ms) if profile_steps else None
             del g
-            return ms, logits, "cuda_graph"
+            return ms, logits, "cuda_graph", kernels
     with registry.override(overrides):
         ms, logits = timed(timer, lambda: model.step(wl), samples, graph=False)
-    return ms, logits, how
+        kernels = kernels_per_step(lambda: model.step(wl), profile_steps, ms) if profile_steps and cuda else None
+    return ms, logits, how, kernels
+
+
+def hf_config(model: str) -> Path:
+    """The config.json a case's model (an alias or a config path) names: what the independent baseline reads."""
+    return CONFIG_DIR / ALIASES[model] if model in ALIASES else Path(model)
+
+
+def run_gptfast(model, wl, case: Case, a, timer, cuda: bool) -> tuple[dict, torch.Tensor | None, dict | None]:
+    """The independent baseline on the model's weights and the workload's cached context: (its row fields,
+    its logits, its kernels per step), logits None where it does not implement the model's family.
+    Memory: a copy of the slice's weights and a static KV cache of the point."""
+    row: dict[str, Any] = {"gptfast_ms": None, "gptfast_timed": None, "gptfast_compile_s": None, "gptfast_note": None}
+    try:
+        args = gptfast.ModelArgs.from_name(hf_config(case.model))
+        base = gptfast.build_from_tkcc(args, model.params, model.layers, case.batch, case.context + 1)
+    except gptfast.Unsupported as e:
+        row["gptfast_note"] = f"not measured: {e}"
+        return row, None, None
+    gptfast.load_paged_context(base, wl.cache.k, wl.cache.v, wl.cache.block_tables, case.context)
+    idx, pos = wl.token_ids.view(case.batch, 1), torch.tensor([case.context], device=model.device)
+    step = base if a.no_compile else gptfast.compile_decode(base)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            return step(idx, pos)
+
+    t0 = time.perf_counter()
+    try:
+        for _ in range(3):                              # compile (and record the CUDA graphs)
+            run()
+        if cuda:
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - a baseline that does not compile is reported, the run goes on
+        torch._dynamo.reset()
+        row["gptfast_note"] = f"not measured: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        return row, None, None
+    if not a.no_compile:
+        row["gptfast_compile_s"] = time.perf_counter() - t0
+    row["gptfast_timed"] = ("eager (--no-compile)" if a.no_compile else
+                            'torch.compile(mode="reduce-overhead", fullgraph=True)' if cuda else
+                            "torch.compile(fullgraph=True) (CPU: no CUDA graphs)")
+    row["gptfast_ms"], logits = timed(timer, run, a.samples if cuda or not a.no_compile else a.eager_samples,
+                                      graph=False)
+    kernels = kernels_per_step(run, a.profile_steps, row["gptfast_ms"]) if cuda and a.profile_steps else None
+    torch._dynamo.reset()
+    return row, logits, kernels
 
 
 def agreement(ref: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> dict:
@@ -274,10 +341,15 @@ def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs:
     row: dict[str, Any] = {"model": case.model, "layers": list(model.layers), "batch": case.batch,
                            "context": case.context, "weight": case.weight, "case": case.text,
                            "dtype": a.dtype, "reference_ms": ref_ms}
+    profile = a.profile_steps if cuda else 0
+    kernels: dict[str, dict | None] = {}
     if cuda:
         g, out = capture(model, wl, {})
         row["reference_graph_ms"], logits = timed(timer, lambda: (g.replay(), out)[1], a.samples, graph=True)
         checks["reference_graph"] = agreement(ref_logits, logits, model.dtype)
+        if profile:
+            kernels["reference_graph"] = kernels_per_step(lambda: (g.replay(), out)[1], profile,
+                                                          row["reference_graph_ms"])
         del g
     else:
         row["reference_graph_ms"] = None
@@ -286,13 +358,20 @@ def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs:
         run, row["torch_compile_s"], row["torch_compile_cudagraphs"] = compile_step(model, wl)
         row["torch_compile_ms"], logits = timed(timer, run, a.samples, graph=False)
         checks["torch_compile"] = agreement(ref_logits, logits, model.dtype)
+        if profile:
+            kernels["torch_compile"] = kernels_per_step(run, profile, row["torch_compile_ms"])
         del run
         torch._dynamo.reset()
+    fields, logits, kernels["gptfast"] = run_gptfast(model, wl, case, a, timer, cuda)
+    row.update(fields)
+    if logits is not None:
+        checks["gptfast"] = agreement(ref_logits, logits, model.dtype)
 
     parts = plans.get(case.model)
     overrides = dict(parts.loaded.overrides) if parts else {}
     config = dict(parts.loaded.config) if parts else {}
-    tk_ms, logits, tk_how = run_plan_step(model, wl, case, overrides, config, timer, a.samples, cuda, seed)
+    tk_ms, logits, tk_how, kernels["tkcc"] = run_plan_step(model, wl, case, overrides, config, timer, a.samples,
+                                                          cuda, seed, profile)
     checks["tkcc"] = agreement(ref_logits, logits, model.dtype)
     replay = replay_agreement(model, wl, overrides, ref_logits, model.dtype) if overrides else None
     if replay is not None:                              # MoE slice: the engine's rule decides
@@ -311,11 +390,14 @@ def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs:
                 "overrides": sorted(overrides),
                 "config_applied": {k: v for k, v in config.items() if k in STEP_CONFIG},
                 "config_ignored": sorted(k for k in config if k not in STEP_CONFIG),
-                "floor_ms": floor_ms, "bytes_read": moved, "copy_bandwidth_gbs": copy_gbs})
+                "floor_ms": floor_ms, "bytes_read": moved, "copy_bandwidth_gbs": copy_gbs,
+                "step_kernels": {k: v for k, v in kernels.items() if v is not None} if profile else None,
+                "step_kernels_note": None if profile else ("--profile-steps 0" if cuda else
+                                                           "CPU run: no device kernels to profile (CUDA only)")})
     if a.ablate and parts is not None:
         row["ablation"] = []
         for o, ops, knobs in parts.owned:
-            minus_ms, minus_logits, _ = run_plan_step(
+            minus_ms, minus_logits, _, _ = run_plan_step(
                 model, wl, case, {k: v for k, v in overrides.items() if k not in ops},
                 {k: v for k, v in config.items() if k not in knobs}, timer, a.samples, cuda, seed)
             row["ablation"].append({"name": o.name, "ops": list(ops), "config": list(knobs),
@@ -323,40 +405,32 @@ def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs:
                                     "agree": agreement(ref_logits, minus_logits, model.dtype)["ok"]})
     best_ref = row["reference_graph_ms"]
     row["pct_floor"] = {k: (100 * floor_ms / row[k] if row[k] else None)
-                        for k in ("reference_ms", "reference_graph_ms", "torch_compile_ms", "tkcc_ms")}
+                        for k in ("reference_ms", "reference_graph_ms", "torch_compile_ms", "gptfast_ms", "tkcc_ms")}
     row["ratios"] = {"vs_reference": ref_ms / tk_ms,
                      "vs_reference_graph": best_ref / tk_ms if best_ref else None,
-                     "vs_torch_compile": row["torch_compile_ms"] / tk_ms if row["torch_compile_ms"] else None}
+                     "vs_torch_compile": row["torch_compile_ms"] / tk_ms if row["torch_compile_ms"] else None,
+                     "vs_gptfast": row["gptfast_ms"] / tk_ms if row["gptfast_ms"] else None}
     row["agreement"] = checks
     row["agree"] = all(c["ok"] for c in checks.values())
     return row
 
 
-def target_verdicts(rows: list[dict]) -> list[dict]:
-    """Issue 10's targets checked against every row of the model (and batch) each one names."""
-    out = []
-    for model, batch, metric, minimum in TARGETS:
-        for r in rows:
-            if r["model"] != model or (batch is not None and r["batch"] != batch):
-                continue
-            value = r["pct_floor"]["tkcc_ms"] if metric == "pct_floor" else r["ratios"][metric]
-            out.append({"model": model, "batch": r["batch"], "context": r["context"], "metric": metric,
-                        "minimum": minimum, "value": value, "met": value is not None and value >= minimum})
-    return out
-
-
 # ---------------------------------------------------------------------------- reporting
-def _f(x: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if x is None else fmt.format(x)
-
-
 def print_row(r: dict) -> None:
     p, q = r["pct_floor"], r["ratios"]
     print(f"{r['model']:<11} {len(r['layers']):>3}L b{r['batch']:<4} ctx {r['context']:<5} "
           f"eager {_f(r['reference_ms'])}  graph {_f(r['reference_graph_ms'])}  compile {_f(r['torch_compile_ms'])}  "
-          f"tkcc {_f(r['tkcc_ms'])} ms/step  floor {_f(r['floor_ms'])} ({_f(p['tkcc_ms'], '{:.1f}')}% tkcc, "
-          f"{_f(p['torch_compile_ms'], '{:.1f}')}% compile)  x{_f(q['vs_reference'], '{:.2f}')} eager  "
-          f"x{_f(q['vs_torch_compile'], '{:.2f}')} compile  {'agree' if r['agree'] else 'DISAGREE'}", flush=True)
+          f"gpt-fast {_f(r['gptfast_ms'])}  tkcc {_f(r['tkcc_ms'])} ms/step  floor {_f(r['floor_ms'])} "
+          f"({_f(p['tkcc_ms'], '{:.1f}')}% tkcc, {_f(p['torch_compile_ms'], '{:.1f}')}% compile, "
+          f"{_f(p['gptfast_ms'], '{:.1f}')}% gpt-fast)  x{_f(q['vs_reference'], '{:.2f}')} eager  "
+          f"x{_f(q['vs_torch_compile'], '{:.2f}')} compile  x{_f(q['vs_gptfast'], '{:.2f}')} gpt-fast  "
+          f"{'agree' if r['agree'] else 'DISAGREE'}", flush=True)
+    if r["gptfast_note"]:
+        print(f"    gpt-fast: {r['gptfast_note']}", flush=True)
+    for name, k in (r["step_kernels"] or {}).items():
+        print(f"    {name:<16} " + (k["error"] if "error" in k else
+                                    f"{k['kernels']:.0f} kernels/step, busy {k['busy_us']:.1f} us, idle "
+                                    f"{k['idle_us']:.1f} us (wall - busy {k['wall_idle_us']:.1f} us)"), flush=True)
     for name, c in r["agreement"].items():
         if not c.get("ok_plain", c["ok"]):
             print(f"    {name}: relative error {c['rel_err']:.3g} (bound {c['rel_tol']:g}), greedy tokens "
@@ -373,7 +447,8 @@ def markdown(r: dict, parts: PlanParts | None) -> str:
     """The docs/performance.md section of one case: the plan's optimizations and what each gave."""
     lines = [f"### {r['model']}, {len(r['layers'])} layer(s), batch {r['batch']}, context {r['context']}", ""]
     lines.append(f"eager {_f(r['reference_ms'])} ms, CUDA graph {_f(r['reference_graph_ms'])} ms, torch.compile "
-                 f"{_f(r['torch_compile_ms'])} ms, tkcc {_f(r['tkcc_ms'])} ms per step; floor {_f(r['floor_ms'])} ms "
+                 f"{_f(r['torch_compile_ms'])} ms, gpt-fast {_f(r['gptfast_ms'])} ms, tkcc {_f(r['tkcc_ms'])} ms "
+                 f"per step; floor {_f(r['floor_ms'])} ms "
                  f"(tkcc at {_f(r['pct_floor']['tkcc_ms'], '{:.1f}')}% of it).")
     lines.append("")
     if parts is None or not parts.loaded.plan.optimizations:
@@ -419,6 +494,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--samples", type=int, default=None, help="timed graph/compiled steps (cuda 100, cpu 5)")
     ap.add_argument("--eager-samples", type=int, default=None, help="timed eager steps (cuda 20, cpu 5)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow or unavailable on CPU)")
+    ap.add_argument("--profile-steps", type=int, default=5,
+                    help="profiled calls per variant for kernels/busy/idle per step (CUDA; 0: skip)")
     ap.add_argument("--ablate", action="store_true", help="time the plan without each optimization in turn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -489,51 +566,6 @@ def run(a: argparse.Namespace) -> int:
     if bad:
         print(f"e2e_decode: variants disagree with the eager reference: {'; '.join(bad)}", file=sys.stderr)
         return 1
-    return 0
-
-
-def print_targets(doc: dict) -> None:
-    for t in doc["targets"]:
-        print(f"target {t['model']} b{t['batch']} {t['metric']} >= {t['minimum']}: {_f(t['value'], '{:.2f}')} "
-              f"{'met' if t['met'] else 'NOT met'}")
-
-
-def read_results(path: Path) -> dict:
-    """A results file this script wrote (BenchError, one line, for anything else)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise BenchError(f"{path}: not a readable results file ({type(e).__name__}: {e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list):
-        raise BenchError(f"{path}: not an e2e_decode results file (no 'cases' list)")
-    return doc
-
-
-def merge_results(old: dict, new: dict) -> dict:
-    """``new`` with the cases of ``old`` it does not measure again (same model, layers, batch, context), the
-    plans of the models only ``old`` has, and the targets re-checked. Cases keep their own ``date``, copy
-    bandwidth and plan; the file's top level is ``new``'s."""
-    ident = lambda r: (r["model"], tuple(r["layers"]), r["batch"], r["context"])  # noqa: E731
-    done = {ident(r) for r in new["cases"]}
-    kept = [r for r in old.get("cases", []) if ident(r) not in done]
-    doc = {**new, "cases": kept + list(new["cases"])}
-    doc["targets"] = target_verdicts(doc["cases"])
-    kept_models = {r["model"] for r in kept} - {p["model"] for p in new.get("plans", [])}
-    doc["plans"] = list(new.get("plans", [])) + [p for p in old.get("plans", []) if p["model"] in kept_models]
-    return doc
-
-
-def merge_files(paths: list[str], out: Path) -> int:
-    """``--merge-from``: results of runs made apart (several machines or sessions) merged in the order given,
-    a later file's case replacing an earlier one's; no measurement."""
-    docs = [read_results(Path(p)) for p in paths]
-    doc = docs[0]
-    for d in docs[1:]:
-        doc = merge_results(doc, d)
-    doc["merged_from"] = [{"file": Path(p).name, "date": d.get("date")} for p, d in zip(paths, docs)]
-    plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
-    print_targets(doc)
-    print(f"wrote {out} ({len(doc['cases'])} cases from {len(paths)} files)")
     return 0
 
 

@@ -14,6 +14,7 @@ sync, so a kernel belongs to the replay whose window holds its start. Per replay
   busy     length of the union of the kernel intervals: time at least one kernel runs
   span     first kernel start to last kernel end;  idle = span - busy (gaps between kernels)
 
+The profiling itself is ``benchmarks/kernel_profile.py`` (``e2e_decode.py`` uses it too).
 ``floor_us`` (``e2e_decode.py``'s bytes / the measured copy bandwidth) against ``busy`` is how far the
 kernels themselves are from the bandwidth floor; ``idle`` is what fusing launches away could win.
 Per kernel name: calls and microseconds per step, the heaviest first. On CPU (no kernels) the
@@ -25,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,6 +37,7 @@ import torch  # noqa: E402
 
 from benchmarks import e2e_decode as e2e  # noqa: E402
 from benchmarks.forward import bytes_read  # noqa: E402
+from benchmarks.kernel_profile import MARK, by_window, profile_intervals, summarize, union_us  # noqa: E402,F401
 from compiler import plan as plan_mod  # noqa: E402
 from compiler.compare import capture  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
@@ -45,81 +45,6 @@ from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
-
-Interval = tuple[str, float, float]          # (kernel name, start us, end us)
-MARK = "tkcc_step"                           # the record_function window around one replay
-
-
-def union_us(intervals: list[Interval]) -> float:
-    """Length of the union of the intervals (overlapping kernels, streams, nested CPU ops count once)."""
-    total, end = 0.0, float("-inf")
-    for _, s, e in sorted(intervals, key=lambda x: x[1]):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
-
-
-def by_window(intervals: list[Interval], windows: list[tuple[float, float]]) -> list[list[Interval]]:
-    """The kernel intervals that start inside each window (one per replay), in window order; others dropped."""
-    groups: list[list[Interval]] = [[] for _ in windows]
-    # on CUDA the profiler also reports each MARK window as a device-side range: not a kernel
-    for iv in sorted((iv for iv in intervals if iv[0] != MARK), key=lambda x: x[1]):
-        for g, (w0, w1) in zip(groups, windows):
-            if w0 <= iv[1] <= w1:
-                g.append(iv)
-                break
-    return groups
-
-
-def summarize(intervals: list[Interval], windows: list[tuple[float, float]], top: int = 15) -> dict:
-    """Per-step medians over the replays (kernels, busy, span, idle) and per-name totals per step.
-    Raises when a replay's window holds no kernel (the profiler saw none)."""
-    groups = by_window(intervals, windows)
-    steps = len(groups)
-    if not steps or not all(groups):
-        raise RuntimeError(f"the profiler saw kernels in {sum(map(bool, groups))} of {steps} replays")
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    busy = [union_us(g) for g in groups]
-    span = [max(e for _, _, e in g) - min(s for _, s, _ in g) for g in groups]
-    per_name: dict[str, list[float]] = {}
-    for g in groups:
-        for name, s, e in g:
-            per_name.setdefault(name, []).append(e - s)
-    rows = sorted(({"kernel": n[:90], "calls_per_step": len(d) / steps, "us_per_step": sum(d) / steps,
-                    "us_per_call": sum(d) / len(d)} for n, d in per_name.items()), key=lambda r: -r["us_per_step"])
-    return {"steps": steps, "kernels": med([len(g) for g in groups]), "busy_us": med(busy), "span_us": med(span),
-            "idle_us": med([sp - b for sp, b in zip(span, busy)]), "distinct_kernels": len(rows), "top": rows[:top]}
-
-
-def profile_intervals(run: Callable[[], object], steps: int,
-                      cuda: bool) -> tuple[list[Interval], list[tuple[float, float]]]:
-    """``steps`` calls of ``run`` under torch.profiler, each in a ``MARK`` window closed after a device
-    sync: (the device kernels (cuda) or the ``aten::`` ops directly under a window (cpu) as (name,
-    start, end) in microseconds, the windows)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    run()                                                    # warm (lazy allocations, JIT)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
-        for _ in range(steps):
-            with record_function(MARK):
-                run()
-                if cuda:
-                    torch.cuda.synchronize()
-            time.sleep(0.001)
-    out, windows = [], []
-    for ev in prof.events():
-        if ev.name == MARK and ev.device_type == DeviceType.CPU:
-            windows.append((ev.time_range.start, ev.time_range.end))
-        elif cuda and ev.device_type == DeviceType.CUDA:
-            out.append((ev.name, ev.time_range.start, ev.time_range.end))
-        elif (not cuda and ev.device_type == DeviceType.CPU and ev.name.startswith("aten::")
-              and ev.cpu_parent is not None and ev.cpu_parent.name == MARK):
-            out.append((ev.name, ev.time_range.start, ev.time_range.end))
-    return out, sorted(windows)
-
 
 def run_case(case: e2e.Case, model, plans: dict, steps: int, copy_gbs: float, seed: int) -> list[dict]:
     cuda = model.device.type == "cuda"

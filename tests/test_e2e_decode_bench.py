@@ -6,6 +6,7 @@ issue 10 asks for. torch.compile is skipped (--no-compile): on 2 CPU cores it ta
 import importlib.util
 import json
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ import torch
 from compiler import plan as plan_mod
 from compiler.compose import Part, compose
 from persistent_engine.io_struct import WorkloadPoint
+from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.workloads import make_workload
+from test_baseline_gptfast_bench import tiny_qwen3_moe
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_decode.py"
 CORRECT = '''"""fused_add_rms_norm in fp32, one fused expression."""
@@ -195,3 +198,58 @@ def test_an_moe_plan_is_reported_with_its_routing_replay_verdict(tmp_path):
     tk = c["agreement"]["tkcc"]
     assert tk["routing_replay"]["replayed"] and tk["routing_replay"]["ok"], tk
     assert tk["ok"] == (tk["ok_plain"] or tk["routing_replay"]["ok"]) and c["agree"] and rc == 0
+
+
+def test_the_independent_baseline_is_timed_checked_and_every_ratio_given_against_it(tmp_path):
+    """The CPU run of issue 22's item: gptfast_ms (eager under --no-compile), its agreement with the reference,
+    tkcc / gpt-fast, and the kernels-per-step fields None with the reason."""
+    rc, doc = run(tmp_path, "--cases", "tiny-dense:all@1/64")
+    assert rc == 0
+    [c] = doc["cases"]
+    assert c["gptfast_ms"] > 0 and c["gptfast_timed"] == "eager (--no-compile)" and c["gptfast_note"] is None
+    assert c["gptfast_compile_s"] is None
+    g = c["agreement"]["gptfast"]
+    assert g["ok"] and 0 < g["rel_err"] <= g["rel_tol"] == 5e-2 and g["tokens_equal"] == 1   # bf16: not bit-equal
+    assert c["ratios"]["vs_gptfast"] == pytest.approx(c["gptfast_ms"] / c["tkcc_ms"])
+    assert c["pct_floor"]["gptfast_ms"] == pytest.approx(100 * c["floor_ms"] / c["gptfast_ms"])
+    assert c["step_kernels"] is None and "CPU" in c["step_kernels_note"]
+
+
+def test_a_family_the_baseline_lacks_says_so_and_a_qwen3_moe_config_is_measured(tmp_path, monkeypatch):
+    rc, doc = run(tmp_path, "--cases", "tiny-moe:cover@2/16")                  # GLM-4.x: not gpt-fast's
+    [c] = doc["cases"]
+    assert rc == 0 and c["gptfast_ms"] is None and c["ratios"]["vs_gptfast"] is None
+    assert c["gptfast_note"].startswith("not measured:") and "glm4_moe" in c["gptfast_note"]
+    assert "gptfast" not in c["agreement"]
+    monkeypatch.chdir(tmp_path)
+    tiny_qwen3_moe(tmp_path)                               # qwen3tiny.json in the working directory
+    rc, doc = run(tmp_path, "--cases", "qwen3tiny.json:all@3/16", "--dtype", "fp32")
+    [c] = doc["cases"]
+    assert rc == 0 and c["gptfast_ms"] > 0 and c["agreement"]["gptfast"]["ok"]
+    assert c["agreement"]["gptfast"]["rel_err"] < 1e-5
+
+
+def test_kernels_per_step_reports_busy_idle_and_wall_minus_busy():
+    """kernels_per_step's arithmetic on a CPU profile (aten ops stand in for the CUDA kernels)."""
+    x = torch.randn(64, 64)
+    k = bench.kernels_per_step(lambda: (x @ x).relu(), 3, wall_ms=5.0, cuda=False)
+    assert k["steps"] == 3 and k["kernels"] >= 2 and 0 < k["busy_us"] <= k["span_us"]
+    assert k["wall_us"] == 5000.0 and k["wall_idle_us"] == pytest.approx(5000.0 - k["busy_us"])
+    assert "error" in bench.kernels_per_step(lambda: x, 2, wall_ms=1.0, cuda=False)     # no op: no kernel seen
+
+
+def test_a_baseline_that_fails_to_compile_is_reported_and_the_run_goes_on(monkeypatch):
+    model = build_model("tiny-dense", dtype=torch.float32)
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=1, context=8), 0)
+
+    def broken(module):
+        def step(*args):
+            raise RuntimeError("inductor: no lowering\nsecond line")
+        return step
+
+    monkeypatch.setattr(bench.gptfast, "compile_decode", broken)
+    a = Namespace(no_compile=False, samples=2, eager_samples=2, profile_steps=0)
+    row, logits, kernels = bench.run_gptfast(model, wl, bench.Case("tiny-dense", None, 1, 8), a,
+                                             bench.timing.make_timer(model.device), cuda=False)
+    assert logits is None and kernels is None and row["gptfast_ms"] is None
+    assert row["gptfast_note"] == "not measured: RuntimeError: inductor: no lowering"
