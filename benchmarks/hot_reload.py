@@ -45,6 +45,16 @@ def linear(x, weight, bias):
     return y if bias is None else y + bias
 OVERRIDES = {{"linear": linear}}
 '''
+# a correct loser, as most search candidates are: the product computed twice (the futility stop's case)
+TORCH_SLOW_LINEAR = '''
+import torch
+DESCRIPTION = "linear torch loser {k}: the product twice"
+def linear(x, weight, bias):
+    y = torch.matmul(x, weight.t())
+    y = torch.matmul(x, weight.t()) + 0.0 * y[..., :1] + {zero}
+    return y if bias is None else y + bias
+OVERRIDES = {{"linear": linear}}
+'''
 TORCH_FUSED = '''
 import torch
 DESCRIPTION = "fused_add_rms_norm torch variant {k}"
@@ -120,8 +130,9 @@ def compare_with_before(phase_median: dict, cycle_s: float, pool_wait_s: float) 
             "targets": {"cycle_under_1s": cycle_s < 1.0, "at_least_3600_per_hour": 3600.0 / cycle_s >= 3600}}
 
 
-def candidates(n: int, triton: bool) -> list[tuple[str, str]]:
-    """``n`` distinct sources (each a fresh module: the engine cannot reuse a previous load)."""
+def candidates(n: int, triton: bool, loser_every: int = 0) -> list[tuple[str, str]]:
+    """``n`` distinct sources (each a fresh module: the engine cannot reuse a previous load); with
+    ``loser_every`` N > 0, every Nth is a correct loser (``TORCH_SLOW_LINEAR``) in place of its kind."""
     kinds = [("torch linear", TORCH_LINEAR), ("torch fused_add_rms_norm", TORCH_FUSED),
              ("torch silu_and_mul", TORCH_SILU)]
     if triton:
@@ -129,8 +140,26 @@ def candidates(n: int, triton: bool) -> list[tuple[str, str]]:
     out = []
     for k in range(n):
         name, tpl = kinds[k % len(kinds)]
+        if loser_every > 0 and k % loser_every == loser_every - 1:
+            name, tpl = "torch linear (loser)", TORCH_SLOW_LINEAR
         out.append((name, tpl.format(k=k, zero=f"0.0 * {k}", warps=(1, 2, 4, 8)[k % 4])))
     return out
+
+
+def stops_summary(rows: list[dict]) -> dict:
+    """How the timed points' A/B ended (``PointTiming.stopped``): counts per reason, pairs per point
+    (median, and median of the futility stops), and the losers' and the others' median bench seconds."""
+    timed = [p for r in rows for p in r["points"] if p.get("affected", True)]
+    by = {why: [p for p in timed if p.get("stopped", "") == why] for why in ("futility", "settled", "")}
+    pairs = lambda ps: statistics.median(p["samples"] for p in ps) if ps else None   # noqa: E731
+    bench = lambda rs: statistics.median(r["bench_s"] or 0.0 for r in rs) if rs else None   # noqa: E731
+    stopped = [r for r in rows if any(p.get("stopped") == "futility" for p in r["points"])]
+    return {"points_timed": len(timed), "stopped_futility": len(by["futility"]),
+            "stopped_settled": len(by["settled"]), "all_samples": len(by[""]),
+            "median_pairs": pairs(timed), "median_pairs_futility": pairs(by["futility"]),
+            "cycles_with_a_futility_stop": len(stopped),
+            "bench_median_s_with_a_futility_stop": bench(stopped),
+            "bench_median_s_without": bench([r for r in rows if r not in stopped])}
 
 
 def write_json(path: Path, doc: dict) -> None:
@@ -150,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold", type=int, default=2, help="cold starts to measure")
     ap.add_argument("--samples", type=int, default=0, help="timed samples per point (0: engine default)")
     ap.add_argument("--no-triton", action="store_true", help="torch candidates only")
+    ap.add_argument("--loser-every", type=int, default=0,
+                    help="every Nth candidate a correct loser (the linear product twice): the futility stop's "
+                         "case, most of a search's candidates (0: none, the figures before issue 23)")
     ap.add_argument("--settle-s", type=float, default=120.0,
                     help="wait up to this long for the pool of warm executors to fill before the cycles")
     ap.add_argument("--out", default=None)
@@ -183,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     settle_s = time.monotonic() - t_settle
 
     rows = []
-    for k, (name, source) in enumerate(candidates(cycles, triton=cuda and not args.no_triton)):
+    for k, (name, source) in enumerate(candidates(cycles, triton=cuda and not args.no_triton, loser_every=args.loser_every)):
         t0 = time.monotonic()
         v = sup.evaluate(source, timeout_s=600, name=f"bench{k}", samples=args.samples)
         wall = time.monotonic() - t0
@@ -193,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                            "unload_s")},
                      "restarted": v.restarted,
                      "points": [{"label": p.label, "graph": p.graph, "graph_error": p.graph_error,
-                                 "baseline_ms": p.baseline_ms, "candidate_ms": p.candidate_ms}
+                                 "baseline_ms": p.baseline_ms, "candidate_ms": p.candidate_ms,
+                                 "affected": p.affected, "samples": p.samples, "stopped": p.stopped}
                                 for p in v.per_point]})
         print(f"  cycle {k:>3} {name:<26} {wall:7.3f} s  correct={v.correct}  "
               f"speedup={v.speedup if v.speedup is None else round(v.speedup, 3)}", file=sys.stderr)
@@ -219,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         "phase_median_s": {p: statistics.median(r[p] or 0.0 for r in rows)
                            for p in ("load_s", "verify_s", "bench_s", "unload_s")},
         "all_correct": all(r["correct"] for r in rows),
+        "loser_every": args.loser_every,
+        "stops": stops_summary(rows),
         # per point label: in how many cycles it was timed as CUDA-graph replays (vs eagerly)
         "graphed_cycles_by_point": {lbl: sum(1 for r in rows for p in r["points"] if p["label"] == lbl and p["graph"])
                                     for lbl in dict.fromkeys(p["label"] for r in rows for p in r["points"])},
@@ -252,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seconds per candidate, restart / hot:       {doc['ratio_restart_over_hot']:>8.1f}x")
     for lbl, n in doc["graphed_cycles_by_point"].items():
         print(f"  {lbl:<28} graphed in {n}/{len(rows)} cycles")
+    st = doc["stops"]
+    print(f"\nA/B stops over {st['points_timed']} timed points: futility {st['stopped_futility']} "
+          f"(median {st['median_pairs_futility']} pairs), settled {st['stopped_settled']}, every sample "
+          f"{st['all_samples']}; median pairs {st['median_pairs']}; bench median "
+          f"{st['bench_median_s_with_a_futility_stop']} s in {st['cycles_with_a_futility_stop']} cycles with a "
+          f"futility stop, {st['bench_median_s_without']} s without")
     vb = doc["vs_before"]
     print(f"\njudge/executor split (sandbox: {doc['sandbox']}; pool of {pool_size} warm executors; median wait "
           f"for one {vb['pool_wait_median_s']:.3f} s)")

@@ -12,7 +12,10 @@ Ray's: one "engine" per tier) and books every evaluation of the search window:
     idle_s         the window's wall time with no evaluation on the engine
 
 Per engine ``executor_wait_s + compile_s + judging_s + other_s + idle_s`` is the window's wall time
-(``wall_s``); ``queue_wait_s`` is the callers' time, not the engine's.
+(``wall_s``); ``queue_wait_s`` is the callers' time, not the engine's. An evaluation still running when
+the window closes (the search's last fast-tier candidate, a slow-tier confirmation) is booked up to the
+close, its phases in their order (pool wait, load, judging, the rest), and counted in ``in_flight_at_close``
+instead of ``calls`` (before, its whole time in the window read as idle).
 ``summary()`` adds ``candidates_per_hour`` (fast-tier evaluations of the window per hour of it and
 per device) and ``device_busy_fraction`` (judging time / (wall x devices)).
 """
@@ -36,6 +39,7 @@ class EngineTime:
     tier: str
     device: str
     calls: int = 0
+    in_flight_at_close: int = 0
     queue_wait_s: float = 0.0
     executor_wait_s: float = 0.0
     compile_s: float = 0.0
@@ -43,13 +47,18 @@ class EngineTime:
     other_s: float = 0.0
     busy_spans: list = field(default_factory=list)      # (start, end) monotonic of each evaluation
 
-    def book(self, t0: float, t1: float, waited: float, timings: dict) -> None:
+    def book(self, t0: float, t1: float, waited: float, timings: dict, close: float = float("inf")) -> None:
+        """One evaluation on the engine from ``t0`` to ``t1``; past ``close`` (the window's end) nothing of
+        it is booked, and the phases are clipped in the order they ran."""
+        ended = t1 <= close
+        t1 = min(t1, close)
         span = max(t1 - t0, 0.0)
         pool = min(float(timings.get("pool_wait_s") or 0.0), span)
         load = min(float(timings.get("load_s") or 0.0), span - pool)
         judging = min(float(timings.get("verify_s") or 0.0) + float(timings.get("bench_s") or 0.0),
                       span - pool - load)
-        self.calls += 1
+        self.calls += int(ended)
+        self.in_flight_at_close += int(not ended)
         self.queue_wait_s += max(waited, 0.0)
         self.executor_wait_s += pool
         self.compile_s += load
@@ -121,11 +130,12 @@ class DeviceClock:
         engine.evaluate = engine_evaluate
 
     def _book(self, key: str, tier: str, device: str, t0: float, t1: float, waited: float, verdict: Any) -> None:
-        if self.t_open is None or self.t_close is not None or t0 < self.t_open:
+        if self.t_open is None or t0 < self.t_open or (self.t_close is not None and t0 >= self.t_close):
             return
         timings = getattr(verdict, "timings", None) or {}
         with self.lock:
-            self.engines.setdefault(key, EngineTime(tier, device)).book(t0, t1, waited, timings)
+            close = self.t_close if self.t_close is not None else float("inf")
+            self.engines.setdefault(key, EngineTime(tier, device)).book(t0, t1, waited, timings, close)
 
     def open(self) -> None:
         self.t_open = time.monotonic()
@@ -146,6 +156,7 @@ class DeviceClock:
             for key, e in sorted(self.engines.items()):
                 busy = sum(min(t1, end) - t0 for t0, t1 in e.busy_spans if t0 < end)
                 rows[key] = {"tier": e.tier, "device": e.device, "calls": e.calls,
+                             "in_flight_at_close": e.in_flight_at_close,
                              "queue_wait_s": round(e.queue_wait_s, 3),
                              "executor_wait_s": round(e.executor_wait_s, 3), "compile_s": round(e.compile_s, 3),
                              "judging_s": round(e.judging_s, 3), "other_s": round(e.other_s, 3),

@@ -120,6 +120,10 @@ class PointTiming:
     graph: bool = False                 # timed as CUDA-graph replays
     graph_error: str | None = None      # why not, on a GPU
     config: dict = field(default_factory=dict)   # CONFIG knob -> what timing it means
+    # why timing ended before the samples asked: "futility" (slower than the baseline by more than
+    # timing.FUTILITY_MARGIN beyond doubt: ``speedup`` is the median of the pairs taken, < 0.98), "settled"
+    # (the ratio known to timing.STOP_REL_SE), "" (every sample taken, or a point not timed)
+    stopped: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

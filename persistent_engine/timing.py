@@ -15,6 +15,8 @@ processes) hits both sides alike; median and IQR per side.
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -50,6 +52,23 @@ MIN_SAMPLES = 11
 STOP_REL_SE = {"cpu": 0.005, "cuda": 0.003}
 STOP_MIN_PAIRS = 20
 STOP_CHECK_EVERY = 5
+# Futility stop: most search candidates lose, and a loser needs no precise speedup (the compiler accepts
+# only speedup > 1 + max(1% floor, noise): compiler/acceptance.py). From FUTILITY_MIN_PAIRS pairs on, at
+# each look, timing stops when at most ``futility_allowance(n)`` of the n pairs have candidate/baseline
+# time <= 1 + FUTILITY_MARGIN (a sign test: the one-sided lower confidence bound, level FUTILITY_ALPHA, of
+# the median time ratio is above 1.02, i.e. the point's speedup below 1/1.02 = 0.98; at 6 pairs: all 6
+# slower by more than 2%). Its speedup is then the median of the pairs taken (< 0.98).
+# False stops, pairs independent (each pair's order is drawn afresh): a candidate whose true median ratio
+# is 1.02 (speedup 0.98: it could not pass anyway) exceeds 1.02 in a pair with probability 1/2, and some
+# look stops it with probability 2.6% over looks at 6, 10, 15, 20 pairs (CPU: 21 pairs at most) and
+# 4.0% over looks at 6, 10, ..., 50 (exact: tests/persistent_engine/test_timing_futility.py); fewer looks
+# (``ab_interleaved``: block ends 10, 15, ...) stop less. A candidate that could pass (speedup > 1.01:
+# median ratio < 0.99) exceeds 1.02 in a pair with probability below 1/2, so its false-stop probability
+# is lower still: with the ~1% spread of graph replays a pair 3% above its median has p ~ 0.001 and 6 of
+# them ~1e-18; on a busy CPU (10% spread) p ~ 0.38 and at most ~1%.
+FUTILITY_MARGIN = 0.02
+FUTILITY_MIN_PAIRS = 6
+FUTILITY_ALPHA = 1 / 64
 
 
 # A point whose weight is below MINOR_WEIGHT of the heaviest point's moves the plan's speedup by at most that
@@ -261,6 +280,9 @@ class ABResult:
     kept: list
     # per pair (baseline ms, candidate ms), when the speedup is the median per-pair ratio (the judge's A/B)
     pairs: list[tuple[float, float]] = field(default_factory=list)
+    # why timing ended before ``samples``: "settled" (the ratio known to stop_rel_se), "futility" (slower
+    # than 1 + FUTILITY_MARGIN: ``futile``), "" (every sample taken)
+    stopped: str = ""
 
     @property
     def speedup(self) -> float:
@@ -290,13 +312,43 @@ def ratio_settled(a: list[float], b: list[float], rel_se: float) -> bool:
     return med > 0 and 0.929 * (q3 - q1) / len(ratios) ** 0.5 / med < rel_se
 
 
+@functools.lru_cache(maxsize=None)
+def futility_allowance(n: int, alpha: float = FUTILITY_ALPHA) -> int:
+    """The most of n pairs that may be within the margin for a futility stop: the largest c with
+    P(Binomial(n, 1/2) <= c) <= alpha, -1 when even c = 0 is too likely (n < 6 at alpha 1/64)."""
+    c, tail = -1, 0.0
+    while c + 1 <= n:
+        tail += math.comb(n, c + 1) / 2 ** n
+        if tail > alpha:
+            break
+        c += 1
+    return c
+
+
+def futile(a: list[float], b: list[float], margin: float = FUTILITY_MARGIN) -> bool:
+    """True when candidate times ``b`` against baseline times ``a`` (pairs) show the candidate slower than
+    1 + ``margin`` beyond the sign test's doubt (module constants: FUTILITY_*), at FUTILITY_MIN_PAIRS pairs
+    or more."""
+    ratios = [y / x for x, y in zip(a, b) if x > 0]
+    n = len(ratios)
+    if n < FUTILITY_MIN_PAIRS:
+        return False
+    return sum(1 for r in ratios if r <= 1.0 + margin) <= futility_allowance(n)
+
+
+def futility_look(n: int, check_every: int = STOP_CHECK_EVERY) -> bool:
+    """Whether the futility rule is checked after ``n`` pairs of a point timed pair by pair: at
+    FUTILITY_MIN_PAIRS, then every ``check_every`` pairs (the looks its false-stop figure counts)."""
+    return n == FUTILITY_MIN_PAIRS or (n > FUTILITY_MIN_PAIRS and n % max(check_every, 1) == 0)
+
+
 def ab_interleaved(timer: Timer, baseline: Callable[[int], torch.Tensor],
                    candidate: Callable[[int], torch.Tensor], samples: int, variants: int = 1,
                    warmup: int = 1, keep: int = 3, graph: bool = False,
                    enter_baseline: Callable[[], None] | None = None,
                    enter_candidate: Callable[[], None] | None = None,
                    stop_rel_se: float | None = None, min_pairs: int = STOP_MIN_PAIRS,
-                   check_every: int = STOP_CHECK_EVERY) -> ABResult:
+                   check_every: int = STOP_CHECK_EVERY, futility_margin: float | None = None) -> ABResult:
     """Time ``baseline(v)`` and ``candidate(v)`` ABBA-interleaved, at most ``samples`` each.
 
     ``enter_*`` run before each sample of that side, outside the timed region (the engine switches
@@ -306,7 +358,8 @@ def ab_interleaved(timer: Timer, baseline: Callable[[int], torch.Tensor],
     including the last one taken) are cloned for the spot re-check, in stream order right after the
     sample that produced them. Samples are read in blocks of ``check_every`` pairs (one host sync per
     block on the GPU); with ``stop_rel_se`` timing stops early once ``ratio_settled`` after at least
-    ``min_pairs`` pairs. Cost: 2 * (pairs + warmup) runs."""
+    ``min_pairs`` pairs, with ``futility_margin`` once ``futile`` (checked at block ends). A stopped
+    comparison re-checks the candidate's last sample. Cost: 2 * (pairs + warmup) runs."""
     nothing = lambda: None  # noqa: E731
     enter_a, enter_b = enter_baseline or nothing, enter_candidate or nothing
     for i in range(warmup):
@@ -335,16 +388,22 @@ def ab_interleaved(timer: Timer, baseline: Callable[[int], torch.Tensor],
                 acc.append(h)
                 if fn is candidate and i in keep_at:
                     kept.append((i, v, _tensor_clone(out)))
-                elif fn is candidate and i == last and keep and stop_rel_se is not None:
+                elif (fn is candidate and i == last and keep
+                      and (stop_rel_se is not None or futility_margin is not None)):
                     pending = (i, v, _tensor_clone(out))
         i = last + 1
         a += timer.resolve(ha)
         b += timer.resolve(hb)
-        if (stop_rel_se is not None and i < samples and len(a) >= min_pairs
+        stopped = ""
+        if i < samples and futility_margin is not None and futile(a, b, futility_margin):
+            stopped = "futility"
+        elif (stop_rel_se is not None and i < samples and len(a) >= min_pairs
                 and ratio_settled(a, b, stop_rel_se)):
+            stopped = "settled"
+        if stopped:
             if pending is not None:
                 kept.append(pending)
-            break
+            return ABResult(Stats.of(a), Stats.of(b), kept, stopped=stopped)
     return ABResult(Stats.of(a), Stats.of(b), kept)
 
 

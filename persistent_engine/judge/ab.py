@@ -25,7 +25,10 @@ both. Per pair the order is drawn from the judge's generator (unknown to the exe
 is timed, the other's whole process group is SIGSTOPped, so no thread of the candidate can run during a
 baseline sample. After a sample, with probability CHECK_P (and always for the first and last pair), one
 run of it, picked at random, is fetched for the spot re-check. Sequential stop as
-``timing.ab_interleaved``: the median per-pair ratio known to ``stop_rel_se``.
+``timing.ab_interleaved``: the median per-pair ratio known to ``stop_rel_se``; futility stop
+(``timing.futile``, looks at ``timing.futility_look``): a candidate slower than 1 + ``futility_margin``
+beyond the sign test's doubt stops after 6 pairs instead of 20 or more. The pair a stop ends on is always
+re-checked (its candidate sample fetched after the pair, the candidate SIGSTOPped meanwhile).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from persistent_engine import timing
-from persistent_engine.timing import ABResult, Stats, now_ns, ratio_settled
+from persistent_engine.timing import ABResult, Stats, futile, futility_look, now_ns, ratio_settled
 
 TIMER = "judge_wall_clock"
 # a sample lasts at least this much of the baseline's steps: k = ceil(TARGET / step), 1 <= k <= MAX_RUNS
@@ -181,11 +184,12 @@ def _fetch(ex, s: int, v: int, k: int, rows: int, chain: int | None, ids, rng, d
 def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bool, fresh, rng,
               deadline: float, warmup: int = 1, stop_rel_se: float | None = None,
               min_pairs: int = timing.STOP_MIN_PAIRS, check_every: int = timing.STOP_CHECK_EVERY,
-              rows: int = 1, vocab: int | None = None) -> ABResult:
+              rows: int = 1, vocab: int | None = None, futility_margin: float | None = None) -> ABResult:
     """Time point ``i`` on ``base`` and ``cand`` A/B, at most ``samples`` pairs of ``k`` runs each.
     ``fresh(k)``: [k, T] token ids per sample (None: the variants' own ids, MoE points, unchained);
     ``vocab``: the modulus of the chain (fresh ids only). ``rows``: sequences in a step's logits. ``kept``:
-    the runs fetched for the spot re-check (``Fetched``). Cost: 2 x (pairs + warmup) x k steps, plus the fetched outputs."""
+    the runs fetched for the spot re-check (``Fetched``); ``stopped``: why timing ended early ("settled",
+    "futility", ""). Cost: 2 x (pairs + warmup) x k steps, plus the fetched outputs."""
     chain = vocab if fresh is not None else None
     for j in range(warmup):
         for ex in (base, cand):
@@ -193,6 +197,7 @@ def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bo
     a: list[float] = []
     b: list[float] = []
     kept: list = []
+    stopped = ""
     base.members()                              # a fresh scan of both trees before the first stop
     cand.members()
     try:
@@ -201,6 +206,7 @@ def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bo
             sides = [(base, cand, a), (cand, base, b)]
             if rng.random() < 0.5:
                 sides.reverse()
+            unfetched = None                    # the candidate's ids of this pair, when not fetched yet
             for ex, other, acc in sides:
                 ids = fresh(k) if fresh else None
                 other.stop()
@@ -208,12 +214,23 @@ def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bo
                     acc.append(_sample(ex, i, v, k, graph, ids, chain, deadline))
                 finally:
                     other.cont()
-                if ex is cand and (s == 0 or s == samples - 1 or rng.random() < CHECK_P):
-                    kept.append(_fetch(ex, s, v, k, rows, chain, ids, rng, deadline))
-            if (stop_rel_se is not None and s + 1 < samples and len(a) >= min_pairs
-                    and (s + 1) % check_every == 0 and ratio_settled(a, b, stop_rel_se)):
+                if ex is cand:
+                    if s == 0 or s == samples - 1 or rng.random() < CHECK_P:
+                        kept.append(_fetch(ex, s, v, k, rows, chain, ids, rng, deadline))
+                    else:
+                        unfetched = (ids,)
+            n = s + 1
+            if n < samples and futility_margin is not None and futility_look(n, check_every) and futile(
+                    a, b, futility_margin):
+                stopped = "futility"
+            elif (stop_rel_se is not None and n < samples and len(a) >= min_pairs
+                    and n % check_every == 0 and ratio_settled(a, b, stop_rel_se)):
+                stopped = "settled"
+            if stopped:
+                if unfetched is not None:       # the last pair taken is always re-checked
+                    kept.append(_fetch(cand, s, v, k, rows, chain, unfetched[0], rng, deadline))
                 break
     finally:
         base.cont()
         cand.cont()
-    return ABResult(Stats.of(a), Stats.of(b), kept, list(zip(a, b)))
+    return ABResult(Stats.of(a), Stats.of(b), kept, list(zip(a, b)), stopped)

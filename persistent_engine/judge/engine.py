@@ -490,6 +490,7 @@ class Engine(ExecutorSide):
                 res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
                                    self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
                                    stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type),
+                                   futility_margin=None if req.samples else timing.FUTILITY_MARGIN,
                                    rows=int(self.ref[i][0].shape[0]), vocab=self.spec.vocab_size)
             finally:
                 ExecutorPool.resume(paused)
@@ -505,7 +506,7 @@ class Engine(ExecutorSide):
                 baseline_ms=res.baseline.median_ms, baseline_iqr_ms=res.baseline.iqr_ms,
                 candidate_ms=res.candidate.median_ms, candidate_iqr_ms=res.candidate.iqr_ms,
                 samples=res.candidate.n, runs_per_sample=k, floor_ms=self.floor_ms[i],
-                speedup=res.speedup, speedup_q1=res.speedup_q1, config=notes or {}))
+                speedup=res.speedup, speedup_q1=res.speedup_q1, config=notes or {}, stopped=res.stopped))
         reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
         reasons += self._process_reasons("timing")
         # a point's weight is its share of GPU time: new / old time = sum(w / point speedup) / sum(w)

@@ -76,3 +76,26 @@ def test_busy_compile_idle_and_queue_wait_add_up_to_the_window():
 def test_a_clock_that_never_opened_reports_nothing():
     clock = DeviceClock(_fleet()).install()
     assert clock.summary() == {}
+
+
+def test_an_evaluation_in_flight_at_the_close_is_busy_up_to_it_and_not_a_call():
+    fleet = _fleet()
+    fleet.engines[0].supervisor = SleepingSupervisor(0.02, 0.1, 0.2)     # 0.33 s in all
+    clock = DeviceClock(fleet).install()
+    clock.open()
+    fleet.evaluate("fast", "c0")
+    t = threading.Thread(target=fleet.evaluate, args=("fast", "in flight"))
+    t.start()
+    time.sleep(0.2)                                       # pool 0.01 + load 0.02 + 0.17 s of judging
+    clock.close()
+    t.join()
+    fleet.evaluate("fast", "after the close")             # not booked
+    s = clock.summary()
+    fast = s["engines"]["fast-0"]
+    assert (fast["calls"], fast["in_flight_at_close"]) == (1, 1)
+    assert fast["compile_s"] == pytest.approx(2 * 0.02, abs=1e-6)
+    assert 0.3 + 0.13 <= fast["judging_s"] <= 0.3 + 0.2                # c0's 0.3 s + the clipped one's
+    assert fast["idle_s"] < 0.05                         # before, the in-flight 0.2 s read as idle
+    total = fast["executor_wait_s"] + fast["compile_s"] + fast["judging_s"] + fast["other_s"] + fast["idle_s"]
+    assert total == pytest.approx(fast["wall_s"], abs=0.01)
+    assert s["candidates_per_hour"] == pytest.approx(3600 * 1 / s["window_s"], rel=1e-3)

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from persistent_engine import timing
 from persistent_engine.judge import ab
 
 V, T = 97, 3                                    # vocabulary, tokens per step (decode batch 3)
@@ -112,3 +113,67 @@ def test_the_argmax_band_excuses_a_near_tie_only():
     far[low] = ref[top] + 0.1                             # a made-up chain value forced to the maximum
     assert "chain of timed runs is broken" in ab.chain_argmax_reason(far, ref, "t")
     assert ab.chain_argmax_reason(ref, ref, "t") is None
+
+
+class Clock:
+    """The judge's clock in these tests: advanced by the timed executors, read by ``ab`` (``now_ns``)."""
+
+    def __init__(self):
+        self.ns = 0
+
+    def now(self):
+        return self.ns
+
+
+class TimedExecutor(FakeExecutor):
+    """A chained executor whose runs take ``ms`` each (times a small deterministic jitter per request) on
+    ``clock``; records the ops it was asked for."""
+
+    def __init__(self, clock, ms, jitter=0.002):
+        super().__init__()
+        self.clock, self.ms, self.jitter, self.requests, self.ops = clock, ms, jitter, 0, []
+
+    def call(self, msg, timeout):
+        self.ops.append(msg["op"])
+        if msg["op"] == "run":
+            self.requests += 1
+            wobble = 1 + self.jitter * ((self.requests * 7) % 5 - 2)
+            self.clock.ns += int(self.ms * wobble * msg["k"] * 1e6)
+        return super().call(msg, timeout)
+
+
+def timed_ab(monkeypatch, cand_ms, seed=0, samples=50, futility=True):
+    clock = Clock()
+    monkeypatch.setattr(ab, "now_ns", clock.now)
+    base, cand = TimedExecutor(clock, 1.0), TimedExecutor(clock, cand_ms)
+    gen = torch.Generator().manual_seed(seed)
+    fresh = lambda n: torch.randint(0, V, (n, T), generator=gen)      # noqa: E731
+    res = ab.ab_remote(base, cand, 0, 1, samples, 4, False, fresh, random.Random(seed), 1e12,
+                       stop_rel_se=0.003, rows=T, vocab=V,
+                       futility_margin=timing.FUTILITY_MARGIN if futility else None)
+    return res, cand
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_clear_loser_stops_after_six_pairs_with_its_first_and_last_pair_rechecked(monkeypatch, seed):
+    res, cand = timed_ab(monkeypatch, 1.1, seed=seed)
+    assert res.stopped == "futility" and len(res.pairs) == timing.FUTILITY_MIN_PAIRS
+    assert res.speedup == pytest.approx(1 / 1.1, rel=0.01) and res.speedup_q1 is not None
+    assert res.candidate.n == res.baseline.n == 6 and res.candidate.median_ms > res.baseline.median_ms
+    assert {0, 5} <= {f.pair for f in res.kept}                 # the pair it stopped on is re-checked
+    assert not judge_catches(res.kept)                          # deferred fetches still carry their chain
+    assert cand.ops[-1] == "fetch" and cand.requests == 6 + 1   # one warm-up run request, six timed
+
+
+def test_without_the_rule_a_loser_is_timed_until_it_settles(monkeypatch):
+    res, _ = timed_ab(monkeypatch, 1.1, futility=False)
+    assert res.stopped == "settled" and len(res.pairs) == timing.STOP_MIN_PAIRS
+    assert len(res.pairs) - 1 in {f.pair for f in res.kept}
+
+
+@pytest.mark.parametrize("cand_ms", [0.8, 0.99, 1.0, 1.015])
+def test_a_winner_or_a_near_tie_gets_the_full_sequential_measurement(monkeypatch, cand_ms):
+    res, _ = timed_ab(monkeypatch, cand_ms)
+    assert res.stopped != "futility" and len(res.pairs) >= timing.STOP_MIN_PAIRS
+    assert res.speedup == pytest.approx(1 / cand_ms, rel=0.01)
+    assert len(res.pairs) - 1 in {f.pair for f in res.kept}
