@@ -161,6 +161,7 @@ class ArmStats:
     best_knobs: dict | None = None
     spent: bool = False
     since_best: int = 0          # pulls since the best reward last improved
+    pending: int = 0             # settings proposed whose verdict is not in yet (``SearchState.propose``)
 
     @property
     def mean(self) -> float:
@@ -187,6 +188,19 @@ class SearchState:
         else:
             s.since_best += 1
         self.results.append((choice, reward))
+
+    def propose(self, choice: Choice) -> None:
+        """``choice`` was proposed and will be evaluated: until its verdict is in (``settle``) its arm counts
+        as pulled, so agents proposing at once spread over the untried arms instead of all taking the first
+        (the DeepSeek-V4 slice's 4-minute H200 search evaluated five ``linear`` settings and nothing else,
+        each of four agents drawing the same untried arm before any verdict had come back)."""
+        self.arms.setdefault(choice.template.name, ArmStats()).pending += 1
+
+    def settle(self, choice: Choice) -> None:
+        """The verdict of a proposed ``choice`` is in (``record`` it as well)."""
+        s = self.arms.get(choice.template.name)
+        if s is not None and s.pending > 0:
+            s.pending -= 1
 
     def pulls(self) -> int:
         return sum(a.pulls for a in self.arms.values())
@@ -258,10 +272,10 @@ class BanditStrategy(Strategy):
 
         def score(t: Template) -> float:
             s = state.arms.get(t.name, ArmStats())
-            if s.pulls == 0:
+            if s.pulls + s.pending == 0:
                 return math.inf
-            exploit = s.fresh(0.5 * (s.mean + s.best_reward))
-            return shares[t.op] * (exploit + self.c * math.sqrt(math.log(total + 1) / s.pulls))
+            exploit = s.fresh(0.5 * (s.mean + s.best_reward)) if s.pulls else 0.0
+            return shares[t.op] * (exploit + self.c * math.sqrt(math.log(total + 1) / (s.pulls + s.pending)))
 
         order = sorted(live, key=lambda t: (score(t), shares[t.op], -len(t.name)), reverse=True)
         for t in order:

@@ -164,6 +164,7 @@ class OfflineAgent(Agent):
         verdict = ctx.evaluate(source, author=self.name, idea_id=lease.idea_id)
         with self.team.lock:
             self.team.tried.add(choice.key())
+            self.team.search.settle(choice)
             self.team.search.record(choice, reward_of(verdict))
             arm = self.team.search.arms[choice.template.name]
             learned = {"template_tried": arm.pulls, "template_best_knobs": arm.best_knobs,
@@ -187,6 +188,7 @@ class OfflineAgent(Agent):
                     return None
                 self.team.tried.add(choice.key())
                 if not ctx.already_tried(choice.key(), choice.op):
+                    self.team.search.propose(choice)
                     return choice
         return None
 

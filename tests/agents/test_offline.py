@@ -75,6 +75,31 @@ def test_strategy_starts_with_the_costliest_op_and_never_repeats(strategy):
     assert len(seen) == expected == len({c.key() for c in seen})
 
 
+@pytest.mark.parametrize("strategy", [BanditStrategy(), EvolutionStrategy(p_new=1.0)])
+def test_proposals_in_flight_spread_over_the_untried_arms(strategy):
+    """Agents proposing before any verdict is back take different arms (a proposed setting's arm counts as
+    pulled until its verdict is in); once verdicts are in, the arm that paid off is pulled again."""
+    arms = templates_for(device="cpu")
+    shares = {"attention_decode": 0.5, "linear": 0.3, "rms_norm": 0.15, "silu_and_mul": 0.05}
+    state, tried, rng, dims = SearchState(), set(), random.Random(0), dims_of(TINY)
+    live = {t.name for t in arms if t.op in shares}
+    in_flight = []
+    for _ in range(len(live)):
+        c = strategy.propose(arms, shares, state, tried, dims, rng)
+        tried.add(c.key())
+        state.propose(c)
+        in_flight.append(c)
+    assert {c.template.name for c in in_flight} == live           # every arm once, none twice
+    assert [c.op for c in in_flight][0] == "attention_decode"     # still in prior order
+    for c in in_flight:
+        state.settle(c)
+        state.record(c, 0.3 if c.template.name == in_flight[-1].template.name else -1.0)
+    assert all(a.pending == 0 for a in state.arms.values())
+    if isinstance(strategy, BanditStrategy):
+        again = strategy.propose(arms, shares, state, tried, dims, rng)
+        assert again.template.name == in_flight[-1].template.name
+
+
 def test_evolution_mutates_the_best_setting():
     gemv = get_template("linear.triton_gemv_splitk")
     rms = get_template("rms_norm.triton_rows")
