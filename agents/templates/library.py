@@ -302,8 +302,8 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "DeepSeek-V4 hyper-connection expand + mix: each D-block of the N streams read once, fp32, one "
              "rounding", _hc_post),
     Template("hc_pre.triton", "hc_pre", "triton_hc_pre.py", "hc_pre_triton", "triton", ("cuda",),
-             (Knob("HCPR_SPLIT_K", (8, 4, 16, 2, 32, 1)), Knob("HCPR_BLOCK_K", (128, 64, 256, 512, 32)),
-              Knob("HCPR_BLOCK_T", (1, 2, 4)), Knob("HCPR_NUM_WARPS", POW2_WARPS),
+             (Knob("HCPR_SPLIT_K", (16, 8, 32, 4, 2, 1)), Knob("HCPR_BLOCK_K", (128, 64, 256, 512, 32)),
+              Knob("HCPR_BLOCK_T", (2, 1, 4)), Knob("HCPR_NUM_WARPS", POW2_WARPS),
               Knob("HCPR_BLOCK_D", (1024, 512, 2048, 4096, 256, 128, 64, 16)),
               Knob("HCPR_COLLAPSE_WARPS", POW2_WARPS)),
              "DeepSeek-V4 hyper-connection weights + collapse: split-K GEMV of the mHC logits (RMS factored out, "

@@ -3,9 +3,12 @@ TRITON_INTERPRET=1: the rendered candidate honours the op contract (persistent_e
 reference in persistent_engine/ops/hc.py) for bf16 and fp32 streams at T in {1, 3, 7}, N = 4, D in {64, 96}
 (96: a D-block and a K-chunk that do not divide the row), few Sinkhorn iterations and the real 20; a sample of
 the knob space that passes the library's check at V4-Flash sizes runs and passes too; the check rejects the
-settings it should; a candidate one Sinkhorn step short fails (the contract can catch a wrong kernel)."""
+settings it should; a candidate one Sinkhorn step short fails (the contract can catch a wrong kernel); the
+benchmark's search (benchmarks/templates.py) measures it at the tiny DeepSeek-V4's decode shape."""
 
+import importlib.util
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +16,8 @@ import torch
 from agents.templates import Choice, dims_of, get_template, load_candidate, render_candidate, templates_for
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
-from persistent_engine.ops.contract import check_op
+from persistent_engine.io_struct import WorkloadPoint
+from persistent_engine.ops.contract import check_op, compare_outputs
 
 NAME = "hc_pre.triton"
 # split-K 2 over 32-wide K tiles, 2 tokens per program (T = 3, 7: a masked token), 16-wide D-blocks
@@ -88,3 +92,47 @@ def test_a_kernel_one_sinkhorn_step_short_fails_the_contract():
         return impl(x, fn, scale, base, iters - 1, hc_eps, norm_eps)
     reasons = check_op("hc_pre", short, dtypes=(torch.float32,), shapes=[{"T": 3, "N": 4, "D": 64, "iters": 3}])
     assert any("mismatch" in r for r in reasons), reasons
+
+
+def test_benchmark_search_finds_a_valid_setting():
+    """benchmarks/templates.py's search (render, load, compare to the reference, time) runs this template at
+    deepseek+tiny's decode shape, as the H200 run will at deepseek-v4-flash."""
+    spec = importlib.util.spec_from_file_location(
+        "tkcc_bench_templates", Path(__file__).resolve().parents[2] / "benchmarks" / "templates.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = ModelSpec.from_name("deepseek+tiny")
+    d, t = registry.get("hc_pre"), get_template(NAME)
+    assert t in bench.templates_for("hc_pre", "cuda")
+    point = WorkloadPoint(phase="decode", batch=3, context=16, chunk=1, weight=1.0)
+    (shape,) = d.shapes(model, point)
+    args = d.make_inputs(shape, torch.bfloat16, "cpu", 0)
+    ref_hi = tuple(d.reference(*bench._upcast(args)))
+    knobs, best_t, tried, rejected = bench.search(t, d, args, ref_hi, bench.Timer("cpu", 1), bench.dims_of(model), 2,
+                                                  random.Random(0), fit=SMALL)
+    assert knobs is not None and rejected == 0 and tried == 2 and best_t > 0, knobs
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_at_v4_flash_dims():
+    """Decode at V4-Flash's real dims is capturable (no host sync) and replays bitwise like eager."""
+    fn = _impl(get_template(NAME).default())
+    d = registry.get("hc_pre")
+    spec = ModelSpec.from_name("deepseek-v4-flash")
+    for batch in (1, 32):
+        (shape,) = d.shapes(spec, WorkloadPoint(phase="decode", batch=batch, context=1, chunk=1, weight=1.0))
+        args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
+        eager = fn(*args)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn(*args)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*args)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, e) for o, e in zip(out, eager)), batch
+        hi = d.reference(*(a.float() if a.is_floating_point() else a for a in args))
+        assert compare_outputs(tuple(out), tuple(hi), *d.tolerance(torch.bfloat16)) == [], batch
