@@ -8,7 +8,7 @@ Each case builds the slice [layer] with seeded random bf16 weights (the FP4 expe
 and times the forward of one sequence of ``tokens`` tokens (CUDA events, median of the samples; CPU:
 perf_counter medians), minus the empty slice (embedding, hc_head, norm, lm_head). The per-op split comes from
 one extra forward with every registry op timed (device synchronised around each call). On cuda the V4 ops'
-Triton templates (hc_post, swiglu_clamp_and_mul, the clamped fused MoE) are checked against the op contract at V4-Flash shapes and timed
+Triton templates (hc_pre, hc_post, swiglu_clamp_and_mul, the clamped fused MoE) are checked against the op contract at V4-Flash shapes and timed
 against the reference (CUDA events, medians).
 
 Decode (``--decode-batch``, ``--decode-context``): each layer kind as a one-layer slice of the paged-cache decoder
@@ -93,7 +93,8 @@ def op_split(cfg, w, ids, layers, device: str) -> dict[str, float]:
     return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
-KERNELS = {"hc_post": ("triton_hc_post.py", "hc_post_triton"),
+KERNELS = {"hc_pre": ("triton_hc_pre.py", "hc_pre_triton"),
+           "hc_post": ("triton_hc_post.py", "hc_post_triton"),
            "swiglu_clamp_and_mul": ("triton_glu_and_mul.py", "swiglu_clamp_and_mul_triton"),
            "moe_experts_clamp": ("triton_moe_experts.py", "moe_experts_clamp_triton")}
 
@@ -130,6 +131,7 @@ def templates(c: dict, tokens: int, samples: int) -> list[dict]:
     experts = {"E": c["n_routed_experts"], "k": c["num_experts_per_tok"], "H": c["hidden_size"],
                "I": c["moe_intermediate_size"], "limit": c["swiglu_limit"]}
     cases = [(op, shape) for op, shape in shapes.items()]
+    cases += [("hc_pre", {**shapes["hc_post"], "T": t}) for t in (32, tokens)]            # a decode batch, the prefill
     cases += [("moe_experts_clamp", {"T": t, **experts}) for t in (32, tokens)]     # a decode batch, the prefill
     rows = []
     for op, shape in cases:

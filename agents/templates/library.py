@@ -147,6 +147,23 @@ def _hc_post(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(k["HCP_BLOCK_D"], k["HCP_NUM_WARPS"])
 
 
+HC_STREAMS = 4                   # hc_mult of DeepSeek-V4: (2+N)*N = 24 logits + the sum of squares, padded to 32
+
+
+def _hc_pre(k: Mapping, dims: Mapping) -> list[str]:
+    """The [BLOCK_T, 32, BLOCK_K] product tile of the logits GEMV and the [N, BLOCK_D] collapse tile; at the
+    model's K = N * hidden, no split-K slice shorter than one BLOCK_K and no D-block over twice the row."""
+    logits = _next_pow2((2 + HC_STREAMS) * HC_STREAMS + 1)
+    out = _per_thread(k["HCPR_BLOCK_T"] * logits * k["HCPR_BLOCK_K"], k["HCPR_NUM_WARPS"])
+    out += _per_thread(HC_STREAMS * k["HCPR_BLOCK_D"], k["HCPR_COLLAPSE_WARPS"])
+    if "hidden" in dims and k["HCPR_SPLIT_K"] > 1 and \
+            k["HCPR_BLOCK_K"] * k["HCPR_SPLIT_K"] > 2 * _next_pow2(HC_STREAMS * dims["hidden"]):
+        out.append(f"split-K slices shorter than one BLOCK_K at K = {HC_STREAMS} x hidden {dims['hidden']}")
+    if "hidden" in dims and k["HCPR_BLOCK_D"] > 2 * _next_pow2(dims["hidden"]):
+        out.append(f"BLOCK_D {k['HCPR_BLOCK_D']} is over twice the row ({dims['hidden']})")
+    return out
+
+
 def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
     """The [BLOCK_H, L] accumulator, the [BLOCK_K, L] row tile and the [BLOCK_H, BLOCK_K] scores live at once
     (L: kv_lora_rank, 512 for DeepSeek/GLM; 128 assumed without a model)."""
@@ -284,6 +301,14 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              (Knob("HCP_BLOCK_D", (512, 256, 1024, 2048, 128, 64, 16)), Knob("HCP_NUM_WARPS", POW2_WARPS)),
              "DeepSeek-V4 hyper-connection expand + mix: each D-block of the N streams read once, fp32, one "
              "rounding", _hc_post),
+    Template("hc_pre.triton", "hc_pre", "triton_hc_pre.py", "hc_pre_triton", "triton", ("cuda",),
+             (Knob("HCPR_SPLIT_K", (16, 8, 32, 4, 2, 1)), Knob("HCPR_BLOCK_K", (128, 64, 256, 512, 32)),
+              Knob("HCPR_BLOCK_T", (2, 1, 4)), Knob("HCPR_NUM_WARPS", POW2_WARPS),
+              Knob("HCPR_BLOCK_D", (1024, 512, 2048, 4096, 256, 128, 64, 16)),
+              Knob("HCPR_COLLAPSE_WARPS", POW2_WARPS)),
+             "DeepSeek-V4 hyper-connection weights + collapse: split-K GEMV of the mHC logits (RMS factored out, "
+             "deterministic two-stage sum), then per token the sigmoids, softmax and Sinkhorn on N x N in "
+             "registers and the pre-weighted collapse of each D-block; fp32, one rounding", _hc_pre),
     Template("sparse_mla_decode.triton", "sparse_mla_decode", "triton_sparse_mla_decode.py",
              "sparse_mla_decode_triton", "triton", ("cuda",),
              (Knob("SMLA_BLOCK_H", (16, 32, 64)), Knob("SMLA_BLOCK_K", (32, 16, 64, 128)),

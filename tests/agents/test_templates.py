@@ -44,6 +44,8 @@ SMALL = {
     "gated_delta_decode.triton": {"GDD_BLOCK_V": 16, "GDD_NUM_WARPS": 1},      # Dv 20: two blocks, a masked tail
     "swigluoai_and_mul.triton": {"SOAI_BLOCK_I": 64, "SOAI_NUM_WARPS": 1},
     "hc_post.triton": {"HCP_BLOCK_D": 16, "HCP_NUM_WARPS": 1},
+    "hc_pre.triton": {"HCPR_SPLIT_K": 2, "HCPR_BLOCK_K": 32, "HCPR_BLOCK_T": 2, "HCPR_NUM_WARPS": 1,
+                      "HCPR_BLOCK_D": 16, "HCPR_COLLAPSE_WARPS": 1},
     "swiglu_clamp_and_mul.triton": {"SWCL_BLOCK_I": 64, "SWCL_NUM_WARPS": 1},
     "sparse_mla_decode.triton": {"SMLA_BLOCK_H": 16, "SMLA_BLOCK_K": 16, "SMLA_NUM_WARPS": 2, "SMLA_NUM_STAGES": 1},
     "moe_experts_situ.triton_fused": {"MOES_GEMV_MAX_PAIRS": 8, "MOES_GEMV_ROWS": 4, "MOES_GEMV_BLOCK_K": 32,
