@@ -128,9 +128,9 @@ def roofline(spec: Any, hw_name: str | None, points: Sequence[WorkloadPoint],
                     "cost; achieved = roofline_ms / measured_ms (1 is at the roofline)"}
 
 
-def headroom(spec: Any, hw_name: str | None, point: Mapping[str, Any], profile: Mapping[str, Any],
+def headroom(spec: Any, hw_name: str | None, point: WorkloadPoint, profile: Mapping[str, Any],
              known_ops: Sequence[str], default: float = HEADROOM_UNKNOWN) -> dict[str, float]:
-    """``{op: 1 - achieved}`` for each op the profile measured at ``point`` (a profile row's point map):
+    """``{op: 1 - achieved}`` for each op the profile measured at ``point`` (matched to the profile's row):
     what a kernel at the roofline would take off the op's time, in [0, 1]; ``default`` where the cost
     model has no row for the op, or there is no spec or known hardware.
 
@@ -151,7 +151,7 @@ def headroom(spec: Any, hw_name: str | None, point: Mapping[str, Any], profile: 
     except (KeyError, ValueError):
         return {op: default for op in measured}
     known = set(known_ops) | set(measured) | {_VARIANT_OF[op] for op in measured if op in _VARIANT_OF}
-    rows = op_rooflines(spec, hw, WorkloadPoint.from_dict(point), sorted(known))
+    rows = op_rooflines(spec, hw, point, sorted(known))
     out = {}
     for op, (ms, calls) in measured.items():
         r = rows.get(op)

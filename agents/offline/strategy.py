@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from agents.roofline import HEADROOM_UNKNOWN
+from persistent_engine.io_struct import WorkloadPoint
 from agents.templates import Choice, Template
 
 MAX_DRAWS = 200          # attempts to find an untried valid setting before an arm is declared spent
@@ -70,7 +71,7 @@ def op_priors(profile: Mapping[str, Any] | None, spec: Any = None, hw: str | Non
     known = tuple(known_ops)
     rooms: dict[int, dict[str, float]] = {}
 
-    def room(point: Mapping[str, Any] | None, op: str) -> float:
+    def room(point: WorkloadPoint | None, op: str) -> float:
         if point is None:
             return default
         if id(point) not in rooms:
@@ -80,9 +81,10 @@ def op_priors(profile: Mapping[str, Any] | None, spec: Any = None, hw: str | Non
     return _weighted(point_fractions(profile), room)
 
 
-def point_fractions(profile: Mapping[str, Any] | None) -> list[tuple[float, Mapping[str, Any] | None, dict[str, float]]]:
-    """``[(weight, point map or None, {op: fraction of the point's profiled time})]`` of a profile (the
-    forms :func:`op_shares` accepts; a profile without points is one point of weight 1)."""
+def point_fractions(profile: Mapping[str, Any] | None) -> list[tuple[float, WorkloadPoint | None, dict[str, float]]]:
+    """``[(weight, point or None, {op: fraction of the point's profiled time})]`` of a profile (the forms
+    :func:`op_shares` accepts; a profile without points is one point of weight 1). The profile is JSON (the
+    supervisor's): its point maps become typed points here, None where a row's map names no batch."""
     def fractions(ops: Any) -> dict[str, float]:
         if isinstance(ops, Mapping):
             items = ops.items()
@@ -103,9 +105,9 @@ def point_fractions(profile: Mapping[str, Any] | None) -> list[tuple[float, Mapp
         rows = []
         for row in prof["per_point"]:
             if isinstance(row, Mapping):
-                point = row.get("point") if isinstance(row.get("point"), Mapping) else None
-                w = point.get("weight", 1.0) if point is not None else 1.0
-                rows.append((float(w or 0.0), point, fractions(row.get("ops", {}))))
+                raw = row.get("point") if isinstance(row.get("point"), Mapping) else {}
+                point = WorkloadPoint.from_dict(raw) if "batch" in raw else None
+                rows.append((float(raw.get("weight", 1.0) or 0.0), point, fractions(row.get("ops", {}))))
         return rows
     if isinstance(prof, Mapping):
         return [(1.0, None, fractions(prof.get("ops", prof.get("per_op", prof))))]

@@ -10,7 +10,7 @@ import pytest
 from agents import AgentContext
 from agents.offline import BanditStrategy, EvolutionStrategy, KernelSearchAgent, OfflineTeam, SearchState, op_priors, op_shares
 from agents.roofline import HEADROOM_UNKNOWN, headroom, op_rooflines
-from agents.templates import dims_of, templates_for
+from agents.templates import dims_of
 from cost_model import get_hardware
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.spec import ModelSpec
@@ -73,7 +73,7 @@ def test_kimi_slice_draws_kda_decode_before_the_linear_and_moe_templates():
 
 
 def test_kimi_slice_headroom_per_point():
-    decode = headroom(KIMI, "h200", DECODE, KIMI_PROFILE, ["kda_decode", "linear", "moe_experts_situ"])
+    decode = headroom(KIMI, "h200", WorkloadPoint.from_dict(DECODE), KIMI_PROFILE, ["kda_decode", "linear", "moe_experts_situ"])
     assert decode["kda_decode"] == pytest.approx(0.906, abs=0.01)      # 1.13 ms against a 0.106 ms roofline
     assert decode["moe_experts_situ"] < 0.15                            # takes moe_experts' row
     assert decode["mla_decode"] == HEADROOM_UNKNOWN                     # no cost-model row
@@ -87,13 +87,13 @@ def test_an_op_at_its_roofline_has_prior_about_zero():
     profile = _profile((point, {"linear": (lin["roofline_ms"], lin["rows"]),                  # at the roofline
                                 "silu_and_mul": (4 * act["roofline_ms"], act["rows"]),        # 4x off it
                                 "rms_norm": (0.1 * lin["roofline_ms"], 1)}))                  # no row: neutral
-    room = headroom(spec, "h200", point, profile, ["linear", "silu_and_mul", "rms_norm"])
+    room = headroom(spec, "h200", WorkloadPoint.from_dict(point), profile, ["linear", "silu_and_mul", "rms_norm"])
     assert room["linear"] == pytest.approx(0.0, abs=1e-9) and room["silu_and_mul"] == pytest.approx(0.75)
     assert "rms_norm" not in rows and room["rms_norm"] == HEADROOM_UNKNOWN
     faster = _profile((point, {"linear": (0.5 * lin["roofline_ms"], lin["rows"])}))         # below: clipped
-    assert headroom(spec, "h200", point, faster, ["linear"])["linear"] == 0.0
+    assert headroom(spec, "h200", WorkloadPoint.from_dict(point), faster, ["linear"])["linear"] == 0.0
     half = _profile((point, {"linear": (lin["roofline_ms"], lin["rows"] // 2)}))   # half the GEMMs (a composite
-    assert headroom(spec, "h200", point, half, ["linear"])["linear"] == pytest.approx(0.5)   # runs the rest)
+    assert headroom(spec, "h200", WorkloadPoint.from_dict(point), half, ["linear"])["linear"] == pytest.approx(0.5)   # runs the rest)
 
     priors, shares = op_priors(profile, spec, "h200", ["linear", "silu_and_mul"]), op_shares(profile)
     assert shares["linear"] > 0.3 and priors["linear"] == pytest.approx(0.0, abs=1e-9)
@@ -102,7 +102,7 @@ def test_an_op_at_its_roofline_has_prior_about_zero():
 
 
 def test_unknown_roofline_gives_the_neutral_headroom():
-    assert headroom(KIMI, "h200", DECODE, KIMI_PROFILE, [])["attn_res"] == HEADROOM_UNKNOWN
+    assert headroom(KIMI, "h200", WorkloadPoint.from_dict(DECODE), KIMI_PROFILE, [])["attn_res"] == HEADROOM_UNKNOWN
     shares = op_shares(KIMI_PROFILE)
     for spec, hw in ((None, "h200"), (KIMI, None), (KIMI, "no-such-gpu")):
         assert op_priors(KIMI_PROFILE, spec, hw) == pytest.approx({op: HEADROOM_UNKNOWN * s for op, s in shares.items()})
