@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from agents.roofline import HEADROOM_UNKNOWN
-from persistent_engine.io_struct import WorkloadPoint
+from persistent_engine import WorkloadPoint
 from agents.templates import Choice, Template
 
 MAX_DRAWS = 200          # attempts to find an untried valid setting before an arm is declared spent

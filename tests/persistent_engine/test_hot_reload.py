@@ -95,15 +95,16 @@ def test_a_slow_candidate_that_patches_the_clocks_is_timed_slow(sup):
 
 
 def test_a_correct_loser_is_stopped_for_futility_and_rechecked(sup):
-    """Default samples: every point the slow candidate runs at stops after 6 pairs, its speedup the median
-    of those pairs (< 0.98), spot re-checks passed, and the compiler's screen rejects it as no gain."""
+    """Default samples: every point the slow candidate runs at stops for futility before the sequential stop
+    could (6 pairs, or a later look when the shared CPU's noise put a pair within the margin), its speedup
+    the median of those pairs (< 0.98), spot re-checks passed, and the compiler's screen rejects it."""
     from compiler.acceptance import AcceptanceConfig, screen
     from persistent_engine import timing
 
     v = sup.evaluate(src("slow_exact"), timeout_s=300)
     assert v.correct, v.reasons
     timed = [p for p in v.per_point if p.affected]
-    assert timed and all(p.stopped == "futility" and p.samples == timing.FUTILITY_MIN_PAIRS
+    assert timed and all(p.stopped == "futility" and timing.FUTILITY_MIN_PAIRS <= p.samples < timing.STOP_MIN_PAIRS
                          and p.speedup < 1 / (1 + timing.FUTILITY_MARGIN) for p in timed), v.per_point
     assert all(p.candidate_ms > p.baseline_ms and p.speedup_q1 is not None for p in timed)
     assert v.speedup is not None and v.speedup < 0.98
