@@ -94,10 +94,10 @@ def prefill_row(model, alias: str, device: str, samples: int) -> dict:
     ms = statistics.median(time_eager(model, wl, device, max(1, samples // 10)))
     row = {"model": alias, "release": model.spec.name, "family": model.spec.family, "layers": model.layers,
            "phase": "prefill", "batch": 1, "context": 0, "chunk": chunk, "step_ms": ms, "timing": "eager",
-           "tokens_per_s": chunk / ms * 1e3, "top_ops_ms": top_ops(model, wl, device)}
+           "tokens_per_s": chunk / ms * 1e3, "ops_ms": op_times(model, wl, device)}
     print(f"{alias:<14} {str(model.layers):<11} prefill {chunk:<5} {ms:9.3f} ms (eager)  "
           f"{row['tokens_per_s']:9.0f} tokens/s", flush=True)
-    print("    top ops (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in row["top_ops_ms"].items()), flush=True)
+    print_top_ops(row["ops_ms"])
     return row
 
 
@@ -109,10 +109,15 @@ def timed_ms(model, wl, device: str, samples: int) -> tuple[float, str]:
     return statistics.median(time_eager(model, wl, device, samples)), "eager"
 
 
-def top_ops(model, wl, device: str, n: int = 6) -> dict[str, float]:
+def op_times(model, wl, device: str) -> dict[str, float]:
+    """Every profiled op's time in ms, slowest first (the JSON keeps them all; the table prints the slowest)."""
     prof = profile_point(model, wl, torch.device(device), reps=2)
     ops = sorted(((k, v.get("ms", 0.0)) for k, v in prof.items() if isinstance(v, dict)), key=lambda kv: -kv[1])
-    return {k: round(ms, 4) for k, ms in ops[:n]}
+    return {k: round(ms, 4) for k, ms in ops}
+
+
+def print_top_ops(ops_ms: dict[str, float], n: int = 6) -> None:
+    print("    top ops (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in list(ops_ms.items())[:n]), flush=True)
 
 
 def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, peak: float | None) -> list[dict]:
@@ -136,13 +141,13 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
                "gbs": moved["total"] / ms / 1e6, "pct_copy": 100 * moved["total"] / ms / 1e6 / copy_gbs,
                "pct_datasheet": 100 * moved["total"] / ms / 1e6 / peak if peak else None}
         if (batch, context) == points[len(points) // 2]:
-            row["top_ops_ms"] = top_ops(model, wl, device)
+            row["ops_ms"] = op_times(model, wl, device)
         rows.append(row)
         print(f"{alias:<14} {str(layers):<11} b{batch:<3} ctx{context:<5} {ms:9.3f} ms ({how})  "
               f"{row['ms_per_layer']:8.3f} ms/layer  {moved['total'] / 1e9:7.3f} GB  {row['gbs']:7.0f} GB/s  "
               f"{row['pct_copy']:5.1f}% of copy", flush=True)
-        if "top_ops_ms" in row:
-            print("    top ops (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in row["top_ops_ms"].items()), flush=True)
+        if "ops_ms" in row:
+            print_top_ops(row["ops_ms"])
     if any(spec.kda_layers):
         rows.append(prefill_row(model, alias, device, samples))
     del model

@@ -34,7 +34,7 @@ def test_cpu_tiny_run_writes_rows(tmp_path):
     doc = json.loads(out.read_text())
     assert {r["model"] for r in doc["rows"]} == {"glm+tiny", "deepseek-v3.2+tiny", "minimax+tiny"}
     assert all(r["step_ms"] > 0 and r["bytes"]["total"] > 0 for r in doc["rows"])
-    assert any("indexer_topk" in r.get("top_ops_ms", {}) for r in doc["rows"])
+    assert any("indexer_topk" in r.get("ops_ms", {}) for r in doc["rows"])
 
 
 def test_qwen3_5_tiny_rows_count_the_linear_states(tmp_path):
@@ -52,7 +52,7 @@ def test_qwen3_5_tiny_rows_count_the_linear_states(tmp_path):
     for r in rows:
         assert r["bytes"]["state"] == r["batch"] * (state + conv)
         assert r["bytes"]["kv"] == r["batch"] * (r["context"] + 1) * kv_full
-    assert any("gated_delta_decode" in r.get("top_ops_ms", {}) for r in rows)
+    assert any("gated_delta_decode" in r.get("ops_ms", {}) for r in rows)
 
 
 def test_cpu_tiny_kimi_counts_the_recurrent_state(tmp_path):
@@ -63,5 +63,5 @@ def test_cpu_tiny_kimi_counts_the_recurrent_state(tmp_path):
     assert decode and all(r["bytes"]["state"] > 0 and r["kinds"] == ["dense/kda", "moe/kda", "moe/dense"]
                           for r in decode)
     prefill = [r for r in rows if r["phase"] == "prefill"]
-    assert len(prefill) == 1 and "kda_prefill" in prefill[0]["top_ops_ms"]
+    assert len(prefill) == 1 and "kda_prefill" in prefill[0]["ops_ms"]
     assert _bench().SLICES["kimi"] == [0, 3] and ModelSpec.from_name("kimi").is_kda_layer(0)
