@@ -19,6 +19,8 @@ from persistent_engine.ops import registry
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.ops.contract import check_op, compare_outputs
 
+from cuda_graph_support import eager_and_replayed
+
 NAME = "hc_pre.triton"
 # split-K 2 over 32-wide K tiles, 2 tokens per program (T = 3, 7: a masked token), 16-wide D-blocks
 SMALL = {"HCPR_SPLIT_K": 2, "HCPR_BLOCK_K": 32, "HCPR_BLOCK_T": 2, "HCPR_NUM_WARPS": 1, "HCPR_BLOCK_D": 16,
@@ -122,17 +124,7 @@ def test_cuda_graph_capture_at_v4_flash_dims():
     for batch in (1, 32):
         (shape,) = d.shapes(spec, WorkloadPoint(phase="decode", batch=batch, context=1, chunk=1, weight=1.0))
         args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
-        eager = fn(*args)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn(*args)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn(*args)
-        graph.replay()
-        torch.cuda.synchronize()
+        eager, out = eager_and_replayed(lambda: fn(*args))
         assert all(torch.equal(o, e) for o, e in zip(out, eager)), batch
         hi = d.reference(*(a.float() if a.is_floating_point() else a for a in args))
         assert compare_outputs(tuple(out), tuple(hi), *d.tolerance(torch.bfloat16)) == [], batch

@@ -16,6 +16,8 @@ from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op, compare_outputs
 from persistent_engine.io_struct import WorkloadPoint
 
+from cuda_graph_support import eager_and_replayed
+
 NAME = "moe_experts.triton_fused"
 # small tiles so that the tiny shapes take several N and K blocks and several blocks per expert
 SMALL = {"MOE_GEMV_MAX_PAIRS": 8, "MOE_GEMV_ROWS": 4, "MOE_GEMV_BLOCK_K": 32, "MOE_GEMV_WARPS": 1,
@@ -226,17 +228,7 @@ def test_cuda_graph_capture_at_qwen3_moe_dims():
     for batch in (1, 16, 64):
         (shape,) = d.shapes(spec, WorkloadPoint(phase="decode", batch=batch, context=1, chunk=1, weight=1.0))
         args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
-        eager = fn(*args)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn(*args)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn(*args)
-        graph.replay()
-        torch.cuda.synchronize()
+        eager, out = eager_and_replayed(lambda: fn(*args))
         assert torch.equal(out, eager), batch
         hi = d.reference(*(a.float() if a.is_floating_point() else a for a in args))
         assert compare_outputs((out,), (hi,), *d.tolerance(torch.bfloat16)) == [], batch

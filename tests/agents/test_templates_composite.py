@@ -19,6 +19,8 @@ from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
 from persistent_engine.io_struct import WorkloadPoint
 
+from cuda_graph_support import eager_and_replayed
+
 COMPOSITE = ("add_rms_norm_linear", "silu_mul_linear")
 
 
@@ -290,17 +292,7 @@ def test_cuda_pdl_kernels_in_a_graph_match_eager_and_the_reference_at_llama_dims
         for _ in range(3):
             out = fn(args[0] * 1.0, *args[1:])
         return out
-    eager = chain()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        chain()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain()
-    graph.replay()
-    torch.cuda.synchronize()
+    eager, out = eager_and_replayed(chain)
     outs = out if isinstance(out, tuple) else (out,)
     ref = d.reference(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
     refs = ref if isinstance(ref, tuple) else (ref,)
