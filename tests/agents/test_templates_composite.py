@@ -73,7 +73,7 @@ def test_qkv_rotary_triton_passes_contract_with_partial_rotary_and_bias(knobs):
     assert not torch.allclose(got[0], want[0], atol=1e-3) and torch.allclose(got[2], want[2], atol=1e-4)
 
 
-KVW = "add_rms_norm_qkv_rotary_kv_write.triton_fused"
+KVW, KVW_OP = "add_rms_norm_qkv_rotary_kv_write.triton_fused", "add_rms_norm_qkv_rotary_kv_write"
 KVW_SHAPES = [{"T": 3, "ctx": 21, "H": 200, "Hq": 5, "Hk": 1, "Dh": 12, "R": 6, "bias": True, "BS": 4},   # partial
               {"T": 1, "ctx": 9, "H": 64, "Hq": 4, "Hk": 2, "Dh": 16, "R": 16, "bias": False, "BS": 8}]   # full rotary
 
@@ -218,6 +218,47 @@ def test_search_targets_the_composite_ops_from_the_profile(device):
             state.record(c, 0.2)
             picks.append(c.op)
         assert picks[0] == "add_rms_norm_linear" and set(picks) <= {*COMPOSITE, "rms_norm"}
+
+
+@pytest.mark.parametrize("model, dense", [("tiny-dense", True), ("tiny-moe", False)])
+def test_search_proposes_the_kv_write_region_for_dense_gqa_models_only(model, dense):
+    """From the engine's own profile of a decode step (which looks through the regions running their default
+    and names them in the entries of the ops inside): the K/V-writing region gets the prior of the qkv
+    composite it covers and the kernel search proposes its template on tiny-dense (dense GQA, no QK-norm);
+    on tiny-moe the region never runs, has no share, and is never proposed."""
+    from agents import AgentContext
+    from agents.offline import KernelSearchAgent, OfflineTeam
+    from persistent_engine import profiler
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.workloads import make_workload
+
+    torch.manual_seed(0)
+    point = WorkloadPoint(phase="decode", batch=1, context=12, chunk=1, weight=1.0)
+    built = build_model(model)
+    ops = profiler.profile_point(built, make_workload(built, point, seed=0), torch.device("cpu"), reps=1)
+    profile = {"per_point": [{"point": point.to_dict(), "ops": ops}]}
+    spec = ModelSpec.from_name(model)
+    ctx = AgentContext(board=None, run_id=None, evaluate=None, profile=profile, points=[point], spec=spec,
+                       ops={}, deadline=0.0, hw="h200")
+    team = OfflineTeam(device="cuda")
+    agent = KernelSearchAgent("k0", team)
+    arms = team.arms(ctx)
+    assert get_template(KVW) in arms
+    shares = agent.shares(ctx, arms)
+    state, tried, rng, drawn = SearchState(), set(), random.Random(0), []
+    for _ in range(3 * len(shares)):
+        c = agent.strategy.propose(arms, shares, state, tried, dims_of(spec), rng)
+        if c is None:
+            break
+        assert c.template.check(c.knobs, dims_of(spec)) == []
+        tried.add(c.key())
+        state.record(c, 0.0)
+        drawn.append(c.template.name)
+    if dense:
+        assert shares[KVW_OP] == pytest.approx(shares["add_rms_norm_qkv_rotary"]) and shares[KVW_OP] > 0
+        assert KVW in drawn and "add_rms_norm_qkv_rotary.triton_fused" in drawn
+    else:
+        assert KVW_OP not in shares and KVW not in drawn and drawn
 
 
 @pytest.mark.slow
