@@ -334,6 +334,7 @@ def test_benchmark_times_the_composite_ops_and_seeds_enough_programs(tmp_path):
      [{"T": 3, "I": 64, "N": 37}]),
     ("add_rms_norm_qkv_rotary.triton_fused", {"QKVR_PDL": 1, "QKVR_SPLIT_K": 2, "QKVR_BLOCK_K": 64},
      [{"T": 3, "H": 200, "Hq": 5, "Hk": 1, "Dh": 12, "R": 6, "bias": True}]),
+    (KVW, {"QKVW_PDL": 1, "QKVW_SPLIT_K": 2, "QKVW_BLOCK_K": 64}, KVW_SHAPES[:1]),
 ])
 def test_pdl_setting_peels_the_first_weight_tile_and_still_honours_the_contract(name, knobs, shapes):
     """``*_PDL`` = 1 peels the GEMV's first K tile out of the loop (its W load is what a GPU issues before
@@ -358,6 +359,7 @@ PDL_SETTINGS = {  # a second (reduce / merge) kernel in each, so a PDL launch re
     "add_rms_norm_linear.triton_fused": {"ARNL_PDL": 1, "ARNL_SPLIT_K": 2},
     "silu_mul_linear.triton_fused": {"SML_PDL": 1, "SML_SPLIT_K": 2},
     "add_rms_norm_qkv_rotary.triton_fused": {"QKVR_PDL": 1, "QKVR_SPLIT_K": 2},
+    KVW: {"QKVW_PDL": 1, "QKVW_SPLIT_K": 2},        # the reduce writes the caches the next call's reduce rewrites
     "linear.triton_gemv_splitk": {"GEMV_PDL": 1, "GEMV_SPLIT_K": 2},
     "attention_decode.triton_splitkv": {"ATTD_PDL": 1, "ATTD_NUM_SPLITS": 4},
 }
