@@ -105,9 +105,16 @@ def copy_bandwidth_gbs(device: str) -> float:
 
 
 # ----------------------------------------------------------------------------- bytes moved
-def bytes_moved(op: str, args: tuple, out) -> float:
+def bytes_moved(op: str, args: tuple, out, writes: tuple = ()) -> float:
+    """Bytes an op must move at least: its tensor arguments read once and its outputs written; a pool it
+    writes in place (``writes``: the OpDef's SlotWrites, e.g. the K/V cache) counts its written rows only."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
     out_b = sum(o.numel() * o.element_size() for o in outs)
+    pools = {w.pool for w in writes}
+    for w in writes:                    # a pool [NB, BS, *row], or a tuple of them written at the same rows
+        for pool in args[w.pool] if isinstance(args[w.pool], tuple) else (args[w.pool],):
+            out_b += args[w.slots].numel() * pool[0, 0].numel() * pool.element_size()
+    args = tuple(a for i, a in enumerate(args) if i not in pools)
     if op == "attention_decode":
         q, kc, vc, _bt, cl, _s = args
         per_tok = kc.shape[2] * (kc.shape[3] + vc.shape[3]) * kc.element_size()
@@ -247,7 +254,7 @@ def run(argv: list[str] | None = None) -> int:
                     ref_out = d.reference(*args)
                     ref_hi = d.reference(*_upcast(args))
                     ref_hi = tuple(ref_hi) if isinstance(ref_hi, (tuple, list)) else (ref_hi,)
-                    moved = bytes_moved(op, args, ref_out)
+                    moved = bytes_moved(op, args, ref_out, d.writes)
                     ref_t = timer(d.reference, args)
                     for t in templates_for(op, a.device):
                         knobs, best_t, tried, rejected = search(t, d, args, ref_hi, timer, dims, budget, rng,

@@ -137,7 +137,7 @@ class PointProfile:
     label: str
     step_ms: float                      # the whole step, timed as in a bench
     total_ms: float                     # the sum of the ops' times (synchronized per op)
-    ops: dict = field(default_factory=dict)      # op -> {"ms", "calls", "share"[, "parts": {fine op: ms}]}
+    ops: dict = field(default_factory=dict)      # op -> {"ms", "calls", "share"[, "parts": {fine op: ms}][, "regions"]}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -9,7 +9,8 @@ the composite's ``parts`` ({fine op: ms}, direct children only). The synchronisa
 on a GPU by the launch+sync latency (~10 µs, paid again by each part inside a composite), so ``share``
 is of the summed top-level op time and ``step_ms`` (one graph replay or eager step, unwrapped) is
 reported beside it for scale. A region (a decoder layer or decode step op, ``OpDef.region``) that runs its
-default is looked through: its parts are the top-level ops (counted in ``all_calls`` only); overridden, it
+default is looked through: its parts are the top-level ops (counted in ``all_calls`` only, and named in
+their ``regions``, so a search can weigh a region by the time of the ops it would replace); overridden, it
 is one op like any other. Cost: ``reps`` + 1 wrapped steps per point.
 """
 
@@ -29,7 +30,8 @@ class _Recorder:
 
     ``calls[op]``/``ms[op]``: top-level calls and time; ``part_calls[outer][op]``/``part_ms[outer][op]``:
     calls made directly inside a top-level ``outer`` (deeper calls stay inside their parent's time);
-    ``all_calls[op]``: calls at any depth."""
+    ``all_calls[op]``: calls at any depth; ``within[op]``: the looked-through regions a top-level call of
+    ``op`` ran inside."""
 
     def __init__(self, sync: Callable[[], None] | None):
         self.sync = sync                                   # None: count only, no clock
@@ -39,6 +41,8 @@ class _Recorder:
         self.part_calls: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.part_ms: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.all_calls: dict[str, int] = defaultdict(int)  # at any depth (composites nest: qkv_rotary > linear)
+        self.regions: list[str] = []                       # the looked-through regions running now, outermost first
+        self.within: dict[str, set[str]] = defaultdict(set)
 
     def wrap(self, name: str, impl: Callable) -> Callable:
         def wrapper(*args, **kwargs):
@@ -57,6 +61,7 @@ class _Recorder:
                 self.stack.pop()
                 if depth == 0:
                     self.calls[name] += 1
+                    self.within[name].update(self.regions)
                 elif depth == 1:
                     self.part_calls[outer][name] += 1
             if depth == 0:
@@ -70,7 +75,11 @@ class _Recorder:
         """A region running its default: counted in ``all_calls`` only, its parts timed as top-level ops."""
         def wrapper(*args):
             self.all_calls[name] += 1
-            return impl(*args)
+            self.regions.append(name)
+            try:
+                return impl(*args)
+            finally:
+                self.regions.pop()
         return wrapper
 
     def run(self, model, workload) -> None:
@@ -103,8 +112,9 @@ def op_calls(model, workload) -> dict[str, int]:
 
 
 def profile_point(model, workload, device: torch.device, reps: int = 3) -> dict[str, dict]:
-    """{op: {"ms": per-step time, "calls": per step, "share"[, "parts": {fine op: ms}]}} for one workload
-    (median over ``reps``); only top-level ops are keys, so summing "ms" counts no time twice."""
+    """{op: {"ms": per-step time, "calls": per step, "share"[, "parts": {fine op: ms}][, "regions": [region
+    op, ...]]}} for one workload (median over ``reps``); only top-level ops are keys, so summing "ms" counts no
+    time twice; "regions": the regions running their default that the op's calls ran inside (sorted)."""
     from persistent_engine.ops import registry
 
     sync = (lambda: timing._synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -123,4 +133,6 @@ def profile_point(model, workload, device: torch.device, reps: int = 3) -> dict[
         parts = sorted({p for r in recs for p in r.part_ms.get(n, {})})
         if parts or registry.get(n).composite:
             out[n]["parts"] = {p: statistics.median(r.part_ms.get(n, {}).get(p, 0.0) for r in recs) for p in parts}
+        if recs[-1].within.get(n):
+            out[n]["regions"] = sorted(recs[-1].within[n])
     return out

@@ -56,6 +56,11 @@ def op_shares(profile: Mapping[str, Any] | None) -> dict[str, float]:
 
     Accepts the supervisor's ``{"per_point": [{"point": {..., "weight"}, "ops": {op: {"ms", "calls"}}}]}``
     as well as ``{op: seconds}``, ``{op: {"ms"|"us"|"total_s"...: t}}`` and ``{"ops": {...}}``.
+
+    A region op the profile looked through (``persistent_engine.profiler``: a decoder layer, the K/V write
+    around the qkv composite, running its default) has no time of its own: its share is that of the ops whose
+    entries name it in ``regions`` (what an override of it replaces), on top of theirs, so the shares of the
+    ops alone sum to 1 and a region's overlaps them.
     """
     return _weighted(point_fractions(profile), lambda point, op: 1.0)
 
@@ -83,8 +88,9 @@ def op_priors(profile: Mapping[str, Any] | None, spec: Any = None, hw: str | Non
 
 def point_fractions(profile: Mapping[str, Any] | None) -> list[tuple[float, WorkloadPoint | None, dict[str, float]]]:
     """``[(weight, point or None, {op: fraction of the point's profiled time})]`` of a profile (the forms
-    :func:`op_shares` accepts; a profile without points is one point of weight 1). The profile is JSON (the
-    supervisor's): its point maps become typed points here, None where a row's map names no batch."""
+    :func:`op_shares` accepts; a profile without points is one point of weight 1), a looked-through region
+    taking the fractions of the ops run inside it. The profile is JSON (the supervisor's): its point maps
+    become typed points here, None where a row's map names no batch."""
     def fractions(ops: Any) -> dict[str, float]:
         if isinstance(ops, Mapping):
             items = ops.items()
@@ -92,12 +98,13 @@ def point_fractions(profile: Mapping[str, Any] | None) -> list[tuple[float, Work
             items = [(row.get("op"), row) for row in ops if isinstance(row, Mapping)]
         else:
             return {}
-        times = [(op, _seconds(value)) for op, value in items]
-        times = [(op, t) for op, t in times if isinstance(op, str) and t is not None and t > 0]
-        point_total = sum(t for _, t in times)
+        times = [(op, _seconds(value), _regions(value)) for op, value in items]
+        times = [(op, t, r) for op, t, r in times if isinstance(op, str) and t is not None and t > 0]
+        point_total = sum(t for _, t, _r in times)
         out: dict[str, float] = {}
-        for op, t in times:
-            out[op] = out.get(op, 0.0) + t / point_total
+        for op, t, regions in times:
+            for name in (op, *regions):
+                out[name] = out.get(name, 0.0) + t / point_total
         return out
 
     prof = profile or {}
@@ -116,7 +123,7 @@ def point_fractions(profile: Mapping[str, Any] | None) -> list[tuple[float, Work
 
 def _weighted(rows, factor) -> dict[str, float]:
     """``sum_p w_p * f_p(op) * factor(point, op)``, over the weight of the points that measured anything,
-    highest first (the shares sum to 1 when ``factor`` is 1)."""
+    highest first (with ``factor`` 1 the ops' shares sum to 1, a looked-through region's overlapping them)."""
     totals: dict[str, float] = {}
     weight = 0.0
     for w, point, fractions in rows:
@@ -125,6 +132,12 @@ def _weighted(rows, factor) -> dict[str, float]:
         for op, f in fractions.items():
             totals[op] = totals.get(op, 0.0) + w * f * factor(point, op)
     return {op: t / weight for op, t in sorted(totals.items(), key=lambda kv: -kv[1])} if weight > 0 else {}
+
+
+def _regions(value: Any) -> tuple[str, ...]:
+    """The looked-through regions an op's profile entry names (``"regions"``), none for other forms."""
+    names = value.get("regions") if isinstance(value, Mapping) else None
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, (list, tuple)) else ()
 
 
 def _seconds(value: Any) -> float | None:

@@ -106,19 +106,30 @@ def _fused_linear(prefix: str, dim: str):
     return check
 
 
-def _qkv_rotary(k: Mapping, dims: Mapping) -> list[str]:
-    """add_rms_norm_qkv_rotary: the split-K GEMV tile, and the reduce tile of HEADS whole heads (the
-    value and its rotary partner, [HEADS, pow2(head_dim)] fp32 each)."""
-    bm, bn, bk, split = (k[f"QKVR_{x}"] for x in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K"))
-    out = _per_thread(bm * bn * bk, k["QKVR_NUM_WARPS"])
-    out += _per_thread(2 * k["QKVR_HEADS"] * _next_pow2(dims.get("head_dim", 128)), k["QKVR_REDUCE_WARPS"])
-    if bm > k["QKVR_MAX_T"]:
-        out.append("BLOCK_M above MAX_T")
-    if "hidden" in dims and split > 1 and bk * split > 2 * _next_pow2(max(dims["hidden"], 1)):
-        out.append(f"split-K slices shorter than one BLOCK_K at hidden {dims['hidden']}")
-    if "heads" in dims and k["QKVR_HEADS"] > 2 * _next_pow2(dims["heads"] + 2 * dims["kv_heads"]):
-        out.append("more heads per reduce program than the model has")
-    return out
+def _qkv_rotary(p: str):
+    """add_rms_norm_qkv_rotary (``p`` QKVR) and its K/V-writing region (QKVW), one kernel pair: the split-K
+    GEMV tile, and the reduce tile of HEADS whole heads (the value and its rotary partner, [HEADS,
+    pow2(head_dim)] fp32 each)."""
+    def check(k: Mapping, dims: Mapping) -> list[str]:
+        bm, bn, bk, split = (k[f"{p}_{x}"] for x in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K"))
+        out = _per_thread(bm * bn * bk, k[f"{p}_NUM_WARPS"])
+        out += _per_thread(2 * k[f"{p}_HEADS"] * _next_pow2(dims.get("head_dim", 128)), k[f"{p}_REDUCE_WARPS"])
+        if bm > k[f"{p}_MAX_T"]:
+            out.append("BLOCK_M above MAX_T")
+        if "hidden" in dims and split > 1 and bk * split > 2 * _next_pow2(max(dims["hidden"], 1)):
+            out.append(f"split-K slices shorter than one BLOCK_K at hidden {dims['hidden']}")
+        if "heads" in dims and k[f"{p}_HEADS"] > 2 * _next_pow2(dims["heads"] + 2 * dims["kv_heads"]):
+            out.append("more heads per reduce program than the model has")
+        return out
+    return check
+
+
+def _qkv_rotary_knobs(p: str) -> tuple[Knob, ...]:
+    return (Knob(f"{p}_BLOCK_N", (8, 16, 4, 32, 2)), Knob(f"{p}_BLOCK_K", (512, 256, 1024, 128, 64)),
+            Knob(f"{p}_BLOCK_M", (1, 2, 4)), Knob(f"{p}_SPLIT_K", (1, 2, 4, 8)),
+            Knob(f"{p}_NUM_WARPS", POW2_WARPS), Knob(f"{p}_NUM_STAGES", (3, 2, 4, 1)),
+            Knob(f"{p}_MAX_T", (16, 4, 8, 32, 1)), Knob(f"{p}_HEADS", (2, 1, 4, 8)),
+            Knob(f"{p}_REDUCE_WARPS", (2, 1, 4)), Knob(f"{p}_PDL", (0, 1)))
 
 
 def _gated_delta(k: Mapping, dims: Mapping) -> list[str]:
@@ -376,16 +387,19 @@ COMPOSITE_TEMPLATES: tuple[Template, ...] = (
              "SML_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x",
              _fused_linear("SML", "intermediate")),
     Template("add_rms_norm_qkv_rotary.triton_fused", "add_rms_norm_qkv_rotary", "triton_add_rms_norm_qkv_rotary.py",
-             "add_rms_norm_qkv_rotary_triton", "triton", ("cuda",),
-             (Knob("QKVR_BLOCK_N", (8, 16, 4, 32, 2)), Knob("QKVR_BLOCK_K", (512, 256, 1024, 128, 64)),
-              Knob("QKVR_BLOCK_M", (1, 2, 4)), Knob("QKVR_SPLIT_K", (1, 2, 4, 8)),
-              Knob("QKVR_NUM_WARPS", POW2_WARPS), Knob("QKVR_NUM_STAGES", (3, 2, 4, 1)),
-              Knob("QKVR_MAX_T", (16, 4, 8, 32, 1)), Knob("QKVR_HEADS", (2, 1, 4, 8)),
-              Knob("QKVR_REDUCE_WARPS", (2, 1, 4)), Knob("QKVR_PDL", (0, 1))),
+             "add_rms_norm_qkv_rotary_triton", "triton", ("cuda",), _qkv_rotary_knobs("QKVR"),
              "residual add + RMSNorm + qkv projection + neox rotary: split-K GEMV (rms factored out of the dot, "
              "fp32 partials) whose reduce owns whole heads and rotates q/k there; torch composition for prefill; "
              "QKVR_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x",
-             _qkv_rotary),
+             _qkv_rotary("QKVR")),
+    # a region op (persistent_engine.ops.layers): dense GQA models without QK-norm call it per layer at decode
+    Template("add_rms_norm_qkv_rotary_kv_write.triton_fused", "add_rms_norm_qkv_rotary_kv_write",
+             "triton_add_rms_norm_qkv_rotary.py", "add_rms_norm_qkv_rotary_kv_write_triton", "triton", ("cuda",),
+             _qkv_rotary_knobs("QKVW"),
+             "add_rms_norm_qkv_rotary.triton_fused's GEMV and reduce, the reduce storing the rotated k and the v "
+             "heads straight into the paged K/V cache at the token's slot: no K/V write launches, no k/v round "
+             "trip; torch composition + index_copy_ for prefill; QKVW_PDL: programmatic dependent launch (SM90+)",
+             _qkv_rotary("QKVW")),
     Template("add_rms_norm_linear.torch_fused", "add_rms_norm_linear", "torch_add_rms_norm_linear.py",
              "add_rms_norm_linear_torch", "torch", ANY, (Knob("TARNL_FP32_MAX_M", (8, 0, 1, 16, 64)),),
              "fp32 add, one fused rms_norm kernel and the projection in one composition"),

@@ -75,7 +75,8 @@ class OpDef:
     # declared in-place outputs (checked after the returned ones, in this order; see ``SlotWrite``)
     writes: tuple[SlotWrite, ...] = ()
     # a region (``ops/layers.py``: a layer, the step, the K/V write around the qkv composite): the profiler
-    # attributes its time to its parts while it runs its default (profiles keep the fine ops' names)
+    # attributes its time to its parts while it runs its default (profiles keep the fine ops' names, each
+    # entry naming the regions it ran inside in "regions")
     region: bool = False
 
     @property

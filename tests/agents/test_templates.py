@@ -40,6 +40,11 @@ SMALL = {
     "add_rms_norm_qkv_rotary.triton_fused": {"QKVR_BLOCK_N": 4, "QKVR_BLOCK_K": 64, "QKVR_BLOCK_M": 2,
                                              "QKVR_SPLIT_K": 2, "QKVR_NUM_WARPS": 1, "QKVR_NUM_STAGES": 1,
                                              "QKVR_MAX_T": 4, "QKVR_HEADS": 4, "QKVR_REDUCE_WARPS": 1, "QKVR_PDL": 1},
+    # the region op's examples (T 3 and 1): MAX_T 1 sends T=3 through the torch composition + index_copy_
+    "add_rms_norm_qkv_rotary_kv_write.triton_fused": {"QKVW_BLOCK_N": 4, "QKVW_BLOCK_K": 64, "QKVW_BLOCK_M": 1,
+                                                      "QKVW_SPLIT_K": 2, "QKVW_NUM_WARPS": 1, "QKVW_NUM_STAGES": 1,
+                                                      "QKVW_MAX_T": 1, "QKVW_HEADS": 4, "QKVW_REDUCE_WARPS": 1,
+                                                      "QKVW_PDL": 1},
     "attention_decode_window.triton": {"ATTW_BLOCK_T": 8, "ATTW_NUM_WARPS": 4, "ATTW_NUM_STAGES": 1},
     "gated_delta_decode.triton": {"GDD_BLOCK_V": 16, "GDD_NUM_WARPS": 1},      # Dv 20: two blocks, a masked tail
     "swigluoai_and_mul.triton": {"SOAI_BLOCK_I": 64, "SOAI_NUM_WARPS": 1},

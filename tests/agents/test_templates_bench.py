@@ -54,3 +54,18 @@ def test_benchmark_refuses_cuda_without_a_gpu(bench, tmp_path, capsys):
     assert bench.run(["--device", "cuda", "--out", str(tmp_path / "x.json")]) == 2
     assert "no CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_bytes_moved_counts_the_written_cache_rows_not_the_pools(bench):
+    """The K/V-writing region: its caches count T rows each (written), not the whole pools."""
+    from persistent_engine.ops import registry
+
+    d = registry.get("add_rms_norm_qkv_rotary_kv_write")
+    shape = d.examples[0]
+    args = d.make_inputs(shape, torch.bfloat16, "cpu", 0)
+    out = d.reference(*args)
+    tensors = [a for i, a in enumerate(args) if torch.is_tensor(a) and i not in (11, 12)]
+    want = sum(a.numel() * a.element_size() for a in (*tensors, *out))
+    want += 2 * shape["T"] * shape["Hk"] * shape["Dh"] * 2              # bf16 rows of k_cache and v_cache
+    assert bench.bytes_moved(d.name, args, out, d.writes) == want
+    assert bench.bytes_moved(d.name, args, out) > want + args[11].numel() * 2    # without: whole pools read

@@ -235,6 +235,10 @@ def test_profile_attributes_time_to_the_outermost_op_with_parts(models):
     assert "parts" not in prof["linear"] and abs(sum(o["share"] for o in prof.values()) - 1) < 1e-9
     assert set(prof["add_rms_norm_qkv_rotary"]["parts"]) == {"add_rms_norm_linear", "rotary_embedding"}
     assert prof["add_rms_norm_linear"]["calls"] == 2 and "rotary_embedding" not in prof      # gate_up only
+    # the regions looked through are named by the ops that ran inside them (what overriding one would replace)
+    step, layer, kvw = "dense_gqa_decode_step", "dense_gqa_decode_layer", "add_rms_norm_qkv_rotary_kv_write"
+    assert prof["add_rms_norm_qkv_rotary"]["regions"] == sorted([kvw, layer, step])
+    assert prof["attention_decode"]["regions"] == sorted([layer, step]) and prof["lm_head"]["regions"] == [step]
     # at any depth: the linear and norm inside add_rms_norm_linear inside add_rms_norm_qkv_rotary count too
     assert profiler.op_calls(model, wl) == {
         "embedding": 1, "add_rms_norm_qkv_rotary": 2, "add_rms_norm_linear": 4, "fused_add_rms_norm": 4 + 1,
