@@ -13,6 +13,7 @@ from persistent_engine.models.decoder import build_model, make_decoder
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import hf_to_internal, param_specs
 from persistent_engine.ops import registry
+from persistent_engine.parallel import ParallelConfig, ParallelError, check_supported
 from persistent_engine.workloads import make_workload
 
 # the Hub spelling at toy size: layers [full dense, window MoE, window MoE, full MoE], 2 expert groups
@@ -83,6 +84,12 @@ def test_what_tkcc_does_not_implement_is_refused_with_one_line(change, words):
     with pytest.raises(SpecError) as e:
         ModelSpec.from_config({**TINY, **change}, name="mimo-test")
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tensor_parallelism_is_refused_with_one_line():
+    with pytest.raises(ParallelError) as e:
+        check_supported(ModelSpec.from_name("mimo+tiny"), ParallelConfig(tp=2, ep=1))
+    assert "per-layer KV head counts and V heads narrower than Q/K (MiMo-V2-Flash) are not sharded yet" in str(e.value)
 
 
 # ----------------------------------------------------------------------------- the reference
