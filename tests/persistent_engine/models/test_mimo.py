@@ -11,7 +11,7 @@ import torch
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.decoder import build_model, make_decoder
 from persistent_engine.models.spec import ModelSpec, SpecError
-from persistent_engine.models.weights import hf_to_internal, param_specs
+from persistent_engine.models.weights import hf_to_internal, internal_to_hf, param_specs, save_weights
 from persistent_engine.ops import registry
 from persistent_engine.parallel import ParallelConfig, ParallelError, check_supported
 from persistent_engine.workloads import make_workload
@@ -84,6 +84,19 @@ def test_what_tkcc_does_not_implement_is_refused_with_one_line(change, words):
     with pytest.raises(SpecError) as e:
         ModelSpec.from_config({**TINY, **change}, name="mimo-test")
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_checkpoint_round_trips_under_the_hub_names(tmp_path):
+    spec = ModelSpec.from_name("mimo+tiny")
+    model = build_model(spec, device="cpu", dtype=torch.float32, seed=3)
+    names = internal_to_hf(spec, model.layers, model.params)
+    assert "model.layers.2.self_attn.attention_sink_bias" in names and not any("layers.1.self_attn.attention_sink"
+                                                                                  in n for n in names)
+    assert names["model.layers.2.self_attn.v_proj.weight"].shape == (2 * 8, 64)        # 2 KV heads of Dv 8
+    save_weights(model, tmp_path / "w.safetensors")
+    loaded = build_model(spec, device="cpu", dtype=torch.float32, weights=tmp_path / "w.safetensors")
+    assert loaded.params.keys() == model.params.keys()
+    assert all(torch.equal(loaded.params[k], v) for k, v in model.params.items())
 
 
 def test_tensor_parallelism_is_refused_with_one_line():
