@@ -135,7 +135,8 @@ def _kv_read_elems(spec, layout: Layout, keys: float) -> float:
         return attended_keys(spec, keys) * heads_per_gpu(spec, layout)[1] * (dh + dv)
     reads = (min(keys, spec.layer_window(i)) if spec.layer_window(i) else keys
              for i in range(spec.num_layers))
-    return sum(r * _ceil_div(spec.layer_kv_heads(i), layout.tp) for i, r in enumerate(reads)) / spec.num_layers * (dh + dv)
+    heads = (r * _ceil_div(spec.layer_kv_heads(i), layout.tp) for i, r in enumerate(reads))
+    return sum(heads) / spec.num_layers * (dh + dv)
 
 
 def indexer_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:

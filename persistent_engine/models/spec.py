@@ -38,9 +38,10 @@ Supported families (``ModelSpec.family``):
                                                     norm, sliding layers' own rope base (config_sections.gemma_fields)
   llama4      Llama4ForCausalLM                     NoPE layers (query temperature) between chunked rope layers (L2
                                                     qk-norm); top-1 sigmoid router on the experts' input + shared
-  mimo_v2_flash MiMoV2FlashForCausalLM             hybrid sliding-window (sinks) / full GQA layers with their own KV heads and
-                                                    rope bases, V heads narrower than Q/K, V scaled before the cache; layer 0
-                                                    dense, sigmoid + bias routed-only MoE (config_sections.mimo_fields)
+  mimo_v2_flash MiMoV2FlashForCausalLM             hybrid sliding-window (sinks) / full GQA layers, each kind with its
+                                                    own KV heads and rope base, V heads narrower than Q/K, V scaled
+                                                    before the cache; layer 0 dense, sigmoid + bias routed-only MoE
+                                                    (config_sections.mimo_fields)
   deepseek_v4 DeepseekV4ForCausalLM                 hc_mult hyper-connection residual streams, one shared K = V
                                                     head over a sliding window plus compressed entries (CSA:
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-

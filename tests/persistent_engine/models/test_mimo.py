@@ -51,7 +51,7 @@ def test_the_bundled_config_parses_to_the_published_architecture():
     assert spec.total_params() == pytest.approx(309e9, rel=0.01)
     assert spec.active_params() == pytest.approx(15e9, rel=0.05)
     # K (192) and V (128) per KV head: 4 heads on full layers, 8 on windowed ones
-    assert spec.kv_bytes_per_token_layer(layer=0) == 4 * 320 * 2 and spec.kv_bytes_per_token_layer(layer=1) == 8 * 320 * 2
+    assert (spec.kv_bytes_per_token_layer(layer=0), spec.kv_bytes_per_token_layer(layer=1)) == (4 * 320 * 2, 8 * 320 * 2)
     assert spec.covering_layers() == [0, 1]                    # dense + full, MoE + window
 
 
