@@ -92,7 +92,14 @@ def heads_per_gpu(spec, layout: Layout) -> tuple[int, int]:
     hq = _ceil_div(spec.num_heads, layout.tp)
     if spec.attention == "mla":
         return hq, 1
-    return hq, _ceil_div(spec.num_kv_heads, layout.tp)
+    return hq, max(1, round(mean_kv_heads_gpu(spec, layout)))
+
+
+def mean_kv_heads_gpu(spec, layout: Layout) -> float:
+    """GQA KV heads one GPU holds, averaged over the layers (MiMo-V2-Flash's windowed layers have their own count)."""
+    if not getattr(spec, "window_kv_heads", 0):
+        return float(_ceil_div(spec.num_kv_heads, layout.tp))
+    return sum(_ceil_div(spec.layer_kv_heads(i), layout.tp) for i in range(spec.num_layers)) / spec.num_layers
 
 
 def kv_bytes_per_token_layer_gpu(spec, layout: Layout) -> float:
@@ -101,8 +108,7 @@ def kv_bytes_per_token_layer_gpu(spec, layout: Layout) -> float:
         return spec.kv_bytes_per_token_layer("fp32") / 4.0 * layout.kvbytes
     if spec.attention == "mla":
         return (spec.kv_lora_rank + spec.qk_rope_head_dim) * layout.kvbytes / layout.dcp
-    _, hk = heads_per_gpu(spec, layout)
-    return 2 * hk * spec.head_dim * layout.kvbytes
+    return mean_kv_heads_gpu(spec, layout) * (spec.head_dim + spec.gqa_v_head_dim) * layout.kvbytes
 
 
 def attention_weight_bytes_gpu(spec, layout: Layout) -> float:
@@ -116,7 +122,8 @@ def attention_weight_bytes_gpu(spec, layout: Layout) -> float:
         kv = h * (spec.kv_lora_rank + spec.qk_rope_head_dim) + spec.kv_lora_rank * hq * (
             spec.qk_nope_head_dim + spec.v_head_dim)
         return (q + kv + hq * spec.v_head_dim * h) * wb
-    return (h * (hq + 2 * hk) * spec.head_dim + hq * spec.head_dim * h) * wb
+    hk_mean, dh, dv = mean_kv_heads_gpu(spec, layout), spec.head_dim, spec.gqa_v_head_dim
+    return (h * (hq * dh + hk_mean * (dh + dv)) + hq * dv * h) * wb
 
 
 def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
@@ -174,7 +181,7 @@ def _activation_bytes(spec, layout: Layout, tokens: int, rows: int) -> float:
     fp32 logits shard, and the EP dispatch buffer."""
     h = spec.hidden_size
     hq, hk = heads_per_gpu(spec, layout)
-    qkv = (hq + 2 * hk) * spec.head_dim
+    qkv = (hq + hk) * spec.head_dim + hk * spec.gqa_v_head_dim           # gqa_v_head_dim: head_dim but MiMo
     inter = 2 * max(spec.intermediate_size / layout.mlp_group,
                     spec.num_experts_per_tok * spec.moe_intermediate_size / layout.moe_tp if spec.is_moe else 0)
     act = tokens * (6 * h + qkv + inter) * ACT_BYTES

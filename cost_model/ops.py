@@ -126,6 +126,19 @@ def attended_keys(spec, keys: float) -> float:
     return keys
 
 
+def _kv_read_elems(spec, layout: Layout, keys: float) -> float:
+    """K and V elements one sequence's attention reads per layer (mean over layers) with ``keys`` visible: the
+    attended keys times the GPU's KV heads times Dh + Dv; MiMo-V2-Flash's windowed and full layers differ in both
+    the keys and the heads, so the mean is over the layers' products."""
+    dh, dv = spec.head_dim, spec.gqa_v_head_dim
+    if not getattr(spec, "window_kv_heads", 0):
+        return attended_keys(spec, keys) * heads_per_gpu(spec, layout)[1] * (dh + dv)
+    reads = (min(keys, spec.layer_window(i)) if spec.layer_window(i) else keys
+             for i in range(spec.num_layers))
+    heads = (r * _ceil_div(spec.layer_kv_heads(i), layout.tp) for i, r in enumerate(reads))
+    return sum(heads) / spec.num_layers * (dh + dv)
+
+
 def indexer_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[OpCost]:
     """The lightning indexer (DSA, on its full layers) or M3's block indexer: projections, scores over every
     visible cached token (Hi x Di per token pair), the top-k; the indexer key cache read once per query."""
@@ -157,18 +170,18 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
         return v4_attention_ops(spec, layout, seqs, n, ctx)
     ops: list[OpCost] = indexer_ops(spec, layout, seqs, n, ctx)
     if spec.attention == "gqa":
-        dh = spec.head_dim
+        dh, dv = spec.head_dim, spec.gqa_v_head_dim                          # dv < dh: MiMo-V2-Flash
         gate = hq * dh if getattr(spec, "attn_output_gate", False) else 0        # Qwen3.5: gate rows
-        ops.append(_gemm("qkv_proj", t, h, (hq + 2 * hk) * dh + gate, wd, wb))
+        ops.append(_gemm("qkv_proj", t, h, (hq + hk) * dh + hk * dv + gate, wd, wb))
         ops.append(_elementwise("rotary_embedding", 2 * t * (hq + hk) * dh, kernels=1 + (spec.qk_norm != "none")))
         keys = attended_keys(spec, ctx + (n + 1) / 2 if n > 1 else ctx + 1)   # mean keys per new query (causal)
         ops.append(OpCost("attention_prefill" if n > 1 else "attention_decode", "attention",
-                          flops=4.0 * seqs * n * hq * dh * keys,
-                          bytes=seqs * attended_keys(spec, ctx + n) * 2 * hk * dh * kb + 2 * t * hq * dh * ACT_BYTES
-                          + t * 2 * hk * dh * kb,
+                          flops=2.0 * seqs * n * hq * (dh + dv) * keys,
+                          bytes=seqs * _kv_read_elems(spec, layout, ctx + n) * kb + t * hq * (dh + dv) * ACT_BYTES
+                          + t * hk * (dh + dv) * kb,
                           shape=_attention_shape(seqs, n, int(attended_keys(spec, ctx + 1)) - 1 if n == 1 else ctx,
                                                  hq, hk, dh, layout.kv_dtype)))
-        ops.append(_gemm("o_proj", t, hq * dh, h, wd, wb))
+        ops.append(_gemm("o_proj", t, hq * dv, h, wd, wb))
         return ops
     # MLA (DeepSeek-V3 / Kimi-K2): r latent rank, R rope dims
     r, rr, nope, v = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim

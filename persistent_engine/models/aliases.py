@@ -36,6 +36,8 @@ ALIASES = {
     "kimi": "kimi-k3.json",
     "kimi-k3": "kimi-k3.json",
     "kimi-k2": "kimi.json",
+    "mimo": "mimo-v2-flash.json",
+    "mimo-v2-flash": "mimo-v2-flash.json",
     "qwen3.5": "qwen3.5-moe.json",
     "qwen3.5-moe": "qwen3.5-moe.json",
     "smollm2-135m": "smollm2-135m.json",
@@ -53,6 +55,7 @@ RELEASES = {
     "gemma": "Gemma-3-27B (text)", "gemma-3-27b": "Gemma-3-27B (text)", "gemma-2-9b": "Gemma-2-9B",
     "llama4": "Llama-4-Scout-17B-16E (text)", "llama-4-scout": "Llama-4-Scout-17B-16E (text)",
     "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2": "Kimi-K2",
+    "mimo": "MiMo-V2-Flash", "mimo-v2-flash": "MiMo-V2-Flash",
     "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
 }

@@ -13,7 +13,11 @@ Layers with a sliding window (``spec.layer_window``) or attention sinks run ``at
 ``attention_prefill_window`` (ops/window.py) instead; Gemma-2's soft-capped scores ``attention_decode_softcap`` /
 ``attention_prefill_softcap`` (ops/gemma.py).
 
-Per decode token: reads (Hq + 2 Hk) Dh H + Hq Dh H weights and 2 Hk Dh elements per cached token.
+MiMo-V2-Flash: V heads of Dv < Dh (qkv[T, (Hq + Hk) Dh + Hk Dv], the rotary not fused: the fused op splits V at
+Dh), the layer's own Hk (``spec.layer_kv_heads``), V times ``spec.value_scale`` before the cache write, sinks on the
+layers whose params hold them (``spec.layer_sinks``).
+
+Per decode token: reads (Hq + 2 Hk) Dh H + Hq Dh H weights and 2 Hk Dh elements per cached token (Dv for V's).
 """
 
 from __future__ import annotations
@@ -27,30 +31,35 @@ from persistent_engine.ops.registry import call
 
 class GQAAttention:
     def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str, cos_sin: torch.Tensor, scale: float):
-        self.hq, self.hk, self.dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        layer = int(prefix.split(".")[1])                   # prefix "layers.{i}."
+        self.hq, self.hk, self.dh = spec.num_heads, spec.layer_kv_heads(layer), spec.head_dim
+        self.dv, self.v_scale = spec.gqa_v_head_dim, spec.value_scale      # MiMo-V2-Flash: Dv < Dh, V x 0.707
         self.rotary_dim = spec.rotary_dim or spec.head_dim
         self.qk_norm, self.eps = spec.qk_norm, spec.rms_norm_eps
         self.cos_sin, self.scale = cos_sin, scale
         self.qkv_w, self.qkv_b = params[prefix + "qkv_w"], params.get(prefix + "qkv_b")
         self.q_norm, self.k_norm = params.get(prefix + "q_norm"), params.get(prefix + "k_norm")
         self.o_w = params[prefix + "o_w"]
-        layer = int(prefix.split(".")[1])                   # prefix "layers.{i}."
         self.window, self.sinks = spec.layer_window(layer), params.get(prefix + "sinks")
         self.softcap = spec.attn_softcap                    # Gemma-2: tanh(s / c) * c on every score (0: none)
         # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
         self.fused_input = (self.qkv_w, self.qkv_b)
-        # without QK-norm the rotary is fused as well (add_rms_norm_qkv_rotary's trailing arguments)
-        self.fused_rotary = (cos_sin, self.rotary_dim, self.hq, self.hk) if self.qk_norm == "none" else None
+        # without QK-norm the rotary is fused as well (add_rms_norm_qkv_rotary's trailing arguments; its split
+        # takes V heads of Dh, so not with a narrower Dv)
+        fuse = self.qk_norm == "none" and self.dv == self.dh
+        self.fused_rotary = (cos_sin, self.rotary_dim, self.hq, self.hk) if fuse else None
 
     def __call__(self, a, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """``a``: the rotated (q[T, Hq, Dh], k[T, Hk, Dh], v[T, Hk, Dh]) of add_rms_norm_qkv_rotary, or
         qkv[T, (Hq + 2 Hk) Dh] (the normed hidden state projected by ``fused_input``; QK-norm models)."""
         q, k, v = a if isinstance(a, tuple) else self._qk_norm_rotary(a, wl)
-        t, hq, dh = q.shape[0], self.hq, self.dh
+        t, hq = q.shape[0], self.hq
+        if self.v_scale != 1.0:                     # MiMo-V2-Flash: V times attention_value_scale before the cache
+            v = v * self.v_scale
         write_kv(k_cache, wl.slot_mapping, k)                                    # same slots on every run
         write_kv(v_cache, wl.slot_mapping, v)
-        o = self.attend(q, wl, k_cache, v_cache)
-        return call("linear", o.reshape(t, hq * dh), self.o_w, None)
+        o = self.attend(q, wl, k_cache, v_cache)                                 # [T, Hq, Dv]
+        return call("linear", o.reshape(t, hq * self.dv), self.o_w, None)
 
     def attend(self, q: torch.Tensor, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Paged attention of the step's queries [T, Hq, Dh] over the cache -> [T, Hq, Dh]."""
@@ -78,6 +87,9 @@ class GQAAttention:
             q, k, v = qkv.split([hq * dh, hk * dh, hk * dh], dim=-1)
             q, k = call("rms_norm", q, self.q_norm, self.eps), call("rms_norm", k, self.k_norm, self.eps)
             q, k, v = q.view(t, hq, dh), k.view(t, hk, dh), v.view(t, hk, dh)
+        elif self.dv != dh:                                # MiMo-V2-Flash: qkv[T, (Hq + Hk) Dh + Hk Dv]
+            q, k, v = qkv.split([hq * dh, hk * dh, hk * self.dv], dim=-1)
+            q, k, v = q.view(t, hq, dh), k.view(t, hk, dh), v.view(t, hk, self.dv)     # strided views, no copy
         else:
             q, k, v = split_qkv(qkv, hq, hk)                                  # strided views, no copy
             if self.qk_norm == "per_head":

@@ -94,6 +94,13 @@ FAMILY_KEYS: dict[str, set[str]] = {
                          "attn_scale"},
     # Mixtral (HF mixtral): Llama attention, every layer windowed when sliding_window is set, softmax top-k MoE
     "mixtral": GENERIC | {"num_local_experts", "num_experts_per_tok", "sliding_window"},
+    # MiMo-V2-Flash (Hub spelling; config_sections.mimo_fields): hybrid window/full layers, routed-only MoE
+    "mimo_v2_flash": GENERIC | (DEEPSEEK_MOE - {"first_k_dense_replace"}) | {"v_head_dim", "hybrid_layer_pattern", "sliding_window",
+                                               "sliding_window_size", "attention_chunk_size", "swa_num_attention_heads",
+                                               "swa_num_key_value_heads", "swa_head_dim", "swa_qk_head_dim",
+                                               "swa_v_head_dim", "swa_rope_theta", "add_full_attention_sink_bias",
+                                               "add_swa_attention_sink_bias", "attention_value_scale",
+                                               "layernorm_epsilon"},
     "deepseek_v3": GENERIC | DEEPSEEK_MOE | MLA,
     "deepseek_v32": GENERIC | DEEPSEEK_MOE | MLA | DSA,
     "glm_moe_dsa": GENERIC | DEEPSEEK_MOE | MLA | DSA | {"indexer_types", "index_topk_freq", "index_skip_topk_offset",
@@ -201,6 +208,9 @@ FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "llama4": {"layer_types": (lambda v: v is None or set(v) <= {"full_attention", "chunked_attention"},
                                "full_attention / chunked_attention"),
                "attention_bias": (_falsy, "false")},
+    "mimo_v2_flash": {"rope_parameters": (_falsy, "the Hub spelling: rope_theta and swa_rope_theta, default rope"),
+                      "rope_scaling": (_falsy, "none (default rope on both layer kinds)"),
+                      "hidden_act": (_one_of("silu"), "silu (SwiGLU)")},
     "gemma2": _GELU,
     "gemma3": {**_GELU, "rope_scaling": (_gemma3_rope_ok, "default or linear rope on full layers"),
                "rope_parameters": (_gemma3_rope_ok, "default or linear rope on full layers, default on sliding ones"),

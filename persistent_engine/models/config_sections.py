@@ -1,6 +1,6 @@
 """The config sections of the families beyond the plain decoder: MLA, DeepSeek sparse attention (DSA),
 GLM-5.x's indexer schedule and MLP layer types, MiniMax-M3's block-sparse attention and MLPs, Qwen3's
-sliding windows, Mixtral's MoE, Gemma-2/3's and Llama-4's layers, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
+sliding windows, Mixtral's MoE, Gemma-2/3's and Llama-4's layers, MiMo-V2-Flash's hybrid window layers, Qwen3.5's hybrid linear / full attention layers. Each turns its keys of an HF ``config.json`` into ``ModelSpec`` fields, refusing values it
 does not implement (``SpecError``, one line). Pure data (no torch).
 """
 
@@ -11,7 +11,8 @@ from typing import Any
 from persistent_engine.models.config_keys import SpecError
 
 __all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields", "qwen_windows",
-           "parse_mlp_layer_types", "deepseek_v4_fields", "mixtral_fields", "gemma_fields", "llama4_fields"]
+           "parse_mlp_layer_types", "deepseek_v4_fields", "mixtral_fields", "gemma_fields", "llama4_fields",
+           "mimo_fields"]
 
 
 def mla_fields(c: dict, name: str, heads: int) -> dict[str, Any]:
@@ -302,3 +303,54 @@ def deepseek_v4_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
                 index_head_dim=int(c["index_head_dim"]), index_topk=int(c["index_topk"]),
                 swiglu_limit=float(c.get("swiglu_limit", 0.0)), expert_dtype=str(c.get("expert_dtype") or "bf16"),
                 scoring=c.get("scoring_func", "sqrtsoftplus"))
+
+
+def mimo_fields(c: dict, name: str, num_layers: int, head_dim: int) -> dict[str, Any]:
+    """MiMo-V2-Flash's Hub config (HF transformers' ``convert_mimo_v2_flash_weights_to_hf.convert_config`` reads the
+    same keys): ``hybrid_layer_pattern`` per layer (1: sliding window of ``sliding_window`` tokens, 0: full), the
+    sliding layers' KV heads ``swa_num_key_value_heads`` and rope base ``swa_rope_theta``, V heads of ``v_head_dim``
+    (Dv != Dh), per-head sinks on sliding (``add_swa_attention_sink_bias``) and/or full layers, V scaled by
+    ``attention_value_scale`` before the cache write; ``moe_layer_freq`` per layer (0: dense), routed experts only,
+    sigmoid + correction bias (noaux_tc), grouped top-k. Per-kind query heads and head dims must agree (the Hub
+    config's swa_num_attention_heads / swa_head_dim / swa_v_head_dim), else the config is refused."""
+    pattern = c.get("hybrid_layer_pattern") or [0] * num_layers
+    if not isinstance(pattern, list) or len(pattern) != num_layers or set(pattern) - {0, 1}:
+        raise SpecError(f"{name}: hybrid_layer_pattern must give 0 (full) or 1 (sliding) for each of the "
+                        f"{num_layers} layers")
+    window = int(c.get("sliding_window") or c.get("sliding_window_size") or 0)
+    for key in ("sliding_window_size", "attention_chunk_size"):       # Hub keys carrying the window again
+        if c.get(key) not in (None, window):
+            raise SpecError(f"{name}: {key} {c[key]} differs from sliding_window {window}")
+    if 1 in pattern and not window:
+        raise SpecError(f"{name}: hybrid_layer_pattern has sliding layers but sliding_window is not set")
+    v_dim = int(c.get("v_head_dim") or head_dim)
+    for key, full in (("swa_num_attention_heads", int(c["num_attention_heads"])), ("swa_head_dim", head_dim),
+                      ("swa_qk_head_dim", head_dim), ("swa_v_head_dim", v_dim)):
+        if c.get(key) not in (None, full):
+            raise SpecError(f"{name}: {key} {c[key]} differs from the full layers' {full} (sliding and full layers "
+                            "with different query heads or head dims are not implemented)")
+    full_sinks, swa_sinks = bool(c.get("add_full_attention_sink_bias")), bool(c.get("add_swa_attention_sink_bias"))
+    if full_sinks and not swa_sinks:
+        raise SpecError(f"{name}: attention sinks on full layers only (add_full_attention_sink_bias without "
+                        "add_swa_attention_sink_bias) are not implemented")
+    if c.get("n_shared_experts"):
+        raise SpecError(f"{name}: n_shared_experts {c['n_shared_experts']} is not implemented for mimo_v2_flash "
+                        "(HF's MiMoV2FlashSparseMoeBlock has no shared experts)")
+    freq = c.get("moe_layer_freq") or [1] * num_layers
+    if not isinstance(freq, list) or len(freq) != num_layers or set(freq) - {0, 1}:
+        raise SpecError(f"{name}: moe_layer_freq must give 0 (dense) or 1 (MoE) for each of the {num_layers} layers")
+    first_dense = next((i for i, f in enumerate(freq) if f), num_layers)
+    scale = c.get("routed_scaling_factor")
+    return dict(
+        v_head_dim=v_dim, layer_windows=tuple(window if p else 0 for p in pattern) if 1 in pattern else (),
+        window_kv_heads=int(c.get("swa_num_key_value_heads") or c.get("num_key_value_heads")) if 1 in pattern else 0,
+        attention_sinks=full_sinks, window_sinks=swa_sinks and not full_sinks,
+        rope_local_theta=float(c.get("swa_rope_theta", 10000.0)) if 1 in pattern else 0.0,
+        value_scale=float(c.get("attention_value_scale") or 1.0), rms_norm_eps=float(c.get("layernorm_epsilon", 1e-5)),
+        num_experts=int(c["n_routed_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+        moe_intermediate_size=int(c["moe_intermediate_size"]), first_k_dense=first_dense,
+        mlp_layer_types=tuple("moe" if f else "dense" for f in freq),
+        scoring=c.get("scoring_func", "sigmoid"), routing_bias=c.get("topk_method", "noaux_tc") == "noaux_tc",
+        norm_topk_prob=bool(c.get("norm_topk_prob", True)),
+        routed_scaling_factor=1.0 if scale is None else float(scale),
+        n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))

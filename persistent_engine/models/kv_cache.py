@@ -1,6 +1,7 @@
 """The paged KV cache: per layer a pool of NB blocks of BS tokens, and one block table per sequence.
 
-GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dh]``; MLA layers keep one latent pool
+GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dv]`` (Dv = Dh but for MiMo-V2-Flash, whose windowed
+layers also have their own Hk: ``spec.layer_kv_heads``); MLA layers keep one latent pool
 ``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
 lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
 their index keys in ``index_k[NB, BS, Di]``; DeepSeek-V4 layers keep the K = V rows in ``k[NB, BS, D]``, their
@@ -118,8 +119,9 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
             if spec.indexer_kind(i) == "full":
                 cache.v[i] = pool(nb, block_size, spec.index_head_dim)
         else:
-            cache.k[i] = pool(nb, block_size, spec.num_kv_heads, spec.head_dim)
-            cache.v[i] = pool(nb, block_size, spec.num_kv_heads, spec.head_dim)
+            hk = spec.layer_kv_heads(i)
+            cache.k[i] = pool(nb, block_size, hk, spec.head_dim)
+            cache.v[i] = pool(nb, block_size, hk, spec.gqa_v_head_dim)
             if spec.block_sparse(i):
                 cache.index_k[i] = pool(nb, block_size, spec.msa_index_dim)
     return cache

@@ -38,6 +38,10 @@ Supported families (``ModelSpec.family``):
                                                     norm, sliding layers' own rope base (config_sections.gemma_fields)
   llama4      Llama4ForCausalLM                     NoPE layers (query temperature) between chunked rope layers (L2
                                                     qk-norm); top-1 sigmoid router on the experts' input + shared
+  mimo_v2_flash MiMoV2FlashForCausalLM             hybrid sliding-window (sinks) / full GQA layers, each kind with its
+                                                    own KV heads and rope base, V heads narrower than Q/K, V scaled
+                                                    before the cache; layer 0 dense, sigmoid + bias routed-only MoE
+                                                    (config_sections.mimo_fields)
   deepseek_v4 DeepseekV4ForCausalLM                 hc_mult hyper-connection residual streams, one shared K = V
                                                     head over a sliding window plus compressed entries (CSA:
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-
@@ -60,7 +64,7 @@ from typing import Any
 
 from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields,
-                                                      llama4_fields, minimax_m3_fields, mixtral_fields, mla_fields, parse_mlp_layer_types,
+                                                      llama4_fields, mimo_fields, minimax_m3_fields, mixtral_fields, mla_fields, parse_mlp_layer_types,
                                                       qwen3_5_fields, qwen_windows, text_config)
 from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TINY_SUFFIX, alias_help,  # noqa: F401
                                               known_models, tiny_name)
@@ -92,6 +96,7 @@ ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Llama4ForCausalLM": "llama4",
+    "MiMoV2FlashForCausalLM": "mimo_v2_flash",
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
@@ -219,6 +224,12 @@ class ModelSpec(SpecSizes):
     attn_temperature_floor: int = 0
     attn_temperature_scale: float = 0.1
     moe_input_scaled: bool = False
+    # MiMo-V2-Flash (config_sections.mimo_fields): GQA V heads of v_head_dim (0: head_dim), the windowed layers' KV
+    # heads (0: num_kv_heads), sinks on the windowed layers only (attention_sinks: on every layer), V times
+    # value_scale before the cache write
+    window_kv_heads: int = 0
+    window_sinks: bool = False
+    value_scale: float = 1.0
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -347,6 +358,8 @@ class ModelSpec(SpecSizes):
             kw.update(gemma_fields(c, name, family, kw["num_layers"]))
         if family == "llama4":
             kw.update(llama4_fields(c, name, kw["num_layers"]))
+        if family == "mimo_v2_flash":
+            kw.update(mimo_fields(c, name, kw["num_layers"], head_dim))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -374,6 +387,10 @@ class ModelSpec(SpecSizes):
             name=f"{self.name}-tiny", hidden_size=hidden, vocab_size=vocab, num_heads=heads, num_kv_heads=kv,
             head_dim=head_dim, rotary_dim=max(2, 2 * round(head_dim * rot / self.head_dim / 2)),
             intermediate_size=2 * hidden, max_position_embeddings=min(self.max_position_embeddings, 4096))
+        if self.attention == "gqa" and self.v_head_dim and self.v_head_dim != self.head_dim:
+            kw["v_head_dim"] = head_dim // 2            # MiMo-V2-Flash: V heads narrower than Q/K's
+        if self.window_kv_heads:                        # MiMo-V2-Flash: windowed layers' own KV heads (GQA both)
+            kw.update(num_kv_heads=1, window_kv_heads=1 if self.window_kv_heads == self.num_kv_heads else 2)
         if self.attention == "mla":
             kw.update(q_lora_rank=48 if self.q_lora_rank else 0, kv_lora_rank=32, qk_nope_head_dim=16,
                       qk_rope_head_dim=8, v_head_dim=16, head_dim=24, rotary_dim=8, num_kv_heads=heads)
@@ -471,6 +488,25 @@ class ModelSpec(SpecSizes):
     def layer_window(self, i: int) -> int:
         """Layer i's sliding window (tokens a query sees, itself included), 0 for full attention."""
         return self.layer_windows[i] if self.layer_windows else 0
+
+    def layer_kv_heads(self, i: int) -> int:
+        """Layer i's KV heads (MiMo-V2-Flash's windowed layers have their own count)."""
+        return self.window_kv_heads if self.window_kv_heads and self.layer_window(i) else self.num_kv_heads
+
+    def layer_sinks(self, i: int) -> bool:
+        """Whether layer i's softmax has a learned sink logit per head."""
+        return self.attention_sinks or (self.window_sinks and self.layer_window(i) > 0)
+
+    @property
+    def gqa_v_head_dim(self) -> int:
+        """GQA V head dim (MiMo-V2-Flash: narrower than Q/K's head_dim; else head_dim)."""
+        return self.v_head_dim if self.attention == "gqa" and self.v_head_dim else self.head_dim
+
+    def attention_kinds(self) -> list[tuple[int, int, bool]]:
+        """The distinct (KV heads, window, sinks) of the model's layers, sorted (what the attention ops' shapes
+        cover: MiMo-V2-Flash's full and windowed layers differ in all three)."""
+        return sorted({(self.layer_kv_heads(i), self.layer_window(i), self.layer_sinks(i))
+                       for i in range(self.num_layers)})
 
     def uses_rope(self, i: int) -> bool:
         """Whether layer i rotates q and k (Llama-4's NoPE layers do not)."""

@@ -14,8 +14,11 @@ class SpecSizes:
     (``attention``, ``layer_kind``, ``is_linear``...), so it holds no state of its own."""
 
     # ---------------------------------------------------------------- parameter counts
-    def attention_params(self) -> int:
+    def attention_params(self, i: int | None = None) -> int:
+        """One attention block's parameters (layer i's; None: the mean layer's where layers differ)."""
         h = self.hidden_size
+        if i is None and self.attention == "gqa" and self.window_kv_heads:     # MiMo: two layer kinds
+            return round(sum(self.attention_params(j) for j in range(self.num_layers)) / self.num_layers)
         if self.attention == "v4":
             return _v4_attention_params(self, None)
         if self.attention == "mla":
@@ -25,14 +28,17 @@ class SpecSizes:
             kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
                   + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim))
             return q + kv + self.num_heads * self.v_head_dim * h
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        n = h * (q + 2 * kv) + q * h
+        hk = self.num_kv_heads if i is None else self.layer_kv_heads(i)
+        q, k, v = self.num_heads * self.head_dim, hk * self.head_dim, hk * self.gqa_v_head_dim
+        n = h * (q + k + v) + self.num_heads * self.gqa_v_head_dim * h
         if self.qkv_bias:
-            n += q + 2 * kv
+            n += q + k + v
+        if self.attention_sinks if i is None else self.layer_sinks(i):
+            n += self.num_heads
         if self.qk_norm == "per_head":
             n += 2 * self.head_dim
         elif self.qk_norm == "per_layer":
-            n += q + kv
+            n += q + k
         return n
 
     def linear_attention_params(self) -> int:
@@ -88,7 +94,7 @@ class SpecSizes:
         elif self.attention == "v4":
             attn = _v4_attention_params(self, i)
         else:
-            attn = self.attention_params()
+            attn = self.attention_params(i)
             if self.attn_output_gate:                    # Qwen3.5: the q projection's gate rows
                 attn += self.num_heads * self.head_dim * self.hidden_size
             if self.mla_output_gate:                     # Kimi-K3: g_proj
@@ -130,8 +136,11 @@ class SpecSizes:
             return _v4_kv_elems(self, layer) * DTYPE_BYTES[dtype or self.dtype]
         if self.attention == "mla":
             elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
+        elif self.window_kv_heads:                       # MiMo: K and V heads of their own dims, per layer kind
+            hks = [self.layer_kv_heads(j) for j in ([layer] if layer is not None else range(self.num_layers))]
+            elems = float(sum(hks) / len(hks) * (self.head_dim + self.gqa_v_head_dim))
         else:
-            elems = float(2 * self.num_kv_heads * self.head_dim)
+            elems = float(self.num_kv_heads * (self.head_dim + self.gqa_v_head_dim))
         if self.msa_layers:
             sparse = [self.block_sparse(layer)] if layer is not None else list(self.msa_layers)
             elems += self.msa_index_dim * sum(sparse) / len(sparse)

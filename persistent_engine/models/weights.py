@@ -3,7 +3,9 @@
 Internal layout (what the decoder reads; fused where the ops want it):
   embed [V, H], final_norm [H], lm_head [V, H] (absent when tied)
   layers.{i}.input_norm / post_norm [H]
-  GQA  qkv_w [(Hq + 2 Hk) Dh, H], qkv_b, q_norm [Dh] (per_head) | [Hq Dh] (per_layer), k_norm, o_w [H, Hq Dh]
+  GQA  qkv_w [(Hq + 2 Hk) Dh, H], qkv_b, q_norm [Dh] (per_head) | [Hq Dh] (per_layer), k_norm, o_w [H, Hq Dh],
+       sinks [Hq] fp32 (layers with sinks); MiMo-V2-Flash: qkv_w [(Hq + Hk) Dh + Hk Dv, H], o_w [H, Hq Dv] with
+       Hk the layer's (spec.layer_kv_heads)
   MLA  q_a_w [Lq, H], q_a_norm [Lq], q_b_w [Hq (Dn + R), Lq] (or q_w [Hq (Dn + R), H]), kv_a_w [L + R, H],
        kv_a_norm [L], w_uk [Hq, Dn, L], w_uv [Hq, Dv, L], o_w [H, Hq Dv]
   Qwen3.5 linear layers (models/gated_delta.py): lin_in_w [C + Hv Dv + 2 Hv, H] (rows: conv channels q | k | v,
@@ -66,20 +68,20 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
             out[p + "o_w"] = ((h, hq * dv), "linear")
             out.update(_indexer_specs(spec, i))
         else:
-            hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
+            hq, hk, dh, dv = spec.num_heads, spec.layer_kv_heads(i), spec.head_dim, spec.gqa_v_head_dim
             index_rows = (hk + 1) * spec.msa_index_dim if spec.block_sparse(i) else 0     # M3: [.. | index_q | index_k]
             gate_rows = hq * dh if spec.attn_output_gate else 0                           # Qwen3.5: [.. | gate]
-            out[p + "qkv_w"] = (((hq + 2 * hk) * dh + index_rows + gate_rows, h), "linear")
+            out[p + "qkv_w"] = (((hq + hk) * dh + hk * dv + index_rows + gate_rows, h), "linear")
             if index_rows:
                 out[p + "idx_q_norm"], out[p + "idx_k_norm"] = ((spec.msa_index_dim,), "norm"), ((spec.msa_index_dim,), "norm")
             if spec.qkv_bias:
-                out[p + "qkv_b"] = (((hq + 2 * hk) * dh,), "bias")
+                out[p + "qkv_b"] = (((hq + hk) * dh + hk * dv,), "bias")
             if spec.qk_norm == "per_head":
                 out[p + "q_norm"], out[p + "k_norm"] = ((dh,), "norm"), ((dh,), "norm")
             elif spec.qk_norm == "per_layer":
                 out[p + "q_norm"], out[p + "k_norm"] = ((hq * dh,), "norm"), ((hk * dh,), "norm")
-            out[p + "o_w"] = ((h, hq * dh), "linear")
-            if spec.attention_sinks:
+            out[p + "o_w"] = ((h, hq * dv), "linear")
+            if spec.layer_sinks(i):
                 out[p + "sinks"] = ((hq,), "router_bias")            # fp32, one logit per head (gpt-oss ``sinks``)
         if spec.layer_kind(i) == "dense":
             out[p + "gate_up_w"] = ((2 * spec.intermediate_size, h), "linear")
@@ -152,6 +154,12 @@ def _moe_names(spec, i: int) -> tuple[str, str, str, tuple[str, str, str]]:
         return b + "gate.weight", b + "e_score_correction_bias", b + "experts.", ("w1", "w3", "w2")
     b = f"model.layers.{i}.mlp."
     return b + "gate.weight", b + "gate.e_score_correction_bias", b + "experts.", ("gate_proj", "up_proj", "down_proj")
+
+
+def _sinks_name(spec) -> str:
+    """The per-head sink logits' HF name: gpt-oss ``sinks``; MiMo-V2-Flash's Hub checkpoint ``attention_sink_bias``
+    (HF transformers renames it to ``sinks`` on load)."""
+    return "attention_sink_bias" if spec.family == "mimo_v2_flash" else "sinks"
 
 
 def _rope_perm(r: int) -> torch.Tensor:
@@ -303,8 +311,8 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
                                          + [get(a + f"index_{x}_proj.weight") for x in "qk" if spec.block_sparse(i)])
             if spec.block_sparse(i):
                 out[p + "idx_q_norm"], out[p + "idx_k_norm"] = get(a + "index_q_norm.weight"), get(a + "index_k_norm.weight")
-            if spec.attention_sinks:
-                out[p + "sinks"] = get(a + "sinks").float()
+            if spec.layer_sinks(i):
+                out[p + "sinks"] = get(a + _sinks_name(spec)).float()
             if spec.qkv_bias:
                 out[p + "qkv_b"] = torch.cat([get(a + f"{x}_proj.bias") for x in "qkv"])
             if spec.qk_norm != "none":
@@ -360,8 +368,8 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
             out[a + "kv_b_proj.weight"] = torch.cat([params[p + "w_uk"], params[p + "w_uv"]], dim=1).reshape(-1, lat)
             out.update(_indexer_to_hf(spec, i, params))
         else:
-            hq, hk, dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
-            sizes = [hq * dh, hk * dh, hk * dh]
+            hq, hk, dh = spec.num_heads, spec.layer_kv_heads(i), spec.head_dim
+            sizes = [hq * dh, hk * dh, hk * spec.gqa_v_head_dim]
             names = [f"{x}_proj.weight" for x in "qkv"]
             if spec.block_sparse(i):
                 sizes += [hk * spec.msa_index_dim, spec.msa_index_dim]
@@ -369,8 +377,8 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
                 out[a + "index_q_norm.weight"], out[a + "index_k_norm.weight"] = params[p + "idx_q_norm"], params[p + "idx_k_norm"]
             for x, t in zip(names, params[p + "qkv_w"].split(sizes)):
                 out[a + x] = t
-            if spec.attention_sinks:
-                out[a + "sinks"] = params[p + "sinks"]
+            if spec.layer_sinks(i):
+                out[a + _sinks_name(spec)] = params[p + "sinks"]
             if spec.qkv_bias:
                 for x, t in zip("qkv", params[p + "qkv_b"].split(sizes)):
                     out[a + f"{x}_proj.bias"] = t

@@ -47,8 +47,8 @@ def _rotary_shapes(spec, point) -> list[dict]:
     t = tokens(point)
     if spec.attention == "mla":
         return [{"T": t, "Hq": spec.num_heads, "Hk": 1, "Dh": spec.qk_rope_head_dim, "R": spec.qk_rope_head_dim}]
-    return [{"T": t, "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
-             "R": spec.rotary_dim or spec.head_dim}]
+    return [{"T": t, "Hq": spec.num_heads, "Hk": hk, "Dh": spec.head_dim, "R": spec.rotary_dim or spec.head_dim}
+            for hk in sorted({k for k, _, _ in spec.attention_kinds()})]       # MiMo-V2-Flash: two KV head counts
 
 
 # ----------------------------------------------------------------------------- attention
@@ -151,8 +151,8 @@ def _attn_shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
         if spec.attention != "gqa" or point.phase != phase:
             return []
-        return [{**paged_shape(point), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
-                 "Dv": spec.head_dim}]
+        return [{**paged_shape(point), "Hq": spec.num_heads, "Hk": hk, "Dh": spec.head_dim, "Dv": spec.gqa_v_head_dim}
+                for hk in sorted({k for k, _, _ in spec.attention_kinds()})]
     return shapes
 
 

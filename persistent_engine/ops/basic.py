@@ -104,8 +104,9 @@ def linear_shapes(spec, point) -> list[dict]:
             if r == spec.csa_ratio:
                 kn += [(h, 2 * di, False), (lq, hi * di, False), (h, hi, False)]
     else:
-        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        kn += [(h, q + 2 * kv, spec.qkv_bias), (q, h, False)]
+        q, dh, dv = spec.num_heads * spec.head_dim, spec.head_dim, spec.gqa_v_head_dim
+        kn += [(h, q + hk * (dh + dv), spec.qkv_bias) for hk in sorted({k for k, _, _ in spec.attention_kinds()})]
+        kn.append((spec.num_heads * dv, h, False))
     kinds = set(spec.layer_kinds())
     if "dense" in kinds:
         kn += [(h, 2 * spec.intermediate_size, False), (spec.intermediate_size, h, False)]

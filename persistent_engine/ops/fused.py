@@ -50,8 +50,9 @@ def _add_rms_norm_linear_shapes(spec, point) -> list[dict]:
     t, h = tokens(point), spec.hidden_size
     out = []
     if spec.attention == "gqa":
-        qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
-        out.append({"T": t, "H": h, "N": qkv, "bias": bool(spec.qkv_bias)})
+        for hk in sorted({k for k, _, _ in spec.attention_kinds()}):       # MiMo-V2-Flash: two KV head counts
+            qkv = (spec.num_heads + hk) * spec.head_dim + hk * spec.gqa_v_head_dim
+            out.append({"T": t, "H": h, "N": qkv, "bias": bool(spec.qkv_bias)})
     if "dense" in set(spec.layer_kinds()):
         out.append({"T": t, "H": h, "N": 2 * spec.intermediate_size, "bias": False})
     return dedup(out)
@@ -128,10 +129,11 @@ def _add_rms_norm_qkv_rotary_default(x, residual, norm_weight, eps, qkv_weight, 
 def _add_rms_norm_qkv_rotary_shapes(spec, point) -> list[dict]:
     """{"T", "H", "Hq", "Hk", "Dh", "R", "bias"}: the attention input of GQA layers without QK-norm
     (Llama-style); QK-norm models keep add_rms_norm_linear + rms_norm + rotary_embedding."""
-    if spec.attention != "gqa" or spec.qk_norm != "none":
-        return []
-    return [{"T": tokens(point), "H": spec.hidden_size, "Hq": spec.num_heads, "Hk": spec.num_kv_heads,
-             "Dh": spec.head_dim, "R": spec.rotary_dim or spec.head_dim, "bias": bool(spec.qkv_bias)}]
+    if spec.attention != "gqa" or spec.qk_norm != "none" or spec.gqa_v_head_dim != spec.head_dim:
+        return []                   # MiMo-V2-Flash's narrower V heads: add_rms_norm_linear, then the rotary
+    return [{"T": tokens(point), "H": spec.hidden_size, "Hq": spec.num_heads, "Hk": hk,
+             "Dh": spec.head_dim, "R": spec.rotary_dim or spec.head_dim, "bias": bool(spec.qkv_bias)}
+            for hk in sorted({k for k, _, _ in spec.attention_kinds()})]
 
 
 def _add_rms_norm_qkv_rotary_inputs(shape, dtype, device, seed):

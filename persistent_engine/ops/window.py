@@ -106,12 +106,9 @@ def _shapes(phase: str):
     def shapes(spec, point) -> list[dict]:
         if spec.attention != "gqa" or point.phase != phase:
             return []
-        windows = sorted({spec.layer_window(i) for i in range(spec.num_layers)} - {0})
-        if not windows and not spec.attention_sinks:
-            return []
-        base = {**paged_shape(point), "Hq": spec.num_heads, "Hk": spec.num_kv_heads, "Dh": spec.head_dim,
-                "Dv": spec.head_dim, "sinks": spec.attention_sinks}
-        return [{**base, "window": w} for w in windows or [0]]
+        base = {**paged_shape(point), "Hq": spec.num_heads, "Dh": spec.head_dim, "Dv": spec.gqa_v_head_dim}
+        return [{**base, "Hk": hk, "window": w, "sinks": sinks} for hk, w, sinks in spec.attention_kinds()
+                if w or sinks]
     return shapes
 
 

@@ -60,10 +60,10 @@ def test_candidate_check_tiny_minimax_m3():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["mixtral", "gemma", "gemma-2-9b", "llama4"])
+@pytest.mark.parametrize("model", ["mixtral", "gemma", "gemma-2-9b", "llama4", "mimo"])
 def test_candidate_check_tiny_new_families(model):
-    """Mixtral, Gemma-3, Gemma-2 and Llama-4 at toy size: a correct linear override is judged on every point
-    (through the MoE routers, the GeGLU MLP, soft-capped, windowed and chunked attention)."""
+    """Mixtral, Gemma-3, Gemma-2, Llama-4 and MiMo-V2-Flash at toy size: a correct linear override is judged on every
+    point (through the MoE routers, the GeGLU MLP, soft-capped, windowed (with sinks) and chunked attention)."""
     out = tkcc("candidate", "check", str(CANDIDATES / "linear_fp32.py"), "--model", model, "--tiny",
                "--device", "cpu", "--json", "--samples", "3")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -74,12 +74,12 @@ def test_candidate_check_tiny_new_families(model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi", "deepseek", "mixtral", "gemma",
-                                   "llama4"])
+                                   "llama4", "mimo"])
 def test_short_optimize_tiny_writes_a_plan(model, tmp_path):
     out = tkcc("optimize", "--model", model, "--tiny", "--hw", "cpu", "--traffic", small_trace(tmp_path / "t.csv"),
                # Kimi-K3's and V4's engines start in ~20 s on 2 cores
                "--budget", {"kimi": "90s", "deepseek": "60s", "mixtral": "45s", "gemma": "45s",
-                             "llama4": "45s"}.get(model, "20s"),
+                             "llama4": "45s", "mimo": "45s"}.get(model, "20s"),
                "--agents", "offline:1", "--device", "cpu", "--out", str(tmp_path / "plan"), "--max-points", "2",
                "--aa-runs", "1", "--json", timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

@@ -168,10 +168,11 @@ def test_compiled_decode_at_the_reference_graph_sizes_compiles_twice_and_equals_
     assert compile_count() - c0 == 2 and eng.graphs.padded_rows == 0
 
 
-@pytest.mark.parametrize("name", ["glm+tiny", "minimax+tiny"])
+@pytest.mark.parametrize("name", ["glm+tiny", "minimax+tiny", "mimo+tiny"])
 def test_serving_frontier_models_equals_plain_loop(name):
-    """Continuous batching over DSA (indexer keys in the cache) and block-sparse attention gives the plain
-    loop's greedy tokens; prompts past the toy top-k (8 tokens, 2 blocks of 4) so the selection matters."""
+    """Continuous batching over DSA (indexer keys in the cache), block-sparse attention and MiMo-V2-Flash's windowed
+    layers (their own KV heads and V width in the pools) gives the plain loop's greedy tokens; prompts past the toy
+    top-k (8 tokens, 2 blocks of 4) and the toy window (8) so the selection and the window matter."""
     m = build_model(name, device="cpu", dtype=torch.float32, seed=0)
     eng = engine(m, block_size=4)
     g = torch.Generator().manual_seed(2)
