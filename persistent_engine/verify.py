@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from persistent_engine.io_struct import Check, WorkloadPoint
-from persistent_engine.ops.csa import indexer_scores
-from persistent_engine.ops.dsa import GATHER_BUDGET, token_seq_pos
+from persistent_engine.picks import SELECTIONS, PickCall, PickReplay, pick_flips
 from persistent_engine.ops.moe import expert_scores, route_weights
 
 LOGIT_RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 3e-2, torch.bfloat16: 5e-2}
@@ -210,110 +209,9 @@ class RouteReplay(RouteRecorder):
         return torch.where(sel, rw, w), torch.where(sel, rid.to(ids.dtype), ids)
 
 
-# ------------------------------------------------------------------------------ CSA indexer near-ties
-# DeepSeek-V4's CSA layers attend only the index_topk compressed entries of highest indexer score (``csa_indexer``):
-# once a sequence holds more entries than that (context > ratio x index_topk: 2048 tokens on DeepSeek-V4-Flash) a
-# correct candidate that rounds differently upstream swaps an entry at the top-k boundary, that query's attention
-# output moves by O(its weight on the entry), and the next router sees a large difference (on the H200, Flash's
-# slice: router flips of 0.5-1 x the router-logit RMS behind correct rms_norm and linear candidates). The
-# layer-level check therefore replays the reference's picks where the candidate's differ (``PickReplay``, as
-# RouteReplay replays experts: nothing cascades) and checks the candidate's own picks against the reference's
-# indexer scores: a flip is excused when the candidate's set is a top-k of the reference's scores up to a gap of
-# the tie band x the query's score unit (``score_unit``: the scale of the dots' rounding errors, as the logits'
-# RMS is a router's). The band is TIE_RTOL x (2 + d) for an indexer d layers deep: a router logit carries one
-# rounding of its own (its linear's output), a score two (q and the compressed key, each a bf16 projection
-# rotated and rounded again), and each layer above adds one as for the routers. Measured on a scaled Flash slice
-# (tests/persistent_engine/test_verify_csa_ties.py's, 12 steps, every linear or rms_norm rounded toward zero):
-# worst excused gap 0.041 in the first CSA layer (d = 1, band 0.094), 0.080 in the second (d = 3, band 0.156);
-# the indexer's q projection 10% off: up to 0.31 (rejected). A pick outside the visible entries, a repeated
-# one or a set of another size is never a tie.
-@dataclass(frozen=True)
-class PickCall:
-    """One ``csa_indexer`` call (one CSA layer of one step): each query's picked entries and, in the
-    reference's record, the scores they were picked by."""
-    ids: torch.Tensor                   # [T, k] int64 picks sorted per row (-1: none; a set, order carries no meaning)
-    scores: torch.Tensor | None         # [T, NE] fp32 indexer scores, -inf where not visible (reference only)
-    unit: torch.Tensor | None = None    # [T] fp32 each query's ``score_unit`` (the gap's unit; reference only)
-
-
-class PickReplay:
-    """Wraps the ``csa_indexer`` that runs: records each call's picks (with ``refs`` None, the reference's
-    record, also its scores: ``csa.indexer_scores`` of the same inputs) into ``calls``; with ``refs`` (the
-    reference's calls of the step, in the same order) a query whose pick set differs from the reference's gets
-    the reference's picks, every other query what the indexer returned. The picks are all the indexer passes
-    on (the attention reads the set), so this holds for a candidate's own indexer too: its choices are still
-    checked (``pick_flips``)."""
-
-    def __init__(self, fn, refs: list | None, calls: list):
-        self.fn, self.refs, self.calls = fn, refs, calls
-
-    def __call__(self, *args):
-        out = self.fn(*args)
-        if not (isinstance(out, torch.Tensor) and out.dim() == 2 and not out.is_floating_point()):
-            self.calls.append(None)
-            return out
-        j, ids = len(self.calls), out.detach().long().sort(dim=-1).values
-        scores = unit = None
-        if self.refs is None:                       # the reference's record: what the picks were chosen by
-            scores = indexer_scores(*args[:7]).detach().clone()
-            unit = score_unit(*args[:7])
-        self.calls.append(PickCall(ids.clone(), scores, unit))
-        ref = self.refs[j] if self.refs is not None and j < len(self.refs) else None
-        if not isinstance(ref, PickCall) or ref.ids.shape != ids.shape:
-            return out
-        flipped = (ref.ids.to(ids.device) != ids).any(-1)                           # [T]
-        if not bool(flipped.any()):
-            return out
-        return torch.where(flipped[:, None], ref.ids.to(out.device, out.dtype), out)
-
-
-def score_unit(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, n_entries: torch.Tensor,
-               cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, ratio: int) -> torch.Tensor:
-    """[T] fp32: the scale by which rounding moves query t's indexer scores, sqrt(sum_h w_th^2 mean_j (q_th .
-    k_j)^2) Di^-0.5 over its visible entries j: a dot product's rounding error scales with |q| |k| / sqrt(Di),
-    the RMS of the dots (as a router logit's with the logits' RMS), and the heads' errors add in quadrature.
-    Cost: the indexer's, T x NE x Hi x Di, chunked."""
-    t, hi, di = q.shape
-    ne = keys.shape[1]
-    seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
-    w = torch.arange(ne, device=q.device)
-    vis = (w[None, :] < ((pos + 1) // ratio)[:, None]) & (w[None, :] < n_entries[seq][:, None])      # [T, NE]
-    unit = torch.zeros(t, dtype=torch.float32, device=q.device)
-    step = max(1, min(t, GATHER_BUDGET // max(1, ne * max(di, hi))))
-    for c0 in range(0, t, step):
-        c1 = min(t, c0 + step)
-        dots = torch.einsum("thd,ted->the", q[c0:c1].float(), keys.float()[seq[c0:c1]])              # [C, Hi, NE]
-        v = vis[c0:c1, None, :]
-        msq = dots.square().masked_fill(~v, 0.0).sum(-1) / v.sum(-1).clamp_min(1)                     # [C, Hi]
-        unit[c0:c1] = (weights[c0:c1].float().square() * msq).sum(-1).sqrt() * di ** -0.5
-    return unit
-
-
-def pick_flips(ref: PickCall, cand_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queries whose pick set differs from the reference's, and for each the gap (the reference's indexer
-    scores / that query's ``score_unit``) by which the candidate's set misses being a top-k of them: max score
-    left out minus min score picked (<= 0: an exact tie). inf for a pick not visible, out of range or
-    repeated, a set of another size, or no reference scores. Cost: O(F NE) for F flipped queries."""
-    cand = cand_ids.to(ref.ids.device).long().sort(dim=-1).values
-    tok = (ref.ids != cand).any(-1).nonzero().flatten()
-    if tok.numel() == 0 or ref.scores is None or ref.unit is None:
-        return tok.cpu(), torch.full((tok.numel(),), float("inf"), dtype=torch.float64)
-    s, ids = ref.scores[tok].double(), cand[tok]
-    f, ne = s.shape
-    vis, picked = torch.isfinite(s), ids >= 0
-    valid = ((ids < ne).all(-1) & ~((ids[:, 1:] == ids[:, :-1]) & picked[:, 1:]).any(-1)
-             & (picked.sum(-1) == (ref.ids[tok] >= 0).sum(-1)))
-    slot = torch.where(picked & (ids < ne), ids, torch.full_like(ids, ne))
-    chosen = torch.zeros(f, ne + 1, dtype=torch.bool, device=s.device).scatter_(1, slot, True)[:, :ne]
-    valid &= ~(chosen & ~vis).any(-1)
-    min_in = s.masked_fill(~chosen, float("inf")).min(-1).values
-    max_out = s.masked_fill(chosen | ~vis, float("-inf")).max(-1).values
-    unit = ref.unit[tok].double().clamp_min(1e-30)
-    gap = torch.nan_to_num((max_out - min_in).clamp_min(0) / unit, nan=float("inf"), posinf=float("inf"))
-    return tok.cpu(), gap.masked_fill(~valid, float("inf")).cpu()
-
-
-DECIDING_OPS = ("moe_route", "csa_indexer")      # ops whose discrete choices the layer-level check records
+# ------------------------------------------------------------------------------ the step's decisions
+# the sparse-attention selections' near-ties (CSA, DSA, M3): ``picks.py``
+DECIDING_OPS = ("moe_route", *SELECTIONS)      # ops whose discrete choices the layer-level check records
 
 
 def decides(ops) -> bool:
@@ -322,23 +220,24 @@ def decides(ops) -> bool:
 
 
 def routed_step(registry, model, workload, overrides: dict, refs: list | None, router=None):
-    """One step of ``model`` under ``overrides`` with ``moe_route`` and ``csa_indexer`` wrapped as a layer-level
-    check wraps them: ``RouteReplay`` where the reference's decisions are known (``refs``) and the overrides
-    keep the reference router, else a ``RouteRecorder``; ``PickReplay`` always (replaying where ``refs`` are
-    known). ``router``: the implementation to wrap (default: the override's, else the current one). Returns
-    (logits, the router's wrapper, whose ``calls`` hold the step's routing and picks in call order)."""
+    """One step of ``model`` under ``overrides`` with ``moe_route`` and the selecting ops (``SELECTIONS``) wrapped
+    as a layer-level check wraps them: ``RouteReplay`` where the reference's decisions are known (``refs``) and the
+    overrides keep the reference router, else a ``RouteRecorder``; a ``PickReplay`` of each selecting op always
+    (replaying where ``refs`` are known). ``router``: the implementation to wrap (default: the override's, else
+    the current one). Returns (logits, the router's wrapper, whose ``calls`` hold the step's routing and picks in
+    call order)."""
     own_router = "moe_route" in overrides
     router = router or overrides.get("moe_route") or registry.current("moe_route")
     calls: list = []
     rec = RouteReplay(router, refs, calls) if refs is not None and not own_router else RouteRecorder(router, calls)
-    picks = PickReplay(overrides.get("csa_indexer") or registry.current("csa_indexer"), refs, calls)
-    with registry.override({**overrides, "moe_route": rec, "csa_indexer": picks}):
+    picks = {op: PickReplay(op, overrides.get(op) or registry.current(op), refs, calls) for op in SELECTIONS}
+    with registry.override({**overrides, "moe_route": rec, **picks}):
         return model.step(workload), rec
 
 
 class ReferenceRoutes:
     """The reference's routing and indexer picks at each (point, variant), recorded on first use by re-running
-    the baseline step with ``moe_route`` and ``csa_indexer`` wrapped (``routed_step``). None for a step whose
+    the baseline step with ``moe_route`` and the selecting ops wrapped (``routed_step``). None for a step whose
     re-run does not reproduce the start-up logits (e.g. non-deterministic atomics flipped a tie): then no flip
     is excused there."""
 
@@ -370,13 +269,20 @@ def moe_depths(model) -> list[int] | None:
 
 
 def pick_depths(model) -> list[int] | None:
-    """Position in the slice of each CSA layer (``csa_indexer`` calls, in order): Flash's fast tier
-    (0, 2, 3, 4) -> [1, 3]. None when the model does not say."""
+    """Position in the slice of each layer that selects (``SELECTIONS``' calls, in order): DeepSeek-V4's CSA
+    layers (Flash's fast tier (0, 2, 3, 4) -> [1, 3]), DSA's full-indexer layers (a GLM shared layer selects
+    nothing: it reads its source's picks), M3's block-sparse layers. None when the model has none of them."""
     spec, layers = getattr(model, "spec", None), getattr(model, "layers", None)
-    ratios = getattr(spec, "compress_ratios", None)
-    if spec is None or not layers or not ratios:
+    if spec is None or not layers:
         return None
-    return [pos for pos, i in enumerate(layers) if ratios[i] and ratios[i] == spec.csa_ratio]
+    ratios = getattr(spec, "compress_ratios", None)
+    if ratios:
+        return [pos for pos, i in enumerate(layers) if ratios[i] and ratios[i] == spec.csa_ratio]
+    if getattr(spec, "sparse_attention", False):
+        return [pos for pos, i in enumerate(layers) if spec.indexer_kind(i) == "full"]
+    if getattr(spec, "msa_layers", ()):
+        return [pos for pos, i in enumerate(layers) if spec.block_sparse(i)]
+    return None
 
 
 def _criterion(c: RouteCall) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -457,11 +363,11 @@ def route_flips(ref: RouteCall, cand_ids: torch.Tensor) -> tuple[torch.Tensor, t
 @dataclass
 class TieCheck:
     """The tie-aware logits comparison of one verification (every point and variant of it): routing flips and
-    CSA indexer pick flips at near-ties excused, the sequences holding routing flips left out, the exclusion
-    budget over all steps."""
+    indexer pick flips (``SELECTIONS``) at near-ties excused, the sequences holding routing flips left out, the
+    exclusion budget over all steps."""
     dtype: torch.dtype
     depths: list[int] | None = None     # slice position of each MoE layer (``moe_depths``): the band's depth
-    pick_depths: list[int] | None = None    # slice position of each CSA layer (``pick_depths``)
+    pick_depths: list[int] | None = None    # slice position of each selecting layer (``pick_depths``)
     rows: int = 0                       # sequences compared or excluded, over all steps
     excluded: int = 0
     # (point, variant) -> rows [B] bool of the sequences compared (kept) where some were left out; bench's
@@ -469,8 +375,12 @@ class TieCheck:
     kept_rows: dict = field(default_factory=dict)
     excused: int = 0                    # tokens whose routing flip was excused (first flip of each)
     worst: float = 0.0                  # largest excused routing gap
-    picks_excused: int = 0              # queries whose indexer picks flipped at a near-tie (replayed)
-    picks_worst: float = 0.0
+    # selecting op -> [queries whose picks flipped at a near-tie (replayed), largest excused gap]
+    picks: dict = field(default_factory=dict)
+
+    @property
+    def picks_excused(self) -> int:
+        return sum(n for n, _ in self.picks.values())
 
     def _band(self, kind: str, j: int, n: int) -> float:
         """The tie band of the j-th of the step's n calls of ``kind``: TIE_RTOL x (1 + d) for a router, (2 + d)
@@ -487,8 +397,8 @@ class TieCheck:
         ``replayed``: ``out`` was computed with the reference's experts (``RouteReplay``): a flip cascades
         nowhere, so every MoE layer's choices are checked and every sequence's logits compared; the
         sequences with an excused flip are left out of bench's spot re-check only (timed runs route freely).
-        Indexer picks (``PickCall``) are always replayed where the reference's are known: their flips are
-        checked in every layer, taint nothing and leave their sequences out of the spot re-check only.
+        Indexer picks (``PickCall``, every selecting op) are always replayed where the reference's are known: their
+        flips are checked in every layer, taint nothing and leave their sequences out of the spot re-check only.
         ``tol``: the logits bound (``compare_logits``)."""
         if (r := _same_kind(out, ref, where)) is not None:
             return r
@@ -503,10 +413,11 @@ class TieCheck:
         tainted = torch.zeros(t, dtype=torch.bool)      # tokens downstream of a (free-running) routing flip
         tainted_seq = torch.zeros(b, dtype=torch.bool)  # sequences holding an excused routing flip
         picked_seq = torch.zeros(b, dtype=torch.bool)   # sequences holding an excused (replayed) pick flip
-        hard = {"route": [0, 0.0, 1.0], "pick": [0, 0.0, 1.0]}     # kind -> [tokens, worst gap, its band]
+        hard: dict = {}                                 # "route" / selecting op -> [tokens, worst gap, its band]
         kinds = ["pick" if isinstance(r, PickCall) else "route" for r in ref_calls]
         seen = {"route": 0, "pick": 0}
         for kind, r, c in zip(kinds, ref_calls, cand_calls):
+            name = r.op if kind == "pick" else "route"
             # the j-th router (indexer) of the step: its inputs carry the differences of every layer above it
             # (dense ones too), which grow by about one rounding per layer, so the tie band widens with depth
             band = self._band(kind, seen[kind], kinds.count(kind))
@@ -516,14 +427,14 @@ class TieCheck:
             tok, gap = tok[fresh], gap[fresh]
             bad = gap > band
             if bool(bad.any()):
-                h = hard[kind]
+                h = hard.setdefault(name, [0, 0.0, 1.0])
                 h[0] += int(bad.sum())
                 if float(gap[bad].max()) / band > h[1] / h[2]:
                     h[1], h[2] = float(gap[bad].max()), band
             ok = tok[~bad]
             if ok.numel() and kind == "pick":
-                self.picks_excused += ok.numel()
-                self.picks_worst = max(self.picks_worst, float(gap[~bad].max()))
+                p = self.picks.setdefault(name, [0, 0.0])
+                p[0], p[1] = p[0] + ok.numel(), max(p[1], float(gap[~bad].max()))
                 picked_seq[seq[ok]] = True
             elif ok.numel():
                 self.excused += ok.numel()
@@ -533,8 +444,8 @@ class TieCheck:
                 # from the next layer on, the flipped token and its sequence's later tokens differ
                 first = torch.full((b,), t, dtype=torch.long).scatter_reduce_(0, seq[tok], tok, "amin")
                 tainted |= torch.arange(t) >= first[seq]
-        if hard["route"][0] or hard["pick"][0]:
-            return "; ".join(self._hard_reason(where, kind, *hard[kind], replayed) for kind in hard if hard[kind][0])
+        if hard:
+            return "; ".join(self._hard_reason(where, name, *h, replayed) for name, h in hard.items())
         excluded = tainted_seq if not replayed else torch.zeros(b, dtype=torch.bool)
         spot = tainted_seq | picked_seq                 # rows bench's spot re-check leaves out
         n_out = int(excluded.sum())
@@ -553,10 +464,10 @@ class TieCheck:
         return None
 
     @staticmethod
-    def _hard_reason(where: str, kind: str, n: int, worst: float, band: float, replayed: bool) -> str:
-        if kind == "pick":
-            return (f"{where}: CSA indexer picks differ beyond ties: {n} queries, worst margin {worst:.3g} > "
-                    f"{band:.3g} (indexer-score gap / the query's score unit, in the reference)")
+    def _hard_reason(where: str, name: str, n: int, worst: float, band: float, replayed: bool) -> str:
+        if name in SELECTIONS:
+            return (f"{where}: {SELECTIONS[name].label} picks differ beyond ties: {n} queries, worst margin "
+                    f"{worst:.3g} > {band:.3g} (indexer-score gap / the query's score unit, in the reference)")
         return (f"{where}: MoE routing differs beyond ties: {n} tokens, worst margin {worst:.3g} "
                 f"> {band:.3g} (router-logit gap / RMS, in the reference{'' if replayed else '; first flips only'})")
 
@@ -574,7 +485,8 @@ class TieCheck:
             parts.append(f"MoE routing: {self.excused} tokens flipped at near-ties (worst gap {self.worst:.3g}, band "
                          f"(1 + d) x {tie:.3g} for a router d layers deep); {self.excluded} of "
                          f"{self.rows} sequences left out")
-        if self.picks_excused:
-            parts.append(f"CSA indexer: {self.picks_excused} queries picked other entries at near-ties (worst gap "
-                         f"{self.picks_worst:.3g}, band (2 + d) x {tie:.3g}), the reference's picks replayed")
+        for op, (n, worst) in self.picks.items():
+            sel = SELECTIONS[op]
+            parts.append(f"{sel.label}: {n} queries picked other {sel.picks} at near-ties (worst gap {worst:.3g}, "
+                         f"band (2 + d) x {tie:.3g}), the reference's picks replayed")
         return "; ".join(parts)

@@ -97,27 +97,48 @@ def _chunk_out(p: torch.Tensor, vv: torch.Tensor, dtype) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- indexer_topk
-def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
-                 cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, topk: int) -> torch.Tensor:
-    t, hi, di = q.shape
-    b, mb = block_tables.shape
-    length = mb * k_cache.shape[1]                         # L: key positions per sequence (padded)
-    k = min(int(topk), length)
-    out = torch.full((t, int(topk)), -1, dtype=torch.int32, device=q.device)
-    if t == 0:
-        return out
+def key_dots(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+             context_lens: torch.Tensor):
+    """Each query's dot products with every key position of its sequence (one key head), chunk by chunk: yields
+    (c0, c1, dots [C, H, L] in the accumulation dtype, visible [C, L] bool: positions j <= the query's), for q
+    [T, H, Di] and k_cache [NB, BS, Di], L = MB x BS the padded positions. Gathers C x L x Di keys a chunk, C
+    bounded by GATHER_BUDGET. The indexers' scores (``indexer_scores``, ``msa.block_scores``) and the tie
+    check's score units (``verify.score_unit``) are read off these."""
+    t, h, di = q.shape
+    length = block_tables.shape[1] * k_cache.shape[1]
     seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
     key_pos = torch.arange(length, device=q.device)
-    chunk = max(1, min(t, GATHER_BUDGET // max(1, length * max(di, hi))))
+    chunk = max(1, min(t, GATHER_BUDGET // max(1, length * max(di, h))))
     for c0 in range(0, t, chunk):
         c1 = min(t, c0 + chunk)
         keys = _acc(_rows(k_cache, block_tables, seq[c0:c1], key_pos.expand(c1 - c0, length)))  # [C, L, Di]
-        s = torch.einsum("chd,cld->chl", _acc(q[c0:c1]), keys).relu_()                         # [C, Hi, L]
-        score = torch.einsum("chl,ch->cl", s, weights[c0:c1].to(s.dtype))                       # [C, L]
-        visible = key_pos[None, :] <= pos[c0:c1, None]
-        score = score.masked_fill(~visible, float("-inf"))
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]           # earlier wins ties
-        picked = torch.where(visible.gather(1, order), order, torch.full_like(order, -1))
+        yield c0, c1, torch.einsum("chd,cld->chl", _acc(q[c0:c1]), keys), key_pos[None, :] <= pos[c0:c1, None]
+
+
+def _scored(q, weights, k_cache, block_tables, cu_seqlens_q, context_lens):
+    """(c0, c1, score [C, L]) chunk by chunk: sum_h weights[t, h] relu(q[t, h] . k[j]), -inf where j > p_t."""
+    for c0, c1, dots, visible in key_dots(q, k_cache, block_tables, cu_seqlens_q, context_lens):
+        score = torch.einsum("chl,ch->cl", dots.relu_(), weights[c0:c1].to(dots.dtype))          # [C, L]
+        yield c0, c1, score.masked_fill(~visible, float("-inf"))
+
+
+def indexer_scores(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+    """[T, L] (fp32 for bf16 inputs): each query's indexer score of every key position of its sequence, -inf
+    where not visible; ``indexer_topk`` picks by these. Cost: T x L x Hi x Di multiply-adds; holds all T x L."""
+    length = block_tables.shape[1] * k_cache.shape[1]
+    parts = [s for _, _, s in _scored(q, weights, k_cache, block_tables, cu_seqlens_q, context_lens)]
+    return torch.cat(parts) if parts else torch.empty(0, length, dtype=_acc(q).dtype, device=q.device)
+
+
+def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, topk: int) -> torch.Tensor:
+    t = q.shape[0]
+    k = min(int(topk), block_tables.shape[1] * k_cache.shape[1])
+    out = torch.full((t, int(topk)), -1, dtype=torch.int32, device=q.device)
+    for c0, c1, score in _scored(q, weights, k_cache, block_tables, cu_seqlens_q, context_lens):
+        values, order = torch.sort(score, dim=-1, descending=True, stable=True)                   # earlier wins ties
+        picked = torch.where(values[:, :k] > float("-inf"), order[:, :k], torch.full_like(order[:, :k], -1))
         out[c0:c1, :k] = picked.to(torch.int32)
     return out
 

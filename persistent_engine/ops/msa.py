@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine.ops.basic import _acc
-from persistent_engine.ops.dsa import GATHER_BUDGET, _chunk_out, _chunk_scores, _layout, _rows, token_seq_pos
+from persistent_engine.ops.dsa import GATHER_BUDGET, _chunk_out, _chunk_scores, _layout, key_dots, token_seq_pos
 from persistent_engine.ops.moe import _experts_inputs, _experts_shapes, experts_forward
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.ops.opdef import (DEFAULT_BLOCK_SIZE, MATMUL_TOLERANCES, OpDef, generator,
@@ -71,34 +71,45 @@ def _oai_experts_shapes(spec, point) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- block_topk
+def _block_scored(q, k_cache, block_tables, cu_seqlens_q, context_lens, block_size: int, init_blocks: int,
+                  local_blocks: int):
+    """(c0, c1, score [C, Hk, nblk]) chunk by chunk: each KV head's max over a block's visible positions of
+    q . k, +inf for the forced (init and local) blocks, -inf for blocks past the query's."""
+    t = q.shape[0]
+    length = block_tables.shape[1] * k_cache.shape[1]
+    nblk = -(-length // block_size)
+    _, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
+    blk = torch.arange(nblk, device=q.device)
+    for c0, c1, s, visible in key_dots(q, k_cache, block_tables, cu_seqlens_q, context_lens):   # [C, Hk, L]
+        s = s.masked_fill(~visible[:, None, :], float("-inf"))
+        s = torch.nn.functional.pad(s, (0, nblk * block_size - length), value=float("-inf"))
+        score = s.view(c1 - c0, s.shape[1], nblk, block_size).amax(-1)                         # [C, Hk, nblk]
+        own = (pos[c0:c1] // block_size)[:, None]
+        forced = (blk[None, :] <= own) & ((blk[None, :] < init_blocks) | (blk[None, :] > own - local_blocks))
+        yield c0, c1, score.masked_fill(forced[:, None, :], float("inf"))
+
+
+def block_scores(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 context_lens: torch.Tensor, block_size: int, init_blocks: int, local_blocks: int) -> torch.Tensor:
+    """[T, Hk, nblk] (fp32 for bf16 inputs): the block scores ``block_topk`` picks by (+inf forced, -inf past
+    the query's block). Cost: T x L x Hk x Di multiply-adds."""
+    nblk = -(-block_tables.shape[1] * k_cache.shape[1] // block_size)
+    parts = [s for _, _, s in _block_scored(q, k_cache, block_tables, cu_seqlens_q, context_lens, block_size,
+                                            init_blocks, local_blocks)]
+    return torch.cat(parts) if parts else torch.empty(0, q.shape[1], nblk, dtype=_acc(q).dtype, device=q.device)
+
+
 def block_topk(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                context_lens: torch.Tensor, block_size: int, topk_blocks: int, init_blocks: int,
                local_blocks: int) -> torch.Tensor:
-    t, hk, di = q.shape
-    length = block_tables.shape[1] * k_cache.shape[1]
-    nblk = -(-length // block_size)
-    k = min(int(topk_blocks), nblk)
+    t, hk = q.shape[:2]
+    k = min(int(topk_blocks), -(-block_tables.shape[1] * k_cache.shape[1] // block_size))
     out = torch.full((t, hk, int(topk_blocks)), -1, dtype=torch.int32, device=q.device)
-    if t == 0:
-        return out
-    seq, pos = token_seq_pos(cu_seqlens_q, context_lens, t)
-    key_pos = torch.arange(length, device=q.device)
-    blk = torch.arange(nblk, device=q.device)
-    chunk = max(1, min(t, GATHER_BUDGET // max(1, length * max(di, hk))))
-    for c0 in range(0, t, chunk):
-        c1 = min(t, c0 + chunk)
-        keys = _acc(_rows(k_cache, block_tables, seq[c0:c1], key_pos.expand(c1 - c0, length)))   # [C, L, Di]
-        s = torch.einsum("cgd,cld->cgl", _acc(q[c0:c1]), keys)                                   # [C, Hk, L]
-        p = pos[c0:c1]
-        s = s.masked_fill((key_pos[None, :] > p[:, None])[:, None, :], float("-inf"))
-        s = torch.nn.functional.pad(s, (0, nblk * block_size - length), value=float("-inf"))
-        score = s.view(c1 - c0, hk, nblk, block_size).amax(-1)                                   # [C, Hk, nblk]
-        own = (p // block_size)[:, None]
-        forced = (blk[None, :] <= own) & ((blk[None, :] < init_blocks) | (blk[None, :] > own - local_blocks))
-        score = score.masked_fill(forced[:, None, :], float("inf"))
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :k]          # earlier wins ties
-        visible = (blk[None, :] <= own)[:, None, :].expand_as(score).gather(2, order)
-        out[c0:c1, :, :k] = torch.where(visible, order, torch.full_like(order, -1)).to(torch.int32)
+    for c0, c1, score in _block_scored(q, k_cache, block_tables, cu_seqlens_q, context_lens, block_size,
+                                       init_blocks, local_blocks):
+        values, order = torch.sort(score, dim=-1, descending=True, stable=True)                  # earlier wins ties
+        picked = torch.where(values[..., :k] > float("-inf"), order[..., :k], torch.full_like(order[..., :k], -1))
+        out[c0:c1, :, :k] = picked.to(torch.int32)
     return out
 
 

@@ -12,7 +12,6 @@ import pathlib
 import pytest
 import torch
 
-from persistent_engine import io_struct as io
 from persistent_engine import verify
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.judge import engine as eng
@@ -84,32 +83,20 @@ def flash(tmp_path_factory):
     torch.set_grad_enabled(grad)
 
 
-def _verify(e, source):
-    load = e.handle(io.LoadCandidate(source=source))
-    assert load.ok, load.reasons
-    try:
-        ver = e.handle(io.Verify(seed=11))
-    finally:
-        e.handle(io.Unload())
-    assert isinstance(ver, io.VerifyReply), ver
-    layer = [c for c in ver.checks if c.name == "layer"]
-    return ver, (layer[0].detail if layer else None)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("ops", ['{"linear": linear}', '{"rms_norm": rms_norm}'])
-def test_a_candidate_rounding_differently_passes_on_the_scaled_flash_slice(flash, ops):
+def test_a_candidate_rounding_differently_passes_on_the_scaled_flash_slice(flash, ops, verify_candidate):
     """Before issue 26's fix the H200 rejected such candidates: indexer flips cascaded into router flips of
     0.5-1 x the router-logit RMS (prefill past 4 x 512 tokens), and sqrtsoftplus routers' near-tie flips were
     measured as sigmoid ones (decode: 0.5)."""
-    ver, detail = _verify(flash, TRUNC.replace("OPS", ops))
+    ver, detail = verify_candidate(flash, TRUNC.replace("OPS", ops))
     assert ver.ok, ver.reasons
     assert "CSA indexer: " in detail and "picked other entries at near-ties" in detail, detail
 
 
 @pytest.mark.slow
-def test_a_wrong_pick_is_rejected_by_name(flash):
-    ver, _ = _verify(flash, MISPICK)
+def test_a_wrong_pick_is_rejected_by_name(flash, verify_candidate):
+    ver, _ = verify_candidate(flash, MISPICK)
     assert not ver.ok
     assert any("CSA indexer picks differ beyond ties" in r for r in ver.reasons), ver.reasons
     worst = float(next(r for r in ver.reasons if "CSA indexer picks" in r).split("worst margin ")[1].split()[0])
@@ -117,8 +104,8 @@ def test_a_wrong_pick_is_rejected_by_name(flash):
 
 
 @pytest.mark.slow
-def test_the_reference_indexer_candidate_flips_nothing(flash):
-    ver, detail = _verify(flash, MISPICK.replace("bool((q < 0).any())", "False"))
+def test_the_reference_indexer_candidate_flips_nothing(flash, verify_candidate):
+    ver, detail = verify_candidate(flash, MISPICK.replace("bool((q < 0).any())", "False"))
     assert ver.ok and detail == "", (ver.reasons, detail)
 
 
@@ -164,7 +151,7 @@ def test_a_corrupted_indexer_input_is_rejected_and_a_rerounded_one_is_not():
 
 def _pick(scores, ids):
     s = torch.tensor(scores, dtype=torch.float32)
-    return verify.PickCall(torch.tensor(ids).sort(-1).values, s, torch.ones(s.shape[0]))
+    return verify.PickCall("csa_indexer", torch.tensor(ids).sort(-1).values, s, torch.ones(s.shape[0]))
 
 
 def test_pick_flips_measures_the_gap_in_the_reference_scores():
@@ -202,7 +189,7 @@ def test_pick_replay_gives_flipped_queries_the_reference_picks():
     args = (q, wts, keys, torch.tensor([5]), torch.tensor([0, 6], dtype=torch.int32),
             torch.tensor([20], dtype=torch.int32), 4, 2)
     calls: list = []
-    ref_out = verify.PickReplay(csa.csa_indexer, None, calls)(*args)
+    ref_out = verify.PickReplay("csa_indexer", csa.csa_indexer, None, calls)(*args)
     ref = calls[0]
     assert torch.equal(ref.scores, csa.indexer_scores(*args[:7])) and ref.unit.shape == (6,)
     assert torch.equal(ref.ids, ref_out.sort(-1).values)
@@ -212,7 +199,7 @@ def test_pick_replay_gives_flipped_queries_the_reference_picks():
         v, o = s.masked_fill(~torch.isfinite(s), float("inf")).sort(dim=-1, stable=True)
         return torch.where(torch.isfinite(v[:, :2]), o[:, :2], torch.full_like(o[:, :2], -1))
     cand: list = []
-    out = verify.PickReplay(reversed_picks, [ref], cand)(*args)
+    out = verify.PickReplay("csa_indexer", reversed_picks, [ref], cand)(*args)
     assert torch.equal(out.sort(-1).values, ref.ids) and cand[0].scores is None     # replayed, recorded
     assert not torch.equal(cand[0].ids, ref.ids)
     from persistent_engine.executor.routes import calls_from_wire, calls_to_wire

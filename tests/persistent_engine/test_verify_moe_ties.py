@@ -56,18 +56,6 @@ def route_src(amp=0.0, misroute=False, wscale=1.0) -> str:
     return ROUTE.replace("AMP", repr(amp)).replace("MISROUTE", repr(misroute)).replace("WSCALE", repr(wscale))
 
 
-def _verify(e, source):
-    load = e.handle(io.LoadCandidate(source=source))
-    assert load.ok, load.reasons
-    try:
-        ver = e.handle(io.Verify(seed=11))
-    finally:
-        e.handle(io.Unload())
-    assert isinstance(ver, io.VerifyReply), ver
-    layer = [c for c in ver.checks if c.name == "layer"]
-    return ver, (layer[0].detail if layer else None)
-
-
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     cfg = json.loads(QWEN3.read_text())
@@ -91,8 +79,8 @@ def tiny_moe():
 
 
 # ----------------------------------------------------------------------------- engines
-def test_near_tie_flips_are_excused_on_the_qwen3_slice(qwen3):
-    ver, detail = _verify(qwen3, route_src(amp=2e-3))
+def test_near_tie_flips_are_excused_on_the_qwen3_slice(qwen3, verify_candidate):
+    ver, detail = verify_candidate(qwen3, route_src(amp=2e-3))
     assert ver.ok, ver.reasons
     assert detail.startswith("MoE routing: ") and "tokens flipped at near-ties" in detail, detail
     flipped = int(detail.split("MoE routing: ")[1].split()[0])
@@ -130,13 +118,13 @@ def test_bench_spot_recheck_compares_the_rows_verification_kept(qwen3):
     assert qwen3.tie_kept_rows == {}
 
 
-def test_the_unperturbed_candidate_flips_nothing(qwen3):
-    ver, detail = _verify(qwen3, route_src())
+def test_the_unperturbed_candidate_flips_nothing(qwen3, verify_candidate):
+    ver, detail = verify_candidate(qwen3, route_src())
     assert ver.ok and detail == "", (ver.reasons, detail)
 
 
-def test_a_wrong_expert_with_a_clear_margin_is_rejected_by_name(qwen3):
-    ver, _ = _verify(qwen3, route_src(misroute=True))
+def test_a_wrong_expert_with_a_clear_margin_is_rejected_by_name(qwen3, verify_candidate):
+    ver, _ = verify_candidate(qwen3, route_src(misroute=True))
     assert not ver.ok
     assert len(ver.reasons) == 2 and all("MoE routing differs beyond ties: " in r for r in ver.reasons), ver.reasons
     # token 0 misrouted in both layers: counted once (a token's later flips are consequences of its first)
@@ -145,16 +133,16 @@ def test_a_wrong_expert_with_a_clear_margin_is_rejected_by_name(qwen3):
     assert worst > 10 * verify.TIE_RTOL[torch.bfloat16]
 
 
-def test_a_candidate_wrong_elsewhere_is_still_rejected(qwen3, tiny_moe):
+def test_a_candidate_wrong_elsewhere_is_still_rejected(qwen3, tiny_moe, verify_candidate):
     # same experts, routed weights 1.3x: the logits differ, and from the second layer on the router's
     # inputs are wrong too, so clear-margin flips may be what is seen first
     for e in (qwen3, tiny_moe):
-        ver, _ = _verify(e, route_src(wscale=1.3))
+        ver, _ = verify_candidate(e, route_src(wscale=1.3))
         assert not ver.ok and ver.reasons
         assert all("logits differ from the reference (relative error" in r or "MoE routing differs beyond ties" in r
                    for r in ver.reasons), ver.reasons
     # the near-tie perturbation does not hide the fault (the kept-sequence case: test_tie_check_rows_...)
-    ver, _ = _verify(qwen3, route_src(amp=2e-3, wscale=1.3))
+    ver, _ = verify_candidate(qwen3, route_src(amp=2e-3, wscale=1.3))
     assert not ver.ok and ver.reasons, ver.reasons
 
 
@@ -179,8 +167,8 @@ def linear_src(amp=0.0, scale=1.0) -> str:
     return LINEAR.replace("AMP", repr(amp)).replace("SCALE", repr(scale))
 
 
-def test_a_candidate_upstream_of_the_router_runs_with_the_reference_experts(qwen3):
-    ver, detail = _verify(qwen3, linear_src(amp=5e-3))
+def test_a_candidate_upstream_of_the_router_runs_with_the_reference_experts(qwen3, verify_candidate):
+    ver, detail = verify_candidate(qwen3, linear_src(amp=5e-3))
     assert ver.ok, ver.reasons
     # its router flipped some near-ties, but every sequence was compared (0 left out of verification)
     assert "tokens flipped at near-ties" in detail and "; 0 of 40 sequences left out" in detail, detail
@@ -197,8 +185,8 @@ def test_a_candidate_upstream_of_the_router_runs_with_the_reference_experts(qwen
         qwen3.handle(io.Unload())
 
 
-def test_replay_does_not_hide_a_misrouting_router(qwen3):
-    ver, _ = _verify(qwen3, linear_src(amp=0.02))            # clear-margin flips: the router is wrong
+def test_replay_does_not_hide_a_misrouting_router(qwen3, verify_candidate):
+    ver, _ = verify_candidate(qwen3, linear_src(amp=0.02))            # clear-margin flips: the router is wrong
     assert not ver.ok and "MoE routing differs beyond ties" in ver.reasons[0], ver.reasons
     assert "first flips only" not in ver.reasons[0]           # replayed: every layer's choices checked
 
@@ -239,7 +227,7 @@ def test_route_replay_returns_the_reference_experts_weighted_from_this_runs_logi
     assert torch.equal(rep(other, *args[1:])[1], moe.moe_route(other, *args[1:])[1])   # beyond the reference's calls
 
 
-def test_the_fused_moe_template_passes_verification_on_the_qwen3_slice(qwen3):
+def test_the_fused_moe_template_passes_verification_on_the_qwen3_slice(qwen3, verify_candidate):
     """The Triton fused-MoE template (interpreted on CPU) through the engine's whole verification on a
     2-MoE-layer slice: op-level at the points' shapes, then layer-level with routing replay."""
     from agents.templates import Choice, get_template, render_candidate
@@ -249,20 +237,20 @@ def test_the_fused_moe_template_passes_verification_on_the_qwen3_slice(qwen3):
     # GEMMs (both points: 64 and 128 pairs)
     knobs = {**t.default(), "MOE_GEMV_MAX_PAIRS": 16, "MOE_BLOCK_M": 16, "MOE_BLOCK_N": 16, "MOE_BLOCK_K": 16,
              "MOE_NUM_STAGES": 1}
-    ver, detail = _verify(qwen3, render_candidate([Choice(t, knobs)]))
+    ver, detail = verify_candidate(qwen3, render_candidate([Choice(t, knobs)]))
     assert ver.ok, ver.reasons
     assert detail == "" or "; 0 of 40 sequences left out" in detail, detail
 
 
-def test_near_tie_flips_are_excused_on_tiny_moe_sigmoid_with_bias(tiny_moe):
-    ver, detail = _verify(tiny_moe, route_src(amp=4e-3))
+def test_near_tie_flips_are_excused_on_tiny_moe_sigmoid_with_bias(tiny_moe, verify_candidate):
+    ver, detail = verify_candidate(tiny_moe, route_src(amp=4e-3))
     assert ver.ok, ver.reasons
     assert "tokens flipped at near-ties" in detail, detail
-    ver, _ = _verify(tiny_moe, route_src(misroute=True))
+    ver, _ = verify_candidate(tiny_moe, route_src(misroute=True))
     assert not ver.ok and "MoE routing differs beyond ties" in ver.reasons[0], ver.reasons
 
 
-def test_dense_model_check_is_unchanged():
+def test_dense_model_check_is_unchanged(verify_candidate):
     e = eng.Engine(eng.EngineConfig(model="tiny-dense", layers=[0, 1], variants=1,
                                     points=POINTS[:1]))
     good = ("import torch\n"
@@ -271,7 +259,7 @@ def test_dense_model_check_is_unchanged():
             "    n = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.float()\n"
             "    return n.to(x.dtype), s.to(x.dtype)\n"
             "OVERRIDES = {'fused_add_rms_norm': fused_add_rms_norm}\n")
-    ver, detail = _verify(e, good)
+    ver, detail = verify_candidate(e, good)
     assert ver.ok and detail == "", ver.reasons
     bad = ("import torch\n"
            "def lm_head(x, weight):\n"
@@ -279,7 +267,7 @@ def test_dense_model_check_is_unchanged():
            "    return out * (1.2 if x.shape[0] == 16 and weight.shape[0] == 256 and x.dtype == torch.bfloat16 "
            "and bool(torch.equal(weight.float().sum(), weight.float().sum())) and WRONG else 1.0)\n"
            "WRONG = False\nOVERRIDES = {'lm_head': lm_head}\n")
-    assert _verify(e, bad)[0].ok
+    assert verify_candidate(e, bad)[0].ok
     assert e.moe_routes._routes == {}                       # no MoE point: nothing recorded
     out = e.model.step(e.workloads[0][0])
     assert verify.compare_logits(out * 1.2, e.ref[0][0], e.dtype, "x").startswith(
@@ -415,14 +403,14 @@ def test_moe_depths_of_a_slice():
     assert verify.moe_depths(object()) is None
 
 
-def test_the_reference_routing_comes_from_the_baseline_executor(tiny_moe):
+def test_the_reference_routing_comes_from_the_baseline_executor(tiny_moe, verify_candidate):
     """The layer-level check takes the reference's routing from the baseline executor (a process like the
     candidate's), and this process's own only where the executor's logits do not match the start-up ones."""
     from persistent_engine import timing
 
     e = tiny_moe
     e.executor_routes.clear()
-    ver, detail = _verify(e, route_src())
+    ver, detail = verify_candidate(e, route_src())
     assert ver.ok and detail == "", (ver.reasons, detail)
     assert set(e.executor_routes) == {(i, v) for i in range(len(POINTS)) for v in range(2)}
     for (i, v), calls in e.executor_routes.items():
