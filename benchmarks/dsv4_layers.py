@@ -8,7 +8,8 @@ Each case builds the slice [layer] with seeded random bf16 weights (the FP4 expe
 and times the forward of one sequence of ``tokens`` tokens (CUDA events, median of the samples; CPU:
 perf_counter medians), minus the empty slice (embedding, hc_head, norm, lm_head). The per-op split comes from
 one extra forward with every registry op timed (device synchronised around each call). On cuda the V4 ops'
-Triton templates (hc_pre, hc_post, swiglu_clamp_and_mul, the clamped fused MoE) are checked against the op contract at V4-Flash shapes and timed
+Triton templates (hc_pre, hc_post, swiglu_clamp_and_mul, the clamped fused MoE, compressed_attention at
+a 32 x 4096 decode step) are checked against the op contract at V4-Flash shapes and timed
 against the reference (CUDA events, medians).
 
 Decode (``--decode-batch``, ``--decode-context``): each layer kind as a one-layer slice of the paged-cache decoder
@@ -96,7 +97,8 @@ def op_split(cfg, w, ids, layers, device: str) -> dict[str, float]:
 KERNELS = {"hc_pre": ("triton_hc_pre.py", "hc_pre_triton"),
            "hc_post": ("triton_hc_post.py", "hc_post_triton"),
            "swiglu_clamp_and_mul": ("triton_glu_and_mul.py", "swiglu_clamp_and_mul_triton"),
-           "moe_experts_clamp": ("triton_moe_experts.py", "moe_experts_clamp_triton")}
+           "moe_experts_clamp": ("triton_moe_experts.py", "moe_experts_clamp_triton"),
+           "compressed_attention": ("triton_compressed_attention.py", "compressed_attention_triton")}
 
 
 def _kernel(op: str):
@@ -133,6 +135,9 @@ def templates(c: dict, tokens: int, samples: int) -> list[dict]:
     cases = [(op, shape) for op, shape in shapes.items()]
     cases += [("hc_pre", {**shapes["hc_post"], "T": t}) for t in (32, tokens)]            # a decode batch, the prefill
     cases += [("moe_experts_clamp", {"T": t, **experts}) for t in (32, tokens)]     # a decode batch, the prefill
+    step = WorkloadPoint(phase="decode", batch=32, context=4096)                    # window-only, CSA and HCA layers
+    cases += [("compressed_attention", s)
+              for s in registry.get("compressed_attention").shapes(ModelSpec.from_name("deepseek-v4-flash"), step)]
     rows = []
     for op, shape in cases:
         impl, d = _kernel(op), registry.get(op)

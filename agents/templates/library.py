@@ -188,6 +188,22 @@ def _sparse_mla(k: Mapping, dims: Mapping) -> list[str]:
     return out
 
 
+def _compressed_attn(k: Mapping, dims: Mapping) -> list[str]:
+    """The fp32 [BLOCK_H, D] accumulator, the 16-bit q (half as many registers), the [max(BLOCK_T, BLOCK_E), D]
+    row tile and the scores live at once (D: head_dim, 512 for DeepSeek-V4-Flash; 512 assumed without a
+    model); the row tiles in flight in shared memory; no head block over twice the model's heads."""
+    d = _next_pow2(dims.get("head_dim", 512))
+    bh, rows = k["CSAA_BLOCK_H"], max(k["CSAA_BLOCK_T"], k["CSAA_BLOCK_E"])
+    out = _per_thread(bh * d + bh * d // 2 + rows * d + bh * rows, k["CSAA_NUM_WARPS"])
+    smem = max(k["CSAA_NUM_STAGES"], 1) * rows * d * 2                              # bf16 row tiles in flight
+    if smem > MOE_SMEM_BYTES:
+        out.append(f"{k['CSAA_NUM_STAGES']} stages of {rows}-row tiles need {smem >> 10} KiB of shared memory "
+                   f"(> {MOE_SMEM_BYTES >> 10})")
+    if "heads" in dims and bh > 2 * _next_pow2(max(dims["heads"], 16)):
+        out.append(f"BLOCK_H {bh} is over twice the model's {dims['heads']} heads")
+    return out
+
+
 def _kda(k: Mapping, dims: Mapping) -> list[str]:
     """The fp32 state tile [K, BLOCK_V] lives in registers (K: the KDA head dim, 128 for Kimi; 128 assumed)."""
     return _per_thread(_next_pow2(dims.get("kda_head_dim") or 128) * k["KDA_BLOCK_V"], k["KDA_NUM_WARPS"])
@@ -326,6 +342,15 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
               Knob("SMLA_NUM_WARPS", (8, 4, 2, 1)), Knob("SMLA_NUM_STAGES", (2, 1, 3))),
              "DSA decode over the indexer's selected latent rows: a head block per program (each row read once "
              "for BLOCK_H heads), online softmax, tl.dot for scores and p @ c", _sparse_mla),
+    Template("compressed_attention.triton", "compressed_attention", "triton_compressed_attention.py",
+             "compressed_attention_triton", "triton", ("cuda",),
+             (Knob("CSAA_BLOCK_H", (16, 32, 64)), Knob("CSAA_BLOCK_T", (32, 16, 64)),
+              Knob("CSAA_BLOCK_E", (32, 16, 64, 128)), Knob("CSAA_NUM_WARPS", (8, 4, 16, 2)),
+              Knob("CSAA_NUM_STAGES", (2, 1, 3))),
+             "DeepSeek-V4 attention (K = V, one head) over the sliding window and the compressed entries (all, or "
+             "the indexer's picks): a head block per program (each row read once for BLOCK_H heads), online "
+             "softmax with tl.dot for scores and p @ k, sinks in the denominator; any chunk (decode and prefill)",
+             _compressed_attn),
     Template("gated_delta_decode.triton", "gated_delta_decode", "triton_gated_delta.py", "gated_delta_decode_triton",
              "triton", ("cuda",), (Knob("GDD_BLOCK_V", (32, 16, 64, 128)), Knob("GDD_NUM_WARPS", (4, 2, 8, 1))),
              "Gated DeltaNet decode: a (sequence, value head, Dv block) per program, the fp32 state tile read "
