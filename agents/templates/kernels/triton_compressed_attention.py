@@ -39,7 +39,12 @@ CSAA_DEDUP = 128        # earlier picks compared per step of the repeat check (n
 
 @triton.jit
 def _csaa_tile(q, rows, valid, m, l, acc, scale, UPCAST: tl.constexpr):
-    """One tile of key rows [BLOCK_T, BLOCK_D] (K = V) for q [BLOCK_H, BLOCK_D]: the online softmax's update."""
+    """One tile of key rows [BLOCK_T, BLOCK_D] (K = V, as stored) for q [BLOCK_H, BLOCK_D]: the online softmax's
+    update."""
+    if UPCAST:
+        rows = rows.to(tl.float32)
+    else:
+        rows = rows.to(q.dtype)
     if UPCAST:                        # fp32 in: IEEE dots (TF32's 10-bit mantissa misses fp32 tolerances)
         sc = tl.dot(q, tl.trans(rows), input_precision="ieee") * scale             # [BLOCK_H, BLOCK_T] fp32
     else:
@@ -84,7 +89,6 @@ def _csaa_kernel(q_ptr, kv_ptr, bt_ptr, cu_ptr, cl_ptr, ent_ptr, nent_ptr, ids_p
         page = tl.load(bt_ptr + seq * stride_bt + offs // PAGE, mask=valid, other=0).to(tl.int64)
         row = page * stride_kvn + (offs % PAGE) * stride_kvt                     # [BLOCK_T]
         rows = tl.load(kv_ptr + row[:, None] + dd[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
-        rows = rows.to(tl.float32) if UPCAST else rows.to(q.dtype)
         m, l, acc = _csaa_tile(q, rows, valid, m, l, acc, scale, UPCAST)
     # the compressed entries this token sees: w < n_vis (none on a window-only layer)
     n_vis = tl.minimum(tl.minimum((pos + 1) // tl.maximum(ratio, 1), tl.load(nent_ptr + seq)), NE)
@@ -104,7 +108,6 @@ def _csaa_kernel(q_ptr, kv_ptr, bt_ptr, cu_ptr, cl_ptr, ent_ptr, nent_ptr, ids_p
             w = tl.where(valid, ids, 0).to(tl.int64)
             rows = tl.load(ent + w[:, None] * stride_ew + dd[None, :], mask=valid[:, None] & dmask[None, :],
                            other=0.0)
-            rows = rows.to(tl.float32) if UPCAST else rows.to(q.dtype)
             m, l, acc = _csaa_tile(q, rows, valid, m, l, acc, scale, UPCAST)
     else:
         for w0 in range(0, n_vis, BLOCK_E):
@@ -112,7 +115,6 @@ def _csaa_kernel(q_ptr, kv_ptr, bt_ptr, cu_ptr, cl_ptr, ent_ptr, nent_ptr, ids_p
             valid = w < n_vis
             rows = tl.load(ent + w.to(tl.int64)[:, None] * stride_ew + dd[None, :],
                            mask=valid[:, None] & dmask[None, :], other=0.0)
-            rows = rows.to(tl.float32) if UPCAST else rows.to(q.dtype)
             m, l, acc = _csaa_tile(q, rows, valid, m, l, acc, scale, UPCAST)
     sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
     l = l + tl.exp(sink - m)
