@@ -346,10 +346,11 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "compressed_attention_triton", "triton", ("cuda",),
              (Knob("CSAA_BLOCK_H", (16, 32, 64)), Knob("CSAA_BLOCK_T", (32, 16, 64)),
               Knob("CSAA_BLOCK_E", (32, 16, 64, 128)), Knob("CSAA_NUM_WARPS", (8, 4, 16, 2)),
-              Knob("CSAA_NUM_STAGES", (2, 1, 3))),
+              Knob("CSAA_NUM_STAGES", (2, 1, 3)), Knob("CSAA_SPLITS", (0, 1, 2, 4, 8, 16))),
              "DeepSeek-V4 attention (K = V, one head) over the sliding window and the compressed entries (all, or "
              "the indexer's picks): a head block per program (each row read once for BLOCK_H heads), online "
-             "softmax with tl.dot for scores and p @ k, sinks in the denominator; any chunk (decode and prefill)",
+             "softmax with tl.dot for scores and p @ k, sinks in the denominator; any chunk (decode and prefill); "
+             "CSAA_SPLITS: split-KV shares merged by a second kernel (0: when the head blocks fill under half the SMs)",
              _compressed_attn),
     Template("gated_delta_decode.triton", "gated_delta_decode", "triton_gated_delta.py", "gated_delta_decode_triton",
              "triton", ("cuda",), (Knob("GDD_BLOCK_V", (32, 16, 64, 128)), Knob("GDD_NUM_WARPS", (4, 2, 8, 1))),

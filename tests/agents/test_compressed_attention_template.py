@@ -2,10 +2,12 @@
 sliding window plus compressed entries, with sinks) under TRITON_INTERPRET=1: the rendered candidate honours the op
 contract (persistent_engine.ops.contract.check_op, reference in persistent_engine/ops/csa.py) for fp32 and bf16 on
 HCA (all entries), CSA (random picks: -1, repeats, future ids), window-only layers, contexts shorter than the window,
-more heads than one head block, decode and chunked prefill; hand-made picks (-1, repeats, future and past-n_entries
-ids) match the reference closely; a sample of the knob space that passes the library's check at V4-Flash sizes
-passes too; the check rejects what it should; a kernel one window key short fails the contract; at V4-Flash's real
-decode dims (GPU only) it is capturable and replays bitwise like eager."""
+more heads than one head block, decode and chunked prefill, split-KV shares (2, 4, and chosen by the batch);
+hand-made picks (-1, repeats, future and past-n_entries ids) match the reference closely; a sample of the knob space
+that passes the library's check at V4-Flash sizes passes too; the check rejects what it should; a kernel one window
+key short fails the contract; the offline kernel search draws it on a V4-Flash profile and the benchmark search
+runs it at deepseek+tiny's decode shapes; at V4-Flash's real decode dims (GPU only) it is capturable and replays
+bitwise like eager."""
 
 import importlib.util
 import random
@@ -28,11 +30,16 @@ from cuda_graph_support import eager_and_replayed
 
 NAME = "compressed_attention.triton"
 OP = "compressed_attention"
-# 16-row tiles: the window (W 24) and the entries take several masked steps
-SMALL = {"CSAA_BLOCK_H": 16, "CSAA_BLOCK_T": 16, "CSAA_BLOCK_E": 16, "CSAA_NUM_WARPS": 8, "CSAA_NUM_STAGES": 1}
+# 16-row tiles: the window (W 24) and the entries take several masked steps, shared by 2 split-KV programs
+SMALL = {"CSAA_BLOCK_H": 16, "CSAA_BLOCK_T": 16, "CSAA_BLOCK_E": 16, "CSAA_NUM_WARPS": 8, "CSAA_NUM_STAGES": 1,
+         "CSAA_SPLITS": 2}
+# 4 shares of 16-row tiles: some shares see no key at all (a short window, few entries)
+SPLIT4 = {**SMALL, "CSAA_SPLITS": 4, "CSAA_BLOCK_T": 32}
 BASE = {"BS": 4, "D": 32}
 SHAPES = [
     {**BASE, "B": 3, "chunk": 1, "ctx": 70, "Hq": 4, "W": 24, "r": 4, "topk": 7},       # CSA decode
+    {**BASE, "B": 1, "chunk": 1, "ctx": 70, "Hq": 4, "W": 24, "r": 4, "topk": 7},       # batch 1: SPLITS 0 -> 4
+    {**BASE, "B": 2, "chunk": 1, "ctx": 400, "Hq": 4, "W": 24, "r": 4, "topk": 150},    # 150 picks, repeats past 128
     {**BASE, "B": 2, "chunk": 1, "ctx": 150, "Hq": 20, "W": 24, "r": 8, "topk": 0},     # HCA, Hq 20 > BLOCK_H 16
     {**BASE, "B": 2, "chunk": 1, "ctx": 40, "Hq": 4, "W": 24, "r": 0, "topk": 0},       # window only
     {**BASE, "B": 2, "chunk": 1, "ctx": 9, "Hq": 4, "W": 24, "r": 4, "topk": 0},        # context < window
@@ -53,7 +60,7 @@ def test_the_library_lists_the_template_for_cuda_only():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("knobs", [get_template(NAME).default(), SMALL], ids=["default", "small"])
+@pytest.mark.parametrize("knobs", [get_template(NAME).default(), SMALL, SPLIT4], ids=["default", "small", "split4"])
 def test_candidate_passes_the_contract(knobs, dtype):
     assert check_op(OP, _impl(knobs), dtypes=(dtype,), shapes=SHAPES) == []
 
@@ -85,7 +92,7 @@ def test_a_sample_of_the_knob_space_passes_the_check_and_the_contract():
         if not t.check(knobs, dims) and knobs not in valid:
             valid.append(knobs)
     for knobs in valid:
-        assert check_op(OP, _impl(knobs), dtypes=(torch.bfloat16,), shapes=SHAPES[:2] + SHAPES[4:5]) == [], knobs
+        assert check_op(OP, _impl(knobs), dtypes=(torch.bfloat16,), shapes=SHAPES[:3] + SHAPES[5:6]) == [], knobs
 
 
 def test_the_check_rejects_oversized_tiles_and_head_blocks():

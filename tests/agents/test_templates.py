@@ -54,7 +54,7 @@ SMALL = {
     "swiglu_clamp_and_mul.triton": {"SWCL_BLOCK_I": 64, "SWCL_NUM_WARPS": 1},
     "sparse_mla_decode.triton": {"SMLA_BLOCK_H": 16, "SMLA_BLOCK_K": 16, "SMLA_NUM_WARPS": 2, "SMLA_NUM_STAGES": 1},
     "compressed_attention.triton": {"CSAA_BLOCK_H": 16, "CSAA_BLOCK_T": 16, "CSAA_BLOCK_E": 16, "CSAA_NUM_WARPS": 8,
-                                    "CSAA_NUM_STAGES": 1},
+                                    "CSAA_NUM_STAGES": 1, "CSAA_SPLITS": 2},
     "moe_experts_situ.triton_fused": {"MOES_GEMV_MAX_PAIRS": 8, "MOES_GEMV_ROWS": 4, "MOES_GEMV_BLOCK_K": 32,
                                       "MOES_GEMV_WARPS": 1, "MOES_BLOCK_M": 16, "MOES_BLOCK_N": 16, "MOES_BLOCK_K": 16,
                                       "MOES_GROUP_M": 4, "MOES_NUM_WARPS": 2, "MOES_NUM_STAGES": 1},
