@@ -90,8 +90,8 @@ def _csaa_kernel(q_ptr, kv_ptr, bt_ptr, cu_ptr, cl_ptr, ent_ptr, nent_ptr, ids_p
     hmask = heads < HQ
     dd = tl.arange(0, BLOCK_D)
     dmask = dd < D
-    # the token's sequence (the number of sequence ends at or before t) and position: its sequence's queries
-    # are the last cu[s+1] - cu[s] positions
+    # the token's sequence (the number of sequence ends at or before t) and position: that sequence's queries
+    # are its last cu[seq + 1] - cu[seq] positions
     ob = tl.arange(0, BLOCK_B)
     ends = tl.load(cu_ptr + 1 + ob, mask=ob < B, other=2147483647)
     seq = tl.minimum(tl.sum((ends <= t).to(tl.int32), axis=0), B - 1)
