@@ -74,6 +74,8 @@ def _gemv(k: Mapping, dims: Mapping) -> list[str]:
         out.append("BLOCK_M above MAX_M")
     if "hidden" in dims and bk * k["GEMV_SPLIT_K"] > 2 * _next_pow2(max(dims["hidden"], 1)) and k["GEMV_SPLIT_K"] > 1:
         out.append("split-K slices shorter than one BLOCK_K at this hidden size")
+    if k["GEMV_FUSED_REDUCE"] and k["GEMV_SPLIT_K"] == 1:
+        out.append("FUSED_REDUCE without a K split (the same kernel as FUSED_REDUCE 0)")
     return out
 
 
@@ -97,6 +99,8 @@ def _fused_linear(prefix: str, dim: str):
             out.append("BLOCK_M above MAX_T")
         if dim in dims and split > 1 and bk * split > 2 * _next_pow2(max(dims[dim], 1)):
             out.append(f"split-K slices shorter than one BLOCK_K at {dim} {dims[dim]}")
+        if k[f"{prefix}_FUSED_REDUCE"] and split == 1:
+            out.append("FUSED_REDUCE without a K split (the same kernel as FUSED_REDUCE 0)")
         tm, tn, tk, tw = (k[f"{prefix}_TILE_{x}"] for x in ("M", "N", "K", "WARPS"))
         out += _per_thread(tm * tn, tw) + _per_thread((tm + tn) * tk, tw * 2)
         smem = (tm + tn) * tk * 2 * k[f"{prefix}_TILE_STAGES"]

@@ -400,10 +400,12 @@ def test_fused_reduce_sums_in_the_last_program_bitwise_like_the_reduce_launch(na
 
 @pytest.mark.parametrize("name", sorted(FUSED))
 def test_fused_reduce_is_ignored_without_a_k_split(name, monkeypatch):
-    """SPLIT_K 1 (and K that fits one split): one GEMV launch either way, no counters allocated."""
+    """SPLIT_K 1 with the knob on is rejected (the same kernel as off: a wasted trial); K that fits one split
+    (K 200, BLOCK_K 256) runs one GEMV launch either way and allocates no counters."""
     p = FUSED[name][0]
     t = get_template(name)
-    knobs = {f"{p}_SPLIT_K": 1, f"{p}_BLOCK_K": 64, f"{p}_BLOCK_N": 8}
+    assert any("without a K split" in r for r in t.check({**t.default(), f"{p}_SPLIT_K": 1, f"{p}_FUSED_REDUCE": 1}))
+    knobs = {f"{p}_SPLIT_K": 2, f"{p}_BLOCK_K": 256, f"{p}_BLOCK_N": 8}
     fused = _impl(name, **knobs, **{f"{p}_FUSED_REDUCE": 1})
     g = fused.__globals__
     monkeypatch.setitem(g, "_sg_reduce", {}.get)

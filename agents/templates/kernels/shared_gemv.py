@@ -27,7 +27,9 @@ in the template's module-level cache (``_sg_counters``), are zero again after ev
 replay needs no memset): 4 bytes a tile, one atomic (8 bytes through L2) and one 4-byte store per tile a
 launch; the last program reads SPLIT_K * BLOCK_M * BLOCK_N * 4 bytes of partials (L2 hits). One launch at
 a time per cache: launches on one stream, or PDL launches, whose atomics come after ``gdc_wait`` (the
-previous grid finished, its counters zeroed).
+previous grid finished, its counters zeroed). With PDL the GEMV still triggers its dependents right after
+its ``gdc_wait``, before the last program stores out: a dependent reads out only after its own ``gdc_wait``,
+which waits for this whole grid to complete and flush its memory (griddepcontrol.wait), not for the trigger.
 """
 
 import torch
