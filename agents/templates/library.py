@@ -74,6 +74,8 @@ def _gemv(k: Mapping, dims: Mapping) -> list[str]:
         out.append("BLOCK_M above MAX_M")
     if "hidden" in dims and bk * k["GEMV_SPLIT_K"] > 2 * _next_pow2(max(dims["hidden"], 1)) and k["GEMV_SPLIT_K"] > 1:
         out.append("split-K slices shorter than one BLOCK_K at this hidden size")
+    if k["GEMV_FUSED_REDUCE"] and k["GEMV_SPLIT_K"] == 1:
+        out.append("FUSED_REDUCE without a K split (the same kernel as FUSED_REDUCE 0)")
     return out
 
 
@@ -97,6 +99,8 @@ def _fused_linear(prefix: str, dim: str):
             out.append("BLOCK_M above MAX_T")
         if dim in dims and split > 1 and bk * split > 2 * _next_pow2(max(dims[dim], 1)):
             out.append(f"split-K slices shorter than one BLOCK_K at {dim} {dims[dim]}")
+        if k[f"{prefix}_FUSED_REDUCE"] and split == 1:
+            out.append("FUSED_REDUCE without a K split (the same kernel as FUSED_REDUCE 0)")
         tm, tn, tk, tw = (k[f"{prefix}_TILE_{x}"] for x in ("M", "N", "K", "WARPS"))
         out += _per_thread(tm * tn, tw) + _per_thread((tm + tn) * tk, tw * 2)
         smem = (tm + tn) * tk * 2 * k[f"{prefix}_TILE_STAGES"]
@@ -267,9 +271,10 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              (Knob("GEMV_BLOCK_N", (16, 32, 8, 64, 4)), Knob("GEMV_BLOCK_K", (512, 256, 1024, 128, 64)),
               Knob("GEMV_BLOCK_M", (1, 2, 4)), Knob("GEMV_SPLIT_K", (4, 1, 2, 8, 16)),
               Knob("GEMV_NUM_WARPS", POW2_WARPS), Knob("GEMV_NUM_STAGES", (3, 2, 4, 1)),
-              Knob("GEMV_MAX_M", (16, 4, 8, 32, 64)), Knob("GEMV_PDL", (0, 1))),
+              Knob("GEMV_MAX_M", (16, 4, 8, 32, 64)), Knob("GEMV_PDL", (0, 1)), Knob("GEMV_FUSED_REDUCE", (0, 1))),
              "split-K GEMV for decode batches: vectorised weight streaming, one reduction at the end; "
-             "GEMV_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x",
+             "GEMV_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x; "
+             "GEMV_FUSED_REDUCE: the last-arriving program of each tile reduces it (no reduce launch)",
              _gemv),
     Template("linear.triton_tiled", "linear", "triton_linear_tiled.py", "linear_tiled", "triton", ("cuda",),
              (Knob("TILE_BLOCK_M", (16, 32, 64, 128)), Knob("TILE_BLOCK_N", (64, 128, 32, 256)),
@@ -393,7 +398,8 @@ def _composite_knobs(p: str, block_n: tuple, split_k: tuple) -> tuple[Knob, ...]
             Knob(f"{p}_NUM_WARPS", POW2_WARPS), Knob(f"{p}_NUM_STAGES", (3, 2, 4, 1)),
             Knob(f"{p}_MAX_T", (16, 4, 8, 32, 1)), Knob(f"{p}_TILED", (0, 1)), Knob(f"{p}_TILE_M", (64, 32, 16, 128)),
             Knob(f"{p}_TILE_N", (64, 128, 32, 256)), Knob(f"{p}_TILE_K", (64, 32, 128)),
-            Knob(f"{p}_TILE_WARPS", (4, 8, 2)), Knob(f"{p}_TILE_STAGES", (3, 4, 2, 5)), Knob(f"{p}_PDL", (0, 1)))
+            Knob(f"{p}_TILE_WARPS", (4, 8, 2)), Knob(f"{p}_TILE_STAGES", (3, 4, 2, 5)), Knob(f"{p}_PDL", (0, 1)),
+            Knob(f"{p}_FUSED_REDUCE", (0, 1)))
 
 
 # composite ops (persistent_engine.ops.fused): one kernel instead of norm/activation + linear
@@ -403,14 +409,16 @@ COMPOSITE_TEMPLATES: tuple[Template, ...] = (
              _composite_knobs("ARNL", (8, 16, 4, 32, 2), (1, 2, 4, 8)),
              "residual add + RMSNorm + projection in one pass over W: rms factored out of the dot, "
              "split-K GEMV for decode, norm in the A-tile prologue of a tl.dot GEMM for prefill; "
-             "ARNL_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x",
+             "ARNL_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x; "
+             "ARNL_FUSED_REDUCE: the last-arriving program of each tile reduces it (no reduce launch)",
              _fused_linear("ARNL", "hidden")),
     Template("silu_mul_linear.triton_fused", "silu_mul_linear", "triton_silu_mul_linear.py",
              "silu_mul_linear_triton", "triton", ("cuda",),
              _composite_knobs("SML", (8, 16, 4, 32, 2), (2, 1, 4, 8, 16)),
              "SiLU(gate) * up computed in the GEMV prologue (never written), split-K with a "
              "deterministic two-pass reduce; tl.dot GEMM with the activation in the A tile for prefill; "
-             "SML_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x",
+             "SML_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x; "
+             "SML_FUSED_REDUCE: the last-arriving program of each tile reduces it (no reduce launch)",
              _fused_linear("SML", "intermediate")),
     Template("add_rms_norm_qkv_rotary.triton_fused", "add_rms_norm_qkv_rotary", "triton_add_rms_norm_qkv_rotary.py",
              "add_rms_norm_qkv_rotary_triton", "triton", ("cuda",), _qkv_rotary_knobs("QKVR"),

@@ -21,21 +21,25 @@ SMALL = {
     "silu_and_mul.triton": {"SAM_BLOCK_I": 64, "SAM_NUM_WARPS": 1},
     "rotary_embedding.triton": {"ROPE_HEADS": 1, "ROPE_NUM_WARPS": 1},
     "linear.triton_gemv_splitk": {"GEMV_BLOCK_N": 8, "GEMV_BLOCK_K": 64, "GEMV_BLOCK_M": 2, "GEMV_SPLIT_K": 2,
-                                  "GEMV_NUM_WARPS": 1, "GEMV_NUM_STAGES": 1, "GEMV_MAX_M": 64, "GEMV_PDL": 1},
+                                  "GEMV_NUM_WARPS": 1, "GEMV_NUM_STAGES": 1, "GEMV_MAX_M": 64, "GEMV_PDL": 1,
+                                  "GEMV_FUSED_REDUCE": 1},
     "linear.triton_tiled": {"TILE_BLOCK_M": 16, "TILE_BLOCK_N": 32, "TILE_BLOCK_K": 32, "TILE_SPLIT_K": 2,
                             "TILE_GROUP_M": 4, "TILE_NUM_WARPS": 2, "TILE_NUM_STAGES": 2},
     "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
                                         "ATTD_NUM_STAGES": 1, "ATTD_DOT": True, "ATTD_PDL": 1},
-    # *_PDL 1: the GEMV's peeled first tile (programmatic dependent launch itself needs an SM90 GPU)
+    # *_PDL 1: the GEMV's peeled first tile (programmatic dependent launch itself needs an SM90 GPU), with
+    # *_FUSED_REDUCE 1 where split-K: the reduce in the GEMV's last-arriving programs
     # composite ops: MAX_T 4 sends the T=5/7 examples through the tl.dot path, the rest through split-K
     "add_rms_norm_linear.triton_fused": {"ARNL_BLOCK_N": 4, "ARNL_BLOCK_K": 64, "ARNL_BLOCK_M": 2, "ARNL_SPLIT_K": 2,
                                          "ARNL_NUM_WARPS": 1, "ARNL_NUM_STAGES": 1, "ARNL_MAX_T": 4, "ARNL_TILED": 1,
                                          "ARNL_TILE_M": 16, "ARNL_TILE_N": 32, "ARNL_TILE_K": 32,
-                                         "ARNL_TILE_WARPS": 2, "ARNL_TILE_STAGES": 2, "ARNL_PDL": 1},
+                                         "ARNL_TILE_WARPS": 2, "ARNL_TILE_STAGES": 2, "ARNL_PDL": 1,
+                                         "ARNL_FUSED_REDUCE": 1},
     "silu_mul_linear.triton_fused": {"SML_BLOCK_N": 4, "SML_BLOCK_K": 64, "SML_BLOCK_M": 1, "SML_SPLIT_K": 4,
                                      "SML_NUM_WARPS": 1, "SML_NUM_STAGES": 1, "SML_MAX_T": 4, "SML_TILED": 1,
                                      "SML_TILE_M": 16, "SML_TILE_N": 32, "SML_TILE_K": 32,
-                                     "SML_TILE_WARPS": 2, "SML_TILE_STAGES": 2, "SML_PDL": 1},
+                                     "SML_TILE_WARPS": 2, "SML_TILE_STAGES": 2, "SML_PDL": 1,
+                                     "SML_FUSED_REDUCE": 1},
     # MAX_T 4: T=5 takes the torch path; T=3 split-K 2 with BLOCK_M 2; 4 heads per reduce program straddle q/k/v
     "add_rms_norm_qkv_rotary.triton_fused": {"QKVR_BLOCK_N": 4, "QKVR_BLOCK_K": 64, "QKVR_BLOCK_M": 2,
                                              "QKVR_SPLIT_K": 2, "QKVR_NUM_WARPS": 1, "QKVR_NUM_STAGES": 1,

@@ -349,6 +349,70 @@ def test_pdl_setting_peels_the_first_weight_tile_and_still_honours_the_contract(
     assert impl.__globals__[knob] == 1 and _pdl_on(impl, knob, torch.zeros(1)) is False   # no launch_pdl on CPU
 
 
+# the linear family's split-K GEMVs: template -> (knob prefix, an odd shape of its op; T set per case)
+FUSED = {"linear.triton_gemv_splitk": ("GEMV", {"K": 200, "N": 21, "bias": True}),
+         "add_rms_norm_linear.triton_fused": ("ARNL", {"H": 200, "N": 21, "bias": True}),
+         "silu_mul_linear.triton_fused": ("SML", {"I": 200, "N": 21})}
+
+
+def _fused_run(name, knobs, rows, calls, monkeypatch):
+    """(two-launch outputs, fused outputs, the fused candidate's globals) of ``calls`` calls of ``name`` on fresh
+    inputs of ``rows`` rows each, the fused candidate's ``_sg_reduce`` replaced by a failure."""
+    p, shape = FUSED[name]
+    two, fused = _impl(name, **knobs), _impl(name, **knobs, **{f"{p}_FUSED_REDUCE": 1})
+    g = fused.__globals__
+    monkeypatch.setitem(g, "_sg_reduce", {}.get)       # a launch (subscripting it) raises TypeError
+    d = registry.get(get_template(name).op)
+    a_outs, b_outs = [], []
+    for seed in range(calls):
+        args = d.make_inputs({**shape, "T": rows}, torch.bfloat16, "cpu", seed)
+        a_outs.append(two(*args))
+        b_outs.append(fused(*args))
+        assert g[f"{p}_COUNTERS"] and all(int(c.abs().sum()) == 0 for c in g[f"{p}_COUNTERS"].values())
+    return a_outs, b_outs, g
+
+
+def _same(a, b) -> bool:
+    a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("name", sorted(FUSED))
+@pytest.mark.parametrize("split, rows, pdl", [(2, 1, 0), (2, 3, 1), (4, 1, 1), (4, 3, 0)])
+def test_fused_reduce_sums_in_the_last_program_bitwise_like_the_reduce_launch(name, split, rows, pdl, monkeypatch):
+    """``*_FUSED_REDUCE`` = 1 at split-K 2 and 4 (K 200, BLOCK_K 64: that many non-empty splits), one row and three
+    (BLOCK_M 2: a masked row block), with and without the PDL peel: no reduce launch, the op's contract, the
+    two-launch path's bits on three calls in a row (fresh inputs), the tile counters back at zero after each.
+    The interpreter runs the programs one after another: the last-arrival logic, not the GPU's memory order."""
+    t = get_template(name)
+    p = FUSED[name][0]
+    knobs = {f"{p}_SPLIT_K": split, f"{p}_BLOCK_K": 64, f"{p}_BLOCK_N": 8, f"{p}_BLOCK_M": min(rows, 2),
+             f"{p}_PDL": pdl}
+    assert t.check({**t.default(), **knobs, f"{p}_FUSED_REDUCE": 1}) == []
+    two, fused, g = _fused_run(name, knobs, rows, 3, monkeypatch)
+    assert all(_same(a, b) for a, b in zip(two, fused))
+    ((dev, tiles),) = g[f"{p}_COUNTERS"]                # one counter per (n-block, m-block), kept across calls
+    assert dev.type == "cpu" and tiles == 3 * -(-rows // min(rows, 2))
+    shape = {**FUSED[name][1], "T": rows}
+    assert check_op(t.op, _impl(name, **knobs, **{f"{p}_FUSED_REDUCE": 1}), dtypes=(torch.bfloat16,),
+                    shapes=[shape]) == []
+
+
+@pytest.mark.parametrize("name", sorted(FUSED))
+def test_fused_reduce_is_ignored_without_a_k_split(name, monkeypatch):
+    """SPLIT_K 1 with the knob on is rejected (the same kernel as off: a wasted trial); K that fits one split
+    (K 200, BLOCK_K 256) runs one GEMV launch either way and allocates no counters."""
+    p = FUSED[name][0]
+    t = get_template(name)
+    assert any("without a K split" in r for r in t.check({**t.default(), f"{p}_SPLIT_K": 1, f"{p}_FUSED_REDUCE": 1}))
+    knobs = {f"{p}_SPLIT_K": 2, f"{p}_BLOCK_K": 256, f"{p}_BLOCK_N": 8}
+    fused = _impl(name, **knobs, **{f"{p}_FUSED_REDUCE": 1})
+    g = fused.__globals__
+    monkeypatch.setitem(g, "_sg_reduce", {}.get)
+    args = registry.get(t.op).make_inputs({**FUSED[name][1], "T": 2}, torch.bfloat16, "cpu", 0)
+    assert _same(_impl(name, **knobs)(*args), fused(*args)) and g[f"{p}_COUNTERS"] == {}
+
+
 def _pdl_on(fn, knob, x) -> bool:
     """Whether the candidate of ``fn`` launches with PDL for ``x``: the template's own check, or the linear
     family's shared one (shared_gemv.py) on the template's knob."""
@@ -397,3 +461,41 @@ def test_cuda_pdl_kernels_in_a_graph_match_eager_and_the_reference_at_llama_dims
     refs = ref if isinstance(ref, tuple) else (ref,)
     assert all(torch.equal(a, b) for a, b in zip(outs, eager if isinstance(eager, tuple) else (eager,)))
     assert compare_outputs(outs, refs, *d.tolerance(torch.bfloat16)) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(FUSED))
+@pytest.mark.parametrize("pdl", [0, 1])
+def test_cuda_fused_reduce_in_a_graph_is_bitwise_the_reduce_launch_at_llama_dims(name, pdl):
+    """On a GPU, where the tile's SPLIT_K programs really race: ``*_FUSED_REDUCE`` = 1 at llama-1b decode (split-K
+    4), three calls in a row (each call's x written by the kernel before it, the counters reused), eager and
+    captured in a CUDA graph and replayed, with and without PDL: bitwise the two-launch path's outputs, within
+    the op's tolerance of the fp32 reference, the counters zero afterwards."""
+    from persistent_engine.ops.contract import compare_outputs
+
+    if pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs SM90+")
+    t = get_template(name)
+    p = FUSED[name][0]
+    knobs = {f"{p}_SPLIT_K": 4, f"{p}_BLOCK_K": 256, f"{p}_PDL": pdl}
+    two, fused = _impl(name, **knobs), _impl(name, **knobs, **{f"{p}_FUSED_REDUCE": 1})
+    d = registry.get(t.op)
+    shape = d.shapes(ModelSpec.from_name("llama-1b"),
+                     WorkloadPoint(phase="decode", batch=1, context=1024, chunk=1, weight=1.0))[0]
+    args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
+
+    def chain(fn):
+        def run():
+            outs = []
+            for _ in range(3):
+                outs.append(fn(args[0] * 1.0, *args[1:]))
+            return outs
+        return run
+    want = chain(two)()
+    eager, replayed = eager_and_replayed(chain(fused))
+    assert all(_same(w, e) and _same(w, r) for w, e, r in zip(want, eager, replayed))
+    counters = fused.__globals__[f"{p}_COUNTERS"]
+    assert counters and all(int(c.abs().sum()) == 0 for c in counters.values())
+    ref = d.reference(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+    outs = replayed[-1] if isinstance(replayed[-1], tuple) else (replayed[-1],)
+    assert compare_outputs(outs, ref if isinstance(ref, tuple) else (ref,), *d.tolerance(torch.bfloat16)) == []

@@ -15,6 +15,21 @@ constexpr resolved at compile time (each member compiles to the kernels its own 
 Reads x (and r, g), W [N, K] (K contiguous), the bias [N]; writes out [M, N] (and new_residual [M, K]), or
 with split-K fp32 partials ws [SPLIT_K, M, N] (and ss [SPLIT_K, M]) that ``_sg_reduce`` sums in a fixed
 order (deterministic, no atomics). GEMV bytes: N*K weights (dominant) + M*K + M*N; GEMM FLOPs 2*M*N*K.
+
+Fused reduce (``fused``, the templates' ``*_FUSED_REDUCE`` knob; split-K GEMV only): no reduce launch. Each
+program stores its partial (PROLOGUE 1: and its rows' partial sums of squares, into ss [n-blocks, SPLIT_K, M],
+one copy per output tile, so a tile never reads another tile's), ``tl.debug_barrier()``, then one
+``atomic_add(sem="acq_rel", scope="gpu")`` on its output tile's int32 counter (one per (n-block, m-block)).
+The program that reads SPLIT_K - 1 (the last of the tile's to arrive) sums the tile's SPLIT_K partials in
+split order as ``_sg_reduce`` does (bitwise the same result, deterministic), applies the RMS scale and bias,
+stores out and writes its counter back to 0. So the counters, allocated zeroed once per (device, tile count)
+in the template's module-level cache (``_sg_counters``), are zero again after every launch (a CUDA-graph
+replay needs no memset): 4 bytes a tile, one atomic (8 bytes through L2) and one 4-byte store per tile a
+launch; the last program reads SPLIT_K * BLOCK_M * BLOCK_N * 4 bytes of partials (L2 hits). One launch at
+a time per cache: launches on one stream, or PDL launches, whose atomics come after ``gdc_wait`` (the
+previous grid finished, its counters zeroed). With PDL the GEMV still triggers its dependents right after
+its ``gdc_wait``, before the last program stores out: a dependent reads out only after its own ``gdc_wait``,
+which waits for this whole grid to complete and flush its memory (griddepcontrol.wait), not for the trigger.
 """
 
 import torch
@@ -45,6 +60,15 @@ def _sg_split(k, split_k, block_k):
     """(K per split, rounded up to BLOCK_K; the number of non-empty splits)."""
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     return k_per_split, triton.cdiv(k, k_per_split)
+
+
+def _sg_counters(cache, device, tiles):
+    """The fused reduce's int32 counters [tiles] on ``device``: allocated zeroed on the first call and kept in
+    ``cache`` (the template's module-level dict); each launch leaves them zeroed."""
+    cnt = cache.get((device, tiles))
+    if cnt is None:
+        cnt = cache[(device, tiles)] = torch.zeros(tiles, dtype=torch.int32, device=device)
+    return cnt
 
 
 @triton.jit
@@ -117,14 +141,15 @@ def _sg_epilogue(acc, ss, b_ptr, out_ptr, ws_ptr, ss_ptr, pid_k, rows, offs_m, o
 
 
 @triton.jit
-def _sg_gemv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_ptr, M, N, K,
+def _sg_gemv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_ptr, cnt_ptr, M, N, K,
              stride_xm, stride_rm, stride_wn, stride_om, stride_res, eps,
              K_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr, PARTIALS: tl.constexpr, ACC_2D: tl.constexpr, PEEL: tl.constexpr,
-             GDC: tl.constexpr, PROLOGUE: tl.constexpr):
+             GDC: tl.constexpr, PROLOGUE: tl.constexpr, FUSED: tl.constexpr, SPLIT_K: tl.constexpr):
     """Split-K GEMV, grid (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)): a program streams a [BLOCK_N, BLOCK_K]
     tile of W per step over its K slice and forms the A tile of its rows (L2 hits after the first program).
-    PEEL: the first W tile is loaded before waiting on x's producer (GDC: programmatic dependent launch)."""
+    PEEL: the first W tile is loaded before waiting on x's producer (GDC: programmatic dependent launch).
+    FUSED (with PARTIALS): the last of an output tile's SPLIT_K programs reduces the tile (``_sg_fused_reduce``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -177,8 +202,32 @@ def _sg_gemv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_ptr
         out_rows = offs_m[:, None]                                # the linear GEMV's int32 store offsets
     else:
         out_rows = rows64
+    if FUSED:   # ss [n-blocks, SPLIT_K, M]: every tile stores (and later reads) its own copy
+        ss_ptr += pid_n * SPLIT_K * M
+        resmask = mmask
     _sg_epilogue(acc, ss, b_ptr, out_ptr, ws_ptr, ss_ptr, pid_k, out_rows, offs_m, offs_n, mmask, nmask, resmask,
                  M, N, K, stride_om, eps, HAS_BIAS, PARTIALS, PROLOGUE)
+    if FUSED:
+        _sg_fused_reduce(cnt_ptr + pid_m * tl.num_programs(0) + pid_n, ws_ptr, ss_ptr, b_ptr, out_ptr, out_rows,
+                         offs_m, offs_n, mmask, nmask, M, N, K, stride_om, eps, HAS_BIAS, SPLIT_K, PROLOGUE)
+
+
+@triton.jit
+def _sg_fused_reduce(cnt_ptr, ws_ptr, ss_ptr, b_ptr, out_ptr, rows, offs_m, offs_n, mmask, nmask, M, N, K, stride_om,
+                     eps, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, PROLOGUE: tl.constexpr):
+    """After the program's partial store: count it on the tile's counter ``cnt_ptr``; the last of the SPLIT_K to
+    arrive sums the tile's partials as ``_sg_reduce`` does (same order, same bits), stores out [BLOCK_M, BLOCK_N]
+    and zeroes the counter for the next launch."""
+    tl.debug_barrier()      # all of the CTA's partial stores before its release; the acquire orders the reads
+    if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+        omask = mmask[:, None] & nmask[None, :]
+        y = _sg_partials(ws_ptr, rows, M, N, offs_n[None, :], omask, SPLIT_K)
+        if PROLOGUE == 1:   # rows past M read row M - 1's sums (never stored)
+            y = y * _sg_rms_scale(ss_ptr, tl.minimum(offs_m, M - 1), M, K, eps, SPLIT_K)[:, None]
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rows * stride_om + offs_n[None, :], y.to(out_ptr.dtype.element_ty), mask=omask)
+        tl.store(cnt_ptr, 0)
 
 
 @triton.jit
@@ -253,23 +302,27 @@ def _sg_tiled(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, M, N,
 
 @triton.jit
 def _sg_partials(ws_ptr, m, M, N, col, mask, SPLIT_K: tl.constexpr):
-    """The sum of the SPLIT_K fp32 partials of row ``m`` at columns ``col``, in a fixed order (deterministic)."""
-    acc = tl.zeros(col.shape, dtype=tl.float32)
+    """The sum of the SPLIT_K fp32 partials of row(s) ``m`` at columns ``col`` (``mask``'s shape), in a fixed order
+    (deterministic)."""
+    acc = tl.zeros(mask.shape, dtype=tl.float32)
     for s in range(SPLIT_K):
         acc += tl.load(ws_ptr + (s * M + m) * N + col, mask=mask, other=0.0)
     return acc
 
 
 @triton.jit
-def _sg_rms_scale(ss_ptr, m, M, K, eps, SPLIT_K: tl.constexpr, SPLIT_P2: tl.constexpr):
-    """rsqrt(mean of s^2 + eps) of row ``m`` from its SPLIT_K partial sums of squares."""
-    sp = tl.arange(0, SPLIT_P2)
-    return tl.rsqrt(tl.sum(tl.load(ss_ptr + sp * M + m, mask=sp < SPLIT_K, other=0.0), axis=0) / K + eps)
+def _sg_rms_scale(ss_ptr, m, M, K, eps, SPLIT_K: tl.constexpr):
+    """rsqrt(mean of s^2 + eps) of row(s) ``m`` (a scalar or [BLOCK_M], all < M) from the SPLIT_K partial sums
+    of squares ss [SPLIT_K, M], summed in split order (the same bits for one row or a block of rows)."""
+    t = tl.load(ss_ptr + m)
+    for s in range(1, SPLIT_K):
+        t += tl.load(ss_ptr + s * M + m)
+    return tl.rsqrt(t / K + eps)
 
 
 @triton.jit
 def _sg_reduce(ws_ptr, ss_ptr, b_ptr, out_ptr, M, N, K, stride_om, eps, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
-               SPLIT_K: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
+               SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
     """out[m, offs] = sum of the partials (times the RMS scale when NORM) + bias; grid (cdiv(N, BLOCK), M)."""
     if GDC:     # launched early; the partials are read only once the GEMV has finished
         tl.extra.cuda.gdc_wait()
@@ -279,37 +332,42 @@ def _sg_reduce(ws_ptr, ss_ptr, b_ptr, out_ptr, M, N, K, stride_om, eps, HAS_BIAS
     mask = offs < N
     y = _sg_partials(ws_ptr, m, M, N, offs, mask, SPLIT_K)
     if NORM:
-        y = y * _sg_rms_scale(ss_ptr, m, M, K, eps, SPLIT_K, SPLIT_P2)
+        y = y * _sg_rms_scale(ss_ptr, m, M, K, eps, SPLIT_K)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _sg_decode(prologue, x2, weight, out, k, *, block_n, block_k, block_m, split_k, num_warps, num_stages, pdl,
-               r2=None, g=None, res=None, bias=None, eps=0.0, reduce=True, flat_row=True):
+               r2=None, g=None, res=None, bias=None, eps=0.0, reduce=True, flat_row=True, fused=0, counters=None):
     """Launches the split-K GEMV over the rows of ``x2`` (and, when K was split and ``reduce``, the reduce into
-    ``out``). ``pdl``: the template's PDL knob; ``flat_row``: one-row programs accumulate elementwise (False:
-    reduce over K every step). Returns (ws, ss, split, gdc) for a caller that reduces the partials itself."""
+    ``out``: a second launch, or with ``fused`` the GEMV's last-arriving programs, on the counters of the
+    template's cache ``counters``). ``pdl``: the template's PDL knob; ``flat_row``: one-row programs accumulate
+    elementwise (False: reduce over K every step). Returns (ws, ss, split, gdc) for a caller that reduces the
+    partials itself."""
     m, n = x2.shape[0], weight.shape[0]
     out = x2 if out is None else out
     k_per_split, split = _sg_split(k, split_k, block_k)
     partials = split > 1 or not reduce
+    fused = bool(fused) and split > 1 and reduce
+    grid = (triton.cdiv(n, block_n), split, triton.cdiv(m, block_m))
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if partials else out
-    ss = torch.empty((split, m), dtype=torch.float32, device=x2.device) if partials and prologue == 1 else ws
+    ss_shape = (grid[0], split, m) if fused else (split, m)     # fused: each n-block's own sums of squares
+    ss = torch.empty(ss_shape, dtype=torch.float32, device=x2.device) if partials and prologue == 1 else ws
+    cnt = _sg_counters(counters, x2.device, grid[0] * grid[2]) if fused else ws
     gdc = _sg_pdl(x2, pdl)                         # the peeled first tile (PEEL) is testable on CPU
     launch = {"launch_pdl": True} if gdc else {}
     b = bias if bias is not None else out
     r2, g, res = (x2 if r2 is None else r2), (x2 if g is None else g), (out if res is None else res)
-    grid = (triton.cdiv(n, block_n), split, triton.cdiv(m, block_m))
-    _sg_gemv[grid](x2, r2, g, weight, b, out, res, ws, ss, m, n, k, x2.stride(0), r2.stride(0), weight.stride(0),
-                   out.stride(0), res.stride(0), eps, K_PER_SPLIT=k_per_split, HAS_BIAS=bias is not None,
-                   BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PARTIALS=partials,
-                   ACC_2D=flat_row and block_m == 1, PEEL=bool(pdl), GDC=gdc,
-                   PROLOGUE=prologue, num_warps=num_warps, num_stages=num_stages, **launch)
-    if partials and reduce:
+    _sg_gemv[grid](x2, r2, g, weight, b, out, res, ws, ss, cnt, m, n, k, x2.stride(0), r2.stride(0),
+                   weight.stride(0), out.stride(0), res.stride(0), eps, K_PER_SPLIT=k_per_split,
+                   HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PARTIALS=partials,
+                   ACC_2D=flat_row and block_m == 1, PEEL=bool(pdl), GDC=gdc, PROLOGUE=prologue, FUSED=fused,
+                   SPLIT_K=split, num_warps=num_warps, num_stages=num_stages, **launch)
+    if partials and reduce and not fused:
         _sg_reduce[(triton.cdiv(n, 1024), m)](ws, ss, b, out, m, n, k, out.stride(0), eps, HAS_BIAS=bias is not None,
-                                              NORM=prologue == 1, SPLIT_K=split, SPLIT_P2=triton.next_power_of_2(split),
-                                              BLOCK=1024, GDC=gdc, num_warps=4, **launch)
+                                              NORM=prologue == 1, SPLIT_K=split, BLOCK=1024, GDC=gdc, num_warps=4,
+                                              **launch)
     return ws, ss, split, gdc
 
 
@@ -332,4 +390,4 @@ def _sg_gemm(prologue, x2, weight, out, k, *, block_m, block_n, block_k, num_war
                     num_warps=num_warps, num_stages=num_stages)
     if split > 1:
         _sg_reduce[(triton.cdiv(n, 1024), m)](ws, ws, b, out, m, n, k, out.stride(0), eps, HAS_BIAS=bias is not None,
-                                              NORM=False, SPLIT_K=split, SPLIT_P2=1, BLOCK=1024, GDC=False, num_warps=4)
+                                              NORM=False, SPLIT_K=split, BLOCK=1024, GDC=False, num_warps=4)

@@ -21,6 +21,10 @@ second kernel for the norm, the normalised row is never written. Two paths:
 - ``ARNL_PDL`` = 1 (decode, SM90+ GPUs; ignored elsewhere): the decode kernels are launched with
   programmatic dependent launch; the GEMV loads its first W tile (written by no kernel) before
   ``gdc_wait`` (the previous kernel, which produced x, done and flushed) and everything else after.
+- ``ARNL_FUSED_REDUCE`` = 1 (decode, SPLIT_K > 1): no reduce launch; every program also stores its rows'
+  partial sums of squares for its own output tile, and the last of a tile's SPLIT_K programs to arrive
+  (an int32 counter per tile in ``ARNL_COUNTERS``, acq_rel atomics, left zeroed) sums the partials in
+  the fixed order, scales, adds the bias and stores (the same bits as the two launches).
 
 The kernels are the linear family's (``shared_gemv.py``, add + RMSNorm prologue), inlined by the renderer.
 """
@@ -44,6 +48,8 @@ ARNL_TILE_K = 64
 ARNL_TILE_WARPS = 4
 ARNL_TILE_STAGES = 3
 ARNL_PDL = 0                 # 1: programmatic dependent launch of the decode kernels (SM90+)
+ARNL_FUSED_REDUCE = 0        # 1: the split-K reduce in the GEMV's last-arriving programs, no second launch
+ARNL_COUNTERS = {}           # (device, tiles) -> the fused reduce's int32 counters [tiles]
 
 
 def add_rms_norm_linear_triton(x, residual, norm_weight, eps, weight, bias=None):
@@ -57,7 +63,7 @@ def add_rms_norm_linear_triton(x, residual, norm_weight, eps, weight, bias=None)
     if 0 < M <= ARNL_MAX_T:
         _sg_decode(1, x2, weight, out, H, r2=r2, g=norm_weight, res=res, bias=bias, eps=eps, block_n=ARNL_BLOCK_N,
                    block_k=ARNL_BLOCK_K, block_m=ARNL_BLOCK_M, split_k=ARNL_SPLIT_K, num_warps=ARNL_NUM_WARPS,
-                   num_stages=ARNL_NUM_STAGES, pdl=ARNL_PDL)
+                   num_stages=ARNL_NUM_STAGES, pdl=ARNL_PDL, fused=ARNL_FUSED_REDUCE, counters=ARNL_COUNTERS)
     elif M > ARNL_MAX_T and not ARNL_TILED:
         out, res = _sg_norm_linear_torch(x2, r2, norm_weight, eps, weight, bias)
     elif M > ARNL_MAX_T:

@@ -62,7 +62,7 @@ QKVW_PDL = 0
 @triton.jit
 def _qkvr_reduce(ws_ptr, ss_ptr, b_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, M, N, K, Hq, Hk, Dh,
                  stride_cs, BS, stride_kb, stride_ko, stride_kh, eps, HALF, R, HAS_BIAS: tl.constexpr,
-                 SPLIT_K: tl.constexpr, SPLIT_P2: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 SPLIT_K: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
                  KV_CACHE: tl.constexpr, GDC: tl.constexpr):
     if GDC:     # launched early; the partials are read only once the GEMV has finished
         tl.extra.cuda.gdc_wait()
@@ -74,7 +74,7 @@ def _qkvr_reduce(ws_ptr, ss_ptr, b_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, k_ptr,
     mask = hmask[:, None] & (d[None, :] < Dh)
     rot = (heads < Hq + Hk)[:, None] & (d[None, :] < R)          # q and k heads, first R dims
     partner = tl.where(d < HALF, d + HALF, d - HALF)              # the other element of d's rotary pair
-    scale = _sg_rms_scale(ss_ptr, m, M, K, eps, SPLIT_K, SPLIT_P2)
+    scale = _sg_rms_scale(ss_ptr, m, M, K, eps, SPLIT_K)
     col = heads[:, None] * Dh + d[None, :]                        # [HEADS, BLOCK_D] columns of qkv
     pcol = heads[:, None] * Dh + partner[None, :]
     y = _sg_partials(ws_ptr, m, M, N, col, mask, SPLIT_K) * scale
@@ -135,7 +135,7 @@ def _qkvr_decode(x2, r2, norm_weight, eps, w, qkv_bias, positions, cos_sin_cache
     _qkvr_reduce[(triton.cdiv(hq + 2 * hk, heads), M)](
         ws, ss, b, positions, cs, slots if slots is not None else positions, q, k, v, M, N, H, hq, hk, dh,
         cs.stride(0), bs, sb, so, sh, eps, rotary_dim // 2, rotary_dim, HAS_BIAS=qkv_bias is not None,
-        SPLIT_K=split, SPLIT_P2=triton.next_power_of_2(split), HEADS=heads, BLOCK_D=triton.next_power_of_2(dh),
+        SPLIT_K=split, HEADS=heads, BLOCK_D=triton.next_power_of_2(dh),
         KV_CACHE=slots is not None, GDC=gdc, num_warps=reduce_warps, **launch)
 
 

@@ -11,6 +11,10 @@ compute-bound there. Bytes: N*K weights (dominant) + M*K + M*N; the floor is N*K
 launch; the GEMV loads its first W tile (written by no kernel) before ``gdc_wait`` (the previous
 kernel, which produced x, done and flushed) and everything else after, so its launch and first
 weight bytes overlap the previous kernel's tail. On CPU the same setting runs the peeled first tile.
+``GEMV_FUSED_REDUCE`` = 1 (SPLIT_K > 1): no reduce launch; the last GEMV program of each output tile to
+arrive (an int32 counter per tile, acq_rel atomics) sums the tile's partials in the same fixed order (the
+same bits as the two launches) and stores it. The counters live in ``GEMV_COUNTERS`` (one zeroed int32 per
+tile, allocated once per device and tile count, left zeroed by every launch: no memset per call).
 The kernels are the linear family's (``shared_gemv.py``, plain prologue), inlined by the renderer.
 """
 
@@ -27,6 +31,8 @@ GEMV_NUM_WARPS = 4
 GEMV_NUM_STAGES = 3
 GEMV_MAX_M = 16
 GEMV_PDL = 0                 # 1: programmatic dependent launch (SM90+)
+GEMV_FUSED_REDUCE = 0        # 1: the split-K reduce in the GEMV's last-arriving programs, no second launch
+GEMV_COUNTERS = {}           # (device, tiles) -> the fused reduce's int32 counters [tiles]
 
 
 def linear_gemv(x, weight, bias=None):
@@ -38,5 +44,6 @@ def linear_gemv(x, weight, bias=None):
     x2, weight = _sg_rows(x, K), _sg_rows(weight, K)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     _sg_decode(0, x2, weight, out, K, bias=bias, block_n=GEMV_BLOCK_N, block_k=GEMV_BLOCK_K, block_m=GEMV_BLOCK_M,
-               split_k=GEMV_SPLIT_K, num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES, pdl=GEMV_PDL)
+               split_k=GEMV_SPLIT_K, num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES, pdl=GEMV_PDL,
+               fused=GEMV_FUSED_REDUCE, counters=GEMV_COUNTERS)
     return out.reshape(*x.shape[:-1], N)

@@ -16,6 +16,9 @@ on the fly in the GEMV prologue (fp32, never rounded, never written).
   dependent launch. The GEMV loads its first W tile (weights: written by no kernel) before
   ``gdc_wait``, which waits for the kernel that produced x; everything else, stores included, comes
   after it. So the launch and the first weight bytes overlap the previous kernel's tail.
+- ``SML_FUSED_REDUCE`` = 1 (decode, SPLIT_K > 1): no reduce launch; the last of an output tile's SPLIT_K
+  programs to arrive (an int32 counter per tile in ``SML_COUNTERS``, acq_rel atomics, left zeroed) sums
+  the partials in the fixed order and stores (the same bits as the two launches).
 
 The kernels are the linear family's (``shared_gemv.py``, SiLU * up prologue), inlined by the renderer.
 """
@@ -39,6 +42,8 @@ SML_TILE_K = 64
 SML_TILE_WARPS = 4
 SML_TILE_STAGES = 3
 SML_PDL = 0                  # 1: programmatic dependent launch of the decode kernels (SM90+)
+SML_FUSED_REDUCE = 0         # 1: the split-K reduce in the GEMV's last-arriving programs, no second launch
+SML_COUNTERS = {}            # (device, tiles) -> the fused reduce's int32 counters [tiles]
 
 
 def silu_mul_linear_triton(x, weight):
@@ -49,7 +54,8 @@ def silu_mul_linear_triton(x, weight):
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if 0 < M <= SML_MAX_T:
         _sg_decode(2, x2, weight, out, I, block_n=SML_BLOCK_N, block_k=SML_BLOCK_K, block_m=SML_BLOCK_M,
-                   split_k=SML_SPLIT_K, num_warps=SML_NUM_WARPS, num_stages=SML_NUM_STAGES, pdl=SML_PDL)
+                   split_k=SML_SPLIT_K, num_warps=SML_NUM_WARPS, num_stages=SML_NUM_STAGES, pdl=SML_PDL,
+                   fused=SML_FUSED_REDUCE, counters=SML_COUNTERS)
     elif M > SML_MAX_T and not SML_TILED:
         gate, up = x2.float().chunk(2, dim=-1)
         out = torch.nn.functional.linear((torch.nn.functional.silu(gate) * up).to(x.dtype), weight)
