@@ -6,9 +6,11 @@ are fixed at the start, counted back from the bound::
     start ............ search_end | compose_end | end
     start-up, baseline, search   | composition | writing (per-op profile, report, plan)
 
-``compose`` and ``write`` reserves are 25% and 15% of the budget (at least 5 s; at most 2 min and 1 min):
+``compose`` and ``write`` reserves are 25% and 15% of the budget (at least 5 s; at most 2 min and 30 s):
 re-measuring one composed set takes a fast-tier and a slow-tier evaluation (each a fresh executor, verify and
-the A/B: ~10 s on a busy 2-core CPU), and the search's last evaluation may still be in flight at its end.
+the A/B: ~10 s on a busy 2-core CPU), and the search's last evaluation may still be in flight at its end;
+writing took 6-7 s of the H200's 5- and 6-minute runs (2026-12-04), so its 30 s cap leaves the rest to
+the composition.
 The fleet's start-up may use everything up to ``search_end``: engines not ready by then mean the run
 cannot start within its budget (``BudgetError``, one line, exit 2). An evaluation still in flight at
 ``compose_end`` is cut there by the fleet. ``wall_s=None`` leaves a run unbounded (only the search
@@ -48,7 +50,7 @@ class Budget:
 
     @property
     def write_reserve_s(self) -> float:
-        return 0.0 if self.wall_s is None else _clamp(0.15 * self.wall_s, 5.0, 60.0)
+        return 0.0 if self.wall_s is None else _clamp(0.15 * self.wall_s, 5.0, 30.0)
 
     @property
     def compose_reserve_s(self) -> float:

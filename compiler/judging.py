@@ -142,6 +142,14 @@ class Judge:
             got = self._times.get(tier, [])[-5:]
         return statistics.median(got) if got else float(self.eval_s.get(tier) or 0.0)
 
+    def composition_s(self) -> float:
+        """Seconds the composition needs once the confirmations end: one measurement of the composed set
+        on both tiers when a confirmation would make it a set of two or more (something is accepted already),
+        else 0 (a first acceptance is a set of one, whose own verdicts stand in when no time is left). On the
+        H200 (llama-1b, --budget 5m) confirmations that ran to the composition's end left it 30 s, too
+        little for the one measurement of the set: 10 of 11 accepted were dropped unmeasured."""
+        return self.estimate_s("fast") + self.estimate_s("slow") if self.accepted else 0.0
+
     def owed(self) -> int:
         """Fast-tier winners whose slow-tier verdict is still to come (queued or under way)."""
         with self._settled:
@@ -162,8 +170,8 @@ class Judge:
 
     def confirm_owed(self) -> int:
         """After the swarm: waits (until ``confirm_end``) for confirmations still under way in agent threads,
-        then confirms the queued winners, fastest first, while one more slow-tier evaluation fits before
-        ``confirm_end`` (a progress line says so); the rest are recorded as not confirmed. Returns how many
+        then confirms the queued winners, fastest first, while one more slow-tier evaluation and the
+        composition's measurement (:meth:`composition_s`) fit before ``confirm_end`` (a progress line says so); the rest are recorded as not confirmed. Returns how many
         were confirmed here."""
         progress = self.run.progress
         with self._settled:
@@ -174,7 +182,8 @@ class Judge:
         each = self.estimate_s("slow")
         progress.phase("confirming")
         progress.event(f"confirming {len(queued) + busy} fast-tier winner(s) on the slow tier "
-                       f"(~{each:.0f} s each, {max(self.confirm_end - time.monotonic(), 0):.0f} s left for it)")
+                       f"(~{each:.0f} s each, {max(self.confirm_end - time.monotonic(), 0):.0f} s left for it and "
+                       f"the composition's ~{self.composition_s():.0f} s)")
         with self._settled:
             self._settled.wait_for(lambda: self._in_flight == 0, timeout=None if math.isinf(self.confirm_end)
                                    else max(0.0, self.confirm_end - time.monotonic()))
@@ -182,7 +191,7 @@ class Judge:
             self._owed.clear()
         done = 0
         for owed in sorted(queued, key=lambda o: -(o["verdict"].speedup or 0.0)):
-            if self.run.stop.is_set() or time.monotonic() + each > self.confirm_end:
+            if self.run.stop.is_set() or time.monotonic() + each + self.composition_s() > self.confirm_end:
                 progress.event(f"not confirmed (no time left): {owed['author']}'s {owed['verdict'].speedup:.3f}x "
                                "on the fast tier")
                 self._unconfirmed(owed)

@@ -30,7 +30,7 @@ def optimize(out: Path, budget: str, *extra: str, timeout: float = 300) -> tuple
 def test_phase_ends_are_counted_back_from_the_bound():
     b = Budget(120.0, start=1000.0)
     assert b.end == 1120.0 and b.compose_end == 1102.0 and b.search_end == 1072.0
-    assert Budget(10.0, start=0.0).write_reserve_s == 5.0 and Budget(3600.0, start=0).write_reserve_s == 60.0
+    assert Budget(10.0, start=0.0).write_reserve_s == 5.0 and Budget(3600.0, start=0).write_reserve_s == 30.0
     unbounded = Budget(None, start=0.0)
     assert unbounded.end == float("inf") and unbounded.startup_timeout(900.0) == 900.0
     with pytest.raises(BudgetError, match="too short to start"):

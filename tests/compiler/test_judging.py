@@ -114,3 +114,23 @@ def test_a_winner_with_no_slow_time_left_is_recorded_unconfirmed(board):
     assert judge.confirm_owed() == 0 and not judge.accepted
     assert ("slow", WINNER) not in fleet.calls
     assert "not confirmed (no time left)" in stream.getvalue()
+
+
+def test_confirmations_leave_the_composition_time_for_one_measurement_of_the_set(board):
+    """With one candidate accepted, a second confirmation makes a set of two that the composition must
+    measure on both tiers: it is not started when only the confirmation itself would fit."""
+    fleet = ScriptedFleet(fast_s=0.3, slow_s=1.0)
+    judge, stream = _judge(board, fleet, search_in=0.1, confirm_in=30, eval_s={"slow": 4.0})
+    agents = [threading.Thread(target=judge.evaluate, args=(src,), kwargs={"author": a})
+              for src, a in ((WINNER, "a"), (OTHER, "b"))]
+    for t in agents:                                     # both win the fast tier past the search's end
+        t.start()
+    for t in agents:
+        t.join()
+    assert judge.owed() == 2
+    assert judge.composition_s() == 0.0                  # nothing accepted yet: a set of one
+    judge.confirm_end = time.monotonic() + 5.5           # 4 s (the estimate) fit; at 1 s, 4 s + the set's 1.3 s not
+    assert judge.confirm_owed() == 1 and len(judge.accepted) == 1
+    assert judge.composition_s() == pytest.approx(0.3 + 1.0, abs=0.2)
+    assert len([c for c in fleet.calls if c[0] == "slow"]) == 1
+    assert "not confirmed (no time left)" in stream.getvalue() and "the composition's" in stream.getvalue()
