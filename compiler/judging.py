@@ -94,13 +94,15 @@ class Judge:
         return verdict
 
     def _wins_fast(self, source: str, verdict: Any) -> bool:
-        """Beyond the fast tier's noise and judged on the slow tier next (a kernel source; a settings-only
-        one is judged by the config replay instead, compiler/config_plan.py)."""
+        """Beyond the fast tier's noise, not outrun by accepted candidates for the same ops
+        (``Acceptor.outrun_by``), and judged on the slow tier next (a kernel source; a settings-only one is
+        judged by the config replay instead, compiler/config_plan.py)."""
         from compiler.config_plan import config_only
 
         inner = getattr(self.acceptor, "inner", self.acceptor)
         return (config_only(source) is None
-                and screen(verdict, inner.noise.get("fast", 0.0), inner.cfg, "fast").accepted)
+                and screen(verdict, inner.noise.get("fast", 0.0), inner.cfg, "fast").accepted
+                and not inner.outrun_by(source, verdict))
 
     def _decide(self, source: str, verdict: Any, author: str, idea_id: Any, cand: Any) -> Any:
         """Acceptance (the slow tier for a fast-tier winner, timed), then the board's row and the memory."""

@@ -195,7 +195,7 @@ def test_conflict_group_falls_back_to_its_runner_up_when_the_winner_fails_compos
 
 def test_conflict_group_runners_up_are_tried_in_order_until_one_holds():
     engine = TagEngine(slow={"-a": 1.47, "-b": 1.3, "-c": 1.2}, broken_composed={"-a", "-b"})
-    acc, name = accept_tagged(engine, ("-a", "-b", "-c"))
+    acc, name = accept_tagged(engine, ("-c", "-b", "-a"))      # each faster than those before: all confirmed
     comp = acc.compose()
     assert [p.name for p in comp.parts] == [name["rms_norm-c"]]
     assert dict(comp.dropped) == {name["rms_norm-a"]: "incorrect when composed",
@@ -233,3 +233,19 @@ def test_a_budget_that_runs_out_in_composition_keeps_the_best_candidate_alone():
     assert comp.fast == acc.accepted[1].fast and comp.slow == acc.accepted[1].slow
     assert parse_targets(comp.source)[0] == ("rms_norm",)
     assert dict(comp.dropped)[acc.accepted[0].name].startswith("not measured when composed")
+
+
+def test_a_third_variant_no_faster_on_the_fast_tier_is_not_confirmed_on_the_slow_tier():
+    """A winner and one runner-up per op set are confirmed; a third variant of the same ops that is not
+    faster on the fast tier than both is not (its slow-tier time would go unused by the composition);
+    one faster than them, or one for other ops, still is."""
+    engine = TagEngine(slow={"-a": 1.3, "-b": 1.25, "-c": 1.2, "-d": 1.4})
+    acc, _ = accept_tagged(engine, ("-a", "-b"))
+    slow_calls = sum(1 for tier, _ in engine.calls if tier == "slow")
+    third = acc.consider(cand("rms_norm", "-c"), verdict(1.2), author="x")
+    assert not third.accepted and third.stage == "fast" and "not confirmed on the slow tier" in third.reason
+    assert sum(1 for tier, _ in engine.calls if tier == "slow") == slow_calls     # no slow-tier evaluation
+    assert acc.outrun_by(cand("rms_norm", "-d"), verdict(1.4)) == ()
+    assert acc.consider(cand("rms_norm", "-d"), engine("fast", cand("rms_norm", "-d")), author="x").accepted
+    assert acc.outrun_by(cand("linear"), verdict(1.0)) == ()                      # other ops: not outrun
+    assert len(acc.accepted) == 3
