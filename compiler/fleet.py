@@ -25,6 +25,8 @@ import logging
 import math
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -228,15 +230,22 @@ class LocalFleet:
         self.engines: list[Engine] = []
         self.deadline = math.inf             # the run's budget: set by the loop once the fleet is up
         self._free: dict[str, queue.Queue] = {"fast": queue.Queue(), "slow": queue.Queue()}
+        self._kernels: str | None = None     # the run's kernel cache directory, while started
 
     def start(self) -> "LocalFleet":
+        from persistent_engine import KERNEL_CACHE_ENV
+
         locks: dict[str, threading.Lock] = {}
         placements = place(self.cfg)
         started: list[Engine | BaseException] = [None] * len(placements)  # type: ignore[list-item]
+        # one kernel cache for the run's engines: the slow tier's confirmation of a source does not compile
+        # its kernels again (persistent_engine/executor/kernel_cache.py; removed at close)
+        self._kernels = tempfile.mkdtemp(prefix="tkcc-kernels-")
+        cfg = dataclasses.replace(self.cfg, env={**self.cfg.env, KERNEL_CACHE_ENV: self._kernels})
 
         def boot(i: int, p: Placement) -> None:
             try:
-                started[i] = Engine(p, make_supervisor(self.cfg, p), locks.setdefault(p.device, threading.Lock()))
+                started[i] = Engine(p, make_supervisor(cfg, p), locks.setdefault(p.device, threading.Lock()))
             except BaseException as e:  # noqa: BLE001 - reported below
                 started[i] = e
 
@@ -306,4 +315,7 @@ class LocalFleet:
         for e in self.engines:
             e.close()
         self.engines = []
+        if self._kernels is not None:
+            shutil.rmtree(self._kernels, ignore_errors=True)
+            self._kernels = None
 

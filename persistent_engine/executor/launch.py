@@ -115,6 +115,11 @@ class Executor:
                         "mailbox_size": self.mailbox.size})
         self.ready = False
 
+    @property
+    def triton_dir(self) -> str:
+        """Its Triton cache (``TRITON_CACHE_DIR`` inside its workdir)."""
+        return os.path.join(self.tmp, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
+
     def wait_ready(self, timeout_s: float) -> None:
         reply = self._recv(time.monotonic() + timeout_s, "start-up")
         if not reply.get("ready"):
@@ -323,13 +328,20 @@ class ExecutorPool:
     def ready_count(self) -> int:
         return self._ready.qsize()
 
-    def discard(self, ex: Executor) -> None:
+    def discard(self, ex: Executor, then=None) -> None:
         """SIGKILL the executor's known processes now; the full tree kill (re-scan, reap, wait until no
-        member is left: ~10-200 ms) finishes on a reaper thread, off the judge's cycle."""
+        member is left: ~10-200 ms) finishes on a reaper thread, off the judge's cycle, which then calls
+        ``then()`` (no process of the executor is left to write its files by then)."""
         ex.kill_known()
         with self._lock:
             self._all.discard(ex)
-        threading.Thread(target=ex.kill, daemon=True, name="tkcc-executor-reap").start()
+
+        def reap() -> None:
+            ex.kill()
+            if then is not None:
+                then()
+
+        threading.Thread(target=reap, daemon=True, name="tkcc-executor-reap").start()
 
     def hand_out(self, ex: Executor) -> None:
         """``ex`` is the judge's now (a candidate's): no longer paused with the pool."""

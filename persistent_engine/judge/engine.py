@@ -43,6 +43,7 @@ from persistent_engine import guards, tier_inputs, timing, tolerance, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena
 from persistent_engine.executor.device_share import DeviceWeights
+from persistent_engine.executor.kernel_cache import KERNEL_CACHE_ENV, KernelCache
 from persistent_engine.executor.launch import Executor, ExecutorDied, ExecutorPool, ExecutorTimeout, sandbox_summary
 from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
@@ -99,8 +100,10 @@ class Candidate:
     """What the judge knows of the loaded candidate: its executor and what that executor reported at load
     (names, CONFIG, DESCRIPTION: descriptive only; nothing here decides a verdict)."""
 
-    def __init__(self, name: str, executor: Executor, ops: list[str], config: dict, description: str):
+    def __init__(self, name: str, executor: Executor, ops: list[str], config: dict, description: str,
+                 source: str = ""):
         self.name, self.executor, self.ops, self.config, self.description = name, executor, ops, config, description
+        self.source = source                    # the file it loaded: its compiled kernels are kept under it
         self.overrides = dict.fromkeys(ops)     # op names (the implementations live in the executor only)
 
 
@@ -152,6 +155,8 @@ class Engine(ExecutorSide):
         self.points = list(config.points or default_points(config.device))
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))   # seeds, orders: unknown to executors
         self._dir = tempfile.mkdtemp(prefix="tkcc-judge-")
+        # compiled kernels per candidate source: the run's (shared by its engines) or this judge's own
+        self.kernel_cache = KernelCache(os.environ.get(KERNEL_CACHE_ENV) or os.path.join(self._dir, "kernels"))
         self.op_params = {n: cand_mod.param_names(inspect.signature(registry.get(n).reference))
                           for n in registry.names()}
         self.threads = int(os.environ.get("TKCC_ENGINE_THREADS", "1"))
@@ -350,12 +355,33 @@ class Engine(ExecutorSide):
     def _drop_candidate(self) -> None:
         self.tie_kept_rows = {}
         if self.candidate is not None:
-            ex = self.candidate.executor
+            ex, source = self.candidate.executor, self.candidate.source
             self.candidate = None
             if self.pool is not None:
-                self.pool.discard(ex)
+                self.pool.discard(ex, then=lambda: self._harvest_kernels(source, ex))
             else:
                 ex.kill()
+                self._harvest_kernels(source, ex)
+
+    def _seed_kernels(self, source: str, ex: Executor) -> None:
+        """The kernels an earlier executor compiled for this same source, copied into ``ex``'s Triton cache
+        before it imports the source (executor/kernel_cache.py)."""
+        try:
+            n = self.kernel_cache.seed(source, ex.triton_dir)
+        except OSError as e:
+            elog(f"kernel cache: not seeded ({e})")
+            return
+        if n:
+            elog(f"kernel cache: {n} compiled kernel(s) of this source seeded")
+
+    def _harvest_kernels(self, source: str, ex: Executor) -> None:
+        """What the killed executor ``ex`` compiled, kept for the next executor of the same source."""
+        if not source:
+            return
+        try:
+            self.kernel_cache.harvest(source, ex.triton_dir)
+        except OSError as e:
+            elog(f"kernel cache: not kept ({e})")
 
     # ------------------------------------------------------------------------------ requests
     def handle(self, req: Request) -> Reply:
@@ -406,14 +432,16 @@ class Engine(ExecutorSide):
         if not reasons:
             ex = self._take()
             self.executors_used += 1
-            self.candidate = Candidate(req.name, ex, [], {}, "")
+            self._seed_kernels(req.source, ex)
+            self.candidate = Candidate(req.name, ex, [], {}, "", req.source)
             r = self._call({"op": "load", "source": req.source, "name": req.name}, self._deadline(req))
             reasons = list(r.get("reasons") or [])
             if reasons:
                 self._drop_candidate()
             else:
                 self.candidate = Candidate(req.name, ex, [str(o) for o in r["ops"] if o in self.op_params],
-                                           dict(r.get("config") or {}), str(r.get("description") or ""))
+                                           dict(r.get("config") or {}), str(r.get("description") or ""),
+                                           req.source)
         secs = (timing.now_ns() - t0) / 1e9
         confined = _applied(self.candidate.executor if self.candidate else None)
         if reasons:
