@@ -84,5 +84,5 @@ def test_the_baseline_gets_a_quarter_of_what_is_left_before_the_search_ends():
     from compiler.budget import Budget
 
     b = Budget(360.0, start=0.0)
-    assert b.search_end == 360.0 - 54.0 - 90.0
-    assert b.baseline_end(now=78.0) == 78.0 + 0.25 * (216.0 - 78.0)
+    assert b.search_end == 360.0 - 30.0 - 90.0            # writing's 15% capped at 30 s, composing's 25%
+    assert b.baseline_end(now=78.0) == 78.0 + 0.25 * (240.0 - 78.0)
