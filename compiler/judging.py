@@ -173,8 +173,8 @@ class Judge:
     def confirm_owed(self) -> int:
         """After the swarm: waits (until ``confirm_end``) for confirmations still under way in agent threads,
         then confirms the queued winners, fastest first, while one more slow-tier evaluation and the
-        composition's measurement (:meth:`composition_s`) fit before ``confirm_end`` (a progress line says so); the rest are recorded as not confirmed. Returns how many
-        were confirmed here."""
+        composition's measurement (:meth:`composition_s`) fit before ``confirm_end`` (a progress line says
+        so); the rest are recorded as not confirmed. Returns how many were confirmed here."""
         progress = self.run.progress
         with self._settled:
             queued, busy = list(self._owed), self._in_flight

@@ -70,10 +70,11 @@ def _regular_files(entry: str) -> list[tuple[str, int]] | None:
         return None
 
 
-def _read_plain(path: str, limit: int | None = None) -> bytes:
+def _read_plain(path: str) -> bytes:
+    """A file's bytes, never through a link (one swapped in after the listing fails to open)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
-        return f.read() if limit is None else f.read(limit + 1)
+        return f.read()
 
 
 def _rewritten_group(data: bytes, old_dir: str, new_dir: str, names: set[str]) -> bytes | None:
