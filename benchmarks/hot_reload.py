@@ -13,6 +13,12 @@ Then: candidates per hour = 3600 / median cycle; restart-per-candidate seconds =
 + median cycle; ratio = that / median cycle. Prints tables; writes
 ``benchmarks/results/<device>-hot_reload.json`` atomically.
 
+With ``--queued N`` each candidate is judged with the next N told to the engine as queued behind it
+(``Supervisor.evaluate(queued=...)``), as the optimize loop's fleet does: the judge loads and compiles them
+ahead in executors of their own (persistent_engine/judge/executors.py; ``TKCC_AHEAD`` caps how many), and
+each row records whether its candidate was compiled ahead. Run with 0 and with 4 in one session to see what
+compiling ahead takes off the cycle.
+
 Since issue 20 the engine is a judge and every candidate runs in a fresh sandboxed executor from a warm
 pool: each cycle's row also records how long the judge waited for a warm executor, and the run is compared
 with the figure before the split (``BEFORE``: the in-process engine on the H200, 0.31 s per cycle): the
@@ -182,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loser-every", type=int, default=0,
                     help="every Nth candidate a correct loser (the linear product twice): the futility stop's "
                          "case, most of a search's candidates (0: none, the figures before issue 23)")
+    ap.add_argument("--queued", type=int, default=0,
+                    help="tell the engine the next N candidates as queued behind each one (it compiles them "
+                         "ahead; 0: none, the figures before)")
     ap.add_argument("--settle-s", type=float, default=120.0,
                     help="wait up to this long for the pool of warm executors to fill before the cycles")
     ap.add_argument("--out", default=None)
@@ -215,15 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     settle_s = time.monotonic() - t_settle
 
     rows = []
-    for k, (name, source) in enumerate(candidates(cycles, triton=cuda and not args.no_triton, loser_every=args.loser_every)):
+    todo = candidates(cycles, triton=cuda and not args.no_triton, loser_every=args.loser_every)
+    for k, (name, source) in enumerate(todo):
+        queued = [s for _, s in todo[k + 1:k + 1 + max(0, args.queued)]]
         t0 = time.monotonic()
-        v = sup.evaluate(source, timeout_s=600, name=f"bench{k}", samples=args.samples)
+        v = sup.evaluate(source, timeout_s=600, name=f"bench{k}", samples=args.samples, queued=queued)
         wall = time.monotonic() - t0
         st = sup.status()                       # outside the timed cycle
         rows.append({"candidate": name, "correct": v.correct, "reasons": v.reasons, "speedup": v.speedup,
                      "cycle_s": wall, "pool_wait_s": st.pool_wait_s, "executors_used": st.executors_used, **{k2: v.timings.get(k2) for k2 in ("load_s", "verify_s", "bench_s",
                                                                            "unload_s")},
-                     "restarted": v.restarted,
+                     "restarted": v.restarted, "compiled_ahead": bool(v.timings.get("compiled_ahead")),
                      "points": [{"label": p.label, "graph": p.graph, "graph_error": p.graph_error,
                                  "baseline_ms": p.baseline_ms, "candidate_ms": p.candidate_ms,
                                  "affected": p.affected, "samples": p.samples, "stopped": p.stopped}
@@ -253,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                            for p in ("load_s", "verify_s", "bench_s", "unload_s")},
         "all_correct": all(r["correct"] for r in rows),
         "loser_every": args.loser_every,
+        "queued": args.queued,
+        "compiled_ahead": sum(r["compiled_ahead"] for r in rows),
         "stops": stops_summary(rows),
         # per point label: in how many cycles it was timed as CUDA-graph replays (vs eagerly)
         "graphed_cycles_by_point": {lbl: sum(1 for r in rows for p in r["points"] if p["label"] == lbl and p["graph"])
@@ -280,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     for p, v in doc["phase_median_s"].items():
         print(f"{p[:-2]:<22}{v:>10.3f}")
     print(f"{'cycle (wall)':<22}{cycle_s:>10.3f}")
+    print(f"compiled ahead: {doc['compiled_ahead']} of {len(rows)} (told the next {args.queued} as queued)")
     for k, v in doc["cycle_median_by_kind_s"].items():
         print(f"  {k:<26}{v:>10.3f}")
     print(f"\ncandidates per hour, hot reload:          {doc['candidates_per_hour']:>10.0f}")

@@ -2,6 +2,8 @@
 
     offline:4              the offline search agents of ``agents.offline`` (kernel-template search,
                            config search), round-robin over the kinds, 4 in all
+    offline:auto           the default: ``auto_offline(device)`` of them (more where a GPU judge compiles
+                           queued candidates ahead and the host has the cores to feed it)
     anthropic:2 / openai:1 LLM agents (keys from ANTHROPIC_API_KEY / OPENAI_API_KEY; endpoints from
                            ANTHROPIC_BASE_URL / OPENAI_BASE_URL, models from TKCC_ANTHROPIC_MODEL /
                            TKCC_OPENAI_MODEL); all of them draw on one run budget (``llm_budget``)
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,19 @@ class FilesAgent(Agent):
         return bool(self._todo)
 
 
+# offline agents by default: on CPU 4 (two cores, one engine judging at a time); on CUDA enough that the
+# judge's executors compiling ahead (``persistent_engine.judge.executors.AHEAD``: 4) always have queued
+# candidates beside the one judged and a slow-tier confirmation, where the host has a core for each
+AUTO_OFFLINE = {"cpu": 4, "cuda": 8}
+
+
+def auto_offline(device: str, cores: int | None = None) -> int:
+    """How many offline agents ``offline:auto`` starts for ``device`` on a host of ``cores`` (None: this one)."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    wanted = AUTO_OFFLINE.get(device, AUTO_OFFLINE["cpu"])
+    return max(AUTO_OFFLINE["cpu"], min(wanted, cores // 2))
+
+
 def offline_agents(n: int, device: str) -> list[Agent]:
     """``n`` offline agents for ``device`` ("cpu" or "cuda"): ``agents.offline.make_offline_agents``
     when the package provides it (kernel-template and config search mixed), else the kernel-template
@@ -98,7 +114,7 @@ def build_agents(spec: str, device: str = "cpu", llm_budget: Any = None) -> list
             agents.append(FilesAgent.from_dir(f"files-{len(agents)}", arg))
             continue
         try:
-            count = int(arg) if arg else 1
+            count = auto_offline(device) if (kind, arg) == ("offline", "auto") else int(arg) if arg else 1
         except ValueError:
             raise AgentSpecError(f"--agents {item!r}: the count must be an integer") from None
         if count < 1:

@@ -1,6 +1,6 @@
 """``tkcc optimize``, ``tkcc recompile`` and ``tkcc plan show|apply``.
 
-    tkcc optimize  --model M --hw H --traffic FILE [--budget 10m] [--agents offline:4] [--board URL]
+    tkcc optimize  --model M --hw H --traffic FILE [--budget 10m] [--agents offline:auto] [--board URL]
                    [--out DIR] [--device auto|cpu|cuda] [--fast-layers N] [--slow-layers N]
                    [--fleet local|ray] [--ray-address ADDR] [--gpus N] [--aa-runs N] [--json]
                    [--routing-skew ALPHA | --routing-histogram FILE] [--weights PATH]
@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--traffic", required=True, help="traffic log (parquet, Azure CSV, Mooncake JSONL...)")
     p.add_argument("--budget", default="10m", help="wall time of the whole run: start-up, baseline, search, "
                                                     "composition, writing (default 10m)")
-    p.add_argument("--agents", default="offline:4", help="e.g. offline:4, anthropic:2, files:DIR")
+    p.add_argument("--agents", default="offline:auto",
+                   help="e.g. offline:4, anthropic:2, files:DIR (default offline:auto: 4 on CPU, up to 8 on a GPU)")
     p.add_argument("--board", default=None, help="board URL (default sqlite:///OUT/board.db)")
     p.add_argument("--out", default=None, help="plan root directory, versions inside (default plans/<model>)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

@@ -26,7 +26,7 @@ def demo_args(has_cuda: bool, gpu_name: str = "") -> list[str]:
     if has_cuda:
         name = gpu_name.lower().replace(" ", "").replace("-", "")
         hw = next((t for t in GPU_TARGETS if t in name), "h200")
-        model, device, agents, points = "llama-1b", "cuda", "offline:4", "4"
+        model, device, agents, points = "llama-1b", "cuda", "offline:auto", "4"
         extra = ["--vs-torch-compile"]
     else:
         hw, model, device, agents, points = "h200", "tiny-dense", "cpu", "offline:2", "2"

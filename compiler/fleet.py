@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from persistent_engine import WorkloadPoint
 
@@ -76,13 +76,14 @@ def failed_verdict(reason: str) -> Any:
                             restarted=True)
 
 
-def evaluate_with_retry(supervisor: Any, source: str, timeout_s: float) -> Any:
+def evaluate_with_retry(supervisor: Any, source: str, timeout_s: float, queued: list[str] | tuple = ()) -> Any:
     """``supervisor.evaluate``, repeated once on the fresh engine when the verdict is a crash: an
     engine killed from outside (OOM killer, an operator) must not reject an innocent candidate,
-    while a candidate that really crashes the engine crashes it twice and is rejected."""
-    verdict = supervisor.evaluate(source, timeout_s)
+    while a candidate that really crashes the engine crashes it twice and is rejected. ``queued``: the
+    sources waiting for the tier behind this one (the engine compiles them ahead)."""
+    verdict = supervisor.evaluate(source, timeout_s, queued=queued)
     if not verdict.correct and any(str(r).startswith("crash:") for r in verdict.reasons):
-        again = supervisor.evaluate(source, timeout_s)
+        again = supervisor.evaluate(source, timeout_s, queued=queued)
         return dataclasses.replace(again, restarted=True)
     return verdict
 
@@ -173,9 +174,19 @@ class Engine:
     def tier(self) -> str:
         return self.placement.tier
 
-    def evaluate(self, source: str, timeout_s: float, deadline: float = math.inf) -> Any:
+    def evaluate(self, source: str, timeout_s: float, deadline: float = math.inf,
+                 queued: Callable[[], list[str]] = list) -> Any:
         """``deadline`` (monotonic, the run's budget): no evaluation starts past it, one in flight is cut
-        there, and an engine cut by it is not restarted (the run is ending)."""
+        there, and an engine cut by it is not restarted (the run is ending). ``queued()``: the sources
+        waiting for this tier behind ``source``. The engine hears of them all before the device's lock is
+        taken (this engine is the caller's alone: taken from the tier's free queue), so that it loads and
+        compiles them while another engine of the device times, and again once the lock is held."""
+        prepare = getattr(self.supervisor, "prepare", None)
+        if prepare is not None and deadline > time.monotonic():
+            try:
+                prepare([source, *queued()])
+            except Exception as e:  # noqa: BLE001 - only a head start: the evaluation below says what is wrong
+                log.warning("engine %s/%s: preparing ahead failed: %s", self.tier, self.placement.device, e)
         with self.measure_lock:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -184,7 +195,7 @@ class Engine:
             try:
                 if capped:
                     self.supervisor.auto_restart = False
-                return evaluate_with_retry(self.supervisor, source, min(timeout_s, left))
+                return evaluate_with_retry(self.supervisor, source, min(timeout_s, left), queued())
             except Exception as e:  # noqa: BLE001 - the run goes on without this verdict
                 if self.closing:             # the run ended under an overrunning agent's evaluation
                     return failed_verdict("not evaluated: the run's budget is spent (the fleet closed)")
@@ -230,6 +241,8 @@ class LocalFleet:
         self.engines: list[Engine] = []
         self.deadline = math.inf             # the run's budget: set by the loop once the fleet is up
         self._free: dict[str, queue.Queue] = {"fast": queue.Queue(), "slow": queue.Queue()}
+        self._queued: dict[str, list[str]] = {"fast": [], "slow": []}   # sources waiting for a tier's engine
+        self._queued_lock = threading.Lock()
         self._kernels: str | None = None     # the run's kernel cache directory, while started
 
     def start(self) -> "LocalFleet":
@@ -275,11 +288,22 @@ class LocalFleet:
         return self._free[tier].get()
 
     def evaluate(self, tier: str, source: str) -> Any:
-        engine = self._take(tier)
+        with self._queued_lock:
+            self._queued[tier].append(source)
         try:
-            return engine.evaluate(source, self.cfg.timeout_s, self.deadline)
+            engine = self._take(tier)
+        finally:
+            with self._queued_lock:
+                self._queued[tier].remove(source)
+        try:
+            return engine.evaluate(source, self.cfg.timeout_s, self.deadline, queued=lambda: self.queued(tier))
         finally:
             self._free[tier].put(engine)
+
+    def queued(self, tier: str) -> list[str]:
+        """The sources waiting for an engine of ``tier`` now, first come first."""
+        with self._queued_lock:
+            return list(self._queued[tier])
 
     def profile(self, tier: str = "fast") -> dict:
         engine = self._take(tier)

@@ -47,7 +47,7 @@ class OptimizeConfig:
     out: str
     budget_s: float = 600.0                  # the agents' search time (after the baseline)
     wall_s: float | None = None              # the whole run's bound (compiler/budget.py); None: unbounded
-    agents: str = "offline:4"
+    agents: str = "offline:auto"
     board: str | None = None                 # default: sqlite:///<out>/board.db
     device: str = "auto"
     fast_layers: int | None = None

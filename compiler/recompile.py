@@ -44,7 +44,7 @@ def recompile(plan_path: str | Path, traffic: str, *, budget_s: float = 600.0, f
         return RecompileResult(False, tuple(features), vdir, None)
     slow = plan.tiers.get("slow", {}).get("layers")
     cfg = OptimizeConfig(model=plan.model, hw=plan.hw, traffic=str(traffic), out=str(plan_mod.root_of(vdir)),
-                         budget_s=budget_s, agents=agents or plan.run.get("agents") or "offline:4",
+                         budget_s=budget_s, agents=agents or plan.run.get("agents") or "offline:auto",
                          board=board, device=device, slow_layers=len(slow) if slow else None,
                          fleet=fleet, seeds=plan_mod.seeds_of(plan, vdir), parent_version=plan.version, quiet=quiet,
                          drift={"features": list(features), "old_hash": plan.traffic.get("hash", ""),

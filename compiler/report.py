@@ -170,11 +170,11 @@ def _throughput_lines(run: dict, plotted: bool) -> list[str]:
          f"{run.get('remembered', 0)} candidate(s) not judged again (verdicts remembered from earlier runs)", ""]
     if plotted:
         L += ["![search throughput](plots/throughput.svg)", ""]
-    L += ["| engine | evaluations | judging s | compile s | executor wait s | other s | idle s | queue wait s |",
-          "|---|---|---|---|---|---|---|---|"]
+    L += ["| engine | evaluations | compiled ahead | judging s | compile s | executor wait s | other s | idle s "
+          "| queue wait s |", "|---|---|---|---|---|---|---|---|---|"]
     for name, e in sorted((t.get("engines") or {}).items()):
-        L.append(f"| {name} | {e['calls']} | {e['judging_s']} | {e['compile_s']} | {e.get('executor_wait_s', 0)} | "
-                 f"{e['other_s']} | {e['idle_s']} | {e['queue_wait_s']} |")
+        L.append(f"| {name} | {e['calls']} | {e.get('compiled_ahead', 0)} | {e['judging_s']} | {e['compile_s']} | "
+                 f"{e.get('executor_wait_s', 0)} | {e['other_s']} | {e['idle_s']} | {e['queue_wait_s']} |")
     L.append("")
     return L
 

@@ -9,6 +9,8 @@ Ray's: one "engine" per tier) and books every evaluation of the search window:
                    loading) (``timings.load_s``)
     judging_s      verification and timing on the device (``timings.verify_s + bench_s``): busy
     other_s        the rest of an evaluation (unload, RPC, a restart after a crash)
+    compiled_ahead evaluations whose candidate an executor had loaded and compiled while it waited
+                   (``timings.compiled_ahead``; persistent_engine/judge/executors.py)
     idle_s         the window's wall time with no evaluation on the engine
 
 Per engine ``executor_wait_s + compile_s + judging_s + other_s + idle_s`` is the window's wall time
@@ -45,6 +47,7 @@ class EngineTime:
     compile_s: float = 0.0
     judging_s: float = 0.0
     other_s: float = 0.0
+    compiled_ahead: int = 0
     busy_spans: list = field(default_factory=list)      # (start, end) monotonic of each evaluation
 
     def book(self, t0: float, t1: float, waited: float, timings: dict, close: float = float("inf")) -> None:
@@ -58,6 +61,7 @@ class EngineTime:
         judging = min(float(timings.get("verify_s") or 0.0) + float(timings.get("bench_s") or 0.0),
                       span - pool - load)
         self.calls += int(ended)
+        self.compiled_ahead += int(bool(timings.get("compiled_ahead")))
         self.in_flight_at_close += int(not ended)
         self.queue_wait_s += max(waited, 0.0)
         self.executor_wait_s += pool
@@ -116,10 +120,10 @@ class DeviceClock:
     def _wrap_engine(self, key: str, engine: Any) -> None:
         inner = engine.evaluate
 
-        def engine_evaluate(source: str, timeout_s: float, deadline: float = float("inf")) -> Any:
+        def engine_evaluate(source: str, timeout_s: float, deadline: float = float("inf"), **kw: Any) -> Any:
             called = getattr(self.local, "called", time.monotonic())
             self.local.acquired = None
-            verdict = inner(source, timeout_s, deadline)
+            verdict = inner(source, timeout_s, deadline, **kw)
             end = time.monotonic()
             start = self.local.acquired or end      # when it got the device's lock (queue wait before it)
             self._book(key, engine.tier, str(getattr(engine.placement, "device", "")), start, end,
@@ -160,6 +164,7 @@ class DeviceClock:
                              "queue_wait_s": round(e.queue_wait_s, 3),
                              "executor_wait_s": round(e.executor_wait_s, 3), "compile_s": round(e.compile_s, 3),
                              "judging_s": round(e.judging_s, 3), "other_s": round(e.other_s, 3),
+                             "compiled_ahead": e.compiled_ahead,
                              "idle_s": round(max(wall - busy, 0.0), 3), "wall_s": round(wall, 3)}
         devices = max(len({r["device"] for r in rows.values()}), 1)
         fast_calls = sum(r["calls"] for r in rows.values() if r["tier"] == "fast")

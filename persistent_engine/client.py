@@ -125,8 +125,8 @@ class EngineClient:
         return self.call(LoadCandidate(token=self._token, source=source, name=name,
                                        timeout_s=_inner(timeout_s)), timeout_s)
 
-    def prepare(self, timeout_s: float | None = None) -> PrepareReply:
-        return self.call(Prepare(token=self._token), timeout_s)
+    def prepare(self, timeout_s: float | None = None, sources: list[str] | None = None) -> PrepareReply:
+        return self.call(Prepare(token=self._token, sources=list(sources or [])), timeout_s)
 
     def verify(self, seed: int | None = None, timeout_s: float | None = None) -> VerifyReply:
         return self.call(Verify(token=self._token, seed=seed, timeout_s=_inner(timeout_s)), timeout_s)

@@ -161,8 +161,13 @@ class LoadCandidate(Request):
 
 @dataclass(frozen=True)
 class Prepare(Request):
-    """Have a warm executor ready for the next candidate (waits for the pool; not part of a candidate's time)."""
+    """Have a warm executor ready for the next candidate (waits for the pool; not part of a candidate's time).
+    ``sources``: the next candidate's source first, then those queued behind it: each gets an executor that
+    loads it and compiles its kernels ahead, as the pool's ready ones allow (never waited for), which its load
+    then takes; an ahead executor of a source not listed is discarded. Empty: only the executor for the next
+    load."""
     TYPE: ClassVar[str] = "prepare"
+    sources: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -229,12 +234,14 @@ class LoadReply(Reply):
     reasons: list[str] = field(default_factory=list)    # one per failed static/load check
     seconds: float = 0.0
     sandbox: dict = field(default_factory=dict)         # mechanisms confining this candidate's executor
+    ahead: bool = False                                 # loaded by an executor that compiled it while it was queued
 
 
 @dataclass(frozen=True)
 class PrepareReply(Reply):
     TYPE: ClassVar[str] = "prepare"
     pool_wait_s: float = 0.0                            # how long the judge waited for a warm executor
+    ahead: int = 0                                      # executors compiling queued sources ahead now
 
 
 @dataclass(frozen=True)
@@ -290,6 +297,8 @@ class StatusReply(Reply):
     pool_size: int = 0                                  # warm candidate executors kept (0: pool not started)
     pool_wait_s: float = 0.0                            # how long the last load waited for a warm executor
     pool_ready: int = 0                                 # warm executors waiting now
+    ahead: int = 0                                      # executors compiling queued sources ahead now
+    ahead_used: int = 0                                 # candidates loaded by one that compiled them ahead
 
 
 @dataclass(frozen=True)

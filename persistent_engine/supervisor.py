@@ -232,12 +232,25 @@ class Supervisor:
         return True
 
     # ------------------------------------------------------------------------------ calls
+    def prepare(self, sources: list[str]) -> None:
+        """Tell the running engine which sources come next, the next one first (it loads and compiles them
+        ahead, ``io_struct.Prepare``), and have an executor ready for it. Best effort: an engine that is not
+        running or does not answer is left to ``evaluate``."""
+        if not self.alive() or self.client is None:
+            return
+        try:
+            self.client.prepare(timeout_s=self.start_timeout_s, sources=list(sources))
+        except (EngineTimeout, EngineDied):
+            pass
+
     def evaluate(self, source: str, timeout_s: float = 300.0, name: str = "candidate",
-                 samples: int | None = None) -> CandidateVerdict:
+                 samples: int | None = None, queued: list[str] | tuple = ()) -> CandidateVerdict:
+        """Load, verify, bench and unload ``source``. ``queued``: the sources waiting for this engine after it,
+        which the engine starts compiling ahead (``io_struct.Prepare``)."""
         restarted = self.ensure_running()
         pool_wait = time.monotonic()
         try:                                    # a warm executor first: waiting for one is not the candidate's time
-            self.client.prepare(timeout_s=self.start_timeout_s)
+            self.client.prepare(timeout_s=self.start_timeout_s, sources=[source, *queued])
         except (EngineTimeout, EngineDied):
             pass                                # the load below reports it
         pool_wait = time.monotonic() - pool_wait
@@ -260,6 +273,7 @@ class Supervisor:
         try:
             r = call(self.client.load_candidate, source, name)
             confined = dict(getattr(r, "sandbox", None) or {})
+            timings["compiled_ahead"] = 1.0 if getattr(r, "ahead", False) else 0.0
             reasons += _reasons(r)
             if not reasons:
                 phase = "verify"

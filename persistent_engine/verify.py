@@ -74,6 +74,24 @@ def op_check_floor_bytes(op_names: list[str], spec, points: list[WorkloadPoint])
     return floor
 
 
+def op_shapes(op, spec, points: list[WorkloadPoint], budget: int | None = None) -> list[dict]:
+    """The shapes ``op_level`` checks ``op`` at: each point's (within ``budget`` where the op has a ``fit``),
+    then the op's odd-size examples; no shape twice."""
+    shapes: list[dict] = []
+    for p in points:
+        for s in op.shapes(spec, p):
+            if budget is not None and op.fit is not None:
+                s = op.fit(s, budget)
+            if s not in shapes:
+                shapes.append(s)
+    return shapes + [s for s in op.examples if s not in shapes]
+
+
+def op_dtypes(dtype: torch.dtype) -> tuple:
+    """The dtypes ``op_level`` checks at: the engine's, and fp32."""
+    return tuple(dict.fromkeys((dtype, torch.float32)))
+
+
 def op_level(op_names: list[str], overrides: dict, spec, points: list[WorkloadPoint], device: torch.device,
              dtype: torch.dtype, seed: int, budget: int | None = None, check=None) -> list[Check]:
     """``check_op`` for each overridden op at the points' shapes and the odd-size examples. ``budget``:
@@ -86,17 +104,9 @@ def op_level(op_names: list[str], overrides: dict, spec, points: list[WorkloadPo
     check = check or check_op
 
     checks: list[Check] = []
+    dtypes = op_dtypes(dtype)
     for name in op_names:
-        op = registry.get(name)
-        shapes: list[dict] = []
-        for p in points:
-            for s in op.shapes(spec, p):
-                if budget is not None and op.fit is not None:
-                    s = op.fit(s, budget)
-                if s not in shapes:
-                    shapes.append(s)
-        shapes += [s for s in op.examples if s not in shapes]
-        dtypes = tuple(dict.fromkeys((dtype, torch.float32)))
+        shapes = op_shapes(registry.get(name), spec, points, budget)
         reasons: list[str] = []
         for k, s in enumerate((seed, seed + 7919)):       # two fresh seeds: caching by shape fails
             for r in check(name, overrides[name], device=device, dtypes=dtypes, shapes=shapes or None,

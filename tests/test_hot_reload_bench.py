@@ -42,12 +42,16 @@ def test_losers_are_mixed_in_and_the_stops_are_counted():
 @pytest.mark.slow
 def test_cpu_run_writes_the_cycles_and_the_split_figures(tmp_path, capsys):
     out = tmp_path / "hot.json"
-    assert hr.main(["--device", "cpu", "--cycles", "2", "--cold", "1", "--samples", "3", "--out", str(out)]) == 0
+    assert hr.main(["--device", "cpu", "--cycles", "2", "--cold", "1", "--samples", "3", "--queued", "1",
+                    "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["all_correct"] and len(doc["cycles"]) == 2
+    # told of the next one, but on CPU the judge compiles nothing ahead by default (AHEAD["cpu"] = 0)
+    assert doc["queued"] == 1 and doc["compiled_ahead"] == 0 and not any(r["compiled_ahead"] for r in doc["cycles"])
     assert all(r["executors_used"] >= k + 1 for k, r in enumerate(doc["cycles"]))    # one executor each
     assert doc["sandbox"] and doc["pool_size"] >= 1 and doc["ratio_restart_over_hot"] > 1
     assert doc["vs_before"]["before"]["cycle_s"] == 0.31
     assert doc["stops"]["points_timed"] >= 2 and doc["stops"]["stopped_futility"] == 0    # fixed samples: no stop
     printed = capsys.readouterr().out
     assert "judge/executor split" in printed and "the in-process engine on the H200" in printed
+    assert "compiled ahead: 0 of 2 (told the next 1 as queued)" in printed

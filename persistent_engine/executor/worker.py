@@ -18,6 +18,9 @@ are the judge's), warms kernels, and then answers one request at a time:
             ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), every
             output cloned into a ring; replies once the device is idle
   fetch     rows of output j of the last ``run`` (and row 0 of runs j-1, j-2: the chain's links)
+  warm      compile ahead (a candidate queued behind the one being judged): each override run once at every
+            case its op-level check will draw and one step of each point that calls it; outputs dropped,
+            a case that raises passed over (verify says why); replies with counts only
   guards    what this process's own guards saw (global state, threads): reasons that can only reject
   memory    its caching allocator's bytes (allocated now, reserved now and at peak; 0 on CPU): sizes the
             judge's pool (judge/memory.py ``measured_overhead``, asked of the baseline executor only)
@@ -62,6 +65,7 @@ class Worker:
         torch.set_grad_enabled(False)
         spec = ModelSpec.from_name(init["model"], init.get("model_config"))
         layers = _resolve_layers(spec, init["layers"])
+        self.spec = spec
         shared = arena.tensors()
         if init.get("weights"):                  # CUDA: the judge's device copy, mapped (device_share.py)
             from persistent_engine.executor.device_share import import_weights
@@ -150,6 +154,49 @@ class Worker:
             results.append({"outputs": [o.clone() if isinstance(o, self.torch.Tensor) else None for o in first],
                             "devices": [str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]})
         return {"results": results}
+
+    def warm(self, msg: dict) -> dict:
+        """Compile the loaded candidate's kernels ahead of its verification (Triton's cache and this
+        process's loaded kernels are what verify and bench then find): each override once at every (dtype,
+        shape) its op-level check draws (``verify.op_shapes`` within the judge's ``budget``, ``op_dtypes``),
+        then one step of variant 0 at each point whose ops (``ops_at``, the judge's) it overrides. Inputs
+        from the op's generator with seeds from ``seed`` (the judge's draw, not verify's, which comes later).
+        Nothing here is compared or timed: it can only cost the candidate time. Stops at a device error (the
+        context is gone; verify reports it)."""
+        from persistent_engine import verify
+
+        c = self.candidate
+        done = {"cases": 0, "steps": 0, "failed": 0}
+        if c is None:
+            return done
+        seed, budget = int(msg.get("seed") or 0), msg.get("budget")
+
+        def attempt(fn) -> bool:
+            try:
+                fn()
+                self._sync()
+                return True
+            except Exception as e:  # noqa: BLE001 - verify judges this candidate, not the warm-up
+                done["failed"] += 1
+                if any(s in f"{type(e).__name__}: {e}" for s in DEVICE_ERRORS):
+                    raise
+                return False
+
+        for name in sorted(c.overrides):
+            op, impl = self.registry.get(name), c.overrides[name]
+            for dtype in verify.op_dtypes(self.dtype):
+                for j, shape in enumerate(verify.op_shapes(op, self.spec, self.points, budget)):
+                    done["cases"] += attempt(lambda: impl(*op.make_inputs(shape, dtype, self.device, seed + j)))
+        ops_at = [set(at) for at in msg.get("ops_at") or ()]
+        for i, at in enumerate(ops_at[:len(self.workloads)]):
+            if at & set(c.overrides):
+                w = self.workloads[i][0]
+
+                def one_step(w=w) -> None:
+                    with self.registry.override(c.overrides):
+                        self.model.step(w)
+                done["steps"] += attempt(one_step)
+        return done
 
     def step(self, msg: dict) -> dict:
         from persistent_engine import verify
@@ -329,7 +376,7 @@ def serve(chan, arena, init: dict) -> int:
     worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES) // 4
     chan.send({"ready": True, "pid": os.getpid()})
     handlers = {"load": worker.load, "op_checks": worker.op_checks, "steps": worker.steps, "capture": worker.capture,
-                "run": worker.run, "fetch": worker.fetch, "guards": worker.guards_request,
+                "run": worker.run, "fetch": worker.fetch, "warm": worker.warm, "guards": worker.guards_request,
                 "memory": worker.memory_request}
     while True:
         msg = decode_tensors(chan.recv())

@@ -48,8 +48,8 @@ from persistent_engine.executor.launch import Executor, ExecutorDied, ExecutorPo
 from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
 from persistent_engine.judge import memory
-from persistent_engine.judge.executors import (DEFAULT_CALL_S, EXECUTOR_START_S, POOL_SIZE,  # noqa: F401 (public face)
-                                              ExecutorSide, elog)
+from persistent_engine.judge.executors import (AHEAD, DEFAULT_CALL_S, EXECUTOR_START_S,  # noqa: F401 (public face)
+                                              PAUSE_AHEAD, POOL_SIZE, ExecutorSide, elog)
 from persistent_engine.judge.checks import default_points, weight_share
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          Profile,
@@ -94,6 +94,7 @@ class EngineConfig:
     # bytes of weights the other engines on this device hold or will hold (the other tier's slice on a
     # one-GPU run; 0: this engine is alone): kept out of the pool and the op-check budget (memory.py)
     co_tenant_weights: int = 0
+    ahead: int | None = None            # executors compiling queued candidates ahead (None: AHEAD of the device)
 
 
 class Candidate:
@@ -260,9 +261,16 @@ class Engine(ExecutorSide):
         self.pool_wait_s = 0.0
         self._next: Executor | None = None      # set aside by ``prepare`` for the next load
         self.prepare_ahead = True               # False when memory is short (``memory.pool_plan``)
+        self._ahead: dict = {}                  # sha256 of a queued source -> ``Ahead`` (compiling it)
+        self.ahead_max = 0                      # set with the pool
+        self.ahead_used = 0                     # candidates loaded from an executor that compiled them ahead
+        self.warmed: dict = {}                  # the last such executor's warm-up counts
 
     def close(self) -> None:
         self._drop_candidate()
+        for ahead in self._ahead.values():
+            ahead.executor.kill()
+        self._ahead.clear()
         if self._next is not None:
             self._next.kill()
         if self.pool is not None:
@@ -429,12 +437,18 @@ class Engine(ExecutorSide):
         if self.candidate is not None:
             self.unload(Unload())
         reasons = cand_mod.static_check(req.source, self.op_params)
+        ahead = False
         if not reasons:
-            ex = self._take()
+            deadline = self._deadline(req)
+            r = self._loaded_ahead(req.source, req.name, deadline)      # compiled while it was queued
+            ahead = r is not None
+            if r is None:
+                ex = self._take()
+                self._seed_kernels(req.source, ex)
+                self.candidate = Candidate(req.name, ex, [], {}, "", req.source)
+                r = self._call({"op": "load", "source": req.source, "name": req.name}, deadline)
+            ex = self.candidate.executor
             self.executors_used += 1
-            self._seed_kernels(req.source, ex)
-            self.candidate = Candidate(req.name, ex, [], {}, "", req.source)
-            r = self._call({"op": "load", "source": req.source, "name": req.name}, self._deadline(req))
             reasons = list(r.get("reasons") or [])
             if reasons:
                 self._drop_candidate()
@@ -445,12 +459,17 @@ class Engine(ExecutorSide):
         secs = (timing.now_ns() - t0) / 1e9
         confined = _applied(self.candidate.executor if self.candidate else None)
         if reasons:
-            return LoadReply(ok=False, message="candidate refused", reasons=reasons, seconds=secs, sandbox=confined)
+            return LoadReply(ok=False, message="candidate refused", reasons=reasons, seconds=secs, sandbox=confined,
+                             ahead=ahead)
         c = self.candidate
         notes = "; ".join(f"{k}: {v}" for k, v in self._config_notes().items())
-        return LoadReply(ok=True, message=f"loaded {c.name}" + (f" (CONFIG {notes})" if notes else ""),
+        warmed = self.warmed if ahead else {}
+        return LoadReply(ok=True, message=f"loaded {c.name}"
+                         + (f" (compiled ahead: {warmed.get('cases', 0)} op case(s), {warmed.get('steps', 0)} step(s), "
+                            f"{warmed.get('failed', 0)} failed)" if ahead else "")
+                         + (f" (CONFIG {notes})" if notes else ""),
                          ops=sorted(c.ops), config=c.config, description=c.description[:2000], seconds=secs,
-                         sandbox=confined)
+                         sandbox=confined, ahead=ahead)
 
     def _need_candidate(self) -> ErrorReply | None:
         if self.candidate is None:
@@ -514,6 +533,11 @@ class Engine(ExecutorSide):
             need = PAUSE_POOL_IF_READY.get(self.device.type)
             paused = (self.pool.pause() if self.pool is not None and need is not None
                       and self.pool.ready_count() >= need else [])
+            if self._ahead and PAUSE_AHEAD.get(self.device.type, True):
+                compiling = [a.executor for a in self._ahead.values()]
+                for ex in compiling:
+                    ex.stop()
+                paused += compiling
             try:
                 res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
                                    self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
@@ -592,7 +616,8 @@ class Engine(ExecutorSide):
                            candidate=self.candidate.name if self.candidate else None,
                            sandbox=sandbox_summary(self.device.type), executors_used=self.executors_used,
                            pool_size=self.pool_size, pool_wait_s=self.pool_wait_s,
-                           pool_ready=self.pool.ready_count() if self.pool else 0)
+                           pool_ready=self.pool.ready_count() if self.pool else 0,
+                           ahead=len(self._ahead), ahead_used=self.ahead_used)
 
 
 def _applied(ex: Executor | None) -> dict:

@@ -1,10 +1,12 @@
 """The judge's executors (``engine.Engine`` inherits this side): the baseline executor, the pool of warm
 candidate executors sized from the device's memory (``memory.py``), the one taken for a candidate or prepared
-ahead of its load, the op-level checks' byte budget, and the reference routing asked of the baseline
-executor. Nothing here runs candidate code: it starts, sizes and hands out the processes that do.
+ahead of its load, those loading and compiling queued candidates ahead (``AHEAD``), the op-level checks' byte
+budget, and the reference routing asked of the baseline executor. Nothing here runs candidate code: it starts,
+sizes and hands out the processes that do.
 
 ``ExecutorSide`` reads what ``Engine`` sets up: ``config``, ``device``, ``points``, ``arena``, ``_init``,
-``_dir``, ``baseline``, ``pool``, ``pool_size``, ``candidate``, ``_next``, ``executor_bytes``,
+``_dir``, ``baseline``, ``pool``, ``pool_size``, ``candidate``, ``_next``, ``_ahead``, ``ahead_max``,
+``ahead_used``, ``warmed``, ``_rng``, ``ops_at``, ``op_params``, ``executor_bytes``,
 ``device_weights``, ``op_check_floor``, ``op_check_budget``, the reference (``ref``, ``model``,
 ``workloads``, ``moe_routes``, ``executor_routes``, ``dtype``).
 """
@@ -12,18 +14,23 @@ executor. Nothing here runs candidate code: it starts, sizes and hands out the p
 from __future__ import annotations
 
 import os
+import queue
 import sys
+from dataclasses import dataclass
 
 import torch
 
+from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, timing, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes
+from persistent_engine.executor.kernel_cache import source_key
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorStartFailed,
                                               ExecutorTimeout)
 from persistent_engine.io_struct import Prepare, PrepareReply
 from persistent_engine.judge import memory
 
-__all__ = ["POOL_SIZE", "EXECUTOR_START_S", "DEFAULT_CALL_S", "ExecutorSide", "elog"]
+__all__ = ["POOL_SIZE", "AHEAD", "AHEAD_ENV", "EXECUTOR_START_S", "DEFAULT_CALL_S", "Ahead", "ExecutorSide",
+           "ahead_default", "elog", "split_pool"]
 
 # warm candidate executors kept ready: one warms in ~8-9 s on the H200 box (imports ~5 s, CUDA context,
 # weights, the first Triton compile ~2 s), a cycle should take < 1 s, so twelve warming at once on its 16
@@ -31,6 +38,17 @@ __all__ = ["POOL_SIZE", "EXECUTOR_START_S", "DEFAULT_CALL_S", "ExecutorSide", "e
 # on CPU one (the CI machine has two cores). On CUDA fewer when memory is short (``memory.pool_plan``: each
 # takes its KV caches, activations and context; the weights are mapped, device_share.py).
 POOL_SIZE = {"cuda": 12, "cpu": 1}
+# candidates waiting for the engine (``Prepare.sources``: told while they wait for the device, and again when
+# the next one's turn comes) each get an executor of their own ahead, which loads the candidate and compiles
+# its kernels (the executor's ``warm``) while the judge verifies and times another. On the H200 (llama-1b,
+# 2026-12-04) verify was 5.9 s of a 6.3 s fast-tier evaluation, Triton compiling in the fresh executor, the
+# device idle; a torch-only candidate verified in 0.14 s. At most this many at once, beside the pool (out of
+# its memory room: ``split_pool``). On CUDA they run while a point is timed (compiling is host work on a
+# 16-core box; their device work is one launch per case between compiles); on CPU none by default (nothing
+# compiles under TRITON_INTERPRET) and any are paused while a point is timed (two cores, the timed sides').
+AHEAD = {"cuda": 4, "cpu": 0}
+AHEAD_ENV = "TKCC_AHEAD"                 # overrides AHEAD (a count >= 0), e.g. to measure a run without them
+PAUSE_AHEAD = {"cuda": False, "cpu": True}
 EXECUTOR_START_S = 900.0
 DEFAULT_CALL_S = 600.0
 
@@ -38,6 +56,32 @@ DEFAULT_CALL_S = 600.0
 def elog(line: str) -> None:
     """One line on the engine's stderr (the supervisor keeps it and shows its tail on a crash)."""
     print(f"tkcc-engine[{os.getpid()}]: {line}", file=sys.stderr, flush=True)
+
+
+def ahead_default(device_type: str) -> int:
+    """``AHEAD`` of the device, or the count in ``TKCC_AHEAD`` (a value that is no count >= 0 is named on
+    stderr and passed over)."""
+    raw = os.environ.get(AHEAD_ENV, "").strip()
+    if raw:
+        if raw.isdigit():
+            return int(raw)
+        elog(f"{AHEAD_ENV}={raw!r} is not a count >= 0; using {AHEAD.get(device_type, 0)}")
+    return AHEAD.get(device_type, 0)
+
+
+def split_pool(room: int, ahead: int) -> tuple[int, int]:
+    """(warm pool, executors compiling ahead) of ``room`` executors the device has room for: ``ahead`` at
+    most half of it, the pool at least one."""
+    ahead = max(0, min(ahead, room // 2))
+    return max(1, room - ahead), ahead
+
+
+@dataclass
+class Ahead:
+    """An executor loading and compiling a queued candidate's source: its ``load`` and ``warm`` replies are
+    still to be read (in that order) when the source's own load comes."""
+    executor: Executor
+    source: str
 
 
 class ExecutorSide:
@@ -66,13 +110,16 @@ class ExecutorSide:
     def _pool(self) -> ExecutorPool:
         if self.pool is None:
             size = self.config.pool_size or POOL_SIZE.get(self.device.type, 1)
+            ahead = self.config.ahead if self.config.ahead is not None else ahead_default(self.device.type)
             if self.device.type == "cuda" and not self.config.pool_size:
                 # the baseline executor's measured footprint each, from what the other tier's weights and
-                # the op checks leave (the other tier's engine and its pool use this GPU too)
-                plan = self._pool_plan(size)
+                # the op checks leave (the other tier's engine and its pool use this GPU too); the executors
+                # compiling ahead come out of the same room, at most half of it
+                plan = self._pool_plan(size + ahead)
                 elog(plan.line())
-                size, self.prepare_ahead = plan.size, plan.held_out >= memory.HELD_OUT
-            self.pool_size = size
+                self.prepare_ahead = plan.held_out >= memory.HELD_OUT
+                size, ahead = split_pool(plan.size, ahead if self.prepare_ahead else 0)
+            self.pool_size, self.ahead_max = size, max(0, ahead)
             self.pool = ExecutorPool(lambda: self._new_executor("candidate"), size, EXECUTOR_START_S,
                                      note=self._memory_note)
         return self.pool
@@ -98,7 +145,7 @@ class ExecutorSide:
         """The co-tenants' weights not on the device yet (this process's own holdings: the allocator's
         reserve, the exported weights, its context, the baseline executor and the started candidate ones)."""
         started = (self.pool_size - self.pool.warming_count()) if self.pool is not None else 0
-        started += (self.candidate is not None) + (self._next is not None)     # taken from the pool
+        started += (self.candidate is not None) + (self._next is not None) + len(self._ahead)   # taken from the pool
         own = (torch.cuda.memory_reserved(self.device) + (self.device_weights.nbytes if self.device_weights else 0)
                + memory.CONTEXT_BYTES + self.executor_bytes + started * self._executor_each())
         return memory.to_come(gpu_bytes(self.device) or 0, free, own, self.config.co_tenant_weights)
@@ -135,14 +182,110 @@ class ExecutorSide:
         self.pool_wait_s = (timing.now_ns() - t0) / 1e9
         return ex
 
-    def prepare(self, req: Prepare) -> PrepareReply:
+    def prepare(self, req: Prepare | None) -> PrepareReply:
+        """Executors that load and compile ``req.sources`` ahead, first come first, as the pool's ready ones
+        allow (``_warm_ahead``); then, unless the next source (the first) has one, an executor set aside for
+        its load (waiting for the pool). Ahead executors of sources no longer listed are discarded (their
+        compiled kernels kept for the source: another engine of the tier may be judging it)."""
         self._pool()
+        sources = [s for s in (getattr(req, "sources", None) or []) if isinstance(s, str) and s]
+        self._drop_ahead(keep={source_key(s) for s in sources})
         if not self.prepare_ahead:              # memory short (memory.pool_plan): the load takes one itself
             return PrepareReply(message="no executor prepared ahead: device memory short", pool_wait_s=0.0)
-        if self._next is None or not self._next.alive():
+        started = self._warm_ahead(sources)
+        ready = "executor ready"
+        if sources and source_key(sources[0]) in self._ahead:
+            self.pool_wait_s, ready = 0.0, "the next source is loading ahead"
+        elif self._next is None or not self._next.alive():
             self._next = None
             self._next = self._take()
-        return PrepareReply(message="executor ready", pool_wait_s=self.pool_wait_s)
+        return PrepareReply(message=ready + (f"; {started} started compiling ahead" if started else ""),
+                            pool_wait_s=self.pool_wait_s, ahead=len(self._ahead))
+
+    # ------------------------------------------------------------------------------ compiling ahead
+    def _warm_ahead(self, sources: list[str]) -> int:
+        """For each source without one (at most ``ahead_max`` at once): a ready executor of the pool
+        (never waited for) loads it and compiles its kernels (``warm``), both sent now, read at its load.
+        Sources the static checks refuse get none (their load refuses them without an executor). Returns
+        how many started."""
+        started = 0
+        for source in sources:
+            key = source_key(source)
+            if len(self._ahead) >= self.ahead_max or self.pool.ready_count() < 1:
+                break
+            if key in self._ahead or cand_mod.static_check(source, self.op_params):
+                continue
+            try:
+                ex = self.pool.take(timeout_s=0.001)
+            except (queue.Empty, ExecutorStartFailed) as e:
+                if isinstance(e, ExecutorStartFailed):
+                    elog(str(e))
+                break
+            self._seed_kernels(source, ex)
+            try:
+                ex.send({"op": "load", "source": source, "name": "candidate"})
+                ex.send({"op": "warm", "seed": self._rng.randrange(1, 2**31), "budget": self._warm_budget(),
+                         "ops_at": [sorted(at) for at in self.ops_at]})
+            except ExecutorDied:
+                self.pool.discard(ex)
+                continue
+            self._ahead[key] = Ahead(ex, source)
+            started += 1
+        return started
+
+    def _warm_budget(self) -> int | None:
+        """Bytes one warm-up's op cases may hold: the executors compiling ahead share one op-level check's
+        budget (``_op_budget``), so that together with the check the judge runs meanwhile they stay within
+        what is free. A fitted shape then may be smaller than verify's (more rarely a kernel compiled twice,
+        never a wrong one)."""
+        budget = self._op_budget()
+        return None if budget is None else budget // max(1, self.ahead_max)
+
+    def _drop_ahead(self, keep: set[str] = frozenset()) -> None:
+        """Discard the ahead executors of sources not in ``keep`` (killed off the judge's cycle, what they
+        compiled harvested for their source)."""
+        for key in [k for k in self._ahead if k not in keep]:
+            ahead = self._ahead.pop(key)
+            self._discard(ahead.executor, ahead.source)
+
+    def _discard(self, ex: Executor, source: str) -> None:
+        """Kill ``ex`` (the tree on the pool's reaper thread) and keep what it compiled for ``source``."""
+        if self.pool is not None:
+            self.pool.discard(ex, then=lambda: self._harvest_kernels(source, ex))
+        else:
+            ex.kill()
+            self._harvest_kernels(source, ex)
+
+    def _loaded_ahead(self, source: str, name: str, deadline: float) -> dict | None:
+        """The load reply of the executor that loaded ``source`` ahead, once its compiling is done, that
+        executor made the candidate's; None when there is none or it is unusable: it died, or its load or
+        warm-up raised (discarded; the load starts over in a fresh executor, so the verdict is the one a fresh
+        executor gives). A hang is the candidate's: ``ExecutorTimeout`` with the executor loaded as the
+        candidate's, which the request's handler kills."""
+        from persistent_engine.judge.engine import Candidate
+
+        ahead = self._ahead.pop(source_key(source), None)
+        if ahead is None:
+            return None
+        ex = ahead.executor
+        self.candidate = Candidate(name, ex, [], {}, "", source)
+        warmed: dict = {}
+        try:
+            loaded = ex.receive(deadline - timing.now_ns() / 1e9, "load")
+            if "error" not in loaded:
+                warmed = ex.receive(deadline - timing.now_ns() / 1e9, "warm-up")
+        except ExecutorDied as e:
+            elog(f"an executor loading a candidate ahead died ({e.how}); loading it afresh")
+            loaded = {"error": e.how}
+        self.warmed = warmed
+        if "error" in loaded or "error" in warmed:
+            self.candidate = None
+            elog(f"a candidate's ahead load or warm-up failed ({str(loaded.get('error') or warmed.get('error'))[:200]})"
+                 "; loading it afresh")
+            self._discard(ex, source)
+            return None
+        self.ahead_used += 1
+        return loaded
 
     def reference_routes(self, i: int, v: int, deadline: float) -> list | None:
         """The reference's MoE routing at point i, variant v, as the baseline EXECUTOR computes it: a

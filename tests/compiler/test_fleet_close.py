@@ -17,7 +17,7 @@ class _Supervisor:
         self.closed = threading.Event()
         self.auto_restart = True
 
-    def evaluate(self, source, timeout_s, name="candidate", samples=None):
+    def evaluate(self, source, timeout_s, name="candidate", samples=None, queued=()):
         self.closed.wait(10)
         raise zmq.ZMQError(zmq.ENOTSOCK)
 

@@ -23,18 +23,20 @@ class SleepingSupervisor:
     restarts: list = []
     auto_restart = True
 
-    def __init__(self, load_s: float, verify_s: float, bench_s: float):
+    def __init__(self, load_s: float, verify_s: float, bench_s: float, ahead: bool = False):
         self.t = {"pool_wait_s": 0.01, "load_s": load_s, "verify_s": verify_s, "bench_s": bench_s}
+        self.ahead = ahead
 
     def evaluate(self, source: str, timeout_s: float = 300.0, **_):
         time.sleep(sum(self.t.values()) + 0.005)
-        return CandidateVerdict(correct=True, reasons=[], speedup=1.0, timings=dict(self.t))
+        return CandidateVerdict(correct=True, reasons=[], speedup=1.0,
+                                timings={**self.t, "compiled_ahead": float(self.ahead)})
 
 
 def _fleet() -> LocalFleet:
     fleet = LocalFleet(FleetConfig(model="tiny-dense", points=(), fast_layers=(0,), slow_layers=(0, 1)))
     lock = threading.Lock()                               # one device: the tiers share its lock
-    fleet.engines = [Engine(Placement("fast", "cpu", (0,)), SleepingSupervisor(0.02, 0.03, 0.05), lock),
+    fleet.engines = [Engine(Placement("fast", "cpu", (0,)), SleepingSupervisor(0.02, 0.03, 0.05, ahead=True), lock),
                      Engine(Placement("slow", "cpu", (0, 1)), SleepingSupervisor(0.01, 0.02, 0.04), lock)]
     fleet._free = {"fast": queue.Queue(), "slow": queue.Queue()}
     for e in fleet.engines:
@@ -58,6 +60,7 @@ def test_busy_compile_idle_and_queue_wait_add_up_to_the_window():
     s = clock.summary()
     fast, slow = s["engines"]["fast-0"], s["engines"]["slow-1"]
     assert (fast["calls"], slow["calls"]) == (4, 1)
+    assert (fast["compiled_ahead"], slow["compiled_ahead"]) == (4, 0)
     assert fast["compile_s"] == pytest.approx(4 * 0.02, abs=1e-6)
     assert fast["executor_wait_s"] == pytest.approx(4 * 0.01, abs=1e-6)
     assert fast["judging_s"] == pytest.approx(4 * 0.08, abs=1e-6)

@@ -247,7 +247,8 @@ def test_a_judge_short_of_memory_prepares_no_executor_ahead():
 
     taken = []
     judge = SimpleNamespace(_next=None, prepare_ahead=False, _pool=lambda: None, pool_wait_s=0.0,
-                            _take=lambda: taken.append(1) or "warm executor")
+                            _take=lambda: taken.append(1) or "warm executor", _ahead={},
+                            _drop_ahead=lambda keep: None, _warm_ahead=lambda sources: 0)
     reply = Engine.prepare(judge, None)
     assert "no executor prepared ahead" in reply.message and judge._next is None and not taken
     judge.prepare_ahead = True
