@@ -4,7 +4,7 @@
                    [--out DIR] [--device auto|cpu|cuda] [--fast-layers N] [--slow-layers N]
                    [--fleet local|ray] [--ray-address ADDR] [--gpus N] [--aa-runs N] [--json]
                    [--routing-skew ALPHA | --routing-histogram FILE] [--weights PATH]
-                   [--llm-budget-usd X] [--llm-budget-tokens N]
+                   [--llm-budget-usd X] [--llm-budget-tokens N] [--ttft-ms X] [--tpot-ms Y]
     tkcc recompile --plan DIR --traffic FILE [--budget 10m] [--force] [--json]
                    exit 0 either way (no drift: nothing written; drift: a new version beside the old)
     tkcc plan show DIR [--json]
@@ -87,6 +87,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dollars all LLM agents of the run may spend together (default: no limit)")
     p.add_argument("--llm-budget-tokens", type=int, default=None,
                    help="tokens all LLM agents of the run may spend together (default: no limit)")
+    p.add_argument("--ttft-ms", type=positive_float, default=None,
+                   help="the deployment's time-to-first-token SLO per request: engine settings are then scored by "
+                        "their goodput (tokens/s of requests within the SLO) and the layout meets it")
+    p.add_argument("--tpot-ms", type=positive_float, default=None,
+                   help="the deployment's time-per-output-token SLO per request (as --ttft-ms)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("--json", action="store_true")
     p.add_argument("--unsafe-no-sandbox", action="store_true",
@@ -164,7 +169,8 @@ def _optimize(args: argparse.Namespace) -> int:
                          vs_torch_compile=args.vs_torch_compile, continue_plan=not args.fresh,
                          quiet=args.quiet or args.json, routing_skew=args.routing_skew,
                          routing_histogram=args.routing_histogram, weights=args.weights,
-                         llm_budget_usd=args.llm_budget_usd, llm_budget_tokens=args.llm_budget_tokens)
+                         llm_budget_usd=args.llm_budget_usd, llm_budget_tokens=args.llm_budget_tokens,
+                         ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
     res = optimize(cfg)
     _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)
     return 130 if res.interrupted and not args.json else 0

@@ -36,7 +36,8 @@ from typing import Any, Callable
 from compiler.acceptance import Accepted, Composition, Decision, threshold
 from compiler.compose import Part, compose
 
-__all__ = ["ConfigAccepted", "ConfigAcceptor", "start", "config_only", "projected_effect", "MODELLED"]
+__all__ = ["ConfigAccepted", "ConfigAcceptor", "start", "config_only", "projected_effect", "replay_key", "slo_of",
+           "MODELLED"]
 
 MODELLED = ("step time between the measured workload points (a + b*new + c*kv fit)",
             "full model = fast-tier slice x layers ratio",
@@ -77,10 +78,15 @@ def projected_effect(base: dict, after: dict) -> dict:
     def ms(x: float | None) -> float | None:
         return None if x is None else round(1e3 * x, 3)
 
+    def rounded(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
     rows = {"ttft_mean_ms": ("ttft_mean_s", ms), "ttft_p50_ms": ("ttft_p50_s", ms),
             "ttft_p99_ms": ("ttft_p99_s", ms), "tpot_mean_ms": ("tpot_mean_s", ms),
-            "tpot_p50_ms": ("tpot_p50_s", ms), "tokens_per_s": ("tokens_per_s", lambda v: round(v, 3)),
-            "tokens_per_busy_s": ("tokens_per_busy_s", lambda v: round(v, 3))}
+            "tpot_p50_ms": ("tpot_p50_s", ms), "tokens_per_s": ("tokens_per_s", rounded),
+            "tokens_per_busy_s": ("tokens_per_busy_s", rounded)}
+    if after.get("goodput_tokens_per_s") is not None:        # scored under an SLO
+        rows.update(goodput_tokens_per_s=("goodput_tokens_per_s", rounded), slo_attained=("slo_attained", rounded))
     out = {name: {"before": f(base.get(k)), "after": f(after.get(k))} for name, (k, f) in rows.items()}
     out["ratios"] = {k: round(v, 4) for k, v in (after.get("ratios") or {}).items()}
     out["label"] = "projected: traffic replay with measured step times"
@@ -128,8 +134,9 @@ class ConfigAcceptor:
         result = self.judge.evaluate_config(config)
         need = 1.0 + self.min_gain
         if not result["feasible"] or result["score"] <= need:
+            how = f"in goodput under {self.judge.slo.describe()}" if self.judge.slo else "without a loss"
             return Decision(False, "fast", f"config replay x{result['score']:.3f} does not beat the baseline "
-                                           f"setting by {100 * self.min_gain:.0f}% without a loss", fast=speedup)
+                                           f"setting by {100 * self.min_gain:.0f}% {how}", fast=speedup)
         effect = {**projected_effect(self.judge.baseline(), result), "time_scale": round(self.judge.time_scale, 6)}
         name = "config-" + hashlib.sha256(source.encode()).hexdigest()[:8]
         acc = ConfigAccepted(name=name, source=source, author=author, targets=("config",),
@@ -141,8 +148,7 @@ class ConfigAcceptor:
             self.configs.append(acc)
         if self.on_accept is not None:
             self.on_accept(acc)
-        return Decision(True, "fast", f"config replay x{result['score']:.3f} (TTFT x{effect['ratios']['ttft']}, "
-                                      f"TPOT x{effect['ratios']['tpot']}, capacity x{effect['ratios']['capacity']})",
+        return Decision(True, "fast", f"config replay x{result['score']:.3f} ({_ratios_line(effect['ratios'])})",
                         fast=speedup, slow=speedup)
 
     def compose(self, deadline: float | None = None) -> Composition | None:
@@ -180,16 +186,39 @@ def _describe(config: dict, effect: dict) -> str:
     graphs = config.get("cuda_graph_batch_sizes")
     if graphs is not None:
         knobs += f", {len(graphs)} CUDA-graph sizes"
-    r = effect["ratios"]
-    return f"{knobs}: projected TTFT x{r['ttft']:.3f}, TPOT x{r['tpot']:.3f}, capacity x{r['capacity']:.3f}"
+    return f"{knobs}: projected {_ratios_line(effect['ratios'])}"
+
+
+def _ratios_line(r: dict) -> str:
+    """"goodput x.., TTFT x.., TPOT x.., capacity x.." (goodput only when scored under an SLO)."""
+    names = (("goodput", "goodput"), ("ttft", "TTFT"), ("tpot", "TPOT"), ("capacity", "capacity"))
+    return ", ".join(f"{label} x{r[k]:.3f}" for k, label in names if k in r)
+
+
+def slo_of(ttft_ms: float | None, tpot_ms: float | None) -> Any:
+    """The deployment's per-request SLO (``traffic_profiles.Slo``, seconds) from ``--ttft-ms`` and
+    ``--tpot-ms``; None when neither is given."""
+    from traffic_profiles import Slo
+
+    if ttft_ms is None and tpot_ms is None:
+        return None
+    return Slo(None if ttft_ms is None else ttft_ms / 1e3, None if tpot_ms is None else tpot_ms / 1e3)
+
+
+def replay_key(traffic_hash: str, ttft_ms: float | None, tpot_ms: float | None) -> str:
+    """What a config verdict depends on beside the shapes: the trace, and the SLO it was scored by."""
+    if ttft_ms is None and tpot_ms is None:
+        return traffic_hash
+    return f"{traffic_hash}+slo:ttft={ttft_ms}ms,tpot={tpot_ms}ms"
 
 
 def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, spec: Any,
           fast_layers: list[int], device_kind: str, on_accept: Callable[[Accepted], None] | None = None,
-          event: Callable[[str], None] | None = None) -> tuple[Any, list[Any]]:
+          event: Callable[[str], None] | None = None, slo: Any = None) -> tuple[Any, list[Any]]:
     """(the acceptor to use, the agents to run): a :class:`ConfigAcceptor` and the agents with the
     judge on every offline team plus one config search agent; unchanged (with a line saying why) when
-    the engine measured no step time to replay with."""
+    the engine measured no step time to replay with. ``slo`` (``slo_of``): the settings are scored by
+    their goodput under it (``agents.offline.ConfigJudge``)."""
     from agents.offline import ConfigJudge, ConfigSearchAgent, OfflineTeam, samples_from_profile
     from agents.offline import EAGER_FACTOR_CUDA
     from traffic_profiles import read_trace
@@ -202,7 +231,7 @@ def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, sp
     if trace.rows > MAX_REPLAY_ROWS:            # a replay holds the GIL: keep it short beside the agents
         trace = trace.take(slice(0, MAX_REPLAY_ROWS))
     judge = ConfigJudge.from_profile(trace, profile, layer_scale=spec.num_layers / max(len(fast_layers), 1),
-                                     eager_factor=EAGER_FACTOR_CUDA if device_kind == "cuda" else 1.0)
+                                     eager_factor=EAGER_FACTOR_CUDA if device_kind == "cuda" else 1.0, slo=slo)
     scale = judge.fit_load()
     teams = {id(a.team): a.team for a in agents if isinstance(getattr(a, "team", None), OfflineTeam)}
     for team in teams.values():
@@ -213,6 +242,7 @@ def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, sp
         event(f"config search: step time {1e3 * st.a:.3f} ms + {1e6 * st.b:.3f} us/token + "
               f"{1e9 * st.c:.3f} ns/KV token, fitted to the engine's {len(samples_from_profile(profile))} "
               "measured points (full model projected)" + ("" if scale == 1.0 else
-              f"; the traffic replayed at {scale:.3g}x its rate, the load the measured engine carries"))
+              f"; the traffic replayed at {scale:.3g}x its rate, the load the measured engine carries")
+              + (f"; settings scored by their goodput under {slo.describe()}" if slo is not None else ""))
     agents = list(agents) + [ConfigSearchAgent("config-search", team)]
     return ConfigAcceptor(acceptor, judge, device_kind=device_kind, on_accept=on_accept), agents

@@ -224,15 +224,18 @@ def _source_version() -> str | None:
     return f"{m.group(1)}+source" if m else None
 
 
-def parallelism(spec: Any, hw: str, profile: dict, gpus: int) -> tuple[dict | None, dict | None, str]:
+def parallelism(spec: Any, hw: str, profile: dict, gpus: int, ttft_ms: float | None = None,
+                tpot_ms: float | None = None) -> tuple[dict | None, dict | None, str]:
     """(layouts as ``tkcc parallelism --json`` gives them, projected full-model figures of the best,
-    note). A cost-model failure is recorded as the note, never fatal to the run."""
-    from cost_model import get_hardware
+    note), under the deployment's SLO where one is given. A cost-model failure is recorded as the note,
+    never fatal to the run."""
+    from cost_model import SLA, get_hardware
     from cost_model import search
     from cost_model import TrafficShape
 
     try:
-        result = search(spec, get_hardware(hw), gpus, traffic=TrafficShape.from_profile(profile))
+        result = search(spec, get_hardware(hw), gpus, traffic=TrafficShape.from_profile(profile),
+                        sla=SLA(ttft_ms, tpot_ms))
     except Exception as e:  # noqa: BLE001 - the layout is advice; the measured plan stands without it
         return None, None, f"cost model: {type(e).__name__}: {e}"
     doc = result.to_dict()

@@ -70,6 +70,8 @@ class OptimizeConfig:
     weights: str | None = None               # a checkpoint both tiers load (its routers kept)
     llm_budget_usd: float | None = None      # the LLM agents' dollar budget for the run (all of them)
     llm_budget_tokens: int | None = None     # ... and token budget (None: no limit)
+    ttft_ms: float | None = None             # the deployment's SLO per request (None: no bound): the config
+    tpot_ms: float | None = None             # search's goodput and the parallelism layout's objective
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ def gather_inputs(cfg: OptimizeConfig) -> RunInputs:
                                                   shared=len(device["devices"]) < 2, notes=notes)
     tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram, cfg.weights,
                                      inputs.traffic_token_ids(cfg.traffic, spec.vocab_size))
-    layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus)
+    layout, projected, layout_note = inputs.parallelism(spec, cfg.hw, traffic.profile, gpus, cfg.ttft_ms, cfg.tpot_ms)
     device = {**device, "matches_hw": inputs.hw_matches(cfg.hw, device), "target": hw_doc}
     return RunInputs(spec, device, traffic, list(traffic.points), fast_layers, slow_layers,
                      tier_inputs, layout, projected, layout_note, tuple(notes))
@@ -229,7 +231,8 @@ def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: fl
     traffic_hash = run_in.traffic.hash
     run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic_hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
-                                      "device": device["kind"], "parent_version": cfg.parent_version})
+                                      "device": device["kind"], "parent_version": cfg.parent_version,
+                                      "slo": {"ttft_ms": cfg.ttft_ms, "tpot_ms": cfg.tpot_ms}})
     if dead:
         best_effort(mark_recovered, board, dead, run_id)
     if cfg.drift is not None:                    # recompile: the drift check that triggered this run
@@ -238,7 +241,8 @@ def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: fl
                     cfg.drift.get("features", []), run=run_id, old_hash=cfg.drift.get("old_hash", ""),
                     new_hash=traffic_hash)
     progress.on_change = _board_mirror(board, run_id)
-    memory = RunMemory(board, run_id, model=cfg.model, hw=cfg.hw, traffic_hash=traffic_hash,
+    memory = RunMemory(board, run_id, model=cfg.model, hw=cfg.hw,
+                       traffic_hash=config_plan.replay_key(traffic_hash, cfg.ttft_ms, cfg.tpot_ms),
                        shape=shape_class(device["kind"], run_in.spec.dtype, run_in.points, run_in.fast_layers,
                                          run_in.slow_layers))
     return Run(cfg, board, board_url, run_id, memory, progress, threading.Event(), budget, t_start)
@@ -334,7 +338,8 @@ def start_judging(run: Run, run_in: RunInputs, fleet: Fleet, baseline: Baseline,
     accepted: list[Accepted] = []
     acceptor = Acceptor(fleet.evaluate, run_in.points, baseline.noise, run.cfg.acceptance, on_accept, accepted)
     acceptor, agents = config_plan.start(acceptor, agents, run.cfg.traffic, baseline.profile, run_in.spec,
-                                         run_in.fast_layers, run_in.device["kind"], on_accept, progress.event)
+                                         run_in.fast_layers, run_in.device["kind"], on_accept, progress.event,
+                                         slo=config_plan.slo_of(run.cfg.ttft_ms, run.cfg.tpot_ms))
     run.memory.seed(agents)
     return Judge(run, fleet, acceptor, accepted, eval_s=dict(baseline.eval_s)), agents
 

@@ -6,7 +6,9 @@ knobs, op). The shape class is what a verdict depends on: the device kind, the t
 model's dtype and the workload points bucketed to powers of two (phase, batch, context, chunk), so a
 new traffic log whose steps land in the same buckets reuses the verdicts and one that moves them
 ("changed where it matters") does not. A config's acceptance also depends on the whole trace (the
-replay), so a remembered config verdict counts only for the same traffic hash.
+replay) and on the deployment's SLO (the goodput it is scored by), so a remembered config verdict counts
+only for the same ``traffic_hash`` (``config_plan.replay_key``: the trace's hash, and the SLO where one is
+given).
 
 :class:`RunMemory` (one per run) does three things:
   * ``recalled(source, acceptor)``: a verdict remembered for this source, without judging it again;

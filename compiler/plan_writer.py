@@ -159,7 +159,8 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
         run={"budget_s": cfg.budget_s, "wall_s": cfg.wall_s, "phases_s": dict(phases),
              "elapsed_s": round(elapsed_s, 1), "interrupted": outcome.interrupted,
              "tried": outcome.tried, "accepted": len(outcome.accepted), "restarts": outcome.restarts,
-             "agents": cfg.agents, "fleet": cfg.fleet, "layout_note": run_in.layout_note, "origin": _origin(cfg)},
+             "agents": cfg.agents, "fleet": cfg.fleet, "layout_note": run_in.layout_note, "origin": _origin(cfg),
+             "slo": {"ttft_ms": cfg.ttft_ms, "tpot_ms": cfg.tpot_ms}},
         parent_version=cfg.parent_version,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 

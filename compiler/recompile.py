@@ -47,6 +47,8 @@ def recompile(plan_path: str | Path, traffic: str, *, budget_s: float = 600.0, f
                          budget_s=budget_s, agents=agents or plan.run.get("agents") or "offline:auto",
                          board=board, device=device, slow_layers=len(slow) if slow else None,
                          fleet=fleet, seeds=plan_mod.seeds_of(plan, vdir), parent_version=plan.version, quiet=quiet,
+                         ttft_ms=(plan.run.get("slo") or {}).get("ttft_ms"),
+                         tpot_ms=(plan.run.get("slo") or {}).get("tpot_ms"),
                          drift={"features": list(features), "old_hash": plan.traffic.get("hash", ""),
                                 "forced": not drifted})
     if overrides:

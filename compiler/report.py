@@ -133,7 +133,8 @@ def _config_lines(plan: Plan) -> list[str]:
     if not rows:
         return []
     L = ["### Engine and scheduler settings (projected for this traffic)", "",
-         "| name | TTFT mean | TTFT p99 | TPOT mean | tokens/s | tokens per busy s |", "|---|---|---|---|---|---|"]
+         "| name | TTFT mean | TTFT p99 | TPOT mean | tokens/s | tokens per busy s | goodput tokens/s (SLO met) |",
+         "|---|---|---|---|---|---|---|"]
 
     def cell(p: dict, key: str, unit: str) -> str:
         v = p.get(key) or {}
@@ -142,7 +143,9 @@ def _config_lines(plan: Plan) -> list[str]:
     for o in rows:
         p = o.projected
         L.append(f"| {o.name} | {cell(p, 'ttft_mean_ms', ' ms')} | {cell(p, 'ttft_p99_ms', ' ms')} | "
-                 f"{cell(p, 'tpot_mean_ms', ' ms')} | {cell(p, 'tokens_per_s', '')} | {cell(p, 'tokens_per_busy_s', '')} |")
+                 f"{cell(p, 'tpot_mean_ms', ' ms')} | {cell(p, 'tokens_per_s', '')} | {cell(p, 'tokens_per_busy_s', '')} | "
+                 + (f"{cell(p, 'goodput_tokens_per_s', '')} ({cell(p, 'slo_attained', '')}) |"
+                    if p.get("goodput_tokens_per_s") else "no SLO given |"))
     modelled = rows[0].projected.get("modelled") or []
     L += ["", "Projected by replaying the traffic through the scheduler model with the step times the engine "
           "measured at the workload points; modelled: " + "; ".join(modelled) + ".", ""]

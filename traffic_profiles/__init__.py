@@ -18,13 +18,13 @@ _EXPORTS = {
     "ProfileConfig": "profile", "TrafficProfile": "profile", "build_profile": "profile",
     "profile_file": "profile", "rounded_json": "profile", "Scheduler": "scheduler", "read_trace": "readers", "Trace": "trace", "TraceError": "trace",
     "RooflineStepTime": "workload", "SchedulerConfig": "workload", "StepShape": "workload",
-    "Workload": "workload", "WorkloadPoint": "workload", "replay": "workload",
+    "Slo": "workload", "Workload": "workload", "WorkloadPoint": "workload", "replay": "workload",
     "workload_points": "workload", "write_parquet": "writer", "SynthConfig": "synth", "generate": "synth",
 }
 
 __all__ = [
     "DriftReport", "DriftThresholds", "FeatureDrift", "ProfileConfig", "RooflineStepTime",
-    "Scheduler", "SchedulerConfig", "StepShape", "SynthConfig", "Trace", "TraceError", "TrafficProfile", "Workload",
+    "Scheduler", "SchedulerConfig", "Slo", "StepShape", "SynthConfig", "Trace", "TraceError", "TrafficProfile", "Workload",
     "WorkloadPoint", "build_profile", "compare", "generate", "profile_file", "read_trace", "replay",
     "rounded_json", "workload_points", "write_parquet",
 ]

@@ -58,6 +58,25 @@ StepTime = Callable[[StepShape], float]
 
 
 @dataclass(frozen=True)
+class Slo:
+    """A per-request service level: time to first token and time per output token, in seconds (None: no
+    bound). A request meets it when it was served, its first token came within ``ttft_s`` of its arrival
+    and its later tokens at ``tpot_s`` each on average (a one-token answer has no TPOT)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def met(self, ttft: float, tpot: float | None) -> bool:
+        return ((self.ttft_s is None or ttft <= self.ttft_s)
+                and (self.tpot_s is None or tpot is None or tpot <= self.tpot_s))
+
+    def describe(self) -> str:
+        parts = [f"TTFT <= {1e3 * self.ttft_s:g} ms" if self.ttft_s is not None else "",
+                 f"TPOT <= {1e3 * self.tpot_s:g} ms" if self.tpot_s is not None else ""]
+        return " and ".join(p for p in parts if p) or "no SLO"
+
+
+@dataclass(frozen=True)
 class RooflineStepTime:
     """Step time = overhead + max(bytes / bandwidth, FLOPs / FLOP/s) for one forward step.
 
@@ -113,9 +132,12 @@ def _decode_time(step_time: StepTime, batch: int, ctx_sum: float, k: int) -> flo
     return k * (f(0) + 4 * f((k - 1) / 2) + f(k - 1)) / 6
 
 
-def replay(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig()) -> Workload:
+def replay(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig(),
+           slo: Slo | None = None) -> Workload:
     """Simulate serving ``trace`` with the serving engine's scheduler (``traffic_profiles.scheduler``)
-    and return its workload points (at most ``cfg.max_points``)."""
+    and return its workload points (at most ``cfg.max_points``). With ``slo`` the summary also has
+    ``slo_attained`` (the share of the trace's requests that met it) and ``goodput_tokens_per_s`` (their
+    output tokens per second of the replay)."""
     arr = (trace.timestamp_s / cfg.time_scale).tolist()
     inp, out = trace.input_tokens.tolist(), trace.output_tokens.tolist()
     n = trace.rows
@@ -125,6 +147,7 @@ def replay(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerCo
     ttft: list[float] = []
     tpot: list[float] = []                              # per request: (finish - first token) / (outputs - 1)
     first_at: dict[int, float] = {}
+    met, met_tokens = 0, 0                              # requests that met ``slo``, and their output tokens
     t, nxt, rejected, idle = 0.0, 0, 0, 0.0
     while True:
         while nxt < n and arr[nxt] <= t:
@@ -166,9 +189,16 @@ def replay(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerCo
         t += dt
         for s in done:
             t_first = first_at.pop(s.rid, None)
-            if t_first is not None and s.max_new > 1:
-                tpot.append((t - t_first) / (s.max_new - 1))
-    return _finish(dec, pre, ttft, tpot, t, idle, rejected, trace, cfg)
+            if t_first is None:
+                continue
+            per_token = (t - t_first) / (s.max_new - 1) if s.max_new > 1 else None
+            if per_token is not None:
+                tpot.append(per_token)
+            if slo is not None and slo.met(t_first - s.arrival, per_token):
+                met, met_tokens = met + 1, met_tokens + s.max_new
+    slo_figures = {} if slo is None else {"slo_attained": met / n if n else 0.0,
+                                           "goodput_tokens_per_s": met_tokens / t if t > 0 else 0.0}
+    return _finish(dec, pre, ttft, tpot, t, idle, rejected, trace, cfg, slo_figures)
 
 
 # ---------------------------------------------------------------------------- reduction
@@ -208,7 +238,8 @@ def _reduce(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return _ward(fx, w, vals, min(k, len(w)))
 
 
-def _finish(dec, pre, ttft, tpot, t_end, idle, rejected, trace: Trace, cfg: SchedulerConfig) -> Workload:
+def _finish(dec, pre, ttft, tpot, t_end, idle, rejected, trace: Trace, cfg: SchedulerConfig,
+            extra: dict) -> Workload:
     d = np.asarray(dec, dtype=np.float64).reshape(-1, 3)
     p = np.asarray(pre, dtype=np.float64).reshape(-1, 3)
     t_dec, t_pre = float(d[:, 2].sum()), float(p[:, 2].sum())
@@ -240,6 +271,7 @@ def _finish(dec, pre, ttft, tpot, t_end, idle, rejected, trace: Trace, cfg: Sche
         "ttft_mean_s": float(np.mean(ttft)) if ttft else None,
         "tpot_p50_s": float(np.quantile(tpot, 0.5)) if tpot else None,
         "tpot_mean_s": float(np.mean(tpot)) if tpot else None,
+        **extra,
     }
     return Workload(tuple(points), summary, cfg)
 

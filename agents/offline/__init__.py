@@ -31,7 +31,7 @@ def make_offline_agents(n: int, *, device: str = "cpu", trace: Any = None, profi
     """``n`` offline agents sharing one team: ``config_agents`` config searchers (default 1 when there
     is traffic with measured step times and n >= 2, else 0), the rest kernel searchers alternating
     bandit and evolution (or all ``strategy``). ``judge_kw`` go to ``ConfigJudge.from_profile``
-    (``kv_capacity_tokens``, ``ttft_slo_s``, ``time_scale``, ``eager_factor``: pass a measured
+    (``kv_capacity_tokens``, ``slo``, ``time_scale``, ``eager_factor``: pass a measured
     eager/graph step-time ratio; the default assumes 3 on CUDA and 1 on CPU)."""
     if n < 1:
         raise ValueError("make_offline_agents: n must be at least 1")

@@ -24,7 +24,7 @@ from bulletin_board import Board
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
-from traffic_profiles import StepShape, SynthConfig, generate
+from traffic_profiles import Slo, StepShape, SynthConfig, generate
 from persistent_engine.io_struct import WorkloadPoint
 
 TINY = ModelSpec.from_name("tiny-dense")
@@ -339,8 +339,9 @@ def test_config_judge_replays_traffic_with_measured_step_times():
     no_graphs = judge.evaluate({**judge.space.default(), "graphs": "none"})
     assert tiny_batch["mean_decode_batch"] <= 8 < base["mean_decode_batch"]
     assert no_graphs["score"] < base["score"]                   # every decode step eager
-    strict = ConfigJudge(trace, judge.step_time, ttft_slo_s=1e-9)
+    strict = ConfigJudge(trace, judge.step_time, slo=Slo(ttft_s=1e-9))      # no request can meet it
     assert strict.evaluate(strict.space.default())["score"] == 0.0
+    assert strict.evaluate({**strict.space.default(), "max_num_seqs": 8})["score"] == 0.0
 
 
 def test_config_agent_searches_without_repeats_and_submits_improvements(board):
@@ -384,3 +385,27 @@ def test_make_offline_agents_mixes_roles():
     assert all(type(a).__name__ == "KernelSearchAgent" for a in make_offline_agents(2, device="cuda"))
     with pytest.raises(ValueError):
         make_offline_agents(2, config_agents=1)
+
+
+def test_under_an_slo_the_score_is_the_goodput_ratio_backed_by_enough_requests():
+    """Replay figures made by hand: the setting's goodput against the default's, no more requests dropped,
+    and a gain counted only when at least MIN_ATTAINED_GAIN more of the trace meets the SLO."""
+    from agents.offline.config_search import MIN_ATTAINED_GAIN
+
+    figures = {256: dict(goodput_tokens_per_s=100.0, slo_attained=0.30, rejected=0),
+               8: dict(goodput_tokens_per_s=180.0, slo_attained=0.80, rejected=0),      # a real win
+               16: dict(goodput_tokens_per_s=130.0, slo_attained=0.30 + MIN_ATTAINED_GAIN / 2, rejected=0),
+               32: dict(goodput_tokens_per_s=300.0, slo_attained=0.95, rejected=3),     # drops requests
+               64: dict(goodput_tokens_per_s=90.0, slo_attained=0.35, rejected=0)}
+
+    class HandJudge(ConfigJudge):
+        def replay(self, cfg):
+            f = figures[cfg["max_num_seqs"]]
+            return {"ttft_mean_s": 1.0, "tpot_mean_s": 0.05, "tokens_per_busy_s": 50.0, **f, "config": cfg}
+
+    trace = generate(SynthConfig(rows=20, rate=10.0, seed=1))
+    judge = HandJudge(trace, MeasuredStepTime(1e-3, 0.0, 0.0), slo=Slo(tpot_s=0.05))
+    score = {n: judge.evaluate({**judge.space.default(), "max_num_seqs": n})["score"] for n in figures}
+    assert score[256] == 1.0 and score[8] == pytest.approx(1.8) and score[64] == pytest.approx(0.9)
+    assert score[16] == 1.0                 # +30% goodput from too few requests: no gain
+    assert score[32] == 0.0                 # more requests dropped than the default: infeasible

@@ -10,8 +10,9 @@ import pytest
 from agents.offline import ConfigJudge, MeasuredStepTime, engine_config
 from agents.templates import render_candidate
 from compiler.acceptance import Acceptor
-from compiler.config_plan import ConfigAcceptor, config_only
+from compiler.config_plan import ConfigAcceptor, config_only, replay_key, slo_of
 from persistent_engine.supervisor import CandidateVerdict
+from traffic_profiles import Slo
 from traffic_profiles.readers import read_trace
 
 CODE = Path(__file__).resolve().parents[2] / "examples" / "traffic" / "azure2023_code.csv"
@@ -74,3 +75,30 @@ def test_kernel_candidates_go_to_the_kernel_acceptor(judge):
     assert config_only(kernel) is None
     acc.consider(kernel, CandidateVerdict(correct=True, reasons=[], speedup=2.0), author="k")
     assert seen == ["slow"] and [a.targets for a in acc.accepted] == [("rms_norm",)]
+
+
+def test_under_an_slo_a_setting_that_trades_ttft_for_tpot_is_scored_by_its_goodput(judge):
+    """Fewer sequences and small prompt chunks: every request's TPOT within 20 ms, its first token later.
+    Without an SLO that trade is refused; with the user's TPOT bound the goodput (tokens/s of requests within
+    it) decides, and it is better by a quarter."""
+    ok = CandidateVerdict(correct=True, reasons=[], speedup=1.0)
+    src = _source(judge, max_num_seqs=8, max_chunk_tokens=128)
+    refused = _acceptor(judge, []).consider(src, ok, author="c")
+    assert not refused.accepted and "without a loss" in refused.reason
+    slo_judge = ConfigJudge(judge.trace, judge.step_time, slo=slo_of(None, 20.0))
+    assert slo_judge.slo == Slo(tpot_s=0.02)
+    acc = _acceptor(slo_judge, [])
+    d = acc.consider(src, ok, author="c")
+    assert d.accepted and "goodput x1.2" in d.reason, d.reason
+    p = acc.best()[0].projected
+    assert p["slo_attained"]["before"] < 0.8 and p["slo_attained"]["after"] == 1.0
+    assert p["goodput_tokens_per_s"]["after"] > 1.2 * p["goodput_tokens_per_s"]["before"]
+    assert p["ttft_mean_ms"]["after"] > p["ttft_mean_ms"]["before"]          # the trade the SLO allows
+    worse = acc.consider(_source(slo_judge, max_num_batched_tokens=1024), ok, author="c")
+    assert not worse.accepted and "in goodput under TPOT <= 20 ms" in worse.reason
+
+
+def test_an_slo_is_part_of_what_a_remembered_config_verdict_depends_on():
+    assert slo_of(None, None) is None and slo_of(500.0, None) == Slo(ttft_s=0.5)
+    assert replay_key("abc", None, None) == "abc"
+    assert replay_key("abc", None, 50.0) != replay_key("abc", None, 40.0) != "abc"

@@ -60,3 +60,19 @@ def test_report_states_the_torch_compile_comparison_its_method_coverage_or_failu
     failed = render(make_plan(baseline={"op_ms": {}, "torch_compile": {"error": "RuntimeError: no point\n\nmore"}}))["report.md"]
     assert "against `torch.compile` of the same slice: not measured (RuntimeError: no point)\n" in failed
     assert "torch.compile" not in render(make_plan())["report.md"]
+
+
+def test_report_shows_each_accepted_setting_with_its_goodput_when_an_slo_scored_it():
+    from compiler import plan as plan_mod
+
+    figures = {k: {"before": 10.0, "after": 5.0} for k in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms",
+                                                           "tokens_per_s", "tokens_per_busy_s")}
+    plain = plan_mod.Optimization(name="config-ab12", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
+                                  projected={**figures, "modelled": ["the fit"]})
+    slo = plan_mod.Optimization(name="config-cd34", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
+                                projected={**figures, "goodput_tokens_per_s": {"before": 32.5, "after": 69.25},
+                                           "slo_attained": {"before": 0.304, "after": 1.0}})
+    md = render(make_plan(optimizations=(plain, slo)))["report.md"]
+    assert "goodput tokens/s (SLO met)" in md
+    assert "| config-ab12 | 10.0 → 5.0 ms |" in md and "| no SLO given |" in md
+    assert "| 32.5 → 69.25 (0.304 → 1.0) |" in md

@@ -210,10 +210,15 @@ def test_the_run_page_shows_the_search_throughput_and_the_projected_settings(ser
     run = writer.get_run(rid)
     writer.update_run(rid, config={**run.config, "candidates_per_hour": 630.0, "device_busy_fraction": 0.7625,
                                    "remembered": 3, "throughput": {"window_s": 40.0, "devices": 1, "engines": engines},
-                                   "config_optimizations": [{"name": "config-ab12", "description": "max_chunk_tokens=512",
-                                                             "projected": {**projected, "label": "projected: replay",
-                                                                           "modelled": ["the fit"]}}]})
+                                   "config_optimizations": [
+                                       {"name": "config-ab12", "description": "max_chunk_tokens=512",
+                                        "projected": {**projected, "label": "projected: replay", "modelled": ["the fit"]}},
+                                       {"name": "config-cd34", "description": "max_num_seqs=8",
+                                        "projected": {**projected, "label": "projected: replay", "modelled": ["the fit"],
+                                                      "goodput_tokens_per_s": {"before": 32.5, "after": 69.25},
+                                                      "slo_attained": {"before": 0.304, "after": 1.0}}}]})
     html = client.get(f"/runs/{rid}").text
     assert 'id="throughput"' in html and "630.0" in html and "0.7625" in html and "30.5" in html
     assert 'id="configs"' in html and "config-ab12" in html and "max_chunk_tokens=512" in html
     assert "10.0 &rarr; 5.0" in html and "3 remembered" in html
+    assert "no SLO given" in html and "32.5 &rarr; 69.25 (0.304 &rarr; 1.0)" in html

@@ -49,6 +49,8 @@ CASES = [
     (OPT + ["--budget", "nan"], "bad duration"),
     (OPT + ["--timeout", "-1"], "> 0"),
     (OPT + ["--timeout", "nan"], "finite"),
+    (OPT + ["--tpot-ms", "0"], "> 0"),
+    (OPT + ["--ttft-ms", "nan"], "finite"),
     (OPT + ["--fast-layers", "0"], ">= 1"),
     (OPT + ["--slow-layers", "-2"], ">= 1"),
     (OPT + ["--aa-runs", "0"], ">= 1"),

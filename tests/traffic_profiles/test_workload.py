@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from traffic_profiles import (RooflineStepTime, SchedulerConfig, StepShape, Trace, WorkloadPoint, replay,
+from traffic_profiles import (RooflineStepTime, SchedulerConfig, Slo, StepShape, Trace, WorkloadPoint, replay,
                               workload_points)
 
 # a 1B-ish model on an H200-ish device, as plain numbers
@@ -30,6 +30,23 @@ def test_one_request_by_hand():
     assert pts["decode"].batch == 1 and pts["decode"].weight == pytest.approx(0.9)
     assert pts["decode"].context == 104            # contexts 100..108, mean 104
     assert w.summary["ttft_p50_s"] == pytest.approx(1e-3)
+
+
+def test_the_share_of_requests_within_an_slo_and_their_goodput_by_hand():
+    # 1 ms a step; request 0 alone: first token at 1 ms, 9 more by 10 ms (TPOT 1 ms); request 1 arrives at
+    # 100 ms with 2000 prompt tokens in 512-token chunks: first token after 4 steps (4 ms), one more at 5 ms
+    t = _trace([0.0, 0.1], [100, 2000], [10, 2])
+    cfg = SchedulerConfig(max_num_batched_tokens=512)
+    assert "slo_attained" not in replay(t, lambda s: 1e-3, cfg).summary       # no SLO, no such figures
+    both = replay(t, lambda s: 1e-3, cfg, slo=Slo(ttft_s=5e-3, tpot_s=2e-3)).summary
+    assert both["slo_attained"] == 1.0
+    assert both["goodput_tokens_per_s"] == pytest.approx(12 / both["simulated_s"])
+    first_only = replay(t, lambda s: 1e-3, cfg, slo=Slo(ttft_s=3e-3)).summary          # request 1 took 4 ms
+    assert first_only["slo_attained"] == 0.5
+    assert first_only["goodput_tokens_per_s"] == pytest.approx(10 / first_only["simulated_s"])
+    assert replay(t, lambda s: 1e-3, cfg, slo=Slo(tpot_s=0.5e-3)).summary["slo_attained"] == 0.0
+    assert Slo(ttft_s=0.5, tpot_s=0.05).describe() == "TTFT <= 500 ms and TPOT <= 50 ms"
+    assert Slo(ttft_s=1.0).met(0.9, None) and not Slo(tpot_s=0.01).met(0.0, 0.02)
 
 
 def test_chunked_prefill_and_prefix_caching():
