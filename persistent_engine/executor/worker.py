@@ -158,7 +158,9 @@ class Worker:
     def warm(self, msg: dict) -> dict:
         """Compile the loaded candidate's kernels ahead of its verification (Triton's cache and this
         process's loaded kernels are what verify and bench then find): each override once at every (dtype,
-        shape) its op-level check draws (``verify.op_shapes`` within the judge's ``budget``, ``op_dtypes``),
+        shape) its op-level check draws (``verify.op_shapes`` within the judge's ``budget``, ``op_dtypes``; a
+        case whose op's ``check_bytes`` is over ``budget`` even at its smallest fit is skipped: the executors
+        compiling ahead share one check's memory, and a GLM-5.2 expert check at 16 experts holds ~19 GB),
         then one step of variant 0 at each point whose ops (``ops_at``, the judge's) it overrides. Inputs
         from the op's generator with seeds from ``seed`` (the judge's draw, not verify's, which comes later).
         Nothing here is compared or timed: it can only cost the candidate time. Stops at a device error (the
@@ -166,7 +168,7 @@ class Worker:
         from persistent_engine import verify
 
         c = self.candidate
-        done = {"cases": 0, "steps": 0, "failed": 0}
+        done = {"cases": 0, "steps": 0, "failed": 0, "skipped": 0}
         if c is None:
             return done
         seed, budget = int(msg.get("seed") or 0), msg.get("budget")
@@ -186,6 +188,9 @@ class Worker:
             op, impl = self.registry.get(name), c.overrides[name]
             for dtype in verify.op_dtypes(self.dtype):
                 for j, shape in enumerate(verify.op_shapes(op, self.spec, self.points, budget)):
+                    if budget is not None and op.check_bytes is not None and op.check_bytes(shape) > budget:
+                        done["skipped"] += 1        # even its smallest fit is over this warm-up's share
+                        continue
                     done["cases"] += attempt(lambda: impl(*op.make_inputs(shape, dtype, self.device, seed + j)))
         ops_at = [set(at) for at in msg.get("ops_at") or ()]
         for i, at in enumerate(ops_at[:len(self.workloads)]):

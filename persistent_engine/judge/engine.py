@@ -466,7 +466,8 @@ class Engine(ExecutorSide):
         warmed = self.warmed if ahead else {}
         return LoadReply(ok=True, message=f"loaded {c.name}"
                          + (f" (compiled ahead: {warmed.get('cases', 0)} op case(s), {warmed.get('steps', 0)} step(s), "
-                            f"{warmed.get('failed', 0)} failed)" if ahead else "")
+                            f"{warmed.get('failed', 0)} failed, {warmed.get('skipped', 0)} over its memory share)"
+                            if ahead else "")
                          + (f" (CONFIG {notes})" if notes else ""),
                          ops=sorted(c.ops), config=c.config, description=c.description[:2000], seconds=secs,
                          sandbox=confined, ahead=ahead)
