@@ -28,25 +28,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents.offline import EAGER_FACTOR_CUDA, ConfigJudge  # noqa: E402
-from compiler.config_plan import MAX_REPLAY_ROWS, slo_of  # noqa: E402
+from agents.offline import ConfigJudge  # noqa: E402
+from compiler.config_plan import make_judge, slo_of  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
-from traffic_profiles import read_trace  # noqa: E402
 
 FIGURES = ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tokens_per_busy_s", "slo_attained", "goodput_tokens_per_s")
 
 
 def judge_for(plan: dict, traffic: str, slo) -> ConfigJudge:
     """The config judge ``tkcc optimize`` would build from this plan's measured profile (module doc)."""
-    trace = read_trace(traffic)
-    if trace.rows > MAX_REPLAY_ROWS:
-        trace = trace.take(slice(0, MAX_REPLAY_ROWS))
     layers = ModelSpec.from_name(plan["model"]).num_layers / max(len(plan["tiers"]["fast"]["layers"]), 1)
-    cuda = (plan.get("detected_device") or {}).get("kind") == "cuda"
-    judge = ConfigJudge.from_profile(trace, plan["baseline"]["profile"], layer_scale=layers,
-                                     eager_factor=EAGER_FACTOR_CUDA if cuda else 1.0, slo=slo)
-    judge.fit_load()
-    return judge
+    return make_judge(traffic, plan["baseline"]["profile"], layers,
+                      str((plan.get("detected_device") or {}).get("kind") or "cpu"), slo)
 
 
 def search(judge: ConfigJudge, settings: int, seed: int) -> list[dict]:

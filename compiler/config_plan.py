@@ -36,8 +36,8 @@ from typing import Any, Callable
 from compiler.acceptance import Accepted, Composition, Decision, threshold
 from compiler.compose import Part, compose
 
-__all__ = ["ConfigAccepted", "ConfigAcceptor", "start", "config_only", "projected_effect", "replay_key", "slo_of",
-           "MODELLED"]
+__all__ = ["ConfigAccepted", "ConfigAcceptor", "start", "config_only", "make_judge", "projected_effect",
+           "replay_key", "slo_of", "MODELLED"]
 
 MODELLED = ("step time between the measured workload points (a + b*new + c*kv fit)",
             "full model = fast-tier slice x layers ratio",
@@ -212,6 +212,22 @@ def replay_key(traffic_hash: str, ttft_ms: float | None, tpot_ms: float | None) 
     return f"{traffic_hash}+slo:ttft={ttft_ms}ms,tpot={tpot_ms}ms"
 
 
+def make_judge(traffic_path: str, profile: dict, layer_scale: float, device_kind: str, slo: Any = None) -> Any:
+    """The config judge of a run (``agents.offline.ConfigJudge``): the trace's first ``MAX_REPLAY_ROWS``
+    requests, the step times of ``profile`` x ``layer_scale`` (model layers / fast-tier layers), the eager
+    factor of ``device_kind``, arrivals slowed to the load the measured engine carries (``fit_load``)."""
+    from agents.offline import EAGER_FACTOR_CUDA, ConfigJudge
+    from traffic_profiles import read_trace
+
+    trace = read_trace(traffic_path)
+    if trace.rows > MAX_REPLAY_ROWS:            # a replay holds the GIL: keep it short beside the agents
+        trace = trace.take(slice(0, MAX_REPLAY_ROWS))
+    judge = ConfigJudge.from_profile(trace, profile, layer_scale=layer_scale,
+                                     eager_factor=EAGER_FACTOR_CUDA if device_kind == "cuda" else 1.0, slo=slo)
+    judge.fit_load()
+    return judge
+
+
 def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, spec: Any,
           fast_layers: list[int], device_kind: str, on_accept: Callable[[Accepted], None] | None = None,
           event: Callable[[str], None] | None = None, slo: Any = None) -> tuple[Any, list[Any]]:
@@ -219,20 +235,14 @@ def start(acceptor: Any, agents: list[Any], traffic_path: str, profile: dict, sp
     judge on every offline team plus one config search agent; unchanged (with a line saying why) when
     the engine measured no step time to replay with. ``slo`` (``slo_of``): the settings are scored by
     their goodput under it (``agents.offline.ConfigJudge``)."""
-    from agents.offline import ConfigJudge, ConfigSearchAgent, OfflineTeam, samples_from_profile
-    from agents.offline import EAGER_FACTOR_CUDA
-    from traffic_profiles import read_trace
+    from agents.offline import ConfigSearchAgent, OfflineTeam, samples_from_profile
 
     if not samples_from_profile(profile):
         if event is not None:
             event("config search left out: the engine measured no step time to replay the traffic with")
         return acceptor, agents
-    trace = read_trace(traffic_path)
-    if trace.rows > MAX_REPLAY_ROWS:            # a replay holds the GIL: keep it short beside the agents
-        trace = trace.take(slice(0, MAX_REPLAY_ROWS))
-    judge = ConfigJudge.from_profile(trace, profile, layer_scale=spec.num_layers / max(len(fast_layers), 1),
-                                     eager_factor=EAGER_FACTOR_CUDA if device_kind == "cuda" else 1.0, slo=slo)
-    scale = judge.fit_load()
+    judge = make_judge(traffic_path, profile, spec.num_layers / max(len(fast_layers), 1), device_kind, slo)
+    scale = judge.time_scale
     teams = {id(a.team): a.team for a in agents if isinstance(getattr(a, "team", None), OfflineTeam)}
     for team in teams.values():
         team.judge = judge

@@ -306,7 +306,7 @@ class ConfigJudge:
 
 def _goodput_ratio(this: float | None, base: float | None) -> float:
     """Goodput this / baseline; a setting whose requests meet the SLO where none of the baseline's did
-    scores 2 (better by any measure), neither 0."""
+    scores 2 (better by any measure); when neither's do, 0."""
     if base:
         return float(this or 0.0) / float(base)
     return 2.0 if this else 0.0

@@ -365,11 +365,7 @@ class Engine(ExecutorSide):
         if self.candidate is not None:
             ex, source = self.candidate.executor, self.candidate.source
             self.candidate = None
-            if self.pool is not None:
-                self.pool.discard(ex, then=lambda: self._harvest_kernels(source, ex))
-            else:
-                ex.kill()
-                self._harvest_kernels(source, ex)
+            self._discard(ex, source)
 
     def _seed_kernels(self, source: str, ex: Executor) -> None:
         """The kernels an earlier executor compiled for this same source, copied into ``ex``'s Triton cache
@@ -443,11 +439,11 @@ class Engine(ExecutorSide):
             r = self._loaded_ahead(req.source, req.name, deadline)      # compiled while it was queued
             ahead = r is not None
             if r is None:
-                ex = self._take()
-                self._seed_kernels(req.source, ex)
-                self.candidate = Candidate(req.name, ex, [], {}, "", req.source)
+                fresh = self._take()
+                self._seed_kernels(req.source, fresh)
+                self.candidate = Candidate(req.name, fresh, [], {}, "", req.source)
                 r = self._call({"op": "load", "source": req.source, "name": req.name}, deadline)
-            ex = self.candidate.executor
+            ex = self.candidate.executor             # the ahead one or the fresh one
             self.executors_used += 1
             reasons = list(r.get("reasons") or [])
             if reasons:
