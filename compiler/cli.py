@@ -34,8 +34,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tkcc")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: run make install)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tkcc", description="tkcc: a continuous compiler for LLM inference")
+    parser.add_argument("--version", action="version", version=f"tkcc {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:

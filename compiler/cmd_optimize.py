@@ -7,7 +7,7 @@
                    [--llm-budget-usd X] [--llm-budget-tokens N] [--ttft-ms X] [--tpot-ms Y]
     tkcc recompile --plan DIR --traffic FILE [--budget 10m] [--force] [--json]
                    exit 0 either way (no drift: nothing written; drift: a new version beside the old)
-    tkcc plan show DIR [--json]
+    tkcc plan show DIR [--json]      (or --plan DIR, as plan apply and recompile spell it)
     tkcc plan apply --plan DIR [--model M] [--layers i,j] [--device cpu|cuda] [--json]
                    runs the model with the plan's overrides at its workload points against the
                    reference; exit 1 when the outputs differ beyond tolerance
@@ -99,24 +99,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_optimize)
 
     r = sub.add_parser("recompile", help="recompile a plan when its traffic drifted")
-    r.add_argument("--plan", required=True)
-    r.add_argument("--traffic", required=True)
-    r.add_argument("--budget", default="10m")
+    r.add_argument("--plan", required=True, help="plan root directory written by optimize (its next version "
+                   "is written there)")
+    r.add_argument("--traffic", required=True, help="the new traffic log, compared with the plan's profile")
+    r.add_argument("--budget", default="10m", help="wall time of the recompile when the traffic drifted")
     r.add_argument("--force", action="store_true", help="recompile even without drift")
-    r.add_argument("--agents", default=None)
-    r.add_argument("--board", default=None)
-    r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    r.add_argument("--fleet", default="local", choices=["local", "ray"])
-    r.add_argument("--quiet", action="store_true")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--agents", default=None, help="agent pool as for optimize (default: the plan's run)")
+    r.add_argument("--board", default=None, help="board URL (default sqlite:///PLAN/board.db)")
+    r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device the engines use")
+    r.add_argument("--fleet", default="local", choices=["local", "ray"], help="where the engines run")
+    r.add_argument("--quiet", action="store_true", help="no progress view")
+    r.add_argument("--json", action="store_true", help="the result as JSON on stdout")
     r.set_defaults(func=_recompile)
 
     pl = sub.add_parser("plan", help="inspect or apply a plan")
     psub = pl.add_subparsers(dest="plan_command", metavar="COMMAND")
     psub.required = True
     s = psub.add_parser("show", help="summary of a plan (newest version, or a vN directory)")
-    s.add_argument("plan")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("plan", nargs="?", default=None, help="plan directory (or give it as --plan)")
+    s.add_argument("--plan", dest="plan_opt", default=None, help="plan directory, as plan apply spells it")
+    s.add_argument("--json", action="store_true", help="the summary as JSON on stdout")
     s.set_defaults(func=_show)
     a = psub.add_parser("apply", help="run the model with the plan's overrides and check them")
     a.add_argument("--plan", required=True)
@@ -229,7 +231,9 @@ def _recompile(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from compiler import plan as plan_mod
 
-    plan, vdir = plan_mod.load(args.plan)
+    if (args.plan is None) == (args.plan_opt is None):
+        raise plan_mod.PlanError("plan show: give the plan directory once, as PATH or --plan PATH")
+    plan, vdir = plan_mod.load(args.plan or args.plan_opt)
     if args.json:
         _print_json({"plan_dir": str(vdir), **plan.to_dict()})
     else:
