@@ -199,7 +199,7 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
                                  points=points, seed=seed, variants=1, pool_size=1))
     try:
         ops, config, plan_side = [], {}, engine.baseline
-        if kfile.is_file():
+        if kfile.is_file() and plan.optimizations:           # an empty plan runs the baseline
             source = verified_bytes(kfile, plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", ""))
             load = engine.handle(io.LoadCandidate(source=source.decode(), name="plan"))
             if not load.ok:

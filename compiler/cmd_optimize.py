@@ -260,6 +260,8 @@ def _apply(args: argparse.Namespace) -> int:
                      "ok": ok, "points": [c.__dict__ for c in checks], "vs_torch_compile": versus})
     else:
         print(f"loaded {loaded.version_dir}: overrides {', '.join(sorted(loaded.overrides)) or 'none'}")
+        if not loaded.plan.optimizations:
+            print("the plan holds no optimization (the run kept none): plan below = the baseline step")
         if loaded.config:
             print("config applied: " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.config.items())))
         for c in checks:

@@ -78,6 +78,16 @@ def test_plan_apply_vs_torch_compile_times_the_plan_against_compile_of_the_same_
     assert vs["plan_vs_torch_compile"] == pytest.approx(vs["torch_compile_ms"] / vs["plan_ms"], rel=1e-3)
 
 
+def test_an_empty_plan_applies_as_the_baseline_and_says_so(tmp_path):
+    vdir = write_plan(tmp_path, {})
+    assert (vdir / "kernels" / plan_mod.COMPOSED_KERNEL).is_file()
+    r = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(vdir)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "overrides none" in r.stdout and "holds no optimization" in r.stdout
+    assert "match the reference" in r.stderr
+
+
 def test_broken_kernel_file_is_a_plan_error(tmp_path):
     """A kernel recorded with its hash that raises on import: one line, not a traceback."""
     vdir = write_plan(tmp_path, {"boom": "raise RuntimeError('boom')\n"})
