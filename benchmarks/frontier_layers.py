@@ -1,6 +1,6 @@
 """Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3; Qwen3.5 and Kimi-K3 with
---models qwen3.5,kimi; Mixtral, Gemma-3, Gemma-2 and Llama-4 with --models mixtral,gemma,gemma-2-9b,llama4): ms per
-layer, bytes,
+--models qwen3.5,kimi; Mixtral, Gemma-3, Gemma-2 and Llama-4 with --models mixtral,gemma,gemma-2-9b,llama4;
+MiniMax-M2.7 with --models minimax-m2.7): ms per layer, bytes,
 share of HBM bandwidth, and where the time goes, with the reference ops (the baseline tkcc optimizes).
 
     python benchmarks/frontier_layers.py --device cuda            # real sizes on one GPU (H200: ~3 min)

@@ -55,6 +55,20 @@ def test_qwen3_5_tiny_rows_count_the_linear_states(tmp_path):
     assert any("gated_delta_decode" in r.get("ops_ms", {}) for r in rows)
 
 
+def test_minimax_m2_7_tiny_rows_read_every_cached_token(tmp_path):
+    """MiniMax-M2.7 (attn_type_list: full softmax attention on every layer): one covering layer, MoE over dense GQA
+    attention that reads K and V of every cached token (bf16), no recurrent state."""
+    out = tmp_path / "m27.json"
+    args = ["--device", "cpu", "--tiny", "--models", "minimax-m2.7", "--samples", "1", "--out", str(out)]
+    assert _bench().main(args) == 0
+    rows = json.loads(out.read_text())["rows"]
+    spec = ModelSpec.from_name("minimax-m2.7+tiny")
+    assert {r["model"] for r in rows} == {"minimax-m2.7+tiny"} and all(r["kinds"] == ["moe/dense"] for r in rows)
+    for r in rows:
+        assert r["bytes"]["kv"] == r["batch"] * (r["context"] + 1) * 2 * spec.num_kv_heads * spec.head_dim * 2
+        assert r["bytes"]["state"] == 0 and r["step_ms"] > 0
+
+
 def test_cpu_tiny_kimi_counts_the_recurrent_state(tmp_path):
     out = tmp_path / "kimi.json"
     assert _bench().main(["--device", "cpu", "--tiny", "--models", "kimi", "--samples", "1", "--out", str(out)]) == 0

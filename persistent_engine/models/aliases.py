@@ -21,6 +21,7 @@ ALIASES = {
     "glm-4.6": "glm-4.6.json",
     "minimax": "minimax-m3.json",
     "minimax-m3": "minimax-m3.json",
+    "minimax-m2.7": "minimax-m2.7.json",
     "minimax-m2.5": "minimax-m2.5.json",
     "deepseek": "deepseek-v4-flash.json",
     "deepseek-v4-flash": "deepseek-v4-flash.json",
@@ -49,7 +50,8 @@ ALIASES = {
 RELEASES = {
     "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B", "qwen3-moe": "Qwen3-30B-A3B",
     "glm": "GLM-5.2", "glm-5.2": "GLM-5.2", "glm-5.1": "GLM-5.1", "glm-4.6": "GLM-4.6",
-    "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.5": "MiniMax-M2.5",
+    "minimax": "MiniMax-M3", "minimax-m3": "MiniMax-M3", "minimax-m2.7": "MiniMax-M2.7",
+    "minimax-m2.5": "MiniMax-M2.5",
     "deepseek": "DeepSeek-V4-Flash", "deepseek-v4-flash": "DeepSeek-V4-Flash", "deepseek-v3": "DeepSeek-V3",
     "deepseek-v3.2": "DeepSeek-V3.2", "mixtral": "Mixtral-8x7B-v0.1", "mixtral-8x7b": "Mixtral-8x7B-v0.1",
     "gemma": "Gemma-3-27B (text)", "gemma-3-27b": "Gemma-3-27B (text)", "gemma-2-9b": "Gemma-2-9B",

@@ -82,7 +82,8 @@ FAMILY_KEYS: dict[str, set[str]] = {
     "qwen3_moe": GENERIC | WINDOW | {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                      "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers"},
     "minimax_m2": GENERIC | {"num_local_experts", "num_experts_per_tok", "scoring_func", "use_routing_bias",
-                             "shared_intermediate_size", "use_qk_norm", "qk_norm_type"},
+                             "shared_intermediate_size", "use_qk_norm", "qk_norm_type",
+                             "attn_type_list"},     # per-layer attention kinds (config_sections.minimax_m2_attn_types)
     "glm4_moe": GENERIC | DEEPSEEK_MOE | {"use_qk_norm"},
     # Gemma-2 / Gemma-3 text (HF gemma2, gemma3 / gemma3_text; config_sections.gemma_fields)
     "gemma2": GENERIC | GEMMA,

@@ -10,7 +10,8 @@ from typing import Any
 
 from persistent_engine.models.config_keys import SpecError
 
-__all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields", "qwen_windows",
+__all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields",
+           "minimax_m2_attn_types", "qwen_windows",
            "parse_mlp_layer_types", "deepseek_v4_fields", "mixtral_fields", "gemma_fields", "llama4_fields",
            "mimo_fields"]
 
@@ -220,6 +221,33 @@ def minimax_m3_fields(c: dict, name: str, num_layers: int, head_dim: int) -> dic
               msa_index_dim=int(sc.get("sparse_index_dim", head_dim)), msa_init_blocks=int(sc.get("sparse_init_block", 0)),
               msa_local_blocks=int(sc.get("sparse_local_block", 1)))
     return kw
+
+
+# MiniMax's attn_type_list: 0 = lightning (linear) attention, 1 = full softmax attention (MiniMax-Text-01 / M1:
+# vLLM minimax_text_01.py, HF modeling_minimax.py layer_types "linear_attention" / "full_attention")
+MINIMAX_ATTN_KINDS = {0: "lightning (linear) attention", 1: "full softmax attention"}
+
+
+def minimax_m2_attn_types(c: dict, name: str, num_layers: int) -> None:
+    """Check MiniMax-M2.x's ``attn_type_list``: one kind per layer, every one 1 (full softmax attention, the
+    attention MiniMaxM2ForCausalLM runs on every layer in vLLM's minimax_m2.py and HF's modeling_minimax_m2.py; the
+    published MiniMax-M2 and M2.7 configs list 1 for each of their 62 layers). Kind 0, MiniMax-Text-01's lightning
+    attention, has no weights in an M2 checkpoint and no published M2.x config uses it: refused by name."""
+    kinds = c.get("attn_type_list")
+    if kinds is None:
+        return
+    if not isinstance(kinds, list) or len(kinds) != num_layers:
+        raise SpecError(f"{name}: attn_type_list must give an attention kind for each of the {num_layers} layers")
+    for i, k in enumerate(kinds):
+        if k == 1:
+            continue
+        what = MINIMAX_ATTN_KINDS.get(k) if isinstance(k, int) else None
+        if what is None:
+            raise SpecError(f"{name}: attn_type_list[{i}] = {k!r} is not an attention kind "
+                            "(0 lightning, 1 full softmax)")
+        raise SpecError(f"{name}: attn_type_list[{i}] = {k} asks for {what} (MiniMax-Text-01 / M1's layer kind), "
+                        "which MiniMaxM2ForCausalLM does not have (its published configs list 1 on every layer); "
+                        "tkcc implements kind 1 (full softmax attention) for this family")
 
 
 def parse_mlp_layer_types(types: list, num_layers: int, name: str) -> tuple[str, ...]:

@@ -9,7 +9,8 @@ Supported families (``ModelSpec.family``):
   qwen3       Qwen3ForCausalLM                      + per-head QK-norm
   qwen3_moe   Qwen3MoeForCausalLM                   + MoE, softmax top-k routing
   minimax_m2  MiniMaxM2ForCausalLM                  QK-norm over all heads, partial rotary, sigmoid
-                                                    routing with correction bias, all layers MoE
+                                                    routing with correction bias, all layers MoE;
+                                                    attn_type_list: every layer kind 1 (full softmax)
   glm4_moe    Glm4MoeForCausalLM                    partial rotary, qkv bias, QK-norm, shared expert,
                                                     first k layers dense, sigmoid + correction bias
   deepseek_v3 DeepseekV3ForCausalLM (DeepSeek-V3,   MLA (absorbed decode), grouped sigmoid top-k with
@@ -66,6 +67,7 @@ from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields,
                                                       llama4_fields, mimo_fields, minimax_m3_fields, mixtral_fields, mla_fields, parse_mlp_layer_types,
                                                       qwen3_5_fields, qwen_windows, text_config)
+from persistent_engine.models.config_sections import minimax_m2_attn_types
 from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TINY_SUFFIX, alias_help,  # noqa: F401
                                               known_models, tiny_name)
 from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
@@ -330,6 +332,7 @@ class ModelSpec(SpecSizes):
                       moe_intermediate_size=int(c["intermediate_size"]), scoring=c.get("scoring_func", "sigmoid"),
                       routing_bias=bool(c.get("use_routing_bias", True)), norm_topk_prob=True,
                       num_shared_experts=1 if shared else 0, shared_intermediate_size=shared)
+            minimax_m2_attn_types(c, name, kw["num_layers"])
         elif family in ("glm4_moe", "deepseek_v4") or family in MLA_FAMILIES:
             kw.update(num_experts=int(c["n_routed_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
                       moe_intermediate_size=int(c["moe_intermediate_size"]),
