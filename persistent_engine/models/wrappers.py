@@ -78,7 +78,7 @@ HF_DEFAULTS = (
     "num_return_sequences", "output_attentions", "output_hidden_states", "output_scores", "prefix", "problem_type",
     "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict", "return_dict_in_generate",
     "sep_token_id", "suppress_tokens", "task_specific_params", "temperature", "tf_legacy_loss", "tie_encoder_decoder",
-    "tokenizer_class", "top_k", "top_p", "torchscript", "typical_p", "use_bfloat16", "for_llm_compressor")
+    "tokenizer_class", "top_k", "top_p", "torchscript", "typical_p", "use_bfloat16")
 # of those, the ones whose non-default value would change the model
 HF_MUST_BE_OFF = ("add_cross_attention", "is_encoder_decoder", "pruned_heads", "cross_attention_hidden_size")
 

@@ -166,3 +166,33 @@ def test_neutral_values_depend_on_the_family_where_the_math_does():
         with pytest.raises(SpecError, match=f"'{key}' = .* is not implemented for qwen3_moe"):
             ModelSpec.from_config({**coder, **change}, name="c")
     assert set(FAMILY_NEUTRAL["qwen3_moe"]) == {"use_qk_norm"}
+
+
+def _tkcc(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_cli_names_the_vision_tower_in_one_line_and_refuses_gemma4_with_one(tmp_path):
+    cand = tmp_path / "c.py"
+    cand.write_text("OVERRIDES = {\n")                        # refused by the static check: no engine starts
+    out = _tkcc("candidate", "check", str(cand), "--model", str(CONFIG_DIR / "llama-4-maverick.json"), "--tiny",
+                "--device", "cpu")
+    assert out.returncode == 1, out.stderr
+    notes = [line for line in out.stderr.splitlines() if "not compiled" in line]
+    assert notes == ["Llama4ForConditionalGeneration: vision_config (the Llama-4 vision encoder and "
+                     "multi_modal_projector) not compiled; text decode only"]
+    gemma4 = tmp_path / "config.json"
+    gemma4.write_text(json.dumps({"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+                                  "text_config": {"global_head_dim": 512, "attention_k_eq_v": True}}))
+    out = _tkcc("candidate", "check", str(cand), "--model", str(gemma4), "--tiny")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "'global_head_dim'" in out.stderr
+
+
+def test_a_text_key_inside_the_wrapper_is_checked_as_the_text_decoders():
+    with pytest.raises(SpecError, match="'for_llm_compressor' = True is not implemented for llama4"):
+        ModelSpec.from_config(_wrapped(text={"for_llm_compressor": True}), name="m")
+    with pytest.raises(SpecError, match="'attention_bias' = True is not implemented"):
+        ModelSpec.from_config(_wrapped(text={"attention_bias": True}), name="m")
