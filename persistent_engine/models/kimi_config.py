@@ -20,9 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from persistent_engine.models.config_keys import SpecError
-from persistent_engine.models.wrappers import HF_DEFAULTS, HF_MUST_BE_OFF
 
-__all__ = ["kimi_fields", "KIMI_KEYS", "KIMI_NO_MATH", "int4_experts_ok", "quantization_kind"]
+__all__ = ["kimi_fields", "KIMI_KEYS", "int4_experts_ok", "quantization_kind"]
 
 # keys of Moonshot's KimiLinearConfig (text_config) that tkcc implements
 KIMI_KEYS = {
@@ -35,10 +34,6 @@ KIMI_KEYS = {
     "latent_moe_use_norm", "activation_situ_beta", "activation_situ_linear_beta", "attn_res_block_size",
     "linear_attn_config",
 }
-# HF PretrainedConfig's serialised generation / training / bookkeeping defaults (models/wrappers.py): tkcc's
-# forward and sampler read none of them; the few that would change the model are checked to keep their default.
-_HF_DEFAULT = "HF PretrainedConfig default (generation/training/bookkeeping); not read by the forward pass"
-KIMI_NO_MATH = {k: _HF_DEFAULT for k in HF_DEFAULTS}
 _LINEAR_KEYS = {"full_attn_layers", "kda_layers", "head_dim", "num_heads", "short_conv_kernel_size", "gate_lower_bound",
                 "use_full_rank_gate"}
 _MXFP4_IGNORED = {"re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
@@ -100,9 +95,6 @@ def _layer_flags(la: dict, num_layers: int, name: str) -> tuple[bool, ...]:
 
 def kimi_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
     """ModelSpec fields of a KimiLinearConfig (already unwrapped), refusing what tkcc does not implement."""
-    for key in HF_MUST_BE_OFF:
-        if c.get(key):
-            raise SpecError(f"{name}: config key {key!r} = {c[key]!r} is not implemented (tkcc implements its default)")
     if c.get("mla_use_nope") is not True:
         raise SpecError(f"{name}: kimi_linear MLA with rotary (mla_use_nope false) is not implemented; Moonshot's "
                         "modeling code asserts mla_use_nope")
@@ -155,7 +147,7 @@ def _register() -> None:
     """kimi_linear's entries in the no-silent-drop tables of ``config_keys`` (kept here, beside the keys)."""
     from persistent_engine.models import config_keys as ck
 
-    ck.FAMILY_KEYS["kimi_linear"] = KIMI_KEYS | set(KIMI_NO_MATH)
+    ck.FAMILY_KEYS["kimi_linear"] = set(KIMI_KEYS)
     ck.FAMILY_VALUES["deepseek_v3"] = {
         "quantization_config": (lambda v: ck._quant_ok(v) or int4_experts_ok(v),
                                 "none, fp8 with 128x128 weight blocks, or compressed-tensors int4 (groups of 32) on "

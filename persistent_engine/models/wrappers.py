@@ -6,8 +6,8 @@ one line naming what is not compiled (the vision tower and projector), or ``cfg`
 config that is not a wrapper. Every key of the wrapper is either listed here as not changing text decoding
 (with the reason) or the config is refused by name (``SpecError``); keys it shares with its text_config
 (``tie_word_embeddings``, ``quantization_config``) must agree with them. HF ``PretrainedConfig``'s serialised
-defaults inside a text_config (transformers 4.x writes them into every nested config) are dropped after the ones
-that would change the model are checked to be off.
+defaults (transformers 4.x writes them into every nested config, and some configs carry ``_name_or_path`` and
+the like at the top) are dropped, wrapper or not, after the ones that would change the model are checked off.
 
   wrapper (architectures)               text decoder                  source
   Llama4ForConditionalGeneration        Llama4ForCausalLM             HF transformers modeling_llama4.py
@@ -88,23 +88,24 @@ def _wrapper_of(cfg: dict) -> str | None:
     return next((a for a in archs if a in WRAPPERS or a == "Gemma4ForConditionalGeneration"), None)
 
 
-def _text(cfg: dict, arch: str, name: str) -> dict:
-    text = cfg.get("text_config")
-    if not isinstance(text, dict):
-        raise SpecError(f"{name}: {arch} without a text_config object")
+def _without_hf_defaults(c: dict, name: str) -> dict:
+    """``c`` less HF PretrainedConfig's serialised defaults, once those that would change the model are off."""
     for key in HF_MUST_BE_OFF:
-        if text.get(key):
-            raise SpecError(f"{name}: text_config key {key!r} = {text[key]!r} is not implemented (tkcc implements "
-                            "its default)")
-    return {k: v for k, v in text.items() if k not in HF_DEFAULTS}
+        if c.get(key):
+            raise SpecError(f"{name}: config key {key!r} = {c[key]!r} is not implemented (tkcc implements its "
+                            "default)")
+    return {k: v for k, v in c.items() if k not in HF_DEFAULTS}
 
 
 def unwrap(cfg: dict, name: str) -> tuple[dict, str]:
-    """(the text decoder's config, the one-line note of what is not compiled); a non-wrapper: (cfg, "")."""
+    """(the text decoder's config, the one-line note of what is not compiled); a non-wrapper: (cfg, "") (both
+    without HF's serialised defaults)."""
     arch = _wrapper_of(cfg)
     if arch is None:
-        return cfg, ""
-    text = _text(cfg, arch, name)
+        return _without_hf_defaults(cfg, name), ""
+    if not isinstance(cfg.get("text_config"), dict):
+        raise SpecError(f"{name}: {arch} without a text_config object")
+    text = _without_hf_defaults(cfg["text_config"], name)
     if arch == "Gemma4ForConditionalGeneration":
         new = [k for k in GEMMA4_NEW if k in text]
         raise SpecError(f"{name}: Gemma4ForConditionalGeneration's text decoder (gemma4_text) is not implemented: "

@@ -196,3 +196,10 @@ def test_a_text_key_inside_the_wrapper_is_checked_as_the_text_decoders():
         ModelSpec.from_config(_wrapped(text={"for_llm_compressor": True}), name="m")
     with pytest.raises(SpecError, match="'attention_bias' = True is not implemented"):
         ModelSpec.from_config(_wrapped(text={"attention_bias": True}), name="m")
+
+
+def test_hf_serialised_defaults_are_dropped_once_the_ones_that_change_the_model_are_off():
+    base = {**_cfg("tiny-dense.json"), "_name_or_path": "org/model", "torchscript": False, "id2label": {"0": "A"}}
+    assert ModelSpec.from_config(base, name="t") == ModelSpec.from_config(_cfg("tiny-dense.json"), name="t")
+    with pytest.raises(SpecError, match="'is_encoder_decoder' = True is not implemented"):
+        ModelSpec.from_config({**base, "is_encoder_decoder": True}, name="t")
