@@ -2,7 +2,7 @@
 implements runs that decoder, text decode only. Pure data (no torch).
 
 ``unwrap(cfg, name)`` returns the text decoder's config (with the text architecture in ``architectures``) and
-one line naming what is not compiled (the vision tower and projector), or ``cfg`` unchanged and ``""`` for a
+one line naming what is not compiled (the vision tower and projector), or ``cfg`` itself and ``""`` for a
 config that is not a wrapper. Every key of the wrapper is either listed here as not changing text decoding
 (with the reason) or the config is refused by name (``SpecError``); keys it shares with its text_config
 (``tie_word_embeddings``, ``quantization_config``) must agree with them. HF ``PretrainedConfig``'s serialised
@@ -25,7 +25,6 @@ from persistent_engine.models.config_keys import SpecError
 
 __all__ = ["WRAPPERS", "HF_DEFAULTS", "unwrap"]
 
-_TOKENS = "a tokenizer id of image/video inputs (text prompts never contain it)"
 _VISION = "the vision tower and projector: they run only on image/video inputs, not compiled (text decode only)"
 # keys any wrapper may carry without changing text decoding
 _COMMON = {
@@ -42,7 +41,8 @@ _COMMON = {
 @dataclass(frozen=True)
 class Wrapper:
     text_architecture: str              # the HF text decoder class tkcc runs
-    outer: tuple[str, ...]              # wrapper keys beyond _COMMON, each a tokenizer id/string of media inputs
+    outer: tuple[str, ...]              # wrapper keys beyond _COMMON that concern only image/video inputs (their
+                                        # placeholder token ids and strings, how video frames are chunked)
     tower: str                          # what is not compiled, for the one-line note
 
 
