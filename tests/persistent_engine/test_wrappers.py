@@ -89,9 +89,21 @@ def test_wrapper_keys_that_change_text_decoding_are_refused_by_name(cfg, message
 
 
 def test_gemma4_is_refused_naming_what_differs_from_gemma3():
-    cfg = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
-           "text_config": {"model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60,
-                           "global_head_dim": 512, "num_global_key_value_heads": 4, "attention_k_eq_v": True}}
+    """Gemma-4-31B's text keys (as public Gemma-4 loaders' fixtures quote them; HF Gemma4TextConfig's fields)."""
+    text = {"attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": True, "dtype": "bfloat16",
+            "enable_moe_block": False, "final_logit_softcapping": 30.0, "global_head_dim": 512, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 5376, "hidden_size_per_layer_input": 0,
+            "intermediate_size": 21504, "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+            "max_position_embeddings": 262144, "model_type": "gemma4_text", "num_attention_heads": 32,
+            "num_global_key_value_heads": 4, "num_hidden_layers": 60, "num_key_value_heads": 16,
+            "num_kv_shared_layers": 0, "rms_norm_eps": 1e-6,
+            "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6,
+                                                   "rope_type": "proportional"},
+                                "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}},
+            "sliding_window": 1024, "tie_word_embeddings": True, "use_double_wide_mlp": False, "vocab_size": 262144,
+            "vocab_size_per_layer_input": 262144}
+    cfg = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text,
+           "tie_word_embeddings": True, "vision_config": {"model_type": "gemma4_vision"}}
     with pytest.raises(SpecError, match="gemma4_text.*'global_head_dim', 'num_global_key_value_heads', "
                                         "'attention_k_eq_v'") as e:
         ModelSpec.from_config(cfg, name="gemma-4-31b")
