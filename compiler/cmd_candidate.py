@@ -84,6 +84,8 @@ def check(args) -> int:
     with open(args.file, encoding="utf-8", errors="replace") as f:
         source = f.read()
     spec = ModelSpec.from_name(args.model)                 # SpecError: exit 2
+    if spec.extra.get("text_only") and not args.json:      # a multimodal wrapper: what is not compiled, one line
+        print(spec.extra["text_only"], file=sys.stderr)
     require_sandbox(author_is_llm=True, unsafe=args.unsafe_no_sandbox)   # a file of unknown author: exit 2
     if args.timeout <= 0:
         raise CandidateInputError("--timeout must be positive")

@@ -197,7 +197,7 @@ def gather_inputs(cfg: OptimizeConfig) -> RunInputs:
     hw_doc = inputs.validate_hw(cfg.hw)
     traffic = inputs.read_traffic(cfg.traffic, spec, cfg.hw, max_points=cfg.max_points)
     gpus = cfg.gpus or (len(device["devices"]) if device["kind"] == "cuda" else 1)
-    notes: list[str] = []
+    notes: list[str] = [spec.extra["text_only"]] if spec.extra.get("text_only") else []   # models/wrappers.py
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
                                                   device_bytes=inputs.device_memory(device),
                                                   shared=len(device["devices"]) < 2, notes=notes)

@@ -2,7 +2,8 @@
 (and why), and the values an implemented key may take. Pure data (no torch).
 
 ``check_config(cfg, family, name)`` raises ``SpecError`` naming the first key that is neither
-implemented for the family nor listed in ``NO_MATH`` (nor an MLA/GQA-irrelevant key), or a key whose
+implemented for the family nor listed in ``NO_MATH`` (nor an MLA/GQA-irrelevant key, nor at its neutral value:
+``neutral_keys``), or a key whose
 value asks for something tkcc does not implement (e.g. ``hidden_act: gelu``, ``mlp_bias: true``,
 ``use_sliding_window: true`` on a family without windows). So a model tkcc would silently change is
 refused, with one line, instead of being optimized as a different model.
@@ -11,6 +12,8 @@ refused, with one line, instead of being optimized as a different model.
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from persistent_engine.models.neutral_keys import neutral_rule
 
 
 class SpecError(ValueError):
@@ -228,6 +231,12 @@ def check_config(cfg: dict, family: str, name: str, error: type[Exception]) -> N
     for key in cfg:
         if key in known or key in NO_MATH or (mla and key in MLA_IRRELEVANT):
             continue
+        neutral = neutral_rule(family, key)             # models/neutral_keys.py
+        if neutral is not None:
+            if neutral[0](cfg[key]):
+                continue
+            raise error(f"{name}: config key {key!r} = {cfg[key]!r} is not implemented for {family} (tkcc accepts "
+                        f"only its neutral value {neutral[1]})")
         raise error(f"{name}: config key {key!r} is not implemented for {family} and not known to leave the math "
                     "unchanged; refusing the config rather than ignoring it")
     checks = {**VALUES, **FAMILY_VALUES.get(family, {})}

@@ -10,7 +10,7 @@ from typing import Any
 
 from persistent_engine.models.config_keys import SpecError
 
-__all__ = ["qwen3_5_fields", "text_config", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields",
+__all__ = ["qwen3_5_fields", "mla_fields", "dsa_fields", "indexer_pattern", "minimax_m3_fields",
            "minimax_m2_attn_types", "qwen_windows",
            "parse_mlp_layer_types", "deepseek_v4_fields", "mixtral_fields", "gemma_fields", "llama4_fields",
            "mimo_fields"]
@@ -255,17 +255,6 @@ def parse_mlp_layer_types(types: list, num_layers: int, name: str) -> tuple[str,
     if len(types) != num_layers or any(t not in kinds for t in types):
         raise SpecError(f"{name}: mlp_layer_types must give 'dense' or 'sparse' for each of the {num_layers} layers")
     return tuple(kinds[t] for t in types)
-
-
-def text_config(cfg: dict) -> dict:
-    """A vision-language config's text model (HF Qwen3.5 nests it under ``text_config``): its keys, plus the
-    top-level ones it does not repeat (architectures, the vision keys: checked against the NO_MATH list)."""
-    if not isinstance(cfg.get("text_config"), dict):
-        return cfg
-    out = dict(cfg["text_config"])
-    for key, value in cfg.items():
-        out.setdefault(key, value)
-    return out
 
 
 def qwen3_5_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:

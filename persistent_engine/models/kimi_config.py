@@ -2,7 +2,7 @@
 math unchanged (with the reason), and the ModelSpec fields they give. Pure data (no torch).
 
 Kimi-K3's config.json is a multimodal wrapper (``KimiK3ForConditionalGeneration``) around a ``text_config``
-of ``KimiLinearForCausalLM``; tkcc runs the text decoder (``unwrap_text_config``). Its layers (Moonshot's
+of ``KimiLinearForCausalLM``; tkcc runs the text decoder (``models/wrappers.py``). Its layers (Moonshot's
 ``modeling_kimi_linear.py``; vLLM ``kimi_linear.py``; SGLang's Kimi-K3 model):
   linear_attn_config   kda_layers / full_attn_layers (1-based): Kimi delta attention or MLA per layer;
                        num_heads, head_dim, short_conv_kernel_size; gate_lower_bound (the "safe gate");
@@ -21,7 +21,7 @@ from typing import Any
 
 from persistent_engine.models.config_keys import SpecError
 
-__all__ = ["unwrap_text_config", "kimi_fields", "KIMI_KEYS", "KIMI_NO_MATH"]
+__all__ = ["kimi_fields", "KIMI_KEYS", "int4_experts_ok", "quantization_kind"]
 
 # keys of Moonshot's KimiLinearConfig (text_config) that tkcc implements
 KIMI_KEYS = {
@@ -34,52 +34,10 @@ KIMI_KEYS = {
     "latent_moe_use_norm", "activation_situ_beta", "activation_situ_linear_beta", "attn_res_block_size",
     "linear_attn_config",
 }
-# HF PretrainedConfig's serialised generation / training / bookkeeping defaults (transformers 4.x writes them into
-# every nested config): tkcc's forward and sampler read none of them; the few that would change the model are
-# checked to keep their default (``_HF_MUST_BE_OFF``).
-_HF_DEFAULT = "HF PretrainedConfig default (generation/training/bookkeeping); not read by the forward pass"
-KIMI_NO_MATH = {k: _HF_DEFAULT for k in (
-    "_name_or_path", "add_cross_attention", "bad_words_ids", "begin_suppress_tokens", "chunk_size_feed_forward",
-    "cross_attention_hidden_size", "decoder_start_token_id", "diversity_penalty", "do_sample", "early_stopping",
-    "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "finetuning_task", "forced_bos_token_id",
-    "forced_eos_token_id", "id2label", "is_decoder", "is_encoder_decoder", "label2id", "length_penalty", "max_length",
-    "min_length", "no_repeat_ngram_size", "num_beam_groups", "num_beams", "num_return_sequences", "output_attentions",
-    "output_hidden_states", "output_scores", "prefix", "problem_type", "pruned_heads", "remove_invalid_values",
-    "repetition_penalty", "return_dict", "return_dict_in_generate", "sep_token_id", "suppress_tokens",
-    "task_specific_params", "temperature", "tf_legacy_loss", "tie_encoder_decoder", "tokenizer_class", "top_k",
-    "top_p", "torchscript", "typical_p", "use_bfloat16")}
-_HF_MUST_BE_OFF = ("add_cross_attention", "is_encoder_decoder", "pruned_heads", "cross_attention_hidden_size")
-# keys of the multimodal wrapper around text_config
-_OUTER_NO_MATH = {
-    "architectures": "selects the family", "auto_map": "names the HF remote-code classes",
-    "model_type": "selects the family", "bos_token_id": "tokenizer ids", "eos_token_id": "tokenizer ids",
-    "pad_token_id": "tokenizer ids", "media_placeholder_token_id": "tokenizer id of image inputs",
-    "image_placeholder": "tokenizer string of image inputs", "ignore_index": "training loss",
-    "dtype": "the checkpoint's storage dtype", "torch_dtype": "the checkpoint's storage dtype",
-    "transformers_version": "provenance", "tie_word_embeddings": "checked equal to text_config's",
-    "vision_config": "the image encoder and projector: they run only on image inputs; tkcc serves text prompts",
-    "text_config": "the text decoder tkcc runs",
-}
 _LINEAR_KEYS = {"full_attn_layers", "kda_layers", "head_dim", "num_heads", "short_conv_kernel_size", "gate_lower_bound",
                 "use_full_rank_gate"}
 _MXFP4_IGNORED = {"re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
                   "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"}
-
-
-def unwrap_text_config(cfg: dict, name: str) -> dict:
-    """Kimi-K3's multimodal config -> its text_config (with the outer architectures' family); others unchanged."""
-    if "KimiK3ForConditionalGeneration" not in (cfg.get("architectures") or []):
-        return cfg
-    text = cfg.get("text_config")
-    if not isinstance(text, dict):
-        raise SpecError(f"{name}: KimiK3ForConditionalGeneration without a text_config object")
-    for key in cfg:
-        if key not in _OUTER_NO_MATH:
-            raise SpecError(f"{name}: config key {key!r} is not implemented for kimi_linear and not known to leave the "
-                            "math unchanged; refusing the config rather than ignoring it")
-    if bool(cfg.get("tie_word_embeddings", False)) != bool(text.get("tie_word_embeddings", False)):
-        raise SpecError(f"{name}: tie_word_embeddings differs between the wrapper and text_config")
-    return {**text, "architectures": ["KimiLinearForCausalLM"]}
 
 
 def mxfp4_experts_ok(v: Any) -> bool:
@@ -98,6 +56,34 @@ def mxfp4_experts_ok(v: Any) -> bool:
             and v.get("kv_cache_scheme") is None)
 
 
+_INT4_IGNORED = {"lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"}
+
+
+def int4_experts_ok(v: Any) -> bool:
+    """compressed-tensors W4A16 on the routed experts only (Kimi-K2-Thinking / Kimi-K2.5): symmetric int4 in
+    groups of 32 along the input dim, bf16 scales, no zero point; dequantized on load to the engine dtype (a
+    rounding-level difference, as for block-fp8 checkpoints)."""
+    if not isinstance(v, dict) or v.get("quant_method") != "compressed-tensors":
+        return False
+    groups = list((v.get("config_groups") or {}).values())
+    if len(groups) != 1 or v.get("format") != "pack-quantized" or set(v.get("ignore") or ()) != _INT4_IGNORED:
+        return False
+    w, g = groups[0].get("weights") or {}, groups[0]
+    return (g.get("input_activations") is None and g.get("output_activations") is None and w.get("num_bits") == 4
+            and w.get("type") == "int" and w.get("symmetric") is True and w.get("group_size") == 32
+            and w.get("strategy") == "group" and not w.get("dynamic") and w.get("actorder") is None
+            and v.get("kv_cache_scheme") is None)
+
+
+def quantization_kind(q: Any) -> str:
+    """ModelSpec.quantization of a quantization_config that config_keys accepted."""
+    if not q:
+        return "none"
+    if int4_experts_ok(q):
+        return "int4-experts"
+    return "mxfp4-experts" if mxfp4_experts_ok(q) else "fp8-block128"
+
+
 def _layer_flags(la: dict, num_layers: int, name: str) -> tuple[bool, ...]:
     kda = [int(i) for i in la.get("kda_layers") or []]
     full = [int(i) for i in la.get("full_attn_layers") or []]
@@ -109,9 +95,6 @@ def _layer_flags(la: dict, num_layers: int, name: str) -> tuple[bool, ...]:
 
 def kimi_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
     """ModelSpec fields of a KimiLinearConfig (already unwrapped), refusing what tkcc does not implement."""
-    for key in _HF_MUST_BE_OFF:
-        if c.get(key):
-            raise SpecError(f"{name}: config key {key!r} = {c[key]!r} is not implemented (tkcc implements its default)")
     if c.get("mla_use_nope") is not True:
         raise SpecError(f"{name}: kimi_linear MLA with rotary (mla_use_nope false) is not implemented; Moonshot's "
                         "modeling code asserts mla_use_nope")
@@ -164,7 +147,11 @@ def _register() -> None:
     """kimi_linear's entries in the no-silent-drop tables of ``config_keys`` (kept here, beside the keys)."""
     from persistent_engine.models import config_keys as ck
 
-    ck.FAMILY_KEYS["kimi_linear"] = KIMI_KEYS | set(KIMI_NO_MATH)
+    ck.FAMILY_KEYS["kimi_linear"] = set(KIMI_KEYS)
+    ck.FAMILY_VALUES["deepseek_v3"] = {
+        "quantization_config": (lambda v: ck._quant_ok(v) or int4_experts_ok(v),
+                                "none, fp8 with 128x128 weight blocks, or compressed-tensors int4 (groups of 32) on "
+                                "the routed experts only (dequantized on load)")}
     ck.FAMILY_VALUES["kimi_linear"] = {
         "hidden_act": (ck._one_of("silu", "situ"), "silu or situ"),
         "moe_router_activation_func": (ck._one_of("sigmoid", "softmax"), "sigmoid or softmax"),

@@ -20,8 +20,8 @@ Supported families (``ModelSpec.family``):
   glm_moe_dsa GlmMoeDsaForCausalLM (GLM-5.x)        DeepSeek-V3.2's layer (MLA + DSA) with per-layer indexer
                                                     types: "full" layers run the indexer, "shared" layers
                                                     reuse the previous full layer's selection
-  qwen3_5     Qwen3_5ForCausalLM / ...ForCondi-     hybrid: Gated DeltaNet linear attention layers (gated delta
-  qwen3_5_moe tionalGeneration, Qwen3_5Moe...       rule + short causal conv, per-sequence recurrent state)
+  qwen3_5     Qwen3_5ForCausalLM (and the           hybrid: Gated DeltaNet linear attention layers (gated delta
+  qwen3_5_moe wrappers), Qwen3_5MoeForCausalLM       rule + short causal conv, per-sequence recurrent state)
                                                     interleaved with gated full attention (sigmoid output gate,
                                                     per-head QK-norm, partial rotary), Gemma (1 + w) norms; MoE:
                                                     softmax top-k + sigmoid-gated shared expert
@@ -29,8 +29,8 @@ Supported families (``ModelSpec.family``):
                                                     rotary, block-sparse attention (an indexer picks 128-token
                                                     blocks per KV head), swigluoai MLPs (alpha, limit), sigmoid
                                                     routing + bias, shared expert, first layers dense
-  kimi_linear KimiLinearForCausalLM / KimiK3For-     hybrid: Kimi delta attention layers (per-channel decay delta
-              ConditionalGeneration (Kimi-K3)       rule + short conv, per-sequence recurrent state) interleaved
+  kimi_linear KimiLinearForCausalLM (in the          hybrid: Kimi delta attention layers (per-channel decay delta
+              KimiK3ForConditionalGeneration)       rule + short conv, per-sequence recurrent state) interleaved
                                                     with gated NoPE MLA; latent MoE, SiTU-GLU, attention residuals
                                                     (models/kimi_config.py, models/kimi.py)
   mixtral     MixtralForCausalLM                    Llama attention (optional window), softmax top-k MoE renormalised
@@ -49,7 +49,9 @@ Supported families (``ModelSpec.family``):
                                                     routed first layers, sqrtsoftplus routing, swiglu_limit
                                                     (models/deepseek_v4.py, models/deepseek_v4_decoder.py)
 
-Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
+Multimodal ``*ForConditionalGeneration`` configs (Llama-4 Scout / Maverick, Kimi-K2.5, Kimi-K3, Qwen3.5) run
+their ``text_config``'s decoder, text decode only (``models/wrappers.py``). Every key of a config is implemented,
+listed as leaving the math unchanged, at its neutral value (``models/neutral_keys.py``), or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
 (``ModelSpec.scaled_down``).
 """
@@ -64,13 +66,14 @@ from pathlib import Path
 from typing import Any
 
 from persistent_engine.models.config_keys import SpecError, check_config
-from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields,
-                                                      llama4_fields, mimo_fields, minimax_m3_fields, mixtral_fields, mla_fields, parse_mlp_layer_types,
-                                                      qwen3_5_fields, qwen_windows, text_config)
-from persistent_engine.models.config_sections import minimax_m2_attn_types
+from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields, llama4_fields,
+                                                      mimo_fields, minimax_m2_attn_types, minimax_m3_fields,
+                                                      mixtral_fields, mla_fields, parse_mlp_layer_types,
+                                                      qwen3_5_fields, qwen_windows)
 from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TINY_SUFFIX, alias_help,  # noqa: F401
                                               known_models, tiny_name)
-from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
+from persistent_engine.models.kimi_config import kimi_fields, quantization_kind
+from persistent_engine.models.wrappers import WRAPPERS, unwrap
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
 __all__ = ["ALIASES", "CONFIG_DIR", "DTYPE_BYTES", "RELEASES", "ModelSpec", "SpecError", "alias_help",
@@ -88,11 +91,8 @@ ARCHITECTURES = {
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",
     "MiniMaxM3ForCausalLM": "minimax_m3",
     "KimiLinearForCausalLM": "kimi_linear",
-    "KimiK3ForConditionalGeneration": "kimi_linear",
     "Qwen3_5ForCausalLM": "qwen3_5",
-    "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
-    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "DeepseekV4ForCausalLM": "deepseek_v4",
     "MixtralForCausalLM": "mixtral",
     "Gemma2ForCausalLM": "gemma2",
@@ -155,7 +155,8 @@ class ModelSpec(SpecSizes):
     index_topk: int = 0
     indexer_types: tuple[str, ...] = ()     # per layer "full" (runs the indexer) | "shared"; () -> all full
     indexer_rope_interleave: bool = False   # checkpoint layout of the indexer's rope rows
-    quantization: str = "none"              # checkpoint weights: "none" | "fp8-block128" (dequantized on load)
+    # checkpoint weights: "none" | "fp8-block128" | "int4-experts" | "mxfp4-experts" (dequantized on load)
+    quantization: str = "none"
     # MLP activation: "silu" (SwiGLU) | "swigluoai" (gpt-oss / MiniMax-M3: clamped, alpha-sigmoid gate, up + 1)
     mlp_act: str = "silu"
     swiglu_alpha: float = 1.702
@@ -271,17 +272,16 @@ class ModelSpec(SpecSizes):
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], name: str = "model") -> "ModelSpec":
-        cfg = unwrap_text_config(cfg, name)
+        cfg, text_only = unwrap(cfg, name)          # a multimodal wrapper: its text decoder (models/wrappers.py)
         archs = cfg.get("architectures") or []
         family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
         if family is None:
             raise SpecError(f"unsupported architecture {archs or cfg.get('model_type')!r} in {name}; "
-                            f"supported: {', '.join(ARCHITECTURES)}")
-        if family in QWEN3_5_FAMILIES:
-            cfg = text_config(cfg)
+                            f"supported: {', '.join([*ARCHITECTURES, *WRAPPERS])}")
         check_config(cfg, family, name, SpecError)
         try:
-            return cls._parse(cfg, name, family)
+            spec = cls._parse(cfg, name, family)
+            return spec.replace(extra={**spec.extra, "text_only": text_only}) if text_only else spec
         except SpecError:
             raise
         except (KeyError, TypeError, ValueError) as e:
@@ -307,7 +307,7 @@ class ModelSpec(SpecSizes):
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
             qkv_bias=bool(c.get("attention_bias", False)),
-            quantization="fp8-block128" if quant else "none",
+            quantization=quantization_kind(quant),
         )
         partial = float(c.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0)))
         kw["rotary_dim"] = int(c.get("rotary_dim") or head_dim * partial)
@@ -408,6 +408,9 @@ class ModelSpec(SpecSizes):
                       moe_intermediate_size=32, shared_intermediate_size=32 if self.num_shared_experts else 0)
         if self.mlp_layer_types:
             kw["mlp_layer_types"] = tuple("dense" if j < first_dense else "moe" for j in range(kw["num_layers"]))
+            rest = self.mlp_layer_types[self.first_k_dense:]
+            if "dense" in rest and "moe" in rest:       # interleaved (Llama-4 Maverick): both kinds, in their order
+                kw["mlp_layer_types"] = ("dense",) * first_dense + (rest[0], "moe" if rest[0] == "dense" else "dense")
         if any(self.layer_windows):
             # a window of 8 (below the tiny contexts); full and windowed layers both kept when both exist
             n, kinds = kw["num_layers"], [self.layer_window(i) > 0 for i in range(self.num_layers)]

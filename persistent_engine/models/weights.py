@@ -411,8 +411,10 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
 
 
 def save_weights(model, path) -> None:
-    """Write a model's (slice's) weights as one HF-named safetensors file, atomically."""
-    tensors = {k: v.contiguous() for k, v in internal_to_hf(model.spec, model.layers, model.params).items()}
+    """Write a model's (slice's) weights as one HF-named safetensors file, atomically (a multimodal wrapper's text
+    decoder under ``language_model.``, as its published checkpoints name it)."""
+    prefix = "language_model." if model.spec.extra.get("text_only") else ""
+    tensors = {prefix + k: v.contiguous() for k, v in internal_to_hf(model.spec, model.layers, model.params).items()}
     save_file(tensors, path, metadata={"format": "pt", "tkcc_model": model.spec.name})
 
 
@@ -426,14 +428,33 @@ def _dequant_fp8(st: SafetensorsDir, name: str, block: int = 128) -> torch.Tenso
     return w
 
 
+def unpack_int4(packed: torch.Tensor, scale: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """compressed-tensors pack-quantized int4 -> fp32 [out, in]: packed[out, in / 8] int32 holds 8 values of 4 bits
+    each (value + 8, the lowest bits first), scale[out, in / group] one per group of ``group`` inputs."""
+    shifts = torch.arange(8, dtype=torch.int32, device=packed.device) * 4
+    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).flatten(1).float() - 8.0            # [out, in] in [-8, 7]
+    return q * scale.float().repeat_interleave(group, 1)[:, : q.shape[1]]
+
+
+def _dequant(st: SafetensorsDir, name: str) -> torch.Tensor:
+    """A checkpoint tensor in fp32 where it is stored quantized: block-fp8 (``*_scale_inv``) or int4 experts
+    (``*.weight_packed`` + ``*.weight_scale``, Kimi-K2.5)."""
+    packed = name[: -len("weight")] + "weight_packed" if name.endswith(".weight") else ""
+    if packed and name not in st and packed in st:
+        return unpack_int4(st.get(packed), st.get(packed[: -len("packed")] + "scale"))
+    return _dequant_fp8(st, name)
+
+
 def load_weights(spec, layers: list[int], path, device="cpu", dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
-    """Internal tensors for ``layers`` from a safetensors file or directory with HF names (block-fp8
-    checkpoints with ``*_scale_inv`` are dequantised). Missing tensors raise ``WeightsError``."""
+    """Internal tensors for ``layers`` from a safetensors file or directory with HF names (block-fp8 and int4
+    expert checkpoints are dequantised; a multimodal wrapper's text decoder under ``language_model.``). Missing
+    tensors raise ``WeightsError``."""
     if spec.linear_layers or spec.family == "kimi_linear":
         raise WeightsError(f"{spec.name}: loading {'Qwen3.5' if spec.linear_layers else 'Kimi-Linear / Kimi-K3'} "
                            "checkpoints is not implemented yet; run with seeded random weights (no --weights)")
     st = SafetensorsDir(path)
-    params = hf_to_internal(spec, layers, lambda n: _dequant_fp8(st, n))
+    prefix = "language_model." if spec.extra.get("text_only") else ""      # models/wrappers.py
+    params = hf_to_internal(spec, layers, lambda n: _dequant(st, prefix + n))
     expected = param_specs(spec, layers)
     for name, (shape, kind) in expected.items():
         t = params[name]
@@ -444,4 +465,4 @@ def load_weights(spec, layers: list[int], path, device="cpu", dtype=torch.bfloat
 
 
 __all__ = ["param_specs", "init_params", "hf_to_internal", "internal_to_hf", "save_weights", "load_weights",
-           "WeightsError"]
+           "unpack_int4", "WeightsError"]

@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from persistent_engine.models.config_keys import FAMILY_KEYS, MLA, MLA_IRRELEVANT, NO_MATH
-from persistent_engine.models.kimi_config import unwrap_text_config
+from persistent_engine.models.neutral_keys import neutral_rule
 from persistent_engine.models.spec import ARCHITECTURES, CONFIG_DIR, ModelSpec, SpecError
+from persistent_engine.models.wrappers import unwrap
 
 CONFIGS = sorted(p.name for p in CONFIG_DIR.glob("*.json"))
 
@@ -20,11 +21,12 @@ def _cfg(name: str) -> dict:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_key_of_every_shipped_config_is_accounted_for(name):
-    cfg = unwrap_text_config(_cfg(name), name)          # Kimi-K3: the text decoder inside the multimodal wrapper
+    cfg, _ = unwrap(_cfg(name), name)                    # a multimodal wrapper: the text decoder inside it
     family = next(ARCHITECTURES[a] for a in cfg["architectures"] if a in ARCHITECTURES)
     known = FAMILY_KEYS[family]
     loose = [k for k in cfg if k not in known and k not in NO_MATH
-             and not (known & MLA and k in MLA_IRRELEVANT)]
+             and not (known & MLA and k in MLA_IRRELEVANT)
+             and not (neutral_rule(family, k) and neutral_rule(family, k)[0](cfg[k]))]   # at its neutral value
     assert loose == []
     ModelSpec.from_config(cfg, name=name)
 

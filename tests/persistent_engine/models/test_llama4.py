@@ -51,6 +51,21 @@ def test_llama4_matches_hf(tkcc_last_logits):
     assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
 
 
+def test_maverick_style_wrapper_runs_hf_text_decoder(tkcc_last_logits):
+    """A Llama4ForConditionalGeneration config (Maverick's text keys: no qk-norm, dense and MoE layers interleaved)
+    runs its text_config's decoder: HF's Llama4ForCausalLM logits, which the wrapper's language_model computes."""
+    text = {**{k: v for k, v in CFG.items() if k != "architectures"}, "use_qk_norm": False, "num_local_experts": 8}
+    model = hf_model(text, seed=4)
+    ids = torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model(ids).logits[:, -1]
+    wrapper = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "image_token_index": 95,
+               "text_config": {**text, "model_type": "llama4_text"}, "vision_config": {"model_type": "llama4_vision_model"}}
+    spec = ModelSpec.from_config(wrapper, name="maverick-test")
+    assert not spec.qk_l2_norm and spec.layer_kinds() == ["dense", "moe", "dense", "moe"] and spec.num_experts == 8
+    torch.testing.assert_close(tkcc_last_logits(spec, dict(model.state_dict()), ids), want, rtol=2e-4, atol=2e-4)
+
+
 @pytest.mark.parametrize("chunk", [4, 7])
 def test_chunked_attention_is_full_attention_within_each_chunk(chunk):
     """Each query's output equals plain causal attention over the sequence cut at its chunk's start."""
