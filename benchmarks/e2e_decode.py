@@ -92,7 +92,7 @@ SKIPPABLE = ("reference_graph", "torch_compile", "gptfast", "gptfast_max_autotun
 LABELS = {"reference": "reference step, eager", "reference_graph": "reference step, CUDA graph",
           "torch_compile": "torch.compile(reference step, reduce-overhead)",
           "gptfast": "gpt-fast-style, reduce-overhead",
-          "gptfast_max_autotune": "gpt-fast-style, max-autotune in a CUDA graph", "tkcc": "tkcc plan"}
+          "gptfast_max_autotune": "gpt-fast-style, max-autotune-no-cudagraphs", "tkcc": "tkcc plan"}
 TIMER_RULE = ("persistent_engine.timing.FairTimer: back_to_back_ms = steps calls between two CUDA events / steps, "
               "median of repeats windows (the headline); one_replay_ms = median of samples single calls, L2 flushed "
               "before each; graph-backed variants queued while a spin kernel holds the stream, so their host "
@@ -138,7 +138,7 @@ def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str, 
 
     cases = []
     for text in texts:
-        head, _, ctx = text.partition("/")
+        head, _, ctx = text.rpartition("/") if text.rpartition("/")[2].isdigit() else (text, "", "")  # a path's /
         head, _, batches = head.partition("@")
         alias, _, layer_text = head.partition(":")
         try:
@@ -408,7 +408,8 @@ def variant_rows(r: dict) -> list[tuple[str, str, str, str, str, str]]:
     for name in VARIANTS:
         t = r["timings"].get(name)
         if t is not None:
-            out.append((LABELS[name], _f(t["back_to_back_ms"]), _f(t["one_replay_ms"]), _f(t["busy_ms"]),
+            label = LABELS[name] + (" + CUDA graph" if t["timed"].endswith("captured in a CUDA graph") else "")
+            out.append((label, _f(t["back_to_back_ms"]), _f(t["one_replay_ms"]), _f(t["busy_ms"]),
                         _f(t["dispatch_ms"]), _ratio(r, name)))
     return out
 
@@ -417,9 +418,9 @@ def print_row(r: dict) -> None:
     print(f"{r['model']:<11} {len(r['layers']):>3}L b{r['batch']:<4} ctx {r['context']:<5} floor {_f(r['floor_ms'])} "
           f"ms/step ({_f(r['pct_floor']['tkcc_ms'], '{:.1f}')}% tkcc)  {'agree' if r['agree'] else 'DISAGREE'}",
           flush=True)
-    print(f"    {'variant':<44} {'b2b ms':>8} {'1 replay':>8} {'busy':>8} {'dispatch':>8}  tkcc speedup", flush=True)
+    print(f"    {'variant':<55} {'b2b ms':>8} {'1 replay':>8} {'busy':>8} {'dispatch':>8}  tkcc speedup", flush=True)
     for label, *cells, ratio in variant_rows(r):
-        print(f"    {label:<44} " + " ".join(f"{c:>8}" for c in cells) + f"  {ratio}", flush=True)
+        print(f"    {label:<55} " + " ".join(f"{c:>8}" for c in cells) + f"  {ratio}", flush=True)
     for name in GPTFAST.values():
         if r[f"{name}_note"]:
             print(f"    {name}: {r[f'{name}_note']}", flush=True)

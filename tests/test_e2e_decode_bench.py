@@ -115,6 +115,7 @@ def test_plan_overrides_and_config_agree_with_the_reference(tmp_path):
         assert ab["config"] == ["kv_block_size", "max_num_seqs"]
         assert ab["without_ms"] > 0 and ab["agree"]
     text = md.read_text()
+    assert text.count("| variant | back to back (ms) | one replay (ms) |") == 2 and "| tkcc plan | " in text
     assert text.count("### tiny-dense") == 2 and "| rms-fp32 | fused_add_rms_norm | kv_block_size, max_num_seqs |" in text
 
 
@@ -234,8 +235,11 @@ def test_a_family_the_baseline_lacks_says_so_and_a_qwen3_moe_config_is_measured(
     assert rc == 0 and c["gptfast_ms"] is None and c["ratios"]["vs_gptfast"] is None
     assert c["gptfast_note"].startswith("not measured:") and "glm4_moe" in c["gptfast_note"]
     assert "gptfast" not in c["agreement"]
-    monkeypatch.chdir(tmp_path)
-    tiny_qwen3_moe(tmp_path)                               # qwen3tiny.json in the working directory
+    path = tiny_qwen3_moe(tmp_path)                        # a config path may hold "/": the context is /DIGITS
+    cases = bench.parse_cases([f"{path}:0,1@1,16/64", f"{path}@2"], 32, bench.DEFAULT_TRAFFIC, "h200", 4)
+    assert [(c.model, c.layers, c.batch, c.context) for c in cases] == [
+        (str(path), (0, 1), 1, 64), (str(path), (0, 1), 16, 64), (str(path), None, 2, 32)]
+    monkeypatch.chdir(tmp_path)                            # qwen3tiny.json in the working directory
     rc, doc = run(tmp_path, "--cases", "qwen3tiny.json:all@3/16", "--dtype", "fp32")
     [c] = doc["cases"]
     assert rc == 0 and c["gptfast_ms"] > 0 and c["agreement"]["gptfast"]["ok"]

@@ -165,12 +165,14 @@ def test_speedup_q1_is_the_lower_quartile_of_the_pair_ratios():
 
 
 class ColdAfterFlush:
-    """A step that costs ``cold_ms`` on its first call after a cache flush and ``warm_ms`` otherwise,
-    counting its calls and the flushes (a FairTimer on CPU, its flush spied on)."""
+    """A step that costs ``cold_ms`` on its first call after a cache flush and ``warm_ms`` otherwise, on a fake
+    clock (the timer's perf_counter_ns, patched) so the figures are exact; counts its calls and the flushes
+    (a FairTimer on CPU, its flush spied on)."""
 
-    def __init__(self, timer: timing.FairTimer, cold_ms: float, warm_ms: float):
-        self.cold, self.calls, self.flushes = False, 0, 0
+    def __init__(self, timer: timing.FairTimer, monkeypatch, cold_ms: float, warm_ms: float):
+        self.cold, self.calls, self.flushes, self.now_ns = False, 0, 0, 0
         self.cold_ms, self.warm_ms = cold_ms, warm_ms
+        monkeypatch.setattr(timing, "_perf_counter_ns", lambda: self.now_ns)
         real = timer.flush
 
         def flush():
@@ -182,30 +184,37 @@ class ColdAfterFlush:
     def __call__(self) -> torch.Tensor:
         self.calls += 1
         ms, self.cold = (self.cold_ms if self.cold else self.warm_ms), False
-        return _busy(ms)
+        self.now_ns += int(ms * 1e6)
+        return torch.ones(2)
 
 
-def test_fair_timer_back_to_back_amortises_what_one_replay_pays_after_each_flush():
+def test_fair_timer_back_to_back_amortises_what_one_replay_pays_after_each_flush(monkeypatch):
     """The two modes of the benchmarks' timer on CPU: back to back (no flush inside a window, divided by the
     window's calls) sees the warm cost, one replay (a flush before every sample) the cold one; no dispatch
     figure and no hold on CPU; every call accounted for."""
     timer = timing.FairTimer(torch.device("cpu"), flush_bytes=1 << 16)
-    step = ColdAfterFlush(timer, cold_ms=4.0, warm_ms=0.5)
+    step = ColdAfterFlush(timer, monkeypatch, cold_ms=4.0, warm_ms=0.5)
     t = timer.time(step, steps=8, samples=5, repeats=3, warmup=2)
     assert step.calls == 2 + 3 * 8 + 5 and step.flushes == 5
-    assert t.steps == 8 and len(t.back_to_back_runs_ms) == 3 and t.one_replay.n == 5
-    assert 0.5 <= t.back_to_back_ms < 2.0 and t.one_replay.median_ms >= 4.0
-    assert t.one_replay.median_ms > 2 * t.back_to_back_ms
+    assert t.steps == 8 and t.back_to_back_runs_ms == (0.5, 0.5, 0.5) and t.one_replay.n == 5
+    assert t.back_to_back_ms == 0.5 and t.one_replay.median_ms == 4.0 and t.one_replay.iqr_ms == 0.0
     assert t.dispatch is None and not t.held and t.queued_ahead is None
     d = t.to_dict()
-    assert d["back_to_back_ms"] == t.back_to_back_ms and d["one_replay_ms"] == t.one_replay.median_ms
+    assert d["back_to_back_ms"] == 0.5 and d["one_replay_ms"] == 4.0 and d["back_to_back_runs_ms"] == [0.5] * 3
     assert d["dispatch_ms"] is None and d["one_replay_samples"] == 5 and d["steps"] == 8
 
 
-def test_a_window_is_divided_by_its_calls():
+def test_a_window_is_divided_by_its_calls_and_the_median_of_windows_is_the_headline(monkeypatch):
     timer = timing.FairTimer(torch.device("cpu"), flush_bytes=1 << 16)
-    ms, queued = timer.window(lambda: _busy(1.0), calls=4, flush=False)
-    assert 1.0 <= ms < 2.5 and queued is None
+    step = ColdAfterFlush(timer, monkeypatch, cold_ms=3.0, warm_ms=1.0)
+    assert timer.window(step, calls=4, flush=False) == (1.0, None)
+    assert timer.window(step, calls=4, flush=True) == (1.5, None)       # (3 + 1 + 1 + 1) / 4: one cold call
+    costs = iter([1.0] * 4 + [9.0] * 4 + [2.0] * 4)                     # three windows of 4 calls
+
+    def uneven():
+        step.now_ns += int(next(costs, 1.0) * 1e6)
+    t = timer.time(uneven, steps=4, samples=1, repeats=3, warmup=0)
+    assert t.back_to_back_runs_ms == (1.0, 9.0, 2.0) and t.back_to_back_ms == 2.0
 
 
 def test_the_hold_covers_the_host_time_of_the_window_it_holds():
