@@ -4,6 +4,7 @@
     model = build_from_tkcc(args, decoder.params, decoder.layers, batch=B, max_seq_length=S)
     load_paged_context(model, cache.k, cache.v, cache.block_tables, context)
     step = compile_decode(model)                      # torch.compile(mode="reduce-overhead", fullgraph=True)
+    step = compile_decode(model, "max-autotune-no-cudagraphs")    # the caller captures it in a CUDA graph
     logits = step(idx, input_pos)                     # idx [B, 1] int64, input_pos [1] int64 -> [B, V]
 
 The baseline ``benchmarks/e2e_decode.py`` measures tkcc against (issue 22): only torch is imported, no
@@ -306,10 +307,18 @@ def apply_rotary_emb(x: Tensor, freqs_cis: Tensor) -> Tensor:
     return out.flatten(3).type_as(x)
 
 
-def compile_decode(model: Transformer):
-    """gpt-fast's decode compile: CUDA graphs (reduce-overhead) on a GPU; inductor alone on CPU."""
+MODES = ("reduce-overhead", "max-autotune-no-cudagraphs")
+
+
+def compile_decode(model: Transformer, mode: str = "reduce-overhead"):
+    """gpt-fast's decode compile, ``fullgraph=True``. ``reduce-overhead``: inductor and its own CUDA graphs on
+    a GPU, inductor's default mode on CPU (no CUDA graphs); ``max-autotune-no-cudagraphs``: inductor with
+    autotuned GEMM and pointwise kernels and no graphs, on either device (the caller may capture the compiled
+    step in a CUDA graph of its own)."""
+    if mode not in MODES:
+        raise ValueError(f"compile mode {mode!r} (one of {', '.join(MODES)})")
     cuda = model.output.weight.device.type == "cuda"
-    return torch.compile(model, mode="reduce-overhead" if cuda else None, fullgraph=True)
+    return torch.compile(model, mode=None if mode == "reduce-overhead" and not cuda else mode, fullgraph=True)
 
 
 # ----------------------------------------------------------------------------- tkcc's weights and cache

@@ -1,53 +1,46 @@
-"""End-to-end decode: the eager reference, ``torch.compile`` and a tkcc plan, against the bandwidth floor.
+"""End-to-end decode: tkcc's plan against the reference step, ``torch.compile`` and an independent gpt-fast-style
+baseline under ``reduce-overhead`` and ``max-autotune`` (in a CUDA graph), all timed the same two ways.
 
-    python benchmarks/e2e_decode.py --plan plans/llama-1b --plan plans/qwen3-moe --plan plans/deepseek
+    python benchmarks/e2e_decode.py --plan examples/plans/llama-1b-h200 --cases llama-1b:all@1/1024
     python benchmarks/e2e_decode.py --device cpu --no-compile --cases tiny-dense:all@1,4/64 --plan DIR
 
-Per case (model, layer slice, batch, context; bf16 decode, one new token per sequence) the same
-``Decoder`` (persistent_engine, seeded weights, synthetic cached context) runs four ways:
+Per case (model, layer slice, batch, context; bf16 decode, one new token per sequence) the same ``Decoder``
+(persistent_engine, seeded weights, synthetic cached context) runs as these variants (``--skip`` drops any
+but the first and the last; ``VARIANTS``):
 
-  reference        plain-torch reference ops, eager (the issue's "eager reference": ``reference_ms``)
-  reference graph  the same step captured in one CUDA graph (``reference_graph_ms``)
-  torch.compile    ``torch.compile(model.step, mode="reduce-overhead")`` (``torch_compile_ms``; the
-                   first calls' wall time is ``torch_compile_s``); weights, KV cache and the step's
-                   inputs are marked static so its CUDA graphs neither copy nor skip them
-  tkcc             the plan's accepted overrides (``kernels/composed.py`` loaded as a fresh module
-                   through ``compiler.apply``) active while the step is captured in a CUDA graph, as
-                   the engine does; the plan's CONFIG applied where it means something to one step
-                   (``cuda_graph``, ``cuda_graph_batch_sizes``, ``kv_block_size``; scheduler knobs are
-                   listed as ignored). Without a plan (or overrides) for the model it is the reference
-                   under the engine's graph path with the plan's CONFIG, and ``tkcc_source`` says so.
+  reference              plain-torch reference ops, eager (``reference_ms``)
+  reference_graph        the same step captured in one CUDA graph: the baseline of every tkcc speedup today
+  torch_compile          ``torch.compile(model.step, mode="reduce-overhead")`` (``torch_compile_s``: the first
+                         calls' wall time); weights, KV cache and inputs marked static (no copies, no skips)
+  gptfast                the independent baseline (``baseline_gptfast.py``, no tkcc code: static contiguous KV
+                         cache, SDPA, gathered-experts MoE) on the same weights and context,
+                         ``torch.compile(mode="reduce-overhead", fullgraph=True)``; eager with ``--no-compile``
+  gptfast_max_autotune   the same model, ``torch.compile(mode="max-autotune-no-cudagraphs", fullgraph=True)``
+                         captured in a CUDA graph here: the strongest baseline a careful user writes
+  tkcc                   the plan's accepted overrides (``kernels/composed.py`` through ``compiler.apply``)
+                         active while the step is captured in a CUDA graph, as the engine does; the plan's
+                         step CONFIG applied (``cuda_graph``, ``cuda_graph_batch_sizes``, ``kv_block_size``;
+                         scheduler knobs listed as ignored); without a plan, the reference (``tkcc_source``)
 
-  gpt-fast         the independent baseline (``benchmarks/baseline_gptfast.py``, no tkcc code: a user's
-                   gpt-fast-style model, static contiguous KV cache, SDPA, gathered-experts MoE) on the same
-                   weights and cached context, ``torch.compile(mode="reduce-overhead", fullgraph=True)``
-                   (``gptfast_ms``; eager with ``--no-compile``; ``gptfast_note`` says why when the family is
-                   not one it implements). Every tkcc ratio is also given against it (``vs_gptfast``).
+Timing (``e2e_variants.time_variant``; ``persistent_engine.timing.FairTimer``), per variant in
+``timings[variant]``: ``back_to_back_ms`` (``--steps`` calls between two CUDA events / steps, median of
+``--repeats`` windows: the headline, also ``{variant}_ms``), ``one_replay_ms`` (one call after an L2 flush,
+median of ``--samples``), ``dispatch_ms`` (host time of one call), ``busy_ms`` (GPU busy per call over
+``--profile-steps`` profiled calls, ``kernel_profile.py``; kernels, idle and top kernels in ``step_kernels``).
+Graph-backed variants (graph replays, reduce-overhead calls) are queued while a spin kernel holds the stream,
+so host dispatch is reported beside, never inside one side's window; eager variants are timed unheld.
+``ratios`` (back to back) and ``ratios_one_replay``: every baseline's time over tkcc's. CPU: inductor's CPU
+backend, no graphs, ``perf_counter_ns`` with the caches flushed, no dispatch or busy figure.
+Floor: ``floor_ms`` = bytes one step must read (``forward.py``'s count) / the copy bandwidth of the same run.
+Agreement, each variant against the eager reference's fp32 logits: relative L2 error within the engine's
+per-dtype bound (bf16 5e-2), greedy tokens equal unless the reference's margin between the two tokens is at
+most twice the row's largest logit difference (a near tie). On an MoE slice the tkcc step is also checked as
+the engine verifies a candidate (``routing_replay``: the reference's routing replayed for flipped tokens,
+flips excused only within the tie band); a plan that passes that rule agrees. Exit 1 when a variant disagrees.
 
-Kernels per step (``step_kernels``, CUDA only; None on CPU, ``step_kernels_note`` says why): each graph or
-compiled variant profiled over ``--profile-steps`` calls (``benchmarks/kernel_profile.py``, as
-``step_kernels.py``): kernels, busy (union of kernel intervals), idle (first start to last end - busy)
-and ``wall_idle_us`` (the timed median - busy).
-
-Timing: ``persistent_engine.timing`` (CUDA events around a graph replay or an eager step, L2 flushed
-before each sample, device synchronised; ``perf_counter_ns`` on CPU), median of ``--samples``.
-Floor: ``floor_ms`` = bytes one step must read (weights except the untouched embedding rows, only
-the experts the batch routes to, plus the KV cache; ``benchmarks/forward.py``'s count) / the
-device-to-device copy bandwidth (read + write) measured in the same run.
-Agreement, each variant against the eager reference's fp32 logits: relative L2 error within the
-engine's per-dtype bound (bf16 5e-2), and greedy tokens equal, a differing token tolerated only where
-the reference's margin between the two tokens is at most twice that row's largest logit difference
-(a near tie that rounding can flip). On a slice with MoE layers the tkcc step is also checked as the
-engine verifies a candidate (``routing_replay``): the reference's routing recorded, the plan's step run
-once eagerly with the reference's experts for the tokens whose expert set flips (``verify.RouteReplay``),
-each flip excused only within the tie band, every sequence's logits compared; a plan that fails the plain
-rule but passes that one agrees (its differences are routing flips at near ties, which cascade freely in
-the timed step). Exit 1 when a variant disagrees (the JSON is still written).
-
-``--ablate`` times the tkcc graph once more per accepted optimization with all overrides but that
-one's (contribution = that time - the full plan's). Each case prints a markdown section listing the
-plan's optimizations (``--markdown FILE`` also writes them) for ``docs/performance.md``.
-Writes ``benchmarks/results/h200-e2e-decode.json`` (cuda) or ``cpu-e2e-decode.json`` atomically.
+``--ablate`` times the tkcc graph once more per accepted optimization without it. Each case prints a markdown
+section (``--markdown FILE``). The JSON (``benchmarks/results/<h200|cpu>-e2e-decode.json``, ``--out``) is
+written atomically after every case, with the GPU, driver, torch, Triton and the date.
 """
 
 from __future__ import annotations
@@ -57,10 +50,9 @@ import datetime
 import json
 import platform
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -68,10 +60,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks import baseline_gptfast as gptfast  # noqa: E402
+from benchmarks.e2e_variants import GPTFAST, gptfast_base, run_gptfast, time_variant  # noqa: E402
 from benchmarks.e2e_results import BenchError, merge_files, merge_results, print_targets  # noqa: E402
 from benchmarks.e2e_results import fmt as _f, read_results, target_verdicts  # noqa: E402
 from benchmarks.forward import bytes_read  # noqa: E402
-from benchmarks.kernel_profile import profile_intervals, summarize  # noqa: E402
 from compiler import apply as plan_apply  # noqa: E402
 from compiler.compare import capture, compile_step  # noqa: E402
 from compiler import plan as plan_mod  # noqa: E402
@@ -94,6 +86,20 @@ DEFAULT_CASES = {
 DEFAULT_TRAFFIC = ROOT / "examples" / "traffic" / "azure2023_conv.parquet"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STEP_CONFIG = ("cuda_graph", "cuda_graph_batch_sizes", "kv_block_size")   # CONFIG that shapes one step
+VARIANTS = ("reference", "reference_graph", "torch_compile", "gptfast", "gptfast_max_autotune", "tkcc")
+BASELINES = VARIANTS[:-1]                                                   # every tkcc ratio is against each
+SKIPPABLE = ("reference_graph", "torch_compile", "gptfast", "gptfast_max_autotune")
+LABELS = {"reference": "reference step, eager", "reference_graph": "reference step, CUDA graph",
+          "torch_compile": "torch.compile(reference step, reduce-overhead)",
+          "gptfast": "gpt-fast-style, reduce-overhead",
+          "gptfast_max_autotune": "gpt-fast-style, max-autotune-no-cudagraphs", "tkcc": "tkcc plan"}
+TIMER_RULE = ("persistent_engine.timing.FairTimer: back_to_back_ms = steps calls between two CUDA events / steps, "
+              "median of repeats windows (the headline); one_replay_ms = median of samples single calls, L2 flushed "
+              "before each; graph-backed variants queued while a spin kernel holds the stream, so their host "
+              "dispatch (dispatch_ms, reported beside) stays out of both windows; eager variants unheld; busy_ms = "
+              "union of kernel intervals per call in a profile; CPU: perf_counter_ns, caches flushed, no dispatch")
+
+
 @dataclass(frozen=True)
 class Case:
     model: str
@@ -132,7 +138,7 @@ def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str, 
 
     cases = []
     for text in texts:
-        head, _, ctx = text.partition("/")
+        head, _, ctx = text.rpartition("/") if text.rpartition("/")[2].isdigit() else (text, "", "")  # a path's /
         head, _, batches = head.partition("@")
         alias, _, layer_text = head.partition(":")
         try:
@@ -199,31 +205,12 @@ def relayout(src, dst, tokens: int) -> None:
             q.view(-1, *q.shape[2:])[s_dst] = p.view(-1, *p.shape[2:])[s_src]
 
 
-def timed(timer, run: Callable[[], torch.Tensor], samples: int, graph: bool,
-          warmup: int = 2) -> tuple[float, torch.Tensor]:
-    """(median ms, a clone of the last output)."""
-    for _ in range(warmup):
-        run()
-    stats = timing.time_one(timer, run, samples, graph=graph)
-    return stats.median_ms, run().clone()
-
-
-def kernels_per_step(run: Callable[[], torch.Tensor], steps: int, wall_ms: float, cuda: bool = True) -> dict:
-    """Kernels, busy / idle microseconds per call of ``run`` over ``steps`` profiled calls (kernel_profile.py;
-    ``cuda`` False: top-level aten ops stand in, for tests), the 5 heaviest kernels, and ``wall_idle_us`` =
-    the timed median ``wall_ms`` - busy."""
-    try:
-        s = summarize(*profile_intervals(run, steps, cuda=cuda), top=5)
-    except RuntimeError as e:                          # the profiler saw no kernel in some call
-        return {"error": str(e)}
-    return {**s, "wall_us": wall_ms * 1e3, "wall_idle_us": wall_ms * 1e3 - s["busy_us"]}
-
-
-def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, timer, samples: int, cuda: bool,
-                  seed: int, profile_steps: int = 0) -> tuple[float, torch.Tensor, str | None, dict | None]:
-    """tkcc: the step with ``overrides`` and the step-level CONFIG: (ms, logits, how it ran, kernels per step
-    when ``profile_steps``). Like the engine, a step whose capture fails (an override that syncs the host)
-    is timed eagerly."""
+def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, timer, a, seed: int,
+                  profile: int = 0) -> tuple[dict, torch.Tensor, dict | None]:
+    """tkcc: the step with ``overrides`` and the step-level CONFIG: (its ``timings`` entry, logits, kernels per
+    step when ``profile``). Like the engine, a step whose capture fails (an override that syncs the host) is
+    timed eagerly (unheld: its dispatch is its cost), and ``timed`` says why."""
+    cuda = model.device.type == "cuda"
     wl = wl_ref
     bs = config.get("kv_block_size")
     if bs and bs != wl_ref.cache.block_size:
@@ -239,60 +226,15 @@ def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, time
             torch.cuda.synchronize()
             how = f"eager (capture failed: {str(e).splitlines()[0][:200]})"
         else:
-            ms, logits = timed(timer, lambda: (g.replay(), out)[1], samples, graph=True)
-            kernels = kernels_per_step(lambda: (g.replay(), out)[1], profile_steps, ms) if profile_steps else None
-            del g
-            return ms, logits, "cuda_graph", kernels
+            return time_variant(timer, lambda: (g.replay(), out)[1], a, held=True, how="cuda_graph", profile=profile)
     with registry.override(overrides):
-        ms, logits = timed(timer, lambda: model.step(wl), samples, graph=False)
-        kernels = kernels_per_step(lambda: model.step(wl), profile_steps, ms) if profile_steps and cuda else None
-    return ms, logits, how, kernels
+        return time_variant(timer, lambda: model.step(wl), a, held=False, how=how, eager=True,
+                            profile=profile if cuda else 0)
 
 
 def hf_config(model: str) -> Path:
     """The config.json a case's model (an alias or a config path) names: what the independent baseline reads."""
     return CONFIG_DIR / ALIASES[model] if model in ALIASES else Path(model)
-
-
-def run_gptfast(model, wl, case: Case, a, timer, cuda: bool) -> tuple[dict, torch.Tensor | None, dict | None]:
-    """The independent baseline on the model's weights and the workload's cached context: (its row fields,
-    its logits, its kernels per step), logits None where it does not implement the model's family.
-    Memory: a copy of the slice's weights and a static KV cache of the point."""
-    row: dict[str, Any] = {"gptfast_ms": None, "gptfast_timed": None, "gptfast_compile_s": None, "gptfast_note": None}
-    try:
-        args = gptfast.ModelArgs.from_name(hf_config(case.model))
-        base = gptfast.build_from_tkcc(args, model.params, model.layers, case.batch, case.context + 1)
-    except gptfast.Unsupported as e:
-        row["gptfast_note"] = f"not measured: {e}"
-        return row, None, None
-    gptfast.load_paged_context(base, wl.cache.k, wl.cache.v, wl.cache.block_tables, case.context)
-    idx, pos = wl.token_ids.view(case.batch, 1), torch.tensor([case.context], device=model.device)
-    step = base if a.no_compile else gptfast.compile_decode(base)
-
-    def run() -> torch.Tensor:
-        with torch.no_grad():
-            return step(idx, pos)
-
-    t0 = time.perf_counter()
-    try:
-        for _ in range(3):                              # compile (and record the CUDA graphs)
-            run()
-        if cuda:
-            torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 - a baseline that does not compile is reported, the run goes on
-        torch._dynamo.reset()
-        row["gptfast_note"] = f"not measured: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-        return row, None, None
-    if not a.no_compile:
-        row["gptfast_compile_s"] = time.perf_counter() - t0
-    row["gptfast_timed"] = ("eager (--no-compile)" if a.no_compile else
-                            'torch.compile(mode="reduce-overhead", fullgraph=True)' if cuda else
-                            "torch.compile(fullgraph=True) (CPU: no CUDA graphs)")
-    row["gptfast_ms"], logits = timed(timer, run, a.samples if cuda or not a.no_compile else a.eager_samples,
-                                      graph=False)
-    kernels = kernels_per_step(run, a.profile_steps, row["gptfast_ms"]) if cuda and a.profile_steps else None
-    torch._dynamo.reset()
-    return row, logits, kernels
 
 
 def agreement(ref: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> dict:
@@ -330,105 +272,160 @@ def replay_agreement(model, wl, overrides: dict, ref_logits: torch.Tensor, dtype
 
 
 # ---------------------------------------------------------------------------- one case
-def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs: float) -> dict:
+def reference_variants(model, wl, a, timer, ref_logits, timings: dict, kernels: dict, checks: dict) -> dict:
+    """The reference step captured in a CUDA graph (GPU) and ``torch.compile`` of it (reduce-overhead's calls,
+    held; CPU: inductor's CPU backend), each timed, profiled and checked into the dicts given; returns the
+    row fields of the compile."""
     cuda = model.device.type == "cuda"
-    seed = a.seed
-    wl = make_workload(model, WorkloadPoint(phase="decode", batch=case.batch, context=case.context), seed)
-    moved = bytes_read(model, wl)
-    floor_ms = moved["total"] / (copy_gbs * 1e9) * 1e3
-    ref_ms, ref_logits = timed(timer, lambda: model.step(wl), a.eager_samples, graph=False)
-    checks: dict[str, dict] = {}
-    row: dict[str, Any] = {"model": case.model, "layers": list(model.layers), "batch": case.batch,
-                           "context": case.context, "weight": case.weight, "case": case.text,
-                           "dtype": a.dtype, "reference_ms": ref_ms}
     profile = a.profile_steps if cuda else 0
-    kernels: dict[str, dict | None] = {}
-    if cuda:
+    if cuda and "reference_graph" not in a.skip:
         g, out = capture(model, wl, {})
-        row["reference_graph_ms"], logits = timed(timer, lambda: (g.replay(), out)[1], a.samples, graph=True)
+        timings["reference_graph"], logits, kernels["reference_graph"] = time_variant(
+            timer, lambda: (g.replay(), out)[1], a, held=True, how="cuda_graph", profile=profile)
         checks["reference_graph"] = agreement(ref_logits, logits, model.dtype)
-        if profile:
-            kernels["reference_graph"] = kernels_per_step(lambda: (g.replay(), out)[1], profile,
-                                                          row["reference_graph_ms"])
         del g
-    else:
-        row["reference_graph_ms"] = None
-    row["torch_compile_ms"] = row["torch_compile_s"] = row["torch_compile_cudagraphs"] = None
-    if not a.no_compile:
-        run, row["torch_compile_s"], row["torch_compile_cudagraphs"] = compile_step(model, wl)
-        row["torch_compile_ms"], logits = timed(timer, run, a.samples, graph=False)
-        checks["torch_compile"] = agreement(ref_logits, logits, model.dtype)
-        if profile:
-            kernels["torch_compile"] = kernels_per_step(run, profile, row["torch_compile_ms"])
-        del run
-        torch._dynamo.reset()
-    fields, logits, kernels["gptfast"] = run_gptfast(model, wl, case, a, timer, cuda)
-    row.update(fields)
-    if logits is not None:
-        checks["gptfast"] = agreement(ref_logits, logits, model.dtype)
+    row = {"torch_compile_s": None, "torch_compile_cudagraphs": None}
+    if a.no_compile or "torch_compile" in a.skip:
+        return row
+    run, row["torch_compile_s"], row["torch_compile_cudagraphs"] = compile_step(model, wl)
+    how = ('torch.compile(model.step, mode="reduce-overhead") calls (its CUDA graphs), held' if cuda else
+           "torch.compile(model.step) (CPU: no CUDA graphs)")
+    timings["torch_compile"], logits, kernels["torch_compile"] = time_variant(timer, run, a, held=cuda, how=how,
+                                                                               profile=profile)
+    checks["torch_compile"] = agreement(ref_logits, logits, model.dtype)
+    del run
+    torch._dynamo.reset()
+    return row
 
-    parts = plans.get(case.model)
+
+def gptfast_variants(model, wl, case: Case, a, timer, ref_logits, timings: dict, kernels: dict,
+                     checks: dict) -> dict:
+    """The independent baseline under both compile modes (``e2e_variants.run_gptfast``) on one copy of the
+    case's weights and context; returns the row fields (``{name}_timed``, ``_compile_s``, ``_note``)."""
+    row: dict[str, Any] = {}
+    try:
+        base = gptfast_base(model, wl, hf_config(case.model), case.batch, case.context)
+    except gptfast.Unsupported as e:
+        base, why = None, f"not measured: {e}"
+    for mode, name in GPTFAST.items():
+        row.update({f"{name}_timed": None, f"{name}_compile_s": None, f"{name}_note": None})
+        if base is None or name in a.skip:
+            row[f"{name}_note"] = why if base is None else "not measured: --skip"
+            continue
+        fields, entry, logits, kernels[name] = run_gptfast(base, a, timer, mode)
+        row.update(fields)
+        if entry is not None:
+            timings[name] = entry
+            checks[name] = agreement(ref_logits, logits, model.dtype)
+    return row
+
+
+def tkcc_variant(model, wl, case: Case, parts: PlanParts | None, a, timer, ref_logits) -> tuple[dict, dict, dict]:
+    """The plan's step: (its row fields, its ``timings`` entry, its kernels per step); the agreement check
+    (with routing replay on an MoE slice) and the ablation (``--ablate``) in the row."""
     overrides = dict(parts.loaded.overrides) if parts else {}
     config = dict(parts.loaded.config) if parts else {}
-    tk_ms, logits, tk_how, kernels["tkcc"] = run_plan_step(model, wl, case, overrides, config, timer, a.samples,
-                                                          cuda, seed, profile)
-    checks["tkcc"] = agreement(ref_logits, logits, model.dtype)
+    profile = a.profile_steps if model.device.type == "cuda" else 0
+    entry, logits, kernels = run_plan_step(model, wl, case, overrides, config, timer, a, a.seed, profile)
+    check = agreement(ref_logits, logits, model.dtype)
     replay = replay_agreement(model, wl, overrides, ref_logits, model.dtype) if overrides else None
     if replay is not None:                              # MoE slice: the engine's rule decides
-        checks["tkcc"].update(routing_replay=replay, ok_plain=checks["tkcc"]["ok"],
-                              ok=checks["tkcc"]["ok"] or replay["ok"])
-    path = "the engine's CUDA-graph path" if tk_how == "cuda_graph" else "the engine's eager path"
+        check.update(routing_replay=replay, ok_plain=check["ok"], ok=check["ok"] or replay["ok"])
+    path = "the engine's CUDA-graph path" if entry["timed"] == "cuda_graph" else "the engine's eager path"
     if parts is None:
         source = f"reference (no plan for this model) under {path}"
     elif not overrides:
         source = f"reference (the plan has no overrides) under {path} with the plan's CONFIG"
     else:
         source = f"plan overrides under {path}"
-    row.update({"tkcc_ms": tk_ms, "tkcc_source": source, "tkcc_timed": tk_how,
-                "plan": str(parts.loaded.version_dir) if parts else None,
-                "plan_version": parts.loaded.plan.version if parts else None,
-                "overrides": sorted(overrides),
-                "config_applied": {k: v for k, v in config.items() if k in STEP_CONFIG},
-                "config_ignored": sorted(k for k in config if k not in STEP_CONFIG),
-                "floor_ms": floor_ms, "bytes_read": moved, "copy_bandwidth_gbs": copy_gbs,
-                "step_kernels": {k: v for k, v in kernels.items() if v is not None} if profile else None,
-                "step_kernels_note": None if profile else ("--profile-steps 0" if cuda else
-                                                           "CPU run: no device kernels to profile (CUDA only)")})
+    row = {"tkcc_source": source, "tkcc_timed": entry["timed"], "tkcc_check": check,
+           "plan": str(parts.loaded.version_dir) if parts else None,
+           "plan_version": parts.loaded.plan.version if parts else None, "overrides": sorted(overrides),
+           "config_applied": {k: v for k, v in config.items() if k in STEP_CONFIG},
+           "config_ignored": sorted(k for k in config if k not in STEP_CONFIG)}
     if a.ablate and parts is not None:
         row["ablation"] = []
         for o, ops, knobs in parts.owned:
-            minus_ms, minus_logits, _, _ = run_plan_step(
+            minus, minus_logits, _ = run_plan_step(
                 model, wl, case, {k: v for k, v in overrides.items() if k not in ops},
-                {k: v for k, v in config.items() if k not in knobs}, timer, a.samples, cuda, seed)
+                {k: v for k, v in config.items() if k not in knobs}, timer, a, a.seed)
             row["ablation"].append({"name": o.name, "ops": list(ops), "config": list(knobs),
-                                    "without_ms": minus_ms, "contribution_ms": minus_ms - tk_ms,
+                                    "without_ms": minus["back_to_back_ms"],
+                                    "contribution_ms": minus["back_to_back_ms"] - entry["back_to_back_ms"],
                                     "agree": agreement(ref_logits, minus_logits, model.dtype)["ok"]})
-    best_ref = row["reference_graph_ms"]
-    row["pct_floor"] = {k: (100 * floor_ms / row[k] if row[k] else None)
-                        for k in ("reference_ms", "reference_graph_ms", "torch_compile_ms", "gptfast_ms", "tkcc_ms")}
-    row["ratios"] = {"vs_reference": ref_ms / tk_ms,
-                     "vs_reference_graph": best_ref / tk_ms if best_ref else None,
-                     "vs_torch_compile": row["torch_compile_ms"] / tk_ms if row["torch_compile_ms"] else None,
-                     "vs_gptfast": row["gptfast_ms"] / tk_ms if row["gptfast_ms"] else None}
+    return row, entry, kernels
+
+
+def ratios(timings: dict, key: str) -> dict:
+    """Every baseline's ``key`` time over tkcc's (> 1: tkcc faster); None for a baseline not measured."""
+    tk = timings["tkcc"][key]
+    return {f"vs_{n}": (timings[n][key] / tk if n in timings and tk else None) for n in BASELINES}
+
+
+def run_case(case: Case, model, plans: dict[str, PlanParts], a, timer, copy_gbs: float) -> dict:
+    cuda = model.device.type == "cuda"
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=case.batch, context=case.context), a.seed)
+    moved = bytes_read(model, wl)
+    floor_ms = moved["total"] / (copy_gbs * 1e9) * 1e3
+    timings: dict[str, dict] = {}
+    kernels: dict[str, dict | None] = {}
+    checks: dict[str, dict] = {}
+    timings["reference"], ref_logits, _ = time_variant(timer, lambda: model.step(wl), a, held=False, how="eager",
+                                                       eager=True)
+    row: dict[str, Any] = {"model": case.model, "layers": list(model.layers), "batch": case.batch,
+                           "context": case.context, "weight": case.weight, "case": case.text, "dtype": a.dtype}
+    row.update(reference_variants(model, wl, a, timer, ref_logits, timings, kernels, checks))
+    row.update(gptfast_variants(model, wl, case, a, timer, ref_logits, timings, kernels, checks))
+    tk, timings["tkcc"], kernels["tkcc"] = tkcc_variant(model, wl, case, plans.get(case.model), a, timer, ref_logits)
+    checks["tkcc"] = tk.pop("tkcc_check")
+    row.update(tk)
+    row.update({f"{n}_ms": timings[n]["back_to_back_ms"] if n in timings else None for n in VARIANTS})
+    profiled = cuda and a.profile_steps
+    row.update({"floor_ms": floor_ms, "bytes_read": moved, "copy_bandwidth_gbs": copy_gbs, "timings": timings,
+                "step_kernels": {k: v for k, v in kernels.items() if v is not None} if profiled else None,
+                "step_kernels_note": None if profiled else ("--profile-steps 0" if cuda else
+                                                            "CPU run: no device kernels to profile (CUDA only)")})
+    row["pct_floor"] = {f"{n}_ms": (100 * floor_ms / row[f"{n}_ms"] if row[f"{n}_ms"] else None) for n in VARIANTS}
+    row["ratios"] = ratios(timings, "back_to_back_ms")
+    row["ratios_one_replay"] = ratios(timings, "one_replay_ms")
     row["agreement"] = checks
     row["agree"] = all(c["ok"] for c in checks.values())
     return row
 
 
 # ---------------------------------------------------------------------------- reporting
+def _ratio(r: dict, name: str) -> str:
+    if name == "tkcc":
+        return ""
+    b2b, one = r["ratios"].get(f"vs_{name}"), r["ratios_one_replay"].get(f"vs_{name}")
+    return f"x{_f(b2b, '{:.2f}')} / x{_f(one, '{:.2f}')}" if b2b else "-"
+
+
+def variant_rows(r: dict) -> list[tuple[str, str, str, str, str, str]]:
+    """Per measured variant: (label, back to back, one replay, busy, host dispatch, tkcc's speedup over it
+    back to back / one replay), times in ms."""
+    out = []
+    for name in VARIANTS:
+        t = r["timings"].get(name)
+        if t is not None:
+            label = LABELS[name] + (" + CUDA graph" if t["timed"].endswith("captured in a CUDA graph") else "")
+            out.append((label, _f(t["back_to_back_ms"]), _f(t["one_replay_ms"]), _f(t["busy_ms"]),
+                        _f(t["dispatch_ms"]), _ratio(r, name)))
+    return out
+
+
 def print_row(r: dict) -> None:
-    p, q = r["pct_floor"], r["ratios"]
-    print(f"{r['model']:<11} {len(r['layers']):>3}L b{r['batch']:<4} ctx {r['context']:<5} "
-          f"eager {_f(r['reference_ms'])}  graph {_f(r['reference_graph_ms'])}  compile {_f(r['torch_compile_ms'])}  "
-          f"gpt-fast {_f(r['gptfast_ms'])}  tkcc {_f(r['tkcc_ms'])} ms/step  floor {_f(r['floor_ms'])} "
-          f"({_f(p['tkcc_ms'], '{:.1f}')}% tkcc, {_f(p['torch_compile_ms'], '{:.1f}')}% compile, "
-          f"{_f(p['gptfast_ms'], '{:.1f}')}% gpt-fast)  x{_f(q['vs_reference'], '{:.2f}')} eager  "
-          f"x{_f(q['vs_torch_compile'], '{:.2f}')} compile  x{_f(q['vs_gptfast'], '{:.2f}')} gpt-fast  "
-          f"{'agree' if r['agree'] else 'DISAGREE'}", flush=True)
-    if r["gptfast_note"]:
-        print(f"    gpt-fast: {r['gptfast_note']}", flush=True)
+    print(f"{r['model']:<11} {len(r['layers']):>3}L b{r['batch']:<4} ctx {r['context']:<5} floor {_f(r['floor_ms'])} "
+          f"ms/step ({_f(r['pct_floor']['tkcc_ms'], '{:.1f}')}% tkcc)  {'agree' if r['agree'] else 'DISAGREE'}",
+          flush=True)
+    print(f"    {'variant':<55} {'b2b ms':>8} {'1 replay':>8} {'busy':>8} {'dispatch':>8}  tkcc speedup", flush=True)
+    for label, *cells, ratio in variant_rows(r):
+        print(f"    {label:<55} " + " ".join(f"{c:>8}" for c in cells) + f"  {ratio}", flush=True)
+    for name in GPTFAST.values():
+        if r[f"{name}_note"]:
+            print(f"    {name}: {r[f'{name}_note']}", flush=True)
     for name, k in (r["step_kernels"] or {}).items():
-        print(f"    {name:<16} " + (k["error"] if "error" in k else
+        print(f"    {name:<20} " + (k["error"] if "error" in k else
                                     f"{k['kernels']:.0f} kernels/step, busy {k['busy_us']:.1f} us, idle "
                                     f"{k['idle_us']:.1f} us (wall - busy {k['wall_idle_us']:.1f} us)"), flush=True)
     for name, c in r["agreement"].items():
@@ -444,13 +441,14 @@ def print_row(r: dict) -> None:
 
 
 def markdown(r: dict, parts: PlanParts | None) -> str:
-    """The docs/performance.md section of one case: the plan's optimizations and what each gave."""
-    lines = [f"### {r['model']}, {len(r['layers'])} layer(s), batch {r['batch']}, context {r['context']}", ""]
-    lines.append(f"eager {_f(r['reference_ms'])} ms, CUDA graph {_f(r['reference_graph_ms'])} ms, torch.compile "
-                 f"{_f(r['torch_compile_ms'])} ms, gpt-fast {_f(r['gptfast_ms'])} ms, tkcc {_f(r['tkcc_ms'])} ms "
-                 f"per step; floor {_f(r['floor_ms'])} ms "
-                 f"(tkcc at {_f(r['pct_floor']['tkcc_ms'], '{:.1f}')}% of it).")
-    lines.append("")
+    """The docs/performance.md section of one case: every variant timed both ways, the plan's optimizations and
+    what each gave."""
+    lines = [f"### {r['model']}, {len(r['layers'])} layer(s), batch {r['batch']}, context {r['context']}", "",
+             "| variant | back to back (ms) | one replay (ms) | GPU busy (ms) | host dispatch (ms) | "
+             "tkcc speedup (back to back / one replay) |", "|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in variant_rows(r)]
+    lines += ["", f"Floor {_f(r['floor_ms'])} ms per step (tkcc at {_f(r['pct_floor']['tkcc_ms'], '{:.1f}')}% of it, "
+              "back to back).", ""]
     if parts is None or not parts.loaded.plan.optimizations:
         lines += [f"tkcc: {r['tkcc_source']}.", ""]
         return "\n".join(lines)
@@ -491,9 +489,15 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--hw", default="h200", help="hardware the @azure workload points are derived for")
     ap.add_argument("--max-points", type=int, default=4, help="workload points for @azure (tkcc optimize's default)")
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
-    ap.add_argument("--samples", type=int, default=None, help="timed graph/compiled steps (cuda 100, cpu 5)")
-    ap.add_argument("--eager-samples", type=int, default=None, help="timed eager steps (cuda 20, cpu 5)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="calls per back-to-back window of a graph/compiled variant (cuda 100, cpu 5)")
+    ap.add_argument("--repeats", type=int, default=3, help="back-to-back windows per variant (their median)")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="one-replay samples (each after an L2 flush) of a graph/compiled variant (cuda 100, cpu 5)")
+    ap.add_argument("--eager-samples", type=int, default=None,
+                    help="an eager variant's calls per window and one-replay samples (cuda 20, cpu 5)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow or unavailable on CPU)")
+    ap.add_argument("--skip", default="", help=f"comma list of variants not to run, of: {', '.join(SKIPPABLE)}")
     ap.add_argument("--profile-steps", type=int, default=5,
                     help="profiled calls per variant for kernels/busy/idle per step (CUDA; 0: skip)")
     ap.add_argument("--ablate", action="store_true", help="time the plan without each optimization in turn")
@@ -512,8 +516,12 @@ def run(a: argparse.Namespace) -> int:
     cuda = a.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise BenchError("--device cuda but no CUDA device is visible")
+    a.skip = tuple(x for x in a.skip.split(",") if x)
+    if set(a.skip) - set(SKIPPABLE):
+        raise BenchError(f"--skip {','.join(a.skip)}: variants are {', '.join(SKIPPABLE)}")
     if a.threads:
         torch.set_num_threads(a.threads)
+    a.steps = a.steps or (100 if cuda else 5)
     a.samples = a.samples or (100 if cuda else 5)
     a.eager_samples = a.eager_samples or (20 if cuda else 5)
     plans = load_plans(a.plan)
@@ -522,12 +530,15 @@ def run(a: argparse.Namespace) -> int:
     unused = sorted(set(plans) - {c.model for c in cases})
     if unused:
         raise BenchError(f"plan(s) for {', '.join(unused)} match no case; add a case for that model")
+    out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else 'cpu'}-e2e-decode.json")
+    old = read_results(out) if a.merge and out.is_file() else None      # runs split over several device sessions
     device = torch.device(a.device)
-    timer = timing.make_timer(device)
+    timer = timing.FairTimer(device)
     info = device_info(device)
     copy_gbs = copy_bandwidth_gbs(device, (1 << 30) if cuda else (64 << 20))
     print(f"{info['gpu']}: copy bandwidth {copy_gbs:.0f} GB/s (read + write); {a.dtype}; "
           f"plans: {', '.join(f'{m} {p.loaded.version_dir}' for m, p in plans.items()) or 'none'}", flush=True)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     rows, sections, model, key = [], [], None, None
     for case in cases:
         if key != (case.model, case.layers):
@@ -537,28 +548,14 @@ def run(a: argparse.Namespace) -> int:
             model = build_model(ModelSpec.from_name(case.model), layers=list(case.layers) if case.layers else None,
                                 device=device, dtype=DTYPES[a.dtype], seed=a.seed)
             key = (case.model, case.layers)
-        r = run_case(case, model, plans, a, timer, copy_gbs)
-        rows.append(r)
-        print_row(r)
-        sections.append(markdown(r, plans.get(case.model)))
+        rows.append({**run_case(case, model, plans, a, timer, copy_gbs), "date": now})   # cases outlive runs
+        print_row(rows[-1])
+        sections.append(markdown(rows[-1], plans.get(case.model)))
         print("\n" + sections[-1], flush=True)
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    for r in rows:
-        r["date"] = now                             # the run that measured it (cases outlive runs: --merge)
-    doc = {**info, "date": now,
-           "device": a.device, "dtype": a.dtype, "copy_bandwidth_gbs": copy_gbs, "samples": a.samples,
-           "eager_samples": a.eager_samples, "seed": a.seed,
-           "plans": [{"model": m, "path": str(p.loaded.version_dir), "version": p.loaded.plan.version,
-                      "optimizations": [o.name for o, _, _ in p.owned]} for m, p in plans.items()],
-           "agreement_rule": "logits relative L2 error <= per-dtype bound against the eager reference; greedy "
-                             "tokens equal unless the reference margin <= 2 x the row's max logit difference",
-           "cases": rows, "targets": target_verdicts(rows)}
-    out = Path(a.out or ROOT / "benchmarks" / "results" / f"{'h200' if cuda else 'cpu'}-e2e-decode.json")
-    if a.merge and out.is_file():                   # runs split over several device sessions
-        doc = merge_results(read_results(out), doc)
-    plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
-    if a.markdown:
-        plan_mod.atomic_write_text(a.markdown, "\n".join(sections))
+        doc = results_doc(a, info, now, copy_gbs, plans, rows, old)
+        plan_mod.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")        # after each case: a cut run keeps it
+        if a.markdown:
+            plan_mod.atomic_write_text(a.markdown, "\n".join(sections))
     print_targets(doc)
     print(f"wrote {out}")
     bad = [f"{r['model']} b{r['batch']}: {', '.join(k for k, c in r['agreement'].items() if not c['ok'])}"
@@ -567,6 +564,21 @@ def run(a: argparse.Namespace) -> int:
         print(f"e2e_decode: variants disagree with the eager reference: {'; '.join(bad)}", file=sys.stderr)
         return 1
     return 0
+
+
+def results_doc(a, info: dict, now: str, copy_gbs: float, plans: dict[str, PlanParts], rows: list[dict],
+                old: dict | None) -> dict:
+    """The results file: the run's settings and versions, its cases so far (merged into ``old``'s with --merge)."""
+    doc = {**info, "date": now, "device": a.device, "dtype": a.dtype, "copy_bandwidth_gbs": copy_gbs,
+           "timer": {"rule": TIMER_RULE, "steps": a.steps, "repeats": a.repeats, "samples": a.samples,
+                     "eager_samples": a.eager_samples, "profile_steps": a.profile_steps if a.device == "cuda" else 0},
+           "seed": a.seed, "skipped": list(a.skip),
+           "plans": [{"model": m, "path": str(p.loaded.version_dir), "version": p.loaded.plan.version,
+                      "optimizations": [o.name for o, _, _ in p.owned]} for m, p in plans.items()],
+           "agreement_rule": "logits relative L2 error <= per-dtype bound against the eager reference; greedy "
+                             "tokens equal unless the reference margin <= 2 x the row's max logit difference",
+           "cases": rows, "targets": target_verdicts(rows)}
+    return merge_results(old, doc) if old is not None else doc
 
 
 def main(argv: list[str] | None = None) -> int:

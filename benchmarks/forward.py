@@ -5,9 +5,11 @@
 
 Per case (model, layers, batch, context): the workload's KV cache holds ``--context`` tokens per
 sequence; one step is ``model.step(workload)`` (embedding, every layer, final norm, lm_head) with the
-plain-torch reference ops. Timing: on CUDA the step is captured in a CUDA graph (the decode path has
-no host sync) and replayed between CUDA events, median of ``--samples`` replays; eager is timed too.
-On CPU, ``perf_counter_ns`` medians of eager steps.
+plain-torch reference ops. Timing: ``persistent_engine.timing.FairTimer``, the benchmarks' one timer: on
+CUDA the step captured in a CUDA graph (the decode path has no host sync) and eager, each ``--samples``
+calls back to back between CUDA events (``graph_ms`` / ``eager_ms``, the headline) and one call after an
+L2 flush (``timings[*].one_replay_ms``), host dispatch beside (the graph's kept out of its window). On
+CPU, ``perf_counter_ns`` around eager steps, caches flushed before a single call.
 
 Bytes read per step = weights the step must read (every weight except the embedding table, of which
 only B rows are read; a tied lm_head reads the table once; for MoE only the experts the batch routed
@@ -21,9 +23,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,7 +39,7 @@ from compiler.plan import atomic_write_text  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
-from persistent_engine.timing import capture_graph  # noqa: E402
+from persistent_engine.timing import FairTimer, FairTiming, capture_graph  # noqa: E402
 from persistent_engine.versions import software_versions  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
@@ -117,36 +119,27 @@ def bytes_read(model, wl) -> dict[str, float]:
     return {"weights": float(weights), "kv": float(kv_bytes), "total": float(weights + kv_bytes)}
 
 
-def time_eager(model, wl, device: str, samples: int) -> list[float]:
-    for _ in range(3):
-        model.step(wl)
-    out = []
-    for _ in range(samples):
-        _sync(device)
-        t = time.perf_counter_ns()
-        model.step(wl)
-        _sync(device)
-        out.append((time.perf_counter_ns() - t) / 1e6)
-    return out
+@functools.lru_cache(maxsize=None)
+def fair_timer(device: str) -> FairTimer:
+    """One timer per device (its flush buffer allocated once)."""
+    return FairTimer(torch.device(device))
 
 
-def time_graph(model, wl, samples: int) -> list[float] | None:
+def time_eager(model, wl, device: str, samples: int) -> FairTiming:
+    """The eager step (reference ops) timed both ways, unheld (its dispatch is its cost): ``samples`` calls back to
+    back (median of 3 windows) and ``samples`` single calls after a cache flush."""
+    return fair_timer(device).time(lambda: model.step(wl), steps=samples, samples=samples, held=False, warmup=3)
+
+
+def time_graph(model, wl, samples: int) -> FairTiming | None:
+    """The step captured in a CUDA graph, its replays timed both ways (held: host dispatch beside, not inside);
+    None where the capture fails."""
     try:
-        graph, _ = capture_graph(lambda: model.step(wl), warmup=3)
+        graph, out = capture_graph(lambda: model.step(wl), warmup=3)
     except RuntimeError as e:
         print(f"  (CUDA graph capture failed: {str(e).splitlines()[0]}; eager only)", flush=True)
         return None
-    for _ in range(3):
-        graph.replay()
-    out = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
+    return fair_timer("cuda").time(lambda: (graph.replay(), out)[1], steps=samples, samples=samples, held=True)
 
 
 def _peak(device: str, override: float | None) -> tuple[str, float | None]:
@@ -205,17 +198,18 @@ def main(argv=None) -> int:
         model = models[key]
         wl = make_workload(model, WorkloadPoint(phase="decode", batch=batch, context=context, chunk=1))
         moved = bytes_read(model, wl)
-        eager = statistics.median(time_eager(model, wl, a.device, samples))
-        graph_samples = time_graph(model, wl, samples) if cuda else None
-        best = statistics.median(graph_samples) if graph_samples else eager
+        eager = time_eager(model, wl, a.device, samples)
+        graph = time_graph(model, wl, samples) if cuda else None
+        best = (graph or eager).back_to_back_ms
         row = {"case": case, "model": alias, "layers": model.layers, "batch": batch, "context": context,
-               "eager_ms": eager, "graph_ms": statistics.median(graph_samples) if graph_samples else None,
+               "eager_ms": eager.back_to_back_ms, "graph_ms": graph.back_to_back_ms if graph else None,
+               "timings": {"eager": eager.to_dict(), "graph": graph.to_dict() if graph else None},
                "ms_per_step": best, "tokens_per_s": batch / best * 1e3, "bytes_read": moved,
                "achieved_gbs": moved["total"] / best / 1e6,
                "pct_datasheet": 100 * moved["total"] / best / 1e6 / peak if peak else None,
                "pct_copy": 100 * moved["total"] / best / 1e6 / copy_gbs}
         rows.append(row)
-        print(f"{case:<22} {len(model.layers):>3}L  eager {eager:9.3f} ms  graph "
+        print(f"{case:<22} {len(model.layers):>3}L  eager {row['eager_ms']:9.3f} ms  graph "
               f"{row['graph_ms'] or float('nan'):9.3f} ms  {row['tokens_per_s']:9.0f} tok/s  "
               f"{moved['total'] / 1e6:9.2f} MB  {row['achieved_gbs']:7.1f} GB/s  "
               f"{row['pct_datasheet'] or float('nan'):5.1f}% of peak  {row['pct_copy']:5.1f}% of copy", flush=True)

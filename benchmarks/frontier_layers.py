@@ -12,8 +12,9 @@ lm_head) and the model's covering layers (every MLP kind and attention kind: GLM
 layers with the indexer and an MoE layer that reuses layer 2's selection; DeepSeek-V3.2 [0, 3]; MiniMax-M3
 [0, 3] = dense attention + dense MLP, block-sparse attention + MoE; Kimi-K3 [0, 3] = Kimi delta attention + dense
 SiTU MLP, gated NoPE MLA + latent MoE: its covering slice [0, 1, 3] holds two MoE layers of 896 bf16 experts, 59 GB
-each, which with the rest does not fit one H200). Each decode case (batch, context) is
-timed as one CUDA-graph replay (eager where capture fails; CPU: eager medians); ms per layer =
+each, which with the rest does not fit one H200). Each decode case (batch, context) is timed by
+``forward.py``'s FairTimer as CUDA-graph replays (eager where capture fails; CPU: eager), ``step_ms`` back to
+back and ``timings.one_replay_ms`` after an L2 flush; ms per layer =
 (slice ms - empty-slice ms) / layers. Bytes a step must read: every weight but the embedding table (B rows),
 routed experts only where the batch routes (counted from the step's routing), and the KV cache as the
 attention reads it: a sparse layer's selection (DSA: index_topk tokens of the latent; M3: topk_blocks x 128
@@ -28,7 +29,6 @@ Prints a table; writes ``benchmarks/results/<device>-frontier-layers.json`` atom
 from __future__ import annotations
 
 import datetime
-import statistics
 import sys
 from pathlib import Path
 
@@ -43,6 +43,7 @@ from forward import (_peak, copy_bandwidth_gbs, device_parser, experts_touched, 
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec, tiny_name  # noqa: E402
 from persistent_engine.profiler import profile_point  # noqa: E402
+from persistent_engine.timing import FairTiming  # noqa: E402
 from persistent_engine.versions import software_versions  # noqa: E402
 from persistent_engine.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
@@ -91,7 +92,7 @@ def prefill_row(model, alias: str, device: str, samples: int) -> dict:
     """One prefill chunk of a model with KDA layers (batch 1, no context), eager, with its top ops."""
     chunk = PREFILL_CHUNK[device]
     wl = make_workload(model, WorkloadPoint(phase="prefill", batch=1, context=0, chunk=chunk), fill="zeros")
-    ms = statistics.median(time_eager(model, wl, device, max(1, samples // 10)))
+    ms = time_eager(model, wl, device, max(1, samples // 10)).back_to_back_ms
     row = {"model": alias, "release": model.spec.name, "family": model.spec.family, "layers": model.layers,
            "phase": "prefill", "batch": 1, "context": 0, "chunk": chunk, "step_ms": ms, "timing": "eager",
            "tokens_per_s": chunk / ms * 1e3, "ops_ms": op_times(model, wl, device)}
@@ -101,12 +102,13 @@ def prefill_row(model, alias: str, device: str, samples: int) -> dict:
     return row
 
 
-def timed_ms(model, wl, device: str, samples: int) -> tuple[float, str]:
+def timed(model, wl, device: str, samples: int) -> tuple[FairTiming, str]:
+    """The step timed both ways (``forward.py``'s FairTimer): a CUDA-graph replay where it captures, else eager."""
     if device == "cuda":
         graph = time_graph(model, wl, samples)
         if graph:
-            return statistics.median(graph), "graph"
-    return statistics.median(time_eager(model, wl, device, samples)), "eager"
+            return graph, "graph"
+    return time_eager(model, wl, device, samples), "eager"
 
 
 def op_times(model, wl, device: str) -> dict[str, float]:
@@ -125,17 +127,18 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
     layers = SLICES.get(alias, spec.covering_layers())
     rows = []
     empty = build_model(spec, layers=[], device=device)
-    base = {pt: timed_ms(empty, make_workload(empty, WorkloadPoint(phase="decode", batch=pt[0], context=pt[1])), device,
-                         samples)[0] for pt in points}
+    base = {pt: timed(empty, make_workload(empty, WorkloadPoint(phase="decode", batch=pt[0], context=pt[1])), device,
+                      samples)[0].back_to_back_ms for pt in points}
     del empty
     model = build_model(spec, layers=layers, device=device)
     for batch, context in points:
         wl = make_workload(model, WorkloadPoint(phase="decode", batch=batch, context=context))
-        ms, how = timed_ms(model, wl, device, samples)
+        t, how = timed(model, wl, device, samples)
+        ms = t.back_to_back_ms
         moved = step_bytes(model, wl)
         row = {"model": alias, "release": spec.name, "family": spec.family, "layers": layers,
                "kinds": [layer_label(spec, i) for i in layers], "phase": "decode", "batch": batch,
-               "context": context, "step_ms": ms, "timing": how,
+               "context": context, "step_ms": ms, "timing": how, "timings": t.to_dict(),
                "empty_slice_ms": base[(batch, context)],
                "ms_per_layer": (ms - base[(batch, context)]) / len(layers), "bytes": moved,
                "gbs": moved["total"] / ms / 1e6, "pct_copy": 100 * moved["total"] / ms / 1e6 / copy_gbs,

@@ -11,6 +11,9 @@ synchronize, so work a candidate pushed onto another stream is inside the sample
 CPU: ``perf_counter_ns`` around one eager step.
 A/B: baseline and candidate alternate ABBA within one loop, so drift (clocks, thermals, other
 processes) hits both sides alike; median and IQR per side.
+
+``FairTimer`` is the benchmarks' timer (DESIGN.md "Timing everywhere"): every variant timed the same
+two ways, N calls back to back (the headline) and one call after a cache flush, host dispatch beside.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -133,9 +137,7 @@ class CudaTimer(Timer):
 
     def __init__(self, device: torch.device, flush_bytes: int | None = None):
         super().__init__(device)
-        props = torch.cuda.get_device_properties(device)
-        l2 = int(getattr(props, "L2_cache_size", 0) or 0)
-        n = flush_bytes or max(2 * l2, 64 * 1024 * 1024)
+        n = flush_bytes or flush_size(device)
         self._flush = torch.empty(n // 4, dtype=torch.int32, device=device)   # n bytes
         self._start = _Event(enable_timing=True)
         self._end = _Event(enable_timing=True)
@@ -168,6 +170,21 @@ class CudaTimer(Timer):
         if any(isinstance(h, tuple) for h in handles):
             _synchronize(self.device)
         return [_event_elapsed(*h) if isinstance(h, tuple) else float(h) for h in handles]
+
+
+def flush_size(device: torch.device) -> int:
+    """Bytes whose write evicts the caches a step could reuse: twice the GPU's L2 (at least 64 MiB), or
+    twice the CPU's largest cache (sysfs; 32 MiB where unknown)."""
+    if device.type == "cuda":
+        l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+        return max(2 * l2, 64 << 20)
+    largest = 0
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        largest = max(largest, int(digits) * scale if digits.isdigit() else 0)
+    return 2 * (largest or 32 << 20)
 
 
 def capture_graph(run: Callable[[], torch.Tensor], device: torch.device | None = None, pool=None,
@@ -409,6 +426,157 @@ def ab_interleaved(timer: Timer, baseline: Callable[[int], torch.Tensor],
 
 def time_one(timer: Timer, run: Callable[[], torch.Tensor], samples: int, graph: bool = False) -> Stats:
     return Stats.of([timer.sample(run, graph=graph)[0] for _ in range(samples)])
+
+
+# ---------------------------------------------------------------------------- the benchmarks' fair timer
+# FairTimer.time times one variant (a CUDA-graph replay, a compiled call, an eager step) both ways:
+#   back to back  ``steps`` calls queued between two marks, divided by ``steps``: a decode loop's steady
+#                 state, the headline; the median over ``repeats`` windows.
+#   one replay    the caches flushed, then one call between two marks; the median over ``samples``.
+# GPU: the marks are CUDA events on the current stream, the device synchronised after each window. A held
+# call (a graph replay; a torch.compile reduce-overhead call, which replays its own graphs) is queued while
+# a spin kernel holds the stream (``hold_ms``: HOLD_MARGIN x the host time of the window's calls), so the
+# window holds the device's work only, whichever side dispatches more from the host; that dispatch (host
+# ms of one call, queued on an idle device) is reported beside, and ``queued_ahead`` says whether the host
+# finished queueing every window before its hold ran out (False: the host, not the device, paced some
+# window). An eager step is timed unheld: its dispatch is part of its cost. Work a call leaves on another
+# stream without joining it is not in the window (a captured graph joins the streams it forks).
+# CPU: perf_counter_ns around the window; the flush writes twice the largest cache; no dispatch figure.
+HOLD_MARGIN = 1.5
+HOLD_MIN_MS = 0.05
+HOLD_MAX_MS = 250.0
+DISPATCH_SAMPLES = 10
+_CALIBRATION_CYCLES = 10_000_000            # ~5 ms of spinning at 2 GHz
+
+
+@functools.lru_cache(maxsize=None)
+def _cycles_per_ms(index: int) -> float | None:
+    """Clock cycles of ``torch.cuda._sleep`` per ms on device ``index``, from its fastest of 3 timed spins
+    (so a hold lasts at least what is asked); None where torch has no spin kernel."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return None
+    with torch.cuda.device(index):
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        sleep(1000)
+        best = float("inf")
+        for _ in range(3):
+            _event_record(start)
+            sleep(_CALIBRATION_CYCLES)
+            _event_record(end)
+            _synchronize(index)
+            best = min(best, _event_elapsed(start, end))
+    return _CALIBRATION_CYCLES / best if 0 < best < float("inf") else None
+
+
+def can_hold(device: torch.device) -> bool:
+    """Whether ``hold_stream`` can hold this device's streams (a CUDA device with torch's spin kernel)."""
+    return device.type == "cuda" and _cycles_per_ms(_index(device)) is not None
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def hold_stream(device: torch.device, ms: float) -> bool:
+    """Queue a spin kernel of at least ``ms`` on the current stream; False (nothing queued) where none."""
+    cpm = _cycles_per_ms(_index(device)) if ms > 0 and device.type == "cuda" else None
+    if cpm is None:
+        return False
+    torch.cuda._sleep(int(ms * cpm))
+    return True
+
+
+def hold_ms(dispatch_ms: list[float], calls: int) -> float:
+    """How long to hold the stream while the host queues ``calls`` calls whose dispatch samples (host ms
+    per call) are ``dispatch_ms``: HOLD_MARGIN x the calls' expected host time (the slowest sample for one
+    call, the mean for several) + HOLD_MIN_MS, at most HOLD_MAX_MS."""
+    per_call = max(dispatch_ms) if calls == 1 else statistics.fmean(dispatch_ms)
+    return min(HOLD_MAX_MS, HOLD_MARGIN * calls * per_call + HOLD_MIN_MS)
+
+
+@dataclass(frozen=True)
+class FairTiming:
+    back_to_back_ms: float                  # median over the windows of (window ms / steps): the headline
+    back_to_back_runs_ms: tuple[float, ...]
+    one_replay: Stats                       # one call after a cache flush
+    dispatch: Stats | None                  # host ms of one call on an idle device (GPU); None on CPU
+    steps: int                              # calls per back-to-back window
+    held: bool                              # the stream was held while the host queued each window
+    queued_ahead: bool | None               # every held window was queued before its hold ran out
+
+    def to_dict(self) -> dict:
+        return {"back_to_back_ms": self.back_to_back_ms, "back_to_back_runs_ms": list(self.back_to_back_runs_ms),
+                "one_replay_ms": self.one_replay.median_ms, "one_replay_iqr_ms": self.one_replay.iqr_ms,
+                "one_replay_samples": self.one_replay.n, "steps": self.steps,
+                "dispatch_ms": self.dispatch.median_ms if self.dispatch else None, "held": self.held,
+                "queued_ahead": self.queued_ahead}
+
+
+class FairTimer:
+    """The benchmarks' timer (the section's comment): ``time(run, steps, samples, held=...)``."""
+
+    def __init__(self, device: torch.device, flush_bytes: int | None = None):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._flush = torch.empty((flush_bytes or flush_size(device)) // 4, dtype=torch.int32, device=device)
+
+    def flush(self) -> None:
+        _tensor_zero(self._flush)
+
+    def dispatch_samples(self, run: Callable[[], Any], samples: int) -> list[float]:
+        """Host ms of ``samples`` calls, each queued on an idle device (synchronised before it)."""
+        out = []
+        for _ in range(samples):
+            _synchronize(self.device)
+            t0 = _perf_counter_ns()
+            run()
+            out.append((_perf_counter_ns() - t0) / 1e6)
+        _synchronize(self.device)
+        return out
+
+    def window(self, run: Callable[[], Any], calls: int, flush: bool, hold: float = 0.0) -> tuple[float, bool | None]:
+        """(ms per call of ``calls`` calls queued back to back, after a cache flush when ``flush``; whether
+        the host queued them before a hold of ``hold`` ms ran out, None when not held)."""
+        if flush:
+            self.flush()
+        if not self.cuda:
+            t0 = _perf_counter_ns()
+            for _ in range(calls):
+                run()
+            return (_perf_counter_ns() - t0) / 1e6 / calls, None
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        t0 = _perf_counter_ns()
+        held = hold_stream(self.device, hold)
+        _event_record(start)
+        for _ in range(calls):
+            run()
+        _event_record(end)
+        queued = (_perf_counter_ns() - t0) / 1e6 < hold if held else None
+        _synchronize(self.device)
+        return _event_elapsed(start, end) / calls, queued
+
+    def time(self, run: Callable[[], Any], steps: int, samples: int, repeats: int = 3, held: bool = True,
+             warmup: int = 2) -> FairTiming:
+        """``run`` timed both ways. Cost: warmup + DISPATCH_SAMPLES (GPU) + repeats x steps + samples calls."""
+        for _ in range(warmup):
+            run()
+        dispatch = self.dispatch_samples(run, DISPATCH_SAMPLES) if self.cuda else None
+        held = bool(held and dispatch) and can_hold(self.device)
+        many, one = (hold_ms(dispatch, steps), hold_ms(dispatch, 1)) if held else (0.0, 0.0)
+        runs, queued = [], []
+        for _ in range(repeats):
+            ms, q = self.window(run, steps, flush=False, hold=many)
+            runs.append(ms)
+            queued.append(q)
+        singles = []
+        for _ in range(samples):
+            ms, q = self.window(run, 1, flush=True, hold=one)
+            singles.append(ms)
+            queued.append(q)
+        return FairTiming(statistics.median(runs), tuple(runs), Stats.of(singles),
+                          Stats.of(dispatch) if dispatch else None, steps, held,
+                          all(q is True for q in queued) if held else None)
 
 
 def now_ns() -> int:

@@ -126,3 +126,13 @@ def test_it_imports_only_torch_and_the_standard_library():
     roots = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
              for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     assert roots <= {"__future__", "json", "math", "dataclasses", "pathlib", "torch"}, roots
+
+
+def test_compile_decode_takes_both_modes_and_refuses_others():
+    """reduce-overhead (CPU: inductor's default mode) and max-autotune-no-cudagraphs, the two baselines of
+    e2e_decode.py; torch.compile is lazy, so nothing compiles here."""
+    model, *_ = both(CONFIG_DIR / ALIASES["tiny-dense"], None, batch=1, context=4)[3:4]
+    for mode in gf.MODES:
+        assert callable(gf.compile_decode(model, mode))
+    with pytest.raises(ValueError, match="compile mode 'max-autotune'"):
+        gf.compile_decode(model, "max-autotune")

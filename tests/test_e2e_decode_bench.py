@@ -53,6 +53,7 @@ def _bench():
 
 
 bench = _bench()
+variants = sys.modules["benchmarks.e2e_variants"]     # imported by the script: its timing of each variant
 
 
 def write_plan(root: Path, name: str, source: str, model: str = "tiny-dense",
@@ -73,7 +74,7 @@ def write_plan(root: Path, name: str, source: str, model: str = "tiny-dense",
 
 def run(tmp_path, *args: str) -> tuple[int, dict | None]:
     out = tmp_path / "result.json"
-    rc = bench.main(["--device", "cpu", "--no-compile", "--samples", "2", "--eager-samples", "2",
+    rc = bench.main(["--device", "cpu", "--no-compile", "--samples", "2", "--eager-samples", "2", "--steps", "2",
                      "--out", str(out), *args])
     return rc, (json.loads(out.read_text()) if out.exists() else None)
 
@@ -84,7 +85,8 @@ def test_plan_overrides_and_config_agree_with_the_reference(tmp_path):
     rc, doc = run(tmp_path, "--plan", str(vdir.parent), "--cases", "tiny-dense:all@1,2/24", "--ablate",
                   "--markdown", str(md))
     assert rc == 0
-    assert {"gpu", "driver", "torch", "triton", "date", "cases"} <= set(doc)
+    assert {"gpu", "driver", "torch", "triton", "date", "cases", "timer"} <= set(doc)
+    assert doc["timer"]["steps"] == 2 and doc["timer"]["samples"] == 2 and "FairTimer" in doc["timer"]["rule"]
     assert [(c["model"], c["batch"], c["context"]) for c in doc["cases"]] == [("tiny-dense", 1, 24),
                                                                            ("tiny-dense", 2, 24)]
     for c in doc["cases"]:
@@ -97,11 +99,23 @@ def test_plan_overrides_and_config_agree_with_the_reference(tmp_path):
         assert c["agreement"]["tkcc"]["tokens_equal"] == c["batch"]
         assert c["bytes_read"]["kv"] > 0 and c["bytes_read"]["total"] > c["bytes_read"]["weights"]
         assert c["ratios"]["vs_reference"] == pytest.approx(c["reference_ms"] / c["tkcc_ms"])
+        # both timings of every variant that ran (CPU, --no-compile: the eager ones), no dispatch or busy on CPU
+        assert set(c["timings"]) == {"reference", "gptfast", "tkcc"}
+        for name, t in c["timings"].items():
+            assert c[f"{name}_ms"] == t["back_to_back_ms"] > 0 and t["one_replay_ms"] > 0
+            assert len(t["back_to_back_runs_ms"]) == 3 and t["one_replay_samples"] == 2 and t["steps"] == 2
+            assert t["dispatch_ms"] is None and t["busy_ms"] is None and t["held"] is False
+        assert c["timings"]["tkcc"]["timed"] == "eager" and c["timings"]["reference"]["timed"] == "eager"
+        one = {k: c["timings"][k]["one_replay_ms"] for k in ("reference", "tkcc")}
+        assert c["ratios_one_replay"]["vs_reference"] == pytest.approx(one["reference"] / one["tkcc"])
+        assert c["ratios"]["vs_gptfast_max_autotune"] is None and c["gptfast_max_autotune_ms"] is None
+        assert c["gptfast_max_autotune_note"] == "not measured: --no-compile"
         [ab] = c["ablation"]
         assert ab["name"] == "rms-fp32" and ab["ops"] == ["fused_add_rms_norm"]
         assert ab["config"] == ["kv_block_size", "max_num_seqs"]
         assert ab["without_ms"] > 0 and ab["agree"]
     text = md.read_text()
+    assert text.count("| variant | back to back (ms) | one replay (ms) |") == 2 and "| tkcc plan | " in text
     assert text.count("### tiny-dense") == 2 and "| rms-fp32 | fused_add_rms_norm | kv_block_size, max_num_seqs |" in text
 
 
@@ -221,8 +235,11 @@ def test_a_family_the_baseline_lacks_says_so_and_a_qwen3_moe_config_is_measured(
     assert rc == 0 and c["gptfast_ms"] is None and c["ratios"]["vs_gptfast"] is None
     assert c["gptfast_note"].startswith("not measured:") and "glm4_moe" in c["gptfast_note"]
     assert "gptfast" not in c["agreement"]
-    monkeypatch.chdir(tmp_path)
-    tiny_qwen3_moe(tmp_path)                               # qwen3tiny.json in the working directory
+    path = tiny_qwen3_moe(tmp_path)                        # a config path may hold "/": the context is /DIGITS
+    cases = bench.parse_cases([f"{path}:0,1@1,16/64", f"{path}@2"], 32, bench.DEFAULT_TRAFFIC, "h200", 4)
+    assert [(c.model, c.layers, c.batch, c.context) for c in cases] == [
+        (str(path), (0, 1), 1, 64), (str(path), (0, 1), 16, 64), (str(path), None, 2, 32)]
+    monkeypatch.chdir(tmp_path)                            # qwen3tiny.json in the working directory
     rc, doc = run(tmp_path, "--cases", "qwen3tiny.json:all@3/16", "--dtype", "fp32")
     [c] = doc["cases"]
     assert rc == 0 and c["gptfast_ms"] > 0 and c["agreement"]["gptfast"]["ok"]
@@ -232,24 +249,41 @@ def test_a_family_the_baseline_lacks_says_so_and_a_qwen3_moe_config_is_measured(
 def test_kernels_per_step_reports_busy_idle_and_wall_minus_busy():
     """kernels_per_step's arithmetic on a CPU profile (aten ops stand in for the CUDA kernels)."""
     x = torch.randn(64, 64)
-    k = bench.kernels_per_step(lambda: (x @ x).relu(), 3, wall_ms=5.0, cuda=False)
+    k = variants.kernels_per_step(lambda: (x @ x).relu(), 3, wall_ms=5.0, cuda=False)
     assert k["steps"] == 3 and k["kernels"] >= 2 and 0 < k["busy_us"] <= k["span_us"]
     assert k["wall_us"] == 5000.0 and k["wall_idle_us"] == pytest.approx(5000.0 - k["busy_us"])
-    assert "error" in bench.kernels_per_step(lambda: x, 2, wall_ms=1.0, cuda=False)     # no op: no kernel seen
+    assert "error" in variants.kernels_per_step(lambda: x, 2, wall_ms=1.0, cuda=False)     # no op: no kernel seen
 
 
 def test_a_baseline_that_fails_to_compile_is_reported_and_the_run_goes_on(monkeypatch):
     model = build_model("tiny-dense", dtype=torch.float32)
     wl = make_workload(model, WorkloadPoint(phase="decode", batch=1, context=8), 0)
+    seen = []
 
-    def broken(module):
+    def broken(module, mode="reduce-overhead"):
         def step(*args):
+            seen.append(mode)
             raise RuntimeError("inductor: no lowering\nsecond line")
         return step
 
-    monkeypatch.setattr(bench.gptfast, "compile_decode", broken)
-    a = Namespace(no_compile=False, samples=2, eager_samples=2, profile_steps=0)
-    row, logits, kernels = bench.run_gptfast(model, wl, bench.Case("tiny-dense", None, 1, 8), a,
-                                             bench.timing.make_timer(model.device), cuda=False)
-    assert logits is None and kernels is None and row["gptfast_ms"] is None
-    assert row["gptfast_note"] == "not measured: RuntimeError: inductor: no lowering"
+    monkeypatch.setattr(variants.gptfast, "compile_decode", broken)
+    a = Namespace(no_compile=False, steps=2, repeats=1, samples=2, eager_samples=2, profile_steps=0)
+    base = variants.gptfast_base(model, wl, bench.hf_config("tiny-dense"), 1, 8)
+    timer = bench.timing.FairTimer(model.device, flush_bytes=1 << 16)
+    for mode, name in variants.GPTFAST.items():
+        row, entry, logits, kernels = variants.run_gptfast(base, a, timer, mode)
+        assert entry is None and logits is None and kernels is None and row[f"{name}_compile_s"] is None
+        assert row[f"{name}_note"] == "not measured: RuntimeError: inductor: no lowering"
+    assert seen == list(variants.GPTFAST)
+
+
+def test_skip_drops_variants_and_a_wrong_name_is_a_user_error(tmp_path, capsys):
+    rc, doc = run(tmp_path, "--cases", "tiny-dense:all@1/16", "--skip", "gptfast,torch_compile")
+    [c] = doc["cases"]
+    assert rc == 0 and set(c["timings"]) == {"reference", "tkcc"} and doc["skipped"] == ["gptfast", "torch_compile"]
+    assert c["gptfast_ms"] is None and c["gptfast_note"] == "not measured: --skip"
+    assert c["ratios"]["vs_gptfast"] is None and c["ratios"]["vs_reference"] > 0
+    rc, doc = run(tmp_path / "x", "--cases", "tiny-dense:all@1/16", "--skip", "tkcc")
+    err = capsys.readouterr().err
+    assert rc == 2 and doc is None and err.startswith("e2e_decode: error: --skip tkcc: variants are") and \
+        err.count("\n") == 1

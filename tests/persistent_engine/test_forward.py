@@ -22,6 +22,9 @@ def test_forward_benchmark_runs_on_cpu_and_writes_json(tmp_path):
     assert dense["bytes_read"]["weights"] > 0 and dense["bytes_read"]["kv"] == 2 * 2 * 2 * 16 * 2 * 33
     for r in doc["rows"]:
         assert r["ms_per_step"] > 0 and r["pct_datasheet"] > 0
+        eager = r["timings"]["eager"]                        # FairTimer's two modes; no graph on CPU
+        assert r["ms_per_step"] == r["eager_ms"] == eager["back_to_back_ms"] and eager["one_replay_ms"] > 0
+        assert r["timings"]["graph"] is None and eager["one_replay_samples"] == 2 and eager["dispatch_ms"] is None
         assert abs(r["achieved_gbs"] - r["bytes_read"]["total"] / r["ms_per_step"] / 1e6) < 1e-6
 
 

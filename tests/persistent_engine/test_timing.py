@@ -162,3 +162,89 @@ def test_speedup_q1_is_the_lower_quartile_of_the_pair_ratios():
                    pairs=[(2.0, 1.0), (1.0, 1.0), (3.0, 1.0), (1.5, 1.0), (1.2, 1.0)])
     assert res.speedup == 1.5 and res.speedup_q1 == 1.2
     assert ABResult(baseline=stats, candidate=stats, kept=[], pairs=[(2.0, 1.0)]).speedup_q1 is None
+
+
+class ColdAfterFlush:
+    """A step that costs ``cold_ms`` on its first call after a cache flush and ``warm_ms`` otherwise, on a fake
+    clock (the timer's perf_counter_ns, patched) so the figures are exact; counts its calls and the flushes
+    (a FairTimer on CPU, its flush spied on)."""
+
+    def __init__(self, timer: timing.FairTimer, monkeypatch, cold_ms: float, warm_ms: float):
+        self.cold, self.calls, self.flushes, self.now_ns = False, 0, 0, 0
+        self.cold_ms, self.warm_ms = cold_ms, warm_ms
+        monkeypatch.setattr(timing, "_perf_counter_ns", lambda: self.now_ns)
+        real = timer.flush
+
+        def flush():
+            real()
+            self.flushes += 1
+            self.cold = True
+        timer.flush = flush
+
+    def __call__(self) -> torch.Tensor:
+        self.calls += 1
+        ms, self.cold = (self.cold_ms if self.cold else self.warm_ms), False
+        self.now_ns += int(ms * 1e6)
+        return torch.ones(2)
+
+
+def test_fair_timer_back_to_back_amortises_what_one_replay_pays_after_each_flush(monkeypatch):
+    """The two modes of the benchmarks' timer on CPU: back to back (no flush inside a window, divided by the
+    window's calls) sees the warm cost, one replay (a flush before every sample) the cold one; no dispatch
+    figure and no hold on CPU; every call accounted for."""
+    timer = timing.FairTimer(torch.device("cpu"), flush_bytes=1 << 16)
+    step = ColdAfterFlush(timer, monkeypatch, cold_ms=4.0, warm_ms=0.5)
+    t = timer.time(step, steps=8, samples=5, repeats=3, warmup=2)
+    assert step.calls == 2 + 3 * 8 + 5 and step.flushes == 5
+    assert t.steps == 8 and t.back_to_back_runs_ms == (0.5, 0.5, 0.5) and t.one_replay.n == 5
+    assert t.back_to_back_ms == 0.5 and t.one_replay.median_ms == 4.0 and t.one_replay.iqr_ms == 0.0
+    assert t.dispatch is None and not t.held and t.queued_ahead is None
+    d = t.to_dict()
+    assert d["back_to_back_ms"] == 0.5 and d["one_replay_ms"] == 4.0 and d["back_to_back_runs_ms"] == [0.5] * 3
+    assert d["dispatch_ms"] is None and d["one_replay_samples"] == 5 and d["steps"] == 8
+
+
+def test_a_window_is_divided_by_its_calls_and_the_median_of_windows_is_the_headline(monkeypatch):
+    timer = timing.FairTimer(torch.device("cpu"), flush_bytes=1 << 16)
+    step = ColdAfterFlush(timer, monkeypatch, cold_ms=3.0, warm_ms=1.0)
+    assert timer.window(step, calls=4, flush=False) == (1.0, None)
+    assert timer.window(step, calls=4, flush=True) == (1.5, None)       # (3 + 1 + 1 + 1) / 4: one cold call
+    costs = iter([1.0] * 4 + [9.0] * 4 + [2.0] * 4)                     # three windows of 4 calls
+
+    def uneven():
+        step.now_ns += int(next(costs, 1.0) * 1e6)
+    t = timer.time(uneven, steps=4, samples=1, repeats=3, warmup=0)
+    assert t.back_to_back_runs_ms == (1.0, 9.0, 2.0) and t.back_to_back_ms == 2.0
+
+
+def test_the_hold_covers_the_host_time_of_the_window_it_holds():
+    d = [0.1, 0.3, 0.2]
+    assert timing.hold_ms(d, 1) == pytest.approx(timing.HOLD_MARGIN * 0.3 + timing.HOLD_MIN_MS)     # slowest
+    assert timing.hold_ms(d, 100) == pytest.approx(timing.HOLD_MARGIN * 100 * 0.2 + timing.HOLD_MIN_MS)
+    assert timing.hold_ms([20.0], 100) == timing.HOLD_MAX_MS
+    assert not timing.can_hold(torch.device("cpu")) and not timing.hold_stream(torch.device("cpu"), 5.0)
+
+
+@pytest.mark.gpu
+def test_held_graph_replays_keep_host_dispatch_out_of_the_window():
+    """A graph replay behind 2 ms of host work per call: held, both timings are the device's (well under the
+    host's 2 ms, which ``dispatch`` reports) and the host queued ahead; unheld, the host paces the loop."""
+    dev = torch.device("cuda")
+    x = torch.randn(1024, 1024, device=dev)
+    g, out = timing.capture_graph(lambda: [x @ x for _ in range(4)][-1], dev)       # ~0.1-0.3 ms of device work
+    timer = timing.FairTimer(dev)
+    plain = timer.time(lambda: (g.replay(), out)[1], steps=20, samples=10)
+
+    def slow_host():
+        end = time.perf_counter() + 2e-3
+        while time.perf_counter() < end:
+            pass
+        g.replay()
+        return out
+    held = timer.time(slow_host, steps=20, samples=10, held=True)
+    unheld = timer.time(slow_host, steps=20, samples=10, held=False)
+    assert held.held and held.queued_ahead and held.dispatch.median_ms >= 2.0
+    assert plain.back_to_back_ms < 1.0
+    assert held.back_to_back_ms == pytest.approx(plain.back_to_back_ms, rel=0.2)
+    assert held.one_replay.median_ms == pytest.approx(plain.one_replay.median_ms, rel=0.3)
+    assert not unheld.held and unheld.queued_ahead is None and unheld.back_to_back_ms >= 1.9
