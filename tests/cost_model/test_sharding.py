@@ -1,0 +1,148 @@
+"""A layout that says it fits must fit: every catalogue model x every GPU of hardware.json x every layout
+the search enumerates (both frameworks), checked against the spec's own parameter counts, the label,
+and the serving flags parsed back (cost_model.sharding.parse_flags: vLLM and SGLang are not installed
+here, so the parser is ours, written from their argument definitions)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from functools import lru_cache
+
+import pytest
+
+from cost_model.hardware import get_hardware
+from cost_model.layout import ACT_BYTES, Layout, max_batch, memory_fit, weight_bytes_gpu
+from cost_model.search import enumerate_layouts
+from cost_model.sharding import FRAMEWORKS, expressible, parse_flags, serving_flags
+from persistent_engine.models.aliases import ALIASES
+from persistent_engine.models.spec import ModelSpec
+
+HW = sorted(json.loads((__import__("pathlib").Path(__file__).parents[2] / "cost_model" / "hardware.json")
+                       .read_text())["devices"])
+MODELS = sorted({f: a for a, f in sorted(ALIASES.items(), reverse=True)}.values())   # one alias per config file
+CONTEXT = 1280
+
+
+@lru_cache(maxsize=None)
+def spec_of(alias: str):
+    return ModelSpec.from_name(alias)
+
+
+def parse_label(label: str) -> dict:
+    """``tp2-dp36-etp72 bf16`` -> its numbers; ep / etp defaults as the label documents them."""
+    par, dtype = label.split(" ")
+    got = {k: int(v) for k, v in re.findall(r"(etp|tp|dp|ep|pp|dcp)(\d+)", par)}
+    tp, dp, ep = got["tp"], got.get("dp", 1), got.get("ep", 1)
+    etp = got.get("etp", 1 if ep > 1 else tp)
+    return {"tp": tp, "dp": dp, "ep": ep, "etp": etp, "pp": got.get("pp", 1), "dcp": got.get("dcp", 1), "dtype": dtype}
+
+
+def class_lower_bound(spec, L: Layout) -> float:
+    """Weight bytes per GPU the label's sharding allows at least: each class's bytes (from the spec's
+    own parameter counts) / its sharding, all layers and both vocab tables spread over pp stages."""
+    sh, wb, h = L.sharding, L.wbytes, spec.hidden_size
+    lab = parse_label(L.label())
+    total = 0.0
+    for i in range(spec.num_layers):
+        kind = spec.layer_kind(i)
+        mlp = spec.dense_mlp_params() if kind == "dense" else spec.moe_params()[0]
+        total += (spec.layer_params(i)[0] - mlp) * wb / lab["tp"]
+        if kind == "dense":
+            total += mlp * wb / sh.dense_mlp
+            continue
+        experts = spec.num_experts * 3 * (spec.latent_moe_size or h) * spec.moe_intermediate_size
+        shared = 3 * h * spec.shared_intermediate_size * spec.num_shared_experts
+        total += experts * wb / (lab["ep"] * lab["etp"]) + shared * wb / sh.shared + (mlp - experts - shared) * wb
+    table = spec.vocab_size * h * ACT_BYTES
+    total += table / sh.embedding + (0 if spec.tie_word_embeddings else table / sh.lm_head)
+    return total / lab["pp"]
+
+
+def check_layout(spec, L: Layout) -> None:
+    lab = parse_label(L.label())
+    assert (lab["tp"], lab["dp"], lab["ep"], lab["pp"], lab["dcp"]) == (L.tp, L.dp, L.ep, L.pp, L.dcp), L
+    sh = L.sharding
+    if spec.is_moe:                 # the label's expert split is the memory's: ep * etp == tp * dp
+        assert spec.num_experts % L.ep == 0 and (L.tp * L.dp) % L.ep == 0, L
+        assert lab["ep"] * lab["etp"] == L.tp * L.dp == sh.experts * sh.expert_tp, L
+    w = weight_bytes_gpu(spec, L)
+    assert w >= class_lower_bound(spec, L) * (1 - 1e-9), (spec.name, L.label(), w)
+    # nothing counts more than the whole model (1%: per-layer replicated remainders of MiMo's mixed layers)
+    assert w <= 1.01 * spec.total_params() * max(L.wbytes, ACT_BYTES), (spec.name, L.label())
+    flags = serving_flags(L)
+    assert flags is not None and expressible(L) is None, L
+    assert parse_flags(L.framework, flags, L.dtype) == L, (L, flags)
+    for fw in FRAMEWORKS:           # the other framework: its flags launch the same parallel layout, or a reason
+        other = serving_flags(L, fw)
+        if other is None:
+            assert expressible(L, fw)
+        else:
+            back = parse_flags(fw, other, L.dtype)
+            assert (back.tp, back.dp, back.ep, back.pp, back.dcp, back.kv_dtype) == \
+                (L.tp, L.dp, L.ep, L.pp, L.dcp, L.kv_dtype), (fw, L, other)
+
+
+def check_fit(spec, hw, L: Layout) -> None:
+    """The largest batch reported as fitting leaves room for the KV it assumes, counted from the spec."""
+    b = max_batch(spec, hw, L, CONTEXT)
+    if b == 0:
+        return
+    m = memory_fit(spec, hw, L, b, CONTEXT)
+    assert m.fits and m.total <= hw.usable_bytes
+    per_gpu_seqs = math.ceil(b / L.dp) * L.pp
+    kv_min = 0.0                    # attention layers' per-token cache / its sharding, recurrent state / tp
+    for i in range(spec.num_layers):
+        if spec.state_bytes_per_seq_layer(i):
+            kv_min += spec.state_bytes_per_seq_layer(i) / L.tp
+        elif spec.attention == "mla":
+            kv_min += CONTEXT * spec.kv_bytes_per_token_layer(L.kv_dtype, layer=i) / L.sharding.kv
+        elif spec.attention == "gqa":
+            kv_min += CONTEXT * spec.kv_bytes_per_token_layer(L.kv_dtype, layer=i) / L.tp
+    assert m.weights + m.activations + m.comm_buffers + per_gpu_seqs * kv_min / L.pp <= hw.usable_bytes * (1 + 1e-9)
+    assert m.kv >= per_gpu_seqs * kv_min / L.pp * (1 - 1e-9), (spec.name, L.label())
+
+
+@pytest.mark.parametrize("alias", MODELS)
+def test_every_enumerated_layout_agrees(alias):
+    spec = spec_of(alias)
+    seen = set()
+    for name in HW:
+        hw = get_hardware(name)
+        for gpus in sorted({8, hw.domain}):
+            for fw in FRAMEWORKS:
+                layouts = enumerate_layouts(spec, hw, gpus, kv_dtypes=("bf16", "fp8"), framework=fw)
+                assert layouts or not spec.is_moe or gpus < 8, (alias, name, gpus, fw)
+                for L in layouts:
+                    assert gpus % L.gpus == 0
+                    if L not in seen:
+                        seen.add(L)
+                        check_layout(spec, L)
+                    if L.kv_dtype == "bf16" and L.dtype == "fp8":      # the fit check at one dtype pair
+                        check_fit(spec, hw, L)
+    assert seen
+
+
+def test_kimi_k3_nvl72_best_label_and_memory_agree():
+    from cost_model.search import search
+
+    spec, hw = spec_of("kimi"), get_hardware("gb200")
+    r = search(spec, hw, 72)
+    assert r.best is not None
+    L = r.best.layout
+    lab = parse_label(L.label())
+    # the label says how the experts are split, and the memory counts exactly that split
+    assert lab["ep"] * lab["etp"] == L.tp * L.dp
+    experts = sum(1 for i in range(spec.num_layers) if spec.layer_kind(i) != "dense") * \
+        spec.num_experts * 3 * spec.latent_moe_size * spec.moe_intermediate_size * L.wbytes
+    assert r.best.memory.weights >= experts / (lab["ep"] * lab["etp"]) + spec.vocab_size * spec.hidden_size * 2 / L.tp
+    assert r.best.memory.weights >= class_lower_bound(spec, L)
+    assert r.best.memory.fits and r.best.memory.total <= hw.usable_bytes
+    d = r.best.to_dict()
+    assert d["label"] == L.label() and d["moe_tp"] == lab["etp"] if lab["ep"] == 1 else True
+    vllm = d["serving"]["vllm"]["flags"]
+    assert parse_flags("vllm", vllm, L.dtype) == L
+    assert ("--enable-expert-parallel" in vllm) == (L.ep > 1)
+    # the issue's reading: 2.8 TB per GPU would be tp2 with the experts not split over the DP groups
+    assert r.best.memory.weights < spec.total_params() * L.wbytes / L.tp / 10
