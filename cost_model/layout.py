@@ -151,7 +151,7 @@ def _per_spec(fn):
         except TypeError:
             key = (fn.__name__, repr(spec), args)
         if key not in _CACHE:
-            if len(_CACHE) > 4096:
+            if len(_CACHE) > 65536:
                 _CACHE.clear()
             _CACHE[key] = fn(spec, *args)
         return _CACHE[key]
@@ -293,6 +293,11 @@ def _activation_bytes(spec, layout: Layout, tokens: int, rows: int) -> float:
 
 
 def weight_bytes_gpu(spec, layout: Layout, layers: list[int] | None = None) -> float:
+    return _weight_bytes(spec, layout, None if layers is None else tuple(layers))
+
+
+@_per_spec
+def _weight_bytes(spec, layout: Layout, layers: tuple | None) -> float:
     """Weight bytes on the fullest GPU: per stage, its layers plus the vocab-parallel embedding
     (first stage, / sharding.embedding) and lm_head with the final norm (last stage, / sharding.lm_head;
     one table when tied and pp == 1, at the finer of the two splits' memory: the coarser divisor)."""

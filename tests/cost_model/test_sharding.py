@@ -146,3 +146,31 @@ def test_kimi_k3_nvl72_best_label_and_memory_agree():
     assert ("--enable-expert-parallel" in vllm) == (L.ep > 1)
     # the issue's reading: 2.8 TB per GPU would be tp2 with the experts not split over the DP groups
     assert r.best.memory.weights < spec.total_params() * L.wbytes / L.tp / 10
+
+
+def aiconfigurator_moe_weights(spec, tp: int, dp: int, ep: int, wb: float) -> float:
+    """AIConfigurator's weight bytes per GPU for its MoE (Qwen3-MoE) model under vLLM, copied from
+    ai-dynamo/aiconfigurator (Apache-2.0): sdk/backends/base_backend.py ``_get_memory_usage`` sums
+    ``op.get_weights()`` over the context ops of sdk/models/moe.py (embedding vocab / tp, qkv and proj
+    GEMMs, the bf16 router GEMM of sdk/models/blocks/moe.py) with the MoE op's weights from
+    rust/.../operators/moe.rs: floor(floor(3 H I E bytes / moe_ep) / moe_tp); GEMM weights n k bytes.
+    Its context graph has no lm_head."""
+    h, moe_tp = spec.hidden_size, tp * dp // ep
+    hk = (spec.num_kv_heads + tp - 1) // tp
+    qkv = (spec.num_heads * spec.head_dim // tp + spec.head_dim * hk * 2) * h * wb
+    proj = h * (spec.num_heads * spec.head_dim // tp) * wb
+    experts = math.floor(math.floor(h * spec.moe_intermediate_size * spec.num_experts * wb * 3 / ep) / moe_tp)
+    return (spec.vocab_size // tp) * h * 2 + spec.num_layers * (qkv + proj + spec.num_experts * h * 2 + experts)
+
+
+@pytest.mark.parametrize("tp,dp,ep,dtype", [(1, 1, 1, "bf16"), (2, 1, 1, "bf16"), (8, 1, 1, "bf16"), (4, 1, 1, "fp8"),
+                                             (1, 8, 8, "bf16"), (2, 4, 8, "fp8"), (2, 4, 1, "bf16")])
+def test_weights_match_aiconfigurator(tp, dp, ep, dtype):
+    """Where AIConfigurator's memory model covers a layout (Qwen3-30B-A3B: GQA attention, routed experts,
+    no shared experts or dense layers; pp 1), ours less the lm_head it leaves out is within 0.1% of it
+    (the remainder: our norms)."""
+    spec = spec_of("qwen3-moe")
+    L = Layout(tp=tp, dp=dp, ep=ep, dtype=dtype)
+    ours = weight_bytes_gpu(spec, L) - spec.vocab_size * spec.hidden_size * ACT_BYTES / L.sharding.lm_head
+    theirs = aiconfigurator_moe_weights(spec, tp, dp, ep, L.wbytes)
+    assert theirs <= ours <= theirs * 1.001
