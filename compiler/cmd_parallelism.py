@@ -115,7 +115,7 @@ def format_table(result, calib=None) -> str:
              f"prefix hit {t.prefix_hit:.0%}; {how}",
              f"objective: {result.objective}" + ("" if result.allow_quantized else
                                                  "; quantized configs (q) are listed, not chosen (--allow-quantized)"),
-             f"{'layout':<24} {'inst':>4} {'pd':>9} {'batch':>6} {'mem GB':>7} {'TTFT ms':>9} {'TPOT ms':>9} "
+             f"{'layout':<26} {'inst':>4} {'pd':>9} {'batch':>6} {'mem GB':>7} {'TTFT ms':>9} {'TPOT ms':>9} "
              f"{'tok/s/GPU':>10} {'tok/s/user':>10}  flags"]
     rows = [c for c in result.configs if c.fits][:TABLE_ROWS]
     if result.best is not None and result.best not in rows:
@@ -126,7 +126,7 @@ def format_table(result, calib=None) -> str:
                                          ("overloaded", not c.stable)) if on)
         label = c.layout.label() + (f" kv-{c.layout.kv_dtype}" if c.layout.kv_dtype != "bf16" else "")
         ttft = f"{c.ttft_ms:>9.2f}" if c.stable else f"{'inf':>9}"
-        lines.append(f"{label:<24} {c.replicas:>4} {c.pd:>9} {c.batch:>6} {c.memory.total / 1e9:>7.1f} "
+        lines.append(f"{label:<26} {c.replicas:>4} {c.pd:>9} {c.batch:>6} {c.memory.total / 1e9:>7.1f} "
                      f"{ttft} {c.tpot_ms:>9.2f} {c.tokens_per_s_per_gpu:>10.1f} "
                      f"{c.tokens_per_s_per_user:>10.1f}  {flags}")
     unfit = sum(1 for c in result.configs if not c.fits)

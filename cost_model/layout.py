@@ -188,26 +188,19 @@ def _gate_params(spec) -> int:
     return n + (spec.num_heads * spec.head_dim * spec.hidden_size if getattr(spec, "attn_output_gate", False) else 0)
 
 
-def _attention_bytes(spec, layout: Layout, block: float, recurrent: bool, proj: tuple) -> float:
-    """One attention block of ``block`` parameters on one GPU; ``proj``: (projection parameters per
-    GPU, at tp 1, output-gate parameters)."""
+def _attention_bytes(spec, layout: Layout, block: float, recurrent: bool, proj: tuple, split: int) -> float:
+    """One attention block of ``block`` parameters (``spec.layer_params(i)`` less the layer's MLP) on one
+    GPU; ``proj``: (projection parameters per GPU, at tp 1, output-gate parameters); ``split``:
+    sharding.attention. Linear / KDA mixers split with their heads; softmax attention: the projections as ``_projection_params_gpu``, the
+    output gate / tp, the rest (indexers, norms, biases, sinks) whole on every GPU in bf16 (an upper
+    bound: vLLM replicates the DSA indexer)."""
     wb = layout.wbytes
     if spec.attention == "v4":
         return block * wb
     if recurrent:
-        return block * wb / layout.tp
+        return block * wb / split
     per_gpu, whole, gate = proj
-    return (per_gpu + gate / layout.tp) * wb + max(0.0, block - whole - gate) * max(wb, ACT_BYTES)
-
-
-def layer_attention_bytes_gpu(spec, layout: Layout, i: int) -> float:
-    """Layer i's attention block on one GPU: everything of ``spec.layer_params(i)`` that is not its MLP.
-    Linear / KDA mixers split with their heads (tp); softmax attention: the projections as
-    ``_projection_params_gpu``, the output gate / tp, the rest (indexers, norms, biases, sinks) whole
-    on every GPU in bf16 (an upper bound: vLLM replicates the DSA indexer)."""
-    block, _, recurrent = _layer_table(spec)[i]
-    proj = (_projection_params_tp(spec, layout.tp), _projection_params_tp(spec, 1), _gate_params(spec))
-    return _attention_bytes(spec, layout, block, recurrent, proj)
+    return (per_gpu + gate / split) * wb + max(0.0, block - whole - gate) * max(wb, ACT_BYTES)
 
 
 @_per_spec
@@ -229,16 +222,14 @@ def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
     return (experts + shared / sh.shared) * wb + rest * max(wb, ACT_BYTES)
 
 
-def layer_weight_bytes_gpu(spec, layout: Layout, i: int) -> float:
-    return layer_attention_bytes_gpu(spec, layout, i) + mlp_weight_bytes_gpu(spec, layout, _layer_table(spec)[i][1])
-
-
 def _stage_layer_bytes(spec, layout: Layout, idx: list[int]) -> float:
-    """``layer_weight_bytes_gpu`` summed over ``idx``, each class's figure computed once."""
+    """Weight bytes of layers ``idx`` on one GPU: each layer's attention block (``_attention_bytes``) and
+    MLP (``mlp_weight_bytes_gpu``, once per kind)."""
     table = _layer_table(spec)
     proj = (_projection_params_tp(spec, layout.tp), _projection_params_tp(spec, 1), _gate_params(spec))
     mlp = {k: mlp_weight_bytes_gpu(spec, layout, k) for k in {table[i][1] for i in idx}}
-    return sum(_attention_bytes(spec, layout, table[i][0], table[i][2], proj) + mlp[table[i][1]] for i in idx)
+    split = layout.sharding.attention
+    return sum(_attention_bytes(spec, layout, table[i][0], table[i][2], proj, split) + mlp[table[i][1]] for i in idx)
 
 
 def stage_layers(spec, layout: Layout, stage: int, layers: list[int] | None = None) -> list[int]:
@@ -340,14 +331,19 @@ def kv_bytes_per_seq_gpu(spec, layout: Layout, context: int, layers: list[int] |
     attention layer its per-token cache (GQA heads split tp ways, replicated past the KV head count;
     MLA's latent split dcp ways; indexer keys whole), per linear / KDA layer its recurrent state (heads
     split tp ways)."""
-    table, kvb = _kv_table(spec), layout.kvbytes
+    return _kv_per_seq(spec, layout, context, None if layers is None else tuple(layers))
+
+
+@_per_spec
+def _kv_per_seq(spec, layout: Layout, context: int, layers: tuple | None) -> float:
+    table, kvb, kv_split = _kv_table(spec), layout.kvbytes, layout.sharding.kv
     latent = spec.kv_lora_rank + spec.qk_rope_head_dim if spec.attention == "mla" else 0
     head_elems = spec.head_dim + spec.gqa_v_head_dim
 
     def per_token(elems: float, hk: int) -> float:
         if hk:
             return elems - hk * head_elems + _ceil_div(hk, layout.tp) * head_elems
-        return elems - latent + latent / layout.sharding.kv
+        return elems - latent + latent / kv_split
 
     worst = 0.0
     for s in range(layout.pp):
