@@ -396,5 +396,10 @@ def layout_is_valid(spec, layout: Layout) -> str | None:
         return f"ep={layout.ep} does not divide {spec.num_experts} experts"
     if layout.tp > spec.num_heads:
         return f"tp={layout.tp} exceeds {spec.num_heads} heads"
+    if spec.num_heads % layout.tp:      # vLLM and SGLang split the query heads evenly
+        return f"tp={layout.tp} does not divide {spec.num_heads} heads"
+    hk = spec.num_kv_heads
+    if spec.attention == "gqa" and hk % layout.tp and layout.tp % hk:
+        return f"tp={layout.tp} neither divides nor is a multiple of {hk} KV heads"
     return None
 

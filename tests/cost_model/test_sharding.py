@@ -89,6 +89,7 @@ def check_layout(spec, L: Layout) -> None:
     lab = parse_label(L.label())
     assert (lab["tp"], lab["dp"], lab["ep"], lab["pp"], lab["dcp"]) == (L.tp, L.dp, L.ep, L.pp, L.dcp), L
     sh = L.sharding
+    assert spec.num_heads % L.tp == 0 and L.tp % L.dcp == 0, L        # both frameworks split heads evenly
     if spec.is_moe:                 # the label's expert split is the memory's: ep * etp == tp * dp
         assert spec.num_experts % L.ep == 0 and (L.tp * L.dp) % L.ep == 0, L
         assert lab["ep"] * lab["etp"] == L.tp * L.dp == sh.experts * sh.expert_tp, L
@@ -194,3 +195,29 @@ def test_weights_match_aiconfigurator(tp, dp, ep, dtype):
     ours = weight_bytes_gpu(spec, L) - spec.vocab_size * spec.hidden_size * ACT_BYTES / L.sharding.lm_head
     theirs = aiconfigurator_moe_weights(spec, tp, dp, ep, L.wbytes)
     assert theirs <= ours <= theirs * 1.001
+
+
+def test_sharding_table_is_the_frameworks():
+    """The table as read from vLLM's and SGLang's source (cost_model/sharding.py's docstring)."""
+    vllm = Layout(tp=2, dp=36).sharding
+    assert (vllm.attention, vllm.dense_mlp, vllm.experts, vllm.expert_tp, vllm.shared, vllm.embedding,
+            vllm.lm_head) == (2, 2, 1, 72, 2, 2, 2)
+    ep = Layout(tp=2, dp=4, ep=8).sharding                  # sequence-parallel MoE: shared experts whole
+    assert (ep.experts, ep.expert_tp, ep.shared) == (8, 1, 1)
+    sg = Layout(tp=2, dp=4, ep=4, framework="sglang").sharding
+    assert (sg.attention, sg.dense_mlp, sg.experts, sg.expert_tp, sg.shared, sg.embedding, sg.lm_head) == \
+        (2, 8, 4, 2, 8, 1, 8)
+    assert Layout(tp=2, dp=36).label() == "tp2-dp36-etp72 bf16"
+    assert Layout(tp=1, dp=64, ep=64, dtype="fp8").label() == "tp1-dp64-ep64 fp8"
+    assert Layout(tp=2, dp=4, ep=4, framework="sglang").label() == "tp2-dp4-ep4-etp2 bf16"
+    assert Layout(tp=8).label() == "tp8 bf16"
+    assert serving_flags(Layout(tp=2, dp=4, ep=4, framework="sglang"), "vllm") is None
+    assert serving_flags(Layout(tp=8, dcp=4), "sglang") is None
+    assert serving_flags(Layout(tp=2, dp=4, ep=4, framework="sglang")) == [
+        "--tp-size", "8", "--dp-size", "4", "--enable-dp-attention", "--ep-size", "4"]
+    assert parse_flags("vllm", ["-tp", "2", "--data-parallel-size=36", "--enable-expert-parallel"]) == \
+        Layout(tp=2, dp=36, ep=72)
+    for fw, bad in (("sglang", ["--tp-size", "8", "--dp-size", "4"]), ("vllm", ["--tensor-parallel-size"]),
+                    ("vllm", ["--tp-size", "2"]), ("sglang", ["--kv-cache-dtype", "int3"])):
+        with pytest.raises(ValueError):
+            parse_flags(fw, bad)
