@@ -1,4 +1,4 @@
-"""``tkcc parallelism --model M --hw H --gpus N [--traffic FILE] [--ttft-ms X] [--tpot-ms Y] [--json]``
+"""``tkcc parallelism --model M --hw H --gpus N [--traffic FILE] [--ttft-ms X] [--tpot-ms Y] [--framework F] [--json]``
 
 Searches TP / PP / EP / DP-attention / DCP layouts, weight and KV-cache dtypes, batch sizes and
 prefill/decode disaggregation with the cost model (per-op curves fitted on measured vLLM kernels,
@@ -7,7 +7,9 @@ table (or one JSON document with ``configs`` and ``best``, plus ``objective``). 
 objective is stated (cost_model.search.DEFAULT_OBJECTIVE). Quantized weights (below the checkpoint's
 dtype) and an fp8 KV cache are quality trade-offs, chosen only with ``--allow-quantized``. Exit 0
 when a config fits and meets the objective, 1 when none does (the reason is printed plainly), 2 on
-bad input.
+bad input. Layouts follow one framework's sharding (``--framework``, vLLM by default; docs/parallelism.md
+says how to read the label, the memory and the flags); the best config's launch flags are printed per
+framework, and every JSON config carries them under ``serving``.
 
 ``--traffic`` takes a trace (any format traffic_profiles reads), a saved traffic profile JSON, or
 a JSON list of workload points (``{"points": [...]}`` also works).
@@ -36,7 +38,10 @@ def register(sub) -> None:
     p.add_argument("--calibration", help="per-class calibration JSON instead of the measured-kernel curves")
     p.add_argument("--allow-quantized", action="store_true",
                    help="let the best config quantize weights below the checkpoint's dtype or the KV cache to fp8")
-    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--framework", choices=("vllm", "sglang"), default="vllm",
+                   help="serving framework whose sharding and flags the layouts follow (default vllm)")
+    p.add_argument("--json", action="store_true", help="print one JSON document (each config's serving flags "
+                                                        "per framework under 'serving')")
     p.set_defaults(func=handle)
 
 
@@ -89,7 +94,8 @@ def handle(args) -> int:
     traffic = load_traffic(args.traffic) if args.traffic else None
     calib = load_calibration(hw.name, path=args.calibration) if args.calibration else None
     result = search(spec, hw, args.gpus, traffic, SLA(args.ttft_ms, args.tpot_ms),
-                    eff=calib.efficiency if calib else None, allow_quantized=args.allow_quantized)
+                    eff=calib.efficiency if calib else None, allow_quantized=args.allow_quantized,
+                    framework=args.framework)
     if args.json:
         d = result.to_dict()
         d["calibration"] = calib.summary() if calib else None
@@ -109,7 +115,7 @@ def format_table(result, calib=None) -> str:
              f"prefix hit {t.prefix_hit:.0%}; {how}",
              f"objective: {result.objective}" + ("" if result.allow_quantized else
                                                  "; quantized configs (q) are listed, not chosen (--allow-quantized)"),
-             f"{'layout':<24} {'inst':>4} {'pd':>9} {'batch':>6} {'mem GB':>7} {'TTFT ms':>9} {'TPOT ms':>9} "
+             f"{'layout':<26} {'inst':>4} {'pd':>9} {'batch':>6} {'mem GB':>7} {'TTFT ms':>9} {'TPOT ms':>9} "
              f"{'tok/s/GPU':>10} {'tok/s/user':>10}  flags"]
     rows = [c for c in result.configs if c.fits][:TABLE_ROWS]
     if result.best is not None and result.best not in rows:
@@ -120,11 +126,24 @@ def format_table(result, calib=None) -> str:
                                          ("overloaded", not c.stable)) if on)
         label = c.layout.label() + (f" kv-{c.layout.kv_dtype}" if c.layout.kv_dtype != "bf16" else "")
         ttft = f"{c.ttft_ms:>9.2f}" if c.stable else f"{'inf':>9}"
-        lines.append(f"{label:<24} {c.replicas:>4} {c.pd:>9} {c.batch:>6} {c.memory.total / 1e9:>7.1f} "
+        lines.append(f"{label:<26} {c.replicas:>4} {c.pd:>9} {c.batch:>6} {c.memory.total / 1e9:>7.1f} "
                      f"{ttft} {c.tpot_ms:>9.2f} {c.tokens_per_s_per_gpu:>10.1f} "
                      f"{c.tokens_per_s_per_user:>10.1f}  {flags}")
     unfit = sum(1 for c in result.configs if not c.fits)
     if unfit:
         lines.append(f"({unfit} layouts do not fit in memory)")
     lines.append(result.message)
+    if result.best is not None:
+        lines += serve_lines(result.best)
     return "\n".join(lines)
+
+
+def serve_lines(config) -> list[str]:
+    """The best config's launch flags per framework, or why that framework cannot launch it."""
+    out = []
+    for fw, s in config.serving.items():
+        if s.get("flags") is None:
+            out.append(f"  {fw}: no flags: {s['reason']}")
+        else:
+            out.append(f"  {fw} flags: {' '.join(s['flags'])}  ({s['weights_gb']:.1f} GB weights per GPU)")
+    return out

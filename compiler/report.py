@@ -52,8 +52,11 @@ def _pareto_plot(plan: Plan) -> str | None:
 def _layout_line(best: dict | None) -> str:
     if not best:
         return "none computed"
-    keys = ("tp", "pp", "ep", "dp", "dcp", "dtype")
-    return ", ".join(f"{k}={best[k]}" for k in keys if k in best)
+    keys = ("tp", "pp", "ep", "dp", "dcp", "moe_tp", "dtype")
+    line = ", ".join(f"{k}={best[k]}" for k in keys if k in best)
+    fw = best.get("framework")
+    flags = ((best.get("serving") or {}).get(fw) or {}).get("flags")
+    return line + (f" ({fw}: `{' '.join(flags)}`)" if flags else "")
 
 
 # how a version with a parent came about (plan.run["origin"]; "" for plans written before it existed)

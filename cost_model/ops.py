@@ -287,10 +287,13 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     if c:
         ops.append(c)
     ops.append(_elementwise("fused_add_rms_norm", 4 * ta * h))
+    sh = layout.sharding
     if kind == "dense":
-        ops += _dense_mlp_ops(spec, layout, tm, spec.intermediate_size, layout.mlp_group)
-        # dp > 1: all-gather the groups' tokens + reduce-scatter, the bytes of one all-reduce
-        c = _comm("mlp_all_reduce", "all_reduce", layout.mlp_group, tm * h * ACT_BYTES)
+        # split over the stage (SGLang): all groups' tokens, all-gather + reduce-scatter (one all-reduce's
+        # bytes); split over tp (vLLM): each group its own tokens and an all-reduce over tp
+        dense_tokens = tm if sh.dense_mlp == layout.mlp_group else ta
+        ops += _dense_mlp_ops(spec, layout, dense_tokens, spec.intermediate_size, sh.dense_mlp)
+        c = _comm("mlp_all_reduce", "all_reduce", sh.dense_mlp, dense_tokens * h * ACT_BYTES)
         if c:
             ops.append(c)
         return ops
@@ -312,10 +315,13 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
         recv = assign * he * ACT_BYTES * remote
         for name in ("moe_dispatch", "moe_combine"):
             ops.append(_comm(name, "all_to_all", layout.ep, max(send, recv)))
-        shared_tokens, shared_group = src, 1
     else:
         assign, distinct = expert_load(spec, layout, tm, skew)
-        shared_tokens, shared_group = tm, layout.mlp_group
+    # shared experts: replicated on a GPU's token share (sequence-parallel MoE), over tp on its group's
+    # tokens (vLLM), or over the stage on all of them (SGLang)
+    shared_group = sh.shared
+    shared_tokens = (_ceil_div(ta, layout.tp) if shared_group == 1 and layout.ep > 1 else
+                     tm if shared_group == layout.mlp_group else ta)
     # grouped GEMMs over the experts this GPU holds: w13 [2I, H] and w2 [H, I] per touched expert
     ops.append(OpCost("moe_experts", "moe", flops=2.0 * 3 * he * i_loc * assign,
                       bytes=distinct * 3 * he * i_loc * layout.wbytes + assign * (2 * he + 3 * i_loc) * ACT_BYTES,

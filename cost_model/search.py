@@ -19,8 +19,10 @@ instance (or, without one, at the rate the config itself sustains, out / osl) wi
 inter-arrival CV, and wait for one of the instance's dp prefill servers (xPyD: one of x prefill
 instances). A config whose utilisation reaches 1 is unstable (TTFT null, never meets an SLA).
 
-Free factors: EP any power-of-two divisor of tp*dp (and tp*dp itself) up to the expert count, so
-EP larger than TP with DP-attention; DCP any divisor of tp for MLA; the KV cache in bf16 or fp8.
+Free factors, as the framework can launch them (cost_model.sharding): EP dividing the expert count,
+under vLLM 1 or all tp*dp GPUs of a stage (--enable-expert-parallel), under SGLang any power-of-two
+divisor of tp*dp or tp*dp itself (--ep-size), so EP larger than TP with DP-attention; DCP any divisor of
+tp for MLA (vLLM only); the KV cache in bf16 or fp8. Each row carries its serving flags per framework.
 Quality: weights below the checkpoint's own dtype (``native_weight_dtype``) and an fp8 KV cache
 are quality trade-offs, listed per config (``quality``) and never chosen as best unless
 ``allow_quantized``. Objective: the SLA when given; with none, ``DEFAULT_OBJECTIVE``: the most
@@ -31,14 +33,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from traffic_profiles import WorkloadPoint
 
 from cost_model import queueing
 from cost_model.estimate import DEFAULT_EFFICIENCY, Efficiency, estimate_step
 from cost_model.hardware import DTYPE_BYTES, WEIGHT_DTYPES, CostModelError, Hardware
-from cost_model.layout import Layout, MemoryFit, layout_is_valid, max_batch, memory_fit
+from cost_model.layout import Layout, MemoryFit, layout_is_valid, max_batch, memory_fit, weight_bytes_gpu
+from cost_model.sharding import FRAMEWORKS, expressible, serving_flags
 from cost_model.traffic import TrafficShape
 
 BATCHES = tuple(2 ** i for i in range(12))          # 1 .. 2048 sequences per attention group
@@ -78,6 +81,7 @@ class ConfigResult:
     pareto: bool = False
     quality: tuple = ()             # quality trade-offs of this config (quantized weights, fp8 KV)
     queue_ms: float = 0.0           # mean queueing delay inside ttft_ms (inf: unstable)
+    serving: dict = field(default_factory=dict)    # framework -> its flags and memory (``serving_options``)
 
     @property
     def stable(self) -> bool:
@@ -89,8 +93,9 @@ class ConfigResult:
 
     def to_dict(self) -> dict:
         L = self.layout
-        return {"tp": L.tp, "pp": L.pp, "ep": L.ep, "dp": L.dp, "dcp": L.dcp, "dtype": L.dtype,
-                "kv_dtype": L.kv_dtype, "batch": self.batch, "replicas": self.replicas, "pd": self.pd,
+        return {"label": L.label(), "framework": L.framework, "tp": L.tp, "pp": L.pp, "ep": L.ep, "dp": L.dp,
+                "dcp": L.dcp, "moe_tp": L.moe_tp, "sharding": L.sharding.to_dict(), "serving": self.serving,
+                "dtype": L.dtype, "kv_dtype": L.kv_dtype, "batch": self.batch, "replicas": self.replicas, "pd": self.pd,
                 "fits": self.fits, "memory": self.memory.to_dict(),
                 "ttft_ms": round(self.ttft_ms, 4) if self.stable else None,
                 "queue_ms": round(self.queue_ms, 4) if self.stable else None, "stable": self.stable,
@@ -125,33 +130,35 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _ep_choices(spec, group: int) -> list[int]:
-    """EP degrees for an MLP group of ``group`` GPUs: every power-of-two divisor and the whole group,
-    up to the expert count."""
+def _ep_choices(spec, group: int, framework: str = "vllm") -> list[int]:
+    """EP degrees for an MLP group of ``group`` GPUs that ``framework`` can launch and that divide the
+    expert count: vLLM's --enable-expert-parallel is all of the group or nothing; SGLang's --ep-size
+    any power-of-two divisor of the group, or the whole group."""
     if not spec.is_moe:
         return [1]
-    return sorted(d for d in _divisors(group) if (d & (d - 1) == 0 or d == group) and d <= spec.num_experts)
+    cands = {1, group} if framework == "vllm" else {d for d in _divisors(group) if d & (d - 1) == 0 or d == group}
+    return sorted(d for d in cands if d <= spec.num_experts and spec.num_experts % d == 0)
 
 
-def enumerate_layouts(spec, hw: Hardware, gpus: int, dtypes=WEIGHT_DTYPES, kv_dtypes=("bf16",)) -> list[Layout]:
-    """Every layout that uses all ``gpus`` as whole instances: tp a power of two up to
-    min(8, domain, heads); DP-attention and EP (``_ep_choices``) for MoE models; DCP any divisor of tp
-    for MLA; pp a power of two; weight and KV dtypes the hardware supports."""
+def enumerate_layouts(spec, hw: Hardware, gpus: int, dtypes=WEIGHT_DTYPES, kv_dtypes=("bf16",),
+                      framework: str = "vllm") -> list[Layout]:
+    """Every layout ``framework`` can launch (cost_model.sharding.expressible) that uses all ``gpus``
+    as whole instances: tp a power of two up to min(8, domain, heads); DP-attention and EP
+    (``_ep_choices``) for MoE models; DCP any divisor of tp for MLA; pp a power of two; weight and KV
+    dtypes the hardware supports."""
     out = []
     dts = [d for d in dtypes if d == "bf16" or hw.supports(d)]
     kvs = [d for d in kv_dtypes if d == "bf16" or hw.supports(d)]
     tps = [t for t in (1, 2, 4, 8) if t <= min(MAX_TP, hw.domain, gpus, spec.num_heads) and gpus % t == 0]
-    for dt in dts:
-        for kv in kvs:
-            for tp in tps:
-                for dp in (_divisors(gpus // tp) if spec.is_moe else [1]):
-                    for pp in (p for p in (1, 2, 4, 8) if (gpus // (tp * dp)) % p == 0 and p <= spec.num_layers):
-                        dcps = _divisors(tp) if spec.attention == "mla" else [1]
-                        for ep in _ep_choices(spec, tp * dp):
-                            for dcp in dcps:
-                                L = Layout(tp=tp, pp=pp, ep=ep, dp=dp, dcp=dcp, dtype=dt, kv_dtype=kv)
-                                if layout_is_valid(spec, L) is None:
-                                    out.append(L)
+    for dt, kv, tp in ((dt, kv, tp) for dt in dts for kv in kvs for tp in tps):
+        for dp in (_divisors(gpus // tp) if spec.is_moe else [1]):
+            for pp in (p for p in (1, 2, 4, 8) if (gpus // (tp * dp)) % p == 0 and p <= spec.num_layers):
+                dcps = _divisors(tp) if spec.attention == "mla" else [1]
+                for ep in _ep_choices(spec, tp * dp, framework):
+                    for dcp in dcps:
+                        L = Layout(tp=tp, pp=pp, ep=ep, dp=dp, dcp=dcp, dtype=dt, kv_dtype=kv, framework=framework)
+                        if layout_is_valid(spec, L) is None and expressible(L) is None:
+                            out.append(L)
     return out
 
 
@@ -223,12 +230,33 @@ def _kv_transfer_s(spec, hw, L, traffic) -> float:
     return hw.message_latency_s + nbytes / (hw.scale_out_bw * L.gpus)
 
 
+def serving_options(L: Layout, mem: MemoryFit, weights: dict) -> dict:
+    """Per framework: the flags that launch ``L`` and the memory per GPU under that framework's own
+    sharding (``weights``: framework -> weight bytes per GPU), or ``flags`` None and the reason: the
+    framework cannot express the layout, or its sharding does not fit where ``L``'s does."""
+    out = {}
+    for fw in FRAMEWORKS:
+        why = expressible(L, fw)
+        if why is not None:
+            out[fw] = {"flags": None, "reason": why}
+            continue
+        total = mem.total - mem.weights + weights[fw]
+        row = {"weights_gb": round(weights[fw] / 1e9, 3), "total_gb": round(total / 1e9, 3)}
+        if mem.fits and total > mem.capacity:
+            out[fw] = {"flags": None, **row, "reason": f"{fw} shards the weights into {weights[fw] / 1e9:.1f} GB "
+                       f"per GPU: {total / 1e9:.1f} GB with this batch's KV, over {mem.capacity / 1e9:.1f} GB usable"}
+        else:
+            out[fw] = {"flags": serving_flags(L, fw), **row}
+    return out
+
+
 def evaluate_layout(spec, hw: Hardware, gpus: int, L: Layout, traffic: TrafficShape, sla: SLA,
                     eff: Efficiency = DEFAULT_EFFICIENCY, batches=BATCHES) -> list[ConfigResult]:
     """All rows of one layout: colocated and (with >= 2 instances) the best xPyD, per batch."""
     replicas = gpus // L.gpus
     ctx = traffic.max_context
     quality = quality_tradeoffs(spec, L)
+    weights = {fw: weight_bytes_gpu(spec, replace(L, framework=fw)) for fw in FRAMEWORKS}
     bmax = max_batch(spec, hw, L, ctx, traffic.chunk)
     pf = _prefill(spec, hw, L, traffic, eff)
     ca = traffic.interarrival_cv
@@ -241,11 +269,12 @@ def evaluate_layout(spec, hw: Hardware, gpus: int, L: Layout, traffic: TrafficSh
         mem = memory_fit(spec, hw, L, 1, ctx, traffic.chunk)
         tpot = dec.latency_s * 1e3
         return [ConfigResult(L, 1, replicas, "colocated", False, mem, pf.latency_s * 1e3, tpot, 0.0, 1e3 / tpot,
-                             False, quality=quality)]
+                             False, quality=quality, serving=serving_options(L, mem, weights))]
     for b in sizes:
         dec = estimate_step(spec, hw, L, WorkloadPoint("decode", b, traffic.decode_context, 1, 1.0),
                             eff=eff, skew=traffic.expert_skew)
         mem = memory_fit(spec, hw, L, b, ctx, traffic.chunk)
+        serving = serving_options(L, mem, weights)
         inflight = b * L.pp
         tpot = dec.latency_s + inflight / (traffic.osl * pf.rate)
         out = replicas * inflight / tpot
@@ -254,7 +283,7 @@ def evaluate_layout(spec, hw: Hardware, gpus: int, L: Layout, traffic: TrafficSh
             ttft = q = math.inf                                    # the trace outruns this config
         rows.append(ConfigResult(L, b, replicas, "colocated", True, mem, ttft * 1e3, tpot * 1e3, out / gpus,
                                  1.0 / tpot, math.isfinite(ttft) and sla.met(ttft * 1e3, tpot * 1e3),
-                                 quality=quality, queue_ms=q * 1e3))
+                                 quality=quality, queue_ms=q * 1e3, serving=serving))
         if replicas >= 2:
             dec_rate = inflight / dec.latency_s                    # output tokens/s per decode instance
             pre_rate = pf.rate * traffic.osl                       # output tokens/s one prefill instance feeds
@@ -267,7 +296,7 @@ def evaluate_layout(spec, hw: Hardware, gpus: int, L: Layout, traffic: TrafficSh
             tpot_pd = dec.latency_s * 1e3
             rows.append(ConfigResult(L, b, replicas, f"{x}P{replicas - x}D", True, mem, ttft, tpot_pd, out / gpus,
                                      1e3 / tpot_pd, math.isfinite(ttft) and sla.met(ttft, tpot_pd),
-                                     quality=quality, queue_ms=q * 1e3))
+                                     quality=quality, queue_ms=q * 1e3, serving=serving))
     return rows
 
 
@@ -288,12 +317,14 @@ def _rank(r: ConfigResult) -> tuple:
 
 
 def search(spec, hw: Hardware, gpus: int, traffic: TrafficShape | None = None, sla: SLA | None = None,
-           eff: Efficiency | None = None, dtypes=None, allow_quantized: bool = False) -> SearchResult:
+           eff: Efficiency | None = None, dtypes=None, allow_quantized: bool = False,
+           framework: str = "vllm") -> SearchResult:
     """Evaluate every layout; keep per layout and pd mode its best row (under the objective when
     any row meets it) plus the whole Pareto front; pick the best config that fits, meets the
     objective (the SLA, else ``DEFAULT_OBJECTIVE``) and, unless ``allow_quantized``, gives up no
     quality. ``eff``: None = the measured-kernel curves for ``hw`` (cost_model.efficiency).
-    ``dtypes``: weight dtypes to try (None: those of WEIGHT_DTYPES no wider than the checkpoint's)."""
+    ``dtypes``: weight dtypes to try (None: those of WEIGHT_DTYPES no wider than the checkpoint's).
+    ``framework``: whose sharding and flags (vllm | sglang; cost_model.sharding)."""
     if gpus < 1:
         raise CostModelError(f"--gpus must be >= 1, got {gpus}")
     traffic = traffic or TrafficShape()
@@ -307,7 +338,10 @@ def search(spec, hw: Hardware, gpus: int, traffic: TrafficShape | None = None, s
         eff = curve_efficiency(hw) or DEFAULT_EFFICIENCY
     if dtypes is None:                                              # no upcasting past the checkpoint
         dtypes = [d for d in WEIGHT_DTYPES if DTYPE_BYTES[d] <= DTYPE_BYTES[native_weight_dtype(spec)]]
-    layouts = enumerate_layouts(spec, hw, gpus, dtypes, kv_dtypes=("bf16", "fp8") if allow_quantized else ("bf16",))
+    if framework not in FRAMEWORKS:
+        raise CostModelError(f"unknown framework {framework!r} (one of {', '.join(FRAMEWORKS)})")
+    layouts = enumerate_layouts(spec, hw, gpus, dtypes, kv_dtypes=("bf16", "fp8") if allow_quantized else ("bf16",),
+                                framework=framework)
     if not layouts:
         raise CostModelError(f"no parallelism layout of {spec.name} uses {gpus} GPUs of {hw.name}")
     rows: list[ConfigResult] = []
@@ -331,7 +365,6 @@ def search(spec, hw: Hardware, gpus: int, traffic: TrafficShape | None = None, s
 
 
 def _with(r: ConfigResult, **changes) -> ConfigResult:
-    from dataclasses import replace
     return replace(r, **changes)
 
 

@@ -1,6 +1,8 @@
 """``tkcc parallelism``: table, --json contract fields, exit codes, --traffic."""
 import json
 
+import pytest
+
 from compiler.cli import main
 from persistent_engine.io_struct import WorkloadPoint
 
@@ -60,3 +62,28 @@ def test_objective_and_quantized_flag(capsys):
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["allow_quantized"] and "TPOT <= 50 ms" in d["objective"]
     assert all({"quality", "stable", "kv_dtype"} <= set(c) for c in d["configs"])
+
+
+def test_json_carries_serving_flags_per_layout(capsys):
+    """Every config names its framework, sharding and per-framework flags (or why not); the table
+    prints the best config's flags; SGLang layouts launch with SGLang's own spelling."""
+    from cost_model.sharding import parse_flags
+
+    rc = main(["parallelism", "--model", "qwen3-moe", "--hw", "h200", "--gpus", "8", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    for c in d["configs"]:
+        sh = c["sharding"]
+        assert c["framework"] == "vllm" and sh["experts"] * sh["expert_tp"] == c["tp"] * c["dp"]
+        flags = c["serving"]["vllm"]["flags"]
+        assert flags is not None
+        back = parse_flags("vllm", flags, c["dtype"])
+        assert (back.tp, back.dp, back.ep, back.pp) == (c["tp"], c["dp"], c["ep"], c["pp"])
+        sg = c["serving"]["sglang"]
+        assert sg["flags"] is not None or sg["reason"]
+    rc = main(["parallelism", "--model", "qwen3-moe", "--hw", "h200", "--gpus", "8", "--framework", "sglang"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "sglang flags: --tp-size" in out and "vllm" in out
+    with pytest.raises(SystemExit) as e:                 # argparse: one line, exit 2
+        main(["parallelism", "--model", "qwen3-moe", "--hw", "h200", "--gpus", "8", "--framework", "trt"])
+    assert e.value.code == 2 and "invalid choice: 'trt'" in capsys.readouterr().err

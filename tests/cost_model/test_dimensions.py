@@ -32,10 +32,12 @@ def test_fp8_kv_halves_kv_bytes_and_attention_time():
 
 def test_ep_and_dcp_are_free_factors():
     qwen = ModelSpec.from_name("qwen3-moe")
-    layouts = enumerate_layouts(qwen, H200, 8)
-    # EP larger than TP and smaller than the whole MLP group (tp * dp): a free factor
+    # SGLang's --ep-size: EP larger than TP and smaller than the whole MLP group (tp * dp), a free factor
+    layouts = enumerate_layouts(qwen, H200, 8, framework="sglang")
     assert any(L.tp < L.ep < L.tp * L.dp for L in layouts)
     assert {L.ep for L in layouts if L.tp == 2 and L.dp == 4} == {1, 2, 4, 8}
+    # vLLM's --enable-expert-parallel: all of tp * dp or nothing
+    assert {L.ep for L in enumerate_layouts(qwen, H200, 8) if L.tp == 2 and L.dp == 4} == {1, 8}
     ds = enumerate_layouts(ModelSpec.from_name("deepseek-v3"), H200, 8, dtypes=("fp8",))
     assert {L.dcp for L in ds if L.tp == 8} == {1, 2, 4, 8}
     r = search(qwen, H200, 8)
