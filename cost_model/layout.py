@@ -126,11 +126,20 @@ def attention_weight_bytes_gpu(spec, layout: Layout) -> float:
     return (h * (hq * dh + hk_mean * (dh + dv)) + hq * dv * h) * wb
 
 
+def expert_wbytes(spec, layout: Layout) -> float:
+    """Bytes per routed-expert weight: the layout's, or MXFP4's 4.25 bits (e2m1 values + an e8m0 scale per 32) where
+    the checkpoint ships MXFP4 experts (gpt-oss, ``expert_dtype`` mxfp4) and the layout's dtype is wider."""
+    return min(layout.wbytes, 4.25 / 8) if getattr(spec, "expert_dtype", "bf16") == "mxfp4" else layout.wbytes
+
+
 def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
     h, wb = spec.hidden_size, layout.wbytes
     if kind == "dense":
         return 3 * h * spec.intermediate_size * wb / layout.mlp_group
-    experts = _ceil_div(spec.num_experts, layout.ep) * 3 * h * spec.moe_intermediate_size / layout.moe_tp
+    local = _ceil_div(spec.num_experts, layout.ep)
+    experts = local * 3 * h * spec.moe_intermediate_size / layout.moe_tp * expert_wbytes(spec, layout) / wb
+    if getattr(spec, "moe_bias", False):                 # gpt-oss: fp32 b13 [2I] and b2 [H] per expert
+        experts += local * (2 * spec.moe_intermediate_size / layout.moe_tp + h) * 4 / wb
     shared = 3 * h * spec.shared_intermediate_size * spec.num_shared_experts
     shared = shared if layout.ep > 1 else shared / layout.mlp_group   # replicated under EP
     router = h * spec.num_experts * ACT_BYTES

@@ -60,3 +60,11 @@ def test_objective_and_quantized_flag(capsys):
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["allow_quantized"] and "TPOT <= 50 ms" in d["objective"]
     assert all({"quality", "stable", "kv_dtype"} <= set(c) for c in d["configs"])
+
+
+def test_gpt_oss_lays_out_in_bf16_with_mxfp4_experts(capsys):
+    """gpt-oss's checkpoint quantizes only its experts (MXFP4, costed at 4.25 bits): its layouts are bf16 ones, and
+    120B fits one H200 (the experts ~66 GB instead of ~250 GB in bf16)."""
+    rc = main(["parallelism", "--model", "gpt-oss", "--hw", "h200", "--gpus", "1", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["best"]["dtype"] == "bf16" and d["best"]["fits"] and d["best"]["tp"] == 1

@@ -60,10 +60,12 @@ def test_candidate_check_tiny_minimax_m3():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["mixtral", "gemma", "gemma-2-9b", "llama4", "mimo"])
+@pytest.mark.parametrize("model", ["mixtral", "gemma", "gemma-2-9b", "llama4", "mimo",
+                                   str(HERE.parents[1] / "persistent_engine/models/configs/gpt-oss-20b.json")])
 def test_candidate_check_tiny_new_families(model):
-    """Mixtral, Gemma-3, Gemma-2, Llama-4 and MiMo-V2-Flash at toy size: a correct linear override is judged on every
-    point (through the MoE routers, the GeGLU MLP, soft-capped, windowed (with sinks) and chunked attention)."""
+    """Mixtral, Gemma-3, Gemma-2, Llama-4, MiMo-V2-Flash and gpt-oss (from the Hub's config.json) at toy size: a correct
+    linear override is judged on every point (through the MoE routers, biased ones included, the GeGLU MLP,
+    soft-capped, windowed (with sinks) and chunked attention, biased projections)."""
     out = tkcc("candidate", "check", str(CANDIDATES / "linear_fp32.py"), "--model", model, "--tiny",
                "--device", "cpu", "--json", "--samples", "3")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -74,13 +76,13 @@ def test_candidate_check_tiny_new_families(model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi", "qwen3.5", "deepseek", "mixtral", "gemma",
-                                   "llama4", "mimo"])
+                                   "llama4", "mimo", "gpt-oss"])
 def test_short_optimize_tiny_writes_a_plan(model, tmp_path):
     out = tkcc("optimize", "--model", model, "--tiny", "--hw", "cpu", "--traffic", small_trace(tmp_path / "t.csv"),
                # Kimi-K3's, Qwen3.5's and V4's engines start in ~20 s on 2 cores, the others' in ~5 s (more on a loaded machine:
                # start-up gets 30% of the budget)
                "--budget", {"kimi": "90s", "qwen3.5": "90s", "deepseek": "60s", "mixtral": "45s", "gemma": "45s",
-                             "llama4": "45s", "mimo": "45s"}.get(model, "40s"),
+                             "llama4": "45s", "mimo": "45s", "gpt-oss": "45s"}.get(model, "40s"),
                "--agents", "offline:1", "--device", "cpu", "--out", str(tmp_path / "plan"), "--max-points", "2",
                "--aa-runs", "1", "--json", timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
