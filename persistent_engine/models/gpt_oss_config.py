@@ -57,7 +57,7 @@ def gpt_oss_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
         num_experts_per_tok=k, moe_intermediate_size=int(c.get("intermediate_size", 2880)), scoring="softmax",
         norm_topk_prob=True, mlp_act="swigluoai", swiglu_alpha=float(c.get("swiglu_alpha", 1.702)),
         swiglu_limit=float(c.get("swiglu_limit", 7.0)), rms_norm_eps=float(c.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(c.get("rope_theta", 150000.0)),
+        rope_theta=float(c.get("rope_theta", rope.get("rope_theta", 150000.0))),
         quantization="mxfp4-experts" if c.get("quantization_config") else "none",
         expert_dtype="mxfp4" if c.get("quantization_config") else "bf16")
 
