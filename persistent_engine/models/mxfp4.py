@@ -51,9 +51,9 @@ def encode_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     e = e.clamp(-SCALE_BIAS, 127)
     scaled = x / torch.exp2(e)[..., None]
     mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=w.device)    # between codes 0..7's magnitudes
-    code = torch.bucketize(scaled.abs(), mids)                                          # nearest; a tie: the lower
-    code = code + 8 * ((scaled < 0) & (code > 0)).long()                               # sign bit (no -0 codes)
-    pairs = code.reshape(*code.shape[:-1], BLOCK // 2, 2).to(torch.uint8)
+    code = torch.bucketize(scaled.abs(), mids, out_int32=True)                          # nearest; a tie: the lower
+    code = (code | (((scaled < 0) & (code > 0)).int() << 3)).to(torch.uint8)          # sign bit (no -0 codes)
+    pairs = code.reshape(*code.shape[:-1], BLOCK // 2, 2)
     blocks = pairs[..., 0] | (pairs[..., 1] << 4)
     return blocks, (e + SCALE_BIAS).to(torch.uint8)
 
