@@ -9,10 +9,11 @@ layer is the generic decoder's (models/decoder.py) with:
              softmax scoring, renormalised); experts with biases on both projections around the clamped SwiGLU
              (``moe_experts_bias``, ops/gpt_oss.py; alpha 1.702, ``swiglu_limit`` 7)
   MXFP4      ``quantization_config`` {quant_method: mxfp4}: the experts' weights ship as e2m1 blocks with e8m0
-             scales (models/mxfp4.py); the loader keeps them (``w13_blocks`` / ``w13_scales``, ``w2_*``, rows in
+             scales (ops/mxfp4.py); the loader keeps them (``w13_blocks`` / ``w13_scales``, ``w2_*``, rows in
              tkcc's order) beside their exact bf16 decode (``w13``, ``w2``) that the reference runs. Seeded random
              weights are rounded to MXFP4 the same way, so the packed and the bf16 experts are the same numbers.
-             No template consumes the packed tensors yet (the cost model counts expert bytes at 4.25 bits).
+             ``moe_experts_bias`` receives the packs for a template to read (4.25 bits a weight); the reference
+             ignores them and no fast template exists yet (the cost model counts expert bytes at 4.25 bits).
 
 The config section (torch-free, read by models/spec.py): models/gpt_oss_config.py.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from persistent_engine.models.mxfp4 import decode_mxfp4, encode_mxfp4
+from persistent_engine.ops.mxfp4 import decode_mxfp4, encode_mxfp4
 
 # ----------------------------------------------------------------------------- weights
 def packed(spec) -> bool:

@@ -57,6 +57,9 @@ class MoEMLP:
         self.router_w, self.router_bias = params[prefix + "router_w"], params.get(prefix + "router_bias")
         self.router_b = params.get(prefix + "router_b")                 # gpt-oss: the router linear's bias
         self.expert_b = (params[prefix + "w13_b"], params[prefix + "w2_b"]) if prefix + "w13_b" in params else None
+        # gpt-oss MXFP4 checkpoints: the packs of w13 / w2, for a template of moe_experts_bias (the reference ignores them)
+        self.packs = tuple(params[prefix + n] for n in ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales")) \
+            if prefix + "w13_blocks" in params else None
         self.w13, self.w2 = params[prefix + "w13"], params[prefix + "w2"]
         self.shared = (params[prefix + "shared_gate_up_w"], params[prefix + "shared_down_w"]) \
             if prefix + "shared_gate_up_w" in params else None
@@ -71,7 +74,7 @@ class MoEMLP:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(h)
         if self.expert_b is not None:
-            out = call("moe_experts_bias", h, self.w13, self.w2, *self.expert_b, weights, ids, *self.oai)
+            out = call("moe_experts_bias", h, self.w13, self.w2, *self.expert_b, weights, ids, *self.oai, self.packs)
         elif self.oai is None:
             out = call("moe_experts", h, self.w13, self.w2, weights, ids)
         else:

@@ -9,6 +9,12 @@ the activation is ``swigluoai_and_mul`` (ops/msa.py). The router (a biased linea
 logits) is ``linear`` then ``moe_route`` with softmax scoring renormalised over the chosen experts: the same
 weights, since softmax over the top-k logits = softmax over all, restricted and renormalised.
 
+MXFP4 checkpoints (gpt-oss's Hub weights): ``packs`` = (w13_blocks [E, 2I, H/32, 16], w13_scales [E, 2I, H/32],
+w2_blocks [E, H, I/32, 16], w2_scales [E, H, I/32]) uint8, of which w13 and w2 are the exact decode
+(ops/mxfp4.py). The reference reads the bf16 decode and ignores the packs; they are there for a template that
+reads 4.25 bits per weight instead of 16 (and must give the same numbers: the values are the same). None: bf16
+experts only.
+
 Paths (chosen from shapes only, no host read, like ``moe_experts``): gather the T*k chosen experts' weights when
 3 T k < E (batch-1 decode reads T*k experts), else sort the (token, expert) rows by expert and run two grouped
 GEMMs (torch._grouped_mm), biases gathered per row; where grouped GEMMs are missing (float64 verification,
@@ -20,13 +26,15 @@ from __future__ import annotations
 
 import torch
 
+from persistent_engine.ops.mxfp4 import decode_mxfp4, encode_mxfp4
 from persistent_engine.ops.moe import _experts_fit, _experts_inputs, _experts_shapes, experts_check_bytes
 from persistent_engine.ops.msa import swigluoai_and_mul
 from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, randn
 
 
 def moe_experts_bias(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor, b2: torch.Tensor,
-                     topk_weights: torch.Tensor, topk_ids: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+                     topk_weights: torch.Tensor, topk_ids: torch.Tensor, alpha: float, limit: float,
+                     packs: tuple | None = None) -> torch.Tensor:
     t, k = topk_ids.shape
     e = w13.shape[0]
     acc = torch.promote_types(x.dtype, torch.float32)
@@ -73,18 +81,30 @@ def _looped(xs, w13, w2, b13, b2, ids_sorted, alpha, limit) -> torch.Tensor:
     return y
 
 
+def _packed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w rounded to MXFP4, its blocks, its scales), one expert at a time."""
+    packs = [encode_mxfp4(w[e]) for e in range(w.shape[0])]
+    blocks, scales = torch.stack([b for b, _ in packs]), torch.stack([s for _, s in packs])
+    return decode_mxfp4(blocks, scales, w.dtype), blocks, scales
+
+
 def _inputs(shape, dtype, device, seed):
     x, w13, w2, w, ids = _experts_inputs(shape, dtype, device, seed)
     g = generator(device, seed + 1)
     e, i, h = shape["E"], shape["I"], shape["H"]
+    packs = None
+    if shape.get("mxfp4"):
+        (w13, b13p, s13), (w2, b2p, s2) = _packed(w13), _packed(w2)
+        packs = (b13p, s13, b2p, s2)
     return (x, w13, w2, randn(g, [e, 2 * i], torch.float32, device, 0.5), randn(g, [e, h], torch.float32, device, 0.5),
-            w, ids, float(shape.get("alpha", 1.702)), float(shape.get("limit", 7.0)))
+            w, ids, float(shape.get("alpha", 1.702)), float(shape.get("limit", 7.0)), packs)
 
 
 def _shapes(spec, point) -> list[dict]:
     if not getattr(spec, "moe_bias", False):
         return []
-    return [{**s, "alpha": spec.swiglu_alpha, "limit": spec.swiglu_limit} for s in _experts_shapes(spec, point)]
+    return [{**s, "alpha": spec.swiglu_alpha, "limit": spec.swiglu_limit, "mxfp4": spec.expert_dtype == "mxfp4"}
+            for s in _experts_shapes(spec, point)]
 
 
 def _check_bytes(shape: dict) -> int:
@@ -94,11 +114,14 @@ def _check_bytes(shape: dict) -> int:
 OPS = [
     OpDef("moe_experts_bias", moe_experts_bias,
           "moe_experts_bias(x[T, H], w13[E, 2I, H], w2[E, H, I], b13[E, 2I] fp32, b2[E, H] fp32, topk_weights[T, k] "
-          "fp32, topk_ids[T, k] int64, alpha, limit) -> [T, H] = sum_j topk_weights[t, j] * (swigluoai(x[t] @ w13[e].T "
+          "fp32, topk_ids[T, k] int64, alpha, limit, packs: (w13_blocks[E, 2I, H/32, 16], w13_scales[E, 2I, H/32], "
+          "w2_blocks[E, H, I/32, 16], w2_scales[E, H, I/32]) uint8 MXFP4 whose exact decode w13 and w2 are | None) "
+          "-> [T, H] = sum_j topk_weights[t, j] * (swigluoai(x[t] @ w13[e].T "
           "+ b13[e]) @ w2[e].T + b2[e]), e = topk_ids[t, j]; swigluoai(gate | up) = (clamp(up, -limit, limit) + 1) * g "
           "* sigmoid(alpha g), g = clamp(gate, max=limit) (gpt-oss). shape dict: {'T', 'E', 'k', 'H', 'I', 'alpha', "
-          "'limit'}",
+          "'limit', 'mxfp4': bool}",
           _inputs, _shapes,
-          ({"T": 1, "E": 16, "k": 4, "H": 32, "I": 16}, {"T": 9, "E": 8, "k": 4, "H": 32, "I": 16, "limit": 1.5}),
+          ({"T": 1, "E": 16, "k": 4, "H": 32, "I": 16}, {"T": 9, "E": 8, "k": 4, "H": 32, "I": 16, "limit": 1.5},
+           {"T": 5, "E": 8, "k": 4, "H": 64, "I": 32, "mxfp4": True}),
           tolerances=dict(MATMUL_TOLERANCES), fit=_experts_fit, check_bytes=_check_bytes),
 ]

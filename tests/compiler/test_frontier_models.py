@@ -131,3 +131,14 @@ def test_candidate_check_tiny_deepseek_v4_hyper_connections():
     assert out.returncode == 1, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     assert doc["correct"] is False and any("hc_post" in r for r in doc["reasons"])
+
+
+@pytest.mark.slow
+def test_candidate_check_tiny_gpt_oss_experts_from_the_mxfp4_packs():
+    """gpt-oss keeps its MXFP4 experts packed beside their bf16 decode: a moe_experts_bias that reads only the packs is
+    judged correct on every point."""
+    out = tkcc("candidate", "check", str(CANDIDATES / "gpt_oss_mxfp4_experts.py"), "--model", "gpt-oss", "--tiny",
+               "--device", "cpu", "--json", "--samples", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is True and doc["applicable"] is True and doc["not_called"] == [], out.stdout

@@ -13,7 +13,7 @@ from cost_model.layout import Layout, mlp_weight_bytes_gpu
 from cost_model.ops import step_ops
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models import build_model
-from persistent_engine.models.mxfp4 import decode_mxfp4, encode_mxfp4
+from persistent_engine.ops.mxfp4 import decode_mxfp4, encode_mxfp4
 from persistent_engine.models.spec import CONFIG_DIR, ModelSpec, SpecError
 from persistent_engine.models.weights import hf_to_internal, internal_to_hf
 from persistent_engine.ops.gpt_oss import moe_experts_bias
@@ -253,3 +253,22 @@ def test_yarn_without_truncation_is_hf_s_table_at_real_size():
     torch.testing.assert_close(cos_sin_cache(spec, max_pos=101)[100], want.float())
     rounded = cos_sin_cache(spec.replace(rope_scaling={**spec.rope_scaling, "truncate": True}), max_pos=101)
     assert not torch.allclose(rounded[100], want.float(), atol=1e-3)          # floor/ceil of the ramp bounds
+
+
+def test_a_template_reading_only_the_mxfp4_packs_passes_the_contract_and_a_wrong_decode_fails():
+    import importlib.util
+    import pathlib
+
+    from persistent_engine.ops.contract import check_op
+
+    path = pathlib.Path(__file__).parents[1] / "compiler" / "candidates" / "gpt_oss_mxfp4_experts.py"
+    spec = importlib.util.spec_from_file_location("gpt_oss_mxfp4_experts", path)
+    cand = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cand)
+    shapes = [{"T": 5, "E": 8, "k": 4, "H": 64, "I": 32, "mxfp4": True}, {"T": 2, "E": 16, "k": 2, "H": 32, "I": 16}]
+    assert check_op("moe_experts_bias", cand.moe_experts_bias, shapes=shapes) == []
+
+    def off_by_one_scale(x, w13, w2, b13, b2, wts, ids, alpha, limit, packs=None):
+        packs = (packs[0], packs[1] + 1, packs[2], packs[3])          # every w13 value twice too large
+        return cand.moe_experts_bias(x, w13, w2, b13, b2, wts, ids, alpha, limit, packs)
+    assert check_op("moe_experts_bias", off_by_one_scale, shapes=shapes[:1])

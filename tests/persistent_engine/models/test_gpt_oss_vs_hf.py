@@ -54,7 +54,7 @@ def test_mxfp4_decode_matches_transformers_on_checkpoint_packs():
     """Random packs in the checkpoint layout ([E, rows, K/32, 16] and [E, rows, K/32], scales around 2^0):
     transformers' convert_moe_packed_tensors gives [E, K, rows] (x @ W); tkcc's decode the [E, rows, K] linear."""
     mx = pytest.importorskip("transformers.integrations.mxfp4")
-    from persistent_engine.models.mxfp4 import decode_mxfp4
+    from persistent_engine.ops.mxfp4 import decode_mxfp4
 
     g = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (3, 10, 4, 16), generator=g, dtype=torch.uint8)
