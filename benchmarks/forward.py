@@ -106,8 +106,10 @@ def weight_bytes(model, wl, touched: dict[int, int]) -> int:
         n = t.numel() * t.element_size()
         if name == "embed":
             n = n if model.spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
-        elif name.endswith((".w13", ".w2")):
+        elif name.endswith((".w13", ".w2", ".w13_b", ".w2_b")):        # _b: gpt-oss's expert biases
             n = n // t.shape[0] * touched[int(name.split(".")[1])]
+        elif name.endswith(("_blocks", "_scales")):     # gpt-oss's MXFP4 packs: the reference reads their bf16 decode
+            n = 0
         weights += n
     return weights
 

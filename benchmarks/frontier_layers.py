@@ -1,6 +1,7 @@
 """Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3; Qwen3.5 and Kimi-K3 with
 --models qwen3.5,kimi; Mixtral, Gemma-3, Gemma-2 and Llama-4 with --models mixtral,gemma,gemma-2-9b,llama4;
-MiniMax-M2.7 with --models minimax-m2.7): ms per layer, bytes,
+MiniMax-M2.7 with --models minimax-m2.7;
+gpt-oss-120b with --models gpt-oss-120b: [0, 1] = a sliding-window (128) and a full layer, both MoE, ~19 GB): ms per layer, bytes,
 share of HBM bandwidth, and where the time goes, with the reference ops (the baseline tkcc optimizes).
 
     python benchmarks/frontier_layers.py --device cuda            # real sizes on one GPU (H200: ~3 min)
@@ -62,6 +63,8 @@ def attended_tokens(spec, layer: int, pool: str, context: int) -> int:
         return min(n, spec.index_topk)
     if spec.block_sparse(layer) and pool in ("k", "v"):             # M3: the selected blocks
         return min(n, spec.msa_topk_blocks * spec.msa_block_size)
+    if spec.layer_window(layer) and pool in ("k", "v"):             # a sliding-window layer: its window
+        return min(n, spec.layer_window(layer))
     return n                                                         # indexer keys, dense attention
 
 
@@ -85,6 +88,7 @@ def layer_label(spec, i: int) -> str:
         attn = "kda"
     else:
         attn = spec.indexer_kind(i) or ("msa" if spec.block_sparse(i) else "dense")
+        attn = f"window{spec.layer_window(i)}" if attn == "dense" and spec.layer_window(i) else attn
     return f"{spec.layer_kind(i)}/{attn}"
 
 

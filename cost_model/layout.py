@@ -208,6 +208,12 @@ def _moe_total(spec) -> int:
     return spec.moe_params()[0]
 
 
+def expert_wbytes(spec, layout: Layout) -> float:
+    """Bytes per routed-expert weight: the layout's, or MXFP4's 4.25 bits (e2m1 values + an e8m0 scale per 32) where
+    the checkpoint ships MXFP4 experts (gpt-oss, ``expert_dtype`` mxfp4) and the layout's dtype is wider."""
+    return min(layout.wbytes, 4.25 / 8) if getattr(spec, "expert_dtype", "bf16") == "mxfp4" else layout.wbytes
+
+
 def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
     """One layer's MLP on one GPU: a dense MLP / sharding.dense_mlp; MoE: ceil(E/ep) routed experts at
     the latent width (Kimi-K3) or hidden, each / expert_tp; shared experts / sharding.shared; router,
@@ -218,8 +224,8 @@ def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
     expert = 3 * (spec.latent_moe_size or h) * spec.moe_intermediate_size
     shared = 3 * h * spec.shared_intermediate_size * spec.num_shared_experts
     rest = _moe_total(spec) - spec.num_experts * expert - shared
-    experts = _ceil_div(spec.num_experts, sh.experts) * expert / sh.expert_tp
-    return (experts + shared / sh.shared) * wb + rest * max(wb, ACT_BYTES)
+    experts = _ceil_div(spec.num_experts, sh.experts) * expert / sh.expert_tp   # MXFP4 experts: 4.25 bits
+    return experts * expert_wbytes(spec, layout) + shared / sh.shared * wb + rest * max(wb, ACT_BYTES)
 
 
 def _stage_layer_bytes(spec, layout: Layout, idx: list[int]) -> float:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from traffic_profiles import WorkloadPoint
 
-from cost_model.layout import ACT_BYTES, Layout, _ceil_div, heads_per_gpu, stage_layers
+from cost_model.layout import ACT_BYTES, Layout, _ceil_div, expert_wbytes, heads_per_gpu, stage_layers
 
 OP_CLASSES = ("gemm", "attention", "moe", "elementwise", "comm")
 IMPLS = ("fused", "reference")
@@ -322,9 +322,12 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     shared_group = sh.shared
     shared_tokens = (_ceil_div(ta, layout.tp) if shared_group == 1 and layout.ep > 1 else
                      tm if shared_group == layout.mlp_group else ta)
-    # grouped GEMMs over the experts this GPU holds: w13 [2I, H] and w2 [H, I] per touched expert
-    ops.append(OpCost("moe_experts", "moe", flops=2.0 * 3 * he * i_loc * assign,
-                      bytes=distinct * 3 * he * i_loc * layout.wbytes + assign * (2 * he + 3 * i_loc) * ACT_BYTES,
+    # grouped GEMMs over the experts this GPU holds: w13 [2I, H] and w2 [H, I] per touched expert (MXFP4 experts:
+    # 4.25 bits a weight); gpt-oss's fp32 biases b13 [2I], b2 [H] per touched expert, added to each row's outputs
+    bias = (2 * i_loc + he) if getattr(spec, "moe_bias", False) else 0
+    ops.append(OpCost("moe_experts", "moe", flops=2.0 * 3 * he * i_loc * assign + assign * bias,
+                      bytes=distinct * (3 * he * i_loc * expert_wbytes(spec, layout) + bias * 4)
+                      + assign * (2 * he + 3 * i_loc) * ACT_BYTES,
                       dtype=layout.dtype, kernels=3,
                       shape={"moe": {"tokens": tm, "hidden": h, "inter": spec.moe_intermediate_size, "topk": k,
                                      "experts": e, "tp": layout.moe_tp, "ep": layout.ep, "skew": skew}}))

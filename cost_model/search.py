@@ -167,6 +167,8 @@ def native_weight_dtype(spec) -> str:
     its config.json (fp8 for DeepSeek-V3 / Kimi-K2), else bf16."""
     from persistent_engine.models.spec import ALIASES, CONFIG_DIR
 
+    if getattr(spec, "expert_dtype", "") == "mxfp4":      # gpt-oss: MXFP4 experts only (layout.expert_wbytes)
+        return "bf16"
     path = CONFIG_DIR / ALIASES[spec.name] if spec.name in ALIASES else None
     try:
         q = json.loads(path.read_text()).get("quantization_config") or {} if path else {}

@@ -79,3 +79,12 @@ def test_cpu_tiny_kimi_counts_the_recurrent_state(tmp_path):
     prefill = [r for r in rows if r["phase"] == "prefill"]
     assert len(prefill) == 1 and "kda_prefill" in prefill[0]["ops_ms"]
     assert _bench().SLICES["kimi"] == [0, 3] and ModelSpec.from_name("kimi").is_kda_layer(0)
+
+
+def test_gpt_oss_tiny_rows_count_the_window(tmp_path):
+    out = tmp_path / "fl.json"
+    assert _bench().main(["--device", "cpu", "--tiny", "--models", "gpt-oss", "--samples", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["kinds"] for r in rows] == [["moe/dense", "moe/window8"]] * 2
+    spec = ModelSpec.from_name("gpt-oss+tiny")
+    assert _bench().attended_tokens(spec, 1, "k", 63) == 8 and _bench().attended_tokens(spec, 0, "k", 63) == 64

@@ -42,6 +42,9 @@ ALIASES = {
     "kimi-k2": "kimi.json",
     "mimo": "mimo-v2-flash.json",
     "mimo-v2-flash": "mimo-v2-flash.json",
+    "gpt-oss": "gpt-oss-120b.json",
+    "gpt-oss-120b": "gpt-oss-120b.json",
+    "gpt-oss-20b": "gpt-oss-20b.json",
     "qwen3.5": "qwen3.5-moe.json",
     "qwen3.5-moe": "qwen3.5-moe.json",
     "smollm2-135m": "smollm2-135m.json",
@@ -63,6 +66,7 @@ RELEASES = {
     "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2.5": "Kimi-K2.5 (text)", "kimi-k2": "Kimi-K2",
     "qwen3-coder": "Qwen3-Coder-480B-A35B-Instruct",
     "mimo": "MiMo-V2-Flash", "mimo-v2-flash": "MiMo-V2-Flash",
+    "gpt-oss": "gpt-oss-120b", "gpt-oss-120b": "gpt-oss-120b", "gpt-oss-20b": "gpt-oss-20b",
     "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
 }

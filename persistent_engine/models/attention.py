@@ -39,7 +39,7 @@ class GQAAttention:
         self.cos_sin, self.scale = cos_sin, scale
         self.qkv_w, self.qkv_b = params[prefix + "qkv_w"], params.get(prefix + "qkv_b")
         self.q_norm, self.k_norm = params.get(prefix + "q_norm"), params.get(prefix + "k_norm")
-        self.o_w = params[prefix + "o_w"]
+        self.o_w, self.o_b = params[prefix + "o_w"], params.get(prefix + "o_b")      # o_b: gpt-oss
         self.window, self.sinks = spec.layer_window(layer), params.get(prefix + "sinks")
         self.softcap = spec.attn_softcap                    # Gemma-2: tanh(s / c) * c on every score (0: none)
         # the input projection, fused by the layer with the norm before it (add_rms_norm_linear)
@@ -59,7 +59,7 @@ class GQAAttention:
         write_kv(k_cache, wl.slot_mapping, k)                                    # same slots on every run
         write_kv(v_cache, wl.slot_mapping, v)
         o = self.attend(q, wl, k_cache, v_cache)                                 # [T, Hq, Dv]
-        return call("linear", o.reshape(t, hq * self.dv), self.o_w, None)
+        return call("linear", o.reshape(t, hq * self.dv), self.o_w, self.o_b)
 
     def attend(self, q: torch.Tensor, wl, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Paged attention of the step's queries [T, Hq, Dh] over the cache -> [T, Hq, Dh]."""

@@ -5,6 +5,9 @@ with ``fused_input``), so ``DenseMLP`` takes gate_up[T, 2I] and runs ``silu_mul_
 normed hidden state (it feeds the router and the shared experts); the shared experts' down projection
 is ``silu_mul_linear`` too.
 
+gpt-oss (``spec.moe_bias``): the router is a biased linear and the experts have biases on both projections
+(``moe_experts_bias``, ops/gpt_oss.py).
+
 MoE decode is free of host syncs (router linear -> moe_route -> moe_experts, shapes only), so a
 decode step can be captured in a CUDA graph. Routed output is scaled inside moe_route
 (routed_scaling_factor); shared experts are added unscaled, as in DeepSeek-V3 / GLM-4.x.
@@ -52,6 +55,11 @@ class DenseMLP:
 class MoEMLP:
     def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str):
         self.router_w, self.router_bias = params[prefix + "router_w"], params.get(prefix + "router_bias")
+        self.router_b = params.get(prefix + "router_b")                 # gpt-oss: the router linear's bias
+        self.expert_b = (params[prefix + "w13_b"], params[prefix + "w2_b"]) if prefix + "w13_b" in params else None
+        # gpt-oss MXFP4 checkpoints: the packs of w13 / w2, for a template of moe_experts_bias (the reference ignores them)
+        self.packs = tuple(params[prefix + n] for n in ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales")) \
+            if prefix + "w13_blocks" in params else None
         self.w13, self.w2 = params[prefix + "w13"], params[prefix + "w2"]
         self.shared = (params[prefix + "shared_gate_up_w"], params[prefix + "shared_down_w"]) \
             if prefix + "shared_gate_up_w" in params else None
@@ -60,12 +68,14 @@ class MoEMLP:
         self.oai = oai_args(spec)
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = call("linear", h, self.router_w, None).float()                 # [T, E] fp32
+        logits = call("linear", h, self.router_w, self.router_b).float()        # [T, E] fp32
         return call("moe_route", logits, self.router_bias, *self.route_args)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(h)
-        if self.oai is None:
+        if self.expert_b is not None:
+            out = call("moe_experts_bias", h, self.w13, self.w2, *self.expert_b, weights, ids, *self.oai, self.packs)
+        elif self.oai is None:
             out = call("moe_experts", h, self.w13, self.w2, weights, ids)
         else:
             out = call("moe_experts_oai", h, self.w13, self.w2, weights, ids, *self.oai)

@@ -61,6 +61,13 @@ FAMILY_NEUTRAL: dict[str, dict[str, Rule]] = {
 }
 
 
+# families whose own keys lay out per-layer windows (MiMo-V2-Flash's hybrid_layer_pattern): an all-full
+# ``layer_types`` would contradict them, so it has no neutral value there
+NOT_NEUTRAL: dict[str, frozenset[str]] = {"mimo_v2_flash": frozenset({"layer_types"})}
+
+
 def neutral_rule(family: str, key: str) -> Rule | None:
     """The neutral-value rule for a key ``family`` does not implement (None: the key has no neutral value)."""
+    if key in NOT_NEUTRAL.get(family, ()):
+        return None
     return FAMILY_NEUTRAL.get(family, {}).get(key) or NEUTRAL.get(key)

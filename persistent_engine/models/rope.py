@@ -32,8 +32,10 @@ def _yarn_inv_freq(dim: int, base: float, sc: dict) -> torch.Tensor:
     def corr_dim(rot: float) -> float:
         return dim * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(corr_dim(beta_fast)), 0)
-    high = min(math.ceil(corr_dim(beta_slow)), dim - 1)
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if sc.get("truncate", True):                      # HF's default; gpt-oss: truncate false, unrounded bounds
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)

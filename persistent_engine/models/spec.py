@@ -43,6 +43,7 @@ Supported families (``ModelSpec.family``):
                                                     own KV heads and rope base, V heads narrower than Q/K, V scaled
                                                     before the cache; layer 0 dense, sigmoid + bias routed-only MoE
                                                     (config_sections.mimo_fields)
+  gpt_oss     GptOssForCausalLM                     biased GQA + sinks, sliding/full; biased MoE, MXFP4 (gpt_oss.py)
   deepseek_v4 DeepseekV4ForCausalLM                 hc_mult hyper-connection residual streams, one shared K = V
                                                     head over a sliding window plus compressed entries (CSA:
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-
@@ -72,6 +73,7 @@ from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fi
                                                       qwen3_5_fields, qwen_windows)
 from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TINY_SUFFIX, alias_help,  # noqa: F401
                                               known_models, tiny_name)
+from persistent_engine.models.gpt_oss_config import gpt_oss_fields
 from persistent_engine.models.kimi_config import kimi_fields, quantization_kind
 from persistent_engine.models.wrappers import WRAPPERS, unwrap
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
@@ -99,6 +101,7 @@ ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3",
     "Llama4ForCausalLM": "llama4",
     "MiMoV2FlashForCausalLM": "mimo_v2_flash",
+    "GptOssForCausalLM": "gpt_oss",
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
@@ -233,6 +236,8 @@ class ModelSpec(SpecSizes):
     window_kv_heads: int = 0
     window_sinks: bool = False
     value_scale: float = 1.0
+    o_bias: bool = False                    # gpt-oss: o projection bias; router + expert biases (moe_bias)
+    moe_bias: bool = False
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -363,6 +368,8 @@ class ModelSpec(SpecSizes):
             kw.update(llama4_fields(c, name, kw["num_layers"]))
         if family == "mimo_v2_flash":
             kw.update(mimo_fields(c, name, kw["num_layers"], head_dim))
+        if family == "gpt_oss":
+            kw.update(gpt_oss_fields(c, name, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):

@@ -33,6 +33,8 @@ class SpecSizes:
         n = h * (q + k + v) + self.num_heads * self.gqa_v_head_dim * h
         if self.qkv_bias:
             n += q + k + v
+        if self.o_bias:                                  # gpt-oss
+            n += h
         if self.attention_sinks if i is None else self.layer_sinks(i):
             n += self.num_heads
         if self.qk_norm == "per_head":
@@ -77,8 +79,9 @@ class SpecSizes:
         h = self.hidden_size
         lat = self.latent_moe_size or h
         expert = 3 * lat * self.moe_intermediate_size
+        expert += (2 * self.moe_intermediate_size + lat) if self.moe_bias else 0       # gpt-oss: b13, b2
         shared = 3 * h * self.shared_intermediate_size * self.num_shared_experts
-        router = h * self.num_experts + (self.num_experts if self.routing_bias else 0)
+        router = h * self.num_experts + (self.num_experts if self.routing_bias or self.moe_bias else 0)
         shared += h if self.shared_expert_gate else 0
         if self.latent_moe_size:                          # down and up projections, the latent norm
             router += 2 * h * lat + (lat if self.latent_moe_norm else 0)

@@ -13,6 +13,8 @@ Internal layout (what the decoder reads; fused where the ops want it):
        gated full attention: qkv_w rows [q | k | v | gate (Hq Dh)]; MoE shared_gate_w [1, H]
   dense gate_up_w [2I, H], down_w [H, I]
   MoE  router_w [E, H], router_bias [E] fp32, w13 [E, 2Im, H], w2 [E, H, Im], shared_gate_up_w, shared_down_w
+  gpt-oss (models/gpt_oss.py) o_b [H], router_b [E], w13_b [E, 2Im] fp32, w2_b [E, H] fp32; MXFP4 checkpoints also
+       w13_blocks / w13_scales, w2_blocks / w2_scales (uint8 packs of w13, w2)
   M3   block-sparse layers: qkv_w rows [q | k | v | index_q (Hk Di) | index_k (Di)], idx_q_norm / idx_k_norm [Di]
   DSA  (layers that run the indexer) idx_wq_b [Hi Di, Lq], idx_wk [Di, H], idx_k_norm / idx_k_norm_b [Di],
        idx_weights [Hi, H]
@@ -31,6 +33,7 @@ import zlib
 
 import torch
 
+from persistent_engine.models import gpt_oss
 from persistent_engine.models.safetensors_io import SafetensorsDir, WeightsError, save_file
 
 
@@ -99,6 +102,8 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
                 out[p + "shared_down_w"] = ((h, si), "linear")
                 if spec.shared_expert_gate:
                     out[p + "shared_gate_w"] = ((1, h), "linear")
+        if spec.family == "gpt_oss":
+            out.update(gpt_oss.extra_param_specs(spec, i))
     return out
 
 
@@ -121,7 +126,7 @@ def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, see
     g = torch.Generator(device=torch.device(device))
     params = {}
     for name, (shape, kind) in param_specs(spec, layers).items():
-        if names is not None and name not in names:
+        if (names is not None and name not in names) or kind == "packed":     # packs: pack_experts below
             continue
         g.manual_seed(_seed(seed, name))
         dt = torch.float32 if kind in ("router_bias", "a_log", "dt_bias") else dtype
@@ -143,7 +148,7 @@ def init_params(spec, layers: list[int], device="cpu", dtype=torch.bfloat16, see
         else:
             t.mul_((shape[-2] if name.endswith("w_uk") else shape[-1]) ** -0.5)      # 1 / sqrt(fan_in)
         params[name] = t
-    return params
+    return gpt_oss.pack_experts(spec, params)
 
 
 # ----------------------------------------------------------------------------- HF names
@@ -318,9 +323,14 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
             if spec.qk_norm != "none":
                 out[p + "q_norm"], out[p + "k_norm"] = get(a + "q_norm.weight"), get(a + "k_norm.weight")
         out[p + "o_w"] = get(a + "o_proj.weight")
+        if spec.o_bias:
+            out[p + "o_b"] = get(a + "o_proj.bias")
         if spec.family == "llama4":
             out[p + "qkv_w"] = out[p + "qkv_w"][_llama4_qk_rows(spec, inverse=False)]
             out.update(_llama4_mlp_from_hf(spec, i, get))
+            continue
+        if spec.family == "gpt_oss":
+            out.update(gpt_oss.moe_from_hf(spec, i, get))
             continue
         m = f"model.layers.{i}.mlp."
         if spec.layer_kind(i) == "dense":
@@ -385,6 +395,11 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
             if spec.qk_norm != "none":
                 out[a + "q_norm.weight"], out[a + "k_norm.weight"] = params[p + "q_norm"], params[p + "k_norm"]
         out[a + "o_proj.weight"] = params[p + "o_w"]
+        if spec.o_bias:
+            out[a + "o_proj.bias"] = params[p + "o_b"]
+        if spec.family == "gpt_oss":
+            out.update(gpt_oss.moe_to_hf(spec, i, params))
+            continue
         if spec.family == "llama4":
             rows = _llama4_qk_rows(spec, inverse=True)
             for x, t in zip("qkv", params[p + "qkv_w"][rows].split(sizes)):
@@ -460,7 +475,7 @@ def load_weights(spec, layers: list[int], path, device="cpu", dtype=torch.bfloat
         t = params[name]
         if tuple(t.shape) != tuple(shape):
             raise WeightsError(f"weights at {path}: {name} has shape {list(t.shape)}, expected {list(shape)}")
-        params[name] = t.to(device=device, dtype=torch.float32 if kind == "router_bias" else dtype)
+        params[name] = t.to(device=device, dtype={"router_bias": torch.float32, "packed": t.dtype}.get(kind, dtype))
     return params
 
 

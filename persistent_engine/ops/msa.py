@@ -65,7 +65,7 @@ def _oai_experts_inputs(shape, dtype, device, seed):
 
 
 def _oai_experts_shapes(spec, point) -> list[dict]:
-    if spec.mlp_act != "swigluoai":
+    if spec.mlp_act != "swigluoai" or spec.moe_bias:        # gpt-oss's biased experts: moe_experts_bias
         return []
     return [{**s, "alpha": spec.swiglu_alpha, "limit": spec.swiglu_limit} for s in _experts_shapes(spec, point)]
 

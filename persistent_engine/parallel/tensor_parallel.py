@@ -71,6 +71,8 @@ def check_supported(spec: ModelSpec, cfg: ParallelConfig) -> None:
         why = "final logit soft-capping (Gemma) is not sharded yet"
     elif spec.window_kv_heads or spec.gqa_v_head_dim != spec.head_dim:
         why = "per-layer KV head counts and V heads narrower than Q/K (MiMo-V2-Flash) are not sharded yet"
+    elif spec.o_bias or spec.moe_bias:
+        why = "gpt-oss's o-projection and expert biases (and its MXFP4 packs) are not sharded yet"
     elif spec.qk_norm == "per_layer":
         why = "a per-layer QK-norm (over all heads) is not sharded yet"
     elif spec.num_heads % tp:

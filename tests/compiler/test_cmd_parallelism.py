@@ -87,3 +87,11 @@ def test_json_carries_serving_flags_per_layout(capsys):
     with pytest.raises(SystemExit) as e:                 # argparse: one line, exit 2
         main(["parallelism", "--model", "qwen3-moe", "--hw", "h200", "--gpus", "8", "--framework", "trt"])
     assert e.value.code == 2 and "invalid choice: 'trt'" in capsys.readouterr().err
+
+
+def test_gpt_oss_lays_out_in_bf16_with_mxfp4_experts(capsys):
+    """gpt-oss's checkpoint quantizes only its experts (MXFP4, costed at 4.25 bits): its layouts are bf16 ones, and
+    120B fits one H200 (the experts ~66 GB instead of ~250 GB in bf16)."""
+    rc = main(["parallelism", "--model", "gpt-oss", "--hw", "h200", "--gpus", "1", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["best"]["dtype"] == "bf16" and d["best"]["fits"] and d["best"]["tp"] == 1

@@ -65,8 +65,10 @@ def class_lower_bound(spec, L: Layout) -> float:
     own parameter counts) / its sharding, all layers and both vocab tables spread over pp stages."""
     sh, wb, p = L.sharding, L.wbytes, param_classes(alias_of(spec))
     lab = parse_label(L.label())
-    total = (p["attention"] / lab["tp"] + p["dense"] / sh.dense_mlp + p["experts"] / (lab["ep"] * lab["etp"])
-             + p["shared"] / sh.shared + p["replicated"]) * wb
+    # MXFP4 checkpoints (gpt-oss) keep their routed experts at 4.25 bits (e2m1 + an e8m0 scale per 32)
+    expert_b = min(wb, 4.25 / 8) if getattr(spec, "expert_dtype", "bf16") == "mxfp4" else wb
+    total = (p["attention"] / lab["tp"] + p["dense"] / sh.dense_mlp + p["shared"] / sh.shared
+             + p["replicated"]) * wb + p["experts"] / (lab["ep"] * lab["etp"]) * expert_b
     table = spec.vocab_size * spec.hidden_size * ACT_BYTES
     total += table / sh.embedding + (0 if spec.tie_word_embeddings else table / sh.lm_head)
     return total / lab["pp"]

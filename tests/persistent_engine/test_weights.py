@@ -15,7 +15,8 @@ def _logits(model, seed=0):
     return model.step(make_workload(model, WorkloadPoint(phase="decode", batch=2, context=12), seed=seed, fill="model"))
 
 
-@pytest.mark.parametrize("alias", ["tiny-dense", "tiny-moe", "tiny-mla", "minimax-m2.5", "qwen3-moe", "glm-5.2", "deepseek-v3.2", "minimax"])
+@pytest.mark.parametrize("alias", ["tiny-dense", "tiny-moe", "tiny-mla", "minimax-m2.5", "qwen3-moe", "glm-5.2", "deepseek-v3.2", "minimax",
+                                   "gpt-oss"])
 def test_save_and_load_give_identical_logits(alias, tmp_path):
     spec = ModelSpec.from_name(alias)
     spec = spec if spec.hidden_size <= 64 else spec.scaled_down()
