@@ -47,6 +47,8 @@ Supported families (``ModelSpec.family``):
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-
                                                     routed first layers, sqrtsoftplus routing, swiglu_limit
                                                     (models/deepseek_v4.py, models/deepseek_v4_decoder.py)
+  nemotron_h  NemotronHForCausalLM (Nemotron-3)     one block per layer: Mamba-2, NoPE GQA, relu2 MLP or (latent) relu2
+                                                    MoE (models/nemotron_config.py, models/nemotron.py)
 
 Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
@@ -69,6 +71,7 @@ from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fi
 from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TINY_SUFFIX, alias_help,  # noqa: F401
                                               known_models, tiny_name)
 from persistent_engine.models.kimi_config import kimi_fields, unwrap_text_config
+from persistent_engine.models.nemotron_config import NemotronFields, nemotron_fields, nemotron_tiny
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
 __all__ = ["ALIASES", "CONFIG_DIR", "DTYPE_BYTES", "RELEASES", "ModelSpec", "SpecError", "alias_help",
@@ -97,6 +100,7 @@ ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3",
     "Llama4ForCausalLM": "llama4",
     "MiMoV2FlashForCausalLM": "mimo_v2_flash",
+    "NemotronHForCausalLM": "nemotron_h",
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
@@ -105,7 +109,7 @@ QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 
 
 @dataclass(frozen=True)
-class ModelSpec(SpecSizes):
+class ModelSpec(SpecSizes, NemotronFields):
     name: str
     family: str
     hidden_size: int
@@ -360,6 +364,8 @@ class ModelSpec(SpecSizes):
             kw.update(llama4_fields(c, name, kw["num_layers"]))
         if family == "mimo_v2_flash":
             kw.update(mimo_fields(c, name, kw["num_layers"], head_dim))
+        if family == "nemotron_h":
+            kw.update(nemotron_fields(c, name))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -435,6 +441,8 @@ class ModelSpec(SpecSizes):
                       attn_temperature_floor=4 if self.attn_temperature_floor else 0)
         if self.query_pre_attn_scalar:          # the same score scale relative to the head dim
             kw["query_pre_attn_scalar"] = self.query_pre_attn_scalar * head_dim / self.head_dim
+        if self.hybrid_pattern:                 # Nemotron-H: one layer per block letter (nemotron_config)
+            kw.update(nemotron_tiny(self, kw))
         if self.family == "deepseek_v4":
             kw.update(_v4_tiny(self, kw))
         elif self.sparse_attention:
@@ -556,6 +564,7 @@ class ModelSpec(SpecSizes):
             seen.setdefault(f"rope:{self.uses_rope(i)}", i)
             seen.setdefault(f"linear:{self.is_linear(i)}", i)
             seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
+            seen.setdefault(f"block:{self.layer_block(i)}", i)
             if self.compress_ratios:
                 seen.setdefault(f"v4:{self.compress_ratios[i]}:{i < self.num_hash_layers}", i)
         out = set(seen.values())
