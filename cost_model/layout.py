@@ -197,7 +197,7 @@ def weight_bytes_gpu(spec, layout: Layout, layers: list[int] | None = None) -> f
     emb = spec.vocab_size * spec.hidden_size * ACT_BYTES / layout.tp
     worst = 0.0
     for s in range(layout.pp):
-        w = sum(layer_weight_bytes_gpu(spec, layout, spec.layer_kind(i)) for i in stage_layers(spec, layout, s, layers))
+        w = sum(_layer_weight_bytes(spec, layout, i) for i in stage_layers(spec, layout, s, layers))
         if s == 0:
             w += emb
         if s == layout.pp - 1 and not (spec.tie_word_embeddings and layout.pp == 1):
@@ -206,8 +206,21 @@ def weight_bytes_gpu(spec, layout: Layout, layers: list[int] | None = None) -> f
     return worst
 
 
+def _layer_weight_bytes(spec, layout: Layout, i: int) -> float:
+    if getattr(spec, "hybrid_pattern", ""):            # Nemotron-H: one block per layer
+        from cost_model.ops_mamba import nemotron_layer_weight_bytes_gpu
+
+        return nemotron_layer_weight_bytes_gpu(spec, layout, i)
+    return layer_weight_bytes_gpu(spec, layout, spec.layer_kind(i))
+
+
 def kv_bytes_per_seq_gpu(spec, layout: Layout, context: int, layers: list[int] | None = None) -> float:
-    """KV bytes one sequence of ``context`` tokens puts on each GPU of its group (fullest stage)."""
+    """KV bytes one sequence of ``context`` tokens puts on each GPU of its group (fullest stage); Nemotron-H: K/V
+    of its attention layers plus its Mamba layers' states (cost_model.ops_mamba)."""
+    if getattr(spec, "hybrid_pattern", ""):
+        from cost_model.ops_mamba import nemotron_seq_bytes_gpu
+
+        return nemotron_seq_bytes_gpu(spec, layout, context, layers)
     n = max(len(stage_layers(spec, layout, s, layers)) for s in range(layout.pp))
     return context * n * kv_bytes_per_token_layer_gpu(spec, layout)
 

@@ -156,7 +156,7 @@ class Relu2MoE:
 class NemotronLayer:
     def __init__(self, spec, index: int, params: dict, cos_sin: torch.Tensor, scale: float):
         p, block = f"layers.{index}.", spec.layer_block(index)
-        self.index, self.block, self.norm = index, block, params[p + "norm"]
+        self.index, self.block, self.kind, self.norm = index, block, spec.layer_kind(index), params[p + "norm"]
         if block == "mamba":
             self.mixer = Mamba2Mixer(spec, params, p, index)
         elif block == "attention":
