@@ -65,3 +65,21 @@ def test_cpu_tiny_kimi_counts_the_recurrent_state(tmp_path):
     prefill = [r for r in rows if r["phase"] == "prefill"]
     assert len(prefill) == 1 and "kda_prefill" in prefill[0]["ops_ms"]
     assert _bench().SLICES["kimi"] == [0, 3] and ModelSpec.from_name("kimi").is_kda_layer(0)
+
+
+def test_cpu_tiny_nemotron_counts_the_mamba_state(tmp_path):
+    """Nemotron-H's covering slice (Mamba-2, latent relu2 MoE, NoPE attention): the Mamba layer's SSM and conv states
+    count as read and written once, K/V only on the attention layer; a prefill chunk runs the SSD scan."""
+    out = tmp_path / "nemotron.json"
+    assert _bench().main(["--device", "cpu", "--tiny", "--models", "nemotron", "--samples", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    spec = ModelSpec.from_name("nemotron+tiny")
+    state = 2 * (spec.mamba_num_heads * spec.mamba_head_dim * spec.ssm_state_size * 4
+                 + spec.mamba_conv_dim * (spec.mamba_conv_kernel - 1) * 2)
+    decode = [r for r in rows if r["phase"] == "decode"]
+    assert decode and all(r["kinds"] == ["mamba", "moe", "attention"] for r in decode)
+    for r in decode:
+        assert r["bytes"]["state"] == r["batch"] * state
+        assert r["bytes"]["kv"] == r["batch"] * (r["context"] + 1) * 2 * spec.num_kv_heads * spec.head_dim * 2
+    prefill = [r for r in rows if r["phase"] == "prefill"]
+    assert len(prefill) == 1 and "ssd_prefill" in prefill[0]["ops_ms"]
