@@ -46,7 +46,7 @@ def mamba_ops(spec, layout: Layout, seqs: int, n: int) -> list:
     per_token = 6.0 * p * ns if n == 1 else 2.0 * min(n, SSD_CHUNK) * (ns + p) + 4.0 * p * ns
     return [_gemm("mamba_in_proj", t, h, inner + conv + hm, wd, wb),
             OpCost("mamba_conv", "elementwise", flops=2.0 * t * conv * kk,
-                   bytes=2 * t * conv * ACT_BYTES + 2 * seqs * conv * (kk - 1) * ACT_BYTES + conv * (kk + 1) * ACT_BYTES),
+                   bytes=(2 * t * conv + 2 * seqs * conv * (kk - 1) + conv * (kk + 1)) * ACT_BYTES),
             OpCost("ssd_decode" if n == 1 else "ssd_prefill", "attention", flops=t * hm * per_token,
                    bytes=2 * state + t * (2 * inner + 2 * g * ns + hm) * ACT_BYTES, kernels=1 if n == 1 else 5),
             _elementwise("mamba_gated_norm", 3 * t * inner),

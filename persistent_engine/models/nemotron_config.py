@@ -160,7 +160,8 @@ def nemotron_fields(c: dict, name: str) -> dict[str, Any]:
     if kw["mamba_conv_kernel"] < 2:
         raise SpecError(f"{name}: conv_kernel must be at least 2")
     if "E" in pattern:
-        kw.update(num_experts=int(c.get("n_routed_experts", 8)), num_experts_per_tok=int(c.get("num_experts_per_tok", 2)),
+        kw.update(num_experts=int(c.get("n_routed_experts", 8)),
+                  num_experts_per_tok=int(c.get("num_experts_per_tok", 2)),
                   moe_intermediate_size=int(c.get("moe_intermediate_size", 7688)),
                   num_shared_experts=int(c.get("n_shared_experts") or 0),
                   shared_intermediate_size=int(c.get("moe_shared_expert_intermediate_size", 7688)),
@@ -174,7 +175,9 @@ def nemotron_fields(c: dict, name: str) -> dict[str, Any]:
 def nemotron_tiny(spec, kw: dict) -> dict[str, Any]:
     """Nemotron-H at toy size: one layer of each block letter the model has, in the order they first appear
     (Nano and Super: "ME*"), 8 Mamba heads of 16 (groups kept when the model has several), state 16, 16 experts
-    of 32 (top 4), a latent half the hidden size when the model has one."""
+    of 32 (top 4), a latent half the hidden size when the model has one; {} for other families."""
+    if not spec.hybrid_pattern:
+        return {}
     pattern = "".join(dict.fromkeys(spec.hybrid_pattern))
     hidden = kw["hidden_size"]
     out = dict(num_layers=len(pattern), hybrid_pattern=pattern, rope_layers=(False,) * len(pattern),

@@ -47,8 +47,7 @@ Supported families (``ModelSpec.family``):
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-
                                                     routed first layers, sqrtsoftplus routing, swiglu_limit
                                                     (models/deepseek_v4.py, models/deepseek_v4_decoder.py)
-  nemotron_h  NemotronHForCausalLM (Nemotron-3)     one block per layer: Mamba-2, NoPE GQA, relu2 MLP or (latent) relu2
-                                                    MoE (models/nemotron_config.py, models/nemotron.py)
+  nemotron_h  NemotronHForCausalLM (Nemotron-3)     a block per layer: Mamba-2, NoPE GQA, relu2 MLP / MoE (nemotron*.py)
 
 Every key of a config is implemented, listed as leaving the math unchanged, or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
@@ -364,8 +363,7 @@ class ModelSpec(SpecSizes, NemotronFields):
             kw.update(llama4_fields(c, name, kw["num_layers"]))
         if family == "mimo_v2_flash":
             kw.update(mimo_fields(c, name, kw["num_layers"], head_dim))
-        if family == "nemotron_h":
-            kw.update(nemotron_fields(c, name))
+        kw.update(nemotron_fields(c, name) if family == "nemotron_h" else {})
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -441,8 +439,7 @@ class ModelSpec(SpecSizes, NemotronFields):
                       attn_temperature_floor=4 if self.attn_temperature_floor else 0)
         if self.query_pre_attn_scalar:          # the same score scale relative to the head dim
             kw["query_pre_attn_scalar"] = self.query_pre_attn_scalar * head_dim / self.head_dim
-        if self.hybrid_pattern:                 # Nemotron-H: one layer per block letter (nemotron_config)
-            kw.update(nemotron_tiny(self, kw))
+        kw.update(nemotron_tiny(self, kw))       # Nemotron-H: one layer per block letter ({} for other families)
         if self.family == "deepseek_v4":
             kw.update(_v4_tiny(self, kw))
         elif self.sparse_attention:
@@ -562,9 +559,8 @@ class ModelSpec(SpecSizes, NemotronFields):
             seen.setdefault(f"msa:{self.block_sparse(i)}", i)
             seen.setdefault(f"window:{self.layer_window(i)}", i)
             seen.setdefault(f"rope:{self.uses_rope(i)}", i)
-            seen.setdefault(f"linear:{self.is_linear(i)}", i)
+            seen.setdefault(f"linear:{self.is_linear(i)}:{self.layer_block(i)}", i)     # Nemotron-H: every block
             seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
-            seen.setdefault(f"block:{self.layer_block(i)}", i)
             if self.compress_ratios:
                 seen.setdefault(f"v4:{self.compress_ratios[i]}:{i < self.num_hash_layers}", i)
         out = set(seen.values())

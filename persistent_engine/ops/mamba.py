@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from persistent_engine.ops.basic import _acc
 from persistent_engine.ops.linear_attention import STATE_TOLERANCES, _ragged
-from persistent_engine.ops.opdef import DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, randn, seq_shape, tokens
+from persistent_engine.ops.opdef import (DEFAULT_TOLERANCES, MATMUL_TOLERANCES, OpDef, generator, randn, seq_shape,
+                                         tokens)
 
 CHUNK = 64          # tokens per chunk of the reference scan (the result does not depend on it)
 
@@ -215,7 +216,8 @@ OPS = [
           "fp32, cu_seqlens_q[B+1] int32) -> (y[T, H, P], final_state[B, H, P, N] fp32): each sequence's tokens "
           "run through the Mamba-2 recurrence from state[b] (the SSD chunked scan). " + _DOC + " + 'chunk'",
           _prefill_inputs, _phase_shapes("prefill", "ssd"),
-          ({"B": 2, "chunk": 70, "H": 4, "P": 8, "N": 16, "G": 2}, {"B": 3, "chunk": 5, "H": 2, "P": 6, "N": 8, "G": 1}),
+          ({"B": 2, "chunk": 70, "H": 4, "P": 8, "N": 16, "G": 2},
+           {"B": 3, "chunk": 5, "H": 2, "P": 6, "N": 8, "G": 1}),
           outputs=2, tolerances=dict(STATE_TOLERANCES)),
     OpDef("mamba_conv_decode", mamba_conv_decode,
           "mamba_conv_decode(x[B, C], conv_state[B, C, K-1], weight[C, K], bias[C]) -> (silu(sum_j [conv_state | x]"

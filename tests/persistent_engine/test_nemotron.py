@@ -1,6 +1,6 @@
-"""Nemotron-H (nemotron_h): the Mamba-2 forms agree (recurrent vs the SSD chunked scan), the mixer matches an independent
-transcription of HF's torch_forward, the states are carried (prefill then decode equals a longer prefill), a candidate
-that corrupts the state is rejected."""
+"""Nemotron-H (nemotron_h): the Mamba-2 forms agree (recurrent vs the SSD chunked scan), the mixer matches an
+independent transcription of HF's torch_forward, the states are carried (prefill then decode equals a longer
+prefill), a candidate that corrupts the state is rejected."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_ssd_prefill_equals_decode_steps_with_groups():
     t = sum(lens)
     x, dt = torch.randn(t, h, p, generator=g, dtype=D64), torch.randn(t, h, generator=g, dtype=D64)
     b, c = torch.randn(t, gr, n, generator=g, dtype=D64), torch.randn(t, gr, n, generator=g, dtype=D64)
-    a_log, d, bias = torch.randn(h, generator=g, dtype=D64), torch.randn(h, generator=g, dtype=D64), torch.randn(h, dtype=D64)
+    a_log, d = torch.randn(h, generator=g, dtype=D64), torch.randn(h, generator=g, dtype=D64)
+    bias = torch.randn(h, generator=g, dtype=D64)
     state = torch.randn(2, h, p, n, generator=g, dtype=D64)
     y, new = mamba.ssd_prefill(x, dt, a_log, b, c, d, bias, state, torch.tensor([0, 7, 10], dtype=torch.int32))
     for i, (s0, s1) in enumerate(((0, 7), (7, 10))):
@@ -71,7 +72,8 @@ def _hf_mixer(h, w, spec, chunk=4):
     states, transcribed equation by equation: causal conv1d with K-1 left padding + silu, then the "ssd naive"
     chunked computation (segment sums, diagonal and off-diagonal blocks), D skip, Zamba2RMSNormGated, out_proj
     (without torch_forward's clamp of dt at time_step_min, which HF's and vLLM's kernel paths do not apply)."""
-    hm, p, n, gr, inner = spec.mamba_num_heads, spec.mamba_head_dim, spec.ssm_state_size, spec.mamba_n_groups, spec.mamba_inner
+    hm, p, n, gr = spec.mamba_num_heads, spec.mamba_head_dim, spec.ssm_state_size, spec.mamba_n_groups
+    inner = spec.mamba_inner
     seq = h.shape[0]
     gate, xbc, dt = (h @ w["in_w"].T).split([inner, spec.mamba_conv_dim, hm], -1)
     conv = F.conv1d(xbc.T[None], w["conv_w"][:, None], w["conv_b"], padding=spec.mamba_conv_kernel - 1,
