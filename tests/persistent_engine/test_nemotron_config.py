@@ -107,3 +107,10 @@ def test_parallelism_plans_nemotron():
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)
     assert doc["model"] == "nemotron" and doc["best"]
+
+
+def test_tensor_parallel_refuses_nemotron_by_name():
+    from persistent_engine.parallel.tensor_parallel import ParallelConfig, ParallelError, check_supported
+
+    with pytest.raises(ParallelError, match="Nemotron-H"):
+        check_supported(ModelSpec.from_name("nemotron"), ParallelConfig(tp=2))
