@@ -104,18 +104,17 @@ def test_candidate_check_tiny_kimi_judges_the_recurrent_state():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["nemotron", "persistent_engine/models/configs/nemotron-3-nano.json"])
-def test_candidate_check_tiny_nemotron_judges_the_mamba_state(model):
-    """Nemotron-3 (alias, and the Nano's Hub config.json by path): a correct ssd_decode written another way is judged
-    correct on every point; one whose output is right but whose handed-on state lost the token's write is rejected
-    for output 1 (the state)."""
-    path = str(HERE.parents[1] / model) if model.endswith(".json") else model
-    out = tkcc("candidate", "check", str(CANDIDATES / "ssd_decode_einsum.py"), "--model", path, "--tiny",
+def test_candidate_check_tiny_nemotron_judges_the_mamba_state():
+    """Nemotron-3-Super (alias) and Nano (its Hub config.json by path) at toy size: a correct ssd_decode written another
+    way is judged correct on every point; one whose output is right but whose handed-on state lost the token's write
+    is rejected for output 1 (the state)."""
+    out = tkcc("candidate", "check", str(CANDIDATES / "ssd_decode_einsum.py"), "--model", "nemotron", "--tiny",
                "--device", "cpu", "--json", "--samples", "3")
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     assert doc["correct"] is True and doc["not_called"] == [], out.stdout
-    out = tkcc("candidate", "check", str(CANDIDATES / "ssd_decode_drops_state.py"), "--model", path, "--tiny",
+    nano = str(HERE.parents[1] / "persistent_engine" / "models" / "configs" / "nemotron-3-nano.json")
+    out = tkcc("candidate", "check", str(CANDIDATES / "ssd_decode_drops_state.py"), "--model", nano, "--tiny",
                "--device", "cpu", "--json", "--samples", "3")
     assert out.returncode == 1, out.stdout + out.stderr
     doc = json.loads(out.stdout)
