@@ -100,13 +100,14 @@ def experts_touched(model, wl) -> dict[int, int]:
 
 def weight_bytes(model, wl, touched: dict[int, int]) -> int:
     """Weight bytes one step reads: every parameter, the embedding rows of the batch's tokens only (untied), and
-    of each MoE layer's expert stacks (``.w13``/``.w2``) the ``touched[layer]`` experts only."""
+    of each MoE layer's expert stacks (``.w13``/``.w2``; Nemotron-H's relu2 ``.w1``/``.w2``) the ``touched[layer]``
+    experts only."""
     weights = 0
     for name, t in model.params.items():
         n = t.numel() * t.element_size()
         if name == "embed":
             n = n if model.spec.tie_word_embeddings else wl.batch * t.shape[1] * t.element_size()
-        elif name.endswith((".w13", ".w2", ".w13_b", ".w2_b")):        # _b: gpt-oss's expert biases
+        elif name.endswith((".w13", ".w1", ".w2", ".w13_b", ".w2_b")):  # w1: Nemotron-H; _b: gpt-oss's biases
             n = n // t.shape[0] * touched[int(name.split(".")[1])]
         elif name.endswith(("_blocks", "_scales")):     # gpt-oss's MXFP4 packs: the reference reads their bf16 decode
             n = 0

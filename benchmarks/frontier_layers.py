@@ -1,27 +1,32 @@
 """Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3; Qwen3.5 and Kimi-K3 with
 --models qwen3.5,kimi; Mixtral, Gemma-3, Gemma-2 and Llama-4 with --models mixtral,gemma,gemma-2-9b,llama4;
 MiniMax-M2.7 with --models minimax-m2.7;
-gpt-oss-120b with --models gpt-oss-120b: [0, 1] = a sliding-window (128) and a full layer, both MoE, ~19 GB): ms per layer, bytes,
+gpt-oss-120b with --models gpt-oss-120b: [0, 1] = a sliding-window (128) and a full layer, both MoE, ~19 GB;
+Nemotron-3-Super with --models nemotron-3-super): ms per layer, bytes,
 share of HBM bandwidth, and where the time goes, with the reference ops (the baseline tkcc optimizes).
 
     python benchmarks/frontier_layers.py --device cuda            # real sizes on one GPU (H200: ~3 min)
     python benchmarks/frontier_layers.py --device cpu --tiny      # the same cases at toy size (CPU, ~1 min)
     python benchmarks/frontier_layers.py --device cuda --models kimi --out benchmarks/results/h200-kimi-layers.json
+    python benchmarks/frontier_layers.py --device cuda --models nemotron-3-super \
+        --out benchmarks/results/h200-nemotron-layers.json     # [0, 1, 7]: Mamba-2, latent MoE, attention (~9 GB)
 
 Per model, two slices are built with seeded random bf16 weights: the slice ``[]`` (embedding, final norm,
 lm_head) and the model's covering layers (every MLP kind and attention kind: GLM-5.2 [0, 2, 3] = dense
 layers with the indexer and an MoE layer that reuses layer 2's selection; DeepSeek-V3.2 [0, 3]; MiniMax-M3
 [0, 3] = dense attention + dense MLP, block-sparse attention + MoE; Kimi-K3 [0, 3] = Kimi delta attention + dense
 SiTU MLP, gated NoPE MLA + latent MoE: its covering slice [0, 1, 3] holds two MoE layers of 896 bf16 experts, 59 GB
-each, which with the rest does not fit one H200). Each decode case (batch, context) is timed by
+each, which with the rest does not fit one H200; Nemotron-3-Super [0, 1, 7] = a Mamba-2 layer, a latent relu2 MoE
+layer of 512 experts (5.6 GB), a NoPE GQA layer). Each decode case (batch, context) is timed by
 ``forward.py``'s FairTimer as CUDA-graph replays (eager where capture fails; CPU: eager), ``step_ms`` back to
 back and ``timings.one_replay_ms`` after an L2 flush; ms per layer =
 (slice ms - empty-slice ms) / layers. Bytes a step must read: every weight but the embedding table (B rows),
 routed experts only where the batch routes (counted from the step's routing), and the KV cache as the
 attention reads it: a sparse layer's selection (DSA: index_topk tokens of the latent; M3: topk_blocks x 128
-tokens of K/V), the indexer's keys over the whole context; a recurrent layer (Qwen3.5's Gated DeltaNet, Kimi's KDA)
-its fp32 state and conv state, read and written once per step (no per-token cache; ``bytes["state"]``). Models with
-KDA layers also time one prefill chunk (eager; the chunked delta rule).
+tokens of K/V), the indexer's keys over the whole context; a recurrent layer (Qwen3.5's Gated DeltaNet, Kimi's KDA,
+Nemotron-H's Mamba-2) its fp32 state and conv state, read and written once per step (no per-token cache;
+``bytes["state"]``). Models with KDA or Mamba-2 layers also time one prefill chunk (eager; the chunked delta rule or
+SSD scan).
 % of bandwidth = bytes / time / copy bandwidth
 (measured) and / datasheet. One profiled case per model gives the per-op split (persistent_engine.profiler).
 Prints a table; writes ``benchmarks/results/<device>-frontier-layers.json`` atomically.
@@ -53,7 +58,7 @@ MODELS = ("glm", "deepseek-v3.2", "minimax")
 CUDA_POINTS = ((1, 4096), (16, 4096), (64, 4096))        # (batch, context): past the 2048-token selections
 CPU_POINTS = ((1, 64), (4, 64))
 SLICES = {"kimi": [0, 3]}                                  # real-size slices other than covering_layers (doc)
-PREFILL_CHUNK = {"cuda": 2048, "cpu": 16}                  # the prefill case of models with KDA layers
+PREFILL_CHUNK = {"cuda": 2048, "cpu": 16}                  # the prefill case of models with KDA or Mamba layers
 
 
 def attended_tokens(spec, layer: int, pool: str, context: int) -> int:
@@ -81,7 +86,10 @@ def step_bytes(model, wl) -> dict[str, float]:
 
 
 def layer_label(spec, i: int) -> str:
-    """'moe/kda', 'dense/linear', 'moe/full' ...: layer i's MLP kind and its attention (or recurrent mixer)."""
+    """'moe/kda', 'dense/linear', 'moe/full' ...: layer i's MLP kind and its attention (or recurrent mixer);
+    Nemotron-H: its one block ('mamba', 'attention', 'mlp', 'moe')."""
+    if spec.hybrid_pattern:
+        return spec.layer_block(i)
     if spec.is_linear(i):
         attn = "linear"
     elif spec.is_kda_layer(i):
@@ -93,7 +101,7 @@ def layer_label(spec, i: int) -> str:
 
 
 def prefill_row(model, alias: str, device: str, samples: int) -> dict:
-    """One prefill chunk of a model with KDA layers (batch 1, no context), eager, with its top ops."""
+    """One prefill chunk of a model with KDA or Mamba-2 layers (batch 1, no context), eager, with its top ops."""
     chunk = PREFILL_CHUNK[device]
     wl = make_workload(model, WorkloadPoint(phase="prefill", batch=1, context=0, chunk=chunk), fill="zeros")
     ms = time_eager(model, wl, device, max(1, samples // 10)).back_to_back_ms
@@ -155,7 +163,7 @@ def run_model(alias: str, device: str, points, samples: int, copy_gbs: float, pe
               f"{row['pct_copy']:5.1f}% of copy", flush=True)
         if "ops_ms" in row:
             print_top_ops(row["ops_ms"])
-    if any(spec.kda_layers):
+    if any(spec.kda_layers) or "M" in spec.hybrid_pattern:
         rows.append(prefill_row(model, alias, device, samples))
     del model
     if device == "cuda":

@@ -95,8 +95,9 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     served = load_served_model(model, opts.weights, tiny=opts.tiny, dtype=dtype)
     spec, layers = served.spec, list(range(served.spec.num_layers))
-    if any(getattr(spec, "kda_layers", ())):
-        raise ModelLoadError(f"{spec.name}: serving models with Kimi delta attention (a recurrent state per request) "
+    if any(getattr(spec, "kda_layers", ())) or "M" in getattr(spec, "hybrid_pattern", ""):
+        mixer = "Kimi delta attention" if any(getattr(spec, "kda_layers", ())) else "Mamba-2 layers"
+        raise ModelLoadError(f"{spec.name}: serving models with {mixer} (a recurrent state per request) "
                              "is not implemented; tkcc optimize and candidate check run it")
     if served.params is None:
         decoder = build_model(spec, layers=layers, device=device, dtype=dtype, seed=opts.seed)

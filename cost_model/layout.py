@@ -230,7 +230,11 @@ def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
 
 def _stage_layer_bytes(spec, layout: Layout, idx: list[int]) -> float:
     """Weight bytes of layers ``idx`` on one GPU: each layer's attention block (``_attention_bytes``) and
-    MLP (``mlp_weight_bytes_gpu``, once per kind)."""
+    MLP (``mlp_weight_bytes_gpu``, once per kind); Nemotron-H: one block a layer (``cost_model.ops_mamba``)."""
+    if getattr(spec, "hybrid_pattern", ""):
+        from cost_model.ops_mamba import nemotron_layer_weight_bytes_gpu
+
+        return sum(nemotron_layer_weight_bytes_gpu(spec, layout, i) for i in idx)
     table = _layer_table(spec)
     proj = (_projection_params_tp(spec, layout.tp), _projection_params_tp(spec, 1), _gate_params(spec))
     mlp = {k: mlp_weight_bytes_gpu(spec, layout, k) for k in {table[i][1] for i in idx}}
@@ -337,6 +341,10 @@ def kv_bytes_per_seq_gpu(spec, layout: Layout, context: int, layers: list[int] |
     attention layer its per-token cache (GQA heads split tp ways, replicated past the KV head count;
     MLA's latent split dcp ways; indexer keys whole), per linear / KDA layer its recurrent state (heads
     split tp ways)."""
+    if getattr(spec, "hybrid_pattern", ""):        # Nemotron-H: K/V of its attention layers + Mamba states
+        from cost_model.ops_mamba import nemotron_seq_bytes_gpu
+
+        return nemotron_seq_bytes_gpu(spec, layout, context, layers)
     return _kv_per_seq(spec, layout, context, None if layers is None else tuple(layers))
 
 

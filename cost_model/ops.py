@@ -253,7 +253,10 @@ def _dense_mlp_ops(spec, layout: Layout, tokens: int, inter: int, group: int, pr
 
 
 def token_mixer(spec, i: int) -> str:
-    """Layer i's token mixer: 'linear' (Qwen3.5 Gated DeltaNet), 'kda' (Kimi delta attention) or 'attention'."""
+    """Layer i's token mixer: 'linear' (Qwen3.5 Gated DeltaNet), 'kda' (Kimi delta attention), 'attention', or
+    'nemotron:<block>' (Nemotron-H's one block per layer, cost_model.ops_mamba)."""
+    if getattr(spec, "hybrid_pattern", ""):
+        return "nemotron:" + spec.layer_block(i)
     if getattr(spec, "linear_layers", ()) and spec.is_linear(i):
         return "linear"
     if getattr(spec, "kda_layers", ()) and spec.is_kda_layer(i):
@@ -266,7 +269,11 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     """Ops of one decoder layer of ``kind`` ('dense' | 'moe') on one GPU; ``batch`` sequences per
     instance (split over the DP-attention groups), ``n`` new tokens each over ``ctx`` cached tokens. ``mixer``
     (``token_mixer``): 'linear' costs gated delta rule linear attention (cost_model.ops_linear), 'kda' Kimi delta
-    attention (``kda_attention_ops``), 'attention' the model's attention."""
+    attention (``kda_attention_ops``), 'attention' the model's attention, 'nemotron:*' a Nemotron-H block."""
+    if mixer.startswith("nemotron:"):
+        from cost_model.ops_mamba import nemotron_layer_ops
+
+        return nemotron_layer_ops(spec, layout, mixer[len("nemotron:"):], batch, n, ctx, skew)
     h = spec.hidden_size
     seqs = _ceil_div(batch, layout.dp)     # sequences in the busiest attention group
     ta = seqs * n                          # tokens per attention group

@@ -216,6 +216,10 @@ def _layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, sk
                mixer: str = "attention") -> list[OpCost]:
     h, wd, wb = spec.hidden_size, layout.dtype, layout.wbytes
     t = batch * n
+    if mixer.startswith("nemotron:"):   # Nemotron-H: the fused-kernel counts (no reference-specific model yet)
+        from cost_model.ops_mamba import nemotron_layer_ops
+
+        return nemotron_layer_ops(spec, layout, mixer[len("nemotron:"):], batch, n, ctx, skew)
     ops = [ref_rms_norm("fused_add_rms_norm", t * h, True)]
     if mixer == "linear":           # Qwen3.5 Gated DeltaNet (the reference runs the same math as the formulas)
         from cost_model.ops_linear import gated_delta_ops

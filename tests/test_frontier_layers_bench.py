@@ -88,3 +88,21 @@ def test_gpt_oss_tiny_rows_count_the_window(tmp_path):
     assert [r["kinds"] for r in rows] == [["moe/dense", "moe/window8"]] * 2
     spec = ModelSpec.from_name("gpt-oss+tiny")
     assert _bench().attended_tokens(spec, 1, "k", 63) == 8 and _bench().attended_tokens(spec, 0, "k", 63) == 64
+
+
+def test_cpu_tiny_nemotron_counts_the_mamba_state(tmp_path):
+    """Nemotron-H's covering slice (Mamba-2, latent relu2 MoE, NoPE attention): the Mamba layer's SSM and conv states
+    count as read and written once, K/V only on the attention layer; a prefill chunk runs the SSD scan."""
+    out = tmp_path / "nemotron.json"
+    assert _bench().main(["--device", "cpu", "--tiny", "--models", "nemotron", "--samples", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    spec = ModelSpec.from_name("nemotron+tiny")
+    state = 2 * (spec.mamba_num_heads * spec.mamba_head_dim * spec.ssm_state_size * 4
+                 + spec.mamba_conv_dim * (spec.mamba_conv_kernel - 1) * 2)
+    decode = [r for r in rows if r["phase"] == "decode"]
+    assert decode and all(r["kinds"] == ["mamba", "moe", "attention"] for r in decode)
+    for r in decode:
+        assert r["bytes"]["state"] == r["batch"] * state
+        assert r["bytes"]["kv"] == r["batch"] * (r["context"] + 1) * 2 * spec.num_kv_heads * spec.head_dim * 2
+    prefill = [r for r in rows if r["phase"] == "prefill"]
+    assert len(prefill) == 1 and "ssd_prefill" in prefill[0]["ops_ms"]

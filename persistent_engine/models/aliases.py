@@ -47,6 +47,9 @@ ALIASES = {
     "gpt-oss-20b": "gpt-oss-20b.json",
     "qwen3.5": "qwen3.5-moe.json",
     "qwen3.5-moe": "qwen3.5-moe.json",
+    "nemotron": "nemotron-3-super.json",
+    "nemotron-3-super": "nemotron-3-super.json",
+    "nemotron-3-nano": "nemotron-3-nano.json",
     "smollm2-135m": "smollm2-135m.json",
     "tiny-dense": "tiny-dense.json",
     "tiny-moe": "tiny-moe.json",
@@ -68,6 +71,8 @@ RELEASES = {
     "mimo": "MiMo-V2-Flash", "mimo-v2-flash": "MiMo-V2-Flash",
     "gpt-oss": "gpt-oss-120b", "gpt-oss-120b": "gpt-oss-120b", "gpt-oss-20b": "gpt-oss-20b",
     "qwen3.5": "Qwen3.5-35B-A3B", "qwen3.5-moe": "Qwen3.5-35B-A3B", "smollm2-135m": "SmolLM2-135M-Instruct",
+    "nemotron": "Nemotron-3-Super-120B-A12B", "nemotron-3-super": "Nemotron-3-Super-120B-A12B",
+    "nemotron-3-nano": "Nemotron-3-Nano-30B-A3B",
     "tiny-dense": "toy Llama", "tiny-moe": "toy GLM-4.x MoE", "tiny-mla": "toy DeepSeek-V3",
 }
 TINY_SUFFIX = "+tiny"       # "glm+tiny": GLM-5.2's architecture at toy size (what --tiny passes on)

@@ -228,7 +228,8 @@ def build_model(spec: ModelSpec | str, layers=None, device="cpu", dtype=torch.bf
 def make_decoder(spec: ModelSpec, layers: list[int], params: dict[str, torch.Tensor], device, dtype) -> Decoder:
     """The decoder of ``spec``'s family on ``params`` (the names ``build_model`` gives them): ``Decoder`` (Qwen3.5's
     Gated DeltaNet layers included), Kimi-Linear's (models/kimi.py: KDA + MLA, latent MoE, attention residuals)
-    or DeepSeek-V4's ``V4Decoder`` (models/deepseek_v4_decoder.py: hyper-connection streams, compressed attention)."""
+    DeepSeek-V4's ``V4Decoder`` (models/deepseek_v4_decoder.py: hyper-connection streams, compressed attention) or
+    Nemotron-H's (models/nemotron.py: Mamba-2 / NoPE attention / relu2 MLP / relu2 MoE blocks)."""
     if spec.attention == "v4":
         from persistent_engine.models.deepseek_v4_decoder import V4Decoder
 
@@ -237,4 +238,8 @@ def make_decoder(spec: ModelSpec, layers: list[int], params: dict[str, torch.Ten
         from persistent_engine.models.kimi import KimiDecoder
 
         return KimiDecoder(spec, layers, params, device, dtype)
+    if spec.family == "nemotron_h":
+        from persistent_engine.models.nemotron import NemotronDecoder
+
+        return NemotronDecoder(spec, layers, params, device, dtype)
     return Decoder(spec, layers, params, device, dtype)

@@ -11,7 +11,8 @@ order, so a kernel that assumes contiguous blocks fails verification.
 
 Recurrent layers keep no per-token cache but a fixed state per sequence: Qwen3.5's Gated DeltaNet layers
 ``state[B, Hv, Dk, Dv]`` fp32 and ``conv[B, C, K-1]``, Kimi delta attention layers ``state[B, H, Dk, Dv]`` fp32
-and ``conv[B, 3 H Dk, W - 1]`` (the short conv's last inputs), as they stand after the cached context. A step
+and ``conv[B, 3 H Dk, W - 1]`` (the short conv's last inputs), Nemotron-H's Mamba-2 layers ``state[B, Hm, P, N]``
+fp32 and ``conv[B, I + 2 G N, K-1]`` (its MLP and MoE layers cache nothing), as they stand after the cached context. A step
 reads ``state``/``conv`` and writes the states after its tokens to ``state_next``/``conv_next``, so a step can
 run again on the same workload (as the K/V writes can: CUDA graph replay, verification, timing);
 ``commit_states()`` makes the written states current (after a real step). Bytes per token and layer:
@@ -111,6 +112,12 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
             n, d = spec.kda_num_heads, spec.kda_head_dim
             cache.state[i] = pool(batch, n, d, d, dt=torch.float32, std=0.3)
             cache.conv[i] = pool(batch, 3 * n * d, spec.kda_conv_size - 1)
+        elif spec.is_mamba(i):                  # Nemotron-H Mamba-2: SSM [B, Hm, P, N] fp32, conv [B, I + 2 G N, K-1]
+            cache.state[i] = pool(batch, spec.mamba_num_heads, spec.mamba_head_dim, spec.ssm_state_size,
+                                  dt=torch.float32, std=0.3)
+            cache.conv[i] = pool(batch, spec.mamba_conv_dim, spec.mamba_conv_kernel - 1)
+        elif spec.layer_block(i) in ("mlp", "moe"):     # Nemotron-H MLP / MoE layers: nothing cached
+            continue
         if i in cache.state:
             cache.state_next[i], cache.conv_next[i] = cache.state[i].clone(), cache.conv[i].clone()
             continue

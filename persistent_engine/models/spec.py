@@ -49,6 +49,7 @@ Supported families (``ModelSpec.family``):
                                                     indexer top-k; HCA: all), grouped low-rank o-proj, hash-
                                                     routed first layers, sqrtsoftplus routing, swiglu_limit
                                                     (models/deepseek_v4.py, models/deepseek_v4_decoder.py)
+  nemotron_h  NemotronHForCausalLM (Nemotron-3)     a block per layer: Mamba-2, NoPE GQA, relu2 MLP / MoE (nemotron*.py)
 
 Multimodal ``*ForConditionalGeneration`` configs (Llama-4 Scout / Maverick, Kimi-K2.5, Kimi-K3, Qwen3.5) run
 their ``text_config``'s decoder, text decode only (``models/wrappers.py``). Every key of a config is implemented,
@@ -76,6 +77,7 @@ from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TIN
 from persistent_engine.models.gpt_oss_config import gpt_oss_fields
 from persistent_engine.models.kimi_config import kimi_fields, quantization_kind
 from persistent_engine.models.wrappers import WRAPPERS, unwrap
+from persistent_engine.models.nemotron_config import NemotronFields, nemotron_fields, nemotron_tiny
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
 __all__ = ["ALIASES", "CONFIG_DIR", "DTYPE_BYTES", "RELEASES", "ModelSpec", "SpecError", "alias_help",
@@ -102,6 +104,7 @@ ARCHITECTURES = {
     "Llama4ForCausalLM": "llama4",
     "MiMoV2FlashForCausalLM": "mimo_v2_flash",
     "GptOssForCausalLM": "gpt_oss",
+    "NemotronHForCausalLM": "nemotron_h",
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
@@ -110,7 +113,7 @@ QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 
 
 @dataclass(frozen=True)
-class ModelSpec(SpecSizes):
+class ModelSpec(SpecSizes, NemotronFields):
     name: str
     family: str
     hidden_size: int
@@ -370,6 +373,7 @@ class ModelSpec(SpecSizes):
             kw.update(mimo_fields(c, name, kw["num_layers"], head_dim))
         if family == "gpt_oss":
             kw.update(gpt_oss_fields(c, name, kw["num_layers"]))
+        kw.update(nemotron_fields(c, name) if family == "nemotron_h" else {})
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -448,6 +452,7 @@ class ModelSpec(SpecSizes):
                       attn_temperature_floor=4 if self.attn_temperature_floor else 0)
         if self.query_pre_attn_scalar:          # the same score scale relative to the head dim
             kw["query_pre_attn_scalar"] = self.query_pre_attn_scalar * head_dim / self.head_dim
+        kw.update(nemotron_tiny(self, kw))       # Nemotron-H: one layer per block letter ({} for other families)
         if self.family == "deepseek_v4":
             kw.update(_v4_tiny(self, kw))
         elif self.sparse_attention:
@@ -567,7 +572,7 @@ class ModelSpec(SpecSizes):
             seen.setdefault(f"msa:{self.block_sparse(i)}", i)
             seen.setdefault(f"window:{self.layer_window(i)}", i)
             seen.setdefault(f"rope:{self.uses_rope(i)}", i)
-            seen.setdefault(f"linear:{self.is_linear(i)}", i)
+            seen.setdefault(f"linear:{self.is_linear(i)}:{self.layer_block(i)}", i)     # Nemotron-H: every block
             seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
             if self.compress_ratios:
                 seen.setdefault(f"v4:{self.compress_ratios[i]}:{i < self.num_hash_layers}", i)

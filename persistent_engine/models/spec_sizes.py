@@ -90,6 +90,8 @@ class SpecSizes:
 
     def layer_params(self, i: int) -> tuple[int, int]:
         """(total, active per token) parameters of layer i, norms included."""
+        if self.hybrid_pattern:                          # Nemotron-H: one block per layer (nemotron_config)
+            return self.nemotron_layer_params(i)
         if self.is_linear(i):
             attn = self.linear_attention_params()
         elif self.is_kda_layer(i):
@@ -129,6 +131,8 @@ class SpecSizes:
         """KV cache bytes for one token in one layer: MLA stores the latent + rope key; a full DSA layer
         also the indexer's key (index_head_dim). ``layer`` None: the mean over the model's layers."""
         # linear (Qwen3.5) and KDA (Kimi) layers keep a per-sequence state (state_bytes_per_seq_layer), no per-token cache
+        if self.hybrid_pattern:                          # Nemotron-H: K and V on its attention layers only
+            return self.nemotron_kv_elems(layer) * DTYPE_BYTES[dtype or self.dtype]
         if self.linear_layers:
             full = [not self.is_linear(layer)] if layer is not None else [not x for x in self.linear_layers]
             return 2.0 * self.num_kv_heads * self.head_dim * sum(full) / len(full) * DTYPE_BYTES[dtype or self.dtype]
@@ -160,6 +164,8 @@ class SpecSizes:
         if self.is_linear(layer):
             state = self.linear_num_v_heads * self.linear_k_dim * self.linear_v_dim * 4.0
             return state + self.linear_conv_dim * (self.linear_conv_kernel - 1) * DTYPE_BYTES[self.dtype]
+        if self.is_mamba(layer):                         # Nemotron-H: SSM [Hm, P, N] + conv [C, K - 1]
+            return self.nemotron_state_bytes(DTYPE_BYTES[self.dtype])
         if self.is_kda_layer(layer):
             n, d = self.kda_num_heads, self.kda_head_dim
             return 4.0 * n * d * d + 3 * n * d * (self.kda_conv_size - 1) * DTYPE_BYTES[self.dtype]

@@ -43,6 +43,10 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
         from persistent_engine.models.kimi import kimi_param_specs
 
         return kimi_param_specs(spec, layers)
+    if spec.family == "nemotron_h":
+        from persistent_engine.models.nemotron import nemotron_param_specs
+
+        return nemotron_param_specs(spec, layers)
     h, v = spec.hidden_size, spec.vocab_size
     out: dict[str, tuple[tuple[int, ...], str]] = {"embed": ((v, h), "embed"), "final_norm": ((h,), "norm")}
     if not spec.tie_word_embeddings:
@@ -464,8 +468,9 @@ def load_weights(spec, layers: list[int], path, device="cpu", dtype=torch.bfloat
     """Internal tensors for ``layers`` from a safetensors file or directory with HF names (block-fp8 and int4
     expert checkpoints are dequantised; a multimodal wrapper's text decoder under ``language_model.``). Missing
     tensors raise ``WeightsError``."""
-    if spec.linear_layers or spec.family == "kimi_linear":
-        raise WeightsError(f"{spec.name}: loading {'Qwen3.5' if spec.linear_layers else 'Kimi-Linear / Kimi-K3'} "
+    if spec.linear_layers or spec.family in ("kimi_linear", "nemotron_h"):
+        family = {"kimi_linear": "Kimi-Linear / Kimi-K3", "nemotron_h": "Nemotron-H"}.get(spec.family, "Qwen3.5")
+        raise WeightsError(f"{spec.name}: loading {family} "
                            "checkpoints is not implemented yet; run with seeded random weights (no --weights)")
     st = SafetensorsDir(path)
     prefix = "language_model." if spec.extra.get("text_only") else ""      # models/wrappers.py

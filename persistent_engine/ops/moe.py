@@ -174,7 +174,7 @@ def _experts_inputs(shape, dtype, device, seed):
 
 
 def _experts_shapes(spec, point) -> list[dict]:
-    if not spec.is_moe:
+    if not spec.is_moe or spec.mlp_act == "relu2":          # Nemotron-H: moe_experts_relu2 (ops/relu2.py)
         return []
     return [{"T": tokens(point), "E": spec.num_experts, "k": spec.num_experts_per_tok, "H": spec.hidden_size,
              "I": spec.moe_intermediate_size}]

@@ -15,7 +15,7 @@ import contextlib
 from typing import Callable, Iterator, Mapping
 
 from persistent_engine.ops import (attention, basic, csa, dsa, dsv4, fused, gemma, gpt_oss, hc, kda, layers,
-                                   linear_attention, llama4, mla, moe, msa, window)
+                                   linear_attention, llama4, mamba, mla, moe, msa, relu2, window)
 from persistent_engine.ops.opdef import OpDef
 
 __all__ = ["OpDef", "UnknownOpError", "get", "names", "call", "op", "current", "override", "set_overrides",
@@ -32,7 +32,7 @@ class UnknownOpError(KeyError):
 
 
 _OPS: dict[str, OpDef] = {d.name: d for m in (basic, attention, window, moe, mla, dsa, msa, hc, dsv4, csa, kda, fused,
-                                               linear_attention, gemma, llama4, gpt_oss, layers)
+                                               linear_attention, gemma, llama4, gpt_oss, layers, mamba, relu2)
                         for d in m.OPS}
 _IMPL: dict[str, Callable] = {name: d.baseline for name, d in _OPS.items()}   # what call() runs
 _OVERRIDES: dict[str, Callable] = {}

@@ -63,7 +63,9 @@ class ParallelConfig:
 def check_supported(spec: ModelSpec, cfg: ParallelConfig) -> None:
     """Raise ParallelError when ``spec`` cannot be sharded as ``cfg`` says."""
     tp, why = cfg.tp, None
-    if spec.attention == "mla":
+    if spec.hybrid_pattern:
+        why = "Nemotron-H's blocks (Mamba-2, relu2 MLP and MoE) are not sharded yet"
+    elif spec.attention == "mla":
         why = "MLA attention is not sharded yet"
     elif spec.moe_input_scaled:
         why = "Llama-4's input-scaled experts are not sharded yet"

@@ -82,13 +82,14 @@ def test_candidate_check_tiny_new_families(model):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi", "qwen3.5", "deepseek", "mixtral", "gemma",
                                    "llama4", "mimo", "llama-4-maverick", "kimi-k2.5", "minimax-m2.7",
-                                   "gpt-oss"])
+                                   "gpt-oss", "nemotron"])
 def test_short_optimize_tiny_writes_a_plan(model, tmp_path):
     out = tkcc("optimize", "--model", model, "--tiny", "--hw", "cpu", "--traffic", small_trace(tmp_path / "t.csv"),
                # Kimi-K3's, Qwen3.5's and V4's engines start in ~20 s on 2 cores, the others' in ~5 s (more on a loaded machine:
                # start-up gets 30% of the budget)
                "--budget", {"kimi": "90s", "qwen3.5": "90s", "deepseek": "60s", "mixtral": "45s", "gemma": "45s",
-                             "llama4": "45s", "mimo": "45s", "llama-4-maverick": "45s", "kimi-k2.5": "45s", "gpt-oss": "45s"}.get(model, "40s"),
+                             "llama4": "45s", "mimo": "45s", "llama-4-maverick": "45s", "kimi-k2.5": "45s", "gpt-oss": "45s",
+                             "nemotron": "45s"}.get(model, "40s"),
                "--agents", "offline:1", "--device", "cpu", "--out", str(tmp_path / "plan"), "--max-points", "2",
                "--aa-runs", "1", "--json", timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -109,6 +110,24 @@ def test_candidate_check_tiny_kimi_judges_the_recurrent_state():
     assert out.returncode == 1, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     assert doc["correct"] is False and any("kda_decode" in r and "output 1" in r for r in doc["reasons"])
+
+
+@pytest.mark.slow
+def test_candidate_check_tiny_nemotron_judges_the_mamba_state():
+    """Nemotron-3-Super (alias) and Nano (its Hub config.json by path) at toy size: a correct ssd_decode written another
+    way is judged correct on every point; one whose output is right but whose handed-on state lost the token's write
+    is rejected for output 1 (the state)."""
+    out = tkcc("candidate", "check", str(CANDIDATES / "ssd_decode_einsum.py"), "--model", "nemotron", "--tiny",
+               "--device", "cpu", "--json", "--samples", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is True and doc["not_called"] == [], out.stdout
+    nano = str(HERE.parents[1] / "persistent_engine" / "models" / "configs" / "nemotron-3-nano.json")
+    out = tkcc("candidate", "check", str(CANDIDATES / "ssd_decode_drops_state.py"), "--model", nano, "--tiny",
+               "--device", "cpu", "--json", "--samples", "3")
+    assert out.returncode == 1, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["correct"] is False and any("ssd_decode" in r and "output 1" in r for r in doc["reasons"])
 
 
 def test_the_h200_kimi_k3_slice_fits_both_tiers_on_one_gpu():
