@@ -108,7 +108,15 @@ def kv_bytes_per_token_layer_gpu(spec, layout: Layout) -> float:
         return spec.kv_bytes_per_token_layer("fp32") / 4.0 * layout.kvbytes
     if spec.attention == "mla":
         return (spec.kv_lora_rank + spec.qk_rope_head_dim) * layout.kvbytes / layout.dcp
+    if getattr(spec, "global_head_dim", 0):         # Gemma-4: the mean over its layer kinds
+        return sum(f * kv_bytes_per_token_layer_gpu(s, layout) for f, s in _layer_kinds(spec))
     return mean_kv_heads_gpu(spec, layout) * (spec.head_dim + spec.gqa_v_head_dim) * layout.kvbytes
+
+
+def _layer_kinds(spec) -> list:
+    from persistent_engine.models.spec import layer_kind_specs     # Gemma-4's layer kinds (models/gemma4_config.py)
+
+    return layer_kind_specs(spec)
 
 
 def attention_weight_bytes_gpu(spec, layout: Layout) -> float:
@@ -122,8 +130,11 @@ def attention_weight_bytes_gpu(spec, layout: Layout) -> float:
         kv = h * (spec.kv_lora_rank + spec.qk_rope_head_dim) + spec.kv_lora_rank * hq * (
             spec.qk_nope_head_dim + spec.v_head_dim)
         return (q + kv + hq * spec.v_head_dim * h) * wb
+    if getattr(spec, "global_head_dim", 0):         # Gemma-4: the mean over its layer kinds
+        return sum(f * attention_weight_bytes_gpu(s, layout) for f, s in _layer_kinds(spec))
     hk_mean, dh, dv = mean_kv_heads_gpu(spec, layout), spec.head_dim, spec.gqa_v_head_dim
-    return (h * (hq * dh + hk_mean * (dh + dv)) + hq * dv * h) * wb
+    kv = dh if getattr(spec, "k_eq_v", False) else dh + dv                      # Gemma-4 full layers: V = K
+    return (h * (hq * dh + hk_mean * kv) + hq * dv * h) * wb
 
 
 def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
@@ -181,7 +192,8 @@ def _activation_bytes(spec, layout: Layout, tokens: int, rows: int) -> float:
     fp32 logits shard, and the EP dispatch buffer."""
     h = spec.hidden_size
     hq, hk = heads_per_gpu(spec, layout)
-    qkv = (hq + hk) * spec.head_dim + hk * spec.gqa_v_head_dim           # gqa_v_head_dim: head_dim but MiMo
+    dh = max(spec.head_dim, getattr(spec, "global_head_dim", 0))         # Gemma-4: its widest (full) layers
+    qkv = (hq + hk) * dh + hk * max(dh, spec.gqa_v_head_dim)             # gqa_v_head_dim: head_dim but MiMo
     inter = 2 * max(spec.intermediate_size / layout.mlp_group,
                     spec.num_experts_per_tok * spec.moe_intermediate_size / layout.moe_tp if spec.is_moe else 0)
     act = tokens * (6 * h + qkv + inter) * ACT_BYTES

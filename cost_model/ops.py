@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from traffic_profiles import WorkloadPoint
 
 from cost_model.layout import ACT_BYTES, Layout, _ceil_div, heads_per_gpu, stage_layers
+from persistent_engine.models.spec import layer_kind_specs
 
 OP_CLASSES = ("gemm", "attention", "moe", "elementwise", "comm")
 IMPLS = ("fused", "reference")
@@ -168,11 +169,14 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
     hq, hk = heads_per_gpu(spec, layout)
     if spec.attention == "v4":
         return v4_attention_ops(spec, layout, seqs, n, ctx)
+    if getattr(spec, "global_head_dim", 0):     # Gemma-4: each layer kind's ops (Dh, Hk, window, K = V), weighted
+        return _weighted([(f, _attention_ops(s, layout, seqs, n, ctx)) for f, s in layer_kind_specs(spec)])
     ops: list[OpCost] = indexer_ops(spec, layout, seqs, n, ctx)
     if spec.attention == "gqa":
         dh, dv = spec.head_dim, spec.gqa_v_head_dim                          # dv < dh: MiMo-V2-Flash
         gate = hq * dh if getattr(spec, "attn_output_gate", False) else 0        # Qwen3.5: gate rows
-        ops.append(_gemm("qkv_proj", t, h, (hq + hk) * dh + hk * dv + gate, wd, wb))
+        v_rows = 0 if getattr(spec, "k_eq_v", False) else hk * dv                # Gemma-4 full layers: V = K
+        ops.append(_gemm("qkv_proj", t, h, (hq + hk) * dh + v_rows + gate, wd, wb))
         ops.append(_elementwise("rotary_embedding", 2 * t * (hq + hk) * dh, kernels=1 + (spec.qk_norm != "none")))
         keys = attended_keys(spec, ctx + (n + 1) / 2 if n > 1 else ctx + 1)   # mean keys per new query (causal)
         ops.append(OpCost("attention_prefill" if n > 1 else "attention_decode", "attention",
@@ -219,6 +223,20 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
 
 
 KDA_CHUNK = 64     # tokens per chunk of the chunked (WY) KDA prefill kernels (FLA, vLLM)
+
+
+def _weighted(parts: list[tuple[float, list[OpCost]]]) -> list[OpCost]:
+    """Ops of layer kinds making up shares f of the layers: each op's FLOPs and bytes the f-weighted sum over the
+    kinds (kernel launches and the efficiency shape: the first kind's)."""
+    out: dict[str, OpCost] = {}
+    for f, ops in parts:
+        for o in ops:
+            p = out.get(o.name)
+            flops, nbytes = o.flops * f + (p.flops if p else 0.0), o.bytes * f + (p.bytes if p else 0.0)
+            base = p or o
+            out[o.name] = OpCost(o.name, o.cls, flops, nbytes, o.dtype, base.kernels, o.collective, o.group, o.count,
+                                 base.shape)
+    return list(out.values())
 
 
 def kda_attention_ops(spec, layout: Layout, seqs: int, n: int) -> list[OpCost]:

@@ -371,3 +371,15 @@ def mimo_fields(c: dict, name: str, num_layers: int, head_dim: int) -> dict[str,
         norm_topk_prob=bool(c.get("norm_topk_prob", True)),
         routed_scaling_factor=1.0 if scale is None else float(scale),
         n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))
+
+
+def v4_tiny(spec, kw: dict) -> dict:
+    """DeepSeek-V4 at toy size: 4 layers [window + hash, CSA + hash, HCA, CSA] (every attention kind, both
+    routings), CSA ratio 4 with top-2 entries, HCA ratio 8, window 8, 2 o-groups, 4 streams."""
+    ratios = tuple(r for r in (0, spec.csa_ratio, 8, spec.csa_ratio))
+    return dict(num_layers=4, compress_ratios=ratios, num_hash_layers=min(spec.num_hash_layers, 2), sliding_window=8,
+                head_dim=32, qk_rope_head_dim=8, rotary_dim=8, q_lora_rank=32, o_groups=2, o_lora_rank=16,
+                index_n_heads=2, index_head_dim=16, index_topk=2, num_kv_heads=1, num_shared_experts=1,
+                shared_intermediate_size=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                hc_sinkhorn_iters=min(spec.hc_sinkhorn_iters, 20), n_group=1, topk_group=1, first_k_dense=0)
+

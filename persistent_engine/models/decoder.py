@@ -30,6 +30,7 @@ import torch
 
 from persistent_engine.models.attention import GQAAttention
 from persistent_engine.models.dsa import DSAAttention
+from persistent_engine.models.gemma4 import Gemma4Attention
 from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import DenseMLP, MoEMLP
@@ -51,6 +52,7 @@ class Layer:
         self.input_norm, self.post_norm = params[p + "input_norm"], params[p + "post_norm"]
         # Gemma: norms on the attention and MLP outputs before they join the residual (None elsewhere)
         self.attn_out_norm, self.mlp_out_norm = params.get(p + "attn_out_norm"), params.get(p + "mlp_out_norm")
+        self.scalar = params.get(p + "layer_scalar")        # Gemma-4: the layer's output (residual too) times it
         if spec.linear_layers:           # Qwen3.5: Gated DeltaNet / gated attention, gated shared expert
             self.attn, self.mlp = qwen3_5.blocks(spec, params, p, cos_sin, scale, index)
         elif spec.family == "llama4":    # NoPE / chunked rope layers, input-scaled experts + shared expert
@@ -59,6 +61,8 @@ class Layer:
             self.attn = DSAAttention(spec, params, p, cos_sin, scale, index, selections)
         elif spec.block_sparse(index):   # MiniMax-M3
             self.attn = BlockSparseAttention(spec, params, p, cos_sin, scale, index)
+        elif spec.family == "gemma4":    # per-kind head dims, K = V, V norm
+            self.attn = Gemma4Attention(spec, params, p, cos_sin, scale)
         else:
             attn = MLAAttention if spec.attention == "mla" else GQAAttention
             self.attn = attn(spec, params, p, cos_sin, scale)
@@ -145,6 +149,8 @@ class Decoder:
             x = layer.mlp(a)
             if layer.mlp_out_norm is not None:
                 x = call("rms_norm", x, layer.mlp_out_norm, self.eps)
+            if layer.scalar is not None:                  # (x + residual) * s, the sum left to the next norm
+                x, residual = x * layer.scalar, residual * layer.scalar
         return call("fused_add_rms_norm", x, residual, self.final_norm, self.eps)[0]
 
     @torch.no_grad()

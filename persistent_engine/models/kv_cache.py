@@ -1,7 +1,7 @@
 """The paged KV cache: per layer a pool of NB blocks of BS tokens, and one block table per sequence.
 
 GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dv]`` (Dv = Dh but for MiMo-V2-Flash, whose windowed
-layers also have their own Hk: ``spec.layer_kv_heads``); MLA layers keep one latent pool
+layers also have their own Hk: ``spec.layer_kv_heads``; Gemma-4's full and sliding layers differ in Hk and Dh); MLA layers keep one latent pool
 ``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
 lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
 their index keys in ``index_k[NB, BS, Di]``; DeepSeek-V4 layers keep the K = V rows in ``k[NB, BS, D]``, their
@@ -120,8 +120,8 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
                 cache.v[i] = pool(nb, block_size, spec.index_head_dim)
         else:
             hk = spec.layer_kv_heads(i)
-            cache.k[i] = pool(nb, block_size, hk, spec.head_dim)
-            cache.v[i] = pool(nb, block_size, hk, spec.gqa_v_head_dim)
+            cache.k[i] = pool(nb, block_size, hk, spec.layer_head_dim(i))         # Gemma-4: per layer kind
+            cache.v[i] = pool(nb, block_size, hk, spec.layer_v_head_dim(i))
             if spec.block_sparse(i):
                 cache.index_k[i] = pool(nb, block_size, spec.msa_index_dim)
     return cache

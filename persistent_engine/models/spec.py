@@ -37,6 +37,7 @@ Supported families (``ModelSpec.family``):
   gemma2      Gemma2ForCausalLM                     GeGLU, (1 + w) norms around attention and MLP, sqrt(H) embeddings,
   gemma3      Gemma3ForCausalLM                     sliding/full interleave, soft-capped scores (2) and logits; 3: QK-
                                                     norm, sliding layers' own rope base (config_sections.gemma_fields)
+  gemma4      Gemma4ForCausalLM                     Gemma-3 + per-kind head dims / KV heads, K = V, V norm (gemma4_config)
   llama4      Llama4ForCausalLM                     NoPE layers (query temperature) between chunked rope layers (L2
                                                     qk-norm); top-1 sigmoid router on the experts' input + shared
   mimo_v2_flash MiMoV2FlashForCausalLM             hybrid sliding-window (sinks) / full GQA layers, each kind with its
@@ -49,7 +50,7 @@ Supported families (``ModelSpec.family``):
                                                     routed first layers, sqrtsoftplus routing, swiglu_limit
                                                     (models/deepseek_v4.py, models/deepseek_v4_decoder.py)
 
-Multimodal ``*ForConditionalGeneration`` configs (Llama-4 Scout / Maverick, Kimi-K2.5, Kimi-K3, Qwen3.5) run
+Multimodal ``*ForConditionalGeneration`` configs (Llama-4, Kimi-K2.5, Kimi-K3, Qwen3.5, Gemma-4) run
 their ``text_config``'s decoder, text decode only (``models/wrappers.py``). Every key of a config is implemented,
 listed as leaving the math unchanged, at its neutral value (``models/neutral_keys.py``), or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
@@ -69,15 +70,16 @@ from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields, llama4_fields,
                                                       mimo_fields, minimax_m2_attn_types, minimax_m3_fields,
                                                       mixtral_fields, mla_fields, parse_mlp_layer_types,
-                                                      qwen3_5_fields, qwen_windows)
+                                                      qwen3_5_fields, qwen_windows, v4_tiny)
 from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TINY_SUFFIX, alias_help,  # noqa: F401
-                                              known_models, tiny_name)
+                                              config_of_path, known_models, tiny_name)
+from persistent_engine.models.gemma4_config import gemma4_fields, gemma4_tiny, layer_kind_specs  # noqa: F401
 from persistent_engine.models.kimi_config import kimi_fields, quantization_kind
 from persistent_engine.models.wrappers import WRAPPERS, unwrap
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
 __all__ = ["ALIASES", "CONFIG_DIR", "DTYPE_BYTES", "RELEASES", "ModelSpec", "SpecError", "alias_help",
-           "known_models", "tiny_name"]
+           "known_models", "layer_kind_specs", "tiny_name"]
 
 # HF "architectures" entry -> family
 ARCHITECTURES = {
@@ -97,6 +99,7 @@ ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma4ForCausalLM": "gemma4",
     "Llama4ForCausalLM": "llama4",
     "MiMoV2FlashForCausalLM": "mimo_v2_flash",
 }
@@ -233,6 +236,10 @@ class ModelSpec(SpecSizes):
     window_kv_heads: int = 0
     window_sinks: bool = False
     value_scale: float = 1.0
+    # Gemma-4 (gemma4_config.py): full layers' head dim (0: head_dim), K = V, share of rope pairs turning (0: none)
+    global_head_dim: int = 0
+    k_eq_v: bool = False
+    rope_proportion: float = 0.0
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -363,6 +370,8 @@ class ModelSpec(SpecSizes):
             kw.update(llama4_fields(c, name, kw["num_layers"]))
         if family == "mimo_v2_flash":
             kw.update(mimo_fields(c, name, kw["num_layers"], head_dim))
+        if family == "gemma4":
+            kw.update(gemma4_fields(c, name, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -441,8 +450,10 @@ class ModelSpec(SpecSizes):
                       attn_temperature_floor=4 if self.attn_temperature_floor else 0)
         if self.query_pre_attn_scalar:          # the same score scale relative to the head dim
             kw["query_pre_attn_scalar"] = self.query_pre_attn_scalar * head_dim / self.head_dim
+        if self.family == "gemma4":
+            kw.update(gemma4_tiny(self, kw))
         if self.family == "deepseek_v4":
-            kw.update(_v4_tiny(self, kw))
+            kw.update(v4_tiny(self, kw))
         elif self.sparse_attention:
             # a top-k below the tiny contexts (so the selection matters), and a shared layer when the
             # original has any: [dense/full, moe/full, moe/shared]
@@ -499,6 +510,17 @@ class ModelSpec(SpecSizes):
         """Layer i's KV heads (MiMo-V2-Flash's windowed layers have their own count)."""
         return self.window_kv_heads if self.window_kv_heads and self.layer_window(i) else self.num_kv_heads
 
+    def layer_head_dim(self, i: int) -> int:
+        """Layer i's Q/K head dim (Gemma-4's full layers: global_head_dim)."""
+        return self.global_head_dim if self.global_head_dim and not self.layer_window(i) else self.head_dim
+
+    def layer_v_head_dim(self, i: int) -> int:
+        return self.layer_head_dim(i) if self.global_head_dim else self.gqa_v_head_dim
+
+    def layer_k_eq_v(self, i: int) -> bool:
+        """Whether layer i's V is its K projection (Gemma-4's full layers with attention_k_eq_v)."""
+        return self.k_eq_v and not self.layer_window(i)
+
     def layer_sinks(self, i: int) -> bool:
         """Whether layer i's softmax has a learned sink logit per head."""
         return self.attention_sinks or (self.window_sinks and self.layer_window(i) > 0)
@@ -509,8 +531,7 @@ class ModelSpec(SpecSizes):
         return self.v_head_dim if self.attention == "gqa" and self.v_head_dim else self.head_dim
 
     def attention_kinds(self) -> list[tuple[int, int, bool]]:
-        """The distinct (KV heads, window, sinks) of the model's layers, sorted (what the attention ops' shapes
-        cover: MiMo-V2-Flash's full and windowed layers differ in all three)."""
+        """The distinct (KV heads, window, sinks) of the layers, sorted (the attention ops' shapes cover each)."""
         return sorted({(self.layer_kv_heads(i), self.layer_window(i), self.layer_sinks(i))
                        for i in range(self.num_layers)})
 
@@ -577,25 +598,3 @@ class ModelSpec(SpecSizes):
                 raise SpecError(f"{self.name}: layer {i} reuses layer {src}'s sparse-attention selection; "
                                 f"a slice with layer {i} must include layer {src}")
 
-
-def _v4_tiny(spec: ModelSpec, kw: dict) -> dict:
-    """DeepSeek-V4 at toy size: 4 layers [window + hash, CSA + hash, HCA, CSA] (every attention kind, both
-    routings), CSA ratio 4 with top-2 entries, HCA ratio 8, window 8, 2 o-groups, 4 streams."""
-    ratios = tuple(r for r in (0, spec.csa_ratio, 8, spec.csa_ratio))
-    return dict(num_layers=4, compress_ratios=ratios, num_hash_layers=min(spec.num_hash_layers, 2), sliding_window=8,
-                head_dim=32, qk_rope_head_dim=8, rotary_dim=8, q_lora_rank=32, o_groups=2, o_lora_rank=16,
-                index_n_heads=2, index_head_dim=16, index_topk=2, num_kv_heads=1, num_shared_experts=1,
-                shared_intermediate_size=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                hc_sinkhorn_iters=min(spec.hc_sinkhorn_iters, 20), n_group=1, topk_group=1, first_k_dense=0)
-
-
-def config_of_path(name: str) -> dict[str, Any] | None:
-    """The parsed config.json behind a model name that is a path (``None`` for an alias): what the judge
-    hands its executors, which run in another working directory and may not read the user's files."""
-    base = name[: -len(TINY_SUFFIX)] if name.endswith(TINY_SUFFIX) and len(name) > len(TINY_SUFFIX) else name
-    if base in ALIASES:
-        return None
-    path = Path(base)
-    path = path / "config.json" if path.is_dir() else path
-    cfg = json.loads(path.read_text())       # ModelSpec.from_name has already parsed it with clear errors
-    return cfg if isinstance(cfg, dict) else None

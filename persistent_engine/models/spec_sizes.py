@@ -29,14 +29,15 @@ class SpecSizes:
                   + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim))
             return q + kv + self.num_heads * self.v_head_dim * h
         hk = self.num_kv_heads if i is None else self.layer_kv_heads(i)
-        q, k, v = self.num_heads * self.head_dim, hk * self.head_dim, hk * self.gqa_v_head_dim
-        n = h * (q + k + v) + self.num_heads * self.gqa_v_head_dim * h
+        dh, dv = (self.head_dim, self.gqa_v_head_dim) if i is None else (self.layer_head_dim(i), self.layer_v_head_dim(i))
+        q, k, v = self.num_heads * dh, hk * dh, 0 if i is not None and self.layer_k_eq_v(i) else hk * dv   # Gemma-4 K = V
+        n = h * (q + k + v) + self.num_heads * dv * h
         if self.qkv_bias:
             n += q + k + v
         if self.attention_sinks if i is None else self.layer_sinks(i):
             n += self.num_heads
         if self.qk_norm == "per_head":
-            n += 2 * self.head_dim
+            n += 2 * dh
         elif self.qk_norm == "per_layer":
             n += q + k
         return n
@@ -101,7 +102,7 @@ class SpecSizes:
                 attn += self.hidden_size * self.num_heads * self.v_head_dim
         if self.attn_res_block_size:
             attn += 4 * self.hidden_size                 # two (norm, proj) pairs of attention residuals
-        a = attn + self.indexer_params(i) + self.msa_params(i) + 2 * self.hidden_size
+        a = attn + self.indexer_params(i) + self.msa_params(i) + (4 if self.sandwich_norms else 2) * self.hidden_size
         if self.layer_kind(i) == "dense":
             m = self.dense_mlp_params()
             return a + m, a + m
@@ -136,9 +137,10 @@ class SpecSizes:
             return _v4_kv_elems(self, layer) * DTYPE_BYTES[dtype or self.dtype]
         if self.attention == "mla":
             elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
-        elif self.window_kv_heads:                       # MiMo: K and V heads of their own dims, per layer kind
-            hks = [self.layer_kv_heads(j) for j in ([layer] if layer is not None else range(self.num_layers))]
-            elems = float(sum(hks) / len(hks) * (self.head_dim + self.gqa_v_head_dim))
+        elif self.window_kv_heads:                       # MiMo, Gemma-4: K and V heads of their own, per layer kind
+            js = [layer] if layer is not None else range(self.num_layers)
+            elems = float(sum(self.layer_kv_heads(j) * (self.layer_head_dim(j) + self.layer_v_head_dim(j))
+                              for j in js) / len(js))
         else:
             elems = float(self.num_kv_heads * (self.head_dim + self.gqa_v_head_dim))
         if self.msa_layers:
