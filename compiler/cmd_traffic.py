@@ -68,7 +68,8 @@ def _step_time(args):
     if spec.attention == "mla":     # absorbed MLA: scores over latent + rope dims, values over latent
         per_head = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank
     else:                           # scores over Dh, values over Dv (Gemma-4: each layer's)
-        per_head = sum(spec.layer_head_dim(i) + spec.layer_v_head_dim(i) for i in range(spec.num_layers)) / spec.num_layers
+        n = spec.num_layers
+        per_head = sum(spec.layer_head_dim(i) + spec.layer_v_head_dim(i) for i in range(n)) / n
     return RooflineStepTime(
         weight_bytes=spec.weight_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token(),
         flops_per_token=2.0 * spec.active_params(), bandwidth=args.bandwidth_gbs * 1e9,

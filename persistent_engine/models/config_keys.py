@@ -226,7 +226,7 @@ FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
                "attn_logit_softcapping": (lambda v: v is None, "null (HF's Gemma3Attention never soft-caps scores)")},
     "gemma4": {**_GELU, "rope_parameters": (lambda v: True, "per layer type (models/gemma4_config.py)"),
                "use_bidirectional_attention": (_one_of(None, "vision"), "null or vision (text decodes causally)"),
-               "attn_logit_softcapping": (lambda v: v is None, "null (HF's Gemma4TextAttention never soft-caps scores)"),
+               "attn_logit_softcapping": (lambda v: v is None, "null (HF's Gemma-4 attention never soft-caps scores)"),
                **{k: (lambda v: v is None, "null (Gemma-4 gives its rope per layer type in rope_parameters)")
                   for k in ("rope_theta", "rope_scaling", "rotary_dim", "partial_rotary_factor")}},
     "glm_moe_dsa": {"layer_types": (lambda v: v is None or set(v) <= {"deepseek_sparse_attention"},

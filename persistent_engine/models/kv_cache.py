@@ -1,13 +1,13 @@
 """The paged KV cache: per layer a pool of NB blocks of BS tokens, and one block table per sequence.
 
 GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dv]`` (Dv = Dh but for MiMo-V2-Flash, whose windowed
-layers also have their own Hk: ``spec.layer_kv_heads``; Gemma-4's full and sliding layers differ in Hk and Dh); MLA layers keep one latent pool
-``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
-lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
-their index keys in ``index_k[NB, BS, Di]``; DeepSeek-V4 layers keep the K = V rows in ``k[NB, BS, D]``, their
-compressor's source rows in ``v`` / ``index_k`` and their compressed entries per sequence in ``entries`` /
-``index_entries`` (``models/deepseek_v4_decoder.py``). Blocks are handed out in a seeded random
-order, so a kernel that assumes contiguous blocks fails verification.
+layers also have their own Hk: ``spec.layer_kv_heads``; Gemma-4's layer kinds differ in Hk and Dh:
+``spec.layer_head_dim``); MLA layers keep one latent pool ``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is
+absent, except on layers that run a DSA lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's
+keys; MiniMax-M3's block-sparse layers keep their index keys in ``index_k[NB, BS, Di]``; DeepSeek-V4 layers keep
+the K = V rows in ``k[NB, BS, D]``, their compressor's source rows in ``v`` / ``index_k`` and their compressed
+entries per sequence in ``entries`` / ``index_entries`` (``models/deepseek_v4_decoder.py``). Blocks are handed out
+in a seeded random order, so a kernel that assumes contiguous blocks fails verification.
 
 Recurrent layers keep no per-token cache but a fixed state per sequence: Qwen3.5's Gated DeltaNet layers
 ``state[B, Hv, Dk, Dv]`` fp32 and ``conv[B, C, K-1]``, Kimi delta attention layers ``state[B, H, Dk, Dv]`` fp32

@@ -37,7 +37,7 @@ Supported families (``ModelSpec.family``):
   gemma2      Gemma2ForCausalLM                     GeGLU, (1 + w) norms around attention and MLP, sqrt(H) embeddings,
   gemma3      Gemma3ForCausalLM                     sliding/full interleave, soft-capped scores (2) and logits; 3: QK-
                                                     norm, sliding layers' own rope base (config_sections.gemma_fields)
-  gemma4      Gemma4ForCausalLM                     Gemma-3 + per-kind head dims / KV heads, K = V, V norm (gemma4_config)
+  gemma4      Gemma4ForCausalLM                     Gemma-3 + per-kind head dims / KV heads, K = V (gemma4_config)
   llama4      Llama4ForCausalLM                     NoPE layers (query temperature) between chunked rope layers (L2
                                                     qk-norm); top-1 sigmoid router on the experts' input + shared
   mimo_v2_flash MiMoV2FlashForCausalLM             hybrid sliding-window (sinks) / full GQA layers, each kind with its

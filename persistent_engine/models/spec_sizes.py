@@ -29,8 +29,10 @@ class SpecSizes:
                   + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim))
             return q + kv + self.num_heads * self.v_head_dim * h
         hk = self.num_kv_heads if i is None else self.layer_kv_heads(i)
-        dh, dv = (self.head_dim, self.gqa_v_head_dim) if i is None else (self.layer_head_dim(i), self.layer_v_head_dim(i))
-        q, k, v = self.num_heads * dh, hk * dh, 0 if i is not None and self.layer_k_eq_v(i) else hk * dv   # Gemma-4 K = V
+        dh, dv = (self.head_dim, self.gqa_v_head_dim) if i is None else (self.layer_head_dim(i),
+                                                                         self.layer_v_head_dim(i))
+        v = 0 if i is not None and self.layer_k_eq_v(i) else hk * dv                     # Gemma-4 full layers: V = K
+        q, k = self.num_heads * dh, hk * dh
         n = h * (q + k + v) + self.num_heads * dv * h
         if self.qkv_bias:
             n += q + k + v

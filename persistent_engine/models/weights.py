@@ -435,7 +435,8 @@ def save_weights(model, path) -> None:
     """Write a model's (slice's) weights as one HF-named safetensors file, atomically (a multimodal wrapper's text
     decoder under ``language_model.``, as its published checkpoints name it)."""
     spec = model.spec
-    tensors = {_checkpoint_name(spec, k): v.contiguous() for k, v in internal_to_hf(spec, model.layers, model.params).items()}
+    tensors = {_checkpoint_name(spec, k): v.contiguous()
+               for k, v in internal_to_hf(spec, model.layers, model.params).items()}
     save_file(tensors, path, metadata={"format": "pt", "tkcc_model": model.spec.name})
 
 

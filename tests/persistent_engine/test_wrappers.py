@@ -107,7 +107,8 @@ def test_gemma4_runs_its_text_decoder_with_the_towers_named():
            "image_token_id": 258880, "boi_token_id": 255999}
     spec = ModelSpec.from_config(cfg, name="gemma-4-31b")
     assert spec.family == "gemma4" and spec.k_eq_v and spec.global_head_dim == 512 and spec.rope_proportion == 0.25
-    assert [spec.layer_kv_heads(i) for i in (0, 5)] == [16, 4] and [spec.layer_head_dim(i) for i in (0, 5)] == [256, 512]
+    assert [spec.layer_kv_heads(i) for i in (0, 5)] == [16, 4]
+    assert [spec.layer_head_dim(i) for i in (0, 5)] == [256, 512]
     assert spec.extra["text_only"].startswith("Gemma4ForConditionalGeneration: vision_config and audio_config")
     assert spec == ModelSpec.from_name("gemma-4-31b").replace(name="gemma-4-31b")      # the shipped config
     with pytest.raises(SpecError, match="'num_kv_shared_layers' = 20 is not implemented .KV shared across layers"):
