@@ -110,6 +110,8 @@ def kv_bytes_per_token_layer_gpu(spec, layout: Layout) -> float:
         return (spec.kv_lora_rank + spec.qk_rope_head_dim) * layout.kvbytes / layout.dcp
     if getattr(spec, "global_head_dim", 0):         # Gemma-4: the mean over its layer kinds
         return sum(f * kv_bytes_per_token_layer_gpu(s, layout) for f, s in _layer_kinds(spec))
+    if 0 < spec.num_layers <= getattr(spec, "kv_shared_layers", 0):    # Gemma-4 layers reading an earlier cache
+        return 0.0
     return mean_kv_heads_gpu(spec, layout) * (spec.head_dim + spec.gqa_v_head_dim) * layout.kvbytes
 
 
@@ -134,10 +136,14 @@ def attention_weight_bytes_gpu(spec, layout: Layout) -> float:
         return sum(f * attention_weight_bytes_gpu(s, layout) for f, s in _layer_kinds(spec))
     hk_mean, dh, dv = mean_kv_heads_gpu(spec, layout), spec.head_dim, spec.gqa_v_head_dim
     kv = dh if getattr(spec, "k_eq_v", False) else dh + dv                      # Gemma-4 full layers: V = K
-    return (h * (hq * dh + hk_mean * kv) + hq * dv * h) * wb
+    kv = 0 if 0 < spec.num_layers <= getattr(spec, "kv_shared_layers", 0) else kv   # Gemma-4: q only
+    ple = 2 * h * getattr(spec, "per_layer_input", 0)                           # Gemma-4 per-layer input gate, out
+    return (h * (hq * dh + hk_mean * kv) + hq * dv * h + ple) * wb
 
 
 def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
+    if getattr(spec, "global_head_dim", 0):         # Gemma-4: double-wide MLPs on the K/V-sharing layers
+        return sum(f * mlp_weight_bytes_gpu(s, layout, kind) for f, s in _layer_kinds(spec))
     h, wb = spec.hidden_size, layout.wbytes
     if kind == "dense":
         return 3 * h * spec.intermediate_size * wb / layout.mlp_group
@@ -207,11 +213,12 @@ def weight_bytes_gpu(spec, layout: Layout, layers: list[int] | None = None) -> f
     """Weight bytes on the fullest GPU: per stage, its layers plus the vocab-parallel embedding
     (first stage) and lm_head (last stage; shared with the embedding when tied and pp == 1)."""
     emb = spec.vocab_size * spec.hidden_size * ACT_BYTES / layout.tp
+    lp = spec.num_layers * getattr(spec, "per_layer_input", 0)       # Gemma-4 per-layer input table and projection
     worst = 0.0
     for s in range(layout.pp):
         w = sum(layer_weight_bytes_gpu(spec, layout, spec.layer_kind(i)) for i in stage_layers(spec, layout, s, layers))
         if s == 0:
-            w += emb
+            w += emb + lp * (spec.vocab_size / layout.tp + spec.hidden_size) * ACT_BYTES
         if s == layout.pp - 1 and not (spec.tie_word_embeddings and layout.pp == 1):
             w += emb + spec.hidden_size * ACT_BYTES
         worst = max(worst, w)

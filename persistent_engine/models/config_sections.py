@@ -383,3 +383,28 @@ def v4_tiny(spec, kw: dict) -> dict:
                 shared_intermediate_size=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                 hc_sinkhorn_iters=min(spec.hc_sinkhorn_iters, 20), n_group=1, topk_group=1, first_k_dense=0)
 
+
+
+def hybrid_tiny(spec, kw: dict, heads: int, head_dim: int, hidden: int) -> dict:
+    """``ModelSpec.scaled_down``'s fields of the hybrid families (``kw``: the toy fields so far; {} for others)."""
+    out: dict[str, Any] = {}
+    n = kw["num_layers"]
+    if spec.msa_layers:
+        # MiniMax-M3: blocks of 4 tokens, 2 per query (so contexts past 8 tokens are sparse); the first layer dense
+        # when the original's first layer is
+        out.update(msa_block_size=4, msa_topk_blocks=2, msa_index_dim=head_dim,
+                   msa_init_blocks=min(spec.msa_init_blocks, 1), msa_local_blocks=1,
+                   msa_layers=tuple(spec.msa_layers[0] if j == 0 else True for j in range(n)))
+    if spec.linear_layers:
+        # Qwen3.5: 2 key heads, the value/key head ratio kept, 16-wide heads; linear and full layers both kept
+        ratio = spec.linear_num_v_heads // spec.linear_num_k_heads
+        both = any(spec.linear_layers) and not all(spec.linear_layers)
+        out.update(linear_num_k_heads=2, linear_num_v_heads=2 * min(ratio, 2), linear_k_dim=16, linear_v_dim=16,
+                   linear_layers=tuple((j < n - 1) if both else spec.linear_layers[0] for j in range(n)))
+    if spec.kda_layers:
+        # Kimi: KDA on all but the last layer (dense + MoE KDA layers, an MoE MLA layer), two layers per
+        # attention-residual block (so blocks close inside the slice), a latent half the hidden size
+        out.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
+                   latent_moe_size=hidden // 2 if spec.latent_moe_size else 0,
+                   attn_res_block_size=2 if spec.attn_res_block_size else 0)
+    return out

@@ -114,6 +114,8 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
         if i in cache.state:
             cache.state_next[i], cache.conv_next[i] = cache.state[i].clone(), cache.conv[i].clone()
             continue
+        if spec.kv_source(i) != i:                  # Gemma-4: attends an earlier layer's pool, keeps none
+            continue
         if spec.attention == "mla":
             cache.k[i] = pool(nb, block_size, spec.kv_lora_rank + spec.qk_rope_head_dim)
             if spec.indexer_kind(i) == "full":

@@ -70,16 +70,18 @@ from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields, llama4_fields,
                                                       mimo_fields, minimax_m2_attn_types, minimax_m3_fields,
                                                       mixtral_fields, mla_fields, parse_mlp_layer_types,
-                                                      qwen3_5_fields, qwen_windows, v4_tiny)
+                                                      qwen3_5_fields, qwen_windows, v4_tiny,
+                                                      hybrid_tiny)
 from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TINY_SUFFIX, alias_help,  # noqa: F401
                                               config_of_path, known_models, tiny_name)
-from persistent_engine.models.gemma4_config import gemma4_fields, gemma4_tiny, layer_kind_specs  # noqa: F401
+from persistent_engine.models.gemma4_config import (gemma4_fields, gemma4_tiny, kv_shared,  # noqa: F401
+                                                    layer_intermediate, layer_kind_specs)
 from persistent_engine.models.kimi_config import kimi_fields, quantization_kind
 from persistent_engine.models.wrappers import WRAPPERS, unwrap
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
 __all__ = ["ALIASES", "CONFIG_DIR", "DTYPE_BYTES", "RELEASES", "ModelSpec", "SpecError", "alias_help",
-           "known_models", "layer_kind_specs", "tiny_name"]
+           "known_models", "kv_shared", "layer_intermediate", "layer_kind_specs", "tiny_name"]
 
 # HF "architectures" entry -> family
 ARCHITECTURES = {
@@ -240,6 +242,9 @@ class ModelSpec(SpecSizes):
     global_head_dim: int = 0
     k_eq_v: bool = False
     rope_proportion: float = 0.0
+    kv_shared_layers: int = 0               # the last n layers attend an earlier layer's K/V (gemma4_config.kv_source)
+    per_layer_input: int = 0                # per-layer input embeddings of this width (0: none)
+    double_wide_mlp: bool = False           # the K/V-sharing layers' MLPs twice intermediate_size
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -424,26 +429,7 @@ class ModelSpec(SpecSizes):
             # a window of 8 (below the tiny contexts); full and windowed layers both kept when both exist
             n, kinds = kw["num_layers"], [self.layer_window(i) > 0 for i in range(self.num_layers)]
             kw["layer_windows"] = tuple(8 if (all(kinds) or (any(kinds) and j == n - 1)) else 0 for j in range(n))
-        if self.msa_layers:
-            # blocks of 4 tokens, 2 per query (so contexts past 8 tokens are sparse); the first layer dense
-            # when the original's first layer is
-            n = kw["num_layers"]
-            kw.update(msa_block_size=4, msa_topk_blocks=2, msa_index_dim=head_dim,
-                      msa_init_blocks=min(self.msa_init_blocks, 1), msa_local_blocks=1,
-                      msa_layers=tuple(self.msa_layers[0] if j == 0 else True for j in range(n)))
-        if self.linear_layers:
-            # 2 key heads, the value/key head ratio kept, 16-wide heads; linear and full layers both kept
-            n, ratio = kw["num_layers"], self.linear_num_v_heads // self.linear_num_k_heads
-            both = any(self.linear_layers) and not all(self.linear_layers)
-            kw.update(linear_num_k_heads=2, linear_num_v_heads=2 * min(ratio, 2), linear_k_dim=16, linear_v_dim=16,
-                      linear_layers=tuple((j < n - 1) if both else self.linear_layers[0] for j in range(n)))
-        if self.kda_layers:
-            # Kimi: KDA on all but the last layer (dense + MoE KDA layers, an MoE MLA layer), two layers per
-            # attention-residual block (so blocks close inside the slice), a latent half the hidden size
-            n = kw["num_layers"]
-            kw.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
-                      latent_moe_size=hidden // 2 if self.latent_moe_size else 0,
-                      attn_res_block_size=2 if self.attn_res_block_size else 0)
+        kw.update(hybrid_tiny(self, kw, heads, head_dim, hidden))    # MiniMax-M3, Qwen3.5, Kimi (config_sections)
         if self.rope_layers:                    # Llama-4: a rope layer (chunked) then a NoPE one, chunks of 8 tokens
             kw.update(rope_layers=tuple(j < kw["num_layers"] - 1 for j in range(kw["num_layers"])),
                       attention_chunk_size=8 if self.attention_chunk_size else 0,
@@ -517,6 +503,13 @@ class ModelSpec(SpecSizes):
     def layer_v_head_dim(self, i: int) -> int:
         return self.layer_head_dim(i) if self.global_head_dim else self.gqa_v_head_dim
 
+    def kv_source(self, i: int) -> int:
+        """The layer whose K/V cache layer i attends: i, or for Gemma-4's last kv_shared_layers layers the last
+        earlier layer of the same kind."""
+        first = self.num_layers - self.kv_shared_layers         # (a spec of shared layers only: i itself)
+        return i if i < first else max((j for j in range(first) if self.layer_window(j) == self.layer_window(i)),
+                                       default=i)
+
     def layer_k_eq_v(self, i: int) -> bool:
         """Whether layer i's V is its K projection (Gemma-4's full layers with attention_k_eq_v)."""
         return self.k_eq_v and not self.layer_window(i)
@@ -583,16 +576,20 @@ class ModelSpec(SpecSizes):
             seen.setdefault(f"rope:{self.uses_rope(i)}", i)
             seen.setdefault(f"linear:{self.is_linear(i)}", i)
             seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
+            seen.setdefault(f"kv:{self.kv_source(i) != i}:{self.layer_window(i)}", i)
             if self.compress_ratios:
                 seen.setdefault(f"v4:{self.compress_ratios[i]}:{i < self.num_hash_layers}", i)
         out = set(seen.values())
         out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
-        return sorted(out)
+        return sorted(out | {self.kv_source(i) for i in out})
 
     def check_slice(self, layers: list[int]) -> None:
         """A slice must hold the full layer each of its shared-indexer layers takes its selection from."""
         have = set(layers)
         for i in layers:
+            if self.kv_source(i) not in have:
+                raise SpecError(f"{self.name}: layer {i} attends layer {self.kv_source(i)}'s K/V; a slice with "
+                                f"layer {i} must include layer {self.kv_source(i)}")
             src = self.indexer_source(i)
             if src is not None and src not in have:
                 raise SpecError(f"{self.name}: layer {i} reuses layer {src}'s sparse-attention selection; "

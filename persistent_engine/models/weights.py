@@ -31,6 +31,7 @@ import zlib
 
 import torch
 
+from persistent_engine.models.gemma4_config import layer_intermediate
 from persistent_engine.models.safetensors_io import SafetensorsDir, WeightsError, save_file
 
 
@@ -44,6 +45,10 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
     out: dict[str, tuple[tuple[int, ...], str]] = {"embed": ((v, h), "embed"), "final_norm": ((h,), "norm")}
     if not spec.tie_word_embeddings:
         out["lm_head"] = ((v, h), "linear")
+    if spec.per_layer_input:                    # Gemma-4 per-layer inputs: every layer's columns, sliced or not
+        lp = spec.num_layers * spec.per_layer_input
+        out.update(ple_embed=((v, lp), "embed"), ple_proj=((lp, h), "linear"),
+                   ple_norm=((spec.per_layer_input,), "norm"))
     for i in layers:
         p = f"layers.{i}."
         out[p + "input_norm"] = ((h,), "norm")
@@ -70,6 +75,8 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
         else:
             hq, hk, dh, dv = spec.num_heads, spec.layer_kv_heads(i), spec.layer_head_dim(i), spec.layer_v_head_dim(i)
             v_rows = 0 if spec.layer_k_eq_v(i) else hk * dv                                # Gemma-4: V = K's rows
+            if spec.kv_source(i) != i:                          # Gemma-4 K/V-sharing layers: q rows only
+                hk = v_rows = 0
             index_rows = (hk + 1) * spec.msa_index_dim if spec.block_sparse(i) else 0     # M3: [.. | index_q | index_k]
             gate_rows = hq * dh if spec.attn_output_gate else 0                           # Qwen3.5: [.. | gate]
             out[p + "qkv_w"] = (((hq + hk) * dh + v_rows + index_rows + gate_rows, h), "linear")
@@ -79,16 +86,19 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
                 out[p + "qkv_b"] = (((hq + hk) * dh + hk * dv,), "bias")
             if spec.qk_norm == "per_head":
                 out[p + "q_norm"], out[p + "k_norm"] = ((dh,), "norm"), ((dh,), "norm")
+                if not hk:
+                    del out[p + "k_norm"]
             elif spec.qk_norm == "per_layer":
                 out[p + "q_norm"], out[p + "k_norm"] = ((hq * dh,), "norm"), ((hk * dh,), "norm")
             out[p + "o_w"] = ((h, hq * dv), "linear")
             if spec.layer_sinks(i):
                 out[p + "sinks"] = ((hq,), "router_bias")            # fp32, one logit per head (gpt-oss ``sinks``)
             if spec.family == "gemma4":
-                out[p + "layer_scalar"] = ((1,), "norm")             # the layer's output times this
+                out.update(gemma4_layer_specs(spec, i))
         if spec.layer_kind(i) == "dense":
-            out[p + "gate_up_w"] = ((2 * spec.intermediate_size, h), "linear")
-            out[p + "down_w"] = ((h, spec.intermediate_size), "linear")
+            inter = layer_intermediate(spec, i)                 # Gemma-4: double-wide on K/V-sharing layers
+            out[p + "gate_up_w"] = ((2 * inter, h), "linear")
+            out[p + "down_w"] = ((h, inter), "linear")
         else:
             e, im = spec.num_experts, spec.moe_intermediate_size
             out[p + "router_w"] = ((e, h), "linear")
@@ -102,6 +112,16 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
                 out[p + "shared_down_w"] = ((h, si), "linear")
                 if spec.shared_expert_gate:
                     out[p + "shared_gate_w"] = ((1, h), "linear")
+    return out
+
+
+def gemma4_layer_specs(spec, i: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Gemma-4's own tensors of layer i: the output scalar, the per-layer input's gate, projection and norm."""
+    p, h, pl = f"layers.{i}.", spec.hidden_size, spec.per_layer_input
+    out = {p + "layer_scalar": ((1,), "norm")}
+    if pl:
+        out.update({p + "ple_gate": ((pl, h), "linear"), p + "ple_out": ((h, pl), "linear"),
+                    p + "ple_post_norm": ((h,), "norm")})
     return out
 
 

@@ -33,3 +33,17 @@ def test_decode_flops_and_bytes_weight_the_layer_kinds():
     assert att.flops == pytest.approx((50 * 2 * HQ * 512 * 1024 + 10 * 2 * HQ * 1024 * 32768) / 60)
     qkv = ops["qkv_proj"]
     assert qkv.flops == pytest.approx(2 * H * (50 * (HQ + 32) * 256 + 10 * (HQ + 4) * 512) / 60)
+
+
+def test_e2b_kv_sharing_layers_store_no_kv_and_run_double_wide_mlps():
+    spec = ModelSpec.from_name("gemma-4-e2b")          # 35 layers, the last 20 read layers 13 / 14's K/V
+    kv = (12 * 512 + 3 * 1024) / 35 * 2                 # 12 sliding (1 head of 256) + 3 full (512), K + V, bf16
+    assert kv_bytes_per_token_layer_gpu(spec, Layout()) == pytest.approx(kv)
+    assert spec.kv_bytes_per_token() == pytest.approx(kv * 35)
+    ops = {o.name: o for o in layer_ops(spec, Layout(), "dense", 4, 1, 1000, 0.0)}
+    h, q = 1536, 8 * (16 * 256 + 4 * 512) / 20                     # the sharing layers' mean q rows
+    own = (12 * (8 * 256 + 2 * 256) + 3 * (8 * 512 + 2 * 512)) / 35
+    assert ops["qkv_proj"].flops == pytest.approx(2 * 4 * h * (own + 20 / 35 * q))
+    assert ops["mlp_down"].flops == pytest.approx(2 * 4 * h * 6144 * (15 + 2 * 20) / 35)
+    assert {"ple_gate", "ple_out", "ple_proj"} <= ops.keys()
+    assert ops["ple_gate"].flops == pytest.approx(2 * 4 * h * 256)
