@@ -291,7 +291,8 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     (``token_mixer``): 'linear' costs gated delta rule linear attention (cost_model.ops_linear), 'kda' Kimi delta
     attention (``kda_attention_ops``), 'attention' the model's attention."""
     if getattr(spec, "global_head_dim", 0):    # Gemma-4: each layer kind's ops, weighted by its share of the layers
-        return _weighted([(f, layer_ops(s, layout, kind, batch, n, ctx, skew, mixer)) for f, s in layer_kind_specs(spec)])
+        return _weighted([(f, layer_ops(s, layout, kind, batch, n, ctx, skew, mixer))
+                          for f, s in layer_kind_specs(spec)])
     h = spec.hidden_size
     seqs = _ceil_div(batch, layout.dp)     # sequences in the busiest attention group
     ta = seqs * n                          # tokens per attention group

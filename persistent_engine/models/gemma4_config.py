@@ -48,7 +48,8 @@ def _rope(c: dict, name: str) -> tuple[dict, dict]:
     full = dict(rp.get("full_attention") or {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                              "rope_theta": 1e6})
     local = dict(rp.get("sliding_attention") or {"rope_type": "default", "rope_theta": 1e4})
-    if (full.get("rope_type") or "default") not in ("default", "proportional") or float(full.get("factor", 1.0)) != 1.0:
+    kind = full.get("rope_type") or "default"
+    if kind not in ("default", "proportional") or float(full.get("factor", 1.0)) != 1.0:
         raise SpecError(f"{name}: Gemma-4 full layers' rope {full!r} is not implemented (tkcc implements default and "
                         "proportional rope without a factor)")
     if (local.get("rope_type") or "default") != "default" or float(local.get("partial_rotary_factor", 1.0)) != 1.0:

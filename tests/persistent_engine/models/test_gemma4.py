@@ -23,9 +23,10 @@ TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_laye
                                                 "rope_theta": 10000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
             hidden_size_per_layer_input=0, num_kv_shared_layers=0, enable_moe_block=False, tie_word_embeddings=True)
-# the small sizes' layout (E2B: K/V shared by the last 20 of 35 layers, per-layer inputs of 256, double-wide MLPs there,
-# no K = V): layers 4 and 5 attend layers 2 and 3's K/V
-SMALL = dict(TEXT, num_hidden_layers=6, layer_types=["sliding_attention", "full_attention"] * 3, attention_k_eq_v=False,
+# the small sizes' layout (E2B: K/V shared by the last 20 of 35 layers, per-layer inputs of 256, double-wide MLPs
+# there, no K = V): layers 4 and 5 attend layers 2 and 3's K/V
+SMALL = dict(TEXT, num_hidden_layers=6, layer_types=["sliding_attention", "full_attention"] * 3,
+             attention_k_eq_v=False,
              num_global_key_value_heads=None, num_kv_shared_layers=2, hidden_size_per_layer_input=4,
              vocab_size_per_layer_input=96, use_double_wide_mlp=True)
 
@@ -115,3 +116,21 @@ def test_a_slice_holds_the_layers_whose_kv_it_reads():
     tiny = spec.scaled_down()                                  # --tiny keeps both sharing layers and the inputs
     assert tiny.kv_shared_layers == 2 and [tiny.kv_source(i) for i in range(4)] == [0, 1, 0, 1]
     assert tiny.per_layer_input == 8 and tiny.double_wide_mlp
+
+
+def test_a_wrapped_gemma4_checkpoint_round_trips_under_model_language_model(tmp_path):
+    from safetensors import safe_open
+
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.models.weights import load_weights, save_weights
+
+    spec = ModelSpec.from_name("gemma-4-e2b+tiny")                 # wrapped: K/V sharing, per-layer inputs
+    model = build_model(spec, seed=3)
+    save_weights(model, tmp_path / "model.safetensors")
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.language_model.embed_tokens_per_layer.weight" in names
+    assert "model.language_model.layers.3.self_attn.k_proj.weight" not in names       # layer 3 reads layer 1's K/V
+    assert "model.language_model.layers.1.self_attn.v_proj.weight" in names
+    loaded = load_weights(spec, list(range(spec.num_layers)), tmp_path / "model.safetensors")
+    assert loaded.keys() == model.params.keys() and all(torch.equal(loaded[k], model.params[k]) for k in loaded)
