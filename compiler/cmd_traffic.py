@@ -67,8 +67,9 @@ def _step_time(args):
     spec = ModelSpec.from_name(args.model)
     if spec.attention == "mla":     # absorbed MLA: scores over latent + rope dims, values over latent
         per_head = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank
-    else:
-        per_head = spec.head_dim + spec.gqa_v_head_dim         # scores over Dh, values over Dv
+    else:                           # scores over Dh, values over Dv (Gemma-4: each layer's)
+        n = spec.num_layers
+        per_head = sum(spec.layer_head_dim(i) + spec.layer_v_head_dim(i) for i in range(n)) / n
     return RooflineStepTime(
         weight_bytes=spec.weight_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token(),
         flops_per_token=2.0 * spec.active_params(), bandwidth=args.bandwidth_gbs * 1e9,

@@ -122,12 +122,25 @@ def kv_bytes_per_token_layer_gpu(spec, layout: Layout) -> float:
         return spec.kv_bytes_per_token_layer("fp32") / 4.0 * layout.kvbytes
     if spec.attention == "mla":
         return (spec.kv_lora_rank + spec.qk_rope_head_dim) * layout.kvbytes / layout.sharding.kv
+    if getattr(spec, "global_head_dim", 0):         # Gemma-4: the mean over its layer kinds
+        return sum(f * kv_bytes_per_token_layer_gpu(s, layout) for f, s in _layer_kinds(spec))
+    if 0 < spec.num_layers <= getattr(spec, "kv_shared_layers", 0):    # Gemma-4 layers reading an earlier cache
+        return 0.0
     return mean_kv_heads_gpu(spec, layout) * (spec.head_dim + spec.gqa_v_head_dim) * layout.kvbytes
+
+
+def _layer_kinds(spec) -> list:
+    from persistent_engine.models.spec import layer_kind_specs     # Gemma-4's layer kinds (models/gemma4_config.py)
+
+    return layer_kind_specs(spec)
 
 
 def _projection_params_gpu(spec, layout: Layout) -> float:
     """Attention projection parameters one GPU holds (mean layer): heads split tp ways; MLA's q_a and
-    kv_a (ReplicatedLinear in vLLM) and GQA KV heads beyond num_kv_heads replicated."""
+    kv_a (ReplicatedLinear in vLLM) and GQA KV heads beyond num_kv_heads replicated; Gemma-4: the mean
+    over its layer kinds (full layers' wider heads, V = K, q-only K/V-sharing layers)."""
+    if getattr(spec, "global_head_dim", 0):
+        return sum(f * _projection_params_gpu(s, layout) for f, s in _layer_kinds(spec))
     h = spec.hidden_size
     hq, hk = heads_per_gpu(spec, layout)
     if spec.attention == "mla":
@@ -137,7 +150,10 @@ def _projection_params_gpu(spec, layout: Layout) -> float:
             spec.qk_nope_head_dim + spec.v_head_dim)
         return q + kv + hq * spec.v_head_dim * h
     hk_mean, dh, dv = mean_kv_heads_gpu(spec, layout), spec.head_dim, spec.gqa_v_head_dim
-    return h * (hq * dh + hk_mean * (dh + dv)) + hq * dv * h
+    kv = dh if getattr(spec, "k_eq_v", False) else dh + dv                      # Gemma-4 full layers: V = K
+    kv = 0 if 0 < spec.num_layers <= getattr(spec, "kv_shared_layers", 0) else kv   # Gemma-4: q only
+    ple = 2 * h * getattr(spec, "per_layer_input", 0)                           # Gemma-4 per-layer input gate, out
+    return h * (hq * dh + hk_mean * kv) + hq * dv * h + ple
 
 
 _CACHE: dict = {}
@@ -218,6 +234,8 @@ def mlp_weight_bytes_gpu(spec, layout: Layout, kind: str) -> float:
     """One layer's MLP on one GPU: a dense MLP / sharding.dense_mlp; MoE: ceil(E/ep) routed experts at
     the latent width (Kimi-K3) or hidden, each / expert_tp; shared experts / sharding.shared; router,
     latent projections and shared gate whole in bf16 (replicated in vLLM and AIConfigurator)."""
+    if getattr(spec, "global_head_dim", 0):         # Gemma-4: double-wide MLPs on the K/V-sharing layers
+        return sum(f * mlp_weight_bytes_gpu(s, layout, kind) for f, s in _layer_kinds(spec))
     sh, wb, h = layout.sharding, layout.wbytes, spec.hidden_size
     if kind == "dense":
         return spec.dense_mlp_params() * wb / sh.dense_mlp
@@ -235,6 +253,8 @@ def _stage_layer_bytes(spec, layout: Layout, idx: list[int]) -> float:
         from cost_model.ops_mamba import nemotron_layer_weight_bytes_gpu
 
         return sum(nemotron_layer_weight_bytes_gpu(spec, layout, i) for i in idx)
+    if getattr(spec, "global_head_dim", 0):      # Gemma-4: the mean layer over its kinds, each costed whole
+        return len(idx) * sum(f * _stage_layer_bytes(s, layout, [0]) for f, s in _layer_kinds(spec))
     table = _layer_table(spec)
     proj = (_projection_params_tp(spec, layout.tp), _projection_params_tp(spec, 1), _gate_params(spec))
     mlp = {k: mlp_weight_bytes_gpu(spec, layout, k) for k in {table[i][1] for i in idx}}
@@ -281,7 +301,8 @@ def _activation_bytes(spec, layout: Layout, tokens: int, rows: int) -> float:
     fp32 logits shard, and the EP dispatch buffer."""
     h = spec.hidden_size
     hq, hk = heads_per_gpu(spec, layout)
-    qkv = (hq + hk) * spec.head_dim + hk * spec.gqa_v_head_dim           # gqa_v_head_dim: head_dim but MiMo
+    dh = max(spec.head_dim, getattr(spec, "global_head_dim", 0))         # Gemma-4: its widest (full) layers
+    qkv = (hq + hk) * dh + hk * max(dh, spec.gqa_v_head_dim)             # gqa_v_head_dim: head_dim but MiMo
     # a dense MLP holds tokens * I / tp elements per GPU in both frameworks (vLLM: its group's tokens
     # over tp; SGLang: all dp groups' tokens over tp * dp)
     inter = 2 * max(spec.intermediate_size / layout.tp,
@@ -304,6 +325,7 @@ def _weight_bytes(spec, layout: Layout, layers: tuple | None) -> float:
     one table when tied and pp == 1, at the finer of the two splits' memory: the coarser divisor)."""
     sh = layout.sharding
     table = spec.vocab_size * spec.hidden_size * ACT_BYTES
+    lp = spec.num_layers * getattr(spec, "per_layer_input", 0)       # Gemma-4 per-layer input table and projection
     worst = 0.0
     for s in range(layout.pp):
         w = _stage_layer_bytes(spec, layout, stage_layers(spec, layout, s, layers))
@@ -312,6 +334,7 @@ def _weight_bytes(spec, layout: Layout, layers: tuple | None) -> float:
         else:
             w += table / sh.embedding if s == 0 else 0.0
             w += table / sh.lm_head + spec.hidden_size * ACT_BYTES if s == layout.pp - 1 else 0.0
+        w += lp * (spec.vocab_size / sh.embedding + spec.hidden_size) * ACT_BYTES if s == 0 else 0.0
         worst = max(worst, w)
     return worst
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from traffic_profiles import WorkloadPoint
 
 from cost_model.layout import ACT_BYTES, Layout, _ceil_div, expert_wbytes, heads_per_gpu, stage_layers
+from persistent_engine.models.spec import layer_kind_specs
 
 OP_CLASSES = ("gemm", "attention", "moe", "elementwise", "comm")
 IMPLS = ("fused", "reference")
@@ -168,17 +169,22 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
     hq, hk = heads_per_gpu(spec, layout)
     if spec.attention == "v4":
         return v4_attention_ops(spec, layout, seqs, n, ctx)
+    if getattr(spec, "global_head_dim", 0):     # Gemma-4: each layer kind's ops (Dh, Hk, window, K = V), weighted
+        return _weighted([(f, _attention_ops(s, layout, seqs, n, ctx)) for f, s in layer_kind_specs(spec)])
     ops: list[OpCost] = indexer_ops(spec, layout, seqs, n, ctx)
     if spec.attention == "gqa":
         dh, dv = spec.head_dim, spec.gqa_v_head_dim                          # dv < dh: MiMo-V2-Flash
         gate = hq * dh if getattr(spec, "attn_output_gate", False) else 0        # Qwen3.5: gate rows
-        ops.append(_gemm("qkv_proj", t, h, (hq + hk) * dh + hk * dv + gate, wd, wb))
+        shared = 0 < spec.num_layers <= getattr(spec, "kv_shared_layers", 0)   # Gemma-4: q only, an earlier cache
+        k_rows = 0 if shared else hk * dh
+        v_rows = 0 if shared or getattr(spec, "k_eq_v", False) else hk * dv     # Gemma-4 full layers: V = K
+        ops.append(_gemm("qkv_proj", t, h, hq * dh + k_rows + v_rows + gate, wd, wb))
         ops.append(_elementwise("rotary_embedding", 2 * t * (hq + hk) * dh, kernels=1 + (spec.qk_norm != "none")))
         keys = attended_keys(spec, ctx + (n + 1) / 2 if n > 1 else ctx + 1)   # mean keys per new query (causal)
         ops.append(OpCost("attention_prefill" if n > 1 else "attention_decode", "attention",
                           flops=2.0 * seqs * n * hq * (dh + dv) * keys,
                           bytes=seqs * _kv_read_elems(spec, layout, ctx + n) * kb + t * hq * (dh + dv) * ACT_BYTES
-                          + t * hk * (dh + dv) * kb,
+                          + (0 if shared else t * hk * (dh + dv) * kb),
                           shape=_attention_shape(seqs, n, int(attended_keys(spec, ctx + 1)) - 1 if n == 1 else ctx,
                                                  hq, hk, dh, layout.kv_dtype)))
         ops.append(_gemm("o_proj", t, hq * dv, h, wd, wb))
@@ -219,6 +225,23 @@ def _attention_ops(spec, layout: Layout, seqs: int, n: int, ctx: int) -> list[Op
 
 
 KDA_CHUNK = 64     # tokens per chunk of the chunked (WY) KDA prefill kernels (FLA, vLLM)
+
+
+def _weighted(parts: list[tuple[float, list[OpCost]]]) -> list[OpCost]:
+    """Ops of layer kinds making up shares f of the layers: each op's (the j-th of its name's) FLOPs and bytes the
+    f-weighted sum over the kinds (kernel launches and the efficiency shape: the first kind's)."""
+    out: dict[tuple[str, int], OpCost] = {}
+    for f, ops in parts:
+        seen: dict[str, int] = {}
+        for o in ops:
+            key = (o.name, seen.setdefault(o.name, 0))
+            seen[o.name] += 1
+            p = out.get(key)
+            flops, nbytes = o.flops * f + (p.flops if p else 0.0), o.bytes * f + (p.bytes if p else 0.0)
+            base = p or o
+            out[key] = OpCost(o.name, o.cls, flops, nbytes, o.dtype, base.kernels, o.collective, o.group, o.count,
+                              base.shape)
+    return list(out.values())
 
 
 def kda_attention_ops(spec, layout: Layout, seqs: int, n: int) -> list[OpCost]:
@@ -274,6 +297,9 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
         from cost_model.ops_mamba import nemotron_layer_ops
 
         return nemotron_layer_ops(spec, layout, mixer[len("nemotron:"):], batch, n, ctx, skew)
+    if getattr(spec, "global_head_dim", 0):    # Gemma-4: each layer kind's ops, weighted by its share of the layers
+        return _weighted([(f, layer_ops(s, layout, kind, batch, n, ctx, skew, mixer))
+                          for f, s in layer_kind_specs(spec)])
     h = spec.hidden_size
     seqs = _ceil_div(batch, layout.dp)     # sequences in the busiest attention group
     ta = seqs * n                          # tokens per attention group
@@ -295,6 +321,11 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
         ops.append(c)
     ops.append(_elementwise("fused_add_rms_norm", 4 * ta * h))
     sh = layout.sharding
+    if getattr(spec, "per_layer_input", 0):   # Gemma-4 per-layer inputs: this layer's share of the L P projection,
+        p = spec.per_layer_input              # its gate and output projections (replicated: not split over TP)
+        ops += [_gemm("ple_proj", ta, h, p, layout.dtype, layout.wbytes),
+                _gemm("ple_gate", ta, h, p, layout.dtype, layout.wbytes),
+                _gemm("ple_out", ta, p, h, layout.dtype, layout.wbytes), _elementwise("ple_norm_gelu", 8 * ta * h)]
     if kind == "dense":
         # split over the stage (SGLang): all groups' tokens, all-gather + reduce-scatter (one all-reduce's
         # bytes); split over tp (vLLM): each group its own tokens and an all-reduce over tp

@@ -153,6 +153,9 @@ def roofline_step_time(spec, hw):
 
     if spec.attention == "mla":
         per_head = spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank
+    elif getattr(spec, "global_head_dim", 0):      # Gemma-4: K and V dims per layer kind, the mean
+        n = spec.num_layers
+        per_head = sum(spec.layer_head_dim(i) + spec.layer_v_head_dim(i) for i in range(n)) / n
     else:
         per_head = 2 * spec.head_dim
     peak = hw.tflops.get(spec.dtype) or hw.tflops.get("bf16") or max(v for v in hw.tflops.values() if v)

@@ -69,9 +69,21 @@ def op_check_floor_bytes(op_names: list[str], spec, points: list[WorkloadPoint])
         if op.fit is None or op.check_bytes is None:
             continue
         for p in points:
-            for s in op.shapes(spec, p):
+            for s in point_shapes(op, spec, p):
                 floor = max(floor, op.check_bytes(op.fit(s, 0)))
     return floor
+
+
+def point_shapes(op, spec, point: WorkloadPoint) -> list[dict]:
+    """``op.shapes`` at ``point``; Gemma-4 (whose layer kinds differ in head dim and KV heads): each kind's, once."""
+    if not getattr(spec, "global_head_dim", 0):
+        return op.shapes(spec, point)
+    from persistent_engine.models.gemma4_config import layer_kind_specs
+
+    out: list[dict] = []
+    for _, kind in layer_kind_specs(spec):
+        out += [s for s in op.shapes(kind, point) if s not in out]
+    return out
 
 
 def op_shapes(op, spec, points: list[WorkloadPoint], budget: int | None = None) -> list[dict]:
@@ -79,7 +91,7 @@ def op_shapes(op, spec, points: list[WorkloadPoint], budget: int | None = None) 
     then the op's odd-size examples; no shape twice."""
     shapes: list[dict] = []
     for p in points:
-        for s in op.shapes(spec, p):
+        for s in point_shapes(op, spec, p):
             if budget is not None and op.fit is not None:
                 s = op.fit(s, budget)
             if s not in shapes:

@@ -4,9 +4,12 @@ is; ``NAME+tiny`` is NAME's architecture at toy size (``ModelSpec.scaled_down``)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ALIASES", "CONFIG_DIR", "RELEASES", "TINY_SUFFIX", "alias_help", "known_models", "tiny_name"]
+__all__ = ["ALIASES", "CONFIG_DIR", "RELEASES", "TINY_SUFFIX", "alias_help", "config_of_path", "known_models",
+           "tiny_name"]
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 
@@ -33,6 +36,9 @@ ALIASES = {
     "gemma": "gemma-3-27b.json",
     "gemma-3-27b": "gemma-3-27b.json",
     "gemma-2-9b": "gemma-2-9b.json",
+    "gemma4": "gemma-4-31b.json",
+    "gemma-4-31b": "gemma-4-31b.json",
+    "gemma-4-e2b": "gemma-4-e2b.json",
     "llama4": "llama-4-scout.json",
     "llama-4-scout": "llama-4-scout.json",
     "llama-4-maverick": "llama-4-maverick.json",
@@ -64,6 +70,8 @@ RELEASES = {
     "deepseek": "DeepSeek-V4-Flash", "deepseek-v4-flash": "DeepSeek-V4-Flash", "deepseek-v3": "DeepSeek-V3",
     "deepseek-v3.2": "DeepSeek-V3.2", "mixtral": "Mixtral-8x7B-v0.1", "mixtral-8x7b": "Mixtral-8x7B-v0.1",
     "gemma": "Gemma-3-27B (text)", "gemma-3-27b": "Gemma-3-27B (text)", "gemma-2-9b": "Gemma-2-9B",
+    "gemma4": "Gemma-4-31B (text)", "gemma-4-31b": "Gemma-4-31B (text)",
+    "gemma-4-e2b": "Gemma-4-E2B (text)",
     "llama4": "Llama-4-Scout-17B-16E-Instruct (text)", "llama-4-scout": "Llama-4-Scout-17B-16E-Instruct (text)",
     "llama-4-maverick": "Llama-4-Maverick-17B-128E-Instruct (text)",
     "kimi": "Kimi-K3", "kimi-k3": "Kimi-K3", "kimi-k2.5": "Kimi-K2.5 (text)", "kimi-k2": "Kimi-K2",
@@ -90,3 +98,15 @@ def alias_help() -> str:
 def tiny_name(name: str, tiny: bool) -> str:
     """What ``--tiny`` passes on: NAME+tiny (NAME's architecture at toy size), or NAME unchanged."""
     return name if not tiny or name.endswith(TINY_SUFFIX) else name + TINY_SUFFIX
+
+
+def config_of_path(name: str) -> dict[str, Any] | None:
+    """The parsed config.json behind a model name that is a path (``None`` for an alias): what the judge
+    hands its executors, which run in another working directory and may not read the user's files."""
+    base = name[: -len(TINY_SUFFIX)] if name.endswith(TINY_SUFFIX) and len(name) > len(TINY_SUFFIX) else name
+    if base in ALIASES:
+        return None
+    path = Path(base)
+    path = path / "config.json" if path.is_dir() else path
+    cfg = json.loads(path.read_text())       # ModelSpec.from_name has already parsed it with clear errors
+    return cfg if isinstance(cfg, dict) else None

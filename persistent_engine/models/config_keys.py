@@ -68,6 +68,10 @@ MLA = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v
        "qk_head_dim"}
 GEMMA = {"hidden_activation", "query_pre_attn_scalar", "sliding_window", "sliding_window_size", "layer_types",
          "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"}
+# Gemma-4 text (HF gemma4_text; models/gemma4_config.py checks the values that change the math)
+GEMMA4 = {"global_head_dim", "num_global_key_value_heads", "attention_k_eq_v", "num_kv_shared_layers",
+          "hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block", "use_double_wide_mlp",
+          "num_experts", "top_k_experts", "moe_intermediate_size"}
 DSA = {"index_n_heads", "index_head_dim", "index_topk", "indexer_rope_interleave"}
 
 # Qwen3.5 (HF qwen3_5 / qwen3_5_moe): Gated DeltaNet layers (linear_*) interleaved with gated full attention
@@ -91,6 +95,7 @@ FAMILY_KEYS: dict[str, set[str]] = {
     # Gemma-2 / Gemma-3 text (HF gemma2, gemma3 / gemma3_text; config_sections.gemma_fields)
     "gemma2": GENERIC | GEMMA,
     "gemma3": GENERIC | GEMMA | {"rope_local_base_freq", "sliding_window_pattern"},
+    "gemma4": GENERIC | GEMMA | GEMMA4,
     # Llama-4 text (HF llama4_text; config_sections.llama4_fields)
     "llama4": GENERIC | {"intermediate_size_mlp", "num_local_experts", "num_experts_per_tok", "moe_layers",
                          "interleave_moe_layer_step", "use_qk_norm", "no_rope_layers", "no_rope_layer_interval",
@@ -219,6 +224,11 @@ FAMILY_VALUES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "gemma3": {**_GELU, "rope_scaling": (_gemma3_rope_ok, "default or linear rope on full layers"),
                "rope_parameters": (_gemma3_rope_ok, "default or linear rope on full layers, default on sliding ones"),
                "attn_logit_softcapping": (lambda v: v is None, "null (HF's Gemma3Attention never soft-caps scores)")},
+    "gemma4": {**_GELU, "rope_parameters": (lambda v: True, "per layer type (models/gemma4_config.py)"),
+               "use_bidirectional_attention": (_one_of(None, "vision"), "null or vision (text decodes causally)"),
+               "attn_logit_softcapping": (lambda v: v is None, "null (HF's Gemma-4 attention never soft-caps scores)"),
+               **{k: (lambda v: v is None, "null (Gemma-4 gives its rope per layer type in rope_parameters)")
+                  for k in ("rope_theta", "rope_scaling", "rotary_dim", "partial_rotary_factor")}},
     "glm_moe_dsa": {"layer_types": (lambda v: v is None or set(v) <= {"deepseek_sparse_attention"},
                                     "every layer deepseek_sparse_attention")},
 }

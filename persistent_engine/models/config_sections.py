@@ -371,3 +371,40 @@ def mimo_fields(c: dict, name: str, num_layers: int, head_dim: int) -> dict[str,
         norm_topk_prob=bool(c.get("norm_topk_prob", True)),
         routed_scaling_factor=1.0 if scale is None else float(scale),
         n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))
+
+
+def v4_tiny(spec, kw: dict) -> dict:
+    """DeepSeek-V4 at toy size: 4 layers [window + hash, CSA + hash, HCA, CSA] (every attention kind, both
+    routings), CSA ratio 4 with top-2 entries, HCA ratio 8, window 8, 2 o-groups, 4 streams."""
+    ratios = tuple(r for r in (0, spec.csa_ratio, 8, spec.csa_ratio))
+    return dict(num_layers=4, compress_ratios=ratios, num_hash_layers=min(spec.num_hash_layers, 2), sliding_window=8,
+                head_dim=32, qk_rope_head_dim=8, rotary_dim=8, q_lora_rank=32, o_groups=2, o_lora_rank=16,
+                index_n_heads=2, index_head_dim=16, index_topk=2, num_kv_heads=1, num_shared_experts=1,
+                shared_intermediate_size=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                hc_sinkhorn_iters=min(spec.hc_sinkhorn_iters, 20), n_group=1, topk_group=1, first_k_dense=0)
+
+
+
+def hybrid_tiny(spec, kw: dict, heads: int, head_dim: int, hidden: int) -> dict:
+    """``ModelSpec.scaled_down``'s fields of the hybrid families (``kw``: the toy fields so far; {} for others)."""
+    out: dict[str, Any] = {}
+    n = kw["num_layers"]
+    if spec.msa_layers:
+        # MiniMax-M3: blocks of 4 tokens, 2 per query (so contexts past 8 tokens are sparse); the first layer dense
+        # when the original's first layer is
+        out.update(msa_block_size=4, msa_topk_blocks=2, msa_index_dim=head_dim,
+                   msa_init_blocks=min(spec.msa_init_blocks, 1), msa_local_blocks=1,
+                   msa_layers=tuple(spec.msa_layers[0] if j == 0 else True for j in range(n)))
+    if spec.linear_layers:
+        # Qwen3.5: 2 key heads, the value/key head ratio kept, 16-wide heads; linear and full layers both kept
+        ratio = spec.linear_num_v_heads // spec.linear_num_k_heads
+        both = any(spec.linear_layers) and not all(spec.linear_layers)
+        out.update(linear_num_k_heads=2, linear_num_v_heads=2 * min(ratio, 2), linear_k_dim=16, linear_v_dim=16,
+                   linear_layers=tuple((j < n - 1) if both else spec.linear_layers[0] for j in range(n)))
+    if spec.kda_layers:
+        # Kimi: KDA on all but the last layer (dense + MoE KDA layers, an MoE MLA layer), two layers per
+        # attention-residual block (so blocks close inside the slice), a latent half the hidden size
+        out.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
+                   latent_moe_size=hidden // 2 if spec.latent_moe_size else 0,
+                   attn_res_block_size=2 if spec.attn_res_block_size else 0)
+    return out

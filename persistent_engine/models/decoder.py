@@ -30,6 +30,7 @@ import torch
 
 from persistent_engine.models.attention import GQAAttention
 from persistent_engine.models.dsa import DSAAttention
+from persistent_engine.models.gemma4 import Gemma4Attention, add_per_layer_input, per_layer_inputs
 from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import DenseMLP, MoEMLP
@@ -51,6 +52,9 @@ class Layer:
         self.input_norm, self.post_norm = params[p + "input_norm"], params[p + "post_norm"]
         # Gemma: norms on the attention and MLP outputs before they join the residual (None elsewhere)
         self.attn_out_norm, self.mlp_out_norm = params.get(p + "attn_out_norm"), params.get(p + "mlp_out_norm")
+        self.scalar = params.get(p + "layer_scalar")        # Gemma-4: the layer's output (residual too) times it
+        self.kv_index = spec.kv_source(index)               # Gemma-4: K/V-sharing layers attend an earlier cache
+        self.per_layer_input = spec.per_layer_input > 0     # Gemma-4: a per-layer input after the MLP
         if spec.linear_layers:           # Qwen3.5: Gated DeltaNet / gated attention, gated shared expert
             self.attn, self.mlp = qwen3_5.blocks(spec, params, p, cos_sin, scale, index)
         elif spec.family == "llama4":    # NoPE / chunked rope layers, input-scaled experts + shared expert
@@ -59,6 +63,8 @@ class Layer:
             self.attn = DSAAttention(spec, params, p, cos_sin, scale, index, selections)
         elif spec.block_sparse(index):   # MiniMax-M3
             self.attn = BlockSparseAttention(spec, params, p, cos_sin, scale, index)
+        elif spec.family == "gemma4":    # per-kind head dims, K = V, V norm
+            self.attn = Gemma4Attention(spec, params, p, cos_sin, scale)
         else:
             attn = MLAAttention if spec.attention == "mla" else GQAAttention
             self.attn = attn(spec, params, p, cos_sin, scale)
@@ -131,6 +137,7 @@ class Decoder:
         if self.embed_scale is not None:
             x = x * self.embed_scale.to(x.device)
         residual = torch.zeros_like(x)             # x + 0 == x exactly: layer 0 is normed like the rest
+        pli = per_layer_inputs(self.params, self.spec, wl.token_ids, x) if self.spec.per_layer_input else None
         regions = self._region_weights(wl)
         for j, layer in enumerate(self.blocks):
             if regions is not None:
@@ -138,13 +145,18 @@ class Decoder:
                                    *regions[j], *self._region_tail())
                 continue
             a, residual = _attn_input(layer, x, residual, self.eps, wl)
-            x = layer.attn(a, wl, wl.cache.k.get(layer.index), wl.cache.v.get(layer.index))
+            x = layer.attn(a, wl, wl.cache.k.get(layer.kv_index), wl.cache.v.get(layer.kv_index))
             if layer.attn_out_norm is not None:
                 x = call("rms_norm", x, layer.attn_out_norm, self.eps)
             a, residual = _norm_into(x, residual, layer.post_norm, self.eps, layer.mlp_in)
             x = layer.mlp(a)
             if layer.mlp_out_norm is not None:
                 x = call("rms_norm", x, layer.mlp_out_norm, self.eps)
+            if layer.per_layer_input:                     # the per-layer input on the whole hidden state
+                x, residual = torch.zeros_like(x), add_per_layer_input(self.params, f"layers.{layer.index}.",
+                                                                       x + residual, pli[:, layer.index], self.eps)
+            if layer.scalar is not None:                  # (x + residual) * s, the sum left to the next norm
+                x, residual = x * layer.scalar, residual * layer.scalar
         return call("fused_add_rms_norm", x, residual, self.final_norm, self.eps)[0]
 
     @torch.no_grad()

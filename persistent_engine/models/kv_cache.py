@@ -1,13 +1,13 @@
 """The paged KV cache: per layer a pool of NB blocks of BS tokens, and one block table per sequence.
 
 GQA layers keep ``k[NB, BS, Hk, Dh]`` and ``v[NB, BS, Hk, Dv]`` (Dv = Dh but for MiMo-V2-Flash, whose windowed
-layers also have their own Hk: ``spec.layer_kv_heads``); MLA layers keep one latent pool
-``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is absent, except on layers that run a DSA
-lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's keys; MiniMax-M3's block-sparse layers keep
-their index keys in ``index_k[NB, BS, Di]``; DeepSeek-V4 layers keep the K = V rows in ``k[NB, BS, D]``, their
-compressor's source rows in ``v`` / ``index_k`` and their compressed entries per sequence in ``entries`` /
-``index_entries`` (``models/deepseek_v4_decoder.py``). Blocks are handed out in a seeded random
-order, so a kernel that assumes contiguous blocks fails verification.
+layers also have their own Hk: ``spec.layer_kv_heads``; Gemma-4's layer kinds differ in Hk and Dh:
+``spec.layer_head_dim``); MLA layers keep one latent pool ``k[NB, BS, kv_lora_rank + rope_dim]``; their ``v`` is
+absent, except on layers that run a DSA lightning indexer, where ``v[NB, BS, index_head_dim]`` holds the indexer's
+keys; MiniMax-M3's block-sparse layers keep their index keys in ``index_k[NB, BS, Di]``; DeepSeek-V4 layers keep
+the K = V rows in ``k[NB, BS, D]``, their compressor's source rows in ``v`` / ``index_k`` and their compressed
+entries per sequence in ``entries`` / ``index_entries`` (``models/deepseek_v4_decoder.py``). Blocks are handed out
+in a seeded random order, so a kernel that assumes contiguous blocks fails verification.
 
 Recurrent layers keep no per-token cache but a fixed state per sequence: Qwen3.5's Gated DeltaNet layers
 ``state[B, Hv, Dk, Dv]`` fp32 and ``conv[B, C, K-1]``, Kimi delta attention layers ``state[B, H, Dk, Dv]`` fp32
@@ -121,14 +121,16 @@ def alloc_kv_cache(spec, layers: list[int], batch: int, tokens_per_seq: int, *, 
         if i in cache.state:
             cache.state_next[i], cache.conv_next[i] = cache.state[i].clone(), cache.conv[i].clone()
             continue
+        if spec.kv_source(i) != i:                  # Gemma-4: attends an earlier layer's pool, keeps none
+            continue
         if spec.attention == "mla":
             cache.k[i] = pool(nb, block_size, spec.kv_lora_rank + spec.qk_rope_head_dim)
             if spec.indexer_kind(i) == "full":
                 cache.v[i] = pool(nb, block_size, spec.index_head_dim)
         else:
             hk = spec.layer_kv_heads(i)
-            cache.k[i] = pool(nb, block_size, hk, spec.head_dim)
-            cache.v[i] = pool(nb, block_size, hk, spec.gqa_v_head_dim)
+            cache.k[i] = pool(nb, block_size, hk, spec.layer_head_dim(i))         # Gemma-4: per layer kind
+            cache.v[i] = pool(nb, block_size, hk, spec.layer_v_head_dim(i))
             if spec.block_sparse(i):
                 cache.index_k[i] = pool(nb, block_size, spec.msa_index_dim)
     return cache

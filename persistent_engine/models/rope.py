@@ -1,5 +1,6 @@
 """Rotary position tables: the ``cos_sin_cache[max_pos, R]`` (fp32) that ``rotary_embedding`` reads,
-with the frequency scaling of each family (none, linear, Llama-3, YaRN), and YaRN's attention-scale factor.
+with the frequency scaling of each family (none, linear, Llama-3, YaRN, Gemma-4's proportional), and YaRN's
+attention-scale factor.
 
 Cost: max_pos * R * 4 bytes, built once per model (GLM-4.6: 202752 x 64 -> 52 MB).
 """
@@ -58,7 +59,15 @@ def cos_sin_cache(spec, device="cpu", max_pos: int | None = None) -> torch.Tenso
     r = rotary_dim(spec)
     base = spec.rope_theta
     kind = rope_type(spec)
-    if kind == "yarn":
+    if getattr(spec, "rope_proportion", 0.0):
+        # Gemma-4's full layers (HF "proportional"): R = the full head D; pair d < p D/2 turns at base^(-2d/D),
+        # the others at frequency 0 (cos 1, sin 0: unrotated)
+        r = spec.global_head_dim or spec.head_dim
+        turn = int(spec.rope_proportion * r // 2)
+        inv = torch.cat([1.0 / base ** (torch.arange(0, 2 * turn, 2, dtype=torch.float64) / r),
+                         torch.zeros(r // 2 - turn, dtype=torch.float64)])
+        mul = 1.0
+    elif kind == "yarn":
         inv = _yarn_inv_freq(r, base, spec.rope_scaling)
         sc = spec.rope_scaling
         factor = float(sc["factor"])
@@ -76,10 +85,12 @@ def cos_sin_cache(spec, device="cpu", max_pos: int | None = None) -> torch.Tenso
 
 
 def local_cos_sin_cache(spec, device="cpu") -> torch.Tensor | None:
-    """Gemma-3's sliding layers: the default rope at base rope_local_theta (None when every layer shares one table)."""
+    """Gemma-3/4's sliding layers: the default rope at base rope_local_theta (None when every layer shares one
+    table)."""
     if not spec.rope_local_theta:
         return None
-    return cos_sin_cache(spec.replace(rope_theta=spec.rope_local_theta, rope_scaling=None), device=device)
+    return cos_sin_cache(spec.replace(rope_theta=spec.rope_local_theta, rope_scaling=None, rope_proportion=0.0),
+                         device=device)
 
 
 def attention_scale(spec) -> float:

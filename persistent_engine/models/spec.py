@@ -37,6 +37,7 @@ Supported families (``ModelSpec.family``):
   gemma2      Gemma2ForCausalLM                     GeGLU, (1 + w) norms around attention and MLP, sqrt(H) embeddings,
   gemma3      Gemma3ForCausalLM                     sliding/full interleave, soft-capped scores (2) and logits; 3: QK-
                                                     norm, sliding layers' own rope base (config_sections.gemma_fields)
+  gemma4      Gemma4ForCausalLM                     Gemma-3 + per-kind head dims / KV heads, K = V (gemma4_config)
   llama4      Llama4ForCausalLM                     NoPE layers (query temperature) between chunked rope layers (L2
                                                     qk-norm); top-1 sigmoid router on the experts' input + shared
   mimo_v2_flash MiMoV2FlashForCausalLM             hybrid sliding-window (sinks) / full GQA layers, each kind with its
@@ -51,7 +52,7 @@ Supported families (``ModelSpec.family``):
                                                     (models/deepseek_v4.py, models/deepseek_v4_decoder.py)
   nemotron_h  NemotronHForCausalLM (Nemotron-3)     a block per layer: Mamba-2, NoPE GQA, relu2 MLP / MoE (nemotron*.py)
 
-Multimodal ``*ForConditionalGeneration`` configs (Llama-4 Scout / Maverick, Kimi-K2.5, Kimi-K3, Qwen3.5) run
+Multimodal ``*ForConditionalGeneration`` configs (Llama-4, Kimi-K2.5, Kimi-K3, Qwen3.5, Gemma-4) run
 their ``text_config``'s decoder, text decode only (``models/wrappers.py``). Every key of a config is implemented,
 listed as leaving the math unchanged, at its neutral value (``models/neutral_keys.py``), or the config is refused
 (``config_keys.check_config``). ``NAME+tiny`` (``--tiny`` on the CLI) is NAME's architecture at toy size
@@ -71,9 +72,12 @@ from persistent_engine.models.config_keys import SpecError, check_config
 from persistent_engine.models.config_sections import (deepseek_v4_fields, dsa_fields, gemma_fields, llama4_fields,
                                                       mimo_fields, minimax_m2_attn_types, minimax_m3_fields,
                                                       mixtral_fields, mla_fields, parse_mlp_layer_types,
-                                                      qwen3_5_fields, qwen_windows)
+                                                      qwen3_5_fields, qwen_windows, v4_tiny,
+                                                      hybrid_tiny)
 from persistent_engine.models.aliases import (ALIASES, CONFIG_DIR, RELEASES, TINY_SUFFIX, alias_help,  # noqa: F401
-                                              known_models, tiny_name)
+                                              config_of_path, known_models, tiny_name)
+from persistent_engine.models.gemma4_config import (gemma4_fields, gemma4_tiny, kv_shared,  # noqa: F401
+                                                    layer_intermediate, layer_kind_specs)
 from persistent_engine.models.gpt_oss_config import gpt_oss_fields
 from persistent_engine.models.kimi_config import kimi_fields, quantization_kind
 from persistent_engine.models.wrappers import WRAPPERS, unwrap
@@ -81,7 +85,7 @@ from persistent_engine.models.nemotron_config import NemotronFields, nemotron_fi
 from persistent_engine.models.spec_sizes import DTYPE_BYTES, SpecSizes  # noqa: F401 - DTYPE_BYTES re-exported
 
 __all__ = ["ALIASES", "CONFIG_DIR", "DTYPE_BYTES", "RELEASES", "ModelSpec", "SpecError", "alias_help",
-           "known_models", "tiny_name"]
+           "known_models", "kv_shared", "layer_intermediate", "layer_kind_specs", "tiny_name"]
 
 # HF "architectures" entry -> family
 ARCHITECTURES = {
@@ -101,6 +105,7 @@ ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma4ForCausalLM": "gemma4",
     "Llama4ForCausalLM": "llama4",
     "MiMoV2FlashForCausalLM": "mimo_v2_flash",
     "GptOssForCausalLM": "gpt_oss",
@@ -241,6 +246,13 @@ class ModelSpec(SpecSizes, NemotronFields):
     value_scale: float = 1.0
     o_bias: bool = False                    # gpt-oss: o projection bias; router + expert biases (moe_bias)
     moe_bias: bool = False
+    # Gemma-4 (gemma4_config.py): full layers' head dim (0: head_dim), K = V, share of rope pairs turning (0: none)
+    global_head_dim: int = 0
+    k_eq_v: bool = False
+    rope_proportion: float = 0.0
+    kv_shared_layers: int = 0               # the last n layers attend an earlier layer's K/V (gemma4_config.kv_source)
+    per_layer_input: int = 0                # per-layer input embeddings of this width (0: none)
+    double_wide_mlp: bool = False           # the K/V-sharing layers' MLPs twice intermediate_size
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -374,6 +386,8 @@ class ModelSpec(SpecSizes, NemotronFields):
         if family == "gpt_oss":
             kw.update(gpt_oss_fields(c, name, kw["num_layers"]))
         kw.update(nemotron_fields(c, name) if family == "nemotron_h" else {})
+        if family == "gemma4":
+            kw.update(gemma4_fields(c, name, kw["num_layers"]))
         if family in ("qwen3", "qwen3_moe"):
             kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
         if c.get("mlp_layer_types"):
@@ -426,26 +440,7 @@ class ModelSpec(SpecSizes, NemotronFields):
             # a window of 8 (below the tiny contexts); full and windowed layers both kept when both exist
             n, kinds = kw["num_layers"], [self.layer_window(i) > 0 for i in range(self.num_layers)]
             kw["layer_windows"] = tuple(8 if (all(kinds) or (any(kinds) and j == n - 1)) else 0 for j in range(n))
-        if self.msa_layers:
-            # blocks of 4 tokens, 2 per query (so contexts past 8 tokens are sparse); the first layer dense
-            # when the original's first layer is
-            n = kw["num_layers"]
-            kw.update(msa_block_size=4, msa_topk_blocks=2, msa_index_dim=head_dim,
-                      msa_init_blocks=min(self.msa_init_blocks, 1), msa_local_blocks=1,
-                      msa_layers=tuple(self.msa_layers[0] if j == 0 else True for j in range(n)))
-        if self.linear_layers:
-            # 2 key heads, the value/key head ratio kept, 16-wide heads; linear and full layers both kept
-            n, ratio = kw["num_layers"], self.linear_num_v_heads // self.linear_num_k_heads
-            both = any(self.linear_layers) and not all(self.linear_layers)
-            kw.update(linear_num_k_heads=2, linear_num_v_heads=2 * min(ratio, 2), linear_k_dim=16, linear_v_dim=16,
-                      linear_layers=tuple((j < n - 1) if both else self.linear_layers[0] for j in range(n)))
-        if self.kda_layers:
-            # Kimi: KDA on all but the last layer (dense + MoE KDA layers, an MoE MLA layer), two layers per
-            # attention-residual block (so blocks close inside the slice), a latent half the hidden size
-            n = kw["num_layers"]
-            kw.update(kda_layers=tuple(j < n - 1 for j in range(n)), kda_num_heads=heads, kda_head_dim=16,
-                      latent_moe_size=hidden // 2 if self.latent_moe_size else 0,
-                      attn_res_block_size=2 if self.attn_res_block_size else 0)
+        kw.update(hybrid_tiny(self, kw, heads, head_dim, hidden))    # MiniMax-M3, Qwen3.5, Kimi (config_sections)
         if self.rope_layers:                    # Llama-4: a rope layer (chunked) then a NoPE one, chunks of 8 tokens
             kw.update(rope_layers=tuple(j < kw["num_layers"] - 1 for j in range(kw["num_layers"])),
                       attention_chunk_size=8 if self.attention_chunk_size else 0,
@@ -453,8 +448,10 @@ class ModelSpec(SpecSizes, NemotronFields):
         if self.query_pre_attn_scalar:          # the same score scale relative to the head dim
             kw["query_pre_attn_scalar"] = self.query_pre_attn_scalar * head_dim / self.head_dim
         kw.update(nemotron_tiny(self, kw))       # Nemotron-H: one layer per block letter ({} for other families)
+        if self.family == "gemma4":
+            kw.update(gemma4_tiny(self, kw))
         if self.family == "deepseek_v4":
-            kw.update(_v4_tiny(self, kw))
+            kw.update(v4_tiny(self, kw))
         elif self.sparse_attention:
             # a top-k below the tiny contexts (so the selection matters), and a shared layer when the
             # original has any: [dense/full, moe/full, moe/shared]
@@ -511,6 +508,24 @@ class ModelSpec(SpecSizes, NemotronFields):
         """Layer i's KV heads (MiMo-V2-Flash's windowed layers have their own count)."""
         return self.window_kv_heads if self.window_kv_heads and self.layer_window(i) else self.num_kv_heads
 
+    def layer_head_dim(self, i: int) -> int:
+        """Layer i's Q/K head dim (Gemma-4's full layers: global_head_dim)."""
+        return self.global_head_dim if self.global_head_dim and not self.layer_window(i) else self.head_dim
+
+    def layer_v_head_dim(self, i: int) -> int:
+        return self.layer_head_dim(i) if self.global_head_dim else self.gqa_v_head_dim
+
+    def kv_source(self, i: int) -> int:
+        """The layer whose K/V cache layer i attends: i, or for Gemma-4's last kv_shared_layers layers the last
+        earlier layer of the same kind."""
+        first = self.num_layers - self.kv_shared_layers         # (a spec of shared layers only: i itself)
+        return i if i < first else max((j for j in range(first) if self.layer_window(j) == self.layer_window(i)),
+                                       default=i)
+
+    def layer_k_eq_v(self, i: int) -> bool:
+        """Whether layer i's V is its K projection (Gemma-4's full layers with attention_k_eq_v)."""
+        return self.k_eq_v and not self.layer_window(i)
+
     def layer_sinks(self, i: int) -> bool:
         """Whether layer i's softmax has a learned sink logit per head."""
         return self.attention_sinks or (self.window_sinks and self.layer_window(i) > 0)
@@ -521,8 +536,7 @@ class ModelSpec(SpecSizes, NemotronFields):
         return self.v_head_dim if self.attention == "gqa" and self.v_head_dim else self.head_dim
 
     def attention_kinds(self) -> list[tuple[int, int, bool]]:
-        """The distinct (KV heads, window, sinks) of the model's layers, sorted (what the attention ops' shapes
-        cover: MiMo-V2-Flash's full and windowed layers differ in all three)."""
+        """The distinct (KV heads, window, sinks) of the layers, sorted (the attention ops' shapes cover each)."""
         return sorted({(self.layer_kv_heads(i), self.layer_window(i), self.layer_sinks(i))
                        for i in range(self.num_layers)})
 
@@ -574,40 +588,22 @@ class ModelSpec(SpecSizes, NemotronFields):
             seen.setdefault(f"rope:{self.uses_rope(i)}", i)
             seen.setdefault(f"linear:{self.is_linear(i)}:{self.layer_block(i)}", i)     # Nemotron-H: every block
             seen.setdefault(f"kda:{self.is_kda_layer(i)}:{self.layer_kind(i)}", i)
+            seen.setdefault(f"kv:{self.kv_source(i) != i}:{self.layer_window(i)}", i)
             if self.compress_ratios:
                 seen.setdefault(f"v4:{self.compress_ratios[i]}:{i < self.num_hash_layers}", i)
         out = set(seen.values())
         out |= {self.indexer_source(i) for i in list(out) if self.indexer_kind(i) == "shared"}
-        return sorted(out)
+        return sorted(out | {self.kv_source(i) for i in out})
 
     def check_slice(self, layers: list[int]) -> None:
         """A slice must hold the full layer each of its shared-indexer layers takes its selection from."""
         have = set(layers)
         for i in layers:
+            if self.kv_source(i) not in have:
+                raise SpecError(f"{self.name}: layer {i} attends layer {self.kv_source(i)}'s K/V; a slice with "
+                                f"layer {i} must include layer {self.kv_source(i)}")
             src = self.indexer_source(i)
             if src is not None and src not in have:
                 raise SpecError(f"{self.name}: layer {i} reuses layer {src}'s sparse-attention selection; "
                                 f"a slice with layer {i} must include layer {src}")
 
-
-def _v4_tiny(spec: ModelSpec, kw: dict) -> dict:
-    """DeepSeek-V4 at toy size: 4 layers [window + hash, CSA + hash, HCA, CSA] (every attention kind, both
-    routings), CSA ratio 4 with top-2 entries, HCA ratio 8, window 8, 2 o-groups, 4 streams."""
-    ratios = tuple(r for r in (0, spec.csa_ratio, 8, spec.csa_ratio))
-    return dict(num_layers=4, compress_ratios=ratios, num_hash_layers=min(spec.num_hash_layers, 2), sliding_window=8,
-                head_dim=32, qk_rope_head_dim=8, rotary_dim=8, q_lora_rank=32, o_groups=2, o_lora_rank=16,
-                index_n_heads=2, index_head_dim=16, index_topk=2, num_kv_heads=1, num_shared_experts=1,
-                shared_intermediate_size=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                hc_sinkhorn_iters=min(spec.hc_sinkhorn_iters, 20), n_group=1, topk_group=1, first_k_dense=0)
-
-
-def config_of_path(name: str) -> dict[str, Any] | None:
-    """The parsed config.json behind a model name that is a path (``None`` for an alias): what the judge
-    hands its executors, which run in another working directory and may not read the user's files."""
-    base = name[: -len(TINY_SUFFIX)] if name.endswith(TINY_SUFFIX) and len(name) > len(TINY_SUFFIX) else name
-    if base in ALIASES:
-        return None
-    path = Path(base)
-    path = path / "config.json" if path.is_dir() else path
-    cfg = json.loads(path.read_text())       # ModelSpec.from_name has already parsed it with clear errors
-    return cfg if isinstance(cfg, dict) else None

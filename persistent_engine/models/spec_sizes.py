@@ -5,6 +5,8 @@ spec's fields; no torch (the cost model reads these on machines without it).
 
 from __future__ import annotations
 
+from persistent_engine.models.gemma4_config import kv_shared, layer_intermediate
+
 DTYPE_BYTES = {"bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "fp32": 4.0,
                "float32": 4.0, "fp8": 1.0, "fp4": 0.5}
 
@@ -28,9 +30,13 @@ class SpecSizes:
             kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
                   + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim))
             return q + kv + self.num_heads * self.v_head_dim * h
-        hk = self.num_kv_heads if i is None else self.layer_kv_heads(i)
-        q, k, v = self.num_heads * self.head_dim, hk * self.head_dim, hk * self.gqa_v_head_dim
-        n = h * (q + k + v) + self.num_heads * self.gqa_v_head_dim * h
+        shared = i is not None and kv_shared(self, i)      # Gemma-4: no K/V projections, no k_norm
+        hk = self.num_kv_heads if i is None else 0 if shared else self.layer_kv_heads(i)
+        dh, dv = (self.head_dim, self.gqa_v_head_dim) if i is None else (self.layer_head_dim(i),
+                                                                         self.layer_v_head_dim(i))
+        v = 0 if i is not None and self.layer_k_eq_v(i) else hk * dv                     # Gemma-4 full layers: V = K
+        q, k = self.num_heads * dh, hk * dh
+        n = h * (q + k + v) + self.num_heads * dv * h
         if self.qkv_bias:
             n += q + k + v
         if self.o_bias:                                  # gpt-oss
@@ -38,7 +44,7 @@ class SpecSizes:
         if self.attention_sinks if i is None else self.layer_sinks(i):
             n += self.num_heads
         if self.qk_norm == "per_head":
-            n += 2 * self.head_dim
+            n += dh if shared else 2 * dh
         elif self.qk_norm == "per_layer":
             n += q + k
         return n
@@ -106,16 +112,19 @@ class SpecSizes:
                 attn += self.hidden_size * self.num_heads * self.v_head_dim
         if self.attn_res_block_size:
             attn += 4 * self.hidden_size                 # two (norm, proj) pairs of attention residuals
-        a = attn + self.indexer_params(i) + self.msa_params(i) + 2 * self.hidden_size
+        a = attn + self.indexer_params(i) + self.msa_params(i) + (4 if self.sandwich_norms else 2) * self.hidden_size
+        a += (2 * self.per_layer_input + 1) * self.hidden_size if self.per_layer_input else 0   # Gemma-4 per-layer in
         if self.layer_kind(i) == "dense":
-            m = self.dense_mlp_params()
+            m = 3 * self.hidden_size * layer_intermediate(self, i)
             return a + m, a + m
         tot, act = self.moe_params()
         return a + tot, a + act
 
     def embedding_params(self) -> int:
         n = self.vocab_size * self.hidden_size
-        return n if self.tie_word_embeddings else 2 * n
+        lp = self.num_layers * self.per_layer_input        # Gemma-4 per-layer inputs: table, projection, norm
+        ple = self.vocab_size * lp + lp * self.hidden_size + self.per_layer_input if lp else 0
+        return (n if self.tie_word_embeddings else 2 * n) + ple
 
     def total_params(self) -> int:
         return sum(self.layer_params(i)[0] for i in range(self.num_layers)) + self.embedding_params() + self.hidden_size
@@ -143,9 +152,10 @@ class SpecSizes:
             return _v4_kv_elems(self, layer) * DTYPE_BYTES[dtype or self.dtype]
         if self.attention == "mla":
             elems = float(self.kv_lora_rank + self.qk_rope_head_dim)
-        elif self.window_kv_heads:                       # MiMo: K and V heads of their own dims, per layer kind
-            hks = [self.layer_kv_heads(j) for j in ([layer] if layer is not None else range(self.num_layers))]
-            elems = float(sum(hks) / len(hks) * (self.head_dim + self.gqa_v_head_dim))
+        elif self.window_kv_heads:                       # MiMo, Gemma-4: K and V heads of their own, per layer kind
+            js = [layer] if layer is not None else range(self.num_layers)
+            elems = float(sum(self.layer_kv_heads(j) * (self.layer_head_dim(j) + self.layer_v_head_dim(j))
+                              for j in js if not kv_shared(self, j)) / len(js))     # Gemma-4: shared layers none
         else:
             elems = float(self.num_kv_heads * (self.head_dim + self.gqa_v_head_dim))
         if self.msa_layers:

@@ -3,7 +3,7 @@
 Internal layout (what the decoder reads; fused where the ops want it):
   embed [V, H], final_norm [H], lm_head [V, H] (absent when tied)
   layers.{i}.input_norm / post_norm [H]
-  GQA  qkv_w [(Hq + 2 Hk) Dh, H], qkv_b, q_norm [Dh] (per_head) | [Hq Dh] (per_layer), k_norm, o_w [H, Hq Dh],
+  GQA  qkv_w [(Hq + 2 Hk) Dh, H] (Gemma-4: the layer's Dh and Hk; K = V layers no V rows), qkv_b, q_norm [Dh] (per_head) | [Hq Dh] (per_layer), k_norm, o_w [H, Hq Dh],
        sinks [Hq] fp32 (layers with sinks); MiMo-V2-Flash: qkv_w [(Hq + Hk) Dh + Hk Dv, H], o_w [H, Hq Dv] with
        Hk the layer's (spec.layer_kv_heads)
   MLA  q_a_w [Lq, H], q_a_norm [Lq], q_b_w [Hq (Dn + R), Lq] (or q_w [Hq (Dn + R), H]), kv_a_w [L + R, H],
@@ -34,6 +34,7 @@ import zlib
 import torch
 
 from persistent_engine.models import gpt_oss
+from persistent_engine.models.gemma4_config import layer_intermediate
 from persistent_engine.models.safetensors_io import SafetensorsDir, WeightsError, save_file
 
 
@@ -51,6 +52,10 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
     out: dict[str, tuple[tuple[int, ...], str]] = {"embed": ((v, h), "embed"), "final_norm": ((h,), "norm")}
     if not spec.tie_word_embeddings:
         out["lm_head"] = ((v, h), "linear")
+    if spec.per_layer_input:                    # Gemma-4 per-layer inputs: every layer's columns, sliced or not
+        lp = spec.num_layers * spec.per_layer_input
+        out.update(ple_embed=((v, lp), "embed"), ple_proj=((lp, h), "linear"),
+                   ple_norm=((spec.per_layer_input,), "norm"))
     for i in layers:
         p = f"layers.{i}."
         out[p + "input_norm"] = ((h,), "norm")
@@ -75,24 +80,32 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
             out[p + "o_w"] = ((h, hq * dv), "linear")
             out.update(_indexer_specs(spec, i))
         else:
-            hq, hk, dh, dv = spec.num_heads, spec.layer_kv_heads(i), spec.head_dim, spec.gqa_v_head_dim
+            hq, hk, dh, dv = spec.num_heads, spec.layer_kv_heads(i), spec.layer_head_dim(i), spec.layer_v_head_dim(i)
+            v_rows = 0 if spec.layer_k_eq_v(i) else hk * dv                                # Gemma-4: V = K's rows
+            if spec.kv_source(i) != i:                          # Gemma-4 K/V-sharing layers: q rows only
+                hk = v_rows = 0
             index_rows = (hk + 1) * spec.msa_index_dim if spec.block_sparse(i) else 0     # M3: [.. | index_q | index_k]
             gate_rows = hq * dh if spec.attn_output_gate else 0                           # Qwen3.5: [.. | gate]
-            out[p + "qkv_w"] = (((hq + hk) * dh + hk * dv + index_rows + gate_rows, h), "linear")
+            out[p + "qkv_w"] = (((hq + hk) * dh + v_rows + index_rows + gate_rows, h), "linear")
             if index_rows:
                 out[p + "idx_q_norm"], out[p + "idx_k_norm"] = ((spec.msa_index_dim,), "norm"), ((spec.msa_index_dim,), "norm")
             if spec.qkv_bias:
                 out[p + "qkv_b"] = (((hq + hk) * dh + hk * dv,), "bias")
             if spec.qk_norm == "per_head":
                 out[p + "q_norm"], out[p + "k_norm"] = ((dh,), "norm"), ((dh,), "norm")
+                if not hk:
+                    del out[p + "k_norm"]
             elif spec.qk_norm == "per_layer":
                 out[p + "q_norm"], out[p + "k_norm"] = ((hq * dh,), "norm"), ((hk * dh,), "norm")
             out[p + "o_w"] = ((h, hq * dv), "linear")
             if spec.layer_sinks(i):
                 out[p + "sinks"] = ((hq,), "router_bias")            # fp32, one logit per head (gpt-oss ``sinks``)
+            if spec.family == "gemma4":
+                out.update(gemma4_layer_specs(spec, i))
         if spec.layer_kind(i) == "dense":
-            out[p + "gate_up_w"] = ((2 * spec.intermediate_size, h), "linear")
-            out[p + "down_w"] = ((h, spec.intermediate_size), "linear")
+            inter = layer_intermediate(spec, i)                 # Gemma-4: double-wide on K/V-sharing layers
+            out[p + "gate_up_w"] = ((2 * inter, h), "linear")
+            out[p + "down_w"] = ((h, inter), "linear")
         else:
             e, im = spec.num_experts, spec.moe_intermediate_size
             out[p + "router_w"] = ((e, h), "linear")
@@ -108,6 +121,16 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
                     out[p + "shared_gate_w"] = ((1, h), "linear")
         if spec.family == "gpt_oss":
             out.update(gpt_oss.extra_param_specs(spec, i))
+    return out
+
+
+def gemma4_layer_specs(spec, i: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Gemma-4's own tensors of layer i: the output scalar, the per-layer input's gate, projection and norm."""
+    p, h, pl = f"layers.{i}.", spec.hidden_size, spec.per_layer_input
+    out = {p + "layer_scalar": ((1,), "norm")}
+    if pl:
+        out.update({p + "ple_gate": ((pl, h), "linear"), p + "ple_out": ((h, pl), "linear"),
+                    p + "ple_post_norm": ((h,), "norm")})
     return out
 
 
@@ -290,6 +313,10 @@ def _llama4_mlp_to_hf(spec, i: int, params: dict[str, torch.Tensor]) -> dict[str
 
 def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
     """Internal tensors from an HF checkpoint; ``get(hf_name) -> Tensor``."""
+    if spec.family == "gemma4":
+        from persistent_engine.models.gemma4 import gemma4_from_hf
+
+        return gemma4_from_hf(spec, layers, get)
     out: dict[str, torch.Tensor] = {"embed": get("model.embed_tokens.weight"), "final_norm": get("model.norm.weight")}
     if not spec.tie_word_embeddings:
         out["lm_head"] = get("lm_head.weight")
@@ -358,6 +385,10 @@ def hf_to_internal(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
 
 def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inverse of ``hf_to_internal``: HF checkpoint names for a model's (slice's) weights."""
+    if spec.family == "gemma4":
+        from persistent_engine.models.gemma4 import gemma4_to_hf
+
+        return gemma4_to_hf(spec, layers, params)
     out = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["final_norm"]}
     if not spec.tie_word_embeddings:
         out["lm_head.weight"] = params["lm_head"]
@@ -429,11 +460,22 @@ def internal_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> 
     return _gemma_norms(spec, out, -1.0, hf=True)
 
 
+def _checkpoint_name(spec, name: str) -> str:
+    """A multimodal wrapper's text decoder keeps its tensors under ``language_model.`` (Gemma-4:
+    ``model.language_model.`` in place of ``model.``)."""
+    if not spec.extra.get("text_only"):
+        return name
+    if spec.family == "gemma4":
+        return "model.language_model." + name.removeprefix("model.")
+    return "language_model." + name
+
+
 def save_weights(model, path) -> None:
     """Write a model's (slice's) weights as one HF-named safetensors file, atomically (a multimodal wrapper's text
     decoder under ``language_model.``, as its published checkpoints name it)."""
-    prefix = "language_model." if model.spec.extra.get("text_only") else ""
-    tensors = {prefix + k: v.contiguous() for k, v in internal_to_hf(model.spec, model.layers, model.params).items()}
+    spec = model.spec
+    tensors = {_checkpoint_name(spec, k): v.contiguous()
+               for k, v in internal_to_hf(spec, model.layers, model.params).items()}
     save_file(tensors, path, metadata={"format": "pt", "tkcc_model": model.spec.name})
 
 
@@ -473,8 +515,7 @@ def load_weights(spec, layers: list[int], path, device="cpu", dtype=torch.bfloat
         raise WeightsError(f"{spec.name}: loading {family} "
                            "checkpoints is not implemented yet; run with seeded random weights (no --weights)")
     st = SafetensorsDir(path)
-    prefix = "language_model." if spec.extra.get("text_only") else ""      # models/wrappers.py
-    params = hf_to_internal(spec, layers, lambda n: _dequant(st, prefix + n))
+    params = hf_to_internal(spec, layers, lambda n: _dequant(st, _checkpoint_name(spec, n)))   # models/wrappers.py
     expected = param_specs(spec, layers)
     for name, (shape, kind) in expected.items():
         t = params[name]

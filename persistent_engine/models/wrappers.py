@@ -14,7 +14,7 @@ the like at the top) are dropped, wrapper or not, after the ones that would chan
   KimiK25ForConditionalGeneration       DeepseekV3ForCausalLM         moonshotai/Kimi-K2.5 modeling_kimi_k25.py
   KimiK3ForConditionalGeneration        KimiLinearForCausalLM         moonshotai/Kimi-K3
   Qwen3_5(Moe)ForConditionalGeneration  Qwen3_5(Moe)ForCausalLM       HF transformers modeling_qwen3_5(_moe).py
-  Gemma4ForConditionalGeneration        refused: Gemma-4's text decoder is not Gemma-3's (``GEMMA4_NEW``)
+  Gemma4ForConditionalGeneration        Gemma4ForCausalLM             HF transformers modeling_gemma4.py
 """
 
 from __future__ import annotations
@@ -62,11 +62,12 @@ WRAPPERS: dict[str, Wrapper] = {
     "Qwen3_5MoeForConditionalGeneration": Wrapper(
         "Qwen3_5MoeForCausalLM", ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
         "vision_config (the Qwen3.5 vision encoder and merger)"),
+    "Gemma4ForConditionalGeneration": Wrapper(
+        "Gemma4ForCausalLM", ("audio_config", "audio_token_id", "boa_token_id", "boi_token_id", "eoa_token_id",
+                              "eoa_token_index", "eoi_token_id", "image_token_id", "video_token_id",
+                              "vision_soft_tokens_per_image"),
+        "vision_config and audio_config (the Gemma-4 vision and audio towers and their embedders)"),
 }
-# Gemma-4's text decoder (HF gemma4_text, configuration_gemma4.py / modular_gemma4.py) differs from Gemma-3's in
-# these keys' math; tkcc does not implement it yet
-GEMMA4_NEW = ("global_head_dim", "num_global_key_value_heads", "attention_k_eq_v", "num_kv_shared_layers",
-              "hidden_size_per_layer_input", "enable_moe_block", "use_double_wide_mlp", "rope_parameters")
 
 # HF PretrainedConfig's serialised defaults: generation / training / bookkeeping, read by no forward pass
 HF_DEFAULTS = (
@@ -85,7 +86,7 @@ HF_MUST_BE_OFF = ("add_cross_attention", "is_encoder_decoder", "pruned_heads", "
 
 def _wrapper_of(cfg: dict) -> str | None:
     archs = cfg.get("architectures") or []
-    return next((a for a in archs if a in WRAPPERS or a == "Gemma4ForConditionalGeneration"), None)
+    return next((a for a in archs if a in WRAPPERS), None)
 
 
 def _without_hf_defaults(c: dict, name: str) -> dict:
@@ -106,12 +107,6 @@ def unwrap(cfg: dict, name: str) -> tuple[dict, str]:
     if not isinstance(cfg.get("text_config"), dict):
         raise SpecError(f"{name}: {arch} without a text_config object")
     text = _without_hf_defaults(cfg["text_config"], name)
-    if arch == "Gemma4ForConditionalGeneration":
-        new = [k for k in GEMMA4_NEW if k in text]
-        raise SpecError(f"{name}: Gemma4ForConditionalGeneration's text decoder (gemma4_text) is not implemented: "
-                        f"{', '.join(repr(k) for k in new) or 'its layers'} change the math beyond Gemma-3's "
-                        "(per-layer-type head dims and KV heads, K = V, proportional partial rope, shared KV layers, "
-                        "per-layer inputs, the MoE block); refusing the config")
     w = WRAPPERS[arch]
     for key in cfg:
         if key not in _COMMON and key not in w.outer:

@@ -105,7 +105,8 @@ def linear_shapes(spec, point) -> list[dict]:
                 kn += [(h, 2 * di, False), (lq, hi * di, False), (h, hi, False)]
     else:
         q, dh, dv = spec.num_heads * spec.head_dim, spec.head_dim, spec.gqa_v_head_dim
-        kn += [(h, q + hk * (dh + dv), spec.qkv_bias) for hk in sorted({k for k, _, _ in spec.attention_kinds()})]
+        kv = dh if getattr(spec, "k_eq_v", False) else dh + dv                  # Gemma-4 full layers: V = K
+        kn += [(h, q + hk * kv, spec.qkv_bias) for hk in sorted({k for k, _, _ in spec.attention_kinds()})]
         kn.append((spec.num_heads * dv, h, False))
     kinds = set(spec.layer_kinds())
     if "dense" in kinds:

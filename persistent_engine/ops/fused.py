@@ -51,7 +51,8 @@ def _add_rms_norm_linear_shapes(spec, point) -> list[dict]:
     out = []
     if spec.attention == "gqa":
         for hk in sorted({k for k, _, _ in spec.attention_kinds()}):       # MiMo-V2-Flash: two KV head counts
-            qkv = (spec.num_heads + hk) * spec.head_dim + hk * spec.gqa_v_head_dim
+            v = 0 if getattr(spec, "k_eq_v", False) else hk * spec.gqa_v_head_dim       # Gemma-4 full layers: V = K
+            qkv = (spec.num_heads + hk) * spec.head_dim + v
             out.append({"T": t, "H": h, "N": qkv, "bias": bool(spec.qkv_bias)})
     if "dense" in set(spec.layer_kinds()):
         out.append({"T": t, "H": h, "N": 2 * spec.intermediate_size, "bias": False})

@@ -64,11 +64,17 @@ def test_candidate_check_tiny_minimax_m3():
                                    "qwen3-coder",
                                    str(HERE.parents[1] / "persistent_engine/models/configs/gpt-oss-20b.json"),
                                    pytest.param(str(HERE.parents[1] / "persistent_engine" / "models" / "configs" /
-                                                    "minimax-m2.7.json"), id="minimax-m2.7-config.json")])
+                                                    "minimax-m2.7.json"), id="minimax-m2.7-config.json"),
+                                   pytest.param(str(HERE.parents[1] / "persistent_engine" / "models" / "configs" /
+                                                    "gemma-4-31b.json"), id="gemma-4-31b-config.json"),
+                                   pytest.param(str(HERE.parents[1] / "persistent_engine" / "models" / "configs" /
+                                                    "gemma-4-e2b.json"), id="gemma-4-e2b-config.json")])
 def test_candidate_check_tiny_new_families(model):
     """Mixtral, Gemma-3, Gemma-2, Llama-4 (Scout; Maverick's interleaved dense / 128-expert layers), MiMo-V2-Flash,
-    Kimi-K2.5 (a multimodal wrapper around DeepSeek-V3's decoder) Qwen3-Coder-480B, gpt-oss (its Hub config.json) and MiniMax-M2.7 (by its Hub config.json, whose attn_type_list is read; the short
-    optimize below takes its alias) at toy size, from the configs
+    Kimi-K2.5 (a multimodal wrapper around DeepSeek-V3's decoder) Qwen3-Coder-480B, gpt-oss (its Hub config.json),
+    MiniMax-M2.7 (by its Hub config.json, whose attn_type_list is read; the short optimize below takes its alias) and
+    Gemma-4-31B (its wrapper config.json: per-kind head dims and KV heads, K = V) and Gemma-4-E2B (K/V shared across
+    layers, per-layer inputs) at toy size, from the configs
     as published: a correct linear override is judged on every point (through the MoE routers, biased ones included, the GeGLU MLP,
     soft-capped, windowed (with sinks) and chunked attention)."""
     out = tkcc("candidate", "check", str(CANDIDATES / "linear_fp32.py"), "--model", model, "--tiny",
@@ -82,14 +88,14 @@ def test_candidate_check_tiny_new_families(model):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi", "qwen3.5", "deepseek", "mixtral", "gemma",
                                    "llama4", "mimo", "llama-4-maverick", "kimi-k2.5", "minimax-m2.7",
-                                   "gpt-oss", "nemotron"])
+                                   "gpt-oss", "nemotron", "gemma4"])
 def test_short_optimize_tiny_writes_a_plan(model, tmp_path):
     out = tkcc("optimize", "--model", model, "--tiny", "--hw", "cpu", "--traffic", small_trace(tmp_path / "t.csv"),
                # Kimi-K3's, Qwen3.5's and V4's engines start in ~20 s on 2 cores, the others' in ~5 s (more on a loaded machine:
                # start-up gets 30% of the budget)
                "--budget", {"kimi": "90s", "qwen3.5": "90s", "deepseek": "60s", "mixtral": "45s", "gemma": "45s",
                              "llama4": "45s", "mimo": "45s", "llama-4-maverick": "45s", "kimi-k2.5": "45s", "gpt-oss": "45s",
-                             "nemotron": "45s"}.get(model, "40s"),
+                             "nemotron": "45s", "gemma4": "45s"}.get(model, "40s"),
                "--agents", "offline:1", "--device", "cpu", "--out", str(tmp_path / "plan"), "--max-points", "2",
                "--aa-runs", "1", "--json", timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

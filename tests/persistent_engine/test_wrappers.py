@@ -88,7 +88,7 @@ def test_wrapper_keys_that_change_text_decoding_are_refused_by_name(cfg, message
         ModelSpec.from_config(cfg, name="m")
 
 
-def test_gemma4_is_refused_naming_what_differs_from_gemma3():
+def test_gemma4_runs_its_text_decoder_with_the_towers_named():
     """Gemma-4-31B's text keys (as public Gemma-4 loaders' fixtures quote them; HF Gemma4TextConfig's fields)."""
     text = {"attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": True, "dtype": "bfloat16",
             "enable_moe_block": False, "final_logit_softcapping": 30.0, "global_head_dim": 512, "head_dim": 256,
@@ -103,11 +103,18 @@ def test_gemma4_is_refused_naming_what_differs_from_gemma3():
             "sliding_window": 1024, "tie_word_embeddings": True, "use_double_wide_mlp": False, "vocab_size": 262144,
             "vocab_size_per_layer_input": 262144}
     cfg = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text,
-           "tie_word_embeddings": True, "vision_config": {"model_type": "gemma4_vision"}}
-    with pytest.raises(SpecError, match="gemma4_text.*'global_head_dim', 'num_global_key_value_heads', "
-                                        "'attention_k_eq_v'") as e:
-        ModelSpec.from_config(cfg, name="gemma-4-31b")
-    assert len(str(e.value).splitlines()) == 1
+           "tie_word_embeddings": True, "vision_config": {"model_type": "gemma4_vision"}, "audio_config": None,
+           "image_token_id": 258880, "boi_token_id": 255999}
+    spec = ModelSpec.from_config(cfg, name="gemma-4-31b")
+    assert spec.family == "gemma4" and spec.k_eq_v and spec.global_head_dim == 512 and spec.rope_proportion == 0.25
+    assert [spec.layer_kv_heads(i) for i in (0, 5)] == [16, 4]
+    assert [spec.layer_head_dim(i) for i in (0, 5)] == [256, 512]
+    assert spec.extra["text_only"].startswith("Gemma4ForConditionalGeneration: vision_config and audio_config")
+    assert spec == ModelSpec.from_name("gemma-4-31b").replace(name="gemma-4-31b")      # the shipped config
+    with pytest.raises(SpecError, match="'enable_moe_block' = True is not implemented .the MoE block"):
+        ModelSpec.from_config({**cfg, "text_config": {**text, "enable_moe_block": True}}, name="gemma-4-26b-a4b")
+    with pytest.raises(SpecError, match="'audio_soft_tokens' is not implemented for the Gemma4ForConditional"):
+        ModelSpec.from_config({**cfg, "audio_soft_tokens": 188}, name="m")
 
 
 def test_a_wrapped_checkpoint_round_trips_under_language_model(tmp_path):
@@ -186,7 +193,7 @@ def _tkcc(*args):
     return subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_the_cli_names_the_vision_tower_in_one_line_and_refuses_gemma4_with_one(tmp_path):
+def test_the_cli_names_the_vision_tower_in_one_line_and_refuses_gemma4_moe_with_one(tmp_path):
     cand = tmp_path / "c.py"
     cand.write_text("OVERRIDES = {\n")                        # refused by the static check: no engine starts
     out = _tkcc("candidate", "check", str(cand), "--model", str(CONFIG_DIR / "llama-4-maverick.json"), "--tiny",
@@ -196,11 +203,12 @@ def test_the_cli_names_the_vision_tower_in_one_line_and_refuses_gemma4_with_one(
     assert notes == ["Llama4ForConditionalGeneration: vision_config (the Llama-4 vision encoder and "
                      "multi_modal_projector) not compiled; text decode only"]
     gemma4 = tmp_path / "config.json"
-    gemma4.write_text(json.dumps({"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
-                                  "text_config": {"global_head_dim": 512, "attention_k_eq_v": True}}))
+    cfg = json.loads((CONFIG_DIR / "gemma-4-31b.json").read_text())
+    cfg["text_config"]["enable_moe_block"] = True                  # Gemma-4 26B-A4B's MoE block: not implemented yet
+    gemma4.write_text(json.dumps(cfg))
     out = _tkcc("candidate", "check", str(cand), "--model", str(gemma4), "--tiny")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1 and "'global_head_dim'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "'enable_moe_block'" in out.stderr
 
 
 def test_a_text_key_inside_the_wrapper_is_checked_as_the_text_decoders():
