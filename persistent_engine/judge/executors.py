@@ -23,6 +23,7 @@ import torch
 from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, timing, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes
+from persistent_engine.executor import wire
 from persistent_engine.executor.kernel_cache import source_key
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorStartFailed,
                                               ExecutorTimeout)
@@ -100,9 +101,11 @@ class ExecutorSide:
         ex.wait_ready(EXECUTOR_START_S)
         self.baseline = ex
         if self.device.type == "cuda" and self.config.cuda_graph:
-            r = ex.call({"op": "capture", "points": list(range(len(self.points)))}, DEFAULT_CALL_S)
-            self.base_graphed = set(r["graphed"])
-            self.graph_errors = {int(k): v for k, v in r["errors"].items()}
+            r = ex.call(wire.Capture(points=list(range(len(self.points)))), DEFAULT_CALL_S)
+            if isinstance(r, wire.Failed):
+                raise ExecutorDied(f"the baseline executor's capture raised: {r.error}")
+            self.base_graphed = set(r.graphed)
+            self.graph_errors = {int(k): v for k, v in r.errors.items() if k.isdigit()}
         else:
             why = timing.graph_plan(self.points, self.device.type, self.config.cuda_graph)
             self.graph_errors = {i: w for i, w in enumerate(why) if w}
@@ -130,12 +133,13 @@ class ExecutorSide:
         if self.device.type != "cuda":
             return memory.EXECUTOR_OVERHEAD_BYTES
         try:
-            report = self.baseline.call({"op": "memory"}, DEFAULT_CALL_S)
+            report = self.baseline.call(wire.Memory(), DEFAULT_CALL_S)
         except (ExecutorDied, ExecutorTimeout) as e:
             elog(f"the baseline executor did not report its memory ({e}); counting "
                  f"{memory.EXECUTOR_OVERHEAD_BYTES / memory.GIB:.1f} GiB of overhead per executor")
             return memory.EXECUTOR_OVERHEAD_BYTES
-        return memory.measured_overhead(report if isinstance(report, dict) and "error" not in report else None)
+        return memory.measured_overhead({"allocated": report.allocated, "peak_reserved": report.peak_reserved}
+                                        if isinstance(report, wire.MemoryReply) else None)
 
     def _executor_each(self) -> int:
         return memory.executor_bytes(self.executor_bytes, self.arena.size,
@@ -223,9 +227,9 @@ class ExecutorSide:
                 break
             self._seed_kernels(source, ex)
             try:
-                ex.send({"op": "load", "source": source, "name": "candidate"})
-                ex.send({"op": "warm", "seed": self._rng.randrange(1, 2**31), "budget": self._warm_budget(),
-                         "ops_at": [sorted(at) for at in self.ops_at]})
+                ex.send(wire.Load(source=source, name="candidate"))
+                ex.send(wire.Warm(seed=self._rng.randrange(1, 2**31), budget=self._warm_budget(),
+                                  ops_at=[sorted(at) for at in self.ops_at]))
             except ExecutorDied:
                 self.pool.discard(ex)
                 continue
@@ -269,21 +273,21 @@ class ExecutorSide:
             return None
         ex = ahead.executor
         self.candidate = Candidate(name, ex, [], {}, "", source)
-        warmed: dict = {}
+        warmed: wire.Reply = wire.Warmed()
         try:
             loaded = ex.receive(deadline - timing.now_ns() / 1e9, "load")
-            if "error" not in loaded:
+            if not isinstance(loaded, wire.Failed):
                 warmed = ex.receive(deadline - timing.now_ns() / 1e9, "warm-up")
-        except ExecutorDied as e:
+        except ExecutorDied as e:               # ExecutorBroke too: a fresh executor judges it
             elog(f"an executor loading a candidate ahead died ({e.how}); loading it afresh")
-            loaded = {"error": e.how}
-        self.warmed = warmed
-        if "error" in loaded or "error" in warmed:
+            loaded = wire.Failed(error=e.how)
+        if isinstance(loaded, wire.Failed) or isinstance(warmed, wire.Failed):
             self.candidate = None
-            elog(f"a candidate's ahead load or warm-up failed ({str(loaded.get('error') or warmed.get('error'))[:200]})"
-                 "; loading it afresh")
+            failed = loaded if isinstance(loaded, wire.Failed) else warmed
+            elog(f"a candidate's ahead load or warm-up failed ({failed.error[:200]}); loading it afresh")
             self._discard(ex, source)
             return None
+        self.warmed = warmed
         self.ahead_used += 1
         return loaded
 
@@ -305,13 +309,12 @@ class ExecutorSide:
         left = deadline - timing.now_ns() / 1e9
         if self.baseline is not None and left > 0:
             try:
-                results = self.baseline.call({"op": "steps", "steps": [{"i": i, "v": v, "moe": True, "refs": None}]},
-                                             left).get("results")
-                r = results[0] if isinstance(results, list) and results and isinstance(results[0], dict) else {}
+                reply = self.baseline.call(wire.Steps(steps=[wire.StepAsk(i=i, v=v, moe=True)]), left)
+                r = reply.results[0] if isinstance(reply, wire.StepResults) and reply.results else wire.StepResult()
             except (ExecutorDied, ExecutorTimeout):
-                r = {}
-            calls = calls_from_wire((r.get("routes") or {}).get("calls"), self.device)
-            out = r.get("logits")
+                r = wire.StepResult()
+            calls = calls_from_wire(r.routes.calls if r.routes is not None else None, self.device)
+            out = r.logits
             if (calls and all(c is not None for c in calls) and isinstance(out, torch.Tensor)
                     and verify.compare_logits(out.to(self.device), self.ref[i][v], self.dtype, "",
                                               verify.LOGIT_RTOL.get(self.dtype, 5e-2) / 50) is None):
