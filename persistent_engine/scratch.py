@@ -65,16 +65,21 @@ def remove_stale(kind: str, parent: str | None = None) -> list[str]:
 def remove_tree(path: str) -> None:
     """``shutil.rmtree`` that first gives back the owner's rights a candidate took from a directory
     (``chmod 000``); never follows a link out of the tree; a tree already gone is fine."""
-    def retry(fn, p, _exc):
+    tried: set[str] = set()
+    hook = "onexc" if sys.version_info >= (3, 12) else "onerror"
+
+    def retry(_fn, p, _exc):
+        if p in tried:                      # rights given back once: what still fails is left
+            return
+        tried.add(p)
         try:
-            parent = os.path.dirname(p)
-            os.chmod(parent, stat.S_IRWXU)
+            os.chmod(os.path.dirname(p), stat.S_IRWXU)
             if os.path.isdir(p) and not os.path.islink(p):
                 os.chmod(p, stat.S_IRWXU)
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                fn(p)
+                shutil.rmtree(p, **{hook: retry})
+            elif os.path.lexists(p):
+                os.unlink(p)
         except OSError:
             pass
     if os.path.lexists(path):
-        shutil.rmtree(path, **({"onexc": retry} if sys.version_info >= (3, 12) else {"onerror": retry}))
+        shutil.rmtree(path, **{hook: retry})

@@ -114,8 +114,8 @@ def unpack_tensor(d: dict, device=None):
     dtype, shape, data = wire_dtype(d.get("__t__")), wire_shape(d.get("shape")), d.get("data")
     itemsize = 1 if dtype == torch.bool else torch.empty((), dtype=dtype).element_size()
     if not isinstance(data, (bytes, bytearray)) or len(data) != _numel(shape) * itemsize:
-        raise ProtocolError(f"tensor data must be {_numel(shape) * itemsize} bytes, got "
-                            f"{type(data).__name__}{f' of {len(data)}' if isinstance(data, (bytes, bytearray)) else ''}")
+        got = f"{len(data)} bytes" if isinstance(data, (bytes, bytearray)) else type(data).__name__
+        raise ProtocolError(f"tensor data must be {_numel(shape) * itemsize} bytes, got {got}")
     buf = bytearray(data)
     if dtype == torch.bool:
         t = torch.frombuffer(buf, dtype=torch.uint8).to(torch.bool) if buf else torch.empty(0, dtype=torch.bool)

@@ -138,7 +138,9 @@ class Executor:
         return os.path.join(self.tmp, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
 
     def wait_ready(self, timeout_s: float) -> None:
-        self._recv(time.monotonic() + timeout_s, "start-up", wire.Ready, self._ready_nonce)
+        reply = self._recv(time.monotonic() + timeout_s, "start-up", wire.Ready, self._ready_nonce)
+        if not isinstance(reply, wire.Ready):
+            raise ExecutorDied(f"executor did not start: {reply}", self.stderr_tail())
         self.ready = True
         self.base_members = set(self.members())     # the launcher and the executor: anything more is the candidate's
 

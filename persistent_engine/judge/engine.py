@@ -345,52 +345,12 @@ class Engine(ExecutorSide):
         t = getattr(req, "timeout_s", 0.0) or DEFAULT_CALL_S
         return timing.now_ns() / 1e9 + t
 
-    def _call(self, req: wire.Request, deadline: float) -> wire.Reply:
-        """One request to the candidate's executor, within ``deadline`` (its ``Failed`` replies raised)."""
-        self._send(req, deadline)
-        return self._receive(deadline, req.KIND)
-
-    def _send(self, req: wire.Request, deadline: float) -> None:
-        """``_call``'s first half: the request sent, the judge free to work until ``_receive``."""
-        if deadline - timing.now_ns() / 1e9 <= 0:
-            raise ExecutorTimeout(f"no answer during {req.KIND}")
-        self.candidate.executor.send(req)
-
-    def _receive(self, deadline: float, what: str) -> wire.Reply:
-        left = deadline - timing.now_ns() / 1e9
-        if left <= 0:
-            raise ExecutorTimeout(f"no answer during {what}")
-        reply = self.candidate.executor.receive(left, what)
-        if isinstance(reply, wire.Failed):
-            raise CandidateRaised(reply.error, reply.kind)
-        return reply
-
     def _drop_candidate(self) -> None:
         self.tie_kept_rows = {}
         if self.candidate is not None:
             ex, source = self.candidate.executor, self.candidate.source
             self.candidate = None
             self._discard(ex, source)
-
-    def _seed_kernels(self, source: str, ex: Executor) -> None:
-        """The kernels an earlier executor compiled for this same source, copied into ``ex``'s Triton cache
-        before it imports the source (executor/kernel_cache.py)."""
-        try:
-            n = self.kernel_cache.seed(source, ex.triton_dir)
-        except OSError as e:
-            elog(f"kernel cache: not seeded ({e})")
-            return
-        if n:
-            elog(f"kernel cache: {n} compiled kernel(s) of this source seeded")
-
-    def _harvest_kernels(self, source: str, ex: Executor) -> None:
-        """What the killed executor ``ex`` compiled, kept for the next executor of the same source."""
-        if not source:
-            return
-        try:
-            self.kernel_cache.harvest(source, ex.triton_dir)
-        except OSError as e:
-            elog(f"kernel cache: not kept ({e})")
 
     # ------------------------------------------------------------------------------ requests
     def handle(self, req: Request) -> Reply:

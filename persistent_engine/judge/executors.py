@@ -5,7 +5,7 @@ budget, and the reference routing asked of the baseline executor. Nothing here r
 sizes and hands out the processes that do.
 
 ``ExecutorSide`` reads what ``Engine`` sets up: ``config``, ``device``, ``points``, ``arena``, ``_init``,
-``_dir``, ``baseline``, ``pool``, ``pool_size``, ``candidate``, ``_next``, ``_ahead``, ``ahead_max``,
+``_dir``, ``baseline``, ``pool``, ``kernel_cache``, ``pool_size``, ``candidate``, ``_next``, ``_ahead``, ``ahead_max``,
 ``ahead_used``, ``warmed``, ``_rng``, ``ops_at``, ``op_params``, ``executor_bytes``,
 ``device_weights``, ``op_check_floor``, ``op_check_budget``, the reference (``ref``, ``model``,
 ``workloads``, ``moe_routes``, ``executor_routes``, ``dtype``).
@@ -205,6 +205,48 @@ class ExecutorSide:
             self._next = self._take()
         return PrepareReply(message=ready + (f"; {started} started compiling ahead" if started else ""),
                             pool_wait_s=self.pool_wait_s, ahead=len(self._ahead))
+
+    def _call(self, req: wire.Request, deadline: float) -> wire.Reply:
+        """One request to the candidate's executor, within ``deadline`` (its ``Failed`` replies raised)."""
+        self._send(req, deadline)
+        return self._receive(deadline, req.KIND)
+
+    def _send(self, req: wire.Request, deadline: float) -> None:
+        """``_call``'s first half: the request sent, the judge free to work until ``_receive``."""
+        if deadline - timing.now_ns() / 1e9 <= 0:
+            raise ExecutorTimeout(f"no answer during {req.KIND}")
+        self.candidate.executor.send(req)
+
+    def _receive(self, deadline: float, what: str) -> wire.Reply:
+        left = deadline - timing.now_ns() / 1e9
+        if left <= 0:
+            raise ExecutorTimeout(f"no answer during {what}")
+        reply = self.candidate.executor.receive(left, what)
+        if isinstance(reply, wire.Failed):
+            from persistent_engine.judge.engine import CandidateRaised
+
+            raise CandidateRaised(reply.error, reply.kind)
+        return reply
+
+    def _seed_kernels(self, source: str, ex: Executor) -> None:
+        """The kernels an earlier executor compiled for this same source, copied into ``ex``'s Triton cache
+        before it imports the source (executor/kernel_cache.py)."""
+        try:
+            n = self.kernel_cache.seed(source, ex.triton_dir)
+        except OSError as e:
+            elog(f"kernel cache: not seeded ({e})")
+            return
+        if n:
+            elog(f"kernel cache: {n} compiled kernel(s) of this source seeded")
+
+    def _harvest_kernels(self, source: str, ex: Executor) -> None:
+        """What the killed executor ``ex`` compiled, kept for the next executor of the same source."""
+        if not source:
+            return
+        try:
+            self.kernel_cache.harvest(source, ex.triton_dir)
+        except OSError as e:
+            elog(f"kernel cache: not kept ({e})")
 
     # ------------------------------------------------------------------------------ compiling ahead
     def _warm_ahead(self, sources: list[str]) -> int:
