@@ -33,6 +33,29 @@ def weight_share(points: list[WorkloadPoint], i: int) -> float:
     return float(points[i].weight) / heaviest if heaviest > 0 else 1.0
 
 
+def declared_ops_reasons(source: str, reported: list[str]) -> list[str]:
+    """The source decides what is verified: the ops its ``OVERRIDES`` dict literal declares (the parse that
+    acceptance and composition read, ``CandidateSource``) against those its executor reports loaded. A
+    declared op not reported would go unverified; one reported and not declared was added at import. Only
+    a complete literal decides (every key a string, no ``**`` spread; a composed source that spreads a
+    dict built otherwise is taken as its executor reports it)."""
+    import ast
+
+    from persistent_engine.candidate import CandidateSource
+
+    tree = ast.parse(source)
+    values = [n.value for n in tree.body if isinstance(n, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "OVERRIDES" for t in n.targets)]
+    if not values or not isinstance(values[-1], ast.Dict) or not all(
+            isinstance(k, ast.Constant) and isinstance(k.value, str) for k in values[-1].keys):
+        return []
+    declared, got = set(CandidateSource.parse(source).overrides), set(reported)
+    out = [f"load: OVERRIDES declares {op!r} but the loaded module does not override it (an op hidden from "
+           "verification)" for op in sorted(declared - got)]
+    return out + [f"load: the loaded module overrides {op!r}, which the source's OVERRIDES literal does not "
+                  "declare" for op in sorted(got - declared)]
+
+
 def _nbytes(refs: tuple) -> int:
     return sum(t.numel() * t.element_size() for part in refs for t in part if isinstance(t, torch.Tensor))
 

@@ -414,7 +414,7 @@ class Engine(ExecutorSide):
                 r = self._call(wire.Load(source=req.source, name=req.name), deadline)
             ex = self.candidate.executor             # the ahead one or the fresh one
             self.executors_used += 1
-            reasons = list(r.reasons)
+            reasons = list(r.reasons) or judging.declared_ops_reasons(req.source, r.ops)
             if reasons:
                 self._drop_candidate()
             else:

@@ -66,3 +66,17 @@ def test_a_hostile_reply_costs_the_candidate_its_verdict_never_the_judge(sup, mo
     nxt = sup.evaluate(src("good_torch"), timeout_s=180, samples=4)
     assert nxt.correct and not nxt.restarted and sup.proc.pid == pid, nxt.reasons
     assert sup.status().executors_used >= used + 1         # the next one had a fresh executor
+
+
+def test_an_op_the_source_declares_is_verified_or_the_candidate_rejected(sup):
+    """The source decides what is verified: an op its OVERRIDES literal declares that the executor does not
+    report (taken out of the load reply), or one the module adds to its live OVERRIDES at import, rejects."""
+    hides = src("hides_an_op")
+    adds = hides.replace("HIDES = True", "HIDES = False").replace(
+        'OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm, "silu_and_mul": silu_and_mul}',
+        'OVERRIDES = {"fused_add_rms_norm": fused_add_rms_norm}\nOVERRIDES["silu_and_mul"] = silu_and_mul')
+    assert adds != hides
+    for source, reason in ((hides, "load: OVERRIDES declares 'silu_and_mul' but the loaded module does not"),
+                           (adds, "load: the loaded module overrides 'silu_and_mul', which the source's")):
+        v = sup.evaluate(source, timeout_s=120, samples=4)
+        assert not v.correct and not v.restarted and any(r.startswith(reason) for r in v.reasons), v.reasons
