@@ -10,8 +10,9 @@ Engines that share a physical device share a *measure lock*, so that two engines
 same moment on one device (concurrent work would pollute both A/B measurements); engines on
 different GPUs measure in parallel. ``evaluate(tier, source)`` takes a free engine of the tier and
 never raises: an engine that fails outside a candidate's verdict (it died and could not restart)
-gives a rejected verdict with the reason, and the next call finds it restarted. A crash verdict is
-re-tried once on the restarted engine (see :func:`evaluate_with_retry`).
+gives a rejected verdict with the reason, and the next call finds it restarted. A verdict of the judge
+process dying is re-tried once on the restarted engine; a crash of the candidate's executor is not (see
+:func:`evaluate_with_retry`).
 
 :class:`Fleet` is the interface the optimize loop codes against; :class:`LocalFleet` (here) and
 ``compiler.ray_fleet.RayFleet`` implement it, and tests/compiler/test_fleet_contract.py is the one
@@ -76,13 +77,18 @@ def failed_verdict(reason: str) -> Any:
                             restarted=True)
 
 
+ENGINE_CRASH = "crash: engine died"      # the judge process itself died (``Supervisor.evaluate``)
+
+
 def evaluate_with_retry(supervisor: Any, source: str, timeout_s: float, queued: list[str] | tuple = ()) -> Any:
-    """``supervisor.evaluate``, repeated once on the fresh engine when the verdict is a crash: an
-    engine killed from outside (OOM killer, an operator) must not reject an innocent candidate,
-    while a candidate that really crashes the engine crashes it twice and is rejected. ``queued``: the
-    sources waiting for the tier behind this one (the engine compiles them ahead)."""
+    """``supervisor.evaluate``, repeated once on the fresh engine when the judge process itself died
+    (``crash: engine died``): an engine killed from outside (OOM killer, an operator) must not reject an
+    innocent candidate, and no candidate can kill the judge (its code and replies stay in its executor).
+    A crash of the candidate's own executor (``crash: executor died``), a hang or a protocol failure is
+    the candidate's doing: not retried. ``queued``: the sources waiting for the tier behind this one (the
+    engine compiles them ahead)."""
     verdict = supervisor.evaluate(source, timeout_s, queued=queued)
-    if not verdict.correct and any(str(r).startswith("crash:") for r in verdict.reasons):
+    if not verdict.correct and any(str(r).startswith(ENGINE_CRASH) for r in verdict.reasons):
         again = supervisor.evaluate(source, timeout_s, queued=queued)
         return dataclasses.replace(again, restarted=True)
     return verdict

@@ -18,12 +18,12 @@ import queue
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from persistent_engine import scratch
 from persistent_engine.client import EngineClient, EngineDied, EngineTimeout
 from persistent_engine.io_struct import ErrorReply, PointTiming, Reply, WorkloadPoint
 from persistent_engine.server import TOKEN_ENV, make_token
@@ -90,7 +90,8 @@ class Supervisor:
         self._python = python
         self._log = log or (lambda line: None)
         self._token = make_token()
-        self._dir = tempfile.mkdtemp(prefix="tkcc-supervisor-")
+        scratch.remove_stale("supervisor")     # those of supervisors that died (their lock is free)
+        self._dir = scratch.owned_dir("supervisor")     # the engine's stderr and inputs: removed at close
         self.proc: subprocess.Popen | None = None
         self.client: EngineClient | None = None
         self.startup: dict[str, float] = {}
@@ -132,6 +133,9 @@ class Supervisor:
         env["TKCC_ENGINE_PARENT_PID"] = str(os.getpid())
         env["TKCC_ENGINE_SPAWNED_AT"] = repr(time.time())
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if not os.path.isdir(self._dir):       # started again after close
+            self._dir = scratch.owned_dir("supervisor")
+            self._stderr_path = os.path.join(self._dir, "engine.stderr")
         stderr = open(self._stderr_path, "ab")
         self.proc = subprocess.Popen(self._command(), stdout=subprocess.PIPE, stderr=stderr, env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -330,6 +334,7 @@ class Supervisor:
             except (EngineTimeout, EngineDied, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        scratch.release(self._dir)
 
     def __enter__(self) -> "Supervisor":
         self.ensure_running()

@@ -1,9 +1,15 @@
 """The wire between the judge and one executor: framed msgpack over an inherited AF_UNIX socket, and the
 sealed arena that carries the weights and KV caches.
 
-Frames: a 4-byte little-endian length, then one msgpack map. Tensors travel inside a map as
-``{"__t__": dtype, "shape": [...], "data": bytes}`` (a copy; on CUDA the sender moves them to the host
-first). Limit per frame: ``MAX_FRAME_BYTES`` (a larger length is a protocol error, never an allocation).
+Frames: a 4-byte little-endian length, then one msgpack map (``wire.py`` types them). Tensors travel inside a
+map as ``{"__t__": dtype, "shape": [...], "data": bytes}`` (a copy; on CUDA the sender moves them to the host
+first). What the judge reads from an executor is bounded before it is held: a frame's length above the
+channel's ``max_frame`` (``MAX_REPLY_BYTES`` on the judge's end) is a protocol error, never an allocation; the
+body is buffered only as its bytes arrive, so a length that lies allocates nothing; a frame begun and stalled
+for ``FRAME_STALL_S`` is a protocol error (the reader never blocks on it: every read has the caller's
+timeout); msgpack decodes with no ext types and at most ``MAX_ITEMS`` list and map entries per frame (an
+empty map costs ~70x its one byte in Python); a packed tensor is checked (a dtype, a bounded shape, ``data``
+bytes of exactly its size) before anything is copied.
 
 The arena (``Arena.build``) is a memfd holding every tensor the judge shares (weights, the workloads'
 KV caches and inputs), written once by the judge and then sealed (``F_SEAL_WRITE | F_SEAL_SHRINK |
@@ -21,16 +27,28 @@ import os
 import socket
 import struct
 import threading
+import time
 import zlib
 
 import msgpack
 
-MAX_FRAME_BYTES = 1 << 31
+MAX_FRAME_BYTES = 1 << 31                # judge -> executor (the executor trusts its judge)
+# executor -> judge: large reply tensors go through the mailbox; what is left inline is small (a reply that
+# would need more is the executor's failure)
+MAX_REPLY_BYTES = 16 << 20
+MAX_ITEMS = 1 << 18                      # list + map entries per decoded frame (~20 MB of Python at most)
+MAX_DIMS = 8
+MAX_DIM = 1 << 40
+FRAME_STALL_S = 10.0                     # a frame begun makes progress within this, or it is the sender's failure
+READ_BYTES = 1 << 22
 _LEN = struct.Struct("<I")
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_BOX_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL     # the mailbox: writable, fixed size
 ALIGN = 64
 CHUNK_BYTES = 16 << 20                   # the judge re-hashes a rotating window of these chunks
-MAILBOX_BYTES = 256 << 20                # an executor's reply tensors (larger ones: msgpack bytes)
+# an executor's reply tensors; also what one reply may copy out of it, so the judge's memory under a hostile
+# executor: on CPU the box is 32 MiB unless the judge's largest output (a step's logits) needs more
+MAILBOX_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
 MAILBOX_MIN_BYTES = 64 << 10             # smaller tensors stay inline
 # the start of a mailbox the executor writes once before it reports ready: the shared-memory pages exist then,
 # and no reply pays for the kernel allocating and zeroing them (~1-2 GB/s: 70 ms of a linear candidate's
@@ -62,16 +80,48 @@ def pack_tensor(t) -> dict:
     return {"__t__": _dtype_name(t.dtype), "shape": list(t.shape), "data": raw.numpy().tobytes()}
 
 
-def unpack_tensor(d: dict, device=None):
+def wire_dtype(name):
+    """The torch dtype ``name`` names (ProtocolError for anything else: ``getattr(torch, name)`` alone would
+    hand out any attribute of torch)."""
     import torch
 
-    dtype = getattr(torch, d["__t__"])
-    buf = bytearray(d["data"])
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ProtocolError(f"not a dtype: {str(name)[:40]!r}")
+    return dtype
+
+
+def wire_shape(shape) -> list[int]:
+    """A shape off the wire: at most MAX_DIMS ints in 0..MAX_DIM (ProtocolError otherwise)."""
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
+            type(x) is int and 0 <= x <= MAX_DIM for x in shape):
+        raise ProtocolError(f"not a shape: {str(shape)[:80]}")
+    return shape
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+def unpack_tensor(d: dict, device=None):
+    """A packed tensor as a tensor: its dtype and shape checked and ``data`` bytes of exactly that size
+    (a field that claims another type, e.g. an int N, is refused before anything is allocated)."""
+    import torch
+
+    dtype, shape, data = wire_dtype(d.get("__t__")), wire_shape(d.get("shape")), d.get("data")
+    itemsize = 1 if dtype == torch.bool else torch.empty((), dtype=dtype).element_size()
+    if not isinstance(data, (bytes, bytearray)) or len(data) != _numel(shape) * itemsize:
+        got = f"{len(data)} bytes" if isinstance(data, (bytes, bytearray)) else type(data).__name__
+        raise ProtocolError(f"tensor data must be {_numel(shape) * itemsize} bytes, got {got}")
+    buf = bytearray(data)
     if dtype == torch.bool:
         t = torch.frombuffer(buf, dtype=torch.uint8).to(torch.bool) if buf else torch.empty(0, dtype=torch.bool)
     else:
         t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-    t = t.reshape(d["shape"])
+    t = t.reshape(shape)
     return t.to(device) if device is not None and torch.device(device).type != "cpu" else t
 
 
@@ -85,9 +135,12 @@ def _default(obj):
     raise TypeError(f"cannot send {type(obj).__name__}")
 
 
-def decode_tensors(obj, device=None, mailbox: "Mailbox | None" = None):
+def decode_tensors(obj, device=None, mailbox: "Mailbox | None" = None, depth: int = 0):
     """``obj`` with every packed tensor turned back into a tensor (on ``device``); references into
-    ``mailbox`` (the sender's box; without one they are a protocol error) copied out of it."""
+    ``mailbox`` (the sender's box; without one they are a protocol error) copied out of it. Nesting deeper
+    than 64 is a protocol error."""
+    if depth > 64:
+        raise ProtocolError("nested deeper than 64")
     if isinstance(obj, dict):
         if "__t__" in obj and "data" in obj:
             return unpack_tensor(obj, device)
@@ -96,9 +149,9 @@ def decode_tensors(obj, device=None, mailbox: "Mailbox | None" = None):
                 raise ProtocolError("a mailbox reference on a channel without a mailbox")
             t = mailbox.take(obj)
             return t.to(device) if device is not None and str(device) != "cpu" else t
-        return {k: decode_tensors(v, device, mailbox) for k, v in obj.items()}
+        return {k: decode_tensors(v, device, mailbox, depth + 1) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [decode_tensors(v, device, mailbox) for v in obj]
+        return [decode_tensors(v, device, mailbox, depth + 1) for v in obj]
     return obj
 
 
@@ -107,9 +160,12 @@ class Mailbox:
     """A writable memfd the judge creates for ONE executor: the large tensors of that executor's replies
     are written here (one device-to-host copy straight into shared memory) and the judge copies them out
     as it decodes the reply, instead of ~7 host copies through msgpack and the socket (16 MB of logits:
-    ~20 ms that way on the H200 box). The judge trusts nothing in it but the candidate's own outputs,
-    bounds-checks every reference, and copies each tensor out before the next request (the executor may
-    rewrite the box at any time: it can only change its own outputs). Reset per message."""
+    ~20 ms that way on the H200 box). Sealed against shrinking and growing before any executor gets it
+    (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``): a read of the judge's mapping can never fault (SIGBUS).
+    The judge trusts nothing in it but the candidate's own outputs, bounds-checks every reference, copies
+    at most the box's size per reply (``begin`` resets the count: a reply naming one region a thousand
+    times is refused, not copied a thousand times), and copies each tensor out before the next request
+    (the executor may rewrite the box at any time: it can only change its own outputs). Reset per message."""
 
     def __init__(self, fd: int, size: int, device=None):
         self.fd, self.size = fd, size
@@ -117,12 +173,18 @@ class Mailbox:
         self.device = device                 # the judge's: where ``take`` puts its copies (None: the host)
         self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._used = 0
+        self._taken = 0
 
     @classmethod
-    def create(cls, size: int = MAILBOX_BYTES, device=None) -> "Mailbox":
-        fd = os.memfd_create("tkcc-mailbox", os.MFD_CLOEXEC)
+    def create(cls, size: int = MAILBOX_BYTES["cpu"], device=None) -> "Mailbox":
+        fd = os.memfd_create("tkcc-mailbox", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _BOX_SEALS)
         return cls(fd, size, device)
+
+    def sealed(self) -> bool:
+        """True when its size is fixed for good (no process can shrink or grow it)."""
+        return fcntl.fcntl(self.fd, fcntl.F_GET_SEALS) & _BOX_SEALS == _BOX_SEALS
 
     def prefault(self, nbytes: int) -> None:
         """Write zeros over the first ``nbytes`` (the executor, before it reports ready): their pages exist."""
@@ -149,23 +211,30 @@ class Mailbox:
         return {"__m__": _dtype_name(t.dtype), "bool": is_bool, "shape": list(t.shape),
                 "offset": off, "nbytes": nbytes}
 
+    def begin(self) -> None:
+        """A new reply: nothing of the box taken yet."""
+        self._taken = 0
+
     def take(self, ref: dict):
-        """A copy of the tensor ``ref`` names (ProtocolError when it is not inside the box), on ``device``:
-        one host-to-device copy straight out of the box there, else a host copy."""
+        """A copy of the tensor ``ref`` names (ProtocolError when it is not inside the box, or when the reply
+        has already taken the box's size), on ``device``: one host-to-device copy straight out of the box
+        there, else a host copy."""
         import torch
 
-        dtype = getattr(torch, str(ref.get("__m__")), None)
-        off, nbytes, shape = ref.get("offset"), ref.get("nbytes"), ref.get("shape")
-        if not isinstance(dtype, torch.dtype) or not all(isinstance(x, int) and x >= 0 for x in (off, nbytes)) \
-                or not isinstance(shape, list) or not all(isinstance(x, int) and x >= 0 for x in shape):
+        dtype, shape = wire_dtype(ref.get("__m__")), wire_shape(ref.get("shape"))
+        off, nbytes = ref.get("offset"), ref.get("nbytes")
+        if not all(type(x) is int and x >= 0 for x in (off, nbytes)):
             raise ProtocolError(f"bad mailbox reference {ref!r:.200}")
-        n = 1
-        for x in shape:
-            n *= x
+        n = _numel(shape)
         if off + nbytes > self.size or n * torch.empty((), dtype=dtype).element_size() != nbytes:
             raise ProtocolError(f"mailbox reference outside the box or of the wrong size: {ref!r:.200}")
+        self._taken += nbytes
+        if self._taken > self.size:
+            raise ProtocolError(f"a reply takes more than the mailbox's {self.size} bytes")
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
+        if os.fstat(self.fd).st_size < off + nbytes:        # unsealable kernels only: a shrunk box is refused
+            raise ProtocolError("the mailbox was truncated")
         view = torch.frombuffer(self._map, dtype=dtype, count=n, offset=off)
         on_device = self.device is not None and torch.device(self.device).type != "cpu"
         out = (view.to(self.device) if on_device else view.clone()).reshape(shape)
@@ -189,13 +258,52 @@ class Mailbox:
         os.close(fd)
 
 
+def _count_items(limit: int):
+    """msgpack ``list_hook`` / ``object_hook``: each container's entries counted, ProtocolError past ``limit``."""
+    seen = [0]
+
+    def hook(obj):
+        seen[0] += len(obj) + 1
+        if seen[0] > limit:
+            raise ProtocolError(f"a frame of more than {limit} list and map entries")
+        return obj
+    return hook
+
+
+def unpack_frame(body, max_items: int = MAX_ITEMS) -> dict:
+    """One frame's body as a map: msgpack without ext types, at most ``max_items`` entries (ProtocolError)."""
+    hook = _count_items(max_items)
+    try:
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=False, max_ext_len=0, list_hook=hook,
+                              object_hook=hook)
+    except ProtocolError:
+        raise
+    except Exception as e:  # noqa: BLE001 - msgpack raises many types on garbage
+        raise ProtocolError(f"not a msgpack frame: {type(e).__name__}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"expected a map, got {type(msg).__name__}")
+    return msg
+
+
+def mailbox_bytes(device_type: str, largest_output: int = 0) -> int:
+    """An executor's box: its device's ``MAILBOX_BYTES``, or room for two of the largest output the judge
+    asks for at once (``largest_output`` bytes: one step's logits), whole MiB."""
+    need = -(-2 * largest_output // (1 << 20)) << 20
+    return max(MAILBOX_BYTES.get(device_type, MAILBOX_BYTES["cuda"]), need)
+
+
 class Channel:
     """One end of the judge <-> executor socket: ``send(map)``, ``recv(timeout) -> map``. With a
-    ``mailbox`` (the executor's end), tensors of at least ``MAILBOX_MIN_BYTES`` go through it."""
+    ``mailbox`` (the executor's end), tensors of at least ``MAILBOX_MIN_BYTES`` go through it. ``max_frame``:
+    the longest frame this end accepts. A frame is buffered as its bytes arrive and kept across ``recv``
+    calls, so a reader polling with short timeouts never loses or blocks on a half-received one."""
 
-    def __init__(self, sock: socket.socket, mailbox: Mailbox | None = None):
+    def __init__(self, sock: socket.socket, mailbox: Mailbox | None = None, max_frame: int = MAX_FRAME_BYTES):
         self.sock = sock
         self.mailbox = mailbox
+        self.max_frame = max_frame
+        self._buf = bytearray()              # the frame being received (header, then body)
+        self._progress = 0.0                 # monotonic time its last bytes arrived
 
     @classmethod
     def from_fd(cls, fd: int, mailbox: Mailbox | None = None) -> "Channel":
@@ -219,32 +327,44 @@ class Channel:
         self.sock.sendall(_LEN.pack(len(body)))
         self.sock.sendall(body)
 
-    def _read(self, n: int) -> bytes:
-        chunks, left = [], n
-        while left:
-            b = self.sock.recv(min(left, 1 << 22))
-            if not b:
-                raise ChannelClosed("the other side closed the channel")
-            chunks.append(b)
-            left -= len(b)
-        return b"".join(chunks)
+    def _wanted(self) -> int:
+        """Bytes still missing from the frame being received (the header's first)."""
+        if len(self._buf) < _LEN.size:
+            return _LEN.size - len(self._buf)
+        (n,) = _LEN.unpack_from(self._buf)
+        if n > self.max_frame:
+            raise ProtocolError(f"frame of {n} bytes exceeds {self.max_frame}")
+        return _LEN.size + n - len(self._buf)
+
+    def _stalled(self) -> None:
+        if self._buf and time.monotonic() - self._progress > FRAME_STALL_S:
+            raise ProtocolError(f"a frame stalled for {FRAME_STALL_S:g} s after {len(self._buf)} bytes")
 
     def recv(self, timeout: float | None = None) -> dict:
-        """The next message; ``TimeoutError`` when none started within ``timeout`` seconds."""
-        self.sock.settimeout(timeout)
-        try:
-            head = self._read(_LEN.size)
-        except socket.timeout:
-            raise TimeoutError("no message within the timeout") from None
-        finally:
-            self.sock.settimeout(None)
-        (n,) = _LEN.unpack(head)
-        if n > MAX_FRAME_BYTES:
-            raise ProtocolError(f"frame of {n} bytes exceeds {MAX_FRAME_BYTES}")
-        msg = msgpack.unpackb(self._read(n), raw=False, strict_map_key=False)
-        if not isinstance(msg, dict):
-            raise ProtocolError(f"expected a map, got {type(msg).__name__}")
-        return msg
+        """The next message; ``TimeoutError`` when none completed within ``timeout`` seconds (a frame begun
+        stays buffered for the next call); ``ProtocolError`` for a frame that breaks the limits or stalled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            want = self._wanted()
+            if want == 0 and len(self._buf) >= _LEN.size:
+                body, self._buf = self._buf, bytearray()
+                return unpack_frame(memoryview(body)[_LEN.size:])
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self._stalled()
+                raise TimeoutError("no message within the timeout")
+            self.sock.settimeout(left)
+            try:
+                b = self.sock.recv(min(want, READ_BYTES))
+            except socket.timeout:
+                self._stalled()
+                raise TimeoutError("no message within the timeout") from None
+            finally:
+                self.sock.settimeout(None)
+            if not b:
+                raise ChannelClosed("the other side closed the channel")
+            self._buf += b
+            self._progress = time.monotonic()
 
     def close(self) -> None:
         try:
@@ -257,7 +377,7 @@ def channel_pair() -> tuple[Channel, socket.socket]:
     """(the judge's end, the executor's socket to pass to it as an inherited fd)."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     b.set_inheritable(True)
-    return Channel(a), b
+    return Channel(a, max_frame=MAX_REPLY_BYTES), b
 
 
 # ------------------------------------------------------------------------------ the sealed arena

@@ -1,8 +1,11 @@
 """Starting executors (through the OS sandbox), talking to them, and the warm pool.
 
-``Executor``: one executor process and the judge's end of its channel. ``call(msg, timeout_s)`` sends one
-request and waits for the reply; a process that dies meanwhile is ``ExecutorDied`` (with how it ended and the
-tail of its stderr), one that does not answer in time is ``ExecutorTimeout`` (the caller then discards it).
+``Executor``: one executor process and the judge's end of its channel. ``call(req, timeout_s)`` sends one typed
+request (``wire.py``, a fresh random nonce) and waits for its typed reply; a process that dies meanwhile is
+``ExecutorDied`` (with how it ended and the tail of its stderr), one that does not answer in time is
+``ExecutorTimeout``, one whose reply breaks the protocol (another kind, another nonce, a field of another
+type, a frame over the limits or stalled half-written) is ``ExecutorBroke`` (the caller discards it in each
+case). Its work directory and stderr file are removed when it is discarded.
 ``stop()`` / ``cont()`` send SIGSTOP / SIGCONT to its whole process group: the judge freezes the side of an
 A/B pair that is not being timed, so no thread of it runs meanwhile.
 
@@ -17,16 +20,18 @@ replacement starts warming; each is used for one candidate, then killed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
+import secrets
 import signal
 import sys
 import threading
 import time
 
-from persistent_engine.executor.channel import ChannelClosed, Mailbox, channel_pair, decode_tensors
-
-from persistent_engine.executor import sandbox
+from persistent_engine import scratch
+from persistent_engine.executor import sandbox, wire
+from persistent_engine.executor.channel import ChannelClosed, Mailbox, ProtocolError, channel_pair, mailbox_bytes
 
 # the tree is re-scanned (``/proc``, ~10 ms) when a point's timing starts and every RESCAN_EVERY stops; the
 # stops themselves signal the known members (microseconds each). A process the candidate starts meanwhile
@@ -36,7 +41,7 @@ RESCAN_EVERY = 256
 
 STDERR_TAIL_LINES = 20                  # lines of a dead executor's stderr carried in ExecutorDied
 STDERR_TAIL_BYTES = 64 * 1024           # read from the end of its stderr file to find them
-STDERR_TAIL_CHARS = 4000                # at most this much of them (the end) in a message
+STDERR_TAIL_CHARS = 2000                # at most this much of them (the end, escaped) in a message
 
 
 class ExecutorDied(RuntimeError):
@@ -46,6 +51,14 @@ class ExecutorDied(RuntimeError):
     def __init__(self, how: str, tail: str = ""):
         super().__init__(how + (f"; its stderr ended: {tail}" if tail else "; it wrote nothing to stderr"))
         self.how, self.tail = how, tail
+
+
+class ExecutorBroke(ExecutorDied):
+    """The executor's reply broke the protocol (``wire.decode_reply``): its failure, as if it had died."""
+
+    def __init__(self, what: str, why: str):
+        super().__init__(f"broke the protocol during {what}: {wire.excerpt(why, 300)}")
+        self.what = what
 
 
 class ExecutorTimeout(TimeoutError):
@@ -92,7 +105,9 @@ class Executor:
         self.tmp = sandbox.make_workdir(workdir)              # the executor's only writable place
         self.stderr_path = os.path.join(workdir, f"{os.path.basename(self.tmp)}.stderr")   # outside its reach
         self.chan, theirs = channel_pair()
-        self.mailbox = Mailbox.create(device=init["device"])  # its replies' large tensors: this executor's only
+        # its replies' large tensors: this executor's only (sized by the judge, ``channel.mailbox_bytes``)
+        self.mailbox = Mailbox.create(init.get("mailbox_bytes") or mailbox_bytes(init["device"].split(":")[0]),
+                                      device=init["device"])
         argv = [sys.executable, "-m", "persistent_engine.executor.worker", "--fd", str(theirs.fileno()),
                 "--arena-fd", str(arena.fd), "--mailbox-fd", str(self.mailbox.fd)]
         os.set_inheritable(arena.fd, True)
@@ -111,8 +126,10 @@ class Executor:
         self._members: list[int] = []
         self._stops = 0
         self.stopped = False
+        self._pending: list[tuple[type, int]] = []          # (reply class, nonce) of requests sent, in order
+        self._ready_nonce = secrets.randbits(62)
         self.chan.send({**init, "arena_size": arena.size, "manifest": arena.manifest,
-                        "mailbox_size": self.mailbox.size})
+                        "mailbox_size": self.mailbox.size, "nonce": self._ready_nonce})
         self.ready = False
 
     @property
@@ -121,8 +138,8 @@ class Executor:
         return os.path.join(self.tmp, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
 
     def wait_ready(self, timeout_s: float) -> None:
-        reply = self._recv(time.monotonic() + timeout_s, "start-up")
-        if not reply.get("ready"):
+        reply = self._recv(time.monotonic() + timeout_s, "start-up", wire.Ready, self._ready_nonce)
+        if not isinstance(reply, wire.Ready):
             raise ExecutorDied(f"executor did not start: {reply}", self.stderr_tail())
         self.ready = True
         self.base_members = set(self.members())     # the launcher and the executor: anything more is the candidate's
@@ -145,18 +162,22 @@ class Executor:
         except OSError:
             return ""
         kept = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
-        return " | ".join(kept)[-STDERR_TAIL_CHARS:]
+        return wire.excerpt(" | ".join(kept)[-STDERR_TAIL_CHARS:], STDERR_TAIL_CHARS)    # the candidate wrote it
 
-    def _recv(self, deadline: float, what: str) -> dict:
+    def _recv(self, deadline: float, what: str, expect: type, nonce: int) -> wire.Reply:
+        """The reply of class ``expect`` (or ``wire.Failed``) echoing ``nonce``, within ``deadline``."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ExecutorTimeout(f"no answer during {what}")
             try:
-                return decode_tensors(self.chan.recv(timeout=min(left, 0.05)), mailbox=self.mailbox)
+                raw = self.chan.recv(timeout=min(left, 0.05))
+                return wire.decode_reply(raw, expect, nonce, self.mailbox)
             except TimeoutError:
                 if not self.alive():
                     raise self._death() from None
+            except ProtocolError as e:
+                raise ExecutorBroke(what, str(e)) from None
             except (ChannelClosed, ConnectionError, OSError):
                 raise self._death() from None
 
@@ -168,20 +189,27 @@ class Executor:
             rc = None
         return ExecutorDied(describe_exit(rc), self.stderr_tail())
 
-    def call(self, msg: dict, timeout_s: float) -> dict:
-        self.send(msg)
-        return self.receive(timeout_s, msg.get("op", "?"))
+    def call(self, req: wire.Request, timeout_s: float) -> wire.Reply:
+        self.send(req)
+        return self.receive(timeout_s, req.KIND)
 
-    def send(self, msg: dict) -> None:
-        """The first half of ``call``: the request is on its way (the judge works meanwhile)."""
+    def send(self, req: wire.Request) -> None:
+        """The first half of ``call``: the request is on its way, with a fresh random nonce (the judge works
+        meanwhile). Requests sent are answered in order."""
+        nonce = secrets.randbits(62)
         try:
-            self.chan.send(msg)
+            self.chan.send(wire.to_wire(dataclasses.replace(req, nonce=nonce)))
         except (ConnectionError, OSError):
             raise self._death() from None
+        if not isinstance(req, wire.Exit):
+            self._pending.append((wire.REPLY_OF[type(req)], nonce))
 
-    def receive(self, timeout_s: float, what: str) -> dict:
-        """The second half of ``call``: the reply to the request ``send`` sent."""
-        return self._recv(time.monotonic() + timeout_s, what)
+    def receive(self, timeout_s: float, what: str) -> wire.Reply:
+        """The second half of ``call``: the reply to the oldest request ``send`` sent and not answered yet."""
+        if not self._pending:
+            raise ExecutorBroke(what, "no request is waiting for a reply")
+        expect, nonce = self._pending.pop(0)
+        return self._recv(time.monotonic() + timeout_s, what, expect, nonce)
 
     def members(self) -> list[int]:
         """Every live process of this executor's tree (re-scanned now)."""
@@ -211,12 +239,24 @@ class Executor:
         """SIGKILL every process of the tree seen at the last scan (microseconds; ``kill`` does the rest)."""
         _signal_each(self._members or [self.pid], signal.SIGKILL)
 
-    def kill(self) -> None:
+    def kill(self, keep_files: bool = False) -> None:
+        """SIGKILL the whole tree and wait for it; then its workdir and stderr file are removed (unless
+        ``keep_files``: the caller harvests them first, then calls ``remove_files``)."""
         try:
             self.proc.kill_all()
         finally:
             self.chan.close()
             self.mailbox.close()
+            if not keep_files:
+                self.remove_files()
+
+    def remove_files(self) -> None:
+        """Its workdir (what the candidate wrote: sources, caches, any file it made) and its stderr file."""
+        scratch.remove_tree(self.tmp)
+        try:
+            os.unlink(self.stderr_path)
+        except OSError:
+            pass
 
 
 def _signal_each(pids, sig: int) -> None:
@@ -251,6 +291,7 @@ class ExecutorPool:
         self._warming = 0
         self._closed = False
         self._all: set = set()
+        self._reapers: list[threading.Thread] = []
         for _ in range(self.size):
             self._start_one()
 
@@ -337,11 +378,17 @@ class ExecutorPool:
             self._all.discard(ex)
 
         def reap() -> None:
-            ex.kill()
-            if then is not None:
-                then()
+            ex.kill(keep_files=True)
+            try:
+                if then is not None:
+                    then()
+            finally:
+                ex.remove_files()
 
-        threading.Thread(target=reap, daemon=True, name="tkcc-executor-reap").start()
+        t = threading.Thread(target=reap, daemon=True, name="tkcc-executor-reap")
+        t.start()
+        with self._lock:
+            self._reapers = [r for r in self._reapers if r.is_alive()] + [t]
 
     def hand_out(self, ex: Executor) -> None:
         """``ex`` is the judge's now (a candidate's): no longer paused with the pool."""
@@ -349,8 +396,12 @@ class ExecutorPool:
             self._all.discard(ex)
 
     def close(self) -> None:
+        """Kill every executor and wait for the reapers of discarded ones (their files removed)."""
         with self._lock:
             self._closed = True
             everyone = list(self._all)
+            reapers = list(self._reapers)
         for ex in everyone:
             ex.kill()
+        for t in reapers:
+            t.join(timeout=30)

@@ -32,6 +32,7 @@ measured by the judge; the reports it makes about itself (guards, call counts) c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import inspect
 import os
@@ -39,8 +40,8 @@ import sys
 import tempfile
 import traceback
 
-from persistent_engine.executor.channel import (ALIGN, MAILBOX_BYTES, PREFAULT_BYTES, Arena, Channel, Mailbox,
-                                                decode_tensors)
+from persistent_engine.executor import wire
+from persistent_engine.executor.channel import ALIGN, MAILBOX_BYTES, PREFAULT_BYTES, Arena, Channel, Mailbox
 
 DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
                  "unspecified launch failure", "misaligned address", "illegal instruction")
@@ -94,7 +95,7 @@ class Worker:
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.candidate = None
         if init.get("capture"):
-            self.capture({"points": list(range(len(self.points)))})
+            self.capture(wire.Capture(points=list(range(len(self.points)))))
         self.ring: list = []
         from persistent_engine.candidate import MODULE_DIR_PREFIX
         self._dir = tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX)
@@ -111,14 +112,14 @@ class Worker:
             self.timing._synchronize(self.device)
 
     # ------------------------------------------------------------------------------ requests
-    def load(self, msg: dict) -> dict:
+    def load(self, msg: wire.Load) -> wire.Loaded:
         from persistent_engine import candidate as cand_mod
         from persistent_engine.workloads import relayout_workload
 
-        loaded = cand_mod.load_candidate(msg["source"], msg.get("name", "candidate"), self._dir, self.op_params)
+        loaded = cand_mod.load_candidate(msg.source, msg.name, self._dir, self.op_params)
         reasons = self.guard_reasons("load")
         if isinstance(loaded, list):
-            return {"reasons": loaded + reasons}
+            return wire.Loaded(reasons=[str(r) for r in loaded + reasons])
         self.candidate = loaded
         bs = loaded.config.get("kv_block_size")
         if bs is not None and not reasons:
@@ -127,23 +128,22 @@ class Worker:
             else:
                 self.workloads = [[relayout_workload(self.model, w, bs, seed=9173 + 31 * i + v)
                                    for v, w in enumerate(ws)] for i, ws in enumerate(self.workloads)]
-        return {"reasons": reasons, "ops": sorted(loaded.overrides), "config": loaded.config,
-                "description": loaded.description[:2000]}
+        return wire.Loaded(reasons=reasons, ops=sorted(loaded.overrides), config=dict(loaded.config),
+                           description=str(loaded.description)[:2000])
 
-    def op_checks(self, msg: dict) -> dict:
+    def op_checks(self, msg: wire.OpChecks) -> wire.OpResults:
         """``contract.run_candidate`` for each case (shape, dtype, seed) of one op, in order: the first
         run's outputs of each, or its reason. Stops before a case whose outputs would take the replies
         past ``reply_bytes`` (the mailbox): the judge asks again for the cases not answered."""
         from persistent_engine.ops.contract import run_candidate
 
-        d = self.registry.get(msg["name"])
-        impl = self.candidate.overrides[msg["name"]]
+        d = self.registry.get(msg.name)
+        impl = self.candidate.overrides[msg.name]
         results, used = [], 0
-        for case in msg["cases"]:
-            first, reason = run_candidate(d, impl, case["shape"], getattr(self.torch, case["dtype"]), self.device,
-                                          int(case["seed"]))
+        for case in msg.cases:
+            first, reason = run_candidate(d, impl, case.shape, getattr(self.torch, case.dtype), self.device, case.seed)
             if reason is not None:
-                results.append({"reason": reason})
+                results.append(wire.CaseResult(reason=str(reason)))
                 continue
             tensors = [o for o in first if isinstance(o, self.torch.Tensor)]
             nbytes = sum(o.numel() * o.element_size() + ALIGN for o in tensors)
@@ -151,11 +151,12 @@ class Worker:
                 break
             used += nbytes
             # cloned: a candidate that hands back one buffer every call answered this case with its values now
-            results.append({"outputs": [o.clone() if isinstance(o, self.torch.Tensor) else None for o in first],
-                            "devices": [str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]})
-        return {"results": results}
+            results.append(wire.CaseResult(
+                outputs=[o.clone() if isinstance(o, self.torch.Tensor) else None for o in first],
+                devices=[str(o.device) if isinstance(o, self.torch.Tensor) else "" for o in first]))
+        return wire.OpResults(results=results)
 
-    def warm(self, msg: dict) -> dict:
+    def warm(self, msg: wire.Warm) -> wire.Warmed:
         """Compile the loaded candidate's kernels ahead of its verification (Triton's cache and this
         process's loaded kernels are what verify and bench then find): each override once at every (dtype,
         shape) its op-level check draws (``verify.op_shapes`` within the judge's ``budget``, ``op_dtypes``; a
@@ -170,8 +171,8 @@ class Worker:
         c = self.candidate
         done = {"cases": 0, "steps": 0, "failed": 0, "skipped": 0}
         if c is None:
-            return done
-        seed, budget = int(msg.get("seed") or 0), msg.get("budget")
+            return wire.Warmed(**done)
+        seed, budget = msg.seed, msg.budget
 
         def attempt(fn) -> bool:
             try:
@@ -192,7 +193,7 @@ class Worker:
                         done["skipped"] += 1        # even its smallest fit is over this warm-up's share
                         continue
                     done["cases"] += attempt(lambda: impl(*op.make_inputs(shape, dtype, self.device, seed + j)))
-        ops_at = [set(at) for at in msg.get("ops_at") or ()]
+        ops_at = [set(at) for at in msg.ops_at]
         for i, at in enumerate(ops_at[:len(self.workloads)]):
             if at & set(c.overrides):
                 w = self.workloads[i][0]
@@ -201,50 +202,51 @@ class Worker:
                     with self.registry.override(c.overrides):
                         self.model.step(w)
                 done["steps"] += attempt(one_step)
-        return done
+        return wire.Warmed(**done)
 
-    def step(self, msg: dict) -> dict:
+    def step(self, msg: wire.StepAsk) -> wire.StepResult:
         from persistent_engine import verify
         from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
 
-        i, v = int(msg["i"]), int(msg["v"])
+        i, v = msg.i, msg.v
         overrides = self.candidate.overrides if self.candidate is not None else {}     # baseline: the reference
         counted = {n: self.guards.Counted(fn) for n, fn in overrides.items()}
         w = self.workloads[i][v]
         routes = None
-        rows = self.guards.CacheRows(w) if msg.get("check_cache") else None     # declared in-place cache writes
-        if msg.get("moe"):
-            refs = calls_from_wire(msg.get("refs"), self.device)
+        rows = self.guards.CacheRows(w) if msg.check_cache else None     # declared in-place cache writes
+        if msg.moe:
+            refs = calls_from_wire(msg.refs, self.device)
             out, rec = verify.routed_step(self.registry, self.model, w, counted, refs)
-            routes = {"calls": calls_to_wire(rec.calls), "replayed": isinstance(rec, verify.RouteReplay)}
+            routes = wire.Routes(calls=calls_to_wire(rec.calls), replayed=isinstance(rec, verify.RouteReplay))
         else:
             with self.registry.override(counted):
                 out = self.model.step(w)
         self._sync()
-        return {"logits": out if isinstance(out, self.torch.Tensor) else None,
-                "type": type(out).__name__, "calls": {n: c.calls for n, c in counted.items()}, "routes": routes,
-                "cache": rows.changed() if rows is not None else []}
+        return wire.StepResult(logits=out if isinstance(out, self.torch.Tensor) else None, type=type(out).__name__,
+                               calls={n: int(c.calls) for n, c in counted.items()}, routes=routes,
+                               cache=rows.changed() if rows is not None else [])
 
-    def steps(self, msg: dict) -> dict:
-        """``step`` for each of ``msg["steps"]`` in order, until the logits gathered would take the reply
+    def steps(self, msg: wire.Steps) -> wire.StepResults:
+        """``step`` for each of ``msg.steps`` in order, until the logits gathered would take the reply
         past ``reply_bytes`` (at least one answered): the judge asks again for the rest."""
         results, used = [], 0
-        for one in msg["steps"]:
+        for one in msg.steps:
             r = self.step(one)
-            out = r["logits"]
+            out = r.logits
             if out is not None:                 # a candidate's lm_head may hand back one buffer every step
-                out = r["logits"] = out.clone()
+                out = out.clone()
+                r = dataclasses.replace(r, logits=out)
             nbytes = out.numel() * out.element_size() + ALIGN if out is not None else 0
             if results and used + nbytes > self.reply_bytes:
                 break
             used += nbytes
             results.append(r)
-        return {"results": results}
+        return wire.StepResults(results=results)
 
-    def capture(self, msg: dict) -> dict:
+    def capture(self, msg: wire.Capture) -> wire.Captured:
         if self.device.type != "cuda":
-            return {"graphed": [], "errors": {}}
-        todo = [int(i) for i in msg["points"] if int(i) not in self.graphs]
+            return wire.Captured()
+        todo = [i for i in msg.points if i not in self.graphs]
         overrides = self.candidate.overrides if self.candidate is not None else {}
         self.registry.set_overrides(overrides)
         try:
@@ -255,15 +257,15 @@ class Worker:
         finally:
             self.registry.clear_overrides()
         self.graphs.update({i: g for i, g in graphs.items() if g is not None})
-        return {"graphed": sorted(self.graphs), "errors": {str(k): v for k, v in self.graph_errors.items()},
-                "healthy": healthy}
+        return wire.Captured(graphed=sorted(self.graphs), errors={str(k): str(v) for k, v in self.graph_errors.items()},
+                             healthy=bool(healthy))
 
-    def run(self, msg: dict) -> dict:
+    def run(self, msg: wire.Run) -> wire.Ran:
         """k back-to-back steps; with ``chain`` (the vocabulary size), run r's ids are the judge's draw plus
         argmax(row 0 of run r-1's logits), mod ``chain`` (computed on the device: no host sync between runs)."""
-        i, v, k = int(msg["i"]), int(msg["v"]), int(msg["k"])
-        ids, chain = msg.get("ids"), msg.get("chain")
-        g = None if msg.get("eager") else self.graphs.get(i)
+        i, v, k = msg.i, msg.v, msg.k
+        ids, chain = msg.ids, msg.chain
+        g = None if msg.eager else self.graphs.get(i)
         w = self.workloads[i][v]
         if ids is not None:
             ids = ids.to(self.device)
@@ -291,19 +293,18 @@ class Worker:
                     feed(r)
                     self.ring.append(clone(self.model.step(w)))
         self._sync()
-        return {"k": len(self.ring), "graph": g is not None}
+        return wire.Ran(k=len(self.ring), graph=g is not None)
 
-    def fetch(self, msg: dict) -> dict:
+    def fetch(self, msg: wire.Fetch) -> wire.Rows:
         """Rows of output j of the last ``run``; with ``links``, row 0 of outputs j-1 and j-2 too (the chain
         the judge re-derives run j's and run j-1's ids from)."""
-        j = int(msg["j"])
+        j = msg.j
         out = self.ring[j]
-        rows = msg.get("rows")
-        reply = {"logits": out[[int(r) for r in rows]] if rows is not None else out}
-        if msg.get("links"):
-            reply["row0_prev"] = self.ring[j - 1][0] if j >= 1 else None
-            reply["row0_prev2"] = self.ring[j - 2][0] if j >= 2 else None
-        return reply
+        logits = out[msg.rows] if msg.rows is not None else out
+        if not msg.links:
+            return wire.Rows(logits=logits)
+        return wire.Rows(logits=logits, row0_prev=self.ring[j - 1][0] if j >= 1 else None,
+                         row0_prev2=self.ring[j - 2][0] if j >= 2 else None)
 
     def guard_reasons(self, when: str) -> list[str]:
         reasons = []
@@ -324,16 +325,17 @@ class Worker:
             reasons.append(f"{when}: candidate left {len(native)} native thread(s) running")
         return reasons
 
-    def guards_request(self, msg: dict) -> dict:
-        return {"reasons": self.guard_reasons(msg.get("when", "check"))}
+    def guards_request(self, msg: wire.Guards) -> wire.GuardsReply:
+        return wire.GuardsReply(reasons=self.guard_reasons(msg.when))
 
-    def memory_request(self, msg: dict) -> dict:
+    def memory_request(self, msg: wire.Memory) -> wire.MemoryReply:
         """This process's device bytes by torch's caching allocator (all 0 on CPU)."""
         cuda = self.torch.cuda
         if self.device.type != "cuda":
-            return {"allocated": 0, "reserved": 0, "peak_reserved": 0}
-        return {"allocated": int(cuda.memory_allocated(self.device)), "reserved": int(cuda.memory_reserved(self.device)),
-                "peak_reserved": int(cuda.max_memory_reserved(self.device))}
+            return wire.MemoryReply()
+        return wire.MemoryReply(allocated=int(cuda.memory_allocated(self.device)),
+                                reserved=int(cuda.memory_reserved(self.device)),
+                                peak_reserved=int(cuda.max_memory_reserved(self.device)))
 
 
 def _native_threads() -> set[int]:
@@ -378,26 +380,25 @@ def _warm_triton(device) -> None:
 def serve(chan, arena, init: dict) -> int:
     worker = Worker(init, arena)
     # op_checks' outputs of one reply: 3/4 of the mailbox (alignment and the rest of the reply: slack)
-    worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES) // 4
-    chan.send({"ready": True, "pid": os.getpid()})
-    handlers = {"load": worker.load, "op_checks": worker.op_checks, "steps": worker.steps, "capture": worker.capture,
-                "run": worker.run, "fetch": worker.fetch, "warm": worker.warm, "guards": worker.guards_request,
-                "memory": worker.memory_request}
+    worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES["cpu"]) // 4
+    chan.send(wire.to_wire(wire.Ready(nonce=int(init["nonce"]), pid=os.getpid())))
+    handlers = {wire.Load: worker.load, wire.OpChecks: worker.op_checks, wire.Steps: worker.steps,
+                wire.Capture: worker.capture, wire.Run: worker.run, wire.Fetch: worker.fetch, wire.Warm: worker.warm,
+                wire.Guards: worker.guards_request, wire.Memory: worker.memory_request}
     while True:
-        msg = decode_tensors(chan.recv())
-        op = msg.get("op")
-        if op == "exit":
+        req = wire.decode_request(chan.recv())
+        if isinstance(req, wire.Exit):
             return 0
         try:
-            reply = handlers[op](msg)
+            reply = handlers[type(req)](req)
         except worker.torch.OutOfMemoryError as e:
-            reply = {"error": f"out of memory: {str(e)[:300]}", "kind": "oom"}
+            reply = wire.Failed(error=f"out of memory: {str(e)[:300]}", kind="oom")
         except BaseException as e:  # noqa: BLE001 - SystemExit of a candidate too: a verdict, not a crash
             text = f"{type(e).__name__}: {e}"
             print("".join(traceback.format_exception(e))[-4000:], file=sys.stderr, flush=True)
             kind = "device" if any(s in text for s in DEVICE_ERRORS) else "candidate"
-            reply = {"error": text[:1000], "kind": kind}
-        chan.send(reply)
+            reply = wire.Failed(error=text[:1000], kind=kind)
+        chan.send(wire.to_wire(dataclasses.replace(reply, nonce=req.nonce)))
 
 
 def _init_then_serve(args) -> None:

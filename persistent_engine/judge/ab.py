@@ -71,7 +71,9 @@ def run_batch(device_type: str, step_ms: float | None, out_bytes: int = 0) -> in
 def _sample(ex, i: int, v: int, k: int, graph: bool, ids, chain: int | None, deadline: float | None) -> float:
     """Wall milliseconds per run of one ``run`` request (``chain``: the vocabulary size the chained ids
     are taken modulo; None: the variant's own ids, unchained)."""
-    msg = {"op": "run", "i": i, "v": v, "k": k, "ids": ids, "eager": not graph, "chain": chain}
+    from persistent_engine.executor import wire
+
+    msg = wire.Run(i=i, v=v, k=k, ids=ids, eager=not graph, chain=chain)
     left = 600.0 if deadline is None else deadline - now_ns() / 1e9
     if left <= 0:
         from persistent_engine.executor.launch import ExecutorTimeout
@@ -80,14 +82,14 @@ def _sample(ex, i: int, v: int, k: int, graph: bool, ids, chain: int | None, dea
     t0 = now_ns()
     reply = ex.call(msg, left)
     t1 = now_ns()
-    if "error" in reply:
+    if isinstance(reply, wire.Failed):
         from persistent_engine.judge.engine import CandidateRaised
 
-        raise CandidateRaised(reply["error"], reply.get("kind", "candidate"))
-    if reply.get("k") != k:
+        raise CandidateRaised(reply.error, reply.kind)
+    if reply.k != k:
         from persistent_engine.judge.engine import CandidateRaised
 
-        raise CandidateRaised(f"the executor reported {reply.get('k')} runs for a request of {k}", "candidate")
+        raise CandidateRaised(f"the executor reported {reply.k} runs for a request of {k}", "candidate")
     return (t1 - t0) / 1e6 / k
 
 
@@ -167,18 +169,23 @@ def _fetch(ex, s: int, v: int, k: int, rows: int, chain: int | None, ids, rng, d
     j = rng.randrange(k)
     picked = sorted(rng.sample(range(rows), min(rows, SPOT_ROWS)))
     links = chain is not None and ids is not None
-    reply = ex.call({"op": "fetch", "j": j, "rows": picked, "links": links}, max(1.0, deadline - now_ns() / 1e9))
-    if ids is None:
-        return Fetched(s, v, None, picked, reply["logits"])
-    if not links or j == 0:
-        return Fetched(s, v, ids[j], picked, reply["logits"])
-    prev, prev2 = reply.get("row0_prev"), reply.get("row0_prev2")
-    if prev is None or (j >= 2 and prev2 is None):
-        from persistent_engine.judge.engine import CandidateRaised
+    from persistent_engine.executor import wire
+    from persistent_engine.judge.engine import CandidateRaised
 
+    reply = ex.call(wire.Fetch(j=j, rows=picked, links=links), max(1.0, deadline - now_ns() / 1e9))
+    if isinstance(reply, wire.Failed):
+        raise CandidateRaised(reply.error, reply.kind)
+    if reply.logits is None:
+        raise CandidateRaised(f"fetch of timed run {j} returned no logits", "candidate")
+    if ids is None:
+        return Fetched(s, v, None, picked, reply.logits)
+    if not links or j == 0:
+        return Fetched(s, v, ids[j], picked, reply.logits)
+    prev, prev2 = reply.row0_prev, reply.row0_prev2
+    if prev is None or (j >= 2 and prev2 is None):
         raise CandidateRaised(f"fetch of timed run {j} did not return the chain's links", "candidate")
     ids_prev = chained_ids(ids[j - 1], prev2 if j >= 2 else None, chain)
-    return Fetched(s, v, chained_ids(ids[j], prev, chain), picked, reply["logits"], (ids_prev, prev))
+    return Fetched(s, v, chained_ids(ids[j], prev, chain), picked, reply.logits, (ids_prev, prev))
 
 
 def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bool, fresh, rng,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from persistent_engine import guards, verify
+from persistent_engine.executor import wire
 from persistent_engine.judge import memory
 from persistent_engine.io_struct import WorkloadPoint
 
@@ -30,6 +31,29 @@ def weight_share(points: list[WorkloadPoint], i: int) -> float:
     """Point i's weight over the heaviest point's (``timing.samples_for``: minor points get fewer samples)."""
     heaviest = max(float(p.weight) for p in points)
     return float(points[i].weight) / heaviest if heaviest > 0 else 1.0
+
+
+def declared_ops_reasons(source: str, reported: list[str]) -> list[str]:
+    """The source decides what is verified: the ops its ``OVERRIDES`` dict literal declares (the parse that
+    acceptance and composition read, ``CandidateSource``) against those its executor reports loaded. A
+    declared op not reported would go unverified; one reported and not declared was added at import. Only
+    a complete literal decides (every key a string, no ``**`` spread; a composed source that spreads a
+    dict built otherwise is taken as its executor reports it)."""
+    import ast
+
+    from persistent_engine.candidate import CandidateSource
+
+    tree = ast.parse(source)
+    values = [n.value for n in tree.body if isinstance(n, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "OVERRIDES" for t in n.targets)]
+    if not values or not isinstance(values[-1], ast.Dict) or not all(
+            isinstance(k, ast.Constant) and isinstance(k.value, str) for k in values[-1].keys):
+        return []
+    declared, got = set(CandidateSource.parse(source).overrides), set(reported)
+    out = [f"load: OVERRIDES declares {op!r} but the loaded module does not override it (an op hidden from "
+           "verification)" for op in sorted(declared - got)]
+    return out + [f"load: the loaded module overrides {op!r}, which the source's OVERRIDES literal does not "
+                  "declare" for op in sorted(got - declared)]
 
 
 def _nbytes(refs: tuple) -> int:
@@ -54,9 +78,9 @@ def remote_check(e, deadline: float, ahead_bytes: int = memory.REFERENCES_AHEAD_
                  for j, shape in enumerate(shapes if shapes is not None else d.examples)]
         reasons, refs, todo = [], {}, list(range(len(cases)))
         while todo:
-            e._send({"op": "op_checks", "name": name,
-                     "cases": [{"shape": cases[k][1], "dtype": str(cases[k][0]).removeprefix("torch."),
-                                "seed": cases[k][2]} for k in todo]}, deadline)
+            e._send(wire.OpChecks(name=name, cases=[
+                wire.OpCase(shape=cases[k][1], dtype=str(cases[k][0]).removeprefix("torch."), seed=cases[k][2])
+                for k in todo]), deadline)
             ahead = sum(_nbytes(r) for r in refs.values())
             for k in todo:                      # the judge's half, while the executor runs its half
                 if ahead >= ahead_bytes:
@@ -64,39 +88,36 @@ def remote_check(e, deadline: float, ahead_bytes: int = memory.REFERENCES_AHEAD_
                 if k not in refs:
                     refs[k] = reference_outputs(d, cases[k][1], cases[k][0], device, cases[k][2])
                     ahead += _nbytes(refs[k])
-            results = e._receive(deadline, "op_checks").get("results")
-            if not isinstance(results, list) or not 1 <= len(results) <= len(todo) \
-                    or not all(isinstance(r, dict) for r in results):
-                raise CandidateRaised(f"op_checks of {name}: the executor answered "
-                                      f"{len(results) if isinstance(results, list) else 'no'} results "
+            results = e._receive(deadline, "op_checks").results
+            if not 1 <= len(results) <= len(todo):
+                raise CandidateRaised(f"op_checks of {name}: the executor answered {len(results)} results "
                                       f"for {len(todo)} cases", "candidate")
             for k, r in zip(todo, results):
                 dtype, shape, _ = cases[k]
                 prefix = f"{name} {_DTYPE_NAMES.get(dtype, str(dtype))} {shape}: "
                 ref = refs.pop(k) if k in refs else reference_outputs(d, shape, dtype, device, cases[k][2])
-                if r.get("reason"):
-                    reasons.append(prefix + str(r["reason"]))
+                if r.reason:
+                    reasons.append(prefix + r.reason)
                     continue
-                outs = tuple(o.to(device) if isinstance(o, torch.Tensor) else o for o in r.get("outputs") or ())
-                reasons += [prefix + x for x in judge_against(d, outs, ref, dtype, list(r.get("devices") or ()))]
+                outs = tuple(o.to(device) if isinstance(o, torch.Tensor) else o for o in r.outputs)
+                reasons += [prefix + x for x in judge_against(d, outs, ref, dtype, list(r.devices))]
             todo = todo[len(results):]
         return reasons
     return check
 
 
-def remote_steps(e, msgs: list[dict], deadline: float) -> list[dict]:
-    """The executor's replies to ``msgs`` (``step`` requests), sent as ``steps`` requests: all at once, and
-    again for the ones a reply cut short (its mailbox full; a reply of no or too many results is refused)."""
+def remote_steps(e, msgs: list[wire.StepAsk], deadline: float) -> list[wire.StepResult]:
+    """The executor's results for ``msgs``, sent as ``steps`` requests: all at once, and again for the ones
+    a reply cut short (its mailbox full; a reply of no or too many results is refused)."""
     from persistent_engine.judge.engine import CandidateRaised
 
-    replies: list[dict] = []
+    replies: list[wire.StepResult] = []
     while len(replies) < len(msgs):
         todo = msgs[len(replies):]
-        results = e._call({"op": "steps", "steps": todo}, deadline).get("results")
-        if not isinstance(results, list) or not 1 <= len(results) <= len(todo) \
-                or not all(isinstance(r, dict) for r in results):
-            raise CandidateRaised(f"steps: the executor answered {len(results) if isinstance(results, list) else 'no'}"
-                                  f" results for {len(todo)} steps", "candidate")
+        results = e._call(wire.Steps(steps=todo), deadline).results
+        if not 1 <= len(results) <= len(todo):
+            raise CandidateRaised(f"steps: the executor answered {len(results)} results for {len(todo)} steps",
+                                  "candidate")
         replies += results
     return replies
 
@@ -106,6 +127,8 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
     in one request), against the judge's reference logits (calibrated bound). MoE points: the reference's
     routing sent along to be replayed; the routing the executor reports is checked against the reference's
     ties here (``verify.TieCheck``). A point's first failing variant ends its check. Returns (reasons, summary)."""
+    from persistent_engine.executor.channel import ProtocolError
+    from persistent_engine.executor.launch import ExecutorBroke
     from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
 
     counted = {n: guards.Counted(None) for n in e.candidate.ops}
@@ -120,29 +143,32 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
             moe = verify.decides(e.ops_at[i])          # routes experts or picks CSA entries
             refs = e.reference_routes(i, v, deadline) if moe else None
             todo.append((i, v, moe, refs))
-            msgs.append({"i": i, "v": v, "moe": moe, "refs": calls_to_wire(refs, scores=False),
-                         "check_cache": check_cache})
+            msgs.append(wire.StepAsk(i=i, v=v, moe=moe, refs=calls_to_wire(refs, scores=False),
+                                     check_cache=check_cache))
     failed: set[int] = set()
     for (i, v, moe, refs), r in zip(todo, remote_steps(e, msgs, deadline)):
         if i in failed:
             continue
         where = f"layer-level {e.points[i].label()} variant {v}"
-        for n, calls in (r.get("calls") or {}).items():
+        for n, calls in r.calls.items():
             if n in counted:
-                counted[n].calls += int(calls)
-        out = r["logits"].to(e.device) if isinstance(r.get("logits"), torch.Tensor) else (r.get("type"),)
-        if r.get("cache"):
+                counted[n].calls += calls
+        out = r.logits.to(e.device) if r.logits is not None else (r.type,)
+        if r.cache:
             reasons.append(f"{where}: the step wrote KV cache rows other than its new tokens' in "
-                           f"{', '.join(map(str, r['cache'][:4]))}")
+                           f"{', '.join(r.cache[:4])}")
             failed.add(i)
             continue
         tol = e.logit_tol[i][v]
-        routes = r.get("routes")
-        if moe and routes is not None:
-            rec_calls = calls_from_wire(routes["calls"], e.device)
+        if moe and r.routes is not None:
             w = e.workloads[i][v]
-            bad = ties.compare(out, e.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
-                               replayed=bool(routes["replayed"]), tol=tol)
+            try:                                # the record is the executor's: malformed, it is its failure
+                rec_calls = calls_from_wire(r.routes.calls, e.device)
+                bad = ties.compare(out, e.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
+                                   replayed=r.routes.replayed, tol=tol)
+            except (ProtocolError, RuntimeError, IndexError, KeyError, TypeError, ValueError) as x:
+                raise ExecutorBroke("layer-level verification", f"its routing record: {type(x).__name__}: {x}") \
+                    from None
         else:
             bad = verify.compare_logits(out, e.ref[i][v], e.dtype, where, tol)
         if bad:

@@ -33,18 +33,19 @@ import inspect
 import os
 import random
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 import torch
 
 from persistent_engine import candidate as cand_mod
-from persistent_engine import guards, tier_inputs, timing, tolerance, verify
+from persistent_engine import guards, scratch, tier_inputs, timing, tolerance, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
-from persistent_engine.executor.channel import Arena
+from persistent_engine.executor.channel import Arena, mailbox_bytes
 from persistent_engine.executor.device_share import DeviceWeights
 from persistent_engine.executor.kernel_cache import KERNEL_CACHE_ENV, KernelCache
-from persistent_engine.executor.launch import Executor, ExecutorDied, ExecutorPool, ExecutorTimeout, sandbox_summary
+from persistent_engine.executor import wire
+from persistent_engine.executor.launch import (Executor, ExecutorBroke, ExecutorDied, ExecutorPool, ExecutorTimeout,
+                                              sandbox_summary)
 from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
 from persistent_engine.judge import memory
@@ -155,7 +156,8 @@ class Engine(ExecutorSide):
         self.layers = list(config.layers) if config.layers is not None else list(range(self.spec.num_layers))
         self.points = list(config.points or default_points(config.device))
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))   # seeds, orders: unknown to executors
-        self._dir = tempfile.mkdtemp(prefix="tkcc-judge-")
+        scratch.remove_stale("judge")          # those of judges that died (their lock is free)
+        self._dir = scratch.owned_dir("judge")  # executors' workdirs and stderr files: removed at close
         # compiled kernels per candidate source: the run's (shared by its engines) or this judge's own
         self.kernel_cache = KernelCache(os.environ.get(KERNEL_CACHE_ENV) or os.path.join(self._dir, "kernels"))
         self.op_params = {n: cand_mod.param_names(inspect.signature(registry.get(n).reference))
@@ -214,7 +216,9 @@ class Engine(ExecutorSide):
                       "layers": self.layers, "device": config.device,
                       "dtype": str(self.dtype).removeprefix("torch."), "points": [p.to_dict() for p in self.points],
                       "variants": config.variants, "seed": config.seed, "threads": self.threads,
-                      "weights": self.device_weights.spec if self.device_weights else None}
+                      "weights": self.device_weights.spec if self.device_weights else None,
+                      "mailbox_bytes": mailbox_bytes(self.device.type, max(
+                          r.numel() * r.element_size() for row in self.ref for r in row))}
         self.pool: ExecutorPool | None = None   # started on the first candidate
         self.baseline: Executor | None = None
         self.graph_errors: dict[int, str] = {}
@@ -264,7 +268,7 @@ class Engine(ExecutorSide):
         self._ahead: dict = {}                  # sha256 of a queued source -> ``Ahead`` (compiling it)
         self.ahead_max = 0                      # set with the pool
         self.ahead_used = 0                     # candidates loaded from an executor that compiled them ahead
-        self.warmed: dict = {}                  # the last such executor's warm-up counts
+        self.warmed = wire.Warmed()             # the last such executor's warm-up counts
 
     def close(self) -> None:
         self._drop_candidate()
@@ -277,6 +281,7 @@ class Engine(ExecutorSide):
             self.pool.close()
         if self.baseline is not None:
             self.baseline.kill()
+        scratch.release(self._dir)
 
     # ------------------------------------------------------------------------------ helpers
     def _sync(self) -> None:
@@ -340,52 +345,12 @@ class Engine(ExecutorSide):
         t = getattr(req, "timeout_s", 0.0) or DEFAULT_CALL_S
         return timing.now_ns() / 1e9 + t
 
-    def _call(self, msg: dict, deadline: float) -> dict:
-        """One request to the candidate's executor, within ``deadline`` (its error replies raised)."""
-        self._send(msg, deadline)
-        return self._receive(deadline, str(msg.get("op")))
-
-    def _send(self, msg: dict, deadline: float) -> None:
-        """``_call``'s first half: the request sent, the judge free to work until ``_receive``."""
-        if deadline - timing.now_ns() / 1e9 <= 0:
-            raise ExecutorTimeout(f"no answer during {msg.get('op')}")
-        self.candidate.executor.send(msg)
-
-    def _receive(self, deadline: float, what: str) -> dict:
-        left = deadline - timing.now_ns() / 1e9
-        if left <= 0:
-            raise ExecutorTimeout(f"no answer during {what}")
-        reply = self.candidate.executor.receive(left, what)
-        if "error" in reply:
-            raise CandidateRaised(reply["error"], reply.get("kind", "candidate"))
-        return reply
-
     def _drop_candidate(self) -> None:
         self.tie_kept_rows = {}
         if self.candidate is not None:
             ex, source = self.candidate.executor, self.candidate.source
             self.candidate = None
             self._discard(ex, source)
-
-    def _seed_kernels(self, source: str, ex: Executor) -> None:
-        """The kernels an earlier executor compiled for this same source, copied into ``ex``'s Triton cache
-        before it imports the source (executor/kernel_cache.py)."""
-        try:
-            n = self.kernel_cache.seed(source, ex.triton_dir)
-        except OSError as e:
-            elog(f"kernel cache: not seeded ({e})")
-            return
-        if n:
-            elog(f"kernel cache: {n} compiled kernel(s) of this source seeded")
-
-    def _harvest_kernels(self, source: str, ex: Executor) -> None:
-        """What the killed executor ``ex`` compiled, kept for the next executor of the same source."""
-        if not source:
-            return
-        try:
-            self.kernel_cache.harvest(source, ex.triton_dir)
-        except OSError as e:
-            elog(f"kernel cache: not kept ({e})")
 
     # ------------------------------------------------------------------------------ requests
     def handle(self, req: Request) -> Reply:
@@ -399,6 +364,10 @@ class Engine(ExecutorSide):
             self._drop_candidate()
             reply = ErrorReply(message=f"no answer during {phase} within the {limit:g} s timeout (watchdog killed "
                                        "the executor)", kind="hang")
+        except ExecutorBroke as e:              # its reply broke the protocol: the candidate's doing
+            self._drop_candidate()
+            self._ensure_baseline()
+            reply = ErrorReply(message=f"the executor {e.how} (executor discarded)", kind="protocol")
         except ExecutorDied as e:
             if self.baseline is not None and not self.baseline.alive():     # not the candidate's doing
                 self._drop_candidate()
@@ -442,16 +411,15 @@ class Engine(ExecutorSide):
                 fresh = self._take()
                 self._seed_kernels(req.source, fresh)
                 self.candidate = Candidate(req.name, fresh, [], {}, "", req.source)
-                r = self._call({"op": "load", "source": req.source, "name": req.name}, deadline)
+                r = self._call(wire.Load(source=req.source, name=req.name), deadline)
             ex = self.candidate.executor             # the ahead one or the fresh one
             self.executors_used += 1
-            reasons = list(r.get("reasons") or [])
+            reasons = list(r.reasons) or judging.declared_ops_reasons(req.source, r.ops)
             if reasons:
                 self._drop_candidate()
             else:
-                self.candidate = Candidate(req.name, ex, [str(o) for o in r["ops"] if o in self.op_params],
-                                           dict(r.get("config") or {}), str(r.get("description") or ""),
-                                           req.source)
+                self.candidate = Candidate(req.name, ex, [o for o in r.ops if o in self.op_params], dict(r.config),
+                                           r.description, req.source)
         secs = (timing.now_ns() - t0) / 1e9
         confined = _applied(self.candidate.executor if self.candidate else None)
         if reasons:
@@ -459,11 +427,10 @@ class Engine(ExecutorSide):
                              ahead=ahead)
         c = self.candidate
         notes = "; ".join(f"{k}: {v}" for k, v in self._config_notes().items())
-        warmed = self.warmed if ahead else {}
+        w = self.warmed
         return LoadReply(ok=True, message=f"loaded {c.name}"
-                         + (f" (compiled ahead: {warmed.get('cases', 0)} op case(s), {warmed.get('steps', 0)} step(s), "
-                            f"{warmed.get('failed', 0)} failed, {warmed.get('skipped', 0)} over its memory share)"
-                            if ahead else "")
+                         + (f" (compiled ahead: {w.cases} op case(s), {w.steps} step(s), {w.failed} failed, "
+                            f"{w.skipped} over its memory share)" if ahead else "")
                          + (f" (CONFIG {notes})" if notes else ""),
                          ops=sorted(c.ops), config=c.config, description=c.description[:2000], seconds=secs,
                          sandbox=confined, ahead=ahead)
@@ -485,13 +452,13 @@ class Engine(ExecutorSide):
                                  seed, budget=budget,
                                  check=judging.remote_check(self, deadline, memory.references_ahead(budget)))
         reasons = [ch.detail for ch in checks if not ch.passed]
-        reasons += self._call({"op": "guards", "when": "op-level verification"}, deadline)["reasons"]
+        reasons += self._call(wire.Guards(when="op-level verification"), deadline).reasons
         if not reasons:
             layer_reasons = judging.layer_level(self, deadline)
             checks.append(verify.Check("layer", not layer_reasons[0],
                                        "; ".join(layer_reasons[0])[:2000] or layer_reasons[1]))
             reasons += layer_reasons[0]
-            reasons += self._call({"op": "guards", "when": "layer-level verification"}, deadline)["reasons"]
+            reasons += self._call(wire.Guards(when="layer-level verification"), deadline).reasons
         reasons += self._process_reasons("verification")
         return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
                            checks=checks, seed=seed,
@@ -511,9 +478,9 @@ class Engine(ExecutorSide):
         todo = [i for i in sorted(affected) if i in self.base_graphed and plan[i] is None]
         cand_graphed, cand_errors = set(), {}
         if todo:
-            r = self._call({"op": "capture", "points": todo}, deadline)
-            cand_graphed = set(r["graphed"]) & set(todo)
-            cand_errors = {int(k): v for k, v in r["errors"].items()}
+            r = self._call(wire.Capture(points=todo), deadline)
+            cand_graphed = set(r.graphed) & set(todo)
+            cand_errors = {int(k): v for k, v in r.errors.items() if k.isdigit()}
         per_point, reasons = [], []
         notes = self._config_notes()
         for i, p in enumerate(self.points):
@@ -556,7 +523,7 @@ class Engine(ExecutorSide):
                 candidate_ms=res.candidate.median_ms, candidate_iqr_ms=res.candidate.iqr_ms,
                 samples=res.candidate.n, runs_per_sample=k, floor_ms=self.floor_ms[i],
                 speedup=res.speedup, speedup_q1=res.speedup_q1, config=notes or {}, stopped=res.stopped))
-        reasons += self._call({"op": "guards", "when": "timing"}, deadline)["reasons"]
+        reasons += self._call(wire.Guards(when="timing"), deadline).reasons
         reasons += self._process_reasons("timing")
         # a point's weight is its share of GPU time: new / old time = sum(w / point speedup) / sum(w)
         wsum = sum(pp.point.weight for pp in per_point)

@@ -5,7 +5,7 @@ budget, and the reference routing asked of the baseline executor. Nothing here r
 sizes and hands out the processes that do.
 
 ``ExecutorSide`` reads what ``Engine`` sets up: ``config``, ``device``, ``points``, ``arena``, ``_init``,
-``_dir``, ``baseline``, ``pool``, ``pool_size``, ``candidate``, ``_next``, ``_ahead``, ``ahead_max``,
+``_dir``, ``baseline``, ``pool``, ``kernel_cache``, ``pool_size``, ``candidate``, ``_next``, ``_ahead``, ``ahead_max``,
 ``ahead_used``, ``warmed``, ``_rng``, ``ops_at``, ``op_params``, ``executor_bytes``,
 ``device_weights``, ``op_check_floor``, ``op_check_budget``, the reference (``ref``, ``model``,
 ``workloads``, ``moe_routes``, ``executor_routes``, ``dtype``).
@@ -23,6 +23,7 @@ import torch
 from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, timing, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes
+from persistent_engine.executor import wire
 from persistent_engine.executor.kernel_cache import source_key
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorStartFailed,
                                               ExecutorTimeout)
@@ -100,9 +101,11 @@ class ExecutorSide:
         ex.wait_ready(EXECUTOR_START_S)
         self.baseline = ex
         if self.device.type == "cuda" and self.config.cuda_graph:
-            r = ex.call({"op": "capture", "points": list(range(len(self.points)))}, DEFAULT_CALL_S)
-            self.base_graphed = set(r["graphed"])
-            self.graph_errors = {int(k): v for k, v in r["errors"].items()}
+            r = ex.call(wire.Capture(points=list(range(len(self.points)))), DEFAULT_CALL_S)
+            if isinstance(r, wire.Failed):
+                raise ExecutorDied(f"the baseline executor's capture raised: {r.error}")
+            self.base_graphed = set(r.graphed)
+            self.graph_errors = {int(k): v for k, v in r.errors.items() if k.isdigit()}
         else:
             why = timing.graph_plan(self.points, self.device.type, self.config.cuda_graph)
             self.graph_errors = {i: w for i, w in enumerate(why) if w}
@@ -130,12 +133,13 @@ class ExecutorSide:
         if self.device.type != "cuda":
             return memory.EXECUTOR_OVERHEAD_BYTES
         try:
-            report = self.baseline.call({"op": "memory"}, DEFAULT_CALL_S)
+            report = self.baseline.call(wire.Memory(), DEFAULT_CALL_S)
         except (ExecutorDied, ExecutorTimeout) as e:
             elog(f"the baseline executor did not report its memory ({e}); counting "
                  f"{memory.EXECUTOR_OVERHEAD_BYTES / memory.GIB:.1f} GiB of overhead per executor")
             return memory.EXECUTOR_OVERHEAD_BYTES
-        return memory.measured_overhead(report if isinstance(report, dict) and "error" not in report else None)
+        return memory.measured_overhead({"allocated": report.allocated, "peak_reserved": report.peak_reserved}
+                                        if isinstance(report, wire.MemoryReply) else None)
 
     def _executor_each(self) -> int:
         return memory.executor_bytes(self.executor_bytes, self.arena.size,
@@ -202,6 +206,48 @@ class ExecutorSide:
         return PrepareReply(message=ready + (f"; {started} started compiling ahead" if started else ""),
                             pool_wait_s=self.pool_wait_s, ahead=len(self._ahead))
 
+    def _call(self, req: wire.Request, deadline: float) -> wire.Reply:
+        """One request to the candidate's executor, within ``deadline`` (its ``Failed`` replies raised)."""
+        self._send(req, deadline)
+        return self._receive(deadline, req.KIND)
+
+    def _send(self, req: wire.Request, deadline: float) -> None:
+        """``_call``'s first half: the request sent, the judge free to work until ``_receive``."""
+        if deadline - timing.now_ns() / 1e9 <= 0:
+            raise ExecutorTimeout(f"no answer during {req.KIND}")
+        self.candidate.executor.send(req)
+
+    def _receive(self, deadline: float, what: str) -> wire.Reply:
+        left = deadline - timing.now_ns() / 1e9
+        if left <= 0:
+            raise ExecutorTimeout(f"no answer during {what}")
+        reply = self.candidate.executor.receive(left, what)
+        if isinstance(reply, wire.Failed):
+            from persistent_engine.judge.engine import CandidateRaised
+
+            raise CandidateRaised(reply.error, reply.kind)
+        return reply
+
+    def _seed_kernels(self, source: str, ex: Executor) -> None:
+        """The kernels an earlier executor compiled for this same source, copied into ``ex``'s Triton cache
+        before it imports the source (executor/kernel_cache.py)."""
+        try:
+            n = self.kernel_cache.seed(source, ex.triton_dir)
+        except OSError as e:
+            elog(f"kernel cache: not seeded ({e})")
+            return
+        if n:
+            elog(f"kernel cache: {n} compiled kernel(s) of this source seeded")
+
+    def _harvest_kernels(self, source: str, ex: Executor) -> None:
+        """What the killed executor ``ex`` compiled, kept for the next executor of the same source."""
+        if not source:
+            return
+        try:
+            self.kernel_cache.harvest(source, ex.triton_dir)
+        except OSError as e:
+            elog(f"kernel cache: not kept ({e})")
+
     # ------------------------------------------------------------------------------ compiling ahead
     def _warm_ahead(self, sources: list[str]) -> int:
         """For each source without one (at most ``ahead_max`` at once): a ready executor of the pool
@@ -223,9 +269,9 @@ class ExecutorSide:
                 break
             self._seed_kernels(source, ex)
             try:
-                ex.send({"op": "load", "source": source, "name": "candidate"})
-                ex.send({"op": "warm", "seed": self._rng.randrange(1, 2**31), "budget": self._warm_budget(),
-                         "ops_at": [sorted(at) for at in self.ops_at]})
+                ex.send(wire.Load(source=source, name="candidate"))
+                ex.send(wire.Warm(seed=self._rng.randrange(1, 2**31), budget=self._warm_budget(),
+                                  ops_at=[sorted(at) for at in self.ops_at]))
             except ExecutorDied:
                 self.pool.discard(ex)
                 continue
@@ -269,21 +315,21 @@ class ExecutorSide:
             return None
         ex = ahead.executor
         self.candidate = Candidate(name, ex, [], {}, "", source)
-        warmed: dict = {}
+        warmed: wire.Reply = wire.Warmed()
         try:
             loaded = ex.receive(deadline - timing.now_ns() / 1e9, "load")
-            if "error" not in loaded:
+            if not isinstance(loaded, wire.Failed):
                 warmed = ex.receive(deadline - timing.now_ns() / 1e9, "warm-up")
-        except ExecutorDied as e:
+        except ExecutorDied as e:               # ExecutorBroke too: a fresh executor judges it
             elog(f"an executor loading a candidate ahead died ({e.how}); loading it afresh")
-            loaded = {"error": e.how}
-        self.warmed = warmed
-        if "error" in loaded or "error" in warmed:
+            loaded = wire.Failed(error=e.how)
+        if isinstance(loaded, wire.Failed) or isinstance(warmed, wire.Failed):
             self.candidate = None
-            elog(f"a candidate's ahead load or warm-up failed ({str(loaded.get('error') or warmed.get('error'))[:200]})"
-                 "; loading it afresh")
+            failed = loaded if isinstance(loaded, wire.Failed) else warmed
+            elog(f"a candidate's ahead load or warm-up failed ({failed.error[:200]}); loading it afresh")
             self._discard(ex, source)
             return None
+        self.warmed = warmed
         self.ahead_used += 1
         return loaded
 
@@ -305,13 +351,12 @@ class ExecutorSide:
         left = deadline - timing.now_ns() / 1e9
         if self.baseline is not None and left > 0:
             try:
-                results = self.baseline.call({"op": "steps", "steps": [{"i": i, "v": v, "moe": True, "refs": None}]},
-                                             left).get("results")
-                r = results[0] if isinstance(results, list) and results and isinstance(results[0], dict) else {}
+                reply = self.baseline.call(wire.Steps(steps=[wire.StepAsk(i=i, v=v, moe=True)]), left)
+                r = reply.results[0] if isinstance(reply, wire.StepResults) and reply.results else wire.StepResult()
             except (ExecutorDied, ExecutorTimeout):
-                r = {}
-            calls = calls_from_wire((r.get("routes") or {}).get("calls"), self.device)
-            out = r.get("logits")
+                r = wire.StepResult()
+            calls = calls_from_wire(r.routes.calls if r.routes is not None else None, self.device)
+            out = r.logits
             if (calls and all(c is not None for c in calls) and isinstance(out, torch.Tensor)
                     and verify.compare_logits(out.to(self.device), self.ref[i][v], self.dtype, "",
                                               verify.LOGIT_RTOL.get(self.dtype, 5e-2) / 50) is None):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from persistent_engine import timing
+from persistent_engine.executor import wire
 from persistent_engine.judge import ab
 
 V, T = 97, 3                                    # vocabulary, tokens per step (decode batch 3)
@@ -27,22 +28,22 @@ class FakeExecutor:
         self.batches, self.lies, self.ring = batches, lies, []
 
     def call(self, msg, timeout):
-        if msg["op"] == "run":
-            ids, chain, self.ring = msg["ids"], msg["chain"], []
-            for r in range(msg["k"]):
+        if isinstance(msg, wire.Run):
+            ids, chain, self.ring = msg.ids, msg.chain, []
+            for r in range(msg.k):
                 x = ids[r] if ids is not None else torch.zeros(T, dtype=torch.long)
                 if chain is not None and r > 0 and not self.batches:
                     x = torch.remainder(x + torch.argmax(self.ring[-1][0]), chain)
                 self.ring.append(step(x))
-            return {"k": len(self.ring)}
-        j = msg["j"]
-        reply = {"logits": self.ring[j][msg["rows"]]}
-        if msg["links"]:
-            prev = [None if j - d < 0 else self.ring[j - d][0].clone() for d in (1, 2)]
-            if self.lies and prev[0] is not None:   # claims the chain value 0 it used: argmax forced to 0
-                prev[0][0] = prev[0].max() + 0.01
-            reply["row0_prev"], reply["row0_prev2"] = prev
-        return reply
+            return wire.Ran(k=len(self.ring))
+        j = msg.j
+        logits = self.ring[j][msg.rows]
+        if not msg.links:
+            return wire.Rows(logits=logits)
+        prev = [None if j - d < 0 else self.ring[j - d][0].clone() for d in (1, 2)]
+        if self.lies and prev[0] is not None:       # claims the chain value 0 it used: argmax forced to 0
+            prev[0][0] = prev[0].max() + 0.01
+        return wire.Rows(logits=logits, row0_prev=prev[0], row0_prev2=prev[1])
 
     def members(self):
         return []
@@ -134,11 +135,11 @@ class TimedExecutor(FakeExecutor):
         self.clock, self.ms, self.jitter, self.requests, self.ops = clock, ms, jitter, 0, []
 
     def call(self, msg, timeout):
-        self.ops.append(msg["op"])
-        if msg["op"] == "run":
+        self.ops.append(msg.KIND)
+        if isinstance(msg, wire.Run):
             self.requests += 1
             wobble = 1 + self.jitter * ((self.requests * 7) % 5 - 2)
-            self.clock.ns += int(self.ms * wobble * msg["k"] * 1e6)
+            self.clock.ns += int(self.ms * wobble * msg.k * 1e6)
         return super().call(msg, timeout)
 
 

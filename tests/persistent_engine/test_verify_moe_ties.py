@@ -3,6 +3,7 @@ are excused (their sequences left out of the logits comparison), flips with a cl
 logits elsewhere are still rejected, dense models are checked exactly as before. Real engines in process
 (tiny-moe: sigmoid + bias; a qwen3-moe-shaped 2-layer slice scaled down: softmax top-4 of 32)."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -424,7 +425,7 @@ def test_the_reference_routing_comes_from_the_baseline_executor(tiny_moe, verify
 
         def call(self, msg, timeout_s):
             r = self.real.call(msg, timeout_s)          # a ``steps`` request: one result per step
-            return {**r, "results": [{**x, "logits": x["logits"] * 1.5} for x in r["results"]]}
+            return dataclasses.replace(r, results=[dataclasses.replace(x, logits=x.logits * 1.5) for x in r.results])
 
     real, e.baseline = e.baseline, None
     try:

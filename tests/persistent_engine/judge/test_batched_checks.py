@@ -5,9 +5,16 @@ rest, a wrong implementation rejected with the reasons ``check_op`` gives, repli
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+import msgpack
+
+from persistent_engine.executor import wire
+from persistent_engine.executor.channel import ProtocolError, _default, unpack_frame
+from persistent_engine.executor.launch import ExecutorBroke
 from persistent_engine.executor.worker import Worker
 from persistent_engine.judge import checks
 from persistent_engine.judge.engine import CandidateRaised
@@ -28,9 +35,20 @@ def _worker(name, impl, reply_bytes):
     return w
 
 
+def _through_the_wire(reply, expect, tamper=None):
+    """``reply`` as the judge decodes it off the socket (``tamper``: what a hostile executor does to the
+    reply's map before it is sent); a reply that breaks the protocol is the executor's failure."""
+    raw = wire.to_wire(dataclasses.replace(reply, nonce=7))
+    raw = tamper(raw) if tamper else raw
+    try:
+        return wire.decode_reply(unpack_frame(msgpack.packb(raw, use_bin_type=True, default=_default)), expect, 7)
+    except ProtocolError as e:
+        raise ExecutorBroke("test", str(e)) from None
+
+
 class _Wire:
-    """The judge's ``_send`` / ``_receive``, the executor's half answered in this process (``tamper``:
-    what a hostile executor does to the results before they are sent)."""
+    """The judge's ``_send`` / ``_receive``, the executor's half answered in this process through the wire's
+    encoding (``tamper``: what a hostile executor does to the reply's map before it is sent)."""
 
     def __init__(self, worker, tamper=None):
         self.registry, self.worker, self.tamper, self.requests, self._msg = registry, worker, tamper, [], None
@@ -40,8 +58,7 @@ class _Wire:
         self._msg = msg
 
     def _receive(self, deadline, what):
-        reply = self.worker.op_checks(self._msg)
-        return self.tamper(reply) if self.tamper else reply
+        return _through_the_wire(self.worker.op_checks(self._msg), wire.OpResults, self.tamper)
 
 
 SHAPES = [{"x": [5, 64]}, {"x": [9, 96]}, {"x": [1, 2048]}]
@@ -58,15 +75,15 @@ def _remote(name, impl, reply_bytes=1 << 30, tamper=None, ahead_bytes=1 << 30):
 def test_one_request_carries_every_case_and_the_reference_passes():
     reasons, requests = _remote("fused_add_rms_norm", registry.get("fused_add_rms_norm").reference)
     assert reasons == []
-    assert len(requests) == 1 and len(requests[0]["cases"]) == len(SHAPES) * len(DTYPES)
-    assert [c["seed"] for c in requests[0]["cases"]] == [11, 1011, 2011] * 2
+    assert len(requests) == 1 and len(requests[0].cases) == len(SHAPES) * len(DTYPES)
+    assert [c.seed for c in requests[0].cases] == [11, 1011, 2011] * 2
 
 
 def test_a_reply_cut_short_by_the_mailbox_is_asked_again_for_the_rest():
     # a budget below one output: the executor answers one case per request (always at least one)
     reasons, requests = _remote("fused_add_rms_norm", registry.get("fused_add_rms_norm").reference, reply_bytes=64)
     assert reasons == []
-    assert [len(r["cases"]) for r in requests] == [6, 5, 4, 3, 2, 1]
+    assert [len(r.cases) for r in requests] == [6, 5, 4, 3, 2, 1]
 
 
 def test_a_wrong_implementation_gets_the_reasons_check_op_gives():
@@ -88,10 +105,18 @@ def test_a_modified_input_is_reported_per_case():
     assert reasons == ["silu_and_mul fp32 {'x': [5, 128]}: modified input: argument 0 changed"]
 
 
-@pytest.mark.parametrize("tamper", [lambda r: {"results": []}, lambda r: {"results": r["results"] * 2},
-                                    lambda r: {"results": "all fine"}, lambda r: {}])
+@pytest.mark.parametrize("tamper", [lambda r: {**r, "results": []}, lambda r: {**r, "results": r["results"] * 2},
+                                    lambda r: {"op": r["op"], "nonce": r["nonce"]}])
 def test_a_reply_of_no_or_too_many_results_is_refused(tamper):
     with pytest.raises(CandidateRaised, match="op_checks of rms_norm"):
+        _remote("rms_norm", registry.get("rms_norm").reference, tamper=tamper)
+
+
+@pytest.mark.parametrize("tamper", [lambda r: {**r, "results": "all fine"}, lambda r: {**r, "results": [1, 2]},
+                                    lambda r: {**r, "nonce": r["nonce"] + 1}, lambda r: {**r, "op": "step_results"},
+                                    lambda r: {**r, "extra": 1}, lambda r: {}])
+def test_a_reply_of_another_type_kind_or_nonce_is_the_executors_failure(tamper):
+    with pytest.raises(ExecutorBroke, match="broke the protocol"):
         _remote("rms_norm", registry.get("rms_norm").reference, tamper=tamper)
 
 
@@ -111,28 +136,27 @@ class _Steps:
         self.per_reply, self.tamper, self.sizes = per_reply, tamper, []
 
     def _call(self, msg, deadline):
-        assert msg["op"] == "steps"
-        self.sizes.append(len(msg["steps"]))
-        reply = {"results": [{"logits": torch.full((1, 4), float(s["i"] * 10 + s["v"]))}
-                             for s in msg["steps"][:self.per_reply]]}
-        return self.tamper(reply) if self.tamper else reply
+        assert isinstance(msg, wire.Steps)
+        self.sizes.append(len(msg.steps))
+        reply = wire.StepResults(results=[wire.StepResult(logits=torch.full((1, 4), float(s.i * 10 + s.v)))
+                                          for s in msg.steps[:self.per_reply]])
+        return _through_the_wire(reply, wire.StepResults, self.tamper)
 
 
 def test_layer_level_steps_go_in_one_request_and_a_short_reply_is_asked_again():
-    msgs = [{"i": i, "v": v} for i in range(3) for v in range(2)]
+    msgs = [wire.StepAsk(i=i, v=v) for i in range(3) for v in range(2)]
     whole = _Steps(per_reply=6)
-    assert [float(r["logits"][0, 0]) for r in checks.remote_steps(whole, msgs, float("inf"))] == \
+    assert [float(r.logits[0, 0]) for r in checks.remote_steps(whole, msgs, float("inf"))] == \
         [0.0, 1.0, 10.0, 11.0, 20.0, 21.0]
     assert whole.sizes == [6]
     short = _Steps(per_reply=4)
     assert len(checks.remote_steps(short, msgs, float("inf"))) == 6 and short.sizes == [6, 2]
 
 
-@pytest.mark.parametrize("tamper", [lambda r: {"results": []}, lambda r: {"results": r["results"] * 3},
-                                    lambda r: {"results": [1, 2]}])
+@pytest.mark.parametrize("tamper", [lambda r: {**r, "results": []}, lambda r: {**r, "results": r["results"] * 3}])
 def test_a_steps_reply_of_no_or_too_many_results_is_refused(tamper):
     with pytest.raises(CandidateRaised, match="steps: the executor answered"):
-        checks.remote_steps(_Steps(6, tamper), [{"i": 0, "v": v} for v in range(2)], float("inf"))
+        checks.remote_steps(_Steps(6, tamper), [wire.StepAsk(i=0, v=v) for v in range(2)], float("inf"))
 
 
 def test_references_beyond_the_ahead_budget_are_computed_as_each_case_is_judged():

@@ -1,0 +1,112 @@
+"""Issue 38: nothing left behind. A candidate that reserves 128 MiB with ``posix_fallocate`` and locks a tree
+with ``chmod 000`` is checked on a real judge: its executor's directory is gone once its check ends, and
+when the judge exits no directory of it (``tkcc-judge-*``, ``tkcc-supervisor-*``) and no process of it
+(executors, their launchers) is left. Directories of judges that died are removed by the next one to start;
+those of live ones, and those without an owner file, are left alone."""
+
+import glob
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+from persistent_engine import scratch
+from persistent_engine.supervisor import Supervisor
+
+HERE = pathlib.Path(__file__).parent / "candidates"
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process whose parent chain reaches ``pid``."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out.update(kids)
+        todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _judge_dir(pid: int) -> str:
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), "tkcc-judge-*")):
+        try:
+            if pathlib.Path(d, scratch.OWNER_FILE).read_text() == str(pid):
+                return d
+        except OSError:
+            pass
+    raise AssertionError(f"no judge directory of {pid}")
+
+
+def _big_files(root: str) -> list[str]:
+    found = []
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            try:
+                if os.lstat(p).st_blocks * 512 >= 32 << 20:
+                    found.append(p)
+            except OSError:
+                pass
+    return found
+
+
+def test_a_check_leaves_no_file_and_no_process():
+    sup = Supervisor("tiny-dense", device="cpu", start_timeout_s=300)
+    sup.start()
+    try:
+        v = sup.evaluate((HERE / "fills_disk.py").read_text(), timeout_s=180, samples=4)
+        assert v.correct, v.reasons
+        judge = _judge_dir(sup.proc.pid)
+        t0 = time.monotonic()
+        while _big_files(judge) and time.monotonic() - t0 < 20:        # removed by the reaper, off the cycle
+            time.sleep(0.2)
+        assert _big_files(judge) == []
+        assert not any("locked" in dirs for _, dirs, _ in os.walk(judge))
+        procs = _descendants(sup.proc.pid)
+        assert procs                                                   # the baseline's and the pool's
+        supervisor_dir = sup._dir
+    finally:
+        sup.close()
+    t0 = time.monotonic()
+    while any(_alive(p) for p in procs) and time.monotonic() - t0 < 20:
+        time.sleep(0.2)
+    assert not [p for p in procs if _alive(p)]
+    assert not os.path.exists(judge) and not os.path.exists(supervisor_dir)
+
+
+def test_directories_of_dead_owners_are_removed_and_live_ones_kept(tmp_path):
+    code = ("import sys; from persistent_engine import scratch; "
+            "d = scratch.owned_dir('judge'); open(d + '/x', 'w').write('x'); print(d)")
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path)}).stdout.strip()
+    os.makedirs(os.path.join(dead, "locked"))
+    os.chmod(os.path.join(dead, "locked"), 0)
+    old = tmp_path / "tkcc-judge-legacy"                             # no owner file: not judged
+    old.mkdir()
+    live = scratch.owned_dir("judge")                                 # this process's: alive
+    try:
+        assert os.path.isdir(dead)
+        assert scratch.remove_stale("judge", str(tmp_path)) == [dead]
+        assert not os.path.exists(dead) and old.is_dir()
+        assert live not in scratch.remove_stale("judge") and os.path.isdir(live)
+    finally:
+        scratch.release(live)
+    assert not os.path.exists(live)
