@@ -179,7 +179,6 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     the reference, compares and times both sides from outside. Cost: one judge start-up, one executor,
     2 x (repeats + 1) steps per point."""
     from persistent_engine import io_struct as io
-    from persistent_engine.executor import wire
     from persistent_engine.judge import ab
     from persistent_engine.judge import Engine, EngineConfig
     from persistent_engine.models.spec import ModelSpec
@@ -208,18 +207,16 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
                 raise plan_mod.PlanError(f"plan kernel {kfile} fails to load: {why}"[:2000])
             ops, config, plan_side = list(load.ops), dict(load.config), engine.candidate.executor
             if engine.device.type == "cuda":
-                plan_side.call(wire.Capture(points=sorted(engine.base_graphed)), 600)
+                ab.capture(plan_side, sorted(engine.base_graphed))
         out = []
         for i, point in enumerate(points):
             ref = engine.ref[i][0]
             got = ref
             if plan_side is not engine.baseline:
-                r = plan_side.call(wire.Steps(steps=[wire.StepAsk(i=i, v=0)]), 600)
-                if isinstance(r, wire.Failed):
-                    raise plan_mod.PlanError(f"plan kernel {kfile} raised: {r.error}"[:2000])
-                if not r.results or r.results[0].logits is None:
-                    raise plan_mod.PlanError(f"plan kernel {kfile}: its step returned no logits")
-                got = r.results[0].logits.to(ref.device)
+                try:
+                    got = ab.step_logits(plan_side, i).to(ref.device)
+                except RuntimeError as e:
+                    raise plan_mod.PlanError(f"plan kernel {kfile} raised: {e}"[:2000]) from None
             diff = float((ref.float() - got.float()).abs().max())
             scale = float(ref.float().abs().max())
             ref_ms = ab.time_side(engine.baseline, i, 0, repeats, engine.batch[i])     # k runs a request:

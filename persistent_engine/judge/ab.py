@@ -241,3 +241,25 @@ def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bo
         base.cont()
         cand.cont()
     return ABResult(Stats.of(a), Stats.of(b), kept, list(zip(a, b)), stopped)
+
+
+def capture(ex, points: list[int], timeout_s: float = 600) -> None:
+    """Has executor ``ex`` capture its CUDA graphs at ``points`` (compiler.apply: a plan's side before timing)."""
+    from persistent_engine.executor import wire
+
+    reply = ex.call(wire.Capture(points=sorted(points)), timeout_s)
+    if isinstance(reply, wire.Failed):
+        raise RuntimeError(reply.error)
+
+
+def step_logits(ex, i: int, timeout_s: float = 600):
+    """One step of point ``i`` (input variant 0) on executor ``ex``: its logits (RuntimeError with the executor's
+    bounded reason when it failed or returned none)."""
+    from persistent_engine.executor import wire
+
+    reply = ex.call(wire.Steps(steps=[wire.StepAsk(i=i, v=0)]), timeout_s)
+    if isinstance(reply, wire.Failed):
+        raise RuntimeError(reply.error)
+    if not reply.results or reply.results[0].logits is None:
+        raise RuntimeError("its step returned no logits")
+    return reply.results[0].logits
