@@ -115,7 +115,9 @@ class Decoder:
         self.embed, self.final_norm = params["embed"], params["final_norm"]
         self.lm_head_w = params.get("lm_head", self.embed)
         # Gemma: embeddings times sqrt(hidden) rounded to the model dtype (HF Gemma*ScaledWordEmbedding)
-        self.embed_scale = torch.tensor(spec.hidden_size ** 0.5, dtype=dtype) if spec.embed_scale else None
+        # (on the device: a host copy inside the step cannot be captured in a CUDA graph)
+        self.embed_scale = torch.tensor(spec.hidden_size ** 0.5, dtype=dtype, device=self.device) \
+            if spec.embed_scale else None
         self.selections: dict[int, torch.Tensor] = {}     # DSA: each full layer's top-k of the current step
         self.blocks = [Layer(spec, i, params, local if local is not None and spec.layer_window(i) else self.cos_sin,
                              self.scale, self.selections) for i in self.layers]
@@ -135,7 +137,7 @@ class Decoder:
         """Final-normed hidden states of every token of the step: [T, H]."""
         x = call("embedding", wl.token_ids, self.embed)                           # [T, H]
         if self.embed_scale is not None:
-            x = x * self.embed_scale.to(x.device)
+            x = x * self.embed_scale
         residual = torch.zeros_like(x)             # x + 0 == x exactly: layer 0 is normed like the rest
         pli = per_layer_inputs(self.params, self.spec, wl.token_ids, x) if self.spec.per_layer_input else None
         regions = self._region_weights(wl)

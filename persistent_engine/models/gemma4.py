@@ -65,7 +65,7 @@ def per_layer_inputs(params: dict[str, torch.Tensor], spec, token_ids: torch.Ten
     """HF ``get_per_layer_inputs`` + ``project_per_layer_inputs``: pli[T, L, P] from the token ids and the scaled
     embeddings x[T, H]. Cost: T x H x L P multiply-adds, a gather of T rows of L P."""
     t, n, pl = x.shape[0], spec.num_layers, spec.per_layer_input
-    scale = torch.tensor(pl ** 0.5, dtype=x.dtype, device=x.device)                   # HF: in the weight dtype
+    scale = torch.full((), pl ** 0.5, dtype=x.dtype, device=x.device)     # HF: in the weight dtype (a fill: capturable)
     ids = call("embedding", token_ids, params["ple_embed"]) * scale                   # [T, L P]
     proj = call("linear", x, params["ple_proj"], None) * spec.hidden_size ** -0.5
     proj = call("rms_norm", proj.view(t, n, pl), params["ple_norm"], spec.rms_norm_eps)
