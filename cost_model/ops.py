@@ -336,6 +336,8 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
             ops.append(c)
         return ops
     k, e = spec.num_experts_per_tok, spec.num_experts
+    if getattr(spec, "family", "") == "gemma4":   # Gemma-4 26B-A4B: four RMS norms of [T, H] (the router's input, the
+        ops.append(_elementwise("gemma4_moe_norms", 8 * ta * h, kernels=4))   # experts' in / out, the MLP's out)
     ops.append(_gemm("router", ta, h, e, "bf16", ACT_BYTES))
     ops.append(OpCost("moe_route", "elementwise", flops=8.0 * ta * e, bytes=ta * e * 4 + ta * k * 12))
     i_loc = spec.moe_intermediate_size / layout.moe_tp

@@ -30,7 +30,7 @@ import torch
 
 from persistent_engine.models.attention import GQAAttention
 from persistent_engine.models.dsa import DSAAttention
-from persistent_engine.models.gemma4 import Gemma4Attention, add_per_layer_input, per_layer_inputs
+from persistent_engine.models.gemma4 import Gemma4Attention, Gemma4MoE, add_per_layer_input, per_layer_inputs
 from persistent_engine.models.kv_cache import KVCache, alloc_kv_cache
 from persistent_engine.models.mla import MLAAttention
 from persistent_engine.models.moe import DenseMLP, MoEMLP
@@ -69,7 +69,9 @@ class Layer:
             attn = MLAAttention if spec.attention == "mla" else GQAAttention
             self.attn = attn(spec, params, p, cos_sin, scale)
         if not spec.linear_layers and spec.family != "llama4":
-            self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else MoEMLP(spec, params, p)
+            moe = Gemma4MoE if spec.family == "gemma4" else MoEMLP     # Gemma-4: the MLP beside the experts
+            self.mlp = DenseMLP(spec, params, p) if self.kind == "dense" else moe(spec, params, p)
+        self.mlp_residual = isinstance(self.mlp, Gemma4MoE)     # the block also takes the residual (router input)
         # (weight, bias) each block's input projection fused with its norm, or None (read now: tensor
         # parallelism may wrap the blocks later)
         self.attn_in = getattr(self.attn, "fused_input", None)
@@ -151,7 +153,7 @@ class Decoder:
             if layer.attn_out_norm is not None:
                 x = call("rms_norm", x, layer.attn_out_norm, self.eps)
             a, residual = _norm_into(x, residual, layer.post_norm, self.eps, layer.mlp_in)
-            x = layer.mlp(a)
+            x = layer.mlp(a, residual) if layer.mlp_residual else layer.mlp(a)
             if layer.mlp_out_norm is not None:
                 x = call("rms_norm", x, layer.mlp_out_norm, self.eps)
             if layer.per_layer_input:                     # the per-layer input on the whole hidden state

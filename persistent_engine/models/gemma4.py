@@ -8,6 +8,9 @@
   (R = Dh, the pairs past rope_proportion at frequency 0); scores unscaled (scale 1), sliding layers windowed
 Per decode token: reads (Hq + 2 Hk) Dh H + Hq Dh H weights (K = V: Hk Dh H fewer) and 2 Hk Dh elements per cached
 token. The decoder multiplies the layer's output by ``layer_scalar`` (models/decoder.py).
+
+``Gemma4MoE`` (26B-A4B, HF ``Gemma4TextRouter`` / ``Gemma4TextExperts``): the dense GeGLU MLP beside k of E GeGLU
+experts routed from the block's residual input r[T, H]; per token 6 H I + k 6 H Im FLOPs, E H router FLOPs.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch
 from persistent_engine.models.attention import GQAAttention
 from persistent_engine.ops.registry import call
 
-__all__ = ["Gemma4Attention", "gemma4_from_hf", "gemma4_to_hf", "per_layer_inputs", "add_per_layer_input"]
+__all__ = ["Gemma4Attention", "Gemma4MoE", "gemma4_from_hf", "gemma4_to_hf", "per_layer_inputs",
+           "add_per_layer_input"]
 
 
 class Gemma4Attention(GQAAttention):
@@ -57,6 +61,35 @@ class Gemma4Attention(GQAAttention):
         return q, k, v
 
 
+class Gemma4MoE:
+    """norm_1(mlp(x)) + norm_2(experts(norm_in(r))) for the normed-projected gate_up[T, 2I] and the residual r[T, H];
+    the router: softmax top-k of W_router (rms_norm(r) * scale / sqrt(H)), renormalised, times per_expert_scale."""
+
+    def __init__(self, spec, params: dict[str, torch.Tensor], prefix: str):
+        p = prefix
+        self.gate_up_w, self.down_w = params[p + "shared_gate_up_w"], params[p + "shared_down_w"]
+        self.fused_input = (self.gate_up_w, None)            # pre_feedforward_layernorm fused with gate_up
+        self.router_w, self.expert_scale, self.w13, self.w2 = (params[p + n] for n in
+                                                               ("router_w", "expert_scale", "w13", "w2"))
+        # HF: (norm(r) * scale) * H^-0.5 in the weight dtype, folded into one weight of the weightless norm
+        self.router_norm = params[p + "router_scale"] * spec.hidden_size ** -0.5
+        self.out_norm_1, self.out_norm_2, self.in_norm = (params[p + n] for n in
+                                                          ("mlp_out_norm_1", "moe_out_norm", "moe_in_norm"))
+        self.top_k, self.eps = spec.num_experts_per_tok, spec.rms_norm_eps
+
+    def route(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """r[T, H] -> (weights[T, k] fp32, ids[T, k])."""
+        logits = call("linear", call("rms_norm", r, self.router_norm, self.eps), self.router_w, None).float()
+        weights, ids = call("moe_route", logits, None, self.top_k, "softmax", 1, 1, True, 1.0)
+        return weights * self.expert_scale.float()[ids], ids
+
+    def __call__(self, gate_up: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        dense = call("linear", call("gelu_tanh_and_mul", gate_up), self.down_w, None)          # [T, H]
+        weights, ids = self.route(r)
+        routed = call("moe_experts_gelu", call("rms_norm", r, self.in_norm, self.eps), self.w13, self.w2, weights, ids)
+        return call("rms_norm", dense, self.out_norm_1, self.eps) + call("rms_norm", routed, self.out_norm_2, self.eps)
+
+
 _PLE = [("ple_embed", "model.embed_tokens_per_layer.weight"), ("ple_proj", "model.per_layer_model_projection.weight"),
         ("ple_norm", "model.per_layer_projection_norm.weight")]
 
@@ -84,15 +117,22 @@ def add_per_layer_input(params: dict[str, torch.Tensor], prefix: str, h: torch.T
 def _names(spec, i: int) -> tuple[str, str, list[tuple[str, str]]]:
     """(internal prefix, HF prefix, [(internal, HF) of the layer's tensors but the attention's projections])."""
     m = f"model.layers.{i}."
+    mlp = "shared_" if spec.is_moe else ""
     pairs = [("input_norm", "input_layernorm.weight"), ("attn_out_norm", "post_attention_layernorm.weight"),
              ("post_norm", "pre_feedforward_layernorm.weight"), ("mlp_out_norm", "post_feedforward_layernorm.weight"),
-             ("layer_scalar", "layer_scalar"), ("down_w", "mlp.down_proj.weight"), ("o_w", "self_attn.o_proj.weight"),
-             ("q_norm", "self_attn.q_norm.weight")]
+             ("layer_scalar", "layer_scalar"), (mlp + "down_w", "mlp.down_proj.weight"),
+             ("o_w", "self_attn.o_proj.weight"), ("q_norm", "self_attn.q_norm.weight")]
     if spec.kv_source(i) == i:
         pairs.append(("k_norm", "self_attn.k_norm.weight"))
     if spec.per_layer_input:
         pairs += [("ple_gate", "per_layer_input_gate.weight"), ("ple_out", "per_layer_projection.weight"),
                   ("ple_post_norm", "post_per_layer_input_norm.weight")]
+    if spec.is_moe:     # the dense MLP (shared_*_w) then the MoE block (expert tensors [E, 2Im, H], [E, H, Im])
+        pairs += [("router_w", "router.proj.weight"), ("router_scale", "router.scale"),
+                  ("expert_scale", "router.per_expert_scale"), ("w13", "experts.gate_up_proj"),
+                  ("w2", "experts.down_proj"), ("mlp_out_norm_1", "post_feedforward_layernorm_1.weight"),
+                  ("moe_out_norm", "post_feedforward_layernorm_2.weight"),
+                  ("moe_in_norm", "pre_feedforward_layernorm_2.weight")]
     return f"layers.{i}.", m, pairs
 
 
@@ -116,7 +156,8 @@ def gemma4_to_hf(spec, layers: list[int], params: dict[str, torch.Tensor]) -> di
         out.update({m + hf: params[p + name] for name, hf in pairs})
         for x, t in zip("qkv", params[p + "qkv_w"].split(_qkv_sizes(spec, i))):
             out[m + f"self_attn.{x}_proj.weight"] = t
-        out[m + "mlp.gate_proj.weight"], out[m + "mlp.up_proj.weight"] = params[p + "gate_up_w"].chunk(2)
+        gate_up = params[p + ("shared_gate_up_w" if spec.is_moe else "gate_up_w")]
+        out[m + "mlp.gate_proj.weight"], out[m + "mlp.up_proj.weight"] = gate_up.chunk(2)
     return out
 
 
@@ -130,5 +171,6 @@ def gemma4_from_hf(spec, layers: list[int], get) -> dict[str, torch.Tensor]:
         p, m, pairs = _names(spec, i)
         out.update({p + name: get(m + hf) for name, hf in pairs})
         out[p + "qkv_w"] = torch.cat([get(m + f"self_attn.{x}_proj.weight") for x in "qkv"[:len(_qkv_sizes(spec, i))]])
-        out[p + "gate_up_w"] = torch.cat([get(m + "mlp.gate_proj.weight"), get(m + "mlp.up_proj.weight")])
+        out[p + ("shared_gate_up_w" if spec.is_moe else "gate_up_w")] = torch.cat([get(m + "mlp.gate_proj.weight"),
+                                                                                  get(m + "mlp.up_proj.weight")])
     return out

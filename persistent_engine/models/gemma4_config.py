@@ -22,10 +22,14 @@ The small sizes (E2B, E4B):
   ``hidden_size_per_layer_input`` P > 0: per-layer inputs pli[T, L, P] = (rms_norm(x_emb W_ple^T / sqrt(H)) +
                             E_ple[ids] sqrt(P)) / sqrt(2) (x_emb: the scaled embeddings); after layer i's MLP
                             h += norm(W_proj (gelu(W_gate h) * pli[:, i])) (``models/gemma4.py``)
-Refused by name (not implemented): ``enable_moe_block`` (the MoE block beside the MLP, 26B-A4B),
-``use_bidirectional_attention: all``. ``num_experts``, ``top_k_experts``, ``moe_intermediate_size`` change nothing
-without the MoE block; ``use_bidirectional_attention: vision`` makes only image tokens bidirectional (text decode
-stays causal).
+The MoE size (26B-A4B, ``enable_moe_block``): every layer runs the dense GeGLU MLP (intermediate_size, kept as the
+spec's one shared expert so the cost model and sharding count it) beside ``num_experts`` GeGLU experts of
+``moe_intermediate_size``, ``top_k_experts`` per token, routed from the MLP's residual input r (``models/gemma4.py``):
+  weights, ids = top-k of softmax(W_router (rms_norm(r) * scale / sqrt(H))), renormalised, times per_expert_scale[ids]
+  out = norm_1(mlp(pre_norm(r))) + norm_2(experts(norm_pre_2(r), weights, ids))   then post_feedforward_layernorm
+``num_experts``, ``top_k_experts``, ``moe_intermediate_size`` change nothing without the MoE block.
+Refused by name (not implemented): ``use_bidirectional_attention: all``; ``vision`` makes only image tokens
+bidirectional (text decode stays causal).
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from persistent_engine.models.config_keys import SpecError
 
 __all__ = ["gemma4_fields", "gemma4_tiny", "kv_shared", "layer_intermediate", "layer_kind_specs"]
 
-_REFUSED = (("enable_moe_block", "the MoE block"),)
 
 
 def _rope(c: dict, name: str) -> tuple[dict, dict]:
@@ -60,10 +63,6 @@ def _rope(c: dict, name: str) -> tuple[dict, dict]:
 
 def gemma4_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
     """The ModelSpec fields of an HF Gemma4TextConfig (a key a config leaves out means HF's default)."""
-    for key, what in _REFUSED:
-        if c.get(key):
-            raise SpecError(f"{name}: Gemma-4 config key {key!r} = {c[key]!r} is not implemented ({what}); tkcc "
-                            "runs the dense Gemma-4 text decoders (31B, E2B, E4B)")
     if c.get("use_bidirectional_attention") not in (None, "vision"):
         raise SpecError(f"{name}: use_bidirectional_attention = {c['use_bidirectional_attention']!r} is not "
                         "implemented (tkcc decodes causally: null or 'vision')")
@@ -99,7 +98,20 @@ def gemma4_fields(c: dict, name: str, num_layers: int) -> dict[str, Any]:
         max_position_embeddings=int(c.get("max_position_embeddings", 131072)),
         rope_theta=float(full.get("rope_theta", 1e6)), rope_scaling=None, rope_proportion=proportion,
         rope_local_theta=float(local.get("rope_theta", 1e4)), kv_shared_layers=shared, per_layer_input=ple,
-        double_wide_mlp=bool(c.get("use_double_wide_mlp", False)) and shared > 0)
+        double_wide_mlp=bool(c.get("use_double_wide_mlp", False)) and shared > 0, **_moe(c, name))
+
+
+def _moe(c: dict, name: str) -> dict[str, Any]:
+    """The MoE block's fields (26B-A4B): experts, softmax top-k renormalised, the dense MLP as one shared expert."""
+    if not c.get("enable_moe_block"):
+        return {}
+    e, k = int(c.get("num_experts") or 0), int(c.get("top_k_experts") or 0)
+    if not 0 < k <= e or not c.get("moe_intermediate_size"):
+        raise SpecError(f"{name}: enable_moe_block needs num_experts, top_k_experts (1..num_experts) and "
+                        f"moe_intermediate_size, got {e}, {k}, {c.get('moe_intermediate_size')!r}")
+    return dict(num_experts=e, num_experts_per_tok=k, moe_intermediate_size=int(c["moe_intermediate_size"]),
+                scoring="softmax", norm_topk_prob=True, routed_scaling_factor=1.0, num_shared_experts=1,
+                shared_intermediate_size=int(c["intermediate_size"]))
 
 
 def gemma4_tiny(spec, kw: dict) -> dict:
@@ -108,6 +120,8 @@ def gemma4_tiny(spec, kw: dict) -> dict:
     wide = spec.global_head_dim != spec.head_dim
     out = dict(global_head_dim=2 * kw["head_dim"] if wide else kw["head_dim"], query_pre_attn_scalar=1.0,
                rotary_dim=kw["head_dim"], per_layer_input=8 if spec.per_layer_input else 0)
+    if spec.is_moe:                     # the dense MLP (the shared expert) keeps the tiny MLP width
+        out["shared_intermediate_size"] = kw["intermediate_size"]
     if spec.kv_shared_layers:           # [sliding, full] then two layers reading their K/V
         out.update(num_layers=4, layer_windows=(8, 0, 8, 0), kv_shared_layers=2)
     return out

@@ -89,6 +89,8 @@ class SpecSizes:
         shared = 3 * h * self.shared_intermediate_size * self.num_shared_experts
         router = h * self.num_experts + (self.num_experts if self.routing_bias or self.moe_bias else 0)
         shared += h if self.shared_expert_gate else 0
+        if self.family == "gemma4":                       # router scale [H], per-expert scale [E], three norms [H]
+            router += 4 * h + self.num_experts
         if self.latent_moe_size:                          # down and up projections, the latent norm
             router += 2 * h * lat + (lat if self.latent_moe_norm else 0)
         return (router + self.num_experts * expert + shared,

@@ -13,6 +13,8 @@ Internal layout (what the decoder reads; fused where the ops want it):
        gated full attention: qkv_w rows [q | k | v | gate (Hq Dh)]; MoE shared_gate_w [1, H]
   dense gate_up_w [2I, H], down_w [H, I]
   MoE  router_w [E, H], router_bias [E] fp32, w13 [E, 2Im, H], w2 [E, H, Im], shared_gate_up_w, shared_down_w
+       (Gemma-4 26B-A4B: the dense MLP as the shared expert; router_scale [H], expert_scale [E], mlp_out_norm_1,
+       moe_out_norm, moe_in_norm [H])
   gpt-oss (models/gpt_oss.py) o_b [H], router_b [E], w13_b [E, 2Im] fp32, w2_b [E, H] fp32; MXFP4 checkpoints also
        w13_blocks / w13_scales, w2_blocks / w2_scales (uint8 packs of w13, w2)
   M3   block-sparse layers: qkv_w rows [q | k | v | index_q (Hk Di) | index_k (Di)], idx_q_norm / idx_k_norm [Di]
@@ -125,12 +127,16 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
 
 
 def gemma4_layer_specs(spec, i: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Gemma-4's own tensors of layer i: the output scalar, the per-layer input's gate, projection and norm."""
+    """Gemma-4's own tensors of layer i: the output scalar, the per-layer input's gate, projection and norm, the MoE
+    block's router scales and norms."""
     p, h, pl = f"layers.{i}.", spec.hidden_size, spec.per_layer_input
     out = {p + "layer_scalar": ((1,), "norm")}
     if pl:
         out.update({p + "ple_gate": ((pl, h), "linear"), p + "ple_out": ((h, pl), "linear"),
                     p + "ple_post_norm": ((h,), "norm")})
+    if spec.is_moe:                     # the router's scale [H] and per-expert scale [E], the MoE block's norms
+        out.update({p + n: ((spec.num_experts if n == "expert_scale" else h,), "norm")
+                    for n in ("router_scale", "expert_scale", "mlp_out_norm_1", "moe_out_norm", "moe_in_norm")})
     return out
 
 

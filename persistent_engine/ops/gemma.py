@@ -1,7 +1,11 @@
-"""Gemma-2 / Gemma-3's own ops: GeGLU, soft-capped attention over the paged KV cache, soft-capped logits.
+"""Gemma-2 / Gemma-3 / Gemma-4's own ops: GeGLU, GeGLU experts, soft-capped attention over the paged KV cache,
+soft-capped logits.
 
 - ``gelu_tanh_and_mul(x[..., 2I]) -> [..., I]``: gelu_pytorch_tanh(gate) * up (HF Gemma2MLP / Gemma3MLP:
   ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, ``hidden_activation`` "gelu_pytorch_tanh"), in fp32.
+- ``moe_experts_gelu(x, w13, w2, topk_weights, topk_ids)``: ``moe_experts`` with GeGLU experts (HF
+  ``Gemma4TextExperts``: ``down_proj[e](gelu_tanh(gate) * up)`` of ``gate_up_proj[e] x``, each expert's output
+  times its routing weight, summed): 6 H Im FLOPs and 3 H Im weights per token and expert, as a SwiGLU expert.
 - ``attention_decode_softcap`` / ``attention_prefill_softcap``: the windowed attention of ops/window.py with
   each score soft-capped before the mask and softmax, as HF's Gemma-2 ``eager_attention_forward`` does:
   ``s = tanh(s * scale / cap) * cap`` (``attn_logit_softcapping``); ``window`` 0 is full (causal) attention.
@@ -18,6 +22,8 @@ import torch.nn.functional as F
 
 from persistent_engine.ops.attention import _decode_inputs, _prefill_inputs
 from persistent_engine.ops.basic import _acc
+from persistent_engine.ops.moe import LOOP_MIN_TOKENS, _experts_fit, _experts_inputs, experts_check_bytes, \
+    experts_forward
 from persistent_engine.ops.opdef import MATMUL_TOLERANCES, OpDef, generator, paged_shape, randn, tokens
 from persistent_engine.ops.window import _hidden, masked_decode, masked_prefill
 
@@ -39,6 +45,20 @@ def _glu_shapes(spec, point) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- soft-capped attention
+def moe_experts_gelu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor) -> torch.Tensor:
+    """x [T, H], w13 [E, 2Im, H] (gate rows then up), w2 [E, H, Im], topk_weights [T, k] fp32, topk_ids [T, k] ->
+    [T, H] (the gather / dense / grouped paths of ``moe_experts`` with GeGLU)."""
+    return experts_forward(x, w13, w2, topk_weights, topk_ids, gelu_tanh_and_mul)
+
+
+def _experts_shapes(spec, point) -> list[dict]:
+    if not spec.is_moe or spec.mlp_act != "gelu_tanh":
+        return []
+    return [{"T": tokens(point), "E": spec.num_experts, "k": spec.num_experts_per_tok, "H": spec.hidden_size,
+             "I": spec.moe_intermediate_size}]
+
+
 def attention_decode_softcap(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                              context_lens: torch.Tensor, scale: float, window: int, cap: float) -> torch.Tensor:
     return masked_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
@@ -86,6 +106,14 @@ OPS = [
           "gelu_tanh_and_mul(x[..., 2I]) -> [..., I] = gelu(x[..., :I], approximate='tanh') * x[..., I:] in fp32 "
           "(Gemma's GeGLU). shape dict: {'x': [..., 2I]}",
           _glu_inputs, _glu_shapes, ({"x": [5, 128]}, {"x": [3, 2 * 37]})),
+    OpDef("moe_experts_gelu", moe_experts_gelu,
+          "moe_experts_gelu(x[T, H], w13[E, 2I, H], w2[E, H, I], topk_weights[T, k] fp32, topk_ids[T, k] int64) -> "
+          "[T, H] = sum_j topk_weights[t, j] * (gelu_tanh_and_mul(x[t] @ w13[e].T) @ w2[e].T), e = topk_ids[t, j] "
+          "(w13 rows: gate then up; Gemma-4's experts). shape dict: {'T', 'E', 'k', 'H', 'I'}",
+          _experts_inputs, _experts_shapes,
+          ({"T": 1, "E": 16, "k": 2, "H": 32, "I": 24}, {"T": 6, "E": 8, "k": 2, "H": 48, "I": 16},
+           {"T": LOOP_MIN_TOKENS + 3, "E": 8, "k": 3, "H": 16, "I": 8}),
+          tolerances=dict(MATMUL_TOLERANCES), fit=_experts_fit, check_bytes=experts_check_bytes),
     OpDef("attention_decode_softcap", attention_decode_softcap,
           "attention_decode_softcap(q[B, Hq, Dh], k_cache[NB, BS, Hk, Dh], v_cache[NB, BS, Hk, Dv], block_tables[B, MB] "
           "int32, context_lens[B] int32, scale, window: int, cap: float) -> [B, Hq, Dv]: attention_decode_window with "

@@ -174,8 +174,8 @@ def _experts_inputs(shape, dtype, device, seed):
 
 
 def _experts_shapes(spec, point) -> list[dict]:
-    if not spec.is_moe or spec.mlp_act == "relu2":          # Nemotron-H: moe_experts_relu2 (ops/relu2.py)
-        return []
+    if not spec.is_moe or spec.mlp_act in ("relu2", "gelu_tanh"):    # moe_experts_relu2 (ops/relu2.py), Gemma-4's
+        return []                                                       # moe_experts_gelu (ops/gemma.py)
     return [{"T": tokens(point), "E": spec.num_experts, "k": spec.num_experts_per_tok, "H": spec.hidden_size,
              "I": spec.moe_intermediate_size}]
 

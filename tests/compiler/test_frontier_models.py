@@ -68,13 +68,15 @@ def test_candidate_check_tiny_minimax_m3():
                                    pytest.param(str(HERE.parents[1] / "persistent_engine" / "models" / "configs" /
                                                     "gemma-4-31b.json"), id="gemma-4-31b-config.json"),
                                    pytest.param(str(HERE.parents[1] / "persistent_engine" / "models" / "configs" /
-                                                    "gemma-4-e2b.json"), id="gemma-4-e2b-config.json")])
+                                                    "gemma-4-e2b.json"), id="gemma-4-e2b-config.json"),
+                                   pytest.param(str(HERE.parents[1] / "persistent_engine" / "models" / "configs" /
+                                                    "gemma-4-26b-a4b.json"), id="gemma-4-26b-a4b-config.json")])
 def test_candidate_check_tiny_new_families(model):
     """Mixtral, Gemma-3, Gemma-2, Llama-4 (Scout; Maverick's interleaved dense / 128-expert layers), MiMo-V2-Flash,
     Kimi-K2.5 (a multimodal wrapper around DeepSeek-V3's decoder) Qwen3-Coder-480B, gpt-oss (its Hub config.json),
     MiniMax-M2.7 (by its Hub config.json, whose attn_type_list is read; the short optimize below takes its alias) and
-    Gemma-4-31B (its wrapper config.json: per-kind head dims and KV heads, K = V) and Gemma-4-E2B (K/V shared across
-    layers, per-layer inputs) at toy size, from the configs
+    Gemma-4-31B (its wrapper config.json: per-kind head dims and KV heads, K = V), Gemma-4-E2B (K/V shared across
+    layers, per-layer inputs) and Gemma-4-26B-A4B (the dense MLP beside GeGLU experts) at toy size, from the configs
     as published: a correct linear override is judged on every point (through the MoE routers, biased ones included, the GeGLU MLP,
     soft-capped, windowed (with sinks) and chunked attention)."""
     out = tkcc("candidate", "check", str(CANDIDATES / "linear_fp32.py"), "--model", model, "--tiny",

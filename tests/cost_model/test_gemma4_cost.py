@@ -1,5 +1,6 @@
 """The cost model on Gemma-4-31B: 50 sliding layers (window 1024, 16 KV heads of 256, K and V projections) and 10
-full ones (4 KV heads of 512, V = K's projection), each kind's FLOPs and bytes weighted by its share of the layers."""
+full ones (4 KV heads of 512, V = K's projection), each kind's FLOPs and bytes weighted by its share of the layers;
+on the 26B-A4B: the dense MLP beside 8 of 128 GeGLU experts in every layer."""
 
 import pytest
 
@@ -47,3 +48,18 @@ def test_e2b_kv_sharing_layers_store_no_kv_and_run_double_wide_mlps():
     assert ops["mlp_down"].flops == pytest.approx(2 * 4 * h * 6144 * (15 + 2 * 20) / 35)
     assert {"ple_gate", "ple_out", "ple_proj"} <= ops.keys()
     assert ops["ple_gate"].flops == pytest.approx(2 * 4 * h * 256)
+
+
+def test_26b_a4b_counts_the_dense_mlp_beside_the_routed_experts():
+    spec = ModelSpec.from_name("gemma-4-26b-a4b")          # 30 layers, hidden 2816, MLP 2112, 128 experts of 704, top 8
+    h, t = 2816, 4
+    assert spec.layer_kinds() == ["moe"] * 30
+    assert 25.0e9 < spec.total_params() < 25.4e9 and 3.7e9 < spec.active_params() < 3.9e9     # "25.2B, 3.8B active"
+    ops = {o.name: o for o in layer_ops(spec, Layout(), "moe", t, 1, 1000, 0.0)}
+    assert ops["shared_gate_up"].flops == pytest.approx(2 * t * h * 2 * 2112)           # the dense MLP, every token
+    assert ops["shared_down"].flops == pytest.approx(2 * t * 2112 * h)
+    assert ops["router"].flops == pytest.approx(2 * t * h * 128)
+    assert ops["moe_experts"].flops == pytest.approx(2 * 3 * h * 704 * t * 8)           # 8 GeGLU experts a token
+    assert ops["gemma4_moe_norms"].bytes == pytest.approx(8 * t * h * 2)
+    dense = {o.name for o in layer_ops(ModelSpec.from_name("gemma4"), Layout(), "dense", t, 1, 1000, 0.0)}
+    assert "gemma4_moe_norms" not in dense

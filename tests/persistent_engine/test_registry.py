@@ -75,7 +75,8 @@ def test_shapes_for_every_model_and_phase(alias):
         seen = {n: registry.get(n).shapes(spec, point) for n in registry.names()}
         attn = {"mla": "mla_" + phase, "v4": "compressed_attention"}.get(spec.attention, "attention_" + phase)
         assert seen[attn] and seen["linear"] and seen["rms_norm"] and seen["lm_head"]
-        assert bool(seen["moe_experts"] or seen["moe_experts_relu2"]) == spec.is_moe    # relu2: Nemotron-H's experts
+        experts = seen["moe_experts"] or seen["moe_experts_relu2"] or seen["moe_experts_gelu"]   # Nemotron-H, Gemma-4
+        assert bool(experts) == spec.is_moe and not (seen["moe_experts"] and seen["moe_experts_gelu"])
         assert bool(seen["ssd_" + phase]) == ("M" in spec.hybrid_pattern)
         assert bool(seen["hc_pre"]) == bool(seen["moe_experts_clamp"]) == (spec.attention == "v4")
         t = 2 * (8 if phase == "prefill" else 1)

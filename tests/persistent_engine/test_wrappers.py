@@ -111,8 +111,11 @@ def test_gemma4_runs_its_text_decoder_with_the_towers_named():
     assert [spec.layer_head_dim(i) for i in (0, 5)] == [256, 512]
     assert spec.extra["text_only"].startswith("Gemma4ForConditionalGeneration: vision_config and audio_config")
     assert spec == ModelSpec.from_name("gemma-4-31b").replace(name="gemma-4-31b")      # the shipped config
-    with pytest.raises(SpecError, match="'enable_moe_block' = True is not implemented .the MoE block"):
+    with pytest.raises(SpecError, match="enable_moe_block needs num_experts, top_k_experts"):
         ModelSpec.from_config({**cfg, "text_config": {**text, "enable_moe_block": True}}, name="gemma-4-26b-a4b")
+    moe = ModelSpec.from_config({**cfg, "text_config": {**text, "enable_moe_block": True, "num_experts": 128,
+                                                        "top_k_experts": 8, "moe_intermediate_size": 704}}, name="m")
+    assert moe.is_moe and moe.num_experts_per_tok == 8 and moe.shared_intermediate_size == 21504
     with pytest.raises(SpecError, match="'audio_soft_tokens' is not implemented for the Gemma4ForConditional"):
         ModelSpec.from_config({**cfg, "audio_soft_tokens": 188}, name="m")
 
@@ -193,7 +196,7 @@ def _tkcc(*args):
     return subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_the_cli_names_the_vision_tower_in_one_line_and_refuses_gemma4_moe_with_one(tmp_path):
+def test_the_cli_names_the_vision_tower_in_one_line_and_refuses_an_incomplete_gemma4_moe_with_one(tmp_path):
     cand = tmp_path / "c.py"
     cand.write_text("OVERRIDES = {\n")                        # refused by the static check: no engine starts
     out = _tkcc("candidate", "check", str(cand), "--model", str(CONFIG_DIR / "llama-4-maverick.json"), "--tiny",
@@ -204,11 +207,11 @@ def test_the_cli_names_the_vision_tower_in_one_line_and_refuses_gemma4_moe_with_
                      "multi_modal_projector) not compiled; text decode only"]
     gemma4 = tmp_path / "config.json"
     cfg = json.loads((CONFIG_DIR / "gemma-4-31b.json").read_text())
-    cfg["text_config"]["enable_moe_block"] = True                  # Gemma-4 26B-A4B's MoE block: not implemented yet
+    cfg["text_config"]["enable_moe_block"] = True                  # the MoE block without its experts' keys
     gemma4.write_text(json.dumps(cfg))
     out = _tkcc("candidate", "check", str(cand), "--model", str(gemma4), "--tiny")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1 and "'enable_moe_block'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "enable_moe_block needs num_experts" in out.stderr
 
 
 def test_a_text_key_inside_the_wrapper_is_checked_as_the_text_decoders():
