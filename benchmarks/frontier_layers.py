@@ -1,6 +1,7 @@
 """Real-size layers of the frontier architectures (GLM-5.2, DeepSeek-V3.2, MiniMax-M3; Qwen3.5 and Kimi-K3 with
 --models qwen3.5,kimi; Mixtral, Gemma-3, Gemma-2 and Llama-4 with --models mixtral,gemma,gemma-2-9b,llama4;
-MiniMax-M2.7 with --models minimax-m2.7;
+MiniMax-M2.7 with --models minimax-m2.7; Gemma-4-26B-A4B with --models gemma-4-26b-a4b: [0, 5] = a sliding and a full
+layer, each the dense MLP beside 128 GeGLU experts, ~4.8 GB;
 gpt-oss-120b with --models gpt-oss-120b: [0, 1] = a sliding-window (128) and a full layer, both MoE, ~19 GB;
 Nemotron-3-Super with --models nemotron-3-super): ms per layer, bytes,
 share of HBM bandwidth, and where the time goes, with the reference ops (the baseline tkcc optimizes).
