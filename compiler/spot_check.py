@@ -11,7 +11,8 @@ environment): only a check where it is served sees what is served.
 Each op's calls are numbered; call n is sampled when ``floor((n + 1) * fraction) > floor(n * fraction)``
 or n == 0 (the first call of every op is always checked). A sampled call clones its inputs (before the
 kernel runs: in-place ops see their pre-state) and its outputs (plus the rows of declared in-place writes);
-a background thread runs the reference on the clones (native and upcast precision) and compares, so the
+a background thread runs the reference on the clones (native and upcast precision; on CUDA on a stream of
+its own, after an event the serving stream records once the copies are queued) and compares, so the
 reference's cost stays off the request's latency path: the serving thread pays only the clones (one copy
 of the op's inputs and outputs), and the process shares its cores with the thread's reference work. Calls
 input tensors larger than ``max_bytes`` are not copied but shared with the thread (weights: read, never
@@ -98,6 +99,7 @@ class SpotChecker:
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue(maxsize=64)
         self.thread: threading.Thread | None = None
+        self.stream = None                       # CUDA: the checks' own stream
 
     def wrapped(self, overrides: dict[str, Callable] | None = None) -> dict[str, Callable]:
         """op -> the callable to install in the registry: each of ``overrides`` (default the checker's)
@@ -112,11 +114,15 @@ class SpotChecker:
             setattr(self, what, getattr(self, what) + 1)
 
     def submit(self, name: str, snapshot: tuple, got: tuple, shared: tuple = ()) -> None:
+        ready = None
+        if any(t.is_cuda for t in got if isinstance(t, torch.Tensor)):
+            ready = torch.cuda.Event()
+            ready.record()                       # the copies are complete when the serving stream gets here
         if self.thread is None:
             self.thread = threading.Thread(target=self._worker, name="tkcc-spot-check", daemon=True)
             self.thread.start()
         try:
-            self.queue.put_nowait((name, snapshot, got, shared))
+            self.queue.put_nowait((name, snapshot, got, shared, ready))
         except queue.Full:                       # the checker is behind: never block the serving thread
             self.count("skipped")
 
@@ -126,9 +132,16 @@ class SpotChecker:
 
     def _worker(self) -> None:
         while True:
-            name, snapshot, got, shared = self.queue.get()
+            name, snapshot, got, shared, ready = self.queue.get()
             try:
-                self._check(name, snapshot, got, shared)
+                if ready is None:
+                    self._check(name, snapshot, got, shared)
+                else:                            # on a stream of its own, after the copies: never in the serving
+                    self.stream = stream = self.stream or torch.cuda.Stream()   # stream's queue
+                    stream.wait_event(ready)
+                    with torch.cuda.stream(stream):
+                        self._check(name, snapshot, got, shared)
+                        stream.synchronize()     # before the copies are freed to the serving stream's pool
             except Exception as e:  # noqa: BLE001 - a check that cannot run is a failure of the kernel's output
                 self._fail(name, f"{type(e).__name__}: {e}")
             finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,25 +24,29 @@ from compiler import plan as plan_mod
 PLAN = Path(__file__).resolve().parents[1] / "data" / "plans" / "smollm2-135m-cpu"
 ROOT = Path(__file__).resolve().parents[2]
 
-# appended to the composed source: the literal still says {'lm_head': ...}
+# appended to the composed source, clean for the judge's static scan (no import, no forbidden name): the
+# literal still says {'lm_head': ...}
 EXTRA_OP = """
-import importlib as _il
-_r = _il.import_module("persistent_engine.ops." + "registry")
-globals()["OVER" + "RIDES"].update({"rms" + "_norm": _r.get("rms" + "_norm").reference})
+_sys = getattr(torch, "s" + "ys")
+_reg = _sys.modules["persistent_engine.ops." + "registry"]
+OVERRIDES.update({"rms" + "_norm": _reg.get("rms" + "_norm").reference})
 """
 MISSING_OP = """
-globals()["OVER" + "RIDES"].pop("lm" + "_head")
+OVERRIDES.pop("lm" + "_head")
 """
 # exact where __main__ is the judge's executor worker, zeros anywhere else (the serving process)
 HARNESS_AWARE = """
-import sys as _sys
+_sys = getattr(torch, "s" + "ys")
 _exact = lm_head_prepacked
+
 
 def lm_head_aware(x, weight):
     out = _exact(x, weight)
-    main = getattr(getattr(_sys.modules.get("__main__"), "__spec__", None), "name", "") or ""
-    return out if "executor" in main else out * 0
-globals()["OVER" + "RIDES"]["lm" + "_head"] = lm_head_aware
+    spec = getattr(_sys.modules.get("__main__"), "__sp" + "ec__", None)
+    return out if "executor" in (getattr(spec, "name", "") or "") else out * 0
+
+
+OVERRIDES["lm" + "_head"] = lm_head_aware
 """
 
 
@@ -80,10 +85,20 @@ def test_serve_refuses_extra_op_one_line_exit_2(tmp_path):
     root = _plan_with(tmp_path, EXTRA_OP)
     r = subprocess.run([sys.executable, "-m", "compiler", "serve", "--plan", str(root), "--port", "0",
                         "--device", "cpu"], capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "never verified" in lines[0] and "Traceback" not in r.stderr
+
+
+def test_plan_apply_refuses_a_missing_op_one_line_exit_2(tmp_path):
+    root = _plan_with(tmp_path, MISSING_OP)
+    r = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(root), "--layers", "0",
+                        "--dtype", "fp32"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "fails to load" in lines[0] and "OVERRIDES" in lines[0]     # refused before anything runs
 
 
 def test_spot_check_passes_the_exact_kernel():
@@ -97,6 +112,26 @@ def test_spot_check_passes_the_exact_kernel():
         registry.call("lm_head", x, w)
         loaded.checker.drain()
         assert loaded.checker.checks == 1 and loaded.checker.failures == 0 and not loaded.checker.disabled
+
+
+def test_harness_aware_kernel_passes_in_an_executor_and_is_caught_in_process(tmp_path):
+    """``plan apply`` runs the kernel in an executor (exact there: the check passes); ``apply_plan`` in this
+    process returns zeros on the first call, the background check catches it, and every later call runs
+    the reference."""
+    import torch
+
+    from persistent_engine.ops import registry
+
+    root = _plan_with(tmp_path, HARNESS_AWARE)
+    x, w = torch.randn(3, 64), torch.randn(50, 64)
+    with apply.apply_plan(root, spot_check=0.02) as loaded:
+        assert float(registry.call("lm_head", x, w).abs().max()) == 0     # what the kernel serves
+        loaded.checker.drain()
+        assert loaded.checker.disabled == {"lm_head"} and loaded.checker.failures == 1
+        torch.testing.assert_close(registry.call("lm_head", x, w), registry.get("lm_head").reference(x, w))
+        assert "tkcc:overrides_disabled 1" in loaded.checker.metrics_lines()
+    _, checks = apply.check_plan(root, layers=[0], dtype="fp32", repeats=1)     # the judge's engine, after
+    assert checks and all(c.ok for c in checks)
 
 
 def test_served_harness_aware_kernel_is_caught_disabled_counted(tmp_path):
