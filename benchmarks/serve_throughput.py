@@ -77,7 +77,8 @@ def variant_options(name: str, args, plan: str | None) -> ServeOptions:
     return ServeOptions(model=None if plan else args.model, plan=plan, device=args.device,
                         max_model_len=args.max_model_len, compile=name == "torch_compile",
                         graphs=bool(sizes), graph_sizes=sizes, max_num_seqs=args.max_num_seqs,
-                        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None)
+                        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None,
+                        spot_check=args.spot_check)
 
 
 def graph_kernels(rt, top: int = 8) -> list[dict]:
@@ -151,6 +152,10 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
             rows = _graph_rows(rt)
             res["decode_rows"], res["decode_padded_rows"] = rows[0] - rows0[0], rows[1] - rows0[1]
             res["compiles_so_far"] = compile_count() - compiles0
+            if rt.checker is not None:                   # the spot-check's work so far (tkcc serve --spot-check)
+                c = rt.checker
+                res["spot_checks"] = {"fraction": c.fraction, "checks": c.checks, "failures": c.failures,
+                                      "skipped": c.skipped, "disabled": sorted(c.disabled)}
             out["runs"].append(res)
             print(row(name, res), flush=True)
             on_run(out)
@@ -211,6 +216,8 @@ def main(argv=None) -> int:
                     help="comma-separated, in order: plan, reference, torch_compile")
     ap.add_argument("--ttft-ms", type=float, default=1000.0)
     ap.add_argument("--tpot-ms", type=float, default=50.0)
+    ap.add_argument("--spot-check", type=float, default=0.02,
+                    help="the plan variant's spot-check fraction (tkcc serve --spot-check; 0 disables)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     try:
@@ -242,6 +249,7 @@ def main(argv=None) -> int:
     doc = {"benchmark": "serve_throughput", "complete": False, "model": args.model, "weights": "random (seed 0)",
            "traffic": os.path.relpath(args.traffic, ROOT), "rates": args.rates, "requests_per_run": args.requests,
            "max_input": args.max_input, "max_output": args.max_output, "device": args.device,
+           "spot_check": args.spot_check,
            "variants_requested": variants, "graph_sizes": list(args.graph_sizes),
            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
            "software": software_versions(driver=args.device == "cuda"), "wall_s": 0.0, "variants": []}

@@ -15,9 +15,10 @@ the largest logit difference and the measured time of both at the plan's workloa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from compiler import plan as plan_mod
 from persistent_engine import WorkloadPoint, read_contract
@@ -49,6 +50,7 @@ class LoadedPlan:
     plan: plan_mod.Plan
     overrides: dict[str, Callable]
     config: dict
+    checker: Any = None               # compiler.spot_check.SpotChecker, inside ``apply_plan``
 
 
 def load_module(path: Path) -> Any:
@@ -131,13 +133,49 @@ def load(path: str | Path) -> LoadedPlan:
         if plan.optimizations:
             raise plan_mod.PlanError(f"corrupt plan {vdir}: kernels/{plan_mod.COMPOSED_KERNEL} is missing")
         return LoadedPlan(vdir, plan, {}, {})
-    module = _load_verified(kfile, plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", ""))
+    sha = plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", "")
+    module = _load_verified(kfile, sha)
     overrides, config, _, reasons = read_contract(module, None)
     if not isinstance(getattr(module, "OVERRIDES", None), dict):
         raise plan_mod.PlanError(f"corrupt plan {vdir}: {kfile.name} defines no OVERRIDES dict")
     if reasons:
         raise plan_mod.PlanError(f"corrupt plan {vdir}: {kfile.name}: {'; '.join(reasons)}")
+    check_verified_ops(plan, vdir, verified_bytes(kfile, sha).decode(), overrides)
     return LoadedPlan(vdir, plan, overrides, config)
+
+
+def verified_ops(plan: plan_mod.Plan, source: str) -> set[str] | None:
+    """The ops the plan verified: its optimizations' targets that are registry ops (a config optimization's
+    targets are knob names); a plan that records none (written by hand or by older code) falls back on its
+    composed source's ``OVERRIDES`` literal, the parse the judge verifies against (None: no complete
+    literal either, nothing to compare)."""
+    import ast
+
+    from persistent_engine import CandidateSource
+    from persistent_engine.ops import registry
+
+    ops = set(registry.names())
+    targets = {t for o in plan.optimizations for t in o.targets if t in ops}
+    if targets:
+        return targets
+    values = [n.value for n in ast.parse(source).body if isinstance(n, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "OVERRIDES" for t in n.targets)]
+    if values and isinstance(values[-1], ast.Dict) and all(
+            isinstance(k, ast.Constant) and isinstance(k.value, str) for k in values[-1].keys):
+        return set(CandidateSource.parse(source).overrides)
+    return None
+
+
+def check_verified_ops(plan: plan_mod.Plan, vdir: Path, source: str, live: Iterable[str]) -> None:
+    """The module's live ``OVERRIDES`` (after its import ran) must override exactly the verified ops: an op
+    added at import (by code the literal does not show) was never verified; a missing one is not the plan."""
+    verified, live = verified_ops(plan, source), set(live)
+    if verified is None or live == verified:
+        return
+    extra, missing = sorted(live - verified), sorted(verified - live)
+    what = "; ".join(([f"overrides {', '.join(extra)}, which the plan never verified"] if extra else []) +
+                     ([f"does not override {', '.join(missing)}, which the plan verified"] if missing else []))
+    raise plan_mod.PlanError(f"plan {vdir}: kernels/{plan_mod.COMPOSED_KERNEL} {what}; refused")
 
 
 def load_plan_overrides(path: str | Path) -> tuple[dict[str, Callable], dict]:
@@ -147,13 +185,19 @@ def load_plan_overrides(path: str | Path) -> tuple[dict[str, Callable], dict]:
 
 
 @contextlib.contextmanager
-def apply_plan(path: str | Path) -> Iterator[LoadedPlan]:
-    """Context manager: the plan's overrides are active in the op registry inside the block."""
+def apply_plan(path: str | Path, spot_check: float | None = None) -> Iterator[LoadedPlan]:
+    """Context manager: the plan's overrides are active in the op registry inside the block, each
+    spot-checked against the reference on a ``spot_check`` fraction of its calls (default
+    ``spot_check.DEFAULT_FRACTION``; 0 disables; ``compiler.spot_check``). The checker is
+    ``loaded.checker`` inside the block (its counts, its disabled ops)."""
+    from compiler.spot_check import DEFAULT_FRACTION, SpotChecker
     from persistent_engine.ops import registry
 
     loaded = load(path)
-    with registry.override(loaded.overrides):
-        yield loaded
+    checker = SpotChecker(loaded.overrides, DEFAULT_FRACTION if spot_check is None else spot_check)
+    with registry.override(checker.wrapped()):
+        yield dataclasses.replace(loaded, checker=checker)
+    checker.drain()
 
 
 TOLERANCE = {"bf16": (5e-2, 2e-2), "fp16": (1e-2, 1e-2), "fp32": (1e-4, 1e-4)}   # (atol, rtol) on logits
@@ -206,6 +250,7 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
                 why = "; ".join(getattr(load, "reasons", None) or [load.message])
                 raise plan_mod.PlanError(f"plan kernel {kfile} fails to load: {why}"[:2000])
             ops, config, plan_side = list(load.ops), dict(load.config), engine.candidate.executor
+            check_verified_ops(plan, vdir, source.decode(), ops)     # the module's live OVERRIDES, as it loaded
             if engine.device.type == "cuda":
                 ab.capture(plan_side, sorted(engine.base_graphed))
         out = []

@@ -1,5 +1,5 @@
-"""``tkcc serve (--plan DIR | --model M) [--weights PATH] [--host 127.0.0.1] [--port 8000] [--device D] [--tiny]``
-and ``tkcc bench serve --traffic FILE --url URL [--rate X] [--json]`` (see compiler/serve.py and
+"""``tkcc serve (--plan DIR | --model M) [--weights PATH] [--host 127.0.0.1] [--port 8000] [--device D] [--tiny]
+[--spot-check F]`` and ``tkcc bench serve --traffic FILE --url URL [--rate X] [--json]`` (see compiler/serve.py and
 compiler/serve_bench.py)."""
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="shrink the model's widths (random weights)")
     p.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (default 2048 CPU, 4096 GPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode forward")
+    p.add_argument("--spot-check", type=float, default=None, metavar="F",
+                   help="fraction of each plan override's calls recomputed with the reference in the background "
+                        "(default 0.02; 0 disables); a mismatch disables that override")
     p.set_defaults(func=_serve)
 
     b = subparsers.add_parser("bench", help="benchmarks against a running server")
@@ -49,13 +52,16 @@ def _serve(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be 0..65535, not {args.port}")
+    if args.spot_check is not None and not 0 <= args.spot_check <= 1:
+        raise ServeError(f"--spot-check must be a fraction in [0, 1], not {args.spot_check}")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise ServeError(f"--max-model-len must be >= 2, not {args.max_model_len}")
     from compiler.http_server import bind
 
     bind(args.host, args.port).close()          # a busy port fails before the model loads
     rt = build_runtime(ServeOptions(model=args.model, plan=args.plan, weights=args.weights, device=args.device,
-                                    tiny=args.tiny, max_model_len=args.max_model_len, compile=args.compile))
+                                    tiny=args.tiny, max_model_len=args.max_model_len, compile=args.compile,
+                                    **({} if args.spot_check is None else {"spot_check": args.spot_check})))
     serve_forever(rt, args.host, args.port)
     return 0
 

@@ -81,6 +81,8 @@ class EngineLoop:
                 self._drain(block=not eng.has_work())
                 if not eng.has_work():
                     continue
+                if getattr(eng, "drop_graphs", False):     # a spot check disabled an override (serving thread)
+                    eng.graphs, eng.drop_graphs = None, False
                 t0 = time.perf_counter()
                 try:
                     events = eng.step()
@@ -192,7 +194,10 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     @app.get("/metrics")
     async def prom():
-        return PlainTextResponse(metrics.render(runtime.engine.stats()), media_type="text/plain; version=0.0.4")
+        text = metrics.render(runtime.engine.stats())
+        if runtime.checker is not None:
+            text += "\n".join(runtime.checker.metrics_lines()) + "\n"
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def _body(request: Request) -> dict:
         try:

@@ -30,6 +30,7 @@ class ServeOptions:
     graph_sizes: tuple[int, ...] | None = None   # decode graph batch sizes instead of the plan's / default
     max_num_seqs: int | None = None   # when the plan's CONFIG sets none (default 64)
     seed: int = 0
+    spot_check: float = 0.02          # fraction of each override's calls checked against the reference (0: off)
 
 
 DEFAULT_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -45,6 +46,7 @@ class Runtime:
     source: str
     plan_dir: str | None
     plan_overrides: dict[str, Callable]
+    checker: Any = None               # compiler.spot_check.SpotChecker of the plan's overrides
     startup_s: dict[str, float] = field(default_factory=dict)   # load (plan, weights), engine (KV, graphs, compile)
 
     @contextlib.contextmanager
@@ -52,7 +54,8 @@ class Runtime:
         """The plan's overrides active in the op registry (process-global) while the engine runs."""
         from persistent_engine.ops import registry
 
-        with registry.override(self.plan_overrides):
+        live = self.checker.wrapped(self.plan_overrides) if self.checker is not None else self.plan_overrides
+        with registry.override(live):               # behind the spot-check's wrappers (compiler.spot_check)
             yield
 
 
@@ -123,11 +126,14 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
     sched_cfg = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                 max_chunk_tokens=int(chunk) if chunk else None)
     overrides = dict(loaded.overrides) if loaded else {}
+    from compiler.spot_check import SpotChecker
     from persistent_engine.ops import registry
 
     t1 = time.perf_counter()
     with registry.override(overrides):              # CUDA graphs capture the plan's kernels
         engine = ServingEngine(decoder, lambda kv: Scheduler(sched_cfg, kv), cfg, progress)
+    # a disabled override must not replay from a captured graph: later decodes run eager (the reference)
+    checker = SpotChecker(overrides, opts.spot_check, on_disable=lambda _ops: setattr(engine, "drop_graphs", True))
     return Runtime(served.name, spec, served.tokenizer, engine, sched_cfg, served.source,
-                   str(loaded.version_dir) if loaded else None, overrides,
+                   str(loaded.version_dir) if loaded else None, overrides, checker if overrides else None,
                    {"load_s": t1 - t0, "engine_s": time.perf_counter() - t1})

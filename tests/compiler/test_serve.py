@@ -244,7 +244,10 @@ def _greedy_with_plan(plan_dir) -> tuple[str, str, dict, Counter]:
     calls = _counting(rt)
     with ServeServer(rt) as s:
         info = httpx.get(s.url + "/v1/models").json()["data"][0]
-        return _greedy_chat(s, 16), _greedy_plain(s), info, calls
+        out = _greedy_chat(s, 16), _greedy_plain(s), info, calls
+    rt.checker.drain()                  # the default spot-check ran on the exact kernels and found nothing
+    assert rt.checker.checks >= len(calls) and rt.checker.failures == 0 and not rt.checker.disabled
+    return out
 
 
 @needs_smollm2
