@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import statistics
 import sys
@@ -54,7 +55,7 @@ class Probe:
         stop, cont = launch.Executor.stop, launch.Executor.cont
 
         def timed_send(ex, msg):                # a round trip: from its send to its reply
-            ex._probe_sent = (str(msg.get("op")), time.perf_counter())
+            ex._probe_sent = (getattr(msg, "KIND", "") or type(msg).__name__, time.perf_counter())   # wire.Request
             return send(ex, msg)
 
         def timed_receive(ex, timeout_s, what):
@@ -89,6 +90,8 @@ def _tensor_bytes(obj) -> int:
         return sum(_tensor_bytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
         return sum(_tensor_bytes(v) for v in obj)
+    if dataclasses.is_dataclass(obj):           # a typed reply (persistent_engine.executor.wire)
+        return sum(_tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
     return 0
 
 

@@ -123,7 +123,8 @@ def test_every_variant_captures_the_reference_graph_sizes():
     made its decode pay for 13 rows it does not serve); only it compiles."""
     mod = _load()
     args = mod.argparse.Namespace(model="llama-1b", device="cuda", max_model_len=2560, max_num_seqs=128,
-                                  graph_sizes=(1, 2, 4, 8, 16, 32, 64, 128), kv_cache_gib=0.5)
+                                  graph_sizes=(1, 2, 4, 8, 16, 32, 64, 128), kv_cache_gib=0.5,
+                                  spot_check=0.02)
     opts = {v: mod.variant_options(v, args, None) for v in ("reference", "torch_compile")}
     assert opts["reference"].graph_sizes == opts["torch_compile"].graph_sizes == args.graph_sizes
     assert opts["torch_compile"].graphs and opts["torch_compile"].compile and not opts["reference"].compile
