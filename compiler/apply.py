@@ -264,8 +264,9 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
                     raise plan_mod.PlanError(f"plan kernel {kfile} raised: {e}"[:2000]) from None
             diff = float((ref.float() - got.float()).abs().max())
             scale = float(ref.float().abs().max())
-            ref_ms = ab.time_side(engine.baseline, i, 0, repeats, engine.batch[i])     # k runs a request:
-            plan_ms = ab.time_side(plan_side, i, 0, repeats, engine.batch[i])         # its fixed cost amortised
+            like = engine.ref[i][0]                                                    # k runs a request:
+            ref_ms = ab.time_side(engine.baseline, i, 0, repeats, engine.batch[i], like)   # its fixed cost
+            plan_ms = ab.time_side(plan_side, i, 0, repeats, engine.batch[i], like)        # amortised
             out.append(PointCheck(point, diff, scale, ref_ms, plan_ms, diff <= atol + rtol * scale))
     finally:
         engine.close()

@@ -268,6 +268,7 @@ class BenchReply(Reply):
 class UnloadReply(Reply):
     TYPE: ClassVar[str] = "unload"
     restored: list[str] = field(default_factory=list)   # what had to be put back
+    reasons: list[str] = field(default_factory=list)    # guard findings after the candidate left: reject it
 
 
 @dataclass(frozen=True)

@@ -289,7 +289,7 @@ class Supervisor:
                 speedup = getattr(b, "speedup", None)
                 per_point = list(getattr(b, "per_point", []))
             phase = "unload"
-            call(self.client.unload)
+            reasons += list(call(self.client.unload).reasons)     # what its guards found once it was gone
         except EngineTimeout:
             reasons.append(f"hang: no answer during {phase} within the {timeout_s:g} s timeout "
                            "(watchdog killed the engine)")

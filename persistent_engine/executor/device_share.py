@@ -28,7 +28,8 @@ import ctypes
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["BUCKET_BYTES", "ALIGN", "Slot", "plan_buckets", "DeviceWeights", "import_weights"]
+__all__ = ["BUCKET_BYTES", "ALIGN", "Slot", "plan_buckets", "DeviceWeights", "import_weights", "export_buffer",
+           "free_buffer"]
 
 BUCKET_BYTES = 256 << 20       # tensors packed into driver allocations of at most this (a bigger one: its own)
 ALIGN = 256                    # byte alignment of every tensor inside its allocation
@@ -75,8 +76,33 @@ class _CudaArray:
 def _driver():
     cuda = ctypes.CDLL("libcuda.so.1")
     cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
     cuda.cuIpcGetMemHandle.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     return cuda
+
+
+def export_buffer(nbytes: int, device) -> tuple[int, dict, object]:
+    """One exported driver allocation of ``nbytes`` (the judge's output ring of one executor): its pointer
+    (for ``free_buffer``), the ``import_weights`` spec that maps it as one uint8 tensor named "buffer", and
+    the judge's own uint8 view of it."""
+    import torch
+
+    torch.zeros(1, device=device)
+    cuda = _driver()
+    ptr = ctypes.c_uint64()
+    _check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes)), "cuMemAlloc")
+    handle = (ctypes.c_ubyte * 64)()
+    _check(cuda.cuIpcGetMemHandle(handle, ptr.value), "cuIpcGetMemHandle")
+    slot = Slot("buffer", 0, 0, nbytes, "uint8", (nbytes,))
+    _raw, views = _views([ptr.value], [nbytes], [slot], device)
+    spec = {"handles": [bytes(handle).hex()], "bucket_sizes": [nbytes],
+            "slots": [["buffer", 0, 0, nbytes, "uint8", [nbytes]]]}
+    return ptr.value, spec, views["buffer"]
+
+
+def free_buffer(ptr: int) -> None:
+    """Give an ``export_buffer`` allocation back (after every process that mapped it has exited)."""
+    _check(_driver().cuMemFree_v2(ctypes.c_uint64(ptr)), "cuMemFree")
 
 
 def _check(rc: int, what: str) -> None:

@@ -32,6 +32,7 @@ import time
 from persistent_engine import scratch
 from persistent_engine.executor import sandbox, wire
 from persistent_engine.executor.channel import ChannelClosed, Mailbox, ProtocolError, channel_pair, mailbox_bytes
+from persistent_engine.executor.out_ring import OutRing, ring_bytes
 
 # the tree is re-scanned (``/proc``, ~10 ms) when a point's timing starts and every RESCAN_EVERY stops; the
 # stops themselves signal the known members (microseconds each). A process the candidate starts meanwhile
@@ -108,17 +109,28 @@ class Executor:
         # its replies' large tensors: this executor's only (sized by the judge, ``channel.mailbox_bytes``)
         self.mailbox = Mailbox.create(init.get("mailbox_bytes") or mailbox_bytes(init["device"].split(":")[0]),
                                       device=init["device"])
+        # where its timed runs leave their outputs: the judge's memory (``out_ring``), read at each reply
+        self.out = OutRing.create(init.get("ring_bytes") or ring_bytes(init["device"].split(":")[0], 0),
+                                  init["device"])
         argv = [sys.executable, "-m", "persistent_engine.executor.worker", "--fd", str(theirs.fileno()),
                 "--arena-fd", str(arena.fd), "--mailbox-fd", str(self.mailbox.fd)]
-        os.set_inheritable(arena.fd, True)
-        os.set_inheritable(self.mailbox.fd, True)
+        fds = [theirs.fileno(), arena.fd, self.mailbox.fd]
+        if self.out.fd is not None:
+            argv += ["--ring-fd", str(self.out.fd)]
+            fds.append(self.out.fd)
+        for fd in fds[1:]:
+            os.set_inheritable(fd, True)
         # the baseline executor runs only reference code for the judge's whole life: no CPU-time cap
         limits = {"cpu_seconds": None} if role == "baseline" else {}
         policy = sandbox.SandboxPolicy.for_device(init["device"], self.tmp, **limits)
         try:
             with open(self.stderr_path, "ab") as err:
                 self.proc = sandbox.spawn(argv, policy, env=executor_env(init["device"], policy),
-                                          pass_fds=(theirs.fileno(), arena.fd, self.mailbox.fd), stderr=err)
+                                          pass_fds=tuple(fds), stderr=err)
+        except BaseException:
+            self.mailbox.close()
+            self.out.close()
+            raise
         finally:
             theirs.close()
         self.pid = self.proc.pid
@@ -129,7 +141,7 @@ class Executor:
         self._pending: list[tuple[type, int]] = []          # (reply class, nonce) of requests sent, in order
         self._ready_nonce = secrets.randbits(62)
         self.chan.send({**init, "arena_size": arena.size, "manifest": arena.manifest,
-                        "mailbox_size": self.mailbox.size, "nonce": self._ready_nonce})
+                        "mailbox_size": self.mailbox.size, "ring": self.out.spec, "nonce": self._ready_nonce})
         self.ready = False
 
     @property
@@ -247,6 +259,7 @@ class Executor:
         finally:
             self.chan.close()
             self.mailbox.close()
+            self.out.close()
             if not keep_files:
                 self.remove_files()
 

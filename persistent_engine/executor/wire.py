@@ -17,8 +17,7 @@ judge: the executor decodes them the same way, without the excerpts.
     OpChecks    OpResults   ``contract.run_candidate`` per case of one op
     Steps       StepResults one step per (point, variant) with every override counted
     Capture     Captured    CUDA graphs of points
-    Run         Ran         k chained timed steps into its ring
-    Fetch       Rows        rows of one output of the last run
+    Run         Ran         k chained timed steps, each output into the judge's ring (``out_ring.py``)
     Guards      GuardsReply its own guards' reasons
     Memory      MemoryReply its caching allocator's bytes
     Exit        (none)      the executor leaves
@@ -122,14 +121,8 @@ class Run(Request):
     ids: Tensor | None = None           # [k, T] token ids drawn by the judge (None: the variant's own)
     eager: bool = False
     chain: int | None = None            # the vocabulary size of the chain (None: unchained)
-
-
-@dataclass(frozen=True)
-class Fetch(Request):
-    KIND: ClassVar[str] = "fetch"
-    j: int = 0
-    rows: list[int] | None = None
-    links: bool = False
+    shape: list[int] = field(default_factory=list)     # one run's output, as the judge's ring slot holds it
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -237,14 +230,6 @@ class Ran(Reply):
 
 
 @dataclass(frozen=True)
-class Rows(Reply):
-    KIND: ClassVar[str] = "rows"
-    logits: Tensor | None = None
-    row0_prev: Tensor | None = None
-    row0_prev2: Tensor | None = None
-
-
-@dataclass(frozen=True)
 class GuardsReply(Reply):
     KIND: ClassVar[str] = "guards_reply"
     reasons: list[str] = field(default_factory=list)
@@ -259,10 +244,10 @@ class MemoryReply(Reply):
 
 
 REQUESTS: dict[str, type[Request]] = {c.KIND: c for c in (
-    Load, Warm, OpChecks, Steps, Capture, Run, Fetch, Guards, Memory, Exit)}
+    Load, Warm, OpChecks, Steps, Capture, Run, Guards, Memory, Exit)}
 REPLY_OF: dict[type[Request], type[Reply]] = {
     Load: Loaded, Warm: Warmed, OpChecks: OpResults, Steps: StepResults, Capture: Captured, Run: Ran,
-    Fetch: Rows, Guards: GuardsReply, Memory: MemoryReply}
+    Guards: GuardsReply, Memory: MemoryReply}
 REPLIES: dict[str, type[Reply]] = {c.KIND: c for c in (Ready, Failed, *REPLY_OF.values())}
 FAILED_KINDS = ("candidate", "oom", "device")
 

@@ -15,9 +15,9 @@ are the judge's), warms kernels, and then answers one request at a time:
             (the baseline executor's, with no overrides, is the reference routing sent to candidates)
   capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
   run       k back-to-back steps (graph replays where captured) of point i, variant v, each on the token
-            ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), every
-            output cloned into a ring; replies once the device is idle
-  fetch     rows of output j of the last ``run`` (and row 0 of runs j-1, j-2: the chain's links)
+            ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), each
+            output copied into the judge's ring (``out_ring.py``: the judge reads it at the reply);
+            replies once the device is idle
   warm      compile ahead (a candidate queued behind the one being judged): each override run once at every
             case its op-level check will draw and one step of each point that calls it; outputs dropped,
             a case that raises passed over (verify says why); replies with counts only
@@ -42,13 +42,14 @@ import traceback
 
 from persistent_engine.executor import wire
 from persistent_engine.executor.channel import ALIGN, MAILBOX_BYTES, PREFAULT_BYTES, Arena, Channel, Mailbox
+from persistent_engine.executor.out_ring import open_ring, runs_view
 
 DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
                  "unspecified launch failure", "misaligned address", "illegal instruction")
 
 
 class Worker:
-    def __init__(self, init: dict, arena):
+    def __init__(self, init: dict, arena, out_ring):
         import torch
 
         from persistent_engine import guards, timing
@@ -96,7 +97,7 @@ class Worker:
         self.candidate = None
         if init.get("capture"):
             self.capture(wire.Capture(points=list(range(len(self.points)))))
-        self.ring: list = []
+        self.out_ring = out_ring          # the judge's memory: every timed run's output goes there
         from persistent_engine.candidate import MODULE_DIR_PREFIX
         self._dir = tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX)
         self._sync()
@@ -261,8 +262,9 @@ class Worker:
                              healthy=bool(healthy))
 
     def run(self, msg: wire.Run) -> wire.Ran:
-        """k back-to-back steps; with ``chain`` (the vocabulary size), run r's ids are the judge's draw plus
-        argmax(row 0 of run r-1's logits), mod ``chain`` (computed on the device: no host sync between runs)."""
+        """k back-to-back steps, run r's output copied into slot r of the judge's ring (``out_ring``); with
+        ``chain`` (the vocabulary size), run r's ids are the judge's draw plus argmax(row 0 of run r-1's
+        output), mod ``chain`` (computed on the device: no host sync between runs)."""
         i, v, k = msg.i, msg.v, msg.k
         ids, chain = msg.ids, msg.chain
         g = None if msg.eager else self.graphs.get(i)
@@ -270,8 +272,7 @@ class Worker:
         if ids is not None:
             ids = ids.to(self.device)
         torch = self.torch
-        self.ring = []
-        clone = torch.Tensor.clone
+        ring = runs_view(self.out_ring, k, msg.shape, getattr(torch, msg.dtype))
 
         def feed(r: int) -> None:
             if ids is None:
@@ -279,32 +280,21 @@ class Worker:
             if chain is None or r == 0:
                 w.token_ids.copy_(ids[r])
             else:
-                w.token_ids.copy_(torch.remainder(ids[r] + torch.argmax(self.ring[-1][0]), int(chain)))
+                w.token_ids.copy_(torch.remainder(ids[r] + torch.argmax(ring[r - 1][0]), int(chain)))
 
         if g is not None:
             graph, static = g[v]
             for r in range(k):
                 feed(r)
                 graph.replay()
-                self.ring.append(clone(static))
+                ring[r].copy_(static)
         else:
             with self.registry.override(self.candidate.overrides if self.candidate else {}):
                 for r in range(k):
                     feed(r)
-                    self.ring.append(clone(self.model.step(w)))
+                    ring[r].copy_(self.model.step(w))
         self._sync()
-        return wire.Ran(k=len(self.ring), graph=g is not None)
-
-    def fetch(self, msg: wire.Fetch) -> wire.Rows:
-        """Rows of output j of the last ``run``; with ``links``, row 0 of outputs j-1 and j-2 too (the chain
-        the judge re-derives run j's and run j-1's ids from)."""
-        j = msg.j
-        out = self.ring[j]
-        logits = out[msg.rows] if msg.rows is not None else out
-        if not msg.links:
-            return wire.Rows(logits=logits)
-        return wire.Rows(logits=logits, row0_prev=self.ring[j - 1][0] if j >= 1 else None,
-                         row0_prev2=self.ring[j - 2][0] if j >= 2 else None)
+        return wire.Ran(k=k, graph=g is not None)
 
     def guard_reasons(self, when: str) -> list[str]:
         reasons = []
@@ -377,13 +367,13 @@ def _warm_triton(device) -> None:
     warm_triton(device)
 
 
-def serve(chan, arena, init: dict) -> int:
-    worker = Worker(init, arena)
+def serve(chan, arena, init: dict, out_ring) -> int:
+    worker = Worker(init, arena, out_ring)
     # op_checks' outputs of one reply: 3/4 of the mailbox (alignment and the rest of the reply: slack)
     worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES["cpu"]) // 4
     chan.send(wire.to_wire(wire.Ready(nonce=int(init["nonce"]), pid=os.getpid())))
     handlers = {wire.Load: worker.load, wire.OpChecks: worker.op_checks, wire.Steps: worker.steps,
-                wire.Capture: worker.capture, wire.Run: worker.run, wire.Fetch: worker.fetch, wire.Warm: worker.warm,
+                wire.Capture: worker.capture, wire.Run: worker.run, wire.Warm: worker.warm,
                 wire.Guards: worker.guards_request, wire.Memory: worker.memory_request}
     while True:
         req = wire.decode_request(chan.recv())
@@ -409,7 +399,7 @@ def _init_then_serve(args) -> None:
     pid = os.fork()
     if pid == 0:
         return                              # the child: serve
-    for fd in (args.fd, args.arena_fd, args.mailbox_fd):     # EOF reaches the judge when the child dies
+    for fd in (args.fd, args.arena_fd, args.mailbox_fd, args.ring_fd):     # EOF reaches the judge when the child dies
         if fd is not None:
             os.close(fd)
     while True:
@@ -444,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--arena-fd", type=int, required=True)
     ap.add_argument("--mailbox-fd", type=int, default=None)
+    ap.add_argument("--ring-fd", type=int, default=None)
     args = ap.parse_args(argv)
     if os.getpid() == 1:
         _init_then_serve(args)
@@ -455,8 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.mailbox_fd is not None:         # large reply tensors go through the judge's memfd
         chan.mailbox = Mailbox(args.mailbox_fd, init["mailbox_size"])
         chan.mailbox.prefault(PREFAULT_BYTES["cuda" if str(init["device"]).startswith("cuda") else "cpu"])
+    ring = open_ring(init["ring"], args.ring_fd, init["device"])
     try:
-        code = serve(chan, arena, init)
+        code = serve(chan, arena, init, ring)
     except EOFError:                        # the judge went away: nothing left to do
         code = 0
     os._exit(code)                          # no atexit handler of a candidate runs

@@ -42,6 +42,7 @@ from persistent_engine import guards, scratch, tier_inputs, timing, tolerance, v
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena, mailbox_bytes
 from persistent_engine.executor.device_share import DeviceWeights
+from persistent_engine.executor.out_ring import ring_bytes, ring_bytes_for
 from persistent_engine.executor.kernel_cache import KERNEL_CACHE_ENV, KernelCache
 from persistent_engine.executor import wire
 from persistent_engine.executor.launch import (Executor, ExecutorBroke, ExecutorDied, ExecutorPool, ExecutorTimeout,
@@ -50,7 +51,7 @@ from persistent_engine.judge import ab
 from persistent_engine.judge import checks as judging
 from persistent_engine.judge import memory
 from persistent_engine.judge.executors import (AHEAD, DEFAULT_CALL_S, EXECUTOR_START_S,  # noqa: F401 (public face)
-                                              PAUSE_AHEAD, POOL_SIZE, ExecutorSide, elog)
+                                              POOL_SIZE, ExecutorSide, elog)
 from persistent_engine.judge.checks import default_points, weight_share
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
                                          Profile,
@@ -212,13 +213,14 @@ class Engine(ExecutorSide):
         self.arena = Arena.build(shared)        # sealed: no process can write it from here on
         self.arena_checksums = self.arena.checksums()
         self._arena_window = 0
+        out_bytes = max(r.numel() * r.element_size() for row in self.ref for r in row)
         self._init = {"model": config.model, "model_config": config_of_path(config.model),  # executors' cwd differs
                       "layers": self.layers, "device": config.device,
                       "dtype": str(self.dtype).removeprefix("torch."), "points": [p.to_dict() for p in self.points],
                       "variants": config.variants, "seed": config.seed, "threads": self.threads,
                       "weights": self.device_weights.spec if self.device_weights else None,
-                      "mailbox_bytes": mailbox_bytes(self.device.type, max(
-                          r.numel() * r.element_size() for row in self.ref for r in row))}
+                      "mailbox_bytes": mailbox_bytes(self.device.type, out_bytes),
+                      "ring_bytes": ring_bytes(self.device.type, out_bytes)}
         self.pool: ExecutorPool | None = None   # started on the first candidate
         self.baseline: Executor | None = None
         self.graph_errors: dict[int, str] = {}
@@ -228,9 +230,11 @@ class Engine(ExecutorSide):
         # what one executor takes on the device (its KV caches, activations, context): sizes the pool
         self.executor_bytes = max(free_before - free_gpu_bytes(self.device), 0) if free_before else 0
         # per point: the baseline's step as bench times it (request wall time / k) and k, the runs per sample
-        cal = [ab.calibrate(self.baseline, i, self.device.type, self.ref[i][0].numel() * self.ref[i][0].element_size())
-               for i in range(len(self.points))]
+        cal = [ab.calibrate(self.baseline, i, self.device.type, self.ref[i][0]) for i in range(len(self.points))]
         self.base_ms, self.batch = [ms for ms, _ in cal], [k for _, k in cal]
+        if self.device.type == "cuda":          # later executors' rings hold the calibrated samples only
+            ring = ring_bytes_for(self.batch, [row[0] for row in self.ref])
+            self.executor_bytes = max(self.executor_bytes - self.baseline.out.nbytes + ring, 0)
         self.executor_overhead = self._measured_overhead()
         return weights
 
@@ -327,6 +331,16 @@ class Engine(ExecutorSide):
         if reasons:
             self._poison(reasons[0])
         return reasons
+
+    def _weights_reason(self, phase: str) -> str | None:
+        """CUDA: the shared weights' fingerprints right after the judge's reference ran on them (an executor
+        maps them writable: a change made for the check and undone before unload is caught here). CPU:
+        the sealed arena, nothing to check."""
+        if self.device.type != "cuda":
+            return None
+        self._sync()
+        bad = self.weight_guard.changed()
+        return f"{phase}: the shared weights changed while it was judged: {', '.join(bad[:5])}" if bad else None
 
     def _affected(self) -> list[int]:
         """Points whose step the candidate changes: an overridden op runs there, or (kv_block_size)
@@ -497,20 +511,24 @@ class Engine(ExecutorSide):
             need = PAUSE_POOL_IF_READY.get(self.device.type)
             paused = (self.pool.pause() if self.pool is not None and need is not None
                       and self.pool.ready_count() >= need else [])
-            if self._ahead and PAUSE_AHEAD.get(self.device.type, True):
+            if self._ahead:                     # executors compiling ahead: stopped, whatever the device
                 compiling = [a.executor for a in self._ahead.values()]
                 for ex in compiling:
                     ex.stop()
                 paused += compiling
             try:
                 res = ab.ab_remote(self.baseline, c.executor, i, len(self.workloads[i]), n, k, graphed, fresh,
-                                   self._rng, deadline, warmup=req.warmup or (2 if graphed else 1),
+                                   self._rng, deadline, self.ref[i][0], warmup=req.warmup or (2 if graphed else 1),
                                    stop_rel_se=None if req.samples else timing.STOP_REL_SE.get(self.device.type),
                                    futility_margin=None if req.samples else timing.FUTILITY_MARGIN,
-                                   rows=int(self.ref[i][0].shape[0]), vocab=self.spec.vocab_size)
+                                   vocab=self.spec.vocab_size)
             finally:
                 ExecutorPool.resume(paused)
-            r = judging.spot_check(self, i, p, res.kept)
+            c.executor.stop()                   # its tree still while the judge's reference runs on the weights
+            try:
+                r = judging.spot_check(self, i, p, res.kept) or self._weights_reason("spot re-check")
+            finally:
+                c.executor.cont()
             if r:
                 reasons.append(r)
             r = guards.implausibly_fast(p.label(), res.candidate.median_ms, self.floor_ms[i])
@@ -557,7 +575,7 @@ class Engine(ExecutorSide):
         restored += bad
         self._ensure_baseline()
         self._release_cached()
-        return UnloadReply(message="unloaded", restored=restored)
+        return UnloadReply(message="unloaded", restored=restored, reasons=bad)
 
     def profile(self, req: Profile) -> ProfileReply:
         from persistent_engine import profiler

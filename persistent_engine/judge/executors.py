@@ -23,6 +23,7 @@ import torch
 from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, timing, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes
+from persistent_engine.executor.out_ring import ring_bytes_for
 from persistent_engine.executor import wire
 from persistent_engine.executor.kernel_cache import source_key
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorStartFailed,
@@ -44,12 +45,11 @@ POOL_SIZE = {"cuda": 12, "cpu": 1}
 # its kernels (the executor's ``warm``) while the judge verifies and times another. On the H200 (llama-1b,
 # 2026-12-04) verify was 5.9 s of a 6.3 s fast-tier evaluation, Triton compiling in the fresh executor, the
 # device idle; a torch-only candidate verified in 0.14 s. At most this many at once, beside the pool (out of
-# its memory room: ``split_pool``). On CUDA they run while a point is timed (compiling is host work on a
-# 16-core box; their device work is one launch per case between compiles); on CPU none by default (nothing
-# compiles under TRITON_INTERPRET) and any are paused while a point is timed (two cores, the timed sides').
+# its memory room: ``split_pool``). They are SIGSTOPped while a point is timed, on CUDA as on CPU: each runs
+# a candidate's code, which could otherwise put work on the device during another's samples. On CPU none by
+# default (nothing compiles under TRITON_INTERPRET).
 AHEAD = {"cuda": 4, "cpu": 0}
 AHEAD_ENV = "TKCC_AHEAD"                 # overrides AHEAD (a count >= 0), e.g. to measure a run without them
-PAUSE_AHEAD = {"cuda": False, "cpu": True}
 EXECUTOR_START_S = 900.0
 DEFAULT_CALL_S = 600.0
 
@@ -90,7 +90,10 @@ class ExecutorSide:
 
     def _new_executor(self, role: str) -> Executor:
         capture = role == "baseline" and self.device.type == "cuda" and self.config.cuda_graph
-        return Executor({**self._init, "capture": capture}, self.arena, self._dir, role=role)
+        init = {**self._init, "capture": capture}
+        if getattr(self, "batch", None):        # calibrated: the ring holds the largest sample, no more
+            init["ring_bytes"] = ring_bytes_for(self.batch, [row[0] for row in self.ref])
+        return Executor(init, self.arena, self._dir, role=role)
 
     def _start_baseline(self) -> None:
         """The baseline executor: the reference code only, in a process of the same kind as a candidate's

@@ -1,7 +1,8 @@
 """The judge's A/B protocol (``judge/ab.py``) against fake executors whose "step" is a fixed function of
 the token ids: k is chosen so a sample lasts the target; the k runs of a sample are chained (run r's ids
 depend on run r-1's output), so an executor that batches them (ids fixed up front) is caught by the
-fetched link, while an honest one passes; a lying link is caught by the argmax band."""
+kept link, while an honest one passes; a lying link is caught by the argmax band; outputs live in the
+judge's ring, so a reply sent before the runs wrote them is rejected at the reply."""
 
 import random
 
@@ -10,10 +11,13 @@ import torch
 
 from persistent_engine import timing
 from persistent_engine.executor import wire
+from persistent_engine.executor.out_ring import OutRing, ring_bytes
 from persistent_engine.judge import ab
+from persistent_engine.judge.engine import CandidateRaised
 
 V, T = 97, 3                                    # vocabulary, tokens per step (decode batch 3)
 TABLE = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
+LIKE = torch.empty(T, V)                        # one run's output as the judge's reference holds it
 
 
 def step(ids):                                  # "logits" [T, V] of one step on ids [T]
@@ -21,29 +25,31 @@ def step(ids):                                  # "logits" [T, V] of one step on
 
 
 class FakeExecutor:
-    """Answers ``run`` and ``fetch`` like worker.Worker; ``batches``: computes every run from the bare
-    draws up front (what one batched forward of k runs would need) instead of the chain."""
+    """Answers ``run`` like worker.Worker: run r's output into slot r of the judge's ring. ``batches``:
+    computes every run from the bare draws up front (what one batched forward of k runs would need) instead
+    of the chain; ``lies``: and doctors each run's row 0 so that its argmax is the chain value 0 it used;
+    ``defers``: replies before writing (the work done "later"); ``rows_written``: writes only these rows."""
 
-    def __init__(self, batches: bool = False, lies: bool = False):
-        self.batches, self.lies, self.ring = batches, lies, []
+    def __init__(self, batches: bool = False, lies: bool = False, defers: bool = False, rows_written=None):
+        self.batches, self.lies, self.defers, self.rows_written = batches, lies, defers, rows_written
+        self.out = OutRing.create(ring_bytes("cpu", T * V * 4), "cpu")
 
     def call(self, msg, timeout):
-        if isinstance(msg, wire.Run):
-            ids, chain, self.ring = msg.ids, msg.chain, []
-            for r in range(msg.k):
-                x = ids[r] if ids is not None else torch.zeros(T, dtype=torch.long)
-                if chain is not None and r > 0 and not self.batches:
-                    x = torch.remainder(x + torch.argmax(self.ring[-1][0]), chain)
-                self.ring.append(step(x))
-            return wire.Ran(k=len(self.ring))
-        j = msg.j
-        logits = self.ring[j][msg.rows]
-        if not msg.links:
-            return wire.Rows(logits=logits)
-        prev = [None if j - d < 0 else self.ring[j - d][0].clone() for d in (1, 2)]
-        if self.lies and prev[0] is not None:       # claims the chain value 0 it used: argmax forced to 0
-            prev[0][0] = prev[0].max() + 0.01
-        return wire.Rows(logits=logits, row0_prev=prev[0], row0_prev2=prev[1])
+        assert isinstance(msg, wire.Run)
+        ring = self.out.runs(msg.k, msg.shape, getattr(torch, msg.dtype))
+        if self.defers:
+            return wire.Ran(k=msg.k)
+        ids, chain = msg.ids, msg.chain
+        for r in range(msg.k):
+            x = ids[r] if ids is not None else torch.zeros(T, dtype=torch.long)
+            if chain is not None and r > 0 and not self.batches:
+                x = torch.remainder(x + torch.argmax(ring[r - 1][0]), chain)
+            out = step(x).clone()
+            if self.lies:
+                out[0][0] = out[0].max() + 0.01
+            rows = self.rows_written if self.rows_written is not None else list(range(T))
+            ring[r][rows] = out[rows]
+        return wire.Ran(k=msg.k)
 
     def members(self):
         return []
@@ -73,7 +79,7 @@ def run_ab(cand, k=8, samples=12, seed=0):
     gen = torch.Generator().manual_seed(seed)
     fresh = lambda n: torch.randint(0, V, (n, T), generator=gen)      # noqa: E731
     return ab.ab_remote(FakeExecutor(), cand, 0, 1, samples, k, False, fresh, random.Random(seed), 1e12,
-                        rows=T, vocab=V)
+                        LIKE, vocab=V)
 
 
 def test_k_amortises_the_request_to_the_target():
@@ -99,6 +105,27 @@ def test_batching_the_runs_is_caught(seed):
 def test_a_lying_link_is_caught_by_the_argmax_band():
     res = run_ab(FakeExecutor(batches=True, lies=True), samples=20)
     assert judge_catches(res.kept)
+
+
+def test_a_reply_before_the_work_is_done_is_rejected_at_the_reply():
+    with pytest.raises(CandidateRaised, match="had not written their output"):
+        run_ab(FakeExecutor(defers=True))
+
+
+def test_a_run_that_writes_row_0_only_is_rejected_at_the_reply():
+    with pytest.raises(CandidateRaised, match="had not written their output"):
+        run_ab(FakeExecutor(rows_written=[0]))
+
+
+def test_the_ring_is_sealed_and_refuses_more_runs_than_it_holds():
+    ring = OutRing.create(ring_bytes("cpu", T * V * 4), "cpu")
+    holds = ring.flat.numel() // (T * V * 4)
+    assert ring.sealed() and ab.MAX_RUNS <= holds <= ab.MAX_RUNS + 4096 // (T * V * 4) + 1   # whole pages
+    with pytest.raises(ValueError, match="output ring has"):
+        ring.runs(holds + 1, (T, V), torch.float32)
+    ring.arm(3, (T, V), torch.float32)
+    assert bool(ring.runs(3, (T, V), torch.float32).isnan().all())
+    ring.close()
 
 
 def test_the_argmax_band_excuses_a_near_tie_only():
@@ -149,8 +176,8 @@ def timed_ab(monkeypatch, cand_ms, seed=0, samples=50, futility=True):
     base, cand = TimedExecutor(clock, 1.0), TimedExecutor(clock, cand_ms)
     gen = torch.Generator().manual_seed(seed)
     fresh = lambda n: torch.randint(0, V, (n, T), generator=gen)      # noqa: E731
-    res = ab.ab_remote(base, cand, 0, 1, samples, 4, False, fresh, random.Random(seed), 1e12,
-                       stop_rel_se=0.003, rows=T, vocab=V,
+    res = ab.ab_remote(base, cand, 0, 1, samples, 4, False, fresh, random.Random(seed), 1e12, LIKE,
+                       stop_rel_se=0.003, vocab=V,
                        futility_margin=timing.FUTILITY_MARGIN if futility else None)
     return res, cand
 
@@ -163,7 +190,7 @@ def test_a_clear_loser_stops_after_six_pairs_with_its_first_and_last_pair_rechec
     assert res.candidate.n == res.baseline.n == 6 and res.candidate.median_ms > res.baseline.median_ms
     assert {0, 5} <= {f.pair for f in res.kept}                 # the pair it stopped on is re-checked
     assert not judge_catches(res.kept)                          # deferred fetches still carry their chain
-    assert cand.ops[-1] == "fetch" and cand.requests == 6 + 1   # one warm-up run request, six timed
+    assert cand.ops == ["run"] * (6 + 1)                        # one warm-up run request, six timed: no fetch
 
 
 def test_without_the_rule_a_loser_is_timed_until_it_settles(monkeypatch):

@@ -57,11 +57,12 @@ def test_a_failed_reply_is_accepted_for_any_request_and_its_kind_is_one_of_three
 
 @pytest.mark.parametrize("data", [3 << 30, "x" * 16, [0] * 16, None])
 def test_tensor_data_that_is_not_bytes_of_its_size_allocates_nothing(data):
-    raw = {"op": "rows", "nonce": 5, "logits": {"__t__": "float32", "shape": [3 << 28], "data": data}}
+    raw = {"op": "step_results", "nonce": 5,
+           "results": [{"logits": {"__t__": "float32", "shape": [3 << 28], "data": data}}]}
     tracemalloc.start()
     try:
         with pytest.raises(ProtocolError):
-            wire.decode_reply(raw, wire.Rows, 5)
+            wire.decode_reply(raw, wire.StepResults, 5)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
