@@ -5,8 +5,9 @@ per op and seed: it draws the inputs from the op's generator with the judge's se
 twice, ``run_candidate``); the judge draws the same inputs meanwhile and decides (``judge_against``).
 ``layer_level``: the slice with the overrides run by the executor on the judge's workloads (``remote_steps``:
 every point and variant in one request), its logits against the judge's reference. ``spot_check``: timed runs
-fetched at random against the judge's own reference on the same (chained) token ids. ``default_points``,
-``weight_share``: the workload points and their relative weights.
+(the judge's copies of its ring) against its own reference on the same (chained) token ids. ``default_points``,
+``weight_share``: the workload points and their relative weights. ``spot_checks``: every timed point's
+kept runs with the candidate stopped, then the shared weights' fingerprints (``weights_reason``).
 """
 
 from __future__ import annotations
@@ -226,3 +227,31 @@ def spot_check(e, i: int, p: WorkloadPoint, kept: list) -> str | None:
             return r
     e.workload_guard.restore()
     return None
+
+
+def spot_checks(e, kept: list) -> list[str]:
+    """Each timed point's kept runs (``(i, point, [ab.Fetched])``: the judge's copies) against its own
+    reference, the candidate's tree stopped from before the first reference step to after the weights'
+    fingerprints (``weights_reason``)."""
+    reasons = []
+    e.candidate.executor.stop()
+    try:
+        for i, p, runs in kept:
+            if (r := spot_check(e, i, p, runs)) is not None:
+                reasons.append(r)
+        if (r := weights_reason(e, "spot re-check")) is not None:
+            reasons.append(r)
+    finally:
+        e.candidate.executor.cont()
+    return reasons
+
+
+def weights_reason(e, phase: str) -> str | None:
+    """CUDA: the shared weights' fingerprints right after the judge's reference ran on them (an executor maps
+    them writable: a change made for the check and undone before unload is caught here). CPU: the sealed
+    arena, nothing to check."""
+    if e.device.type != "cuda":
+        return None
+    e._sync()
+    bad = e.weight_guard.changed()
+    return f"{phase}: the shared weights changed while it was judged: {', '.join(bad[:5])}" if bad else None

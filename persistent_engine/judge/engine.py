@@ -53,8 +53,7 @@ from persistent_engine.judge import memory
 from persistent_engine.judge.executors import (AHEAD, DEFAULT_CALL_S, EXECUTOR_START_S,  # noqa: F401 (public face)
                                               POOL_SIZE, ExecutorSide, elog)
 from persistent_engine.judge.checks import default_points, weight_share
-from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare,
-                                         Profile,
+from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
                                          UnloadReply, Verify, VerifyReply, WorkloadPoint, PointProfile, PointTiming)
 
@@ -332,16 +331,6 @@ class Engine(ExecutorSide):
             self._poison(reasons[0])
         return reasons
 
-    def _weights_reason(self, phase: str) -> str | None:
-        """CUDA: the shared weights' fingerprints right after the judge's reference ran on them (an executor
-        maps them writable: a change made for the check and undone before unload is caught here). CPU:
-        the sealed arena, nothing to check."""
-        if self.device.type != "cuda":
-            return None
-        self._sync()
-        bad = self.weight_guard.changed()
-        return f"{phase}: the shared weights changed while it was judged: {', '.join(bad[:5])}" if bad else None
-
     def _affected(self) -> list[int]:
         """Points whose step the candidate changes: an overridden op runs there, or (kv_block_size)
         every point, whose KV cache it re-lays."""
@@ -495,7 +484,7 @@ class Engine(ExecutorSide):
             r = self._call(wire.Capture(points=todo), deadline)
             cand_graphed = set(r.graphed) & set(todo)
             cand_errors = {int(k): v for k, v in r.errors.items() if k.isdigit()}
-        per_point, reasons = [], []
+        per_point, reasons, kept = [], [], []
         notes = self._config_notes()
         for i, p in enumerate(self.points):
             if i not in affected:
@@ -524,13 +513,7 @@ class Engine(ExecutorSide):
                                    vocab=self.spec.vocab_size)
             finally:
                 ExecutorPool.resume(paused)
-            c.executor.stop()                   # its tree still while the judge's reference runs on the weights
-            try:
-                r = judging.spot_check(self, i, p, res.kept) or self._weights_reason("spot re-check")
-            finally:
-                c.executor.cont()
-            if r:
-                reasons.append(r)
+            kept.append((i, p, res.kept))
             r = guards.implausibly_fast(p.label(), res.candidate.median_ms, self.floor_ms[i])
             if r:
                 reasons.append(r + (f" ({self.peak_bandwidth_gbs:g} GB/s ceiling)" if self.peak_bandwidth_gbs else ""))
@@ -541,6 +524,7 @@ class Engine(ExecutorSide):
                 candidate_ms=res.candidate.median_ms, candidate_iqr_ms=res.candidate.iqr_ms,
                 samples=res.candidate.n, runs_per_sample=k, floor_ms=self.floor_ms[i],
                 speedup=res.speedup, speedup_q1=res.speedup_q1, config=notes or {}, stopped=res.stopped))
+        reasons += judging.spot_checks(self, kept)
         reasons += self._call(wire.Guards(when="timing"), deadline).reasons
         reasons += self._process_reasons("timing")
         # a point's weight is its share of GPU time: new / old time = sum(w / point speedup) / sum(w)

@@ -85,11 +85,12 @@ def test_an_op_the_source_declares_is_verified_or_the_candidate_rejected(sup):
 @pytest.mark.parametrize("mode, reason", [
     ("wrong", "spot re-check"),                         # the zeros the timed runs left, compared by the judge
     ("lazy", "timed run(s)"),                           # NaN in the judge's ring at the reply
+    ("ahead", "protocol:"),                             # a reply ahead of its request: another nonce, kind
 ])
 def test_a_forged_timed_run_is_caught_in_the_judges_own_ring(sup, mode, reason):
     """The candidate swaps its executor's handler of timed runs (``candidates/forges_the_loop.py``): a zeros
-    kernel only while timed, or a reply before the work. What the judge checks is its own copy of the ring
-    taken at the reply, so neither is accepted (before the ring: 24-59x)."""
+    kernel only while timed, or a reply before the work (or ahead of the request). What the judge checks is its
+    own copy of the ring taken at the reply, so none is accepted (before the ring: 24-59x)."""
     source = src("forges_the_loop").replace('MODE = "wrong"', f'MODE = "{mode}"')
     v = sup.evaluate(source, timeout_s=180, samples=6)
     assert not v.correct and not v.restarted, (v.reasons, v.speedup)
