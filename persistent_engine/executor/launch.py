@@ -134,8 +134,9 @@ class Executor:
 
     @property
     def triton_dir(self) -> str:
-        """Its Triton cache (``TRITON_CACHE_DIR`` inside its workdir)."""
-        return os.path.join(self.tmp, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
+        """Its Triton cache (``TRITON_CACHE_DIR`` inside its workdir; on its private tmpfs, seen through the
+        judge's view, readable until ``remove_files``)."""
+        return os.path.join(self.proc.workdir_view, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
 
     def wait_ready(self, timeout_s: float) -> None:
         reply = self._recv(time.monotonic() + timeout_s, "start-up", wire.Ready, self._ready_nonce)
@@ -252,6 +253,7 @@ class Executor:
 
     def remove_files(self) -> None:
         """Its workdir (what the candidate wrote: sources, caches, any file it made) and its stderr file."""
+        self.proc.release_workdir()
         scratch.remove_tree(self.tmp)
         try:
             os.unlink(self.stderr_path)
