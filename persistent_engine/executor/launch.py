@@ -92,10 +92,11 @@ def executor_env(device: str, policy: "sandbox.SandboxPolicy") -> dict:
 
 def sandbox_summary(device: str = "cpu") -> str:
     """What confines the executors here, one line (verdict metadata, ``StatusReply.sandbox``)."""
-    caps = sandbox.probe()
+    caps = sandbox.probe("cuda" if device.startswith("cuda") else "cpu")
     line = "complete" if caps.complete() else "incomplete (missing: " + "; ".join(caps.missing()) + ")"
     if sandbox.SandboxPolicy.for_device(device, "/nonexistent").allow_unix_sockets:
-        line += "; AF_UNIX sockets allowed (the CUDA driver needs them)"
+        line += "; AF_UNIX sockets allowed (the CUDA driver needs them; the host's socket dirs "
+        line += "hidden)" if caps.socket_dirs_hidden else "NOT hidden)"
     return line
 
 

@@ -7,7 +7,8 @@ Public face (stable names; the judge and the serving path build on them)::
     proc.applied        # SandboxCapabilities actually in force for this process (attach .as_dict() to verdicts)
     proc.send_signal(signal.SIGSTOP)   # every process of the tree, daemons included (A/B timing)
     proc.kill_all()     # SIGKILL the whole tree, double-forked / setsid descendants included; reap
-    probe()             # what this kernel offers (cached); `tkcc doctor` prints it
+    probe("cuda")       # what this machine offers under that device's policy (cached); `tkcc doctor` prints it
+    proc.workdir_view   # the judge's path to the executor's tmpfs workdir; proc.cgroup: its memory cgroup
     require_sandbox(author_is_llm=True, unsafe=False)   # refuses LLM code when the sandbox is incomplete
 
 How (``confine.py`` is the launcher process, stdlib only, started as ``python -I -S confine.py``):

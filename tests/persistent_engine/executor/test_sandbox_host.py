@@ -217,3 +217,17 @@ def test_memory_cgroup_limits_the_tree(caps, tmp_path):
     group = proc.cgroup
     proc.kill_all()
     assert not os.path.exists(group)
+
+
+def test_the_judges_view_outlives_the_tree(caps, tmp_path):
+    """What the executor wrote on its tmpfs stays readable through ``workdir_view`` after ``kill_all`` (the
+    Triton-cache harvest runs then), and is gone once released; the host dir underneath never had it."""
+    _need(caps, "workdir_tmpfs")
+    workdir = sb.make_workdir(str(tmp_path))
+    proc = _spawn(workdir, "open('made.txt', 'w').write('by the executor')")
+    assert proc.wait(30) == 0
+    proc.kill_all()
+    view = proc.workdir_view
+    assert Path(view, "made.txt").read_text() == "by the executor" and not Path(workdir, "made.txt").exists()
+    proc.release_workdir()
+    assert not os.path.exists(view)
