@@ -10,8 +10,8 @@ executor's status. The forked executor applies, in this order, everything it can
 ``/proc`` and ``/dev/shm``, the workdir on a size-limited tmpfs and ``/tmp``, ``/var/tmp``, ``/run`` and
 the workdir's parent hidden under empty ones (``confine_fs.private_fs``), every mount read-only but the
 workdir, rlimits, no-new-privs, an empty capability bounding set, the unprivileged uid (no groups; the
-death signal set again), ``chdir(workdir)``, Landlock (writes only under the workdir and the GPU device nodes, no TCP, no signals or
-abstract unix sockets out of the sandbox, no ptrace or ``/proc/PID/environ`` of outside processes),
+death signal set again), ``chdir(workdir)``, Landlock (writes only under the workdir and the GPU
+device nodes, no TCP, no signals or abstract unix sockets out of the sandbox, no ptrace or ``/proc/PID/environ`` of outside processes),
 a seccomp filter (no socket(2) at all by default, socketpair(2) stays; no ptrace, no mount/unshare/setns, no io_uring, no bpf,
 no keyrings), then ``execve`` of the real argv. Before the exec it writes one JSON line to the status
 pipe saying which mechanisms it applied and why others failed; the judge records that line.
