@@ -130,7 +130,9 @@ def run_config(name: str, device: str, policy_kw: dict, ipc: dict | None, timeou
             except Exception:  # noqa: BLE001 - a hang is a result too
                 rc = "timeout"
             applied = proc.applied.as_dict()
-        res = json.loads(Path(workdir, "result.json").read_text()) if Path(workdir, "result.json").exists() else {}
+            result = Path(proc.workdir_view, "result.json")        # on the workdir's tmpfs: the judge's view
+            res = json.loads(result.read_text()) if result.exists() else {}
+            proc.release_workdir()
         stderr_tail = Path(workdir, "stderr").read_text(errors="replace")[-600:]
         ok = rc == 0 and res.get("matmul_ok") and res.get("triton_ok") and "error" not in res
         return {"config": name, "ok": bool(ok), "rc": rc, "spawn_s": round(spawn_s, 3),

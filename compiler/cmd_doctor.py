@@ -5,8 +5,9 @@ versions, and which optional parts are present: Ray (many machines), the Postgre
 board); the LLM SDKs (installed or not, their versions) and whether their API keys and endpoints are set
 (the values are never printed), and any engine process that outlived the orchestrator that started it
 (``stray_engines``: pid, command line); and which
-mechanisms of the executor sandbox this kernel offers (LLM-written candidates are refused without a
-complete one unless ``--unsafe-no-sandbox``).
+mechanisms of the executor sandbox hold on this machine, under the CPU executors' policy and under the CUDA
+one (uid, tmpfs workdir, hidden dirs and host sockets, memory cgroup, namespaces, Landlock, seccomp, rlimits;
+LLM-written candidates are refused without a complete one unless ``--unsafe-no-sandbox``).
 Exit 0; the report is informational.
 """
 
@@ -106,10 +107,35 @@ def _models() -> dict[str, str]:
 
 
 def _sandbox() -> dict:
+    """The CPU policy's mechanisms (top level) and the CUDA policy's (``cuda``: probed without a GPU; its
+    files, uid, sockets and memory cgroup are what a GPU executor gets)."""
     from persistent_engine import sandbox_probe as probe
-    caps = probe()
-    return {"mechanisms": caps.as_dict(), "missing": list(caps.missing()), "complete": caps.complete(),
-            "errors": dict(caps.errors)}
+
+    def one(device: str) -> dict:
+        caps = probe(device)
+        return {"mechanisms": caps.as_dict(), "missing": list(caps.missing()), "complete": caps.complete(),
+                "errors": dict(caps.errors)}
+    return {**one("cpu"), "cuda": one("cuda")}
+
+
+def _render_sandbox(sb: dict) -> list[str]:
+    """What holds under both policies on one line, then what does not, per policy, and why."""
+    pols = {"cpu": sb, "cuda": sb["cuda"]}
+    state = ", ".join(f"{'complete' if p['complete'] else 'INCOMPLETE'} on {n}" for n, p in pols.items())
+    lines = [f"executor sandbox: {state} (Landlock ABI {sb['mechanisms']['landlock_abi']})"]
+    names = [k for k, v in sb["mechanisms"].items() if isinstance(v, bool) and k != "complete"]
+    lines.append("  holds on cpu and cuda: " + ", ".join(k for k in names if all(p["mechanisms"].get(k) is True
+                                                                               for p in pols.values())))
+    for n, p in pols.items():
+        off = [k for k in names if p["mechanisms"].get(k) is not True]
+        if off:
+            lines.append(f"  not on {n}: " + ", ".join(off))
+    for n, p in pols.items():
+        if not p["complete"]:
+            lines.append(f"  missing on {n}: " + "; ".join(p["missing"])
+                         + " -- LLM-written candidates are refused unless --unsafe-no-sandbox")
+        lines += [f"  {n} {what}: {why}" for what, why in p["errors"].items()]
+    return lines
 
 
 def render(r: dict) -> str:
@@ -136,18 +162,7 @@ def render(r: dict) -> str:
         where = "custom endpoint" if o["base_url_set"] else "default endpoint"
         lines.append(f"  {sdk:<10} {state:<18} {o['key']} {'set' if o['key_set'] else 'not set'}, {where}; "
                      f"{o['enables']}")
-    sb = r["sandbox"]
-    on = [k for k, v in sb["mechanisms"].items() if v is True and k != "complete"]
-    lines.append(f"executor sandbox: {'complete' if sb['complete'] else 'INCOMPLETE'}"
-                 f" (Landlock ABI {sb['mechanisms']['landlock_abi']}): " + ", ".join(on))
-    off = [k for k, v in sb["mechanisms"].items() if v is False]
-    if off:
-        lines.append("  absent: " + ", ".join(off))
-    if not sb["complete"]:
-        lines.append("  missing: " + "; ".join(sb["missing"])
-                     + " -- LLM-written candidates are refused unless --unsafe-no-sandbox")
-    for what, why in sb["errors"].items():
-        lines.append(f"  {what}: {why}")
+    lines += _render_sandbox(r["sandbox"])
     lines.append("API keys: " + ", ".join(f"{k} {'set' if on else 'not set'}" for k, on in r["api_keys"].items()))
     strays = r.get("stray_engines") or []
     lines.append("stray engines: " + ("none" if not strays else f"{len(strays)} outlived their orchestrator "

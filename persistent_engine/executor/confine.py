@@ -1,20 +1,27 @@
 """The sandbox launcher: runs as its own small process (``python -I -S confine.py CONFIG``), stdlib only.
 
-``sandbox.spawn`` starts this file as a script. It (the *launcher*) makes itself a child subreaper,
-enters fresh user / network / mount / PID namespaces, forks the *executor*, and then only waits:
+``sandbox.spawn`` starts this file as a script. It (the *launcher*) enters the memory cgroup the judge
+made (if any), makes itself a child subreaper, enters fresh user / network / mount / PID namespaces (a
+root launcher's *mapper* child maps 0 and an unprivileged ``run_as``: ``confine_fs``), forks the
+*executor*, and then only waits:
 it reaps whatever the executor leaves behind and, when the executor exits or the judge's lifeline
 pipe closes (the judge died or let go), kills every remaining process of the tree and exits with the
 executor's status. The forked executor applies, in this order, everything it can of: a private
-``/proc`` and ``/dev/shm``, every mount read-only but the workdir, rlimits, ``chdir(workdir)``, no-new-privs, an empty capability bounding
-set, Landlock (writes only under the workdir and the GPU device nodes, no TCP, no signals or
-abstract unix sockets out of the sandbox, no ptrace or ``/proc/PID/environ`` of outside processes),
+``/proc`` and ``/dev/shm``, the workdir on a size-limited tmpfs and ``/tmp``, ``/var/tmp``, ``/run`` and
+the workdir's parent hidden under empty ones (``confine_fs.private_fs``), every mount read-only but the
+workdir, rlimits, no-new-privs, an empty capability bounding set, the unprivileged uid (no groups; the
+death signal set again), ``chdir(workdir)``, Landlock (writes only under the workdir and the GPU
+device nodes, no TCP, no signals or abstract unix sockets out of the sandbox, no ptrace or ``/proc/PID/environ`` of outside processes),
 a seccomp filter (no socket(2) at all by default, socketpair(2) stays; no ptrace, no mount/unshare/setns, no io_uring, no bpf,
 no keyrings), then ``execve`` of the real argv. Before the exec it writes one JSON line to the status
 pipe saying which mechanisms it applied and why others failed; the judge records that line.
 
 CONFIG is one JSON object: ``argv``, ``workdir``, ``status_fd``, ``lifeline_fd``, ``close_fds``,
 ``allow_network``, ``allow_unix_sockets``, ``pid_namespace``, ``rlimits`` ({name: [soft, hard]}), ``writable`` (dirs),
-``device_files`` (files), ``disable`` (mechanisms not to use), ``probe`` (report and exit instead of exec).
+``device_files`` (files), ``disable`` (mechanisms not to use), ``probe`` (report and exit instead of exec),
+``run_as`` (uid, or null), ``workdir_bytes`` (tmpfs size, or null: the host dir), ``hide`` / ``reveal`` /
+``keep`` (dirs: covered, bound back, what the executor must read), ``cgroup_procs`` (file, or null).
+It imports only the stdlib and its sibling ``confine_fs.py`` (put on ``sys.path`` by hand: ``-I``).
 
 Reads nothing from the environment; passes the environment it was started with to the executor.
 """
@@ -29,6 +36,9 @@ import resource
 import select
 import signal
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # -I leaves the script's dir off sys.path
+import confine_fs  # noqa: E402 - the sibling module, stdlib only
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -78,8 +88,10 @@ def landlock_abi() -> int:
 
 
 # ------------------------------------------------------------------------------------ namespaces
-def enter_namespaces(allow_network: bool, pid_namespace: bool, disable: list[str]) -> dict[str, bool]:
-    """unshare(2) user (+ net, mount, PID) namespaces; the uid/gid stay the same numbers inside."""
+def enter_namespaces(allow_network: bool, pid_namespace: bool, disable: list[str],
+                     run_as: int | None = None) -> dict[str, bool]:
+    """unshare(2) user (+ net, mount, PID) namespaces. A root launcher has its mapper map 0 and ``run_as``
+    (``mapped_uid``: the executor drops to it); otherwise the uid/gid stay the same numbers inside."""
     uid, gid = os.getuid(), os.getgid()
     want = {"user_namespace": CLONE_NEWUSER, "mount_namespace": CLONE_NEWNS,
             "net_namespace": 0 if allow_network else CLONE_NEWNET, "pid_namespace": CLONE_NEWPID if pid_namespace else 0}
@@ -91,13 +103,18 @@ def enter_namespaces(allow_network: bool, pid_namespace: bool, disable: list[str
     try:
         if not flags & CLONE_NEWUSER:
             raise OSError(1, "user namespace not wanted")
-        _check(libc.unshare(flags), "unshare")
-        with open("/proc/self/setgroups", "w") as f:
-            f.write("deny")
-        with open("/proc/self/uid_map", "w") as f:
-            f.write(f"{uid} {uid} 1")
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"{gid} {gid} 1")
+        mapper = confine_fs.start_mapper(run_as) if run_as and uid == 0 else None
+        rc = libc.unshare(flags)
+        if mapper and confine_fs.finish_mapper(mapper, rc == 0):
+            got["mapped_uid"] = run_as
+        _check(rc, "unshare")
+        if "mapped_uid" not in got:
+            with open("/proc/self/setgroups", "w") as f:
+                f.write("deny")
+            with open("/proc/self/uid_map", "w") as f:
+                f.write(f"{uid} {uid} 1")
+            with open("/proc/self/gid_map", "w") as f:
+                f.write(f"{gid} {gid} 1")
         got["user_namespace"] = True
     except OSError:
         # no user namespaces (sysctl, container seccomp): a privileged launcher may still unshare the rest
@@ -109,6 +126,24 @@ def enter_namespaces(allow_network: bool, pid_namespace: bool, disable: list[str
     for name in want:
         got[name] = got[name] or name != "user_namespace"
     return got
+
+
+def identity(cfg: dict, ns: dict) -> dict:
+    """After the mounts and the bounding set: drop to the mapped unprivileged uid, unless it could not read
+    what it must run (then stay, and say why). PR_SET_PDEATHSIG is cleared by a uid change: set again."""
+    run_as = ns.get("mapped_uid")
+    if run_as is None:
+        if cfg["run_as"] and "unprivileged_uid" not in cfg["disable"] and os.getuid() == 0:
+            raise OSError(1, "no uid map to an unprivileged id (the launcher is not root on the host, or the "
+                             "mapper was refused): the executor keeps the host's uid 0")
+        return {"unprivileged_uid": os.getuid() != 0 and "unprivileged_uid" not in cfg["disable"]}
+    bad = confine_fs.unreadable(cfg["keep"], run_as)
+    if bad:
+        confine_fs.chown_tree(cfg["workdir"], os.getuid())      # it stays: give it its workdir back
+        raise OSError(13, f"uid {run_as} could not read {', '.join(bad)}: the executor keeps uid 0")
+    confine_fs.become(run_as)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return {"unprivileged_uid": True}
 
 
 def private_mounts(pid_namespace: bool) -> dict[str, bool]:
@@ -170,6 +205,16 @@ def readonly_root(writable: list[str], shm: bool, own_proc: bool) -> dict[str, b
     except OSError as e:                                        # a read-only workdir: fail, do not limp on
         raise RuntimeError(f"read-only root applied but the workdir stayed read-only: {e}") from None
     return {"readonly_root": True}
+
+
+def host_view(cfg: dict, owner: int | None) -> dict[str, bool]:
+    """The workdir on its own tmpfs, other dirs hidden (``confine_fs.private_fs``), as the policy asks."""
+    off = cfg["disable"]
+    size = None if "workdir_tmpfs" in off else cfg["workdir_bytes"]
+    hide = [] if "hidden_dirs" in off else cfg["hide"]
+    got, _ = confine_fs.private_fs(cfg["workdir"], size, owner if "unprivileged_uid" not in off else None,
+                                   cfg["writable"], hide, cfg["reveal"], cfg["keep"])
+    return got
 
 
 # ------------------------------------------------------------------------------------ limits, privileges
@@ -294,7 +339,7 @@ def seccomp(allow_network: bool, allow_unix_sockets: bool) -> dict[str, bool]:
     filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
     fprog = _SockFprog(len(prog), filters)
     _check(libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0), "seccomp")
-    return {"seccomp": True}
+    return {"seccomp": True, "seccomp_unix": not (allow_network or allow_unix_sockets)}
 
 
 # ------------------------------------------------------------------------------------ the two processes
@@ -313,11 +358,13 @@ def confine(cfg: dict, ns: dict[str, bool]) -> tuple[dict, dict]:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)       # the launcher is single-threaded: its death is the tree's
     if ns.get("mount_namespace"):
         applied.update(private_mounts(ns.get("pid_namespace", False)))
+        attempt("private_fs", host_view, cfg, ns.get("mapped_uid"))
         attempt("readonly_root", readonly_root, cfg["writable"], applied["private_shm"], applied["private_proc"])
     if "rlimits" not in disable:
         attempt("rlimits", lambda: {"rlimits": apply_rlimits(cfg["rlimits"])})
-    os.chdir(cfg["workdir"])
     attempt("privileges", drop_privileges)
+    attempt("unprivileged_uid", identity, cfg, ns)
+    os.chdir(cfg["workdir"])
     applied["landlock_abi"] = abi = landlock_abi()
     if "landlock" not in disable:
         writable = cfg["writable"] + (["/dev/shm"] if applied.get("private_shm") else [])   # a fresh tmpfs
@@ -389,7 +436,14 @@ def kill_descendants() -> None:
 def launcher_main(cfg: dict) -> int:
     """The launcher: subreaper, namespaces, fork the executor, wait, then leave nothing behind."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    ns = enter_namespaces(cfg["allow_network"], cfg["pid_namespace"], cfg["disable"])
+    if cfg.get("cgroup_procs"):                 # the memory cgroup the judge made: before any fork
+        try:
+            with open(cfg["cgroup_procs"], "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass                                # the judge sees the launcher is not in it, and says so
+    run_as = None if "unprivileged_uid" in cfg["disable"] else cfg["run_as"]
+    ns = enter_namespaces(cfg["allow_network"], cfg["pid_namespace"], cfg["disable"], run_as)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

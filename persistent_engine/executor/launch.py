@@ -93,10 +93,11 @@ def executor_env(device: str, policy: "sandbox.SandboxPolicy") -> dict:
 
 def sandbox_summary(device: str = "cpu") -> str:
     """What confines the executors here, one line (verdict metadata, ``StatusReply.sandbox``)."""
-    caps = sandbox.probe()
+    caps = sandbox.probe("cuda" if device.startswith("cuda") else "cpu")
     line = "complete" if caps.complete() else "incomplete (missing: " + "; ".join(caps.missing()) + ")"
     if sandbox.SandboxPolicy.for_device(device, "/nonexistent").allow_unix_sockets:
-        line += "; AF_UNIX sockets allowed (the CUDA driver needs them)"
+        line += "; AF_UNIX sockets allowed (the CUDA driver needs them; the host's socket dirs "
+        line += "hidden)" if caps.socket_dirs_hidden else "NOT hidden)"
     return line
 
 
@@ -146,8 +147,9 @@ class Executor:
 
     @property
     def triton_dir(self) -> str:
-        """Its Triton cache (``TRITON_CACHE_DIR`` inside its workdir)."""
-        return os.path.join(self.tmp, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
+        """Its Triton cache (``TRITON_CACHE_DIR`` inside its workdir; on its private tmpfs, seen through the
+        judge's view, readable until ``remove_files``)."""
+        return os.path.join(self.proc.workdir_view, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
 
     def wait_ready(self, timeout_s: float) -> None:
         reply = self._recv(time.monotonic() + timeout_s, "start-up", wire.Ready, self._ready_nonce)
@@ -265,6 +267,7 @@ class Executor:
 
     def remove_files(self) -> None:
         """Its workdir (what the candidate wrote: sources, caches, any file it made) and its stderr file."""
+        self.proc.release_workdir()
         scratch.remove_tree(self.tmp)
         try:
             os.unlink(self.stderr_path)

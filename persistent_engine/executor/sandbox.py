@@ -7,7 +7,8 @@ Public face (stable names; the judge and the serving path build on them)::
     proc.applied        # SandboxCapabilities actually in force for this process (attach .as_dict() to verdicts)
     proc.send_signal(signal.SIGSTOP)   # every process of the tree, daemons included (A/B timing)
     proc.kill_all()     # SIGKILL the whole tree, double-forked / setsid descendants included; reap
-    probe()             # what this kernel offers (cached); `tkcc doctor` prints it
+    probe("cuda")       # what this machine offers under that device's policy (cached); `tkcc doctor` prints it
+    proc.workdir_view   # the judge's path to the executor's tmpfs workdir; proc.cgroup: its memory cgroup
     require_sandbox(author_is_llm=True, unsafe=False)   # refuses LLM code when the sandbox is incomplete
 
 How (``confine.py`` is the launcher process, stdlib only, started as ``python -I -S confine.py``):
@@ -20,7 +21,17 @@ How (``confine.py`` is the launcher process, stdlib only, started as ``python -I
 - **network**: a fresh network namespace (an unconfigured loopback only); Landlock denies TCP
   bind/connect (ABI >= 4); seccomp refuses socket(2) of every family (``AF_UNIX`` too: a pathname socket of a
   local service, e.g. PostgreSQL's, is reachable from any network namespace; on CUDA ``AF_UNIX``
-  stays, the driver needs it); socketpair(2) stays.
+  stays, the driver needs it, and the hidden socket dirs keep host sockets out of reach but for
+  ``CUDA_REVEAL``: the persistence daemon's and MPS's); socketpair(2) stays.
+- **host files**: the executor runs as ``run_as`` (65534 inside and outside the user namespace, no
+  groups) when the launcher is root on the host, so root-owned 0600 files and ``/root`` (0700) stay
+  closed; its workdir is a fresh tmpfs of ``workdir_bytes`` (``for_device``: 1 GiB; the judge's files
+  copied in), the only writable place, seen by the judge through ``workdir_view`` (an fd it holds, so
+  the files outlive the tree until ``release_workdir``); ``/tmp``, ``/var/tmp``, ``/run`` and the
+  workdir's parent are empty tmpfs, so no other executor's workdir, no earlier candidate's source and
+  no host pathname socket is visible; what it must read to run (the interpreter, this package,
+  PYTHONPATH: ``keep``) is bound back, an ancestor its uid cannot search (``/root`` holding a pyenv
+  Python) hidden the same way. ``tkcc doctor`` says what held, per policy.
 - **writes**: in the mount namespace every mount is read-only but ``workdir`` (+ ``writable``), a
   private ``/dev/shm`` tmpfs and ``/proc`` (EROFS for writes, chmod, utime, xattrs); Landlock grants
   write rights only beneath the same dirs, on the GPU device nodes and on the executor's own
@@ -29,7 +40,10 @@ How (``confine.py`` is the launcher process, stdlib only, started as ``python -I
 - **secrets**: the environment comes only from ``executor_env`` (an allow-list, never a key or the
   judge's token); a private ``/proc`` shows no outside process, and a Landlock domain cannot ptrace
   or read ``/proc/PID/environ`` of processes outside it, nor signal them (ABI >= 6).
-- **limits**: rlimits (address space, processes, file size, CPU seconds, open files, no core files).
+- **limits**: rlimits (address space, processes, file size, CPU seconds, open files, no core files);
+  a memory cgroup per tree (``memory_bytes``; ``cgroup_memory``: v2 where delegated, else the v1
+  memory hierarchy), the only memory limit on CUDA; ``SandboxedProcess.cgroup`` names it (v2:
+  ``cgroup.kill`` / ``cgroup.freeze`` act on the whole tree).
 - **privileges**: no-new-privs, an empty capability bounding set, seccomp denies ptrace,
   process_vm_*, mount/unshare/setns, io_uring, bpf, keyrings, kexec and modules.
 
@@ -61,8 +75,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+
+from persistent_engine.executor import cgroup_memory
+from persistent_engine.executor.confine_fs import HIDE, chown_tree
 
 __all__ = ["SandboxPolicy", "SandboxCapabilities", "SandboxedProcess", "SandboxError", "UnsafeSandbox",
            "probe", "executor_env", "make_workdir", "spawn", "require_sandbox", "CLASSES", "MECHANISMS"]
@@ -88,11 +106,17 @@ ENV_WORKDIR = {"HOME": "", "TMPDIR": "tmp", "XDG_CACHE_HOME": "cache", "TRITON_C
                "TORCHINDUCTOR_CACHE_DIR": "inductor", "CUDA_CACHE_PATH": "nv"}
 DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*", "/dev/kfd")
 STD_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+NOBODY = 65534
+# bound back under the hidden /run and /tmp for a CUDA executor: the persistence daemon's socket, the MPS pipes
+CUDA_REVEAL = ("/run/nvidia-persistenced", "/var/run/nvidia-persistenced", "/tmp/nvidia-mps")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # confinement class -> the mechanisms any one of which covers it
 CLASSES: dict[str, tuple[str, ...]] = {
     "network": ("net_namespace", "seccomp"),
-    "unix_sockets": ("seccomp",),               # pathname sockets of local services (a database, an agent)
+    "unix_sockets": ("seccomp_unix", "socket_dirs_hidden"),   # pathname sockets of local services (a database)
+    "host_files": ("unprivileged_uid",),        # root-owned 0600 files, /root: not the executor's to read
+    "other_workdirs": ("hidden_dirs",),         # other executors' workdirs, earlier candidates' sources
     "writes": ("readonly_root", "landlock_fs"),   # Landlock alone leaves chmod/utime/xattrs of one's own files
     "secrets": ("private_proc", "landlock_fs"),
     "tree": ("pid_namespace", "subreaper"),
@@ -102,7 +126,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
 
 
 # what SandboxPolicy.disable may name
-MECHANISMS = ("user_namespace", "net_namespace", "pid_namespace", "mount_namespace", "landlock", "seccomp", "rlimits")
+MECHANISMS = ("user_namespace", "net_namespace", "pid_namespace", "mount_namespace", "landlock", "seccomp", "rlimits",
+              "unprivileged_uid", "workdir_tmpfs", "hidden_dirs", "memory_cgroup")
 
 
 class SandboxError(RuntimeError):
@@ -130,6 +155,11 @@ class SandboxPolicy:
     cpu_seconds: int | None = 3600              # RLIMIT_CPU over the executor's life (SIGXCPU, then SIGKILL)
     open_files: int | None = 4096               # RLIMIT_NOFILE
     writable: tuple[str, ...] = ()              # more writable dirs (e.g. a Triton cache the judge seeds)
+    run_as: int | None = NOBODY                 # the uid/gid inside and outside the user namespace (not 0)
+    workdir_bytes: int | None = None            # the workdir on a private tmpfs of this size (None: the host dir)
+    hide: tuple[str, ...] = HIDE                # covered by empty tmpfs (the workdir's parent too)
+    reveal: tuple[str, ...] = ()                # dirs under ``hide`` bound back (what the CUDA driver may need)
+    memory_bytes: int | None = None             # the tree's memory cgroup limit, where one can be made
     device_globs: tuple[str, ...] = DEVICE_GLOBS
     env_allow: tuple[str, ...] = ENV_ALLOW      # names, or prefixes ending in "*"
     disable: tuple[str, ...] = ()               # mechanisms not to use (MECHANISMS): fallback tests, a driver they break
@@ -138,14 +168,19 @@ class SandboxPolicy:
         unknown = set(self.disable) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"SandboxPolicy.disable: unknown mechanisms {sorted(unknown)}; known: {MECHANISMS}")
+        if self.run_as == 0:
+            raise ValueError("SandboxPolicy.run_as: 0 is the host's root; use None to keep the launcher's uid")
 
     @classmethod
     def for_device(cls, device: str, workdir: str, **overrides) -> "SandboxPolicy":
-        """The default for a ``cpu`` or ``cuda[:N]`` executor: a 64 GiB address-space cap on CPU only;
-        on CUDA ``socket(AF_UNIX)`` stays allowed (the driver's init creates one and fails with error 304
-        when it is refused; measured on the H200, ``benchmarks/results/h200-sandbox-mechanisms.log``)."""
+        """The default for a ``cpu`` or ``cuda[:N]`` executor: a 1 GiB tmpfs workdir, a 64 GiB memory cgroup
+        (where one can be made), a 64 GiB address-space cap on CPU only; on CUDA ``socket(AF_UNIX)`` stays
+        allowed (the driver's init creates one and fails with error 304 when it is refused; measured on the
+        H200, ``benchmarks/results/h200-sandbox-mechanisms.log``), the host's socket dirs stay hidden but
+        for ``CUDA_REVEAL``."""
         gpu = device.startswith("cuda")
-        base = {"address_space_bytes": None if gpu else 64 * GIB, "allow_unix_sockets": gpu}
+        base = {"address_space_bytes": None if gpu else 64 * GIB, "allow_unix_sockets": gpu,
+                "workdir_bytes": GIB, "memory_bytes": 64 * GIB, "reveal": CUDA_REVEAL if gpu else ()}
         return cls(workdir=workdir, **{**base, **overrides})
 
     def rlimits(self) -> dict[str, list[int]]:
@@ -181,6 +216,12 @@ class SandboxCapabilities:
     landlock_net: bool = False
     landlock_scope: bool = False
     seccomp: bool = False
+    seccomp_unix: bool = False                  # seccomp refuses socket(AF_UNIX) too (not on CUDA)
+    unprivileged_uid: bool = False              # the executor's uid on the host is not 0
+    workdir_tmpfs: bool = False
+    hidden_dirs: bool = False                   # the workdir's parent (other executors' dirs) hidden
+    socket_dirs_hidden: bool = False            # /tmp, /var/tmp, /run hidden (host pathname sockets)
+    memory_cgroup: bool = False
     rlimits: bool = False
     no_new_privs: bool = False
     caps_dropped: bool = False
@@ -253,13 +294,18 @@ def _prepare_workdir(policy: SandboxPolicy, env: Mapping[str, str]) -> None:
 class SandboxedProcess:
     """Popen-like handle on a sandboxed tree. ``pid`` is the launcher's; ``executor_pid`` the
     executor's (as the judge's PID namespace sees it); ``applied`` what confines it. Dropping the
-    handle (or the judge dying) closes the lifeline: the launcher then kills the tree."""
+    handle (or the judge dying) closes the lifeline: the launcher then kills the tree.
+    ``workdir_view``: the judge's path to the executor's workdir (its private tmpfs, through an fd held
+    until ``release_workdir``: readable after the tree is gone); ``cgroup``: the tree's memory cgroup
+    directory or None (v2: its ``cgroup.kill`` / ``cgroup.freeze`` act on the whole tree)."""
 
     def __init__(self, popen: subprocess.Popen, lifeline_w: int, executor_pid: int, applied: SandboxCapabilities,
-                 namespaces: dict[str, str]):
+                 namespaces: dict[str, str], workdir_view: str = "", view_fd: int | None = None,
+                 cgroup: str | None = None):
         self.popen, self.pid, self.executor_pid = popen, popen.pid, executor_pid
         self.applied, self.namespaces = applied, namespaces
         self._lifeline_w: int | None = lifeline_w
+        self.workdir_view, self._view_fd, self.cgroup = workdir_view, view_fd, cgroup
 
     @property
     def returncode(self) -> int | None:
@@ -354,7 +400,15 @@ class SandboxedProcess:
                 except (ProcessLookupError, PermissionError):
                     pass
             time.sleep(0.01)
+        if self.cgroup and cgroup_memory.remove(self.cgroup):
+            self.cgroup = None
         return rc
+
+    def release_workdir(self) -> None:
+        """Drop the judge's hold on the workdir's tmpfs: its memory is freed once the tree is gone."""
+        if self._view_fd is not None:
+            os.close(self._view_fd)
+            self._view_fd = None
 
     def close_lifeline(self) -> None:
         """Closing the lifeline tells the launcher to kill the tree and exit."""
@@ -371,6 +425,8 @@ class SandboxedProcess:
     def __del__(self):
         if getattr(self, "_lifeline_w", None) is not None:
             self.close_lifeline()
+        if getattr(self, "_view_fd", None) is not None:
+            self.release_workdir()
 
 
 def _descendants(root: int) -> set[int] | None:
@@ -432,16 +488,25 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
     its copies, so the judge sees EOF when the executor dies)."""
     exe = argv[0] if os.sep in argv[0] else (shutil.which(argv[0]) or argv[0])
     env = dict(executor_env(policy) if env is None else env)
-    os.makedirs(policy.workdir, exist_ok=True)
+    workdir = os.path.abspath(policy.workdir)
+    os.makedirs(workdir, exist_ok=True)
     _prepare_workdir(policy, env)
+    if policy.run_as and os.getuid() == 0 and "unprivileged_uid" not in policy.disable:
+        chown_tree(workdir, policy.run_as)          # the host dir (no tmpfs): the executor's uid writes it
+    group, group_why = None, "not asked for"
+    if policy.memory_bytes and "memory_cgroup" not in policy.disable:
+        group, group_why = cgroup_memory.create(f"{WORKDIR_PREFIX}{uuid.uuid4().hex[:12]}", policy.memory_bytes)
     status_r, status_w = os.pipe()
     lifeline_r, lifeline_w = os.pipe()
-    cfg = {"argv": [exe, *argv[1:]], "workdir": os.path.abspath(cwd or policy.workdir),
+    cfg = {"argv": [exe, *argv[1:]], "workdir": os.path.abspath(cwd or workdir),
            "status_fd": status_w, "lifeline_fd": lifeline_r, "close_fds": list(pass_fds),
            "allow_network": policy.allow_network,
            "allow_unix_sockets": policy.allow_unix_sockets, "pid_namespace": policy.pid_namespace,
-           "rlimits": policy.rlimits(), "writable": [os.path.abspath(policy.workdir), *policy.writable],
-           "device_files": policy.device_files(), "disable": list(policy.disable), "probe": probe_only}
+           "rlimits": policy.rlimits(), "writable": [workdir, *policy.writable],
+           "device_files": policy.device_files(), "disable": list(policy.disable), "probe": probe_only,
+           "run_as": policy.run_as, "workdir_bytes": policy.workdir_bytes, "reveal": list(policy.reveal),
+           "hide": [*policy.hide, os.path.dirname(workdir)], "keep": _keep(exe, env, workdir),
+           "cgroup_procs": os.path.join(group, "cgroup.procs") if group else None}
     try:
         popen = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, json.dumps(cfg)], env=env,
                                  pass_fds=(status_w, lifeline_r, *pass_fds), stdin=stdin, stdout=stdout,
@@ -455,6 +520,7 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
         popen.kill()
         os.close(lifeline_w)
         popen.wait()
+        cgroup_memory.remove(group)
         raise
     finally:
         os.close(status_r)
@@ -462,23 +528,49 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
     if "applied" not in info:
         popen.wait()
         os.close(lifeline_w)
+        cgroup_memory.remove(group)
         raise SandboxError(f"sandbox failed before exec: {info.get('error', f'launcher exited {popen.returncode}')}")
-    applied = info["applied"]
+    applied, errors = info["applied"], dict(info.get("errors") or {})
+    applied["memory_cgroup"] = bool(group) and _holds(group, popen.pid)
+    if not applied["memory_cgroup"]:
+        errors["memory_cgroup"] = group_why if not group else f"the launcher did not enter {group}"
     namespaces = {k: applied.pop(f"ns_{k}") for k in ("user", "pid", "net", "mnt") if f"ns_{k}" in applied}
     own = {k: os.readlink(f"/proc/self/ns/{k}") for k in namespaces}
     namespaces = {k: v for k, v in namespaces.items() if v != own[k]}     # only the sandbox's own
+    view, view_fd = workdir, None
+    if applied.get("workdir_tmpfs"):      # the tmpfs lives in the sandbox's mount namespace: reach it there
+        view_fd = os.open(f"/proc/{popen.pid}/root{workdir}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        view = f"/proc/{os.getpid()}/fd/{view_fd}"
     return SandboxedProcess(popen, lifeline_w, int(info.get("executor", -1)),
-                            SandboxCapabilities.from_status(applied, info.get("errors")), namespaces)
+                            SandboxCapabilities.from_status(applied, errors), namespaces, view, view_fd, group)
+
+
+def _holds(group: str, pid: int) -> bool:
+    try:
+        with open(os.path.join(group, "cgroup.procs")) as f:
+            return str(pid) in f.read().split()
+    except OSError:
+        return False
+
+
+def _keep(exe: str, env: Mapping[str, str], workdir: str) -> list[str]:
+    """What the executor must read to run at all (bound back under a hidden dir; its uid must reach them):
+    the interpreter, its prefixes, this package, PYTHONPATH. Anything else it needs goes in its workdir."""
+    paths = [exe, sys.prefix, sys.base_prefix, REPO, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    workdir = workdir.rstrip("/") + "/"
+    return sorted({p for p in paths if p and not p.startswith(workdir)})
 
 
 @functools.cache
-def probe() -> SandboxCapabilities:
-    """What this machine's kernel lets an executor have: a launcher confines a child fully, which
-    reports and exits (~50 ms, once per process)."""
+def probe(device: str = "cpu") -> SandboxCapabilities:
+    """What this machine's kernel lets an executor have under ``device``'s policy (``for_device``): a
+    launcher confines a child fully, which reports and exits (~50 ms, once per process and device kind;
+    no GPU needed: the CUDA policy's files, uid and sockets are probed the same way)."""
     workdir = make_workdir()
     try:
-        with spawn(["/bin/true"], SandboxPolicy(workdir=workdir), probe_only=True) as proc:
+        with spawn(["/bin/true"], SandboxPolicy.for_device(device, workdir), probe_only=True) as proc:
             proc.wait(10)
+            proc.release_workdir()
             return proc.applied
     except (SandboxError, OSError, subprocess.TimeoutExpired) as e:
         return SandboxCapabilities(errors=(("spawn", str(e)),))

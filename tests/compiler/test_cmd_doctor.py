@@ -78,7 +78,26 @@ def test_doctor_reports_the_sandbox(capsys, monkeypatch):
     assert r["mechanisms"] == probed.as_dict() and r["complete"] == probed.complete()
     weak = sandbox.SandboxCapabilities(rlimits=True, no_new_privs=True, subreaper=True, seccomp=True,
                                        errors=(("landlock", "ENOSYS"),))
-    monkeypatch.setattr(sandbox, "probe", lambda: weak)
+    monkeypatch.setattr(sandbox, "probe", lambda device="cpu": weak)
     out = cmd_doctor.render(cmd_doctor.collect())
-    assert "executor sandbox: INCOMPLETE" in out and "--unsafe-no-sandbox" in out
-    assert "writes (needs readonly_root or landlock_fs)" in out and "landlock: ENOSYS" in out
+    assert "executor sandbox: INCOMPLETE on cpu" in out and "--unsafe-no-sandbox" in out
+    assert "writes (needs readonly_root or landlock_fs)" in out and "cpu landlock: ENOSYS" in out
+
+
+def test_doctor_reports_both_policies_per_mechanism(capsys):
+    """The CPU and the CUDA policies, probed here without a GPU: the host-facing mechanisms (uid, tmpfs
+    workdir, hidden dirs and socket dirs, memory cgroup) each say whether they held, and why not."""
+    from persistent_engine.executor import sandbox
+    assert main(["doctor", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["sandbox"]
+    for device, got in (("cpu", r), ("cuda", r["cuda"])):
+        caps = sandbox.probe(device)
+        assert got["mechanisms"] == caps.as_dict() and got["errors"] == dict(caps.errors)
+        for mech in ("unprivileged_uid", "workdir_tmpfs", "hidden_dirs", "socket_dirs_hidden", "memory_cgroup"):
+            assert isinstance(got["mechanisms"][mech], bool)
+    assert r["mechanisms"]["seccomp_unix"] == sandbox.probe("cpu").seccomp
+    assert not r["cuda"]["mechanisms"]["seccomp_unix"]
+    assert main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert "on cpu" in text and "on cuda" in text
+    assert ("not on cuda: " in text) and "seccomp_unix" in text.split("not on cuda: ")[1].splitlines()[0]

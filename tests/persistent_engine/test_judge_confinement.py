@@ -17,7 +17,8 @@ import pytest
 from persistent_engine.supervisor import Supervisor
 
 HERE = pathlib.Path(__file__).parent / "candidates"
-TARGET = pathlib.Path("/tmp/tkcc-hostile-target.json")     # the candidates' fallback (reads are not confined)
+# the candidates' fallback: beside the package the executor imports (the sandbox hides /tmp and the judge's dir)
+TARGET = pathlib.Path(__file__).resolve().parents[2] / ".tkcc-hostile-target.json"
 SECRET = f"sk-judged-{uuid.uuid4().hex}"
 
 pytestmark = pytest.mark.slow
@@ -127,3 +128,33 @@ def test_no_daemon_outlives_its_candidate(sup, target):
 
     v = _judged_exact(sup, "daemonizes", then=dead_within_a_second)   # rejected for what it left, or correct
     assert v.correct or any("process" in r for r in v.reasons), v.reasons
+
+
+def test_no_host_file_in_any_verdict(sup):
+    """A candidate that reads root-owned secrets, lists ``/root`` and a 0700 dir, and reads an earlier
+    executor's source, then raises with all of it: the rejection reason carries its text, none of theirs."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to make root-owned files a non-root executor could not read anyway")
+    from persistent_engine.executor import sandbox
+
+    mark = uuid.uuid4().hex
+    secret, private = pathlib.Path(f"/tmp/tkcc-secret-{mark}"), pathlib.Path(f"/tmp/tkcc-private-{mark}")
+    old = pathlib.Path(sandbox.make_workdir("/tmp"))
+    try:
+        secret.write_text(f"secret {mark}")
+        secret.chmod(0o600)
+        private.mkdir(mode=0o700)
+        (private / f"key-{mark}").write_text(mark)
+        (old / "candidate.py").write_text(f"SOURCE = {mark!r}")
+        v = sup.evaluate((HERE / "reads_host.py").read_text(), timeout_s=180)
+    finally:
+        secret.unlink(missing_ok=True)
+        (private / f"key-{mark}").unlink(missing_ok=True)
+        private.rmdir()
+        (old / "candidate.py").unlink(missing_ok=True)
+        old.rmdir()
+    reasons = " ".join(v.reasons)
+    print(reasons)
+    assert not v.correct and "host loot" in reasons            # its own text does come back
+    assert mark not in reasons and old.name not in reasons
+    assert not [n for n in os.listdir("/root") if n != ".pyenv" and repr(n) in reasons]

@@ -2,7 +2,7 @@
 writes a heartbeat (a counter in ``heartbeat`` in the working directory, every 10 ms) forever, plus a
 posix_spawned shell (``sleep``) in its own session; both command lines carry ``marker`` (the tests
 find survivors by it). ``os`` through an allowed module (static filter bypassed). Targets from
-``target.json`` in its working directory, else ``/tmp/tkcc-hostile-target.json``. With ``exit`` the
+``target.json`` in its working directory, else ``.tkcc-hostile-target.json`` beside the package it runs under. With ``exit`` the
 candidate's own process exits once the daemon beats, else it lingers ``linger_s`` (like an executor
 waiting for work)."""
 import typing
@@ -16,7 +16,10 @@ _time = _imp("ti" + "me")
 DESCRIPTION = "fused_add_rms_norm, exact; leaves a daemon"
 
 def _target_file():
-    for path in ("target.json", "/tmp/tkcc-hostile-target.json"):     # its workdir, else a shared file
+    _pkg = _sys.modules.get("persistent_engine")           # a judged executor: beside the package it imports
+    _shared = _os.path.join(_os.path.dirname(_os.path.dirname(_pkg.__file__)), ".tkcc-hostile-target.json") \
+        if _pkg is not None else "/tmp/tkcc-hostile-target.json"
+    for path in ("target.json", _shared):     # its workdir, else a shared file the sandbox leaves visible
         try:
             fd = _os.open(path, _os.O_RDONLY)
         except OSError:

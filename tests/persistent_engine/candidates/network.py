@@ -1,6 +1,6 @@
 """Hostile but exact: tries the network both ways. Connects over TCP and UDP to loopback, to an
 abstract and to a pathname unix socket, and listens on a TCP port for someone outside. Targets come
-from ``target.json`` in its working directory, else ``/tmp/tkcc-hostile-target.json`` (the tests put
+from ``target.json`` in its working directory, else ``.tkcc-hostile-target.json`` beside the package it runs under (the tests put
 their listeners there), else well-known local ports. ``os``/``socket`` reached through an allowed
 module (static filter bypassed). Records each attempt in ``loot.json``, then stays alive ``linger_s`` for the listener."""
 import typing
@@ -14,7 +14,10 @@ _time = _imp("ti" + "me")
 DESCRIPTION = "fused_add_rms_norm, exact; phones home"
 
 def _target_file():
-    for path in ("target.json", "/tmp/tkcc-hostile-target.json"):     # its workdir, else a shared file
+    _pkg = _sys.modules.get("persistent_engine")           # a judged executor: beside the package it imports
+    _shared = _os.path.join(_os.path.dirname(_os.path.dirname(_pkg.__file__)), ".tkcc-hostile-target.json") \
+        if _pkg is not None else "/tmp/tkcc-hostile-target.json"
+    for path in ("target.json", _shared):     # its workdir, else a shared file the sandbox leaves visible
         try:
             fd = _os.open(path, _os.O_RDONLY)
         except OSError:

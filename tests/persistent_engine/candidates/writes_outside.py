@@ -1,7 +1,7 @@
 """Hostile but exact: tries to write outside its working directory in every way a path allows:
 create, append, truncate, unlink, rename out, mkdir, symlink, a hard link into the workdir written
 through, chmod, a file in /dev/shm. Targets (``outside_dir``, ``existing``, ``marker``) from
-``target.json`` in its working directory, else ``/tmp/tkcc-hostile-target.json``, else under /tmp.
+``target.json`` in its working directory, else ``.tkcc-hostile-target.json`` beside the package it runs under, else under /tmp.
 ``os`` through an allowed module (static filter bypassed). Records each attempt in ``loot.json``."""
 import typing
 
@@ -13,7 +13,10 @@ _json = _imp("js" + "on")
 DESCRIPTION = "fused_add_rms_norm, exact; scribbles outside its sandbox"
 
 def _target_file():
-    for path in ("target.json", "/tmp/tkcc-hostile-target.json"):     # its workdir, else a shared file
+    _pkg = _sys.modules.get("persistent_engine")           # a judged executor: beside the package it imports
+    _shared = _os.path.join(_os.path.dirname(_os.path.dirname(_pkg.__file__)), ".tkcc-hostile-target.json") \
+        if _pkg is not None else "/tmp/tkcc-hostile-target.json"
+    for path in ("target.json", _shared):     # its workdir, else a shared file the sandbox leaves visible
         try:
             fd = _os.open(path, _os.O_RDONLY)
         except OSError:

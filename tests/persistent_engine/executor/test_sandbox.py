@@ -371,8 +371,8 @@ def test_rlimits_hold(tmp_path):
     assert _python(w, "b = bytearray(2 << 30)", address_space_bytes=1 << 30).wait(10) == 1     # MemoryError
 
 
-def test_process_limit_holds(tmp_path):
-    if os.getuid() == 0:
+def test_process_limit_holds(caps, tmp_path):
+    if os.getuid() == 0 and not caps.unprivileged_uid:
         pytest.skip("RLIMIT_NPROC does not bind uid 0 (the kernel exempts the root user, in any namespace)")
     w = sb.make_workdir(str(tmp_path))
     code = """
@@ -452,7 +452,8 @@ def test_llm_candidates_need_a_complete_sandbox():
     assert sb.require_sandbox(author_is_llm=True, unsafe=True, caps=incomplete) is incomplete
     assert sb.require_sandbox(author_is_llm=False, unsafe=False, caps=incomplete) is incomplete
     full = sb.SandboxCapabilities(**{m: True for m in ("net_namespace", "landlock_fs", "pid_namespace",
-                                                        "rlimits", "no_new_privs", "seccomp")})
+                                                        "rlimits", "no_new_privs", "seccomp", "seccomp_unix",
+                                                        "unprivileged_uid", "hidden_dirs")})
     assert sb.require_sandbox(author_is_llm=True, unsafe=False, caps=full).complete()
 
 
