@@ -9,8 +9,9 @@ case). Its work directory and stderr file are removed when it is discarded.
 ``stop()`` / ``cont()`` send SIGSTOP / SIGCONT to its whole tree: the judge freezes the side of an A/B pair
 that is not being timed, so no thread of it runs meanwhile. Where the sandbox seals the tree in one process
 group (seccomp denies setsid/setpgid: ``sandbox.SandboxedProcess.signal_group``) or gives it a cgroup, that
-is one operation (a killpg(2), ~2 us, twice per timed pair) that also reaches a child forked after any scan,
-however briefly it lives; the launcher is outside the group and stays awake. Without seccomp the known
+is one operation (a killpg(2): ~9 us with the launcher check, ~17 us to signal 4 members one by one; twice
+per timed pair) that also reaches a child forked after any scan, however briefly it lives; the launcher is
+outside the group and stays awake. Without seccomp the known
 members are signalled one by one (re-scanned every RESCAN_EVERY stops): a child forked and reaped between
 two scans then runs unstopped, the gap issue 38 names, closed wherever seccomp holds.
 

@@ -325,8 +325,8 @@ class SandboxedProcess:
         """SIGSTOP / SIGCONT / SIGKILL to every process of the executor's tree as one unit (the launcher
         is not part of it: it stays awake to kill the tree when the judge dies); a child forked meanwhile
         gets it too. The cgroup when there is one (``cgroup.freeze`` / ``cgroup.kill``), else one
-        killpg(2) on the sealed ``group`` (~2 us). False when neither holds (the caller scans ``/proc``)
-        or the tree is gone. Only while the launcher lives: it reaps the executor, then exits at once,
+        killpg(2) on the sealed ``group`` (~9 us on a 2-core box). False when neither holds (the caller
+        scans ``/proc``) or the tree is gone. Only while the launcher lives: it reaps the executor, then exits at once,
         so the group id cannot meanwhile name another process's group."""
         if self.popen.poll() is not None:
             return False
