@@ -1,7 +1,8 @@
 """Issue 38: an executor's processes are stopped and killed as one unit. The executor makes its own process
 group before confining and seccomp denies setsid/setpgid, so a child it forks *after* the judge's last
 ``/proc`` scan (and that tries to leave the group) is still stopped by ``Executor.stop`` with its parent,
-continued by ``cont`` and killed with the tree; the launcher stays out of the group, awake."""
+continued by ``cont`` and killed with the tree; the launcher stays out of the group, awake. Where a writable
+cgroup v2 hierarchy exists, the same through ``proc.cgroup`` (``cgroup.freeze`` / ``cgroup.kill``)."""
 
 import os
 import signal
@@ -128,3 +129,62 @@ def test_without_seccomp_the_group_is_not_claimed(tmp_path):
         assert proc.group is None
         assert proc.signal_group(signal.SIGSTOP) is False
         assert _state(proc.executor_pid) != "T"
+
+
+def _writable_cgroup_v2() -> str | None:
+    """A cgroup v2 directory here that we may make children in (with ``cgroup.freeze`` and ``cgroup.kill``)."""
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if os.path.isfile(os.path.join(root, "cgroup.procs")) and os.access(root, os.W_OK):
+            probe = os.path.join(root, f"tkcc-test-probe-{os.getpid()}")
+            try:
+                os.mkdir(probe)
+            except OSError:
+                continue
+            ok = all(os.path.exists(os.path.join(probe, f)) for f in ("cgroup.freeze", "cgroup.kill"))
+            os.rmdir(probe)
+            if ok:
+                return root
+    return None
+
+
+def test_a_cgroup_of_its_own_freezes_and_kills_the_tree_the_same_way(tree):
+    """Where the executor's tree has a cgroup v2 directory of its own (``proc.cgroup``: the launcher stays
+    out), ``stop`` freezes it and ``kill_known`` kills it through the cgroup, the late child included."""
+    root = _writable_cgroup_v2()
+    if root is None:
+        pytest.skip("no writable cgroup v2 hierarchy with cgroup.freeze / cgroup.kill here")
+    proc, workdir = tree
+    cg = os.path.join(root, f"tkcc-test-{os.getpid()}-{proc.executor_pid}")
+    os.mkdir(cg)
+    try:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(proc.executor_pid))                   # before it forks: the child is born inside
+        proc.cgroup, proc.group = cg, None                    # the cgroup alone must do it
+        ex = _executor_over(proc)
+        (workdir / "go").write_text("1")
+        _wait_file(workdir / "told")
+        (child,) = set(proc.members()) - set(ex._members)
+        assert str(proc.pid) not in open(os.path.join(cg, "cgroup.procs")).read().split()
+        _count(workdir)
+        ex.stop()
+        assert _until(lambda: "frozen 1" in open(os.path.join(cg, "cgroup.events")).read())
+        frozen = _count(workdir)
+        time.sleep(0.2)
+        assert _count(workdir) == frozen
+        ex.cont()
+        assert _until(lambda: _count(workdir) > frozen)
+        ex.kill_known()
+        assert _until(lambda: not os.path.exists(f"/proc/{child}") or _state(child) in ("Z", "X"))
+    finally:
+        proc.kill_all()
+        assert _until(lambda: _rmdir(cg))                     # empty once its processes are reaped
+
+
+def _rmdir(path: str) -> bool:
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
