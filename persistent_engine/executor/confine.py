@@ -250,7 +250,7 @@ SECCOMP_ARCH = {
         fsconfig=431, fsmount=432, fspick=433, mount_setattr=442)),
 }
 # Denied too: leaving the executor's process group. Every descendant then stays in the group the executor
-# made (``_own_group``), so one killpg(2) stops, continues or kills the whole tree, a child forked
+# made first (``confine``), so one killpg(2) stops, continues or kills the whole tree, a child forked
 # meanwhile included (the kernel restarts a fork that races a group signal). Triton, inductor and ptxas
 # spawn with neither (Popen's start_new_session / process_group default off).
 SECCOMP_PGRP = {"x86_64": {"setsid": 112, "setpgid": 109}, "aarch64": {"setsid": 157, "setpgid": 154}}
