@@ -55,18 +55,18 @@ class LoadedPlan:
 
 def load_module(path: Path) -> Any:
     """Imports a candidate file as a fresh module, named and placed as an executor places a judged candidate
-    (``persistent_engine.import_source``: named by its hash, in a fresh ``tkcc-exec-`` temp directory):
-    harness-blind. For a plan's verified kernels only: this runs their code in this process."""
-    import tempfile
-
-    from persistent_engine import MODULE_DIR_PREFIX, import_source
+    (``persistent_engine.import_source``: named by its hash, in a fresh ``tkcc-exec-`` directory of
+    ``scratch.module_dir``): harness-blind. The directory lives as long as this process (Triton reads a
+    kernel's file lazily) and is removed at exit. For a plan's verified kernels only: this runs their code
+    in this process."""
+    from persistent_engine import import_source, scratch
 
     try:
         source = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise plan_mod.PlanError(f"cannot load {path}: {e}") from None
     try:
-        return import_source(source, tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX))
+        return import_source(source, scratch.module_dir())
     except Exception as e:  # noqa: BLE001 - a broken kernel file is a corrupt plan, one line
         raise plan_mod.PlanError(f"plan kernel {path} fails to load: {type(e).__name__}: {e}") from None
 

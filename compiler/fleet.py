@@ -26,14 +26,12 @@ import logging
 import math
 import os
 import queue
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from persistent_engine import WorkloadPoint
+from persistent_engine import WorkloadPoint, scratch
 
 log = logging.getLogger("tkcc.fleet")
 
@@ -259,7 +257,8 @@ class LocalFleet:
         started: list[Engine | BaseException] = [None] * len(placements)  # type: ignore[list-item]
         # one kernel cache for the run's engines: the slow tier's confirmation of a source does not compile
         # its kernels again (persistent_engine/executor/kernel_cache.py; removed at close)
-        self._kernels = tempfile.mkdtemp(prefix="tkcc-kernels-")
+        scratch.remove_stale("kernels")      # those of runs that died (their lock is free)
+        self._kernels = scratch.owned_dir("kernels")
         cfg = dataclasses.replace(self.cfg, env={**self.cfg.env, KERNEL_CACHE_ENV: self._kernels})
 
         def boot(i: int, p: Placement) -> None:
@@ -346,6 +345,6 @@ class LocalFleet:
             e.close()
         self.engines = []
         if self._kernels is not None:
-            shutil.rmtree(self._kernels, ignore_errors=True)
+            scratch.release(self._kernels)
             self._kernels = None
 

@@ -193,7 +193,7 @@ def static_check(source: str, op_params: dict[str, list[str]]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- loading
-MODULE_DIR_PREFIX = "tkcc-exec-"
+from persistent_engine.scratch import MODULE_DIR_PREFIX  # noqa: E402 - stdlib only; where modules go
 
 
 def module_name(source: str) -> str:

@@ -91,6 +91,7 @@ class Supervisor:
         self._log = log or (lambda line: None)
         self._token = make_token()
         scratch.remove_stale("supervisor")     # those of supervisors that died (their lock is free)
+        scratch.remove_stale("judge")          # stand-alone judges' (a supervised one's is inside its dir)
         self._dir = scratch.owned_dir("supervisor")     # the engine's stderr and inputs: removed at close
         self.proc: subprocess.Popen | None = None
         self.client: EngineClient | None = None
@@ -136,6 +137,7 @@ class Supervisor:
         if not os.path.isdir(self._dir):       # started again after close
             self._dir = scratch.owned_dir("supervisor")
             self._stderr_path = os.path.join(self._dir, "engine.stderr")
+        env[scratch.SCRATCH_ENV] = self._dir    # the judge's directory inside ours: gone with ours at close
         stderr = open(self._stderr_path, "ab")
         self.proc = subprocess.Popen(self._command(), stdout=subprocess.PIPE, stderr=stderr, env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)

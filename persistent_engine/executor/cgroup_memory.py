@@ -4,8 +4,8 @@
 directory, or ``(None, why)``: cgroup v2 where the judge's cgroup has the ``memory`` controller for its children
 (``cgroup.subtree_control``; a delegated subtree, or root), else the v1 ``memory`` hierarchy where it is mounted
 and writable (hybrid hosts). The launcher writes its own pid into ``<dir>/cgroup.procs`` before it forks, so the
-whole tree is charged there; the kernel's OOM killer then acts inside the tree only. On v2 the same directory
-has ``cgroup.kill`` and ``cgroup.freeze``, which stop or kill the tree as one unit (``SandboxedProcess.cgroup``).
+whole tree is charged there; the kernel's OOM killer then acts inside the tree only (``SandboxedProcess.
+memory_cgroup``; the launcher is in it, so it is not the directory ``cgroup.freeze`` would act on).
 ``remove(dir)`` removes it once its processes are gone. Unlike RLIMIT_AS (CPU only: the CUDA driver reserves
 address space beyond the device's memory at init), a cgroup limit counts resident memory, so it holds on CUDA.
 """

@@ -13,8 +13,9 @@ workdir, rlimits, no-new-privs, an empty capability bounding set, the unprivileg
 death signal set again), ``chdir(workdir)``, Landlock (writes only under the workdir and the GPU
 device nodes, no TCP, no signals or abstract unix sockets out of the sandbox, no ptrace or ``/proc/PID/environ`` of outside processes),
 a seccomp filter (no socket(2) at all by default, socketpair(2) stays; no ptrace, no mount/unshare/setns, no io_uring, no bpf,
-no keyrings), then ``execve`` of the real argv. Before the exec it writes one JSON line to the status
-pipe saying which mechanisms it applied and why others failed; the judge records that line.
+no keyrings, no setsid/setpgid: the tree stays in the process group the executor makes first), then
+``execve`` of the real argv. Before the exec it writes one JSON line to the status pipe saying which
+mechanisms it applied and why others failed; the judge records that line.
 
 CONFIG is one JSON object: ``argv``, ``workdir``, ``status_fd``, ``lifeline_fd``, ``close_fds``,
 ``allow_network``, ``allow_unix_sockets``, ``pid_namespace``, ``rlimits`` ({name: [soft, hard]}), ``writable`` (dirs),
@@ -293,6 +294,11 @@ SECCOMP_ARCH = {
         io_uring_enter=426, io_uring_register=427, open_tree=428, move_mount=429, fsopen=430,
         fsconfig=431, fsmount=432, fspick=433, mount_setattr=442)),
 }
+# Denied too: leaving the executor's process group. Every descendant then stays in the group the executor
+# made first (``confine``), so one killpg(2) stops, continues or kills the whole tree, a child forked
+# meanwhile included (the kernel restarts a fork that races a group signal). Triton, inductor and ptxas
+# spawn with neither (Popen's start_new_session / process_group default off).
+SECCOMP_PGRP = {"x86_64": {"setsid": 112, "setpgid": 109}, "aarch64": {"setsid": 157, "setpgid": 154}}
 AF_UNIX = 1
 EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
 RET_ALLOW, RET_ERRNO = 0x7FFF0000, 0x00050000
@@ -314,6 +320,7 @@ def seccomp_program(machine: str, allow_network: bool, allow_unix_sockets: bool)
     socket of another service is reachable from any namespace); socketpair(2) stays; the rest allowed."""
     arch, x32, nr = SECCOMP_ARCH[machine]
     deny = [v for k, v in nr.items() if k not in ("socket", "clone", "clone3")]
+    deny += SECCOMP_PGRP[machine].values()
     prog: list[tuple[int, int, int, int]] = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, arch),
                                              (BPF_RET_K, 0, 0, RET_ERRNO | EPERM), (BPF_LD_W_ABS, 0, 0, 0)]
     if x32:
@@ -356,6 +363,8 @@ def confine(cfg: dict, ns: dict[str, bool]) -> tuple[dict, dict]:
 
     disable = cfg["disable"]
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)       # the launcher is single-threaded: its death is the tree's
+    os.setpgid(0, 0)                               # its own process group (the launcher stays out of it)
+    applied["own_group"] = True
     if ns.get("mount_namespace"):
         applied.update(private_mounts(ns.get("pid_namespace", False)))
         attempt("private_fs", host_view, cfg, ns.get("mapped_uid"))

@@ -6,16 +6,23 @@ Public face (stable names; the judge and the serving path build on them)::
     proc = spawn([sys.executable, "-m", "persistent_engine.executor", ...], policy, pass_fds=(sock,))
     proc.applied        # SandboxCapabilities actually in force for this process (attach .as_dict() to verdicts)
     proc.send_signal(signal.SIGSTOP)   # every process of the tree, daemons included (A/B timing)
+    proc.signal_group(signal.SIGSTOP)  # the same in one syscall where the tree is sealed in its group
     proc.kill_all()     # SIGKILL the whole tree, double-forked / setsid descendants included; reap
     probe("cuda")       # what this machine offers under that device's policy (cached); `tkcc doctor` prints it
-    proc.workdir_view   # the judge's path to the executor's tmpfs workdir; proc.cgroup: its memory cgroup
+    proc.workdir_view   # the judge's path to the executor's tmpfs workdir; proc.memory_cgroup: its memory cgroup
     require_sandbox(author_is_llm=True, unsafe=False)   # refuses LLM code when the sandbox is incomplete
 
 How (``confine.py`` is the launcher process, stdlib only, started as ``python -I -S confine.py``):
 - **tree**: the launcher is a child subreaper in fresh user + PID namespaces; the executor is PID 1 of
   its namespace, so when it dies the kernel kills every process it left; without a PID namespace the
-  subreaper adopts orphans and ``kill_all`` walks ``/proc`` from the launcher. A lifeline pipe (the
-  judge holds the write end) kills the tree when the judge dies, whichever thread spawned it. As PID 1
+  subreaper adopts orphans and ``kill_all`` walks ``/proc`` from the launcher. The executor makes its
+  own process group before confining and seccomp denies setsid/setpgid, so the whole tree (every
+  descendant, however it double-forks) stays in that group: ``signal_group`` stops, continues or kills
+  it with one killpg(2), atomic against a concurrent fork (a fork racing a group signal is restarted,
+  so a child is never left running behind a stopped parent); with a cgroup v2 directory of its own
+  (``proc.cgroup``) ``cgroup.freeze`` / ``cgroup.kill`` instead; without seccomp, ``/proc`` scans only.
+  A lifeline pipe (the judge holds the write end) kills the tree when the judge dies, whichever thread
+  spawned it. As PID 1
   the executor's own signals without a handler are dropped by the kernel (an abort it raises on itself
   does not end it): a program that must die by them forks and serves from the child.
 - **network**: a fresh network namespace (an unconfigured loopback only); Landlock denies TCP
@@ -42,8 +49,8 @@ How (``confine.py`` is the launcher process, stdlib only, started as ``python -I
   or read ``/proc/PID/environ`` of processes outside it, nor signal them (ABI >= 6).
 - **limits**: rlimits (address space, processes, file size, CPU seconds, open files, no core files);
   a memory cgroup per tree (``memory_bytes``; ``cgroup_memory``: v2 where delegated, else the v1
-  memory hierarchy), the only memory limit on CUDA; ``SandboxedProcess.cgroup`` names it (v2:
-  ``cgroup.kill`` / ``cgroup.freeze`` act on the whole tree).
+  memory hierarchy), the only memory limit on CUDA; ``SandboxedProcess.memory_cgroup`` names it (the
+  launcher is in it too: it is not the freeze cgroup ``proc.cgroup``).
 - **privileges**: no-new-privs, an empty capability bounding set, seccomp denies ptrace,
   process_vm_*, mount/unshare/setns, io_uring, bpf, keyrings, kexec and modules.
 
@@ -296,16 +303,22 @@ class SandboxedProcess:
     executor's (as the judge's PID namespace sees it); ``applied`` what confines it. Dropping the
     handle (or the judge dying) closes the lifeline: the launcher then kills the tree.
     ``workdir_view``: the judge's path to the executor's workdir (its private tmpfs, through an fd held
-    until ``release_workdir``: readable after the tree is gone); ``cgroup``: the tree's memory cgroup
-    directory or None (v2: its ``cgroup.kill`` / ``cgroup.freeze`` act on the whole tree)."""
+    until ``release_workdir``: readable after the tree is gone); ``memory_cgroup``: the tree's memory cgroup
+    directory or None (the launcher is in it too, so it is never frozen).
+
+    ``group``: the executor's process group id when no process of the tree can leave it (the executor
+    made it before confining and seccomp denies setsid/setpgid), else None. ``cgroup``: a cgroup v2
+    directory holding exactly the executor's tree (not the launcher), set by whoever placed it there,
+    else None. Either makes ``signal_group`` one operation on the whole tree."""
 
     def __init__(self, popen: subprocess.Popen, lifeline_w: int, executor_pid: int, applied: SandboxCapabilities,
                  namespaces: dict[str, str], workdir_view: str = "", view_fd: int | None = None,
-                 cgroup: str | None = None):
+                 memory_cgroup: str | None = None, group: int | None = None):
         self.popen, self.pid, self.executor_pid = popen, popen.pid, executor_pid
-        self.applied, self.namespaces = applied, namespaces
+        self.applied, self.namespaces, self.group = applied, namespaces, group
+        self.cgroup: str | None = None
         self._lifeline_w: int | None = lifeline_w
-        self.workdir_view, self._view_fd, self.cgroup = workdir_view, view_fd, cgroup
+        self.workdir_view, self._view_fd, self.memory_cgroup = workdir_view, view_fd, memory_cgroup
 
     @property
     def returncode(self) -> int | None:
@@ -354,6 +367,32 @@ class SandboxedProcess:
             tree.add(self.pid)
         return sorted(tree | set(ns_members))
 
+    def signal_group(self, sig: int) -> bool:
+        """SIGSTOP / SIGCONT / SIGKILL to every process of the executor's tree as one unit (the launcher
+        is not part of it: it stays awake to kill the tree when the judge dies); a child forked meanwhile
+        gets it too. The cgroup when there is one (``cgroup.freeze`` / ``cgroup.kill``), else one
+        killpg(2) on the sealed ``group`` (~9 us on a 2-core box). False when neither holds (the caller
+        scans ``/proc``) or the tree is gone. Only while the launcher lives: it reaps the executor, then exits at once,
+        so the group id cannot meanwhile name another process's group."""
+        if self.popen.poll() is not None:
+            return False
+        if self.cgroup is not None and sig in (signal.SIGSTOP, signal.SIGCONT, signal.SIGKILL):
+            name, value = (("cgroup.kill", "1") if sig == signal.SIGKILL
+                           else ("cgroup.freeze", "1" if sig == signal.SIGSTOP else "0"))
+            try:
+                with open(os.path.join(self.cgroup, name), "w") as f:
+                    f.write(value)
+                return True
+            except OSError:
+                pass                                    # no cgroup.kill (Linux < 5.14): the group instead
+        if self.group is None:
+            return False
+        try:
+            os.killpg(self.group, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
     def send_signal(self, sig: int) -> list[int]:
         """Signal every process of the tree; returns their pids. SIGSTOP rescans until no new process
         appears (a stopped process cannot fork) and until every member is seen stopped (a sibling
@@ -385,6 +424,7 @@ class SandboxedProcess:
         """SIGKILL the whole tree (stop it first, so nothing forks meanwhile), reap the launcher, and
         wait until no member is left. Returns the launcher's return code."""
         if self.poll() is None or self.members(full=True):
+            self.signal_group(signal.SIGKILL)           # at once, forks racing it included; then the scans
             self.send_signal(signal.SIGSTOP)
             self.send_signal(signal.SIGKILL)
         self.close_lifeline()
@@ -400,8 +440,8 @@ class SandboxedProcess:
                 except (ProcessLookupError, PermissionError):
                     pass
             time.sleep(0.01)
-        if self.cgroup and cgroup_memory.remove(self.cgroup):
-            self.cgroup = None
+        if self.memory_cgroup and cgroup_memory.remove(self.memory_cgroup):
+            self.memory_cgroup = None
         return rc
 
     def release_workdir(self) -> None:
@@ -531,6 +571,7 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
         cgroup_memory.remove(group)
         raise SandboxError(f"sandbox failed before exec: {info.get('error', f'launcher exited {popen.returncode}')}")
     applied, errors = info["applied"], dict(info.get("errors") or {})
+    own_group = applied.pop("own_group", False) and applied.get("seccomp", False)    # sealed: none leaves it
     applied["memory_cgroup"] = bool(group) and _holds(group, popen.pid)
     if not applied["memory_cgroup"]:
         errors["memory_cgroup"] = group_why if not group else f"the launcher did not enter {group}"
@@ -541,8 +582,9 @@ def spawn(argv: Sequence[str], policy: SandboxPolicy, *, env: Mapping[str, str] 
     if applied.get("workdir_tmpfs"):      # the tmpfs lives in the sandbox's mount namespace: reach it there
         view_fd = os.open(f"/proc/{popen.pid}/root{workdir}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         view = f"/proc/{os.getpid()}/fd/{view_fd}"
-    return SandboxedProcess(popen, lifeline_w, int(info.get("executor", -1)),
-                            SandboxCapabilities.from_status(applied, errors), namespaces, view, view_fd, group)
+    executor = int(info.get("executor", -1))
+    return SandboxedProcess(popen, lifeline_w, executor, SandboxCapabilities.from_status(applied, errors), namespaces,
+                            view, view_fd, group, group=executor if own_group and executor > 0 else None)
 
 
 def _holds(group: str, pid: int) -> bool:

@@ -37,7 +37,6 @@ import faulthandler
 import inspect
 import os
 import sys
-import tempfile
 import traceback
 
 from persistent_engine.executor import wire
@@ -98,8 +97,8 @@ class Worker:
         if init.get("capture"):
             self.capture(wire.Capture(points=list(range(len(self.points)))))
         self.out_ring = out_ring          # the judge's memory: every timed run's output goes there
-        from persistent_engine.candidate import MODULE_DIR_PREFIX
-        self._dir = tempfile.mkdtemp(prefix=MODULE_DIR_PREFIX)
+        from persistent_engine import scratch
+        self._dir = scratch.module_dir()          # in its workdir (TMPDIR): removed with it by the judge
         self._sync()
         import persistent_engine.ops.contract  # noqa: F401 - imported before the snapshot: watched
         import persistent_engine.tolerance  # noqa: F401

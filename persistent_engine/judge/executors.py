@@ -45,9 +45,10 @@ POOL_SIZE = {"cuda": 12, "cpu": 1}
 # its kernels (the executor's ``warm``) while the judge verifies and times another. On the H200 (llama-1b,
 # 2026-12-04) verify was 5.9 s of a 6.3 s fast-tier evaluation, Triton compiling in the fresh executor, the
 # device idle; a torch-only candidate verified in 0.14 s. At most this many at once, beside the pool (out of
-# its memory room: ``split_pool``). They are SIGSTOPped while a point is timed, on CUDA as on CPU: each runs
-# a candidate's code, which could otherwise put work on the device during another's samples. On CPU none by
-# default (nothing compiles under TRITON_INTERPRET).
+# its memory room: ``split_pool``). They are paused (their whole tree, one killpg) while a point is timed, on
+# CUDA as on CPU (issue 38): an ahead executor runs another candidate's code, which could otherwise load the
+# host or the device exactly while a rival is timed; they compile during verification and between points.
+# On CPU none by default (nothing compiles under TRITON_INTERPRET).
 AHEAD = {"cuda": 4, "cpu": 0}
 AHEAD_ENV = "TKCC_AHEAD"                 # overrides AHEAD (a count >= 0), e.g. to measure a run without them
 EXECUTOR_START_S = 900.0

@@ -9,7 +9,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import time
 
 from persistent_engine import scratch
@@ -45,8 +44,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _judge_dir(pid: int) -> str:
-    for d in glob.glob(os.path.join(tempfile.gettempdir(), "tkcc-judge-*")):
+def _judge_dir(pid: int, supervisor_dir: str) -> str:
+    """The judge's directory: inside its supervisor's (``scratch.SCRATCH_ENV``)."""
+    for d in glob.glob(os.path.join(supervisor_dir, "tkcc-judge-*")):
         try:
             if pathlib.Path(d, scratch.OWNER_FILE).read_text() == str(pid):
                 return d
@@ -74,7 +74,7 @@ def test_a_check_leaves_no_file_and_no_process():
     try:
         v = sup.evaluate((HERE / "fills_disk.py").read_text(), timeout_s=180, samples=4)
         assert v.correct, v.reasons
-        judge = _judge_dir(sup.proc.pid)
+        judge = _judge_dir(sup.proc.pid, sup._dir)
         t0 = time.monotonic()
         while _big_files(judge) and time.monotonic() - t0 < 20:        # removed by the reaper, off the cycle
             time.sleep(0.2)
@@ -92,9 +92,17 @@ def test_a_check_leaves_no_file_and_no_process():
     assert not os.path.exists(judge) and not os.path.exists(supervisor_dir)
 
 
+def test_an_owner_that_exits_removes_its_directories(tmp_path):
+    code = "from persistent_engine import scratch; print(scratch.owned_dir('judge'), scratch.module_dir())"
+    made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path)}).stdout.split()
+    assert len(made) == 2 and made[1].startswith(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []                             # released at exit (atexit)
+
+
 def test_directories_of_dead_owners_are_removed_and_live_ones_kept(tmp_path):
-    code = ("import sys; from persistent_engine import scratch; "
-            "d = scratch.owned_dir('judge'); open(d + '/x', 'w').write('x'); print(d)")
+    code = ("import os; from persistent_engine import scratch; "       # killed: no atexit runs
+            "d = scratch.owned_dir('judge'); open(d + '/x', 'w').write('x'); print(d, flush=True); os._exit(0)")
     dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "TMPDIR": str(tmp_path)}).stdout.strip()
     os.makedirs(os.path.join(dead, "locked"))

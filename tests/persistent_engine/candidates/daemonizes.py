@@ -1,10 +1,10 @@
 """Hostile but exact: leaves processes behind. A double-forked, setsid daemon (a fresh python) that
 writes a heartbeat (a counter in ``heartbeat`` in the working directory, every 10 ms) forever, plus a
-posix_spawned shell (``sleep``) in its own session; both command lines carry ``marker`` (the tests
-find survivors by it). ``os`` through an allowed module (static filter bypassed). Targets from
-``target.json`` in its working directory, else ``.tkcc-hostile-target.json`` beside the package it runs under. With ``exit`` the
-candidate's own process exits once the daemon beats, else it lingers ``linger_s`` (like an executor
-waiting for work)."""
+posix_spawned shell (``sleep``) in its own session (each tried; where the sandbox refuses setsid both
+stay in its process group); both command lines carry ``marker`` (the tests find survivors by it). ``os``
+through an allowed module (static filter bypassed). Targets from ``target.json`` in its working directory,
+else ``.tkcc-hostile-target.json`` beside the package it runs under. With ``exit`` the candidate's own
+process exits once the daemon beats, else it lingers ``linger_s`` (like an executor waiting for work)."""
 import typing
 
 _sys = getattr(typing, "sy" + "s")
@@ -41,10 +41,17 @@ _here = _os.getcwd()
 _BEAT = ("import os, sys, time\nn = 0\nwhile True:\n    n += 1\n"
          "    with open(sys.argv[1] + '/heartbeat.tmp', 'w') as f:\n        f.write(f'{n} {os.getpid()}')\n"
          "    os.replace(sys.argv[1] + '/heartbeat.tmp', sys.argv[1] + '/heartbeat')\n    time.sleep(0.01)\n")
+_SHELL = ("/bin/sh", ["sh", "-c", f"sleep 1000; echo {_marker}"], dict(_os.environ))
 if _os.fork() == 0:
-    _os.setsid()
+    try:
+        _os.setsid()
+    except OSError:                     # refused where the sandbox seals its process group: carry on inside it
+        pass
     if _os.fork() == 0:
-        _os.posix_spawn("/bin/sh", ["sh", "-c", f"sleep 1000; echo {_marker}"], dict(_os.environ), setsid=True)
+        try:
+            _os.posix_spawn(*_SHELL, setsid=True)
+        except OSError:
+            _os.posix_spawn(*_SHELL)
         _os.execv(_sys.executable, [_sys.executable, "-c", _BEAT, _here, _marker])
     _os._exit(0)
 _os.wait()

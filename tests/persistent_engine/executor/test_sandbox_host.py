@@ -212,9 +212,9 @@ def test_memory_cgroup_limits_the_tree(caps, tmp_path):
     _need(caps, "memory_cgroup")
     workdir = sb.make_workdir(str(tmp_path))
     proc = _spawn(workdir, "b = bytearray(256 << 20)\nimport time; time.sleep(0.5)", "cuda", memory_bytes=64 << 20)
-    assert proc.applied.memory_cgroup and os.path.isdir(proc.cgroup)
+    assert proc.applied.memory_cgroup and os.path.isdir(proc.memory_cgroup)
     assert proc.wait(30) != 0
-    group = proc.cgroup
+    group = proc.memory_cgroup
     proc.kill_all()
     assert not os.path.exists(group)
 
