@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from persistent_engine import WorkloadPoint
+from persistent_engine import WorkloadPoint, baseline_words, compiled_default
 
 from compiler import inputs, plan as plan_mod, report
 from compiler.budget import Budget
@@ -133,7 +133,7 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
         return None if x is None or not math.isfinite(x) else round(x, 4)
 
     if composition is None:
-        plan_speedup = {"fast": 1.0, "slow": 1.0, "per_point": [], "note": "nothing accepted: the reference"}
+        plan_speedup = {"fast": 1.0, "slow": 1.0, "per_point": [], "note": "nothing accepted: the baseline"}
     else:
         plan_speedup = {"fast": num(composition.fast), "slow": num(composition.slow),
                         "per_point": [p.to_dict() for p in composition.per_point],
@@ -144,6 +144,7 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
         if tc.get("plan_vs_torch_compile") is not None:
             plan_speedup["vs_torch_compile"] = tc["plan_vs_torch_compile"]
             plan_speedup["vs_reference_in_process"] = tc["plan_vs_reference"]
+    plan_speedup["baseline"] = baseline_words(compiled_default("cpu" if run_in.device["kind"] == "cpu" else "cuda"))
     traffic, projected = run_in.traffic, run_in.projected
     return plan_mod.Plan(
         model=cfg.model, hw=cfg.hw, detected_device={k: v for k, v in run_in.device.items() if k != "target"},

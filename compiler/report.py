@@ -238,7 +238,8 @@ def render(plan: Plan) -> dict[str, str]:
 
     ps = plan.plan_speedup
     L += ["## Plan speedup (all accepted optimizations composed, re-verified and re-measured)", "",
-          f"- fast tier: **{_x(ps.get('fast'))}**", f"- slow tier: **{_x(ps.get('slow'))}**"]
+          f"- fast tier: **{_x(ps.get('fast'))}**", f"- slow tier: **{_x(ps.get('slow'))}**",
+          f"- measured against: {ps.get('baseline') or 'tkcc eager reference ops (a plan written before issue 39)'}"]
     L += _torch_compile_lines(plan.baseline.get("torch_compile"))
     L.append("")
     if "speedup_per_point" in plots and plots["speedup_per_point"]:

@@ -21,7 +21,8 @@ _EXPORTS = {
     "watch_parent": "lifeline", "stray_processes": "lifeline",
     "driver_version": "versions", "package_version": "versions", "software_versions": "versions",
     "require_sandbox": "executor.sandbox", "sandbox_probe": "executor.sandbox:probe",
-    "KERNEL_CACHE_ENV": "executor.kernel_cache",
+    "KERNEL_CACHE_ENV": "executor.kernel_cache", "compiled_default": "executor.compiled_step",
+    "baseline_words": "executor.compiled_step", "COMPILED_ENV": "executor.compiled_step",
     "engine_main": "__main__:main", "parse_layers": "__main__",
     # the candidate contract (candidate.py, stdlib only): parsed statically, imported only where it may run
     "CandidateSource": "candidate", "CONTRACT_NAMES": "candidate", "static_check": "candidate",

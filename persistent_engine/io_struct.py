@@ -259,9 +259,10 @@ class BenchReply(Reply):
     reasons: list[str] = field(default_factory=list)    # spot re-check and guard failures
     per_point: list[PointTiming] = field(default_factory=list)
     speedup: float | None = None                        # weighted by the points' time weights
-    timer: str = ""                                     # "cuda_graph_events" | "perf_counter_ns"
+    timer: str = ""                                     # "judge_wall_clock"
     samples: int = 0
     seconds: float = 0.0
+    baseline: str = ""                                  # what ``speedup`` is against, in words
 
 
 @dataclass(frozen=True)

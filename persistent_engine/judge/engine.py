@@ -41,6 +41,7 @@ from persistent_engine import candidate as cand_mod
 from persistent_engine import guards, scratch, tier_inputs, timing, tolerance, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena, mailbox_bytes
+from persistent_engine.executor.compiled_step import baseline_words, compiled_default
 from persistent_engine.executor.device_share import DeviceWeights
 from persistent_engine.executor.out_ring import ring_bytes, ring_bytes_for
 from persistent_engine.executor.kernel_cache import KERNEL_CACHE_ENV, KernelCache
@@ -96,6 +97,7 @@ class EngineConfig:
     # one-GPU run; 0: this engine is alone): kept out of the pool and the op-check budget (memory.py)
     co_tenant_weights: int = 0
     ahead: int | None = None            # executors compiling queued candidates ahead (None: AHEAD of the device)
+    compiled: bool | None = None        # timed steps under torch.compile (None: ``compiled_default`` of the device)
 
 
 class Candidate:
@@ -155,6 +157,7 @@ class Engine(ExecutorSide):
         self.spec = ModelSpec.from_name(config.model)
         self.layers = list(config.layers) if config.layers is not None else list(range(self.spec.num_layers))
         self.points = list(config.points or default_points(config.device))
+        self.compiled = compiled_default(self.device.type) if config.compiled is None else bool(config.compiled)
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))   # seeds, orders: unknown to executors
         scratch.remove_stale("judge")          # those of judges that died (their lock is free)
         self._dir = scratch.owned_dir("judge")  # executors' workdirs and stderr files: removed at close
@@ -219,7 +222,7 @@ class Engine(ExecutorSide):
                       "variants": config.variants, "seed": config.seed, "threads": self.threads,
                       "weights": self.device_weights.spec if self.device_weights else None,
                       "mailbox_bytes": mailbox_bytes(self.device.type, out_bytes),
-                      "ring_bytes": ring_bytes(self.device.type, out_bytes)}
+                      "ring_bytes": ring_bytes(self.device.type, out_bytes), "compiled": self.compiled}
         self.pool: ExecutorPool | None = None   # started on the first candidate
         self.baseline: Executor | None = None
         self.graph_errors: dict[int, str] = {}
@@ -535,7 +538,8 @@ class Engine(ExecutorSide):
         if notes:
             message += "; CONFIG " + "; ".join(f"{k}: {v}" for k, v in notes.items())
         return BenchReply(ok=not reasons, message=message, reasons=reasons, per_point=per_point,
-                          speedup=speedup, timer=ab.TIMER, samples=samples, seconds=(timing.now_ns() - t0) / 1e9)
+                          speedup=speedup, timer=ab.TIMER, samples=samples, seconds=(timing.now_ns() - t0) / 1e9,
+                          baseline=baseline_words(self.compiled))
 
     def _process_reasons(self, phase: str) -> list[str]:
         """Processes the candidate started in its sandbox (a kernel never forks): named, and the executor is
