@@ -16,7 +16,7 @@ judge: the executor decodes them the same way, without the excerpts.
     Warm        Warmed      compile ahead: each override at its op cases, one step per point
     OpChecks    OpResults   ``contract.run_candidate`` per case of one op
     Steps       StepResults one step per (point, variant) with every override counted
-    Capture     Captured    CUDA graphs of points
+    Capture     Captured    compiled steps (compiled mode) and CUDA graphs of points
     Run         Ran         k chained timed steps, each output into the judge's ring (``out_ring.py``)
     Guards      GuardsReply its own guards' reasons
     Memory      MemoryReply its caching allocator's bytes
@@ -220,6 +220,7 @@ class Captured(Reply):
     graphed: list[int] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     healthy: bool = True
+    uncompiled: dict[str, str] = field(default_factory=dict)    # compiled mode: points run eagerly here, why
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,10 @@ class Worker:
         self.timed_step = compiled_step(self.model) if self.compiled else self.model.step
         if self.compiled:
             warm_compiler(self.device)
+        # compiled mode: points run eagerly on every executor of this judge (the baseline's could not compile
+        # them), and the ones this executor could not compile itself (its candidate's graph breaks elsewhere)
+        self.eager_points = set(init.get("eager_points") or [])
+        self.uncompiled: dict[int, str] = {}
         self.points = [WorkloadPoint.from_dict(p) for p in init["points"]]     # msgpack maps: the wire
         self.workloads = []
         for i, p in enumerate(self.points):
@@ -209,9 +213,9 @@ class Worker:
             if at & set(c.overrides):
                 w = self.workloads[i][0]
 
-                def one_step(w=w) -> None:            # compiled: the candidate's graphs compiled ahead too
+                def one_step(w=w, i=i) -> None:       # compiled: the candidate's graphs compiled ahead too
                     with self.registry.override(self._timed_overrides()):
-                        self.timed_step(w)
+                        self._step_of(i)(w)
                 done["steps"] += attempt(one_step)
         return wire.Warmed(**done)
 
@@ -255,20 +259,42 @@ class Worker:
         return wire.StepResults(results=results)
 
     def capture(self, msg: wire.Capture) -> wire.Captured:
-        if self.device.type != "cuda":
-            return wire.Captured()
+        """Compiled mode: each point's timed step compiled (run once); on CUDA then captured in CUDA graphs."""
         todo = [i for i in msg.points if i not in self.graphs]
         self.registry.set_overrides(self._timed_overrides())
         try:
+            self._compile(todo)
+            if self.device.type != "cuda":
+                return wire.Captured(uncompiled={str(k): v for k, v in self.uncompiled.items()})
             graphs, healthy = self.timing.capture_points(
-                todo, lambda i: [self.timing.capture_graph(lambda w=w: self.timed_step(w), self.device, self.pool)
+                todo, lambda i: [self.timing.capture_graph(lambda w=w, f=self._step_of(i): f(w), self.device, self.pool)
                                  for w in self.workloads[i]],
                 lambda: self.timing.recover_after_capture(self.device), self.graph_errors)
         finally:
             self.registry.clear_overrides()
         self.graphs.update({i: g for i, g in graphs.items() if g is not None})
         return wire.Captured(graphed=sorted(self.graphs), errors={str(k): str(v) for k, v in self.graph_errors.items()},
-                             healthy=bool(healthy))
+                             healthy=bool(healthy), uncompiled={str(k): v for k, v in self.uncompiled.items()})
+
+    def _step_of(self, i: int):
+        """The timed step of point i: compiled, unless this point runs eagerly here."""
+        return self.timed_step if self.compiled and i not in self.eager_points else self.model.step
+
+    def _compile(self, points: list[int]) -> None:
+        """Compiled mode: each point's timed step run once (with the overrides set), which compiles it; a point
+        inductor cannot compile runs eagerly here from now on (why: ``uncompiled``)."""
+        for i in points if self.compiled else ():
+            if i in self.eager_points:
+                continue
+            try:
+                self.timed_step(self.workloads[i][0])
+                self._sync()
+            except Exception as e:  # noqa: BLE001 - inductor refused this graph: eager here, said why
+                text = f"{type(e).__name__}: {e}"
+                if any(s in text for s in DEVICE_ERRORS):
+                    raise
+                self.eager_points.add(i)
+                self.uncompiled[i] = wire.excerpt(text, 300)
 
     def run(self, msg: wire.Run) -> wire.Ran:
         """k back-to-back steps, run r's output copied into slot r of the judge's ring (``out_ring``); with
@@ -299,9 +325,10 @@ class Worker:
                 ring[r].copy_(static)
         else:
             with self.registry.override(self._timed_overrides()):
+                step = self._step_of(i)
                 for r in range(k):
                     feed(r)
-                    ring[r].copy_(self.timed_step(w))
+                    ring[r].copy_(step(w))
         self._sync()
         return wire.Ran(k=k, graph=g is not None)
 

@@ -104,10 +104,17 @@ class ExecutorSide:
         ex = self._new_executor("baseline")
         ex.wait_ready(EXECUTOR_START_S)
         self.baseline = ex
-        if self.device.type == "cuda" and self.config.cuda_graph:
+        graphs = self.device.type == "cuda" and self.config.cuda_graph
+        if graphs or self.compiled:
             r = ex.call(wire.Capture(points=list(range(len(self.points)))), DEFAULT_CALL_S)
             if isinstance(r, wire.Failed):
                 raise ExecutorDied(f"the baseline executor's capture raised: {r.error}")
+            uncompiled = {int(k): v for k, v in r.uncompiled.items() if k.isdigit()}
+            if uncompiled:                      # every later executor runs these points eagerly too
+                elog(f"compiled step: point(s) {sorted(uncompiled)} run eagerly on both sides: "
+                     + "; ".join(f"{i}: {why}" for i, why in sorted(uncompiled.items())))
+            self._init["eager_points"] = sorted(set(self._init.get("eager_points") or ()) | set(uncompiled))
+        if graphs:
             self.base_graphed = set(r.graphed)
             self.graph_errors = {int(k): v for k, v in r.errors.items() if k.isdigit()}
         else:

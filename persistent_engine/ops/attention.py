@@ -94,7 +94,7 @@ def attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         return out
     cu, lens = cu_seqlens_q.long(), context_lens.long()
     tok = torch.arange(t, device=q.device)
-    seq = torch.searchsorted(cu[1:].contiguous(), tok, right=True).clamp_(max=b - 1)        # [T]
+    seq = (torch.searchsorted(cu, tok, right=True) - 1).clamp_(max=b - 1)   # [T]; cu[0] = 0 (no slice: inductor)
     pos = lens[seq] - (cu[seq + 1] - cu[seq]) + (tok - cu[seq])                            # [T]
     key_pos = torch.arange(length, device=q.device)
     qf = _acc(q).reshape(t, hk, hq // hk, dh)                      # q head h*G+g reads kv head h

@@ -67,7 +67,7 @@ def token_seq_pos(cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, t: int
     b = context_lens.shape[0]
     cu, lens = cu_seqlens_q.long(), context_lens.long()
     tok = torch.arange(t, device=cu.device)
-    seq = torch.searchsorted(cu[1:].contiguous(), tok, right=True).clamp_(max=b - 1)
+    seq = (torch.searchsorted(cu, tok, right=True) - 1).clamp_(max=b - 1)     # cu[0] = 0
     return seq, lens[seq] - (cu[seq + 1] - cu[seq]) + (tok - cu[seq])
 
 
@@ -176,7 +176,7 @@ def sparse_mla_prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch
                        cu_seqlens_q: torch.Tensor, topk_indices: torch.Tensor, scale: float) -> torch.Tensor:
     t, b = q_nope.shape[0], block_tables.shape[0]
     cu = cu_seqlens_q.long()
-    seq = torch.searchsorted(cu[1:].contiguous(), torch.arange(t, device=cu.device), right=True).clamp_(max=b - 1)
+    seq = (torch.searchsorted(cu, torch.arange(t, device=cu.device), right=True) - 1).clamp_(max=b - 1)
     return _sparse_mla(q_nope, q_pe, kv_cache, block_tables, seq, topk_indices, scale)
 
 
