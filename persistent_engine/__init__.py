@@ -29,8 +29,8 @@ _EXPORTS = {
     "param_names": "candidate", "import_source": "candidate", "read_contract": "candidate",
     "MODULE_DIR_PREFIX": "candidate",
 }
-# Public submodules (imported whole): the op registry, the RPC messages, the in-process timers.
-_MODULES = {"registry": "ops.registry", "io_struct": "io_struct", "timing": "timing"}
+# Public submodules (imported whole): the op registry, the RPC messages, the in-process timers, scratch dirs.
+_MODULES = {"registry": "ops.registry", "io_struct": "io_struct", "timing": "timing", "scratch": "scratch"}
 
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
