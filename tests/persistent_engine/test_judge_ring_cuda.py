@@ -42,3 +42,14 @@ def test_a_forged_timed_run_is_caught_on_the_gpu(sup, mode, reason):
 def test_skipping_the_synchronize_before_the_reply_buys_no_speedup(sup):
     v = sup.evaluate(forged("nosync"), timeout_s=300, samples=8)
     assert (not v.correct) or (v.speedup is not None and v.speedup < 1.3), (v.reasons, v.speedup)
+
+
+def test_changing_the_shared_weights_while_timed_is_caught(sup):
+    """The weights are the judge's own allocation, mapped writable by every executor: a candidate that
+    doubles one at its first timed run is caught by the fingerprint after the spot re-checks (or by the
+    re-check itself), and the next candidate is judged on the judge's weights again."""
+    v = sup.evaluate(forged("weights"), timeout_s=300, samples=8)
+    assert not v.correct, (v.reasons, v.speedup)
+    assert any("weights" in r or "spot re-check" in r for r in v.reasons), v.reasons
+    nxt = sup.evaluate((HERE / "good_torch.py").read_text(), timeout_s=300, samples=8)
+    assert nxt.correct, nxt.reasons

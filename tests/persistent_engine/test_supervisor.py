@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+from persistent_engine import io_struct
 from persistent_engine.supervisor import (STAGES, EngineStartError, Supervisor, describe_exit,
                                           startup_table)
 
@@ -84,3 +85,40 @@ def test_bad_model_fails_to_start_with_one_clear_error():
 def test_describe_exit():
     assert describe_exit(-6) == "killed by SIGABRT" and describe_exit(-11) == "killed by SIGSEGV"
     assert describe_exit(1) == "exit code 1" and "device error" in describe_exit(3)
+
+
+class _AliveProc:
+    pid = 1
+
+    def poll(self):
+        return None
+
+
+class _GuardsAtUnload:
+    """A judge whose guards find, once the candidate is gone, that the shared weights changed (CUDA: the
+    executors map them writable): the unload reply carries the finding."""
+
+    def prepare(self, **kw):
+        return None
+
+    def load_candidate(self, source, name, timeout_s=None):
+        return io_struct.LoadReply(ops=["fused_add_rms_norm"])
+
+    def verify(self, seed, timeout_s=None):
+        return io_struct.VerifyReply()
+
+    def bench(self, samples, warmup, timeout_s=None):
+        return io_struct.BenchReply(speedup=3.0)
+
+    def unload(self, timeout_s=None):
+        found = "unload: candidate changed the weights: model.final_norm"
+        return io_struct.UnloadReply(restored=["candidate c", found], reasons=[found])
+
+
+def test_a_guard_finding_at_unload_rejects_the_candidate():
+    """Issue 38: what the judge's guards find after the candidate left is part of its verdict (it was
+    dropped before: the verdict said correct at 3x)."""
+    sup = Supervisor("tiny-dense", device="cpu", auto_restart=False)
+    sup.proc, sup.client = _AliveProc(), _GuardsAtUnload()
+    v = sup.evaluate("OVERRIDES = {}", timeout_s=30)
+    assert not v.correct and v.reasons == ["unload: candidate changed the weights: model.final_norm"]

@@ -9,6 +9,9 @@ handler of timed runs. ``MODE`` (the tests substitute it):
   nosync the worker's device synchronize before a reply made a no-op: the timed runs' GPU work is still
          queued when the reply leaves (CUDA; a no-op on CPU, where nothing is queued)
   ahead  a "ran" reply sent ahead of every request, so that the judge's clock would stop at once
+  weights the shared final-norm weight (CUDA: the judge's own allocation, mapped writable) doubled at the first
+         timed run, so that the judge's references are computed on the weights the candidate chose (CUDA only:
+         on CPU the weights are the sealed arena's, read-only)
 Either was accepted (24-59x) while the judge fetched timed outputs from the executor afterwards."""
 import torch
 
@@ -55,6 +58,13 @@ if MODE == "wrong":
     _table[_wire.Capture] = _wrong_while(_table[_wire.Capture])
 elif MODE == "nosync":
     setattr(_worker, "_sy" + "nc", lambda: None)
+elif MODE == "weights":
+    def _first_run_doubles(msg, _done=[]):
+        if not _done:
+            _done.append(1)
+            getattr(getattr(_worker, "mo" + "del"), "final_" + "norm").mul_(2)
+        return _run(msg)
+    _table[_wire.Run] = _first_run_doubles
 elif MODE == "ahead":
     _send = _chan.send
 
