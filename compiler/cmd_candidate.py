@@ -5,7 +5,9 @@ for a source the policy refuses), then an engine for the slice under a superviso
 ``evaluate`` (load, verify, bench, spot re-check) with a watchdog of ``--timeout`` seconds. A
 candidate that crashes or hangs the engine is rejected with the reason; this command never crashes
 with it. ``--json``: ``correct``, ``reasons``, ``speedup`` (+ ``applicable``, ``not_called``,
-``per_point``, ``timings``, ``restarted``, ``startup``). Exit 0 correct, 1 rejected, 2 bad input.
+``per_point``, ``timings``, ``restarted``, ``startup``). Exit 0 correct, 1 rejected, 2 bad input. The text
+prints each timed point's medians with their spread (IQR, % of the median), the ratio and the lower quartile
+of the pairs' ratios, and whether the gain is above the measured noise (that quartile above 1).
 
 ``correct`` says only whether the code is correct. A correct override of an op this model never calls
 (the engine's "kernel actually ran" guard) is ``correct: true`` with ``applicable: false`` and its ops
@@ -118,8 +120,37 @@ def check(args) -> int:
         for r in result["reasons"]:
             print(f"  - {r}")
         if result["speedup"] is not None:
-            print(f"speedup:   {result['speedup']:.3f}x")
+            print(f"speedup:   {result['speedup']:.3f}x  ({noise_summary(result['per_point'])})")
             for p in result["per_point"]:
-                print(f"  {p['label']:<28} baseline {p['baseline_ms']:.3f} ms  candidate "
-                      f"{p['candidate_ms']:.3f} ms  {p['speedup']:.3f}x")
+                print(point_line(p))
     return 0 if result["correct"] else 1
+
+
+def above_noise(p: dict) -> bool | None:
+    """Whether a point's gain is above the noise the A/B measured: three quarters of its pairs faster (the
+    pairs' lower-quartile ratio above 1). None: the point was not timed (no override runs there)."""
+    if not p.get("affected", True) or p.get("speedup_q1") is None:
+        return None
+    return float(p["speedup_q1"]) > 1.0
+
+
+def _spread(iqr_ms: float, ms: float) -> str:
+    return f"IQR {100 * iqr_ms / ms:.1f}%" if ms > 0 else "IQR -"
+
+
+def point_line(p: dict) -> str:
+    """One timed point: both sides' medians and spreads, the ratio, its lower quartile and the noise call."""
+    base, cand = p["baseline_ms"], p["candidate_ms"]
+    line = (f"  {p['label']:<28} baseline {base:.3f} ms ({_spread(p.get('baseline_iqr_ms', 0.0), base)})"
+            f"  candidate {cand:.3f} ms ({_spread(p.get('candidate_iqr_ms', 0.0), cand)})  {p['speedup']:.3f}x")
+    call = above_noise(p)
+    if call is None:
+        return line + "  (not timed: no override runs here)"
+    return line + f"  q1 {float(p['speedup_q1']):.3f}: {'above the noise' if call else 'within the noise'}"
+
+
+def noise_summary(per_point: list[dict]) -> str:
+    calls = [c for c in (above_noise(p) for p in per_point) if c is not None]
+    if not calls:
+        return "no point timed"
+    return f"above the measured noise at {sum(calls)} of {len(calls)} timed point(s)"
