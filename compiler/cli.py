@@ -19,7 +19,7 @@ COMMAND_MODULES = [
     "compiler.cmd_traffic",      # traffic profile | diff
     "compiler.cmd_parallelism",  # parallelism
     "compiler.cmd_cost",         # cost op
-    "compiler.cmd_candidate",    # candidate check
+    "compiler.cmd_candidate",    # candidate check, ops
     "compiler.cmd_engine",       # engine serve
     "compiler.cmd_ui",           # ui
     "compiler.cmd_doctor",       # doctor

@@ -1,4 +1,5 @@
-"""``tkcc candidate check FILE --model M [--layers N] [--device D] [--timeout S] [--json]``.
+"""``tkcc candidate check FILE --model M [--layers N] [--device D] [--timeout S] [--json]`` and
+``tkcc ops --model M``: the ops a model calls (the names a candidate's ``OVERRIDES`` may use).
 
 Judges one candidate file the way the optimize loop does: static checks here (no engine is started
 for a source the policy refuses), then an engine for the slice under a supervisor, and one
@@ -61,6 +62,14 @@ def register(subparsers) -> None:
     c.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="judge the file even where the executor sandbox is incomplete (tkcc doctor)")
     c.set_defaults(func=check)
+    o = subparsers.add_parser("ops", help="the ops a model calls, with their share of step time")
+    o.add_argument("--model", required=True, help="model alias or config.json path")
+    o.add_argument("--tiny", action="store_true", help="the model's architecture at toy size (every feature kept)")
+    o.add_argument("--layers", default=None, help="N (first N layers) or i,j,k (default: the fast tier's covering set)")
+    o.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    o.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    o.add_argument("--json", action="store_true", help="print one JSON document")
+    o.set_defaults(func=ops)
 
 
 def _device(name: str) -> str:
@@ -154,3 +163,54 @@ def noise_summary(per_point: list[dict]) -> str:
     if not calls:
         return "no point timed"
     return f"above the measured noise at {sum(calls)} of {len(calls)} timed point(s)"
+
+
+def ops(args) -> int:
+    """``tkcc ops``: every op the model's step calls at the judge's default points (seeded weights), with its
+    calls per step and its share of the step's time per point and weighted by the points' weights: the names
+    an ``OVERRIDES`` entry must use to run at all, and where the time goes. Timed per op with a device sync
+    (``profile_point``): shares, not what a CUDA graph of the step takes."""
+    import torch
+
+    from persistent_engine import build_model, make_workload, parse_layers, profile_point
+    from persistent_engine.judge import default_points
+    from persistent_engine.models.spec import ModelSpec, tiny_name
+
+    spec = ModelSpec.from_name(tiny_name(args.model, args.tiny))          # SpecError: exit 2
+    try:
+        layers = parse_layers(args.layers)
+    except ValueError as e:
+        raise CandidateInputError(str(e)) from None
+    if layers is not None and any(i < 0 or i >= spec.num_layers for i in layers):
+        raise CandidateInputError(f"--layers out of range: {spec.name} has {spec.num_layers} layers")
+    device = torch.device(_device(args.device))
+    torch.set_grad_enabled(False)
+    model = build_model(spec, layers=layers or spec.covering_layers(), device=device,
+                        dtype={"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype], seed=0)
+    points = default_points(device.type)
+    per_point = [profile_point(model, make_workload(model, p, seed=1), device) for p in points]
+    table = op_shares(points, per_point)
+    if args.json:
+        print(json.dumps({"model": spec.name, "points": [p.label() for p in points], "ops": table}))
+        return 0
+    print(f"{spec.name}: ops its step calls (seeded weights, {device.type}; share of the step's op time)")
+    print(f"  {'op':<30} {'calls':>5}  " + "  ".join(f"{p.label():>22}" for p in points) + "  weighted")
+    for row in table:
+        print(f"  {row['op']:<30} {row['calls']:>5}  " + "  ".join(f"{100 * s:>21.1f}%" for s in row["share"])
+              + f"  {100 * row['weighted']:>7.1f}%" + (f"  (runs {', '.join(row['parts'])})" if row["parts"] else ""))
+    print("A composite runs the finer ops it lists through the registry: overriding one of those reaches it too.")
+    return 0
+
+
+def op_shares(points, per_point: list[dict]) -> list[dict]:
+    """Rows {op, calls (per step, the first point's), share (per point), weighted, parts (the finer ops a
+    composite runs)}, heaviest first; the weighted share is sum over points of weight x ms over sum of weight
+    x step ms."""
+    names = sorted({n for prof in per_point for n in prof})
+    total = sum(float(p.weight) * sum(v["ms"] for v in prof.values()) for p, prof in zip(points, per_point)) or 1.0
+    rows = [{"op": n, "calls": next((prof[n]["calls"] for prof in per_point if n in prof), 0),
+             "share": [prof.get(n, {}).get("share", 0.0) for prof in per_point],
+             "weighted": sum(float(p.weight) * prof.get(n, {}).get("ms", 0.0)
+                             for p, prof in zip(points, per_point)) / total,
+             "parts": sorted({q for prof in per_point for q in prof.get(n, {}).get("parts", {})})} for n in names]
+    return sorted(rows, key=lambda r: -r["weighted"])

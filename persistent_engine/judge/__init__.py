@@ -5,7 +5,7 @@ chose, and hand their outputs back. ``engine.Engine`` serves the RPC (``server.p
 executors A/B from outside. Light on import (no torch here).
 """
 
-__all__ = ["Engine", "EngineConfig", "ab"]
+__all__ = ["Engine", "EngineConfig", "ab", "default_points"]
 
 
 def __getattr__(name):
@@ -13,6 +13,10 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"{__name__}.ab")
+    if name == "default_points":        # the workload points a judge times when none are given
+        from persistent_engine.judge.checks import default_points
+
+        return default_points
     if name in __all__:
         from persistent_engine.judge import engine
 

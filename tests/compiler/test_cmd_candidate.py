@@ -1,6 +1,7 @@
 """``tkcc candidate check``: exit 0 correct, 1 rejected (also for a candidate that kills its engine),
 2 bad input; ``--json`` prints one document with correct, reasons and speedup."""
 
+import os
 import json
 import pathlib
 import subprocess
@@ -123,3 +124,19 @@ def test_the_text_says_the_spread_and_whether_a_gain_is_above_the_noise():
     assert point_line(noisy).endswith("q1 0.960: within the noise")
     assert point_line(idle).endswith("(not timed: no override runs here)")
     assert noise_summary([clear, noisy, idle]) == "above the measured noise at 1 of 2 timed point(s)"
+
+
+def test_ops_lists_what_the_model_calls_with_its_share(tmp_path):
+    """Issue 46: nothing listed the ops a model calls, so a user wrote an override that never ran."""
+    r = subprocess.run([sys.executable, "-m", "compiler", "ops", "--model", "tiny-dense", "--device", "cpu", "--json"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    by = {row["op"]: row for row in doc["ops"]}
+    assert {"attention_decode", "attention_prefill", "lm_head", "embedding"} <= set(by)
+    assert abs(sum(row["weighted"] for row in doc["ops"]) - 1.0) < 1e-6
+    assert by["attention_prefill"]["share"][0] == 0.0 and by["attention_prefill"]["share"][2] > 0
+    assert "linear" in by["add_rms_norm_linear"]["parts"]
+    bad = subprocess.run([sys.executable, "-m", "compiler", "ops", "--model", "no-such-model"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
