@@ -185,8 +185,8 @@ def ops(args) -> int:
         raise CandidateInputError(f"--layers out of range: {spec.name} has {spec.num_layers} layers")
     device = torch.device(_device(args.device))
     torch.set_grad_enabled(False)
-    model = build_model(spec, layers=layers or spec.covering_layers(), device=device,
-                        dtype={"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype], seed=0)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    model = build_model(spec, layers=layers or spec.covering_layers(), device=device, dtype=dtype, seed=0)
     points = default_points(device.type)
     per_point = [profile_point(model, make_workload(model, p, seed=1), device) for p in points]
     table = op_shares(points, per_point)
