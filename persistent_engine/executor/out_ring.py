@@ -118,8 +118,11 @@ class OutRing:
         if ptr is not None:
             from persistent_engine.executor.device_share import free_buffer
 
-            torch.cuda.synchronize(self.device)
-            free_buffer(ptr)
+            try:
+                torch.cuda.synchronize(self.device)
+                free_buffer(ptr)
+            except RuntimeError:                 # a device error: the context (and the allocation) are gone
+                pass
         if mapping is not None:
             try:
                 mapping.close()
