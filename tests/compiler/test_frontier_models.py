@@ -88,16 +88,17 @@ def test_candidate_check_tiny_new_families(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi", "qwen3.5", "deepseek", "mixtral", "gemma",
-                                   "llama4", "mimo", "kimi-k2.5", "minimax-m2.7",
-                                   "gpt-oss", "nemotron", "gemma4"])
+# one per distinct op set: Kimi-K2.5 (DeepSeek-V3's decoder in a wrapper), MiniMax-M2.7 (MiniMax's attention),
+# Mixtral (a plain MoE, as GLM's and Qwen3.5's) and Gemma-3 (Gemma-4's soft-capped, windowed attention) are judged
+# by the candidate checks above; their short optimize runs added ~3 minutes to CI and covered no other path
+@pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi", "qwen3.5", "deepseek",
+                                   "llama4", "mimo", "gpt-oss", "nemotron", "gemma4"])
 def test_short_optimize_tiny_writes_a_plan(model, tmp_path):
     out = tkcc("optimize", "--model", model, "--tiny", "--hw", "cpu", "--traffic", small_trace(tmp_path / "t.csv"),
                # Kimi-K3's, Qwen3.5's and V4's engines start in ~20 s on 2 cores, the others' in ~5 s (more on a loaded machine:
                # start-up gets 30% of the budget)
-               "--budget", {"kimi": "90s", "qwen3.5": "90s", "deepseek": "60s", "mixtral": "45s", "gemma": "45s",
-                             "llama4": "45s", "mimo": "45s", "kimi-k2.5": "45s", "gpt-oss": "45s",
-                             "nemotron": "45s", "gemma4": "45s"}.get(model, "40s"),
+               "--budget", {"kimi": "90s", "qwen3.5": "90s", "deepseek": "60s", "llama4": "45s", "mimo": "45s",
+                             "gpt-oss": "45s", "nemotron": "45s", "gemma4": "45s"}.get(model, "40s"),
                "--agents", "offline:1", "--device", "cpu", "--out", str(tmp_path / "plan"), "--max-points", "2",
                "--aa-runs", "1", "--json", timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
