@@ -74,7 +74,7 @@ def test_candidate_check_tiny_minimax_m3():
 def test_candidate_check_tiny_new_families(model):
     """Mixtral, Gemma-3, Gemma-2, Llama-4 (Scout; Maverick's interleaved dense / 128-expert layers), MiMo-V2-Flash,
     Kimi-K2.5 (a multimodal wrapper around DeepSeek-V3's decoder) Qwen3-Coder-480B, gpt-oss (its Hub config.json),
-    MiniMax-M2.7 (by its Hub config.json, whose attn_type_list is read; the short optimize below takes its alias) and
+    MiniMax-M2.7 (by its Hub config.json, whose attn_type_list is read) and
     Gemma-4-31B (its wrapper config.json: per-kind head dims and KV heads, K = V), Gemma-4-E2B (K/V shared across
     layers, per-layer inputs) and Gemma-4-26B-A4B (the dense MLP beside GeGLU experts) at toy size, from the configs
     as published: a correct linear override is judged on every point (through the MoE routers, biased ones included, the GeGLU MLP,
