@@ -57,9 +57,11 @@ def owned_dir(kind: str, where: str | None = None) -> str:
     """A fresh private directory ``tkcc-<kind>-*`` (in ``where``, default ``parent()``) locked as this
     process's (``release`` when done; else removed at exit)."""
     path = tempfile.mkdtemp(prefix=f"tkcc-{kind}-", dir=where or parent())
-    fd = os.open(os.path.join(path, OWNER_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # locked under another name, then renamed: a sweep never sees an ``.owner`` that is not locked yet
+    fd = os.open(os.path.join(path, OWNER_FILE + ".new"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.write(fd, str(os.getpid()).encode())
+    os.rename(os.path.join(path, OWNER_FILE + ".new"), os.path.join(path, OWNER_FILE))
     _HELD[path] = (fd, os.getpid())
     return path
 
@@ -127,13 +129,15 @@ def remove_tree(path: str) -> None:
     (``chmod 000``); never follows a link out of the tree; a tree already gone is fine."""
     tried: set[str] = set()
     hook = "onexc" if sys.version_info >= (3, 12) else "onerror"
+    root = os.path.abspath(path)
 
     def retry(_fn, p, _exc):
         if p in tried:                      # rights given back once: what still fails is left
             return
         tried.add(p)
         try:
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
+            if os.path.abspath(p) != root:  # never the rights of a directory outside the tree (``/tmp``)
+                os.chmod(os.path.dirname(p), stat.S_IRWXU)
             if os.path.isdir(p) and not os.path.islink(p):
                 os.chmod(p, stat.S_IRWXU)
                 shutil.rmtree(p, **{hook: retry})

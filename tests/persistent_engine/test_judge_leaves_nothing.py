@@ -118,3 +118,29 @@ def test_directories_of_dead_owners_are_removed_and_live_ones_kept(tmp_path):
     finally:
         scratch.release(live)
     assert not os.path.exists(live)
+
+
+def test_a_tree_whose_top_will_not_go_leaves_its_parent_as_it_was(tmp_path, monkeypatch):
+    """When the last rmdir of a tree fails (a writer racing the removal), the rights given back stay inside
+    the tree: the parent keeps its mode. (Before, ``/tmp`` became 0700 and the test PostgreSQL, running as
+    another user, lost its data directory mid-run.)"""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    tree = parent / "tkcc-judge-x"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "f").write_text("x")
+    real = os.rmdir
+    monkeypatch.setattr(os, "rmdir", lambda p, *a, **k: (_ for _ in ()).throw(OSError(39, "busy"))
+                        if os.path.abspath(p) == str(tree) else real(p, *a, **k))
+    scratch.remove_tree(str(tree))
+    assert oct(parent.stat().st_mode & 0o7777) == oct(0o1777)
+
+
+def test_a_sweep_never_takes_a_directory_whose_owner_is_still_locking_it(tmp_path):
+    """``owned_dir`` names its lock ``.owner`` only once it holds it: a concurrent ``remove_stale`` (two tiers'
+    supervisors starting together) cannot remove a directory being made."""
+    made = scratch.owned_dir("race", str(tmp_path))
+    assert os.listdir(made) == [scratch.OWNER_FILE]
+    assert scratch.remove_stale("race", str(tmp_path)) == [] and os.path.isdir(made)
+    scratch.release(made)
