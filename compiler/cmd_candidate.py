@@ -112,11 +112,13 @@ def check(args) -> int:
     reasons = static_check(source, op_params)
     result: dict = {"correct": False, "reasons": reasons, "speedup": None, "applicable": True, "not_called": [],
                     "per_point": [], "timings": {}, "restarted": False, "startup": {}}
+    timings = []                                            # the verdict's PointTiming per point
     if not reasons:
         with Supervisor(args.model, layers, device, dtype=args.dtype, auto_restart=False,
                         log=None if args.json else (lambda line: print(line, file=sys.stderr))) as sup:
             verdict = sup.evaluate(source, timeout_s=args.timeout, samples=args.samples)
             result.update(verdict.to_dict())
+            timings = list(verdict.per_point)
             result["startup"] = sup.startup
         result = applicability(result)
     if args.json:
@@ -129,37 +131,39 @@ def check(args) -> int:
         for r in result["reasons"]:
             print(f"  - {r}")
         if result["speedup"] is not None:
-            print(f"speedup:   {result['speedup']:.3f}x  ({noise_summary(result['per_point'])})")
-            for p in result["per_point"]:
+            print(f"speedup:   {result['speedup']:.3f}x  ({noise_summary(timings)})")
+            for p in timings:
                 print(point_line(p))
     return 0 if result["correct"] else 1
 
 
-def above_noise(p: dict) -> bool | None:
-    """Whether a point's gain is above the noise the A/B measured: three quarters of its pairs faster (the
-    pairs' lower-quartile ratio above 1). None: the point was not timed (no override runs there)."""
-    if not p.get("affected", True) or p.get("speedup_q1") is None:
+def above_noise(p) -> bool | None:
+    """Whether a point's gain (a ``PointTiming``) is above the noise the A/B measured: three quarters of its
+    pairs faster (the pairs' lower-quartile ratio above 1). None: the point was not timed (no override runs
+    there)."""
+    if not p.affected or p.speedup_q1 is None:
         return None
-    return float(p["speedup_q1"]) > 1.0
+    return float(p.speedup_q1) > 1.0
 
 
 def _spread(iqr_ms: float, ms: float) -> str:
     return f"IQR {100 * iqr_ms / ms:.1f}%" if ms > 0 else "IQR -"
 
 
-def point_line(p: dict) -> str:
+def point_line(p) -> str:
     """One timed point: both sides' medians and spreads, the ratio, its lower quartile and the noise call."""
-    base, cand = p["baseline_ms"], p["candidate_ms"]
-    line = (f"  {p['label']:<28} baseline {base:.3f} ms ({_spread(p.get('baseline_iqr_ms', 0.0), base)})"
-            f"  candidate {cand:.3f} ms ({_spread(p.get('candidate_iqr_ms', 0.0), cand)})  {p['speedup']:.3f}x")
+    base, cand = p.baseline_ms, p.candidate_ms
+    line = (f"  {p.label:<28} baseline {base:.3f} ms ({_spread(p.baseline_iqr_ms, base)})"
+            f"  candidate {cand:.3f} ms ({_spread(p.candidate_iqr_ms, cand)})  {p.speedup:.3f}x")
     call = above_noise(p)
     if call is None:
         return line + "  (not timed: no override runs here)"
-    return line + f"  q1 {float(p['speedup_q1']):.3f}: {'above the noise' if call else 'within the noise'}"
+    return line + f"  q1 {float(p.speedup_q1):.3f}: {'above the noise' if call else 'within the noise'}"
 
 
-def noise_summary(per_point: list[dict]) -> str:
-    calls = [c for c in (above_noise(p) for p in per_point) if c is not None]
+def noise_summary(timings) -> str:
+    """How many of the timed points (``PointTiming``) gained beyond the noise."""
+    calls = [c for c in (above_noise(p) for p in timings) if c is not None]
     if not calls:
         return "no point timed"
     return f"above the measured noise at {sum(calls)} of {len(calls)} timed point(s)"
@@ -188,8 +192,8 @@ def ops(args) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     model = build_model(spec, layers=layers or spec.covering_layers(), device=device, dtype=dtype, seed=0)
     points = default_points(device.type)
-    per_point = [profile_point(model, make_workload(model, p, seed=1), device) for p in points]
-    table = op_shares(points, per_point)
+    profiles = [profile_point(model, make_workload(model, p, seed=1), device) for p in points]
+    table = op_shares(points, profiles)
     if args.json:
         print(json.dumps({"model": spec.name, "points": [p.label() for p in points], "ops": table}))
         return 0
@@ -202,15 +206,15 @@ def ops(args) -> int:
     return 0
 
 
-def op_shares(points, per_point: list[dict]) -> list[dict]:
+def op_shares(points, profiles: list[dict]) -> list[dict]:
     """Rows {op, calls (per step, the first point's), share (per point), weighted, parts (the finer ops a
     composite runs)}, heaviest first; the weighted share is sum over points of weight x ms over sum of weight
     x step ms."""
-    names = sorted({n for prof in per_point for n in prof})
-    total = sum(float(p.weight) * sum(v["ms"] for v in prof.values()) for p, prof in zip(points, per_point)) or 1.0
-    rows = [{"op": n, "calls": next((prof[n]["calls"] for prof in per_point if n in prof), 0),
-             "share": [prof.get(n, {}).get("share", 0.0) for prof in per_point],
+    names = sorted({n for prof in profiles for n in prof})
+    total = sum(float(p.weight) * sum(v["ms"] for v in prof.values()) for p, prof in zip(points, profiles)) or 1.0
+    rows = [{"op": n, "calls": next((prof[n]["calls"] for prof in profiles if n in prof), 0),
+             "share": [prof.get(n, {}).get("share", 0.0) for prof in profiles],
              "weighted": sum(float(p.weight) * prof.get(n, {}).get("ms", 0.0)
-                             for p, prof in zip(points, per_point)) / total,
-             "parts": sorted({q for prof in per_point for q in prof.get(n, {}).get("parts", {})})} for n in names]
+                             for p, prof in zip(points, profiles)) / total,
+             "parts": sorted({q for prof in profiles for q in prof.get(n, {}).get("parts", {})})} for n in names]
     return sorted(rows, key=lambda r: -r["weighted"])

@@ -2,6 +2,7 @@
 2 bad input; ``--json`` prints one document with correct, reasons and speedup."""
 
 import os
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -114,11 +115,13 @@ def test_layer_candidate_writing_an_extra_cache_row_only_in_the_model_is_rejecte
 def test_the_text_says_the_spread_and_whether_a_gain_is_above_the_noise():
     """Issue 46: the same file read 0.930x, then 1.048x, with nothing to say which was noise."""
     from compiler.cmd_candidate import noise_summary, point_line
+    from persistent_engine.io_struct import PointTiming, WorkloadPoint
 
-    clear = {"label": "decode b1 ctx24", "affected": True, "baseline_ms": 1.0, "candidate_ms": 0.8, "speedup": 1.25,
-             "baseline_iqr_ms": 0.02, "candidate_iqr_ms": 0.04, "speedup_q1": 1.2}
-    noisy = dict(clear, label="decode b3 ctx40", candidate_ms=0.97, speedup=1.03, speedup_q1=0.96)
-    idle = dict(clear, label="prefill", affected=False, speedup=1.0, speedup_q1=None)
+    at = WorkloadPoint("decode", 1, 24, 1, 0.5)
+    clear = PointTiming(at, "decode b1 ctx24", True, 1.0, 0.8, 1.25, baseline_iqr_ms=0.02, candidate_iqr_ms=0.04,
+                        speedup_q1=1.2)
+    noisy = dataclasses.replace(clear, label="decode b3 ctx40", candidate_ms=0.97, speedup=1.03, speedup_q1=0.96)
+    idle = dataclasses.replace(clear, label="prefill", affected=False, speedup=1.0, speedup_q1=None)
     assert "(IQR 2.0%)" in point_line(clear) and "(IQR 5.0%)" in point_line(clear)
     assert point_line(clear).endswith("q1 1.200: above the noise")
     assert point_line(noisy).endswith("q1 0.960: within the noise")
