@@ -86,6 +86,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
+from persistent_engine import scratch
 from persistent_engine.executor import cgroup_memory
 from persistent_engine.executor.confine_fs import HIDE, chown_tree
 
@@ -608,16 +609,17 @@ def probe(device: str = "cpu") -> SandboxCapabilities:
     """What this machine's kernel lets an executor have under ``device``'s policy (``for_device``): a
     launcher confines a child fully, which reports and exits (~50 ms, once per process and device kind;
     no GPU needed: the CUDA policy's files, uid and sockets are probed the same way)."""
-    workdir = make_workdir()
+    scratch.remove_stale("probe")           # those of probing processes that were killed
+    home = scratch.owned_dir("probe")
     try:
-        with spawn(["/bin/true"], SandboxPolicy.for_device(device, workdir), probe_only=True) as proc:
+        with spawn(["/bin/true"], SandboxPolicy.for_device(device, make_workdir(home)), probe_only=True) as proc:
             proc.wait(10)
             proc.release_workdir()
             return proc.applied
     except (SandboxError, OSError, subprocess.TimeoutExpired) as e:
         return SandboxCapabilities(errors=(("spawn", str(e)),))
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        scratch.release(home)
 
 
 def require_sandbox(author_is_llm: bool, unsafe: bool, caps: SandboxCapabilities | None = None) -> SandboxCapabilities:
