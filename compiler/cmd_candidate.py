@@ -72,6 +72,19 @@ def register(subparsers) -> None:
     o.set_defaults(func=ops)
 
 
+def _layers(text: str | None, spec) -> list[int] | None:
+    """``--layers`` of ``spec``'s model (None: the default), a bad or out-of-range one as an input error."""
+    from persistent_engine import parse_layers
+
+    try:
+        layers = parse_layers(text)
+    except ValueError as e:
+        raise CandidateInputError(str(e)) from None
+    if layers is not None and any(i < 0 or i >= spec.num_layers for i in layers):
+        raise CandidateInputError(f"--layers out of range: {spec.name} has {spec.num_layers} layers")
+    return layers
+
+
 def _device(name: str) -> str:
     if name != "auto":
         if not (name == "cpu" or name.startswith("cuda")):
@@ -84,7 +97,6 @@ def _device(name: str) -> str:
 def check(args) -> int:
     import inspect
 
-    from persistent_engine import parse_layers
     from persistent_engine import param_names, static_check
     from persistent_engine import require_sandbox
     from persistent_engine.models.spec import ModelSpec, tiny_name
@@ -100,12 +112,7 @@ def check(args) -> int:
     require_sandbox(author_is_llm=True, unsafe=args.unsafe_no_sandbox)   # a file of unknown author: exit 2
     if args.timeout <= 0:
         raise CandidateInputError("--timeout must be positive")
-    try:
-        layers = parse_layers(args.layers)
-    except ValueError as e:
-        raise CandidateInputError(str(e)) from None
-    if layers is not None and any(i < 0 or i >= spec.num_layers for i in layers):
-        raise CandidateInputError(f"--layers out of range: {spec.name} has {spec.num_layers} layers")
+    layers = _layers(args.layers, spec)
     device = _device(args.device)
     from persistent_engine.ops import registry     # torch: only once the input is known good
     op_params = {n: param_names(inspect.signature(registry.get(n).reference)) for n in registry.names()}
@@ -176,17 +183,12 @@ def ops(args) -> int:
     (``profile_point``): shares, not what a CUDA graph of the step takes."""
     import torch
 
-    from persistent_engine import build_model, make_workload, parse_layers, profile_point
+    from persistent_engine import build_model, make_workload, profile_point
     from persistent_engine.judge import default_points
     from persistent_engine.models.spec import ModelSpec, tiny_name
 
     spec = ModelSpec.from_name(tiny_name(args.model, args.tiny))          # SpecError: exit 2
-    try:
-        layers = parse_layers(args.layers)
-    except ValueError as e:
-        raise CandidateInputError(str(e)) from None
-    if layers is not None and any(i < 0 or i >= spec.num_layers for i in layers):
-        raise CandidateInputError(f"--layers out of range: {spec.name} has {spec.num_layers} layers")
+    layers = _layers(args.layers, spec)
     device = torch.device(_device(args.device))
     torch.set_grad_enabled(False)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
