@@ -18,7 +18,9 @@ but the first and the last; ``VARIANTS``):
   gptfast_max_autotune   the same model, ``torch.compile(mode="max-autotune-no-cudagraphs", fullgraph=True)``
                          captured in a CUDA graph here: the strongest baseline a careful user writes
   tkcc                   the plan's accepted overrides (``kernels/composed.py`` through ``compiler.apply``)
-                         active while the step is captured in a CUDA graph, as the engine does; the plan's
+                         active while the step is captured in a CUDA graph, as the engine does: compiled by
+                         inductor around them (each an opaque call) where the plan was measured against the
+                         compiled step (``--tkcc-step``), else the eager reference ops around them; the plan's
                          step CONFIG applied (``cuda_graph``, ``cuda_graph_batch_sizes``, ``kv_block_size``;
                          scheduler knobs listed as ignored); without a plan, the reference (``tkcc_source``)
 
@@ -65,6 +67,7 @@ from benchmarks.e2e_results import BenchError, merge_files, merge_results, print
 from benchmarks.e2e_results import fmt as _f, read_results, target_verdicts  # noqa: E402
 from benchmarks.forward import bytes_read  # noqa: E402
 from compiler import apply as plan_apply  # noqa: E402
+from persistent_engine import compiled_step, opaque  # noqa: E402
 from compiler.compare import capture, compile_step  # noqa: E402
 from compiler import plan as plan_mod  # noqa: E402
 from compiler.compose import parse_targets  # noqa: E402
@@ -206,10 +209,11 @@ def relayout(src, dst, tokens: int) -> None:
 
 
 def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, timer, a, seed: int,
-                  profile: int = 0) -> tuple[dict, torch.Tensor, dict | None]:
+                  profile: int = 0, compiled: bool = False) -> tuple[dict, torch.Tensor, dict | None]:
     """tkcc: the step with ``overrides`` and the step-level CONFIG: (its ``timings`` entry, logits, kernels per
-    step when ``profile``). Like the engine, a step whose capture fails (an override that syncs the host) is
-    timed eagerly (unheld: its dispatch is its cost), and ``timed`` says why."""
+    step when ``profile``); ``compiled``: inductor around the overrides (the engine's compiled mode), then
+    captured. Like the engine, a step whose capture fails (an override that syncs the host) is timed eagerly
+    (unheld: its dispatch is its cost), and ``timed`` says why."""
     cuda = model.device.type == "cuda"
     wl = wl_ref
     bs = config.get("kv_block_size")
@@ -221,14 +225,19 @@ def run_plan_step(model, wl_ref, case: Case, overrides: dict, config: dict, time
     how = "eager"
     if cuda and config.get("cuda_graph", True) and (batches is None or case.batch in batches):
         try:
-            g, out = capture(model, wl, overrides)
+            g, out = capture(model, wl, overrides, compiled=compiled)
         except RuntimeError as e:
             torch.cuda.synchronize()
             how = f"eager (capture failed: {str(e).splitlines()[0][:200]})"
         else:
-            return time_variant(timer, lambda: (g.replay(), out)[1], a, held=True, how="cuda_graph", profile=profile)
+            return time_variant(timer, lambda: (g.replay(), out)[1], a, held=True,
+                                how="compiled+cuda_graph" if compiled else "cuda_graph", profile=profile)
+    step = model.step
+    if compiled and not cuda:                   # CPU: inductor's C++ around the overrides, no graphs
+        torch._dynamo.reset()
+        step, overrides, how = compiled_step(model), opaque(overrides), "compiled"
     with registry.override(overrides):
-        return time_variant(timer, lambda: model.step(wl), a, held=False, how=how, eager=True,
+        return time_variant(timer, lambda: step(wl), a, held=False, how=how, eager=how != "compiled",
                             profile=profile if cuda else 0)
 
 
@@ -326,12 +335,15 @@ def tkcc_variant(model, wl, case: Case, parts: PlanParts | None, a, timer, ref_l
     overrides = dict(parts.loaded.overrides) if parts else {}
     config = dict(parts.loaded.config) if parts else {}
     profile = a.profile_steps if model.device.type == "cuda" else 0
-    entry, logits, kernels = run_plan_step(model, wl, case, overrides, config, timer, a, a.seed, profile)
+    compiled = tkcc_compiled(a, parts)
+    entry, logits, kernels = run_plan_step(model, wl, case, overrides, config, timer, a, a.seed, profile, compiled)
     check = agreement(ref_logits, logits, model.dtype)
     replay = replay_agreement(model, wl, overrides, ref_logits, model.dtype) if overrides else None
     if replay is not None:                              # MoE slice: the engine's rule decides
         check.update(routing_replay=replay, ok_plain=check["ok"], ok=check["ok"] or replay["ok"])
-    path = "the engine's CUDA-graph path" if entry["timed"] == "cuda_graph" else "the engine's eager path"
+    path = {"cuda_graph": "the engine's CUDA-graph path",
+            "compiled+cuda_graph": "the engine's compiled step (inductor around the overrides) in a CUDA graph"
+            }.get(entry["timed"], "the engine's eager path")
     if parts is None:
         source = f"reference (no plan for this model) under {path}"
     elif not overrides:
@@ -348,12 +360,21 @@ def tkcc_variant(model, wl, case: Case, parts: PlanParts | None, a, timer, ref_l
         for o, ops, knobs in parts.owned:
             minus, minus_logits, _ = run_plan_step(
                 model, wl, case, {k: v for k, v in overrides.items() if k not in ops},
-                {k: v for k, v in config.items() if k not in knobs}, timer, a, a.seed)
+                {k: v for k, v in config.items() if k not in knobs}, timer, a, a.seed, compiled=compiled)
             row["ablation"].append({"name": o.name, "ops": list(ops), "config": list(knobs),
                                     "without_ms": minus["back_to_back_ms"],
                                     "contribution_ms": minus["back_to_back_ms"] - entry["back_to_back_ms"],
                                     "agree": agreement(ref_logits, minus_logits, model.dtype)["ok"]})
     return row, entry, kernels
+
+
+def tkcc_compiled(a, parts: PlanParts | None) -> bool:
+    """Whether the plan's step runs compiled: ``--tkcc-step``, or (``plan``) as the plan was measured (its
+    ``plan_speedup.baseline`` words name torch.compile), eager without a plan."""
+    if a.tkcc_step != "plan":
+        return a.tkcc_step == "compiled" and not a.no_compile
+    baseline = str(parts.loaded.plan.plan_speedup.get("baseline", "")) if parts else ""
+    return "torch.compile" in baseline and not a.no_compile
 
 
 def ratios(timings: dict, key: str) -> dict:
@@ -500,6 +521,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip", default="", help=f"comma list of variants not to run, of: {', '.join(SKIPPABLE)}")
     ap.add_argument("--profile-steps", type=int, default=5,
                     help="profiled calls per variant for kernels/busy/idle per step (CUDA; 0: skip)")
+    ap.add_argument("--tkcc-step", choices=["plan", "compiled", "eager"], default="plan",
+                    help="the plan's step compiled around its overrides (as the engine's compiled mode) or eager "
+                         "reference ops around them; plan: as the plan was measured")
     ap.add_argument("--ablate", action="store_true", help="time the plan without each optimization in turn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")

@@ -72,10 +72,11 @@ def write_json(path: Path, doc: dict) -> None:
 
 def variant_options(name: str, args, plan: str | None) -> ServeOptions:
     """The runtime options of one variant: all three capture the same ``--graph-sizes`` (a variant
-    padding its decodes to coarser sizes pays for rows it does not serve); torch_compile compiles."""
+    padding its decodes to coarser sizes pays for rows it does not serve); torch_compile compiles the reference,
+    plan runs as ``tkcc serve --plan`` does (compiled around its overrides on CUDA), reference eagerly."""
     sizes = args.graph_sizes
     return ServeOptions(model=None if plan else args.model, plan=plan, device=args.device,
-                        max_model_len=args.max_model_len, compile=name == "torch_compile",
+                        max_model_len=args.max_model_len, compile={"torch_compile": True, "reference": False}.get(name),
                         graphs=bool(sizes), graph_sizes=sizes, max_num_seqs=args.max_num_seqs,
                         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None,
                         spot_check=args.spot_check)

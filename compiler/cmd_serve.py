@@ -4,6 +4,7 @@ compiler/serve_bench.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -19,7 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
     p.add_argument("--tiny", action="store_true", help="shrink the model's widths (random weights)")
     p.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (default 2048 CPU, 4096 GPU)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the decode forward")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the decode forward around the plan's kernels, as the plan was measured "
+                        "(default: on for CUDA, off for CPU)")
     p.add_argument("--spot-check", type=float, default=None, metavar="F",
                    help="fraction of each plan override's calls recomputed with the reference in the background "
                         "(default 0.02; 0 disables); a mismatch disables that override")

@@ -29,14 +29,25 @@ from persistent_engine import WorkloadPoint
 from compiler.apply import engine_threads, overrides_of, torch_dtype
 
 
-def capture(model: Any, wl: Any, overrides: dict, pool: Any = None) -> tuple[Any, Any]:
+def capture(model: Any, wl: Any, overrides: dict, pool: Any = None, compiled: bool = False) -> tuple[Any, Any]:
     """(graph, static logits) of one step with ``overrides`` active, as the engine captures it: warm-up
-    steps on a side stream (Triton JIT, allocator), then the capture."""
+    steps on a side stream (Triton JIT, allocator), then the capture. ``compiled``: the step as the engine's
+    compiled mode runs it (``compiled_step``: inductor around the overrides, each an opaque call), compiled
+    on a first call here (dynamo reset first: its graphs are this workload's)."""
+    import torch._dynamo
+
     from persistent_engine import timing
+    from persistent_engine import compiled_step, opaque
     from persistent_engine.ops import registry
 
+    step = model.step
+    if compiled:
+        torch._dynamo.reset()
+        step, overrides = compiled_step(model), opaque(overrides)
     with registry.override(overrides):
-        return timing.capture_graph(lambda: model.step(wl), pool=pool)
+        if compiled:
+            step(wl)
+        return timing.capture_graph(lambda: step(wl), pool=pool)
 
 
 def compile_step(model: Any, wl: Any) -> tuple[Callable[[], Any], float, bool | None]:

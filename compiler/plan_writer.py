@@ -59,12 +59,24 @@ def write_plan(run: Run, run_in: RunInputs, outcome: Outcome) -> Path:
             best_effort(run.board.add_optimization, run.run_id, a.candidate_id, name=o.name,
                         targets=list(o.targets), speedups=o.speedup, per_point=[p.to_dict() for p in o.per_point],
                         plan_version=written_version(vdir))
+    record_baseline(run.board, run.run_id, plan.plan_speedup)
     progress.phase("done")
     snap = progress.snapshot()
     best_effort(run.board.update_run, run.run_id, status="interrupted" if outcome.interrupted else "done",
                 message=f"plan {vdir}", candidates_tried=snap.tried, candidates_accepted=snap.accepted,
                 best_speedup=snap.best_speedup, engine_restarts=outcome.restarts)
     return vdir
+
+
+def record_baseline(board: Any, run_id: Any, plan_speedup: dict) -> None:
+    """The run's plan speedups and what they are measured against, in words, for the UI's run page."""
+    try:
+        row = board.get_run(run_id)
+        if row is not None:
+            board.update_run(run_id, config={**(row.config or {}), "baseline": plan_speedup.get("baseline"),
+                                             "plan_speedup": {k: plan_speedup.get(k) for k in ("fast", "slow")}})
+    except Exception:  # noqa: BLE001 - board bookkeeping never stops a run
+        pass
 
 
 def written_version(vdir: Path) -> int:

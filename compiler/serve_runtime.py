@@ -25,7 +25,9 @@ class ServeOptions:
     tiny: bool = False
     max_model_len: int | None = None
     kv_cache_bytes: int | None = None
-    compile: bool = False             # torch.compile the decode forward (the reference under torch.compile)
+    compile: bool | None = None       # torch.compile the decode forward around the plan's overrides (each an
+                                      # opaque call, as the judge timed it); None: on for CUDA, off for CPU
+    compile_backend: str = "inductor"  # ("eager": dynamo only, the CPU tests')
     graphs: bool = True               # CUDA graphs for the plan's (or default) decode batch sizes
     graph_sizes: tuple[int, ...] | None = None   # decode graph batch sizes instead of the plan's / default
     max_num_seqs: int | None = None   # when the plan's CONFIG sets none (default 64)
@@ -47,14 +49,18 @@ class Runtime:
     plan_dir: str | None
     plan_overrides: dict[str, Callable]
     checker: Any = None               # compiler.spot_check.SpotChecker of the plan's overrides
+    compiled: bool = False            # the decode forward compiled: overrides enter it as opaque calls
     startup_s: dict[str, float] = field(default_factory=dict)   # load (plan, weights), engine (KV, graphs, compile)
 
     @contextlib.contextmanager
     def overrides(self) -> Iterator[None]:
         """The plan's overrides active in the op registry (process-global) while the engine runs."""
+        from persistent_engine import opaque
         from persistent_engine.ops import registry
 
         live = self.checker.wrapped(self.plan_overrides) if self.checker is not None else self.plan_overrides
+        if self.compiled:                           # dynamo does not trace into the kernels or the spot check
+            live = opaque(live)
         with registry.override(live):               # behind the spot-check's wrappers (compiler.spot_check)
             yield
 
@@ -86,6 +92,7 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
     import torch
 
     from persistent_engine import build_model, make_decoder
+    from persistent_engine import compiled_default, opaque
     from persistent_engine.serving import EngineConfig, ServingEngine
     from traffic_profiles import Scheduler, SchedulerConfig
 
@@ -96,6 +103,7 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
         raise ModelLoadError("give --plan DIR or --model M")
     device = _device(opts.device)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    compiled = compiled_default(device.split(":")[0]) if opts.compile is None else bool(opts.compile)
     served = load_served_model(model, opts.weights, tiny=opts.tiny, dtype=dtype)
     spec, layers = served.spec, list(range(served.spec.num_layers))
     if any(getattr(spec, "kda_layers", ())) or "M" in getattr(spec, "hybrid_pattern", ""):
@@ -119,7 +127,8 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
     graphs = opts.graph_sizes or knobs.get("cuda_graph_batch_sizes", DEFAULT_GRAPH_SIZES)
     graphs = () if not opts.graphs or device == "cpu" else graphs
     cfg = EngineConfig.from_knobs({**knobs, "cuda_graph_batch_sizes": graphs}, device=device, dtype=dtype,
-                                  max_model_len=max_len, kv_cache_bytes=kv_bytes, compile=opts.compile)
+                                  max_model_len=max_len, kv_cache_bytes=kv_bytes, compile=compiled,
+                                  compile_backend=opts.compile_backend)
     cfg = dataclasses.replace(cfg, cuda_graph_batch_sizes=tuple(b for b in cfg.cuda_graph_batch_sizes
                                                                 if b <= cfg.max_num_seqs))
     chunk = knobs.get("max_chunk_tokens")             # the plan's chunked-prefill size (config search)
@@ -130,10 +139,10 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
     from persistent_engine.ops import registry
 
     t1 = time.perf_counter()
-    with registry.override(overrides):              # CUDA graphs capture the plan's kernels
+    with registry.override(opaque(overrides) if compiled else overrides):   # CUDA graphs capture the plan's kernels
         engine = ServingEngine(decoder, lambda kv: Scheduler(sched_cfg, kv), cfg, progress)
     # a disabled override must not replay from a captured graph: later decodes run eager (the reference)
     checker = SpotChecker(overrides, opts.spot_check, on_disable=lambda _ops: setattr(engine, "drop_graphs", True))
     return Runtime(served.name, spec, served.tokenizer, engine, sched_cfg, served.source,
-                   str(loaded.version_dir) if loaded else None, overrides, checker if overrides else None,
+                   str(loaded.version_dir) if loaded else None, overrides, checker if overrides else None, compiled,
                    {"load_s": t1 - t0, "engine_s": time.perf_counter() - t1})

@@ -23,6 +23,7 @@ _EXPORTS = {
     "require_sandbox": "executor.sandbox", "sandbox_probe": "executor.sandbox:probe",
     "KERNEL_CACHE_ENV": "executor.kernel_cache", "compiled_default": "executor.compiled_step",
     "baseline_words": "executor.compiled_step", "COMPILED_ENV": "executor.compiled_step",
+    "compiled_step": "executor.compiled_step", "opaque": "executor.compiled_step",
     "engine_main": "__main__:main", "parse_layers": "__main__",
     # the candidate contract (candidate.py, stdlib only): parsed statically, imported only where it may run
     "CandidateSource": "candidate", "CONTRACT_NAMES": "candidate", "static_check": "candidate",

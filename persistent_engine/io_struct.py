@@ -301,6 +301,8 @@ class StatusReply(Reply):
     pool_ready: int = 0                                 # warm executors waiting now
     ahead: int = 0                                      # executors compiling queued sources ahead now
     ahead_used: int = 0                                 # candidates loaded by one that compiled them ahead
+    compiled_seeded: int = 0                            # compiled mode: executors given a trusted compile of their op set
+    compiled_kept: int = 0                              # op sets whose trusted compile is kept
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ in kernels/, the composed file) is loaded, its overrides and step CONFIG run the
 agreement check passes for a correct override and fails for a wrong one, and the JSON has the fields
 issue 10 asks for. torch.compile is skipped (--no-compile): on 2 CPU cores it takes ~30 s per case."""
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -14,6 +15,7 @@ import torch
 
 from compiler import plan as plan_mod
 from compiler.compose import Part, compose
+from persistent_engine.executor.compiled_step import baseline_words
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec
@@ -287,3 +289,27 @@ def test_skip_drops_variants_and_a_wrong_name_is_a_user_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and doc is None and err.startswith("e2e_decode: error: --skip tkcc: variants are") and \
         err.count("\n") == 1
+
+
+def test_the_plan_step_runs_as_the_plan_was_measured(tmp_path):
+    """Issue 39: a plan measured against the compiled step runs compiled around its overrides (``--tkcc-step
+    plan``, the default), an older plan (eager baseline) eagerly; ``--tkcc-step`` and ``--no-compile`` decide
+    over it. The compiled path on CPU times the overrides inside inductor's step and still agrees."""
+    vdir = write_plan(tmp_path / "plan", "rms-fp32", CORRECT)
+    [parts] = bench.load_plans([str(vdir.parent)]).values()
+    compiled = parts.loaded.plan.plan_speedup | {"baseline": baseline_words(True)}
+    as_compiled = bench.PlanParts(dataclasses.replace(parts.loaded, plan=dataclasses.replace(
+        parts.loaded.plan, plan_speedup=compiled)), parts.owned)
+
+    def decide(p, step="plan", no_compile=False):
+        return bench.tkcc_compiled(Namespace(tkcc_step=step, no_compile=no_compile), p)
+    assert decide(as_compiled) and not decide(parts) and not decide(None)
+    assert decide(parts, "compiled") and not decide(as_compiled, "eager") and not decide(as_compiled, no_compile=True)
+    model = build_model("tiny-dense", dtype=torch.float32)
+    wl = make_workload(model, WorkloadPoint(phase="decode", batch=1, context=8), 0)
+    a = Namespace(steps=2, repeats=1, samples=2, eager_samples=2)
+    timer = bench.timing.FairTimer(model.device, flush_bytes=1 << 16)
+    case = bench.Case("tiny-dense", None, 1, 8)
+    entry, logits, _ = bench.run_plan_step(model, wl, case, dict(parts.loaded.overrides), {}, timer, a, 0,
+                                           compiled=True)
+    assert entry["timed"] == "compiled" and bench.agreement(model.step(wl).float(), logits, model.dtype)["ok"]

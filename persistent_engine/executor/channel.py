@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import select
 import socket
 import struct
 import threading
@@ -365,6 +366,14 @@ class Channel:
                 raise ChannelClosed("the other side closed the channel")
             self._buf += b
             self._progress = time.monotonic()
+
+    def ready(self) -> bool:
+        """Whether bytes of a message (or the other side's close) wait to be read: ``recv`` will not block
+        long for its start."""
+        if self._buf:
+            return True
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        return bool(readable)
 
     def close(self) -> None:
         try:

@@ -15,14 +15,12 @@ one return to Python (~20 us).
 
 Correctness stays with the eager reference: the judge computes its references eagerly, and what a candidate
 is verified on (op checks, layer steps) runs eagerly too; only the timed runs (the judge's, and ``plan
-apply``'s, which times through executors) run compiled; ``tkcc serve`` still serves the eager step. ``TKCC_COMPILED=1`` turns it on (off by default on both devices for now). Measured on the H100
-(2026-12-05, llama-1b 2-layer fast tier, ``benchmarks/hot_reload.py --device cuda`` with ``TKCC_COMPILED=1``):
-the baseline executor compiles its three points in 37 s at start-up, and every candidate's executor compiles
-its own graphs in ~18 s (compile threads 1, a private inductor cache): 190 candidates per hour against ~3,400
-eager. It becomes the default once a trusted process compiles each override set's graphs into a cache the
-executors copy (the compiled graphs hold no candidate code: the overrides are opaque calls), so an
-executor traces but does not compile. On CPU every executor would compile every point shape (tiny-dense:
-~50 s cold, ~9 s from the cache), which the 2-core CI machine and ``make demo`` cannot afford either.
+apply``'s, which times through executors) run compiled. The baseline executor compiles its points at
+start-up; a candidate's executor gets the graphs of its op set from the judge's compile cache
+(``compile_cache.py``: compiled once per op set by an executor no candidate ran in), so it traces and loads
+rather than compiles. On by default on CUDA; ``TKCC_COMPILED=0`` turns it off, ``=1`` on CPU (there every
+executor compiles C++ for every point shape: tiny-dense 32 s cold, 5.9 s from the cache on this 2-core
+machine, which ``make demo`` and CI cannot afford per candidate).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from typing import Callable, Mapping
 import torch
 
 COMPILED_ENV = "TKCC_COMPILED"
-DEFAULT = {"cuda": False, "cpu": False}      # see the module doc: per-executor compile cost
+DEFAULT = {"cuda": True, "cpu": False}       # see the module doc: CPU compiles cost too much per executor
 # one compiled graph per point shape (dynamic=False): the judge's points and their variants, with room
 RECOMPILE_LIMIT = 64
 

@@ -90,7 +90,10 @@ def _rewritten_group(data: bytes, old_dir: str, new_dir: str, names: set[str]) -
         return None
     moved = {}
     for child, path in group.items():
-        if not (isinstance(path, str) and os.path.dirname(path) == old_dir and os.path.basename(path) in names):
+        # the executor wrote its own path of the entry (not the judge's view of it): the entry's key and a
+        # file of it are what must match
+        if not (isinstance(path, str) and os.path.basename(os.path.dirname(path)) == os.path.basename(old_dir)
+                and os.path.basename(path) in names):
             return None
         moved[child] = os.path.join(new_dir, os.path.basename(path))
     return json.dumps({"child_paths": moved}).encode()

@@ -232,6 +232,10 @@ class Executor:
         expect, nonce = self._pending.pop(0)
         return self._recv(time.monotonic() + timeout_s, what, expect, nonce)
 
+    def has_reply(self) -> bool:
+        """Whether a reply (or the end of the channel) is there to read: ``receive`` without waiting."""
+        return self.chan.ready()
+
     def members(self) -> list[int]:
         """Every live process of this executor's tree (re-scanned now)."""
         self._members = self.proc.members()

@@ -113,6 +113,16 @@ class Capture(Request):
 
 
 @dataclass(frozen=True)
+class Precompile(Request):
+    """A trusted compile (``compile_cache.py``): the timed step of ``points`` compiled with the reference
+    functions of ``ops`` as opaque calls, the graphs a candidate overriding exactly ``ops`` needs. Sent only
+    to an executor that never loaded a candidate, which is killed after it (its caches are then copied)."""
+    KIND: ClassVar[str] = "precompile"
+    ops: list[str] = field(default_factory=list)
+    points: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Run(Request):
     KIND: ClassVar[str] = "run"
     i: int = 0
@@ -245,9 +255,9 @@ class MemoryReply(Reply):
 
 
 REQUESTS: dict[str, type[Request]] = {c.KIND: c for c in (
-    Load, Warm, OpChecks, Steps, Capture, Run, Guards, Memory, Exit)}
+    Load, Warm, OpChecks, Steps, Capture, Precompile, Run, Guards, Memory, Exit)}
 REPLY_OF: dict[type[Request], type[Reply]] = {
-    Load: Loaded, Warm: Warmed, OpChecks: OpResults, Steps: StepResults, Capture: Captured, Run: Ran,
+    Load: Loaded, Warm: Warmed, OpChecks: OpResults, Steps: StepResults, Capture: Captured, Precompile: Captured, Run: Ran,
     Guards: GuardsReply, Memory: MemoryReply}
 REPLIES: dict[str, type[Reply]] = {c.KIND: c for c in (Ready, Failed, *REPLY_OF.values())}
 FAILED_KINDS = ("candidate", "oom", "device")

@@ -14,6 +14,8 @@ are the judge's), warms kernels, and then answers one request at a time:
             mailbox holds; the judge asks again for the rest)
             (the baseline executor's, with no overrides, is the reference routing sent to candidates)
   capture   CUDA graphs of the given points with the overrides (the baseline executor: at start-up)
+  precompile the timed step compiled with some ops' reference functions opaque (never after a load): the
+            graphs a candidate overriding those ops needs, for the judge's compile cache (compile_cache.py)
   run       k back-to-back steps (graph replays where captured) of point i, variant v, each on the token
             ids the judge sent for it (chained: plus argmax of row 0 of the previous run's logits), each
             output copied into the judge's ring (``out_ring.py``: the judge reads it at the reply);
@@ -276,6 +278,23 @@ class Worker:
         return wire.Captured(graphed=sorted(self.graphs), errors={str(k): str(v) for k, v in self.graph_errors.items()},
                              healthy=bool(healthy), uncompiled={str(k): v for k, v in self.uncompiled.items()})
 
+    def precompile(self, msg: wire.Precompile) -> wire.Captured:
+        """A trusted compile for the judge's compile cache: the points' timed steps compiled with the reference
+        functions of ``msg.ops`` opaque (what a candidate overriding those ops traces to the same graphs).
+        Only in an executor that never loaded a candidate: its caches are copied for others to read."""
+        if self.candidate is not None or not self.compiled:
+            return wire.Failed(error="precompile: only a compiled-mode executor with no candidate compiles for the "
+                                     "cache", kind="candidate")
+        unknown = [op for op in msg.ops if op not in self.op_params]
+        if unknown:
+            return wire.Failed(error=f"precompile: unknown op(s) {unknown}", kind="candidate")
+        self.registry.set_overrides(opaque({op: self.registry.get(op).reference for op in msg.ops}))
+        try:
+            self._compile([i for i in msg.points if 0 <= i < len(self.points)])
+        finally:
+            self.registry.clear_overrides()
+        return wire.Captured(uncompiled={str(k): v for k, v in self.uncompiled.items()})
+
     def _step_of(self, i: int):
         """The timed step of point i: compiled, unless this point runs eagerly here."""
         return self.timed_step if self.compiled and i not in self.eager_points else self.model.step
@@ -409,7 +428,7 @@ def serve(chan, arena, init: dict, out_ring) -> int:
     worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES["cpu"]) // 4
     chan.send(wire.to_wire(wire.Ready(nonce=int(init["nonce"]), pid=os.getpid())))
     handlers = {wire.Load: worker.load, wire.OpChecks: worker.op_checks, wire.Steps: worker.steps,
-                wire.Capture: worker.capture, wire.Run: worker.run, wire.Warm: worker.warm,
+                wire.Capture: worker.capture, wire.Precompile: worker.precompile, wire.Run: worker.run, wire.Warm: worker.warm,
                 wire.Guards: worker.guards_request, wire.Memory: worker.memory_request}
     while True:
         req = wire.decode_request(chan.recv())

@@ -44,6 +44,7 @@ from persistent_engine.executor.channel import Arena, mailbox_bytes
 from persistent_engine.executor.compiled_step import baseline_words, compiled_default
 from persistent_engine.executor.device_share import DeviceWeights
 from persistent_engine.executor.out_ring import ring_bytes, ring_bytes_for
+from persistent_engine.executor.compile_cache import CompileCache
 from persistent_engine.executor.kernel_cache import KERNEL_CACHE_ENV, KernelCache
 from persistent_engine.executor import wire
 from persistent_engine.executor.launch import (Executor, ExecutorBroke, ExecutorDied, ExecutorPool, ExecutorTimeout,
@@ -163,6 +164,12 @@ class Engine(ExecutorSide):
         self._dir = scratch.owned_dir("judge")  # executors' workdirs and stderr files: removed at close
         # compiled kernels per candidate source: the run's (shared by its engines) or this judge's own
         self.kernel_cache = KernelCache(os.environ.get(KERNEL_CACHE_ENV) or os.path.join(self._dir, "kernels"))
+        # compiled mode: step graphs per op set, compiled by executors no candidate ran in (compile_cache.py)
+        self.compile_cache = CompileCache(os.path.join(self._dir, "compiled"))
+        self._precompiling: dict = {}           # op-set key -> ``Precompiling``
+        self._precompile_wanted: list[tuple[str, ...]] = []     # op sets to compile, first come first
+        self.precompile_failed: set[str] = set()
+        self.compiled_seeded = 0                # candidates' executors given a trusted compile
         self.op_params = {n: cand_mod.param_names(inspect.signature(registry.get(n).reference))
                           for n in registry.names()}
         self.threads = int(os.environ.get("TKCC_ENGINE_THREADS", "1"))
@@ -278,6 +285,7 @@ class Engine(ExecutorSide):
 
     def close(self) -> None:
         self._drop_candidate()
+        self._kill_precompiling()
         for ahead in self._ahead.values():
             ahead.executor.kill()
         self._ahead.clear()
@@ -416,6 +424,7 @@ class Engine(ExecutorSide):
             if r is None:
                 fresh = self._take()
                 self._seed_kernels(req.source, fresh)
+                self._seed_compiled(req.source, fresh)
                 self.candidate = Candidate(req.name, fresh, [], {}, "", req.source)
                 r = self._call(wire.Load(source=req.source, name=req.name), deadline)
             ex = self.candidate.executor             # the ahead one or the fresh one
@@ -503,8 +512,9 @@ class Engine(ExecutorSide):
             need = PAUSE_POOL_IF_READY.get(self.device.type)
             paused = (self.pool.pause() if self.pool is not None and need is not None
                       and self.pool.ready_count() >= need else [])
-            if self._ahead:                     # executors compiling ahead: stopped, whatever the device
-                compiling = [a.executor for a in self._ahead.values()]
+            if self._ahead or self._precompiling:   # executors compiling ahead: stopped, whatever the device
+                compiling = [a.executor for a in self._ahead.values()] + [
+                    j.executor for j in self._precompiling.values()]
                 for ex in compiling:
                     ex.stop()
                 paused += compiling
@@ -578,6 +588,7 @@ class Engine(ExecutorSide):
                             timer=timing.make_timer(self.device).name + "+sync per op")
 
     def status(self, req: Status) -> StatusReply:
+        self._collect_precompiled()
         return StatusReply(message="ready", model=self.config.model, layers=self.layers,
                            device=str(self.device), dtype=self.config.dtype,
                            points=list(self.points),
@@ -587,7 +598,8 @@ class Engine(ExecutorSide):
                            sandbox=sandbox_summary(self.device.type), executors_used=self.executors_used,
                            pool_size=self.pool_size, pool_wait_s=self.pool_wait_s,
                            pool_ready=self.pool.ready_count() if self.pool else 0,
-                           ahead=len(self._ahead), ahead_used=self.ahead_used)
+                           ahead=len(self._ahead), ahead_used=self.ahead_used,
+                           compiled_seeded=self.compiled_seeded, compiled_kept=self.compile_cache.count())
 
 
 def _applied(ex: Executor | None) -> dict:

@@ -25,13 +25,15 @@ from persistent_engine import guards, timing, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes
 from persistent_engine.executor.out_ring import ring_bytes_for
 from persistent_engine.executor import wire
+from persistent_engine.executor.compile_cache import op_set_key
 from persistent_engine.executor.kernel_cache import source_key
 from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorPool, ExecutorStartFailed,
                                               ExecutorTimeout)
 from persistent_engine.io_struct import Prepare, PrepareReply
 from persistent_engine.judge import memory
 
-__all__ = ["POOL_SIZE", "AHEAD", "AHEAD_ENV", "EXECUTOR_START_S", "DEFAULT_CALL_S", "Ahead", "ExecutorSide",
+__all__ = ["POOL_SIZE", "AHEAD", "AHEAD_ENV", "PRECOMPILE", "EXECUTOR_START_S", "DEFAULT_CALL_S", "Ahead",
+           "ExecutorSide", "Precompiling",
            "ahead_default", "elog", "split_pool"]
 
 # warm candidate executors kept ready: one warms in ~8-9 s on the H200 box (imports ~5 s, CUDA context,
@@ -51,6 +53,9 @@ POOL_SIZE = {"cuda": 12, "cpu": 1}
 # On CPU none by default (nothing compiles under TRITON_INTERPRET).
 AHEAD = {"cuda": 4, "cpu": 0}
 AHEAD_ENV = "TKCC_AHEAD"                 # overrides AHEAD (a count >= 0), e.g. to measure a run without them
+# compiled mode: trusted compiles of queued candidates' op sets at once (executor/compile_cache.py), each a
+# fresh pool executor for ~20-40 s (llama-1b 2-layer fast tier on the H100), paused like those compiling ahead
+PRECOMPILE = {"cuda": 2, "cpu": 1}
 EXECUTOR_START_S = 900.0
 DEFAULT_CALL_S = 600.0
 
@@ -76,6 +81,14 @@ def split_pool(room: int, ahead: int) -> tuple[int, int]:
     most half of it, the pool at least one."""
     ahead = max(0, min(ahead, room // 2))
     return max(1, room - ahead), ahead
+
+
+@dataclass
+class Precompiling:
+    """A fresh executor compiling the step for an op set (``wire.Precompile``), its reply still to be read."""
+    executor: Executor
+    ops: tuple[str, ...]
+    t0_ns: int
 
 
 @dataclass
@@ -205,6 +218,8 @@ class ExecutorSide:
         self._pool()
         sources = [s for s in (getattr(req, "sources", None) or []) if isinstance(s, str) and s]
         self._drop_ahead(keep={source_key(s) for s in sources})
+        if self.compiled:                       # the queued op sets' graphs compiled once, trusted
+            self._precompile([ops for ops in map(self._op_set, sources) if ops is not None])
         if not self.prepare_ahead:              # memory short (memory.pool_plan): the load takes one itself
             return PrepareReply(message="no executor prepared ahead: device memory short", pool_wait_s=0.0)
         started = self._warm_ahead(sources)
@@ -259,6 +274,105 @@ class ExecutorSide:
         except OSError as e:
             elog(f"kernel cache: not kept ({e})")
 
+    # ------------------------------------------------------------------------------ compiled graphs per op set
+    def _op_set(self, source: str) -> tuple[str, ...] | None:
+        """The ops a source's ``OVERRIDES`` literal names (what its compiled graphs depend on); None when they
+        cannot be read statically (then it compiles on its own)."""
+        parsed = cand_mod.CandidateSource.parse(source)
+        if not parsed.parses or any(op not in self.op_params for op in parsed.overrides):
+            return None
+        return tuple(sorted(set(parsed.overrides)))
+
+    def _seed_compiled(self, source: str, ex: Executor) -> None:
+        """Compiled mode: the trusted graphs of the source's op set copied into ``ex``'s caches before it
+        compiles (executor/compile_cache.py); else a trusted compile of that op set started for the next."""
+        ops = self._op_set(source) if self.compiled else None
+        if ops is None:
+            return
+        self._collect_precompiled()
+        key = op_set_key(ops)
+        try:
+            workdir = ex.proc.workdir_view
+            owner = os.stat(workdir).st_uid if os.geteuid() == 0 else None
+            if self.compile_cache.seed(key, workdir, owner or None):
+                self.compiled_seeded += 1
+                return
+        except OSError as e:
+            elog(f"compile cache: not seeded ({e})")
+            return
+        self._precompile([ops])
+
+    def _precompile(self, op_sets: list[tuple[str, ...]]) -> None:
+        """A trusted compile for each op set not kept, not compiling and not failed before: wanted now, started
+        as ``PRECOMPILE`` allows (``_start_precompiles``; those that must wait start as others end)."""
+        for ops in op_sets:
+            if ops not in self._precompile_wanted:
+                self._precompile_wanted.append(ops)
+        self._collect_precompiled()
+
+    def _start_precompiles(self) -> None:
+        """Start the wanted trusted compiles: each in an executor that never loads a candidate, a ready one
+        of the pool, else (CPU) one started for it (on CUDA the pool's memory plan holds no extra one: it
+        waits for a ready one)."""
+        limit = PRECOMPILE.get(self.device.type, 1)
+        while self._precompile_wanted and len(self._precompiling) < limit:
+            ops = self._precompile_wanted[0]
+            key = op_set_key(ops)
+            if key in self._precompiling or key in self.precompile_failed or self.compile_cache.has(key):
+                self._precompile_wanted.pop(0)
+                continue
+            try:
+                if self.pool is not None and self.pool.ready_count() > 0:
+                    ex = self.pool.take(timeout_s=0.001)
+                elif self.device.type == "cpu":
+                    ex = self._new_executor("precompile")
+                else:
+                    return
+                ex.send(wire.Precompile(ops=list(ops), points=list(range(len(self.points)))))
+            except (queue.Empty, ExecutorStartFailed, ExecutorDied) as e:
+                elog(f"compile cache: no executor for op set {list(ops)} now ({e or 'none ready'})")
+                return
+            self._precompile_wanted.pop(0)
+            self._precompiling[key] = Precompiling(ex, ops, timing.now_ns())
+
+    def _collect_precompiled(self) -> None:
+        """Keep the caches of each trusted compile that has replied (its executor killed first), then start
+        the wanted ones there is room for."""
+        for key, job in list(self._precompiling.items()):
+            ex = job.executor
+            try:
+                if not ex.ready and ex.has_reply():         # one started for it: its start-up reply first
+                    ex.wait_ready(5.0)
+                if ex.alive() and (not ex.ready or not ex.has_reply()):
+                    continue
+                reply = ex.receive(5.0, "precompile")
+            except (ExecutorDied, ExecutorTimeout) as e:
+                reply = wire.Failed(error=str(e))
+            del self._precompiling[key]
+            ok = isinstance(reply, wire.Captured)
+            ex.kill(keep_files=ok)
+            if ok:
+                try:
+                    kept = self.compile_cache.keep(key, ex.proc.workdir_view)
+                except OSError as e:
+                    kept = False
+                    elog(f"compile cache: not kept ({e})")
+                finally:
+                    ex.remove_files()
+                secs = (timing.now_ns() - job.t0_ns) / 1e9
+                elog(f"compile cache: op set {list(job.ops) or '(none)'} compiled in {secs:.1f} s"
+                     + ("" if kept else ", nothing to keep"))
+            else:
+                self.precompile_failed.add(key)
+                elog(f"compile cache: op set {list(job.ops)} not compiled: {str(getattr(reply, 'error', ''))[:200]}")
+        self._start_precompiles()
+
+    def _kill_precompiling(self) -> None:
+        for job in self._precompiling.values():
+            job.executor.kill()
+        self._precompiling.clear()
+        self._precompile_wanted.clear()
+
     # ------------------------------------------------------------------------------ compiling ahead
     def _warm_ahead(self, sources: list[str]) -> int:
         """For each source without one (at most ``ahead_max`` at once): a ready executor of the pool
@@ -279,6 +393,7 @@ class ExecutorSide:
                     elog(str(e))
                 break
             self._seed_kernels(source, ex)
+            self._seed_compiled(source, ex)
             try:
                 ex.send(wire.Load(source=source, name="candidate"))
                 ex.send(wire.Warm(seed=self._rng.randrange(1, 2**31), budget=self._warm_budget(),

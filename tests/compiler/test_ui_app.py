@@ -4,6 +4,7 @@ TKCC_TEST_PG_URL is set (``scripts/test_services.sh run``)."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -184,8 +185,6 @@ def test_the_ui_serves_every_board_backend(board_url):
 
 
 def test_optimizations_whose_tiers_disagree_are_flagged(served):
-    import re
-
     from compiler.report import tiers_disagree
 
     _, client, writer, _, _ = served
@@ -222,3 +221,20 @@ def test_the_run_page_shows_the_search_throughput_and_the_projected_settings(ser
     assert 'id="configs"' in html and "config-ab12" in html and "max_chunk_tokens=512" in html
     assert "10.0 &rarr; 5.0" in html and "3 remembered" in html
     assert "no SLO given" in html and "32.5 &rarr; 69.25 (0.304 &rarr; 1.0)" in html
+
+
+def test_the_run_page_says_what_its_speedups_are_measured_against(served):
+    """Issue 39: the words the plan writer records (``plan_writer.record_baseline``), escaped; before the plan
+    is written, a line that says they come then."""
+    from compiler.plan_writer import record_baseline
+    from persistent_engine.executor.compiled_step import baseline_words
+
+    _, client, writer, s, _ = served
+    rid = s.runs[-1]
+    assert "recorded when its plan is written" in client.get(f"/runs/{rid}").text or \
+        "measured against the step" in client.get(f"/runs/{rid}").text
+    record_baseline(writer, rid, {"fast": 1.25, "slow": 1.125, "baseline": baseline_words(True) + " <b>"})
+    html = client.get(f"/runs/{rid}").text
+    line = re.search(r'<p class="meta" id="baseline">(.*?)</p>', html, re.S).group(1)
+    assert "torch.compile (inductor)" in line and "&lt;b&gt;" in line and "<b>" not in line
+    assert "fast 1.25" in line and "slow 1.12" in line

@@ -1,0 +1,130 @@
+"""Compiled step graphs kept per override set, compiled by a trusted executor, copied into candidates'.
+
+In compiled mode (``compiled_step.py``) every candidate's executor compiles its timed step: inductor traces the
+reference around the candidate's opaque calls and compiles the graphs between them. Those graphs depend on
+which ops are overridden, not on the candidate's code (the calls are opaque), so every candidate overriding the
+same ops needs the same graphs. Compiled in each fresh executor with a private cache they cost ~18 s per
+candidate on the H100 (llama-1b fast tier, 2026-12-05; 190 candidates an hour); on CPU (tiny-dense) a fresh
+compile took 32 s and one from a copied cache 5.9 s.
+
+So the judge asks an executor that never loaded a candidate (``wire.Precompile``) to compile the step with the
+reference functions of an op set opaque, kills it, and keeps its inductor and Triton caches under
+``root/<op-set key>/``; each later executor of a candidate with that op set gets a copy of them in its own
+workdir before it compiles (inductor then finds its graphs and Triton its kernels: it traces, loads, does not
+compile). What is kept is trusted: no candidate code ever ran in the process that wrote it, and a candidate's
+executor only ever writes its own copy (a cache shared with candidates would let one plant binaries that
+others load). Copies take plain files and directories only (no link is followed), within ``MAX_BYTES``; a
+Triton group file naming paths of the compiling executor is rewritten to the new workdir or left out.
+
+Layout: ``root/<key>/inductor/...`` (``TORCHINDUCTOR_CACHE_DIR``) and ``root/<key>/triton/<entry>/``
+(``TRITON_CACHE_DIR``), each key's directory landing by one rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+
+from persistent_engine.executor.kernel_cache import _copy_entry
+from persistent_engine.executor.sandbox import ENV_WORKDIR
+
+__all__ = ["CompileCache", "op_set_key", "MAX_BYTES"]
+
+MAX_BYTES = 256 << 20              # one op set's caches (llama-1b 2-layer fast tier: tens of MB); the workdir is 1 GiB
+DIRS = {"inductor": ENV_WORKDIR["TORCHINDUCTOR_CACHE_DIR"], "triton": ENV_WORKDIR["TRITON_CACHE_DIR"]}
+
+
+def op_set_key(ops) -> str:
+    """The key of an override set (order and repeats ignored; the empty set is the baseline's graphs)."""
+    return hashlib.sha256("\n".join(sorted(set(ops))).encode()).hexdigest()[:32]
+
+
+def _copy_tree(src: str, dst: str, budget: list[int], owner: int | None) -> None:
+    """Directories and regular files of ``src`` into ``dst`` (created), nothing followed; files that would
+    take ``budget[0]`` below zero are left out (inductor compiles what it misses)."""
+    os.makedirs(dst, mode=0o755, exist_ok=True)
+    if owner is not None:
+        os.chown(dst, owner, owner)
+    for name in sorted(os.listdir(src)):
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        st = os.lstat(s)
+        if stat.S_ISDIR(st.st_mode):
+            _copy_tree(s, d, budget, owner)
+        elif stat.S_ISREG(st.st_mode) and st.st_size <= budget[0] and not os.path.lexists(d):
+            budget[0] -= st.st_size
+            shutil.copyfile(s, d, follow_symlinks=False)
+            if owner is not None:
+                os.chown(d, owner, owner)
+
+
+def _copy_triton(src: str, dst: str, owner: int | None) -> None:
+    """Triton cache entries (``<key>/<files>``) from ``src`` to ``dst``, group files re-pointed to ``dst``."""
+    os.makedirs(dst, mode=0o755, exist_ok=True)
+    for entry in sorted(os.listdir(src)):
+        final = os.path.join(dst, entry)
+        if entry.startswith(".") or os.path.lexists(final):
+            continue
+        tmp = os.path.join(dst, f".{entry}.seed")
+        if _copy_entry(os.path.join(src, entry), tmp, final):
+            os.rename(tmp, final)
+            if owner is not None:
+                for path in [final, *(os.path.join(final, n) for n in os.listdir(final))]:
+                    os.chown(path, owner, owner)
+
+
+class CompileCache:
+    """Trusted compiled graphs per op set under ``root`` (module doc). Not thread-safe: the judge's thread."""
+
+    def __init__(self, root: str):
+        self.root = root
+        os.makedirs(root, mode=0o700, exist_ok=True)
+
+    def has(self, key: str) -> bool:
+        return os.path.isdir(os.path.join(self.root, key))
+
+    def count(self) -> int:
+        """Op sets kept."""
+        return sum(1 for e in os.listdir(self.root) if not e.startswith("."))
+
+    def keep(self, key: str, workdir: str) -> bool:
+        """Keep the caches of the trusted executor whose workdir (the judge's view) is ``workdir``, killed
+        after its ``Precompile``. False when nothing was there."""
+        final = os.path.join(self.root, key)
+        if os.path.isdir(final):
+            return True
+        tmp = os.path.join(self.root, f".{key}.new")
+        shutil.rmtree(tmp, ignore_errors=True)
+        found = False
+        try:
+            for name, sub in DIRS.items():
+                src = os.path.join(workdir, sub)
+                if os.path.isdir(src) and not os.path.islink(src):
+                    if name == "triton":
+                        _copy_triton(src, os.path.join(tmp, name), None)
+                    else:
+                        _copy_tree(src, os.path.join(tmp, name), [MAX_BYTES], None)
+                    found = True
+            if found:
+                os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return found
+
+    def seed(self, key: str, workdir: str, owner: int | None = None) -> bool:
+        """Copy op set ``key``'s caches into an executor's workdir (the judge's view) before it compiles;
+        ``owner``: the executor's uid where it is not the judge's (inductor adds its own entries beside).
+        False when the cache has none for ``key``."""
+        kept = os.path.join(self.root, key)
+        if not os.path.isdir(kept):
+            return False
+        for name, sub in DIRS.items():
+            src = os.path.join(kept, name)
+            if not os.path.isdir(src):
+                continue
+            if name == "triton":
+                _copy_triton(src, os.path.join(workdir, sub), owner)
+            else:
+                _copy_tree(src, os.path.join(workdir, sub), [MAX_BYTES], owner)
+        return True

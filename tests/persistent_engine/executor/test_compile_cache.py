@@ -1,0 +1,60 @@
+"""persistent_engine/executor/compile_cache.py: a trusted executor's inductor and Triton caches are kept per op
+set and copied into a later executor's workdir (another path: Triton's group files re-pointed to it), nothing
+followed through a link, nothing over the budget; the key ignores order and repeats. The engine path (a
+candidate's executor seeded from a trusted compile) runs in test_compiled_baseline.py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from persistent_engine.executor import compile_cache as cc
+from persistent_engine.executor.compile_cache import CompileCache, op_set_key
+
+
+def _executor_workdir(root, inner="/inner/exec-a"):
+    """A workdir as a compiled executor leaves it: an FX-graph entry, a Triton kernel whose group file names
+    the executor's own path of it (not the judge's view)."""
+    ind = root / "inductor" / "fxgraph" / "ab" / "fabc"
+    ind.mkdir(parents=True)
+    (ind / "entry").write_bytes(b"graph")
+    tri = root / "triton" / "KEY1"
+    tri.mkdir(parents=True)
+    (tri / "k.cubin").write_bytes(b"\x7fELF")
+    (tri / "__grp__k.json").write_text(json.dumps({"child_paths": {"k.cubin": f"{inner}/triton/KEY1/k.cubin"}}))
+    return root
+
+
+def test_an_op_set_key_ignores_order_and_repeats():
+    assert op_set_key(["linear", "rms_norm"]) == op_set_key(("rms_norm", "linear", "linear"))
+    assert op_set_key(["linear"]) != op_set_key(["rms_norm"]) != op_set_key([])
+
+
+def test_kept_caches_seed_another_workdir_with_groups_repointed(tmp_path):
+    cache = CompileCache(str(tmp_path / "root"))
+    key = op_set_key(["rms_norm"])
+    assert not cache.has(key) and not cache.seed(key, str(tmp_path / "nowhere"))
+    assert cache.keep(key, str(_executor_workdir(tmp_path / "a"))) and cache.has(key) and cache.count() == 1
+    dst = tmp_path / "b"
+    (dst / "triton").mkdir(parents=True)
+    assert cache.seed(key, str(dst))
+    assert (dst / "inductor" / "fxgraph" / "ab" / "fabc" / "entry").read_bytes() == b"graph"
+    group = json.loads((dst / "triton" / "KEY1" / "__grp__k.json").read_text())["child_paths"]
+    assert group == {"k.cubin": str(dst / "triton" / "KEY1" / "k.cubin")}
+    assert not any(n.startswith(".") for n in os.listdir(dst / "triton"))
+
+
+def test_links_are_not_followed_and_the_budget_holds(tmp_path, monkeypatch):
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"host file")
+    work = _executor_workdir(tmp_path / "a")
+    os.symlink(secret, work / "inductor" / "fxgraph" / "link")
+    os.symlink(tmp_path, work / "inductor" / "dirlink")
+    (work / "inductor" / "big").write_bytes(b"x" * 64)
+    monkeypatch.setattr(cc, "MAX_BYTES", 16)
+    cache = CompileCache(str(tmp_path / "root"))
+    key = op_set_key([])
+    assert cache.keep(key, str(work))
+    kept = tmp_path / "root" / key / "inductor"
+    assert not os.path.lexists(kept / "fxgraph" / "link") and not os.path.lexists(kept / "dirlink")
+    assert not (kept / "big").exists() and (kept / "fxgraph" / "ab" / "fabc" / "entry").exists()
