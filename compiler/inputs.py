@@ -335,6 +335,17 @@ def traffic_token_ids(path: str, vocab_size: int) -> list[int] | None:
     return ids
 
 
+def checkpoint_weights(model: str, notes: list[str]) -> str | None:
+    """``--model DIR`` naming an HF checkpoint (config.json beside safetensors): its weights, which both tiers
+    load (a line in ``notes`` says so); None for an alias or a bare config.json (seeded random weights)."""
+    from persistent_engine import checkpoint_of
+
+    ckpt = checkpoint_of(model)
+    if ckpt is not None:
+        notes.append(f"weights: the checkpoint at {ckpt} (not random)")
+    return str(ckpt) if ckpt is not None else None
+
+
 def tier_inputs(spec: Any, summary: dict, routing_skew: float | None = None,
                 routing_histogram: str | None = None, weights: str | None = None,
                 token_ids: list[int] | None = None) -> dict:

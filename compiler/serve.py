@@ -181,14 +181,14 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.get("/health")
     async def health():
         return {"status": "ok" if loop_.thread.is_alive() else "engine stopped", "model": runtime.name,
-                **runtime.engine.stats()}
+                "random_weights": runtime.source == "random", **runtime.engine.stats()}
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{
             "id": runtime.name, "object": "model", "created": created, "owned_by": "tkcc",
             "max_model_len": runtime.engine.cfg.max_model_len, "source": runtime.source,
-            "plan": runtime.plan_dir, "overrides": sorted(runtime.plan_overrides), "max_num_seqs": runtime.sched_cfg.max_num_seqs,
+            "random_weights": runtime.source == "random", "plan": runtime.plan_dir, "overrides": sorted(runtime.plan_overrides), "max_num_seqs": runtime.sched_cfg.max_num_seqs,
             "max_num_batched_tokens": runtime.sched_cfg.max_num_batched_tokens,
             "kv_capacity_tokens": (runtime.engine.kv.num_blocks - 1) * runtime.engine.kv.block_size}]}
 
@@ -330,6 +330,9 @@ def serve_forever(runtime: Runtime, host: str, port: int) -> None:
     h, p = sock.getsockname()[:2]
     print(f"tkcc serve: {runtime.name} ({runtime.source}{', plan ' + runtime.plan_dir if runtime.plan_dir else ''}) "
           f"at http://{h}:{p}/v1  (Ctrl-C stops)", flush=True)
+    if runtime.source == "random":
+        print("tkcc serve: RANDOM WEIGHTS (seeded): the answers are noise, not the model's; serve a checkpoint with "
+              "--model CHECKPOINT_DIR or --weights PATH", flush=True)
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
     finally:

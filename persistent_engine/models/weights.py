@@ -531,5 +531,18 @@ def load_weights(spec, layers: list[int], path, device="cpu", dtype=torch.bfloat
     return params
 
 
+def checkpoint_of(model: str):
+    """The checkpoint directory ``model`` names when it is a path to an HF checkpoint (a directory, or its
+    config.json, beside ``*.safetensors``): what ``--model DIR`` loads unless told otherwise. None for an
+    alias or a bare config."""
+    from pathlib import Path
+
+    path = Path(str(model))
+    directory = path if path.is_dir() else path.parent if path.name == "config.json" and path.is_file() else None
+    if directory is None or not (directory / "config.json").is_file():
+        return None
+    return directory if any(directory.glob("*.safetensors")) else None
+
+
 __all__ = ["param_specs", "init_params", "hf_to_internal", "internal_to_hf", "save_weights", "load_weights",
-           "unpack_int4", "WeightsError"]
+           "unpack_int4", "WeightsError", "checkpoint_of"]

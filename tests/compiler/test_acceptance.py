@@ -249,3 +249,27 @@ def test_a_third_variant_no_faster_on_the_fast_tier_is_not_confirmed_on_the_slow
     assert acc.consider(cand("rms_norm", "-d"), engine("fast", cand("rms_norm", "-d")), author="x").accepted
     assert acc.outrun_by(cand("linear"), verdict(1.0)) == ()                      # other ops: not outrun
     assert len(acc.accepted) == 3
+
+
+class CompiledAroundEngine(TableEngine):
+    """Against the compiled baseline an override can pay alone and cost once another is compiled around it
+    (inductor fused the two regions' neighbours only while both were its own): the pair is slower than the
+    baseline on the slow tier, though each is faster alone."""
+
+    def __call__(self, tier, source):
+        v = super().__call__(tier, source)
+        if self.calls[-1][1] == ("linear", "rms_norm") and tier == "slow":
+            return verdict(0.97)
+        return v
+
+
+def test_a_plan_is_never_slower_than_its_baseline_on_the_tiers_it_was_measured_on():
+    """Issue 39: the composition keeps the baseline for any override that does not pay once composed."""
+    engine = CompiledAroundEngine(fast={"rms_norm": 1.3, "linear": 1.2}, slow={"rms_norm": 1.2, "linear": 1.1})
+    acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})
+    for op in ("rms_norm", "linear"):
+        acc.consider(cand(op), engine("fast", cand(op)), author="a")
+    comp = acc.compose()
+    assert [p.targets for p in comp.parts] == [("rms_norm",)]
+    assert dict(comp.dropped)[acc.accepted[1].name] == "no gain when composed"
+    assert comp.fast > 1.0 and comp.slow > 1.0 and abs(comp.slow - 1.2) < 1e-9

@@ -350,3 +350,31 @@ def test_a_config_only_plan_sets_the_servers_scheduler(tmp_path):
     assert (rt.sched_cfg.max_num_seqs, rt.sched_cfg.max_num_batched_tokens, rt.sched_cfg.max_chunk_tokens) == (3, 64, 16)
     assert rt.engine.cfg.block_size == 8 and rt.plan_overrides == {}
     assert plan_mod.load(vdir)[0].optimizations[0].projected == {"ratios": {"tpot": 1.2}}
+
+
+def test_a_checkpoint_directory_serves_its_own_weights_under_its_name(tmp_path, tiny):
+    """Issue 46: ``--model DIR`` (config.json beside safetensors) loads the checkpoint's weights, not seeded
+    random ones, and serves them under the directory's name; an alias without weights says it is random."""
+    import shutil
+
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.models.spec import ALIASES, CONFIG_DIR
+    from persistent_engine.models.weights import save_weights
+
+    ckpt = tmp_path / "my-tiny-llama"
+    ckpt.mkdir()
+    shutil.copy(CONFIG_DIR / ALIASES["tiny-dense"], ckpt / "config.json")
+    save_weights(build_model("tiny-dense", device="cpu", dtype=__import__("torch").float32, seed=7),
+                 ckpt / "model.safetensors")
+    random_answer = _client(tiny).completions.create(model="tiny-dense", prompt=[3, 4], max_tokens=8, temperature=0)
+    assert httpx.get(tiny.url + "/v1/models").json()["data"][0]["random_weights"] is True
+    by_weights = build_runtime(ServeOptions(model="tiny-dense", weights=str(ckpt), device="cpu", max_model_len=256))
+    with ServeServer(by_weights) as s:
+        want = _client(s).completions.create(model="tiny-dense", prompt=[3, 4], max_tokens=8, temperature=0)
+    rt = build_runtime(ServeOptions(model=str(ckpt), device="cpu", max_model_len=256))
+    assert rt.name == "my-tiny-llama" and rt.source == str(ckpt)
+    with ServeServer(rt) as s:
+        info = httpx.get(s.url + "/v1/models").json()["data"][0]
+        got = _client(s).completions.create(model="my-tiny-llama", prompt=[3, 4], max_tokens=8, temperature=0)
+    assert info["id"] == "my-tiny-llama" and info["random_weights"] is False
+    assert got.choices[0].text == want.choices[0].text != random_answer.choices[0].text
