@@ -174,7 +174,14 @@ def _optimize(args: argparse.Namespace) -> int:
                          llm_budget_usd=args.llm_budget_usd, llm_budget_tokens=args.llm_budget_tokens,
                          ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
     res = optimize(cfg)
-    _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted)
+    judged = int(res.plan.run.get("tried", 0) or 0)
+    warning = None if judged or res.interrupted else (
+        f"no candidate was judged within --budget {args.budget}: the engines' start-up and the baseline took the "
+        "budget, and the plan is the baseline; give a longer --budget")
+    _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted, judged=judged,
+             **({"warning": warning} if warning else {}))
+    if warning:
+        print(f"tkcc optimize: warning: {warning}", file=sys.stderr)
     return 130 if res.interrupted and not args.json else 0
 
 

@@ -335,6 +335,12 @@ def traffic_token_ids(path: str, vocab_size: int) -> list[int] | None:
     return ids
 
 
+# said at the start of every CPU run: what a Triton candidate's time there is
+INTERPRETER_NOTE = ("CPU: Triton kernels run in Triton's interpreter here (TRITON_INTERPRET=1), 100-1000x slower than "
+                    "compiled: a Triton candidate is checked for correctness, and its speedup is the interpreter's, not "
+                    "a GPU's; speed is judged on a GPU")
+
+
 def checkpoint_weights(model: str, notes: list[str]) -> str | None:
     """``--model DIR`` naming an HF checkpoint (config.json beside safetensors): its weights, which both tiers
     load (a line in ``notes`` says so); None for an alias or a bare config.json (seeded random weights)."""

@@ -201,6 +201,8 @@ def gather_inputs(cfg: OptimizeConfig) -> RunInputs:
     fast_layers, slow_layers = inputs.tier_layers(spec, cfg.fast_layers, cfg.slow_layers,
                                                   device_bytes=inputs.device_memory(device),
                                                   shared=len(device["devices"]) < 2, notes=notes)
+    if device["kind"] == "cpu":
+        notes.append(inputs.INTERPRETER_NOTE)
     weights = cfg.weights or inputs.checkpoint_weights(cfg.model, notes)     # --model DIR: its own weights
     tier_inputs = inputs.tier_inputs(spec, traffic.summary, cfg.routing_skew, cfg.routing_histogram, weights,
                                      inputs.traffic_token_ids(cfg.traffic, spec.vocab_size))

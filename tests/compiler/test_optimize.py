@@ -128,3 +128,31 @@ def test_help_lists_commands():
         assert cmd in r.stdout
     r = tkcc("plan", "apply", "--help")
     assert r.returncode == 0 and "--plan" in r.stdout
+
+
+def test_a_cpu_run_says_triton_is_interpreted_and_a_checkpoint_dir_brings_its_weights(tmp_path):
+    """Issue 46: ``optimize --model DIR`` on a checkpoint loads its weights on both tiers (said in the run's
+    notes), and a CPU run says at start-up that Triton runs in its interpreter there."""
+    import shutil
+
+    from compiler import inputs
+    from compiler.loop import OptimizeConfig, gather_inputs
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.models.spec import ALIASES, CONFIG_DIR
+    from persistent_engine.models.weights import save_weights
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shutil.copy(CONFIG_DIR / ALIASES["tiny-dense"], ckpt / "config.json")
+    save_weights(build_model("tiny-dense", device="cpu", seed=3), ckpt / "model.safetensors")
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,{30 + i},{8 + i % 5}\n" for i in range(40)))
+    got = gather_inputs(OptimizeConfig(model=str(ckpt), hw="cpu", traffic=str(trace), out=str(tmp_path / "p"),
+                                       device="cpu"))
+    assert inputs.INTERPRETER_NOTE in got.notes
+    assert f"weights: the checkpoint at {ckpt} (not random)" in got.notes
+    assert got.tier_inputs["fast"]["weights"] == got.tier_inputs["slow"]["weights"] == str(ckpt)
+    plain = gather_inputs(OptimizeConfig(model="tiny-dense", hw="cpu", traffic=str(trace), out=str(tmp_path / "q"),
+                                         device="cpu"))
+    assert "weights" not in plain.tier_inputs["fast"] and not any(n.startswith("weights:") for n in plain.notes)
