@@ -246,7 +246,7 @@ def test_a_judge_short_of_memory_prepares_no_executor_ahead():
     from persistent_engine.judge.engine import Engine
 
     taken = []
-    judge = SimpleNamespace(_next=None, prepare_ahead=False, _pool=lambda: None, pool_wait_s=0.0,
+    judge = SimpleNamespace(_next=None, prepare_ahead=False, compiled=False, _pool=lambda: None, pool_wait_s=0.0,
                             _take=lambda: taken.append(1) or "warm executor", _ahead={},
                             _drop_ahead=lambda keep: None, _warm_ahead=lambda sources: 0)
     reply = Engine.prepare(judge, None)
