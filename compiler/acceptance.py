@@ -123,7 +123,8 @@ def screen(verdict: CandidateVerdict, noise: float, cfg: AcceptanceConfig, tier:
         reasons = verdict.reasons or ["incorrect"]
         return Decision(False, tier, f"rejected on the {tier} tier: {reasons[0]}", threshold=need)
     if speedup is None:
-        return Decision(False, tier, f"not timed on the {tier} tier", threshold=need)
+        why = getattr(verdict, "untimed", "") or "not timed"
+        return Decision(False, tier, f"{why} (the {tier} tier)", threshold=need)
     if speedup <= need:
         return Decision(False, tier, f"{speedup:.3f}x on the {tier} tier is within the noise "
                                      f"(needs > {need:.3f}x)", threshold=need, **{tier: speedup})

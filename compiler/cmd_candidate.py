@@ -137,6 +137,8 @@ def check(args) -> int:
             print(f"no effect on {spec.name}: it never calls {', '.join(result['not_called'])}")
         for r in result["reasons"]:
             print(f"  - {r}")
+        if result.get("untimed"):
+            print(f"speedup:   {result['untimed']}")
         if result["speedup"] is not None:
             print(f"speedup:   {result['speedup']:.3f}x  ({noise_summary(timings)})")
             for p in timings:

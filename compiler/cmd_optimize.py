@@ -93,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tpot-ms", type=positive_float, default=None,
                    help="the deployment's time-per-output-token SLO per request (as --ttft-ms)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress stays on stderr)")
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="run LLM-written candidates even where the executor sandbox is incomplete (tkcc doctor)")
     p.set_defaults(func=_optimize)
@@ -169,7 +169,7 @@ def _optimize(args: argparse.Namespace) -> int:
                          timeout_s=args.timeout if args.timeout is not None else watchdog_s(budget),
                          aa_runs=args.aa_runs, gpus=args.gpus,
                          vs_torch_compile=args.vs_torch_compile, continue_plan=not args.fresh,
-                         quiet=args.quiet or args.json, routing_skew=args.routing_skew,
+                         quiet=args.quiet, routing_skew=args.routing_skew,
                          routing_histogram=args.routing_histogram, weights=args.weights,
                          llm_budget_usd=args.llm_budget_usd, llm_budget_tokens=args.llm_budget_tokens,
                          ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
@@ -191,11 +191,13 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
         _print_json({"plan_dir": str(vdir), "report": str(vdir / "report.md"), "version": plan.version,
                      "optimizations": [o.to_dict() for o in plan.optimizations],
                      "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")},
-                     "agents": plan.run.get("agent_reports", []), **extra})
+                     "counts": plan.run.get("counts"), "agents": plan.run.get("agent_reports", []), **extra})
         return
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}x"  # noqa: E731
-    print(f"plan v{plan.version}: {len(plan.optimizations)} accepted optimization(s); "
-          f"plan speedup fast {fmt(ps.get('fast'))}, slow {fmt(ps.get('slow'))}")
+    counts = plan.run.get("counts")
+    kept = (f"kept {counts['kept']} of {counts['accepted']} accepted ({counts['tried']} tried)" if counts
+            else f"{len(plan.optimizations)} optimization(s)")
+    print(f"plan v{plan.version}: {kept}; plan speedup fast {fmt(ps.get('fast'))}, slow {fmt(ps.get('slow'))}")
     for o in plan.optimizations:
         print(f"  {o.name}: {', '.join(o.targets) or 'config'}  fast {fmt(o.speedup.get('fast'))}  "
               f"slow {fmt(o.speedup.get('slow'))}")
@@ -216,7 +218,7 @@ def _recompile(args: argparse.Namespace) -> int:
         args.board = board_url(args.board)
     res = recompile(args.plan, args.traffic, budget_s=budget, force=args.force,
                     agents=args.agents, device=args.device, board=args.board, fleet=args.fleet,
-                    quiet=args.quiet or args.json, wall_s=budget)
+                    quiet=args.quiet, wall_s=budget)
     drifted = [f["name"] for f in res.features if f.get("drifted")]
     if res.result is None:
         if args.json:

@@ -228,12 +228,10 @@ def run_swarm(judge: Judge, agents: list[Any], run_in: RunInputs, profile: dict,
     return run_swarm(agents, ctx, max(deadline - time.monotonic(), 0.0))
 
 
-def per_agent(swarm: Any, accepted: list[Accepted]) -> list[dict]:
-    """One row per agent: cycles, candidates tried / correct / accepted (confirmed on both tiers),
-    tokens, dollars and why it stopped."""
-    by_author: dict[str, int] = {}
-    for a in accepted:
-        by_author[a.author] = by_author.get(a.author, 0) + 1
+def per_agent(swarm: Any, by_author: dict[str, int]) -> list[dict]:
+    """One row per agent: cycles, candidates tried / correct / accepted (``by_author``: kernels confirmed on
+    both tiers and accepted settings, ``compiler.tally.accepted_by_author``), tokens, dollars and why it
+    stopped. ``swarm`` None (no search): no rows."""
     rows = []
     for r in getattr(swarm, "agents", ()):
         u = r.usage

@@ -32,6 +32,7 @@ from compiler.plan_writer import write_plan
 from compiler.progress import Progress
 from compiler.recover import mark_recovered, recovered_seeds
 from compiler.run_state import Baseline, Engines, Outcome, Run, RunInputs, best_effort
+from compiler.tally import accepted_by_author, tally_of
 from compiler.throughput import DeviceClock
 
 if TYPE_CHECKING:
@@ -269,17 +270,21 @@ def run_engines(run: Run, run_in: RunInputs, agents: list[Any], startup_s: float
         judge, agents = start_judging(run, run_in, fleet, baseline, agents)
         judge.search_end, judge.confirm_end = deadline, fleet.deadline
         reverify_seeds(judge, cfg.seeds, run.stop)
-        reports = search(run, run_in, judge, engines.clock, agents, baseline.profile, deadline)
+        swarm = search(run, run_in, judge, engines.clock, agents, baseline.profile, deadline)
         judge.confirm_owed()                 # fast-tier winners the search's end left unconfirmed
         progress.phase("composing")
         composition, interrupted = compose_accepted(run, judge.acceptor)
+        tally = tally_of(progress.snapshot().to_dict(), judge.acceptor, composition)
+        progress.settle(tally)
+        reports = per_agent(swarm, accepted_by_author(judge.acceptor))
+        report_agents(run.board, run.run_id, reports, progress)
     finally:
         restarts = fleet.restarts()
         release_agents(agents)
         fleet.close()
         progress.restarts_from(lambda: restarts)
     return Outcome(baseline, composition, judge.accepted, judge.tried, interrupted, restarts, reports,
-                   tier_info=engines.tier_info, clock=engines.clock)
+                   tier_info=engines.tier_info, clock=engines.clock, tally=tally)
 
 
 def start_engines(run: Run, run_in: RunInputs, startup_s: float) -> Engines:
@@ -356,18 +361,16 @@ def reverify_seeds(judge: Judge, seeds: tuple[tuple[str, str], ...], stop: threa
 
 
 def search(run: Run, run_in: RunInputs, judge: Judge, clock: DeviceClock, agents: list[Any], profile: dict,
-           deadline: float) -> list[dict]:
-    """The agents' search until ``deadline`` (unless stopped); returns the per-agent rows."""
+           deadline: float) -> Any:
+    """The agents' search until ``deadline`` (unless stopped); returns the swarm's result (None: no search)."""
     if run.stop.is_set() or time.monotonic() >= deadline:
-        return []
+        return None
     run.progress.phase("searching")
     timed_on = "cpu" if run_in.device["kind"] == "cpu" else run.cfg.hw       # the roofline's hardware
     clock.open()
     swarm = run_swarm(judge, agents, run_in, profile, deadline, hw=timed_on)
     clock.close()
-    reports = per_agent(swarm, judge.accepted)
-    report_agents(run.board, run.run_id, reports, run.progress)
-    return reports
+    return swarm
 
 
 def compose_accepted(run: Run, acceptor: Acceptor) -> tuple[Composition | None, bool]:
@@ -379,9 +382,6 @@ def compose_accepted(run: Run, acceptor: Acceptor) -> tuple[Composition | None, 
         composition = acceptor.compose(deadline=min(time.monotonic() + max(60.0, 0.1 * run.cfg.budget_s),
                                                     run.budget.compose_end))
     interrupted = run.stop.is_set()              # a Ctrl-C during composition counts too
-    if composition is not None:
-        run.progress.event(f"composition: kept {len(composition.parts)} of {len(acceptor.accepted)} accepted"
-                           + dropped_summary(composition.dropped))
     return composition, interrupted
 
 
@@ -417,19 +417,6 @@ def routing_line(tier: str, r: dict) -> str:
     tie = r.get("near_tie_share") or [0.0]
     return (f"{tier} tier routing: {spec}; hottest expert {100 * min(top):.1f}-{100 * max(top):.1f}% of assignments, "
             f"near-ties {100 * min(tie):.1f}-{100 * max(tie):.1f}% of tokens per MoE layer")
-
-
-def dropped_summary(dropped: tuple | list, names: int = 3) -> str:
-    """"; dropped N: why (a, b, c, ...)" per reason, most frequent first: a 20-minute run drops hundreds
-    of superseded variants, one line each would bury the log (the plan keeps the full list)."""
-    by_reason: dict[str, list[str]] = {}
-    for name, why in dropped:
-        by_reason.setdefault(why, []).append(name)
-    parts = []
-    for why, who in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
-        shown = ", ".join(who[:names]) + (f", +{len(who) - names} more" if len(who) > names else "")
-        parts.append(f"; dropped {len(who)}: {why} ({shown})")
-    return "".join(parts)
 
 
 def _board_mirror(board: BoardAPI, run_id: Any) -> Callable[[Any], None]:

@@ -59,7 +59,7 @@ def write_plan(run: Run, run_in: RunInputs, outcome: Outcome) -> Path:
             best_effort(run.board.add_optimization, run.run_id, a.candidate_id, name=o.name,
                         targets=list(o.targets), speedups=o.speedup, per_point=[p.to_dict() for p in o.per_point],
                         plan_version=written_version(vdir))
-    record_baseline(run.board, run.run_id, plan.plan_speedup)
+    record_baseline(run.board, run.run_id, plan.plan_speedup, plan.run.get("counts"))
     progress.phase("done")
     snap = progress.snapshot()
     best_effort(run.board.update_run, run.run_id, status="interrupted" if outcome.interrupted else "done",
@@ -68,13 +68,15 @@ def write_plan(run: Run, run_in: RunInputs, outcome: Outcome) -> Path:
     return vdir
 
 
-def record_baseline(board: Any, run_id: Any, plan_speedup: dict) -> None:
-    """The run's plan speedups and what they are measured against, in words, for the UI's run page."""
+def record_baseline(board: Any, run_id: Any, plan_speedup: dict, counts: dict | None = None) -> None:
+    """The run's plan speedups, what they are measured against (in words) and its tally (``run.counts`` of
+    plan.json, compiler/tally.py) for the UI's run page."""
     try:
         row = board.get_run(run_id)
         if row is not None:
             board.update_run(run_id, config={**(row.config or {}), "baseline": plan_speedup.get("baseline"),
-                                             "plan_speedup": {k: plan_speedup.get(k) for k in ("fast", "slow")}})
+                                             "plan_speedup": {k: plan_speedup.get(k) for k in ("fast", "slow")},
+                                             **({"counts": counts} if counts else {})})
     except Exception:  # noqa: BLE001 - board bookkeeping never stops a run
         pass
 
@@ -172,6 +174,8 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
         run={"budget_s": cfg.budget_s, "wall_s": cfg.wall_s, "phases_s": dict(phases),
              "elapsed_s": round(elapsed_s, 1), "interrupted": outcome.interrupted,
              "tried": outcome.tried, "accepted": len(outcome.accepted), "restarts": outcome.restarts,
+             **({"counts": outcome.tally.to_dict(), "tried": outcome.tally.tried,
+                 "accepted": outcome.tally.accepted} if outcome.tally else {}),
              "agents": cfg.agents, "fleet": cfg.fleet, "layout_note": run_in.layout_note, "origin": _origin(cfg),
              "slo": {"ttft_ms": cfg.ttft_ms, "tpot_ms": cfg.tpot_ms}},
         parent_version=cfg.parent_version,

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, TextIO
+from typing import Any, Callable, TextIO
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,16 @@ class Progress:
             self._counts["accepted"] += 1
             self._best = speedup if self._best is None else max(self._best, speedup)
         self._changed()
+
+    def settle(self, tally: Any) -> None:
+        """The counters set to the run's tally (``compiler.tally.Tally``: also settings accepted or recalled
+        outside the judge's counting), and its line printed: the view ends on the one count."""
+        with self._lock:
+            self._counts.update(tried=tally.tried, correct=tally.correct, fast_passed=tally.fast_passed,
+                                accepted=tally.accepted)
+            self._best = tally.best_single
+        self._changed()
+        self.event(f"result: {tally.line()}")
 
     def event(self, message: str) -> None:
         """A one-off line (accepted X, engine restarted, ...) above the status line."""

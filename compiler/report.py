@@ -225,7 +225,7 @@ def render(plan: Plan) -> dict[str, str]:
           f"| traffic | `{plan.traffic.get('source', '?')}` (hash `{str(plan.traffic.get('hash', ''))[:12]}`) |",
           f"| budget / elapsed | {run.get('wall_s') or run.get('budget_s', '?')} s / {run.get('elapsed_s', '?')} s |",
           *([f"| time per phase | {_phase_shares(run['phases_s'])} |"] if run.get("phases_s") else []),
-          f"| candidates tried / accepted | {run.get('tried', '?')} / {len(plan.optimizations)} |",
+          f"| candidates | {_counts_cell(run, len(plan.optimizations))} |",
           f"| engine restarts | {run.get('restarts', 0)} |",
           f"| tiers | fast layers {plan.tiers.get('fast', {}).get('layers', '?')}, "
           f"slow layers {plan.tiers.get('slow', {}).get('layers', '?')} |",
@@ -251,7 +251,7 @@ def render(plan: Plan) -> dict[str, str]:
               f"{_x(r.get('fast'))} | {_x(r.get('slow'))} |" for r in rows]
         L.append("")
 
-    L += ["## Accepted optimizations", ""]
+    L += ["## Optimizations in the plan (the accepted ones kept by the composition)", ""]
     if plan.optimizations:
         L += ["| name | targets | fast | slow | tiers disagree | noise | author | kernel |",
               "|---|---|---|---|---|---|---|---|"]
@@ -272,6 +272,7 @@ def render(plan: Plan) -> dict[str, str]:
         L += ["No candidate beat the reference by more than the measured noise on both tiers; the plan "
               "is the reference forward pass.", ""]
 
+    L += _dropped_lines((run.get("counts") or {}).get("dropped") or [])
     L += _agent_lines(run.get("agent_reports") or [])
     L += _throughput_lines(run, bool(plots.get("throughput")))
     if "op_time" in plots and plots["op_time"]:
@@ -297,3 +298,23 @@ def _phase_shares(phases: dict) -> str:
     """``starting 14 s (12%), baseline 20 s (17%), ...``: where the run's wall time went."""
     total = sum(phases.values()) or 1.0
     return ", ".join(f"{k} {v:.0f} s ({100 * v / total:.0f}%)" for k, v in phases.items())
+
+
+def _counts_cell(run: dict, n_kept: int) -> str:
+    """The run's tally (``run.counts``, compiler/tally.py) in one cell; older plans: tried / kept."""
+    c = run.get("counts")
+    if not c:
+        return f"tried {run.get('tried', '?')}, kept {n_kept}"
+    return (f"tried {c['tried']}, correct {c['correct']}, fast-pass {c['fast_passed']}, accepted {c['accepted']}, "
+            f"kept {c['kept']}, dropped {len(c.get('dropped') or [])}")
+
+
+def _dropped_lines(dropped: list[dict]) -> list[str]:
+    """Accepted but not in the plan, each with why (at most 20 listed, the rest counted)."""
+    if not dropped:
+        return []
+    L = ["## Accepted, not kept", "", "| name | why |", "|---|---|"]
+    L += [f"| {d['name']} | {d['why']} |" for d in dropped[:20]]
+    if len(dropped) > 20:
+        L.append(f"| +{len(dropped) - 20} more | (plan.json `run.counts.dropped`) |")
+    return L + [""]

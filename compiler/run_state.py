@@ -17,6 +17,7 @@ from compiler.acceptance import Accepted, Composition
 from compiler.budget import Budget
 from compiler.memory import RunMemory
 from compiler.progress import Progress
+from compiler.tally import Tally
 from compiler.throughput import DeviceClock
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class Outcome:
     tier_info: dict                          # Engines.tier_info
     clock: DeviceClock
     torch_compile: dict | None = None        # plan vs torch.compile of the slow-tier slice (--vs-torch-compile)
+    tally: Tally | None = None               # the run's one count (compiler/tally.py)
 
 
 

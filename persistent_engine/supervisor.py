@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -46,11 +47,23 @@ class CandidateVerdict:
     timings: dict = field(default_factory=dict)     # load_s, verify_s, bench_s, total_s, restart_s
     restarted: bool = False
     sandbox: dict = field(default_factory=dict)     # mechanisms that confined the candidate's executor
+    untimed: str = ""                               # why a correct candidate was not timed (speedup None)
 
     def to_dict(self) -> dict:
         return {"correct": self.correct, "reasons": list(self.reasons), "speedup": self.speedup,
                 "per_point": [p.to_dict() for p in self.per_point], "timings": dict(self.timings),
-                "restarted": self.restarted, "sandbox": dict(self.sandbox)}
+                "restarted": self.restarted, "sandbox": dict(self.sandbox), "untimed": self.untimed}
+
+
+_TRITON = re.compile(r"^\s*(import triton|from triton[ .])", re.MULTILINE)
+INTERPRETED = ("not timed: its Triton kernels run in Triton's interpreter on CPU, orders of magnitude slower "
+               "than compiled; that time is no speedup (time it on a GPU)")
+
+
+def interpreted_triton(source: str, device: str) -> str:
+    """Why a candidate is verified but not timed on ``device`` ("" when it is timed): a source importing
+    Triton on CPU, where its kernels run interpreted (``TRITON_INTERPRET=1``)."""
+    return INTERPRETED if device == "cpu" and _TRITON.search(source) else ""
 
 
 def describe_exit(rc: int | None) -> str:
@@ -265,6 +278,7 @@ class Supervisor:
         timings: dict[str, float] = {}
         reasons: list[str] = []
         speedup, per_point, confined = None, [], {}
+        untimed = interpreted_triton(source, self.device)
         phase = "load"
 
         def call(fn, *args):
@@ -284,7 +298,7 @@ class Supervisor:
             if not reasons:
                 phase = "verify"
                 reasons += _reasons(call(self.client.verify, None))
-            if not reasons:
+            if not reasons and not untimed:
                 phase = "bench"
                 b = call(self.client.bench, self.samples if samples is None else samples, 0)
                 reasons += _reasons(b)
@@ -315,7 +329,8 @@ class Supervisor:
         timings["total_s"] = time.monotonic() - t0
         timings["pool_wait_s"] = pool_wait
         return CandidateVerdict(correct=not reasons, reasons=reasons, speedup=speedup,
-                                per_point=per_point, timings=timings, restarted=restarted, sandbox=confined)
+                                per_point=per_point, timings=timings, restarted=restarted, sandbox=confined,
+                                untimed=untimed if not reasons else "")
 
     def profile(self, timeout_s: float = 600.0) -> dict:
         self.ensure_running()

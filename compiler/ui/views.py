@@ -99,7 +99,7 @@ def run_progress(run: Any, now: float | None = None) -> dict:
     """The live-progress document of a run (``/api/runs/{id}``): counters, phase and the share of
     its budget spent (1.0 once finished)."""
     now = time.time() if now is None else now
-    budget = (run.config or {}).get("budget_s") if isinstance(run.config, dict) else None
+    budget = run.config.get("budget_s") if isinstance(run.config, dict) else None
     end = run.finished_at if run.finished_at is not None else now
     elapsed = max(0.0, end - run.created_at)
     if run.status != "running":
@@ -108,8 +108,11 @@ def run_progress(run: Any, now: float | None = None) -> dict:
         fraction = min(elapsed / float(budget), 0.99)
     else:
         fraction = None
+    cfg = run.config if isinstance(run.config, dict) else {}
+    counts = cfg.get("counts") or {}                     # the run's tally, once its plan is written
     return {"id": run.id, "status": run.status, "phase": run.message, "tried": run.candidates_tried,
             "accepted": run.candidates_accepted, "best_speedup": run.best_speedup,
+            "kept": counts.get("kept"), "plan_speedup": (cfg.get("plan_speedup") or {}).get("slow"),
             "restarts": run.engine_restarts, "budget_s": budget, "elapsed_s": round(elapsed, 1),
             "fraction": None if fraction is None else round(fraction, 4),
             "updated_at": run.updated_at, "finished_at": run.finished_at}

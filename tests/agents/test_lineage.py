@@ -113,7 +113,7 @@ def test_an_llm_agent_builds_a_child_of_an_accepted_offline_candidate(swarm_ctx,
     from compiler.judging import per_agent, report_agents as _report_agents
     from compiler.progress import Progress
     progress = Progress(time.monotonic() + 1, quiet=True)
-    _report_agents(ctx.board, ctx.run_id, per_agent(result, []), progress)   # as the loop does after the search
+    _report_agents(ctx.board, ctx.run_id, per_agent(result, {}), progress)   # as the loop does after the search
 
     with UIServer(UIConfig(board=f"sqlite:///{db}")) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         page = c.get(f"/candidates/{child.id}").text

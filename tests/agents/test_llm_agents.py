@@ -192,7 +192,7 @@ def test_the_shared_run_budget_stops_every_llm_agent_with_one_line(ctx):
     from compiler.judging import per_agent, report_agents as _report_agents
     from compiler.progress import Progress
     out = io.StringIO()
-    _report_agents(ctx.board, ctx.run_id, per_agent(result, []), Progress(time.monotonic(), stream=out))
+    _report_agents(ctx.board, ctx.run_id, per_agent(result, {}), Progress(time.monotonic(), stream=out))
     shown = out.getvalue().splitlines()
     assert sorted(ln.split(":")[0] for ln in shown if "budget is spent" in ln) == ["[tkcc] claude-a", "[tkcc] gpt-o"]
     assert shown[-1] == f"[tkcc] LLM agents: {shared.spent.tokens} tokens, ${shared.spent.cost_usd:.4f}, " \

@@ -54,7 +54,7 @@ def test_quiet_prints_nothing_and_a_failing_mirror_is_ignored():
 
 
 def test_dropped_summary_groups_by_reason_most_frequent_first():
-    from compiler.loop import dropped_summary
+    from compiler.tally import dropped_summary
     dropped = [(f"k-{i}", "overrides an op of a faster accepted candidate") for i in range(250)]
     dropped += [("rot-1", "shadowed by a composite override: never called when composed")]
     line = dropped_summary(dropped)

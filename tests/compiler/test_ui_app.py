@@ -238,3 +238,24 @@ def test_the_run_page_says_what_its_speedups_are_measured_against(served):
     line = re.search(r'<p class="meta" id="baseline">(.*?)</p>', html, re.S).group(1)
     assert "torch.compile (inductor)" in line and "&lt;b&gt;" in line and "<b>" not in line
     assert "fast 1.25" in line and "slow 1.12" in line
+
+
+def test_the_run_page_shows_the_runs_tally_kept_plan_and_what_was_dropped_and_why(served):
+    """Issue 46: the run's one count (``compiler.tally``, recorded with the plan) on the run page and in
+    /api/runs/{id}: kept and the plan's speedup beside the best single candidate, each dropped one with why."""
+    from compiler.plan_writer import record_baseline
+    from compiler.tally import Tally
+
+    _, client, writer, s, _ = served
+    rid = s.runs[0]
+    t = Tally(tried=9, correct=7, fast_passed=3, accepted=3, kept=1, plan_speedup=1.111, best_single=1.2,
+              dropped=(("k-<i>x</i>", "overrides an op of a faster accepted candidate"), ("config-1", "superseded")))
+    record_baseline(writer, rid, {"fast": 1.2, "slow": 1.111, "baseline": "the step"}, t.to_dict())
+    api = client.get(f"/api/runs/{rid}").json()
+    assert (api["kept"], api["plan_speedup"]) == (1, 1.111)
+    html = client.get(f"/runs/{rid}").text
+    bar = re.search(r'<div class="progress".*?</div>', html, re.S).group(0)
+    assert '<span class="p-kept">1</span>' in bar and '<span class="p-plan">1.111x</span>' in bar
+    assert "best single" in bar
+    dropped = html[html.index('id="dropped"'):]
+    assert "Accepted, not kept (2)" in dropped and "k-&lt;i&gt;x&lt;/i&gt;" in dropped and "superseded" in dropped

@@ -5,6 +5,7 @@ cover the pages meanwhile."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,14 +27,15 @@ pytestmark = [pytest.mark.slow,
 
 
 @pytest.fixture(scope="session")
-def real_run_board(tmp_path_factory):
-    """(board URL, run id) of a real ``tkcc optimize --budget 2m`` run (the whole run: at most ~2 minutes)."""
+def real_run(tmp_path_factory):
+    """(board URL, run id, JSON result, progress output, plan root) of a real ``tkcc optimize --budget 2m``
+    run (the whole run: at most ~2 minutes)."""
     out = tmp_path_factory.mktemp("real-run")
     url = f"sqlite:///{out / 'board.db'}"
     # the demo's CPU settings (compiler/demo.py): two workload points, two offline agents
     cmd = [sys.executable, "-m", "compiler.cli", "optimize", "--model", "tiny-dense", "--hw", "h200",
            "--device", "cpu", "--traffic", str(TRAFFIC), "--budget", "2m", "--agents", "offline:2",
-           "--max-points", "2", "--board", url, "--out", str(out / "plan"), "--quiet"]
+           "--max-points", "2", "--board", url, "--out", str(out / "plan"), "--json"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -44,7 +46,48 @@ def real_run_board(tmp_path_factory):
     with Board(url, readonly=True) as board:
         runs = board.list_runs(limit=1).items
         assert runs, "the run is on the board"
-        return url, runs[0].id
+        return url, runs[0].id, json.loads(r.stdout), r.stderr, out / "plan"
+
+
+@pytest.fixture(scope="session")
+def real_run_board(real_run):
+    return real_run[:2]
+
+
+def test_every_count_of_a_real_run_agrees_in_its_progress_json_report_and_ui(real_run):
+    """Issue 46: tried / accepted / kept / dropped come from one tally (compiler/tally.py) into the progress
+    view, the --json result, plan.json and report.md, and the UI's run page."""
+    from playwright.sync_api import sync_playwright
+
+    from compiler import plan as plan_mod
+
+    url, run_id, result, progress, root = real_run
+    c = result["counts"]
+    assert c["kept"] + len(c["dropped"]) == c["accepted"] and c["kept"] == len(result["optimizations"])
+    line = f"[tkcc] result: tried {c['tried']}, correct {c['correct']}, fast-pass {c['fast_passed']}, " \
+           f"accepted {c['accepted']}, kept {c['kept']}"
+    assert line in progress
+    last = [ln for ln in progress.splitlines() if " tried " in ln and " accepted " in ln and "left" in ln][-1]
+    assert f"tried {c['tried']:>3}" in last and f"accepted {c['accepted']:>2}" in last
+    plan, vdir = plan_mod.load(root)
+    assert plan.run["counts"] == c and plan.run["tried"] == c["tried"]
+    report = (vdir / "report.md").read_text()
+    assert (f"| candidates | tried {c['tried']}, correct {c['correct']}, fast-pass {c['fast_passed']}, "
+            f"accepted {c['accepted']}, kept {c['kept']}, dropped {len(c['dropped'])} |") in report
+    with UIServer(UIConfig(board=url)) as server, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(base_url=server.url)
+        page.goto(f"/runs/{run_id}")
+        bar = page.locator(f".progress[data-run-id='{run_id}']")
+        shown = {k: bar.locator(f".p-{k}").inner_text() for k in ("tried", "accepted", "kept")}
+        assert shown == {"tried": str(c["tried"]), "accepted": str(c["accepted"]), "kept": str(c["kept"])}
+        assert page.locator("h2:has-text('Optimizations in the plan') + p + table tbody tr").count() == \
+            max(c["kept"], 1)
+        if c["dropped"]:
+            assert f"Accepted, not kept ({len(c['dropped'])})" in page.locator("#dropped").inner_text()
+        agents = page.eval_on_selector_all("#agents tbody tr td:nth-child(4)", "els => els.map(e => +e.innerText)")
+        assert sum(agents) == c["accepted"]
+        browser.close()
 
 
 def test_real_run_pages(real_run_board):

@@ -40,10 +40,24 @@ def test_correct_torch_candidate_passes_with_a_speedup(sup):
     assert not v.restarted
 
 
-def test_correct_triton_candidate_passes_under_the_interpreter(sup):
+def test_correct_triton_candidate_passes_under_the_interpreter_and_is_not_timed_there(sup):
+    """Issue 46: verified, but its interpreted time is no speedup: not timed on CPU, and said why."""
     v = sup.evaluate(src("good_triton"), timeout_s=300, samples=2)
     assert v.correct, v.reasons
-    assert v.speedup is not None and v.speedup > 0
+    assert v.speedup is None and v.per_point == [] and "bench_s" not in v.timings
+    assert "interpreter on CPU" in v.untimed and v.to_dict()["untimed"] == v.untimed
+
+
+def test_only_triton_sources_on_cpu_go_untimed():
+    from compiler.acceptance import AcceptanceConfig, screen
+    from persistent_engine.supervisor import CandidateVerdict, interpreted_triton
+
+    assert interpreted_triton(src("good_triton"), "cpu") and not interpreted_triton(src("good_triton"), "cuda")
+    assert not interpreted_triton(src("good_torch"), "cpu")
+    assert interpreted_triton("import torch\nfrom triton import language as tl\n", "cpu")
+    d = screen(CandidateVerdict(True, [], None, untimed=interpreted_triton(src("good_triton"), "cpu")), 0.02,
+               AcceptanceConfig(), "fast")
+    assert not d.accepted and "Triton's interpreter" in d.reason
 
 
 CHEATS = [

@@ -23,6 +23,8 @@
     set(el, ".p-tried", String(p.tried));
     set(el, ".p-accepted", String(p.accepted));
     set(el, ".p-best", speedup(p.best_speedup));
+    set(el, ".p-kept", p.kept === null || p.kept === undefined ? "-" : String(p.kept));
+    set(el, ".p-plan", speedup(p.plan_speedup));
     set(el, ".p-restarts", String(p.restarts));
     set(el, ".p-elapsed", duration(p.elapsed_s));
     var bar = el.querySelector("progress.bar");
