@@ -178,8 +178,9 @@ def serve_flags(plan: plan_mod.Plan, config: dict) -> tuple[list[str], list[dict
             flags += [KNOB_FLAGS[knob], str(int(value))]
         elif knob == "cuda_graph" and value is False:
             flags.append("--enforce-eager")
-        elif knob == "cuda_graph_batch_sizes" and config.get("cuda_graph", True) is not False:
-            flags += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": sorted(int(v) for v in value)})]
+        elif knob == "cuda_graph_batch_sizes":          # no graphs are captured under --enforce-eager
+            if config.get("cuda_graph", True) is not False:
+                flags += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": sorted(map(int, value))})]
         elif knob != "cuda_graph":
             skipped.append({"setting": knob, "value": value, "reason": "no vllm serve flag"})
     if not best:

@@ -40,9 +40,9 @@ def _vllm(py: str, site: Path, plugins: str, out: Path, flags: list[str], counts
             "VLLM_CPU_OMP_THREADS_BIND": "nobind", "TOKENIZERS_PARALLELISM": "false"}
     if counts is not None:
         env["TKCC_VLLM_COUNTS"] = str(counts)
-    log = open(out.with_suffix(".log"), "w")
-    return subprocess.Popen([py, str(DRIVER), str(site.parent / "ckpt"), str(out), *flags], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, cwd=out.parent)
+    with open(out.with_suffix(".log"), "w") as log:          # the child keeps its own copy of the descriptor
+        return subprocess.Popen([py, str(DRIVER), str(site.parent / "ckpt"), str(out), *flags], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=out.parent)
 
 
 def _wait(proc: subprocess.Popen, out: Path) -> dict:
@@ -64,13 +64,19 @@ def test_vllm_serves_the_exported_plan_with_identical_greedy_output(tmp_path):
     assert r.returncode == 0, r.stderr
     manifest = json.loads(r.stdout)
     assert {e["op"] for e in manifest["exported"]} == OPS
-    baseline = _vllm(py, site, "", tmp_path / "without.json", [], None)     # starts while pip installs
-    pip = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
-                          str(site), str(pkg)], capture_output=True, text=True)
-    assert pip.returncode == 0, pip.stderr
-    counts = tmp_path / "counts"
-    plugged = _vllm(py, site, manifest["package"], tmp_path / "with.json", manifest["serve_flags"], counts)
-    without, with_plugin = _wait(baseline, tmp_path / "without.json"), _wait(plugged, tmp_path / "with.json")
+    counts, procs = tmp_path / "counts", []
+    try:
+        procs.append(_vllm(py, site, "", tmp_path / "without.json", [], None))     # starts while pip installs
+        pip = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                              str(site), str(pkg)], capture_output=True, text=True)
+        assert pip.returncode == 0, pip.stderr
+        procs.append(_vllm(py, site, manifest["package"], tmp_path / "with.json", manifest["serve_flags"], counts))
+        without, with_plugin = _wait(procs[0], tmp_path / "without.json"), _wait(procs[1], tmp_path / "with.json")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
     assert without["replaced"] == [], "VLLM_PLUGINS without the package must load nothing"
     assert {"RMSNorm", "SiluAndMul", "RotaryEmbedding"} <= set(with_plugin["replaced"])
