@@ -27,6 +27,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,11 +77,18 @@ def _load_kernel(package: Path, entry: dict) -> Callable:
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ValueError(f"{entry['kernel']} does not match its sha256 in {MANIFEST}")
-    name = f"tkcc_kernel_{entry['sha256'][:16]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.OVERRIDES[entry["op"]]
+    # its importable name (torch.compile's generated code and caches import the kernel's module by name)
+    name = f"{package.name}.{Path(entry['kernel']).with_suffix('').as_posix().replace('/', '.')}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name].OVERRIDES[entry["op"]]
 
 
 # ---------------------------------------------------------------- adapters (vLLM forward -> tkcc op)

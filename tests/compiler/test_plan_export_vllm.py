@@ -3,8 +3,10 @@
 One test, three processes: the exported package is pip-installed (``--target``, no build isolation) and two
 vLLM processes run side by side on a tiny Llama checkpoint written here, both with the package importable:
 ``VLLM_PLUGINS=""`` (no plugin loads) and ``VLLM_PLUGINS=<package>`` (the plugin loads through its
-``vllm.general_plugins`` entry point). Greedy outputs must be identical, the plugin's four ops counted as
-called (and never fallen back on), and the exported ``vllm serve`` flags accepted by vLLM's own parser.
+``vllm.general_plugins`` entry point). The plan: torch kernels for RMSNorm, its fused-residual form and rotary
+(they run inside vLLM) and a Triton SiluAndMul (it must fall back to vLLM's forward: no GPU). Greedy outputs
+must be identical, the ops counted as called, and the exported ``vllm serve`` flags accepted by vLLM's own
+parser.
 The vLLM python: ``TKCC_VLLM_PYTHON``, else ``build/vllm-venv/bin/python``; skipped without either.
 """
 
@@ -20,6 +22,8 @@ from vllm_export_samples import write_checkpoint, write_plan
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("vllm_export_driver.py")
+KERNELS = ("rms_norm.torch_fused", "fused_add_rms_norm.torch_fused", "silu_and_mul.triton",
+           "rotary_embedding.torch_joint")
 OPS = {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"}
 
 
@@ -54,7 +58,7 @@ def _wait(proc: subprocess.Popen, out: Path) -> dict:
 def test_vllm_serves_the_exported_plan_with_identical_greedy_output(tmp_path):
     py = vllm_python()
     ckpt = write_checkpoint(tmp_path / "ckpt")
-    write_plan(tmp_path / "plan", str(ckpt / "config.json"),
+    write_plan(tmp_path / "plan", str(ckpt / "config.json"), kernels=KERNELS,
                config={"max_num_seqs": 8, "kv_block_size": 32, "max_chunk_tokens": 64, "cuda_graph_batch_sizes": [4, 1]},
                best={"tp": 2, "pp": 2, "ep": 2, "dp": 1, "dcp": 1, "dtype": "fp8", "kv_dtype": "fp8", "batch": 16})
     pkg, site = tmp_path / "pkg", tmp_path / "site"
@@ -87,7 +91,8 @@ def test_vllm_serves_the_exported_plan_with_identical_greedy_output(tmp_path):
             for how, n in c.items():
                 called.setdefault(op, {}).setdefault(how, 0)
                 called[op][how] += n
-    assert set(called) == OPS
+    assert set(called) == OPS and called["silu_and_mul"]["fallback"] > 0
+    assert called.pop("silu_and_mul")["kernel"] == 0, "a Triton kernel must not run on CPU"
     assert all(c["kernel"] > 0 and c["fallback"] == 0 for c in called.values()), called
     assert with_plugin["flags"] == {
         "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 1,

@@ -57,11 +57,11 @@ def render(name: str) -> str:
     return render_candidate([Choice(t, t.default())])
 
 
-def write_plan(root: Path, model: str, *, extra: dict[str, str] | None = None, config: dict | None = None,
-               best: dict | None = None) -> Path:
-    """A plan of ``model`` whose optimizations are the torch templates (one kernel file each), ``extra``
+def write_plan(root: Path, model: str, *, kernels: tuple[str, ...] = TORCH_KERNELS, extra: dict[str, str] | None = None,
+               config: dict | None = None, best: dict | None = None) -> Path:
+    """A plan of ``model`` whose optimizations are the ``kernels`` templates (one kernel file each), ``extra``
     (op -> source) and a config optimization with ``config``; ``best`` is its parallelism.best."""
-    sources = {name.split(".")[0]: render(name) for name in TORCH_KERNELS} | (extra or {})
+    sources = {name.split(".")[0]: render(name) for name in kernels} | (extra or {})
     opts, files = [], {}
     for op, src in sources.items():
         rel = plan_mod.kernel_path(src, (op,))
