@@ -172,3 +172,17 @@ def test_the_package_runtime_refuses_a_kernel_edited_after_export(tmp_path):
     (pkg / entry["kernel"]).write_text((pkg / entry["kernel"]).read_text() + "\n")
     with pytest.raises(ValueError, match="does not match its sha256"):
         rt._load_kernel(pkg, entry)
+
+
+def test_a_plan_of_an_unknown_model_or_without_a_layout(tmp_path, capsys):
+    write_plan(tmp_path / "plan", "no-such-model")
+    assert main(["plan", "export", "--plan", str(tmp_path / "plan"), "--to", "vllm", str(tmp_path / "pkg")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot resolve the plan's model 'no-such-model'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "pkg").exists()
+    deepseek = REPO / "examples" / "plans" / "deepseek-h200"
+    assert main(["plan", "export", "--plan", str(deepseek), "--to", "vllm", str(tmp_path / "ds"), "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["exported"] == [] and m["serve_flags"] == [] and m["layers"] == []
+    assert m["flags_not_exported"][0]["reason"].startswith("deepseek on 1x h200: no layout fits in memory")
+    assert "Nothing: no kernel of the plan maps to a vLLM layer" in (tmp_path / "ds" / "README.md").read_text()
