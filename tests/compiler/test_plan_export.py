@@ -46,7 +46,8 @@ def test_example_plan_exports_its_layer_kernels_verbatim_and_lists_the_rest(tmp_
     readme = (tmp_path / "pkg" / "README.md").read_text()
     assert "## Not exported" in readme and "moe_experts" in readme and "(Triton kernel: GPU only)" in readme
     toml = (tmp_path / "pkg" / "pyproject.toml").read_text()
-    assert '[project.entry-points."vllm.general_plugins"]\ntkcc_plan_qwen3_moe_v6 = "tkcc_plan_qwen3_moe_v6:register"' in toml
+    assert ('[project.entry-points."vllm.general_plugins"]\n'
+            'tkcc_plan_qwen3_moe_v6 = "tkcc_plan_qwen3_moe_v6:register"') in toml
 
 
 def test_tampered_plan_is_one_line_exit_2_and_writes_nothing(tmp_path):

@@ -59,7 +59,8 @@ def test_vllm_serves_the_exported_plan_with_identical_greedy_output(tmp_path):
     py = vllm_python()
     ckpt = write_checkpoint(tmp_path / "ckpt")
     write_plan(tmp_path / "plan", str(ckpt / "config.json"), kernels=KERNELS,
-               config={"max_num_seqs": 8, "kv_block_size": 32, "max_chunk_tokens": 64, "cuda_graph_batch_sizes": [4, 1]},
+               config={"max_num_seqs": 8, "kv_block_size": 32, "max_chunk_tokens": 64,
+                       "cuda_graph_batch_sizes": [4, 1]},
                best={"tp": 2, "pp": 2, "ep": 2, "dp": 1, "dcp": 1, "dtype": "fp8", "kv_dtype": "fp8", "batch": 16})
     pkg, site = tmp_path / "pkg", tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "compiler", "plan", "export", "--plan", str(tmp_path / "plan"),
