@@ -11,6 +11,8 @@
     tkcc plan apply --plan DIR [--model M] [--layers i,j] [--device cpu|cuda] [--json]
                    runs the model with the plan's overrides at its workload points against the
                    reference; exit 1 when the outputs differ beyond tolerance
+    tkcc plan export --plan DIR --to vllm OUT [--json]
+                   writes a pip-installable vLLM plugin package (compiler.export_vllm)
 """
 
 from __future__ import annotations
@@ -130,6 +132,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also time the plan against torch.compile of the same slice (compiler.compare)")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=_apply)
+    e = psub.add_parser("export", help="write the plan as a package another engine loads (vLLM: a plugin)")
+    e.add_argument("out", metavar="OUT", help="package directory to create (absent or empty)")
+    e.add_argument("--plan", required=True, help="plan directory (root or vN) whose kernels are exported")
+    e.add_argument("--to", required=True, choices=["vllm"],
+                   help="target engine: vllm (a vllm.general_plugins package of out-of-tree CustomOps)")
+    e.add_argument("--json", action="store_true", help="the package's manifest as JSON on stdout")
+    e.set_defaults(func=_export)
 
 
 def _print_json(doc: dict) -> None:
@@ -288,6 +297,26 @@ def _apply(args: argparse.Namespace) -> int:
                   f"{versus['plan_vs_torch_compile']:.3f}x, vs the reference {versus['plan_vs_reference']:.3f}x "
                   f"(weighted over {100 * versus['weight_covered']:.0f}% of the traffic)")
     return 0 if ok else 1
+
+
+def _export(args: argparse.Namespace) -> int:
+    from compiler.export_vllm import export, flags_line
+
+    output_dir(args.out, "OUT")
+    m = export(args.plan, args.out)
+    if args.json:
+        _print_json({"out": str(args.out), **m})
+        return 0
+    print(f"wrote {args.out}: vLLM plugin {m['package']} (pip install {args.out})")
+    for e in m["exported"]:
+        layers = ", ".join(lay["class"] for lay in m["layers"] if e["op"] in lay["ops"])
+        print(f"  exported {e['op']} -> {layers}  ({e['kernel']})")
+    for s in m["not_exported"]:
+        print(f"  not exported {s['op']}: {s['reason']}")
+    print("serve: " + flags_line(m))
+    for s in m["flags_not_exported"]:
+        print(f"  not a flag: {s['setting']}={s['value']} ({s['reason']})")
+    return 0
 
 
 def _versus_compile(args: argparse.Namespace, loaded, layers: list[int] | None) -> dict:

