@@ -337,8 +337,8 @@ def traffic_token_ids(path: str, vocab_size: int) -> list[int] | None:
 
 # said at the start of every CPU run: what a Triton candidate's time there is
 INTERPRETER_NOTE = ("CPU: Triton kernels run in Triton's interpreter here (TRITON_INTERPRET=1), 100-1000x slower than "
-                    "compiled: a Triton candidate is checked for correctness, and its speedup is the interpreter's, not "
-                    "a GPU's; speed is judged on a GPU")
+                    "compiled: a Triton candidate is checked for correctness but not timed (its interpreted time is no "
+                    "speedup), so only torch candidates can be accepted here; speed of Triton is judged on a GPU")
 
 
 def checkpoint_weights(model: str, notes: list[str]) -> str | None:
