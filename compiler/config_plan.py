@@ -131,6 +131,9 @@ class ConfigAcceptor:
             return Decision(False, "fast", f"config rejected by the engine: {why}")
         if speedup is not None and speedup < floor and _changes_a_step(config, self.device_kind):
             return Decision(False, "fast", f"config slows a step: {speedup:.3f}x < {floor:.3f}x", fast=speedup)
+        overloaded = self.judge.overloaded()
+        if overloaded:
+            return Decision(False, "fast", f"config not accepted: {overloaded}", fast=speedup)
         result = self.judge.evaluate_config(config)
         need = 1.0 + self.min_gain
         if not result["feasible"] or result["score"] <= need:

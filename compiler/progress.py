@@ -57,6 +57,7 @@ class Progress:
         self.deadline = deadline
         self._phase = "starting"
         self._counts = {"tried": 0, "correct": 0, "fast_passed": 0, "accepted": 0}
+        self._settled = False                # set by settle(): the counts are the run's tally from then on
         self._best: float | None = None
         self._restarts_fn: Callable[[], int] = lambda: 0
         self._stream = stream if stream is not None else sys.stderr
@@ -82,19 +83,24 @@ class Progress:
 
     def count(self, what: str, n: int = 1) -> None:
         with self._lock:
+            if self._settled:                # an evaluation the search's end cut: not part of the run's tally
+                return
             self._counts[what] += n
         self._changed()
 
     def accepted(self, speedup: float) -> None:
         with self._lock:
+            if self._settled:
+                return
             self._counts["accepted"] += 1
             self._best = speedup if self._best is None else max(self._best, speedup)
         self._changed()
 
     def settle(self, tally: Any) -> None:
         """The counters set to the run's tally (``compiler.tally.Tally``: also settings accepted or recalled
-        outside the judge's counting), and its line printed: the view ends on the one count."""
+        outside the judge's counting) and frozen there, and its line printed: the view ends on the one count."""
         with self._lock:
+            self._settled = True
             self._counts.update(tried=tally.tried, correct=tally.correct, fast_passed=tally.fast_passed,
                                 accepted=tally.accepted)
             self._best = tally.best_single

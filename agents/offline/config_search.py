@@ -185,6 +185,10 @@ def samples_from_profile(profile: Mapping[str, Any] | None) -> list[tuple[Any, f
 
 
 # ----------------------------------------------------------------------------- judge
+OVERLOAD_TTFT_S = 30.0          # a baseline replay whose mean TTFT is above this is a growing queue
+OVERLOAD_HALVINGS = 6           # fit_load halves the arrival rate at most this often to drain it
+
+
 class ConfigJudge:
     """Scores configurations by replaying ``trace`` with ``step_time`` (a fitted MeasuredStepTime).
     ``results`` keeps every setting's figures by its CONFIG (``config_key``), so whoever receives the
@@ -213,18 +217,27 @@ class ConfigJudge:
         """When the measured engine cannot keep up with the trace at its own rate (the baseline setting
         busy more than ``utilisation`` of the replay), slow the arrivals down (``time_scale`` < 1) until
         it is about that busy: the traffic's mix at a load the measured engine carries, instead of a
-        queue growing without bound (where every setting ties). Returns the time scale (1: unchanged).
-        Cost: one replay (plus the baseline's again)."""
+        queue growing without bound (where every setting ties); then, while bursts still leave a queue
+        (mean TTFT above ``OVERLOAD_TTFT_S``, :meth:`overloaded`), halve the rate, at most
+        ``OVERLOAD_HALVINGS`` times. Returns the time scale (1: unchanged). Cost: 1-10 replays (~0.3 s each)."""
         duration = float(self.trace.timestamp_s[-1]) if self.trace.rows else 0.0
         for _ in range(3):          # busy time grows a little as batches shrink at the lower rate
             busy = self.replay(engine_config(self.space.default()))["busy_s"]
             if duration <= 0 or busy * self.time_scale <= 1.05 * utilisation * duration:
                 break
-            self.time_scale = utilisation * duration / busy     # arrivals span duration / time_scale
-            with self._lock:
-                self.results.clear()
-            self._baseline = None
+            self._rescale(utilisation * duration / busy)        # arrivals span duration / time_scale
+        for _ in range(OVERLOAD_HALVINGS):  # bursts can still queue at that load: halve the rate until drained
+            ttft = self.replay(engine_config(self.space.default()))["ttft_mean_s"]
+            if duration <= 0 or ttft is None or ttft <= OVERLOAD_TTFT_S:
+                break
+            self._rescale(self.time_scale / 2)
         return self.time_scale
+
+    def _rescale(self, time_scale: float) -> None:
+        self.time_scale = time_scale
+        with self._lock:
+            self.results.clear()
+        self._baseline = None
 
     def replay(self, cfg: Mapping[str, Any]) -> dict:
         """The replay's figures for one CONFIG (seconds; None where the trace gives none)."""
@@ -302,6 +315,19 @@ class ConfigJudge:
         if self._baseline is None:
             self._baseline = self.evaluate(self.space.default())
         return self._baseline
+
+    def overloaded(self) -> str:
+        """Why the baseline setting's replay is overloaded ("" when it is not): a mean TTFT above
+        ``OVERLOAD_TTFT_S`` means requests wait in a queue that the measured engine does not drain (even
+        after :meth:`fit_load`), so every ratio against it measures the queue, not the setting: a TPOT or
+        goodput "gain" projected from it is no gain (a recompile once accepted a setting on a projected
+        TPOT x6.7 from a replay whose mean TTFT was 123 s)."""
+        ttft = self.baseline().get("ttft_mean_s")
+        if ttft is not None and ttft > OVERLOAD_TTFT_S:
+            return (f"the traffic replay is overloaded at the baseline setting (mean TTFT {ttft:.0f} s > "
+                    f"{OVERLOAD_TTFT_S:.0f} s: a queue the measured engine does not drain); no setting is "
+                    "accepted on a projection from it")
+        return ""
 
 
 def _goodput_ratio(this: float | None, base: float | None) -> float:

@@ -491,12 +491,14 @@ class Engine(ExecutorSide):
         plan = timing.graph_plan(self.points, self.device.type, c.config.get("cuda_graph", True),
                                  c.config.get("cuda_graph_batch_sizes"))
         todo = [i for i in sorted(affected) if i in self.base_graphed and plan[i] is None]
-        cand_graphed, cand_errors = set(), {}
-        if todo:
+        cand_graphed, cand_errors, reasons = set(), {}, []
+        if todo:                                  # compiled mode: the capture compiles the points first
             r = self._call(wire.Capture(points=todo), deadline)
             cand_graphed = set(r.graphed) & set(todo)
             cand_errors = {int(k): v for k, v in r.errors.items() if k.isdigit()}
-        per_point, reasons, kept = [], [], []
+            if self.compiled:
+                reasons += self._uncompiled_reasons(r.uncompiled, [i for i in todo if i not in self._eager_points()])
+        per_point, kept = [], []
         notes = self._config_notes()
         for i, p in enumerate(self.points):
             if i not in affected:
@@ -550,6 +552,21 @@ class Engine(ExecutorSide):
         return BenchReply(ok=not reasons, message=message, reasons=reasons, per_point=per_point,
                           speedup=speedup, timer=ab.TIMER, samples=samples, seconds=(timing.now_ns() - t0) / 1e9,
                           baseline=baseline_words(self.compiled))
+
+    def _eager_points(self) -> set[int]:
+        """Points every executor of this judge runs eagerly (the baseline's could not compile them)."""
+        return set(self._init.get("eager_points") or ())
+
+    def _uncompiled_reasons(self, uncompiled: dict, compiled: list[int]) -> list[str]:
+        """A point the baseline runs compiled but the candidate's executor could not compile would time an
+        eager step against a compiled one: no comparison, said with inductor's words (logged for the operator:
+        a compile-cache fault shows here)."""
+        bad = {int(k): v for k, v in uncompiled.items() if k.isdigit() and int(k) in compiled}
+        for i, why in sorted(bad.items()):
+            print(f"[judge] candidate's step not compiled at {self.points[i].label()}: {why}", file=sys.stderr,
+                  flush=True)
+        return [f"timing: the candidate's step did not compile at {self.points[i].label()} ({why}) where the "
+                "baseline's did: an eager step is no match for a compiled one" for i, why in sorted(bad.items())]
 
     def _process_reasons(self, phase: str) -> list[str]:
         """Processes the candidate started in its sandbox (a kernel never forks): named, and the executor is

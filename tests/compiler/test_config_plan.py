@@ -102,3 +102,21 @@ def test_an_slo_is_part_of_what_a_remembered_config_verdict_depends_on():
     assert slo_of(None, None) is None and slo_of(500.0, None) == Slo(ttft_s=0.5)
     assert replay_key("abc", None, None) == "abc"
     assert replay_key("abc", None, 50.0) != replay_key("abc", None, 40.0) != "abc"
+
+
+def test_no_setting_is_accepted_on_a_projection_from_an_overloaded_replay():
+    """Issue 46: a step so slow that the trace's queue never drains (mean TTFT far above 30 s): the
+    replay's ratios measure the queue, so no setting is accepted on them, and the reason says so."""
+    slow = ConfigJudge(read_trace(str(CODE)), MeasuredStepTime(0.5, 2e-3, 1e-6))
+    why = slow.overloaded()
+    assert "overloaded" in why and slow.baseline()["ttft_mean_s"] > 30
+    d = _acceptor(slow, []).consider(_source(slow, max_chunk_tokens=1024),
+                                     CandidateVerdict(correct=True, reasons=[], speedup=1.0), author="c")
+    assert not d.accepted and "overloaded" in d.reason
+    fitted = ConfigJudge(read_trace(str(CODE)), MeasuredStepTime(0.05, 2e-4, 1e-7))
+    assert fitted.overloaded() and fitted.fit_load() < 1.0      # the arrivals slowed until the queue drains
+    assert fitted.overloaded() == "" and fitted.baseline()["ttft_mean_s"] <= 30
+
+
+def test_a_replay_the_engine_keeps_up_with_is_not_overloaded(judge):
+    assert judge.overloaded() == ""

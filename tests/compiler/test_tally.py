@@ -55,6 +55,8 @@ def test_the_progress_view_and_the_report_end_on_the_tally():
     p.accepted(1.0)
     t = tally_of({"tried": 7, "correct": 5, "fast_passed": 2}, _acceptor(), None)
     p.settle(t)
+    p.count("tried")                      # an evaluation cut by the search's end, counted after the tally
+    p.accepted(2.0)
     snap = p.snapshot()
     assert (snap.tried, snap.accepted, snap.best_speedup) == (7, 5, 1.30)
     assert f"[tkcc] result: {t.line()}" in out.getvalue()
