@@ -1,6 +1,6 @@
 """``tkcc serve`` against ``vllm serve``: the same checkpoint, the same trace, the same client.
 
-    python benchmarks/serve_vs_vllm.py                      # CPU: SmolLM2-135M, 16 requests, vLLM from
+    python benchmarks/serve_vs_vllm.py                      # CPU: SmolLM2-135M, 32 requests at 1x and 4x, vLLM from
                                                             # $TKCC_VLLM_PYTHON or build/vllm-venv/bin/python
     python benchmarks/serve_vs_vllm.py --device cuda --requests 200 --max-input 2048 --max-output 256 \\
         --vllm-python /path/to/vllm-gpu-venv/bin/python     # GPU, with a CUDA build of vLLM
@@ -11,15 +11,19 @@ tkcc's dequantized weights, tokenizer.json, the chat template, the stop ids): ``
 DIR`` and vLLM's OpenAI server ``--model DIR``, each in its own process group on 127.0.0.1 (a free
 port), in turn, never both at once, each stopped before the next starts and on any error or Ctrl-C.
 Dtype: float32 on CPU (tkcc's CPU dtype), bfloat16 on cuda (tkcc's GPU dtype), vLLM told the same.
+``--plan DIR`` adds a third server, ``tkcc serve --plan DIR`` (the plan's kernels and knobs; its model's
+own weights, for ``smollm2-135m`` the same GGUF, e.g. ``--plan tests/data/plans/smollm2-135m-cpu``).
 
 Per server: the start-up time (process start to ``/v1/models`` answering), greedy outputs of a few
-fixed prompts (completions and chat; the two servers must produce the same text: ``greedy.agree``,
+fixed prompts (completions and chat; every server must produce the same text: ``greedy.agree``,
 exit 1 if not), an unmeasured warm-up replay of ``--warmup-requests`` requests, then the measured
 replays by ``tkcc bench serve`` (``compiler.serve_bench``, its own process), one per ``--rates``
 entry: the first ``--requests`` requests of the trace, arrival times divided by the rate, lengths
 clipped to ``--max-input`` / ``--max-output``, fresh random token-id prompts, ``ignore_eos``; TTFT,
-TPOT (per token after the first), ITL (between streamed chunks) and output tokens/s. The 1-minute load
-average before and after each replay is kept (``loadavg_1min``: the server's own load plus other jobs').
+TPOT (per token after the first), ITL (between streamed chunks) and output tokens/s. On a shared machine
+the replay's neighbours show: ``server_cores`` (mean cores busy in the server's process group, from
+/proc) and ``other_cores`` (everything else busy meanwhile: the client and any other job), and the
+1-minute load average before and after (``loadavg_1min``).
 vLLM runs as it ships (its CPU defaults: one of the cores reserved for its scheduler process, the
 KV cache ``VLLM_CPU_KVCACHE_SPACE`` GiB, 1 unless set); ``--vllm-env K=V`` and ``--vllm-arg`` change that.
 The JSON (``benchmarks/results/cpu-serve-vs-vllm.json``, ``cuda-serve-vs-vllm.json`` or ``--out``)
@@ -47,7 +51,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SIDES = ("tkcc", "vllm")
+SIDES = ("tkcc", "tkcc-plan", "vllm")
+NAMES = {"tkcc": "tkcc serve", "tkcc-plan": "tkcc serve --plan"}
 COMPLETION_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, there was a")
 CHAT_PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.")
 
@@ -70,9 +75,10 @@ def vllm_python(arg: str | None) -> Path | None:
 
 def server_command(side: str, args, checkpoint: Path, port: int) -> list[str]:
     """The command line of one server on 127.0.0.1:port serving ``checkpoint`` under its directory's name."""
-    if side == "tkcc":
-        return [sys.executable, "-m", "compiler", "serve", "--model", str(checkpoint), "--host", "127.0.0.1",
-                "--port", str(port), "--device", args.device, "--max-model-len", str(args.max_model_len)]
+    if side != "vllm":                                      # tkcc-plan: the plan's model (the same GGUF weights)
+        what = ["--model", str(checkpoint)] if side == "tkcc" else ["--plan", args.plan]
+        return [sys.executable, "-m", "compiler", "serve", *what, "--host", "127.0.0.1", "--port", str(port),
+                "--device", args.device, "--max-model-len", str(args.max_model_len)]
     return [str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
             "--served-model-name", checkpoint.name, "--host", "127.0.0.1", "--port", str(port),
             "--dtype", "float32" if args.device == "cpu" else "bfloat16", "--max-model-len", str(args.max_model_len),
@@ -138,6 +144,27 @@ class Server:
         self.stop()
 
 
+def cpu_seconds(pgid: int) -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, those of process group ``pgid``), from /proc (Linux;
+    (0, 0) elsewhere): their growth over a replay is the server's CPU use and everything else's."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        total = sum(int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4))     # all but idle, iowait
+        group = 0
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    st = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:                                  # exited meanwhile
+                    continue
+                if int(st[2]) == pgid:                           # fields after the name: state ppid pgrp ...
+                    group += int(st[11]) + int(st[12])           # utime + stime
+        return total / tick, group / tick
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -148,10 +175,11 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def greedy_outputs(url: str, model: str, max_tokens: int) -> list[str]:
-    """Greedy texts of the fixed prompts: completions of plain text, then chat answers."""
+def greedy_outputs(url: str, max_tokens: int) -> list[str]:
+    """Greedy texts of the fixed prompts (the server's first model): completions of plain text, then chat answers."""
     out = []
     with httpx.Client(base_url=url, timeout=300) as c:
+        model = c.get("/v1/models").json()["data"][0]["id"]
         for p in COMPLETION_PROMPTS:
             r = c.post("/v1/completions", json={"model": model, "prompt": p, "max_tokens": max_tokens,
                                                 "temperature": 0.0})
@@ -194,8 +222,8 @@ def run_side(side: str, args, checkpoint: Path) -> dict:
                  "env": {k: env[k] for k in sorted(env) if k.startswith("VLLM_") or k == "OMP_NUM_THREADS"}}
     with Server(side, cmd, env, port, Path(args.log_dir) / f"{side}.log", args.startup_timeout) as server:
         out["startup_s"] = server.startup_s
-        log(f"{side}: up in {server.startup_s:.1f} s; greedy outputs of {len(COMPLETION_PROMPTS) + len(CHAT_PROMPTS)} prompts")
-        out["greedy"] = greedy_outputs(server.url, checkpoint.name, args.greedy_tokens)
+        log(f"{side}: up in {server.startup_s:.1f} s; greedy outputs of the fixed prompts")
+        out["greedy"] = greedy_outputs(server.url, args.greedy_tokens)
         if args.warmup_requests:
             t0 = time.perf_counter()
             log(f"{side}: warm-up replay of {args.warmup_requests} requests (not measured)")
@@ -204,9 +232,12 @@ def run_side(side: str, args, checkpoint: Path) -> dict:
         out["runs"] = []
         for rate in args.rates:
             log(f"{side}: replaying {args.requests} requests at {rate}x")
-            load0 = os.getloadavg()[0]
+            load0, cpu0, t0 = os.getloadavg()[0], cpu_seconds(server.proc.pid), time.perf_counter()
             res = bench_client(args, server.url, rate, args.requests, args.run_timeout)
+            cpu1, wall = cpu_seconds(server.proc.pid), time.perf_counter() - t0
             res["loadavg_1min"] = [load0, os.getloadavg()[0]]     # the server's own load and other jobs'
+            res["server_cores"] = (cpu1[1] - cpu0[1]) / wall       # mean cores busy in the server's processes
+            res["other_cores"] = max(0.0, cpu1[0] - cpu0[0] - (cpu1[1] - cpu0[1])) / wall   # the client, other jobs
             out["runs"].append(res)
             log(f"{side}: {row(side, res)}")
     log(f"{side}: stopped")
@@ -215,10 +246,11 @@ def run_side(side: str, args, checkpoint: Path) -> dict:
 
 def row(side: str, res: dict) -> str:
     f = lambda v, s=".1f": "-" if v is None else format(v, s)  # noqa: E731
-    return (f"{side:<6} {res['rate']:>4}x {res['output_tokens_per_s']:8.1f} tok/s {res['requests_per_s']:6.2f} req/s  "
+    return (f"{side:<9} {res['rate']:>4}x {res['output_tokens_per_s']:6.1f} tok/s {res['requests_per_s']:5.2f} req/s  "
             f"TTFT p50 {f(res['ttft_ms']['p50']):>8} mean {f(res['ttft_ms']['mean']):>8} ms  "
             f"TPOT p50 {f(res['tpot_ms']['p50'], '.2f'):>7} mean {f(res['tpot_ms']['mean'], '.2f'):>7} ms  "
-            f"failed {res['failed']}")
+            f"failed {res['failed']}  cores busy: server {f(res.get('server_cores'), '.2f')}, "
+            f"others {f(res.get('other_cores'), '.2f')}")
 
 
 def markdown_table(doc: dict) -> str:
@@ -229,29 +261,34 @@ def markdown_table(doc: dict) -> str:
             ("ttft_ms", "p90", ".1f"), ("tpot_ms", "p50", ".2f"), ("tpot_ms", "p90", ".2f"), ("itl_ms", "p50", ".2f"))
     get = lambda r, k, q: r[k] if q is None else r[k][q]  # noqa: E731
     lines = ["| server | rate | start-up s | output tok/s | req/s | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms "
-             "| TPOT p90 ms | ITL p50 ms | failed |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| TPOT p90 ms | ITL p50 ms | failed | cores busy: server, others |", "|---" + "|---:" * 11 + "|"]
     sides = {s["side"]: s for s in doc["sides"] if s.get("runs")}
-    names = {"tkcc": "tkcc serve", "vllm": f"vLLM {doc.get('vllm_version') or ''}".strip()}
+    names = {**NAMES, "vllm": f"vLLM {doc.get('vllm_version') or ''}".strip()}
     for i, rate in enumerate(doc["rates"]):
         runs = {side: s["runs"][i] for side, s in sides.items() if i < len(s["runs"])}
         for side, r in runs.items():
             cells = " | ".join(f(get(r, k, q), spec) for k, q, spec in keys)
-            lines.append(f"| {names[side]} | {rate:g}x | {f(sides[side]['startup_s'])} | {cells} | {r['failed']} |")
-        if len(runs) == 2:
-            t, v = runs["tkcc"], runs["vllm"]
+            cores = f"{f(r.get('server_cores'), '.2f')}, {f(r.get('other_cores'), '.2f')}"
+            lines.append(f"| {names[side]} | {rate:g}x | {f(sides[side]['startup_s'])} | {cells} | {r['failed']} "
+                         f"| {cores} |")
+        for side in [x for x in runs if x != "vllm" and "vllm" in runs]:
+            t, v = runs[side], runs["vllm"]
             cells = " | ".join(ratio(get(t, k, q), get(v, k, q)) for k, q, _ in keys)
-            lines.append(f"| tkcc / vLLM | {rate:g}x | {ratio(sides['tkcc']['startup_s'], sides['vllm']['startup_s'])} "
-                         f"| {cells} | |")
+            lines.append(f"| {NAMES[side].replace('tkcc serve', 'tkcc')} / vLLM | {rate:g}x "
+                         f"| {ratio(sides[side]['startup_s'], sides['vllm']['startup_s'])} | {cells} | | |")
     return "\n".join(lines)
 
 
 def compare_greedy(doc: dict) -> dict:
-    """``agree`` when every prompt's greedy text is the same on both servers; the differing ones listed."""
-    outs = {s["side"]: s.get("greedy") for s in doc["sides"]}
-    if not all(outs.get(side) for side in SIDES):
-        return {"agree": None, "prompts": list(COMPLETION_PROMPTS + CHAT_PROMPTS), **outs}
+    """``agree`` when every prompt's greedy text is the same on every server (None: fewer than two ran);
+    the differences listed against the first server (``side``: the one that differs)."""
+    outs = {s["side"]: s["greedy"] for s in doc["sides"] if s.get("greedy")}
     prompts = list(COMPLETION_PROMPTS + CHAT_PROMPTS)
-    diff = [{"prompt": p, "tkcc": a, "vllm": b} for p, a, b in zip(prompts, outs["tkcc"], outs["vllm"]) if a != b]
+    if len(outs) < 2:
+        return {"agree": None, "prompts": prompts, **outs}
+    (ref, ref_out), *others = outs.items()
+    diff = [{"prompt": p, "side": side, ref: a, side: b}
+            for side, out in others for p, a, b in zip(prompts, ref_out, out) if a != b]
     return {"agree": not diff, "prompts": prompts, "mismatches": diff, **outs}
 
 
@@ -294,8 +331,10 @@ def parse_args(argv):
                     help="python of a venv with vLLM (default $TKCC_VLLM_PYTHON, else build/vllm-venv/bin/python)")
     ap.add_argument("--vllm-env", action="append", default=[], metavar="K=V", help="environment of the vLLM server")
     ap.add_argument("--vllm-arg", action="append", default=[], help="extra argument of the vLLM server (repeatable)")
-    ap.add_argument("--sides", default="tkcc,vllm", help="servers to run, in order (default tkcc,vllm)")
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--plan", default="", help="a plan of --model: adds the side tkcc-plan (tkcc serve --plan)")
+    ap.add_argument("--sides", default=None, help="servers to run, in order, of tkcc, tkcc-plan, vllm "
+                    "(default tkcc,vllm, and tkcc-plan after tkcc with --plan)")
+    ap.add_argument("--requests", type=int, default=32, help="requests per replay (default 32)")
     ap.add_argument("--warmup-requests", type=int, default=4)
     ap.add_argument("--rates", default="1,4", help="replay speed-ups of the trace's arrivals (default 1,4)")
     ap.add_argument("--max-input", type=int, default=128)
@@ -313,9 +352,11 @@ def parse_args(argv):
 
 def check_args(args) -> str | None:
     """The one-line error of bad arguments, or None."""
-    args.sides = [s for s in args.sides.split(",") if s]
+    args.sides = [s for s in (args.sides or ("tkcc,tkcc-plan,vllm" if args.plan else "tkcc,vllm")).split(",") if s]
     if not args.sides or any(s not in SIDES for s in args.sides):
-        return f"--sides takes tkcc and/or vllm, not {args.sides!r}"
+        return f"--sides takes tkcc, tkcc-plan and vllm, not {args.sides!r}"
+    if "tkcc-plan" in args.sides and not (args.plan and Path(args.plan).is_dir()):
+        return f"side tkcc-plan needs --plan DIR (got {args.plan!r})"
     try:
         args.rates = [float(r) for r in args.rates.split(",") if r]
     except ValueError:
@@ -330,7 +371,8 @@ def check_args(args) -> str | None:
     if "vllm" in args.sides:
         python = vllm_python(args.vllm_python)
         if python is None:
-            return (f"no vLLM python at {args.vllm_python or os.environ.get('TKCC_VLLM_PYTHON') or 'build/vllm-venv/bin/python'} "
+            where = args.vllm_python or os.environ.get("TKCC_VLLM_PYTHON") or "build/vllm-venv/bin/python"
+            return (f"no vLLM python at {where} "
                     "(pass --vllm-python, set TKCC_VLLM_PYTHON, or create build/vllm-venv with scripts/vllm_venv.sh)")
         args.vllm_python = python
     if args.device == "cuda":
@@ -364,12 +406,14 @@ def main(argv=None) -> int:
     out = Path(args.out or ROOT / "benchmarks/results" / f"{args.device}-serve-vs-vllm.json")
     versions = vllm_versions(args.vllm_python) if "vllm" in args.sides else {}
     doc = {"benchmark": "serve_vs_vllm", "complete": False, "model": args.model, "checkpoint": checkpoint.name,
-           "weights": f"{args.weights or args.model} GGUF dequantized, written as an HF checkpoint (float32)", "device": args.device,
+           "weights": f"{args.weights or args.model} GGUF dequantized, written as an HF checkpoint (float32)",
+           "device": args.device,
            "dtype": "float32" if args.device == "cpu" else "bfloat16", "cpu": cpu_model(), "cores": os.cpu_count(),
            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
            "torch": torch.__version__, "vllm_version": versions.get("vllm"), "vllm_torch": versions.get("torch"),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "command": shlex.join(["python", os.path.relpath(__file__, ROOT), *(sys.argv[1:] if argv is None else argv)]),
+           "command": shlex.join(["python", os.path.relpath(__file__, ROOT),
+                                  *(sys.argv[1:] if argv is None else argv)]),
            "traffic": os.path.relpath(args.traffic, ROOT), "requests": args.requests, "rates": args.rates,
            "max_input": args.max_input, "max_output": args.max_output, "warmup_requests": args.warmup_requests,
            "sides": []}
@@ -388,7 +432,8 @@ def main(argv=None) -> int:
     print(markdown_table(doc))
     agree = doc["greedy"]["agree"]
     for m in doc["greedy"].get("mismatches") or []:
-        print(f"greedy mismatch on {m['prompt']!r}:\n  tkcc {m['tkcc']!r}\n  vllm {m['vllm']!r}")
+        print("greedy mismatch on " + repr(m["prompt"]) + ":" + "".join(f"\n  {k} {v!r}" for k, v in m.items()
+                                                                   if k not in ("prompt", "side")))
     print(f"greedy outputs {'agree' if agree else 'DIFFER' if agree is False else 'not compared'}; wrote {out}")
     return 0 if doc["complete"] and agree is not False else 1
 

@@ -21,12 +21,13 @@ from persistent_engine.workloads import make_workload  # noqa: E402
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 96, 2
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["h e", "l l", "he ll", "Ġ w"]
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "<|im_start|>assistant\n")
 
 
 def _byte_chars() -> list[str]:
     """GPT-2's byte -> printable character table (the byte-level BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
@@ -88,8 +89,9 @@ def tiny(tmp_path_factory):
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         shapes |= {p + "input_layernorm.weight": (HIDDEN,), p + "post_attention_layernorm.weight": (HIDDEN,),
-                   p + "self_attn.q_proj.weight": (HEADS * hd, HIDDEN), p + "self_attn.k_proj.weight": (KV_HEADS * hd, HIDDEN),
-                   p + "self_attn.v_proj.weight": (KV_HEADS * hd, HIDDEN), p + "self_attn.o_proj.weight": (HIDDEN, HEADS * hd),
+                   p + "self_attn.q_proj.weight": (HEADS * hd, HIDDEN), p + "self_attn.o_proj.weight": (HIDDEN, HEADS * hd),
+                   p + "self_attn.k_proj.weight": (KV_HEADS * hd, HIDDEN),
+                   p + "self_attn.v_proj.weight": (KV_HEADS * hd, HIDDEN),
                    p + "mlp.gate_proj.weight": (FFN, HIDDEN), p + "mlp.up_proj.weight": (FFN, HIDDEN),
                    p + "mlp.down_proj.weight": (HIDDEN, FFN)}
     hf = {k: (1.0 + 0.1 * g.standard_normal(s) if len(s) == 1 else 0.2 * g.standard_normal(s)).astype(np.float32)
