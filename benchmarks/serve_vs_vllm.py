@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SIDES = ("tkcc", "tkcc-plan", "vllm")
+CONTENDED = 0.25            # cores busy outside the server during a replay above which the table says so
 NAMES = {"tkcc": "tkcc serve", "tkcc-plan": "tkcc serve --plan"}
 COMPLETION_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, there was a")
 CHAT_PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.")
@@ -218,7 +219,7 @@ def run_side(side: str, args, checkpoint: Path) -> dict:
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = server_command(side, args, checkpoint, port)
     log(f"{side}: starting {shlex.join(cmd)}")
-    out: dict = {"side": side, "url": f"http://127.0.0.1:{port}", "command": shlex.join(cmd),
+    out: dict = {"side": side, "url": f"http://127.0.0.1:{port}", "command": shlex.join(cmd).replace(f"{ROOT}/", ""),
                  "env": {k: env[k] for k in sorted(env) if k.startswith("VLLM_") or k == "OMP_NUM_THREADS"}}
     with Server(side, cmd, env, port, Path(args.log_dir) / f"{side}.log", args.startup_timeout) as server:
         out["startup_s"] = server.startup_s
@@ -269,6 +270,7 @@ def markdown_table(doc: dict) -> str:
         for side, r in runs.items():
             cells = " | ".join(f(get(r, k, q), spec) for k, q, spec in keys)
             cores = f"{f(r.get('server_cores'), '.2f')}, {f(r.get('other_cores'), '.2f')}"
+            cores += " (contended)" if (r.get("other_cores") or 0) > CONTENDED else ""
             lines.append(f"| {names[side]} | {rate:g}x | {f(sides[side]['startup_s'])} | {cells} | {r['failed']} "
                          f"| {cores} |")
         for side in [x for x in runs if x != "vllm" and "vllm" in runs]:

@@ -180,7 +180,7 @@ def test_serve_vs_vllm_tkcc_side_json_and_table(tiny, tmp_path, capsys):
     (side,) = doc["sides"]
     assert [r["rate"] for r in side["runs"]] == [20, 40]
     run = side["runs"][0]
-    assert run["model"] == "Tiny" and run["completed"] == 3 and run["output_tokens"] == 9
+    assert run["model"] == "Tiny" and run["completed"] == 3 and run["output_tokens"] == 9 and run["server_cores"] > 0
     assert len(side["greedy"]) == len(bench.COMPLETION_PROMPTS + bench.CHAT_PROMPTS) and side["startup_s"] > 0
     with pytest.raises(httpx.HTTPError):              # the server was stopped
         httpx.get(side["url"] + "/v1/models", timeout=2)
