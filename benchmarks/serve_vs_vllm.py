@@ -396,7 +396,9 @@ def main(argv=None) -> int:
     from compiler.hf_checkpoint import export_model
     from compiler.serve_model import ModelLoadError
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # a kill stops the servers too (finally blocks)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # a kill stops the servers too (the with blocks)
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
+    signal.signal(signal.SIGINT, signal.default_int_handler)      # Ctrl-C, even where a shell ignored it
     checkpoint = Path(args.checkpoint).resolve()
     try:
         t0 = time.perf_counter()
@@ -427,6 +429,9 @@ def main(argv=None) -> int:
     except (RuntimeError, subprocess.TimeoutExpired, httpx.HTTPError) as e:
         doc["error"] = f"{type(e).__name__}: {e}"[:600]
         log(f"FAILED: {doc['error']}")
+    except KeyboardInterrupt:
+        print(f"serve_vs_vllm: interrupted; servers stopped; {out} holds the servers that finished", file=sys.stderr)
+        return 130
     doc["greedy"] = compare_greedy(doc)
     doc["complete"] = "error" not in doc and len(doc["sides"]) == len(args.sides)
     doc["wall_s"] = time.perf_counter() - t0
