@@ -332,7 +332,8 @@ def parse_args(argv):
     ap.add_argument("--vllm-python", default=None,
                     help="python of a venv with vLLM (default $TKCC_VLLM_PYTHON, else build/vllm-venv/bin/python)")
     ap.add_argument("--vllm-env", action="append", default=[], metavar="K=V", help="environment of the vLLM server")
-    ap.add_argument("--vllm-arg", action="append", default=[], help="extra argument of the vLLM server (repeatable)")
+    ap.add_argument("--vllm-arg", action="append", default=[],
+                    help="an extra argument of the vLLM server, repeatable: --vllm-arg=--enforce-eager")
     ap.add_argument("--plan", default="", help="a plan of --model: adds the side tkcc-plan (tkcc serve --plan)")
     ap.add_argument("--sides", default=None, help="servers to run, in order, of tkcc, tkcc-plan, vllm "
                     "(default tkcc,vllm, and tkcc-plan after tkcc with --plan)")
