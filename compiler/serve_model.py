@@ -211,6 +211,10 @@ def _checkpoint_tokenizer(weights: Path, vocab: int):
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str) and tok.token_to_id(eos) is not None:
             stops.add(tok.token_to_id(eos))
+    gen_file = d / "generation_config.json"                  # the stop ids HF generation (and vLLM) use
+    if gen_file.is_file():
+        ids = json.loads(gen_file.read_text()).get("eos_token_id")
+        stops |= {int(i) for i in (ids if isinstance(ids, list) else [ids]) if isinstance(i, int) and 0 <= i < vocab}
     return BPETokenizer(tok, tuple(sorted(stops)), template)
 
 
