@@ -36,8 +36,10 @@ class BoardAPI(Protocol):
         """The deployment (model, hw, traffic profile hash), created on first use."""
 
     def create_run(self, model: str, hw: str, traffic_hash: str = "", *, config: Mapping[str, Any] | None = None,
-                   deployment_name: str = "", idempotency_key: str | None = None) -> Run:
-        """A new run (status "running") of the deployment (model, hw, traffic_hash). The same
+                   deployment_name: str = "", idempotency_key: str | None = None,
+                   deployment_hash: str | None = None) -> Run:
+        """A new run (status "running") of the deployment (model, hw, ``deployment_hash`` or else
+        traffic_hash: a recompile on drifted traffic stays under its first version's deployment). The same
         ``idempotency_key`` again (a retry) returns the run it created instead of a second one."""
 
     def update_run(self, run: Any, *, status: str | None = None, message: str | None = None,

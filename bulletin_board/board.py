@@ -199,11 +199,12 @@ class Board(BoardQueries):
 
     def create_run(self, model: str, hw: str, traffic_hash: str = "", *,
                    config: Mapping[str, Any] | None = None, deployment_name: str = "",
-                   idempotency_key: str | None = None) -> Run:
-        """A new run (status "running") of the deployment (model, hw, traffic_hash). The same
+                   idempotency_key: str | None = None, deployment_hash: str | None = None) -> Run:
+        """A new run (status "running") of the deployment (model, hw, ``deployment_hash`` or else
+        traffic_hash: a recompile on drifted traffic stays under its first version's deployment). The same
         ``idempotency_key`` again (a retry) returns the run it created instead of a second one."""
         with self._write("create_run") as conn:
-            did = self._deployment_id(conn, model, hw, traffic_hash, deployment_name)
+            did = self._deployment_id(conn, model, hw, deployment_hash or traffic_hash, deployment_name)
             values = dict(
                 deployment_id=did, model=model, hw=hw, traffic_hash=traffic_hash, status="running",
                 message="", config=jsonable(dict(config or {})), baseline=None, candidates_tried=0,

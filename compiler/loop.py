@@ -233,14 +233,15 @@ def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: fl
     board = open_board(board_url)
     cfg, dead = _recovered(cfg, board, progress)
     traffic_hash = run_in.traffic.hash
-    run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic_hash,
+    deployment_hash = deployment_hash_of(out, cfg.parent_version, traffic_hash)
+    run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic_hash, deployment_hash=deployment_hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
                                       "device": device["kind"], "parent_version": cfg.parent_version,
                                       "slo": {"ttft_ms": cfg.ttft_ms, "tpot_ms": cfg.tpot_ms}})
     if dead:
         best_effort(mark_recovered, board, dead, run_id)
     if cfg.drift is not None:                    # recompile: the drift check that triggered this run
-        deployment = best_effort(board.deployment, cfg.model, cfg.hw, traffic_hash)
+        deployment = best_effort(board.deployment, cfg.model, cfg.hw, deployment_hash)
         best_effort(board.add_drift_event, deployment, True,
                     cfg.drift.get("features", []), run=run_id, old_hash=cfg.drift.get("old_hash", ""),
                     new_hash=traffic_hash)
@@ -249,7 +250,21 @@ def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: fl
                        traffic_hash=config_plan.replay_key(traffic_hash, cfg.ttft_ms, cfg.tpot_ms),
                        shape=shape_class(device["kind"], run_in.spec.dtype, run_in.points, run_in.fast_layers,
                                          run_in.slow_layers))
-    return Run(cfg, board, board_url, run_id, memory, progress, threading.Event(), budget, t_start)
+    return Run(cfg, board, board_url, run_id, memory, progress, threading.Event(), budget, t_start,
+               deployment_hash=deployment_hash)
+
+
+def deployment_hash_of(out: Path, parent_version: int | None, traffic_hash: str) -> str:
+    """The traffic hash that names a run's deployment: its parent version's (a recompile on drifted traffic or
+    a continued run stays one deployment, versions under it; ``plan.run.deployment_hash``, else that version's
+    own traffic hash), or this run's traffic hash for a root's first version."""
+    if parent_version is None:
+        return traffic_hash
+    try:
+        parent = plan_mod.load(out / f"v{parent_version}")[0]
+    except (plan_mod.PlanError, OSError):
+        return traffic_hash
+    return str(parent.run.get("deployment_hash") or parent.traffic.get("hash") or traffic_hash)
 
 
 def run_engines(run: Run, run_in: RunInputs, agents: list[Any], startup_s: float) -> Outcome:

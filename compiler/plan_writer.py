@@ -45,7 +45,8 @@ def write_plan(run: Run, run_in: RunInputs, outcome: Outcome) -> Path:
             run_in.spec, run_in.slow_layers, run_in.points, composition, run_in.device, progress,
             isolated_time(run.budget, progress, "the torch.compile comparison"))
     plan = build_plan(cfg, run_in, outcome, after, time.monotonic() - run.t_start, progress.snapshot().phases)
-    plan = dataclasses.replace(plan, run={**plan.run, **run_fields(run.board, run.run_id, outcome.clock,
+    plan = dataclasses.replace(plan, run={**plan.run, "deployment_hash": run.deployment_hash,
+                                          **run_fields(run.board, run.run_id, outcome.clock,
                                                                    run.memory.hits, [
         o.to_dict() for o in plan.optimizations if o.projected]),
         **({"agent_reports": outcome.agent_reports} if outcome.agent_reports else {})})

@@ -59,6 +59,7 @@ class Run:
     stop: threading.Event
     budget: Budget
     t_start: float
+    deployment_hash: str = ""                # the traffic hash naming the run's deployment (deployment_hash_of)
 
 
 @dataclass(frozen=True)

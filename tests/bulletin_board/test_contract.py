@@ -61,6 +61,8 @@ def test_runs_deployments_and_progress(board):
     assert page.total == 2 and [r.id for r in page.items] == [r2.id, r1.id]
     assert board.list_runs(status="done").total == 1
     assert board.get_run(9999) is None
+    r4 = board.create_run("glm", "b200", "t2-drifted", deployment_hash="t1")     # a recompile's run
+    assert r4.deployment_id == r1.deployment_id and r4.traffic_hash == "t2-drifted"
 
 
 def test_ideas_are_unique_per_title_and_target(board):

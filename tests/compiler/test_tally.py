@@ -63,3 +63,23 @@ def test_the_progress_view_and_the_report_end_on_the_tally():
     d = t.to_dict()
     assert _counts_cell({"counts": d}, 0) == "tried 7, correct 5, fast-pass 2, accepted 5, kept 0, dropped 5"
     assert _dropped_lines(d["dropped"])[0] == "## Accepted, not kept" and len(_dropped_lines(d["dropped"])) == 10
+
+
+def test_a_recompile_stays_under_its_first_versions_deployment(tmp_path, monkeypatch):
+    """Issue 46: a recompile on drifted traffic was a second deployment; its run now names the parent
+    version's deployment (``plan.run.deployment_hash``, else the parent's traffic hash)."""
+    from compiler import loop, plan as plan_mod
+
+    parents = {"v1": NS(run={}, traffic={"hash": "h-first"}),
+               "v2": NS(run={"deployment_hash": "h-first"}, traffic={"hash": "h-drifted"})}
+
+    def load(path):
+        if path.name not in parents:
+            raise plan_mod.PlanError(f"no plan at {path}")
+        return parents[path.name], path
+
+    monkeypatch.setattr(plan_mod, "load", load)
+    assert loop.deployment_hash_of(tmp_path, None, "h-now") == "h-now"          # a root's first version
+    assert loop.deployment_hash_of(tmp_path, 1, "h-drifted") == "h-first"
+    assert loop.deployment_hash_of(tmp_path, 2, "h-again") == "h-first"
+    assert loop.deployment_hash_of(tmp_path, 7, "h-now") == "h-now"             # an unreadable parent
