@@ -12,6 +12,8 @@ kept runs with the candidate stopped, then the shared weights' fingerprints (``w
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from persistent_engine import guards, verify
@@ -255,3 +257,15 @@ def weights_reason(e, phase: str) -> str | None:
     e._sync()
     bad = e.weight_guard.changed()
     return f"{phase}: the shared weights changed while it was judged: {', '.join(bad[:5])}" if bad else None
+
+
+def uncompiled_reasons(points, uncompiled: dict, compiled: list[int]) -> list[str]:
+    """A point the baseline runs compiled but the candidate's executor could not compile (its ``Captured.
+    uncompiled``) would time an eager step against a compiled one: no comparison, said with inductor's words and
+    logged for the operator (a compile-cache fault shows here: on the H100 such seeded executors timed exact
+    copies of the reference at 0.71-0.74x, 2026-12-06)."""
+    bad = {int(k): v for k, v in uncompiled.items() if k.isdigit() and int(k) in compiled}
+    for i, why in sorted(bad.items()):
+        print(f"[judge] candidate's step not compiled at {points[i].label()}: {why}", file=sys.stderr, flush=True)
+    return [f"timing: the candidate's step did not compile at {points[i].label()} ({why}) where the baseline's "
+            "did: an eager step is no match for a compiled one" for i, why in sorted(bad.items())]

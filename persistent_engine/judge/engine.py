@@ -497,7 +497,8 @@ class Engine(ExecutorSide):
             cand_graphed = set(r.graphed) & set(todo)
             cand_errors = {int(k): v for k, v in r.errors.items() if k.isdigit()}
             if self.compiled:
-                reasons += self._uncompiled_reasons(r.uncompiled, [i for i in todo if i not in self._eager_points()])
+                eager = set(self._init.get("eager_points") or ())        # every executor's, the baseline's too
+                reasons += judging.uncompiled_reasons(self.points, r.uncompiled, [i for i in todo if i not in eager])
         per_point, kept = [], []
         notes = self._config_notes()
         for i, p in enumerate(self.points):
@@ -552,21 +553,6 @@ class Engine(ExecutorSide):
         return BenchReply(ok=not reasons, message=message, reasons=reasons, per_point=per_point,
                           speedup=speedup, timer=ab.TIMER, samples=samples, seconds=(timing.now_ns() - t0) / 1e9,
                           baseline=baseline_words(self.compiled))
-
-    def _eager_points(self) -> set[int]:
-        """Points every executor of this judge runs eagerly (the baseline's could not compile them)."""
-        return set(self._init.get("eager_points") or ())
-
-    def _uncompiled_reasons(self, uncompiled: dict, compiled: list[int]) -> list[str]:
-        """A point the baseline runs compiled but the candidate's executor could not compile would time an
-        eager step against a compiled one: no comparison, said with inductor's words (logged for the operator:
-        a compile-cache fault shows here)."""
-        bad = {int(k): v for k, v in uncompiled.items() if k.isdigit() and int(k) in compiled}
-        for i, why in sorted(bad.items()):
-            print(f"[judge] candidate's step not compiled at {self.points[i].label()}: {why}", file=sys.stderr,
-                  flush=True)
-        return [f"timing: the candidate's step did not compile at {self.points[i].label()} ({why}) where the "
-                "baseline's did: an eager step is no match for a compiled one" for i, why in sorted(bad.items())]
 
     def _process_reasons(self, phase: str) -> list[str]:
         """Processes the candidate started in its sandbox (a kernel never forks): named, and the executor is

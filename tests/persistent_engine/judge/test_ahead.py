@@ -183,13 +183,11 @@ def test_a_candidate_step_that_did_not_compile_where_the_baseline_did_is_no_comp
     that point eagerly and was timed against the compiled baseline (0.72x for an exact copy of the
     reference). The judge now rejects the timing with inductor's words, and logs them; points every executor
     runs eagerly are not affected."""
-    from types import SimpleNamespace as NS
-
-    from persistent_engine.judge.engine import Engine
     from persistent_engine.io_struct import WorkloadPoint
+    from persistent_engine.judge.checks import uncompiled_reasons
 
-    stub = NS(points=[WorkloadPoint("decode", 1, 1024), WorkloadPoint("decode", 32, 1024)])
-    reasons = Engine._uncompiled_reasons(stub, {"0": "BackendCompilerFailed: boom", "1": "x", "bad": "y"}, [0])
+    points = [WorkloadPoint("decode", 1, 1024), WorkloadPoint("decode", 32, 1024)]
+    reasons = uncompiled_reasons(points, {"0": "BackendCompilerFailed: boom", "1": "x", "bad": "y"}, [0])
     assert len(reasons) == 1 and "did not compile at decode b1" in reasons[0] and "BackendCompilerFailed" in reasons[0]
     assert "not compiled at decode b1" in capsys.readouterr().err
-    assert Engine._uncompiled_reasons(stub, {}, [0, 1]) == []
+    assert uncompiled_reasons(points, {}, [0, 1]) == []
