@@ -397,9 +397,6 @@ def main(argv=None) -> int:
     from compiler.hf_checkpoint import export_model
     from compiler.serve_model import ModelLoadError
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # a kill stops the servers too (the with blocks)
-    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
-    signal.signal(signal.SIGINT, signal.default_int_handler)      # Ctrl-C, even where a shell ignored it
     checkpoint = Path(args.checkpoint).resolve()
     try:
         t0 = time.perf_counter()
@@ -446,5 +443,14 @@ def main(argv=None) -> int:
     return 0 if doc["complete"] and agree is not False else 1
 
 
+def _exit_on_signals() -> None:
+    """As a script only (never in a caller's process, e.g. a test's): a kill stops the servers too (the with
+    blocks run), Ctrl-C even where a shell ignored it."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 if __name__ == "__main__":
+    _exit_on_signals()
     sys.exit(main())

@@ -59,15 +59,17 @@ def _copy_tree(src: str, dst: str, budget: list[int], owner: int | None) -> None
                 os.chown(d, owner, owner)
 
 
-def _copy_triton(src: str, dst: str, owner: int | None) -> None:
-    """Triton cache entries (``<key>/<files>``) from ``src`` to ``dst``, group files re-pointed to ``dst``."""
+def _copy_triton(src: str, dst: str, owner: int | None, own_dst: str | None = None) -> None:
+    """Triton cache entries (``<key>/<files>``) from ``src`` to ``dst``, group files re-pointed to ``own_dst``:
+    the reader's own path of ``dst`` (an executor sees its tmpfs workdir at its own path, not at the judge's
+    view of it; a group file naming the judge's view names files the executor cannot see). Default ``dst``."""
     os.makedirs(dst, mode=0o755, exist_ok=True)
     for entry in sorted(os.listdir(src)):
         final = os.path.join(dst, entry)
         if entry.startswith(".") or os.path.lexists(final):
             continue
         tmp = os.path.join(dst, f".{entry}.seed")
-        if _copy_entry(os.path.join(src, entry), tmp, final):
+        if _copy_entry(os.path.join(src, entry), tmp, os.path.join(own_dst or dst, entry)):
             os.rename(tmp, final)
             if owner is not None:
                 for path in [final, *(os.path.join(final, n) for n in os.listdir(final))]:
@@ -112,10 +114,11 @@ class CompileCache:
             shutil.rmtree(tmp, ignore_errors=True)
         return found
 
-    def seed(self, key: str, workdir: str, owner: int | None = None) -> bool:
-        """Copy op set ``key``'s caches into an executor's workdir (the judge's view) before it compiles;
-        ``owner``: the executor's uid where it is not the judge's (inductor adds its own entries beside).
-        False when the cache has none for ``key``."""
+    def seed(self, key: str, workdir: str, owner: int | None = None, own_workdir: str | None = None) -> bool:
+        """Copy op set ``key``'s caches into an executor's workdir (``workdir``: the judge's view; ``own_workdir``:
+        the executor's own path of it, which Triton's group files must name, default ``workdir``) before it
+        compiles; ``owner``: the executor's uid where it is not the judge's (inductor adds its own entries
+        beside). False when the cache has none for ``key``."""
         kept = os.path.join(self.root, key)
         if not os.path.isdir(kept):
             return False
@@ -124,7 +127,7 @@ class CompileCache:
             if not os.path.isdir(src):
                 continue
             if name == "triton":
-                _copy_triton(src, os.path.join(workdir, sub), owner)
+                _copy_triton(src, os.path.join(workdir, sub), owner, os.path.join(own_workdir or workdir, sub))
             else:
                 _copy_tree(src, os.path.join(workdir, sub), [MAX_BYTES], owner)
         return True

@@ -100,8 +100,9 @@ def _rewritten_group(data: bytes, old_dir: str, new_dir: str, names: set[str]) -
 
 
 def _copy_entry(src: str, dst_tmp: str, dst_final: str, allowance: _Allowance | None = None) -> bool:
-    """Copy one cache entry (directory ``src``) to ``dst_tmp``, its group files pointing at ``dst_final``.
-    False (and nothing left at ``dst_tmp``) when it is not a plain entry or over the allowance."""
+    """Copy one cache entry (directory ``src``) to ``dst_tmp``, its group files pointing at ``dst_final`` (the
+    path the process that reads the entry sees: an executor's own, not the judge's view of its tmpfs). False (and
+    nothing left at ``dst_tmp``) when it is not a plain entry or over the allowance."""
     files = _regular_files(src)
     if not files:
         return False
@@ -143,16 +144,17 @@ class KernelCache:
         except OSError:
             return []
 
-    def seed(self, source: str, triton_dir: str) -> int:
-        """Copy ``source``'s kept entries into an executor's empty-of-them ``triton_dir`` before it loads the
-        source. Returns the number of entries copied."""
+    def seed(self, source: str, triton_dir: str, own_dir: str | None = None) -> int:
+        """Copy ``source``'s kept entries into an executor's empty-of-them ``triton_dir`` (the judge's view)
+        before it loads the source; group files name ``own_dir``, the executor's own path of that directory
+        (default ``triton_dir``: the same path). Returns the number of entries copied."""
         kept, n = self._dir(source), 0
         for entry in self.entries(source):
             dst = os.path.join(triton_dir, entry)
             if os.path.lexists(dst):
                 continue
             tmp = os.path.join(triton_dir, f".{entry}.seed")
-            if _copy_entry(os.path.join(kept, entry), tmp, dst):
+            if _copy_entry(os.path.join(kept, entry), tmp, os.path.join(own_dir or triton_dir, entry)):
                 try:
                     os.rename(tmp, dst)
                     n += 1

@@ -158,6 +158,12 @@ class Executor:
         judge's view, readable until ``remove_files``)."""
         return os.path.join(self.proc.workdir_view, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
 
+    @property
+    def own_triton_dir(self) -> str:
+        """The same directory at the path the executor itself sees (its workdir's mount point): what Triton's
+        group files written for it must name."""
+        return os.path.join(self.tmp, sandbox.ENV_WORKDIR["TRITON_CACHE_DIR"])
+
     def wait_ready(self, timeout_s: float) -> None:
         reply = self._recv(time.monotonic() + timeout_s, "start-up", wire.Ready, self._ready_nonce)
         if not isinstance(reply, wire.Ready):

@@ -258,7 +258,7 @@ class ExecutorSide:
         """The kernels an earlier executor compiled for this same source, copied into ``ex``'s Triton cache
         before it imports the source (executor/kernel_cache.py)."""
         try:
-            n = self.kernel_cache.seed(source, ex.triton_dir)
+            n = self.kernel_cache.seed(source, ex.triton_dir, ex.own_triton_dir)
         except OSError as e:
             elog(f"kernel cache: not seeded ({e})")
             return
@@ -294,7 +294,7 @@ class ExecutorSide:
         try:
             workdir = ex.proc.workdir_view
             owner = os.stat(workdir).st_uid if os.geteuid() == 0 else None
-            if self.compile_cache.seed(key, workdir, owner or None):
+            if self.compile_cache.seed(key, workdir, owner or None, own_workdir=ex.tmp):
                 self.compiled_seeded += 1
                 return
         except OSError as e:

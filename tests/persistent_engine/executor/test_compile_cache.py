@@ -42,6 +42,13 @@ def test_kept_caches_seed_another_workdir_with_groups_repointed(tmp_path):
     group = json.loads((dst / "triton" / "KEY1" / "__grp__k.json").read_text())["child_paths"]
     assert group == {"k.cubin": str(dst / "triton" / "KEY1" / "k.cubin")}
     assert not any(n.startswith(".") for n in os.listdir(dst / "triton"))
+    # a sandboxed executor sees its tmpfs workdir at its own path, not at the judge's view of it (/proc/<pid>/fd/N):
+    # the group files name what it sees, or Triton finds none of the kernel's files (H100, 2026-12-06)
+    view = tmp_path / "view-of-c"
+    (view / "triton").mkdir(parents=True)
+    assert cache.seed(key, str(view), own_workdir="/inner/exec-c")
+    group = json.loads((view / "triton" / "KEY1" / "__grp__k.json").read_text())["child_paths"]
+    assert group == {"k.cubin": "/inner/exec-c/triton/KEY1/k.cubin"}
 
 
 def test_links_are_not_followed_and_the_budget_holds(tmp_path, monkeypatch):

@@ -93,6 +93,25 @@ def test_tritons_cache_manager_finds_a_seeded_group(tmp_path, monkeypatch):
     assert open(group["k.cubin"], "rb").read() == b"\x7fELF binary"
 
 
+def test_a_seeded_group_names_the_path_the_executor_sees(tmp_path, monkeypatch):
+    """The judge writes into an executor's tmpfs through its view of it; the executor sees the same files at its
+    own path (here: a link standing for its mount), and Triton there must find every file of the group."""
+    from triton.runtime.cache import FileCacheManager
+
+    first, view, own = tmp_path / "ex1", tmp_path / "judge-view", tmp_path / "own"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(first))
+    m = FileCacheManager("0123abcd")
+    m.put_group("k.json", {"k.cubin": m.put(b"\x7fELF", "k.cubin"), "k.json": m.put("{}", "k.json")})
+    cache = KernelCache(str(tmp_path / "root"))
+    assert cache.harvest(SRC, str(first)) == 1
+    view.mkdir()
+    own.symlink_to(view)
+    assert cache.seed(SRC, str(view), str(own)) == 1
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(own))
+    group = FileCacheManager("0123abcd").get_group("k.json")
+    assert set(group) == {"k.cubin", "k.json"} and all(p.startswith(str(own) + os.sep) for p in group.values())
+
+
 PROBE = '''"""A correct fused_add_rms_norm that fails when its executor's Triton cache holds the kernel cache's entry."""
 import torch
 from triton.runtime.cache import get_cache_manager
