@@ -55,14 +55,15 @@ class CandidateVerdict:
                 "restarted": self.restarted, "sandbox": dict(self.sandbox), "untimed": self.untimed}
 
 
-_TRITON = re.compile(r"^\s*(import triton|from triton[ .])", re.MULTILINE)
+# a Triton kernel defined in the source (importing triton alone runs nothing: rendered templates all import it)
+_TRITON = re.compile(r"^\s*@\s*triton\s*\.\s*(jit|autotune|heuristics)\b|\btriton\s*\.\s*jit\s*\(", re.MULTILINE)
 INTERPRETED = ("not timed: its Triton kernels run in Triton's interpreter on CPU, orders of magnitude slower "
                "than compiled; that time is no speedup (time it on a GPU)")
 
 
 def interpreted_triton(source: str, device: str) -> str:
-    """Why a candidate is verified but not timed on ``device`` ("" when it is timed): a source importing
-    Triton on CPU, where its kernels run interpreted (``TRITON_INTERPRET=1``)."""
+    """Why a candidate is verified but not timed on ``device`` ("" when it is timed): a source defining a
+    Triton kernel on CPU, where its kernels run interpreted (``TRITON_INTERPRET=1``)."""
     return INTERPRETED if device == "cpu" and _TRITON.search(source) else ""
 
 

@@ -54,7 +54,8 @@ def test_only_triton_sources_on_cpu_go_untimed():
 
     assert interpreted_triton(src("good_triton"), "cpu") and not interpreted_triton(src("good_triton"), "cuda")
     assert not interpreted_triton(src("good_torch"), "cpu")
-    assert interpreted_triton("import torch\nfrom triton import language as tl\n", "cpu")
+    assert interpreted_triton("import triton\n\n@triton.autotune(configs=[], key=[])\n@triton.jit\ndef k(x): pass\n", "cpu")
+    assert not interpreted_triton("import torch\nimport triton\nimport triton.language as tl\n", "cpu")
     d = screen(CandidateVerdict(True, [], None, untimed=interpreted_triton(src("good_triton"), "cpu")), 0.02,
                AcceptanceConfig(), "fast")
     assert not d.accepted and "Triton's interpreter" in d.reason
