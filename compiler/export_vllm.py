@@ -87,7 +87,7 @@ class ExportError(UsageError):
 
 def verified_dtypes() -> list[str]:
     """The dtypes tkcc's op contract checks a kernel at (``check_op``'s default), as torch dtype names."""
-    from persistent_engine.ops.contract import check_op
+    from persistent_engine.ops import check_op
 
     return [str(d).removeprefix("torch.") for d in inspect.signature(check_op).parameters["dtypes"].default]
 

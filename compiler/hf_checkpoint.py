@@ -60,7 +60,7 @@ def write_hf_checkpoint(served: ServedModel, out: Path, dtype: torch.dtype = tor
     ``eos``: the tokenizer's EOS (default: its first stop id); ``bos``: its BOS (default none)."""
     from safetensors.torch import save_file
 
-    from persistent_engine.models.weights import internal_to_hf
+    from persistent_engine import internal_to_hf
 
     if served.params is None or not isinstance(served.tokenizer, BPETokenizer):
         raise ModelLoadError(f"{served.name}: a checkpoint needs real weights and a BPE tokenizer "

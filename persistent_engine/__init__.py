@@ -12,7 +12,7 @@ import importlib
 # Public name -> "submodule" or "submodule:attribute", imported on first use (most import torch).
 _EXPORTS = {
     "ModelSpec": "models.spec", "build_model": "models.decoder", "make_decoder": "models.decoder",
-    "load_weights": "models.weights", "checkpoint_of": "models.weights", "hf_to_internal": "models.weights", "WeightsError": "models.weights",
+    "load_weights": "models.weights", "checkpoint_of": "models.weights", "hf_to_internal": "models.weights", "internal_to_hf": "models.weights", "WeightsError": "models.weights",
     "make_workload": "workloads", "measure_suite": "measure", "CPU_SUITE": "measure", "profile_point": "profiler", "DEFAULT_BLOCK_SIZE": "ops.opdef",
     "EngineClient": "client", "Supervisor": "supervisor", "CandidateVerdict": "supervisor",
     "EngineStartError": "supervisor", "startup_table": "supervisor", "ProtocolError": "io_struct",
