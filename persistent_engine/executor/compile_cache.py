@@ -16,6 +16,14 @@ executor only ever writes its own copy (a cache shared with candidates would let
 others load). Copies take plain files and directories only (no link is followed), within ``MAX_BYTES``; a
 Triton group file naming paths of the compiling executor is rewritten to the new workdir or left out.
 
+Inductor's cached graphs name the compiling executor's own workdir too: its output code sets ``TRITON_CACHE_DIR``
+to it and names every kernel's module path, next to which the autotuner writes ``.best_config`` (on the H100 a
+seeded executor's compile raised EROFS on the compiling executor's path, 2026-12-06, and the step ran eagerly).
+So ``keep`` records that path (``origin``) and ``seed`` rewrites it to the new executor's own path in every
+file: byte for byte where both paths have the same length (pickled entries stay valid; an executor's workdir
+is ``tkcc-exec-`` and eight random characters under one judge's directory), in any Python source otherwise,
+and a binary file naming it at another length is left out (inductor compiles what it misses).
+
 Layout: ``root/<key>/inductor/...`` (``TORCHINDUCTOR_CACHE_DIR``) and ``root/<key>/triton/<entry>/``
 (``TRITON_CACHE_DIR``), each key's directory landing by one rename.
 """
@@ -33,6 +41,7 @@ from persistent_engine.executor.sandbox import ENV_WORKDIR
 __all__ = ["CompileCache", "op_set_key", "MAX_BYTES"]
 
 MAX_BYTES = 256 << 20              # one op set's caches (llama-1b 2-layer fast tier: tens of MB); the workdir is 1 GiB
+ORIGIN = "origin"                  # the compiling executor's own path of its workdir, which its caches name
 DIRS = {"inductor": ENV_WORKDIR["TORCHINDUCTOR_CACHE_DIR"], "triton": ENV_WORKDIR["TRITON_CACHE_DIR"]}
 
 
@@ -41,9 +50,20 @@ def op_set_key(ops) -> str:
     return hashlib.sha256("\n".join(sorted(set(ops))).encode()).hexdigest()[:32]
 
 
-def _copy_tree(src: str, dst: str, budget: list[int], owner: int | None) -> None:
-    """Directories and regular files of ``src`` into ``dst`` (created), nothing followed; files that would
-    take ``budget[0]`` below zero are left out (inductor compiles what it misses)."""
+def _moved(data: bytes, name: str, move: tuple[bytes, bytes] | None) -> bytes | None:
+    """``data`` with the path ``move[0]`` rewritten to ``move[1]`` (module doc); None: leave the file out."""
+    if move is None or move[0] == move[1] or move[0] not in data:
+        return data
+    if len(move[0]) == len(move[1]) or name.endswith(".py"):
+        return data.replace(move[0], move[1])
+    return None
+
+
+def _copy_tree(src: str, dst: str, budget: list[int], owner: int | None,
+               move: tuple[bytes, bytes] | None = None) -> None:
+    """Directories and regular files of ``src`` into ``dst`` (created), nothing followed, the path ``move[0]``
+    rewritten to ``move[1]`` in them (``_moved``); files that would take ``budget[0]`` below zero are left out
+    (inductor compiles what it misses)."""
     os.makedirs(dst, mode=0o755, exist_ok=True)
     if owner is not None:
         os.chown(dst, owner, owner)
@@ -51,10 +71,15 @@ def _copy_tree(src: str, dst: str, budget: list[int], owner: int | None) -> None
         s, d = os.path.join(src, name), os.path.join(dst, name)
         st = os.lstat(s)
         if stat.S_ISDIR(st.st_mode):
-            _copy_tree(s, d, budget, owner)
+            _copy_tree(s, d, budget, owner, move)
         elif stat.S_ISREG(st.st_mode) and st.st_size <= budget[0] and not os.path.lexists(d):
-            budget[0] -= st.st_size
-            shutil.copyfile(s, d, follow_symlinks=False)
+            with open(s, "rb") as f:
+                data = _moved(f.read(st.st_size), name, move)
+            if data is None:
+                continue
+            budget[0] -= len(data)
+            with open(d, "wb") as f:
+                f.write(data)
             if owner is not None:
                 os.chown(d, owner, owner)
 
@@ -90,9 +115,10 @@ class CompileCache:
         """Op sets kept."""
         return sum(1 for e in os.listdir(self.root) if not e.startswith("."))
 
-    def keep(self, key: str, workdir: str) -> bool:
-        """Keep the caches of the trusted executor whose workdir (the judge's view) is ``workdir``, killed
-        after its ``Precompile``. False when nothing was there."""
+    def keep(self, key: str, workdir: str, own_workdir: str | None = None) -> bool:
+        """Keep the caches of the trusted executor whose workdir (the judge's view) is ``workdir`` and its own
+        path of it ``own_workdir`` (default ``workdir``: what its caches name), killed after its ``Precompile``.
+        False when nothing was there."""
         final = os.path.join(self.root, key)
         if os.path.isdir(final):
             return True
@@ -109,6 +135,8 @@ class CompileCache:
                         _copy_tree(src, os.path.join(tmp, name), [MAX_BYTES], None)
                     found = True
             if found:
+                with open(os.path.join(tmp, ORIGIN), "w") as f:
+                    f.write(own_workdir or workdir)
                 os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -122,6 +150,8 @@ class CompileCache:
         kept = os.path.join(self.root, key)
         if not os.path.isdir(kept):
             return False
+        with open(os.path.join(kept, ORIGIN)) as f:
+            move = (f.read().encode(), (own_workdir or workdir).encode())
         for name, sub in DIRS.items():
             src = os.path.join(kept, name)
             if not os.path.isdir(src):
@@ -129,5 +159,5 @@ class CompileCache:
             if name == "triton":
                 _copy_triton(src, os.path.join(workdir, sub), owner, os.path.join(own_workdir or workdir, sub))
             else:
-                _copy_tree(src, os.path.join(workdir, sub), [MAX_BYTES], owner)
+                _copy_tree(src, os.path.join(workdir, sub), [MAX_BYTES], owner, move)
         return True

@@ -353,7 +353,7 @@ class ExecutorSide:
             ex.kill(keep_files=ok)
             if ok:
                 try:
-                    kept = self.compile_cache.keep(key, ex.proc.workdir_view)
+                    kept = self.compile_cache.keep(key, ex.proc.workdir_view, own_workdir=ex.tmp)
                 except OSError as e:
                     kept = False
                     elog(f"compile cache: not kept ({e})")

@@ -51,6 +51,27 @@ def test_kept_caches_seed_another_workdir_with_groups_repointed(tmp_path):
     assert group == {"k.cubin": "/inner/exec-c/triton/KEY1/k.cubin"}
 
 
+def test_inductor_files_naming_the_compiling_executor_are_moved_to_the_new_one(tmp_path):
+    """Inductor's output code sets TRITON_CACHE_DIR to the compiling executor's own workdir and names its kernel
+    modules there (the autotuner writes beside them): seeded, they name the new executor's own path (H100,
+    2026-12-06: EROFS on the old path, the step eager). A binary entry naming it at another length is left out."""
+    work = _executor_workdir(tmp_path / "a")
+    code = b"os.environ['TRITON_CACHE_DIR'] = '/inner/exec-a/triton'\n# kernel path: /inner/exec-a/inductor/um/k.py\n"
+    (work / "inductor" / "out.py").write_bytes(code)
+    (work / "inductor" / "fxgraph" / "ab" / "fabc" / "pickled").write_bytes(b"\x80\x05X\x0c\x00\x00\x00/inner/exec-a.")
+    cache = CompileCache(str(tmp_path / "root"))
+    key = op_set_key(["linear"])
+    assert cache.keep(key, str(work), own_workdir="/inner/exec-a")
+    same, longer = tmp_path / "c", tmp_path / "d"
+    assert cache.seed(key, str(same), own_workdir="/inner/exec-c")
+    assert (same / "inductor" / "out.py").read_bytes() == code.replace(b"exec-a", b"exec-c")
+    assert (same / "inductor" / "fxgraph" / "ab" / "fabc" / "pickled").read_bytes().endswith(b"/inner/exec-c.")
+    assert cache.seed(key, str(longer), own_workdir="/inner/exec-longer")
+    assert b"/inner/exec-longer/triton" in (longer / "inductor" / "out.py").read_bytes()
+    assert not (longer / "inductor" / "fxgraph" / "ab" / "fabc" / "pickled").exists()
+    assert (longer / "inductor" / "fxgraph" / "ab" / "fabc" / "entry").read_bytes() == b"graph"
+
+
 def test_links_are_not_followed_and_the_budget_holds(tmp_path, monkeypatch):
     secret = tmp_path / "secret"
     secret.write_bytes(b"host file")
