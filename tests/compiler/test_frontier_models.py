@@ -90,19 +90,24 @@ def test_candidate_check_tiny_new_families(model):
 @pytest.mark.slow
 # one per distinct op set: Kimi-K2.5 (DeepSeek-V3's decoder in a wrapper), MiniMax-M2.7 (MiniMax's attention),
 # Mixtral (a plain MoE, as GLM's and Qwen3.5's) and Gemma-3 (Gemma-4's soft-capped, windowed attention) are judged
-# by the candidate checks above; their short optimize runs added ~3 minutes to CI and covered no other path
+# by the candidate checks above. One hand-written candidate (a files: agent, which runs out after it) ends the
+# search early: the run takes start-up, baseline, one evaluation, composition and writing (~17 s for glm on 2
+# cores) instead of its whole budget; the offline agents' templates are rendered per op by tests/agents.
 @pytest.mark.parametrize("model", ["glm", "deepseek-v3.2", "minimax", "kimi", "qwen3.5", "deepseek",
                                    "llama4", "mimo", "gpt-oss", "nemotron", "gemma4"])
 def test_short_optimize_tiny_writes_a_plan(model, tmp_path):
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "linear_fp32.py").write_text((CANDIDATES / "linear_fp32.py").read_text())
     out = tkcc("optimize", "--model", model, "--tiny", "--hw", "cpu", "--traffic", small_trace(tmp_path / "t.csv"),
                # Kimi-K3's, Qwen3.5's and V4's engines start in ~20 s on 2 cores, the others' in ~5 s (more on a loaded machine:
-               # start-up gets 30% of the budget)
+               # start-up gets 30% of the budget); the budget bounds the run, the exhausted agent ends it
                "--budget", {"kimi": "90s", "qwen3.5": "90s", "deepseek": "60s", "llama4": "45s", "mimo": "45s",
                              "gpt-oss": "45s", "nemotron": "45s", "gemma4": "45s"}.get(model, "40s"),
-               "--agents", "offline:1", "--device", "cpu", "--out", str(tmp_path / "plan"), "--max-points", "2",
-               "--aa-runs", "1", "--json", timeout=400)
+               "--agents", f"files:{tmp_path / 'agent'}", "--device", "cpu", "--out", str(tmp_path / "plan"),
+               "--max-points", "2", "--aa-runs", "1", "--json", timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     doc = json.loads(out.stdout)
+    assert doc["counts"]["tried"] == 1 and doc["counts"]["correct"] == 1, doc["counts"]
     plan = json.loads((pathlib.Path(doc["plan_dir"]) / "plan.json").read_text())
     assert plan["model"] == f"{model}+tiny"
 
