@@ -163,6 +163,18 @@ def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str, 
     return cases
 
 
+def case_model(case: Case, device, dtype, seed: int):
+    """The reference decoder of a case: an HF checkpoint's own weights when the case's model names one
+    (``--model DIR`` as tkcc optimize takes it), else seeded random weights (timing is the same; MoE routing
+    and the logits checks are the checkpoint's). Returns (decoder, the checkpoint's path or None)."""
+    from persistent_engine import checkpoint_of
+
+    ckpt = checkpoint_of(case.model)
+    weights = str(ckpt) if ckpt is not None else None
+    return build_model(ModelSpec.from_name(case.model), layers=list(case.layers) if case.layers else None,
+                       device=device, dtype=dtype, seed=seed, weights=weights), weights
+
+
 def load_plans(paths: list[str]) -> dict[str, PlanParts]:
     """model alias -> its plan; each optimization's ops and knobs read from its own kernel file."""
     out: dict[str, PlanParts] = {}
@@ -569,10 +581,10 @@ def run(a: argparse.Namespace) -> int:
             model = None
             if cuda:
                 torch.cuda.empty_cache()
-            model = build_model(ModelSpec.from_name(case.model), layers=list(case.layers) if case.layers else None,
-                                device=device, dtype=DTYPES[a.dtype], seed=a.seed)
+            model, weights = case_model(case, device, DTYPES[a.dtype], a.seed)
             key = (case.model, case.layers)
-        rows.append({**run_case(case, model, plans, a, timer, copy_gbs), "date": now})   # cases outlive runs
+        rows.append({**run_case(case, model, plans, a, timer, copy_gbs), "weights": weights or "seeded random",
+                     "date": now})                                                   # cases outlive runs
         print_row(rows[-1])
         sections.append(markdown(rows[-1], plans.get(case.model)))
         print("\n" + sections[-1], flush=True)

@@ -51,6 +51,7 @@ class LoadedPlan:
     overrides: dict[str, Callable]
     config: dict
     checker: Any = None               # compiler.spot_check.SpotChecker, inside ``apply_plan``
+    weights: str | None = None        # the checkpoint ``check_plan`` ran (``--model DIR``); None: seeded random
 
 
 def load_module(path: Path) -> Any:
@@ -221,7 +222,8 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     step times (ms). The plan's kernels run in a sandboxed executor started by the judge engine, exactly as a
     judged candidate runs (same entry point, environment, module name: harness-blind); this process computes
     the reference, compares and times both sides from outside. Cost: one judge start-up, one executor,
-    2 x (repeats + 1) steps per point."""
+    2 x (repeats + 1) steps per point. A ``model`` (or plan model) naming an HF checkpoint runs its weights."""
+    from persistent_engine import checkpoint_of
     from persistent_engine import io_struct as io
     from persistent_engine.judge import ab
     from persistent_engine.judge import Engine, EngineConfig
@@ -238,9 +240,12 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
         raise plan_mod.PlanError(f"dtype must be one of {', '.join(TOLERANCE)}, got {dtype!r}")
     atol, rtol = TOLERANCE[dtype]
     points = list(plan.workload_points)
+    ckpt = checkpoint_of(model or plan.model)
+    weights = str(ckpt) if ckpt is not None else None
     restore = _engine_state()
     engine = Engine(EngineConfig(model=model or plan.model, layers=list(layers), device=device, dtype=dtype,
-                                 points=points, seed=seed, variants=1, pool_size=1))
+                                 points=points, seed=seed, variants=1, pool_size=1,
+                                 inputs={"weights": weights} if weights else {}))
     try:
         ops, config, plan_side = [], {}, engine.baseline
         if kfile.is_file() and plan.optimizations:           # an empty plan runs the baseline
@@ -271,7 +276,7 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     finally:
         engine.close()
         restore()
-    return LoadedPlan(vdir, plan, dict.fromkeys(ops), config), out
+    return LoadedPlan(vdir, plan, dict.fromkeys(ops), config, weights=weights), out
 
 
 def op_times_with(spec: Any, layers: list[int], points: list[WorkloadPoint], source: str, *, device: str = "cpu",

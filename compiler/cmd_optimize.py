@@ -123,14 +123,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="the summary as JSON on stdout")
     s.set_defaults(func=_show)
     a = psub.add_parser("apply", help="run the model with the plan's overrides and check them")
-    a.add_argument("--plan", required=True)
-    a.add_argument("--model", default=None, help="default: the plan's model")
+    a.add_argument("--plan", required=True, help="plan directory (root or vN) whose kernels are checked")
+    a.add_argument("--model", default=None,
+                   help="alias, config.json or HF checkpoint directory (its weights are loaded; default: the "
+                        "plan's model, seeded random weights unless it is a checkpoint)")
     a.add_argument("--layers", default=None, help="layer indices, e.g. 0,1 (default: the fast tier)")
     a.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     a.add_argument("--vs-torch-compile", action="store_true",
                    help="also time the plan against torch.compile of the same slice (compiler.compare)")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="the checks as JSON on stdout")
     a.set_defaults(func=_apply)
     e = psub.add_parser("export", help="write the plan as a package another engine loads (vLLM: a plugin)")
     e.add_argument("out", metavar="OUT", help="package directory to create (absent or empty)")
@@ -275,9 +277,11 @@ def _apply(args: argparse.Namespace) -> int:
     versus = _versus_compile(args, loaded, layers) if ok and args.vs_torch_compile else None
     if args.json:
         _print_json({"plan_dir": str(loaded.version_dir), "ops": sorted(loaded.overrides), "config": loaded.config,
-                     "ok": ok, "points": [c.__dict__ for c in checks], "vs_torch_compile": versus})
+                     "weights": loaded.weights, "ok": ok, "points": [c.__dict__ for c in checks], "vs_torch_compile": versus})
     else:
         print(f"loaded {loaded.version_dir}: overrides {', '.join(sorted(loaded.overrides)) or 'none'}")
+        print(f"weights: the checkpoint at {loaded.weights}" if loaded.weights else
+              "weights: seeded random (the model is not a checkpoint directory): outputs compare, they mean nothing")
         if not loaded.plan.optimizations:
             print("the plan holds no optimization (the run kept none): plan below = the baseline step")
         if loaded.config:

@@ -121,6 +121,27 @@ def test_plan_overrides_and_config_agree_with_the_reference(tmp_path):
     assert text.count("### tiny-dense") == 2 and "| rms-fp32 | fused_add_rms_norm | kv_block_size, max_num_seqs |" in text
 
 
+def test_a_checkpoint_directory_case_runs_its_own_weights(tmp_path):
+    """Issue 46: a case naming an HF checkpoint (config.json beside safetensors) builds its reference from the
+    checkpoint's weights, and the row says which weights ran."""
+    import shutil
+
+    from persistent_engine.models.spec import ALIASES, CONFIG_DIR
+    from persistent_engine.models.weights import save_weights
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shutil.copy(CONFIG_DIR / ALIASES["tiny-dense"], ckpt / "config.json")
+    saved = build_model("tiny-dense", dtype=torch.float32, seed=7)
+    save_weights(saved, ckpt / "model.safetensors")
+    (case,) = bench.parse_cases([f"{ckpt}:all@1/8"], 8, Path("unused"), "h200", 1)
+    model, weights = bench.case_model(case, "cpu", torch.float32, seed=0)
+    assert weights == str(ckpt) and all(torch.equal(model.params[k], v) for k, v in saved.params.items())
+    model, weights = bench.case_model(bench.parse_cases(["tiny-dense:all@1/8"], 8, Path("unused"), "h200", 1)[0],
+                                    "cpu", torch.float32, seed=0)
+    assert weights is None and not torch.equal(model.params["embed"], saved.params["embed"])
+
+
 def test_a_wrong_override_fails_the_agreement_check(tmp_path, capsys):
     vdir = write_plan(tmp_path / "plan", "rms-wrong", WRONG)
     rc, doc = run(tmp_path, "--plan", str(vdir), "--cases", "tiny-dense:all@2/16")

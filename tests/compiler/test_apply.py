@@ -80,6 +80,32 @@ def test_plan_apply_vs_torch_compile_times_the_plan_against_compile_of_the_same_
     assert vs["plan_vs_torch_compile"] == pytest.approx(vs["torch_compile_ms"] / vs["plan_ms"], rel=1e-3)
 
 
+def test_plan_apply_runs_a_checkpoint_directorys_own_weights(plan_dir, tmp_path):
+    """Issue 46: ``plan apply --model DIR`` (config.json beside safetensors) runs the checkpoint's weights and
+    says so; without one they are seeded random (the empty-plan test below reads the words)."""
+    import shutil
+
+    import torch
+
+    from persistent_engine.models.decoder import build_model
+    from persistent_engine.models.spec import ALIASES, CONFIG_DIR
+    from persistent_engine.models.weights import save_weights
+
+    ckpt = tmp_path / "my-tiny-llama"
+    ckpt.mkdir()
+    shutil.copy(CONFIG_DIR / ALIASES["tiny-dense"], ckpt / "config.json")
+    save_weights(build_model("tiny-dense", device="cpu", dtype=torch.float32, seed=7), ckpt / "model.safetensors")
+    r = subprocess.run([sys.executable, "-m", "compiler", "plan", "apply", "--plan", str(plan_dir), "--model",
+                        str(ckpt), "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["weights"] == str(ckpt) and doc["ok"]
+    seeded = [p["max_abs_reference"] for p in doc["points"]]
+    loaded, checks = check_plan(plan_dir, repeats=1)
+    assert loaded.weights is None
+    assert [c.max_abs_reference for c in checks] != seeded    # other weights, other logits
+
+
 def test_an_empty_plan_applies_as_the_baseline_and_says_so(tmp_path):
     vdir = write_plan(tmp_path, {})
     assert (vdir / "kernels" / plan_mod.COMPOSED_KERNEL).is_file()
@@ -87,6 +113,7 @@ def test_an_empty_plan_applies_as_the_baseline_and_says_so(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "overrides none" in r.stdout and "holds no optimization" in r.stdout
+    assert "weights: seeded random" in r.stdout
     assert "match the reference" in r.stderr
 
 

@@ -1,7 +1,5 @@
-"""The UI over a board filled by a real short ``tkcc optimize`` run (tiny-dense on CPU, 1 minute of
-search), driven by headless Chromium. Skipped, with optimize's own error line, while the compiler
-cannot finish such a run on this machine; the synthetic-board tests (test_ui_app, test_ui_browser)
-cover the pages meanwhile."""
+"""The UI over a board filled by ``make demo`` itself (tiny-dense on CPU, a 2-minute budget), driven by headless
+Chromium: its counts agree everywhere, the command it ends with works, its pages show the run."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bulletin_board import Board
+from compiler.inputs import INTERPRETER_NOTE
 from compiler.ui import UIConfig, UIServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,25 +27,34 @@ pytestmark = [pytest.mark.slow,
 
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory):
-    """(board URL, run id, JSON result, progress output, plan root) of a real ``tkcc optimize --budget 2m``
-    run (the whole run: at most ~2 minutes)."""
+    """(board URL, run id, the plan's JSON as ``plan show --json`` prints it, the demo's whole output, plan
+    root) of ``make demo`` itself (``python -m compiler.demo``: tiny-dense on CPU, two offline agents) with a
+    2-minute budget, then the ``plan apply`` command it ends with, run as printed."""
     out = tmp_path_factory.mktemp("real-run")
-    url = f"sqlite:///{out / 'board.db'}"
-    # the demo's CPU settings (compiler/demo.py): two workload points, two offline agents
-    cmd = [sys.executable, "-m", "compiler.cli", "optimize", "--model", "tiny-dense", "--hw", "h200",
-           "--device", "cpu", "--traffic", str(TRAFFIC), "--budget", "2m", "--agents", "offline:2",
-           "--max-points", "2", "--board", url, "--out", str(out / "plan"), "--json"]
+    env = {**os.environ, "TKCC_DEMO_BUDGET": "2m", "TKCC_DEMO_OUT": str(out / "plan")}
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+        r = subprocess.run([sys.executable, "-m", "compiler.demo"], capture_output=True, text=True, timeout=240,
+                           cwd=ROOT, env=env)
     except subprocess.TimeoutExpired:
-        pytest.skip("tkcc optimize --budget 2m did not finish within 240 s")
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"tkcc optimize does not complete a run yet (exit {r.returncode}): {last}")
+        pytest.fail("make demo with a 2-minute budget did not finish within 240 s")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    demo = r.stdout + r.stderr
+    assert INTERPRETER_NOTE[:60] in r.stderr                     # said at start-up on CPU
+    nxt = [ln.split("use it: ", 1)[1] for ln in r.stdout.splitlines() if "[demo] use it: tkcc " in ln]
+    assert nxt, r.stdout
+    applied = subprocess.run([sys.executable, "-m", "compiler", *nxt[-1].split()[1:]], capture_output=True,
+                             text=True, timeout=300, cwd=ROOT)
+    assert applied.returncode == 0 and "match the reference" in applied.stderr, applied.stdout + applied.stderr
+    shown = subprocess.run([sys.executable, "-m", "compiler", "plan", "show", "--plan", str(out / "plan"), "--json"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    url = f"sqlite:///{out / 'plan' / 'board.db'}"
     with Board(url, readonly=True) as board:
         runs = board.list_runs(limit=1).items
         assert runs, "the run is on the board"
-        return url, runs[0].id, json.loads(r.stdout), r.stderr, out / "plan"
+        return url, runs[0].id, {"counts": doc["run"]["counts"], "optimizations": doc["optimizations"]}, demo, \
+            out / "plan"
 
 
 @pytest.fixture(scope="session")
@@ -54,9 +62,9 @@ def real_run_board(real_run):
     return real_run[:2]
 
 
-def test_every_count_of_a_real_run_agrees_in_its_progress_json_report_and_ui(real_run):
-    """Issue 46: tried / accepted / kept / dropped come from one tally (compiler/tally.py) into the progress
-    view, the --json result, plan.json and report.md, and the UI's run page."""
+def test_every_count_of_make_demo_agrees_in_its_progress_json_report_and_ui(real_run):
+    """Issue 46: tried / accepted / kept / dropped of ``make demo`` come from one tally (compiler/tally.py) into
+    the progress view, plan.json (``plan show --json``), report.md and the UI's run page."""
     from playwright.sync_api import sync_playwright
 
     from compiler import plan as plan_mod
