@@ -137,6 +137,8 @@ def check(args) -> int:
             print(f"no effect on {spec.name}: it never calls {', '.join(result['not_called'])}")
         for r in result["reasons"]:
             print(f"  - {r}")
+        for n in result.get("notes", []):
+            print(f"  note: {n}")
         if result.get("untimed"):
             print(f"speedup:   {result['untimed']}")
         if result["speedup"] is not None:

@@ -158,6 +158,7 @@ def watchdog_s(budget_s: float) -> float:
 def _optimize(args: argparse.Namespace) -> int:
     from compiler.agent_spec import writes_llm_code
     from compiler.loop import OptimizeConfig, optimize
+    from compiler.startup_estimate import StartupTooSlow
     from persistent_engine import require_sandbox
 
     from persistent_engine.models.spec import tiny_name
@@ -184,7 +185,11 @@ def _optimize(args: argparse.Namespace) -> int:
                          routing_histogram=args.routing_histogram, weights=args.weights,
                          llm_budget_usd=args.llm_budget_usd, llm_budget_tokens=args.llm_budget_tokens,
                          ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
-    res = optimize(cfg)
+    try:
+        res = optimize(cfg)
+    except StartupTooSlow as e:                     # before anything started or was written
+        print(f"tkcc optimize: {e}", file=sys.stderr)
+        return 2
     judged = int(res.plan.run.get("tried", 0) or 0)
     warning = None if judged or res.interrupted else (
         f"no candidate was judged within --budget {args.budget}: the engines' start-up and the baseline took the "

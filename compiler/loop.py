@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from persistent_engine import WorkloadPoint
 
-from compiler import config_plan, inputs, plan as plan_mod
+from compiler import config_plan, inputs, plan as plan_mod, startup_estimate
 from compiler.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
 from compiler.baseline import measure_noise, op_ms
 from compiler.budget import Budget
@@ -173,6 +173,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     run_in = gather_inputs(cfg)
     agents = make_agents(cfg.agents, run_in.device["kind"], cfg.llm_budget_usd, cfg.llm_budget_tokens)
     startup_s = budget.startup_timeout(900.0)    # before the board: a budget too short to start writes nothing
+    startup_check(cfg, run_in, budget)           # ... and one this machine cannot start the engines in
     run = open_run(cfg, run_in, budget, t_start)
     run.progress.start()
     try:
@@ -302,6 +303,20 @@ def run_engines(run: Run, run_in: RunInputs, agents: list[Any], startup_s: float
                    tier_info=engines.tier_info, clock=engines.clock, tally=tally)
 
 
+def startup_key(cfg: OptimizeConfig, run_in: RunInputs) -> str:
+    return startup_estimate.key(cfg.model, run_in.device, run_in.fast_layers, run_in.slow_layers, cfg.weights)
+
+
+def startup_check(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget) -> float:
+    """The engines' estimated start-up (``compiler/startup_estimate.py``); ``StartupTooSlow`` (exit 2) when the
+    budget leaves less."""
+    from compiler.fleet import slice_weight_bytes
+
+    text = f"{budget.wall_s / 60:g}m" if budget.wall_s and budget.wall_s % 60 == 0 else f"{budget.wall_s or 0:g}s"
+    tiers = [slice_weight_bytes(cfg.model, tuple(t), "bf16") for t in (run_in.fast_layers, run_in.slow_layers)]
+    return startup_estimate.check(budget, text, startup_key(cfg, run_in), run_in.device["kind"], tiers)
+
+
 def start_engines(run: Run, run_in: RunInputs, startup_s: float) -> Engines:
     """The fleet, started once within the budget, its device clock, and each tier's inputs and measured
     routing (the tiers' calibrated layer-level bounds as progress lines)."""
@@ -311,7 +326,7 @@ def start_engines(run: Run, run_in: RunInputs, startup_s: float) -> Engines:
                             slow_layers=tuple(run_in.slow_layers), devices=tuple(run_in.device["devices"]),
                             timeout_s=run.cfg.timeout_s, inputs=run_in.tier_inputs, start_timeout_s=startup_s)
     tier_info = {t: {"inputs": inputs.inputs_summary(v)} for t, v in run_in.tier_inputs.items()}
-    fleet = _start_within(run.cfg, fleet_cfg, run.budget)
+    fleet = _start_within(run.cfg, fleet_cfg, run.budget, startup_key(run.cfg, run_in))
     clock = DeviceClock(fleet).install()        # compiler/throughput.py: where the engines' time goes
     fleet.deadline = run.budget.compose_end      # no evaluation runs past the composition's end
     run.progress.restarts_from(fleet.restarts)
@@ -412,15 +427,20 @@ def _unmeasured(accepted: list[Accepted]) -> Composition | None:
     return Composition(members, src, float("nan"), float("nan"), (), (("*", "not re-measured: interrupted"),))
 
 
-def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget) -> Fleet:
-    """The fleet, started within the run's budget; engines not ready in time end the run (one line)."""
+def _start_within(cfg: OptimizeConfig, fleet_cfg: Any, budget: Budget, key: str) -> Fleet:
+    """The fleet, started within the run's budget; engines not ready in time end the run (one line). The
+    seconds to ready are recorded for the next run's estimate (or, not ready in time, as a lower bound)."""
     from persistent_engine import EngineStartError
+    t0 = time.monotonic()
     try:
-        return start_fleet(cfg, fleet_cfg)
+        fleet = start_fleet(cfg, fleet_cfg)
     except EngineStartError as e:
         if budget.wall_s is not None and budget.left(budget.search_end) <= 1.0:
+            startup_estimate.record(key, time.monotonic() - t0, ready=False)
             raise budget.not_started(fleet_cfg.start_timeout_s, e) from None
         raise
+    startup_estimate.record(key, time.monotonic() - t0)
+    return fleet
 
 
 def routing_line(tier: str, r: dict) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from persistent_engine import scratch
+from persistent_engine import interpreter, scratch
 from persistent_engine.client import EngineClient, EngineDied, EngineTimeout
 from persistent_engine.io_struct import ErrorReply, PointTiming, Reply, WorkloadPoint
 from persistent_engine.server import TOKEN_ENV, make_token
@@ -48,15 +47,15 @@ class CandidateVerdict:
     restarted: bool = False
     sandbox: dict = field(default_factory=dict)     # mechanisms that confined the candidate's executor
     untimed: str = ""                               # why a correct candidate was not timed (speedup None)
+    notes: list[str] = field(default_factory=list)  # what verification excused, in words (``interpreter``)
 
     def to_dict(self) -> dict:
         return {"correct": self.correct, "reasons": list(self.reasons), "speedup": self.speedup,
                 "per_point": [p.to_dict() for p in self.per_point], "timings": dict(self.timings),
-                "restarted": self.restarted, "sandbox": dict(self.sandbox), "untimed": self.untimed}
+                "restarted": self.restarted, "sandbox": dict(self.sandbox), "untimed": self.untimed,
+                "notes": list(self.notes)}
 
 
-# a Triton kernel defined in the source (importing triton alone runs nothing: rendered templates all import it)
-_TRITON = re.compile(r"^\s*@\s*triton\s*\.\s*(jit|autotune|heuristics)\b|\btriton\s*\.\s*jit\s*\(", re.MULTILINE)
 INTERPRETED = ("not timed: its Triton kernels run in Triton's interpreter on CPU, orders of magnitude slower "
                "than compiled; that time is no speedup (time it on a GPU)")
 
@@ -64,7 +63,7 @@ INTERPRETED = ("not timed: its Triton kernels run in Triton's interpreter on CPU
 def interpreted_triton(source: str, device: str) -> str:
     """Why a candidate is verified but not timed on ``device`` ("" when it is timed): a source defining a
     Triton kernel on CPU, where its kernels run interpreted (``TRITON_INTERPRET=1``)."""
-    return INTERPRETED if device == "cpu" and _TRITON.search(source) else ""
+    return INTERPRETED if device == "cpu" and interpreter.defines_triton_kernel(source) else ""
 
 
 def describe_exit(rc: int | None) -> str:
@@ -278,7 +277,7 @@ class Supervisor:
         deadline = t0 + timeout_s
         timings: dict[str, float] = {}
         reasons: list[str] = []
-        speedup, per_point, confined = None, [], {}
+        speedup, per_point, confined, notes = None, [], {}, []
         untimed = interpreted_triton(source, self.device)
         phase = "load"
 
@@ -298,7 +297,9 @@ class Supervisor:
             reasons += _reasons(r)
             if not reasons:
                 phase = "verify"
-                reasons += _reasons(call(self.client.verify, None))
+                v = call(self.client.verify, None)
+                reasons += _reasons(v)
+                notes = (v.message or "").split("; ")[1:] if getattr(v, "ok", False) else []
             if not reasons and not untimed:
                 phase = "bench"
                 b = call(self.client.bench, self.samples if samples is None else samples, 0)
@@ -331,7 +332,7 @@ class Supervisor:
         timings["pool_wait_s"] = pool_wait
         return CandidateVerdict(correct=not reasons, reasons=reasons, speedup=speedup,
                                 per_point=per_point, timings=timings, restarted=restarted, sandbox=confined,
-                                untimed=untimed if not reasons else "")
+                                untimed=untimed if not reasons else "", notes=notes if not reasons else [])
 
     def profile(self, timeout_s: float = 600.0) -> dict:
         self.ensure_running()

@@ -1,7 +1,8 @@
 """Shared pytest setup: the ``gpu`` marker skips without CUDA; TRITON_INTERPRET=1 on CPU so that
 Triton kernels run under the interpreter here; ``board_url``: an empty board database on SQLite (a file in
 tmp_path) and on PostgreSQL (a fresh database on the server that ``scripts/test_services.sh run`` starts
-and names in TKCC_TEST_PG_URL; skipped without it), for every test that runs against both backends."""
+and names in TKCC_TEST_PG_URL; skipped without it), for every test that runs against both backends; each
+test its own engine start-up records (``TKCC_STARTUP_FILE``)."""
 
 import os
 import uuid
@@ -10,6 +11,13 @@ import pytest
 
 if not os.environ.get("CUDA_VISIBLE_DEVICES") and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _startup_records(tmp_path_factory, monkeypatch):
+    """Each test its own engine start-up records (compiler/startup_estimate.py): no test's run is refused
+    on what another test's engines took, nor on the user's own ~/.cache/tkcc/startup.json."""
+    monkeypatch.setenv("TKCC_STARTUP_FILE", str(tmp_path_factory.getbasetemp() / f"startup-{uuid.uuid4().hex}.json"))
 
 
 def _has_cuda() -> bool:

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from persistent_engine import guards, verify
+from persistent_engine import guards, interpreter, verify
 from persistent_engine.executor import wire
 from persistent_engine.judge import memory
 from persistent_engine.io_struct import WorkloadPoint
@@ -125,11 +125,13 @@ def remote_steps(e, msgs: list[wire.StepAsk], deadline: float) -> list[wire.Step
     return replies
 
 
-def layer_level(e, deadline: float) -> tuple[list[str], str]:
+def layer_level(e, deadline: float, interpreted_nan: bool = False) -> tuple[list[str], str]:
     """The slice with the overrides, run by the executor on the judge's workloads (every point and variant
     in one request), against the judge's reference logits (calibrated bound). MoE points: the reference's
     routing sent along to be replayed; the routing the executor reports is checked against the reference's
-    ties here (``verify.TieCheck``). A point's first failing variant ends its check. Returns (reasons, summary)."""
+    ties here (``verify.TieCheck``). A point's first failing variant ends its check. ``interpreted_nan``: the
+    op-level check saw the interpreter's 16-bit NaN/inf and fp32 passed (``interpreter``): logits NaN/inf or
+    off a finite reference are counted in the summary, not failed. Returns (reasons, summary)."""
     from persistent_engine.executor.channel import ProtocolError
     from persistent_engine.executor.launch import ExecutorBroke
     from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
@@ -149,6 +151,7 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
             msgs.append(wire.StepAsk(i=i, v=v, moe=moe, refs=calls_to_wire(refs, scores=False),
                                      check_cache=check_cache))
     failed: set[int] = set()
+    nan_variants = 0
     for (i, v, moe, refs), r in zip(todo, remote_steps(e, msgs, deadline)):
         if i in failed:
             continue
@@ -174,14 +177,20 @@ def layer_level(e, deadline: float) -> tuple[list[str], str]:
                     from None
         else:
             bad = verify.compare_logits(out, e.ref[i][v], e.dtype, where, tol)
-        if bad:
+        if bad and interpreted_nan and interpreter.logits_values_reason(bad) and \
+                bool(torch.isfinite(e.ref[i][v]).all()):
+            nan_variants += 1
+        elif bad:
             reasons.append(bad)
             failed.add(i)
     e.tie_kept_rows = dict(ties.kept_rows)      # for bench's spot re-check of this candidate
     if not reasons:
         reasons += [r for r in (ties.budget_reason(),) if r]
         reasons += guards.never_called(counted, e.ops_at)
-    return reasons, ties.summary()
+    summary = ties.summary()
+    if nan_variants:
+        summary = interpreter.LAYER_NOTE.format(n=nan_variants) + (f"; {summary}" if summary else "")
+    return reasons, summary
 
 
 def _reference_on(e, i: int, v: int, ids):

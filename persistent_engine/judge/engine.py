@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from persistent_engine import candidate as cand_mod
-from persistent_engine import guards, scratch, tier_inputs, timing, tolerance, verify
+from persistent_engine import guards, interpreter, scratch, tier_inputs, timing, tolerance, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena, mailbox_bytes
 from persistent_engine.executor.compiled_step import baseline_words, compiled_default
@@ -463,19 +463,24 @@ class Engine(ExecutorSide):
         seed = req.seed if req.seed is not None else self._rng.randrange(1, 2**31)
         c = self.candidate
         budget = self._op_budget()
+        interpreted = interpreter.runs_interpreted(c.source, self.device.type)     # the judge's copy of it
         checks = verify.op_level(sorted(c.ops), c.overrides, self.spec, self.points, self.device, self.dtype,
-                                 seed, budget=budget,
+                                 seed, budget=budget, interpreted=interpreted,
                                  check=judging.remote_check(self, deadline, memory.references_ahead(budget)))
         reasons = [ch.detail for ch in checks if not ch.passed]
+        notes = [ch.detail for ch in checks if ch.passed and ch.detail]     # the interpreter's 16-bit NaN excused
         reasons += self._call(wire.Guards(when="op-level verification"), deadline).reasons
         if not reasons:
-            layer_reasons = judging.layer_level(self, deadline)
+            layer_reasons = judging.layer_level(self, deadline, interpreted_nan=bool(notes))
             checks.append(verify.Check("layer", not layer_reasons[0],
                                        "; ".join(layer_reasons[0])[:2000] or layer_reasons[1]))
             reasons += layer_reasons[0]
+            if layer_reasons[1].startswith(interpreter.LAYER_NOTE[:40]):     # its bf16 logits not compared
+                notes.append(layer_reasons[1].split("; ")[0])
             reasons += self._call(wire.Guards(when="layer-level verification"), deadline).reasons
         reasons += self._process_reasons("verification")
-        return VerifyReply(ok=not reasons, message="correct" if not reasons else "rejected", reasons=reasons,
+        message = "rejected" if reasons else "; ".join(["correct", *notes])
+        return VerifyReply(ok=not reasons, message=message, reasons=reasons,
                            checks=checks, seed=seed,
                            seconds=(timing.now_ns() - t0) / 1e9)
 

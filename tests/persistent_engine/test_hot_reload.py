@@ -48,6 +48,19 @@ def test_correct_triton_candidate_passes_under_the_interpreter_and_is_not_timed_
     assert "interpreter on CPU" in v.untimed and v.to_dict()["untimed"] == v.untimed
 
 
+def test_interpreter_bf16_nan_is_no_rejection_on_cpu_and_the_verdict_says_so(sup):
+    """Issue 46: the judge saw NaN in the interpreter's bf16 at op level and fp32 pass (the bf16 slice's
+    logits are garbage there): correct, untimed, and said; the same kernel without its weight is rejected on
+    its fp32 mismatch."""
+    v = sup.evaluate(src("triton_native_add"), timeout_s=300)
+    assert v.correct, v.reasons
+    assert v.speedup is None and "interpreter on CPU" in v.untimed
+    assert any("bf16 checked in fp32" in n for n in v.notes), v.notes
+    assert any(n.startswith("layer-level: the bf16 slice's logits") for n in v.notes), v.notes
+    v = sup.evaluate(src("triton_native_add_wrong"), timeout_s=300)
+    assert not v.correct and v.notes == [] and any("fp32" in r and "mismatch" in r for r in v.reasons), v.reasons
+
+
 def test_only_triton_sources_on_cpu_go_untimed():
     from compiler.acceptance import AcceptanceConfig, screen
     from persistent_engine.supervisor import CandidateVerdict, interpreted_triton
