@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="search, verify and measure a faster forward pass; write a plan")
     p.add_argument("--model", required=True, help="alias or config.json; aliases: " + _aliases())
     p.add_argument("--tiny", action="store_true", help=TINY_HELP)
-    p.add_argument("--hw", required=True, help="target hardware for the cost model (h200, b200, cpu...)")
+    p.add_argument("--hw", required=True, help="target hardware the cost model projects for (h200, b200, cpu...); "
+                                               "timings are measured on --device, and outputs name both when they differ")
     p.add_argument("--traffic", required=True, help="traffic log (parquet, Azure CSV, Mooncake JSONL...)")
     p.add_argument("--budget", default="10m", help="wall time of the whole run: start-up, baseline, search, "
                                                     "composition, writing (default 10m)")
