@@ -120,3 +120,15 @@ def test_ui_run_names_target_and_measured_device():
     assert hw_words(Run("h200", {"device": "cuda", "device_name": "NVIDIA H200", "matches_hw": True})) == "on h200"
     assert hw_words(Run("h200", {"device": "cuda", "device_name": "NVIDIA H100", "matches_hw": False})) == \
         "projected for h200, measured on NVIDIA H100"
+
+
+def test_optimize_summary_names_the_target_and_the_device_measured_on(capsys, tmp_path):
+    import json
+
+    from compiler.cmd_optimize import _summary
+
+    _summary(tmp_path, make_plan(version=3), False)
+    assert capsys.readouterr().out.startswith("plan v3 (projected for h200, measured on cpu): ")
+    _summary(tmp_path, make_plan(version=3), True)
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["hw"], doc["measured_on"]) == ("h200", "cpu")
