@@ -132,3 +132,21 @@ def test_optimize_summary_names_the_target_and_the_device_measured_on(capsys, tm
     _summary(tmp_path, make_plan(version=3), True)
     doc = json.loads(capsys.readouterr().out)
     assert (doc["hw"], doc["measured_on"]) == ("h200", "cpu")
+
+
+def test_an_evaluation_not_better_is_told_from_rejected_and_from_not_judged():
+    from types import SimpleNamespace as V
+
+    from compiler.acceptance import AcceptanceConfig, Decision, screen
+    from compiler.judging import evaluation_status
+
+    cfg = AcceptanceConfig()
+    within = screen(V(correct=True, speedup=1.001, reasons=[]), 0.02, cfg, "fast")
+    wrong = V(correct=False, speedup=None, reasons=["max abs diff 3.1"])
+    untimed = V(correct=True, speedup=None, reasons=[], untimed="interpreted Triton is not timed")
+    assert evaluation_status(V(correct=True), within) == "not better"
+    assert evaluation_status(wrong, screen(wrong, 0.02, cfg, "fast")) == "rejected"
+    assert evaluation_status(untimed, screen(untimed, 0.02, cfg, "fast")) == "not judged"
+    replay = Decision(False, "fast", "config replay x0.981 does not beat the baseline setting by 1% without a loss")
+    assert evaluation_status(V(correct=True), replay) == "not better"
+    assert evaluation_status(V(correct=True), Decision(True, "slow", "1.2x", fast=1.2, slow=1.2)) == "accepted"

@@ -214,7 +214,12 @@ def test_a_cpu_run_for_h200_is_named_projected_and_measured_and_a_setting_not_be
         {"kind": "config", "feasible": False, "gain": 0.981, "status": "not better",
          "why": "trades a figure away (tpot x0.981) or drops requests; score x0.981", "submitted": False}))
     writer.finish_idea(claimed, agent="config-0", status="done")
+    cand = writer.add_candidate(run, "config-0", "CONFIG = {'max_num_seqs': 8}\n", idea)
+    writer.add_evaluation(cand, "fast", None, {"speedup": 0.981, "accepted": False, "status": "not better",
+                                               "decision": "config replay x0.981 does not beat the baseline"},
+                          "correct", device="cpu")
     page.goto(f"/runs/{run.id}")
+    assert page.locator("table.evals tbody tr").first.locator(".status").all_inner_texts() == ["correct", "not better"]
     assert "tiny-dense projected for h200, measured on cpu" in page.locator("h1").inner_text()
     assert "measured on cpu" in page.locator("#baseline").inner_text()
     page.goto(f"/ideas/{idea.id}")
