@@ -211,7 +211,7 @@ class Judge:
                         metrics={"speedup": v.speedup, "per_point": [p.to_dict() for p in v.per_point],
                                  "accepted": False, "timings": v.timings,
                                  "decision": "not confirmed on the slow tier: the run's budget is spent",
-                                 "slow_speedup": None},
+                                 "status": "not judged", "slow_speedup": None},
                         verdict="correct" if v.correct else "rejected", reasons=list(v.reasons),
                         device=self.fleet.cfg.devices[0], versions={}, timing_method="engine A/B")
 
