@@ -281,15 +281,16 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
 
 def op_times_with(spec: Any, layers: list[int], points: list[WorkloadPoint], source: str, *, device: str = "cpu",
                   reps: int = 3, seed: int = 0) -> dict[str, dict[str, float]]:
-    """``{"before": {op: ms}, "after": {op: ms}}``: per-op time of one step of the ``layers`` slice,
-    weighted over ``points``, with the reference and with the candidate ``source`` (a plan's composed
+    """``{"before": {op: ms}, "after": {op: ms}}``: per-op time of the traffic's mean step of the ``layers``
+    slice (``compiler.op_time``: the points weighted as the workload table weighs them, both sides with the
+    reference's step mix), with the reference and with the candidate ``source`` (a plan's composed
     file), measured the same way in this process by the engine's profiler
     (``persistent_engine.profiler.profile_point``: each outermost op call wrapped, device synchronised
     around it, so a composite op's parts are not counted twice; median over ``reps`` after a warm-up).
     Cost: 2 x (reps + 1) steps per point."""
-    from collections import defaultdict
-
     import torch
+
+    from compiler.op_time import op_ms_per_step, step_mix
 
     from persistent_engine import build_model
     from persistent_engine.ops import registry
@@ -299,7 +300,7 @@ def op_times_with(spec: Any, layers: list[int], points: list[WorkloadPoint], sou
     overrides = overrides_of(source)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     model = build_model(spec, layers=list(layers), device=device, dtype=dtype, seed=seed)
-    result: dict[str, dict[str, float]] = {"before": defaultdict(float), "after": defaultdict(float)}
+    per_point: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     with torch.no_grad(), engine_threads(device):
         for point in points:
             workload = make_workload(model, point, seed)
@@ -307,6 +308,6 @@ def op_times_with(spec: Any, layers: list[int], points: list[WorkloadPoint], sou
                 ctx = registry.override(overrides) if side == "after" else contextlib.nullcontext()
                 with ctx:
                     prof = profile_point(model, workload, torch.device(device), reps)
-                for op, row in prof.items():
-                    result[side][op] += point.weight * row["ms"]
-    return {side: {k: round(v, 6) for k, v in ops.items()} for side, ops in result.items()}
+                per_point[side].append({op: float(row["ms"]) for op, row in prof.items()})
+    mix = step_mix([p.weight for p in points], [sum(ops.values()) for ops in per_point["before"]])
+    return {side: op_ms_per_step(mix, rows) for side, rows in per_point.items()}

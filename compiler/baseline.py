@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from persistent_engine import WorkloadPoint, point_key
+from persistent_engine import WorkloadPoint
 
 __all__ = ["measure_noise", "op_ms"]
 
@@ -57,14 +57,14 @@ def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
 
 
 def op_ms(profile: dict, points: list[WorkloadPoint]) -> dict[str, float]:
-    """Per-op milliseconds weighted over workload points, from the engine's profile document
-    (``Supervisor.profile()``: ``{"per_point": [{"point": {...}, "ops": {op: {"ms", "calls", "share"}}}]}``);
-    a row whose point is not among ``points`` weighs 1 / rows."""
-    weights = {p.key: p.weight for p in points}
+    """Per-op milliseconds of the traffic's mean step (``compiler.op_time``: the points weighted as the
+    workload table weighs them), from the engine's profile document (``Supervisor.profile()``:
+    ``{"per_point": [{"point": {...}, "step_ms", "ops": {op: {"ms", "calls", "share"}}}]}``); a row whose
+    point is not among ``points`` weighs nothing (all rows the same when none is)."""
+    from compiler.op_time import op_ms_per_step, point_weights, step_mix
+
     rows = profile.get("per_point") or []
-    out: dict[str, float] = {}
-    for row in rows:
-        w = weights.get(point_key(row["point"]), 1.0 / len(rows))
-        for op, v in row["ops"].items():
-            out[op] = out.get(op, 0.0) + w * float(v["ms"])
-    return {k: round(v, 6) for k, v in out.items()}
+    ops = [{op: float(v["ms"]) for op, v in row["ops"].items()} for row in rows]
+    steps = [float(row.get("step_ms") or sum(o.values())) for row, o in zip(rows, ops)]
+    weights = point_weights([row["point"] for row in rows], {p.key: p.weight for p in points})
+    return op_ms_per_step(step_mix(weights, steps), ops)

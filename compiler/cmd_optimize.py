@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="search, verify and measure a faster forward pass; write a plan")
     p.add_argument("--model", required=True, help="alias or config.json; aliases: " + _aliases())
     p.add_argument("--tiny", action="store_true", help=TINY_HELP)
-    p.add_argument("--hw", required=True, help="target hardware for the cost model (h200, b200, cpu...)")
+    p.add_argument("--hw", required=True, help="target hardware the cost model projects for (h200, b200, cpu...); "
+                                               "timings are measured on --device, and outputs name both when they differ")
     p.add_argument("--traffic", required=True, help="traffic log (parquet, Azure CSV, Mooncake JSONL...)")
     p.add_argument("--budget", default="10m", help="wall time of the whole run: start-up, baseline, search, "
                                                     "composition, writing (default 10m)")
@@ -202,9 +203,12 @@ def _optimize(args: argparse.Namespace) -> int:
 
 
 def _summary(vdir, plan, as_json: bool, **extra) -> None:
+    from compiler.report import hw_words, measured_on
+
     ps = plan.plan_speedup
     if as_json:
         _print_json({"plan_dir": str(vdir), "report": str(vdir / "report.md"), "version": plan.version,
+                     "hw": plan.hw, "measured_on": measured_on(plan),
                      "optimizations": [o.to_dict() for o in plan.optimizations],
                      "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")},
                      "counts": plan.run.get("counts"), "agents": plan.run.get("agent_reports", []), **extra})
@@ -213,7 +217,8 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
     counts = plan.run.get("counts")
     kept = (f"kept {counts['kept']} of {counts['accepted']} accepted ({counts['tried']} tried)" if counts
             else f"{len(plan.optimizations)} optimization(s)")
-    print(f"plan v{plan.version}: {kept}; plan speedup fast {fmt(ps.get('fast'))}, slow {fmt(ps.get('slow'))}")
+    print(f"plan v{plan.version} ({hw_words(plan)}): {kept}; plan speedup fast {fmt(ps.get('fast'))}, "
+          f"slow {fmt(ps.get('slow'))}")
     for o in plan.optimizations:
         print(f"  {o.name}: {', '.join(o.targets) or 'config'}  fast {fmt(o.speedup.get('fast'))}  "
               f"slow {fmt(o.speedup.get('slow'))}")
@@ -262,8 +267,10 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"plan_dir": str(vdir), **plan.to_dict()})
     else:
-        print(f"{plan.model} on {plan.hw} (measured on {plan.detected_device.get('name', '?')}), "
-              f"traffic {plan.traffic.get('source')}")
+        from compiler.report import hw_words, measured_on
+
+        where = hw_words(plan) + (f" (measured on {measured_on(plan)})" if hw_words(plan).startswith("on ") else "")
+        print(f"{plan.model} {where}, traffic {plan.traffic.get('source')}")
         _summary(vdir, plan, False)
     return 0
 

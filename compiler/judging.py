@@ -125,7 +125,8 @@ class Judge:
             best_effort(run.board.add_evaluation, cand, tier="fast", point=None,
                         metrics={"speedup": verdict.speedup, "per_point": [p.to_dict() for p in verdict.per_point],
                                  "accepted": bool(decision.accepted), "timings": verdict.timings,
-                                 "decision": decision.reason, "slow_speedup": decision.slow},
+                                 "decision": decision.reason, "status": evaluation_status(verdict, decision),
+                                 "slow_speedup": decision.slow},
                         verdict="correct" if verdict.correct else "rejected",
                         reasons=list(verdict.reasons), device=self.fleet.cfg.devices[0],
                         versions={}, timing_method="engine A/B")
@@ -210,7 +211,7 @@ class Judge:
                         metrics={"speedup": v.speedup, "per_point": [p.to_dict() for p in v.per_point],
                                  "accepted": False, "timings": v.timings,
                                  "decision": "not confirmed on the slow tier: the run's budget is spent",
-                                 "slow_speedup": None},
+                                 "status": "not judged", "slow_speedup": None},
                         verdict="correct" if v.correct else "rejected", reasons=list(v.reasons),
                         device=self.fleet.cfg.devices[0], versions={}, timing_method="engine A/B")
 
@@ -266,3 +267,17 @@ def release_agents(agents: list[Any]) -> None:
         import ray
         for actor in actors:
             ray.kill(actor)
+
+
+def evaluation_status(verdict: Any, decision: Any) -> str:
+    """An evaluation's outcome in words for the board and the UI: "accepted"; "rejected" (incorrect on a tier);
+    "not better" (correct and measured, or a setting replayed, and not faster beyond the noise, outrun by an
+    accepted one, or not beating the baseline setting; ``decision`` says by how much); "not judged" (correct
+    but not timed, or a replay too overloaded to decide)."""
+    if decision.accepted:
+        return "accepted"
+    if not getattr(verdict, "correct", False) or decision.reason.startswith("rejected"):
+        return "rejected"
+    if decision.fast is not None or decision.slow is not None or decision.reason.startswith("config replay"):
+        return "not better"
+    return "not judged"

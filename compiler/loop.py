@@ -237,7 +237,8 @@ def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: fl
     deployment_hash = deployment_hash_of(out, cfg.parent_version, traffic_hash)
     run_id = board.create_run(model=cfg.model, hw=cfg.hw, traffic_hash=traffic_hash, deployment_hash=deployment_hash,
                               config={"budget_s": cfg.budget_s, "agents": cfg.agents, "traffic": cfg.traffic,
-                                      "device": device["kind"], "parent_version": cfg.parent_version,
+                                      "device": device["kind"], "device_name": device.get("name"),
+                                      "matches_hw": device["matches_hw"], "parent_version": cfg.parent_version,
                                       "slo": {"ttft_ms": cfg.ttft_ms, "tpot_ms": cfg.tpot_ms}})
     if dead:
         best_effort(mark_recovered, board, dead, run_id)

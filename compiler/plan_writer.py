@@ -166,7 +166,8 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
         software=inputs.software_versions(),
         traffic={"source": traffic.source, "hash": traffic.hash, "summary": traffic.summary},
         workload_points=tuple(run_in.points), optimizations=tuple(opts), plan_speedup=plan_speedup,
-        parallelism=run_in.layout, projected={**projected, "label": "projected"} if projected else None,
+        parallelism=run_in.layout, projected={**projected, "label": f"projected for {cfg.hw} by the cost model, not measured"}
+        if projected else None,
         tiers={t: {"layers": layers, **outcome.tier_info.get(t, {})}
                for t, layers in (("fast", run_in.fast_layers), ("slow", run_in.slow_layers))},
         baseline={"op_ms": after.get("before") or baseline.op_ms or {},

@@ -30,23 +30,69 @@ def _op_plot(plan: Plan) -> str | None:
     if not before:
         return None
     ops = sorted(before, key=lambda k: -before[k])[:16]
-    series = {"before (reference)": [before[o] for o in ops]}
+    dev = measured_on(plan)
+    series = {f"before (reference, measured on {dev})": [before[o] for o in ops]}
     if after:
-        series["after (plan)"] = [after.get(o) for o in ops]
-    return bar_chart("Time per op, fast tier, weighted over workload points", ops, series, unit=" ms")
+        series[f"after (plan, measured on {dev})"] = [after.get(o) for o in ops]
+    return bar_chart("Time per op, fast tier: the traffic's mean step", ops, series, unit=" ms")
+
+
+def measured_on(plan: Plan) -> str:
+    """The device the engines measured on, as a word (``cpu``, ``NVIDIA H200``)."""
+    dev = plan.detected_device or {}
+    return str(dev.get("name") if dev.get("kind") == "cuda" and dev.get("name") else dev.get("kind") or "?")
+
+
+def hw_words(plan: Plan) -> str:
+    """``on h200``, or ``projected for h200, measured on cpu`` when the target is not the device used."""
+    if (plan.detected_device or {}).get("matches_hw", True):
+        return f"on {plan.hw}"
+    return f"projected for {plan.hw}, measured on {measured_on(plan)}"
+
+
+_LAYOUT_KEYS = ("tp", "pp", "ep", "dp", "dcp", "moe_tp")
+_SETTING_KEYS = (("dtype", "{}"), ("kv_dtype", "kv-{}"), ("batch", "b{}"), ("pd", "{}"), ("replicas", "x{}"))
+
+
+def layout_labels(configs: list[dict]) -> list[str]:
+    """A label per config naming what tells it from the others: its layout (``tp2 pp1 ep1 dp1``; dcp and
+    moe_tp where not 1) and each setting (dtype, KV dtype, batch, P/D, replicas) that differs among
+    ``configs``; labels still alike get ``#2``, ``#3``... in order."""
+    varying = [(k, f) for k, f in _SETTING_KEYS if len({str(c.get(k)) for c in configs}) > 1]
+    labels = []
+    for c in configs:
+        parts = [f"{k}{c.get(k)}" for k in _LAYOUT_KEYS[:4]]
+        parts += [f"{k}{c[k]}" for k in _LAYOUT_KEYS[4:] if c.get(k) not in (None, 1)]
+        if not any(k == "dtype" for k, _ in varying) and c.get("dtype"):
+            parts.append(str(c["dtype"]))
+        parts += [f.format(c.get(k)) for k, f in varying]
+        labels.append(" ".join(parts))
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[i] = f"{label} #{seen[label]}"
+    return labels
 
 
 def _pareto_plot(plan: Plan) -> str | None:
-    configs = (plan.parallelism or {}).get("configs") or []
-    pts = [(float(c["tokens_per_s_per_user"]), float(c["tokens_per_s_per_gpu"]),
-            f"tp{c.get('tp')} pp{c.get('pp')} ep{c.get('ep')} dp{c.get('dp')} {c.get('dtype', '')}".strip(),
-            bool(c.get("pareto")))
-           for c in configs if c.get("fits", True) and c.get("tokens_per_s_per_user") is not None
-           and c.get("tokens_per_s_per_gpu") is not None]
-    if not pts:
+    configs = [c for c in (plan.parallelism or {}).get("configs") or [] if c.get("fits", True)
+               and c.get("tokens_per_s_per_user") is not None and c.get("tokens_per_s_per_gpu") is not None]
+    if not configs:
         return None
-    return scatter_chart("Parallelism layouts (projected)", pts, x_label="tokens/s per user",
-                         y_label="tokens/s per GPU")
+    pts = [(float(c["tokens_per_s_per_user"]), float(c["tokens_per_s_per_gpu"]), label, bool(c.get("pareto")))
+           for c, label in zip(configs, layout_labels(configs))]
+    return scatter_chart(f"Parallelism layouts projected for {plan.hw}", pts, x_label="tokens/s per user",
+                         y_label=f"tokens/s per GPU (projected, {plan.hw})", note=_projection_note(plan),
+                         front_name="Pareto front (projected)", other_name="other layouts (projected)")
+
+
+def _projection_note(plan: Plan) -> str:
+    """Whose figures these are: the cost model's for ``--hw``, never a measurement of the device used."""
+    note = f"cost model for {plan.hw}, not measured"
+    if not (plan.detected_device or {}).get("matches_hw", True):
+        note += f"; this run measured on {measured_on(plan)}, not on {plan.hw}"
+    return note
 
 
 def _layout_line(best: dict | None) -> str:
@@ -212,7 +258,7 @@ def render(plan: Plan) -> dict[str, str]:
 
     dev = plan.detected_device
     run = plan.run
-    L = [f"# tkcc plan v{plan.version}: {plan.model} on {plan.hw}", ""]
+    L = [f"# tkcc plan v{plan.version}: {plan.model} {hw_words(plan)}", ""]
     if plan.parent_version is not None:
         L += [_ORIGIN.get(run.get("origin", ""), _ORIGIN[""]).format(v=plan.parent_version), ""]
     if run.get("interrupted"):
@@ -221,7 +267,8 @@ def render(plan: Plan) -> dict[str, str]:
           f"| model | `{plan.model}` |",
           f"| target hardware (cost model) | `{plan.hw}` |",
           f"| measured on | {dev.get('name', dev.get('kind', '?'))} (`{dev.get('kind', '?')}`)"
-          + ("" if dev.get("matches_hw", True) else " — differs from the target; timings are from this device") + " |",
+          + ("" if dev.get("matches_hw", True) else f" — differs from the target: every timing is from this device, "
+             f"only the cost model's figures are for {plan.hw}") + " |",
           f"| traffic | `{plan.traffic.get('source', '?')}` (hash `{str(plan.traffic.get('hash', ''))[:12]}`) |",
           f"| budget / elapsed | {run.get('wall_s') or run.get('budget_s', '?')} s / {run.get('elapsed_s', '?')} s |",
           *([f"| time per phase | {_phase_shares(run['phases_s'])} |"] if run.get("phases_s") else []),
@@ -239,7 +286,8 @@ def render(plan: Plan) -> dict[str, str]:
     ps = plan.plan_speedup
     L += ["## Plan speedup (all accepted optimizations composed, re-verified and re-measured)", "",
           f"- fast tier: **{_x(ps.get('fast'))}**", f"- slow tier: **{_x(ps.get('slow'))}**",
-          f"- measured against: {ps.get('baseline') or 'tkcc eager reference ops (a plan written before issue 39)'}"]
+          f"- measured against: {ps.get('baseline') or 'tkcc eager reference ops (a plan written before issue 39)'}",
+          f"- measured on: {measured_on(plan)}" + ("" if dev.get("matches_hw", True) else f" (not on the target {plan.hw})")]
     L += _torch_compile_lines(plan.baseline.get("torch_compile"))
     L.append("")
     if "speedup_per_point" in plots and plots["speedup_per_point"]:
@@ -276,13 +324,15 @@ def render(plan: Plan) -> dict[str, str]:
     L += _agent_lines(run.get("agent_reports") or [])
     L += _throughput_lines(run, bool(plots.get("throughput")))
     if "op_time" in plots and plots["op_time"]:
-        L += ["## Time per op", "", "![time per op](plots/op_time.svg)", ""]
-    L += ["## Parallelism (projected by the cost model)", "",
+        L += ["## Time per op", "", "Per-op time of the fast tier's slice in the traffic's mean step: each workload "
+              "point holds its weight in the table above of the GPU time (`compiler.op_time`).", "",
+              "![time per op](plots/op_time.svg)", ""]
+    L += [f"## Parallelism (projected by the cost model for {plan.hw})", "",
           f"Chosen layout: {_layout_line((plan.parallelism or {}).get('best'))}."]
-    proj = plan.projected or {}
+    proj = {k: v for k, v in (plan.projected or {}).items() if k != "label" and not isinstance(v, (dict, list))}
     if proj:
-        L.append("Projected full-model figures (from per-layer timings and the cost model, not measured): "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(proj.items()) if not isinstance(v, (dict, list))) + ".")
+        L.append(f"Projected full-model figures for {plan.hw} ({_projection_note(plan)}): "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(proj.items())) + ".")
     L.append("")
     if "parallelism_pareto" in plots and plots["parallelism_pareto"]:
         L += ["![parallelism Pareto front](plots/parallelism_pareto.svg)", ""]

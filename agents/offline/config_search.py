@@ -423,13 +423,29 @@ def work_config_idea(agent: OfflineAgent, ctx: AgentContext, lease, doc: Mapping
         agent.team.configs.append((knobs, result["score"]))
         agent.team.tried.add(config_title(knobs))
     gain = result["score"] / base["score"] if base["score"] > 0 else None
+    better = result["feasible"] and result["score"] > best_before * (1 + getattr(agent, "min_gain", 0.01))
     post = {"kind": CONFIG, "knobs": knobs, **result, "baseline_score": base["score"], "gain": gain,
-            "submitted": False}
-    if result["feasible"] and result["score"] > best_before * (1 + getattr(agent, "min_gain", 0.01)):
+            **config_status(result, gain, better), "submitted": False}
+    if better:
         ratios = ", ".join(f"{k} x{v:.3f}" for k, v in result["ratios"].items())
         source = render_candidate([], config=result["config"],
                                   description=f"{config_title(knobs)}: x{gain:.3f} ({ratios}) in the traffic replay")
         verdict = ctx.evaluate(source, author=agent.name, idea_id=lease.idea_id)
         post.update(submitted=True, verdict=verdict_summary(verdict))
     ctx.post(agent.name, json.dumps(post), idea=lease.idea_id, kind="result")
-    lease.finish("done" if result["feasible"] else "failed")
+    lease.finish("done")            # judged: "not better" is a verdict; "failed" is left to errors (Lease)
+
+
+def config_status(result: Mapping[str, Any], gain: float | None, better: bool) -> dict:
+    """A judged setting's outcome, ``{"status", "why"}``: "better" (beats the best so far; submitted to the
+    engine) or "not better" (trades a figure away or drops requests, or gains too little), with its
+    measured ratio against the baseline setting. An idea whose judging raised is finished "failed" instead."""
+    ratio = "n/a" if gain is None else f"x{gain:.3f}"
+    if better:
+        return {"status": "better", "why": f"{ratio} the baseline setting in the replay, above the best so far"}
+    if not result["feasible"]:
+        worse = ", ".join(f"{k} x{v:.3f}" for k, v in result["ratios"].items() if v < 1.0) or "requests dropped"
+        return {"status": "not better", "why": f"trades a figure away ({worse}) or drops requests; score {ratio}"}
+    return {"status": "not better", "why": f"{ratio} the baseline setting: not above the best so far by the "
+                                          f"minimum gain"}
+

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 from markupsafe import Markup
 
 from bulletin_board import HistoryPoint
+from compiler.op_time import op_ms_per_step, point_weights, step_mix
 from compiler.plots import bar_chart
 from persistent_engine import point_key
 
@@ -92,7 +93,8 @@ def _ms(v: Any) -> float | None:
 
 
 def op_breakdown(baseline: dict, optimizations: Iterable[Any]) -> tuple[dict[str, float], dict[str, float]]:
-    """Per-op milliseconds (weighted over workload points) before and after, estimated.
+    """Per-op milliseconds of the traffic's mean step (``compiler.op_time``, the report's weighting)
+    before and after, estimated.
 
     Of several optimizations with the same targets only the fastest counts (the plan composes
     one). ``baseline`` is a run's baseline profile (``{"per_point": [{"point", "step_ms", "ops": {op:
@@ -112,11 +114,9 @@ def op_breakdown(baseline: dict, optimizations: Iterable[Any]) -> tuple[dict[str
                                                    else cur.speedup_fast or 0.0)):
             best[k] = o
     opts = list(best.values())
-    before: dict[str, float] = {}
-    after: dict[str, float] = {}
+    befores, afters, steps = [], [], []
     for row in rows:
         point = row.get("point") or {}
-        w = float(point.get("weight", 1.0 / len(rows)))
         ops = {op: m for op, v in (row.get("ops") or {}).items() if (m := _ms(v)) is not None}
         step = _ms(row.get("step_ms")) or sum(ops.values())
         now = dict(ops)
@@ -134,10 +134,11 @@ def op_breakdown(baseline: dict, optimizations: Iterable[Any]) -> tuple[dict[str
             total = sum(now[t] for t in targets) or 1.0
             for t in targets:
                 now[t] = max(0.0, now[t] - saved * now[t] / total)
-        for op, m in ops.items():
-            before[op] = before.get(op, 0.0) + w * m
-            after[op] = after.get(op, 0.0) + w * now[op]
-    return before, after
+        befores.append(ops)
+        afters.append(now)
+        steps.append(step)
+    mix = step_mix(point_weights([row.get("point") or {} for row in rows]), steps)
+    return op_ms_per_step(mix, befores), op_ms_per_step(mix, afters)
 
 
 def op_breakdown_chart(before: dict[str, float], after: dict[str, float], *, top: int = 12) -> Markup:
@@ -145,7 +146,7 @@ def op_breakdown_chart(before: dict[str, float], after: dict[str, float], *, top
     if not before:
         return Markup('<p class="muted">No baseline profile recorded yet.</p>')
     ops = sorted(before, key=lambda k: -before[k])[:top]
-    svg = bar_chart("time per op per step (weighted over workload points)", ops,
+    svg = bar_chart("time per op, mean step of the traffic (points weighted as in the workload table)", ops,
                     {"before (measured)": [before[o] for o in ops],
                      "after (estimated from accepted speedups)": [after.get(o, before[o]) for o in ops]},
                     unit=" ms", width=760)

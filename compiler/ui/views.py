@@ -147,5 +147,36 @@ def visible(value: Any) -> Any:
     return value
 
 
+def measured_on(run: Any) -> str:
+    """The device a run's engines measured on (its board config: ``device``, ``device_name``), "?" unrecorded."""
+    cfg = run.config if isinstance(getattr(run, "config", None), dict) else {}
+    kind = cfg.get("device")
+    return str(cfg.get("device_name") if kind == "cuda" and cfg.get("device_name") else kind or "?")
+
+
+def hw_words(run: Any) -> str:
+    """``on h200``, or ``projected for h200, measured on cpu`` when the run's target (``--hw``, what the
+    cost model projects for) is not the device its engines measured on."""
+    cfg = run.config if isinstance(getattr(run, "config", None), dict) else {}
+    matches = cfg.get("matches_hw")
+    if matches is None:                    # a run recorded before matches_hw: only a CPU run is known to differ
+        matches = cfg.get("device") != "cpu" or str(run.hw).lower() == "cpu"
+    return f"on {run.hw}" if matches else f"projected for {run.hw}, measured on {measured_on(run)}"
+
+
+def result_status(post: Any) -> str:
+    """The outcome a result post names (a config search's ``status``: "better", "not better"), or ""."""
+    import json
+
+    if getattr(post, "kind", None) != "result":
+        return ""
+    try:
+        doc = json.loads(post.body)
+    except (TypeError, ValueError):
+        return ""
+    return str(doc.get("status") or "") if isinstance(doc, dict) else ""
+
+
 FILTERS = {"time": fmt_time, "speedup": fmt_speedup, "ms": fmt_ms, "duration": fmt_duration,
-           "point": point_or_all, "tiers_disagree": tiers_disagree}
+           "point": point_or_all, "tiers_disagree": tiers_disagree, "hw_words": hw_words,
+           "measured_on": measured_on, "result_status": result_status}

@@ -371,6 +371,10 @@ def test_config_agent_searches_without_repeats_and_submits_improvements(board):
     results = [json.loads(p.body) for p in _posts(board, run) if p.kind == "result"]
     assert len(results) == len(ideas)
     assert len(submitted) == sum(r["submitted"] for r in results)
+    # a setting judged not better is a verdict, not an error: "not better" with its ratio, the idea "done"
+    assert all(r["status"] == ("better" if r["submitted"] else "not better") for r in results)
+    assert any(not r["feasible"] for r in results) and all(i.status == "done" for i in ideas)
+    assert all(" x" in r["why"] or r["why"].startswith("x") for r in results if r["status"] == "not better")
     assert all(set(c) - {"max_chunk_tokens"} == {"max_num_seqs", "max_num_batched_tokens", "kv_block_size",
                                                  "cuda_graph_batch_sizes"}
                for c in submitted)

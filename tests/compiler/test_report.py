@@ -10,7 +10,7 @@ from plan_samples import make_plan
 def test_report_has_tables_and_three_wellformed_plots():
     files = render(make_plan(version=3))
     md = files["report.md"]
-    assert md.startswith("# tkcc plan v3: tiny-dense on h200")
+    assert md.startswith("# tkcc plan v3: tiny-dense projected for h200, measured on cpu")
     assert "differs from the target" in md                 # cpu measured, h200 targeted
     assert "![speedup per workload point](plots/speedup_per_point.svg)" in md
     assert "![time per op](plots/op_time.svg)" in md

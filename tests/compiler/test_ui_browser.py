@@ -200,3 +200,31 @@ def test_lineage_is_navigable_from_the_run_page_to_parent_and_child(page, site):
     agents = page.locator("#agents tbody tr")
     claude = [t for t in agents.all_inner_texts() if t.startswith("claude-1")]
     assert claude and "$0.2940" in claude[0] and not page.errors
+
+
+def test_a_cpu_run_for_h200_is_named_projected_and_measured_and_a_setting_not_better_says_so(page, site):
+    import json
+
+    _, _, writer, _ = site
+    run = writer.create_run("tiny-dense", "h200", "cpu-run-traffic",
+                            config={"budget_s": 60, "device": "cpu", "device_name": "x86_64", "matches_hw": False})
+    idea = writer.post_idea(run, author="config-0", title="config{max_num_seqs=8}", target="config", tags=["config"])
+    claimed = writer.claim_idea(run, "config-0", target="config")
+    writer.post(run, author="config-0", idea=idea, kind="result", body=json.dumps(
+        {"kind": "config", "feasible": False, "gain": 0.981, "status": "not better",
+         "why": "trades a figure away (tpot x0.981) or drops requests; score x0.981", "submitted": False}))
+    writer.finish_idea(claimed, agent="config-0", status="done")
+    cand = writer.add_candidate(run, "config-0", "CONFIG = {'max_num_seqs': 8}\n", idea)
+    writer.add_evaluation(cand, "fast", None, {"speedup": 0.981, "accepted": False, "status": "not better",
+                                               "decision": "config replay x0.981 does not beat the baseline"},
+                          "correct", device="cpu")
+    page.goto(f"/runs/{run.id}")
+    assert page.locator("table.evals tbody tr").first.locator(".status").all_inner_texts() == ["correct", "not better"]
+    assert "tiny-dense projected for h200, measured on cpu" in page.locator("h1").inner_text()
+    assert "measured on cpu" in page.locator("#baseline").inner_text()
+    page.goto(f"/ideas/{idea.id}")
+    assert page.locator(".post .outcome .status").inner_text() == "not better"
+    assert page.locator("h3 .status").first.inner_text() == "done"
+    page.goto(f"/deployments/{run.deployment_id}")
+    assert page.locator("#measured-on").inner_text() == "measured on cpu"
+    assert "target hardware h200" in page.locator("p.meta").first.inner_text() and not page.errors

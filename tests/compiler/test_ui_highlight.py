@@ -7,6 +7,8 @@ import html
 import re
 from types import SimpleNamespace
 
+import pytest
+
 from compiler.ui import highlight
 from compiler.ui.charts import op_breakdown, op_breakdown_chart, speedup_history_chart
 from bulletin_board import HistoryPoint
@@ -62,8 +64,11 @@ def test_op_breakdown_takes_measured_saving_off_the_targets():
     rms = _opt(["rms_norm"], 1.1, None, [{"phase": "decode", "batch": 8, "context": 1024, "chunk": 1, "fast": 1.25}])
     worse_rms = _opt(["rms_norm"], 1.05, 1.02)          # same target, slower: not composed
     before, after = op_breakdown(base, [rms, worse_rms])
-    assert before == {"linear": 0.75 * 6 + 0.25 * 16, "rms_norm": 0.75 * 2 + 0.25 * 4, "silu_and_mul": 1.5}
-    assert abs(after["rms_norm"] - (0.75 * 0.0 + 0.25 * (4 - 20 * (1 - 1 / 1.1)))) < 1e-9
+    # the traffic's mean step (compiler.op_time): 0.75 / 10 ms decode steps per 0.25 / 20 ms prefill steps
+    f_d, f_p = 6 / 7, 1 / 7
+    assert before == pytest.approx({"linear": f_d * 6 + f_p * 16, "rms_norm": f_d * 2 + f_p * 4,
+                                    "silu_and_mul": f_d * 2}, abs=1e-6)
+    assert abs(after["rms_norm"] - (f_d * 0.0 + f_p * (4 - 20 * (1 - 1 / 1.1)))) < 1e-6
     assert after["linear"] == before["linear"] and after["silu_and_mul"] == before["silu_and_mul"]
     # a saving larger than the op's time never goes below zero
     _, after2 = op_breakdown(base, [_opt(["silu_and_mul"], 3.0)])
