@@ -17,15 +17,16 @@ from typing import Mapping, Sequence
 __all__ = ["step_mix", "op_ms_per_step", "point_weights"]
 
 
-def point_weights(points: Sequence[Mapping], table: Mapping[tuple, float] | None = None) -> list[float]:
-    """Each row's share of GPU time: from ``table`` (point key -> weight, the run's workload points) when
-    given, else the row's own ``weight``; a row with none weighs 0 when others have one, and all rows
-    weigh the same when none has. Normalised to sum 1, as the table shows them."""
+def point_weights(rows: Sequence[Mapping], table: Mapping[tuple, float] | None = None) -> list[float]:
+    """Each row's (a per-point profile's JSON: its point's fields) share of GPU time: from ``table`` (point
+    key -> weight, the run's workload points) when given, else the row's own ``weight``; a row with none
+    weighs 0 when others have one, and all rows weigh the same when none has. Normalised to sum 1, as the
+    table shows them."""
     from persistent_engine import point_key
 
-    got = [table.get(point_key(p)) if table is not None else p.get("weight") for p in points]
+    got = [table.get(point_key(r)) if table is not None else r.get("weight") for r in rows]
     if not any(isinstance(w, (int, float)) and w > 0 for w in got):
-        return [1.0 / len(points)] * len(points) if points else []
+        return [1.0 / len(rows)] * len(rows) if rows else []
     ws = [float(w) if isinstance(w, (int, float)) and w > 0 else 0.0 for w in got]
     total = sum(ws)
     return [w / total for w in ws]
