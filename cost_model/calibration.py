@@ -82,7 +82,8 @@ class Measurement:
             layers = d.get("layers")
             if isinstance(layers, int):
                 layers = list(range(layers))
-            m = cls(model=str(d["model"]), point=TrafficPoint.from_dict(d["point"]), seconds=float(d["seconds"]), layers=layers,
+            m = cls(model=str(d["model"]), point=TrafficPoint.from_dict(d["point"]), seconds=float(d["seconds"]),
+                    layers=layers,
                     dtype=str(d.get("dtype", "bf16")), layout=dict(d.get("layout") or {}),
                     op_class=d.get("op_class"), impl=str(d.get("impl") or "fused"),
                     graph=None if d.get("graph") is None else bool(d["graph"]))

@@ -260,7 +260,8 @@ class Mailbox:
 
 
 def _count_items(limit: int):
-    """msgpack ``list_hook`` / ``object_hook``: each container's entries counted, ExecutorProtocolError past ``limit``."""
+    """msgpack ``list_hook`` / ``object_hook``: each container's entries counted, ExecutorProtocolError past
+    ``limit``."""
     seen = [0]
 
     def hook(obj):

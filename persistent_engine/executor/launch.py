@@ -37,7 +37,8 @@ import time
 
 from persistent_engine import scratch
 from persistent_engine.executor import sandbox, wire
-from persistent_engine.executor.channel import ChannelClosed, Mailbox, ExecutorProtocolError, channel_pair, mailbox_bytes
+from persistent_engine.executor.channel import (ChannelClosed, ExecutorProtocolError, Mailbox, channel_pair,
+                                               mailbox_bytes)
 from persistent_engine.executor.out_ring import OutRing, ring_bytes
 
 # without a sealed process group (no seccomp): the tree is re-scanned (``/proc``, ~10 ms) when a point's timing

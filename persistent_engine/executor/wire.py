@@ -257,8 +257,8 @@ class MemoryReply(ExecutorReply):
 REQUESTS: dict[str, type[ExecutorRequest]] = {c.KIND: c for c in (
     Load, Warm, OpChecks, Steps, Capture, Precompile, TimedRun, Guards, Memory, Exit)}
 REPLY_OF: dict[type[ExecutorRequest], type[ExecutorReply]] = {
-    Load: Loaded, Warm: Warmed, OpChecks: OpResults, Steps: StepResults, Capture: Captured, Precompile: Captured, TimedRun: Ran,
-    Guards: GuardsReply, Memory: MemoryReply}
+    Load: Loaded, Warm: Warmed, OpChecks: OpResults, Steps: StepResults, Capture: Captured, Precompile: Captured,
+    TimedRun: Ran, Guards: GuardsReply, Memory: MemoryReply}
 REPLIES: dict[str, type[ExecutorReply]] = {c.KIND: c for c in (Ready, Failed, *REPLY_OF.values())}
 FAILED_KINDS = ("candidate", "oom", "device")
 

@@ -429,8 +429,8 @@ def serve(chan, arena, init: dict, out_ring) -> int:
     worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES["cpu"]) // 4
     chan.send(wire.to_wire(wire.Ready(nonce=int(init["nonce"]), pid=os.getpid())))
     handlers = {wire.Load: worker.load, wire.OpChecks: worker.op_checks, wire.Steps: worker.steps,
-                wire.Capture: worker.capture, wire.Precompile: worker.precompile, wire.TimedRun: worker.run, wire.Warm: worker.warm,
-                wire.Guards: worker.guards_request, wire.Memory: worker.memory_request}
+                wire.Capture: worker.capture, wire.Precompile: worker.precompile, wire.TimedRun: worker.run,
+                wire.Warm: worker.warm, wire.Guards: worker.guards_request, wire.Memory: worker.memory_request}
     while True:
         req = wire.decode_request(chan.recv())
         if isinstance(req, wire.Exit):

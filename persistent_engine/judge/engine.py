@@ -384,8 +384,8 @@ class Engine(ExecutorSide):
             if reasons:
                 self._drop_candidate()
             else:
-                self.candidate = ExecutorCandidate(req.name, ex, [o for o in r.ops if o in self.op_params], dict(r.config),
-                                           r.description, req.source)
+                self.candidate = ExecutorCandidate(req.name, ex, [o for o in r.ops if o in self.op_params],
+                                                   dict(r.config), r.description, req.source)
         secs = (timing.now_ns() - t0) / 1e9
         confined = _applied(self.candidate.executor if self.candidate else None)
         if reasons:
