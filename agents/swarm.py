@@ -92,6 +92,60 @@ class _Tally:
     verdicts: list = field(default_factory=list)
 
 
+def _agent_loop(agent: Agent, actx: AgentContext, t: _Tally, lock: threading.Lock, max_consecutive_failures: int,
+                failure_backoff_s: float) -> None:
+    """One agent's cycles until its context expires, it has no more ideas, or it failed too often in a row
+    (each failure posted, the wait before the next doubling); ``t.stopped`` says which."""
+    streak = 0
+    while not actx.expired():
+        try:
+            more = agent.run_once(actx)
+        except Exception as exc:  # noqa: BLE001 - failures are posted, never raised
+            with lock:
+                t.cycles += 1
+                t.failures += 1
+            streak += 1
+            log.warning("agent %s cycle failed: %s", agent.name, exc)
+            actx.post_failure(agent.name, "cycle failed", exc)
+            if streak >= max_consecutive_failures:
+                t.stopped = "failures"
+                return
+            actx.stop.wait(min(failure_backoff_s * 2 ** (streak - 1), max(actx.time_left(), 0)))
+            continue
+        streak = 0
+        with lock:
+            t.cycles += 1
+        if not more:
+            t.stopped = "exhausted"
+            return
+    t.stopped = "deadline"
+
+
+def _result(agents: Sequence[Agent], tallies: dict[str, _Tally], lock: threading.Lock, start: float) -> SwarmResult:
+    """Each agent's report (its tally and token usage) and the swarm's totals and best verdict."""
+    reports = []
+    with lock:
+        for agent in agents:
+            t = tallies[agent.name]
+            try:
+                usage = agent.usage()
+            except Exception:  # noqa: BLE001
+                usage = Usage()
+            reports.append(AgentReport(
+                name=agent.name, cycles=t.cycles, failures=t.failures, tried=t.tried,
+                correct=t.correct, faster=t.faster,
+                best_speedup=None if t.best is None else t.best["speedup"], usage=usage,
+                stopped=t.stopped))
+        bests = [t.best for t in tallies.values() if t.best is not None]
+    best = max(bests, key=lambda b: b["speedup"]) if bests else None
+    return SwarmResult(
+        tried=sum(r.tried for r in reports), correct=sum(r.correct for r in reports),
+        faster=sum(r.faster for r in reports),
+        best_speedup=None if best is None else best["speedup"], best=best,
+        agents=tuple(reports), elapsed_s=time.monotonic() - start,
+        failures=sum(r.failures for r in reports))
+
+
 def run_swarm(agents: Sequence[Agent], ctx: AgentContext, budget_s: float, *,
               faster_than: float = 1.0, max_consecutive_failures: int = 5,
               failure_backoff_s: float = 0.5, grace_s: float = 30.0) -> SwarmResult:
@@ -124,38 +178,13 @@ def run_swarm(agents: Sequence[Agent], ctx: AgentContext, budget_s: float, *,
             return verdict
         return evaluate
 
-    def loop(agent: Agent, actx: AgentContext) -> None:
-        t = tallies[agent.name]
-        streak = 0
-        while not actx.expired():
-            try:
-                more = agent.run_once(actx)
-            except Exception as exc:  # noqa: BLE001 - failures are posted, never raised
-                with lock:
-                    t.cycles += 1
-                    t.failures += 1
-                streak += 1
-                log.warning("agent %s cycle failed: %s", agent.name, exc)
-                actx.post_failure(agent.name, "cycle failed", exc)
-                if streak >= max_consecutive_failures:
-                    t.stopped = "failures"
-                    return
-                actx.stop.wait(min(failure_backoff_s * 2 ** (streak - 1), max(actx.time_left(), 0)))
-                continue
-            streak = 0
-            with lock:
-                t.cycles += 1
-            if not more:
-                t.stopped = "exhausted"
-                return
-        t.stopped = "deadline"
-
     stop = threading.Event()  # the swarm's own; the caller's ctx.stop also ends it
     threads = []
     for agent in agents:
         actx = ctx.replace(evaluate=counted(agent), deadline=deadline, stop=stop)
-        th = threading.Thread(target=loop, args=(agent, actx), name=f"agent-{agent.name}",
-                              daemon=True)
+        th = threading.Thread(target=_agent_loop, args=(agent, actx, tallies[agent.name], lock,
+                                                     max_consecutive_failures, failure_backoff_s),
+                              name=f"agent-{agent.name}", daemon=True)
         th.start()
         threads.append(th)
 
@@ -167,27 +196,7 @@ def run_swarm(agents: Sequence[Agent], ctx: AgentContext, budget_s: float, *,
     for th in threads:
         th.join(timeout=max(end_grace - time.monotonic(), 0))
 
-    reports = []
-    with lock:
-        for agent in agents:
-            t = tallies[agent.name]
-            try:
-                usage = agent.usage()
-            except Exception:  # noqa: BLE001
-                usage = Usage()
-            reports.append(AgentReport(
-                name=agent.name, cycles=t.cycles, failures=t.failures, tried=t.tried,
-                correct=t.correct, faster=t.faster,
-                best_speedup=None if t.best is None else t.best["speedup"], usage=usage,
-                stopped=t.stopped))
-        bests = [t.best for t in tallies.values() if t.best is not None]
-    best = max(bests, key=lambda b: b["speedup"]) if bests else None
-    return SwarmResult(
-        tried=sum(r.tried for r in reports), correct=sum(r.correct for r in reports),
-        faster=sum(r.faster for r in reports),
-        best_speedup=None if best is None else best["speedup"], best=best,
-        agents=tuple(reports), elapsed_s=time.monotonic() - start,
-        failures=sum(r.failures for r in reports))
+    return _result(agents, tallies, lock, start)
 
 
 def board_evaluator(board: BoardAPI, run_id: Any, engine_evaluate: Callable[[str, float], Any], *,

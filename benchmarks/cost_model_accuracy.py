@@ -4,7 +4,7 @@
     python benchmarks/cost_model_accuracy.py --device cpu --models tiny-dense --out-dir /tmp/x   # ~10 s
     python benchmarks/cost_model_accuracy.py --device cuda --hw h200   # llama-1b + qwen3-moe slice, 24 points, < 4 min
 
-Each workload point is timed as the engine times it (persistent_engine.measure, persistent_engine.timing):
+Each workload point is timed as the engine times it (persistent_engine.measure.suite, persistent_engine.measure.timing):
 on GPU a step is captured in a CUDA graph and replayed between CUDA events after an L2 flush, the
 median of the replays; a prefill step that syncs with the host (probed eagerly first: the MoE expert
 loop) runs eagerly and the calibration gives its extra per-kernel launch cost its own factor; the
@@ -61,7 +61,7 @@ def _p(n, c=0):
     return WorkloadPoint("prefill", 1, c, n, 1.0)
 
 
-# (model, layers, points): on CPU persistent_engine.measure.CPU_SUITE (tiny models whole, one llama-1b layer)
+# (model, layers, points): on CPU persistent_engine.measure.suite.CPU_SUITE (tiny models whole, one llama-1b layer)
 GPU_SUITE = [
     ("llama-1b", None, [_d(1, 1024), _d(4, 1024), _d(16, 2048), _d(64, 4096), _d(128, 1024), _d(256, 2048),
                         _d(1, 8192), _d(8, 16384), _d(1, 32768), _d(32, 8192), _p(512), _p(2048),
@@ -72,9 +72,9 @@ GPU_SUITE = [
 
 
 def run_suite(suite, device: str, samples: int | None = None, budget_s: float | None = None) -> list[dict]:
-    """Interleaved measurements of every point (persistent_engine.measure: on CPU one thread, thread CPU
+    """Interleaved measurements of every point (persistent_engine.measure.suite: on CPU one thread, thread CPU
     time, the fastest sample; on GPU the engine's CUDA-event timer, the median)."""
-    from persistent_engine.measure import measure_suite
+    from persistent_engine.measure.suite import measure_suite
 
     rounds = samples or (12 if device == "cpu" else 50)
     return measure_suite(suite, device=device, rounds=rounds, min_rounds=min(rounds, 6),
@@ -340,7 +340,7 @@ def main(argv=None) -> int:
                             "note": f"re-fit of the measurements of {measured_on}; rows' measured fields unchanged"}
         else:
             hw = get_hardware(args.hw or ("cpu" if args.device == "cpu" else "h200"))
-            from persistent_engine.measure import CPU_SUITE
+            from persistent_engine.measure.suite import CPU_SUITE
 
             suite = select_models(CPU_SUITE if args.device == "cpu" else GPU_SUITE,
                                   args.models.split(",") if args.models else None)

@@ -41,7 +41,7 @@ from persistent_engine.models.deepseek_v4_decoder import attention as cached_att
 from persistent_engine.models.deepseek_v4_decoder import _Step  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
-from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.inputs.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 CONFIG = ROOT / "persistent_engine" / "models" / "configs" / "deepseek-v4-flash.json"

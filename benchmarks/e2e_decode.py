@@ -24,7 +24,7 @@ but the first and the last; ``VARIANTS``):
                          step CONFIG applied (``cuda_graph``, ``cuda_graph_batch_sizes``, ``kv_block_size``;
                          scheduler knobs listed as ignored); without a plan, the reference (``tkcc_source``)
 
-Timing (``e2e_variants.time_variant``; ``persistent_engine.timing.FairTimer``), per variant in
+Timing (``e2e_variants.time_variant``; ``persistent_engine.measure.timing.FairTimer``), per variant in
 ``timings[variant]``: ``back_to_back_ms`` (``--steps`` calls between two CUDA events / steps, median of
 ``--repeats`` windows: the headline, also ``{variant}_ms``), ``one_replay_ms`` (one call after an L2 flush,
 median of ``--samples``), ``dispatch_ms`` (host time of one call), ``busy_ms`` (GPU busy per call over
@@ -71,15 +71,15 @@ from persistent_engine import compiled_step, opaque  # noqa: E402
 from compiler.compare import capture, compile_step  # noqa: E402
 from compiler import plan as plan_mod  # noqa: E402
 from compiler.compose import parse_targets  # noqa: E402
-from persistent_engine import timing  # noqa: E402
+from persistent_engine.measure import timing  # noqa: E402
 from persistent_engine.models.aliases import ALIASES, CONFIG_DIR  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
-from persistent_engine import verify  # noqa: E402
-from persistent_engine.verify import LOGIT_RTOL, rel_err  # noqa: E402
+from persistent_engine.verification import verify  # noqa: E402
+from persistent_engine.verification.verify import LOGIT_RTOL, rel_err  # noqa: E402
 from persistent_engine.versions import software_versions  # noqa: E402
-from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.inputs.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 DEFAULT_CASES = {
@@ -96,7 +96,7 @@ LABELS = {"reference": "reference step, eager", "reference_graph": "reference st
           "torch_compile": "torch.compile(reference step, reduce-overhead)",
           "gptfast": "gpt-fast-style, reduce-overhead",
           "gptfast_max_autotune": "gpt-fast-style, max-autotune-no-cudagraphs", "tkcc": "tkcc plan"}
-TIMER_RULE = ("persistent_engine.timing.FairTimer: back_to_back_ms = steps calls between two CUDA events / steps, "
+TIMER_RULE = ("persistent_engine.measure.timing.FairTimer: back_to_back_ms = steps calls between two CUDA events / steps, "
               "median of repeats windows (the headline); one_replay_ms = median of samples single calls, L2 flushed "
               "before each; graph-backed variants queued while a spin kernel holds the stream, so their host "
               "dispatch (dispatch_ms, reported beside) stays out of both windows; eager variants unheld; busy_ms = "

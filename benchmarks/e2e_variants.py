@@ -3,7 +3,7 @@
     entry, logits, kernels = time_variant(timer, run, a, held=True, how="cuda_graph", profile=5)
     fields, entry, logits, kernels = run_gptfast(base, a, timer, "max-autotune-no-cudagraphs")
 
-``time_variant``: ``persistent_engine.timing.FairTimer`` (``--steps`` calls back to back between two events,
+``time_variant``: ``persistent_engine.measure.timing.FairTimer`` (``--steps`` calls back to back between two events,
 the headline; one replay after an L2 flush, median of ``--samples``; host dispatch beside, the stream held while
 the host queues a graph-backed variant so its dispatch stays out of the window; CPU: perf_counter_ns, cache
 flushed) and the GPU busy time of ``--profile-steps`` profiled calls (``kernel_profile.py``). Its entry is the
@@ -27,7 +27,7 @@ import torch
 
 from benchmarks import baseline_gptfast as gptfast
 from benchmarks.kernel_profile import profile_intervals, summarize
-from persistent_engine import timing
+from persistent_engine.measure import timing
 
 __all__ = ["GPTFAST", "GptFast", "gptfast_base", "kernels_per_step", "run_gptfast", "time_variant"]
 

@@ -5,7 +5,7 @@
 
 Per case (model, layers, batch, context): the workload's KV cache holds ``--context`` tokens per
 sequence; one step is ``model.step(workload)`` (embedding, every layer, final norm, lm_head) with the
-plain-torch reference ops. Timing: ``persistent_engine.timing.FairTimer``, the benchmarks' one timer: on
+plain-torch reference ops. Timing: ``persistent_engine.measure.timing.FairTimer``, the benchmarks' one timer: on
 CUDA the step captured in a CUDA graph (the decode path has no host sync) and eager, each ``--samples``
 calls back to back between CUDA events (``graph_ms`` / ``eager_ms``, the headline) and one call after an
 L2 flush (``timings[*].one_replay_ms``), host dispatch beside (the graph's kept out of its window). On
@@ -39,9 +39,9 @@ from compiler.plan import atomic_write_text  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
-from persistent_engine.timing import FairTimer, FairTiming, capture_graph  # noqa: E402
+from persistent_engine.measure.timing import FairTimer, FairTiming, capture_graph  # noqa: E402
 from persistent_engine.versions import software_versions  # noqa: E402
-from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.inputs.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 DEFAULT_CASES = {

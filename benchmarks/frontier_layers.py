@@ -29,7 +29,7 @@ Nemotron-H's Mamba-2) its fp32 state and conv state, read and written once per s
 ``bytes["state"]``). Models with KDA or Mamba-2 layers also time one prefill chunk (eager; the chunked delta rule or
 SSD scan).
 % of bandwidth = bytes / time / copy bandwidth
-(measured) and / datasheet. One profiled case per model gives the per-op split (persistent_engine.profiler).
+(measured) and / datasheet. One profiled case per model gives the per-op split (persistent_engine.measure.profiler).
 Prints a table; writes ``benchmarks/results/<device>-frontier-layers.json`` atomically.
 """
 
@@ -49,10 +49,10 @@ from forward import (_peak, copy_bandwidth_gbs, device_parser, experts_touched, 
                      weight_bytes, write_json)
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec, tiny_name  # noqa: E402
-from persistent_engine.profiler import profile_point  # noqa: E402
-from persistent_engine.timing import FairTiming  # noqa: E402
+from persistent_engine.measure.profiler import profile_point  # noqa: E402
+from persistent_engine.measure.timing import FairTiming  # noqa: E402
 from persistent_engine.versions import software_versions  # noqa: E402
-from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.inputs.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 MODELS = ("glm", "deepseek-v3.2", "minimax")

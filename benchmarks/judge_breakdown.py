@@ -55,7 +55,7 @@ class Probe:
         stop, cont = launch.Executor.stop, launch.Executor.cont
 
         def timed_send(ex, msg):                # a round trip: from its send to its reply
-            ex._probe_sent = (getattr(msg, "KIND", "") or type(msg).__name__, time.perf_counter())   # wire.Request
+            ex._probe_sent = (getattr(msg, "KIND", "") or type(msg).__name__, time.perf_counter())   # wire.ExecutorRequest
             return send(ex, msg)
 
         def timed_receive(ex, timeout_s, what):

@@ -7,7 +7,7 @@ routing, search under power-law routing, then time both winners under both distr
 Shapes: Qwen3-30B-A3B's MoE layer (hidden 2048, moe_intermediate 768, top-8 of 128 experts, bf16), or a
 tiny one (``--tiny``: 64/32, top-4 of 16). Routing, as NVIDIA's AIConfigurator generates it for the vLLM
 figures below: ``balanced`` deals expert (t + i * ceil(E/k)) mod E to slot i of token t (for T < ceil(E/k)
-spread by E/T); ``power_law`` is ``persistent_engine.routing.power_law_counts`` (AIConfigurator's bounded
+spread by E/T); ``power_law`` is ``persistent_engine.inputs.routing.power_law_counts`` (AIConfigurator's bounded
 power law of exponent --alpha, at its quantiles) dealt to tokens by ``routing.assign_experts``.
 
 Search: ``benchmarks/templates.py``'s search on template ``moe_experts.triton_fused`` (the default, the
@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from agents.templates import Choice, get_template, load_candidate, render_candidate  # noqa: E402
 from benchmarks.templates import Timer, _upcast, _write_atomic, fit_seed, search  # noqa: E402
-from persistent_engine import routing  # noqa: E402
+from persistent_engine.inputs import routing  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.versions import driver_version, package_version  # noqa: E402
 

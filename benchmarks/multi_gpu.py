@@ -146,7 +146,7 @@ def decode_worker(rank: int, world: int, model_name: str, layers, ep: int, point
     import torch.distributed as dist
 
     from persistent_engine.parallel import ParallelConfig, build_sharded
-    from persistent_engine.workloads import make_workload
+    from persistent_engine.inputs.workloads import make_workload
 
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

@@ -43,7 +43,7 @@ from compiler.compare import capture  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
-from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.inputs.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 def run_case(case: e2e.Case, model, plans: dict, steps: int, copy_gbs: float, seed: int) -> list[dict]:

@@ -1,5 +1,5 @@
 """How loose the calibrated layer-level bound is: per tier of a plan, the re-rounded reference's error (the
-slice's rounding noise, ``persistent_engine/tolerance.py``), the bound the engine derives from it, and the
+slice's rounding noise, ``persistent_engine/verification/tolerance.py``), the bound the engine derives from it, and the
 error of the plan's own composed kernels, all at the plan's workload points.
 
     python benchmarks/verify_tolerance.py --device cuda --plan examples/plans/qwen3-moe-h200
@@ -31,7 +31,7 @@ from benchmarks import e2e_decode as e2e  # noqa: E402
 from compiler import apply as plan_apply  # noqa: E402
 from compiler import plan as plan_mod  # noqa: E402
 from persistent_engine.judge import engine as eng  # noqa: E402
-from persistent_engine import tolerance, verify  # noqa: E402
+from persistent_engine.verification import tolerance, verify  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 
 

@@ -93,7 +93,7 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
 
     from persistent_engine import build_model, make_decoder
     from persistent_engine import compiled_default, opaque
-    from persistent_engine.serving import EngineConfig, ServingEngine
+    from persistent_engine.serving import ServingConfig, ServingEngine
     from traffic_profiles import Scheduler, SchedulerConfig
 
     t0 = time.perf_counter()
@@ -126,7 +126,7 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
         knobs.setdefault("max_num_seqs", opts.max_num_seqs)
     graphs = opts.graph_sizes or knobs.get("cuda_graph_batch_sizes", DEFAULT_GRAPH_SIZES)
     graphs = () if not opts.graphs or device == "cpu" else graphs
-    cfg = EngineConfig.from_knobs({**knobs, "cuda_graph_batch_sizes": graphs}, device=device, dtype=dtype,
+    cfg = ServingConfig.from_knobs({**knobs, "cuda_graph_batch_sizes": graphs}, device=device, dtype=dtype,
                                   max_model_len=max_len, kv_cache_bytes=kv_bytes, compile=compiled,
                                   compile_backend=opts.compile_backend)
     cfg = dataclasses.replace(cfg, cuda_graph_batch_sizes=tuple(b for b in cfg.cuda_graph_batch_sizes

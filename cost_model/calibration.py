@@ -10,7 +10,7 @@ A measurements file (JSON) is what the engine's timings produce:
 
 A row without ``op_class`` is a whole step (the sliced model's forward, embeddings and lm_head
 included); with it, the time of that op class alone. ``impl`` (default "fused") says which kernels
-ran: "reference" rows (the engine's plain-torch ops, what ``persistent_engine.measure`` times) are costed
+ran: "reference" rows (the engine's plain-torch ops, what ``persistent_engine.measure.suite`` times) are costed
 with the reference formulas of ``cost_model.ops``. ``graph`` (GPU rows): true when the step was
 replayed from a CUDA graph, false when it ran eagerly (not capturable: prefill); an eager GPU row
 also pays the host's per-kernel launch cost, a separate unknown ``e`` (CPU rows: none, their
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 from cost_model.estimate import Efficiency, features
 from cost_model.hardware import CostModelError, Hardware
@@ -67,7 +67,7 @@ def user_dir() -> Path:
 @dataclass(frozen=True)
 class Measurement:
     model: str
-    point: WorkloadPoint          # stored as its map (to_dict / from_dict: the calibration file's boundary)
+    point: TrafficPoint          # stored as its map (to_dict / from_dict: the calibration file's boundary)
     seconds: float
     layers: list | None = None
     dtype: str = "bf16"
@@ -82,7 +82,8 @@ class Measurement:
             layers = d.get("layers")
             if isinstance(layers, int):
                 layers = list(range(layers))
-            m = cls(model=str(d["model"]), point=WorkloadPoint.from_dict(d["point"]), seconds=float(d["seconds"]), layers=layers,
+            m = cls(model=str(d["model"]), point=TrafficPoint.from_dict(d["point"]), seconds=float(d["seconds"]),
+                    layers=layers,
                     dtype=str(d.get("dtype", "bf16")), layout=dict(d.get("layout") or {}),
                     op_class=d.get("op_class"), impl=str(d.get("impl") or "fused"),
                     graph=None if d.get("graph") is None else bool(d["graph"]))

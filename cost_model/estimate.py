@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from cost_model.comm import collective_time
 from cost_model.hardware import Hardware
 from cost_model.layout import Layout
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 from cost_model.ops import DEFAULT_EXPERT_SKEW, OP_CLASSES, OpCost, step_ops
 
@@ -102,7 +102,7 @@ def combine(feat: dict[str, float], hw: Hardware, eff: Efficiency) -> tuple[floa
     return sum(by.values()), by
 
 
-def estimate_step(spec, hw: Hardware, layout: Layout, point: WorkloadPoint, layers: list[int] | None = None,
+def estimate_step(spec, hw: Hardware, layout: Layout, point: TrafficPoint, layers: list[int] | None = None,
                   eff: Efficiency = DEFAULT_EFFICIENCY, skew: float = DEFAULT_EXPERT_SKEW) -> StepEstimate:
     """Seconds of one step of ``point`` (batch per instance) on ``layout``."""
     stages = []
@@ -118,7 +118,7 @@ def estimate_step(spec, hw: Hardware, layout: Layout, point: WorkloadPoint, laye
                         ops=tuple(slow[2]))
 
 
-def estimate_points(spec, hw: Hardware, layout: Layout, points: list[WorkloadPoint], layers: list[int] | None = None,
+def estimate_points(spec, hw: Hardware, layout: Layout, points: list[TrafficPoint], layers: list[int] | None = None,
                     eff: Efficiency = DEFAULT_EFFICIENCY, skew: float = DEFAULT_EXPERT_SKEW) -> list[float]:
     """Latency (seconds) of one step at each workload point."""
     return [estimate_step(spec, hw, layout, p, layers, eff, skew).latency_s for p in points]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 from cost_model.layout import ACT_BYTES, Layout, _ceil_div, expert_wbytes, heads_per_gpu, stage_layers
 from persistent_engine.models.spec import layer_kind_specs
@@ -335,6 +335,14 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
         if c:
             ops.append(c)
         return ops
+    return ops + _moe_layer_ops(spec, layout, ta, tm, skew)
+
+
+def _moe_layer_ops(spec, layout: Layout, ta: int, tm: int, skew: float) -> list[OpCost]:
+    """The MoE half of a layer: router, expert dispatch/combine (EP), the grouped expert GEMMs, shared experts and
+    the closing collective; ``ta`` tokens per attention group, ``tm`` tokens of the stage."""
+    h, sh = spec.hidden_size, layout.sharding
+    ops: list[OpCost] = []
     k, e = spec.num_experts_per_tok, spec.num_experts
     if getattr(spec, "family", "") == "gemma4":   # Gemma-4 26B-A4B: four RMS norms of [T, H] (the router's input, the
         ops.append(_elementwise("gemma4_moe_norms", 8 * ta * h, kernels=4))   # experts' in / out, the MLP's out)
@@ -385,16 +393,16 @@ def layer_ops(spec, layout: Layout, kind: str, batch: int, n: int, ctx: int, ske
     return ops
 
 
-def point_shape(point: WorkloadPoint) -> tuple[str, int, int, int]:
+def point_shape(point: TrafficPoint) -> tuple[str, int, int, int]:
     """(phase, batch, context, new tokens per sequence) of a workload point. ``point``: a
-    ``traffic_profiles.WorkloadPoint`` or anything with its fields (the engine's ``io_struct.WorkloadPoint``,
+    ``traffic_profiles.TrafficPoint`` or anything with its fields (the engine's ``io_struct.WorkloadPoint``,
     which cost_model may not import, has the same five)."""
     batch, ctx = max(1, int(point.batch)), max(0, int(point.context))
     n = 1 if point.phase == "decode" else max(1, int(point.chunk))
     return point.phase, batch, ctx, n
 
 
-def step_ops(spec, layout: Layout, point: WorkloadPoint, layers: list[int] | None = None,
+def step_ops(spec, layout: Layout, point: TrafficPoint, layers: list[int] | None = None,
              skew: float = DEFAULT_EXPERT_SKEW, stage: int | None = None, impl: str = "fused") -> list[OpCost]:
     """All ops one GPU runs for one step of ``point`` (the fullest stage unless ``stage`` is
     given); ``layers`` selects layer indices of a sliced model (embeddings, final norm and

@@ -35,7 +35,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 from cost_model import queueing
 from cost_model.estimate import DEFAULT_EFFICIENCY, Efficiency, estimate_step
@@ -266,14 +266,14 @@ def evaluate_layout(spec, hw: Hardware, gpus: int, L: Layout, traffic: TrafficSh
     cap = max(batches) * L.dp
     sizes = sorted({b * L.dp for b in batches if b * L.dp <= bmax} | ({bmax} if 0 < bmax < cap else set()))
     if not sizes:   # does not fit: one row at batch 1 so that the memory figures are reported
-        dec = estimate_step(spec, hw, L, WorkloadPoint("decode", 1, traffic.decode_context, 1, 1.0),
+        dec = estimate_step(spec, hw, L, TrafficPoint("decode", 1, traffic.decode_context, 1, 1.0),
                             eff=eff, skew=traffic.expert_skew)
         mem = memory_fit(spec, hw, L, 1, ctx, traffic.chunk)
         tpot = dec.latency_s * 1e3
         return [ConfigResult(L, 1, replicas, "colocated", False, mem, pf.latency_s * 1e3, tpot, 0.0, 1e3 / tpot,
                              False, quality=quality, serving=serving_options(L, mem, weights))]
     for b in sizes:
-        dec = estimate_step(spec, hw, L, WorkloadPoint("decode", b, traffic.decode_context, 1, 1.0),
+        dec = estimate_step(spec, hw, L, TrafficPoint("decode", b, traffic.decode_context, 1, 1.0),
                             eff=eff, skew=traffic.expert_skew)
         mem = memory_fit(spec, hw, L, b, ctx, traffic.chunk)
         serving = serving_options(L, mem, weights)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 from cost_model.hardware import CostModelError
 from cost_model.ops import DEFAULT_EXPERT_SKEW
@@ -62,7 +62,7 @@ class TrafficShape:
         """Tokens one sequence holds at its end: what the KV budget must cover."""
         return self.isl + self.osl
 
-    def prefill_points(self, isl: int | None = None) -> list[WorkloadPoint]:
+    def prefill_points(self, isl: int | None = None) -> list[TrafficPoint]:
         """Chunked prefill of one request's uncached input (``isl`` tokens, default the mean): one
         point per chunk."""
         isl = self.isl if isl is None else max(1, int(isl))
@@ -70,7 +70,7 @@ class TrafficShape:
         pts, ctx = [], start
         while ctx < isl:
             n = min(self.chunk, isl - ctx)
-            pts.append(WorkloadPoint("prefill", 1, ctx, n, 0.0))
+            pts.append(TrafficPoint("prefill", 1, ctx, n, 0.0))
             ctx += n
         return pts
 
@@ -80,7 +80,7 @@ class TrafficShape:
         return d
 
     @classmethod
-    def from_points(cls, points: list[WorkloadPoint], **overrides) -> "TrafficShape":
+    def from_points(cls, points: list[TrafficPoint], **overrides) -> "TrafficShape":
         pre = [p for p in points if p.phase == "prefill"]
         dec = [p for p in points if p.phase == "decode"]
         if not pre and not dec:

@@ -13,11 +13,12 @@ import importlib
 _EXPORTS = {
     "ModelSpec": "models.spec", "build_model": "models.decoder", "make_decoder": "models.decoder",
     "load_weights": "models.weights", "checkpoint_of": "models.weights", "hf_to_internal": "models.weights", "internal_to_hf": "models.weights", "WeightsError": "models.weights",
-    "make_workload": "workloads", "measure_suite": "measure", "CPU_SUITE": "measure", "profile_point": "profiler", "DEFAULT_BLOCK_SIZE": "ops.opdef",
+    "make_workload": "inputs.workloads", "measure_suite": "measure.suite", "CPU_SUITE": "measure.suite",
+    "profile_point": "measure.profiler", "DEFAULT_BLOCK_SIZE": "ops.opdef",
     "EngineClient": "client", "Supervisor": "supervisor", "CandidateVerdict": "supervisor",
     "EngineStartError": "supervisor", "startup_table": "supervisor", "ProtocolError": "io_struct",
     "POINT_FIELDS": "io_struct", "WorkloadPoint": "io_struct", "point_key": "io_struct", "point_label": "io_struct",
-    "RoutingSpec": "routing", "RoutingError": "routing", "is_loopback": "server",
+    "RoutingSpec": "inputs.routing", "RoutingError": "inputs.routing", "is_loopback": "server",
     "watch_parent": "lifeline", "stray_processes": "lifeline",
     "driver_version": "versions", "package_version": "versions", "software_versions": "versions",
     "require_sandbox": "executor.sandbox", "sandbox_probe": "executor.sandbox:probe",
@@ -31,7 +32,7 @@ _EXPORTS = {
     "MODULE_DIR_PREFIX": "candidate",
 }
 # Public submodules (imported whole): the op registry, the RPC messages, the in-process timers, scratch dirs.
-_MODULES = {"registry": "ops.registry", "io_struct": "io_struct", "timing": "timing", "scratch": "scratch"}
+_MODULES = {"registry": "ops.registry", "io_struct": "io_struct", "timing": "measure.timing", "scratch": "scratch"}
 
 __all__ = sorted([*_EXPORTS, *_MODULES])
 

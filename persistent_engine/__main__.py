@@ -144,7 +144,7 @@ def serve(args) -> int:
     import torch  # noqa: F401 - timed: the imports stage
     import triton  # noqa: F401
 
-    from persistent_engine import timing  # noqa: F401 - binds the clocks before any candidate
+    from persistent_engine.measure import timing  # noqa: F401 - binds the clocks before any candidate
     from persistent_engine.judge.engine import Engine, EngineConfig
     from persistent_engine.models.spec import ModelSpec
     imports_s = time.perf_counter() - t0

@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from persistent_engine import interpreter, scratch
+from persistent_engine import scratch
+from persistent_engine.verification import interpreter
 from persistent_engine.client import EngineClient, EngineDied, EngineTimeout
 from persistent_engine.io_struct import ErrorReply, PointTiming, Reply, WorkloadPoint
 from persistent_engine.server import TOKEN_ENV, make_token

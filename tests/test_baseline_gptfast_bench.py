@@ -14,7 +14,7 @@ import torch
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.aliases import ALIASES, CONFIG_DIR
 from persistent_engine.models.decoder import build_model
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("baseline_gptfast_under_test",

@@ -19,7 +19,7 @@ from persistent_engine.executor.compiled_step import baseline_words
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from test_baseline_gptfast_bench import tiny_qwen3_moe
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_decode.py"

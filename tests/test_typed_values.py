@@ -1,6 +1,6 @@
 """No function signature in the packages passes workload points, per-point results or verdicts as
 ``list[dict]`` (issue 19): those travel as typed values (``persistent_engine.io_struct.WorkloadPoint``,
-``PointTiming``, ``Check``; ``traffic_profiles.WorkloadPoint`` inside traffic_profiles and cost_model),
+``PointTiming``, ``Check``; ``traffic_profiles.TrafficPoint`` inside traffic_profiles and cost_model),
 and dicts stay at the true boundaries (plan.json, msgpack frames, the board's rows), converted there by
 ``to_dict`` / ``from_dict``. Checked on the source: every annotation of a parameter or return value whose
 name says it holds such values."""

@@ -23,7 +23,7 @@ def _run(tmp_path, source: str) -> dict:
 
 
 def test_a_correct_plan_sits_below_the_noise_a_wrong_one_far_above(tmp_path):
-    from persistent_engine import tolerance
+    from persistent_engine.verification import tolerance
 
     good = _run(tmp_path / "good", CORRECT)
     assert good["model"] == "tiny-dense" and good["noise_factor"] == tolerance.NOISE_FACTOR

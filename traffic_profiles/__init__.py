@@ -4,7 +4,7 @@
     trace = read_trace("prod.parquet")                 # canonical parquet, Azure, Mooncake, BurstGPT
     profile = build_profile(trace)                     # TrafficProfile; profile.save("p.json")
     report = compare(old_profile, profile)             # DriftReport: .drift, .features
-    work = replay(trace, RooflineStepTime(...))        # Workload: .points (<= 16 WorkloadPoint)
+    work = replay(trace, RooflineStepTime(...))        # TrafficWorkload: .points (<= 16 TrafficPoint)
 
 Imports only numpy, pandas and pyarrow (no torch, no other tkcc package).
 """
@@ -18,14 +18,14 @@ _EXPORTS = {
     "ProfileConfig": "profile", "TrafficProfile": "profile", "build_profile": "profile",
     "profile_file": "profile", "rounded_json": "profile", "Scheduler": "scheduler", "read_trace": "readers", "Trace": "trace", "TraceError": "trace",
     "RooflineStepTime": "workload", "SchedulerConfig": "workload", "StepShape": "workload",
-    "Slo": "workload", "Workload": "workload", "WorkloadPoint": "workload", "replay": "workload",
+    "Slo": "workload", "TrafficWorkload": "workload", "TrafficPoint": "workload", "replay": "workload",
     "workload_points": "workload", "write_parquet": "writer", "SynthConfig": "synth", "generate": "synth",
 }
 
 __all__ = [
     "DriftReport", "DriftThresholds", "FeatureDrift", "ProfileConfig", "RooflineStepTime",
-    "Scheduler", "SchedulerConfig", "Slo", "StepShape", "SynthConfig", "Trace", "TraceError", "TrafficProfile", "Workload",
-    "WorkloadPoint", "build_profile", "compare", "generate", "profile_file", "read_trace", "replay",
+    "Scheduler", "SchedulerConfig", "Slo", "StepShape", "SynthConfig", "Trace", "TraceError", "TrafficPoint",
+    "TrafficProfile", "TrafficWorkload", "build_profile", "compare", "generate", "profile_file", "read_trace", "replay",
     "rounded_json", "workload_points", "write_parquet",
 ]
 

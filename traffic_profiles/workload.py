@@ -29,7 +29,7 @@ from .trace import Trace
 
 
 @dataclass(frozen=True)
-class WorkloadPoint:
+class TrafficPoint:
     phase: str          # "decode" | "prefill"
     batch: int          # sequences in the step
     context: int = 0    # tokens already in the KV cache per sequence
@@ -40,7 +40,7 @@ class WorkloadPoint:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "WorkloadPoint":
+    def from_dict(cls, d: dict) -> "TrafficPoint":
         """A point stored as a map (JSON: profiles, calibration files); the map may leave out ``phase``
         (decode), ``context`` (0), ``chunk`` (1) and ``weight`` (1)."""
         return cls(phase=str(d.get("phase", "decode")), batch=int(d["batch"]), context=int(d.get("context", 0)),
@@ -101,8 +101,8 @@ class RooflineStepTime:
 
 
 @dataclass(frozen=True)
-class Workload:
-    points: tuple[WorkloadPoint, ...]
+class TrafficWorkload:
+    points: tuple[TrafficPoint, ...]
     summary: dict                           # replay figures: time shares, mean batch, TTFT, ...
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -133,7 +133,7 @@ def _decode_time(step_time: StepTime, batch: int, ctx_sum: float, k: int) -> flo
 
 
 def replay(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig(),
-           slo: Slo | None = None) -> Workload:
+           slo: Slo | None = None) -> TrafficWorkload:
     """Simulate serving ``trace`` with the serving engine's scheduler (``traffic_profiles.scheduler``)
     and return its workload points (at most ``cfg.max_points``). With ``slo`` the summary also has
     ``slo_attained`` (the share of the trace's requests that met it) and ``goodput_tokens_per_s`` (their
@@ -239,12 +239,12 @@ def _reduce(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _finish(dec, pre, ttft, tpot, t_end, idle, rejected, trace: Trace, cfg: SchedulerConfig,
-            extra: dict) -> Workload:
+            extra: dict) -> TrafficWorkload:
     d = np.asarray(dec, dtype=np.float64).reshape(-1, 3)
     p = np.asarray(pre, dtype=np.float64).reshape(-1, 3)
     t_dec, t_pre = float(d[:, 2].sum()), float(p[:, 2].sum())
     total = t_dec + t_pre
-    points: list[WorkloadPoint] = []
+    points: list[TrafficPoint] = []
     if total > 0:
         k_pre = 0 if t_pre <= 0 else min(max(1, round(cfg.max_points * t_pre / total)), cfg.max_points - (t_dec > 0))
         for phase, rows, k in (("decode", d, cfg.max_points - k_pre), ("prefill", p, k_pre)):
@@ -254,9 +254,9 @@ def _finish(dec, pre, ttft, tpot, t_end, idle, rejected, trace: Trace, cfg: Sche
             for wi, (size, ctx) in zip(w, vals):
                 size = max(1, int(round(size)))
                 if phase == "decode":
-                    points.append(WorkloadPoint("decode", size, int(round(ctx)), 1, float(wi / total)))
+                    points.append(TrafficPoint("decode", size, int(round(ctx)), 1, float(wi / total)))
                 else:
-                    points.append(WorkloadPoint("prefill", 1, int(round(ctx)), size, float(wi / total)))
+                    points.append(TrafficPoint("prefill", 1, int(round(ctx)), size, float(wi / total)))
     points.sort(key=lambda q: (q.phase, q.batch, q.context, q.chunk))
     busy = t_end - idle
     summary = {
@@ -273,9 +273,9 @@ def _finish(dec, pre, ttft, tpot, t_end, idle, rejected, trace: Trace, cfg: Sche
         "tpot_mean_s": float(np.mean(tpot)) if tpot else None,
         **extra,
     }
-    return Workload(tuple(points), summary, cfg)
+    return TrafficWorkload(tuple(points), summary, cfg)
 
 
-def workload_points(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig()) -> list[WorkloadPoint]:
+def workload_points(trace: Trace, step_time: StepTime, cfg: SchedulerConfig = SchedulerConfig()) -> list[TrafficPoint]:
     """The replay's workload points."""
     return list(replay(trace, step_time, cfg).points)

@@ -57,7 +57,7 @@ def op_shares(profile: Mapping[str, Any] | None) -> dict[str, float]:
     Accepts the supervisor's ``{"per_point": [{"point": {..., "weight"}, "ops": {op: {"ms", "calls"}}}]}``
     as well as ``{op: seconds}``, ``{op: {"ms"|"us"|"total_s"...: t}}`` and ``{"ops": {...}}``.
 
-    A region op the profile looked through (``persistent_engine.profiler``: a decoder layer, the K/V write
+    A region op the profile looked through (``persistent_engine.measure.profiler``: a decoder layer, the K/V write
     around the qkv composite, running its default) has no time of its own: its share is that of the ops whose
     entries name it in ``regions`` (what an override of it replaces), on top of theirs, so the shares of the
     ops alone sum to 1 and a region's overlaps them.

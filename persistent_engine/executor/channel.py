@@ -61,7 +61,7 @@ class ChannelClosed(EOFError):
     """The other side closed the socket (an executor died, or the judge went away)."""
 
 
-class ProtocolError(ValueError):
+class ExecutorProtocolError(ValueError):
     """A frame that is not what the protocol allows (too long, not a map)."""
 
 
@@ -82,21 +82,21 @@ def pack_tensor(t) -> dict:
 
 
 def wire_dtype(name):
-    """The torch dtype ``name`` names (ProtocolError for anything else: ``getattr(torch, name)`` alone would
+    """The torch dtype ``name`` names (ExecutorProtocolError for anything else: ``getattr(torch, name)`` alone would
     hand out any attribute of torch)."""
     import torch
 
     dtype = getattr(torch, name, None) if isinstance(name, str) else None
     if not isinstance(dtype, torch.dtype):
-        raise ProtocolError(f"not a dtype: {str(name)[:40]!r}")
+        raise ExecutorProtocolError(f"not a dtype: {str(name)[:40]!r}")
     return dtype
 
 
 def wire_shape(shape) -> list[int]:
-    """A shape off the wire: at most MAX_DIMS ints in 0..MAX_DIM (ProtocolError otherwise)."""
+    """A shape off the wire: at most MAX_DIMS ints in 0..MAX_DIM (ExecutorProtocolError otherwise)."""
     if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
             type(x) is int and 0 <= x <= MAX_DIM for x in shape):
-        raise ProtocolError(f"not a shape: {str(shape)[:80]}")
+        raise ExecutorProtocolError(f"not a shape: {str(shape)[:80]}")
     return shape
 
 
@@ -116,7 +116,7 @@ def unpack_tensor(d: dict, device=None):
     itemsize = 1 if dtype == torch.bool else torch.empty((), dtype=dtype).element_size()
     if not isinstance(data, (bytes, bytearray)) or len(data) != _numel(shape) * itemsize:
         got = f"{len(data)} bytes" if isinstance(data, (bytes, bytearray)) else type(data).__name__
-        raise ProtocolError(f"tensor data must be {_numel(shape) * itemsize} bytes, got {got}")
+        raise ExecutorProtocolError(f"tensor data must be {_numel(shape) * itemsize} bytes, got {got}")
     buf = bytearray(data)
     if dtype == torch.bool:
         t = torch.frombuffer(buf, dtype=torch.uint8).to(torch.bool) if buf else torch.empty(0, dtype=torch.bool)
@@ -141,13 +141,13 @@ def decode_tensors(obj, device=None, mailbox: "Mailbox | None" = None, depth: in
     ``mailbox`` (the sender's box; without one they are a protocol error) copied out of it. Nesting deeper
     than 64 is a protocol error."""
     if depth > 64:
-        raise ProtocolError("nested deeper than 64")
+        raise ExecutorProtocolError("nested deeper than 64")
     if isinstance(obj, dict):
         if "__t__" in obj and "data" in obj:
             return unpack_tensor(obj, device)
         if "__m__" in obj:
             if mailbox is None:
-                raise ProtocolError("a mailbox reference on a channel without a mailbox")
+                raise ExecutorProtocolError("a mailbox reference on a channel without a mailbox")
             t = mailbox.take(obj)
             return t.to(device) if device is not None and str(device) != "cpu" else t
         return {k: decode_tensors(v, device, mailbox, depth + 1) for k, v in obj.items()}
@@ -217,7 +217,7 @@ class Mailbox:
         self._taken = 0
 
     def take(self, ref: dict):
-        """A copy of the tensor ``ref`` names (ProtocolError when it is not inside the box, or when the reply
+        """A copy of the tensor ``ref`` names (ExecutorProtocolError when it is not inside the box, or when the reply
         has already taken the box's size), on ``device``: one host-to-device copy straight out of the box
         there, else a host copy."""
         import torch
@@ -225,17 +225,17 @@ class Mailbox:
         dtype, shape = wire_dtype(ref.get("__m__")), wire_shape(ref.get("shape"))
         off, nbytes = ref.get("offset"), ref.get("nbytes")
         if not all(type(x) is int and x >= 0 for x in (off, nbytes)):
-            raise ProtocolError(f"bad mailbox reference {ref!r:.200}")
+            raise ExecutorProtocolError(f"bad mailbox reference {ref!r:.200}")
         n = _numel(shape)
         if off + nbytes > self.size or n * torch.empty((), dtype=dtype).element_size() != nbytes:
-            raise ProtocolError(f"mailbox reference outside the box or of the wrong size: {ref!r:.200}")
+            raise ExecutorProtocolError(f"mailbox reference outside the box or of the wrong size: {ref!r:.200}")
         self._taken += nbytes
         if self._taken > self.size:
-            raise ProtocolError(f"a reply takes more than the mailbox's {self.size} bytes")
+            raise ExecutorProtocolError(f"a reply takes more than the mailbox's {self.size} bytes")
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         if os.fstat(self.fd).st_size < off + nbytes:        # unsealable kernels only: a shrunk box is refused
-            raise ProtocolError("the mailbox was truncated")
+            raise ExecutorProtocolError("the mailbox was truncated")
         view = torch.frombuffer(self._map, dtype=dtype, count=n, offset=off)
         on_device = self.device is not None and torch.device(self.device).type != "cpu"
         out = (view.to(self.device) if on_device else view.clone()).reshape(shape)
@@ -260,29 +260,30 @@ class Mailbox:
 
 
 def _count_items(limit: int):
-    """msgpack ``list_hook`` / ``object_hook``: each container's entries counted, ProtocolError past ``limit``."""
+    """msgpack ``list_hook`` / ``object_hook``: each container's entries counted, ExecutorProtocolError past
+    ``limit``."""
     seen = [0]
 
     def hook(obj):
         seen[0] += len(obj) + 1
         if seen[0] > limit:
-            raise ProtocolError(f"a frame of more than {limit} list and map entries")
+            raise ExecutorProtocolError(f"a frame of more than {limit} list and map entries")
         return obj
     return hook
 
 
 def unpack_frame(body, max_items: int = MAX_ITEMS) -> dict:
-    """One frame's body as a map: msgpack without ext types, at most ``max_items`` entries (ProtocolError)."""
+    """One frame's body as a map: msgpack without ext types, at most ``max_items`` entries (ExecutorProtocolError)."""
     hook = _count_items(max_items)
     try:
         msg = msgpack.unpackb(body, raw=False, strict_map_key=False, max_ext_len=0, list_hook=hook,
                               object_hook=hook)
-    except ProtocolError:
+    except ExecutorProtocolError:
         raise
     except Exception as e:  # noqa: BLE001 - msgpack raises many types on garbage
-        raise ProtocolError(f"not a msgpack frame: {type(e).__name__}") from None
+        raise ExecutorProtocolError(f"not a msgpack frame: {type(e).__name__}") from None
     if not isinstance(msg, dict):
-        raise ProtocolError(f"expected a map, got {type(msg).__name__}")
+        raise ExecutorProtocolError(f"expected a map, got {type(msg).__name__}")
     return msg
 
 
@@ -334,16 +335,16 @@ class Channel:
             return _LEN.size - len(self._buf)
         (n,) = _LEN.unpack_from(self._buf)
         if n > self.max_frame:
-            raise ProtocolError(f"frame of {n} bytes exceeds {self.max_frame}")
+            raise ExecutorProtocolError(f"frame of {n} bytes exceeds {self.max_frame}")
         return _LEN.size + n - len(self._buf)
 
     def _stalled(self) -> None:
         if self._buf and time.monotonic() - self._progress > FRAME_STALL_S:
-            raise ProtocolError(f"a frame stalled for {FRAME_STALL_S:g} s after {len(self._buf)} bytes")
+            raise ExecutorProtocolError(f"a frame stalled for {FRAME_STALL_S:g} s after {len(self._buf)} bytes")
 
     def recv(self, timeout: float | None = None) -> dict:
         """The next message; ``TimeoutError`` when none completed within ``timeout`` seconds (a frame begun
-        stays buffered for the next call); ``ProtocolError`` for a frame that breaks the limits or stalled."""
+        stays buffered for the next call); ``ExecutorProtocolError`` for a frame that breaks the limits or stalled."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             want = self._wanted()

@@ -37,7 +37,8 @@ import time
 
 from persistent_engine import scratch
 from persistent_engine.executor import sandbox, wire
-from persistent_engine.executor.channel import ChannelClosed, Mailbox, ProtocolError, channel_pair, mailbox_bytes
+from persistent_engine.executor.channel import (ChannelClosed, ExecutorProtocolError, Mailbox, channel_pair,
+                                               mailbox_bytes)
 from persistent_engine.executor.out_ring import OutRing, ring_bytes
 
 # without a sealed process group (no seccomp): the tree is re-scanned (``/proc``, ~10 ms) when a point's timing
@@ -191,7 +192,7 @@ class Executor:
         kept = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
         return wire.excerpt(" | ".join(kept)[-STDERR_TAIL_CHARS:], STDERR_TAIL_CHARS)    # the candidate wrote it
 
-    def _recv(self, deadline: float, what: str, expect: type, nonce: int) -> wire.Reply:
+    def _recv(self, deadline: float, what: str, expect: type, nonce: int) -> wire.ExecutorReply:
         """The reply of class ``expect`` (or ``wire.Failed``) echoing ``nonce``, within ``deadline``."""
         while True:
             left = deadline - time.monotonic()
@@ -203,7 +204,7 @@ class Executor:
             except TimeoutError:
                 if not self.alive():
                     raise self._death() from None
-            except ProtocolError as e:
+            except ExecutorProtocolError as e:
                 raise ExecutorBroke(what, str(e)) from None
             except (ChannelClosed, ConnectionError, OSError):
                 raise self._death() from None
@@ -216,11 +217,11 @@ class Executor:
             rc = None
         return ExecutorDied(describe_exit(rc), self.stderr_tail())
 
-    def call(self, req: wire.Request, timeout_s: float) -> wire.Reply:
+    def call(self, req: wire.ExecutorRequest, timeout_s: float) -> wire.ExecutorReply:
         self.send(req)
         return self.receive(timeout_s, req.KIND)
 
-    def send(self, req: wire.Request) -> None:
+    def send(self, req: wire.ExecutorRequest) -> None:
         """The first half of ``call``: the request is on its way, with a fresh random nonce (the judge works
         meanwhile). Requests sent are answered in order."""
         nonce = secrets.randbits(62)
@@ -231,7 +232,7 @@ class Executor:
         if not isinstance(req, wire.Exit):
             self._pending.append((wire.REPLY_OF[type(req)], nonce))
 
-    def receive(self, timeout_s: float, what: str) -> wire.Reply:
+    def receive(self, timeout_s: float, what: str) -> wire.ExecutorReply:
         """The second half of ``call``: the reply to the oldest request ``send`` sent and not answered yet."""
         if not self._pending:
             raise ExecutorBroke(what, "no request is waiting for a reply")

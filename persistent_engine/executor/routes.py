@@ -14,7 +14,7 @@ def calls_to_wire(calls: list | None, scores: bool = True) -> list | None:
     """``scores`` False: the picks' indexer scores left out (a replay reads the picks only; on DeepSeek-V4-
     Flash's 3k-token prefill they are 9 MB a CSA layer, on GLM-5's 2k-token prefill over 8k positions 64 MB a
     DSA layer)."""
-    from persistent_engine.picks import PickCall
+    from persistent_engine.verification.picks import PickCall
 
     if calls is None:
         return None
@@ -30,8 +30,8 @@ def calls_to_wire(calls: list | None, scores: bool = True) -> list | None:
 
 
 def calls_from_wire(wire: list | None, device=None) -> list | None:
-    from persistent_engine.picks import PickCall
-    from persistent_engine.verify import RouteCall
+    from persistent_engine.verification.picks import PickCall
+    from persistent_engine.verification.verify import RouteCall
 
     if wire is None:
         return None

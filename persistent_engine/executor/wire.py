@@ -3,7 +3,7 @@
 One request class and one reply class per kind; on the wire a message is the map of its fields plus ``op``
 (its kind) and ``nonce``. The judge draws a fresh random nonce for every request (``Executor.send``); the
 reply must carry the same nonce and be of the request's reply class, or ``Failed`` (the candidate raised):
-anything else is the executor's failure (``ProtocolError``; the judge discards that executor). The executor
+anything else is the executor's failure (``ExecutorProtocolError``; the judge discards that executor). The executor
 is as untrusted as the candidate, so a reply is decoded field by field against its class's annotations:
 a field of another type, an unknown field, a tensor whose ``data`` is not bytes of exactly its size, a
 mailbox reference outside the box are refused before anything is allocated; every string (candidate text:
@@ -17,7 +17,7 @@ judge: the executor decodes them the same way, without the excerpts.
     OpChecks    OpResults   ``contract.run_candidate`` per case of one op
     Steps       StepResults one step per (point, variant) with every override counted
     Capture     Captured    compiled steps (compiled mode) and CUDA graphs of points
-    Run         Ran         k chained timed steps, each output into the judge's ring (``out_ring.py``)
+    TimedRun    Ran         k chained timed steps, each output into the judge's ring (``out_ring.py``)
     Guards      GuardsReply its own guards' reasons
     Memory      MemoryReply its caching allocator's bytes
     Exit        (none)      the executor leaves
@@ -34,7 +34,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from persistent_engine.executor.channel import Mailbox, ProtocolError, decode_tensors, unpack_tensor
+from persistent_engine.executor.channel import Mailbox, ExecutorProtocolError, decode_tensors, unpack_tensor
 
 TEXT_CHARS = 600                       # a string of a reply: at most this many characters, escaped
 TEXT_ITEMS = 128                       # a list of strings of a reply: at most this many entries
@@ -57,20 +57,20 @@ def excerpt(text: Any, limit: int = TEXT_CHARS) -> str:
 
 # ------------------------------------------------------------------------------ requests
 @dataclass(frozen=True)
-class Request:
+class ExecutorRequest:
     KIND: ClassVar[str] = ""
     nonce: int = 0
 
 
 @dataclass(frozen=True)
-class Load(Request):
+class Load(ExecutorRequest):
     KIND: ClassVar[str] = "load"
     source: str = ""
     name: str = "candidate"
 
 
 @dataclass(frozen=True)
-class Warm(Request):
+class Warm(ExecutorRequest):
     KIND: ClassVar[str] = "warm"
     seed: int = 0
     budget: int | None = None           # bytes one op case may hold (None: no limit)
@@ -85,7 +85,7 @@ class OpCase:
 
 
 @dataclass(frozen=True)
-class OpChecks(Request):
+class OpChecks(ExecutorRequest):
     KIND: ClassVar[str] = "op_checks"
     name: str = ""
     cases: list[OpCase] = field(default_factory=list)
@@ -101,19 +101,19 @@ class StepAsk:
 
 
 @dataclass(frozen=True)
-class Steps(Request):
+class Steps(ExecutorRequest):
     KIND: ClassVar[str] = "steps"
     steps: list[StepAsk] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
-class Capture(Request):
+class Capture(ExecutorRequest):
     KIND: ClassVar[str] = "capture"
     points: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
-class Precompile(Request):
+class Precompile(ExecutorRequest):
     """A trusted compile (``compile_cache.py``): the timed step of ``points`` compiled with the reference
     functions of ``ops`` as opaque calls, the graphs a candidate overriding exactly ``ops`` needs. Sent only
     to an executor that never loaded a candidate, which is killed after it (its caches are then copied)."""
@@ -123,7 +123,7 @@ class Precompile(Request):
 
 
 @dataclass(frozen=True)
-class Run(Request):
+class TimedRun(ExecutorRequest):
     KIND: ClassVar[str] = "run"
     i: int = 0
     v: int = 0
@@ -136,36 +136,36 @@ class Run(Request):
 
 
 @dataclass(frozen=True)
-class Guards(Request):
+class Guards(ExecutorRequest):
     KIND: ClassVar[str] = "guards"
     when: str = "check"
 
 
 @dataclass(frozen=True)
-class Memory(Request):
+class Memory(ExecutorRequest):
     KIND: ClassVar[str] = "memory"
 
 
 @dataclass(frozen=True)
-class Exit(Request):
+class Exit(ExecutorRequest):
     KIND: ClassVar[str] = "exit"
 
 
 # ------------------------------------------------------------------------------ replies
 @dataclass(frozen=True)
-class Reply:
+class ExecutorReply:
     KIND: ClassVar[str] = ""
     nonce: int = 0
 
 
 @dataclass(frozen=True)
-class Ready(Reply):
+class Ready(ExecutorReply):
     KIND: ClassVar[str] = "ready"
     pid: int = 0
 
 
 @dataclass(frozen=True)
-class Failed(Reply):
+class Failed(ExecutorReply):
     """The request raised in the executor: ``kind`` "candidate", "oom" or "device"."""
     KIND: ClassVar[str] = "failed"
     error: str = ""
@@ -173,7 +173,7 @@ class Failed(Reply):
 
 
 @dataclass(frozen=True)
-class Loaded(Reply):
+class Loaded(ExecutorReply):
     KIND: ClassVar[str] = "loaded"
     reasons: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
@@ -182,7 +182,7 @@ class Loaded(Reply):
 
 
 @dataclass(frozen=True)
-class Warmed(Reply):
+class Warmed(ExecutorReply):
     KIND: ClassVar[str] = "warmed"
     cases: int = 0
     steps: int = 0
@@ -198,7 +198,7 @@ class CaseResult:
 
 
 @dataclass(frozen=True)
-class OpResults(Reply):
+class OpResults(ExecutorReply):
     KIND: ClassVar[str] = "op_results"
     results: list[CaseResult] = field(default_factory=list)
 
@@ -219,13 +219,13 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class StepResults(Reply):
+class StepResults(ExecutorReply):
     KIND: ClassVar[str] = "step_results"
     results: list[StepResult] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
-class Captured(Reply):
+class Captured(ExecutorReply):
     KIND: ClassVar[str] = "captured"
     graphed: list[int] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
@@ -234,42 +234,42 @@ class Captured(Reply):
 
 
 @dataclass(frozen=True)
-class Ran(Reply):
+class Ran(ExecutorReply):
     KIND: ClassVar[str] = "ran"
     k: int = 0
     graph: bool = False
 
 
 @dataclass(frozen=True)
-class GuardsReply(Reply):
+class GuardsReply(ExecutorReply):
     KIND: ClassVar[str] = "guards_reply"
     reasons: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
-class MemoryReply(Reply):
+class MemoryReply(ExecutorReply):
     KIND: ClassVar[str] = "memory_reply"
     allocated: int = 0
     reserved: int = 0
     peak_reserved: int = 0
 
 
-REQUESTS: dict[str, type[Request]] = {c.KIND: c for c in (
-    Load, Warm, OpChecks, Steps, Capture, Precompile, Run, Guards, Memory, Exit)}
-REPLY_OF: dict[type[Request], type[Reply]] = {
-    Load: Loaded, Warm: Warmed, OpChecks: OpResults, Steps: StepResults, Capture: Captured, Precompile: Captured, Run: Ran,
-    Guards: GuardsReply, Memory: MemoryReply}
-REPLIES: dict[str, type[Reply]] = {c.KIND: c for c in (Ready, Failed, *REPLY_OF.values())}
+REQUESTS: dict[str, type[ExecutorRequest]] = {c.KIND: c for c in (
+    Load, Warm, OpChecks, Steps, Capture, Precompile, TimedRun, Guards, Memory, Exit)}
+REPLY_OF: dict[type[ExecutorRequest], type[ExecutorReply]] = {
+    Load: Loaded, Warm: Warmed, OpChecks: OpResults, Steps: StepResults, Capture: Captured, Precompile: Captured,
+    TimedRun: Ran, Guards: GuardsReply, Memory: MemoryReply}
+REPLIES: dict[str, type[ExecutorReply]] = {c.KIND: c for c in (Ready, Failed, *REPLY_OF.values())}
 FAILED_KINDS = ("candidate", "oom", "device")
 
 
 # ------------------------------------------------------------------------------ encoding
-def to_wire(msg: Request | Reply | Any) -> Any:
+def to_wire(msg: ExecutorRequest | ExecutorReply | Any) -> Any:
     """A message or value type as the map of its fields (``op`` naming a message's kind); tensors stay
     tensors (``Channel.send`` packs them)."""
     if dataclasses.is_dataclass(msg) and not isinstance(msg, type):
         out = {f.name: to_wire(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
-        if isinstance(msg, (Request, Reply)):
+        if isinstance(msg, (ExecutorRequest, ExecutorReply)):
             out["op"] = msg.KIND
         return out
     if isinstance(msg, (list, tuple)):
@@ -279,7 +279,7 @@ def to_wire(msg: Request | Reply | Any) -> Any:
     return msg
 
 
-class _Mismatch(Exception):
+class _FieldMismatch(Exception):
     pass
 
 
@@ -291,19 +291,19 @@ class _Decoder:
 
     def tensor(self, value):
         if not isinstance(value, dict):
-            raise _Mismatch
+            raise _FieldMismatch
         if "__m__" in value:
             if self.mailbox is None:
-                raise ProtocolError("a mailbox reference on a channel without a mailbox")
+                raise ExecutorProtocolError("a mailbox reference on a channel without a mailbox")
             t = self.mailbox.take(value)
             return t.to(self.device) if self.device is not None and str(self.device) != "cpu" else t
         if "__t__" in value:
             return unpack_tensor(value, self.device)
-        raise _Mismatch
+        raise _FieldMismatch
 
     def text(self, value):
         if not isinstance(value, str):
-            raise _Mismatch
+            raise _FieldMismatch
         return excerpt(value) if self.untrusted else value
 
     def untyped(self, value):
@@ -317,9 +317,9 @@ class _Decoder:
             for a in typing.get_args(tp):
                 try:
                     return self.convert(value, a)
-                except _Mismatch:
+                except _FieldMismatch:
                     pass
-            raise _Mismatch
+            raise _FieldMismatch
         if tp is type(None):
             if value is None:
                 return None
@@ -352,7 +352,7 @@ class _Decoder:
         elif tp in (dict, list):
             if isinstance(value, tp):
                 return self.untyped(value)
-        raise _Mismatch
+        raise _FieldMismatch
 
     def build(self, cls: type, data: dict, what: str):
         hints = _hints(cls)
@@ -361,11 +361,11 @@ class _Decoder:
             if key == "op" and what != "field":
                 continue
             if not isinstance(key, str) or key not in hints:
-                raise ProtocolError(f"{what} {cls.__name__} has no field {str(key)[:40]!r}")
+                raise ExecutorProtocolError(f"{what} {cls.__name__} has no field {str(key)[:40]!r}")
             try:
                 kwargs[key] = self.convert(value, hints[key])
-            except _Mismatch:
-                raise ProtocolError(f"{what} {cls.__name__} field {key!r} must be {hints[key]}, "
+            except _FieldMismatch:
+                raise ExecutorProtocolError(f"{what} {cls.__name__} field {key!r} must be {hints[key]}, "
                                     f"got {type(value).__name__}") from None
         return cls(**kwargs)
 
@@ -390,30 +390,30 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def decode_request(raw: dict, device=None) -> Request:
-    """The executor's side: a judge's request map as its class (ProtocolError for an unknown kind)."""
+def decode_request(raw: dict, device=None) -> ExecutorRequest:
+    """The executor's side: a judge's request map as its class (ExecutorProtocolError for an unknown kind)."""
     cls = REQUESTS.get(raw.get("op")) if isinstance(raw.get("op"), str) else None
     if cls is None:
-        raise ProtocolError(f"unknown request {str(raw.get('op'))[:40]!r}")
+        raise ExecutorProtocolError(f"unknown request {str(raw.get('op'))[:40]!r}")
     return _Decoder(None, device, untrusted=False).build(cls, raw, "request")
 
 
-def decode_reply(raw: dict, expect: type[Reply], nonce: int, mailbox: Mailbox | None = None,
-                 device=None) -> Reply:
+def decode_reply(raw: dict, expect: type[ExecutorReply], nonce: int, mailbox: Mailbox | None = None,
+                 device=None) -> ExecutorReply:
     """The judge's side: an executor's reply map as ``expect`` (or ``Failed``), its nonce the request's.
-    Anything else is a ProtocolError: the executor's failure."""
+    Anything else is a ExecutorProtocolError: the executor's failure."""
     kind = raw.get("op")
     cls = Failed if kind == Failed.KIND else expect if kind == expect.KIND else None
     if cls is None:
-        raise ProtocolError(f"expected a {expect.KIND!r} reply, got {excerpt(kind, 40)!r}")
+        raise ExecutorProtocolError(f"expected a {expect.KIND!r} reply, got {excerpt(kind, 40)!r}")
     if raw.get("nonce") != nonce or type(raw.get("nonce")) is not int:
-        raise ProtocolError(f"a {expect.KIND!r} reply with the wrong nonce")
+        raise ExecutorProtocolError(f"a {expect.KIND!r} reply with the wrong nonce")
     if mailbox is not None:
         mailbox.begin()
     try:
         reply = _Decoder(mailbox, device, untrusted=True).build(cls, raw, "reply")
     except RecursionError:
-        raise ProtocolError("a reply nested too deep") from None
+        raise ExecutorProtocolError("a reply nested too deep") from None
     if isinstance(reply, Failed) and reply.kind not in FAILED_KINDS:
         reply = dataclasses.replace(reply, kind="candidate")
     return reply

@@ -54,12 +54,13 @@ class Worker:
     def __init__(self, init: dict, arena, out_ring):
         import torch
 
-        from persistent_engine import guards, timing
+        from persistent_engine.measure import timing
+        from persistent_engine.verification import guards
         from persistent_engine.io_struct import WorkloadPoint
         from persistent_engine.models.decoder import _resolve_layers, make_decoder
         from persistent_engine.models.spec import ModelSpec
         from persistent_engine.ops import registry
-        from persistent_engine.workloads import make_workload
+        from persistent_engine.inputs.workloads import make_workload
 
         self.torch, self.guards, self.timing, self.registry = torch, guards, timing, registry
         self.device = torch.device(init["device"])
@@ -113,8 +114,8 @@ class Worker:
         self._dir = scratch.module_dir()          # in its workdir (TMPDIR): removed with it by the judge
         self._sync()
         import persistent_engine.ops.contract  # noqa: F401 - imported before the snapshot: watched
-        import persistent_engine.tolerance  # noqa: F401
-        import persistent_engine.verify  # noqa: F401
+        import persistent_engine.verification.tolerance  # noqa: F401
+        import persistent_engine.verification.verify  # noqa: F401
         self.state_guard = guards.GlobalStateGuard(guards.default_namespaces())
         self.thread_guard = guards.ThreadGuard()
         self.native_threads = _native_threads()         # tids at the end of warm-up
@@ -131,7 +132,7 @@ class Worker:
     # ------------------------------------------------------------------------------ requests
     def load(self, msg: wire.Load) -> wire.Loaded:
         from persistent_engine import candidate as cand_mod
-        from persistent_engine.workloads import relayout_workload
+        from persistent_engine.inputs.workloads import relayout_workload
 
         loaded = cand_mod.load_candidate(msg.source, msg.name, self._dir, self.op_params)
         reasons = self.guard_reasons("load")
@@ -183,7 +184,7 @@ class Worker:
         from the op's generator with seeds from ``seed`` (the judge's draw, not verify's, which comes later).
         Nothing here is compared or timed: it can only cost the candidate time. Stops at a device error (the
         context is gone; verify reports it)."""
-        from persistent_engine import verify
+        from persistent_engine.verification import verify
 
         c = self.candidate
         done = {"cases": 0, "steps": 0, "failed": 0, "skipped": 0}
@@ -222,7 +223,7 @@ class Worker:
         return wire.Warmed(**done)
 
     def step(self, msg: wire.StepAsk) -> wire.StepResult:
-        from persistent_engine import verify
+        from persistent_engine.verification import verify
         from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
 
         i, v = msg.i, msg.v
@@ -315,7 +316,7 @@ class Worker:
                 self.eager_points.add(i)
                 self.uncompiled[i] = wire.excerpt(text, 300)
 
-    def run(self, msg: wire.Run) -> wire.Ran:
+    def run(self, msg: wire.TimedRun) -> wire.Ran:
         """k back-to-back steps, run r's output copied into slot r of the judge's ring (``out_ring``); with
         ``chain`` (the vocabulary size), run r's ids are the judge's draw plus argmax(row 0 of run r-1's
         output), mod ``chain`` (computed on the device: no host sync between runs)."""
@@ -428,8 +429,8 @@ def serve(chan, arena, init: dict, out_ring) -> int:
     worker.reply_bytes = 3 * (chan.mailbox.size if chan.mailbox is not None else MAILBOX_BYTES["cpu"]) // 4
     chan.send(wire.to_wire(wire.Ready(nonce=int(init["nonce"]), pid=os.getpid())))
     handlers = {wire.Load: worker.load, wire.OpChecks: worker.op_checks, wire.Steps: worker.steps,
-                wire.Capture: worker.capture, wire.Precompile: worker.precompile, wire.Run: worker.run, wire.Warm: worker.warm,
-                wire.Guards: worker.guards_request, wire.Memory: worker.memory_request}
+                wire.Capture: worker.capture, wire.Precompile: worker.precompile, wire.TimedRun: worker.run,
+                wire.Warm: worker.warm, wire.Guards: worker.guards_request, wire.Memory: worker.memory_request}
     while True:
         req = wire.decode_request(chan.recv())
         if isinstance(req, wire.Exit):

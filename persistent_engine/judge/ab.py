@@ -43,9 +43,10 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from persistent_engine import timing
+from persistent_engine.measure import timing
 from persistent_engine.executor.out_ring import MAX_RUNS, RING_BYTES, Observed, observe
-from persistent_engine.timing import ABResult, Stats, futile, futility_look, now_ns, ratio_settled
+from persistent_engine.measure.timing import ABResult, Stats, futile, futility_look, now_ns, ratio_settled
+from persistent_engine.judge.types import CandidateRaised
 
 TIMER = "judge_wall_clock"
 # a sample lasts at least this much of the baseline's steps: k = ceil(TARGET / step), 1 <= k <= MAX_RUNS
@@ -77,11 +78,10 @@ def _sample(ex, i: int, v: int, k: int, graph: bool, ids, chain: int | None, dea
     is taken at the reply before anything else reaches the executor: on CUDA inside the window (queued work
     the executor left lands before the copy and counts, or shows as NaN), on CPU with its tree stopped."""
     from persistent_engine.executor import wire
-    from persistent_engine.judge.engine import CandidateRaised
 
     shape, dtype = tuple(like.shape), like.dtype
     ex.out.arm(k, shape, dtype)
-    msg = wire.Run(i=i, v=v, k=k, ids=ids, eager=not graph, chain=chain, shape=list(shape),
+    msg = wire.TimedRun(i=i, v=v, k=k, ids=ids, eager=not graph, chain=chain, shape=list(shape),
                    dtype=str(dtype).removeprefix("torch."))
     left = 600.0 if deadline is None else deadline - now_ns() / 1e9
     if left <= 0:

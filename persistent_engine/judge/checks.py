@@ -16,10 +16,11 @@ import sys
 
 import torch
 
-from persistent_engine import guards, interpreter, verify
+from persistent_engine.verification import guards, interpreter, verify
 from persistent_engine.executor import wire
 from persistent_engine.judge import memory
 from persistent_engine.io_struct import WorkloadPoint
+from persistent_engine.judge.types import CandidateRaised
 
 
 def default_points(device: str) -> list[WorkloadPoint]:
@@ -72,7 +73,6 @@ def remote_check(e, deadline: float, ahead_bytes: int = memory.REFERENCES_AHEAD_
     mailbox would overflow answers a prefix of the cases: the rest are asked for again. ``ahead_bytes``: at
     most this much of references computed ahead (``memory.references_ahead``: within the check's budget;
     the rest as each reply is judged)."""
-    from persistent_engine.judge.engine import CandidateRaised
     from persistent_engine.ops.contract import _DTYPE_NAMES, judge_against, reference_outputs
 
     def check(name, impl, *, device, dtypes, shapes, seed):
@@ -112,7 +112,6 @@ def remote_check(e, deadline: float, ahead_bytes: int = memory.REFERENCES_AHEAD_
 def remote_steps(e, msgs: list[wire.StepAsk], deadline: float) -> list[wire.StepResult]:
     """The executor's results for ``msgs``, sent as ``steps`` requests: all at once, and again for the ones
     a reply cut short (its mailbox full; a reply of no or too many results is refused)."""
-    from persistent_engine.judge.engine import CandidateRaised
 
     replies: list[wire.StepResult] = []
     while len(replies) < len(msgs):
@@ -132,7 +131,7 @@ def layer_level(e, deadline: float, interpreted_nan: bool = False) -> tuple[list
     ties here (``verify.TieCheck``). A point's first failing variant ends its check. ``interpreted_nan``: the
     op-level check saw the interpreter's 16-bit NaN/inf and fp32 passed (``interpreter``): logits NaN/inf or
     off a finite reference are counted in the summary, not failed. Returns (reasons, summary)."""
-    from persistent_engine.executor.channel import ProtocolError
+    from persistent_engine.executor.channel import ExecutorProtocolError
     from persistent_engine.executor.launch import ExecutorBroke
     from persistent_engine.executor.routes import calls_from_wire, calls_to_wire
 
@@ -172,7 +171,7 @@ def layer_level(e, deadline: float, interpreted_nan: bool = False) -> tuple[list
                 rec_calls = calls_from_wire(r.routes.calls, e.device)
                 bad = ties.compare(out, e.ref[i][v], where, refs, rec_calls, w.cu_seqlens_q, key=(i, v),
                                    replayed=r.routes.replayed, tol=tol)
-            except (ProtocolError, RuntimeError, IndexError, KeyError, TypeError, ValueError) as x:
+            except (ExecutorProtocolError, RuntimeError, IndexError, KeyError, TypeError, ValueError) as x:
                 raise ExecutorBroke("layer-level verification", f"its routing record: {type(x).__name__}: {x}") \
                     from None
         else:

@@ -33,12 +33,14 @@ import inspect
 import os
 import random
 import sys
-from dataclasses import dataclass, field
 
 import torch
 
 from persistent_engine import candidate as cand_mod
-from persistent_engine import guards, interpreter, scratch, tier_inputs, timing, tolerance, verify
+from persistent_engine import scratch
+from persistent_engine.inputs import tier_inputs
+from persistent_engine.measure import timing
+from persistent_engine.verification import guards, interpreter, tolerance, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes, warm_triton
 from persistent_engine.executor.channel import Arena, mailbox_bytes
 from persistent_engine.executor.compiled_step import baseline_words, compiled_default
@@ -55,62 +57,11 @@ from persistent_engine.judge import memory
 from persistent_engine.judge.executors import (AHEAD, DEFAULT_CALL_S, EXECUTOR_START_S,  # noqa: F401 (public face)
                                               POOL_SIZE, ExecutorSide, elog)
 from persistent_engine.judge.checks import default_points, weight_share
+from persistent_engine.judge.types import (ARENA_CHUNKS_PER_CHECK, CONFIG_NOTES, DEFAULT_PEAK_BANDWIDTH_GBS, DTYPES,
+                                          PAUSE_POOL_IF_READY, CandidateRaised, EngineConfig, ExecutorCandidate)
 from persistent_engine.io_struct import (Bench, BenchReply, ErrorReply, LoadCandidate, LoadReply, Prepare, Profile,
                                          ProfileReply, Reply, Request, Status, StatusReply, Unload,
-                                         UnloadReply, Verify, VerifyReply, WorkloadPoint, PointProfile, PointTiming)
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# what the engine does with each CONFIG knob, as reported in the load and bench replies
-CONFIG_NOTES = {
-    "cuda_graph": "applied: candidate points captured in CUDA graphs (CUDA only)",
-    "cuda_graph_batch_sizes": "applied: only points of these batch sizes are graphed on the candidate side",
-    "kv_block_size": "applied: the candidate's KV caches re-laid with this block size",
-    "max_num_seqs": "not measurable by the engine; judged by compiler config search",
-    "max_num_batched_tokens": "not measurable by the engine; judged by compiler config search",
-    "max_chunk_tokens": "not measurable by the engine; judged by compiler config search",
-}
-# roofline floor: bytes a step must read at least / this bandwidth (GB/s); CUDA when unset
-DEFAULT_PEAK_BANDWIDTH_GBS = {"cuda": 5000.0}
-# the pool's executors SIGSTOPped while a point is timed once at least this many are warm (a warming one's
-# imports take a core from the timed sides: on the 2-core CI machine an A/A read 0.4-3.4x with the pool
-# warming, 1.00-1.05 with it paused); always on CPU, on CUDA only while the pool is ahead (it must keep warming)
-PAUSE_POOL_IF_READY = {"cpu": 0, "cuda": 2}
-ARENA_CHUNKS_PER_CHECK = 4             # arena chunks (16 MiB each) re-hashed after every candidate
-DEVICE_ERRORS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
-                 "unspecified launch failure", "misaligned address", "illegal instruction")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model: str
-    layers: list[int] | None = None     # None: every layer
-    device: str = "cpu"
-    dtype: str = "bf16"
-    points: list[WorkloadPoint] = field(default_factory=list)   # empty: default_points(device)
-    seed: int = 0
-    variants: int = 2                   # input variants per point (fresh inputs across samples)
-    cuda_graph: bool = True
-    # roofline plausibility floor (GB/s): None = DEFAULT_PEAK_BANDWIDTH_GBS of the device (off on CPU)
-    peak_bandwidth_gbs: float | None = None
-    pool_size: int | None = None        # warm candidate executors (None: POOL_SIZE of the device)
-    inputs: dict = field(default_factory=dict)     # tier_inputs.TierInputs as JSON ({}: uniform, random routers)
-    # bytes of weights the other engines on this device hold or will hold (the other tier's slice on a
-    # one-GPU run; 0: this engine is alone): kept out of the pool and the op-check budget (memory.py)
-    co_tenant_weights: int = 0
-    ahead: int | None = None            # executors compiling queued candidates ahead (None: AHEAD of the device)
-    compiled: bool | None = None        # timed steps under torch.compile (None: ``compiled_default`` of the device)
-
-
-class Candidate:
-    """What the judge knows of the loaded candidate: its executor and what that executor reported at load
-    (names, CONFIG, DESCRIPTION: descriptive only; nothing here decides a verdict)."""
-
-    def __init__(self, name: str, executor: Executor, ops: list[str], config: dict, description: str,
-                 source: str = ""):
-        self.name, self.executor, self.ops, self.config, self.description = name, executor, ops, config, description
-        self.source = source                    # the file it loaded: its compiled kernels are kept under it
-        self.overrides = dict.fromkeys(ops)     # op names (the implementations live in the executor only)
-
+                                         UnloadReply, Verify, VerifyReply, PointProfile, PointTiming)
 
 class Engine(ExecutorSide):
     def __init__(self, config: EngineConfig, log=lambda stage, seconds: None):
@@ -189,7 +140,7 @@ class Engine(ExecutorSide):
     def _warm_up(self) -> None:
         """First steps (kernels warm, new-token KV slots written); the reference logits of every point and
         variant kept; which ops each point calls."""
-        from persistent_engine import profiler
+        from persistent_engine.measure import profiler
 
         for ws in self.workloads:
             for w in ws:
@@ -267,7 +218,7 @@ class Engine(ExecutorSide):
 
     def _reset_counters(self) -> None:
         """No candidate loaded yet; the served / executor counters at zero."""
-        self.candidate: Candidate | None = None
+        self.candidate: ExecutorCandidate | None = None
         self.cand_workloads = None              # kept for callers: re-laid caches live in the executor only
         self.tie_kept_rows: dict = {}           # (point, variant) -> rows the MoE tie check kept
         self.served = 0
@@ -425,7 +376,7 @@ class Engine(ExecutorSide):
                 fresh = self._take()
                 self._seed_kernels(req.source, fresh)
                 self._seed_compiled(req.source, fresh)
-                self.candidate = Candidate(req.name, fresh, [], {}, "", req.source)
+                self.candidate = ExecutorCandidate(req.name, fresh, [], {}, "", req.source)
                 r = self._call(wire.Load(source=req.source, name=req.name), deadline)
             ex = self.candidate.executor             # the ahead one or the fresh one
             self.executors_used += 1
@@ -433,8 +384,8 @@ class Engine(ExecutorSide):
             if reasons:
                 self._drop_candidate()
             else:
-                self.candidate = Candidate(req.name, ex, [o for o in r.ops if o in self.op_params], dict(r.config),
-                                           r.description, req.source)
+                self.candidate = ExecutorCandidate(req.name, ex, [o for o in r.ops if o in self.op_params],
+                                                   dict(r.config), r.description, req.source)
         secs = (timing.now_ns() - t0) / 1e9
         confined = _applied(self.candidate.executor if self.candidate else None)
         if reasons:
@@ -584,7 +535,7 @@ class Engine(ExecutorSide):
         return UnloadReply(message="unloaded", restored=restored, reasons=bad)
 
     def profile(self, req: Profile) -> ProfileReply:
-        from persistent_engine import profiler
+        from persistent_engine.measure import profiler
 
         per_point = []
         for i, p in enumerate(self.points):
@@ -614,11 +565,3 @@ def _applied(ex: Executor | None) -> dict:
     """What confined an executor (``SandboxCapabilities.as_dict()``), for the verdict's metadata."""
     caps = getattr(ex, "applied", None)
     return dict(caps.as_dict()) if caps is not None else {}
-
-
-class CandidateRaised(Exception):
-    """An executor's error reply: the candidate raised (or ran out of memory, or broke its device)."""
-
-    def __init__(self, text: str, kind: str):
-        super().__init__(text)
-        self.text, self.kind = text, kind

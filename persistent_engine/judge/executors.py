@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from persistent_engine import candidate as cand_mod
-from persistent_engine import guards, timing, verify
+from persistent_engine.measure import timing
+from persistent_engine.verification import guards, verify
 from persistent_engine.devices import free_gpu_bytes, gpu_bytes
 from persistent_engine.executor.out_ring import ring_bytes_for
 from persistent_engine.executor import wire
@@ -31,6 +32,7 @@ from persistent_engine.executor.launch import (Executor, ExecutorDied, ExecutorP
                                               ExecutorTimeout)
 from persistent_engine.io_struct import Prepare, PrepareReply
 from persistent_engine.judge import memory
+from persistent_engine.judge.types import CandidateRaised, ExecutorCandidate
 
 __all__ = ["POOL_SIZE", "AHEAD", "AHEAD_ENV", "PRECOMPILE", "EXECUTOR_START_S", "DEFAULT_CALL_S", "Ahead",
            "ExecutorSide", "Precompiling",
@@ -232,24 +234,23 @@ class ExecutorSide:
         return PrepareReply(message=ready + (f"; {started} started compiling ahead" if started else ""),
                             pool_wait_s=self.pool_wait_s, ahead=len(self._ahead))
 
-    def _call(self, req: wire.Request, deadline: float) -> wire.Reply:
+    def _call(self, req: wire.ExecutorRequest, deadline: float) -> wire.ExecutorReply:
         """One request to the candidate's executor, within ``deadline`` (its ``Failed`` replies raised)."""
         self._send(req, deadline)
         return self._receive(deadline, req.KIND)
 
-    def _send(self, req: wire.Request, deadline: float) -> None:
+    def _send(self, req: wire.ExecutorRequest, deadline: float) -> None:
         """``_call``'s first half: the request sent, the judge free to work until ``_receive``."""
         if deadline - timing.now_ns() / 1e9 <= 0:
             raise ExecutorTimeout(f"no answer during {req.KIND}")
         self.candidate.executor.send(req)
 
-    def _receive(self, deadline: float, what: str) -> wire.Reply:
+    def _receive(self, deadline: float, what: str) -> wire.ExecutorReply:
         left = deadline - timing.now_ns() / 1e9
         if left <= 0:
             raise ExecutorTimeout(f"no answer during {what}")
         reply = self.candidate.executor.receive(left, what)
         if isinstance(reply, wire.Failed):
-            from persistent_engine.judge.engine import CandidateRaised
 
             raise CandidateRaised(reply.error, reply.kind)
         return reply
@@ -434,14 +435,13 @@ class ExecutorSide:
         warm-up raised (discarded; the load starts over in a fresh executor, so the verdict is the one a fresh
         executor gives). A hang is the candidate's: ``ExecutorTimeout`` with the executor loaded as the
         candidate's, which the request's handler kills."""
-        from persistent_engine.judge.engine import Candidate
 
         ahead = self._ahead.pop(source_key(source), None)
         if ahead is None:
             return None
         ex = ahead.executor
-        self.candidate = Candidate(name, ex, [], {}, "", source)
-        warmed: wire.Reply = wire.Warmed()
+        self.candidate = ExecutorCandidate(name, ex, [], {}, "", source)
+        warmed: wire.ExecutorReply = wire.Warmed()
         try:
             loaded = ex.receive(deadline - timing.now_ns() / 1e9, "load")
             if not isinstance(loaded, wire.Failed):

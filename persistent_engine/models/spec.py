@@ -310,89 +310,9 @@ class ModelSpec(SpecSizes, SpecLayers, NemotronFields):
 
     @classmethod
     def _parse(cls, c: dict, name: str, family: str) -> "ModelSpec":
-        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-        head_dim = int(c.get("head_dim") or hidden // heads)
-        rope_params = c.get("rope_parameters") or {}
-        rope_scaling = c.get("rope_scaling")
-        if not rope_scaling and (rope_params.get("rope_type") or "default") != "default":
-            rope_scaling = rope_params
-        quant = c.get("quantization_config")
-        kw: dict[str, Any] = dict(
-            name=name, family=family, hidden_size=hidden, num_layers=int(c["num_hidden_layers"]),
-            vocab_size=int(c["vocab_size"]), num_heads=heads,
-            num_kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=head_dim,
-            intermediate_size=int(c.get("intermediate_size", 4 * hidden)),
-            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(c.get("rope_theta", rope_params.get("rope_theta", 1e4))),
-            rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
-            qkv_bias=bool(c.get("attention_bias", False)),
-            quantization=quantization_kind(quant),
-        )
-        partial = float(c.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0)))
-        kw["rotary_dim"] = int(c.get("rotary_dim") or head_dim * partial)
-        if family == "qwen3" or family == "qwen3_moe":
-            kw["qk_norm"] = "per_head"
-        elif family == "minimax_m2":
-            kw["qk_norm"] = c.get("qk_norm_type", "per_layer") if c.get("use_qk_norm", True) else "none"
-        elif family == "glm4_moe":
-            kw["qk_norm"] = "per_head" if c.get("use_qk_norm", False) else "none"
-        if family == "qwen3_moe":
-            kw.update(num_experts=int(c["num_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
-                      moe_intermediate_size=int(c["moe_intermediate_size"]),
-                      moe_layer_freq=int(c.get("decoder_sparse_step", 1)),
-                      norm_topk_prob=bool(c.get("norm_topk_prob", True)), scoring="softmax")
-            if c.get("mlp_only_layers"):
-                kw["extra"] = {"mlp_only_layers": list(c["mlp_only_layers"])}
-        elif family == "mixtral":
-            kw.update(mixtral_fields(c, kw["num_layers"]))
-        elif family == "minimax_m2":
-            shared = int(c.get("shared_intermediate_size", 0))
-            kw.update(num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
-                      moe_intermediate_size=int(c["intermediate_size"]), scoring=c.get("scoring_func", "sigmoid"),
-                      routing_bias=bool(c.get("use_routing_bias", True)), norm_topk_prob=True,
-                      num_shared_experts=1 if shared else 0, shared_intermediate_size=shared)
-            minimax_m2_attn_types(c, name, kw["num_layers"])
-        elif family in ("glm4_moe", "deepseek_v4") or family in MLA_FAMILIES:
-            kw.update(num_experts=int(c["n_routed_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
-                      moe_intermediate_size=int(c["moe_intermediate_size"]),
-                      num_shared_experts=int(c.get("n_shared_experts") or 0),
-                      first_k_dense=int(c.get("first_k_dense_replace", 0)),
-                      moe_layer_freq=int(c.get("moe_layer_freq", 1)),
-                      scoring=c.get("scoring_func", "sigmoid"),
-                      routing_bias=c.get("topk_method", "noaux_tc") == "noaux_tc",
-                      norm_topk_prob=bool(c.get("norm_topk_prob", True)),
-                      routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
-                      n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))
-        if family in MLA_FAMILIES:
-            kw.update(mla_fields(c, name, heads))
-        if family in DSA_FAMILIES:
-            kw.update(dsa_fields(c, name, family, kw["num_layers"]))
-        if family == "minimax_m3":
-            kw.update(minimax_m3_fields(c, name, kw["num_layers"], head_dim))
-        if family in QWEN3_5_FAMILIES:
-            kw.update(qwen3_5_fields(c, name, kw["num_layers"]))
-        if family == "kimi_linear":
-            kw.update(mla_fields(c, name, heads))
-            kw.update(kimi_fields(c, name, kw["num_layers"]))
-        if family == "deepseek_v4":
-            kw.update(deepseek_v4_fields(c, name, kw["num_layers"]))
-        if family in GEMMA_FAMILIES:
-            kw.update(gemma_fields(c, name, family, kw["num_layers"]))
-        if family == "llama4":
-            kw.update(llama4_fields(c, name, kw["num_layers"]))
-        if family == "mimo_v2_flash":
-            kw.update(mimo_fields(c, name, kw["num_layers"], head_dim))
-        if family == "gpt_oss":
-            kw.update(gpt_oss_fields(c, name, kw["num_layers"]))
-        kw.update(nemotron_fields(c, name) if family == "nemotron_h" else {})
-        if family == "gemma4":
-            kw.update(gemma4_fields(c, name, kw["num_layers"]))
-        if family in ("qwen3", "qwen3_moe"):
-            kw["layer_windows"] = qwen_windows(c, kw["num_layers"], name)
-        if c.get("mlp_layer_types"):
-            kw["mlp_layer_types"] = parse_mlp_layer_types(c["mlp_layer_types"], kw["num_layers"], name)
+        kw = _base_fields(c, name, family)
+        kw.update(_moe_fields(c, name, family, kw["num_layers"]))
+        kw.update(_family_fields(c, name, family, kw["num_layers"], kw["head_dim"], kw["num_heads"]))
         if kw.get("num_experts"):
             if kw.get("num_shared_experts") and not kw.get("shared_intermediate_size"):
                 kw["shared_intermediate_size"] = kw["moe_intermediate_size"]
@@ -467,3 +387,103 @@ class ModelSpec(SpecSizes, SpecLayers, NemotronFields):
         d = dataclasses.asdict(self)
         d.pop("extra")
         return d
+
+
+def _base_fields(c: dict, name: str, family: str) -> dict[str, Any]:
+    """The fields every family reads: sizes, norms, RoPE, quantization, the rotary width and the QK-norm kind."""
+    hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    rope_params = c.get("rope_parameters") or {}
+    rope_scaling = c.get("rope_scaling")
+    if not rope_scaling and (rope_params.get("rope_type") or "default") != "default":
+        rope_scaling = rope_params
+    quant = c.get("quantization_config")
+    kw: dict[str, Any] = dict(
+        name=name, family=family, hidden_size=hidden, num_layers=int(c["num_hidden_layers"]),
+        vocab_size=int(c["vocab_size"]), num_heads=heads,
+        num_kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=head_dim,
+        intermediate_size=int(c.get("intermediate_size", 4 * hidden)),
+        rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(c.get("rope_theta", rope_params.get("rope_theta", 1e4))),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
+        qkv_bias=bool(c.get("attention_bias", False)),
+        quantization=quantization_kind(quant),
+    )
+    partial = float(c.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0)))
+    kw["rotary_dim"] = int(c.get("rotary_dim") or head_dim * partial)
+    if family == "qwen3" or family == "qwen3_moe":
+        kw["qk_norm"] = "per_head"
+    elif family == "minimax_m2":
+        kw["qk_norm"] = c.get("qk_norm_type", "per_layer") if c.get("use_qk_norm", True) else "none"
+    elif family == "glm4_moe":
+        kw["qk_norm"] = "per_head" if c.get("use_qk_norm", False) else "none"
+    return kw
+
+
+def _moe_fields(c: dict, name: str, family: str, num_layers: int) -> dict[str, Any]:
+    """The MoE fields of the families whose experts are configured in the common keys (none for dense ones)."""
+    kw: dict[str, Any] = {}
+    if family == "qwen3_moe":
+        kw.update(num_experts=int(c["num_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                  moe_intermediate_size=int(c["moe_intermediate_size"]),
+                  moe_layer_freq=int(c.get("decoder_sparse_step", 1)),
+                  norm_topk_prob=bool(c.get("norm_topk_prob", True)), scoring="softmax")
+        if c.get("mlp_only_layers"):
+            kw["extra"] = {"mlp_only_layers": list(c["mlp_only_layers"])}
+    elif family == "mixtral":
+        kw.update(mixtral_fields(c, num_layers))
+    elif family == "minimax_m2":
+        shared = int(c.get("shared_intermediate_size", 0))
+        kw.update(num_experts=int(c["num_local_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                  moe_intermediate_size=int(c["intermediate_size"]), scoring=c.get("scoring_func", "sigmoid"),
+                  routing_bias=bool(c.get("use_routing_bias", True)), norm_topk_prob=True,
+                  num_shared_experts=1 if shared else 0, shared_intermediate_size=shared)
+        minimax_m2_attn_types(c, name, num_layers)
+    elif family in ("glm4_moe", "deepseek_v4") or family in MLA_FAMILIES:
+        kw.update(num_experts=int(c["n_routed_experts"]), num_experts_per_tok=int(c["num_experts_per_tok"]),
+                  moe_intermediate_size=int(c["moe_intermediate_size"]),
+                  num_shared_experts=int(c.get("n_shared_experts") or 0),
+                  first_k_dense=int(c.get("first_k_dense_replace", 0)),
+                  moe_layer_freq=int(c.get("moe_layer_freq", 1)),
+                  scoring=c.get("scoring_func", "sigmoid"),
+                  routing_bias=c.get("topk_method", "noaux_tc") == "noaux_tc",
+                  norm_topk_prob=bool(c.get("norm_topk_prob", True)),
+                  routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
+                  n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1))
+    return kw
+
+
+def _family_fields(c: dict, name: str, family: str, num_layers: int, head_dim: int, heads: int) -> dict[str, Any]:
+    """The fields each family's own parser adds (MLA, DSA, hybrid layers, windows, per-layer MLP kinds), in order."""
+    kw: dict[str, Any] = {}
+    if family in MLA_FAMILIES:
+        kw.update(mla_fields(c, name, heads))
+    if family in DSA_FAMILIES:
+        kw.update(dsa_fields(c, name, family, num_layers))
+    if family == "minimax_m3":
+        kw.update(minimax_m3_fields(c, name, num_layers, head_dim))
+    if family in QWEN3_5_FAMILIES:
+        kw.update(qwen3_5_fields(c, name, num_layers))
+    if family == "kimi_linear":
+        kw.update(mla_fields(c, name, heads))
+        kw.update(kimi_fields(c, name, num_layers))
+    if family == "deepseek_v4":
+        kw.update(deepseek_v4_fields(c, name, num_layers))
+    if family in GEMMA_FAMILIES:
+        kw.update(gemma_fields(c, name, family, num_layers))
+    if family == "llama4":
+        kw.update(llama4_fields(c, name, num_layers))
+    if family == "mimo_v2_flash":
+        kw.update(mimo_fields(c, name, num_layers, head_dim))
+    if family == "gpt_oss":
+        kw.update(gpt_oss_fields(c, name, num_layers))
+    kw.update(nemotron_fields(c, name) if family == "nemotron_h" else {})
+    if family == "gemma4":
+        kw.update(gemma4_fields(c, name, num_layers))
+    if family in ("qwen3", "qwen3_moe"):
+        kw["layer_windows"] = qwen_windows(c, num_layers, name)
+    if c.get("mlp_layer_types"):
+        kw["mlp_layer_types"] = parse_mlp_layer_types(c["mlp_layer_types"], num_layers, name)
+    return kw

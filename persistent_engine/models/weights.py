@@ -67,20 +67,7 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
         if spec.is_linear(i):
             out.update(_linear_specs(spec, p))
         elif spec.attention == "mla":
-            hq, dn, r, lat, dv = (spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank,
-                                  spec.v_head_dim)
-            if spec.q_lora_rank:
-                out[p + "q_a_w"] = ((spec.q_lora_rank, h), "linear")
-                out[p + "q_a_norm"] = ((spec.q_lora_rank,), "norm")
-                out[p + "q_b_w"] = ((hq * (dn + r), spec.q_lora_rank), "linear")
-            else:
-                out[p + "q_w"] = ((hq * (dn + r), h), "linear")
-            out[p + "kv_a_w"] = ((lat + r, h), "linear")
-            out[p + "kv_a_norm"] = ((lat,), "norm")
-            out[p + "w_uk"] = ((hq, dn, lat), "linear")
-            out[p + "w_uv"] = ((hq, dv, lat), "linear")
-            out[p + "o_w"] = ((h, hq * dv), "linear")
-            out.update(_indexer_specs(spec, i))
+            out.update(_mla_specs(spec, i, p))
         else:
             hq, hk, dh, dv = spec.num_heads, spec.layer_kv_heads(i), spec.layer_head_dim(i), spec.layer_v_head_dim(i)
             v_rows = 0 if spec.layer_k_eq_v(i) else hk * dv                                # Gemma-4: V = K's rows
@@ -104,25 +91,54 @@ def param_specs(spec, layers: list[int]) -> dict[str, tuple[tuple[int, ...], str
                 out[p + "sinks"] = ((hq,), "router_bias")            # fp32, one logit per head (gpt-oss ``sinks``)
             if spec.family == "gemma4":
                 out.update(gemma4_layer_specs(spec, i))
-        if spec.layer_kind(i) == "dense":
-            inter = layer_intermediate(spec, i)                 # Gemma-4: double-wide on K/V-sharing layers
-            out[p + "gate_up_w"] = ((2 * inter, h), "linear")
-            out[p + "down_w"] = ((h, inter), "linear")
-        else:
-            e, im = spec.num_experts, spec.moe_intermediate_size
-            out[p + "router_w"] = ((e, h), "linear")
-            if spec.routing_bias:
-                out[p + "router_bias"] = ((e,), "router_bias")
-            out[p + "w13"] = ((e, 2 * im, h), "linear")
-            out[p + "w2"] = ((e, h, im), "linear")
-            if spec.num_shared_experts:
-                si = spec.shared_intermediate_size * spec.num_shared_experts
-                out[p + "shared_gate_up_w"] = ((2 * si, h), "linear")
-                out[p + "shared_down_w"] = ((h, si), "linear")
-                if spec.shared_expert_gate:
-                    out[p + "shared_gate_w"] = ((1, h), "linear")
+        out.update(_ffn_specs(spec, i, p))
         if spec.family == "gpt_oss":
             out.update(gpt_oss.extra_param_specs(spec, i))
+    return out
+
+
+def _mla_specs(spec, i: int, p: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Layer ``i``'s MLA attention (prefix ``p``): low-rank or full q, the latent K/V, its DSA indexer."""
+    h = spec.hidden_size
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    hq, dn, r, lat, dv = (spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank,
+                          spec.v_head_dim)
+    if spec.q_lora_rank:
+        out[p + "q_a_w"] = ((spec.q_lora_rank, h), "linear")
+        out[p + "q_a_norm"] = ((spec.q_lora_rank,), "norm")
+        out[p + "q_b_w"] = ((hq * (dn + r), spec.q_lora_rank), "linear")
+    else:
+        out[p + "q_w"] = ((hq * (dn + r), h), "linear")
+    out[p + "kv_a_w"] = ((lat + r, h), "linear")
+    out[p + "kv_a_norm"] = ((lat,), "norm")
+    out[p + "w_uk"] = ((hq, dn, lat), "linear")
+    out[p + "w_uv"] = ((hq, dv, lat), "linear")
+    out[p + "o_w"] = ((h, hq * dv), "linear")
+    out.update(_indexer_specs(spec, i))
+    return out
+
+
+def _ffn_specs(spec, i: int, p: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Layer ``i``'s MLP (prefix ``p``): a dense gated MLP, or the router, experts and shared experts of a MoE."""
+    h = spec.hidden_size
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    if spec.layer_kind(i) == "dense":
+        inter = layer_intermediate(spec, i)                 # Gemma-4: double-wide on K/V-sharing layers
+        out[p + "gate_up_w"] = ((2 * inter, h), "linear")
+        out[p + "down_w"] = ((h, inter), "linear")
+    else:
+        e, im = spec.num_experts, spec.moe_intermediate_size
+        out[p + "router_w"] = ((e, h), "linear")
+        if spec.routing_bias:
+            out[p + "router_bias"] = ((e,), "router_bias")
+        out[p + "w13"] = ((e, 2 * im, h), "linear")
+        out[p + "w2"] = ((e, h, im), "linear")
+        if spec.num_shared_experts:
+            si = spec.shared_intermediate_size * spec.num_shared_experts
+            out[p + "shared_gate_up_w"] = ((2 * si, h), "linear")
+            out[p + "shared_down_w"] = ((h, si), "linear")
+            if spec.shared_expert_gate:
+                out[p + "shared_gate_w"] = ((1, h), "linear")
     return out
 
 

@@ -30,7 +30,7 @@ def compare_worker(rank: int, world: int, cases: list, points: list[WorkloadPoin
 
     from persistent_engine.models.decoder import build_model
     from persistent_engine.parallel.tensor_parallel import ParallelConfig, shard_model, shard_workload
-    from persistent_engine.workloads import make_workload
+    from persistent_engine.inputs.workloads import make_workload
 
     dev = f"cuda:{rank}" if device.startswith("cuda") else "cpu"
     atol, rtol = TOLERANCE[dtype]

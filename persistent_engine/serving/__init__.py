@@ -6,7 +6,7 @@ the same one.
 """
 
 from persistent_engine.serving.blocks import BlockManager
-from persistent_engine.serving.engine import KNOBS, EngineConfig, ServingEngine, TokenEvent
+from persistent_engine.serving.engine import KNOBS, ServingConfig, ServingEngine, TokenEvent
 from persistent_engine.serving.sampling import SamplingParams
 
-__all__ = ["BlockManager", "EngineConfig", "KNOBS", "SamplingParams", "ServingEngine", "TokenEvent"]
+__all__ = ["BlockManager", "ServingConfig", "KNOBS", "SamplingParams", "ServingEngine", "TokenEvent"]

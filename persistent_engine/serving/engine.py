@@ -1,7 +1,7 @@
 """The serving engine: continuous batching over the generic decoder, with chunked prefill, a paged KV
 cache with prefix caching (``blocks.BlockManager``) and CUDA graphs for decode batch sizes.
 
-    engine = ServingEngine(model, make_scheduler, EngineConfig.from_knobs(plan_config, device="cuda"))
+    engine = ServingEngine(model, make_scheduler, ServingConfig.from_knobs(plan_config, device="cuda"))
     engine.add("r1", prompt_ids, SamplingParams(max_tokens=64))
     while engine.has_work():
         for ev in engine.step():          # TokenEvent(rid, token, finish_reason)
@@ -16,7 +16,7 @@ One step = the scheduler's plan, run as at most two forward passes over the shar
 prompt chunks (ragged, ``attention_prefill``) and the decodes (one token each, ``attention_decode``,
 replayed from a CUDA graph captured for the smallest graph batch size that holds them; padded rows
 write to the scratch block). Every op goes through the registry, so a plan's overrides (installed by
-the caller) run here; its CONFIG knobs come in through ``EngineConfig.from_knobs``.
+the caller) run here; its CONFIG knobs come in through ``ServingConfig.from_knobs``.
 Host syncs: one per forward (reading the sampled tokens).
 """
 
@@ -33,9 +33,9 @@ from persistent_engine.models.spec import SpecError
 from persistent_engine.ops.opdef import DEFAULT_BLOCK_SIZE
 from persistent_engine.serving.blocks import SCRATCH_BLOCK, BlockManager
 from persistent_engine.serving.sampling import SamplingParams, sample_rows
-from persistent_engine.workloads import Workload
+from persistent_engine.inputs.workloads import Workload
 
-__all__ = ["EngineConfig", "ServingEngine", "TokenEvent", "SchedulerLike", "KNOBS", "compiled_decode", "compile_count"]
+__all__ = ["ServingConfig", "ServingEngine", "TokenEvent", "SchedulerLike", "KNOBS", "compiled_decode", "compile_count"]
 
 # CONFIG keys of a plan the serving engine consumes (DESIGN.md "Candidate")
 KNOBS = ("max_num_seqs", "max_num_batched_tokens", "cuda_graph_batch_sizes", "kv_block_size")
@@ -63,7 +63,7 @@ class SchedulerLike(Protocol):
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class ServingConfig:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     block_size: int = DEFAULT_BLOCK_SIZE
@@ -77,7 +77,7 @@ class EngineConfig:
     compile_backend: str = "inductor"        # torch.compile's backend ("eager": dynamo only, the CPU test's)
 
     @classmethod
-    def from_knobs(cls, knobs: dict, **kw) -> "EngineConfig":
+    def from_knobs(cls, knobs: dict, **kw) -> "ServingConfig":
         """An engine config from a plan's CONFIG (keys of ``KNOBS``; others are not the engine's)
         over the keyword defaults."""
         kw = dict(kw)
@@ -108,7 +108,7 @@ class _Request:
 
 
 class ServingEngine:
-    def __init__(self, model, make_scheduler: Callable[[BlockManager], SchedulerLike], cfg: EngineConfig,
+    def __init__(self, model, make_scheduler: Callable[[BlockManager], SchedulerLike], cfg: ServingConfig,
                  progress: Callable[[str], None] | None = None):
         """``progress``: called with a line per CUDA-graph capture (size, width, seconds, replay ms, compiles so far)."""
         self.model, self.cfg = model, cfg

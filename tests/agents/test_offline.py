@@ -293,7 +293,7 @@ def test_free_text_idea_is_worked_as_a_template_setting_and_failures_are_posted(
 def _measured_profile() -> dict:
     """Step times of the real tiny-dense model at three points, timed here."""
     from persistent_engine.models.decoder import build_model
-    from persistent_engine.workloads import make_workload
+    from persistent_engine.inputs.workloads import make_workload
 
     model = build_model(TINY, device="cpu")
     rows, threads = [], torch.get_num_threads()

@@ -230,9 +230,9 @@ def test_search_proposes_the_kv_write_region_for_dense_gqa_models_only(model, de
     on tiny-moe the region never runs, has no share, and is never proposed."""
     from agents import AgentContext
     from agents.offline import KernelSearchAgent, OfflineTeam
-    from persistent_engine import profiler
+    from persistent_engine.measure import profiler
     from persistent_engine.models.decoder import build_model
-    from persistent_engine.workloads import make_workload
+    from persistent_engine.inputs.workloads import make_workload
 
     torch.manual_seed(0)
     point = WorkloadPoint(phase="decode", batch=1, context=12, chunk=1, weight=1.0)

@@ -16,7 +16,7 @@ from compiler.hf_checkpoint import export_model, write_hf_checkpoint  # noqa: E4
 from compiler.serve_model import ModelLoadError, load_served_model, render_chat  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 from persistent_engine.models.decoder import make_decoder  # noqa: E402
-from persistent_engine.workloads import make_workload  # noqa: E402
+from persistent_engine.inputs.workloads import make_workload  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 96, 2
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -63,7 +63,7 @@ def test_sigint_during_search_writes_the_plan(tmp_path):
     assert "interrupted" in (vdir / "report.md").read_text()
     assert str(vdir / "report.md") in stdout
     assert any("interrupted: finishing" in line for line in lines)
-    # each tier's engine reports the layer-level bound it calibrated (persistent_engine/tolerance.py)
+    # each tier's engine reports the layer-level bound it calibrated (persistent_engine/verification/tolerance.py)
     assert any(line.startswith("[tkcc] fast engine (cpu, layers [") and "layer-level logits bound 0.0" in line
                for line in lines), "".join(lines[:12])
     for o in plan.optimizations:

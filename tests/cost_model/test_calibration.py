@@ -6,12 +6,12 @@ import pytest
 from cost_model import CostModelError, Efficiency, Layout, estimate_step, evaluate, fit, get_hardware, load_calibration
 from cost_model.calibration import Calibration, load_measurements
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 H200 = get_hardware("h200")
-POINTS = [WorkloadPoint(phase="decode", batch=b, context=c, chunk=1, weight=1.0)
+POINTS = [TrafficPoint(phase="decode", batch=b, context=c, chunk=1, weight=1.0)
           for b, c in ((1, 1024), (8, 2048), (64, 4096), (256, 1024), (16, 16384))] + \
-         [WorkloadPoint(phase="prefill", batch=1, context=c, chunk=n, weight=1.0)
+         [TrafficPoint(phase="prefill", batch=1, context=c, chunk=n, weight=1.0)
           for c, n in ((0, 512), (0, 4096), (4096, 2048))]
 TRUE = Efficiency(factors={"gemm": 1.3, "attention": 2.0, "moe": 1.6, "elementwise": 1.5, "comm": 1.0},
                   kernel_overhead_s=6e-6)

@@ -4,11 +4,11 @@ every other point and must predict the other half within a median 15% absolute e
 
 Runs in ~20-40 s on 2 idle cores (one llama-1b layer with its 0.5 GB lm_head is most of it). The
 measurement is robust to other processes: one torch thread, points sampled interleaved, the fastest
-sample of each kept (persistent_engine.measure)."""
+sample of each kept (persistent_engine.measure.suite)."""
 import numpy as np
 
 from cost_model import evaluate, fit, get_hardware
-from persistent_engine.measure import CPU_SUITE, measure_suite
+from persistent_engine.measure.suite import CPU_SUITE, measure_suite
 
 HELD_OUT_LIMIT = 0.15
 

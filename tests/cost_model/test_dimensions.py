@@ -11,7 +11,7 @@ from cost_model.queueing import wait_s
 from cost_model.search import DEFAULT_OBJECTIVE, SLA, enumerate_layouts, evaluate_layout, native_weight_dtype
 from cost_model.traffic import length_buckets
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 H200 = get_hardware("h200")
 LLAMA = ModelSpec.from_name("llama-8b")
@@ -22,7 +22,7 @@ def test_fp8_kv_halves_kv_bytes_and_attention_time():
     assert kv_bytes_per_seq_gpu(LLAMA, f8, 4096) == 0.5 * kv_bytes_per_seq_gpu(LLAMA, bf, 4096)
     assert memory_fit(LLAMA, H200, f8, 64, 4096).kv == pytest.approx(0.5 * memory_fit(LLAMA, H200, bf, 64, 4096).kv)
     eff = curve_efficiency(H200)
-    p = WorkloadPoint(phase="decode", batch=64, context=8192)
+    p = TrafficPoint(phase="decode", batch=64, context=8192)
     t_bf = estimate_step(LLAMA, H200, bf, p, eff=eff).by_class["attention"]
     t_f8 = estimate_step(LLAMA, H200, f8, p, eff=eff).by_class["attention"]
     assert 0.4 * t_bf < t_f8 < 0.85 * t_bf

@@ -10,7 +10,7 @@ import pytest
 from cost_model import Efficiency, Layout, estimate_step, fit, get_hardware
 from cost_model.calibration import COLUMNS, FORMS, FitBounds, _bvls
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 H200 = get_hardware("h200")
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def _collinear_rows():
     rows = []
     for b in (1, 2, 4, 8):
         for c in (512, 1024, 4096, 16384):
-            p = WorkloadPoint(phase="decode", batch=b, context=c, chunk=1, weight=1.0)
+            p = TrafficPoint(phase="decode", batch=b, context=c, chunk=1, weight=1.0)
             t = estimate_step(spec, H200, Layout(), p, eff=true).latency_s * rng.uniform(0.9, 1.1)
             rows.append({"model": "llama-1b", "layers": None, "point": p.to_dict(), "seconds": t, "graph": True})
     return rows

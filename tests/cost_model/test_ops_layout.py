@@ -6,7 +6,7 @@ from cost_model.comm import all_reduce_time, all_to_all_time
 from cost_model.layout import kv_bytes_per_token_layer_gpu, weight_bytes_gpu
 from cost_model.ops import expert_load
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 H200 = get_hardware("h200")
 
@@ -17,7 +17,7 @@ def _op(ops, name):
 
 def test_llama8b_decode_ops_by_hand():
     s = ModelSpec.from_name("llama-8b")            # H 4096, 32 q / 8 kv heads of 128, FFN 14336
-    ops = step_ops(s, Layout(), WorkloadPoint(phase="decode", batch=4, context=1000))
+    ops = step_ops(s, Layout(), TrafficPoint(phase="decode", batch=4, context=1000))
     qkv = _op(ops, "qkv_proj")
     assert qkv.count == 32
     assert qkv.flops == 2 * 4 * 4096 * (32 + 16) * 128
@@ -27,7 +27,7 @@ def test_llama8b_decode_ops_by_hand():
     assert att.bytes >= 4 * 1001 * 2 * 8 * 128 * 2
     assert att.flops == 4 * 4 * 32 * 128 * 1001
     # TP2 halves the projection
-    ops2 = step_ops(s, Layout(tp=2), WorkloadPoint(phase="decode", batch=4, context=1000))
+    ops2 = step_ops(s, Layout(tp=2), TrafficPoint(phase="decode", batch=4, context=1000))
     assert _op(ops2, "qkv_proj").flops == qkv.flops / 2
     assert _op(ops2, "attn_all_reduce").bytes == 4 * 4096 * 2
 

@@ -8,7 +8,7 @@ from cost_model import Layout, step_ops
 from cost_model.ops_reference import (K_TRANSPOSE_READ, ref_attention_decode, ref_attention_prefill,
                                       ref_moe_experts, ref_rms_norm, ref_rotary)
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,14 +70,14 @@ def test_moe_experts_paths_by_hand():
 
 def test_reference_step_follows_the_decoder():
     s = ModelSpec.from_name("llama-1b")                  # 16 dense GQA layers
-    ops = step_ops(s, Layout(), WorkloadPoint(phase="decode", batch=4, context=100), impl="reference")
+    ops = step_ops(s, Layout(), TrafficPoint(phase="decode", batch=4, context=100), impl="reference")
     names = [o.name for o in ops]
     assert "qkv_split" not in names and "rms_norm" not in names          # strided views; zero residual
     assert names.count("residual_zeros") == 1 and names[-1] == "logits_fp32"
     norms = [o for o in ops if o.name == "fused_add_rms_norm"]
     assert sum(o.count for o in norms) == 2 * 16
     assert next(o for o in ops if o.name == "final_norm").bytes == 64 * 4 * 2048
-    pre = step_ops(s, Layout(), WorkloadPoint(phase="prefill", batch=1, context=0, chunk=64), impl="reference")
+    pre = step_ops(s, Layout(), TrafficPoint(phase="prefill", batch=1, context=0, chunk=64), impl="reference")
     assert "last_tokens" in [o.name for o in pre]
 
 

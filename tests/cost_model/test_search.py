@@ -4,7 +4,7 @@ import pytest
 from cost_model import SLA, TrafficShape, get_hardware, search
 from cost_model.search import enumerate_layouts
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 
 def test_deepseek_on_8xh200_bf16_never_fits_fp8_does():
@@ -79,8 +79,8 @@ def test_traffic_shapes_change_memory_need():
 
 
 def test_traffic_from_points():
-    pts = [WorkloadPoint(phase="prefill", batch=1, context=0, chunk=2048, weight=0.3),
-           WorkloadPoint(phase="decode", batch=32, context=2304, chunk=1, weight=0.7)]
+    pts = [TrafficPoint(phase="prefill", batch=1, context=0, chunk=2048, weight=0.3),
+           TrafficPoint(phase="decode", batch=32, context=2304, chunk=1, weight=0.7)]
     t = TrafficShape.from_points(pts)
     assert t.isl == 2048 and t.osl == 512 and t.chunk == 2048
 

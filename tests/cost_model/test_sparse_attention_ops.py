@@ -6,11 +6,11 @@ import json
 from cost_model.layout import Layout
 from cost_model.ops import attended_keys, step_ops
 from persistent_engine.models.spec import CONFIG_DIR, ModelSpec
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 
 def _bytes(spec, ctx, name):
-    ops = step_ops(spec, Layout(tp=8), WorkloadPoint(phase="decode", batch=16, context=ctx))
+    ops = step_ops(spec, Layout(tp=8), TrafficPoint(phase="decode", batch=16, context=ctx))
     return sum(o.bytes * o.count for o in ops if o.name == name)
 
 

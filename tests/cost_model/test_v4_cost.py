@@ -4,17 +4,17 @@ compressed-attention ops, and attention cost grows far slower than the context (
 from cost_model.layout import Layout
 from cost_model.ops import compressed_attended_keys, step_ops
 from persistent_engine.models.spec import ModelSpec
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 
 def _attn_flops(spec, ctx: int) -> float:
-    ops = step_ops(spec, Layout(), WorkloadPoint(phase="decode", batch=8, context=ctx), layers=[2, 3])
+    ops = step_ops(spec, Layout(), TrafficPoint(phase="decode", batch=8, context=ctx), layers=[2, 3])
     return sum(o.flops * o.count for o in ops if o.name == "compressed_attention")
 
 
 def test_v4_step_names_its_ops():
     spec = ModelSpec.from_name("deepseek")
-    names = {o.name for o in step_ops(spec, Layout(), WorkloadPoint(phase="decode", batch=4, context=1000), layers=[0, 2, 3])}
+    names = {o.name for o in step_ops(spec, Layout(), TrafficPoint(phase="decode", batch=4, context=1000), layers=[0, 2, 3])}
     assert {"hc_pre", "hc_post", "kv_compress", "csa_indexer", "compressed_attention", "grouped_o_a_proj"} <= names
     assert "mla_decode" not in names and "attention_decode" not in names
 

@@ -9,11 +9,11 @@ import random
 import pytest
 import torch
 
-from persistent_engine import timing
+from persistent_engine.measure import timing
 from persistent_engine.executor import wire
 from persistent_engine.executor.out_ring import OutRing, ring_bytes
 from persistent_engine.judge import ab
-from persistent_engine.judge.engine import CandidateRaised
+from persistent_engine.judge.types import CandidateRaised
 
 V, T = 97, 3                                    # vocabulary, tokens per step (decode batch 3)
 TABLE = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
@@ -35,7 +35,7 @@ class FakeExecutor:
         self.out = OutRing.create(ring_bytes("cpu", T * V * 4), "cpu")
 
     def call(self, msg, timeout):
-        assert isinstance(msg, wire.Run)
+        assert isinstance(msg, wire.TimedRun)
         ring = self.out.runs(msg.k, msg.shape, getattr(torch, msg.dtype))
         if self.defers:
             return wire.Ran(k=msg.k)
@@ -163,7 +163,7 @@ class TimedExecutor(FakeExecutor):
 
     def call(self, msg, timeout):
         self.ops.append(msg.KIND)
-        if isinstance(msg, wire.Run):
+        if isinstance(msg, wire.TimedRun):
             self.requests += 1
             wobble = 1 + self.jitter * ((self.requests * 7) % 5 - 2)
             self.clock.ns += int(self.ms * wobble * msg.k * 1e6)

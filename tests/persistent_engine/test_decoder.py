@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ALIASES, ModelSpec, SpecError
 from persistent_engine.ops import registry
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 

@@ -10,7 +10,7 @@ import torch
 from persistent_engine.models.deepseek_v4 import forward
 from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec, SpecError
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 TOL = dict(rtol=2e-4, atol=2e-4)
@@ -82,7 +82,7 @@ def test_checkpoint_loading_is_refused_with_one_line(tmp_path):
 def test_relayout_keeps_the_cache_and_the_logits(model):
     """The judge re-pages a workload's cache in other block sizes: the compressed entries (per sequence, not
     paged) travel with the pages, so the step's logits stay the same."""
-    from persistent_engine.workloads import relayout_workload
+    from persistent_engine.inputs.workloads import relayout_workload
 
     wl = make_workload(model, WorkloadPoint(phase="decode", batch=2, context=37), seed=4)
     base = model.step(wl)
@@ -91,7 +91,7 @@ def test_relayout_keeps_the_cache_and_the_logits(model):
 
 
 def test_serving_refuses_v4_with_one_line(model):
-    from persistent_engine.serving.engine import EngineConfig, ServingEngine
+    from persistent_engine.serving.engine import ServingConfig, ServingEngine
 
     with pytest.raises(SpecError, match="serving DeepSeek-V4 is not implemented yet"):
-        ServingEngine(model, lambda kv: None, EngineConfig())
+        ServingEngine(model, lambda kv: None, ServingConfig())

@@ -9,7 +9,7 @@ from persistent_engine.models import build_model
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.ops import registry
 from persistent_engine.ops.dsa import indexer_topk, sparse_mla_decode, sparse_mla_prefill
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 F32 = torch.float32

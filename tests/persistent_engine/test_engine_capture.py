@@ -8,8 +8,9 @@ import torch
 
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
-from persistent_engine import guards, timing
-from persistent_engine.workloads import relayout_workload
+from persistent_engine.measure import timing
+from persistent_engine.verification import guards
+from persistent_engine.inputs.workloads import relayout_workload
 from persistent_engine.ops import attention, moe
 from persistent_engine.io_struct import WorkloadPoint
 

@@ -32,7 +32,7 @@ def test_moe_bytes_count_only_routed_experts():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import forward
     from persistent_engine.models.decoder import build_model
-    from persistent_engine.workloads import make_workload
+    from persistent_engine.inputs.workloads import make_workload
     model = build_model("tiny-moe", layers=[1])                  # 8 experts, top-2
     one = forward.bytes_read(model, make_workload(model, WorkloadPoint(phase="decode", batch=1, context=8)))
     many = forward.bytes_read(model, make_workload(model, WorkloadPoint(phase="decode", batch=64, context=8)))

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from persistent_engine import profiler
+from persistent_engine.measure import profiler
 from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 COMPOSITES = ("add_rms_norm_linear", "silu_mul_linear")

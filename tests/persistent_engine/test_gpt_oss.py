@@ -17,7 +17,7 @@ from persistent_engine.ops.mxfp4 import decode_mxfp4, encode_mxfp4
 from persistent_engine.models.spec import CONFIG_DIR, ModelSpec, SpecError
 from persistent_engine.models.weights import hf_to_internal, internal_to_hf
 from persistent_engine.ops.gpt_oss import moe_experts_bias
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 
 F32 = torch.float32
 

@@ -127,7 +127,7 @@ def test_a_correct_loser_is_stopped_for_futility_and_rechecked(sup):
     could (6 pairs, or a later look when the shared CPU's noise put a pair within the margin), its speedup
     the median of those pairs (< 0.98), spot re-checks passed, and the compiler's screen rejects it."""
     from compiler.acceptance import AcceptanceConfig, screen
-    from persistent_engine import timing
+    from persistent_engine.measure import timing
 
     v = sup.evaluate(src("slow_exact"), timeout_s=300)
     assert v.correct, v.reasons

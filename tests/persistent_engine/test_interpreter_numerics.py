@@ -11,7 +11,7 @@ import pathlib
 import pytest
 import torch
 
-from persistent_engine import interpreter, verify
+from persistent_engine.verification import interpreter, verify
 from persistent_engine.judge.checks import default_points
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry

@@ -35,7 +35,7 @@ def _next_is_judged_correctly(sup, pid, used):
 
 
 WRONG = [
-    ("replaces_judge_methods", "load: candidate changed global state", "persistent_engine.verify.compare_logits"),
+    ("replaces_judge_methods", "load: candidate changed global state", "persistent_engine.verification.verify.compare_logits"),
     ("replaces_judge_methods_late", "op-level: fused_add_rms_norm", "mismatch"),
     ("walks_frames", "op-level: fused_add_rms_norm", "mismatch"),
     ("patches_unwatched", "op-level: fused_add_rms_norm", "mismatch"),

@@ -12,7 +12,7 @@ from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.ops import kda
 from persistent_engine.ops.contract import check_op
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 

@@ -7,7 +7,7 @@ from persistent_engine.models.decoder import build_model
 from persistent_engine.models.kv_cache import alloc_kv_cache, kv_write, write_kv
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.serving.engine import compiled_decode
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 

@@ -10,12 +10,12 @@ import pathlib
 import pytest
 import torch
 
-from persistent_engine import verify
+from persistent_engine.verification import verify
 from persistent_engine.models.decoder import Decoder, build_model
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import layers, registry
 from persistent_engine.ops.contract import check_op, run_candidate, written_rows
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 KV = "add_rms_norm_qkv_rotary_kv_write"
@@ -165,7 +165,7 @@ def test_op_level_verification_checks_the_layer_at_the_workload_points(llama):
 
 
 def test_cache_rows_guard_names_a_pool_written_outside_the_new_tokens(llama):
-    from persistent_engine import guards
+    from persistent_engine.verification import guards
 
     wl = make_workload(llama, dataclasses.replace(DECODE, context=5), seed=4)      # the next row after each new token: masked
     rows = guards.CacheRows(wl)

@@ -10,7 +10,7 @@ from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.ops import linear_attention as la
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 F64 = torch.float64

@@ -10,7 +10,7 @@ from persistent_engine.models.rope import attention_scale, cos_sin_cache, yarn_m
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.models.weights import init_params, param_specs
 from persistent_engine.ops import registry
-from persistent_engine.workloads import Workload, make_workload
+from persistent_engine.inputs.workloads import Workload, make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 

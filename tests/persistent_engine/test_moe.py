@@ -86,7 +86,7 @@ def test_real_size_moe_layer_runs_on_gpu(alias):
     """One real-size MoE layer (7-34 GB of experts) with embeddings and lm_head, decode and prefill."""
     from persistent_engine.models.decoder import build_model
     from persistent_engine.models.spec import ModelSpec
-    from persistent_engine.workloads import make_workload
+    from persistent_engine.inputs.workloads import make_workload
     spec = ModelSpec.from_name(alias)
     moe_layer = spec.layer_kinds().index("moe")
     layers = sorted({moe_layer, spec.indexer_source(moe_layer) or moe_layer})    # a shared DSA layer + its source
@@ -143,7 +143,7 @@ def test_op_level_checks_of_huge_expert_sets_use_fewer_experts(monkeypatch):
     """DeepSeek's moe_experts at full size needs ~360 GB for one op-level check: with a budget the check
     runs at fewer experts (same H, I, k, T); qwen3-moe's fits and keeps all 128; without a budget (CPU)
     nothing changes."""
-    from persistent_engine import verify
+    from persistent_engine.verification import verify
     from persistent_engine.models.spec import ModelSpec
     from persistent_engine.ops import contract
 

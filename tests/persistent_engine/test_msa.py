@@ -9,7 +9,7 @@ from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.attention import attention_decode
 from persistent_engine.ops.msa import block_sparse_decode, block_sparse_prefill, block_topk, swigluoai_and_mul
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 F32 = torch.float32

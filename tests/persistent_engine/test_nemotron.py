@@ -15,7 +15,7 @@ from persistent_engine.models.nemotron import Mamba2Mixer
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import mamba
 from persistent_engine.ops.contract import check_op
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 
 D64 = torch.float64
 

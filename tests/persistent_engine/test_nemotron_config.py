@@ -14,7 +14,7 @@ from cost_model.layout import Layout, kv_bytes_per_seq_gpu, weight_bytes_gpu
 from cost_model.ops import step_ops
 from persistent_engine.models.aliases import ALIASES, CONFIG_DIR, RELEASES
 from persistent_engine.models.spec import ModelSpec, SpecError
-from traffic_profiles import WorkloadPoint
+from traffic_profiles import TrafficPoint
 
 
 def _config(name="nemotron-3-super"):
@@ -86,13 +86,13 @@ def test_a_changed_config_is_refused_with_one_line(edit, word):
 def test_cost_model_counts_states_and_relu2_experts():
     s = ModelSpec.from_name("nemotron")
     one = Layout(tp=1)
-    dec = {o.name: o for o in step_ops(s, one, WorkloadPoint("decode", batch=8, context=4096))}
+    dec = {o.name: o for o in step_ops(s, one, TrafficPoint("decode", batch=8, context=4096))}
     ssd = dec["ssd_decode"]
     state = 8 * 128 * 64 * 128 * 4.0
     assert ssd.count == 40 and ssd.bytes >= 2 * state and ssd.flops == 8 * 128 * 6.0 * 64 * 128
     assert dec["moe_experts_relu2"].count == 40 and "rotary_embedding" not in dec and "mlp_gate_up" not in dec
     assert dec["attention_decode"].count == 8
-    pre = {o.name: o for o in step_ops(s, one, WorkloadPoint("prefill", batch=1, context=0, chunk=2048))}
+    pre = {o.name: o for o in step_ops(s, one, TrafficPoint("prefill", batch=1, context=0, chunk=2048))}
     assert pre["ssd_prefill"].flops == 2048 * 128 * (2.0 * 128 * (128 + 64) + 4.0 * 64 * 128)
     # memory: a sequence's K/V on the 8 attention layers plus 40 Mamba states; tp2 halves the heads of both
     per_seq = kv_bytes_per_seq_gpu(s, one, 4096)

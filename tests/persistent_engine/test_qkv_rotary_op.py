@@ -10,13 +10,13 @@ import collections
 import pytest
 import torch
 
-from persistent_engine import profiler
+from persistent_engine.measure import profiler
 from persistent_engine.models.decoder import build_model
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.attention import rope_cache
 from persistent_engine.ops.contract import check_op
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 NAME = "add_rms_norm_qkv_rotary"

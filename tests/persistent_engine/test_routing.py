@@ -1,4 +1,4 @@
-"""Realistic MoE routing on the slow tier (persistent_engine/routing.py): a 64-expert top-8 slice
+"""Realistic MoE routing on the slow tier (persistent_engine/inputs/routing.py): a 64-expert top-8 slice
 (tests/persistent_engine/configs/moe-64x8.json, Qwen3-MoE shaped) routes its workloads with the requested
 power-law expert load, and a correct implementation that rounds differently flips far fewer routing
 decisions than with the random (uniform) routers. Both rates are printed (pytest -s)."""
@@ -11,11 +11,12 @@ import torch
 
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
-from persistent_engine import routing, tolerance, verify
+from persistent_engine.inputs import routing
+from persistent_engine.verification import tolerance, verify
 from persistent_engine.models.decoder import build_model
 from persistent_engine.ops import registry
-from persistent_engine.tier_inputs import TierInputs, share_prefix
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.tier_inputs import TierInputs, share_prefix
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 CONFIG = str(pathlib.Path(__file__).parent / "configs" / "moe-64x8.json")

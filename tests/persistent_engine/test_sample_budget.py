@@ -1,4 +1,4 @@
-from persistent_engine import timing
+from persistent_engine.measure import timing
 
 
 def test_long_gpu_steps_get_fewer_samples_but_never_too_few():

@@ -119,9 +119,9 @@ def test_engine_side_modules_import_only_torch_triton_zmq_msgpack_and_the_stdlib
 
     allowed = set(sys.stdlib_module_names) | {"torch", "triton", "zmq", "msgpack", "persistent_engine"}
     pkg = pathlib.Path(__file__).parents[2] / "persistent_engine"
-    mine = ["io_struct", "server", "client", "judge/engine", "judge/ab", "judge/checks", "judge/__init__", "candidate", "verify",
-            "timing", "profiler", "supervisor", "guards", "__main__", "executor/__init__", "executor/worker",
-            "executor/launch", "executor/channel", "executor/routes"]
+    mine = ["io_struct", "server", "client", "judge/engine", "judge/types", "judge/ab", "judge/checks", "judge/__init__",
+            "candidate", "verification/verify", "verification/guards", "measure/timing", "measure/profiler", "supervisor",
+            "__main__", "executor/__init__", "executor/worker", "executor/launch", "executor/channel", "executor/routes"]
     for name in mine:
         tree = ast.parse((pkg / f"{name}.py").read_text())
         for node in ast.walk(tree):

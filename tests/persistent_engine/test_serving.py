@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from persistent_engine.models.decoder import build_model
-from persistent_engine.serving import BlockManager, EngineConfig, SamplingParams, ServingEngine
-from persistent_engine.workloads import make_workload
+from persistent_engine.serving import BlockManager, ServingConfig, SamplingParams, ServingEngine
+from persistent_engine.inputs.workloads import make_workload
 from traffic_profiles.scheduler import Scheduler, SchedulerConfig, Seq
 from persistent_engine.io_struct import WorkloadPoint
 
@@ -27,7 +27,7 @@ def naive_greedy(m, prompt, n):
 
 def engine(m, **kw):
     sc = SchedulerConfig(max_num_seqs=kw.pop("max_num_seqs", 3), max_num_batched_tokens=kw.pop("budget", 7))
-    return ServingEngine(m, lambda kv: Scheduler(sc, kv), EngineConfig(kv_cache_bytes=1 << 20, **kw))
+    return ServingEngine(m, lambda kv: Scheduler(sc, kv), ServingConfig(kv_cache_bytes=1 << 20, **kw))
 
 
 def run(eng, out=None):

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from persistent_engine import timing
+from persistent_engine.measure import timing
 
 
 def _busy(ms: float) -> torch.Tensor:
@@ -156,7 +156,7 @@ def test_cuda_deferred_samples_of_graph_replays_match_synchronous_ones():
 
 
 def test_speedup_q1_is_the_lower_quartile_of_the_pair_ratios():
-    from persistent_engine.timing import ABResult, Stats
+    from persistent_engine.measure.timing import ABResult, Stats
     stats = Stats.of([1.0, 1.0])
     res = ABResult(baseline=stats, candidate=stats, kept=[],
                    pairs=[(2.0, 1.0), (1.0, 1.0), (3.0, 1.0), (1.5, 1.0), (1.2, 1.0)])

@@ -6,7 +6,7 @@ from math import comb
 import pytest
 import torch
 
-from persistent_engine import timing
+from persistent_engine.measure import timing
 
 
 def false_stop_probability(looks: list[int], p_close: float = 0.5) -> float:

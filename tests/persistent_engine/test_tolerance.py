@@ -1,4 +1,4 @@
-"""The calibrated layer-level logits bound (persistent_engine/tolerance.py): re-rounding moves elements by
+"""The calibrated layer-level logits bound (persistent_engine/verification/tolerance.py): re-rounding moves elements by
 exactly one ulp, the bound follows the slice's measured noise within its floor and cap, and the engine
 applies its per-point bound in layer-level verification and bench's spot re-check."""
 
@@ -7,7 +7,7 @@ import torch
 
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
-from persistent_engine import tolerance, verify
+from persistent_engine.verification import tolerance, verify
 from persistent_engine.io_struct import WorkloadPoint
 
 POINTS = [WorkloadPoint(phase="decode", batch=4, context=16, chunk=1, weight=0.5),

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 import torch
 
-from persistent_engine import verify
+from persistent_engine.verification import verify
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.judge import engine as eng
 
@@ -118,7 +118,7 @@ def test_a_corrupted_indexer_input_is_rejected_and_a_rerounded_one_is_not():
 
     from persistent_engine.models.decoder import build_model
     from persistent_engine.ops import registry
-    from persistent_engine.workloads import make_workload
+    from persistent_engine.inputs.workloads import make_workload
 
     cfg = scaled_slice()
     cfg.update(hidden_size=128, q_lora_rank=64)

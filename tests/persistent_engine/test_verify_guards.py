@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from persistent_engine import guards, verify
+from persistent_engine.verification import guards, verify
 from persistent_engine.io_struct import WorkloadPoint
 
 

@@ -12,7 +12,7 @@ import torch
 
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
-from persistent_engine import verify
+from persistent_engine.verification import verify
 from persistent_engine.io_struct import WorkloadPoint
 
 QWEN3 = pathlib.Path(eng.__file__).parents[1] / "models" / "configs" / "qwen3-moe.json"
@@ -407,7 +407,7 @@ def test_moe_depths_of_a_slice():
 def test_the_reference_routing_comes_from_the_baseline_executor(tiny_moe, verify_candidate):
     """The layer-level check takes the reference's routing from the baseline executor (a process like the
     candidate's), and this process's own only where the executor's logits do not match the start-up ones."""
-    from persistent_engine import timing
+    from persistent_engine.measure import timing
 
     e = tiny_moe
     e.executor_routes.clear()

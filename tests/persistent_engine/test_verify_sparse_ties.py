@@ -9,14 +9,14 @@ rounds toward zero flips picks in most queries; a candidate that skews the index
 import pytest
 import torch
 
-from persistent_engine import verify
+from persistent_engine.verification import verify
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.judge import engine as eng
 from persistent_engine.models.decoder import build_model
 from persistent_engine.ops import dsa, registry
 from persistent_engine.ops.basic import rms_norm
 from persistent_engine.ops.contract import check_op
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 
 # every position computed in the step (a random-filled context's indexer keys would not be tied): 24 tokens a
 # sequence, so queries past index_topk = 8 positions (M3: past 2 blocks of 4) select

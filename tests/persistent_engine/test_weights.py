@@ -7,7 +7,7 @@ from persistent_engine.models.decoder import build_model
 from persistent_engine.models.safetensors_io import SafetensorsDir, WeightsError, load_file, save_file
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.models.weights import init_params, internal_to_hf, param_specs, save_weights
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 

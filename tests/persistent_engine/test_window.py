@@ -10,7 +10,7 @@ from persistent_engine.models import build_model
 from persistent_engine.models.spec import CONFIG_DIR, ModelSpec
 from persistent_engine.ops import registry
 from persistent_engine.ops.window import attention_decode_window, attention_prefill_window
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 F32 = torch.float32

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from persistent_engine.models.decoder import build_model
-from persistent_engine.workloads import WorkloadError, make_workload
+from persistent_engine.inputs.workloads import WorkloadError, make_workload
 from persistent_engine.io_struct import WorkloadPoint
 
 

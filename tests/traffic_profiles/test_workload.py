@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from traffic_profiles import (RooflineStepTime, SchedulerConfig, Slo, StepShape, Trace, WorkloadPoint, replay,
+from traffic_profiles import (RooflineStepTime, SchedulerConfig, Slo, StepShape, Trace, TrafficPoint, replay,
                               workload_points)
 
 # a 1B-ish model on an H200-ish device, as plain numbers
@@ -16,8 +16,8 @@ def _trace(ts, inp, out, cached=None):
 
 
 def test_point_dict_roundtrip():
-    p = WorkloadPoint("decode", 8, 1024, 1, 0.25)
-    assert WorkloadPoint.from_dict(p.to_dict()) == p
+    p = TrafficPoint("decode", 8, 1024, 1, 0.25)
+    assert TrafficPoint.from_dict(p.to_dict()) == p
     assert set(p.to_dict()) == {"phase", "batch", "context", "chunk", "weight"}
 
 
@@ -26,7 +26,7 @@ def test_one_request_by_hand():
     w = replay(_trace([0.0], [100], [10]), lambda s: 1e-3, SchedulerConfig())
     assert w.summary["simulated_s"] == pytest.approx(0.010)
     pts = {p.phase: p for p in w.points}
-    assert pts["prefill"] == WorkloadPoint("prefill", 1, 0, 100, pytest.approx(0.1))
+    assert pts["prefill"] == TrafficPoint("prefill", 1, 0, 100, pytest.approx(0.1))
     assert pts["decode"].batch == 1 and pts["decode"].weight == pytest.approx(0.9)
     assert pts["decode"].context == 104            # contexts 100..108, mean 104
     assert w.summary["ttft_p50_s"] == pytest.approx(1e-3)

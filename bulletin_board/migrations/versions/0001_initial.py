@@ -18,6 +18,14 @@ depends_on = None
 
 
 def upgrade() -> None:
+    _deployments()
+    _ideas()
+    _discussion()
+    _results()
+
+
+def _deployments() -> None:
+    """Deployments, their runs and drift events."""
     op.create_table('deployments',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('model', sa.String(length=200), nullable=False),
@@ -67,6 +75,9 @@ def upgrade() -> None:
     with op.batch_alter_table('drift_events', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_drift_events_deployment_id'), ['deployment_id'], unique=False)
 
+
+def _ideas() -> None:
+    """Ideas and the candidates written for them."""
     op.create_table('ideas',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('run_id', sa.Integer(), nullable=False),
@@ -113,6 +124,9 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_candidates_run_id'), ['run_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_candidates_source_hash'), ['source_hash'], unique=False)
 
+
+def _discussion() -> None:
+    """Claims on ideas and the posts of their threads."""
     op.create_table('claims',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('idea_id', sa.Integer(), nullable=False),
@@ -144,6 +158,9 @@ def upgrade() -> None:
     with op.batch_alter_table('posts', schema=None) as batch_op:
         batch_op.create_index('ix_posts_thread', ['run_id', 'idea_id', 'id'], unique=False)
 
+
+def _results() -> None:
+    """Evaluations of candidates and the optimizations a run keeps."""
     op.create_table('evaluations',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('candidate_id', sa.String(length=64), nullable=False),

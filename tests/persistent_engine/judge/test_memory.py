@@ -6,7 +6,7 @@ bf16 w13 (1.27 GiB) found 199 MiB free."""
 import pytest
 
 from compiler.fleet import FleetConfig, co_tenant_weights, place
-from persistent_engine import verify
+from persistent_engine.verification import verify
 from persistent_engine.executor.launch import ExecutorDied, failed_to_start
 from persistent_engine.judge import memory
 from persistent_engine.judge.checks import default_points

@@ -7,7 +7,7 @@ from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.decoder import make_decoder
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.models.weights import hf_to_internal, param_specs
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 
 
 def last_logits(spec: ModelSpec, checkpoint: dict, ids: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.decoder import make_decoder
 from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import hf_to_internal, internal_to_hf
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.models.gemma4")

@@ -14,7 +14,7 @@ from persistent_engine.models.spec import ModelSpec, SpecError
 from persistent_engine.models.weights import hf_to_internal, internal_to_hf, param_specs, save_weights
 from persistent_engine.ops import registry
 from persistent_engine.parallel import ParallelConfig, ParallelError, check_supported
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.workloads import make_workload
 
 # the Hub spelling at toy size: layers [full dense, window MoE, window MoE, full MoE], 2 expert groups
 TINY = {"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash", "vocab_size": 80,

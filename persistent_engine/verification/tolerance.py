@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from persistent_engine import verify
+from persistent_engine.verification import verify
 
 NOISE_FACTOR = 1.0
 TOL_CAP = 0.25

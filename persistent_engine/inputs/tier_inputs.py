@@ -32,8 +32,8 @@ import torch
 
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.ops.opdef import new_tokens
-from persistent_engine.routing import RoutingError, RoutingSpec, plant_routing
-from persistent_engine.workloads import make_workload
+from persistent_engine.inputs.routing import RoutingError, RoutingSpec, plant_routing
+from persistent_engine.inputs.workloads import make_workload
 
 __all__ = ["TierInputs", "share_prefix"]
 

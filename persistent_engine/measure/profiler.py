@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from persistent_engine import timing
+from persistent_engine.measure import timing
 
 
 class _Recorder:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from persistent_engine.io_struct import Check, WorkloadPoint
-from persistent_engine.picks import SELECTIONS, PickCall, PickReplay, pick_flips
+from persistent_engine.verification.picks import SELECTIONS, PickCall, PickReplay, pick_flips
 from persistent_engine.ops.moe import expert_scores, route_weights
 
 LOGIT_RTOL = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 3e-2, torch.bfloat16: 5e-2}
@@ -113,7 +113,7 @@ def op_level(op_names: list[str], overrides: dict, spec, points: list[WorkloadPo
     the judge passes one that runs the implementation in the candidate's executor). ``interpreted``: the
     candidate's Triton runs in the interpreter (CPU): NaN/inf in a 16-bit case is no failure when every
     fp32 case passed (``interpreter``; the check passes with that said in its detail)."""
-    from persistent_engine import interpreter
+    from persistent_engine.verification import interpreter
     from persistent_engine.ops import registry
     from persistent_engine.ops.contract import check_op
 

@@ -4,15 +4,15 @@
     calib = fit(rows, get_hardware("cpu"))
 
 Each (model, layers) is built once with the engine's decoder (``persistent_engine.models.decoder``)
-and a workload (``persistent_engine.workloads``) is made for each point; then the points are timed
+and a workload (``persistent_engine.inputs.workloads``) is made for each point; then the points are timed
 *interleaved*: every round takes one sample of every point, so a burst of load from other processes
 hits all points alike instead of ruining one. A point's time is the fastest of its samples on CPU
 (noise from sharing the cores only ever adds time) and the median on GPU. Rounds stop at
 ``rounds`` or when ``budget_s`` is spent (at least ``min_rounds``).
 
-On GPU each point is timed as the engine timed it in process (``persistent_engine.timing``): a step is captured
+On GPU each point is timed as the engine timed it in process (``persistent_engine.measure.timing``): a step is captured
 in a CUDA graph (warm-up on a side stream, one shared memory pool) and a sample is one replay
-between CUDA events after an L2 flush (``persistent_engine.timing``), so the host's Python and
+between CUDA events after an L2 flush (``persistent_engine.measure.timing``), so the host's Python and
 launch cost, which serving does not pay, is not in it. A prefill step may read lengths on the host
 (the MoE expert loop above its token threshold); a failed capture can leave the allocator
 mid-capture, so a prefill step is first run once eagerly under ``torch.cuda.set_sync_debug_mode
@@ -25,7 +25,7 @@ On CPU the clock is by default the calling thread's CPU time (``clock="thread"``
 thread every op runs on the calling thread, so the CPU time is the step's own work, and the time the
 scheduler gives to other processes (on a loaded 2-core machine, most of the wall time of a 10 ms
 step) is not in it. On an idle machine it equals the wall time; ``clock="wall"`` uses the engine's
-timer (``persistent_engine.timing``) as on GPU.
+timer (``persistent_engine.measure.timing``) as on GPU.
 
 Cost: one build per model; per round, the sum of the points' step times. torch and the engine are
 imported inside the functions. It lives in the engine (cost_model sees only ``models.spec``); the rows it
@@ -77,8 +77,8 @@ def measure_suite(suite: list, device: str = "cpu", rounds: int = 15, min_rounds
     import torch
 
     from persistent_engine.models.decoder import build_model
-    from persistent_engine.timing import make_timer
-    from persistent_engine.workloads import make_workload
+    from persistent_engine.measure.timing import make_timer
+    from persistent_engine.inputs.workloads import make_workload
 
     dev = torch.device(device)
     clock = clock or ("thread" if dev.type == "cpu" and threads == 1 else "wall")
@@ -158,7 +158,7 @@ def _host_sync(torch, model, wl) -> str | None:
 def _capture(torch, model, wl, pool, dev):
     """(replay closure returning the step's static output, None), or (None, error text) when the
     step cannot be captured (the engine's capture: warm-up on a side stream, then the graph)."""
-    from persistent_engine.timing import capture_graph
+    from persistent_engine.measure.timing import capture_graph
 
     try:
         g, out = capture_graph(lambda: model.step(wl), dev, pool)

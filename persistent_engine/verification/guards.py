@@ -145,9 +145,10 @@ def default_namespaces() -> list[ModuleType | type]:
     """What a candidate could patch to fool inputs, clocks, synchronisation or the registry."""
     names = ["torch", "torch.nn.functional", "torch.cuda", "torch.random", "torch.functional",
              "torch._C", "torch._C._VariableFunctions", "time", "math", "threading",
-             "persistent_engine.timing", "persistent_engine.guards", "persistent_engine.verify",
+             "persistent_engine.measure.timing", "persistent_engine.verification.guards",
+             "persistent_engine.verification.verify",
              "persistent_engine.ops", "persistent_engine.ops.registry", "persistent_engine.ops.contract",
-             "persistent_engine.workloads", "persistent_engine.models.decoder",
+             "persistent_engine.inputs.workloads", "persistent_engine.models.decoder",
              "persistent_engine.models.attention", "persistent_engine.models.mla",
              "persistent_engine.models.moe", "persistent_engine.models.rope",
              "persistent_engine.models.kv_cache", "triton", "triton.runtime.jit"]

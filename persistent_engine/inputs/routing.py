@@ -308,7 +308,7 @@ def _margins(logits: torch.Tensor, bias: torch.Tensor | None, k: int, scoring: s
 def routing_stats(model, workloads: list, tie_band: float = 2.0 ** -5) -> RoutingStats:
     """Expert counts, margins and the near-tie share (margin within ``tie_band`` x (1 + d) for the router d
     layers deep in the slice, verify's band for bf16) of ``workloads`` under the current routers."""
-    from persistent_engine import verify
+    from persistent_engine.verification import verify
     from persistent_engine.ops import registry
 
     spec = model.spec
