@@ -16,7 +16,7 @@
 # Run it (`make smollm2-plan`) when that test says the committed plan no longer loads: plan.json's
 # schema or an op's signature changed. Cost: BUDGET (default 5m) of wall time (~2.5 min of it on an
 # idle 2-core machine: the agents exhaust the CPU templates). Only plan.json and kernels/ are kept (the
-# files `compiler.plan.load` verifies by sha256; never the run's board database); it fails if nothing
+# files `compiler.plan.artifact.load` verifies by sha256; never the run's board database); it fails if nothing
 # was accepted.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from agents.templates import Choice, get_template, render_candidate
-from compiler import apply as plan_apply
-from compiler import plan as plan_mod
-from compiler.compose import Part, compose
+from compiler.plan import apply as plan_apply
+from compiler.plan import artifact as plan_mod
+from compiler.plan.compose import Part, compose
 from persistent_engine.io_struct import WorkloadPoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_knobs.py"

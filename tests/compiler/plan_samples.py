@@ -1,6 +1,6 @@
 """A sample plan record shared by the plan, report and apply tests."""
 
-from compiler import plan as plan_mod
+from compiler.plan import artifact as plan_mod
 from persistent_engine.io_struct import WorkloadPoint
 
 

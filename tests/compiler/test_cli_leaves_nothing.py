@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import plan as plan_mod
-from compiler.compose import Part, compose
+from compiler.plan import artifact as plan_mod
+from compiler.plan.compose import Part, compose
 from persistent_engine.io_struct import WorkloadPoint
 from plan_samples import make_plan
 
@@ -102,7 +102,7 @@ LOAD_SWEEP_RUN = textwrap.dedent("""
     import os, subprocess, sys
     from pathlib import Path
     import torch
-    from compiler.apply import load_module
+    from compiler.plan.apply import load_module
     module = load_module(Path(sys.argv[1]))
     # another process sweeps stale directories while this module lives: its directory stays
     subprocess.run([sys.executable, "-c", "from persistent_engine import scratch; scratch.remove_stale('modules')"],
@@ -122,7 +122,7 @@ def test_a_loaded_triton_module_runs_after_a_sweep_and_its_directory_goes_at_exi
     env = {**os.environ, "TMPDIR": str(tmp), "TRITON_INTERPRET": "1",
            "PYTHONPATH": str(Path(__file__).parents[2])}
     killed = subprocess.run([sys.executable, "-c", "import os, sys; from pathlib import Path; "
-                             "from compiler.apply import load_module; load_module(Path(sys.argv[1])); os._exit(0)",
+                             "from compiler.plan.apply import load_module; load_module(Path(sys.argv[1])); os._exit(0)",
                              str(src)], env=env, capture_output=True, text=True, timeout=120)
     assert killed.returncode == 0, killed.stderr[-2000:]
     left = [p.name for p in tmp.iterdir()]

@@ -6,7 +6,7 @@ import threading
 
 import zmq
 
-from compiler.fleet import Engine
+from compiler.fleet.local import Engine
 
 
 class _Supervisor:

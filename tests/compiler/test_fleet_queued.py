@@ -1,4 +1,4 @@
-"""compiler/fleet.py: an engine is told which sources wait for its tier behind the one it judges (the
+"""compiler/fleet/local.py: an engine is told which sources wait for its tier behind the one it judges (the
 judge compiles them ahead, tests/persistent_engine/judge/test_ahead.py).
 
 The fleet is ``LocalFleet`` with its real ``Engine`` objects (queue, device lock); only the supervisor is a
@@ -10,8 +10,8 @@ import queue
 import threading
 import time
 
-from compiler.fleet import Engine, FleetConfig, LocalFleet, Placement
-from compiler.throughput import DeviceClock
+from compiler.fleet.local import Engine, FleetConfig, LocalFleet, Placement
+from compiler.search.throughput import DeviceClock
 from persistent_engine.supervisor import CandidateVerdict
 
 

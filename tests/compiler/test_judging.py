@@ -1,4 +1,4 @@
-"""compiler/judging.py's confirmations on a real board with the real acceptor: a fast-tier winner found when
+"""compiler/search/judging.py's confirmations on a real board with the real acceptor: a fast-tier winner found when
 the search's time is up is confirmed on the slow tier after the swarm (not lost, as the v3 H200 GLM-5.2 run's
 1.233x fused MoE was), no new fast-tier work starts once the time left is the confirmations', and a winner no
 slow-tier time is left for is recorded as not confirmed. The fleet is scripted (its verdicts and durations):
@@ -13,14 +13,14 @@ import time
 import pytest
 
 from bulletin_board import Board
-from compiler.acceptance import Acceptor
-from compiler.budget import Budget
-from compiler.fleet import FleetConfig
-from compiler.judging import Judge
-from compiler.loop import OptimizeConfig
-from compiler.memory import RunMemory, shape_class
-from compiler.progress import Progress
-from compiler.run_state import Run
+from compiler.search.acceptance import Acceptor
+from compiler.search.budget import Budget
+from compiler.fleet.local import FleetConfig
+from compiler.search.judging import Judge
+from compiler.search.loop import OptimizeConfig
+from compiler.search.memory import RunMemory, shape_class
+from compiler.search.progress import Progress
+from compiler.search.run_state import Run
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.supervisor import CandidateVerdict
 

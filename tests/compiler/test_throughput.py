@@ -1,6 +1,6 @@
-"""compiler/throughput.py: the search window's per-engine time adds up to its wall time.
+"""compiler/search/throughput.py: the search window's per-engine time adds up to its wall time.
 
-The fleet here is ``compiler.fleet.LocalFleet`` with its real ``Engine`` objects (queue, device lock,
+The fleet here is ``compiler.fleet.local.LocalFleet`` with its real ``Engine`` objects (queue, device lock,
 retry); only the supervisor behind each engine is a stand-in that sleeps for the phases a verdict
 reports, because what is tested is the booking, not the judging (the optimize tests judge for real)."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from compiler.fleet import Engine, FleetConfig, LocalFleet, Placement
-from compiler.throughput import DeviceClock
+from compiler.fleet.local import Engine, FleetConfig, LocalFleet, Placement
+from compiler.search.throughput import DeviceClock
 from persistent_engine.supervisor import CandidateVerdict
 
 

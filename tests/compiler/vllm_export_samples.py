@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compiler import plan as plan_mod
+from compiler.plan import artifact as plan_mod
 from plan_samples import make_plan
 
 HIDDEN, INTER, LAYERS, VOCAB, HEADS, KV_HEADS = 128, 256, 2, 256, 2, 1
