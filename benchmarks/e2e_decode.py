@@ -118,7 +118,7 @@ class PlanParts:
     """A loaded plan and, per accepted optimization, the ops and CONFIG knobs it owns."""
 
     loaded: plan_apply.LoadedPlan
-    owned: tuple[tuple[plan_mod.Optimization, tuple[str, ...], tuple[str, ...]], ...] = ()
+    owned: tuple[tuple[plan_mod.PlanOptimization, tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 # ---------------------------------------------------------------------------- cases and plans

@@ -62,7 +62,7 @@ def write_plan(root: Path, name: str, source: str, model: str = "tiny-dense",
                ops: tuple = ("fused_add_rms_norm",)) -> Path:
     """A plan version directory as ``tkcc optimize`` writes it (compiler.plan.artifact.write_version)."""
     knobs = tuple(k for k in ("kv_block_size", "max_num_seqs") if k in source)
-    opt = plan_mod.Optimization(name=name, targets=ops, speedup={"fast": 1.2, "slow": 1.1},
+    opt = plan_mod.PlanOptimization(name=name, targets=ops, speedup={"fast": 1.2, "slow": 1.1},
                                 kernel=f"kernels/{name}.py", author="test", description=f"{ops[0]} override")
     plan = plan_mod.Plan(
         model=model, hw="cpu", detected_device={"kind": "cpu", "name": "x86_64"},

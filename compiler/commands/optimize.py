@@ -50,6 +50,12 @@ def _aliases() -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    _register_optimize(sub)
+    _register_recompile(sub)
+    _register_plan(sub)
+
+
+def _register_optimize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="search, verify and measure a faster forward pass; write a plan")
     p.add_argument("--model", required=True, help="alias or config.json; aliases: " + _aliases())
     p.add_argument("--tiny", action="store_true", help=TINY_HELP)
@@ -101,6 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run LLM-written candidates even where the executor sandbox is incomplete (tkcc doctor)")
     p.set_defaults(func=_optimize)
 
+
+def _register_recompile(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("recompile", help="recompile a plan when its traffic drifted")
     r.add_argument("--plan", required=True, help="plan root directory written by optimize (its next version "
                    "is written there)")
@@ -115,6 +123,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true", help="the result as JSON on stdout")
     r.set_defaults(func=_recompile)
 
+
+def _register_plan(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser("plan", help="inspect or apply a plan")
     psub = pl.add_subparsers(dest="plan_command", metavar="COMMAND")
     psub.required = True

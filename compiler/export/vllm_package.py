@@ -48,7 +48,7 @@ ROTARY_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding", "LinearScalingRota
 
 
 @dataclass(frozen=True)
-class Layer:
+class VllmLayer:
     """A vLLM CustomOp class (module, class) and the runtime adapter that serves it."""
 
     module: str
@@ -56,12 +56,12 @@ class Layer:
     adapter: str
 
 
-VLLM_LAYERS: dict[str, tuple[Layer, ...]] = {
-    "rms_norm": (Layer(_NORM, "RMSNorm", "rms_norm"),),
-    "fused_add_rms_norm": (Layer(_NORM, "RMSNorm", "rms_norm"),),         # RMSNorm.forward(x, residual)
-    "silu_and_mul": (Layer(_ACT, "SiluAndMul", "silu_and_mul"),),
-    "gelu_tanh_and_mul": (Layer(_ACT, "GeluAndMul", "gelu_tanh_and_mul"),),   # approximate="tanh" only
-    "rotary_embedding": tuple(Layer(_ROPE, c, "rotary_embedding") for c in ROTARY_CLASSES),
+VLLM_LAYERS: dict[str, tuple[VllmLayer, ...]] = {
+    "rms_norm": (VllmLayer(_NORM, "RMSNorm", "rms_norm"),),
+    "fused_add_rms_norm": (VllmLayer(_NORM, "RMSNorm", "rms_norm"),),         # RMSNorm.forward(x, residual)
+    "silu_and_mul": (VllmLayer(_ACT, "SiluAndMul", "silu_and_mul"),),
+    "gelu_tanh_and_mul": (VllmLayer(_ACT, "GeluAndMul", "gelu_tanh_and_mul"),),   # approximate="tanh" only
+    "rotary_embedding": tuple(VllmLayer(_ROPE, c, "rotary_embedding") for c in ROTARY_CLASSES),
 }
 NOT_MAPPED: dict[str, str] = {
     "attention_decode": "vLLM's attention runs in its attention backends over their own KV-cache layout, "

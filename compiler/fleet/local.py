@@ -164,7 +164,7 @@ class Fleet(Protocol):
     def close(self) -> None: ...
 
 
-class Engine:
+class TierEngine:
     """One supervised engine of a tier, with the lock of its device."""
 
     def __init__(self, placement: Placement, supervisor: Any, measure_lock: threading.Lock):
@@ -242,7 +242,7 @@ class LocalFleet:
 
     def __init__(self, cfg: FleetConfig):
         self.cfg = cfg
-        self.engines: list[Engine] = []
+        self.engines: list[TierEngine] = []
         self.deadline = math.inf             # the run's budget: set by the loop once the fleet is up
         self._free: dict[str, queue.Queue] = {"fast": queue.Queue(), "slow": queue.Queue()}
         self._queued: dict[str, list[str]] = {"fast": [], "slow": []}   # sources waiting for a tier's engine
@@ -254,7 +254,7 @@ class LocalFleet:
 
         locks: dict[str, threading.Lock] = {}
         placements = place(self.cfg)
-        started: list[Engine | BaseException] = [None] * len(placements)  # type: ignore[list-item]
+        started: list[TierEngine | BaseException] = [None] * len(placements)  # type: ignore[list-item]
         # one kernel cache for the run's engines: the slow tier's confirmation of a source does not compile
         # its kernels again (persistent_engine/executor/kernel_cache.py; removed at close)
         scratch.remove_stale("kernels")      # those of runs that died (their lock is free)
@@ -263,7 +263,7 @@ class LocalFleet:
 
         def boot(i: int, p: Placement) -> None:
             try:
-                started[i] = Engine(p, make_supervisor(cfg, p), locks.setdefault(p.device, threading.Lock()))
+                started[i] = TierEngine(p, make_supervisor(cfg, p), locks.setdefault(p.device, threading.Lock()))
             except BaseException as e:  # noqa: BLE001 - reported below
                 started[i] = e
 
@@ -275,7 +275,7 @@ class LocalFleet:
         for t in threads:
             t.join()
         errors = [e for e in started if isinstance(e, BaseException)]
-        self.engines = [e for e in started if isinstance(e, Engine)]
+        self.engines = [e for e in started if isinstance(e, TierEngine)]
         if errors:
             self.close()
             raise errors[0]
@@ -289,7 +289,7 @@ class LocalFleet:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _take(self, tier: str) -> Engine:
+    def _take(self, tier: str) -> TierEngine:
         return self._free[tier].get()
 
     def evaluate(self, tier: str, source: str) -> Any:

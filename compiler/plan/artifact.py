@@ -73,7 +73,7 @@ class PointSpeedup:
 
 
 @dataclass(frozen=True)
-class Optimization:
+class PlanOptimization:
     """One accepted candidate. ``speedup`` is reference time / candidate time on each tier (>1 is
     faster); ``per_point`` holds the same per workload point (the point's fields + ``fast``/``slow``)."""
 
@@ -97,7 +97,7 @@ class Optimization:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Optimization":
+    def from_dict(cls, d: dict) -> "PlanOptimization":
         return cls(name=str(d["name"]), targets=tuple(str(t) for t in d["targets"]),
                    speedup={k: float(v) for k, v in d["speedup"].items() if v is not None},
                    per_point=tuple(PointSpeedup.from_dict(p) for p in d.get("per_point", ())),
@@ -118,7 +118,7 @@ class Plan:
     software: dict
     traffic: dict                                   # {"source", "hash", "summary"}
     workload_points: tuple[WorkloadPoint, ...]     # stored as their maps
-    optimizations: tuple[Optimization, ...]
+    optimizations: tuple[PlanOptimization, ...]
     plan_speedup: dict                              # {"fast": x, "slow": y, "per_point": [...]}
     parallelism: dict | None = None
     projected: dict | None = None
@@ -142,7 +142,7 @@ class Plan:
         return cls(model=d["model"], hw=d["hw"], detected_device=dict(d["detected_device"]),
                    software=dict(d["software"]), traffic=dict(d["traffic"]),
                    workload_points=tuple(WorkloadPoint.from_dict(p) for p in d["workload_points"]),
-                   optimizations=tuple(Optimization.from_dict(o) for o in d["optimizations"]),
+                   optimizations=tuple(PlanOptimization.from_dict(o) for o in d["optimizations"]),
                    plan_speedup=dict(d["plan_speedup"]), parallelism=d.get("parallelism"),
                    projected=d.get("projected"), tiers=dict(d.get("tiers") or {}),
                    baseline=dict(d.get("baseline") or {}), run=dict(d.get("run") or {}),

@@ -255,9 +255,27 @@ def render(plan: Plan) -> dict[str, str]:
     for name, svg in plots.items():
         if svg:
             files[f"plots/{name}.svg"] = svg
-
-    dev = plan.detected_device
     run = plan.run
+    L = _header_lines(plan)
+    L += _speedup_lines(plan, plots)
+    L += _optimization_lines(plan)
+    L += _dropped_lines((run.get("counts") or {}).get("dropped") or [])
+    L += _agent_lines(run.get("agent_reports") or [])
+    L += _throughput_lines(run, bool(plots.get("throughput")))
+    if "op_time" in plots and plots["op_time"]:
+        L += ["## Time per op", "", "Per-op time of the fast tier's slice in the traffic's mean step: each workload "
+              "point holds its weight in the table above of the GPU time (`compiler.plan.op_time`).", "",
+              "![time per op](plots/op_time.svg)", ""]
+    L += _parallelism_lines(plan, plots)
+    L += _use_lines(plan)
+    files["report.md"] = "\n".join(L)
+    return files
+
+
+def _header_lines(plan: Plan) -> list[str]:
+    """Title, origin, the run's table and the tier inputs."""
+    run = plan.run
+    dev = plan.detected_device
     L = [f"# tkcc plan v{plan.version}: {plan.model} {hw_words(plan)}", ""]
     if plan.parent_version is not None:
         L += [_ORIGIN.get(run.get("origin", ""), _ORIGIN[""]).format(v=plan.parent_version), ""]
@@ -282,7 +300,12 @@ def render(plan: Plan) -> dict[str, str]:
         L += ["## Tier inputs", "", *routing,
               "- sparse attention (DSA, MiniMax-M3 where the model has it) selects its tokens with the model's own "
               "indexer, inside the forward pass, on these same activations", ""]
+    return L
 
+
+def _speedup_lines(plan: Plan, plots: dict) -> list[str]:
+    dev = plan.detected_device
+    L: list[str] = []
     ps = plan.plan_speedup
     L += ["## Plan speedup (all accepted optimizations composed, re-verified and re-measured)", "",
           f"- fast tier: **{_x(ps.get('fast'))}**", f"- slow tier: **{_x(ps.get('slow'))}**",
@@ -299,6 +322,11 @@ def render(plan: Plan) -> dict[str, str]:
               f"{_x(r.get('fast'))} | {_x(r.get('slow'))} |" for r in rows]
         L.append("")
 
+    return L
+
+
+def _optimization_lines(plan: Plan) -> list[str]:
+    L: list[str] = []
     L += ["## Optimizations in the plan (the accepted ones kept by the composition)", ""]
     if plan.optimizations:
         L += ["| name | targets | fast | slow | tiers disagree | noise | author | kernel |",
@@ -320,13 +348,11 @@ def render(plan: Plan) -> dict[str, str]:
         L += ["No candidate beat the reference by more than the measured noise on both tiers; the plan "
               "is the reference forward pass.", ""]
 
-    L += _dropped_lines((run.get("counts") or {}).get("dropped") or [])
-    L += _agent_lines(run.get("agent_reports") or [])
-    L += _throughput_lines(run, bool(plots.get("throughput")))
-    if "op_time" in plots and plots["op_time"]:
-        L += ["## Time per op", "", "Per-op time of the fast tier's slice in the traffic's mean step: each workload "
-              "point holds its weight in the table above of the GPU time (`compiler.plan.op_time`).", "",
-              "![time per op](plots/op_time.svg)", ""]
+    return L
+
+
+def _parallelism_lines(plan: Plan, plots: dict) -> list[str]:
+    L: list[str] = []
     L += [f"## Parallelism (projected by the cost model for {plan.hw})", "",
           f"Chosen layout: {_layout_line((plan.parallelism or {}).get('best'))}."]
     proj = {k: v for k, v in (plan.projected or {}).items() if k != "label" and not isinstance(v, (dict, list))}
@@ -336,12 +362,16 @@ def render(plan: Plan) -> dict[str, str]:
     L.append("")
     if "parallelism_pareto" in plots and plots["parallelism_pareto"]:
         L += ["![parallelism Pareto front](plots/parallelism_pareto.svg)", ""]
+    return L
+
+
+def _use_lines(plan: Plan) -> list[str]:
+    L: list[str] = []
     L += ["## Use it", "", "```", f"tkcc plan apply --plan <this directory> --model {plan.model}", "```", "",
           "```python", "from compiler.plan.apply import load_plan_overrides", "from persistent_engine.ops import registry",
           "overrides, config = load_plan_overrides('<this directory>')",
           "with registry.override(overrides):", "    logits = model.step(workload)", "```", ""]
-    files["report.md"] = "\n".join(L)
-    return files
+    return L
 
 
 def _phase_shares(phases: dict) -> str:

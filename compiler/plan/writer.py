@@ -21,7 +21,7 @@ from compiler.plan.compose import compose
 from compiler.fleet.isolated import run_isolated
 from compiler.search.progress import Progress
 from compiler.search.acceptance import Composition
-from compiler.search.run_state import Outcome, Run, RunInputs, best_effort
+from compiler.search.run_state import Outcome, RunContext, RunInputs, best_effort
 from compiler.search.throughput import run_fields
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ log = logging.getLogger("tkcc.loop")
 ISOLATED_TIMEOUT_S = 900.0
 
 
-def write_plan(run: Run, run_in: RunInputs, outcome: Outcome) -> Path:
+def write_plan(run: RunContext, run_in: RunInputs, outcome: Outcome) -> Path:
     """The plan version: the composition's per-op profile and torch.compile comparison (child processes,
     skipped after Ctrl-C), plan.json + kernels + report, the accepted optimizations on the board."""
     progress, cfg, composition = run.progress, run.cfg, outcome.composition
@@ -140,7 +140,7 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
     composition, baseline = outcome.composition, outcome.baseline
     opts = []
     for a in (composition.parts if composition else ()):
-        opts.append(plan_mod.Optimization(
+        opts.append(plan_mod.PlanOptimization(
             name=a.name, targets=a.targets, speedup={"fast": round(a.fast, 4), "slow": round(a.slow, 4)},
             per_point=a.per_point, kernel=plan_mod.kernel_path(a.source, a.targets),
             author=a.author, description=a.description, noise=a.noise, projected=getattr(a, "projected", None),

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class Composition:
     vs_torch_compile: float | None = None
 
 
+SHADOWED = "shadowed by a composite override: never called when composed"
 _NEVER_CALLED = re.compile(r"override (\S+) never called")
 
 
@@ -215,56 +217,67 @@ class Acceptor:
         if not self.accepted:
             return None
         ranked = sorted(self.accepted, key=lambda a: -a.slow)
-        by_name = {a.name: a for a in ranked}
         kept, conflicting = select_compatible([Part(a.name, a.source, a.targets, a.config_keys) for a in ranked])
-        dropped = [(p.name, "overrides an op or knob of a faster accepted candidate") for p in conflicting]
-
-        def on_tier(tier: str, src: str) -> tuple[Any, bool]:
-            """A tier's verdict; a correct one within the noise is measured once more and the mean of
-            the two speedups decides (a transient load spike must not drop a proven set)."""
-            v = self.evaluate(tier, src)
-            noise = self.noise.get(tier, 0.0)
-            if screen(v, noise, self.cfg, tier).accepted or not v.correct or v.speedup is None:
-                return v, screen(v, noise, self.cfg, tier).accepted
-            again = self.evaluate(tier, src)
-            if not again.correct or again.speedup is None:
-                return again, False
-            mean = (float(v.speedup) + float(again.speedup)) / 2
-            v = dataclasses.replace(v, speedup=mean)
-            return v, mean > threshold(noise, self.cfg)
-
         measured: dict[str, tuple[str, Any, Any, bool]] = {}    # composed source -> its result
+        measure = functools.partial(self._measure, measured)
+        done, shadowed_out = self._compose_compatible(ranked, kept, conflicting, measure)
+        if done is not None:
+            return done
+        return self._compose_greedy(ranked, conflicting, shadowed_out, measure, deadline)
 
-        def measure(parts: list[Accepted]) -> tuple[str, Any, Any, bool]:
-            """Both tiers' verdicts of the composed ``parts``; the same set is measured once."""
-            src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
-            if src not in measured:
-                fv, ok = on_tier("fast", src)
-                sv, ok = on_tier("slow", src) if ok else (None, False)
-                measured[src] = (src, fv, sv, ok)
-            return measured[src]
+    def _on_tier(self, tier: str, src: str) -> tuple[Any, bool]:
+        """A tier's verdict; a correct one within the noise is measured once more and the mean of
+        the two speedups decides (a transient load spike must not drop a proven set)."""
+        v = self.evaluate(tier, src)
+        noise = self.noise.get(tier, 0.0)
+        if screen(v, noise, self.cfg, tier).accepted or not v.correct or v.speedup is None:
+            return v, screen(v, noise, self.cfg, tier).accepted
+        again = self.evaluate(tier, src)
+        if not again.correct or again.speedup is None:
+            return again, False
+        mean = (float(v.speedup) + float(again.speedup)) / 2
+        v = dataclasses.replace(v, speedup=mean)
+        return v, mean > threshold(noise, self.cfg)
 
+    def _measure(self, measured: dict, parts: list[Accepted]) -> tuple[str, Any, Any, bool]:
+        """Both tiers' verdicts of the composed ``parts``; the same set is measured once (``measured``)."""
+        src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
+        if src not in measured:
+            fv, ok = self._on_tier("fast", src)
+            sv, ok = self._on_tier("slow", src) if ok else (None, False)
+            measured[src] = (src, fv, sv, ok)
+        return measured[src]
+
+    def _compose_compatible(self, ranked: list[Accepted], kept: list, conflicting: list,
+                            measure) -> tuple[Composition | None, list[Accepted]]:
+        """The fastest compatible set at once: its Composition when it holds up (no slower than the best
+        single one), else None and the accepted ones that override only ops shadowed in it."""
+        by_name = {a.name: a for a in ranked}
+        dropped = [(p.name, "overrides an op or knob of a faster accepted candidate") for p in conflicting]
         members = [by_name[p.name] for p in kept]
         src, fv, sv, ok = measure(members)
         shadowed = _never_called(fv, sv)
-        never_called = "shadowed by a composite override: never called when composed"
         shadowed_out: list[Accepted] = []           # all accepted ones overriding only shadowed ops
         if not ok and shadowed:
             # a composite override (e.g. silu_mul_linear) can leave a fine one (silu_and_mul) with no
             # call site left; the engine rejects such a set, so drop those members and measure again
             gone = [a for a in members if a.targets and set(a.targets) <= shadowed]
             if gone and len(gone) < len(members):
-                dropped = [(a.name, never_called) for a in gone] + dropped
+                dropped = [(a.name, SHADOWED) for a in gone] + dropped
                 shadowed_out = [a for a in ranked if a.targets and set(a.targets) <= shadowed]
                 members = [a for a in members if a not in gone]
                 src, fv, sv, ok = measure(members)
         best_single = members[0].slow
         if ok and (len(members) == 1 or sv.speedup >= best_single * (1 - self.noise.get("slow", 0.0))):
             return Composition(tuple(members), src, float(fv.speedup), float(sv.speedup),
-                               merge_points(self.points, fv, sv), tuple(dropped))
-        # greedy over every accepted candidate, best first: when a conflict group's winner is not kept,
-        # its runner-up is tried in its place, so the conflict reasons are decided here afresh
-        dropped = [(a.name, never_called) for a in shadowed_out]
+                               merge_points(self.points, fv, sv), tuple(dropped)), shadowed_out
+        return None, shadowed_out
+
+    def _compose_greedy(self, ranked: list[Accepted], conflicting: list, shadowed_out: list[Accepted], measure,
+                        deadline: float | None) -> Composition:
+        """Greedy over every accepted candidate, best first: when a conflict group's winner is not kept,
+        its runner-up is tried in its place, so the conflict reasons are decided here afresh."""
+        dropped = [(a.name, SHADOWED) for a in shadowed_out]
         skip = {a.name for a in shadowed_out}
         runners_up = {p.name for p in conflicting}
         chosen: list[Accepted] = []

@@ -22,7 +22,7 @@ accepted when the engine finds it correct, not slower per step than its noise al
 a step can show: KV block size, CUDA-graph sizes on CUDA), and its replay
 beats the baseline setting (``ConfigJudge`` score > 1 + ``min_gain``: no TTFT, TPOT or capacity worse
 by more than the judge's tolerance). Only the best accepted setting goes into the plan (settings share
-knobs), with its projected TTFT, TPOT and tokens/s for the traffic (``Optimization.projected``).
+knobs), with its projected TTFT, TPOT and tokens/s for the traffic (``PlanOptimization.projected``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from compiler.search.acceptance import Accepted, Acceptor, screen
 from compiler.search.progress import Progress
-from compiler.search.run_state import Run, RunInputs, best_effort
+from compiler.search.run_state import RunContext, RunInputs, best_effort
 
 if TYPE_CHECKING:
     from bulletin_board import BoardAPI
@@ -36,7 +36,7 @@ class Judge:
     its author's kind ("llm" for LLM-written code). A source the run's memory holds a verdict for is not
     judged again (compiler/search/memory.py); the same source is never measured twice in one run."""
 
-    run: Run
+    run: RunContext
     fleet: Fleet
     acceptor: Acceptor
     accepted: list[Accepted]                 # confirmed on both tiers, in order (the acceptor's log)

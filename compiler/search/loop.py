@@ -34,7 +34,7 @@ from compiler.search.memory import RunMemory, shape_class
 from compiler.plan.writer import write_plan
 from compiler.search.progress import Progress
 from compiler.search.recover import mark_recovered, recovered_seeds
-from compiler.search.run_state import Baseline, Engines, Outcome, Run, RunInputs, best_effort
+from compiler.search.run_state import Baseline, StartedEngines, Outcome, RunContext, RunInputs, best_effort
 from compiler.search.tally import accepted_by_author, tally_of
 from compiler.search.throughput import DeviceClock
 
@@ -217,7 +217,7 @@ def gather_inputs(cfg: OptimizeConfig) -> RunInputs:
                      tier_inputs, layout, projected, layout_note, tuple(notes))
 
 
-def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: float) -> Run:
+def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: float) -> RunContext:
     """The progress display, the board and the run's row on it (continuing from the plan root's newest
     version and recovering lost accepted candidates as seeds), and the run's memory of verdicts."""
     deadline = min(t_start + cfg.budget_s, budget.end)
@@ -255,7 +255,7 @@ def open_run(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget, t_start: fl
                        traffic_hash=config_plan.replay_key(traffic_hash, cfg.ttft_ms, cfg.tpot_ms),
                        shape=shape_class(device["kind"], run_in.spec.dtype, run_in.points, run_in.fast_layers,
                                          run_in.slow_layers))
-    return Run(cfg, board, board_url, run_id, memory, progress, threading.Event(), budget, t_start,
+    return RunContext(cfg, board, board_url, run_id, memory, progress, threading.Event(), budget, t_start,
                deployment_hash=deployment_hash)
 
 
@@ -272,7 +272,7 @@ def deployment_hash_of(out: Path, parent_version: int | None, traffic_hash: str)
     return str(parent.run.get("deployment_hash") or parent.traffic.get("hash") or traffic_hash)
 
 
-def run_engines(run: Run, run_in: RunInputs, agents: list[Any], startup_s: float) -> Outcome:
+def run_engines(run: RunContext, run_in: RunInputs, agents: list[Any], startup_s: float) -> Outcome:
     """The phases on the fleet: start it, measure the baseline, re-verify the seeds, search, compose;
     the fleet and the agents are released whatever happens."""
     progress, cfg = run.progress, run.cfg
@@ -321,7 +321,7 @@ def startup_check(cfg: OptimizeConfig, run_in: RunInputs, budget: Budget) -> flo
     return startup_estimate.check(budget, text, startup_key(cfg, run_in), run_in.device["kind"], tiers)
 
 
-def start_engines(run: Run, run_in: RunInputs, startup_s: float) -> Engines:
+def start_engines(run: RunContext, run_in: RunInputs, startup_s: float) -> StartedEngines:
     """The fleet, started once within the budget, its device clock, and each tier's inputs and measured
     routing (the tiers' calibrated layer-level bounds as progress lines)."""
     from compiler.fleet.local import FleetConfig
@@ -341,10 +341,10 @@ def start_engines(run: Run, run_in: RunInputs, startup_s: float) -> Engines:
         if "logit_bound" in d:
             run.progress.event(f"{d['tier']} engine ({d['device']}, layers {d['layers']}): layer-level logits "
                                f"bound {d['logit_bound'][0]:.3g}-{d['logit_bound'][1]:.3g}")
-    return Engines(fleet, clock, tier_info)
+    return StartedEngines(fleet, clock, tier_info)
 
 
-def measure_baseline(run: Run, fleet: Fleet, points: list[WorkloadPoint]) -> Baseline:
+def measure_baseline(run: RunContext, fleet: Fleet, points: list[WorkloadPoint]) -> Baseline:
     """The fast tier's per-op profile (posted on the board) and each tier's A/A timing noise."""
     profile = fleet.profile("fast")
     best_effort(run.board.set_baseline, run.run_id, profile)
@@ -367,7 +367,7 @@ def measure_baseline(run: Run, fleet: Fleet, points: list[WorkloadPoint]) -> Bas
     return Baseline(profile, op_ms(profile, points), noise, eval_s)
 
 
-def start_judging(run: Run, run_in: RunInputs, fleet: Fleet, baseline: Baseline,
+def start_judging(run: RunContext, run_in: RunInputs, fleet: Fleet, baseline: Baseline,
                   agents: list[Any]) -> tuple[Judge, list[Any]]:
     """The acceptor (with the config search's settings plan, compiler/search/config_plan.py) behind a ``Judge``
     for every candidate; the agents seeded from the run's memory."""
@@ -394,7 +394,7 @@ def reverify_seeds(judge: Judge, seeds: tuple[tuple[str, str], ...], stop: threa
         judge.consider(source, author=plan_mod.seed_author(name))
 
 
-def search(run: Run, run_in: RunInputs, judge: Judge, clock: DeviceClock, agents: list[Any], profile: dict,
+def search(run: RunContext, run_in: RunInputs, judge: Judge, clock: DeviceClock, agents: list[Any], profile: dict,
            deadline: float) -> Any:
     """The agents' search until ``deadline`` (unless stopped); returns the swarm's result (None: no search)."""
     if run.stop.is_set() or time.monotonic() >= deadline:
@@ -407,7 +407,7 @@ def search(run: Run, run_in: RunInputs, judge: Judge, clock: DeviceClock, agents
     return swarm
 
 
-def compose_accepted(run: Run, acceptor: Acceptor) -> tuple[Composition | None, bool]:
+def compose_accepted(run: RunContext, acceptor: Acceptor) -> tuple[Composition | None, bool]:
     """(composition, interrupted): re-verified and re-measured, or after Ctrl-C composed unmeasured."""
     interrupted = run.stop.is_set()
     if interrupted:

@@ -1,5 +1,5 @@
 """The values the optimize loop's phases hand each other (compiler/search/loop.py): what is known before any engine
-starts (``RunInputs``), the run's bookkeeping (``Run``), the started fleet (``Engines``), the baseline
+starts (``RunInputs``), the run's bookkeeping (``RunContext``), the started fleet (``StartedEngines``), the baseline
 (``Baseline``) and what the engines' phases leave for the plan (``Outcome``); and the best-effort board
 calls every phase makes (a board failure is logged and never stops a run)."""
 
@@ -47,7 +47,7 @@ class RunInputs:
 
 
 @dataclass(frozen=True)
-class Run:
+class RunContext:
     """The run's bookkeeping once its board row exists."""
 
     cfg: OptimizeConfig                      # as continued / recovered (seeds, parent version)
@@ -63,7 +63,7 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Engines:
+class StartedEngines:
     fleet: Fleet                             # compiler.fleet.local.LocalFleet | compiler.fleet.ray_fleet.RayFleet
     clock: DeviceClock
     tier_info: dict                          # tier -> {"inputs", "routing"?} for plan.json
@@ -88,7 +88,7 @@ class Outcome:
     interrupted: bool
     restarts: int
     agent_reports: list[dict]
-    tier_info: dict                          # Engines.tier_info
+    tier_info: dict                          # StartedEngines.tier_info
     clock: DeviceClock
     torch_compile: dict | None = None        # plan vs torch.compile of the slow-tier slice (--vs-torch-compile)
     tally: Tally | None = None               # the run's one count (compiler/search/tally.py)

@@ -164,8 +164,13 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     app = FastAPI(title="tkcc serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.runtime, app.state.metrics, app.state.engine_loop = runtime, metrics, loop_
-    created = int(time.time())
+    _add_error_handlers(app)
+    _add_info_routes(app, runtime, metrics, loop_)
+    _add_generate_routes(app, runtime, metrics, loop_)
+    return app
 
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req, exc: ApiError):
         return _error(exc.status, str(exc), exc.type, exc.param, exc.code)
@@ -177,6 +182,11 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.exception_handler(Exception)
     async def _internal(_req, exc: Exception):
         return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
+def _add_info_routes(app: FastAPI, runtime: Runtime, metrics: Metrics, loop_: EngineLoop) -> None:
+    """GET /health, /v1/models and /metrics."""
+    created = int(time.time())
 
     @app.get("/health")
     async def health():
@@ -199,28 +209,52 @@ def create_app(runtime: Runtime) -> FastAPI:
             text += "\n".join(runtime.checker.metrics_lines()) + "\n"
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    async def _body(request: Request) -> dict:
-        try:
-            body = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise ApiError("request body must be a JSON object")
-        return body
+
+async def _body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body() or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError("request body must be a JSON object")
+    return body
+
+
+def _add_generate_routes(app: FastAPI, runtime: Runtime, metrics: Metrics, loop_: EngineLoop) -> None:
+    """POST /v1/completions and /v1/chat/completions."""
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         args = parse_completion(await _body(request), runtime)
-        return await _generate(request, args, chat=False)
+        return await _generate(_Generation.start(runtime, metrics, loop_, args, chat=False), request)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await _body(request)
         messages, args = parse_chat(body, runtime)
         prompt = runtime.tokenizer.encode(render_chat(runtime.tokenizer, messages))
-        return await _generate(request, args.with_prompt(prompt, runtime), chat=True)
+        return await _generate(_Generation.start(runtime, metrics, loop_, args.with_prompt(prompt, runtime), chat=True),
+                               request)
 
-    async def _generate(request: Request, args: CompletionArgs, chat: bool):
+
+@dataclass(frozen=True)
+class _Generation:
+    """One request submitted to the engine loop: its stream of events, the response head and the usage
+    counts (updated as tokens arrive)."""
+
+    rid: str
+    args: CompletionArgs
+    chat: bool
+    stream: _Stream
+    t0: float
+    head: dict
+    usage: dict
+    metrics: Metrics
+    loop_: EngineLoop
+    detok: _Detokenizer
+
+    @classmethod
+    def start(cls, runtime: Runtime, metrics: Metrics, loop_: EngineLoop, args: CompletionArgs, chat: bool):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         stream = _Stream(asyncio.get_running_loop())
         t0 = time.perf_counter()
@@ -228,87 +262,94 @@ def create_app(runtime: Runtime) -> FastAPI:
         metrics.request_started()
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = {"id": rid, "object": obj, "created": int(time.time()), "model": runtime.name}
-        detok = _Detokenizer(runtime.tokenizer, args.stop)
         usage = {"prompt_tokens": len(args.prompt), "completion_tokens": 0,
                  "total_tokens": len(args.prompt)}
+        return cls(rid, args, chat, stream, t0, head, usage, metrics, loop_, _Detokenizer(runtime.tokenizer, args.stop))
 
-        async def tokens():
-            """(delta text, finish reason or None) as tokens arrive; aborts the request if left early."""
-            last = None
-            finished = False
-            try:
-                while True:
-                    ev = await stream.queue.get()
-                    now = time.perf_counter()
-                    if ev.token is not None:
-                        usage["completion_tokens"] += 1
-                        metrics.token(now - (last or t0), first=last is None)
-                        last = now
-                    if ev.finish_reason in ("rejected", "error"):
-                        finished = True
-                        raise ApiError("the request cannot be served: "
-                                       + ("it does not fit the KV cache" if ev.finish_reason == "rejected"
-                                          else f"engine error {loop_.error}"), status=400 if ev.finish_reason == "rejected" else 500)
-                    delta, stopped = detok.push(ev.token, final=ev.finish_reason is not None)
-                    if stopped:
-                        loop_.abort(rid)
-                        finished = True
-                        yield delta, "stop"
-                        return
-                    if ev.finish_reason is not None:
-                        finished = True
-                        yield delta, "stop" if ev.finish_reason == "stop" else "length"
-                        return
-                    if delta:
-                        yield delta, None
-            finally:
-                if not finished:
-                    loop_.abort(rid)
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                metrics.request_finished(time.perf_counter() - t0)
+    def choice(self, delta: str, reason: str | None, final_body: bool) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
+        if final_body:
+            return {"index": 0, "message": {"role": "assistant", "content": delta}, "finish_reason": reason}
+        return {"index": 0, "delta": {"content": delta} if delta else {}, "logprobs": None, "finish_reason": reason}
 
-        def choice(delta: str, reason: str | None, final_body: bool) -> dict:
-            if not chat:
-                return {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
-            if final_body:
-                return {"index": 0, "message": {"role": "assistant", "content": delta}, "finish_reason": reason}
-            return {"index": 0, "delta": {"content": delta} if delta else {}, "logprobs": None, "finish_reason": reason}
 
-        if not args.stream:
-            parts, reason = [], "length"
-            gen = tokens()
-            try:
-                async for delta, r in gen:
-                    parts.append(delta)
-                    reason = r or reason
-                    if await request.is_disconnected():
-                        break
-            finally:
-                await gen.aclose()
-            obj_final = "chat.completion" if chat else "text_completion"
-            return {**head, "object": obj_final, "choices": [choice("".join(parts), reason, True)], "usage": usage}
+async def _tokens(g: _Generation):
+    """(delta text, finish reason or None) as tokens arrive; aborts the request if left early."""
+    last = None
+    finished = False
+    try:
+        while True:
+            ev = await g.stream.queue.get()
+            now = time.perf_counter()
+            if ev.token is not None:
+                g.usage["completion_tokens"] += 1
+                g.metrics.token(now - (last or g.t0), first=last is None)
+                last = now
+            if ev.finish_reason in ("rejected", "error"):
+                finished = True
+                raise ApiError("the request cannot be served: "
+                               + ("it does not fit the KV cache" if ev.finish_reason == "rejected"
+                                  else f"engine error {g.loop_.error}"), status=400 if ev.finish_reason == "rejected" else 500)
+            delta, stopped = g.detok.push(ev.token, final=ev.finish_reason is not None)
+            if stopped:
+                g.loop_.abort(g.rid)
+                finished = True
+                yield delta, "stop"
+                return
+            if ev.finish_reason is not None:
+                finished = True
+                yield delta, "stop" if ev.finish_reason == "stop" else "length"
+                return
+            if delta:
+                yield delta, None
+    finally:
+        if not finished:
+            g.loop_.abort(g.rid)
+        g.usage["total_tokens"] = g.usage["prompt_tokens"] + g.usage["completion_tokens"]
+        g.metrics.request_finished(time.perf_counter() - g.t0)
 
-        async def sse():
-            gen = tokens()
-            try:
-                if chat:
-                    first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                  "logprobs": None, "finish_reason": None}]}
-                    yield f"data: {json.dumps(first)}\n\n"
-                try:
-                    async for delta, reason in gen:
-                        yield f"data: {json.dumps({**head, 'choices': [choice(delta, reason, False)]})}\n\n"
-                except ApiError as e:
-                    yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.type}})}\n\n"
-                if args.include_usage:
-                    yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
-                yield "data: [DONE]\n\n"
-            finally:
-                await gen.aclose()
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+async def _generate(g: _Generation, request: Request):
+    if not g.args.stream:
+        return await _whole_body(g, request)
+    return StreamingResponse(_sse(g), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    return app
+
+async def _whole_body(g: _Generation, request: Request) -> dict:
+    """The non-streaming response: every delta joined (stops early when the client disconnects)."""
+    parts, reason = [], "length"
+    gen = _tokens(g)
+    try:
+        async for delta, r in gen:
+            parts.append(delta)
+            reason = r or reason
+            if await request.is_disconnected():
+                break
+    finally:
+        await gen.aclose()
+    obj_final = "chat.completion" if g.chat else "text_completion"
+    return {**g.head, "object": obj_final, "choices": [g.choice("".join(parts), reason, True)], "usage": g.usage}
+
+
+async def _sse(g: _Generation):
+    """The streaming response: one server-sent event per delta, an error event, usage, then [DONE]."""
+    gen = _tokens(g)
+    try:
+        if g.chat:
+            first = {**g.head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]}
+            yield f"data: {json.dumps(first)}\n\n"
+        try:
+            async for delta, reason in gen:
+                yield f"data: {json.dumps({**g.head, 'choices': [g.choice(delta, reason, False)]})}\n\n"
+        except ApiError as e:
+            yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.type}})}\n\n"
+        if g.args.include_usage:
+            yield f"data: {json.dumps({**g.head, 'choices': [], 'usage': g.usage})}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        await gen.aclose()
 
 
 class ServeServer(ThreadedServer):

@@ -20,7 +20,7 @@ POINTS = (WorkloadPoint(phase="decode", batch=2, context=40, chunk=1, weight=0.6
 
 
 def write_plan(root, sources: dict[str, str]) -> Path:
-    opts = tuple(plan_mod.Optimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
+    opts = tuple(plan_mod.PlanOptimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
                                        kernel=f"kernels/{n}.py") for n in sources)
     plan = make_plan(optimizations=opts, workload_points=POINTS)
     return plan_mod.write_version(root, plan, sources={f"kernels/{n}.py": s for n, s in sources.items()},

@@ -64,7 +64,7 @@ def test_candidate_check_leaves_no_file_and_no_process(name, tmp_path):
 
 def test_plan_apply_leaves_no_file_and_no_process(tmp_path):
     sources = {n: (KERNELS / f"{n}.py").read_text() for n in ("linear_fp32", "fused_add_rms_norm_fp32")}
-    opts = tuple(plan_mod.Optimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
+    opts = tuple(plan_mod.PlanOptimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
                                        kernel=f"kernels/{n}.py") for n in sources)
     vdir = plan_mod.write_version(tmp_path / "plan", make_plan(optimizations=opts, workload_points=POINTS),
                                   sources={f"kernels/{n}.py": s for n, s in sources.items()},

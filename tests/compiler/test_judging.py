@@ -20,7 +20,7 @@ from compiler.search.judging import Judge
 from compiler.search.loop import OptimizeConfig
 from compiler.search.memory import RunMemory, shape_class
 from compiler.search.progress import Progress
-from compiler.search.run_state import Run
+from compiler.search.run_state import RunContext
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.supervisor import CandidateVerdict
 
@@ -58,7 +58,7 @@ def _judge(board, fleet, *, search_in: float, confirm_in: float, eval_s=None) ->
     memory = RunMemory(board, row.id, model="tiny-dense", hw="cpu", traffic_hash="t",
                        shape=shape_class("cpu", "bf16", POINTS, [0], [0, 1]))
     cfg = OptimizeConfig(model="tiny-dense", hw="cpu", traffic="t", out="unused")
-    run = Run(cfg, board, "sqlite://", row.id, memory, progress, threading.Event(), Budget(None), now)
+    run = RunContext(cfg, board, "sqlite://", row.id, memory, progress, threading.Event(), Budget(None), now)
     accepted: list = []
     acceptor = Acceptor(fleet.evaluate, POINTS, {"fast": 0.055, "slow": 0.002}, accepted=accepted)
     judge = Judge(run, fleet, acceptor, accepted, search_end=now + search_in, confirm_end=now + confirm_in,

@@ -114,9 +114,9 @@ def test_a_recompile_keeps_a_seeds_name_and_records_its_parent():
         name = name_of(source, author, 1)
     assert name == "offline-kernel-0-rms_norm-16"
     assert plan_mod.seed_parent("offline-kernel-0") == ""
-    opt = plan_mod.Optimization(name=name, targets=("rms_norm",), speedup={"fast": 1.1, "slow": 1.0}, parent=name)
-    assert plan_mod.Optimization.from_dict(opt.to_dict()) == opt
-    assert plan_mod.Optimization.from_dict({k: v for k, v in opt.to_dict().items() if k != "parent"}).parent == ""
+    opt = plan_mod.PlanOptimization(name=name, targets=("rms_norm",), speedup={"fast": 1.1, "slow": 1.0}, parent=name)
+    assert plan_mod.PlanOptimization.from_dict(opt.to_dict()) == opt
+    assert plan_mod.PlanOptimization.from_dict({k: v for k, v in opt.to_dict().items() if k != "parent"}).parent == ""
 
 
 def test_software_versions_name_tkcc_also_when_run_from_an_uninstalled_tree(monkeypatch):

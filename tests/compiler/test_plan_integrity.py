@@ -23,7 +23,7 @@ POINTS = (WorkloadPoint(phase="decode", batch=2, context=40, chunk=1, weight=1.0
 @pytest.fixture
 def vdir(tmp_path):
     src = (CANDIDATES / "linear_fp32.py").read_text()
-    opt = plan_mod.Optimization(name="linear_fp32", targets=("linear",), speedup={"fast": 1.2, "slow": 1.1},
+    opt = plan_mod.PlanOptimization(name="linear_fp32", targets=("linear",), speedup={"fast": 1.2, "slow": 1.1},
                                 kernel="kernels/linear_fp32.py")
     return plan_mod.write_version(tmp_path / "plan", make_plan(optimizations=(opt,), workload_points=POINTS),
                                   sources={"kernels/linear_fp32.py": src},

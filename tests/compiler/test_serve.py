@@ -192,7 +192,7 @@ def smollm2_plan(tmp_path_factory):
 
     from compiler.plan import artifact as plan_mod
 
-    opt = plan_mod.Optimization(name="fixture-norm-silu", targets=("fused_add_rms_norm", "silu_and_mul"),
+    opt = plan_mod.PlanOptimization(name="fixture-norm-silu", targets=("fused_add_rms_norm", "silu_and_mul"),
                                 speedup={"fast": 1.0, "slow": 1.0}, kernel="kernels/fixture.py")
     plan = make_plan(model="smollm2-135m", optimizations=(opt,))
     root = tmp_path_factory.mktemp("plan") / "smollm2"
@@ -320,7 +320,7 @@ def test_a_plan_with_an_edited_kernel_is_refused(tmp_path, capsys):
     from compiler.plan import artifact as plan_mod
     from compiler.cli import main
 
-    opt = plan_mod.Optimization(name="silu", targets=("silu_and_mul",), speedup={"fast": 1.0, "slow": 1.0},
+    opt = plan_mod.PlanOptimization(name="silu", targets=("silu_and_mul",), speedup={"fast": 1.0, "slow": 1.0},
                                 kernel="kernels/fixture.py")
     plan = plan_mod.Plan(model="tiny-dense", hw="cpu", detected_device={"kind": "cpu"}, software={},
                          traffic={"source": "t", "hash": "x", "summary": {}}, workload_points=(),
@@ -339,7 +339,7 @@ def test_a_config_only_plan_sets_the_servers_scheduler(tmp_path):
 
     source = ('OVERRIDES = {}\nCONFIG = {"max_num_seqs": 3, "max_num_batched_tokens": 64, '
               '"max_chunk_tokens": 16, "kv_block_size": 8}\n')
-    opt = plan_mod.Optimization(name="config-1", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
+    opt = plan_mod.PlanOptimization(name="config-1", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
                                 kernel="kernels/config.py", projected={"ratios": {"tpot": 1.2}})
     plan = plan_mod.Plan(model="tiny-dense", hw="cpu", detected_device={"kind": "cpu"}, software={},
                          traffic={"source": "t", "hash": "x", "summary": {}}, workload_points=(),
