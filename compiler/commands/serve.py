@@ -1,5 +1,5 @@
 """``tkcc serve (--plan DIR | --model M) [--weights PATH] [--host 127.0.0.1] [--port 8000] [--device D] [--tiny]
-[--spot-check F]`` and ``tkcc bench serve --traffic FILE --url URL [--rate X] [--json]`` (see compiler/serve/app.py and
+[--spot-check F]`` and ``tkcc bench serve --traffic FILE --url URL [--rate X] [--json]`` (see compiler/serve/openai_app.py and
 compiler/serve/bench.py)."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
 
 
 def _serve(args) -> int:
-    from compiler.serve.app import serve_forever
+    from compiler.serve.openai_app import serve_forever
     from compiler.serve.runtime import ServeOptions, build_runtime
     from compiler.serve.http_server import ServeError
 

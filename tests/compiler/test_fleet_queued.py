@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 
-from compiler.fleet.local import TierEngine, FleetConfig, LocalFleet, Placement
+from compiler.fleet.local import FleetConfig, LocalFleet, Placement, TierEngine
 from compiler.search.throughput import DeviceClock
 from persistent_engine.supervisor import CandidateVerdict
 

@@ -20,7 +20,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from compiler.serve.app import ServeServer  # noqa: E402
+from compiler.serve.openai_app import ServeServer  # noqa: E402
 from compiler.serve.runtime import ServeOptions, build_runtime  # noqa: E402
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from compiler.serve.app import ServeServer
+from compiler.serve.openai_app import ServeServer
 from compiler.serve.runtime import ServeOptions, build_runtime
 
 TRACE = "examples/traffic/azure2023_conv.parquet"

