@@ -5,7 +5,7 @@ without an SLO (no trade allowed) and under one (goodput).
         --traffic examples/traffic/azure2023_code.csv --tpot-ms 50
 
 Reads the plan's baseline profile (the step time the engine measured at each workload point, the fast tier's
-slice), fits the config judge to it as ``tkcc optimize`` does (``compiler/config_plan.py``: full model = slice x
+slice), fits the config judge to it as ``tkcc optimize`` does (``compiler/search/config_plan.py``: full model = slice x
 layers ratio, the eager factor of the plan's device, arrivals slowed where the measured engine cannot keep up),
 replays the trace's first 2,000 requests for ``--settings`` knob settings drawn from the search space (the
 default first) and prints the best ones and the default's figures, for no SLO and for the SLO given. Writes
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agents.offline import ConfigJudge  # noqa: E402
-from compiler.config_plan import make_judge, slo_of  # noqa: E402
+from compiler.search.config_plan import make_judge, slo_of  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 
 FIGURES = ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tokens_per_busy_s", "slo_attained", "goodput_tokens_per_s")

@@ -17,7 +17,7 @@ but the first and the last; ``VARIANTS``):
                          ``torch.compile(mode="reduce-overhead", fullgraph=True)``; eager with ``--no-compile``
   gptfast_max_autotune   the same model, ``torch.compile(mode="max-autotune-no-cudagraphs", fullgraph=True)``
                          captured in a CUDA graph here: the strongest baseline a careful user writes
-  tkcc                   the plan's accepted overrides (``kernels/composed.py`` through ``compiler.apply``)
+  tkcc                   the plan's accepted overrides (``kernels/composed.py`` through ``compiler.plan.apply``)
                          active while the step is captured in a CUDA graph, as the engine does: compiled by
                          inductor around them (each an opaque call) where the plan was measured against the
                          compiled step (``--tkcc-step``), else the eager reference ops around them; the plan's
@@ -66,11 +66,11 @@ from benchmarks.e2e_variants import GPTFAST, gptfast_base, run_gptfast, time_var
 from benchmarks.e2e_results import BenchError, merge_files, merge_results, print_targets  # noqa: E402
 from benchmarks.e2e_results import fmt as _f, read_results, target_verdicts  # noqa: E402
 from benchmarks.forward import bytes_read  # noqa: E402
-from compiler import apply as plan_apply  # noqa: E402
+from compiler.plan import apply as plan_apply  # noqa: E402
 from persistent_engine import compiled_step, opaque  # noqa: E402
-from compiler.compare import capture, compile_step  # noqa: E402
-from compiler import plan as plan_mod  # noqa: E402
-from compiler.compose import parse_targets  # noqa: E402
+from compiler.plan.compare import capture, compile_step  # noqa: E402
+from compiler.plan import artifact as plan_mod  # noqa: E402
+from compiler.plan.compose import parse_targets  # noqa: E402
 from persistent_engine.measure import timing  # noqa: E402
 from persistent_engine.models.aliases import ALIASES, CONFIG_DIR  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
@@ -118,7 +118,7 @@ class PlanParts:
     """A loaded plan and, per accepted optimization, the ops and CONFIG knobs it owns."""
 
     loaded: plan_apply.LoadedPlan
-    owned: tuple[tuple[plan_mod.Optimization, tuple[str, ...], tuple[str, ...]], ...] = ()
+    owned: tuple[tuple[plan_mod.PlanOptimization, tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 # ---------------------------------------------------------------------------- cases and plans
@@ -135,9 +135,9 @@ def _layers(spec: ModelSpec, text: str) -> tuple[int, ...] | None:
 def parse_cases(texts: list[str], default_context: int, traffic: Path, hw: str, max_points: int) -> list[Case]:
     """``MODEL[:LAYERS][@BATCHES][/CONTEXT]``: LAYERS all | cover (spec.covering_layers()) | N | i,j;
     BATCHES a comma list or ``azure``: the decode points among the ``max_points`` heaviest workload
-    points that ``tkcc optimize`` derives from ``--traffic`` for ``--hw`` (compiler.inputs, so the same
+    points that ``tkcc optimize`` derives from ``--traffic`` for ``--hw`` (compiler.search.inputs, so the same
     points as a plan optimized on that traffic), each with its own context unless /CONTEXT is given."""
-    from compiler.inputs import read_traffic
+    from compiler.search.inputs import read_traffic
 
     cases = []
     for text in texts:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compiler import plan as plan_mod
+from compiler.plan import artifact as plan_mod
 
 __all__ = ["TARGETS", "BenchError", "fmt", "merge_files", "merge_results", "print_targets", "read_results",
            "target_verdicts"]

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agents.templates import Choice, TemplateError, get_template, render_candidate  # noqa: E402
-from compiler import apply as plan_apply  # noqa: E402
-from compiler import plan as plan_mod  # noqa: E402
+from compiler.plan import apply as plan_apply  # noqa: E402
+from compiler.plan import artifact as plan_mod  # noqa: E402
 
 
 class KnobError(ValueError):

@@ -1,6 +1,6 @@
 """Serving throughput: ``tkcc serve`` with a plan, with the reference engine, and with the reference
 under ``torch.compile``, each replaying a trace at its own rate and faster, through the real HTTP
-server (``compiler.serve.ServeServer`` on loopback) measured by ``tkcc bench serve`` (its own process).
+server (``compiler.serve.openai_app.ServeServer`` on loopback) measured by ``tkcc bench serve`` (its own process).
 
     python benchmarks/serve_throughput.py                                  # H200: llama-1b, random weights
     python benchmarks/serve_throughput.py --device cpu --model tiny-dense --plan '' --requests 8 \\
@@ -47,13 +47,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from compiler.serve import ServeServer  # noqa: E402
-from compiler.serve_runtime import ServeOptions, build_runtime  # noqa: E402
+from compiler.serve.openai_app import ServeServer  # noqa: E402
+from compiler.serve.runtime import ServeOptions, build_runtime  # noqa: E402
 from persistent_engine.serving.engine import compile_count  # noqa: E402
 
 
 def newest_version(plan_root: str) -> str:
-    from compiler import plan as plan_mod
+    from compiler.plan import artifact as plan_mod
 
     return str(plan_mod.resolve(plan_root))
 

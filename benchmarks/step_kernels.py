@@ -38,8 +38,8 @@ import torch  # noqa: E402
 from benchmarks import e2e_decode as e2e  # noqa: E402
 from benchmarks.forward import bytes_read  # noqa: E402
 from benchmarks.kernel_profile import MARK, by_window, profile_intervals, summarize, union_us  # noqa: E402,F401
-from compiler import plan as plan_mod  # noqa: E402
-from compiler.compare import capture  # noqa: E402
+from compiler.plan import artifact as plan_mod  # noqa: E402
+from compiler.plan.compare import capture  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402

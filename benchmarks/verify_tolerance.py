@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks import e2e_decode as e2e  # noqa: E402
-from compiler import apply as plan_apply  # noqa: E402
-from compiler import plan as plan_mod  # noqa: E402
+from compiler.plan import apply as plan_apply  # noqa: E402
+from compiler.plan import artifact as plan_mod  # noqa: E402
 from persistent_engine.judge import engine as eng  # noqa: E402
 from persistent_engine.verification import tolerance, verify  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402

@@ -13,11 +13,13 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {
-    "OptimizeConfig": "compiler.loop", "OptimizeResult": "compiler.loop", "optimize": "compiler.loop",
-    "recompile": "compiler.recompile", "RecompileResult": "compiler.recompile",
-    "Plan": "compiler.plan", "Optimization": "compiler.plan", "PlanError": "compiler.plan",
-    "load_plan": "compiler.plan", "load_plan_overrides": "compiler.apply", "apply_plan": "compiler.apply",
-    "check_plan": "compiler.apply", "AcceptanceConfig": "compiler.acceptance",
+    "OptimizeConfig": "compiler.search.loop", "OptimizeResult": "compiler.search.loop",
+    "optimize": "compiler.search.loop",
+    "recompile": "compiler.search.recompile", "RecompileResult": "compiler.search.recompile",
+    "Plan": "compiler.plan.artifact", "PlanOptimization": "compiler.plan.artifact",
+    "PlanError": "compiler.plan.artifact", "load_plan": "compiler.plan.artifact",
+    "load_plan_overrides": "compiler.plan.apply", "apply_plan": "compiler.plan.apply",
+    "check_plan": "compiler.plan.apply", "AcceptanceConfig": "compiler.search.acceptance",
 }
 _RENAMED = {"load_plan": "load"}
 

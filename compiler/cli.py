@@ -1,4 +1,4 @@
-"""The ``tkcc`` command line. Each command group lives in its own ``compiler/cmd_*.py`` module with
+"""The ``tkcc`` command line. Each command group lives in its own ``compiler/commands/*.py`` module with
 ``register(subparsers)``; modules keep heavy imports (torch, pandas) inside their handlers so that
 ``tkcc --help`` stays instant.
 
@@ -15,15 +15,15 @@ import os
 import sys
 
 COMMAND_MODULES = [
-    "compiler.cmd_optimize",     # optimize, recompile, plan
-    "compiler.cmd_traffic",      # traffic profile | diff
-    "compiler.cmd_parallelism",  # parallelism
-    "compiler.cmd_cost",         # cost op
-    "compiler.cmd_candidate",    # candidate check, ops
-    "compiler.cmd_engine",       # engine serve
-    "compiler.cmd_ui",           # ui
-    "compiler.cmd_doctor",       # doctor
-    "compiler.cmd_serve",        # serve, bench serve
+    "compiler.commands.optimize",     # optimize, recompile, plan
+    "compiler.commands.traffic",      # traffic profile | diff
+    "compiler.commands.parallelism",  # parallelism
+    "compiler.commands.cost",         # cost op
+    "compiler.commands.candidate",    # candidate check, ops
+    "compiler.commands.engine",       # engine serve
+    "compiler.commands.ui",           # ui
+    "compiler.commands.doctor",       # doctor
+    "compiler.commands.serve",        # serve, bench serve
 ]
 
 

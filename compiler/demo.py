@@ -51,7 +51,7 @@ def main() -> int:
     print(f"[demo] finished in {time.monotonic() - t0:.0f} s (exit {rc})", flush=True)
     if rc == 0:
         out = Path(args[args.index("--out") + 1])
-        from compiler import plan as plan_mod
+        from compiler.plan import artifact as plan_mod
         plan, vdir = plan_mod.load(out)
         print(f"[demo] plan:   {vdir / 'plan.json'}")
         print(f"[demo] report: {vdir / 'report.md'}")

@@ -16,7 +16,7 @@
 # Run it (`make smollm2-plan`) when that test says the committed plan no longer loads: plan.json's
 # schema or an op's signature changed. Cost: BUDGET (default 5m) of wall time (~2.5 min of it on an
 # idle 2-core machine: the agents exhaust the CPU templates). Only plan.json and kernels/ are kept (the
-# files `compiler.plan.load` verifies by sha256; never the run's board database); it fails if nothing
+# files `compiler.plan.artifact.load` verifies by sha256; never the run's board database); it fails if nothing
 # was accepted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ PYEOF
 dest=tests/data/plans/smollm2-135m-cpu
 "$PY" - "$work/plan/v1" <<'PYEOF'
 import sys
-from compiler import plan
+from compiler.plan import artifact as plan
 p, _ = plan.load(sys.argv[1])
 if not p.optimizations:
     sys.exit("smollm2_plan: tkcc optimize accepted nothing; run again with a larger BUDGET")
@@ -50,4 +50,4 @@ rm -rf "$dest"
 mkdir -p "$dest/v1"
 cp "$work/plan/v1/plan.json" "$dest/v1/"
 cp -r "$work/plan/v1/kernels" "$dest/v1/"
-"$PY" -c "from compiler import plan; plan.load('$dest')" && echo "smollm2_plan: wrote $dest/v1"
+"$PY" -c "from compiler.plan import artifact as plan; plan.load('$dest')" && echo "smollm2_plan: wrote $dest/v1"

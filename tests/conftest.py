@@ -15,7 +15,7 @@ if not os.environ.get("CUDA_VISIBLE_DEVICES") and "TRITON_INTERPRET" not in os.e
 
 @pytest.fixture(autouse=True)
 def _startup_records(tmp_path_factory, monkeypatch):
-    """Each test its own engine start-up records (compiler/startup_estimate.py): no test's run is refused
+    """Each test its own engine start-up records (compiler/search/startup_estimate.py): no test's run is refused
     on what another test's engines took, nor on the user's own ~/.cache/tkcc/startup.json."""
     monkeypatch.setenv("TKCC_STARTUP_FILE", str(tmp_path_factory.getbasetemp() / f"startup-{uuid.uuid4().hex}.json"))
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler import plan as plan_mod
-from compiler.compose import Part, compose
+from compiler.plan import artifact as plan_mod
+from compiler.plan.compose import Part, compose
 from persistent_engine.executor.compiled_step import baseline_words
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.models.decoder import build_model
@@ -60,9 +60,9 @@ variants = sys.modules["benchmarks.e2e_variants"]     # imported by the script: 
 
 def write_plan(root: Path, name: str, source: str, model: str = "tiny-dense",
                ops: tuple = ("fused_add_rms_norm",)) -> Path:
-    """A plan version directory as ``tkcc optimize`` writes it (compiler.plan.write_version)."""
+    """A plan version directory as ``tkcc optimize`` writes it (compiler.plan.artifact.write_version)."""
     knobs = tuple(k for k in ("kv_block_size", "max_num_seqs") if k in source)
-    opt = plan_mod.Optimization(name=name, targets=ops, speedup={"fast": 1.2, "slow": 1.1},
+    opt = plan_mod.PlanOptimization(name=name, targets=ops, speedup={"fast": 1.2, "slow": 1.1},
                                 kernel=f"kernels/{name}.py", author="test", description=f"{ops[0]} override")
     plan = plan_mod.Plan(
         model=model, hw="cpu", detected_device={"kind": "cpu", "name": "x86_64"},
@@ -211,7 +211,7 @@ OVERRIDES = {"linear": linear}
 def test_moe_slices_are_also_checked_with_routing_replay():
     """replay_agreement: the engine's rule on an MoE slice — a nudge within the tie band agrees, a clear
     misroute does not (by name), a dense slice has no routing to check."""
-    from compiler.apply import overrides_of
+    from compiler.plan.apply import overrides_of
     from persistent_engine.models.decoder import build_model
 
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from compiler import plan as plan_mod
+from compiler.plan import artifact as plan_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

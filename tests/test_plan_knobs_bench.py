@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from agents.templates import Choice, get_template, render_candidate
-from compiler import apply as plan_apply
-from compiler import plan as plan_mod
-from compiler.compose import Part, compose
+from compiler.plan import apply as plan_apply
+from compiler.plan import artifact as plan_mod
+from compiler.plan.compose import Part, compose
 from persistent_engine.io_struct import WorkloadPoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_knobs.py"
@@ -26,7 +26,7 @@ def template_plan(root: Path, impl: str = "fp32_add", description: str | None = 
     """A plan version whose one optimization is ``NAME`` rendered with TFARN_IMPL=impl, CONFIG kept."""
     choice = Choice(get_template(NAME), {"TFARN_IMPL": impl})
     source = render_candidate([choice], config={"kv_block_size": 8})
-    opt = plan_mod.Optimization(name="farn", targets=("fused_add_rms_norm",), speedup={"fast": 1.1, "slow": 1.1},
+    opt = plan_mod.PlanOptimization(name="farn", targets=("fused_add_rms_norm",), speedup={"fast": 1.1, "slow": 1.1},
                                 kernel="kernels/farn.py", author="test", description=description or choice.key())
     plan = plan_mod.Plan(
         model="tiny-dense", hw="cpu", detected_device={"kind": "cpu", "name": "x86_64"}, software={"torch": "x"},

@@ -22,9 +22,9 @@ CONFIG = {"max_num_seqs": 4, "max_num_batched_tokens": 32}
 
 
 def _tiny_plan(root: Path) -> Path:
-    from compiler import plan as plan_mod
+    from compiler.plan import artifact as plan_mod
 
-    opt = plan_mod.Optimization(name="silu", targets=("silu_and_mul",), speedup={"fast": 1.0, "slow": 1.0},
+    opt = plan_mod.PlanOptimization(name="silu", targets=("silu_and_mul",), speedup={"fast": 1.0, "slow": 1.0},
                                 kernel="kernels/silu.py")
     plan = plan_mod.Plan(model="tiny-dense", hw="cpu", detected_device={"kind": "cpu"}, software={},
                          traffic={"source": "test", "hash": "x", "summary": {}}, workload_points=(),

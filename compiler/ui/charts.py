@@ -16,8 +16,8 @@ from typing import Any, Iterable, Sequence
 from markupsafe import Markup
 
 from bulletin_board import HistoryPoint
-from compiler.op_time import op_ms_per_step, point_weights, step_mix
-from compiler.plots import bar_chart
+from compiler.plan.op_time import op_ms_per_step, point_weights, step_mix
+from compiler.plan.plots import bar_chart
 from persistent_engine import point_key
 
 _FONT = 'font-family="system-ui,Helvetica,Arial,sans-serif"'
@@ -93,7 +93,7 @@ def _ms(v: Any) -> float | None:
 
 
 def op_breakdown(baseline: dict, optimizations: Iterable[Any]) -> tuple[dict[str, float], dict[str, float]]:
-    """Per-op milliseconds of the traffic's mean step (``compiler.op_time``, the report's weighting)
+    """Per-op milliseconds of the traffic's mean step (``compiler.plan.op_time``, the report's weighting)
     before and after, estimated.
 
     Of several optimizations with the same targets only the fastest counts (the plan composes

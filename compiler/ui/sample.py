@@ -132,83 +132,104 @@ def fill_board(board: Board, spec: SampleSpec = SampleSpec()) -> SampleBoard:
         out.runs.append(run.id)
         baseline = _baseline(rng, 1.0 if dep.hw == "cpu" else 0.05)
         board.set_baseline(run, baseline)
-        ideas = []
-        for i in range(per_run_ideas):
-            op = OPS[i % 4] if i % 3 else rng.choice(OPS)
-            author = rng.choice(spec.agents)
-            title = f"{op}: triton BLOCK={2 ** (6 + i % 6)} num_warps={2 ** (i % 4)} v{i}"
-            if spec.hostile and r == 0 and i == 0:
-                title, author = f"fuse {HOSTILE} into rms_norm", f"agent {HOSTILE}"
-            idea = board.post_idea(run, author=author, title=title, target=op, tags=["triton"],
-                                   body=f"Replace the reference {op} with a one-pass Triton kernel; "
-                                        f"expected gain on decode points where it takes "
-                                        f"{100 * OP_SHARE[op]:.0f}% of the step.",
-                                   priority=round(rng.random(), 3))
-            ideas.append(idea)
-            if spec.hostile and r == 0 and i == 0:
-                out.hostile_idea = idea.id
-                board.post(run, author=author, idea=idea, body=f"measured on the fast tier {HOSTILE}")
-            elif i % 4 == 0:
-                board.post(run, author=rng.choice(spec.agents), idea=idea, kind="result",
-                           body=f"fast tier: {rng.uniform(0.9, 1.3):.3f}x, correct on all points")
+        ideas = _post_ideas(board, spec, rng, out, run, r, per_run_ideas)
         out.ideas += [i.id for i in ideas]
         for k, idea in enumerate(ideas[:max(1, len(ideas) // 2)]):       # work half of the ideas
             claimed = board.claim_idea(run, agent=idea.author, lease_s=300)
             if claimed is not None and k % 5 != 4:
                 board.finish_idea(claimed, agent=idea.author, status="failed" if k % 3 == 2 else "done")
-        prev = None
-        for e in range(per_run_evals):
-            idea = ideas[e % len(ideas)]
-            op = idea.target or "rms_norm"
-            hostile = spec.hostile and r == 0 and e == 0
-            title = f"{op} {HOSTILE} kernel" if hostile else f"{op} triton kernel {e}"
-            source = SOURCE.format(title=title, op=op, block=2 ** (6 + e % 6), warps=2 ** (e % 4))
-            if hostile:
-                source += f"\n# </code></pre>{HOSTILE}\nNOTE = '{HOSTILE}'\n"
-            # every third candidate modifies the one before it (lineage: who built on whom)
-            cid = board.add_candidate(run, author=idea.author, source=source, idea=idea,
-                                      parent=prev if e % 3 == 2 else None,
-                                      author_kind="llm" if idea.author.startswith("claude") else "program")
-            prev = cid
-            correct = rng.random() > 0.3
-            s = round(rng.uniform(0.85, 1.45), 4) if correct else None
-            if hostile:
-                correct, s = True, 1.18
-            board.add_evaluation(cid, tier="fast", point=None,
-                                 metrics={"speedup": s, "per_point": _per_point(rng, s, baseline) if s else []},
-                                 verdict="correct" if correct else "rejected",
-                                 reasons=[] if correct else [f"op {op}: max abs error 3.1e-01 > atol 1.6e-02 at shape [8, 2048]"],
-                                 device="cpu" if dep.hw == "cpu" else "NVIDIA H200",
-                                 timing_method="engine A/B, perf_counter_ns medians")
-            accept = (s is not None and s > 1.1) or hostile
-            if accept:
-                slow = round((s or 1.2) * rng.uniform(0.95, 1.02), 4)
-                board.add_evaluation(cid, tier="slow", point=None,
-                                     metrics={"speedup": slow, "per_point": _per_point(rng, slow, baseline)},
-                                     verdict="correct", device="cpu" if dep.hw == "cpu" else "NVIDIA H200",
-                                     timing_method="engine A/B, perf_counter_ns medians")
-                per_point = [{**{k: p[k] for k in (*POINT_FIELDS, "weight")},
-                              "fast": round((s or 1.2) * rng.uniform(0.95, 1.05), 4),
-                              "slow": round(slow * rng.uniform(0.95, 1.05), 4)} for p in POINTS]
-                opt = board.add_optimization(run, cid, name=f"{op}_triton_r{run.id}_{e}", targets=[op],
-                                             speedups={"fast": s or 1.2, "slow": slow}, per_point=per_point,
-                                             status="retired" if e % 7 == 6 else "active")
-                out.optimizations.append(opt.id)
-                if hostile:
-                    out.hostile_optimization = opt.id
-                board.record_progress(run, tried=1, accepted=1, speedup=slow)
-            else:
-                board.record_progress(run, tried=1)
+        _add_candidates(board, spec, rng, out, run, dep, r, ideas, baseline, per_run_evals)
         last = r == spec.runs - 1
-        reports = [{"name": a, "cycles": 3, "tried": per_run_evals // len(spec.agents), "correct": 1, "accepted": 0,
-                    "failures": 0, "input_tokens": 41_000 if a.startswith("claude") else 0,
-                    "cached_tokens": 120_000 if a.startswith("claude") else 0,
-                    "output_tokens": 9_000 if a.startswith("claude") else 0,
-                    "cost_usd": 0.294 if a.startswith("claude") else 0.0,
-                    "requests": 12 if a.startswith("claude") else 0, "stopped": "deadline"} for a in spec.agents]
         board.update_run(run, status="running" if last and spec.running else "done",
                          message="searching" if last and spec.running else "done",
-                         config={**run.config, "agent_reports": reports})
+                         config={**run.config, "agent_reports": _agent_reports(spec, per_run_evals)})
+    _add_drift_events(board, spec, rng, out, deployments)
+    return out
+
+
+def _post_ideas(board: Board, spec: SampleSpec, rng: random.Random, out: SampleBoard, run, r: int, n: int) -> list:
+    """``n`` ideas of run number ``r`` (the hostile one first in run 0), a comment on every fourth."""
+    ideas = []
+    for i in range(n):
+        op = OPS[i % 4] if i % 3 else rng.choice(OPS)
+        author = rng.choice(spec.agents)
+        title = f"{op}: triton BLOCK={2 ** (6 + i % 6)} num_warps={2 ** (i % 4)} v{i}"
+        if spec.hostile and r == 0 and i == 0:
+            title, author = f"fuse {HOSTILE} into rms_norm", f"agent {HOSTILE}"
+        idea = board.post_idea(run, author=author, title=title, target=op, tags=["triton"],
+                               body=f"Replace the reference {op} with a one-pass Triton kernel; "
+                                    f"expected gain on decode points where it takes "
+                                    f"{100 * OP_SHARE[op]:.0f}% of the step.",
+                               priority=round(rng.random(), 3))
+        ideas.append(idea)
+        if spec.hostile and r == 0 and i == 0:
+            out.hostile_idea = idea.id
+            board.post(run, author=author, idea=idea, body=f"measured on the fast tier {HOSTILE}")
+        elif i % 4 == 0:
+            board.post(run, author=rng.choice(spec.agents), idea=idea, kind="result",
+                       body=f"fast tier: {rng.uniform(0.9, 1.3):.3f}x, correct on all points")
+    return ideas
+
+
+def _add_candidates(board: Board, spec: SampleSpec, rng: random.Random, out: SampleBoard, run, dep, r: int,
+                    ideas: list, baseline: dict, n: int) -> None:
+    """``n`` candidates of the run's ideas with their fast-tier verdicts; the winners also on the slow tier and
+    as optimizations."""
+    prev = None
+    for e in range(n):
+        idea = ideas[e % len(ideas)]
+        op = idea.target or "rms_norm"
+        hostile = spec.hostile and r == 0 and e == 0
+        title = f"{op} {HOSTILE} kernel" if hostile else f"{op} triton kernel {e}"
+        source = SOURCE.format(title=title, op=op, block=2 ** (6 + e % 6), warps=2 ** (e % 4))
+        if hostile:
+            source += f"\n# </code></pre>{HOSTILE}\nNOTE = '{HOSTILE}'\n"
+        # every third candidate modifies the one before it (lineage: who built on whom)
+        cid = board.add_candidate(run, author=idea.author, source=source, idea=idea,
+                                  parent=prev if e % 3 == 2 else None,
+                                  author_kind="llm" if idea.author.startswith("claude") else "program")
+        prev = cid
+        correct = rng.random() > 0.3
+        s = round(rng.uniform(0.85, 1.45), 4) if correct else None
+        if hostile:
+            correct, s = True, 1.18
+        board.add_evaluation(cid, tier="fast", point=None,
+                             metrics={"speedup": s, "per_point": _per_point(rng, s, baseline) if s else []},
+                             verdict="correct" if correct else "rejected",
+                             reasons=[] if correct else [f"op {op}: max abs error 3.1e-01 > atol 1.6e-02 at shape [8, 2048]"],
+                             device="cpu" if dep.hw == "cpu" else "NVIDIA H200",
+                             timing_method="engine A/B, perf_counter_ns medians")
+        accept = (s is not None and s > 1.1) or hostile
+        if accept:
+            slow = round((s or 1.2) * rng.uniform(0.95, 1.02), 4)
+            board.add_evaluation(cid, tier="slow", point=None,
+                                 metrics={"speedup": slow, "per_point": _per_point(rng, slow, baseline)},
+                                 verdict="correct", device="cpu" if dep.hw == "cpu" else "NVIDIA H200",
+                                 timing_method="engine A/B, perf_counter_ns medians")
+            per_point = [{**{k: p[k] for k in (*POINT_FIELDS, "weight")},
+                          "fast": round((s or 1.2) * rng.uniform(0.95, 1.05), 4),
+                          "slow": round(slow * rng.uniform(0.95, 1.05), 4)} for p in POINTS]
+            opt = board.add_optimization(run, cid, name=f"{op}_triton_r{run.id}_{e}", targets=[op],
+                                         speedups={"fast": s or 1.2, "slow": slow}, per_point=per_point,
+                                         status="retired" if e % 7 == 6 else "active")
+            out.optimizations.append(opt.id)
+            if hostile:
+                out.hostile_optimization = opt.id
+            board.record_progress(run, tried=1, accepted=1, speedup=slow)
+        else:
+            board.record_progress(run, tried=1)
+
+
+def _agent_reports(spec: SampleSpec, per_run_evals: int) -> list[dict]:
+    return [{"name": a, "cycles": 3, "tried": per_run_evals // len(spec.agents), "correct": 1, "accepted": 0,
+             "failures": 0, "input_tokens": 41_000 if a.startswith("claude") else 0,
+             "cached_tokens": 120_000 if a.startswith("claude") else 0,
+             "output_tokens": 9_000 if a.startswith("claude") else 0,
+             "cost_usd": 0.294 if a.startswith("claude") else 0.0,
+             "requests": 12 if a.startswith("claude") else 0, "stopped": "deadline"} for a in spec.agents]
+
+
+def _add_drift_events(board: Board, spec: SampleSpec, rng: random.Random, out: SampleBoard, deployments: list) -> None:
     for k in range(spec.drift_events):
         dep = deployments[k % len(deployments)]
         drifted = k % 2 == 0
@@ -219,4 +240,3 @@ def fill_board(board: Board, spec: SampleSpec = SampleSpec()) -> SampleBoard:
             feats.append({"name": n, "statistic": stat, "threshold": t, "drifted": stat > t})
         board.add_drift_event(dep, drifted, feats, run=out.runs[-1] if drifted else None,
                               old_hash=dep.traffic_hash, new_hash=f"{rng.getrandbits(64):016x}")
-    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uvicorn
 
-from compiler.http_server import ThreadedServer, bind
+from compiler.serve.http_server import ThreadedServer, bind
 
 from .app import UIConfig, create_app
 

@@ -120,8 +120,8 @@ def run_progress(run: Any, now: float | None = None) -> dict:
 
 def tiers_disagree(o: Any) -> bool:
     """An optimization (a board row with ``speedup_fast``/``speedup_slow``) whose tiers name different
-    winners against the reference (``compiler.report.tiers_disagree``)."""
-    from compiler.report import tiers_disagree as disagree
+    winners against the reference (``compiler.plan.report.tiers_disagree``)."""
+    from compiler.plan.report import tiers_disagree as disagree
 
     return disagree(getattr(o, "speedup_fast", None), getattr(o, "speedup_slow", None))
 

@@ -110,8 +110,8 @@ def test_an_llm_agent_builds_a_child_of_an_accepted_offline_candidate(swarm_ctx,
     speedup = ctx.board.list_evaluations(candidate=child.id).items[0].speedup
     assert verdicts == [f"verdict: correct, speedup {speedup:.3f}x, child of {parent.id[:12]}"]
 
-    from compiler.judging import per_agent, report_agents as _report_agents
-    from compiler.progress import Progress
+    from compiler.search.judging import per_agent, report_agents as _report_agents
+    from compiler.search.progress import Progress
     progress = Progress(time.monotonic() + 1, quiet=True)
     _report_agents(ctx.board, ctx.run_id, per_agent(result, {}), progress)   # as the loop does after the search
 

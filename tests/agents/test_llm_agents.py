@@ -189,8 +189,8 @@ def test_the_shared_run_budget_stops_every_llm_agent_with_one_line(ctx):
     # the optimize loop repeats them (and the spend) on the terminal after the search
     import io
 
-    from compiler.judging import per_agent, report_agents as _report_agents
-    from compiler.progress import Progress
+    from compiler.search.judging import per_agent, report_agents as _report_agents
+    from compiler.search.progress import Progress
     out = io.StringIO()
     _report_agents(ctx.board, ctx.run_id, per_agent(result, {}), Progress(time.monotonic(), stream=out))
     shown = out.getvalue().splitlines()

@@ -1,11 +1,11 @@
 """A sample plan record shared by the plan, report and apply tests."""
 
-from compiler import plan as plan_mod
+from compiler.plan import artifact as plan_mod
 from persistent_engine.io_struct import WorkloadPoint
 
 
 def make_plan(**changes) -> plan_mod.Plan:
-    opt = plan_mod.Optimization(
+    opt = plan_mod.PlanOptimization(
         name="offline-0-rms_norm-1", targets=("rms_norm",), speedup={"fast": 1.31, "slow": 1.12},
         per_point=(plan_mod.PointSpeedup(WorkloadPoint("decode", 8, 512, 1, 0.7), fast=1.4, slow=1.1),),
         kernel="kernels/offline_0_rms_norm_1.py", author="offline-0", description="fused rms", noise=0.02)

@@ -7,8 +7,8 @@ import dataclasses
 from persistent_engine.io_struct import PointTiming, WorkloadPoint
 from persistent_engine.supervisor import CandidateVerdict
 
-from compiler.acceptance import AcceptanceConfig, Acceptor, merge_points, screen, threshold
-from compiler.compose import parse_targets
+from compiler.search.acceptance import AcceptanceConfig, Acceptor, merge_points, screen, threshold
+from compiler.plan.compose import parse_targets
 
 POINTS = [WorkloadPoint(phase="decode", batch=4, context=64, chunk=1, weight=0.75),
           WorkloadPoint(phase="prefill", batch=1, context=0, chunk=32, weight=0.25)]
@@ -143,7 +143,7 @@ def test_merge_points_fills_missing_with_none():
 
 
 def test_workload_points_never_exceed_the_model_context_window():
-    from compiler.inputs import fit_positions
+    from compiler.search.inputs import fit_positions
     pts = [WorkloadPoint(phase="prefill", batch=1, context=29, chunk=4220, weight=0.5),
            WorkloadPoint(phase="decode", batch=8, context=9000, chunk=1, weight=0.5),
            WorkloadPoint(phase="decode", batch=2, context=100, chunk=1, weight=0.0)]
@@ -219,7 +219,7 @@ def test_a_kept_winner_leaves_its_group_dropped_as_conflicting():
 
 
 def test_a_budget_that_runs_out_in_composition_keeps_the_best_candidate_alone():
-    from compiler.fleet import failed_verdict
+    from compiler.fleet.local import failed_verdict
 
     engine = TableEngine({"rms_norm": 1.2, "silu_and_mul": 1.1}, {"rms_norm": 1.25, "silu_and_mul": 1.15})
     acc = Acceptor(engine, POINTS, {"fast": 0.01, "slow": 0.01})

@@ -6,7 +6,7 @@ import ast
 import pytest
 import torch
 
-from compiler.compose import ComposeError, Part, compose, parse_targets, select_compatible
+from compiler.plan.compose import ComposeError, Part, compose, parse_targets, select_compatible
 
 RMS = '''"""rms_norm in fp32 with one fewer temporary."""
 from __future__ import annotations
@@ -101,8 +101,8 @@ def test_parse_targets_and_errors():
 
 
 def test_a_composition_refused_for_the_budget_is_not_called_incorrect():
-    from compiler.acceptance import _why_dropped
-    from compiler.fleet import failed_verdict
+    from compiler.search.acceptance import _why_dropped
+    from compiler.fleet.local import failed_verdict
 
     ok = type("V", (), {"correct": True, "reasons": [], "speedup": 1.0})()
     assert _why_dropped(failed_verdict("not evaluated: the run's budget is spent"), None, None) == \

@@ -1,8 +1,8 @@
-"""compiler/agent_spec.py: ``--agents`` strings, ``offline:auto`` (the default) included."""
+"""compiler/search/agent_spec.py: ``--agents`` strings, ``offline:auto`` (the default) included."""
 
 import pytest
 
-from compiler.agent_spec import AgentSpecError, auto_offline, build_agents
+from compiler.search.agent_spec import AgentSpecError, auto_offline, build_agents
 
 
 def test_auto_starts_more_offline_agents_on_a_gpu_host_with_the_cores():

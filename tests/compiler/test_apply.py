@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from compiler import plan as plan_mod
-from compiler.apply import apply_plan, check_plan, load_plan_overrides
-from compiler.compose import Part, compose
+from compiler.plan import artifact as plan_mod
+from compiler.plan.apply import apply_plan, check_plan, load_plan_overrides
+from compiler.plan.compose import Part, compose
 from plan_samples import make_plan
 from persistent_engine.io_struct import WorkloadPoint
 
@@ -20,7 +20,7 @@ POINTS = (WorkloadPoint(phase="decode", batch=2, context=40, chunk=1, weight=0.6
 
 
 def write_plan(root, sources: dict[str, str]) -> Path:
-    opts = tuple(plan_mod.Optimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
+    opts = tuple(plan_mod.PlanOptimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
                                        kernel=f"kernels/{n}.py") for n in sources)
     plan = make_plan(optimizations=opts, workload_points=POINTS)
     return plan_mod.write_version(root, plan, sources={f"kernels/{n}.py": s for n, s in sources.items()},
@@ -127,7 +127,7 @@ def test_broken_kernel_file_is_a_plan_error(tmp_path):
 def test_op_times_count_each_call_once_at_the_outermost_op():
     """The report's time-per-op table: a composite op's parts (called inside its default) are not
     counted again beside it, so the per-op times add up to one step."""
-    from compiler.apply import op_times_with
+    from compiler.plan.apply import op_times_with
     from persistent_engine.models.spec import ModelSpec
 
     source = (CANDIDATES / "linear_fp32.py").read_text()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler.budget import Budget, BudgetError
-from compiler.progress import Progress
+from compiler.search.budget import Budget, BudgetError
+from compiler.search.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
 CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
@@ -54,7 +54,7 @@ def test_a_budget_too_short_to_start_is_one_line_exit_2(tmp_path):
 
 def test_engines_not_ready_within_the_budget_end_the_run(tmp_path):
     """14 s leave about 4 s for start-up (5 s each for composition and writing): the engines cannot be
-    ready (on a fast machine), the estimate of their start-up exceeds what is left (compiler/startup_estimate.py),
+    ready (on a fast machine), the estimate of their start-up exceeds what is left (compiler/search/startup_estimate.py),
     or the reading of the inputs already took those seconds (on a loaded one); either way one line says the run
     cannot start within its budget, and nothing is left behind."""
     r, wall = optimize(tmp_path / "p", "14s", timeout=120)

@@ -6,9 +6,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from compiler.baseline import op_ms
-from compiler.plots import bar_chart, scatter_chart, text_width
-from compiler.report import layout_labels, render
+from compiler.search.baseline import op_ms
+from compiler.plan.plots import bar_chart, scatter_chart, text_width
+from compiler.plan.report import layout_labels, render
 from compiler.ui.charts import op_breakdown
 from persistent_engine import WorkloadPoint
 from plan_samples import make_plan
@@ -125,7 +125,7 @@ def test_ui_run_names_target_and_measured_device():
 def test_optimize_summary_names_the_target_and_the_device_measured_on(capsys, tmp_path):
     import json
 
-    from compiler.cmd_optimize import _summary
+    from compiler.commands.optimize import _summary
 
     _summary(tmp_path, make_plan(version=3), False)
     assert capsys.readouterr().out.startswith("plan v3 (projected for h200, measured on cpu): ")
@@ -137,8 +137,8 @@ def test_optimize_summary_names_the_target_and_the_device_measured_on(capsys, tm
 def test_an_evaluation_not_better_is_told_from_rejected_and_from_not_judged():
     from types import SimpleNamespace as V
 
-    from compiler.acceptance import AcceptanceConfig, Decision, screen
-    from compiler.judging import evaluation_status
+    from compiler.search.acceptance import AcceptanceConfig, Decision, screen
+    from compiler.search.judging import evaluation_status
 
     cfg = AcceptanceConfig()
     within = screen(V(correct=True, speedup=1.001, reasons=[]), 0.02, cfg, "fast")

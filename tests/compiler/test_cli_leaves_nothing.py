@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import plan as plan_mod
-from compiler.compose import Part, compose
+from compiler.plan import artifact as plan_mod
+from compiler.plan.compose import Part, compose
 from persistent_engine.io_struct import WorkloadPoint
 from plan_samples import make_plan
 
@@ -64,7 +64,7 @@ def test_candidate_check_leaves_no_file_and_no_process(name, tmp_path):
 
 def test_plan_apply_leaves_no_file_and_no_process(tmp_path):
     sources = {n: (KERNELS / f"{n}.py").read_text() for n in ("linear_fp32", "fused_add_rms_norm_fp32")}
-    opts = tuple(plan_mod.Optimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
+    opts = tuple(plan_mod.PlanOptimization(name=n, targets=(), speedup={"fast": 1.2, "slow": 1.1},
                                        kernel=f"kernels/{n}.py") for n in sources)
     vdir = plan_mod.write_version(tmp_path / "plan", make_plan(optimizations=opts, workload_points=POINTS),
                                   sources={f"kernels/{n}.py": s for n, s in sources.items()},
@@ -102,7 +102,7 @@ LOAD_SWEEP_RUN = textwrap.dedent("""
     import os, subprocess, sys
     from pathlib import Path
     import torch
-    from compiler.apply import load_module
+    from compiler.plan.apply import load_module
     module = load_module(Path(sys.argv[1]))
     # another process sweeps stale directories while this module lives: its directory stays
     subprocess.run([sys.executable, "-c", "from persistent_engine import scratch; scratch.remove_stale('modules')"],
@@ -122,7 +122,7 @@ def test_a_loaded_triton_module_runs_after_a_sweep_and_its_directory_goes_at_exi
     env = {**os.environ, "TMPDIR": str(tmp), "TRITON_INTERPRET": "1",
            "PYTHONPATH": str(Path(__file__).parents[2])}
     killed = subprocess.run([sys.executable, "-c", "import os, sys; from pathlib import Path; "
-                             "from compiler.apply import load_module; load_module(Path(sys.argv[1])); os._exit(0)",
+                             "from compiler.plan.apply import load_module; load_module(Path(sys.argv[1])); os._exit(0)",
                              str(src)], env=env, capture_output=True, text=True, timeout=120)
     assert killed.returncode == 0, killed.stderr[-2000:]
     left = [p.name for p in tmp.iterdir()]

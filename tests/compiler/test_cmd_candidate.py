@@ -114,7 +114,7 @@ def test_layer_candidate_writing_an_extra_cache_row_only_in_the_model_is_rejecte
 
 def test_the_text_says_the_spread_and_whether_a_gain_is_above_the_noise():
     """Issue 46: the same file read 0.930x, then 1.048x, with nothing to say which was noise."""
-    from compiler.cmd_candidate import noise_summary, point_line
+    from compiler.commands.candidate import noise_summary, point_line
     from persistent_engine.io_struct import PointTiming, WorkloadPoint
 
     at = WorkloadPoint("decode", 1, 24, 1, 0.5)

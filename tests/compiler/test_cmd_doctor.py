@@ -70,7 +70,7 @@ def test_doctor_says_when_an_sdk_cannot_be_imported():
 
 def test_doctor_reports_the_sandbox(capsys, monkeypatch):
     """The screen names the mechanisms in force; an incomplete sandbox is said so, with the flag."""
-    from compiler import cmd_doctor
+    from compiler.commands import doctor as cmd_doctor
     from persistent_engine.executor import sandbox
     probed = sandbox.probe()
     assert main(["doctor", "--json"]) == 0

@@ -1,12 +1,12 @@
-"""compiler.compare: the plan against torch.compile of the same slice, per point, on CPU (the GPU path
+"""compiler.plan.compare: the plan against torch.compile of the same slice, per point, on CPU (the GPU path
 — CUDA-graph plan, reduce-overhead compile — shares this code; it runs in benchmarks/e2e_decode.py)."""
 
 from pathlib import Path
 
 import pytest
 
-from compiler.compare import compare_with_torch_compile
-from compiler.compose import compose, Part
+from compiler.plan.compare import compare_with_torch_compile
+from compiler.plan.compose import compose, Part
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.io_struct import WorkloadPoint
 

@@ -1,4 +1,4 @@
-"""compiler/config_plan.py: CONFIG-only candidates accepted by replaying the bundled Azure code trace,
+"""compiler/search/config_plan.py: CONFIG-only candidates accepted by replaying the bundled Azure code trace,
 with their projected TTFT/TPOT/tokens/s, and composed into the plan's source."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from agents.offline import ConfigJudge, MeasuredStepTime, engine_config
 from agents.templates import render_candidate
-from compiler.acceptance import Acceptor
-from compiler.config_plan import ConfigAcceptor, config_only, replay_key, slo_of
+from compiler.search.acceptance import Acceptor
+from compiler.search.config_plan import ConfigAcceptor, config_only, replay_key, slo_of
 from persistent_engine.supervisor import CandidateVerdict
 from traffic_profiles import Slo
 from traffic_profiles.readers import read_trace

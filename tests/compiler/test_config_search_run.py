@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bulletin_board import Board
-from compiler.loop import OptimizeConfig, optimize
+from compiler.search.loop import OptimizeConfig, optimize
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = str(ROOT / "examples" / "traffic" / "azure2023_code.csv")

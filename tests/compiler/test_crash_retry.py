@@ -4,7 +4,7 @@ is the candidate's doing and is not retried (each retry costs a judge restart or
 
 import pytest
 
-from compiler.fleet import evaluate_with_retry
+from compiler.fleet.local import evaluate_with_retry
 from persistent_engine import CandidateVerdict
 
 

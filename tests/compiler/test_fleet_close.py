@@ -6,7 +6,7 @@ import threading
 
 import zmq
 
-from compiler.fleet import Engine
+from compiler.fleet.local import TierEngine
 
 
 class _Supervisor:
@@ -27,7 +27,7 @@ class _Supervisor:
 
 def test_an_evaluation_cut_by_close_is_not_evaluated_not_rejected():
     sup = _Supervisor()
-    engine = Engine(placement=type("P", (), {"tier": "fast", "device": "cpu"})(), supervisor=sup,
+    engine = TierEngine(placement=type("P", (), {"tier": "fast", "device": "cpu"})(), supervisor=sup,
                     measure_lock=threading.Lock())
     got = []
     t = threading.Thread(target=lambda: got.append(engine.evaluate("OVERRIDES = {}", 30.0)))
@@ -42,7 +42,7 @@ def test_an_engine_error_while_running_is_still_reported():
     class Failing(_Supervisor):
         def evaluate(self, *a, **k):
             raise zmq.ZMQError(zmq.ENOTSOCK)
-    engine = Engine(placement=type("P", (), {"tier": "fast", "device": "cpu"})(), supervisor=Failing(),
+    engine = TierEngine(placement=type("P", (), {"tier": "fast", "device": "cpu"})(), supervisor=Failing(),
                     measure_lock=threading.Lock())
     v = engine.evaluate("OVERRIDES = {}", 30.0)
     assert v.reasons[0].startswith("engine error: ZMQError") and engine.failures == 1

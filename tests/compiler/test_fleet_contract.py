@@ -1,4 +1,4 @@
-"""The Fleet contract (``compiler.fleet.Fleet``), run against every implementation: ``LocalFleet`` (local
+"""The Fleet contract (``compiler.fleet.local.Fleet``), run against every implementation: ``LocalFleet`` (local
 engine processes) and ``RayFleet`` (engines as actors on a local Ray cluster on 127.0.0.1; skipped where
 Ray is not installed). One fleet per implementation on tiny-dense, CPU."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.fleet import Fleet, FleetConfig, LocalFleet
+from compiler.fleet.local import Fleet, FleetConfig, LocalFleet
 from persistent_engine.io_struct import WorkloadPoint
 
 CANDIDATES = Path(__file__).with_name("candidates")
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 def _ray_fleet(cfg: FleetConfig) -> Fleet:
     pytest.importorskip("ray")
-    from compiler.ray_fleet import RayFleet
+    from compiler.fleet.ray_fleet import RayFleet
     return RayFleet(cfg)        # starts (and at close shuts down) its own local cluster on 127.0.0.1
 
 

@@ -1,7 +1,7 @@
-"""compiler/fleet.py: an engine is told which sources wait for its tier behind the one it judges (the
+"""compiler/fleet/local.py: an engine is told which sources wait for its tier behind the one it judges (the
 judge compiles them ahead, tests/persistent_engine/judge/test_ahead.py).
 
-The fleet is ``LocalFleet`` with its real ``Engine`` objects (queue, device lock); only the supervisor is a
+The fleet is ``LocalFleet`` with its real ``TierEngine`` objects (queue, device lock); only the supervisor is a
 stand-in that records what it was told, since what is tested is what reaches it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import queue
 import threading
 import time
 
-from compiler.fleet import Engine, FleetConfig, LocalFleet, Placement
-from compiler.throughput import DeviceClock
+from compiler.fleet.local import FleetConfig, LocalFleet, Placement, TierEngine
+from compiler.search.throughput import DeviceClock
 from persistent_engine.supervisor import CandidateVerdict
 
 
@@ -37,8 +37,8 @@ def _fleet() -> tuple[LocalFleet, RecordingSupervisor, RecordingSupervisor]:
     fleet = LocalFleet(FleetConfig(model="tiny-dense", points=(), fast_layers=(0,), slow_layers=(0, 1)))
     lock = threading.Lock()                               # one device: the tiers share its lock
     fast, slow = RecordingSupervisor(lock), RecordingSupervisor(lock)
-    fleet.engines = [Engine(Placement("fast", "cpu", (0,)), fast, lock),
-                     Engine(Placement("slow", "cpu", (0, 1)), slow, lock)]
+    fleet.engines = [TierEngine(Placement("fast", "cpu", (0,)), fast, lock),
+                     TierEngine(Placement("slow", "cpu", (0, 1)), slow, lock)]
     fleet._free = {"fast": queue.Queue(), "slow": queue.Queue()}
     for e in fleet.engines:
         fleet._free[e.tier].put(e)

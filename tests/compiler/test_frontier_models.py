@@ -145,7 +145,7 @@ def test_candidate_check_tiny_nemotron_judges_the_mamba_state():
 
 
 def test_the_h200_kimi_k3_slice_fits_both_tiers_on_one_gpu():
-    from compiler.inputs import tier_layers
+    from compiler.search.inputs import tier_layers
     from persistent_engine.models.spec import ModelSpec
 
     spec = ModelSpec.from_name(str(HERE.parents[1] / "benchmarks" / "configs" / "kimi-k3-slice.json"))

@@ -1,4 +1,4 @@
-"""compiler/hf_checkpoint.py: a GGUF model written as an HF checkpoint directory round-trips. A tiny Llama
+"""compiler/serve/hf_checkpoint.py: a GGUF model written as an HF checkpoint directory round-trips. A tiny Llama
 GGUF is written here as llama.cpp writes one (q/k rows permuted for its interleaved rotary, a byte-level
 BPE tokenizer with merges and control tokens); ``tkcc serve --model DIR`` on the checkpoint written from it
 loads the same weights (q/k back in HF's layout), the same logits, tokenizer, chat template and stop ids."""
@@ -12,8 +12,8 @@ import torch
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("safetensors")
 
-from compiler.hf_checkpoint import export_model, write_hf_checkpoint  # noqa: E402
-from compiler.serve_model import ModelLoadError, load_served_model, render_chat  # noqa: E402
+from compiler.serve.hf_checkpoint import export_model, write_hf_checkpoint  # noqa: E402
+from compiler.serve.model import ModelLoadError, load_served_model, render_chat  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
 from persistent_engine.models.decoder import make_decoder  # noqa: E402
 from persistent_engine.inputs.workloads import make_workload  # noqa: E402

@@ -1,10 +1,10 @@
-"""compiler.inputs.tier_layers: default tiers, and on a GPU tiers whose weights fit its memory."""
+"""compiler.search.inputs.tier_layers: default tiers, and on a GPU tiers whose weights fit its memory."""
 
 from pathlib import Path
 
 import pytest
 
-from compiler.inputs import TIER_WEIGHT_SHARE, InputError, tier_layers
+from compiler.search.inputs import TIER_WEIGHT_SHARE, InputError, tier_layers
 from persistent_engine.models.spec import DTYPE_BYTES, ModelSpec
 
 H200 = 150.0e9                          # torch's total_memory of an H200, bytes
@@ -57,7 +57,7 @@ def test_optimize_glm_on_a_small_machine_refuses_at_once_naming_tiny(monkeypatch
     seconds (before any engine starts), pointing at --tiny."""
     import time
 
-    from compiler import inputs
+    from compiler.search import inputs
     from compiler.cli import main
 
     monkeypatch.setattr(inputs, "cpu_memory", lambda: 24e9)

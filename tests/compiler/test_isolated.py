@@ -1,11 +1,11 @@
-"""compiler.isolated: candidate measurements run in a child process, with failures as one-line errors."""
+"""compiler.fleet.isolated: candidate measurements run in a child process, with failures as one-line errors."""
 
 import os
 import time
 
 import pytest
 
-from compiler.isolated import IsolatedError, run_isolated
+from compiler.fleet.isolated import IsolatedError, run_isolated
 from persistent_engine.io_struct import WorkloadPoint
 
 
@@ -46,8 +46,8 @@ def test_failures_are_one_line_errors():
 def test_the_loop_measures_the_composed_plan_in_a_child(monkeypatch):
     """The optimize loop's per-op profile of the composed plan goes through run_isolated (never the
     orchestrator): the composition's source is executed only in the child."""
-    from compiler import plan_writer as loop
-    from compiler.acceptance import Composition
+    from compiler.plan import writer as loop
+    from compiler.search.acceptance import Composition
     from persistent_engine.models.spec import ModelSpec
 
     seen = []

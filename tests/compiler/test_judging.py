@@ -1,4 +1,4 @@
-"""compiler/judging.py's confirmations on a real board with the real acceptor: a fast-tier winner found when
+"""compiler/search/judging.py's confirmations on a real board with the real acceptor: a fast-tier winner found when
 the search's time is up is confirmed on the slow tier after the swarm (not lost, as the v3 H200 GLM-5.2 run's
 1.233x fused MoE was), no new fast-tier work starts once the time left is the confirmations', and a winner no
 slow-tier time is left for is recorded as not confirmed. The fleet is scripted (its verdicts and durations):
@@ -13,14 +13,14 @@ import time
 import pytest
 
 from bulletin_board import Board
-from compiler.acceptance import Acceptor
-from compiler.budget import Budget
-from compiler.fleet import FleetConfig
-from compiler.judging import Judge
-from compiler.loop import OptimizeConfig
-from compiler.memory import RunMemory, shape_class
-from compiler.progress import Progress
-from compiler.run_state import Run
+from compiler.search.acceptance import Acceptor
+from compiler.search.budget import Budget
+from compiler.fleet.local import FleetConfig
+from compiler.search.judging import Judge
+from compiler.search.loop import OptimizeConfig
+from compiler.search.memory import RunMemory, shape_class
+from compiler.search.progress import Progress
+from compiler.search.run_state import RunContext
 from persistent_engine.io_struct import WorkloadPoint
 from persistent_engine.supervisor import CandidateVerdict
 
@@ -58,7 +58,7 @@ def _judge(board, fleet, *, search_in: float, confirm_in: float, eval_s=None) ->
     memory = RunMemory(board, row.id, model="tiny-dense", hw="cpu", traffic_hash="t",
                        shape=shape_class("cpu", "bf16", POINTS, [0], [0, 1]))
     cfg = OptimizeConfig(model="tiny-dense", hw="cpu", traffic="t", out="unused")
-    run = Run(cfg, board, "sqlite://", row.id, memory, progress, threading.Event(), Budget(None), now)
+    run = RunContext(cfg, board, "sqlite://", row.id, memory, progress, threading.Event(), Budget(None), now)
     accepted: list = []
     acceptor = Acceptor(fleet.evaluate, POINTS, {"fast": 0.055, "slow": 0.002}, accepted=accepted)
     judge = Judge(run, fleet, acceptor, accepted, search_end=now + search_in, confirm_end=now + confirm_in,

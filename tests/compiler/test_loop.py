@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import plan as plan_mod
-from compiler.loop import OptimizeConfig, optimize
+from compiler.plan import artifact as plan_mod
+from compiler.search.loop import OptimizeConfig, optimize
 
 ROOT = Path(__file__).resolve().parents[2]
 CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
@@ -123,7 +123,7 @@ def test_board_holds_the_run(run):
 
 
 def test_recompile_without_drift_writes_nothing(run):
-    from compiler.recompile import recompile
+    from compiler.search.recompile import recompile
     _, out, _ = run
     before = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
     res = recompile(out, CONV, budget_s=5, quiet=True)
@@ -133,7 +133,7 @@ def test_recompile_without_drift_writes_nothing(run):
 
 def test_recompile_on_drift_writes_a_new_version_seeded_with_the_plan(run):
     from bulletin_board import Board
-    from compiler.recompile import recompile
+    from compiler.search.recompile import recompile
     result, out, _ = run
     res = recompile(out, CODE, budget_s=5, quiet=True, aa_runs=1, max_points=1, agents=f"files:{CANDIDATES}")
     assert res.drift is True and any(f["drifted"] for f in res.features)
@@ -190,7 +190,7 @@ def test_a_second_run_into_the_same_root_continues_from_the_newest_version(run):
     # a seed first judged on this workload's shape class is remembered, not judged twice; the others again
     assert len(judged_again) + res.plan.run["remembered"] >= len(prev.optimizations)
     board.close()
-    from compiler.loop import continued
+    from compiler.search.loop import continued
     fresh = dataclasses.replace(cfg, continue_plan=False)
     assert continued(cfg, out).parent_version == res.plan.version and continued(fresh, out) == fresh
     assert continued(dataclasses.replace(cfg, model="tiny-moe"), out).seeds == ()

@@ -4,7 +4,7 @@ import io
 import threading
 import time
 
-from compiler.progress import Progress
+from compiler.search.progress import Progress
 
 
 def test_counts_from_threads_and_line():
@@ -54,7 +54,7 @@ def test_quiet_prints_nothing_and_a_failing_mirror_is_ignored():
 
 
 def test_dropped_summary_groups_by_reason_most_frequent_first():
-    from compiler.tally import dropped_summary
+    from compiler.search.tally import dropped_summary
     dropped = [(f"k-{i}", "overrides an op of a faster accepted candidate") for i in range(250)]
     dropped += [("rot-1", "shadowed by a composite override: never called when composed")]
     line = dropped_summary(dropped)

@@ -160,9 +160,9 @@ def test_watch_parent_kills_the_child_when_its_parent_dies(tmp_path):
 
 
 def test_an_isolated_child_dies_with_the_orchestrator(tmp_path):
-    """compiler.isolated's spawned child (the plan's per-op profile after the fleet closed) watches its
+    """compiler.fleet.isolated's spawned child (the plan's per-op profile after the fleet closed) watches its
     parent too: a SIGKILL of the orchestrator during the writing phase leaves nothing behind."""
-    script = ("import time\nfrom compiler.isolated import run_isolated\n"
+    script = ("import time\nfrom compiler.fleet.isolated import run_isolated\n"
               "run_isolated(time.sleep, 60, timeout_s=120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
     try:

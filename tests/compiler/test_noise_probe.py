@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from compiler.baseline import _identity_candidate, measure_noise
+from compiler.search.baseline import _identity_candidate, measure_noise
 from persistent_engine.judge import engine as eng
 from persistent_engine import io_struct as io
 from persistent_engine.io_struct import WorkloadPoint
@@ -61,7 +61,7 @@ def test_measure_noise_uses_the_probe_and_falls_back_only_when_it_is_rejected():
 
 
 def test_rounds_alternate_the_tiers_so_the_deadline_leaves_both_with_as_many_runs(monkeypatch):
-    import compiler.baseline as baseline
+    import compiler.search.baseline as baseline
 
     clock = [0.0]
     monkeypatch.setattr(baseline.time, "monotonic", lambda: clock[0])
@@ -81,7 +81,7 @@ def test_rounds_alternate_the_tiers_so_the_deadline_leaves_both_with_as_many_run
 
 
 def test_the_baseline_gets_a_quarter_of_what_is_left_before_the_search_ends():
-    from compiler.budget import Budget
+    from compiler.search.budget import Budget
 
     b = Budget(360.0, start=0.0)
     assert b.search_end == 360.0 - 30.0 - 90.0            # writing's 15% capped at 30 s, composing's 25%

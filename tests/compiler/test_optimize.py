@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import plan as plan_mod
-from compiler.cmd_optimize import UsageError, parse_duration, watchdog_s
+from compiler.plan import artifact as plan_mod
+from compiler.commands.optimize import UsageError, parse_duration, watchdog_s
 
 ROOT = Path(__file__).resolve().parents[2]
 CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
@@ -107,7 +107,7 @@ def test_parse_duration():
 def test_watchdog_defaults_to_a_third_of_the_budget_within_bounds(monkeypatch):
     assert watchdog_s(6 * 60) == 120 and watchdog_s(12 * 60) == 240 and watchdog_s(30 * 60) == 300
     assert watchdog_s(60) == 120
-    import compiler.loop
+    import compiler.search.loop
     from compiler.cli import main
 
     seen = []
@@ -115,7 +115,7 @@ def test_watchdog_defaults_to_a_third_of_the_budget_within_bounds(monkeypatch):
     def fake_optimize(cfg):
         seen.append(cfg.timeout_s)
         raise KeyboardInterrupt               # stop at the boundary: the CLI answers 130
-    monkeypatch.setattr(compiler.loop, "optimize", fake_optimize)
+    monkeypatch.setattr(compiler.search.loop, "optimize", fake_optimize)
     base = ["optimize", "--model", "tiny-dense", "--hw", "h200", "--traffic", CONV, "--quiet"]
     assert main(base + ["--budget", "12m"]) == 130 and main(base + ["--budget", "1m", "--timeout", "50"]) == 130
     assert seen == [240.0, 50.0]
@@ -135,8 +135,8 @@ def test_a_cpu_run_says_triton_is_interpreted_and_a_checkpoint_dir_brings_its_we
     notes), and a CPU run says at start-up that Triton runs in its interpreter there."""
     import shutil
 
-    from compiler import inputs
-    from compiler.loop import OptimizeConfig, gather_inputs
+    from compiler.search import inputs
+    from compiler.search.loop import OptimizeConfig, gather_inputs
     from persistent_engine.models.decoder import build_model
     from persistent_engine.models.spec import ALIASES, CONFIG_DIR
     from persistent_engine.models.weights import save_weights

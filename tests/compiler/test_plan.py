@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from compiler import plan as plan_mod
-from compiler.report import render
+from compiler.plan import artifact as plan_mod
+from compiler.plan.report import render
 from plan_samples import make_plan
 
 
@@ -104,7 +104,7 @@ def test_kernel_paths_are_content_addressed_and_safe():
 def test_a_recompile_keeps_a_seeds_name_and_records_its_parent():
     """Each recompile judges the parent's optimizations again under ``seed:<name>``; the accepted one
     keeps ``<name>`` (the parent field holds the lineage), so three recompiles leave it as it was."""
-    from compiler.acceptance import name_of
+    from compiler.search.acceptance import name_of
     source = "OVERRIDES = {'rms_norm': f}\n"
     name = name_of(source, "offline-kernel-0", 16)
     assert name == "offline-kernel-0-rms_norm-16"
@@ -114,9 +114,9 @@ def test_a_recompile_keeps_a_seeds_name_and_records_its_parent():
         name = name_of(source, author, 1)
     assert name == "offline-kernel-0-rms_norm-16"
     assert plan_mod.seed_parent("offline-kernel-0") == ""
-    opt = plan_mod.Optimization(name=name, targets=("rms_norm",), speedup={"fast": 1.1, "slow": 1.0}, parent=name)
-    assert plan_mod.Optimization.from_dict(opt.to_dict()) == opt
-    assert plan_mod.Optimization.from_dict({k: v for k, v in opt.to_dict().items() if k != "parent"}).parent == ""
+    opt = plan_mod.PlanOptimization(name=name, targets=("rms_norm",), speedup={"fast": 1.1, "slow": 1.0}, parent=name)
+    assert plan_mod.PlanOptimization.from_dict(opt.to_dict()) == opt
+    assert plan_mod.PlanOptimization.from_dict({k: v for k, v in opt.to_dict().items() if k != "parent"}).parent == ""
 
 
 def test_software_versions_name_tkcc_also_when_run_from_an_uninstalled_tree(monkeypatch):
@@ -124,7 +124,7 @@ def test_software_versions_name_tkcc_also_when_run_from_an_uninstalled_tree(monk
     from pathlib import Path
 
     import persistent_engine.versions as pv
-    from compiler import inputs
-    declared = tomllib.loads((Path(inputs.__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    from compiler.search import inputs
+    declared = tomllib.loads((Path(inputs.__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["version"]
     monkeypatch.setattr(pv, "package_version", lambda name: None)
     assert inputs.software_versions()["tkcc"] == f"{declared}+source"

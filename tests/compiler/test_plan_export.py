@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from compiler import export_vllm as ex
-from compiler import vllm_plugin_runtime as rt
+from compiler.export import vllm_package as ex
+from compiler.export import vllm_plugin_runtime as rt
 from compiler.cli import main
 from persistent_engine.ops.attention import rope_cache, rotary_embedding
 from persistent_engine.ops.basic import fused_add_rms_norm, rms_norm, silu_and_mul

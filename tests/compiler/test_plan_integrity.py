@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import plan as plan_mod
-from compiler.compose import Part, compose
+from compiler.plan import artifact as plan_mod
+from compiler.plan.compose import Part, compose
 from plan_samples import make_plan
 from persistent_engine.io_struct import WorkloadPoint
 
@@ -23,7 +23,7 @@ POINTS = (WorkloadPoint(phase="decode", batch=2, context=40, chunk=1, weight=1.0
 @pytest.fixture
 def vdir(tmp_path):
     src = (CANDIDATES / "linear_fp32.py").read_text()
-    opt = plan_mod.Optimization(name="linear_fp32", targets=("linear",), speedup={"fast": 1.2, "slow": 1.1},
+    opt = plan_mod.PlanOptimization(name="linear_fp32", targets=("linear",), speedup={"fast": 1.2, "slow": 1.1},
                                 kernel="kernels/linear_fp32.py")
     return plan_mod.write_version(tmp_path / "plan", make_plan(optimizations=(opt,), workload_points=POINTS),
                                   sources={"kernels/linear_fp32.py": src},
@@ -72,7 +72,7 @@ def test_a_tampered_plan_is_refused_and_never_run(vdir, how):
     named = _tamper(vdir, how)
     with pytest.raises(plan_mod.PlanError, match=named):
         plan_mod.verify_plan_files(vdir)
-    from compiler.apply import load_plan_overrides
+    from compiler.plan.apply import load_plan_overrides
     with pytest.raises(plan_mod.PlanError, match=named):
         load_plan_overrides(vdir)
     assert not (vdir / "RAN").exists()
@@ -107,7 +107,7 @@ def test_the_example_plans_verify():
 def test_plan_apply_runs_only_the_bytes_it_verified(vdir, monkeypatch):
     """A composed kernel swapped after ``plan.load`` checked it (before the engine reads it) is refused:
     ``check_plan`` hands the engine the bytes it hashed, never a second read of the file."""
-    from compiler import apply
+    from compiler.plan import apply
 
     verified = plan_mod.load
 

@@ -9,10 +9,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from compiler import plan as plan_mod  # noqa: E402
-from compiler.fleet import FleetConfig  # noqa: E402
-from compiler.loop import OptimizeConfig, optimize  # noqa: E402
-from compiler.ray_fleet import RayFleet  # noqa: E402
+from compiler.plan import artifact as plan_mod  # noqa: E402
+from compiler.fleet.local import FleetConfig  # noqa: E402
+from compiler.search.loop import OptimizeConfig, optimize  # noqa: E402
+from compiler.fleet.ray_fleet import RayFleet  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[2]

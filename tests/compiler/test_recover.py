@@ -1,4 +1,4 @@
-"""compiler.recover: the accepted candidates of a run that wrote no plan are re-verified by the next run
+"""compiler.search.recover: the accepted candidates of a run that wrote no plan are re-verified by the next run
 into the same root (real boards on both backends; one real optimize run on tiny-dense, CPU engines)."""
 
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from bulletin_board import Board
-from compiler import recover
-from compiler.loop import OptimizeConfig, optimize
+from compiler.search import recover
+from compiler.search.loop import OptimizeConfig, optimize
 
 ROOT = Path(__file__).resolve().parents[2]
 CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")
@@ -71,8 +71,8 @@ def test_a_board_that_cannot_answer_does_not_stop_the_run(caplog):
     """Recovery is best effort, like all board bookkeeping: a failing board means no seeds, a warning."""
     import time
 
-    from compiler import loop
-    from compiler.progress import Progress
+    from compiler.search import loop
+    from compiler.search.progress import Progress
 
     class Unreachable:                   # a board whose database went away
         def db_time(self):

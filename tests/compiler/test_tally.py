@@ -1,13 +1,13 @@
-"""The run's one count (compiler/tally.py): accepted covers kernels and every accepted setting, kept is
+"""The run's one count (compiler/search/tally.py): accepted covers kernels and every accepted setting, kept is
 the composition, dropped says why for each accepted one left out, and the progress view ends on it."""
 
 import io
 import time
 from types import SimpleNamespace as NS
 
-from compiler.progress import Progress
-from compiler.report import _counts_cell, _dropped_lines
-from compiler.tally import SUPERSEDED, Tally, accepted_by_author, tally_of
+from compiler.search.progress import Progress
+from compiler.plan.report import _counts_cell, _dropped_lines
+from compiler.search.tally import SUPERSEDED, Tally, accepted_by_author, tally_of
 
 
 def _acc(name, author, slow):
@@ -68,7 +68,8 @@ def test_the_progress_view_and_the_report_end_on_the_tally():
 def test_a_recompile_stays_under_its_first_versions_deployment(tmp_path, monkeypatch):
     """Issue 46: a recompile on drifted traffic was a second deployment; its run now names the parent
     version's deployment (``plan.run.deployment_hash``, else the parent's traffic hash)."""
-    from compiler import loop, plan as plan_mod
+    from compiler.search import loop
+    from compiler.plan import artifact as plan_mod
 
     parents = {"v1": NS(run={}, traffic={"hash": "h-first"}),
                "v2": NS(run={"deployment_hash": "h-first"}, traffic={"hash": "h-drifted"})}

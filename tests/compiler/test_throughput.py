@@ -1,6 +1,6 @@
-"""compiler/throughput.py: the search window's per-engine time adds up to its wall time.
+"""compiler/search/throughput.py: the search window's per-engine time adds up to its wall time.
 
-The fleet here is ``compiler.fleet.LocalFleet`` with its real ``Engine`` objects (queue, device lock,
+The fleet here is ``compiler.fleet.local.LocalFleet`` with its real ``TierEngine`` objects (queue, device lock,
 retry); only the supervisor behind each engine is a stand-in that sleeps for the phases a verdict
 reports, because what is tested is the booking, not the judging (the optimize tests judge for real)."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from compiler.fleet import Engine, FleetConfig, LocalFleet, Placement
-from compiler.throughput import DeviceClock
+from compiler.fleet.local import FleetConfig, LocalFleet, Placement, TierEngine
+from compiler.search.throughput import DeviceClock
 from persistent_engine.supervisor import CandidateVerdict
 
 
@@ -36,8 +36,9 @@ class SleepingSupervisor:
 def _fleet() -> LocalFleet:
     fleet = LocalFleet(FleetConfig(model="tiny-dense", points=(), fast_layers=(0,), slow_layers=(0, 1)))
     lock = threading.Lock()                               # one device: the tiers share its lock
-    fleet.engines = [Engine(Placement("fast", "cpu", (0,)), SleepingSupervisor(0.02, 0.03, 0.05, ahead=True), lock),
-                     Engine(Placement("slow", "cpu", (0, 1)), SleepingSupervisor(0.01, 0.02, 0.04), lock)]
+    fleet.engines = [TierEngine(Placement("fast", "cpu", (0,)), SleepingSupervisor(0.02, 0.03, 0.05, ahead=True),
+                                lock),
+                     TierEngine(Placement("slow", "cpu", (0, 1)), SleepingSupervisor(0.01, 0.02, 0.04), lock)]
     fleet._free = {"fast": queue.Queue(), "slow": queue.Queue()}
     for e in fleet.engines:
         fleet._free[e.tier].put(e)

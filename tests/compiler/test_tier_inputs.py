@@ -1,4 +1,4 @@
-"""The tiers' input realism as optimize builds it (compiler.inputs.tier_inputs): the fast tier balanced,
+"""The tiers' input realism as optimize builds it (compiler.search.inputs.tier_inputs): the fast tier balanced,
 the slow tier Zipf tokens, the profile's prefix-cache hit rate and a power law (1.2 by default) or a
 measured histogram; bad numbers and files are one InputError line. The report shows the skew and flags
 optimizations whose tiers disagree on the winner."""
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from compiler import inputs
-from compiler.plan import PointSpeedup
-from compiler.report import render, tiers_disagree
+from compiler.search import inputs
+from compiler.plan.artifact import PointSpeedup
+from compiler.plan.report import render, tiers_disagree
 from persistent_engine import WorkloadPoint
 from persistent_engine.models.spec import ModelSpec
 from plan_samples import make_plan

@@ -185,7 +185,7 @@ def test_the_ui_serves_every_board_backend(board_url):
 
 
 def test_optimizations_whose_tiers_disagree_are_flagged(served):
-    from compiler.report import tiers_disagree
+    from compiler.plan.report import tiers_disagree
 
     _, client, writer, _, _ = served
     some = writer.list_optimizations(limit=1).items[0]     # one more whose slow tier finds no gain
@@ -226,7 +226,7 @@ def test_the_run_page_shows_the_search_throughput_and_the_projected_settings(ser
 def test_the_run_page_says_what_its_speedups_are_measured_against(served):
     """Issue 39: the words the plan writer records (``plan_writer.record_baseline``), escaped; before the plan
     is written, a line that says they come then."""
-    from compiler.plan_writer import record_baseline
+    from compiler.plan.writer import record_baseline
     from persistent_engine.executor.compiled_step import baseline_words
 
     _, client, writer, s, _ = served
@@ -241,10 +241,10 @@ def test_the_run_page_says_what_its_speedups_are_measured_against(served):
 
 
 def test_the_run_page_shows_the_runs_tally_kept_plan_and_what_was_dropped_and_why(served):
-    """Issue 46: the run's one count (``compiler.tally``, recorded with the plan) on the run page and in
+    """Issue 46: the run's one count (``compiler.search.tally``, recorded with the plan) on the run page and in
     /api/runs/{id}: kept and the plan's speedup beside the best single candidate, each dropped one with why."""
-    from compiler.plan_writer import record_baseline
-    from compiler.tally import Tally
+    from compiler.plan.writer import record_baseline
+    from compiler.search.tally import Tally
 
     _, client, writer, s, _ = served
     rid = s.runs[0]

@@ -64,7 +64,7 @@ def test_op_breakdown_takes_measured_saving_off_the_targets():
     rms = _opt(["rms_norm"], 1.1, None, [{"phase": "decode", "batch": 8, "context": 1024, "chunk": 1, "fast": 1.25}])
     worse_rms = _opt(["rms_norm"], 1.05, 1.02)          # same target, slower: not composed
     before, after = op_breakdown(base, [rms, worse_rms])
-    # the traffic's mean step (compiler.op_time): 0.75 / 10 ms decode steps per 0.25 / 20 ms prefill steps
+    # the traffic's mean step (compiler.plan.op_time): 0.75 / 10 ms decode steps per 0.25 / 20 ms prefill steps
     f_d, f_p = 6 / 7, 1 / 7
     assert before == pytest.approx({"linear": f_d * 6 + f_p * 16, "rms_norm": f_d * 2 + f_p * 4,
                                     "silu_and_mul": f_d * 2}, abs=1e-6)

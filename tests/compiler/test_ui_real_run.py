@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bulletin_board import Board
-from compiler.inputs import INTERPRETER_NOTE
+from compiler.search.inputs import INTERPRETER_NOTE
 from compiler.ui import UIConfig, UIServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,11 +63,11 @@ def real_run_board(real_run):
 
 
 def test_every_count_of_make_demo_agrees_in_its_progress_json_report_and_ui(real_run):
-    """Issue 46: tried / accepted / kept / dropped of ``make demo`` come from one tally (compiler/tally.py) into
+    """Issue 46: tried / accepted / kept / dropped of ``make demo`` come from one tally (compiler/search/tally.py) into
     the progress view, plan.json (``plan show --json``), report.md and the UI's run page."""
     from playwright.sync_api import sync_playwright
 
-    from compiler import plan as plan_mod
+    from compiler.plan import artifact as plan_mod
 
     url, run_id, result, progress, root = real_run
     c = result["counts"]

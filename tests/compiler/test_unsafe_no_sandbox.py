@@ -3,7 +3,7 @@ unless --unsafe-no-sandbox: one clear line, exit 2, nothing started."""
 
 import pytest
 
-from compiler.agent_spec import writes_llm_code
+from compiler.search.agent_spec import writes_llm_code
 from compiler.cli import main
 from persistent_engine.executor import sandbox
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compiler import plan as plan_mod
+from compiler.plan import artifact as plan_mod
 from plan_samples import make_plan
 
 HIDDEN, INTER, LAYERS, VOCAB, HEADS, KV_HEADS = 128, 256, 2, 256, 2, 1
@@ -66,13 +66,13 @@ def write_plan(root: Path, model: str, *, kernels: tuple[str, ...] = TORCH_KERNE
     for op, src in sources.items():
         rel = plan_mod.kernel_path(src, (op,))
         files[rel] = src
-        opts.append(plan_mod.Optimization(name=f"offline-0-{op}-1", targets=(op,), speedup={"fast": 1.2, "slow": 1.1},
+        opts.append(plan_mod.PlanOptimization(name=f"offline-0-{op}-1", targets=(op,), speedup={"fast": 1.2, "slow": 1.1},
                                           kernel=rel, author="offline-0", description=op))
     if config:
         src = f"OVERRIDES = {{}}\nCONFIG = {json.dumps(config)}\nDESCRIPTION = 'engine settings'\n"
         rel = plan_mod.kernel_path(src, ("config",))
         files[rel] = src
-        opts.append(plan_mod.Optimization(name="offline-config-1", targets=tuple(config), kernel=rel,
+        opts.append(plan_mod.PlanOptimization(name="offline-config-1", targets=tuple(config), kernel=rel,
                                           speedup={"fast": 1.0, "slow": 1.0}, projected={"tokens_per_s": 1.0}))
     parallelism = {"configs": [], "best": best or {"tp": 1, "pp": 1, "ep": 1, "dp": 1, "dcp": 1, "dtype": "bf16",
                                                    "kv_dtype": "bf16", "batch": 16, "replicas": 1, "pd": "colocated"}}

@@ -62,7 +62,7 @@ def test_interpreter_bf16_nan_is_no_rejection_on_cpu_and_the_verdict_says_so(sup
 
 
 def test_only_triton_sources_on_cpu_go_untimed():
-    from compiler.acceptance import AcceptanceConfig, screen
+    from compiler.search.acceptance import AcceptanceConfig, screen
     from persistent_engine.supervisor import CandidateVerdict, interpreted_triton
 
     assert interpreted_triton(src("good_triton"), "cpu") and not interpreted_triton(src("good_triton"), "cuda")
@@ -126,7 +126,7 @@ def test_a_correct_loser_is_stopped_for_futility_and_rechecked(sup):
     """Default samples: every point the slow candidate runs at stops for futility before the sequential stop
     could (6 pairs, or a later look when the shared CPU's noise put a pair within the margin), its speedup
     the median of those pairs (< 0.98), spot re-checks passed, and the compiler's screen rejects it."""
-    from compiler.acceptance import AcceptanceConfig, screen
+    from compiler.search.acceptance import AcceptanceConfig, screen
     from persistent_engine.measure import timing
 
     v = sup.evaluate(src("slow_exact"), timeout_s=300)

@@ -5,7 +5,7 @@ bf16 w13 (1.27 GiB) found 199 MiB free."""
 
 import pytest
 
-from compiler.fleet import FleetConfig, co_tenant_weights, place
+from compiler.fleet.local import FleetConfig, co_tenant_weights, place
 from persistent_engine.verification import verify
 from persistent_engine.executor.launch import ExecutorDied, failed_to_start
 from persistent_engine.judge import memory
@@ -17,7 +17,7 @@ GIB = memory.GIB
 GB = 10 ** 9
 H200_TOTAL = 150_100_000_000
 GLM52_EXPERTS = {"T": 3460, "E": 256, "k": 8, "H": 6144, "I": 2048}
-FAST_W, SLOW_W = 25_145_991_680, 45_683_854_848      # compiler.fleet.slice_weight_bytes of the two tiers
+FAST_W, SLOW_W = 25_145_991_680, 45_683_854_848      # compiler.fleet.local.slice_weight_bytes of the two tiers
 
 
 def _w13_bf16(shape: dict) -> int:

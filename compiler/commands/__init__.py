@@ -1,0 +1,1 @@
+"""The ``tkcc`` commands, one module per command group, each with ``register(subparsers)``."""

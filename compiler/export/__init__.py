@@ -1,0 +1,1 @@
+"""``tkcc plan export``: a plan as a vLLM plugin package."""

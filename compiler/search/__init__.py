@@ -1,0 +1,1 @@
+"""The optimize loop and what it hands around: inputs, budget, judging, acceptance, run state, progress."""

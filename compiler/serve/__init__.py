@@ -1,0 +1,1 @@
+"""``tkcc serve``: the OpenAI-compatible app (``openai_app``), its runtime, model, request checks, metrics and bench."""
