@@ -229,7 +229,7 @@ class DriftEventRow(Base):
 
 class TriedRow(Base):
     """The memory across runs: one candidate judged for a deployment (model, hw) under a shape class
-    (the workload points and tiers it was judged on, bucketed: ``compiler.memory.shape_class``), with
+    (the workload points and tiers it was judged on, bucketed: ``compiler.search.memory.shape_class``), with
     what it was (``kind`` "template" | "config" | "source", ``target`` op, ``title``, ``knobs`` of the
     idea body) and its verdict. One row per (model, hw, shape_class, source_hash): the latest judgement."""
 

@@ -2,7 +2,7 @@
 declares (``CandidateSource.parse``, static), the static checks (DESIGN.md step 1), importing it as a
 fresh module (``import_source``) and reading the contract off the live module (``read_contract``).
 The judge and the compiler only ever parse (``ast``: nothing of the candidate runs); importing is for
-the sandboxed executor, and for ``tkcc serve`` / ``compiler.apply`` on a plan whose kernels were
+the sandboxed executor, and for ``tkcc serve`` / ``compiler.plan.apply`` on a plan whose kernels were
 verified and hash-checked.
 
 A candidate is one Python file with ``OVERRIDES: dict[str, Callable]``, optional ``CONFIG: dict`` and

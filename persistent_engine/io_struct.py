@@ -45,7 +45,7 @@ POINT_FIELDS = ("phase", "batch", "context", "chunk")       # what identifies a 
 class WorkloadPoint:
     """One shape the engine runs: ``batch`` sequences with ``context`` tokens already in the KV cache,
     each adding ``chunk`` new tokens (1 for decode); ``weight`` is its share of GPU time (the points of a
-    workload sum to 1). ``traffic_profiles.TrafficPoint`` produces them (compiler/inputs.py converts, the
+    workload sum to 1). ``traffic_profiles.TrafficPoint`` produces them (compiler/search/inputs.py converts, the
     one boundary); on the wire and in plan.json / board rows a point is the map of these five fields."""
 
     phase: str = "decode"           # "decode" | "prefill"

@@ -46,7 +46,7 @@ class FleetConfig:
     timeout_s: float = 300.0                 # watchdog per evaluate
     dtype: str = "bf16"                      # engine dtype: bf16 | fp16 | fp32
     env: dict = field(default_factory=dict)  # extra environment for engine processes
-    # per tier, the engines' input realism (persistent_engine/tier_inputs.py); absent: the defaults
+    # per tier, the engines' input realism (persistent_engine/inputs/tier_inputs.py); absent: the defaults
     inputs: dict = field(default_factory=dict)   # {"fast": {...}, "slow": {...}}
     start_timeout_s: float = 900.0           # an engine not ready by then fails the start (the run's budget)
 

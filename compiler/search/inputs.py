@@ -246,7 +246,7 @@ def parallelism(spec: Any, hw: str, profile: dict, gpus: int, ttft_ms: float | N
 
 
 # the slow tier's routing skew when neither the traffic nor the user gives one: a power law of this
-# exponent (AIConfigurator's power_law_1.2, persistent_engine/routing.py)
+# exponent (AIConfigurator's power_law_1.2, persistent_engine/inputs/routing.py)
 DEFAULT_ROUTING_SKEW = 1.2
 
 

@@ -334,7 +334,7 @@ def start_engines(run: RunContext, run_in: RunInputs, startup_s: float) -> Start
     clock = DeviceClock(fleet).install()        # compiler/search/throughput.py: where the engines' time goes
     fleet.deadline = run.budget.compose_end      # no evaluation runs past the composition's end
     run.progress.restarts_from(fleet.restarts)
-    for d in fleet.describe():          # persistent_engine/tolerance.py: each tier's calibrated bound
+    for d in fleet.describe():          # persistent_engine/verification/tolerance.py: each tier's calibrated bound
         if "routing" in d:              # the routing the tier's routers produce (routing.py)
             tier_info[d["tier"]]["routing"] = d["routing"]
             run.progress.event(routing_line(d["tier"], d["routing"]))

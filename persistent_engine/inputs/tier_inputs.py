@@ -20,7 +20,7 @@
   the same pages (the profile's prefix-cache hit rate). New tokens' slots never lie in shared blocks.
 
 The fast tier keeps the defaults (uniform tokens, random routers: quick, balanced screening); the slow
-tier gets what the traffic says (``compiler.inputs.tier_inputs``).
+tier gets what the traffic says (``compiler.search.inputs.tier_inputs``).
 """
 
 from __future__ import annotations

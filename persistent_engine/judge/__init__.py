@@ -9,7 +9,7 @@ __all__ = ["Engine", "EngineConfig", "ab", "default_points"]
 
 
 def __getattr__(name):
-    if name == "ab":                    # the A/B timer of two executors (compiler.apply times a plan with it)
+    if name == "ab":                    # the A/B timer of two executors (compiler.plan.apply times a plan with it)
         import importlib
 
         return importlib.import_module(f"{__name__}.ab")

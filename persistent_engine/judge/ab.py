@@ -251,7 +251,7 @@ def ab_remote(base, cand, i: int, variants: int, samples: int, k: int, graph: bo
 
 
 def capture(ex, points: list[int], timeout_s: float = 600) -> None:
-    """Has executor ``ex`` capture its CUDA graphs at ``points`` (compiler.apply: a plan's side before timing)."""
+    """Has executor ``ex`` capture its CUDA graphs at ``points`` (compiler.plan.apply: a plan's side before timing)."""
     from persistent_engine.executor import wire
 
     reply = ex.call(wire.Capture(points=sorted(points)), timeout_s)

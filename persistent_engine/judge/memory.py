@@ -3,7 +3,7 @@
 One GPU can hold two engines (the fast and the slow tier of a run on one device), each with a pool of
 warm candidate executors, each judging op-level checks whose two halves (the judge's references, the
 executor's runs) allocate at the same time. The fleet's measure lock runs one evaluation at a time per
-device (compiler/fleet.py), so one op check at a time; but the pools warm meanwhile, and each engine only
+device (compiler/fleet/local.py), so one op check at a time; but the pools warm meanwhile, and each engine only
 sees what is free when it looks, so every figure here subtracts what is still coming:
 
 - ``to_come``: the co-tenant engines' weights not on the device yet (the other tier may still be building

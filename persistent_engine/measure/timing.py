@@ -57,7 +57,7 @@ STOP_REL_SE = {"cpu": 0.005, "cuda": 0.003}
 STOP_MIN_PAIRS = 20
 STOP_CHECK_EVERY = 5
 # Futility stop: most search candidates lose, and a loser needs no precise speedup (the compiler accepts
-# only speedup > 1 + max(1% floor, noise): compiler/acceptance.py). From FUTILITY_MIN_PAIRS pairs on, at
+# only speedup > 1 + max(1% floor, noise): compiler/search/acceptance.py). From FUTILITY_MIN_PAIRS pairs on, at
 # each look, timing stops when at most ``futility_allowance(n)`` of the n pairs have candidate/baseline
 # time <= 1 + FUTILITY_MARGIN (a sign test: the one-sided lower confidence bound, level FUTILITY_ALPHA, of
 # the median time ratio is above 1.02, i.e. the point's speedup below 1/1.02 = 0.98; at 6 pairs: all 6
