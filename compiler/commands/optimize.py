@@ -168,7 +168,8 @@ def watchdog_s(budget_s: float) -> float:
 
 def _optimize(args: argparse.Namespace) -> int:
     from compiler.search.agent_spec import writes_llm_code
-    from compiler.search.loop import OptimizeConfig, optimize
+    from compiler.search.loop import optimize
+    from compiler.search.run_state import OptimizeConfig
     from compiler.search.startup_estimate import StartupTooSlow
     from persistent_engine import require_sandbox
 

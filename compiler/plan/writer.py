@@ -9,7 +9,7 @@ import datetime as _dt
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from persistent_engine import WorkloadPoint, baseline_words, compiled_default
 
@@ -21,11 +21,8 @@ from compiler.plan.compose import compose
 from compiler.fleet.isolated import run_isolated
 from compiler.search.progress import Progress
 from compiler.search.acceptance import Composition
-from compiler.search.run_state import Outcome, RunContext, RunInputs, best_effort
+from compiler.search.run_state import OptimizeConfig, Outcome, RunContext, RunInputs, best_effort
 from compiler.search.throughput import run_fields
-
-if TYPE_CHECKING:
-    from compiler.search.loop import OptimizeConfig
 
 log = logging.getLogger("tkcc.loop")
 # the plan's per-op profile and its torch.compile comparison run in a child process (compiler.fleet.isolated);

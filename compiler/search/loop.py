@@ -34,48 +34,14 @@ from compiler.search.memory import RunMemory, shape_class
 from compiler.plan.writer import write_plan
 from compiler.search.progress import Progress
 from compiler.search.recover import mark_recovered, recovered_seeds
-from compiler.search.run_state import Baseline, StartedEngines, Outcome, RunContext, RunInputs, best_effort
+from compiler.search.run_state import (Baseline, OptimizeConfig, Outcome, RunContext, RunInputs, StartedEngines,
+                                       best_effort)
 from compiler.search.tally import accepted_by_author, tally_of
 from compiler.search.throughput import DeviceClock
 
 if TYPE_CHECKING:
     from bulletin_board import BoardAPI
     from compiler.fleet.local import Fleet
-
-
-@dataclass(frozen=True)
-class OptimizeConfig:
-    model: str
-    hw: str
-    traffic: str
-    out: str
-    budget_s: float = 600.0                  # the agents' search time (after the baseline)
-    wall_s: float | None = None              # the whole run's bound (compiler/search/budget.py); None: unbounded
-    agents: str = "offline:auto"
-    board: str | None = None                 # default: sqlite:///<out>/board.db
-    device: str = "auto"
-    fast_layers: int | None = None
-    slow_layers: int | None = None
-    fleet: str = "local"                     # "local" | "ray"
-    ray_address: str | None = None           # None: an existing cluster (RAY_ADDRESS) or a local one
-    max_points: int = 4
-    gpus: int | None = None                  # GPUs of the target deployment (cost model); None: detected or 1
-    timeout_s: float = 300.0                 # engine watchdog per evaluation
-    vs_torch_compile: bool = False           # also time torch.compile of the slow-tier slice (in process)
-    aa_runs: int = 3                         # reference-vs-itself runs per tier to measure noise
-    seeds: tuple[tuple[str, str], ...] = ()  # (name, source) re-verified first (recompile, continue)
-    continue_plan: bool = True               # seed from the newest version already in ``out`` (same model/hw)
-    parent_version: int | None = None
-    drift: dict | None = None                # recompile: {"features": [...], "old_hash": ...}
-    acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
-    quiet: bool = False
-    routing_skew: float | None = None        # slow tier's power-law exponent (None: the default, 0: uniform)
-    routing_histogram: str | None = None     # or a file of measured per-expert loads
-    weights: str | None = None               # a checkpoint both tiers load (its routers kept)
-    llm_budget_usd: float | None = None      # the LLM agents' dollar budget for the run (all of them)
-    llm_budget_tokens: int | None = None     # ... and token budget (None: no limit)
-    ttft_ms: float | None = None             # the deployment's SLO per request (None: no bound): the config
-    tpot_ms: float | None = None             # search's goodput and the parallelism layout's objective
 
 
 @dataclass(frozen=True)

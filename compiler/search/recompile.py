@@ -15,7 +15,8 @@ from pathlib import Path
 
 from compiler.search import inputs
 from compiler.plan import artifact as plan_mod
-from compiler.search.loop import OptimizeConfig, OptimizeResult, optimize
+from compiler.search.loop import OptimizeResult, optimize
+from compiler.search.run_state import OptimizeConfig
 
 
 @dataclass(frozen=True)

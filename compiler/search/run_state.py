@@ -1,5 +1,5 @@
-"""The values the optimize loop's phases hand each other (compiler/search/loop.py): what is known before any engine
-starts (``RunInputs``), the run's bookkeeping (``RunContext``), the started fleet (``StartedEngines``), the baseline
+"""The values the optimize loop's phases hand each other (compiler/search/loop.py): what the run was asked
+(``OptimizeConfig``), what is known before any engine starts (``RunInputs``), the run's bookkeeping (``RunContext``), the started fleet (``StartedEngines``), the baseline
 (``Baseline``) and what the engines' phases leave for the plan (``Outcome``); and the best-effort board
 calls every phase makes (a board failure is logged and never stops a run)."""
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from persistent_engine import WorkloadPoint
 
 from compiler.search import inputs
-from compiler.search.acceptance import Accepted, Composition
+from compiler.search.acceptance import AcceptanceConfig, Accepted, Composition
 from compiler.search.budget import Budget
 from compiler.search.memory import RunMemory
 from compiler.search.progress import Progress
@@ -23,9 +23,45 @@ from compiler.search.throughput import DeviceClock
 if TYPE_CHECKING:
     from bulletin_board import BoardAPI
     from compiler.fleet.local import Fleet
-    from compiler.search.loop import OptimizeConfig
 
 log = logging.getLogger("tkcc.loop")
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    """What ``tkcc optimize`` was asked (compiler/commands/optimize.py builds it; the library API takes it)."""
+
+    model: str
+    hw: str
+    traffic: str
+    out: str
+    budget_s: float = 600.0                  # the agents' search time (after the baseline)
+    wall_s: float | None = None              # the whole run's bound (compiler/search/budget.py); None: unbounded
+    agents: str = "offline:auto"
+    board: str | None = None                 # default: sqlite:///<out>/board.db
+    device: str = "auto"
+    fast_layers: int | None = None
+    slow_layers: int | None = None
+    fleet: str = "local"                     # "local" | "ray"
+    ray_address: str | None = None           # None: an existing cluster (RAY_ADDRESS) or a local one
+    max_points: int = 4
+    gpus: int | None = None                  # GPUs of the target deployment (cost model); None: detected or 1
+    timeout_s: float = 300.0                 # engine watchdog per evaluation
+    vs_torch_compile: bool = False           # also time torch.compile of the slow-tier slice (in process)
+    aa_runs: int = 3                         # reference-vs-itself runs per tier to measure noise
+    seeds: tuple[tuple[str, str], ...] = ()  # (name, source) re-verified first (recompile, continue)
+    continue_plan: bool = True               # seed from the newest version already in ``out`` (same model/hw)
+    parent_version: int | None = None
+    drift: dict | None = None                # recompile: {"features": [...], "old_hash": ...}
+    acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
+    quiet: bool = False
+    routing_skew: float | None = None        # slow tier's power-law exponent (None: the default, 0: uniform)
+    routing_histogram: str | None = None     # or a file of measured per-expert loads
+    weights: str | None = None               # a checkpoint both tiers load (its routers kept)
+    llm_budget_usd: float | None = None      # the LLM agents' dollar budget for the run (all of them)
+    llm_budget_tokens: int | None = None     # ... and token budget (None: no limit)
+    ttft_ms: float | None = None             # the deployment's SLO per request (None: no bound): the config
+    tpot_ms: float | None = None             # search's goodput and the parallelism layout's objective
 
 
 @dataclass(frozen=True)
