@@ -163,7 +163,8 @@ def _routing_lines(tiers: dict) -> list[str]:
         kind = routing.get("kind", "uniform")
         skew = {"power_law": f"power law {routing.get('alpha')}", "histogram":
                 f"measured histogram ({routing.get('source') or 'file'})"}.get(kind, "uniform (random routers)")
-        line = (f"- {name} tier: tokens {inp.get('tokens', 'uniform')}, MoE routing {skew}, shared prefix "
+        line = (f"- {name} tier: weights {inp.get('weights') or 'seeded random'}, tokens {inp.get('tokens', 'uniform')}, "
+                f"MoE routing {skew}, shared prefix "
                 f"{100 * float(inp.get('prefix_share') or 0):.0f}% of each batch's context")
         if r:
             top, tie = r.get("top1_share") or [0], r.get("near_tie_share") or [0]

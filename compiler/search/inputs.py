@@ -341,14 +341,17 @@ INTERPRETER_NOTE = ("CPU: Triton kernels run in Triton's interpreter here (TRITO
                     "speedup), so only torch candidates can be accepted here; speed of Triton is judged on a GPU")
 
 
+RANDOM_WEIGHTS_NOTE = ("weights: seeded random (the model is an alias or a bare config.json; --model DIR of an HF "
+                       "checkpoint or --weights loads real ones)")
+
+
 def checkpoint_weights(model: str, notes: list[str]) -> str | None:
     """``--model DIR`` naming an HF checkpoint (config.json beside safetensors): its weights, which both tiers
-    load (a line in ``notes`` says so); None for an alias or a bare config.json (seeded random weights)."""
+    load; None for an alias or a bare config.json (seeded random weights). A line in ``notes`` says which."""
     from persistent_engine import checkpoint_of
 
     ckpt = checkpoint_of(model)
-    if ckpt is not None:
-        notes.append(f"weights: the checkpoint at {ckpt} (not random)")
+    notes.append(f"weights: the checkpoint at {ckpt} (not random)" if ckpt is not None else RANDOM_WEIGHTS_NOTE)
     return str(ckpt) if ckpt is not None else None
 
 

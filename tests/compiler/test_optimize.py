@@ -155,4 +155,4 @@ def test_a_cpu_run_says_triton_is_interpreted_and_a_checkpoint_dir_brings_its_we
     assert got.tier_inputs["fast"]["weights"] == got.tier_inputs["slow"]["weights"] == str(ckpt)
     plain = gather_inputs(OptimizeConfig(model="tiny-dense", hw="cpu", traffic=str(trace), out=str(tmp_path / "q"),
                                          device="cpu"))
-    assert "weights" not in plain.tier_inputs["fast"] and not any(n.startswith("weights:") for n in plain.notes)
+    assert "weights" not in plain.tier_inputs["fast"] and inputs.RANDOM_WEIGHTS_NOTE in plain.notes
