@@ -1,7 +1,7 @@
 """The whole-run time budget of ``tkcc optimize --budget`` (docs/errors.md "Budgets").
 
 One wall-clock bound covers start-up, baseline, search, composition and writing. The phases' ends
-are fixed at the start, counted back from the bound::
+are counted back from the bound::
 
     start ............ search_end | compose_end | end
     start-up, baseline, search   | composition | writing (per-op profile, report, plan)
@@ -11,10 +11,14 @@ re-measuring one composed set takes a fast-tier and a slow-tier evaluation (each
 the A/B: ~10 s on a busy 2-core CPU), and the search's last evaluation may still be in flight at its end;
 writing took 6-7 s of the H200's 5- and 6-minute runs (2026-12-04), so its 30 s cap leaves the rest to
 the composition.
-The fleet's start-up may use everything up to ``search_end``: engines not ready by then mean the run
-cannot start within its budget (``BudgetError``, one line, exit 2). An evaluation still in flight at
-``compose_end`` is cut there by the fleet. ``wall_s=None`` leaves a run unbounded (only the search
-has a length), what the library API does when called without one.
+``search_end`` is where the search would end if the composition needed its whole reserve; the search
+itself runs on until only what the judge still needs is left (``Judge.closing_s``: the evaluation in
+flight, the confirmations owed, the composed set's measurement), so a run with nothing accepted searches
+until one fast-tier evaluation before ``compose_end``. The fleet's start-up may use everything up to
+``search_end``: engines not ready by then mean the run cannot start within its budget (``BudgetError``,
+one line, exit 2). An evaluation still in flight at ``compose_end`` is cut there by the fleet.
+``wall_s=None`` leaves a run unbounded (only the search has a length), what the library API does when
+called without one.
 """
 
 from __future__ import annotations

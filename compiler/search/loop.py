@@ -251,7 +251,8 @@ def run_engines(run: RunContext, run_in: RunInputs, agents: list[Any], startup_s
             agents = remote_agents(cfg.agents, len(agents), run_in.device["kind"], run.board_url)
         progress.phase("baseline")
         baseline = measure_baseline(run, fleet, run_in.points)
-        deadline = min(time.monotonic() + cfg.budget_s, run.budget.search_end)   # budget_s: the search's
+        # budget_s: the search's; within a run's budget it runs until only the judge's closing time is left
+        deadline = min(time.monotonic() + cfg.budget_s, run.budget.compose_end)
         progress.deadline = run.budget.end if cfg.wall_s is not None else deadline
         judge, agents = start_judging(run, run_in, fleet, baseline, agents)
         judge.search_end, judge.confirm_end = deadline, fleet.deadline

@@ -134,3 +134,48 @@ def test_confirmations_leave_the_composition_time_for_one_measurement_of_the_set
     assert judge.composition_s() == pytest.approx(0.3 + 1.0, abs=0.2)
     assert len([c for c in fleet.calls if c[0] == "slow"]) == 1
     assert "not confirmed (no time left)" in stream.getvalue() and "the composition's" in stream.getvalue()
+
+
+def test_with_nothing_accepted_the_search_runs_until_one_fast_evaluation_is_left(board):
+    """No fixed share of the budget is held back for a composition with nothing to compose: new fast-tier
+    work stops only when the time left before ``confirm_end`` is one fast-tier evaluation."""
+    judge, _ = _judge(board, ScriptedFleet(), search_in=600, confirm_in=600, eval_s={"fast": 3.0, "slow": 9.0})
+    now = time.monotonic()
+    judge.confirm_end = now + 10
+    assert judge.closing_s() == 3.0 and judge.refusal(now) is None and not judge.search_over(now)
+    why = judge.refusal(now + 7.5)
+    assert judge.search_over(now + 7.5) and "kept for the evaluation under way and the composition" in why
+
+
+def test_an_accepted_candidate_keeps_the_set_measurement_time_back(board):
+    """Once something is accepted, a further acceptance makes a set the composition measures on both
+    tiers (twice when within the noise): the search ends that much earlier."""
+    fleet = ScriptedFleet(fast_s=0.2, slow_s=0.4)
+    judge, _ = _judge(board, fleet, search_in=600, confirm_in=600)
+    judge.evaluate(WINNER, author="a")                   # fast 0.2 s, confirmed at once: 0.4 s on the slow tier
+    assert len(judge.accepted) == 1
+    closing = judge.closing_s()
+    assert closing == pytest.approx(0.2 + 2 * (0.2 + 0.4), abs=0.15)
+    now = time.monotonic()
+    judge.confirm_end = now + closing + 0.05
+    assert judge.refusal(now) is None and judge.refusal(now + 0.1) is not None
+
+
+def test_the_swarm_ends_when_the_judge_has_only_its_closing_time_left(board):
+    """``run_swarm`` stops the agents when the judge's search is over, well before the swarm's deadline."""
+    from agents import Agent
+    from compiler.search.judging import run_swarm
+    from compiler.search.run_state import RunInputs
+
+    class Idle(Agent):
+        def run_once(self, ctx):
+            ctx.stop.wait(0.05)
+            return True
+
+    judge, _ = _judge(board, ScriptedFleet(), search_in=60, confirm_in=60, eval_s={"fast": 59.0})
+    run_in = RunInputs(spec=None, device={"kind": "cpu"}, traffic=None, points=POINTS, fast_layers=[0],
+                       slow_layers=[0, 1], tier_inputs={}, layout=None, projected=None, layout_note="")
+    t0 = time.monotonic()
+    judge.confirm_end = t0 + 60.6                        # 59 s of closing: over within a second
+    result = run_swarm(judge, [Idle("idle-0")], run_in, {}, t0 + 60)
+    assert time.monotonic() - t0 < 5 and result.agents[0].stopped == "deadline"
