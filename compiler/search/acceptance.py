@@ -14,6 +14,10 @@
    when a conflict group's winner is not kept, its next-best member takes its place (the deadline
    bounds how many are tried). When the run's budget ran out before any set was measured, the plan is
    the best accepted candidate alone (its own verdicts are its measurement).
+   The composition keeps up with the search: each acceptance that makes a set of two or more measures the
+   running set with it at once (:meth:`Acceptor.running`), so what was accepted is composed and measured
+   when the budget ends; the final step reuses those measurements (a set is measured once) and falls back
+   on the running set, not on one candidate, when no time is left to measure another.
 
 ``evaluate(tier, source) -> CandidateVerdict`` is all this module needs from the fleet.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -167,6 +172,9 @@ class Acceptor:
     on_accept: Callable[[Accepted], None] | None = None
     accepted: list[Accepted] = field(default_factory=list)
     log: list[dict] = field(default_factory=list)
+    running: Composition | None = None               # the measured set composed as acceptances came in
+    _measured: dict = field(default_factory=dict, init=False, repr=False)   # composed source -> its result
+    _running_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def outrun_by(self, source: str, verdict: Any) -> tuple[Accepted, ...]:
         """The accepted candidates (two or more) that override exactly the ops and knobs ``source`` does and
@@ -210,7 +218,31 @@ class Acceptor:
             self.accepted.append(acc)
             if self.on_accept is not None:
                 self.on_accept(acc)
+            self._compose_running(acc)
         return decision
+
+    def _compose_running(self, acc: Accepted) -> None:
+        """The running set with ``acc`` (taking its ops and knobs from a slower owner), measured on both tiers
+        now: it replaces the running set when correct and no slower on the slow tier than it. The first
+        acceptance is a set of one, its own verdicts its measurement."""
+        alone = Composition((acc,), compose([Part(acc.name, acc.source, acc.targets, acc.config_keys)]),
+                            acc.fast, acc.slow, acc.per_point)
+        with self._running_lock:
+            if self.running is None or (len(self.running.parts) == 1 and _owned(self.running.parts) == _owned([acc])):
+                self.running = max([alone] + ([self.running] if self.running else []), key=lambda c: c.slow)
+                return
+            ranked = sorted([*self.running.parts, acc], key=lambda a: -a.slow)
+            kept, _ = select_compatible([Part(a.name, a.source, a.targets, a.config_keys) for a in ranked])
+            names = {p.name for p in kept}
+            members = [a for a in ranked if a.name in names]
+            if acc not in members:
+                return                               # a faster accepted one owns its ops: nothing new to measure
+            src, fv, sv, ok = self._measure(self._measured, members)
+            choices = [self.running, alone]
+            if ok and sv.speedup >= self.running.slow * (1 - self.noise.get("slow", 0.0)):
+                choices.append(Composition(tuple(members), src, float(fv.speedup), float(sv.speedup),
+                                           merge_points(self.points, fv, sv)))
+            self.running = max(choices, key=lambda c: (c.slow, len(c.parts)))
 
     def compose(self, deadline: float | None = None) -> Composition | None:
         """Step 3. None when nothing was accepted. ``deadline`` (monotonic) bounds the greedy phase."""
@@ -218,12 +250,17 @@ class Acceptor:
             return None
         ranked = sorted(self.accepted, key=lambda a: -a.slow)
         kept, conflicting = select_compatible([Part(a.name, a.source, a.targets, a.config_keys) for a in ranked])
-        measured: dict[str, tuple[str, Any, Any, bool]] = {}    # composed source -> its result
-        measure = functools.partial(self._measure, measured)
+        measure = functools.partial(self._measure, self._measured)    # sets measured during the search count
         done, shadowed_out = self._compose_compatible(ranked, kept, conflicting, measure)
         if done is not None:
             return done
-        return self._compose_greedy(ranked, conflicting, shadowed_out, measure, deadline)
+        found = self._compose_greedy(ranked, conflicting, shadowed_out, measure, deadline)
+        if self.running is not None and len(self.running.parts) > 1 and self.running.slow > found.slow:
+            names = {a.name for a in self.running.parts}     # the search's set beat what the greedy pass found
+            why = dict(found.dropped)
+            return dataclasses.replace(self.running, dropped=tuple(
+                (a.name, why.get(a.name, "no gain when composed")) for a in ranked if a.name not in names))
+        return found
 
     def _on_tier(self, tier: str, src: str) -> tuple[Any, bool]:
         """A tier's verdict; a correct one within the noise is measured once more and the mean of
@@ -242,11 +279,13 @@ class Acceptor:
     def _measure(self, measured: dict, parts: list[Accepted]) -> tuple[str, Any, Any, bool]:
         """Both tiers' verdicts of the composed ``parts``; the same set is measured once (``measured``)."""
         src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
-        if src not in measured:
-            fv, ok = self._on_tier("fast", src)
-            sv, ok = self._on_tier("slow", src) if ok else (None, False)
+        if src in measured:
+            return measured[src]
+        fv, ok = self._on_tier("fast", src)
+        sv, ok = self._on_tier("slow", src) if ok else (None, False)
+        if not _why_dropped(fv, sv, None).startswith("not measured"):   # a refusal for want of time is no result
             measured[src] = (src, fv, sv, ok)
-        return measured[src]
+        return src, fv, sv, ok
 
     def _compose_compatible(self, ranked: list[Accepted], kept: list, conflicting: list,
                             measure) -> tuple[Composition | None, list[Accepted]]:
@@ -298,8 +337,11 @@ class Acceptor:
             else:
                 dropped.append((a.name, _why_dropped(fv, sv, deadline)))
         if best is None and any(why.startswith("not measured") for _, why in dropped):
-            # the budget ran out before any set was measured: the best accepted candidate alone, whose own
-            # verdicts on both tiers are its measurement (the set could not be re-measured)
+            # the budget ran out before any set was measured here: the set measured during the search, else
+            # the best accepted candidate alone, whose own verdicts on both tiers are its measurement
+            if self.running is not None and self.running.slow >= ranked[0].slow:
+                names = {a.name for a in self.running.parts}
+                return dataclasses.replace(self.running, dropped=tuple((n, w) for n, w in dropped if n not in names))
             top = ranked[0]
             dropped = [(n, w) for n, w in dropped if n != top.name]
             return Composition((top,), compose([Part(top.name, top.source, top.targets, top.config_keys)]),
