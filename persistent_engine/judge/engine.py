@@ -46,7 +46,7 @@ from persistent_engine.executor.channel import Arena, mailbox_bytes
 from persistent_engine.executor.compiled_step import baseline_words, compiled_default
 from persistent_engine.executor.device_share import DeviceWeights
 from persistent_engine.executor.out_ring import ring_bytes, ring_bytes_for
-from persistent_engine.executor.compile_cache import CompileCache
+from persistent_engine.executor.compile_cache import CompileCache, ahead_op_sets, op_sets_by_time
 from persistent_engine.executor.kernel_cache import KERNEL_CACHE_ENV, KernelCache
 from persistent_engine.executor import wire
 from persistent_engine.executor.launch import (Executor, ExecutorBroke, ExecutorDied, ExecutorPool, ExecutorTimeout,
@@ -543,6 +543,9 @@ class Engine(ExecutorSide):
             self.workload_guard.restore()
             per_point.append(PointProfile(p, p.label(), step_ms=self.base_ms[i],
                                           total_ms=sum(o["ms"] for o in ops.values()), ops=ops))
+        if self.compiled:                       # the likeliest op sets' graphs, compiled while the baseline's A/A runs
+            self._precompile(op_sets_by_time([pp.ops for pp in per_point], self.op_params,
+                                             ahead_op_sets(self.device.type)), ahead=True)
         return ProfileReply(message="baseline profile", per_point=per_point,
                             timer=timing.make_timer(self.device).name + "+sync per op")
 

@@ -303,12 +303,17 @@ class ExecutorSide:
             return
         self._precompile([ops])
 
-    def _precompile(self, op_sets: list[tuple[str, ...]]) -> None:
+    def _precompile(self, op_sets: list[tuple[str, ...]], ahead: bool = False) -> None:
         """A trusted compile for each op set not kept, not compiling and not failed before: wanted now, started
-        as ``PRECOMPILE`` allows (``_start_precompiles``; those that must wait start as others end)."""
-        for ops in op_sets:
-            if ops not in self._precompile_wanted:
+        as ``PRECOMPILE`` allows (``_start_precompiles``; those that must wait start as others end). A
+        candidate's op set goes before those compiled ``ahead`` of any candidate (``Engine.profile``)."""
+        for ops in (op_sets if ahead else list(reversed(op_sets))):      # a block at the front, in order
+            if ops in self._precompile_wanted:
+                self._precompile_wanted.remove(ops)
+            if ahead:
                 self._precompile_wanted.append(ops)
+            else:
+                self._precompile_wanted.insert(0, ops)
         self._collect_precompiled()
 
     def _start_precompiles(self) -> None:

@@ -86,3 +86,34 @@ def test_links_are_not_followed_and_the_budget_holds(tmp_path, monkeypatch):
     kept = tmp_path / "root" / key / "inductor"
     assert not os.path.lexists(kept / "fxgraph" / "link") and not os.path.lexists(kept / "dirlink")
     assert not (kept / "big").exists() and (kept / "fxgraph" / "ab" / "fabc" / "entry").exists()
+
+
+def test_the_op_sets_compiled_ahead_are_the_profiled_ops_longest_first(monkeypatch):
+    """``Engine.profile`` queues these: one set per op with an override point, by baseline time over the
+    points, ties by name, within the limit; ops without time or without an override point are not."""
+    points = [{"attention_decode": {"ms": 0.5, "calls": 2}, "linear": {"ms": 0.3}, "zero": {"ms": 0.0}},
+              {"linear": {"ms": 0.4}, "rms_norm": {"ms": 0.2}, "not_an_op": {"ms": 9.0}, "lm_head": {"ms": 0.2}}]
+    known = ["attention_decode", "linear", "rms_norm", "lm_head", "zero"]
+    assert cc.op_sets_by_time(points, known, 8) == [("linear",), ("attention_decode",), ("lm_head",), ("rms_norm",)]
+    assert cc.op_sets_by_time(points, known, 1) == [("linear",)] and cc.op_sets_by_time(points, known, 0) == []
+    monkeypatch.delenv(cc.AHEAD_OP_SETS_ENV, raising=False)
+    assert cc.ahead_op_sets("cuda") == 8 and cc.ahead_op_sets("cpu") == 0
+    monkeypatch.setenv(cc.AHEAD_OP_SETS_ENV, "3")
+    assert cc.ahead_op_sets("cpu") == 3
+
+
+def test_a_candidates_op_set_is_compiled_before_those_queued_ahead(monkeypatch, tmp_path):
+    """``ExecutorSide._precompile``: the op sets a candidate needs go to the front, in their order; those of
+    the profile (``ahead``) behind them; none twice. No compile starts here (the limit is 0)."""
+    import torch
+
+    from persistent_engine.judge import executors
+
+    monkeypatch.setitem(executors.PRECOMPILE, "cpu", 0)
+    side = object.__new__(executors.ExecutorSide)
+    side.device, side.pool = torch.device("cpu"), None
+    side._precompiling, side._precompile_wanted, side.precompile_failed = {}, [], set()
+    side.compile_cache = CompileCache(str(tmp_path / "compiled"))
+    side._precompile([("linear",), ("attention_decode",), ("rms_norm",)], ahead=True)
+    side._precompile([("rms_norm",), ("silu_and_mul",)])
+    assert side._precompile_wanted == [("rms_norm",), ("silu_and_mul",), ("linear",), ("attention_decode",)]
