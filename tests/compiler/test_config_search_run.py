@@ -22,8 +22,8 @@ CODE = str(ROOT / "examples" / "traffic" / "azure2023_code.csv")
 pytestmark = pytest.mark.slow
 
 
-def _run(out: Path):
-    return optimize(OptimizeConfig(model="llama-1b+tiny", hw="h200", traffic=CODE, out=str(out), budget_s=60.0,
+def _run(out: Path, search_s: float):
+    return optimize(OptimizeConfig(model="llama-1b+tiny", hw="h200", traffic=CODE, out=str(out), budget_s=search_s,
                                    agents="offline:2", device="cpu", max_points=2, aa_runs=1, quiet=True))
 
 
@@ -38,7 +38,7 @@ def _consistent(throughput: dict) -> None:
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
     out = tmp_path_factory.mktemp("cfg") / "plan"
-    result = _run(out)
+    result = _run(out, 40.0)
     board = Board(f"sqlite:///{out / 'board.db'}")
     yield out, result, board
     board.close()
@@ -74,7 +74,7 @@ def test_every_run_searches_configs_and_one_is_accepted_applied_and_measured(fir
 def test_a_continued_run_judges_no_candidate_twice_and_keeps_the_accepted_setting(first):
     out, result, board = first
     plan = json.loads((result.plan_dir / "plan.json").read_text())
-    second = _run(out)                                   # continues from v1: its plan's candidates are seeds
+    second = _run(out, 15.0)                             # continues from v1: its plan's candidates are seeds
     judged = {c.source_hash for c in board.list_candidates(1, limit=1000).items}
     again = {c.source_hash for c in board.list_candidates(2, limit=1000).items}
     assert judged and not (judged & again)

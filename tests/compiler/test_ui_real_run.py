@@ -62,6 +62,20 @@ def real_run_board(real_run):
     return real_run[:2]
 
 
+def test_make_demo_keeps_its_two_minute_budget(real_run):
+    """Issue 21: ``--budget 2m`` bounds the whole run, each phase's share in the progress line, plan.json
+    and the report."""
+    from compiler.plan import artifact as plan_mod
+
+    _, _, _, progress, root = real_run
+    plan, vdir = plan_mod.load(root)
+    assert plan.run["wall_s"] == 120.0 and plan.run["elapsed_s"] <= 150, plan.run
+    phases = plan.run["phases_s"]
+    assert {"starting", "baseline", "searching", "composing", "writing"} <= set(phases)
+    assert sum(phases.values()) <= 150
+    assert "time per phase" in (vdir / "report.md").read_text() and "time: starting" in progress
+
+
 def test_every_count_of_make_demo_agrees_in_its_progress_json_report_and_ui(real_run):
     """Issue 46: tried / accepted / kept / dropped of ``make demo`` come from one tally (compiler/search/tally.py) into
     the progress view, plan.json (``plan show --json``), report.md and the UI's run page."""
