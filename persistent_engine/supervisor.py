@@ -114,6 +114,7 @@ class Supervisor:
         self.restarts: list[dict] = []
         self._lines: queue.Queue = queue.Queue()
         self._stderr_path = os.path.join(self._dir, "engine.stderr")
+        self._stderr_read = 0                   # bytes of it already passed to ``log`` (``_forward_engine_lines``)
 
     # ------------------------------------------------------------------------------ process
     def _command(self) -> list[str]:
@@ -151,6 +152,7 @@ class Supervisor:
         if not os.path.isdir(self._dir):       # started again after close
             self._dir = scratch.owned_dir("supervisor")
             self._stderr_path = os.path.join(self._dir, "engine.stderr")
+            self._stderr_read = 0
         env[scratch.SCRATCH_ENV] = self._dir    # the judge's directory inside ours: gone with ours at close
         stderr = open(self._stderr_path, "ab")
         self.proc = subprocess.Popen(self._command(), stdout=subprocess.PIPE, stderr=stderr, env=env,
@@ -200,6 +202,23 @@ class Supervisor:
                 continue
             if isinstance(obj, dict):
                 lines.put(obj)
+
+    def _forward_engine_lines(self) -> None:
+        """The engine's own log lines (``tkcc-engine[pid]: ...``: an executor that died and why, a trusted compile,
+        a fallback) written since the last call, each passed to ``log``: the run's log names every executor
+        death, not only the candidates' verdicts. At most 64 KiB per call; other stderr text is left for the
+        crash tail."""
+        try:
+            with open(self._stderr_path, "rb") as f:
+                f.seek(self._stderr_read)
+                data = f.read(64 << 10)
+        except OSError:
+            return
+        complete = data[:data.rfind(b"\n") + 1]
+        self._stderr_read += len(complete) if complete else len(data) if len(data) == 64 << 10 else 0
+        for line in complete.decode(errors="replace").splitlines():
+            if line.startswith("tkcc-engine["):
+                self._log(f"[engine] {line.split(': ', 1)[-1]}")
 
     def _stderr_tail(self, n: int = 300) -> str:
         try:
@@ -329,6 +348,7 @@ class Supervisor:
             # it left on purpose (device error, leaked thread)
             timings["restart_s"] = self._after_failure("engine exited after the candidate")
             restarted = self.auto_restart
+        self._forward_engine_lines()
         timings["total_s"] = time.monotonic() - t0
         timings["pool_wait_s"] = pool_wait
         return CandidateVerdict(correct=not reasons, reasons=reasons, speedup=speedup,

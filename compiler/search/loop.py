@@ -35,7 +35,7 @@ from compiler.plan.writer import write_plan
 from compiler.search.progress import Progress
 from compiler.search.recover import mark_recovered, recovered_seeds
 from compiler.search.run_state import (Baseline, OptimizeConfig, Outcome, RunContext, RunInputs, StartedEngines,
-                                       best_effort)
+                                       best_effort, close_run_log, open_run_log)
 from compiler.search.tally import accepted_by_author, tally_of
 from compiler.search.throughput import DeviceClock
 
@@ -144,6 +144,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
     startup_s = budget.startup_timeout(900.0)    # before the board: a budget too short to start writes nothing
     startup_check(cfg, run_in, budget)           # ... and one this machine cannot start the engines in
     run = open_run(cfg, run_in, budget, t_start)
+    run_log = open_run_log(cfg.out, run.run_id)
     run.progress.start()
     try:
         with _Interrupt(run.stop, run.progress):
@@ -155,6 +156,7 @@ def optimize(cfg: OptimizeConfig) -> OptimizeResult:
         raise
     finally:
         run.progress.close()
+        close_run_log(run_log)
     written, _ = plan_mod.load(vdir)
     return OptimizeResult(vdir, written, outcome.interrupted)
 

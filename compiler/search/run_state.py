@@ -6,6 +6,7 @@ calls every phase makes (a board failure is logged and never stops a run)."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -138,3 +139,30 @@ def best_effort(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     except Exception as e:  # noqa: BLE001
         log.warning("%s failed: %s", getattr(fn, "__name__", fn), e)
         return None
+
+
+def open_run_log(out: str, run_id: Any) -> logging.Handler | None:
+    """``<out>/logs/run-<id>.log``: what the run's loggers (``tkcc.*``) say, a line each as it happens (a crash
+    keeps what was said): the engines' start-up stages and restarts, every executor that died and why (the
+    judges' own lines, ``Supervisor._forward_engine_lines``), board failures. ``close_run_log`` detaches it.
+    None (the run goes on without it) when the file cannot be opened."""
+    path = os.path.join(out, "logs", f"run-{getattr(run_id, 'id', run_id)}.log")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as e:
+        log.warning("no run log at %s: %s", path, e)
+        return None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    handler.setLevel(logging.INFO)
+    root = logging.getLogger("tkcc")
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    root.addHandler(handler)
+    return handler
+
+
+def close_run_log(handler: logging.Handler | None) -> None:
+    if handler is not None:
+        logging.getLogger("tkcc").removeHandler(handler)
+        handler.close()

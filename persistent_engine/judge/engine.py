@@ -326,19 +326,23 @@ class Engine(ExecutorSide):
             reply = handlers[type(req)](req)
         except ExecutorTimeout:
             limit = getattr(req, "timeout_s", 0.0) or DEFAULT_CALL_S
+            elog(f"candidate executor killed: no answer during {phase} within {limit:g} s")
             self._drop_candidate()
             reply = ErrorReply(message=f"no answer during {phase} within the {limit:g} s timeout (watchdog killed "
                                        "the executor)", kind="hang")
         except ExecutorBroke as e:              # its reply broke the protocol: the candidate's doing
+            elog(f"candidate executor discarded: it {e.how}")
             self._drop_candidate()
             self._ensure_baseline()
             reply = ErrorReply(message=f"the executor {e.how} (executor discarded)", kind="protocol")
         except ExecutorDied as e:
             if self.baseline is not None and not self.baseline.alive():     # not the candidate's doing
+                elog(f"baseline executor died during {phase}: {e}; restarting it")
                 self._drop_candidate()
                 self._start_baseline()
                 return ErrorReply(message=f"the baseline executor died during {phase} ({e}); restarted",
                                   kind="internal")
+            elog(f"candidate executor died during {phase}: {e}")
             self._drop_candidate()
             self._ensure_baseline()
             reply = ErrorReply(message=f"executor died during {phase} ({e.how})"

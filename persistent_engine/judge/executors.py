@@ -404,7 +404,8 @@ class ExecutorSide:
                 ex.send(wire.Load(source=source, name="candidate"))
                 ex.send(wire.Warm(seed=self._rng.randrange(1, 2**31), budget=self._warm_budget(),
                                   ops_at=[sorted(at) for at in self.ops_at]))
-            except ExecutorDied:
+            except ExecutorDied as e:
+                elog(f"a pool executor died before loading a candidate ahead ({e.how}); discarded")
                 self.pool.discard(ex)
                 continue
             self._ahead[key] = Ahead(ex, source)

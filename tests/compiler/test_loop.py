@@ -108,6 +108,9 @@ def test_killed_engine_is_restarted_and_the_run_finishes(run):
     result, out, killed = run
     assert killed, "the test killed no engine (no verdict was seen)"
     assert result.plan.run["restarts"] >= 1
+    logged = (out / "logs" / "run-1.log").read_text()          # the run's log says so, with the engines' stages
+    assert "[supervisor] engine died during" in logged or "[supervisor] restarting the engine" in logged, logged
+    assert "[engine] ready on" in logged
 
 
 def test_board_holds_the_run(run):

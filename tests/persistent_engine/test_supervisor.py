@@ -55,9 +55,16 @@ def test_only_the_executor_goes_and_the_judge_serves_the_next_candidate(sup, nam
     pid = sup.proc.pid
     restarts = len(sup.restarts)
     used = sup.status().executors_used
+    logged = len(sup.log_lines)
     v = sup.evaluate(src(name), timeout_s=timeout)
     assert not v.correct and not v.restarted
     assert any(reason in r for r in v.reasons), v.reasons
+    death = {"abort_sneaky": "candidate executor died during verify: killed by SIGABRT",
+             "segfault": "candidate executor died during verify: killed by SIGSEGV",
+             "stderr_then_exits": "candidate executor died during verify: exit code 7",
+             "hang": "candidate executor killed: no answer during verify"}.get(name)
+    if death:                                   # the run's log names the executor's death and why (issue 41)
+        assert any(line.startswith("[engine] " + death) for line in sup.log_lines[logged:]), sup.log_lines[logged:]
     assert len(v.reasons) == 1, v.reasons
     if name == "stderr_then_exits":             # the last 20 lines it wrote, in order, nothing before them
         assert v.reasons[0].endswith("candidate stderr line 29") and "line 9 |" not in v.reasons[0], v.reasons
