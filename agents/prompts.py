@@ -97,6 +97,16 @@ def posts_digest(posts: Iterable[Any], limit: int = 12, chars: int = 240) -> lis
     return lines
 
 
+def _op_lines(ops: Mapping[str, Any], costs: Mapping[str, float]) -> list[str]:
+    """The signatures of the ops this model's forward runs (all when there is no profile), the names of
+    the others: the whole catalog's signatures are ~25,000 characters (~11,000 tokens), most of them for
+    ops of other architectures (MLA, MoE, DSA)."""
+    used = [info for name, info in ops.items() if name in costs] if costs else list(ops.values())
+    rest = sorted(name for name in ops if costs and name not in costs)
+    return [f"  {info.signature}" for info in used] + \
+        ([f"  not in this model's profile: {', '.join(rest)}"] if rest else [])
+
+
 def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = None,
                  posts: Iterable[Any] = ()) -> str:
     """The first user message of a cycle: where the time goes, the points, the ops, the board and
@@ -108,7 +118,7 @@ def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = No
              *(_profile_lines(ctx.profile) or ["  (no profile yet)"]),
              "Workload points:", *_point_lines(ctx.points),
              "Ops you may override (read_op gives the reference source):",
-             *[f"  {info.signature}" for info in ctx.ops.values()],
+             *_op_lines(ctx.ops, op_costs(ctx.profile)),
              "Ideas on the board:", *(board_digest(ideas) or ["  (none yet)"]),
              "Latest posts (read_candidate gives any candidate's source and verdict):",
              *(posts_digest(posts) or ["  (none yet)"])]
