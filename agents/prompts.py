@@ -98,13 +98,13 @@ def posts_digest(posts: Iterable[Any], limit: int = 12, chars: int = 240) -> lis
 
 
 def _op_lines(ops: Mapping[str, Any], costs: Mapping[str, float]) -> list[str]:
-    """The signatures of the ops this model's forward runs (all when there is no profile), the names of
-    the others: the whole catalog's signatures are ~25,000 characters (~11,000 tokens), most of them for
-    ops of other architectures (MLA, MoE, DSA)."""
+    """The signatures of the ops this model's forward runs (all when there is no profile): the whole
+    catalog's are ~25,000 characters (~11,000 tokens), most of them of ops of other architectures (MLA,
+    MoE, DSA), whose overrides this model would never call."""
     used = [info for name, info in ops.items() if name in costs] if costs else list(ops.values())
-    rest = sorted(name for name in ops if costs and name not in costs)
+    rest = len(ops) - len(used)
     return [f"  {info.signature}" for info in used] + \
-        ([f"  not in this model's profile: {', '.join(rest)}"] if rest else [])
+        ([f"  ({rest} more ops in the registry are not run by this model)"] if rest else [])
 
 
 def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = None,

@@ -63,10 +63,12 @@ class EngineLoop:
     def start(self) -> None:
         self.thread.start()
 
+    join_s = 30.0       # how long stop() waits for the step in progress (the thread is a daemon)
+
     def stop(self) -> None:
         self._stop.set()
         self.commands.put(None)
-        self.thread.join(timeout=30)
+        self.thread.join(timeout=self.join_s)
 
     def submit(self, rid: str, prompt: list[int], params, stream: _Stream) -> None:
         self.streams[rid] = stream
@@ -396,8 +398,10 @@ class ServeServer(ThreadedServer):
 
 
 def serve_forever(runtime: Runtime, host: str, port: int) -> None:
-    """Serve in the foreground until Ctrl-C."""
+    """Serve in the foreground until Ctrl-C or SIGTERM (which a step in progress does not delay: a CPU prefill
+    of a few thousand tokens takes tens of seconds, and the process exits without it)."""
     app = create_app(runtime)
+    app.state.engine_loop.join_s = 2.0
     sock = bind(host, port)
     h, p = sock.getsockname()[:2]
     print(f"tkcc serve: {runtime.name} ({runtime.source}{', plan ' + runtime.plan_dir if runtime.plan_dir else ''}) "
@@ -406,7 +410,7 @@ def serve_forever(runtime: Runtime, host: str, port: int) -> None:
         print("tkcc serve: RANDOM WEIGHTS (seeded): the answers are noise, not the model's; serve a checkpoint with "
               "--model CHECKPOINT_DIR or --weights PATH", flush=True)
     try:
-        # SIGTERM: open requests get 5 s, then the engine thread its current step (a long CPU prefill: seconds)
+        # SIGTERM: open requests get 5 s, the engine thread 2 s
         uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
                                       timeout_graceful_shutdown=5)).run(sockets=[sock])
     finally:
