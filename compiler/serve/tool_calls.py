@@ -79,7 +79,8 @@ def parse_tool_request(body: dict) -> ToolRequest | None:
                            "letters, digits, _ or - (at most 64)", f"tools[{i}]")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise ApiError(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}].function.parameters")
+            raise ApiError(f"tools[{i}].function.parameters must be a JSON schema object",
+                           f"tools[{i}].function.parameters")
         desc = fn.get("description") or ""
         if not isinstance(desc, str):
             raise ApiError(f"tools[{i}].function.description must be a string", f"tools[{i}].function.description")

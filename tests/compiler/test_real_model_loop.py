@@ -125,7 +125,8 @@ def test_optimize_with_smollm2_behind_tkcc_serve(tmp_path):
         report = {r["name"]: r for r in run.config["agent_reports"]}["openai-0"]
         llm = board.list_candidates(run, author_kind="llm", limit=1000).items
         verdicts = {c.id: [e.verdict for e in board.list_evaluations(candidate=c.id).items] for c in llm}
-        posts = [(p.kind, " ".join(p.body.split())[:300]) for p in board.list_posts(run, author="openai-0", limit=1000).items]
+        posts = [(p.kind, " ".join(p.body.split())[:300])
+                 for p in board.list_posts(run, author="openai-0", limit=1000).items]
     assert all(c.author == "openai-0" for c in llm) and report["tried"] == len(llm)
     assert all(v and v[0] in ("correct", "rejected") for v in verdicts.values()), verdicts   # every one judged
     table = (vdir / "report.md").read_text().split("## Agents")[1]
