@@ -97,6 +97,16 @@ def posts_digest(posts: Iterable[Any], limit: int = 12, chars: int = 240) -> lis
     return lines
 
 
+def _op_lines(ops: Mapping[str, Any], costs: Mapping[str, float]) -> list[str]:
+    """The signatures of the ops this model's forward runs (all when there is no profile): the whole
+    catalog's are ~25,000 characters (~11,000 tokens), most of them of ops of other architectures (MLA,
+    MoE, DSA), whose overrides this model would never call."""
+    used = [info for name, info in ops.items() if name in costs] if costs else list(ops.values())
+    rest = len(ops) - len(used)
+    return [f"  {info.signature}" for info in used] + \
+        ([f"  ({rest} more ops in the registry are not run by this model)"] if rest else [])
+
+
 def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = None,
                  posts: Iterable[Any] = ()) -> str:
     """The first user message of a cycle: where the time goes, the points, the ops, the board and
@@ -108,7 +118,7 @@ def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = No
              *(_profile_lines(ctx.profile) or ["  (no profile yet)"]),
              "Workload points:", *_point_lines(ctx.points),
              "Ops you may override (read_op gives the reference source):",
-             *[f"  {info.signature}" for info in ctx.ops.values()],
+             *_op_lines(ctx.ops, op_costs(ctx.profile)),
              "Ideas on the board:", *(board_digest(ideas) or ["  (none yet)"]),
              "Latest posts (read_candidate gives any candidate's source and verdict):",
              *(posts_digest(posts) or ["  (none yet)"])]

@@ -149,8 +149,13 @@ class LLMAgent(Agent):
         if (why := self.over_budget()) is not None:      # spent during this cycle: say so once
             ctx.post(self.name, f"stopping: {why}", kind="stopped")
             return False
+        if box.verdicts or box.ideas_posted or ctx.expired():
+            return bool(box.verdicts or box.ideas_posted)
         # a cycle in which the model neither posted nor submitted anything: it has nothing left
-        return bool(box.verdicts or box.ideas_posted)
+        said = " ".join(learned.split())[:200]
+        ctx.post(self.name, "stopping: the model ended its cycle with neither an idea nor a candidate"
+                 + (f"; its answer: {said!r}" if said else ""), idea=box.idea_id, kind="stopped")
+        return False
 
     def _converse(self, ctx: AgentContext, box: ToolBox) -> str:
         """The tool-use loop; returns the model's closing text (what it learned)."""

@@ -33,27 +33,49 @@ log = logging.getLogger("tkcc.agents.llm")
 
 REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
 APIS = ("auto", "responses", "chat")
+TOOL_CHOICES = ("auto", "required")
+
+
+class OpenAIConfigError(ValueError):
+    """A bad TKCC_OPENAI_* setting: one line, exit 2."""
+
+    user_error = True
+
+
+def _env_max_tokens() -> int:
+    raw = os.environ.get("TKCC_OPENAI_MAX_TOKENS") or "8192"
+    if not raw.isdigit() or int(raw) < 1:
+        raise OpenAIConfigError(f"TKCC_OPENAI_MAX_TOKENS must be a positive integer, not {raw!r}")
+    return int(raw)
 
 
 @dataclass(frozen=True)
 class OpenAIConfig:
-    """Model and endpoint; the defaults read TKCC_OPENAI_MODEL, OPENAI_BASE_URL and TKCC_OPENAI_API
-    (a local OpenAI-compatible server, e.g. vLLM at http://127.0.0.1:8000/v1, needs no key)."""
+    """Model and endpoint; the defaults read TKCC_OPENAI_MODEL, OPENAI_BASE_URL, TKCC_OPENAI_API,
+    TKCC_OPENAI_MAX_TOKENS and TKCC_OPENAI_TOOL_CHOICE (a local OpenAI-compatible server, e.g. vLLM at
+    http://127.0.0.1:8000/v1, needs no key; a small local model wants a small answer bound and may be
+    held to calling tools)."""
 
     model: str = field(default_factory=lambda: os.environ.get("TKCC_OPENAI_MODEL") or "gpt-4.1")
     base_url: str | None = field(default_factory=lambda: os.environ.get("OPENAI_BASE_URL") or None)
     api_key_env: str = "OPENAI_API_KEY"
-    max_tokens: int = 8192
+    max_tokens: int = field(default_factory=lambda: _env_max_tokens())
     temperature: float | None = None
     api: str = field(default_factory=lambda: os.environ.get("TKCC_OPENAI_API") or "auto")
     # a key is required for the default endpoint only; a custom base_url may run without auth
     require_key: bool = field(default_factory=lambda: not os.environ.get("OPENAI_BASE_URL"))
     max_retries: int = 4
     timeout_s: float = 120.0
+    # "required": every turn must call a tool (the server begins the call; for small local models)
+    tool_choice: str = field(default_factory=lambda: os.environ.get("TKCC_OPENAI_TOOL_CHOICE") or "auto")
 
     def __post_init__(self):
         if self.api not in APIS:
-            raise ValueError(f"OpenAIConfig.api must be one of {', '.join(APIS)}, not {self.api!r}")
+            raise OpenAIConfigError(f"OpenAIConfig.api (TKCC_OPENAI_API) must be one of {', '.join(APIS)}, "
+                                    f"not {self.api!r}")
+        if self.tool_choice not in TOOL_CHOICES:
+            raise OpenAIConfigError(f"TKCC_OPENAI_TOOL_CHOICE must be one of {', '.join(TOOL_CHOICES)}, "
+                                    f"not {self.tool_choice!r}")
 
 
 def _call(c: Any, name: str, raw: Any, by_name: dict[str, ToolSpec]) -> ToolCall:
@@ -192,6 +214,8 @@ class OpenAIChat:
                        "parameters": t.schema, "strict": False} for t in tools]}
         if cfg.temperature is not None:
             kwargs["temperature"] = cfg.temperature
+        if cfg.tool_choice != "auto":
+            kwargs["tool_choice"] = cfg.tool_choice
         return sdk_call(lambda: self._client.responses.create(**kwargs), lambda r: parse_response(r, tools),
                         self._sdk, what=f"openai responses {cfg.model}", max_retries=cfg.max_retries)
 
@@ -206,6 +230,8 @@ class OpenAIChat:
                                                         "parameters": t.schema}} for t in tools]}
         if cfg.temperature is not None:
             kwargs["temperature"] = cfg.temperature
+        if cfg.tool_choice != "auto":
+            kwargs["tool_choice"] = cfg.tool_choice
         return sdk_call(lambda: self._client.chat.completions.create(**kwargs), lambda r: parse_chat(r, tools),
                         self._sdk, what=f"openai chat {cfg.model}", max_retries=cfg.max_retries)
 

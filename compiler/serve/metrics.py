@@ -4,7 +4,9 @@ Histograms: ``tkcc:time_to_first_token_seconds``, ``tkcc:inter_token_latency_sec
 ``tkcc:e2e_request_latency_seconds``, ``tkcc:step_seconds``; gauges: ``tkcc:num_requests_waiting``,
 ``tkcc:num_requests_running``, ``tkcc:kv_cache_usage_ratio``, ``tkcc:generation_tokens_per_second``
 (over the last 10 s); counters: ``tkcc:generation_tokens_total``, ``tkcc:request_success_total``,
-``tkcc:prefix_cache_hit_tokens_total``, ``tkcc:prompt_tokens_total``.
+``tkcc:prefix_cache_hit_tokens_total``, ``tkcc:prompt_tokens_total``, and of chat requests with tools
+``tkcc:tool_answers_total`` (answers), ``tkcc:tool_calls_parsed_total`` (calls parsed out of them),
+``tkcc:tool_answers_unparsed_total`` (answers with no call: returned as text).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Metrics:
         self.lock = threading.Lock()
         self.ttft, self.itl, self.e2e, self.steps = _Histogram(), _Histogram(), _Histogram(), _Histogram()
         self.tokens_total, self.finished, self.started = 0, 0, 0
+        self.tool_answers, self.tool_calls, self.tool_unparsed = 0, 0, 0
         self.recent: deque[float] = deque()            # times of recent tokens
 
     def request_started(self) -> None:
@@ -53,6 +56,12 @@ class Metrics:
         with self.lock:
             self.finished += 1
             self.e2e.observe(seconds)
+
+    def tool_answer(self, calls: int) -> None:
+        with self.lock:
+            self.tool_answers += 1
+            self.tool_calls += calls
+            self.tool_unparsed += calls == 0
 
     def token(self, gap_s: float, first: bool) -> None:
         now = time.monotonic()
@@ -86,7 +95,10 @@ class Metrics:
                     ("tkcc:generation_tokens_total", self.tokens_total, "counter"),
                     ("tkcc:request_success_total", self.finished, "counter"),
                     ("tkcc:prompt_tokens_total", stats["prompt_tokens"], "counter"),
-                    ("tkcc:prefix_cache_hit_tokens_total", stats["prefix_hit_tokens"], "counter")):
+                    ("tkcc:prefix_cache_hit_tokens_total", stats["prefix_hit_tokens"], "counter"),
+                    ("tkcc:tool_answers_total", self.tool_answers, "counter"),
+                    ("tkcc:tool_calls_parsed_total", self.tool_calls, "counter"),
+                    ("tkcc:tool_answers_unparsed_total", self.tool_unparsed, "counter")):
                 lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
             for name, h in (("tkcc:time_to_first_token_seconds", self.ttft),
                             ("tkcc:inter_token_latency_seconds", self.itl),

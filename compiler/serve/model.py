@@ -73,12 +73,18 @@ class BPETokenizer:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
-    """The prompt text of ``messages`` under the tokenizer's chat template (sandboxed Jinja)."""
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The prompt text of ``messages`` under the tokenizer's chat template (sandboxed Jinja); ``tools``
+    (OpenAI function tools) reach a template with a tool section as its ``tools`` variable."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(tokenizer.chat_template).render(messages=messages, add_generation_prompt=True)
+    return env.from_string(tokenizer.chat_template).render(messages=messages, tools=tools, add_generation_prompt=True)
+
+
+def template_has_tools(tokenizer) -> bool:
+    """Whether the chat template renders a ``tools`` variable itself (HF templates with a tool section)."""
+    return "tools" in (tokenizer.chat_template or "")
 
 
 # ----------------------------------------------------------------------------- GGUF

@@ -4,7 +4,8 @@
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="-")
 
 Routes: ``/v1/completions`` and ``/v1/chat/completions`` (JSON, or server-sent events with
-``stream``; ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, plus vLLM's ``ignore_eos``),
+``stream``; ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, plus vLLM's ``ignore_eos``;
+chat also ``tools`` and ``tool_choice``, see compiler/serve/tool_calls.py),
 ``/v1/models``, ``/health``, ``/metrics`` (Prometheus text). Every bad request gets a 4xx with an
 OpenAI error body ``{"error": {"message", "type", "param", "code"}}``.
 
@@ -32,8 +33,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compiler.serve.http_server import ThreadedServer, bind
 from compiler.serve.metrics import Metrics
-from compiler.serve.model import render_chat
+from compiler.serve.model import render_chat, template_has_tools
 from compiler.serve.runtime import Runtime
+from compiler.serve.tool_calls import ToolRequest, parse_tool_calls, parse_tool_request, template_messages
 from compiler.serve.validation import ApiError, CompletionArgs, parse_chat, parse_completion
 
 __all__ = ["create_app", "ServeServer", "serve_forever", "EngineLoop"]
@@ -61,10 +63,12 @@ class EngineLoop:
     def start(self) -> None:
         self.thread.start()
 
+    join_s = 30.0       # how long stop() waits for the step in progress (the thread is a daemon)
+
     def stop(self) -> None:
         self._stop.set()
         self.commands.put(None)
-        self.thread.join(timeout=30)
+        self.thread.join(timeout=self.join_s)
 
     def submit(self, rid: str, prompt: list[int], params, stream: _Stream) -> None:
         self.streams[rid] = stream
@@ -232,9 +236,14 @@ def _add_generate_routes(app: FastAPI, runtime: Runtime, metrics: Metrics, loop_
     async def chat(request: Request):
         body = await _body(request)
         messages, args = parse_chat(body, runtime)
-        prompt = runtime.tokenizer.encode(render_chat(runtime.tokenizer, messages))
-        return await _generate(_Generation.start(runtime, metrics, loop_, args.with_prompt(prompt, runtime), chat=True),
-                               request)
+        tools = parse_tool_request(body)
+        native = tools is not None and tools.active and template_has_tools(runtime.tokenizer)
+        listed = [{"type": "function", "function": t} for t in tools.tools] if native else None
+        text = render_chat(runtime.tokenizer, template_messages(messages, tools, native), listed)
+        prompt = runtime.tokenizer.encode(text + (tools.prefix() if tools else ""))
+        g = _Generation.start(runtime, metrics, loop_, args.with_prompt(prompt, runtime), chat=True,
+                              tools=tools if tools is not None and tools.active else None)
+        return await _generate(g, request)
 
 
 @dataclass(frozen=True)
@@ -252,9 +261,11 @@ class _Generation:
     metrics: Metrics
     loop_: EngineLoop
     detok: _Detokenizer
+    tools: ToolRequest | None = None      # the answer is parsed into tool_calls (streamed whole, at the end)
 
     @classmethod
-    def start(cls, runtime: Runtime, metrics: Metrics, loop_: EngineLoop, args: CompletionArgs, chat: bool):
+    def start(cls, runtime: Runtime, metrics: Metrics, loop_: EngineLoop, args: CompletionArgs, chat: bool,
+              tools: ToolRequest | None = None):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         stream = _Stream(asyncio.get_running_loop())
         t0 = time.perf_counter()
@@ -264,7 +275,21 @@ class _Generation:
         head = {"id": rid, "object": obj, "created": int(time.time()), "model": runtime.name}
         usage = {"prompt_tokens": len(args.prompt), "completion_tokens": 0,
                  "total_tokens": len(args.prompt)}
-        return cls(rid, args, chat, stream, t0, head, usage, metrics, loop_, _Detokenizer(runtime.tokenizer, args.stop))
+        return cls(rid, args, chat, stream, t0, head, usage, metrics, loop_, _Detokenizer(runtime.tokenizer, args.stop),
+                   tools)
+
+    def tool_choice(self, text: str, reason: str, final_body: bool) -> dict:
+        """The whole answer of a request with tools: its tool calls parsed, the rest as content."""
+        content, calls = parse_tool_calls(self.tools.prefix() + text)
+        self.metrics.tool_answer(len(calls))
+        reason = "tool_calls" if calls else reason
+        if final_body:
+            msg = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+            return {"index": 0, "message": msg, "finish_reason": reason}
+        delta = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
 
     def choice(self, delta: str, reason: str | None, final_body: bool) -> dict:
         if not self.chat:
@@ -329,7 +354,8 @@ async def _whole_body(g: _Generation, request: Request) -> dict:
     finally:
         await gen.aclose()
     obj_final = "chat.completion" if g.chat else "text_completion"
-    return {**g.head, "object": obj_final, "choices": [g.choice("".join(parts), reason, True)], "usage": g.usage}
+    choice = g.tool_choice("".join(parts), reason, True) if g.tools else g.choice("".join(parts), reason, True)
+    return {**g.head, "object": obj_final, "choices": [choice], "usage": g.usage}
 
 
 async def _sse(g: _Generation):
@@ -341,8 +367,15 @@ async def _sse(g: _Generation):
                                             "logprobs": None, "finish_reason": None}]}
             yield f"data: {json.dumps(first)}\n\n"
         try:
-            async for delta, reason in gen:
-                yield f"data: {json.dumps({**g.head, 'choices': [g.choice(delta, reason, False)]})}\n\n"
+            if g.tools:                       # tool calls are known once the answer is whole: one chunk
+                parts, reason = [], "length"
+                async for delta, r in gen:
+                    parts.append(delta)
+                    reason = r or reason
+                yield f"data: {json.dumps({**g.head, 'choices': [g.tool_choice(''.join(parts), reason, False)]})}\n\n"
+            else:
+                async for delta, reason in gen:
+                    yield f"data: {json.dumps({**g.head, 'choices': [g.choice(delta, reason, False)]})}\n\n"
         except ApiError as e:
             yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.type}})}\n\n"
         if g.args.include_usage:
@@ -365,8 +398,10 @@ class ServeServer(ThreadedServer):
 
 
 def serve_forever(runtime: Runtime, host: str, port: int) -> None:
-    """Serve in the foreground until Ctrl-C."""
+    """Serve in the foreground until Ctrl-C or SIGTERM (which a step in progress does not delay: a CPU prefill
+    of a few thousand tokens takes tens of seconds, and the process exits without it)."""
     app = create_app(runtime)
+    app.state.engine_loop.join_s = 2.0
     sock = bind(host, port)
     h, p = sock.getsockname()[:2]
     print(f"tkcc serve: {runtime.name} ({runtime.source}{', plan ' + runtime.plan_dir if runtime.plan_dir else ''}) "
@@ -375,6 +410,8 @@ def serve_forever(runtime: Runtime, host: str, port: int) -> None:
         print("tkcc serve: RANDOM WEIGHTS (seeded): the answers are noise, not the model's; serve a checkpoint with "
               "--model CHECKPOINT_DIR or --weights PATH", flush=True)
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+        # SIGTERM: open requests get 5 s, the engine thread 2 s
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                      timeout_graceful_shutdown=5)).run(sockets=[sock])
     finally:
         sock.close()

@@ -81,7 +81,7 @@ def _common(body: dict, runtime, chat: bool) -> CompletionArgs:
     n = _int(body, "n", 1)
     if n not in (None, 1):
         raise ApiError("only n = 1 is supported", "n")
-    for key in ("echo", "logprobs", "tools", "functions", "response_format", "top_logprobs"):
+    for key in ("echo", "logprobs", "functions", "response_format", "top_logprobs") + (() if chat else ("tools",)):
         if body.get(key) not in (None, False, 0):
             raise ApiError(f"'{key}' is not supported by tkcc serve", key)
     for key in ("frequency_penalty", "presence_penalty"):
@@ -151,8 +151,10 @@ def parse_chat(body: dict, runtime) -> tuple[list[dict], CompletionArgs]:
         raise ApiError("'messages' must be a non-empty list", "messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-            raise ApiError(f"messages[{i}] needs a role of system, user or assistant", f"messages[{i}].role")
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise ApiError(f"messages[{i}] needs a role of system, user, assistant or tool", f"messages[{i}].role")
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _content(m, i)})
+        calls = m.get("tool_calls") if role == "assistant" else None
+        content = "" if calls and m.get("content") is None else _content(m, i)   # tool calls alone: no content
+        out.append({"role": role, "content": content, **({"tool_calls": calls} if calls else {})})
     return out, args

@@ -199,3 +199,17 @@ def test_the_shared_run_budget_stops_every_llm_agent_with_one_line(ctx):
                         "0 candidates, 0 accepted"
     recorded = {r["name"]: r for r in ctx.board.get_run(ctx.run_id).config["agent_reports"]}
     assert sum(r["requests"] for r in recorded.values()) == shared.spent.requests
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_a_cycle_without_an_idea_or_a_candidate_says_why_the_agent_stops(ctx, provider):
+    """A small model that answers in prose (no tool call) ends the agent with one post quoting it."""
+    prose = "You can use the following code to create a new function that takes a function " * 4
+    with ScriptedLLMServer({"m": [{"tool_calls": [{"name": "read_profile", "input": {}}]}, {"text": prose}]}) as srv:
+        result = run_swarm([_agent(provider, srv, "m")], ctx, budget_s=60)
+        assert srv.remaining("m") == 0
+    assert result.agents[0].stopped == "exhausted" and result.tried == 0
+    (post,) = ctx.board.list_posts(ctx.run_id, kind="stopped").items
+    assert post.body.startswith("stopping: the model ended its cycle with neither an idea nor a candidate; "
+                                "its answer: 'You can use the following code")
+    assert len(post.body) < 320

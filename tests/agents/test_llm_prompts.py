@@ -30,7 +30,8 @@ def test_cycle_prompt_carries_profile_points_ops_board_and_held_idea(tmp_path):
     idea = board.post_idea(run, author="agent-2", title="split-K linear", target="linear",
                            body="split K by 4 for batch <= 8")
     points = [WorkloadPoint(phase="decode", batch=8, context=512, chunk=1, weight=0.75)]
-    ops = {"linear": OpInfo("linear", "linear(x[..., K], weight[N, K], bias[N] | None)", "def linear")}
+    ops = {"linear": OpInfo("linear", "linear(x[..., K], weight[N, K], bias[N] | None)", "def linear"),
+           "moe_route": OpInfo("moe_route", "moe_route(router_logits[T, E] fp32, ...)", "def moe_route")}
     ctx = AgentContext(board=board, run_id=run.id, evaluate=None, profile=ENGINE_PROFILE,
                        points=points, spec=None, ops=ops, deadline=time.monotonic() + 100)
     text = cycle_prompt(ctx, ideas=board.list_ideas(run).items)
@@ -39,6 +40,10 @@ def test_cycle_prompt_carries_profile_points_ops_board_and_held_idea(tmp_path):
     assert lines[first_op].split()[0] == "linear" and "66.0%" in lines[first_op]  # 3.5 of 5.3 ms
     assert "decode batch=8 context=512 chunk=1 weight=0.750" in text
     assert "linear(x[..., K], weight[N, K], bias[N] | None)" in text
+    assert "moe_route" not in text and "  (1 more ops in the registry are not run by this model)" in text
+    bare = cycle_prompt(AgentContext(board=board, run_id=run.id, evaluate=None, profile={}, points=points, spec=None,
+                                     ops=ops, deadline=time.monotonic() + 100))
+    assert "moe_route(router_logits" in bare                        # no profile: every signature
     assert f"#{idea.id} [open] linear: split-K linear (by agent-2)" in text
     assert "post_idea" in text.splitlines()[-1]
     held = cycle_prompt(ctx, ideas=[], held=idea)

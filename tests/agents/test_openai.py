@@ -118,3 +118,22 @@ def test_reasoning_models_get_max_completion_tokens():
                        api_key="test-key").complete("s", [Message("user", "go")], [])
             body = srv.requests[-1].body
             assert body[key] == 9 and len({"max_tokens", "max_completion_tokens"} & set(body)) == 1
+
+
+def test_small_local_models_get_a_token_bound_and_may_be_held_to_tools(monkeypatch):
+    monkeypatch.setenv("TKCC_OPENAI_MAX_TOKENS", "24")
+    monkeypatch.setenv("TKCC_OPENAI_TOOL_CHOICE", "required")
+    with ScriptedLLMServer({"smol": [{"text": "a"}, {"text": "b"}]}) as srv:
+        for api in ("chat", "responses"):
+            OpenAIChat(OpenAIConfig(model="smol", base_url=srv.url + "/v1", api=api),
+                       api_key="test-key").complete("s", [Message("user", "go")], [])
+            body = srv.requests[-1].body
+            assert body["tool_choice"] == "required" and body.get("max_tokens", body.get("max_output_tokens")) == 24
+    monkeypatch.setenv("TKCC_OPENAI_MAX_TOKENS", "lots")
+    with pytest.raises(ValueError, match="TKCC_OPENAI_MAX_TOKENS must be a positive integer") as err:
+        OpenAIConfig()
+    assert err.value.user_error is True
+    monkeypatch.setenv("TKCC_OPENAI_MAX_TOKENS", "8")
+    monkeypatch.setenv("TKCC_OPENAI_TOOL_CHOICE", "always")
+    with pytest.raises(ValueError, match="TKCC_OPENAI_TOOL_CHOICE must be one of auto, required"):
+        OpenAIConfig()
