@@ -12,7 +12,7 @@ the A/B: ~10 s on a busy 2-core CPU), and the search's last evaluation may still
 writing took 6-7 s of the H200's 5- and 6-minute runs (2026-12-04), so its 30 s cap leaves the rest to
 the composition.
 ``search_end`` is where the search would end if the composition needed its whole reserve; the search
-itself runs on until only what the judge still needs is left (``Judge.closing_s``: the evaluation in
+runs on past it until only what the judge still needs is left (``Judge.closing_s``: the evaluation in
 flight, the confirmations owed, the composed set's measurement), so a run with nothing accepted searches
 until one fast-tier evaluation before ``compose_end``. The fleet's start-up may use everything up to
 ``search_end``: engines not ready by then mean the run cannot start within its budget (``BudgetError``,

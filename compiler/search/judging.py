@@ -43,6 +43,7 @@ class Judge:
     tried: int = 0                           # fast-tier evaluations
     search_end: float = math.inf             # monotonic: no fast-tier evaluation starts past it
     confirm_end: float = math.inf            # monotonic: the fleet's deadline, by which confirmations end
+    extend_from: float = -math.inf           # monotonic: the budget's own search end, after which it runs on
     eval_s: dict = field(default_factory=dict)   # tier -> seconds of one evaluation (the baseline's A/A rounds)
     _seen: dict = field(default_factory=dict, init=False, repr=False)       # sha256 of a source -> its verdict
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -171,18 +172,21 @@ class Judge:
         return self.refusal(now) is not None
 
     def refusal(self, now: float | None = None) -> str | None:
-        """Why no new fast-tier evaluation may start now (None: it may): the search has ended, or the time
-        left before ``confirm_end`` is needed to confirm the winners owed and compose (:meth:`closing_s`)."""
+        """Why no new fast-tier evaluation may start now (None: it may): the search has ended, the time left
+        before ``confirm_end`` is needed to confirm the winners owed, or, past ``extend_from`` (the budget's
+        fixed search end: its composition reserve), to confirm and compose (:meth:`closing_s`). Before it the
+        fixed reserve stands: the estimates include the fleet's queue (eight agents: eight evaluations), and
+        a closing time larger than the reserve would end the search earlier than the budget plans."""
         now = time.monotonic() if now is None else now
         if now >= self.search_end:
             return "not evaluated: the search's time is spent (the rest confirms its fast-tier winners)"
         left, owed = self.confirm_end - now, self.owed()
-        if left >= self.closing_s():
-            return None
-        if owed:
-            need = owed * self.estimate_s("slow")
+        need = owed * self.estimate_s("slow")
+        if owed and left < need + self.estimate_s("fast"):
             return (f"not evaluated: the run's remaining {left:.0f} s are kept to confirm "
                     f"{owed} fast-tier winner(s) on the slow tier (~{need:.0f} s)")
+        if now < self.extend_from or left >= self.closing_s():
+            return None             # before ``extend_from`` the budget's composition reserve is still ahead
         return (f"not evaluated: the run's remaining {left:.0f} s are kept for the evaluation under way and the "
                 f"composition (~{self.closing_s():.0f} s)")
 

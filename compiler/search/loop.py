@@ -258,6 +258,7 @@ def run_engines(run: RunContext, run_in: RunInputs, agents: list[Any], startup_s
         progress.deadline = run.budget.end if cfg.wall_s is not None else deadline
         judge, agents = start_judging(run, run_in, fleet, baseline, agents)
         judge.search_end, judge.confirm_end = deadline, fleet.deadline
+        judge.extend_from = run.budget.search_end
         reverify_seeds(judge, cfg.seeds, run.stop)
         swarm = search(run, run_in, judge, engines.clock, agents, baseline.profile, deadline)
         judge.confirm_owed()                 # fast-tier winners the search's end left unconfirmed

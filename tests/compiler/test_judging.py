@@ -145,6 +145,8 @@ def test_with_nothing_accepted_the_search_runs_until_one_fast_evaluation_is_left
     assert judge.closing_s() == 3.0 and judge.refusal(now) is None and not judge.search_over(now)
     why = judge.refusal(now + 7.5)
     assert judge.search_over(now + 7.5) and "kept for the evaluation under way and the composition" in why
+    judge.extend_from = now + 8                          # the budget's own search end: its fixed reserve holds
+    assert judge.refusal(now + 7.5) is None and judge.refusal(now + 8) is not None
 
 
 def test_an_accepted_candidate_keeps_the_set_measurement_time_back(board):
