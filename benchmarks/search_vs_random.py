@@ -11,7 +11,8 @@ draws of template and knobs, none of that). ``TKCC_SEARCH_SEED`` carries the see
 arm that runs first alternates with the seed, so a machine that slows during the benchmark does not
 favour one arm. From each run's ``plan.json`` it reads the plan speedup on both tiers and the tally
 (``run.counts``: judged, accepted, kept), prints one row per run and, per model and arm, the mean and
-the spread (min-max) over seeds, and writes ``benchmarks/results/<device>-search-vs-random.json``.
+the spread (min-max) over seeds, and writes ``benchmarks/results/<device>-search-vs-random.json`` (after
+every run, so a benchmark cut short keeps the runs it finished).
 A plan that kept nothing runs the baseline: its speedup counts as 1.0 (``kept`` says so).
 """
 
@@ -56,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--agents", type=int, default=4, help="agents per arm (offline:N against random:N)")
     ap.add_argument("--hw", default=None, help="--hw of the runs (default: cpu on cpu, h200 on cuda)")
     ap.add_argument("--traffic", default=TRAFFIC)
+    ap.add_argument("--max-points", type=int, default=None, help="optimize --max-points (default: optimize's)")
+    ap.add_argument("--aa-runs", type=int, default=None, help="optimize --aa-runs (default: optimize's)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/<device>-...)")
     args = ap.parse_args(argv)
     if args.device not in ("cpu", "cuda"):
@@ -67,8 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not args.seeds or not args.models:
         raise BadArgs("--seeds and --models need at least one entry each")
-    if args.agents < 1:
-        raise BadArgs(f"--agents must be at least 1, got {args.agents}")
+    for flag, value in (("--agents", args.agents), ("--max-points", args.max_points), ("--aa-runs", args.aa_runs)):
+        if value is not None and value < 1:
+            raise BadArgs(f"{flag} must be at least 1, got {value}")
     from compiler.commands.optimize import UsageError, parse_duration
     try:
         args.budget_s = parse_duration(args.budget)
@@ -89,7 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def optimize_command(args: argparse.Namespace, model: str, arm: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "compiler", "optimize", "--model", model, "--hw", args.hw,
             "--device", args.device, "--traffic", args.traffic, "--budget", args.budget,
-            "--agents", f"{arm}:{args.agents}", "--out", str(out), "--fresh", "--quiet", "--json"]
+            "--agents", f"{arm}:{args.agents}", "--out", str(out), "--fresh", "--quiet", "--json",
+            *(["--max-points", str(args.max_points)] if args.max_points else []),
+            *(["--aa-runs", str(args.aa_runs)] if args.aa_runs else [])]
 
 
 def newest_plan(out: Path) -> dict | None:
@@ -185,6 +191,17 @@ def run_one(args: argparse.Namespace, model: str, arm: str, seed: int, tmp: Path
                   error=err), cmd
 
 
+def document(args: argparse.Namespace, argv: list[str] | None, rows: list[dict], commands: list[str]) -> dict:
+    """The results JSON: the machine, the versions, the exact command, every run and the summary."""
+    command = ["python", os.path.relpath(__file__, ROOT), *(sys.argv[1:] if argv is None else argv)]
+    return {"benchmark": "search_vs_random", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "device": args.device, "device_name": device_name(args.device), "host": platform.node(),
+            "cpus": os.cpu_count(), **versions(), "command": shlex.join(command), "runs_commands": commands,
+            "models": args.models, "seeds": args.seeds, "budget": args.budget, "agents_per_arm": args.agents,
+            "max_points": args.max_points, "aa_runs": args.aa_runs, "hw": args.hw, "traffic": args.traffic,
+            "rows": rows, "summary": summarize(rows)}
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
@@ -196,29 +213,25 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("search_vs_random: error: --device cuda but no CUDA device is visible", file=sys.stderr)
             return 2
-    rows, commands = [], []
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"{args.device}-search-vs-random.json"
+    rows: list[dict] = []
+    commands: list[str] = []
     tmp = Path(tempfile.mkdtemp(prefix="tkcc-search-vs-random-"))
     try:
-        for model in args.models:
-            for seed in args.seeds:
-                for arm in (ARMS if seed % 2 == 0 else ARMS[::-1]):
+        for seed in args.seeds:                     # seed outermost: a run cut short has every model's first seeds
+            for model in args.models:
+                for arm in (ARMS if seed % 2 == 0 else ARMS[::-1]):    # who runs first alternates
                     row, cmd = run_one(args, model, arm, seed, tmp)
                     rows.append(row)
-                    commands.append(f"TKCC_SEARCH_SEED={seed} " + shlex.join(["python", *cmd[1:]]).replace(str(tmp), "$TMP"))
-                    print(f"  {model} {arm} seed {seed}: " + (f"{row['speedup_slow']:.3f}x slow, judged {row['judged']}"
-                          if row["ok"] else f"failed: {row['error']}"), file=sys.stderr, flush=True)
+                    run_cmd = shlex.join(["python", *cmd[1:]]).replace(str(tmp), "$TMP")
+                    commands.append(f"TKCC_SEARCH_SEED={seed} {run_cmd}")
+                    said = f"{row['speedup_slow']:.3f}x slow, judged {row['judged']}" if row["ok"] else \
+                        f"failed: {row['error']}"
+                    print(f"  {model} {arm} seed {seed}: {said}", file=sys.stderr, flush=True)
+                    write_json(out, document(args, argv, rows, commands))     # a run cut short keeps its rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    summary = summarize(rows)
-    print(format_table(rows, summary))
-    doc = {"benchmark": "search_vs_random", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "device": args.device, "device_name": device_name(args.device), "host": platform.node(),
-           "cpus": os.cpu_count(), **versions(),
-           "command": shlex.join(["python", os.path.relpath(__file__, ROOT), *(sys.argv[1:] if argv is None else argv)]),
-           "runs_commands": commands, "models": args.models, "seeds": args.seeds, "budget": args.budget,
-           "agents_per_arm": args.agents, "hw": args.hw, "traffic": args.traffic, "rows": rows, "summary": summary}
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"{args.device}-search-vs-random.json"
-    write_json(out, doc)
+    print(format_table(rows, summarize(rows)))
     print(f"\nwrote {out}")
     return 0
 

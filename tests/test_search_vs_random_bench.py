@@ -46,7 +46,8 @@ def test_rows_read_the_plan_and_an_empty_plan_runs_the_baseline():
 def test_summary_gives_mean_and_spread_per_model_and_arm_leaving_out_failed_runs():
     summary = {(s["model"], s["arm"]): s for s in svr.summarize(_rows())}
     off, rnd = summary["tiny-dense", "offline"], summary["tiny-dense", "random"]
-    assert off["speedup_slow_mean"] == pytest.approx(1.15) and (off["speedup_slow_min"], off["speedup_slow_max"]) == (1.1, 1.2)
+    assert off["speedup_slow_mean"] == pytest.approx(1.15)
+    assert (off["speedup_slow_min"], off["speedup_slow_max"]) == (1.1, 1.2)
     assert off["judged_mean"] == 9 and off["accepted_mean"] == 2.5 and off["failed"] == 0 and off["runs"] == 2
     assert rnd["runs"] == 3 and rnd["failed"] == 1 and rnd["speedup_slow_mean"] == pytest.approx(1.025)
     assert rnd["kept_mean"] == 0.5
@@ -69,6 +70,11 @@ def test_each_arm_runs_optimize_with_its_agents_into_its_own_out(tmp_path):
     assert cmd[1:4] == ["-m", "compiler", "optimize"] and "--fresh" in cmd
     assert cmd[cmd.index("--agents") + 1] == "random:3" and cmd[cmd.index("--out") + 1] == str(tmp_path / "r")
     assert cmd[cmd.index("--hw") + 1] == "cpu" and args.budget_s == 90 and args.seeds == [0, 1, 2]
+    assert "--max-points" not in cmd and "--aa-runs" not in cmd                  # optimize's own defaults
+    lean = svr.optimize_command(svr.parse_args(["--max-points", "1", "--aa-runs", "2"]), "tiny-moe", "offline",
+                                tmp_path / "o")
+    assert lean[lean.index("--max-points") + 1] == "1" and lean[lean.index("--aa-runs") + 1] == "2"
+    assert lean[lean.index("--agents") + 1] == "offline:4"
     (tmp_path / "r" / "v1").mkdir(parents=True)
     (tmp_path / "r" / "v2").mkdir()
     (tmp_path / "r" / "v1" / "plan.json").write_text(json.dumps({"v": 1}))
@@ -82,6 +88,7 @@ def test_each_arm_runs_optimize_with_its_agents_into_its_own_out(tmp_path):
     (["--models", "no-such-model"], "unknown model 'no-such-model'"),
     (["--budget", "soon"], "--budget: bad duration"),
     (["--agents", "0"], "--agents must be at least 1"),
+    (["--max-points", "0"], "--max-points must be at least 1"),
     (["--traffic", "/nonexistent.csv"], "no such file"),
     (["--frobnicate"], "unrecognized arguments"),
 ])
