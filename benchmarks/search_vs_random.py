@@ -117,7 +117,8 @@ def row_of(plan: dict | None, *, model: str, arm: str, seed: int, rc: int, wall_
             "speedup_fast": float(sp["fast"]) if kept and sp.get("fast") is not None else 1.0,
             "judged": int(counts.get("tried", (plan.get("run") or {}).get("tried", 0))),
             "correct": int(counts.get("correct", 0)), "accepted": int(counts.get("accepted", 0)), "kept": kept,
-            "kept_ops": sorted({op for o in plan.get("optimizations") or () for op in o.get("ops", ())})}
+            "kept_ops": sorted({op for o in plan.get("optimizations") or () for op in o.get("targets", ())}),
+            "kept_authors": sorted({o.get("author", "") for o in plan.get("optimizations") or ()})}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -166,6 +167,12 @@ def device_name(device: str) -> str:
     import torch
     if device == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
     return platform.processor() or platform.machine() or "cpu"
 
 

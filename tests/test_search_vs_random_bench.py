@@ -19,7 +19,7 @@ spec.loader.exec_module(svr)
 
 def _plan(slow, fast, tried, accepted, kept, ops=("linear",)):
     return {"plan_speedup": {"slow": slow, "fast": fast, "per_point": []},
-            "optimizations": [{"name": f"o{i}", "ops": [op]} for i, op in enumerate(ops[:kept])],
+            "optimizations": [{"name": f"o{i}", "targets": [op], "author": f"a{i}"} for i, op in enumerate(ops[:kept])],
             "run": {"tried": tried, "counts": {"tried": tried, "correct": tried, "fast_passed": accepted,
                                                "accepted": accepted, "kept": kept}}}
 
@@ -37,7 +37,7 @@ def test_rows_read_the_plan_and_an_empty_plan_runs_the_baseline():
     rows = _rows()
     assert rows[0] == {"model": "tiny-dense", "arm": "offline", "seed": 0, "rc": 0, "wall_s": 190, "ok": True,
                        "speedup_slow": 1.2, "speedup_fast": 1.3, "judged": 10, "correct": 10, "accepted": 3,
-                       "kept": 1, "kept_ops": ["linear"]}
+                       "kept": 1, "kept_ops": ["linear"], "kept_authors": ["a0"]}
     empty = svr.row_of(_plan(None, None, 9, 0, 0, ops=()), model="m", arm="random", seed=0, rc=0, wall_s=1)
     assert empty["speedup_slow"] == empty["speedup_fast"] == 1.0 and empty["kept"] == 0
     assert rows[4]["ok"] is False and rows[4]["error"] == "engine not ready"
