@@ -10,7 +10,8 @@ board, reward feedback) and once with ``--agents random:N`` (``agents.offline.ra
 draws of template and knobs, none of that). ``TKCC_SEARCH_SEED`` carries the seed to both arms; the
 arm that runs first alternates with the seed, so a machine that slows during the benchmark does not
 favour one arm. From each run's ``plan.json`` it reads the plan speedup on both tiers and the tally
-(``run.counts``: judged, accepted, kept), prints one row per run and, per model and arm, the mean and
+(``run.counts``: judged, fast-passed, accepted, kept) and the fast tier's A/A noise it had to beat,
+prints one row per run and, per model and arm, the mean and
 the spread (min-max) over seeds, and writes ``benchmarks/results/<device>-search-vs-random.json`` (after
 every run, so a benchmark cut short keeps the runs it finished).
 A plan that kept nothing runs the baseline: its speedup counts as 1.0 (``kept`` says so).
@@ -109,14 +110,18 @@ def row_of(plan: dict | None, *, model: str, arm: str, seed: int, rc: int, wall_
     row = {"model": model, "arm": arm, "seed": seed, "rc": rc, "wall_s": round(wall_s, 1)}
     if plan is None:
         return {**row, "ok": False, "error": error or f"no plan.json (exit {rc})"}
-    counts = (plan.get("run") or {}).get("counts") or {}
+    run = plan.get("run") or {}
+    counts = run.get("counts") or {}
+    noise = (plan.get("baseline") or {}).get("noise") or {}
     sp = plan.get("plan_speedup") or {}
     kept = int(counts.get("kept", len(plan.get("optimizations") or ())))
     return {**row, "ok": True,
             "speedup_slow": float(sp["slow"]) if kept and sp.get("slow") is not None else 1.0,
             "speedup_fast": float(sp["fast"]) if kept and sp.get("fast") is not None else 1.0,
-            "judged": int(counts.get("tried", (plan.get("run") or {}).get("tried", 0))),
-            "correct": int(counts.get("correct", 0)), "accepted": int(counts.get("accepted", 0)), "kept": kept,
+            "judged": int(counts.get("tried", run.get("tried", 0))), "correct": int(counts.get("correct", 0)),
+            "fast_passed": int(counts.get("fast_passed", 0)), "accepted": int(counts.get("accepted", 0)), "kept": kept,
+            "noise_fast": noise.get("fast"), "noise_slow": noise.get("slow"),
+            "search_s": (run.get("phases_s") or {}).get("searching"),
             "kept_ops": sorted({op for o in plan.get("optimizations") or () for op in o.get("targets", ())}),
             "kept_authors": sorted({o.get("author", "") for o in plan.get("optimizations") or ()})}
 
@@ -143,13 +148,14 @@ def _f(x, fmt: str) -> str:
 
 def format_table(rows: list[dict], summary: list[dict]) -> str:
     """The per-run table and the per-model, per-arm summary, as text."""
-    lines = [f"{'model':<12}{'arm':<9}{'seed':>5}{'slow x':>9}{'fast x':>9}{'judged':>8}{'accepted':>10}"
-             f"{'kept':>6}  kept ops / error"]
+    lines = [f"{'model':<12}{'arm':<9}{'seed':>5}{'slow x':>9}{'fast x':>9}{'judged':>8}{'fast-pass':>10}"
+             f"{'accepted':>10}{'kept':>6}{'noise':>8}  kept ops / error"]
     for r in rows:
         if r.get("ok"):
+            noise = "-" if r.get("noise_fast") is None else f"{100 * r['noise_fast']:.1f}%"
             lines.append(f"{r['model']:<12}{r['arm']:<9}{r['seed']:>5}{r['speedup_slow']:>9.3f}"
-                         f"{r['speedup_fast']:>9.3f}{r['judged']:>8}{r['accepted']:>10}{r['kept']:>6}  "
-                         + (",".join(r["kept_ops"]) or "-"))
+                         f"{r['speedup_fast']:>9.3f}{r['judged']:>8}{r.get('fast_passed', 0):>10}{r['accepted']:>10}"
+                         f"{r['kept']:>6}{noise:>8}  " + (",".join(r["kept_ops"]) or "-"))
         else:
             lines.append(f"{r['model']:<12}{r['arm']:<9}{r['seed']:>5}{'failed':>9}  {r.get('error', '')}")
     lines += ["", f"{'model':<12}{'arm':<9}{'runs':>5}{'slow x mean':>13}{'min-max':>15}{'judged':>8}"

@@ -20,8 +20,10 @@ spec.loader.exec_module(svr)
 def _plan(slow, fast, tried, accepted, kept, ops=("linear",)):
     return {"plan_speedup": {"slow": slow, "fast": fast, "per_point": []},
             "optimizations": [{"name": f"o{i}", "targets": [op], "author": f"a{i}"} for i, op in enumerate(ops[:kept])],
-            "run": {"tried": tried, "counts": {"tried": tried, "correct": tried, "fast_passed": accepted,
-                                               "accepted": accepted, "kept": kept}}}
+            "baseline": {"noise": {"fast": 0.01, "slow": 0.05}},
+            "run": {"tried": tried, "phases_s": {"searching": 60.0},
+                    "counts": {"tried": tried, "correct": tried, "fast_passed": accepted, "accepted": accepted,
+                               "kept": kept}}}
 
 
 def _rows():
@@ -36,8 +38,9 @@ def _rows():
 def test_rows_read_the_plan_and_an_empty_plan_runs_the_baseline():
     rows = _rows()
     assert rows[0] == {"model": "tiny-dense", "arm": "offline", "seed": 0, "rc": 0, "wall_s": 190, "ok": True,
-                       "speedup_slow": 1.2, "speedup_fast": 1.3, "judged": 10, "correct": 10, "accepted": 3,
-                       "kept": 1, "kept_ops": ["linear"], "kept_authors": ["a0"]}
+                       "speedup_slow": 1.2, "speedup_fast": 1.3, "judged": 10, "correct": 10, "fast_passed": 3,
+                       "accepted": 3, "kept": 1, "noise_fast": 0.01, "noise_slow": 0.05, "search_s": 60.0,
+                       "kept_ops": ["linear"], "kept_authors": ["a0"]}
     empty = svr.row_of(_plan(None, None, 9, 0, 0, ops=()), model="m", arm="random", seed=0, rc=0, wall_s=1)
     assert empty["speedup_slow"] == empty["speedup_fast"] == 1.0 and empty["kept"] == 0
     assert rows[4]["ok"] is False and rows[4]["error"] == "engine not ready"
@@ -60,7 +63,8 @@ def test_table_has_a_row_per_run_and_per_model_and_arm():
     text = svr.format_table(rows, svr.summarize(rows))
     lines = text.splitlines()
     assert len(lines) == 1 + len(rows) + 2 + 2
-    assert "1.200" in lines[1] and "linear" in lines[1] and "failed" in lines[5] and "engine not ready" in lines[5]
+    assert "1.200" in lines[1] and "linear" in lines[1] and "1.0%" in lines[1]
+    assert "failed" in lines[5] and "engine not ready" in lines[5]
     assert "1.100-1.200" in text and "1.000-1.050" in text and "(1 failed)" in text
 
 
