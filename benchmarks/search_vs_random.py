@@ -123,7 +123,8 @@ def row_of(plan: dict | None, *, model: str, arm: str, seed: int, rc: int, wall_
             "noise_fast": noise.get("fast"), "noise_slow": noise.get("slow"),
             "search_s": (run.get("phases_s") or {}).get("searching"),
             "kept_ops": sorted({op for o in plan.get("optimizations") or () for op in o.get("targets", ())}),
-            "kept_authors": sorted({o.get("author", "") for o in plan.get("optimizations") or ()})}
+            "kept_authors": sorted({o.get("author", "") for o in plan.get("optimizations") or ()}),
+            "dropped": [d.get("why", "") for d in counts.get("dropped") or ()]}
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -23,7 +23,7 @@ def _plan(slow, fast, tried, accepted, kept, ops=("linear",)):
             "baseline": {"noise": {"fast": 0.01, "slow": 0.05}},
             "run": {"tried": tried, "phases_s": {"searching": 60.0},
                     "counts": {"tried": tried, "correct": tried, "fast_passed": accepted, "accepted": accepted,
-                               "kept": kept}}}
+                               "kept": kept, "dropped": [{"name": "x", "why": "no gain when composed"}]}}}
 
 
 def _rows():
@@ -40,7 +40,7 @@ def test_rows_read_the_plan_and_an_empty_plan_runs_the_baseline():
     assert rows[0] == {"model": "tiny-dense", "arm": "offline", "seed": 0, "rc": 0, "wall_s": 190, "ok": True,
                        "speedup_slow": 1.2, "speedup_fast": 1.3, "judged": 10, "correct": 10, "fast_passed": 3,
                        "accepted": 3, "kept": 1, "noise_fast": 0.01, "noise_slow": 0.05, "search_s": 60.0,
-                       "kept_ops": ["linear"], "kept_authors": ["a0"]}
+                       "kept_ops": ["linear"], "kept_authors": ["a0"], "dropped": ["no gain when composed"]}
     empty = svr.row_of(_plan(None, None, 9, 0, 0, ops=()), model="m", arm="random", seed=0, rc=0, wall_s=1)
     assert empty["speedup_slow"] == empty["speedup_fast"] == 1.0 and empty["kept"] == 0
     assert rows[4]["ok"] is False and rows[4]["error"] == "engine not ready"
