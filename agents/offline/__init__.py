@@ -1,4 +1,5 @@
-"""Offline agents: kernel-template search and config search, no LLM needed (docs/internals.md, Agents).
+"""Offline agents: kernel-template search and config search, no LLM needed (docs/internals.md, Agents);
+and the random search they are measured against (``random_search``, ``--agents random:N``).
 
     from agents.offline import make_offline_agents
     agents = make_offline_agents(4, device="cpu", trace=trace, profile=profile)
@@ -12,6 +13,7 @@ from typing import Any, Mapping
 from agents.offline.config_search import (ConfigJudge, ConfigSearchAgent, ConfigSpace, MeasuredStepTime,
                                           config_title, engine_config, samples_from_profile)
 from agents.offline.kernel_search import KernelSearchAgent
+from agents.offline.random_search import RandomPool, RandomSearchAgent, make_random_agents
 from agents.offline.strategy import (STRATEGIES, BanditStrategy, EvolutionStrategy, SearchState, op_priors, op_shares,
                                      reward_of)
 from agents.offline.worker import OfflineAgent, OfflineTeam
@@ -20,8 +22,9 @@ EAGER_FACTOR_CUDA = 3.0
 
 __all__ = ["EAGER_FACTOR_CUDA", "config_title",
            "BanditStrategy", "ConfigJudge", "ConfigSearchAgent", "ConfigSpace", "EvolutionStrategy",
-           "KernelSearchAgent", "MeasuredStepTime", "OfflineAgent", "OfflineTeam", "STRATEGIES", "SearchState",
-           "engine_config", "make_offline_agents", "op_priors", "op_shares", "reward_of", "samples_from_profile"]
+           "KernelSearchAgent", "MeasuredStepTime", "OfflineAgent", "OfflineTeam", "RandomPool", "RandomSearchAgent",
+           "STRATEGIES", "SearchState", "engine_config", "make_offline_agents", "make_random_agents", "op_priors",
+           "op_shares", "reward_of", "samples_from_profile"]
 
 
 def make_offline_agents(n: int, *, device: str = "cpu", trace: Any = None, profile: Mapping | None = None,

@@ -65,7 +65,8 @@ def _register_optimize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", default="10m", help="wall time of the whole run: start-up, baseline, search, "
                                                     "composition, writing (default 10m)")
     p.add_argument("--agents", default="offline:auto",
-                   help="e.g. offline:4, anthropic:2, files:DIR (default offline:auto: 4 on CPU, up to 8 on a GPU)")
+                   help="e.g. offline:4, random:4 (the control search), anthropic:2, files:DIR "
+                        "(default offline:auto: 4 on CPU, up to 8 on a GPU)")
     p.add_argument("--board", default=None, help="board URL (default sqlite:///OUT/board.db)")
     p.add_argument("--out", default=None, help="plan root directory, versions inside (default plans/<model>)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

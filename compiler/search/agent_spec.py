@@ -9,6 +9,11 @@
                            TKCC_OPENAI_MODEL); all of them draw on one run budget (``llm_budget``)
     files:DIR              one agent that submits every ``*.py`` candidate in DIR (hand-written
                            kernels, or a previous plan's ``kernels/``)
+    random:4               the control search (``agents.offline.random_search``): 4 agents drawing
+                           template settings uniformly at random, no profile, no board, no feedback
+
+``TKCC_SEARCH_SEED`` (an integer, default 0) seeds the offline and random agents' draws
+(``benchmarks/search_vs_random.py`` runs each seed of both arms).
 
 ``FilesAgent`` is also how the loop replays a list of known candidate sources.
 """
@@ -73,6 +78,21 @@ def auto_offline(device: str, cores: int | None = None) -> int:
     return max(AUTO_OFFLINE["cpu"], min(wanted, cores // 2))
 
 
+def search_seed() -> int:
+    """``TKCC_SEARCH_SEED`` (default 0); not an integer is an AgentSpecError."""
+    raw = os.environ.get("TKCC_SEARCH_SEED", "").strip()
+    try:
+        return int(raw) if raw else 0
+    except ValueError:
+        raise AgentSpecError(f"TKCC_SEARCH_SEED must be an integer, got {raw!r}") from None
+
+
+def random_agents(n: int, device: str) -> list[Agent]:
+    """``n`` control-search agents (``agents.offline.random_search``) sharing one seeded draw."""
+    from agents.offline import make_random_agents
+    return list(make_random_agents(n, device=device, seed=search_seed()))
+
+
 def offline_agents(n: int, device: str) -> list[Agent]:
     """``n`` offline agents for ``device`` ("cpu" or "cuda"): ``agents.offline.make_offline_agents``
     when the package provides it (kernel-template and config search mixed), else the kernel-template
@@ -84,7 +104,7 @@ def offline_agents(n: int, device: str) -> list[Agent]:
             factory = importlib.import_module("agents.offline.kernel_search").make_kernel_agents
     except (ModuleNotFoundError, AttributeError) as e:
         raise AgentSpecError(f"--agents offline: the offline agents are not installed ({e})") from None
-    return list(factory(n, device=device))
+    return list(factory(n, device=device, seed=search_seed()))
 
 
 def llm_agents(kind: str, count: int, llm_budget: Any) -> list[Agent]:
@@ -121,10 +141,12 @@ def build_agents(spec: str, device: str = "cpu", llm_budget: Any = None) -> list
             raise AgentSpecError(f"--agents {item!r}: the count must be at least 1")
         if kind == "offline":
             agents += offline_agents(count, device)
+        elif kind == "random":
+            agents += random_agents(count, device)
         elif kind in _LLM:
             agents += llm_agents(kind, count, llm_budget)
         else:
-            raise AgentSpecError(f"--agents: unknown agent kind {kind!r} (offline, anthropic, openai, files:DIR)")
+            raise AgentSpecError(f"--agents: unknown agent kind {kind!r} (offline, random, anthropic, openai, files:DIR)")
     if not agents:
         raise AgentSpecError("--agents: no agents given")
     return agents

@@ -1,5 +1,5 @@
 """The Agent contract (``agents.Agent``, agents/base.py's docstring), run against every implementation:
-the offline kernel searcher and the Anthropic and OpenAI LLM agents (real SDK clients against the
+the offline kernel searcher, the random control search and the Anthropic and OpenAI LLM agents (real SDK clients against the
 scripted server on 127.0.0.1), each on a real SQLite board. What every agent must do whatever it is:
 be an ``Agent`` with a name, a kind and a ``Usage``; evaluate nothing once its context has expired; and
 never raise out of ``run_once`` when the evaluation itself fails (the engine gone)."""
@@ -14,7 +14,7 @@ import pytest
 
 from agents import Agent, AgentContext, Usage, op_catalog
 from agents.llm import AnthropicAgent, AnthropicConfig, OpenAIAgent, OpenAIConfig
-from agents.offline import KernelSearchAgent, OfflineTeam
+from agents.offline import KernelSearchAgent, OfflineTeam, RandomPool, RandomSearchAgent
 from agents.testing import ScriptedLLMServer
 from bulletin_board import Board
 from llm_support import FIXTURES
@@ -24,7 +24,7 @@ from persistent_engine.io_struct import WorkloadPoint
 POINT = WorkloadPoint(phase="decode", batch=4, context=256, chunk=1, weight=1.0)
 PROFILE = {"per_point": [{"point": POINT.to_dict(), "ops": {"silu_and_mul": {"ms": 0.6}, "rms_norm": {"ms": 0.3},
                                                    "fused_add_rms_norm": {"ms": 0.3}}}]}
-IMPLEMENTATIONS = ["kernel-search", "anthropic", "openai"]
+IMPLEMENTATIONS = ["kernel-search", "random", "anthropic", "openai"]
 
 
 def _script() -> list[dict]:
@@ -37,6 +37,9 @@ def make_agent(request):
     """``make_agent()`` -> a fresh agent of this implementation (LLM ones talk to a scripted server)."""
     if request.param == "kernel-search":
         yield lambda: KernelSearchAgent("kernel-0", OfflineTeam(device="cpu"))
+        return
+    if request.param == "random":
+        yield lambda: RandomSearchAgent("random-0", RandomPool("cpu", seed=0))
         return
     with ScriptedLLMServer({"m": _script() * 2}) as srv:
         if request.param == "anthropic":
