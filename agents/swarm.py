@@ -116,7 +116,7 @@ def _agent_loop(agent: Agent, actx: AgentContext, t: _Tally, lock: threading.Loc
         with lock:
             t.cycles += 1
         if not more:
-            t.stopped = "exhausted"
+            t.stopped = "deadline" if actx.expired() else "exhausted"    # a cycle the deadline cut is no exhaustion
             return
     t.stopped = "deadline"
 
