@@ -14,7 +14,6 @@ total operations over the wall time from the start signal until the last writer 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -28,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from compiler.plan.artifact import atomic_write_json  # noqa: E402
 
 from bulletin_board import Board  # noqa: E402
 
@@ -126,13 +127,6 @@ def run_backend(backend: str, writers: list[int], ops: int) -> list[dict]:
     return rows
 
 
-def write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="sqlite,postgresql")
@@ -169,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                     "python": platform.python_version(), "sqlalchemy": sqlalchemy.__version__,
                     "load_avg_1m": round(os.getloadavg()[0], 2)},
            "unix_time": round(time.time(), 1)}
-    write_json(Path(args.out), doc)
+    atomic_write_json(Path(args.out), doc)
     print(f"[board] wrote {args.out}")
     return 0
 

@@ -19,14 +19,14 @@ import argparse
 import datetime
 import itertools
 import json
-import os
 import random
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from compiler.plan.artifact import atomic_write_json  # noqa: E402
 
 from agents.offline import ConfigJudge  # noqa: E402
 from compiler.search.config_plan import make_judge, slo_of  # noqa: E402
@@ -55,14 +55,6 @@ def search(judge: ConfigJudge, settings: int, seed: int) -> list[dict]:
                      "feasible": r["feasible"], "ratios": {k: round(v, 4) for k, v in r["ratios"].items()},
                      **{f: (None if r.get(f) is None else round(r[f], 6)) for f in FIGURES}})
     return sorted(rows, key=lambda row: -row["score"])
-
-
-def write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, path)
 
 
 def _table(title: str, base: dict, rows: list[dict], top: int) -> None:
@@ -101,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         _table(f"{plan['model']} on {Path(args.traffic).name}, {name} ({len(winners)} of {len(rows)} settings "
                "beat the default by 1%)", base, rows, args.top)
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / "config-replay.json"
-    write_json(out, doc)
+    atomic_write_json(out, doc)
     print(f"\nwrote {out}")
     return 0
 

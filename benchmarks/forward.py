@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
 import platform
 import sys
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from compiler.plan.artifact import atomic_write_text  # noqa: E402
+from compiler.plan.artifact import atomic_write_json  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
@@ -163,7 +162,7 @@ def device_parser(doc: str) -> argparse.ArgumentParser:
 
 def write_json(doc: dict, out: Path) -> None:
     """``doc`` as indented JSON at ``out``, atomically (the plan writer's temporary file and rename)."""
-    atomic_write_text(out, json.dumps(doc, indent=1))
+    atomic_write_json(out, doc, indent=1)
     print(f"wrote {out}")
 
 

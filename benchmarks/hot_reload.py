@@ -29,17 +29,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from compiler.plan.artifact import atomic_write_json  # noqa: E402
 
 from persistent_engine.supervisor import STAGES, Supervisor  # noqa: E402
 
@@ -168,14 +168,6 @@ def stops_summary(rows: list[dict]) -> dict:
             "bench_median_s_without": bench([r for r in rows if r not in stopped])}
 
 
-def write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
@@ -282,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                                            statistics.median(r["pool_wait_s"] for r in rows))
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
         f"{'cuda' if cuda else 'cpu'}-hot_reload.json"
-    write_json(out, doc)
+    atomic_write_json(out, doc)
 
     print(f"\nhot reload: {model} layers {status.layers} on {args.device}, {len(rows)} candidates")
     print(f"\n{'cold start stage':<22}{'seconds':>10}")

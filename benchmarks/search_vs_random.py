@@ -36,6 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compiler.plan.artifact import atomic_write_json  # noqa: E402
+from persistent_engine.versions import device_name  # noqa: E402
+
 ARMS = ("offline", "random")
 TRAFFIC = "examples/traffic/azure2023_conv.csv"
 
@@ -170,19 +173,6 @@ def format_table(rows: list[dict], summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def device_name(device: str) -> str:
-    import torch
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
 def versions() -> dict:
     import torch
     try:
@@ -196,7 +186,8 @@ def versions() -> dict:
 def run_one(args: argparse.Namespace, model: str, arm: str, seed: int, tmp: Path) -> tuple[dict, list[str]]:
     out = tmp / f"{model}-{arm}-{seed}"
     cmd = optimize_command(args, model, arm, out)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TKCC_SEARCH_SEED": str(seed)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)   # the GPU box's wheels too
+    env = {**os.environ, "PYTHONPATH": path, "TKCC_SEARCH_SEED": str(seed)}
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.budget_s * 3 + 300)
     wall = time.monotonic() - t0
@@ -242,20 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                     said = f"{row['speedup_slow']:.3f}x slow, judged {row['judged']}" if row["ok"] else \
                         f"failed: {row['error']}"
                     print(f"  {model} {arm} seed {seed}: {said}", file=sys.stderr, flush=True)
-                    write_json(out, document(args, argv, rows, commands))     # a run cut short keeps its rows
+                    atomic_write_json(out, document(args, argv, rows, commands))     # a run cut short keeps its rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(format_table(rows, summarize(rows)))
     print(f"\nwrote {out}")
     return 0
-
-
-def write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compiler.plan.artifact import atomic_write_json  # noqa: E402
+
 from compiler.serve.openai_app import ServeServer  # noqa: E402
 from compiler.serve.runtime import ServeOptions, build_runtime  # noqa: E402
 from persistent_engine.serving.engine import compile_count  # noqa: E402
@@ -60,14 +62,6 @@ def newest_version(plan_root: str) -> str:
 
 def log(msg: str) -> None:
     print(f"[serve_throughput {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def write_json(path: Path, doc: dict) -> None:
-    """Atomic: a reader (or a kill) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def variant_options(name: str, args, plan: str | None) -> ServeOptions:
@@ -259,7 +253,7 @@ def main(argv=None) -> int:
         done = [v for v in doc["variants"] if v["variant"] != variant["variant"]]
         doc["variants"] = done + [variant]
         doc["wall_s"] = time.perf_counter() - t0
-        write_json(out, doc)
+        atomic_write_json(out, doc)
 
     failed = []
     for v in variants:
@@ -273,7 +267,7 @@ def main(argv=None) -> int:
             log(f"{v}: FAILED ({type(e).__name__}: {str(e)[:200]}); the runs it finished are kept")
     doc["complete"] = not failed
     doc["wall_s"] = time.perf_counter() - t0
-    write_json(out, doc)
+    atomic_write_json(out, doc)
     print(f"wrote {out} ({doc['wall_s']:.0f} s){'; failed: ' + ', '.join(failed) if failed else ''}")
     return 1 if failed else 0
 

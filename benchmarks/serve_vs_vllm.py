@@ -37,7 +37,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import signal
 import socket
@@ -50,6 +49,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from compiler.plan.artifact import atomic_write_json  # noqa: E402
+from persistent_engine.versions import cpu_model  # noqa: E402
 
 SIDES = ("tkcc", "tkcc-plan", "vllm")
 CONTENDED = 0.25            # cores busy outside the server during a replay above which the table says so
@@ -294,16 +296,6 @@ def compare_greedy(doc: dict) -> dict:
     return {"agree": not diff, "prompts": prompts, "mismatches": diff, **outs}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def vllm_versions(python: Path) -> dict:
     code = "import json, torch, vllm; print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))"
     r = subprocess.run([str(python), "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -312,13 +304,6 @@ def vllm_versions(python: Path) -> dict:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         return {"vllm": None, "torch": None}
-
-
-def write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def parse_args(argv):
@@ -423,7 +408,7 @@ def main(argv=None) -> int:
     try:
         for side in args.sides:
             doc["sides"].append(run_side(side, args, checkpoint))
-            write_json(out, doc)
+            atomic_write_json(out, doc)
     except (RuntimeError, subprocess.TimeoutExpired, httpx.HTTPError) as e:
         doc["error"] = f"{type(e).__name__}: {e}"[:600]
         log(f"FAILED: {doc['error']}")
@@ -433,7 +418,7 @@ def main(argv=None) -> int:
     doc["greedy"] = compare_greedy(doc)
     doc["complete"] = "error" not in doc and len(doc["sides"]) == len(args.sides)
     doc["wall_s"] = time.perf_counter() - t0
-    write_json(out, doc)
+    atomic_write_json(out, doc)
     print(markdown_table(doc))
     agree = doc["greedy"]["agree"]
     for m in doc["greedy"].get("mismatches") or []:

@@ -41,3 +41,24 @@ def software_versions(driver: bool = True) -> dict:
     return {"python": platform.python_version(), "torch": package_version("torch"),
             "triton": package_version("triton"), "cuda": cuda,
             "driver": driver_version() if driver else None}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_name(device: str) -> str:
+    """What a measurement on ``device`` ("cpu", "cuda") ran on: the GPU's name, or the CPU's model."""
+    if device.startswith("cuda"):
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    return cpu_model()

@@ -394,3 +394,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_json(path: str | os.PathLike, doc: Any, indent: int = 2) -> None:
+    """``doc`` as indented JSON at ``path`` (a reader, or a kill, never sees half a file)."""
+    atomic_write_text(path, json.dumps(doc, indent=indent) + "\n")
