@@ -85,6 +85,12 @@ class Composition:
     dropped: tuple[tuple[str, str], ...] = ()      # (name, why)
     vs_torch_compile: float | None = None
 
+    @classmethod
+    def alone(cls, acc: Accepted, dropped: tuple[tuple[str, str], ...] = ()) -> "Composition":
+        """One accepted candidate as a set of one: its own verdicts on both tiers are its measurement."""
+        return cls((acc,), compose([Part(acc.name, acc.source, acc.targets, acc.config_keys)]),
+                   acc.fast, acc.slow, acc.per_point, dropped)
+
 
 SHADOWED = "shadowed by a composite override: never called when composed"
 _NEVER_CALLED = re.compile(r"override (\S+) never called")
@@ -224,22 +230,24 @@ class Acceptor:
     def _compose_running(self, acc: Accepted) -> None:
         """The running set with ``acc`` (taking its ops and knobs from a slower owner), measured on both tiers
         now: it replaces the running set when correct and no slower on the slow tier than it. The first
-        acceptance is a set of one, its own verdicts its measurement."""
-        alone = Composition((acc,), compose([Part(acc.name, acc.source, acc.targets, acc.config_keys)]),
-                            acc.fast, acc.slow, acc.per_point)
+        acceptance is a set of one, its own verdicts its measurement. The set is chosen and replaced under
+        the lock, measured outside it; another acceptance meanwhile measures its own set, and the faster wins."""
+        alone = Composition.alone(acc)
         with self._running_lock:
-            if self.running is None or (len(self.running.parts) == 1 and _owned(self.running.parts) == _owned([acc])):
-                self.running = max([alone] + ([self.running] if self.running else []), key=lambda c: c.slow)
+            running = self.running
+            if running is None or (len(running.parts) == 1 and _owned(running.parts) == _owned([acc])):
+                self.running = max([alone] + ([running] if running else []), key=lambda c: c.slow)
                 return
-            ranked = sorted([*self.running.parts, acc], key=lambda a: -a.slow)
-            kept, _ = select_compatible([Part(a.name, a.source, a.targets, a.config_keys) for a in ranked])
-            names = {p.name for p in kept}
-            members = [a for a in ranked if a.name in names]
-            if acc not in members:
-                return                               # a faster accepted one owns its ops: nothing new to measure
-            src, fv, sv, ok = self._measure(self._measured, members)
+        ranked = sorted([*running.parts, acc], key=lambda a: -a.slow)
+        kept, _ = select_compatible([Part(a.name, a.source, a.targets, a.config_keys) for a in ranked])
+        names = {p.name for p in kept}
+        members = [a for a in ranked if a.name in names]
+        if acc not in members:
+            return                                   # a faster accepted one owns its ops: nothing new to measure
+        src, fv, sv, ok = self._measure(self._measured, members)
+        with self._running_lock:
             choices = [self.running, alone]
-            if ok and sv.speedup >= self.running.slow * (1 - self.noise.get("slow", 0.0)):
+            if ok and sv.speedup >= running.slow * (1 - self.noise.get("slow", 0.0)):
                 choices.append(Composition(tuple(members), src, float(fv.speedup), float(sv.speedup),
                                            merge_points(self.points, fv, sv)))
             self.running = max(choices, key=lambda c: (c.slow, len(c.parts)))
@@ -342,10 +350,7 @@ class Acceptor:
             if self.running is not None and self.running.slow >= ranked[0].slow:
                 names = {a.name for a in self.running.parts}
                 return dataclasses.replace(self.running, dropped=tuple((n, w) for n, w in dropped if n not in names))
-            top = ranked[0]
-            dropped = [(n, w) for n, w in dropped if n != top.name]
-            return Composition((top,), compose([Part(top.name, top.source, top.targets, top.config_keys)]),
-                               top.fast, top.slow, top.per_point, tuple(dropped))
+            return Composition.alone(ranked[0], tuple((n, w) for n, w in dropped if n != ranked[0].name))
         if best is None:
             return Composition((), compose([]), 1.0, 1.0, tuple(
                 PointSpeedup(p, 1.0, 1.0) for p in self.points),
