@@ -207,16 +207,20 @@ class Supervisor:
         """The engine's own log lines (``tkcc-engine[pid]: ...``: an executor that died and why, a trusted compile,
         a fallback) written since the last call, each passed to ``log``: the run's log names every executor
         death, not only the candidates' verdicts. At most 64 KiB per call; other stderr text is left for the
-        crash tail."""
+        crash tail. Called after each evaluation, the profile and the engine's end."""
+        chunk = 64 << 10
         try:
             with open(self._stderr_path, "rb") as f:
                 f.seek(self._stderr_read)
-                data = f.read(64 << 10)
+                data = f.read(chunk)
         except OSError:
             return
-        complete = data[:data.rfind(b"\n") + 1]
-        self._stderr_read += len(complete) if complete else len(data) if len(data) == 64 << 10 else 0
-        for line in complete.decode(errors="replace").splitlines():
+        end = data.rfind(b"\n") + 1              # complete lines only; a partial one waits for its end
+        if end == 0 and len(data) == chunk:     # one line longer than a chunk: passed over, its rest too
+            self._stderr_read += chunk
+            return
+        self._stderr_read += end
+        for line in data[:end].decode(errors="replace").splitlines():
             if line.startswith("tkcc-engine["):
                 self._log(f"[engine] {line.split(': ', 1)[-1]}")
 
@@ -358,6 +362,7 @@ class Supervisor:
     def profile(self, timeout_s: float = 600.0) -> dict:
         self.ensure_running()
         r = self.client.profile(timeout_s=timeout_s)
+        self._forward_engine_lines()
         if not r.ok:
             raise RuntimeError(f"profile failed: {r.message}")
         return {"per_point": [p.to_dict() for p in r.per_point], "timer": r.timer}   # the profile document
@@ -374,6 +379,7 @@ class Supervisor:
             except (EngineTimeout, EngineDied, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        self._forward_engine_lines()            # what it said on its way out
         scratch.release(self._dir)
 
     def __enter__(self) -> "Supervisor":

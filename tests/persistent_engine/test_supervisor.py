@@ -129,3 +129,22 @@ def test_a_guard_finding_at_unload_rejects_the_candidate():
     sup.proc, sup.client = _AliveProc(), _GuardsAtUnload()
     v = sup.evaluate("OVERRIDES = {}", timeout_s=30)
     assert not v.correct and v.reasons == ["unload: candidate changed the weights: model.final_norm"]
+
+
+def test_engine_lines_are_forwarded_whole_once_and_a_line_longer_than_a_chunk_is_passed_over():
+    lines: list[str] = []
+    s = Supervisor("tiny-dense", layers=[0], device="cpu", log=lines.append)     # not started: its stderr file only
+    try:
+        path = pathlib.Path(s._stderr_path)
+        path.write_bytes(b"tkcc-engine[7]: executor died (exit 9)\nother text\ntkcc-engine[7]: half a li")
+        s._forward_engine_lines()
+        assert lines == ["[engine] executor died (exit 9)"]
+        with path.open("ab") as f:
+            f.write(b"ne\n" + b"tkcc-engine[7]: " + b"x" * (64 << 10) + b"\ntkcc-engine[7]: after it\n")
+        s._forward_engine_lines()                    # the completed line, then the long one's first chunk
+        s._forward_engine_lines()
+        s._forward_engine_lines()
+        assert lines[1] == "[engine] half a line"
+        assert lines[-1] == "[engine] after it" and len(lines) == 3, [x[:40] for x in lines]
+    finally:
+        s.close()
