@@ -76,6 +76,23 @@ def failed_verdict(reason: str) -> Any:
 
 
 ENGINE_CRASH = "crash: engine died"      # the judge process itself died (``Supervisor.evaluate``)
+BUDGET_SPENT = "not evaluated: the run's budget is spent"
+
+
+def unjudged(verdict: Any) -> bool:
+    """A verdict about the clock, not the source: refused or cut by the run's budget (``BUDGET_SPENT``),
+    or refused by the judge for want of time (``Judge.refusal``). Not counted, not remembered."""
+    return any(str(r).startswith("not evaluated: ") for r in getattr(verdict, "reasons", ()) or ())
+
+
+def cut_by_deadline(verdict: Any, capped_s: float) -> Any:
+    """A verdict of an evaluation whose timeout the run's deadline shortened to ``capped_s``: a "hang" there
+    is the budget's end, not the candidate's (on the H100 a fast-tier winner's slow confirmation got 0.2 s
+    and was rejected as a hang, and remembered so for the next run)."""
+    if not verdict.correct and any(str(r).startswith("hang: ") for r in verdict.reasons):
+        cut = failed_verdict(f"{BUDGET_SPENT} (its evaluation was cut at the run's end, {capped_s:.1f} s in)")
+        return dataclasses.replace(cut, timings=dict(verdict.timings or {}))     # it held the device that long
+    return verdict
 
 
 def evaluate_with_retry(supervisor: Any, source: str, timeout_s: float, queued: list[str] | tuple = ()) -> Any:
@@ -194,15 +211,16 @@ class TierEngine:
         with self.measure_lock:
             left = deadline - time.monotonic()
             if left <= 0:
-                return failed_verdict("not evaluated: the run's budget is spent")
+                return failed_verdict(BUDGET_SPENT)
             capped = left < timeout_s
             try:
                 if capped:
                     self.supervisor.auto_restart = False
-                return evaluate_with_retry(self.supervisor, source, min(timeout_s, left), queued())
+                    return cut_by_deadline(evaluate_with_retry(self.supervisor, source, left, queued()), left)
+                return evaluate_with_retry(self.supervisor, source, timeout_s, queued())
             except Exception as e:  # noqa: BLE001 - the run goes on without this verdict
                 if self.closing:             # the run ended under an overrunning agent's evaluation
-                    return failed_verdict("not evaluated: the run's budget is spent (the fleet closed)")
+                    return failed_verdict(f"{BUDGET_SPENT} (the fleet closed)")
                 self.failures += 1
                 log.warning("engine %s/%s failed: %s", self.tier, self.placement.device, e)
                 return failed_verdict(f"engine error: {type(e).__name__}: {e}")

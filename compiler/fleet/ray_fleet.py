@@ -24,7 +24,8 @@ import threading
 import time
 from typing import Any
 
-from compiler.fleet.local import FleetConfig, Placement, evaluate_with_retry, failed_verdict, make_supervisor, place
+from compiler.fleet.local import (BUDGET_SPENT, FleetConfig, Placement, cut_by_deadline, evaluate_with_retry,
+                                  failed_verdict, make_supervisor, place)
 
 
 class RayUnavailable(RuntimeError):
@@ -131,8 +132,9 @@ class RayFleet:
             with lock:
                 left = self.deadline - time.monotonic()
                 if left <= 0:
-                    return failed_verdict("not evaluated: the run's budget is spent")
-                return ray.get(handle.evaluate.remote(source, min(self.cfg.timeout_s, left)))
+                    return failed_verdict(BUDGET_SPENT)
+                verdict = ray.get(handle.evaluate.remote(source, min(self.cfg.timeout_s, left)))
+                return cut_by_deadline(verdict, left) if left < self.cfg.timeout_s else verdict
         except Exception as e:  # noqa: BLE001 - a lost actor rejects this candidate; the run goes on
             return failed_verdict(f"engine actor error: {type(e).__name__}: {e}")
         finally:

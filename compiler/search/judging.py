@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from compiler.search.acceptance import Accepted, Acceptor, screen
+from compiler.fleet.local import failed_verdict, unjudged
+from compiler.search.acceptance import Accepted, Acceptor, Decision, screen
 from compiler.search.progress import Progress
 from compiler.search.run_state import RunContext, RunInputs, best_effort
 
@@ -60,7 +61,7 @@ class Judge:
             if key in self._seen:
                 return self._seen[key]
         verdict = self.consider(source, author=author, idea_id=idea_id, parent=parent, author_kind=author_kind)
-        if any(str(r).startswith("not evaluated: ") for r in verdict.reasons):
+        if unjudged(verdict):
             return verdict                   # a refusal for want of time is no verdict of the source
         with self._lock:
             self._seen[key] = verdict
@@ -74,13 +75,15 @@ class Judge:
             return known
         refused = self.refusal()
         if refused is not None:              # the time left is the confirmations': no verdict, nothing recorded
-            from compiler.fleet.local import failed_verdict
             return failed_verdict(refused)
         cand = best_effort(run.board.add_candidate, run.run_id, author=author, source=source, idea=idea_id,
                            parent=parent, author_kind=author_kind)
         t0 = time.monotonic()
         verdict = self.fleet.evaluate("fast", source)
         self._timed("fast", t0)
+        if unjudged(verdict):                # the run's end refused or cut it: no verdict of the source
+            self._record(cand, verdict, Decision(False, "fast", str(verdict.reasons[0])))
+            return verdict
         with self._lock:
             self.tried += 1
         progress.count("tried")
@@ -93,6 +96,19 @@ class Judge:
             return verdict
         self._decide(**owed)
         return verdict
+
+    def _record(self, cand: Any, verdict: Any, decision: Any) -> None:
+        """The fast-tier evaluation's row on the board (none when the board has no candidate row)."""
+        if cand is None:
+            return
+        best_effort(self.run.board.add_evaluation, cand, tier="fast", point=None,
+                    metrics={"speedup": verdict.speedup, "per_point": [p.to_dict() for p in verdict.per_point],
+                             "accepted": bool(decision.accepted), "timings": verdict.timings,
+                             "decision": decision.reason, "status": evaluation_status(verdict, decision),
+                             "slow_speedup": decision.slow},
+                    verdict="correct" if verdict.correct else "rejected",
+                    reasons=list(verdict.reasons), device=self.fleet.cfg.devices[0],
+                    versions={}, timing_method="engine A/B")
 
     def _wins_fast(self, source: str, verdict: Any) -> bool:
         """Beyond the fast tier's noise, not outrun by accepted candidates for the same ops
@@ -122,16 +138,9 @@ class Judge:
                     self._settled.notify_all()
         if decision.stage == "slow":
             run.progress.count("fast_passed")
-        if cand is not None:
-            best_effort(run.board.add_evaluation, cand, tier="fast", point=None,
-                        metrics={"speedup": verdict.speedup, "per_point": [p.to_dict() for p in verdict.per_point],
-                                 "accepted": bool(decision.accepted), "timings": verdict.timings,
-                                 "decision": decision.reason, "status": evaluation_status(verdict, decision),
-                                 "slow_speedup": decision.slow},
-                        verdict="correct" if verdict.correct else "rejected",
-                        reasons=list(verdict.reasons), device=self.fleet.cfg.devices[0],
-                        versions={}, timing_method="engine A/B")
-        run.memory.remember(source, verdict, decision, self.acceptor, idea_id=idea_id)
+        self._record(cand, verdict, decision)
+        if "not evaluated: " not in str(decision.reason):    # a confirmation the run's end cut: judged again later
+            run.memory.remember(source, verdict, decision, self.acceptor, idea_id=idea_id)
         return decision
 
     # ---------------------------------------------------------------------------- the confirmations' time
@@ -305,7 +314,9 @@ def evaluation_status(verdict: Any, decision: Any) -> str:
     """An evaluation's outcome in words for the board and the UI: "accepted"; "rejected" (incorrect on a tier);
     "not better" (correct and measured, or a setting replayed, and not faster beyond the noise, outrun by an
     accepted one, or not beating the baseline setting; ``decision`` says by how much); "not judged" (correct
-    but not timed, or a replay too overloaded to decide)."""
+    but not timed, a replay too overloaded to decide, or refused or cut by the run's end on either tier)."""
+    if unjudged(verdict) or "not evaluated: " in str(decision.reason):
+        return "not judged"
     if decision.accepted:
         return "accepted"
     if not getattr(verdict, "correct", False) or decision.reason.startswith("rejected"):

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from compiler.fleet.local import unjudged
+
 if TYPE_CHECKING:
     from bulletin_board import BoardAPI
     from compiler.fleet.local import Fleet
@@ -137,6 +139,8 @@ class DeviceClock:
         if self.t_open is None or t0 < self.t_open or (self.t_close is not None and t0 >= self.t_close):
             return
         timings = getattr(verdict, "timings", None) or {}
+        if not timings and unjudged(verdict):      # refused at the run's end: it never reached the device
+            return
         with self.lock:
             close = self.t_close if self.t_close is not None else float("inf")
             self.engines.setdefault(key, EngineTime(tier, device)).book(t0, t1, waited, timings, close)

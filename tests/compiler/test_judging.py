@@ -181,3 +181,52 @@ def test_the_swarm_ends_when_the_judge_has_only_its_closing_time_left(board):
     judge.confirm_end = t0 + 60.6                        # 59 s of closing: over within a second
     result = run_swarm(judge, [Idle("idle-0")], run_in, {}, t0 + 60)
     assert time.monotonic() - t0 < 5 and result.agents[0].stopped == "deadline"
+
+
+class ClockFleet(ScriptedFleet):
+    """The fleet at the run's end: the fast tier refuses (``BUDGET_SPENT``), or the slow tier's confirmation is
+    cut there (what ``TierEngine.evaluate`` makes of a hang under a timeout the deadline shortened)."""
+
+    def __init__(self, refuse: str):
+        super().__init__()
+        self.refuse = refuse
+
+    def evaluate(self, tier: str, source: str) -> CandidateVerdict:
+        from compiler.fleet.local import BUDGET_SPENT, cut_by_deadline, failed_verdict
+        self.calls.append((tier, source))
+        if tier == self.refuse == "fast":
+            return failed_verdict(BUDGET_SPENT)
+        if tier == self.refuse == "slow":
+            hang = CandidateVerdict(correct=False, reasons=["hang: no answer during verify within the 0.2 s timeout"],
+                                    speedup=None)
+            return cut_by_deadline(hang, 0.2)
+        return super().evaluate(tier, source)
+
+
+@pytest.mark.parametrize("refuse", ["fast", "slow"])
+def test_a_candidate_the_runs_end_refused_or_cut_is_not_counted_or_remembered(board, refuse):
+    fleet = ClockFleet(refuse)
+    judge, _ = _judge(board, fleet, search_in=30, confirm_in=60)
+    verdict = judge.evaluate(WINNER, author="offline-kernel-1")
+    assert [t for t, _ in fleet.calls][-1] == refuse
+    assert judge.tried == (0 if refuse == "fast" else 1) and not judge.accepted
+    # nothing remembered: the next run (or this one, asked again) judges the source anew
+    assert judge.run.memory.recalled(WINNER, judge.acceptor) is None
+    if refuse == "fast":
+        assert "budget is spent" in verdict.reasons[0]
+        judge.evaluate(WINNER, author="offline-kernel-2")
+        assert len(fleet.calls) == 2                    # asked again: evaluated again, not a remembered refusal
+    else:
+        assert verdict.correct and verdict.speedup == 1.233      # the fast verdict stands; its confirmation did not
+    rows = judge.run.board.list_evaluations(judge.run.run_id).items
+    assert rows and all(r.metrics.get("status") == "not judged" for r in rows)
+
+
+def test_a_hang_under_a_timeout_the_deadline_shortened_is_the_budgets_not_the_candidates():
+    from compiler.fleet.local import cut_by_deadline, unjudged
+    hang = CandidateVerdict(correct=False, reasons=["hang: no answer during verify within the 0.2 s timeout"],
+                            speedup=None)
+    crash = CandidateVerdict(correct=False, reasons=["crash: executor died during verify (signal 11)"], speedup=None)
+    cut = cut_by_deadline(hang, 0.2)
+    assert unjudged(cut) and "cut at the run's end, 0.2 s in" in cut.reasons[0]
+    assert cut_by_deadline(crash, 0.2) is crash and not unjudged(crash)      # a crash is the candidate's own

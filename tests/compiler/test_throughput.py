@@ -103,3 +103,31 @@ def test_an_evaluation_in_flight_at_the_close_is_busy_up_to_it_and_not_a_call():
     total = fast["executor_wait_s"] + fast["compile_s"] + fast["judging_s"] + fast["other_s"] + fast["idle_s"]
     assert total == pytest.approx(fast["wall_s"], abs=0.01)
     assert s["candidates_per_hour"] == pytest.approx(3600 * 1 / s["window_s"], rel=1e-3)
+
+
+class HangingSupervisor(SleepingSupervisor):
+    """Answers nothing within the timeout it is given: a hang, as ``Supervisor.evaluate`` reports one."""
+
+    def evaluate(self, source: str, timeout_s: float = 300.0, **_):
+        time.sleep(min(timeout_s, 0.05))
+        return CandidateVerdict(correct=False, reasons=[f"hang: no answer during verify within the {timeout_s:.1f} s "
+                                                        "timeout (watchdog killed the executor)"], speedup=None,
+                                timings={"load_s": 0.01, "verify_s": min(timeout_s, 0.05)})
+
+
+def test_the_runs_end_refused_evaluations_are_no_calls_and_a_cut_hang_is_no_verdict():
+    fleet = _fleet()
+    clock = DeviceClock(fleet).install()
+    clock.open()
+    fleet.deadline = time.monotonic() - 1                 # spent: refused before the device
+    refused = fleet.evaluate("fast", "late")
+    assert refused.reasons == ["not evaluated: the run's budget is spent"]
+    fleet.engines[0].supervisor = HangingSupervisor(0, 0, 0)
+    fleet.deadline = time.monotonic() + 0.05              # the timeout (cfg.timeout_s) cut to what is left
+    cut = fleet.evaluate("fast", "cut")
+    assert cut.reasons[0].startswith("not evaluated: the run's budget is spent (its evaluation was cut")
+    fleet.deadline = float("inf")
+    hang = fleet.evaluate("fast", "hangs")                # a hang under its full timeout is the candidate's
+    assert hang.reasons[0].startswith("hang: ")
+    clock.close()
+    assert clock.summary()["engines"]["fast-0"]["calls"] == 2      # the cut one ran on the device; the refusal did not
