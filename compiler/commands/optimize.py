@@ -204,14 +204,24 @@ def _optimize(args: argparse.Namespace) -> int:
         print(f"tkcc optimize: {e}", file=sys.stderr)
         return 2
     judged = int(res.plan.run.get("tried", 0) or 0)
-    warning = None if judged or res.interrupted else (
-        f"no candidate was judged within --budget {args.budget}: the engines' start-up and the baseline took the "
-        "budget, and the plan is the baseline; give a longer --budget")
+    warning = None if judged or res.interrupted else _nothing_judged(res.plan.run, args.budget)
     _summary(res.plan_dir, res.plan, args.json, interrupted=res.interrupted, judged=judged,
              **({"warning": warning} if warning else {}))
     if warning:
         print(f"tkcc optimize: warning: {warning}", file=sys.stderr)
     return 130 if res.interrupted and not args.json else 0
+
+
+def _nothing_judged(run: dict, budget: str) -> str:
+    """Why a finished run judged no candidate: its agents had nothing new to propose (all exhausted: what
+    they know for this workload was judged by earlier runs into this --out), or the budget went to start-up."""
+    reports = run.get("agent_reports") or []
+    if reports and all(r.get("stopped") == "exhausted" for r in reports):
+        return ("no new candidate was judged: the agents had nothing new to propose (every setting they know for "
+                "this workload was judged by an earlier run into this --out, its verdict remembered); the plan is "
+                "the newest one's; --fresh judges again from scratch")
+    return (f"no candidate was judged within --budget {budget}: the engines' start-up and the baseline took the "
+            "budget, and the plan is the baseline; give a longer --budget")
 
 
 def _summary(vdir, plan, as_json: bool, **extra) -> None:

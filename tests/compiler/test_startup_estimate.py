@@ -100,3 +100,15 @@ def test_a_run_that_judged_no_candidate_warns_and_says_so_in_its_summary(tmp_pat
     assert _optimize("tiny-dense", "1m", tmp_path / "p") == 0
     assert "no candidate was judged within --budget 1m" in seen["warning"] and seen["judged"] == 0
     assert "tkcc optimize: warning: no candidate was judged" in capsys.readouterr().err
+
+
+def test_a_run_whose_agents_had_nothing_new_says_so_not_that_the_budget_was_short(tmp_path, monkeypatch, capsys):
+    seen = {}
+    exhausted = [{"name": "offline-kernel-0", "stopped": "exhausted"}, {"name": "config-search", "stopped": "exhausted"}]
+    plan = types.SimpleNamespace(run={"tried": 0, "agent_reports": exhausted})
+    monkeypatch.setattr(loop, "optimize", lambda cfg: types.SimpleNamespace(plan=plan, plan_dir=tmp_path,
+                                                                           interrupted=False))
+    monkeypatch.setattr(cmd_optimize, "_summary", lambda vdir, p, as_json, **extra: seen.update(extra))
+    assert _optimize("tiny-dense", "3m", tmp_path / "p") == 0
+    assert "the agents had nothing new to propose" in seen["warning"] and "--fresh" in seen["warning"]
+    assert "start-up" not in capsys.readouterr().err
