@@ -156,6 +156,8 @@ class Fleet(Protocol):
     - ``restarts()``: engine restarts so far; ``engine_pids()``: one pid per engine (None where none
       runs); ``describe()``: one dict per engine with at least ``tier``, ``device``, ``layers``.
     - ``close()`` ends every engine process; closing twice is harmless.
+    - Optional: ``lengthen_samples(tier, factor)`` makes every later A/B of the tier time ``factor`` x the
+      device's default sample pairs and returns the count (a noisy tier, ``loop._longer_samples``).
     """
 
     kind: str
@@ -334,6 +336,17 @@ class LocalFleet:
             return engine.profile()
         finally:
             self._free[tier].put(engine)
+
+    def lengthen_samples(self, tier: str, factor: int) -> int:
+        """Every later A/B of ``tier`` times ``factor`` x the device's default sample pairs (a noisy tier,
+        ``compiler.search.loop.measure_baseline``); returns the new count."""
+        from persistent_engine.measure.timing import DEFAULT_SAMPLES
+
+        n = factor * DEFAULT_SAMPLES.get(self.cfg.devices[0].split(":")[0], DEFAULT_SAMPLES["cuda"])
+        for e in self.engines:
+            if e.tier == tier:
+                e.supervisor.samples = n
+        return n
 
     def restarts(self) -> int:
         return sum(e.restarts() for e in self.engines)

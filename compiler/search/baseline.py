@@ -28,7 +28,8 @@ def _identity_candidate() -> str:
 
 
 def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
-                  on_event: Callable[[str], None] | None = None, deadline: float = float("inf")) -> dict[str, float]:
+                  on_event: Callable[[str], None] | None = None, deadline: float = float("inf"),
+                  tiers: tuple[str, ...] = ("fast", "slow")) -> dict[str, float]:
     """Relative A/A spread per tier: the median over ``runs`` of |speedup - 1| of the identity
     candidate (the median, so that one disturbed run, e.g. the engine's first, does not decide).
     Rounds alternate the tiers (fast, slow, fast, slow, ...), so that ``deadline`` leaves both with as many
@@ -37,11 +38,11 @@ def measure_noise(evaluate: Callable[[str, str], Any], runs: int,
     import statistics
 
     src = _identity_candidate()
-    spreads: dict[str, list[float]] = {"fast": [], "slow": []}
+    spreads: dict[str, list[float]] = {t: [] for t in tiers}
     for i in range(max(runs, 1)):
         if i and time.monotonic() > deadline:         # the run's budget: one round per tier at least
             break
-        for tier in ("fast", "slow"):
+        for tier in tiers:
             v = evaluate(tier, src)
             if getattr(v, "correct", False) and getattr(v, "speedup", None):
                 spreads[tier].append(abs(float(v.speedup) - 1.0))

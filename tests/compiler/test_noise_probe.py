@@ -86,3 +86,46 @@ def test_the_baseline_gets_a_quarter_of_what_is_left_before_the_search_ends():
     b = Budget(360.0, start=0.0)
     assert b.search_end == 360.0 - 30.0 - 90.0            # writing's 15% capped at 30 s, composing's 25%
     assert b.baseline_end(now=78.0) == 78.0 + 0.25 * (240.0 - 78.0)
+
+
+def test_a_noisy_tier_is_timed_with_longer_samples_and_its_noise_measured_again():
+    import threading
+    import types
+
+    from compiler.search import loop
+
+    lengthened, calls, events = [], [], []
+
+    class Fleet:
+        def lengthen_samples(self, tier, factor):
+            lengthened.append((tier, factor))
+            return 21 * factor
+
+    def timed(tier, source):
+        calls.append(tier)
+        return type("V", (), {"correct": True, "speedup": 1.021})()      # the longer samples' spread: 2.1%
+
+    run = types.SimpleNamespace(stop=threading.Event(), cfg=types.SimpleNamespace(aa_runs=3),
+                                budget=types.SimpleNamespace(baseline_end=lambda: float("inf")),
+                                progress=types.SimpleNamespace(event=events.append))
+    got = loop._longer_samples(run, Fleet(), {"fast": 0.013, "slow": 0.063}, timed)
+    assert got == {"slow": 0.021} and lengthened == [("slow", loop.NOISY_SAMPLES)] and calls == ["slow"] * 3
+    assert "slow 63 pairs, noise ±2.1% (was ±6.3%)" in events[-1]
+    # quiet tiers, or a fleet that cannot lengthen its samples (Ray's): nothing changes, nothing is timed
+    assert loop._longer_samples(run, Fleet(), {"fast": 0.01, "slow": 0.02}, timed) == {}
+    assert loop._longer_samples(run, object(), {"fast": 0.01, "slow": 0.2}, timed) == {}
+    assert calls == ["slow"] * 3
+
+
+def test_the_local_fleet_lengthens_one_tiers_samples():
+    import threading
+    import types
+
+    from compiler.fleet.local import FleetConfig, LocalFleet, Placement, TierEngine
+
+    fleet = LocalFleet(FleetConfig(model="tiny-dense", points=(), fast_layers=(0,), slow_layers=(0, 1)))
+    lock = threading.Lock()
+    fleet.engines = [TierEngine(Placement(t, "cpu", (0,)), types.SimpleNamespace(samples=0), lock)
+                     for t in ("fast", "slow")]
+    assert fleet.lengthen_samples("slow", 3) == 63                 # 3 x the CPU's 21 pairs
+    assert [e.supervisor.samples for e in fleet.engines] == [0, 63]
