@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from hot_reload import candidates, write_json  # noqa: E402
+from compiler.plan.artifact import atomic_write_json  # noqa: E402
+from hot_reload import candidates  # noqa: E402
 
 PHASES = ("load", "verify", "bench", "unload")
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                              for kind, (cnt, s, b) in sorted(probe.rows[p].items())} for p in PHASES}}
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
         f"{'cuda' if args.device.startswith('cuda') else 'cpu'}-judge_breakdown.json"
-    write_json(out, doc)
+    atomic_write_json(out, doc)
     print(f"\njudged cycle breakdown: {args.model} layers {engine.layers} on {args.device}, {n} candidates")
     print(f"{'phase / kind':<36}{'n/cycle':>9}{'ms/cycle':>10}{'ms each':>9}{'MB/cycle':>10}")
     for p in PHASES:
