@@ -340,9 +340,9 @@ class LocalFleet:
     def lengthen_samples(self, tier: str, factor: int) -> int:
         """Every later A/B of ``tier`` times ``factor`` x the device's default sample pairs (a noisy tier,
         ``compiler.search.loop.measure_baseline``); returns the new count."""
-        from persistent_engine.measure.timing import DEFAULT_SAMPLES
+        from persistent_engine import timing
 
-        n = factor * DEFAULT_SAMPLES.get(self.cfg.devices[0].split(":")[0], DEFAULT_SAMPLES["cuda"])
+        n = factor * timing.DEFAULT_SAMPLES.get(self.cfg.devices[0].split(":")[0], timing.DEFAULT_SAMPLES["cuda"])
         for e in self.engines:
             if e.tier == tier:
                 e.supervisor.samples = n

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ class SandboxedProcess:
         self.popen, self.pid, self.executor_pid = popen, popen.pid, executor_pid
         self.applied, self.namespaces, self.group = applied, namespaces, group
         self.cgroup: str | None = None
+        self._lifeline_lock = threading.Lock()      # two threads killing one tree: the fd is closed once
         self._lifeline_w: int | None = lifeline_w
         self.workdir_view, self._view_fd, self.memory_cgroup = workdir_view, view_fd, memory_cgroup
 
@@ -170,9 +172,10 @@ class SandboxedProcess:
 
     def close_lifeline(self) -> None:
         """Closing the lifeline tells the launcher to kill the tree and exit."""
-        if self._lifeline_w is not None:
-            os.close(self._lifeline_w)
-            self._lifeline_w = None
+        with self._lifeline_lock:
+            fd, self._lifeline_w = self._lifeline_w, None
+        if fd is not None:
+            os.close(fd)
 
     def __enter__(self) -> "SandboxedProcess":
         return self
