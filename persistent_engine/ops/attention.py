@@ -85,8 +85,6 @@ def attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     # position pos[t]; each sequence's MB*BS paged keys are gathered whole and masked (keys past the
     # query's position, and queries of other sequences). Cost: B * T * MB*BS scores (B times the
     # exact work when B > 1), in query chunks of at most PREFILL_SCORE_BUDGET scores.
-    if q.device.type == "cpu" and not torch.compiler.is_compiling():
-        return _prefill_by_sequence(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     t, hq, dh = q.shape
     b, mb = block_tables.shape
     hk, dv = k_cache.shape[2], v_cache.shape[-1]
@@ -113,32 +111,6 @@ def attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             p = torch.softmax(sc.masked_fill(~allowed, torch.finfo(sc.dtype).min), dim=-1)
             o = torch.einsum("hgnl,lhd->nhgd", p, v).reshape(c1 - c0, hq, dv).to(q.dtype)
             out[c0:c1] = torch.where(mine[:, None, None], o, out[c0:c1])
-    return out
-
-
-def _prefill_by_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                         cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """attention_prefill's eager CPU path (nothing is captured there, so the lengths are read on the host):
-    per sequence, only its context's keys, through SDPA with the causal mask at the queries' offset.
-    Cost: the exact sum_b n_b x context_lens[b] scores, where the padded path scores every query against
-    all MB*BS keys of every sequence: SmolLM2-135M's 900 queries over 2,400 keys of a 3,584-token cache
-    take 0.08 s per layer on one core here instead of 0.58 s. Queries past cu_seqlens_q[B] stay zero."""
-    t, hq, _ = q.shape
-    hk, bs, dv = k_cache.shape[2], k_cache.shape[1], v_cache.shape[-1]
-    out = torch.zeros(t, hq, dv, dtype=q.dtype, device=q.device)
-    cu, lens = cu_seqlens_q.tolist(), context_lens.tolist()
-    for s, n in enumerate(lens):
-        a, b = cu[s], cu[s + 1]
-        if b <= a:
-            continue
-        pages = block_tables[s, :(n + bs - 1) // bs].long()
-        k = _acc(k_cache[pages].reshape(-1, hk, k_cache.shape[-1])[:n]).transpose(0, 1)     # [Hk, n, Dh]
-        v = _acc(v_cache[pages].reshape(-1, hk, dv)[:n]).transpose(0, 1)                    # [Hk, n, Dv]
-        pos = torch.arange(n - (b - a), n, device=q.device)                                  # the queries' positions
-        allowed = torch.arange(n, device=q.device)[None, :] <= pos[:, None]                  # [n_b, n]
-        o = torch.nn.functional.scaled_dot_product_attention(
-            _acc(q[a:b]).transpose(0, 1)[None], k[None], v[None], attn_mask=allowed, scale=scale, enable_gqa=True)
-        out[a:b] = o[0].transpose(0, 1).to(q.dtype)
     return out
 
 
