@@ -41,12 +41,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
+from compiler.plan.artifact import atomic_write_json
 from persistent_engine.io_struct import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,19 +143,6 @@ def load_rows(path: Path) -> tuple[dict, list[dict], str]:
         raise CostModelError(f"cannot re-fit {path}: {e}") from None
     measured_on = doc.get("measured_on") or datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
     return doc, rows, str(measured_on)
-
-
-def _write_json(path: Path, doc) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def print_table(res: dict) -> None:
@@ -325,7 +311,7 @@ def main(argv=None) -> int:
         rep = report(RESULTS, args.hw or "h200")
         print_report(rep)
         out = args.out_dir / f"cost_model_accuracy_report_{rep['hw']}.json"
-        _write_json(out, rep)
+        atomic_write_json(out, rep, indent=1)
         print(f"wrote {out}")
         return 0
 
@@ -357,7 +343,7 @@ def main(argv=None) -> int:
     res["eager_points"] = sum(r.get("graph") is False for r in rows)
     print_table(res)
     out = args.out_dir / f"cost_model_accuracy_{hw.name}.json"
-    _write_json(out, res)
+    atomic_write_json(out, res, indent=1)
     calib.save(args.out_dir / f"cost_model_calibration_{hw.name}.json")
     if args.install:
         calib.save(ROOT / "cost_model" / "calibrations" / f"{hw.name}.json")

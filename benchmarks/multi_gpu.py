@@ -27,12 +27,12 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from compiler.plan.artifact import atomic_write_json
 from persistent_engine.io_struct import WorkloadPoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,14 +176,6 @@ def _predict_collective(hw, op: str, n: int, nbytes: float) -> float:
     if op == "all_reduce":
         return all_reduce_time(hw, n, nbytes)
     return all_to_all_time(hw, n, nbytes * (n - 1) / n)      # bytes each rank sends to remote peers
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
 
 
 def _median_err(rows: list[dict]) -> float | None:
@@ -346,7 +338,7 @@ def main(argv=None) -> int:
         print(f"multi_gpu: {e}", file=sys.stderr)
         return 2
     path = Path(args.out) if args.out else RESULTS / name
-    _write_json(path, data)
+    atomic_write_json(path, data, indent=1)
     print(f"wrote {path}")
     return 0 if data.get("all_ok", True) else 1
 

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from compiler.fleet.local import unjudged
 from compiler.plan.compose import Part, compose, select_compatible
 from persistent_engine import CandidateSource, CandidateVerdict, WorkloadPoint
 from compiler.plan.artifact import PointSpeedup, seed_parent
@@ -110,17 +111,13 @@ def _owned(parts: list[Accepted]) -> set[tuple[str, str]]:
     return {("op", t) for a in parts for t in a.targets} | {("knob", k) for a in parts for k in a.config_keys}
 
 
-def _why_dropped(fv: Any, sv: Any, deadline: float | None) -> str:
+def _why_dropped(fv: Any, sv: Any) -> str:
     """Why a composition with a candidate was not kept: incorrect, no gain, or not measured (the fleet
-    refused it past the run's budget, or cut it there: a verdict about the clock, not the composition)."""
+    refused it past the run's budget, or cut it there: ``unjudged``, a verdict about the clock)."""
     bad = [v for v in (fv, sv) if v is not None and not v.correct]
     if not bad:
         return "no gain when composed"
-    reasons = [str(r) for r in bad[0].reasons]
-    refused = any(r.startswith("not evaluated: the run's budget is spent") for r in reasons)
-    cut = (any(r.startswith("hang: ") for r in reasons) and deadline is not None
-           and time.monotonic() >= deadline - 1.0)
-    return "not measured when composed: the run's budget ran out" if refused or cut else "incorrect when composed"
+    return "not measured when composed: the run's budget ran out" if unjudged(bad[0]) else "incorrect when composed"
 
 
 def threshold(noise: float, cfg: AcceptanceConfig) -> float:
@@ -291,7 +288,7 @@ class Acceptor:
             return measured[src]
         fv, ok = self._on_tier("fast", src)
         sv, ok = self._on_tier("slow", src) if ok else (None, False)
-        if not _why_dropped(fv, sv, None).startswith("not measured"):   # a refusal for want of time is no result
+        if not _why_dropped(fv, sv).startswith("not measured"):   # a refusal for want of time is no result
             measured[src] = (src, fv, sv, ok)
         return src, fv, sv, ok
 
@@ -343,7 +340,7 @@ class Acceptor:
                 chosen.append(a)
                 best = (src, fv, sv)
             else:
-                dropped.append((a.name, _why_dropped(fv, sv, deadline)))
+                dropped.append((a.name, _why_dropped(fv, sv)))
         if best is None and any(why.startswith("not measured") for _, why in dropped):
             # the budget ran out before any set was measured here: the set measured during the search, else
             # the best accepted candidate alone, whose own verdicts on both tiers are its measurement

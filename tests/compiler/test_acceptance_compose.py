@@ -102,12 +102,14 @@ def test_parse_targets_and_errors():
 
 def test_a_composition_refused_for_the_budget_is_not_called_incorrect():
     from compiler.search.acceptance import _why_dropped
-    from compiler.fleet.local import failed_verdict
+    from compiler.fleet.local import cut_by_deadline, failed_verdict
 
     ok = type("V", (), {"correct": True, "reasons": [], "speedup": 1.0})()
-    assert _why_dropped(failed_verdict("not evaluated: the run's budget is spent"), None, None) == \
+    hang = failed_verdict("hang: no answer during bench within 3 s")
+    assert _why_dropped(failed_verdict("not evaluated: the run's budget is spent"), None) == \
         "not measured when composed: the run's budget ran out"
-    assert _why_dropped(failed_verdict("layer-level: logits differ"), None, None) == "incorrect when composed"
-    assert _why_dropped(ok, failed_verdict("hang: no answer during bench within 3 s"), 0.0) == \
+    assert _why_dropped(failed_verdict("layer-level: logits differ"), None) == "incorrect when composed"
+    assert _why_dropped(ok, cut_by_deadline(hang, 0.5)) == \
         "not measured when composed: the run's budget ran out"          # cut at the deadline
-    assert _why_dropped(ok, ok, None) == "no gain when composed"
+    assert _why_dropped(ok, hang) == "incorrect when composed"           # a hang within its own timeout
+    assert _why_dropped(ok, ok) == "no gain when composed"
