@@ -253,8 +253,8 @@ class Executor:
         """SIGSTOP every process of the tree (all their threads): nothing of it runs until ``cont``."""
         if self.stopped:
             return
-        if self.proc.signal_group(signal.SIGSTOP):      # the sealed group / cgroup: one unit, forks included
-            self.stopped = True
+        if self.proc.signal_group(signal.SIGSTOP) or self.proc.poll() is not None:
+            self.stopped = True                         # one unit (forks included), or the tree is gone
             return
         if not self._members or self._stops >= RESCAN_EVERY:
             self._members = self.proc.members()
@@ -267,15 +267,17 @@ class Executor:
     def cont(self) -> None:
         if not self.stopped:
             return
-        if not self.proc.signal_group(signal.SIGCONT):
+        if not self.proc.signal_group(signal.SIGCONT) and self.proc.poll() is None:
             _signal_each(self._members, signal.SIGCONT)
         self.stopped = False
 
     def kill_known(self) -> None:
-        """SIGKILL the tree: the sealed group at once, else every process seen at the last scan (microseconds;
-        ``kill`` does the rest: re-scan, reap, wait until none is left)."""
-        if not self.proc.signal_group(signal.SIGKILL):
-            _signal_each(self._members or [self.pid], signal.SIGKILL)
+        """SIGKILL the tree: the sealed group at once, else every process of a fresh scan while the launcher
+        lives (``kill`` does the rest: re-scan, reap, wait until none is left). Never the pids of an earlier
+        scan once the launcher is gone: they are free for reuse (pid_max is 32,768 on the CI machine, which
+        starts tens of thousands of processes a run): a stale one may name any process, an engine included."""
+        if not self.proc.signal_group(signal.SIGKILL) and self.proc.poll() is None:
+            _signal_each(self.proc.members(), signal.SIGKILL)
 
     def kill(self, keep_files: bool = False) -> None:
         """SIGKILL the whole tree and wait for it; then its workdir and stderr file are removed (unless

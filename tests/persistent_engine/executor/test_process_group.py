@@ -188,3 +188,38 @@ def _rmdir(path: str) -> bool:
         return True
     except OSError:
         return False
+
+
+class _GoneTree:
+    """An executor's process whose launcher has exited and been reaped: no group, no cgroup, no members."""
+
+    pid = -1
+
+    def poll(self) -> int:
+        return 0
+
+    def signal_group(self, sig: int) -> bool:
+        return False
+
+    def members(self, full: bool = False) -> list[int]:
+        return []
+
+
+def test_the_pids_of_a_tree_that_is_gone_are_never_signalled():
+    """Once the launcher is reaped, the pids of the last scan are free for reuse (pid_max 32,768 on the CI
+    machine): stop, cont and kill_known leave a process that now holds one of them alone."""
+    import subprocess
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ex = object.__new__(Executor)
+        ex.proc, ex.pid, ex._members, ex._stops, ex.stopped = _GoneTree(), bystander.pid, [bystander.pid], 0, False
+        ex.stop()
+        assert ex.stopped and _state(bystander.pid) != "T"
+        ex.cont()
+        ex.kill_known()
+        time.sleep(0.05)
+        assert bystander.poll() is None and _state(bystander.pid) not in ("T", "Z")
+    finally:
+        bystander.kill()
+        bystander.wait()
