@@ -348,10 +348,13 @@ NOISY_SAMPLES = 3
 def _longer_samples(run: RunContext, fleet: Fleet, noise: dict[str, float], timed: Callable) -> dict[str, float]:
     """The noise of each tier measured above ``NOISY`` again, with ``NOISY_SAMPLES`` x the sample pairs (kept
     for the run's A/Bs on that tier) when the fleet can lengthen them and the baseline's time allows: the
-    spread under the longer samples, which every later A/B of the tier uses, is its noise."""
+    spread under the longer samples, which every later A/B of the tier uses, is its noise. Not with
+    ``--aa-runs 1`` (the quickest baseline): its noise is one draw, too little to triple every later A/B on
+    (a CI run's continued config search then took 69 s of baseline and 42 s per evaluation)."""
     lengthen = getattr(fleet, "lengthen_samples", None)
     noisy = tuple(t for t, n in noise.items() if n > NOISY)
-    if lengthen is None or not noisy or run.stop.is_set() or time.monotonic() >= run.budget.baseline_end():
+    if (lengthen is None or not noisy or run.cfg.aa_runs < 2 or run.stop.is_set()
+            or time.monotonic() >= run.budget.baseline_end()):
         return {}
     counts = {t: lengthen(t, NOISY_SAMPLES) for t in noisy}
     again = measure_noise(timed, run.cfg.aa_runs, run.progress.event, run.budget.baseline_end(), tiers=noisy)

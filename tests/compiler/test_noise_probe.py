@@ -114,7 +114,10 @@ def test_a_noisy_tier_is_timed_with_longer_samples_and_its_noise_measured_again(
     # quiet tiers, or a fleet that cannot lengthen its samples (Ray's): nothing changes, nothing is timed
     assert loop._longer_samples(run, Fleet(), {"fast": 0.01, "slow": 0.02}, timed) == {}
     assert loop._longer_samples(run, object(), {"fast": 0.01, "slow": 0.2}, timed) == {}
-    assert calls == ["slow"] * 3
+    # one A/A round (--aa-runs 1) is one draw of the noise: the samples stay as they are
+    run.cfg.aa_runs = 1
+    assert loop._longer_samples(run, Fleet(), {"fast": 0.013, "slow": 0.063}, timed) == {}
+    assert calls == ["slow"] * 3 and len(lengthened) == 1
 
 
 def test_the_local_fleet_lengthens_one_tiers_samples():
