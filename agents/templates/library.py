@@ -88,6 +88,22 @@ def _tiled(k: Mapping, dims: Mapping) -> list[str]:
     return out
 
 
+def _skinny(k: Mapping, dims: Mapping) -> list[str]:
+    bt, bn, bk, w = k["SKINNY_BLOCK_T"], k["SKINNY_BLOCK_N"], k["SKINNY_BLOCK_K"], k["SKINNY_NUM_WARPS"]
+    out = _per_thread(bt * bn, w) + _per_thread((bt + bn) * bk, w * 2)
+    smem = (bt + bn) * bk * 2 * k["SKINNY_NUM_STAGES"]
+    if smem > 200 * 1024:
+        out.append(f"{smem} bytes of shared memory for the pipeline stages")
+    if bt > k["SKINNY_MAX_M"]:
+        out.append("BLOCK_T above MAX_M")
+    split = k["SKINNY_SPLIT_K"]
+    if "hidden" in dims and split > 1 and bk * split > 2 * _next_pow2(max(dims["hidden"], 1)):
+        out.append("split-K slices shorter than one BLOCK_K at this hidden size")
+    if k["SKINNY_FUSED_REDUCE"] and split == 1:
+        out.append("FUSED_REDUCE without a K split (the same kernel as FUSED_REDUCE 0)")
+    return out
+
+
 def _fused_linear(prefix: str, dim: str):
     """Composite GEMV + GEMM templates (add_rms_norm_linear, silu_mul_linear): the decode GEMV tile
     ([BLOCK_M, BLOCK_N, BLOCK_K] products), split-K slices at the model's K (``dims[dim]``), and the
@@ -282,6 +298,15 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
               Knob("TILE_GROUP_M", (8, 1, 4)), Knob("TILE_NUM_WARPS", (4, 8, 2)),
               Knob("TILE_NUM_STAGES", (3, 4, 2, 5))),
              "tiled tensor-core GEMM with split-K and grouped ordering", _tiled),
+    Template("linear.triton_skinny", "linear", "triton_linear_skinny.py", "linear_skinny", "triton", ("cuda",),
+             (Knob("SKINNY_BLOCK_T", (64, 16, 32, 128)), Knob("SKINNY_BLOCK_N", (64, 128, 32)),
+              Knob("SKINNY_BLOCK_K", (128, 64, 256, 32)), Knob("SKINNY_SPLIT_K", (4, 1, 2, 8, 16)),
+              Knob("SKINNY_NUM_WARPS", (4, 8)), Knob("SKINNY_NUM_STAGES", (4, 3, 5, 2)),
+              Knob("SKINNY_MAX_M", (256, 64, 128, 512)), Knob("SKINNY_FUSED_REDUCE", (0, 1))),
+             "swap-AB tensor-core GEMM for serving batches (16-256 rows): W tiles are the MMA's 64/128-row side, "
+             "the batch its 16-256 column side, row blocks fastest so W streams from memory once; split-K with a "
+             "deterministic reduce (SKINNY_FUSED_REDUCE: in the last-arriving programs); cuBLAS above MAX_M",
+             _skinny),
     Template("attention_decode.triton_splitkv", "attention_decode", "triton_attention_decode.py",
              "attention_decode_triton", "triton", ("cuda",),
              (Knob("ATTD_BLOCK_T", (32, 16, 64, 128)), Knob("ATTD_NUM_SPLITS", (0, 4, 1, 2, 8, 16, 32)),
@@ -396,7 +421,7 @@ def _composite_knobs(p: str, block_n: tuple, split_k: tuple) -> tuple[Knob, ...]
     return (Knob(f"{p}_BLOCK_N", block_n), Knob(f"{p}_BLOCK_K", (512, 256, 1024, 128, 64)),
             Knob(f"{p}_BLOCK_M", (1, 2, 4)), Knob(f"{p}_SPLIT_K", split_k),
             Knob(f"{p}_NUM_WARPS", POW2_WARPS), Knob(f"{p}_NUM_STAGES", (3, 2, 4, 1)),
-            Knob(f"{p}_MAX_T", (16, 4, 8, 32, 1)), Knob(f"{p}_TILED", (0, 1)), Knob(f"{p}_TILE_M", (64, 32, 16, 128)),
+            Knob(f"{p}_MAX_T", (16, 4, 8, 32, 1)), Knob(f"{p}_TILED", (0, 1, 2)), Knob(f"{p}_TILE_M", (64, 32, 16, 128)),
             Knob(f"{p}_TILE_N", (64, 128, 32, 256)), Knob(f"{p}_TILE_K", (64, 32, 128)),
             Knob(f"{p}_TILE_WARPS", (4, 8, 2)), Knob(f"{p}_TILE_STAGES", (3, 4, 2, 5)), Knob(f"{p}_PDL", (0, 1)),
             Knob(f"{p}_FUSED_REDUCE", (0, 1)))

@@ -25,6 +25,10 @@ SMALL = {
                                   "GEMV_FUSED_REDUCE": 1},
     "linear.triton_tiled": {"TILE_BLOCK_M": 16, "TILE_BLOCK_N": 32, "TILE_BLOCK_K": 32, "TILE_SPLIT_K": 2,
                             "TILE_GROUP_M": 4, "TILE_NUM_WARPS": 2, "TILE_NUM_STAGES": 2},
+    # 16-row tiles: the 17/33-row examples take several row blocks (W reused from L2), split-K with the fused reduce
+    "linear.triton_skinny": {"SKINNY_BLOCK_T": 16, "SKINNY_BLOCK_N": 32, "SKINNY_BLOCK_K": 32, "SKINNY_SPLIT_K": 2,
+                             "SKINNY_NUM_WARPS": 4, "SKINNY_NUM_STAGES": 2, "SKINNY_MAX_M": 64,
+                             "SKINNY_FUSED_REDUCE": 1},
     "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
                                         "ATTD_NUM_STAGES": 1, "ATTD_DOT": True, "ATTD_PDL": 1},
     # *_PDL 1: the GEMV's peeled first tile (programmatic dependent launch itself needs an SM90 GPU), with

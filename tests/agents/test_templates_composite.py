@@ -40,12 +40,24 @@ ARNL_CASES = [
     ({"ARNL_MAX_T": 1, "ARNL_TILED": 1, "ARNL_TILE_M": 16, "ARNL_TILE_N": 32, "ARNL_TILE_K": 32},       # tl.dot, 2 row blocks
      [{"T": 19, "H": 72, "N": 45, "bias": True}]),
     ({"ARNL_MAX_T": 1, "ARNL_TILED": 0}, [{"T": 19, "H": 72, "N": 45, "bias": True}]),   # torch above MAX_T
+    # swap-AB skinny GEMM: 2 row blocks; one K slice, split-K + reduce (the RMS scale from the partial sums),
+    # split-K with the fused reduce (each n-tile's own sums of squares)
+    ({"ARNL_MAX_T": 1, "ARNL_TILED": 2, "ARNL_TILE_M": 16, "ARNL_TILE_N": 32, "ARNL_TILE_K": 32, "ARNL_SPLIT_K": 1},
+     [{"T": 19, "H": 72, "N": 45, "bias": True}]),
+    ({"ARNL_MAX_T": 1, "ARNL_TILED": 2, "ARNL_TILE_M": 16, "ARNL_TILE_N": 32, "ARNL_TILE_K": 32, "ARNL_SPLIT_K": 2,
+      "ARNL_BLOCK_K": 64}, [{"T": 19, "H": 72, "N": 45, "bias": True}]),
+    ({"ARNL_MAX_T": 1, "ARNL_TILED": 2, "ARNL_TILE_M": 16, "ARNL_TILE_N": 32, "ARNL_TILE_K": 32, "ARNL_SPLIT_K": 2,
+      "ARNL_BLOCK_K": 64, "ARNL_FUSED_REDUCE": 1}, [{"T": 19, "H": 72, "N": 45, "bias": True}]),
 ]
 SML_CASES = [
     ({"SML_BLOCK_M": 4, "SML_BLOCK_N": 2, "SML_BLOCK_K": 64, "SML_SPLIT_K": 1}, [{"T": 3, "I": 100, "N": 37}]),
     ({"SML_BLOCK_N": 4, "SML_BLOCK_K": 64, "SML_SPLIT_K": 8}, [{"T": 2, "I": 300, "N": 21}]),
     ({"SML_MAX_T": 1, "SML_TILED": 1, "SML_TILE_M": 16, "SML_TILE_N": 32, "SML_TILE_K": 32}, [{"T": 19, "I": 72, "N": 45}]),
     ({"SML_MAX_T": 1, "SML_TILED": 0}, [{"T": 19, "I": 72, "N": 45}]),                    # torch above MAX_T
+    ({"SML_MAX_T": 1, "SML_TILED": 2, "SML_TILE_M": 16, "SML_TILE_N": 32, "SML_TILE_K": 32, "SML_SPLIT_K": 1},
+     [{"T": 19, "I": 72, "N": 45}]),                                                      # skinny, one K slice
+    ({"SML_MAX_T": 1, "SML_TILED": 2, "SML_TILE_M": 16, "SML_TILE_N": 32, "SML_TILE_K": 32, "SML_SPLIT_K": 2,
+      "SML_BLOCK_K": 64, "SML_FUSED_REDUCE": 1}, [{"T": 19, "I": 72, "N": 45}]),           # skinny, fused reduce
 ]
 
 

@@ -1,9 +1,10 @@
-"""The kernels of the linear template family, written once: split-K GEMV, tiled ``tl.dot`` GEMM, split-K reduce.
+"""The kernels of the linear template family, written once: split-K GEMV, tiled ``tl.dot`` GEMM, swap-AB skinny
+GEMM (``_sg_skinny``: serving batches of 16-256 rows on the tensor cores, W as the MMA's large side), split-K reduce.
 
-Not a template of its own: ``triton_linear_gemv``, ``triton_linear_tiled``, ``triton_add_rms_norm_linear``,
-``triton_silu_mul_linear`` and ``triton_add_rms_norm_qkv_rotary`` import these names in their header, and
-``render_candidate`` inlines the ones a candidate's templates use (and what those call) once, after their
-sections, so a candidate still imports nothing of tkcc. The members differ in the A tile's prologue, a
+Not a template of its own: ``triton_linear_gemv``, ``triton_linear_tiled``, ``triton_linear_skinny``,
+``triton_add_rms_norm_linear``, ``triton_silu_mul_linear`` and ``triton_add_rms_norm_qkv_rotary`` import these
+names in their header, and ``render_candidate`` inlines the ones a candidate's templates use (and what those
+call) once, after their sections, so a candidate still imports nothing of tkcc. The members differ in the A tile's prologue, a
 constexpr resolved at compile time (each member compiles to the kernels its own file used to hold):
 
 - ``PROLOGUE == 0`` plain: ``a = x`` (the linear templates);
@@ -301,6 +302,63 @@ def _sg_tiled(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, M, N,
 
 
 @triton.jit
+def _sg_skinny(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_ptr, cnt_ptr, M, N, K,
+               stride_xm, stride_rm, stride_wn, stride_om, stride_res, eps,
+               K_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, PARTIALS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+               PROLOGUE: tl.constexpr, FUSED: tl.constexpr, SPLIT_K: tl.constexpr, REUSE: tl.constexpr):
+    """Swap-AB split-K GEMM for 2-256 rows, grid (cdiv(M, BLOCK_T), SPLIT_K, cdiv(N, BLOCK_N)): a program forms
+    out^T [BLOCK_N, BLOCK_T] = W [BLOCK_N, BLOCK_K] @ A^T [BLOCK_K, BLOCK_T] over its K slice, so the weights fill
+    the MMA's 64/128-row side and the few rows its 16-256 column side (a tl.dot needs 16 rows at least: a tiled
+    GEMM of 16 rows wastes nothing of the weights but cannot use Hopper's 64-row wgmma). The row blocks are the
+    fastest grid axis: the programs that read one W tile run together and all but the first read it from L2,
+    so W is streamed from memory about once (bytes N*K + M*K + M*N; FLOPs 2*M*N*K). REUSE (more than one row
+    block): W tiles stay in L2 for the next row block, else they are evicted first."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)             # [BLOCK_N]
+    offs_m = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)             # [BLOCK_T]
+    nmask = offs_n < N
+    mmask = offs_m < M
+    k_begin = pid_k * K_PER_SPLIT
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    rows64 = offs_m[:, None].to(tl.int64)
+    resmask = offs_m < tl.where(pid_n == 0, M, 0)                # only the pid_n == 0 row of programs writes s
+    acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+        offs_k = _sg_offs_k(k_begin + k0, BLOCK_K)
+        kmask = offs_k < K
+        if REUSE:                                                 # [BLOCK_N, BLOCK_K]: the next row block's L2 hit
+            w = tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy="evict_last")
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy="evict_first")
+        if PROLOGUE == 1:                                         # [BLOCK_T, BLOCK_K] A-tile prologue
+            a, sq = _sg_norm_a(x_ptr, r_ptr, g_ptr, res_ptr, rows64, stride_xm, stride_rm, stride_res, offs_k,
+                               kmask, mmask, resmask)
+            ss += sq
+        else:
+            a = _sg_a(x_ptr, rows64, stride_xm, K, offs_k, mmask[:, None] & kmask[None, :], PROLOGUE)
+        if UPCAST:      # the CPU interpreter's bf16 dot is wrong: fp32 there (never on a GPU)
+            acc = tl.dot(w.to(tl.float32), tl.trans(a.to(tl.float32)), acc)
+        elif IEEE:
+            acc = tl.dot(w, tl.trans(a.to(w.dtype)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(a.to(w.dtype)), acc)
+    if FUSED:   # ss [n-blocks, SPLIT_K, M]: every tile stores (and later reads) its own copy
+        ss_ptr += pid_n * SPLIT_K * M
+        resmask = mmask
+    _sg_epilogue(tl.trans(acc), ss, b_ptr, out_ptr, ws_ptr, ss_ptr, pid_k, rows64, offs_m, offs_n, mmask, nmask,
+                 resmask, M, N, K, stride_om, eps, HAS_BIAS, PARTIALS, PROLOGUE)
+    if FUSED:
+        _sg_fused_reduce(cnt_ptr + pid_n * tl.num_programs(0) + pid_m, ws_ptr, ss_ptr, b_ptr, out_ptr, rows64,
+                         offs_m, offs_n, mmask, nmask, M, N, K, stride_om, eps, HAS_BIAS, SPLIT_K, PROLOGUE)
+
+
+@triton.jit
 def _sg_partials(ws_ptr, m, M, N, col, mask, SPLIT_K: tl.constexpr):
     """The sum of the SPLIT_K fp32 partials of row(s) ``m`` at columns ``col`` (``mask``'s shape), in a fixed order
     (deterministic)."""
@@ -391,3 +449,29 @@ def _sg_gemm(prologue, x2, weight, out, k, *, block_m, block_n, block_k, num_war
     if split > 1:
         _sg_reduce[(triton.cdiv(n, 1024), m)](ws, ws, b, out, m, n, k, out.stride(0), eps, HAS_BIAS=bias is not None,
                                               NORM=False, SPLIT_K=split, BLOCK=1024, GDC=False, num_warps=4)
+
+
+def _sg_skinny_gemm(prologue, x2, weight, out, k, *, block_t, block_n, block_k, split_k, num_warps, num_stages,
+                    r2=None, g=None, res=None, bias=None, eps=0.0, fused=0, counters=None):
+    """Launches the swap-AB GEMM (``_sg_skinny``) over the rows of ``x2`` into ``out``: row tiles of
+    max(16, min(block_t, pow2(rows))) (one compile per row bucket), ``split_k`` K slices and their reduce (a
+    second launch, or with ``fused`` the last-arriving programs on the counters of the template's cache)."""
+    m, n = x2.shape[0], weight.shape[0]
+    block_t = max(16, min(block_t, triton.next_power_of_2(m)))
+    k_per_split, split = _sg_split(k, split_k, block_k)
+    fused = bool(fused) and split > 1
+    grid = (triton.cdiv(m, block_t), split, triton.cdiv(n, block_n))
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else out
+    ss_shape = (grid[2], split, m) if fused else (split, m)
+    ss = torch.empty(ss_shape, dtype=torch.float32, device=x2.device) if split > 1 and prologue == 1 else ws
+    cnt = _sg_counters(counters, x2.device, grid[0] * grid[2]) if fused else ws
+    b = bias if bias is not None else out
+    r2, g, res = (x2 if r2 is None else r2), (x2 if g is None else g), (out if res is None else res)
+    _sg_skinny[grid](x2, r2, g, weight, b, out, res, ws, ss, cnt, m, n, k, x2.stride(0), r2.stride(0),
+                     weight.stride(0), out.stride(0), res.stride(0), eps, K_PER_SPLIT=k_per_split,
+                     HAS_BIAS=bias is not None, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k, PARTIALS=split > 1,
+                     UPCAST=x2.device.type != "cuda", IEEE=x2.dtype == torch.float32, PROLOGUE=prologue, FUSED=fused,
+                     SPLIT_K=split, REUSE=grid[0] > 1, num_warps=num_warps, num_stages=num_stages)
+    if split > 1 and not fused:
+        _sg_reduce[(triton.cdiv(n, 1024), m)](ws, ss, b, out, m, n, k, out.stride(0), eps, HAS_BIAS=bias is not None,
+                                              NORM=prologue == 1, SPLIT_K=split, BLOCK=1024, GDC=False, num_warps=4)

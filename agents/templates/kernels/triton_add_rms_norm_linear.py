@@ -15,7 +15,9 @@ second kernel for the norm, the normalised row is never written. Two paths:
   partial sums of squares to a workspace that a second kernel sums in a fixed order (deterministic;
   no atomics), then scales, adds the bias and casts. Bytes: N*H weights (dominant) + 2*T*H read,
   T*(N+H) written; floor N*H*2 / bandwidth (llama-1b qkv 12.6 MB: 2.6 us at 4.8 TB/s).
-- ``T > ARNL_MAX_T`` (prefill): tiled ``tl.dot`` GEMM with the add and ``* g`` in the A-tile
+- ``T > ARNL_MAX_T`` with ``ARNL_TILED`` = 2 (serving batches): the swap-AB skinny GEMM (``_sg_skinny``: W the
+  MMA's large side, TILE_M the row tile, SPLIT_K slices with the GEMV's reduce or fused reduce).
+- ``T > ARNL_MAX_T`` (prefill, ``ARNL_TILED`` = 1): tiled ``tl.dot`` GEMM with the add and ``* g`` in the A-tile
   prologue (the tile is rounded to the weight dtype for the tensor cores) and the rms scale in the
   epilogue; programs with pid_n == 0 store new_residual. FLOPs 2*T*N*H.
 - ``ARNL_PDL`` = 1 (decode, SM90+ GPUs; ignored elsewhere): the decode kernels are launched with
@@ -31,7 +33,7 @@ The kernels are the linear family's (``shared_gemv.py``, add + RMSNorm prologue)
 
 import torch
 
-from agents.templates.kernels.shared_gemv import _sg_decode, _sg_gemm, _sg_norm_linear_torch, _sg_rows
+from agents.templates.kernels.shared_gemv import _sg_decode, _sg_gemm, _sg_norm_linear_torch, _sg_rows, _sg_skinny_gemm
 
 # ---- section ----
 ARNL_BLOCK_N = 8
@@ -41,7 +43,7 @@ ARNL_SPLIT_K = 1
 ARNL_NUM_WARPS = 4
 ARNL_NUM_STAGES = 3
 ARNL_MAX_T = 16
-ARNL_TILED = 0               # T > MAX_T: 1 the tl.dot GEMM below, 0 torch (fp32 add + F.rms_norm + cuBLAS)
+ARNL_TILED = 0               # T > MAX_T: 1 the tl.dot GEMM below, 2 the swap-AB skinny GEMM (serving batches), 0 torch
 ARNL_TILE_M = 64
 ARNL_TILE_N = 64
 ARNL_TILE_K = 64
@@ -66,6 +68,11 @@ def add_rms_norm_linear_triton(x, residual, norm_weight, eps, weight, bias=None)
                    num_stages=ARNL_NUM_STAGES, pdl=ARNL_PDL, fused=ARNL_FUSED_REDUCE, counters=ARNL_COUNTERS)
     elif M > ARNL_MAX_T and not ARNL_TILED:
         out, res = _sg_norm_linear_torch(x2, r2, norm_weight, eps, weight, bias)
+    elif M > ARNL_MAX_T and ARNL_TILED == 2:
+        _sg_skinny_gemm(1, x2, weight, out, H, r2=r2, g=norm_weight, res=res, bias=bias, eps=eps,
+                        block_t=ARNL_TILE_M, block_n=ARNL_TILE_N, block_k=ARNL_TILE_K, split_k=ARNL_SPLIT_K,
+                        num_warps=ARNL_TILE_WARPS, num_stages=ARNL_TILE_STAGES, fused=ARNL_FUSED_REDUCE,
+                        counters=ARNL_COUNTERS)
     elif M > ARNL_MAX_T:
         _sg_gemm(1, x2, weight, out, H, r2=r2, g=norm_weight, res=res, bias=bias, eps=eps, block_m=ARNL_TILE_M,
                  block_n=ARNL_TILE_N, block_k=ARNL_TILE_K, num_warps=ARNL_TILE_WARPS, num_stages=ARNL_TILE_STAGES)

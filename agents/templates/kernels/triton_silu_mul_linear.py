@@ -10,7 +10,9 @@ on the fly in the GEMV prologue (fp32, never rounded, never written).
   (deterministic two-pass reduce, chosen over fp32 atomics, whose order varies run to run).
   Bytes: N*I weights (dominant) + 2*T*I read + T*N written; floor N*I*2 / bandwidth (llama-1b down
   33.5 MB: 7.0 us at 4.8 TB/s).
-- ``T > SML_MAX_T`` (prefill): tiled ``tl.dot`` GEMM whose A-tile prologue loads the gate and up
+- ``T > SML_MAX_T`` with ``SML_TILED`` = 2 (serving batches): the swap-AB skinny GEMM (``_sg_skinny``: W the
+  MMA's large side, TILE_M the row tile, SPLIT_K slices with the GEMV's reduce or fused reduce).
+- ``T > SML_MAX_T`` (prefill, ``SML_TILED`` = 1): tiled ``tl.dot`` GEMM whose A-tile prologue loads the gate and up
   tiles and forms the activation (rounded to the weight dtype for the tensor cores). FLOPs 2*T*N*I.
 - ``SML_PDL`` = 1 (decode, SM90+ GPUs; ignored elsewhere): both kernels are launched with programmatic
   dependent launch. The GEMV loads its first W tile (weights: written by no kernel) before
@@ -25,7 +27,7 @@ The kernels are the linear family's (``shared_gemv.py``, SiLU * up prologue), in
 
 import torch
 
-from agents.templates.kernels.shared_gemv import _sg_decode, _sg_gemm, _sg_rows
+from agents.templates.kernels.shared_gemv import _sg_decode, _sg_gemm, _sg_rows, _sg_skinny_gemm
 
 # ---- section ----
 SML_BLOCK_N = 8
@@ -35,7 +37,7 @@ SML_SPLIT_K = 2
 SML_NUM_WARPS = 4
 SML_NUM_STAGES = 3
 SML_MAX_T = 16
-SML_TILED = 0                # T > MAX_T: 1 the tl.dot GEMM below, 0 torch (SiLU*up in fp32 + cuBLAS)
+SML_TILED = 0                # T > MAX_T: 1 the tl.dot GEMM below, 2 the swap-AB skinny GEMM (serving batches), 0 torch
 SML_TILE_M = 64
 SML_TILE_N = 64
 SML_TILE_K = 64
@@ -59,6 +61,10 @@ def silu_mul_linear_triton(x, weight):
     elif M > SML_MAX_T and not SML_TILED:
         gate, up = x2.float().chunk(2, dim=-1)
         out = torch.nn.functional.linear((torch.nn.functional.silu(gate) * up).to(x.dtype), weight)
+    elif M > SML_MAX_T and SML_TILED == 2:
+        _sg_skinny_gemm(2, x2, weight, out, I, block_t=SML_TILE_M, block_n=SML_TILE_N,
+                        block_k=SML_TILE_K, split_k=SML_SPLIT_K, num_warps=SML_TILE_WARPS, num_stages=SML_TILE_STAGES,
+                        fused=SML_FUSED_REDUCE, counters=SML_COUNTERS)
     elif M > SML_MAX_T:
         _sg_gemm(2, x2, weight, out, I, block_m=SML_TILE_M, block_n=SML_TILE_N, block_k=SML_TILE_K,
                  num_warps=SML_TILE_WARPS, num_stages=SML_TILE_STAGES)
