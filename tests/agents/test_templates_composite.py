@@ -429,6 +429,65 @@ def test_fused_reduce_is_ignored_without_a_k_split(name, monkeypatch):
     assert _same(_impl(name, **knobs)(*args), fused(*args)) and g[f"{p}_COUNTERS"] == {}
 
 
+# the swap-AB skinny GEMM in each member of the family: template -> (prefix, knobs sending 19 rows to it, shape)
+SKINNY = {"linear.triton_skinny": ("SKINNY", {"SKINNY_BLOCK_T": 16, "SKINNY_BLOCK_N": 32, "SKINNY_BLOCK_K": 32},
+                                   {"K": 200, "N": 45, "bias": True}),
+          "add_rms_norm_linear.triton_fused": ("ARNL", {"ARNL_MAX_T": 1, "ARNL_TILED": 2, "ARNL_TILE_M": 16,
+                                                        "ARNL_TILE_N": 32, "ARNL_TILE_K": 32},
+                                               {"H": 200, "N": 45, "bias": True}),
+          "silu_mul_linear.triton_fused": ("SML", {"SML_MAX_T": 1, "SML_TILED": 2, "SML_TILE_M": 16, "SML_TILE_N": 32,
+                                                   "SML_TILE_K": 32}, {"I": 200, "N": 45})}
+
+
+@pytest.mark.parametrize("name", sorted(SKINNY))
+@pytest.mark.parametrize("split", [2, 4])
+def test_skinny_gemm_fused_reduce_is_bitwise_the_reduce_launch(name, split, monkeypatch):
+    """The skinny GEMM at 19 rows (two 16-row blocks sharing each W tile) with K 200 in 2 or 4 slices of 32-wide
+    steps: the fused reduce (no reduce launch) gives the two-launch path's bits on three calls in a row, one counter
+    per (row block, n-block) back at zero after each, and the op's contract holds."""
+    p, knobs, shape = SKINNY[name]
+    knobs = {**knobs, f"{p}_SPLIT_K": split}
+    t = get_template(name)
+    assert t.check({**t.default(), **knobs, f"{p}_FUSED_REDUCE": 1}) == []
+    two, fused = _impl(name, **knobs), _impl(name, **knobs, **{f"{p}_FUSED_REDUCE": 1})
+    g = fused.__globals__
+    monkeypatch.setitem(g, "_sg_reduce", {}.get)       # a launch (subscripting it) raises TypeError
+    d = registry.get(t.op)
+    for seed in range(3):
+        args = d.make_inputs({**shape, "T": 19}, torch.bfloat16, "cpu", seed)
+        assert _same(two(*args), fused(*args))
+        ((dev, tiles),) = g[f"{p}_COUNTERS"]
+        assert tiles == 2 * 2 and int(g[f"{p}_COUNTERS"][(dev, tiles)].abs().sum()) == 0
+    assert check_op(t.op, fused, dtypes=(torch.bfloat16,), shapes=[{**shape, "T": 19}]) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(SKINNY))
+@pytest.mark.parametrize("rows", [16, 64, 256])
+def test_cuda_skinny_gemm_in_a_graph_matches_at_llama_dims(name, rows):
+    """On a GPU at llama-1b's decode shapes with serving batches: the skinny GEMM (split-K 4, 64-row tiles, fused
+    reduce and two launches) captured in a CUDA graph replays bitwise like eager, the two reduce paths agree
+    bitwise, and the output is within the op's tolerance of the fp32 reference."""
+    from persistent_engine.ops.contract import compare_outputs
+
+    p, knobs, _ = SKINNY[name]
+    knobs = {**knobs, f"{p}_SPLIT_K": 4, **({f"{p}_TILE_M": 64, f"{p}_TILE_N": 64, f"{p}_TILE_K": 128}
+                                              if p != "SKINNY" else {"SKINNY_BLOCK_T": 64, "SKINNY_BLOCK_N": 64,
+                                                                     "SKINNY_BLOCK_K": 128})}
+    t = get_template(name)
+    d = registry.get(t.op)
+    shape = d.shapes(ModelSpec.from_name("llama-1b"),
+                     WorkloadPoint(phase="decode", batch=rows, context=1024, chunk=1, weight=1.0))[0]
+    args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
+    two, fused = _impl(name, **knobs), _impl(name, **knobs, **{f"{p}_FUSED_REDUCE": 1})
+    want = two(*args)
+    eager, replayed = eager_and_replayed(lambda: fused(*args))
+    assert _same(want, eager) and _same(want, replayed)
+    ref = d.reference(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+    outs = replayed if isinstance(replayed, tuple) else (replayed,)
+    assert compare_outputs(outs, ref if isinstance(ref, tuple) else (ref,), *d.tolerance(torch.bfloat16)) == []
+
+
 def _pdl_on(fn, knob, x) -> bool:
     """Whether the candidate of ``fn`` launches with PDL for ``x``: the template's own check, or the linear
     family's shared one (shared_gemv.py) on the template's knob."""
