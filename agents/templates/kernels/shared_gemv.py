@@ -150,10 +150,19 @@ def _sg_gemv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ws_ptr, ss_ptr
     """Split-K GEMV, grid (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)): a program streams a [BLOCK_N, BLOCK_K]
     tile of W per step over its K slice and forms the A tile of its rows (L2 hits after the first program).
     PEEL: the first W tile is loaded before waiting on x's producer (GDC: programmatic dependent launch).
-    FUSED (with PARTIALS): the last of an output tile's SPLIT_K programs reduces the tile (``_sg_fused_reduce``)."""
+    FUSED (with PARTIALS): the last of an output tile's SPLIT_K programs reduces the tile (``_sg_fused_reduce``).
+    Several row blocks: the programs are renumbered so that the row block varies fastest in launch order and the
+    programs that read one W tile run together (L2 hits); in grid order each row block would stream all of W
+    from memory again (16 rows of BLOCK_M 1: 16x the weight bytes)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
+    grid_m = tl.num_programs(2)
+    if grid_m > 1:
+        launched = pid_n + (pid_k + pid_m * SPLIT_K) * tl.num_programs(0)    # the launch order: axis 0 fastest
+        pid_m = launched % grid_m
+        pid_k = (launched // grid_m) % SPLIT_K
+        pid_n = launched // (grid_m * SPLIT_K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)             # [BLOCK_N]
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)             # [BLOCK_M]
     nmask = offs_n < N
