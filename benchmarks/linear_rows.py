@@ -48,7 +48,7 @@ GEMV_CONFIGS = ((16, 512, 4, 4, 0), (8, 512, 1, 4, 0), (16, 1024, 4, 4, 1), (32,
 # (BLOCK_T, BLOCK_N, BLOCK_K, SPLIT_K, NUM_WARPS, NUM_STAGES, FUSED_REDUCE); BLOCK_T is capped by the rows
 SKINNY_CONFIGS = ((64, 64, 128, 4, 4, 4, 0), (64, 128, 128, 2, 4, 4, 0), (64, 64, 128, 8, 4, 4, 1),
                   (64, 128, 64, 4, 4, 5, 1), (128, 64, 128, 2, 4, 4, 0), (128, 128, 64, 1, 8, 4, 0),
-                  (64, 64, 256, 2, 4, 3, 1), (32, 64, 128, 4, 4, 4, 0), (256, 128, 64, 1, 8, 3, 0),
+                  (64, 64, 256, 2, 4, 3, 1), (32, 64, 128, 4, 4, 4, 0), (128, 64, 64, 1, 4, 4, 0),
                   (64, 32, 128, 8, 4, 4, 1), (128, 128, 128, 2, 8, 3, 1), (16, 64, 256, 4, 4, 3, 0))
 
 
@@ -79,10 +79,14 @@ def template_impl(name: str, knobs: dict):
 
 
 def gemv_settings(rows: int, count: int) -> list[dict]:
+    """The GEMV's settings at ``rows``: row blocks of min(4, pow2(rows)) (the template's largest), so that a W tile
+    serves up to 4 rows from registers instead of one row per program re-reading it from L2; BLOCK_K shrinks by
+    the row block (the same registers per thread)."""
     if rows > GEMV_MAX_ROWS:
         return []
-    return [{"GEMV_BLOCK_N": n, "GEMV_BLOCK_K": k, "GEMV_SPLIT_K": s, "GEMV_NUM_WARPS": w, "GEMV_FUSED_REDUCE": f,
-             "GEMV_BLOCK_M": 1, "GEMV_MAX_M": GEMV_MAX_ROWS} for n, k, s, w, f in GEMV_CONFIGS[:count]]
+    bm = min(4, 1 << max(rows - 1, 0).bit_length())
+    return [{"GEMV_BLOCK_N": n, "GEMV_BLOCK_K": k // bm, "GEMV_SPLIT_K": s, "GEMV_NUM_WARPS": w, "GEMV_FUSED_REDUCE": f,
+             "GEMV_BLOCK_M": bm, "GEMV_MAX_M": GEMV_MAX_ROWS} for n, k, s, w, f in GEMV_CONFIGS[:count]]
 
 
 def skinny_settings(rows: int, count: int) -> list[dict]:

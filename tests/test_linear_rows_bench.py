@@ -52,3 +52,17 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys):
     assert bench.main(["--device", "cpu", "--model", "no-such-model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("linear_rows: error:") for line in err)
+
+
+def test_every_setting_the_bench_tries_is_one_its_template_accepts():
+    """A setting outside the template's knob choices would be refused on the GPU and never timed (an H100 run
+    lost one of the skinny GEMM's twelve that way); the GEMV's row block grows with the rows up to its 4."""
+    from agents.templates import get_template
+
+    bench = _bench()
+    for name, settings in (("linear.triton_skinny", bench.skinny_settings(256, 99)),
+                           ("linear.triton_gemv_splitk", bench.gemv_settings(16, 99))):
+        t = get_template(name)
+        assert settings and all(t.check({**t.default(), **s}) == [] for s in settings), name
+    assert [bench.gemv_settings(r, 1)[0]["GEMV_BLOCK_M"] for r in (1, 2, 3, 16)] == [1, 2, 4, 4]
+    assert bench.gemv_settings(17, 8) == []
