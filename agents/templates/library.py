@@ -299,7 +299,7 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
               Knob("TILE_NUM_STAGES", (3, 4, 2, 5))),
              "tiled tensor-core GEMM with split-K and grouped ordering", _tiled),
     Template("linear.triton_skinny", "linear", "triton_linear_skinny.py", "linear_skinny", "triton", ("cuda",),
-             (Knob("SKINNY_BLOCK_T", (64, 16, 32, 128)), Knob("SKINNY_BLOCK_N", (64, 128, 32)),
+             (Knob("SKINNY_BLOCK_T", (64, 16, 32, 128, 256)), Knob("SKINNY_BLOCK_N", (64, 128, 32)),
               Knob("SKINNY_BLOCK_K", (128, 64, 256, 32)), Knob("SKINNY_SPLIT_K", (4, 1, 2, 8, 16)),
               Knob("SKINNY_NUM_WARPS", (4, 8)), Knob("SKINNY_NUM_STAGES", (4, 3, 5, 2)),
               Knob("SKINNY_MAX_M", (256, 64, 128, 512)), Knob("SKINNY_FUSED_REDUCE", (0, 1))),
