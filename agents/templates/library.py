@@ -148,7 +148,7 @@ def _qkv_rotary_knobs(p: str) -> tuple[Knob, ...]:
     return (Knob(f"{p}_BLOCK_N", (8, 16, 4, 32, 2)), Knob(f"{p}_BLOCK_K", (512, 256, 1024, 128, 64)),
             Knob(f"{p}_BLOCK_M", (1, 2, 4)), Knob(f"{p}_SPLIT_K", (1, 2, 4, 8)),
             Knob(f"{p}_NUM_WARPS", POW2_WARPS), Knob(f"{p}_NUM_STAGES", (3, 2, 4, 1)),
-            Knob(f"{p}_MAX_T", (16, 4, 8, 32, 1)), Knob(f"{p}_HEADS", (2, 1, 4, 8)),
+            Knob(f"{p}_MAX_T", (1, 4, 8, 16, 32)), Knob(f"{p}_HEADS", (2, 1, 4, 8)),
             Knob(f"{p}_REDUCE_WARPS", (2, 1, 4)), Knob(f"{p}_PDL", (0, 1)))
 
 
@@ -287,7 +287,7 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              (Knob("GEMV_BLOCK_N", (16, 32, 8, 64, 4)), Knob("GEMV_BLOCK_K", (512, 256, 1024, 128, 64)),
               Knob("GEMV_BLOCK_M", (1, 2, 4)), Knob("GEMV_SPLIT_K", (4, 1, 2, 8, 16)),
               Knob("GEMV_NUM_WARPS", POW2_WARPS), Knob("GEMV_NUM_STAGES", (3, 2, 4, 1)),
-              Knob("GEMV_MAX_M", (16, 4, 8, 32, 64)), Knob("GEMV_PDL", (0, 1)), Knob("GEMV_FUSED_REDUCE", (0, 1))),
+              Knob("GEMV_MAX_M", (1, 4, 8, 16, 32, 64)), Knob("GEMV_PDL", (0, 1)), Knob("GEMV_FUSED_REDUCE", (0, 1))),
              "split-K GEMV for decode batches: vectorised weight streaming, one reduction at the end; "
              "GEMV_PDL: programmatic dependent launch (SM90+), the first W tile loads before waiting on x; "
              "GEMV_FUSED_REDUCE: the last-arriving program of each tile reduces it (no reduce launch)",
@@ -421,7 +421,7 @@ def _composite_knobs(p: str, block_n: tuple, split_k: tuple) -> tuple[Knob, ...]
     return (Knob(f"{p}_BLOCK_N", block_n), Knob(f"{p}_BLOCK_K", (512, 256, 1024, 128, 64)),
             Knob(f"{p}_BLOCK_M", (1, 2, 4)), Knob(f"{p}_SPLIT_K", split_k),
             Knob(f"{p}_NUM_WARPS", POW2_WARPS), Knob(f"{p}_NUM_STAGES", (3, 2, 4, 1)),
-            Knob(f"{p}_MAX_T", (16, 4, 8, 32, 1)), Knob(f"{p}_TILED", (0, 1, 2)), Knob(f"{p}_TILE_M", (64, 32, 16, 128)),
+            Knob(f"{p}_MAX_T", (1, 4, 8, 16, 32)), Knob(f"{p}_TILED", (0, 1, 2)), Knob(f"{p}_TILE_M", (64, 32, 16, 128)),
             Knob(f"{p}_TILE_N", (64, 128, 32, 256)), Knob(f"{p}_TILE_K", (64, 32, 128)),
             Knob(f"{p}_TILE_WARPS", (4, 8, 2)), Knob(f"{p}_TILE_STAGES", (3, 4, 2, 5)), Knob(f"{p}_PDL", (0, 1)),
             Knob(f"{p}_FUSED_REDUCE", (0, 1)))

@@ -5,8 +5,9 @@ W per step (K contiguous: 16-byte vector loads, read once, evicted first) over i
 BLOCK_M == 1 it accumulates x*W elementwise and reduces once at the end (no per-step shuffles);
 otherwise it reduces each [BLOCK_M, BLOCK_N, BLOCK_K] product. With SPLIT_K > 1 the fp32 partials
 go to a [SPLIT_K, M, N] workspace and a second kernel sums them in a fixed order (deterministic),
-adds the bias and casts. Rows above ``GEMV_MAX_M`` (prefill) go to torch's GEMM, which is
-compute-bound there. Bytes: N*K weights (dominant) + M*K + M*N; the floor is N*K*2/bandwidth.
+adds the bias and casts. Rows above ``GEMV_MAX_M`` go to torch's GEMM: by default every batch above one
+row, since at ``BLOCK_M`` 1 each row re-reads W from L2 (on an H100, 0.38-0.50x cuBLAS at 4 rows and
+0.12-0.25x at 16: ``benchmarks/results/h100-linear-rows.json``). Bytes: N*K weights (dominant) + M*K + M*N; the floor is N*K*2/bandwidth.
 ``GEMV_PDL`` = 1 (SM90+ GPUs; ignored elsewhere): both kernels are launched with programmatic dependent
 launch; the GEMV loads its first W tile (written by no kernel) before ``gdc_wait`` (the previous
 kernel, which produced x, done and flushed) and everything else after, so its launch and first
@@ -29,7 +30,7 @@ GEMV_BLOCK_M = 1
 GEMV_SPLIT_K = 4
 GEMV_NUM_WARPS = 4
 GEMV_NUM_STAGES = 3
-GEMV_MAX_M = 16
+GEMV_MAX_M = 1
 GEMV_PDL = 0                 # 1: programmatic dependent launch (SM90+)
 GEMV_FUSED_REDUCE = 0        # 1: the split-K reduce in the GEMV's last-arriving programs, no second launch
 GEMV_COUNTERS = {}           # (device, tiles) -> the fused reduce's int32 counters [tiles]
