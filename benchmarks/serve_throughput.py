@@ -193,7 +193,7 @@ def main(argv=None) -> int:
                     help="plan root (newest version) or version dir; '' skips the plan variant")
     ap.add_argument("--traffic", default=str(ROOT / "examples/traffic/azure2023_conv.parquet"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--rates", default="1,4", help="replay speed-ups (default 1,4)")
+    ap.add_argument("--rates", default="1,4,8", help="replay speed-ups (default 1,4,8)")
     ap.add_argument("--requests", type=int, default=40, help="requests replayed per run (default 40: 24 s of "
                     "the Azure conversation trace at 1x)")
     ap.add_argument("--warmup-requests", type=int, default=8,
