@@ -78,13 +78,18 @@ def template_impl(name: str, knobs: dict):
     return load_candidate(render_candidate([Choice(t, setting)]))["OVERRIDES"]["linear"], []
 
 
+def _pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1): the row tile a template caps its block to."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def gemv_settings(rows: int, count: int) -> list[dict]:
     """The GEMV's settings at ``rows``: row blocks of min(4, pow2(rows)) (the template's largest), so that a W tile
     serves up to 4 rows from registers instead of one row per program re-reading it from L2; BLOCK_K shrinks by
     the row block (the same registers per thread)."""
     if rows > GEMV_MAX_ROWS:
         return []
-    bm = min(4, 1 << max(rows - 1, 0).bit_length())
+    bm = min(4, _pow2(rows))
     return [{"GEMV_BLOCK_N": n, "GEMV_BLOCK_K": k // bm, "GEMV_SPLIT_K": s, "GEMV_NUM_WARPS": w, "GEMV_FUSED_REDUCE": f,
              "GEMV_BLOCK_M": bm, "GEMV_MAX_M": GEMV_MAX_ROWS} for n, k, s, w, f in GEMV_CONFIGS[:count]]
 
@@ -92,7 +97,7 @@ def gemv_settings(rows: int, count: int) -> list[dict]:
 def skinny_settings(rows: int, count: int) -> list[dict]:
     """The settings distinct at ``rows`` (a row tile above pow2(rows) is the same kernel as the capped one)."""
     out, seen = [], set()
-    cap = max(16, 1 << max(rows - 1, 0).bit_length())
+    cap = max(16, _pow2(rows))
     for t, n, k, s, w, st, f in SKINNY_CONFIGS:
         key = (min(t, cap), n, k, s, w, st, f)
         if key not in seen:

@@ -7,7 +7,8 @@ otherwise it reduces each [BLOCK_M, BLOCK_N, BLOCK_K] product. With SPLIT_K > 1 
 go to a [SPLIT_K, M, N] workspace and a second kernel sums them in a fixed order (deterministic),
 adds the bias and casts. Rows above ``GEMV_MAX_M`` go to torch's GEMM: by default every batch above one
 row, since at ``BLOCK_M`` 1 each row re-reads W from L2 (on an H100, 0.38-0.50x cuBLAS at 4 rows and
-0.12-0.25x at 16: ``benchmarks/results/h100-linear-rows.json``). Bytes: N*K weights (dominant) + M*K + M*N; the floor is N*K*2/bandwidth.
+0.12-0.25x at 16: ``benchmarks/results/h100-linear-rows.json``). Bytes: N*K weights (dominant) + M*K +
+M*N; the floor is N*K*2/bandwidth.
 ``GEMV_PDL`` = 1 (SM90+ GPUs; ignored elsewhere): both kernels are launched with programmatic dependent
 launch; the GEMV loads its first W tile (written by no kernel) before ``gdc_wait`` (the previous
 kernel, which produced x, done and flushed) and everything else after, so its launch and first
