@@ -73,7 +73,7 @@ def variant_options(name: str, args, plan: str | None) -> ServeOptions:
                         max_model_len=args.max_model_len, compile={"torch_compile": True, "reference": False}.get(name),
                         graphs=bool(sizes), graph_sizes=sizes, max_num_seqs=args.max_num_seqs,
                         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None,
-                        spot_check=args.spot_check)
+                        spot_check=args.spot_check, mixed_batches=args.mixed_batches if name == "plan" else None)
 
 
 def graph_kernels(rt, top: int = 8) -> list[dict]:
@@ -119,7 +119,8 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
         log(f"{name}: {line}")
 
     rt = build_runtime(opts, progress)
-    out = {"variant": name, "startup_s": sum(rt.startup_s.values()), "load_s": rt.startup_s.get("load_s"),
+    out = {"variant": name, "mixed_batches": rt.engine.cfg.mixed_batches, "startup_s": sum(rt.startup_s.values()),
+           "load_s": rt.startup_s.get("load_s"),
            "warmup_s": rt.startup_s.get("engine_s"), "compiles": compile_count() - compiles0,
            "plan": rt.plan_dir, "overrides": sorted(rt.plan_overrides),
            "engine": {"max_num_seqs": rt.engine.cfg.max_num_seqs,
@@ -213,6 +214,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tpot-ms", type=float, default=50.0)
     ap.add_argument("--spot-check", type=float, default=0.02,
                     help="the plan variant's spot-check fraction (tkcc serve --spot-check; 0 disables)")
+    ap.add_argument("--mixed-batches", action=argparse.BooleanOptionalAction, default=None,
+                    help="the plan's steps with chunks and decodes as one forward (default: as tkcc serve decides)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     try:

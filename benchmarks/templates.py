@@ -115,8 +115,8 @@ def bytes_moved(op: str, args: tuple, out, writes: tuple = ()) -> float:
         for pool in args[w.pool] if isinstance(args[w.pool], tuple) else (args[w.pool],):
             out_b += args[w.slots].numel() * pool[0, 0].numel() * pool.element_size()
     args = tuple(a for i, a in enumerate(args) if i not in pools)
-    if op == "attention_decode":
-        q, kc, vc, _bt, cl, _s = args
+    if op in ("attention_decode", "attention_prefill"):       # each sequence's context read once
+        q, kc, vc, cl = args[0], args[1], args[2], args[-2]
         per_tok = kc.shape[2] * (kc.shape[3] + vc.shape[3]) * kc.element_size()
         return float(cl.long().sum()) * per_tok + q.numel() * q.element_size() + out_b
     if op == "moe_experts":

@@ -124,10 +124,11 @@ def test_every_variant_captures_the_reference_graph_sizes():
     mod = _load()
     args = mod.argparse.Namespace(model="llama-1b", device="cuda", max_model_len=2560, max_num_seqs=128,
                                   graph_sizes=(1, 2, 4, 8, 16, 32, 64, 128), kv_cache_gib=0.5,
-                                  spot_check=0.02)
-    opts = {v: mod.variant_options(v, args, None) for v in ("reference", "torch_compile")}
+                                  spot_check=0.02, mixed_batches=True)
+    opts = {v: mod.variant_options(v, args, None) for v in ("reference", "torch_compile", "plan")}
     assert opts["reference"].graph_sizes == opts["torch_compile"].graph_sizes == args.graph_sizes
     assert opts["torch_compile"].graphs and opts["torch_compile"].compile and not opts["reference"].compile
+    assert opts["plan"].mixed_batches is True and opts["reference"].mixed_batches is None   # --mixed-batches: the plan's
     assert opts["reference"].kv_cache_bytes == opts["torch_compile"].kv_cache_bytes == 1 << 29
     plan = mod.variant_options("plan", args, "plans/x")
     assert plan.graph_sizes == args.graph_sizes and plan.model is None and not plan.compile

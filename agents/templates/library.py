@@ -169,6 +169,14 @@ def _attn(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(g * bt * dh, warps)
 
 
+def _attn_prefill(k: Mapping, dims: Mapping) -> list[str]:
+    """The live [M, BLOCK_T] scores and [M, Dv] accumulator of M = BLOCK_Q x the padded group rows (>= 16: the
+    template's ``_attp_block_g``); the K/V tiles are tl.dot operands staged through shared memory."""
+    bq, bt = k["ATTP_BLOCK_Q"], k["ATTP_BLOCK_T"]
+    rows = bq * max(_next_pow2(dims.get("group", 4)), 16 // bq)
+    return _per_thread(rows * (bt + max(16, _next_pow2(dims.get("head_dim", 64)))), k["ATTP_NUM_WARPS"])
+
+
 def _attn_window(k: Mapping, dims: Mapping) -> list[str]:
     g, dh = _next_pow2(dims.get("group", 8)), _next_pow2(dims.get("head_dim", 128))
     return _per_thread(g * k["ATTW_BLOCK_T"] * dh, k["ATTW_NUM_WARPS"])
@@ -315,6 +323,13 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "flash-decoding over the paged cache: GQA group per program, split-KV (0: ~2 programs per SM), "
              "merge kernel; "
              "ATTD_PDL: programmatic dependent launch (SM90+)", _attn),
+    Template("attention_prefill.triton_varlen", "attention_prefill", "triton_attention_prefill.py",
+             "attention_prefill_triton", "triton", ("cuda",),
+             (Knob("ATTP_BLOCK_Q", (16, 32, 8, 64, 4)), Knob("ATTP_BLOCK_T", (64, 32, 16, 128)),
+              Knob("ATTP_NUM_WARPS", (8, 4, 2, 1)), Knob("ATTP_NUM_STAGES", (2, 1, 3))),
+             "varlen causal flash attention over the paged cache (chunked prefill and mixed prefill + decode "
+             "batches): BLOCK_Q queries x the GQA group per tensor-core tile, sequences found on device from "
+             "cu_seqlens_q, keys past the block's last query never read", _attn_prefill),
     Template("moe_experts.triton_fused", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
              "triton", ("cuda",), MOE_KNOBS,
              "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "

@@ -1,6 +1,6 @@
 """``tkcc serve (--plan DIR | --model M) [--weights PATH] [--host 127.0.0.1] [--port 8000] [--device D] [--tiny]
-[--spot-check F]`` and ``tkcc bench serve --traffic FILE --url URL [--rate X] [--json]`` (see compiler/serve/openai_app.py and
-compiler/serve/bench.py)."""
+[--spot-check F] [--mixed-batches | --no-mixed-batches]`` and ``tkcc bench serve --traffic FILE --url URL
+[--rate X] [--json]`` (see compiler/serve/openai_app.py and compiler/serve/bench.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the decode forward around the plan's kernels, as the plan was measured "
                         "(default: on for CUDA, off for CPU)")
+    p.add_argument("--mixed-batches", action=argparse.BooleanOptionalAction, default=None,
+                   help="run a step's prompt chunks and decodes as one ragged forward (default: on when the plan "
+                        "overrides attention_prefill with a varlen kernel, off otherwise)")
     p.add_argument("--spot-check", type=float, default=None, metavar="F",
                    help="fraction of each plan override's calls recomputed with the reference in the background "
                         "(default 0.02; 0 disables); a mismatch disables that override")
@@ -64,6 +67,7 @@ def _serve(args) -> int:
     bind(args.host, args.port).close()          # a busy port fails before the model loads
     rt = build_runtime(ServeOptions(model=args.model, plan=args.plan, weights=args.weights, device=args.device,
                                     tiny=args.tiny, max_model_len=args.max_model_len, compile=args.compile,
+                                    mixed_batches=args.mixed_batches,
                                     **({} if args.spot_check is None else {"spot_check": args.spot_check})))
     serve_forever(rt, args.host, args.port)
     return 0

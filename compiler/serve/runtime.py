@@ -31,6 +31,8 @@ class ServeOptions:
     graphs: bool = True               # CUDA graphs for the plan's (or default) decode batch sizes
     graph_sizes: tuple[int, ...] | None = None   # decode graph batch sizes instead of the plan's / default
     max_num_seqs: int | None = None   # when the plan's CONFIG sets none (default 64)
+    mixed_batches: bool | None = None  # a step's chunks and decodes in one ragged forward; None: when the plan
+                                      # overrides attention_prefill (the reference's cost grows with the sequences)
     seed: int = 0
     spot_check: float = 0.02          # fraction of each override's calls checked against the reference (0: off)
 
@@ -126,15 +128,16 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
         knobs.setdefault("max_num_seqs", opts.max_num_seqs)
     graphs = opts.graph_sizes or knobs.get("cuda_graph_batch_sizes", DEFAULT_GRAPH_SIZES)
     graphs = () if not opts.graphs or device == "cpu" else graphs
+    overrides = dict(loaded.overrides) if loaded else {}
+    mixed = "attention_prefill" in overrides if opts.mixed_batches is None else bool(opts.mixed_batches)
     cfg = ServingConfig.from_knobs({**knobs, "cuda_graph_batch_sizes": graphs}, device=device, dtype=dtype,
                                   max_model_len=max_len, kv_cache_bytes=kv_bytes, compile=compiled,
-                                  compile_backend=opts.compile_backend)
+                                  compile_backend=opts.compile_backend, mixed_batches=mixed)
     cfg = dataclasses.replace(cfg, cuda_graph_batch_sizes=tuple(b for b in cfg.cuda_graph_batch_sizes
                                                                 if b <= cfg.max_num_seqs))
     chunk = knobs.get("max_chunk_tokens")             # the plan's chunked-prefill size (config search)
     sched_cfg = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                 max_chunk_tokens=int(chunk) if chunk else None)
-    overrides = dict(loaded.overrides) if loaded else {}
     from compiler.plan.spot_check import SpotChecker
     from persistent_engine.ops import registry
 

@@ -12,11 +12,14 @@ tkcc, ``traffic_profiles.scheduler.Scheduler``, the same one the trace replay ru
 caller because ``persistent_engine`` imports no sibling package). The engine relies only on the
 ``SchedulerLike`` protocol below.
 
-One step = the scheduler's plan, run as at most two forward passes over the shared KV pools: the
-prompt chunks (ragged, ``attention_prefill``) and the decodes (one token each, ``attention_decode``,
-replayed from a CUDA graph captured for the smallest graph batch size that holds them; padded rows
-write to the scratch block). Every op goes through the registry, so a plan's overrides (installed by
-the caller) run here; its CONFIG knobs come in through ``ServingConfig.from_knobs``.
+One step = the scheduler's plan, run as at most two forward passes over the shared KV pools: the prompt
+chunks (ragged, ``attention_prefill``) and the decodes (one token each, ``attention_decode``, replayed
+from a CUDA graph captured for the smallest graph batch size that holds them; padded rows write to the
+scratch block). With ``mixed_batches`` a step holding both runs them as ONE ragged forward, the decodes as
+one-token chunks (the weights streamed once a step, not twice; worth it where ``attention_prefill`` is a
+varlen kernel: the reference's cost grows with the batch's sequence count). Every op goes through the
+registry, so a plan's overrides (installed by the caller) run here; its CONFIG knobs come in through
+``ServingConfig.from_knobs``.
 Host syncs: one per forward (reading the sampled tokens).
 """
 
@@ -75,6 +78,7 @@ class ServingConfig:
     prefix_caching: bool = True
     compile: bool = False                    # torch.compile the decode forward (before graph capture)
     compile_backend: str = "inductor"        # torch.compile's backend ("eager": dynamo only, the CPU test's)
+    mixed_batches: bool = False              # prompt chunks and decodes of a step in one ragged forward
 
     @classmethod
     def from_knobs(cls, knobs: dict, **kw) -> "ServingConfig":
@@ -154,10 +158,13 @@ class ServingEngine:
             self.requests.pop(s.rid, None)
             self.kv.forget(s.rid)
         sampled: dict[Any, int] = {}
-        if plan.chunks:
-            sampled.update(self._prefill(plan.chunks))
-        if plan.decodes:
-            sampled.update(self._decode(plan.decodes))
+        if plan.chunks and plan.decodes and self.cfg.mixed_batches:
+            sampled.update(self._ragged(plan.chunks, plan.decodes))
+        else:
+            if plan.chunks:
+                sampled.update(self._ragged(plan.chunks))
+            if plan.decodes:
+                sampled.update(self._decode(plan.decodes))
         _, done = self.scheduler.advance(plan)
         finished = {s.rid for s in done}
         for s, _c in plan.chunks:
@@ -189,23 +196,28 @@ class ServingEngine:
     def _tables(self, rids, width: int) -> list[list[int]]:
         return [(self.kv.tables[r] + [SCRATCH_BLOCK] * width)[:width] for r in rids]
 
-    def _prefill(self, chunks) -> dict[Any, int]:
-        """One ragged forward over the prompt chunks; samples for the sequences whose prompt ends here."""
+    def _ragged(self, chunks, decodes=()) -> dict[Any, int]:
+        """One ragged forward over the prompt chunks and (a mixed batch) the decodes as one-token chunks after
+        them; samples for the decodes and for the sequences whose prompt ends here."""
         ids, pos, slots, ctx, cu, last = [], [], [], [], [0], []
-        for s, c in chunks:
-            req = self.requests[s.rid]
+        tokens = [self.requests[s.rid].prompt[s.computed:s.computed + c] for s, c in chunks]
+        tokens += [self.requests[s.rid].output[-1:] for s in decodes]
+        for (s, c), toks in zip([*chunks, *((s, 1) for s in decodes)], tokens):
             p0 = s.computed
-            ids += req.prompt[p0:p0 + c]
+            ids += toks
             pos += range(p0, p0 + c)
             slots += [self.kv.slot(s.rid, p) for p in range(p0, p0 + c)]
             ctx.append(p0 + c)
             cu.append(cu[-1] + c)
             last.append(cu[-1] - 1)
+        rids = [s.rid for s, _ in chunks] + [s.rid for s in decodes]
         width = max(self.kv.blocks_for(n) for n in ctx)
-        wl = self._workload("prefill", ids, pos, slots, self._tables([s.rid for s, _ in chunks], width), ctx, cu, last)
-        logits = self.model.step(wl)
+        wl = self._workload("prefill", ids, pos, slots, self._tables(rids, width), ctx, cu, last)
+        logits = self.model.step(wl)                                   # [sequences, V]: each one's last token
         rows = [i for i, (s, c) in enumerate(chunks) if s.prefill_left == c]      # prompt done: first token
-        return self._sample([chunks[i][0] for i in rows], logits[rows] if rows else logits[:0])
+        rows += range(len(chunks), len(chunks) + len(decodes))
+        seqs = [chunks[i][0] if i < len(chunks) else decodes[i - len(chunks)] for i in rows]
+        return self._sample(seqs, logits[rows] if rows else logits[:0])
 
     def _decode(self, decodes) -> dict[Any, int]:
         rids = [s.rid for s in decodes]

@@ -12,6 +12,7 @@ from agents.templates import (TEMPLATES, Choice, TemplateError, dims_of, get_tem
                               render_candidate, templates_for)
 from agents.templates.base import KERNEL_DIR
 from persistent_engine.models.spec import ModelSpec
+from persistent_engine.ops import registry
 from persistent_engine.ops.contract import check_op
 
 # small blocks so that the example shapes take the multi-block, masked and split-K/split-KV paths
@@ -31,6 +32,9 @@ SMALL = {
                              "SKINNY_FUSED_REDUCE": 1},
     "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
                                         "ATTD_NUM_STAGES": 1, "ATTD_DOT": True, "ATTD_PDL": 1},
+    # BLOCK_Q 4: the examples' 5- and 7-query chunks take two blocks each (one partial), the group padded to 4 rows
+    "attention_prefill.triton_varlen": {"ATTP_BLOCK_Q": 4, "ATTP_BLOCK_T": 16, "ATTP_NUM_WARPS": 1,
+                                        "ATTP_NUM_STAGES": 1},
     # *_PDL 1: the GEMV's peeled first tile (programmatic dependent launch itself needs an SM90 GPU), with
     # *_FUSED_REDUCE 1 where split-K: the reduce in the GEMV's last-arriving programs
     # composite ops: MAX_T 4 sends the T=5/7 examples through the tl.dot path, the rest through split-K
@@ -189,6 +193,57 @@ def test_attention_auto_splits_fill_the_gpu_and_match_the_reference():
     ns["_SMS"][q.device] = 132                             # cdiv(264, 4) -> 4 tiles of 32: 4 slices
     out = ns["attention_decode_triton"](q, kc, vc, bt, cl, 0.125)
     torch.testing.assert_close(out, attention_decode(q, kc, vc, bt, cl, 0.125), atol=2e-5, rtol=1e-4)
+
+
+def _mixed_batch(chunks, ctx, Hq, Hk, D, page, dtype, device, seed=3):
+    """attention_prefill's arguments for a serving step of sequences with ``chunks[b]`` queries each (1: a decode)
+    and ``ctx[b]`` cached tokens after them, over a shuffled page pool."""
+    g = torch.Generator().manual_seed(seed)
+    mb, nb = max(-(-c // page) for c in ctx), len(ctx) * max(-(-c // page) for c in ctx) + 2
+    q = torch.randn(sum(chunks), Hq, D, generator=g)
+    kc, vc = torch.randn(nb, page, Hk, D, generator=g), torch.randn(nb, page, Hk, D, generator=g)
+    bt = torch.randperm(nb, generator=g)[:len(ctx) * mb].to(torch.int32).view(len(ctx), mb)
+    cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
+    return (q.to(device, dtype), kc.to(device, dtype), vc.to(device, dtype), bt.to(device), cu.to(device),
+            torch.tensor(ctx, dtype=torch.int32, device=device), D ** -0.5)
+
+
+@pytest.mark.parametrize("block_q", [16, 4])
+def test_varlen_prefill_attention_serves_a_mixed_batch(block_q):
+    """attention_prefill.triton_varlen on what a mixed serving step holds: a fresh prompt chunk, a chunk over a
+    cached prefix and three decodes (one-query chunks), GQA group 4, ragged contexts over shuffled pages. It
+    matches the reference op and, independently, per-sequence SDPA with the causal offset of the cached prefix."""
+    from persistent_engine.ops.attention import attention_prefill, gather_pages
+    t = get_template("attention_prefill.triton_varlen")
+    fn = _impl(t, {**t.default(), "ATTP_BLOCK_Q": block_q, "ATTP_BLOCK_T": 16})
+    chunks, ctx, Hq, Hk = [37, 9, 1, 1, 1], [37, 59, 1, 20, 70], 8, 2
+    q, kc, vc, bt, cu, cl, scale = args = _mixed_batch(chunks, ctx, Hq, Hk, 32, 16, torch.float32, "cpu")
+    out = fn(*args)
+    torch.testing.assert_close(out, attention_prefill(*args), atol=2e-5, rtol=1e-4)
+    for b, (n, c) in enumerate(zip(chunks, ctx)):
+        k = gather_pages(kc, bt[b:b + 1])[0, :c].repeat_interleave(Hq // Hk, dim=1).transpose(0, 1)   # [Hq, c, D]
+        v = gather_pages(vc, bt[b:b + 1])[0, :c].repeat_interleave(Hq // Hk, dim=1).transpose(0, 1)
+        allowed = torch.arange(c)[None, :] <= (c - n + torch.arange(n))[:, None]                      # [n, c]
+        want = torch.nn.functional.scaled_dot_product_attention(q[cu[b]:cu[b + 1]].transpose(0, 1), k, v,
+                                                                attn_mask=allowed, scale=scale)
+        torch.testing.assert_close(out[cu[b]:cu[b + 1]], want.transpose(0, 1), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["llama-1b", "qwen3-moe"])
+def test_cuda_varlen_prefill_attention_at_serving_shapes(model):
+    """On a GPU in bf16 at the model's heads: a 512-token chunk over a 1k prefix, a fresh 300-token prompt and 32
+    decodes at 1-2k contexts in one call, within the op's bf16 tolerance of the fp32 reference."""
+    from persistent_engine.ops.contract import compare_outputs
+    spec = ModelSpec.from_name(model)
+    t = get_template("attention_prefill.triton_varlen")
+    assert t.check(t.default(), dims_of(spec)) == []
+    fn, d = _impl(t, t.default()), registry.get("attention_prefill")
+    chunks = [512, 300] + [1] * 32
+    ctx = [1536, 300] + [1024 + 31 * i for i in range(32)]
+    args = _mixed_batch(chunks, ctx, spec.num_heads, spec.num_kv_heads, spec.head_dim, 16, torch.bfloat16, "cuda")
+    ref = d.reference(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+    assert compare_outputs((fn(*args),), (ref,), *d.tolerance(torch.bfloat16)) == []
 
 
 def test_prepacked_lm_head_repacks_a_weight_written_in_place():

@@ -69,3 +69,17 @@ def test_bytes_moved_counts_the_written_cache_rows_not_the_pools(bench):
     want += 2 * shape["T"] * shape["Hk"] * shape["Dh"] * 2              # bf16 rows of k_cache and v_cache
     assert bench.bytes_moved(d.name, args, out, d.writes) == want
     assert bench.bytes_moved(d.name, args, out) > want + args[11].numel() * 2    # without: whole pools read
+
+
+@pytest.mark.parametrize("op", ["attention_decode", "attention_prefill"])
+def test_bytes_moved_of_attention_is_each_sequences_context_not_the_pool(bench, op):
+    """Paged attention reads each sequence's context_lens[b] tokens of K and V (not the pool's spare blocks), its
+    queries, and writes its output."""
+    from persistent_engine.ops import registry
+
+    d = registry.get(op)
+    args = d.make_inputs(d.examples[0], torch.bfloat16, "cpu", 0)
+    q, kc, vc, cl, out = args[0], args[1], args[2], args[-2], d.reference(*args)
+    per_tok = kc.shape[2] * (kc.shape[3] + vc.shape[3]) * 2
+    want = int(cl.sum()) * per_tok + (q.numel() + out.numel()) * 2
+    assert bench.bytes_moved(op, args, out) == want < sum(a.numel() * 2 for a in (q, kc, vc, out))

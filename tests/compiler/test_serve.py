@@ -51,6 +51,14 @@ def test_models_health_metrics(tiny):
     assert float(text.split("tkcc:time_to_first_token_seconds_count ")[1].split()[0]) >= 1
 
 
+def test_mixed_batches_follow_the_flag_and_default_off_without_a_varlen_prefill(tiny):
+    """No plan (the reference attention_prefill, whose cost grows with the batch's sequences): separate forwards;
+    ``--mixed-batches`` turns the one-forward steps on, and /v1/models says which."""
+    assert httpx.get(tiny.url + "/v1/models").json()["data"][0]["mixed_batches"] is False
+    rt = build_runtime(ServeOptions(model="tiny-dense", device="cpu", max_model_len=64, mixed_batches=True))
+    assert rt.engine.cfg.mixed_batches is True
+
+
 def test_completion_greedy_is_deterministic_and_seeded_sampling_repeats(tiny):
     c = _client(tiny)
     a = c.completions.create(model="tiny-dense", prompt=[5, 6, 7], max_tokens=8, temperature=0)

@@ -53,6 +53,34 @@ def test_batched_chunked_prefix_cached_output_equals_plain_loop(model):
     assert eng.kv.usage == 0.0 and not eng.requests
 
 
+def test_mixed_batches_run_chunks_and_decodes_as_one_forward_with_the_plain_loops_tokens(model):
+    """mixed_batches: a step that holds prompt chunks and decodes runs ONE ragged forward (the decodes as one-token
+    chunks after the chunks), and every request still gets the greedy tokens of the plain loop."""
+    calls = []
+
+    class Counted:                                  # the model, its forwards recorded
+        spec, layers = model.spec, model.layers
+
+        def step(self, wl):
+            calls.append(wl.phase)
+            return model.step(wl)
+
+    eng = engine(Counted(), block_size=4, mixed_batches=True)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (k,), generator=g).tolist() for k in (3, 14, 2, 9)]
+    for i, p in enumerate(prompts):
+        eng.add(i, p, SamplingParams(max_tokens=5, temperature=0))
+    out, steps = run(eng), eng.steps
+    for i, p in enumerate(prompts):
+        assert out[i] == naive_greedy(model, p, 5), i
+    assert len(calls) == steps                      # one forward a step, mixed ones included
+    calls.clear()
+    separate = engine(Counted(), block_size=4)
+    for i, p in enumerate(prompts):
+        separate.add(i, p, SamplingParams(max_tokens=5, temperature=0))
+    assert run(separate) == out and len(calls) > separate.steps     # two forwards in the mixed steps
+
+
 def test_stop_tokens_abort_and_seeded_sampling(model):
     eng = engine(model)
     ref = naive_greedy(model, [1, 2, 3], 6)
@@ -168,13 +196,15 @@ def test_compiled_decode_at_the_reference_graph_sizes_compiles_twice_and_equals_
     assert compile_count() - c0 == 2 and eng.graphs.padded_rows == 0
 
 
+@pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("name", ["glm+tiny", "minimax+tiny", "mimo+tiny"])
-def test_serving_frontier_models_equals_plain_loop(name):
+def test_serving_frontier_models_equals_plain_loop(name, mixed):
     """Continuous batching over DSA (indexer keys in the cache), block-sparse attention and MiMo-V2-Flash's windowed
     layers (their own KV heads and V width in the pools) gives the plain loop's greedy tokens; prompts past the toy
-    top-k (8 tokens, 2 blocks of 4) and the toy window (8) so the selection and the window matter."""
+    top-k (8 tokens, 2 blocks of 4) and the toy window (8) so the selection and the window matter; ``mixed``: the
+    decodes run as one-token chunks beside the prompt chunks (their prefill ops)."""
     m = build_model(name, device="cpu", dtype=torch.float32, seed=0)
-    eng = engine(m, block_size=4)
+    eng = engine(m, block_size=4, mixed_batches=mixed)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (k,), generator=g).tolist() for k in (13, 5, 19)]
     for i, p in enumerate(prompts):

@@ -1,8 +1,8 @@
-"""The decode-attention templates' common steps, written once: the GQA query group, the paged K/V tile, the
-online-softmax step.
+"""The attention templates' common steps, written once: the GQA query group, the paged K/V tile, the
+online-softmax step, the tile product.
 
-Not a template of its own: ``triton_attention_decode``, ``triton_attention_window`` and
-``triton_sparse_mla_decode`` import these names in their header, and ``render_candidate`` inlines the functions a
+Not a template of its own: ``triton_attention_decode``, ``triton_attention_prefill``, ``triton_attention_window``
+and ``triton_sparse_mla_decode`` import these names in their header, and ``render_candidate`` inlines the functions a
 candidate's templates use once, after their sections. Each is a ``triton.jit`` function, inlined by the compiler
 into the kernel that calls it.
 """
@@ -55,3 +55,15 @@ def _sa_softmax_step(sc, valid, m, l):
     p = tl.exp(sc - m_new[:, None])
     alpha = tl.exp(m - m_new)
     return p, alpha, m_new, l * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _sa_dot(a, b, kv_ptr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b in fp32: operands in the cache dtype on tensor cores (fp32 in the CPU interpreter,
+    whose 16-bit dot is wrong; full fp32 precision for fp32 caches)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a.to(kv_ptr.dtype.element_ty), b.to(kv_ptr.dtype.element_ty))

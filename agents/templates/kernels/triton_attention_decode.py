@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agents.templates.kernels.shared_attention import _sa_group_q, _sa_paged_kv, _sa_softmax_init, _sa_softmax_step
+from agents.templates.kernels.shared_attention import _sa_dot, _sa_group_q, _sa_paged_kv, _sa_softmax_init, _sa_softmax_step
 
 # ---- section ----
 ATTD_BLOCK_T = 32
@@ -76,12 +76,12 @@ def _attd_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pl_ptr, s
         kk, vv = _sa_paged_kv(k_ptr, v_ptr, bt_ptr, b, hk, offs_t, tmask, dh, dv, stride_bt, stride_kn, stride_kt,
                               stride_kh, stride_vn, stride_vt, stride_vh, DH, DV, PAGE)
         if DOT:
-            sc = _attd_dot(q, tl.trans(kk), k_ptr, UPCAST, IEEE)
+            sc = _sa_dot(q, tl.trans(kk), k_ptr, UPCAST, IEEE)
         else:
             sc = tl.sum(q[:, None, :] * kk[None, :, :], axis=2)       # [BLOCK_G, BLOCK_T]
         p, alpha, m_new, l = _sa_softmax_step(sc, tmask, m, l)
         if DOT:
-            pv = _attd_dot(p, vv, v_ptr, UPCAST, IEEE)
+            pv = _sa_dot(p, vv, v_ptr, UPCAST, IEEE)
         else:
             pv = tl.sum(p[:, :, None] * vv[None, :, :], axis=1)        # [BLOCK_G, BLOCK_DV]
         acc = acc * alpha[:, None] + pv
@@ -97,18 +97,6 @@ def _attd_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pl_ptr, s
         tl.store(po_ptr + row[:, None] * BLOCK_DV + dv[None, :], o, mask=omask)
         lse = tl.where(l > 0, m + tl.log(safe_l), float("-inf"))
         tl.store(pl_ptr + row, lse, mask=gmask)
-
-
-@triton.jit
-def _attd_dot(a, b, kv_ptr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """a @ b in fp32: operands in the cache dtype on tensor cores (fp32 in the CPU interpreter,
-    whose 16-bit dot is wrong; full fp32 precision for fp32 caches)."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    elif IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a.to(kv_ptr.dtype.element_ty), b.to(kv_ptr.dtype.element_ty))
 
 
 @triton.jit
