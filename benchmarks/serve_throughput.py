@@ -123,6 +123,7 @@ def run_variant(name: str, args, plan: str | None, on_run) -> dict:
            "load_s": rt.startup_s.get("load_s"),
            "warmup_s": rt.startup_s.get("engine_s"), "compiles": compile_count() - compiles0,
            "plan": rt.plan_dir, "overrides": sorted(rt.plan_overrides),
+           "variants": [{"batches": [v.lo, v.hi], "overrides": sorted(o)} for v, o in rt.variants],
            "engine": {"max_num_seqs": rt.engine.cfg.max_num_seqs,
                       "max_num_batched_tokens": rt.engine.cfg.max_num_batched_tokens,
                       "block_size": rt.engine.cfg.block_size, "kv_blocks": rt.engine.kv.num_blocks - 1,

@@ -232,7 +232,7 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
         _print_json({"plan_dir": str(vdir), "report": str(vdir / "report.md"), "version": plan.version,
                      "hw": plan.hw, "measured_on": measured_on(plan),
                      "optimizations": [o.to_dict() for o in plan.optimizations],
-                     "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")},
+                     "plan_speedup": {k: ps.get(k) for k in ("fast", "slow")}, "variants": list(plan.variants),
                      "counts": plan.run.get("counts"), "agents": plan.run.get("agent_reports", []), **extra})
         return
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}x"  # noqa: E731
@@ -244,6 +244,10 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
     for o in plan.optimizations:
         print(f"  {o.name}: {', '.join(o.targets) or 'config'}  fast {fmt(o.speedup.get('fast'))}  "
               f"slow {fmt(o.speedup.get('slow'))}")
+    for v in plan.variants:
+        lo, hi = v["batches"]
+        print(f"  decode batches {lo}-{hi if hi < 1 << 20 else ''}: {', '.join(v['members']) or 'the reference'} "
+              f"({v['kernel']})")
     for a in plan.run.get("agent_reports", []):
         if a.get("requests"):
             print(f"  {a['name']}: {a['input_tokens'] + a['cached_tokens'] + a['output_tokens']} tokens, "
@@ -298,6 +302,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    from compiler.plan import artifact as plan_mod
     from compiler.plan.apply import check_plan
 
     layers = None
@@ -321,8 +326,9 @@ def _apply(args: argparse.Namespace) -> int:
         if loaded.config:
             print("config applied: " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.config.items())))
         for c in checks:
+            by = "" if c.served_by.endswith(f"/{plan_mod.COMPOSED_KERNEL}") else f"  (by {c.served_by})"
             print(f"  {c.point.label()}: "
-                  f"max |diff| {c.max_abs_diff:.2e}  reference {c.reference_ms:.3f} ms  plan {c.plan_ms:.3f} ms")
+                  f"max |diff| {c.max_abs_diff:.2e}  reference {c.reference_ms:.3f} ms  plan {c.plan_ms:.3f} ms{by}")
         print("outputs match the reference" if ok else "outputs DIFFER from the reference", file=sys.stderr)
         if versus:
             for r in versus["points"]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -52,6 +53,7 @@ class LoadedPlan:
     config: dict
     checker: Any = None               # compiler.plan.spot_check.SpotChecker, inside ``apply_plan``
     weights: str | None = None        # the checkpoint ``check_plan`` ran (``--model DIR``); None: seeded random
+    variants: tuple = ()              # (buckets.BucketVariant, its overrides): decode batch sizes they serve
 
 
 def load_module(path: Path) -> Any:
@@ -142,7 +144,34 @@ def load(path: str | Path) -> LoadedPlan:
     if reasons:
         raise plan_mod.PlanError(f"corrupt plan {vdir}: {kfile.name}: {'; '.join(reasons)}")
     check_verified_ops(plan, vdir, verified_bytes(kfile, sha).decode(), overrides)
-    return LoadedPlan(vdir, plan, overrides, config)
+    return LoadedPlan(vdir, plan, overrides, config, variants=_load_variants(plan, vdir, config))
+
+
+def _load_variants(plan: plan_mod.Plan, vdir: Path, config: dict) -> tuple:
+    """Each bucket variant's overrides, imported from its verified bytes; a variant must override exactly the
+    ops its members verified and set the plan's CONFIG (one engine config per plan), else ``PlanError``."""
+    out = []
+    for v in plan.bucket_variants(str(vdir)):
+        module = _load_verified(vdir / v.kernel, plan.kernel_sha256.get(v.kernel, ""))
+        overrides, vconfig, _, reasons = read_contract(module, None)
+        if reasons:
+            raise plan_mod.PlanError(f"corrupt plan {vdir}: {v.kernel}: {'; '.join(reasons)}")
+        if vconfig != config:
+            raise plan_mod.PlanError(f"plan {vdir}: {v.kernel} sets CONFIG {vconfig}, not the plan's {config}; refused")
+        _check_variant_ops(plan, vdir, v, overrides)
+        out.append((v, overrides))
+    return tuple(out)
+
+
+def _check_variant_ops(plan: plan_mod.Plan, vdir: Path, v: Any, live: Iterable[str]) -> None:
+    """A bucket variant's live overrides must be exactly the ops its members verified."""
+    from persistent_engine.ops import registry
+
+    ops, live = set(registry.names()), set(live)
+    verified = {t for o in plan.optimizations if o.name in v.members for t in o.targets if t in ops}
+    if live != verified:
+        raise plan_mod.PlanError(f"plan {vdir}: {v.kernel} overrides {', '.join(sorted(live)) or 'nothing'}, "
+                                 f"its members verified {', '.join(sorted(verified)) or 'nothing'}; refused")
 
 
 def verified_ops(plan: plan_mod.Plan, source: str) -> set[str] | None:
@@ -212,6 +241,7 @@ class PointCheck:
     reference_ms: float
     plan_ms: float
     ok: bool
+    served_by: str = f"kernels/{plan_mod.COMPOSED_KERNEL}"     # the plan file that ran it (a bucket variant's)
 
 
 def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] | None = None,
@@ -224,8 +254,6 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
     the reference, compares and times both sides from outside. Cost: one judge start-up, one executor,
     2 x (repeats + 1) steps per point. A ``model`` (or plan model) naming an HF checkpoint runs its weights."""
     from persistent_engine import checkpoint_of
-    from persistent_engine import io_struct as io
-    from persistent_engine.judge import ab
     from persistent_engine.judge import Engine, EngineConfig
     from persistent_engine.models.spec import ModelSpec
 
@@ -238,7 +266,6 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
         layers = plan.tiers.get("fast", {}).get("layers") or list(spec.covering_layers())
     if dtype not in TOLERANCE:
         raise plan_mod.PlanError(f"dtype must be one of {', '.join(TOLERANCE)}, got {dtype!r}")
-    atol, rtol = TOLERANCE[dtype]
     points = list(plan.workload_points)
     ckpt = checkpoint_of(model or plan.model)
     weights = str(ckpt) if ckpt is not None else None
@@ -248,35 +275,61 @@ def check_plan(path: str | Path, *, model: str | None = None, layers: list[int] 
                                  inputs={"weights": weights} if weights else {}))
     try:
         ops, config, plan_side = [], {}, engine.baseline
+        composed = f"kernels/{plan_mod.COMPOSED_KERNEL}"
         if kfile.is_file() and plan.optimizations:           # an empty plan runs the baseline
-            source = verified_bytes(kfile, plan.kernel_sha256.get(f"kernels/{plan_mod.COMPOSED_KERNEL}", ""))
-            load = engine.handle(io.LoadCandidate(source=source.decode(), name="plan"))
-            if not load.ok:
-                why = "; ".join(getattr(load, "reasons", None) or [load.message])
-                raise plan_mod.PlanError(f"plan kernel {kfile} fails to load: {why}"[:2000])
-            ops, config, plan_side = list(load.ops), dict(load.config), engine.candidate.executor
-            check_verified_ops(plan, vdir, source.decode(), ops)     # the module's live OVERRIDES, as it loaded
-            if engine.device.type == "cuda":
-                ab.capture(plan_side, sorted(engine.base_graphed))
-        out = []
-        for i, point in enumerate(points):
-            ref = engine.ref[i][0]
-            got = ref
-            if plan_side is not engine.baseline:
-                try:
-                    got = ab.step_logits(plan_side, i).to(ref.device)
-                except RuntimeError as e:
-                    raise plan_mod.PlanError(f"plan kernel {kfile} raised: {e}"[:2000]) from None
-            diff = float((ref.float() - got.float()).abs().max())
-            scale = float(ref.float().abs().max())
-            like = engine.ref[i][0]                                                    # k runs a request:
-            ref_ms = ab.time_side(engine.baseline, i, 0, repeats, engine.batch[i], like)   # its fixed cost
-            plan_ms = ab.time_side(plan_side, i, 0, repeats, engine.batch[i], like)        # amortised
-            out.append(PointCheck(point, diff, scale, ref_ms, plan_ms, diff <= atol + rtol * scale))
+            ops, config, plan_side, source = _load_side(engine, vdir, composed, plan.kernel_sha256.get(composed, ""))
+            check_verified_ops(plan, vdir, source, ops)     # the module's live OVERRIDES, as it loaded
+        check = functools.partial(_check_point, engine, repeats=repeats, tol=TOLERANCE[dtype])
+        out = [check(plan_side, i, p, vdir / composed, composed) for i, p in enumerate(points)]
+        for v in plan.bucket_variants(str(vdir)):           # the decode points a variant serves: checked with it
+            side = engine.baseline                          # no member kept: the reference
+            if v.members:
+                vops, _, side, _ = _load_side(engine, vdir, v.kernel, plan.kernel_sha256.get(v.kernel, ""))
+                _check_variant_ops(plan, vdir, v, vops)
+            for i, point in enumerate(points):
+                if point.phase == "decode" and v.lo <= point.batch <= v.hi:
+                    out[i] = check(side, i, point, vdir / v.kernel, v.kernel)
     finally:
         engine.close()
         restore()
     return LoadedPlan(vdir, plan, dict.fromkeys(ops), config, weights=weights), out
+
+
+def _load_side(engine: Any, vdir: Path, rel: str, sha256: str) -> tuple[list, dict, Any, str]:
+    """(ops, config, executor, source) of a plan file's verified bytes loaded into the judge engine as a
+    candidate (captured in CUDA graphs on a GPU, as judged)."""
+    from persistent_engine import io_struct as io
+    from persistent_engine.judge import ab
+
+    source = verified_bytes(vdir / rel, sha256).decode()
+    load = engine.handle(io.LoadCandidate(source=source, name="plan"))
+    if not load.ok:
+        why = "; ".join(getattr(load, "reasons", None) or [load.message])
+        raise plan_mod.PlanError(f"plan kernel {vdir / rel} fails to load: {why}"[:2000])
+    side = engine.candidate.executor
+    if engine.device.type == "cuda":
+        ab.capture(side, sorted(engine.base_graphed))
+    return list(load.ops), dict(load.config), side, source
+
+
+def _check_point(engine: Any, side: Any, i: int, point: WorkloadPoint, kfile: Path, served_by: str, *,
+                 repeats: int, tol: tuple[float, float]) -> "PointCheck":
+    """Point ``i`` of the engine run by ``side`` (the baseline executor: the reference): its logits against
+    the reference's and both sides' median step time."""
+    from persistent_engine.judge import ab
+
+    ref = engine.ref[i][0]
+    got = ref
+    if side is not engine.baseline:
+        try:
+            got = ab.step_logits(side, i).to(ref.device)
+        except RuntimeError as e:
+            raise plan_mod.PlanError(f"plan kernel {kfile} raised: {e}"[:2000]) from None
+    diff = float((ref.float() - got.float()).abs().max())
+    scale = float(ref.float().abs().max())
+    ref_ms = ab.time_side(engine.baseline, i, 0, repeats, engine.batch[i], ref)   # k runs a request:
+    plan_ms = ab.time_side(side, i, 0, repeats, engine.batch[i], ref)             # its fixed cost amortised
+    return PointCheck(point, diff, scale, ref_ms, plan_ms, diff <= tol[0] + tol[1] * scale, served_by)
 
 
 def op_times_with(spec: Any, layers: list[int], points: list[WorkloadPoint], source: str, *, device: str = "cpu",

@@ -9,6 +9,7 @@ A plan root directory (``--out DIR``) holds one sub-directory per version::
                                 the first 12 hex digits of its sha256 (``kernel_path``): one file per
                                 distinct source, and a recompile re-verifying it writes the same name
     DIR/v1/kernels/composed.py  all accepted overrides in one candidate file (what ``plan apply`` loads)
+    DIR/v1/kernels/bucket_b<lo>-<hi>.py  a variant serving decode batches lo..hi (``compiler.plan.buckets``)
     DIR/v1/report.md + plots/   the readable report
 
 Plans are content-addressed: ``plan.json`` records the sha256 of every file under ``kernels/``
@@ -129,10 +130,11 @@ class Plan:
     parent_version: int | None = None
     created_at: str = ""
     kernel_sha256: dict = field(default_factory=dict)   # "kernels/x.py" -> sha256 hex of its bytes
+    variants: tuple = ()                            # per-bucket variants as their maps (compiler.plan.buckets)
     schema: str = SCHEMA
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "optimizations"}
+        d = {k: v for k, v in asdict(self).items() if k != "optimizations" and (k != "variants" or v)}
         d["optimizations"] = [o.to_dict() for o in self.optimizations]
         d["workload_points"] = [p.to_dict() for p in self.workload_points]
         return d
@@ -148,7 +150,21 @@ class Plan:
                    baseline=dict(d.get("baseline") or {}), run=dict(d.get("run") or {}),
                    version=int(d["version"]), parent_version=d.get("parent_version"),
                    created_at=str(d.get("created_at", "")), kernel_sha256=dict(d.get("kernel_sha256") or {}),
-                   schema=str(d.get("schema", SCHEMA)))
+                   variants=tuple(d.get("variants") or ()), schema=str(d.get("schema", SCHEMA)))
+
+    def bucket_variants(self, where: str = "") -> tuple:
+        """The variants as ``buckets.BucketVariant`` records, checked: well formed, disjoint ranges, members among
+        the plan's optimizations (``PlanError``, one line, otherwise)."""
+        from compiler.plan.buckets import BucketVariant, check_disjoint
+
+        out = tuple(BucketVariant.from_dict(v, where) for v in self.variants)
+        names = {o.name for o in self.optimizations}
+        for v in out:
+            if not set(v.members) <= names:
+                raise PlanError(f"corrupt plan {where}: variant {v.lo}..{v.hi} names optimizations the plan does "
+                                f"not hold: {', '.join(sorted(set(v.members) - names))}")
+        check_disjoint(out, where)
+        return out
 
 
 # ---------------------------------------------------------------- validation
@@ -163,6 +179,8 @@ def validate(d: Any, where: str) -> list[str]:
     problems = []
     if d.get("schema", SCHEMA) != SCHEMA:
         problems.append(f"unknown schema {d.get('schema')!r} (this tkcc reads {SCHEMA})")
+    if not isinstance(d.get("variants", []), list):
+        problems.append("field 'variants' should be list")
     for key, typ in _REQUIRED.items():
         if key not in d:
             problems.append(f"missing field {key!r}")
@@ -292,10 +310,15 @@ def load(path: str | os.PathLike) -> tuple[Plan, Path]:
     for o in doc.get("optimizations") or [] if isinstance(doc, dict) else []:
         if isinstance(o, dict) and o.get("kernel") and not (vdir / o["kernel"]).is_file():
             problems.append(f"kernel file {o['kernel']} is missing")
+    for v in doc.get("variants") or [] if isinstance(doc, dict) and isinstance(doc.get("variants"), list) else []:
+        if isinstance(v, dict) and isinstance(v.get("kernel"), str) and not (vdir / v["kernel"]).is_file():
+            problems.append(f"variant kernel file {v['kernel']} is missing")
     if problems:
         raise PlanError(f"corrupt plan {f}: {'; '.join(problems)}")
     _check_kernels(doc, vdir)
-    return Plan.from_dict(doc), vdir
+    plan = Plan.from_dict(doc)
+    plan.bucket_variants(str(f))                   # well formed, disjoint, members of the plan (or PlanError)
+    return plan, vdir
 
 
 def load_profile(vdir: str | os.PathLike) -> dict:

@@ -17,6 +17,7 @@ from compiler.search import inputs
 from compiler.plan import artifact as plan_mod
 from compiler.plan import report
 from compiler.search.budget import Budget
+from compiler.plan.buckets import BucketVariant, variant_path
 from compiler.plan.compose import compose
 from compiler.fleet.isolated import run_isolated
 from compiler.search.progress import Progress
@@ -51,6 +52,7 @@ def write_plan(run: RunContext, run_in: RunInputs, outcome: Outcome) -> Path:
         **({"agent_reports": outcome.agent_reports} if outcome.agent_reports else {})})
     parts = composition.parts if composition else ()
     sources = {o.kernel: a.source for o, a in zip(plan.optimizations, parts)}
+    sources.update({variant_path(lo, hi): v.source for lo, hi, v in (composition.variants if composition else ())})
     vdir = plan_mod.write_version(Path(cfg.out), plan, sources=sources,
                                   composed_source=composition.source if composition else compose([]),
                                   profile=run_in.traffic.profile, extra_files=report.render)
@@ -180,7 +182,9 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
              "agents": cfg.agents, "fleet": cfg.fleet, "layout_note": run_in.layout_note, "origin": _origin(cfg),
              "slo": {"ttft_ms": cfg.ttft_ms, "tpot_ms": cfg.tpot_ms}},
         parent_version=cfg.parent_version,
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        variants=tuple(BucketVariant(lo, hi, tuple(a.name for a in v.parts), variant_path(lo, hi), v.per_point).to_dict()
+                       for lo, hi, v in (composition.variants if composition else ())))
 
 
 def _origin(cfg: OptimizeConfig) -> str:

@@ -14,6 +14,10 @@
    when a conflict group's winner is not kept, its next-best member takes its place (the deadline
    bounds how many are tried). When the run's budget ran out before any set was measured, the plan is
    the best accepted candidate alone (its own verdicts are its measurement).
+4. **Bucket variants** (:meth:`Acceptor.bucket_variants`, ``compiler.plan.buckets``): where members of the
+   composition are slower than the reference at some decode batch sizes (their own per-point speedups), the
+   set without them is verified and measured on both tiers and kept for those sizes when it beats the
+   composition there by more than the noise (within the composition's deadline).
    The composition keeps up with the search: each acceptance that makes a set of two or more measures the
    running set with it at once (:meth:`Acceptor.running`), so what was accepted is composed and measured
    when the budget ends; the final step reuses those measurements (a set is measured once) and falls back
@@ -36,6 +40,7 @@ from compiler.fleet.local import unjudged
 from compiler.plan.compose import Part, compose, select_compatible
 from persistent_engine import CandidateSource, CandidateVerdict, WorkloadPoint
 from compiler.plan.artifact import PointSpeedup, seed_parent
+from compiler.plan.buckets import losing_runs, spans
 
 TierEvaluate = Callable[[str, str], CandidateVerdict]      # (tier, source) -> its verdict
 
@@ -85,6 +90,7 @@ class Composition:
     per_point: tuple[PointSpeedup, ...]
     dropped: tuple[tuple[str, str], ...] = ()      # (name, why)
     vs_torch_compile: float | None = None
+    variants: tuple[tuple[int, int, "Composition"], ...] = ()     # (lo, hi, the set serving decode batches lo..hi)
 
     @classmethod
     def alone(cls, acc: Accepted, dropped: tuple[tuple[str, str], ...] = ()) -> "Composition":
@@ -145,6 +151,18 @@ def screen(verdict: CandidateVerdict, noise: float, cfg: AcceptanceConfig, tier:
 def point_speedups(verdict: CandidateVerdict | None) -> dict[tuple, float]:
     """Per-point speedups of a verdict keyed by (phase, batch, context, chunk)."""
     return {entry.point.key: entry.speedup for entry in (verdict.per_point if verdict is not None else ())}
+
+
+def speedup_at(pp: PointSpeedup) -> float | None:
+    """A point's speedup as the plan counts it: the slow tier's, else the fast tier's."""
+    return pp.slow if pp.slow is not None else pp.fast
+
+
+def _mean_at(per_point: tuple[PointSpeedup, ...], keys: set) -> float:
+    """Mean speedup over the points ``keys`` (1.0 where a point was not timed)."""
+    vals = [speedup_at(pp) for pp in per_point if pp.point.key in keys]
+    vals = [1.0 if v is None else v for v in vals]
+    return sum(vals) / len(vals) if vals else 1.0
 
 
 def merge_points(points: list[WorkloadPoint], fast: CandidateVerdict | None,
@@ -266,6 +284,39 @@ class Acceptor:
             return dataclasses.replace(self.running, dropped=tuple(
                 (a.name, why.get(a.name, "no gain when composed")) for a in ranked if a.name not in names))
         return found
+
+    def bucket_variants(self, composition: Composition, deadline: float | None = None) -> Composition:
+        """Step 4: ``composition`` with the variants that serve decode batch sizes where some of its members lose
+        (``buckets.losing_runs`` over their own per-point speedups): the set without them, verified on both tiers,
+        kept when its mean speedup at those points beats the composition's by more than the noise. Members that
+        set CONFIG knobs stay in every variant (a plan has one engine config). Cost: two tier evaluations per
+        distinct losing set, none past ``deadline``."""
+        per_member = {a.name: {pp.point.key: speedup_at(pp) for pp in a.per_point}
+                      for a in composition.parts if not a.config_keys}
+        runs = losing_runs(self.points, per_member)
+        noise = max(self.noise.values(), default=0.0)
+        out = []
+        for (lo, hi, names), (start, end, _) in zip(runs, spans(runs, [p.batch for p in self.points
+                                                                      if p.phase == "decode"])):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            variant = self._variant([a for a in composition.parts if a.name not in names])
+            at = {p.key for p in self.points if p.phase == "decode" and lo <= p.batch <= hi}
+            if variant is not None and _mean_at(variant.per_point, at) > _mean_at(composition.per_point, at) * (1 + noise):
+                out.append((start, end, variant))
+        return dataclasses.replace(composition, variants=tuple(out))
+
+    def _variant(self, parts: list[Accepted]) -> Composition | None:
+        """``parts`` composed and verified on both tiers (None: incorrect or not measured); no parts: the
+        reference, which needs no verdict."""
+        if not parts:
+            return Composition((), compose([]), 1.0, 1.0, tuple(PointSpeedup(p, 1.0, 1.0) for p in self.points))
+        src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
+        fv = self.evaluate("fast", src)
+        sv = self.evaluate("slow", src) if fv.correct and fv.speedup is not None else None
+        if sv is None or not sv.correct or sv.speedup is None:
+            return None
+        return Composition(tuple(parts), src, float(fv.speedup), float(sv.speedup), merge_points(self.points, fv, sv))
 
     def _on_tier(self, tier: str, src: str) -> tuple[Any, bool]:
         """A tier's verdict; a correct one within the noise is measured once more and the mean of

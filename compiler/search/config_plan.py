@@ -162,6 +162,11 @@ class ConfigAcceptor:
         return with_config(kernels, self.best())
 
 
+    def bucket_variants(self, composition: Composition, deadline: float | None = None) -> Composition:
+        """The inner acceptor's bucket variants (``Acceptor.bucket_variants``): the settings stay in every one."""
+        return self.inner.bucket_variants(composition, deadline=deadline)
+
+
 def with_config(kernels: Composition | None, configs: list[ConfigAccepted]) -> Composition | None:
     """``kernels`` (or nothing) plus the accepted settings, one composed source."""
     if not configs:

@@ -205,6 +205,7 @@ def _add_info_routes(app: FastAPI, runtime: Runtime, metrics: Metrics, loop_: En
             "random_weights": runtime.source == "random", "plan": runtime.plan_dir, "overrides": sorted(runtime.plan_overrides), "max_num_seqs": runtime.sched_cfg.max_num_seqs,
             "max_num_batched_tokens": runtime.sched_cfg.max_num_batched_tokens,
             "mixed_batches": runtime.engine.cfg.mixed_batches,
+            "variants": [{"batches": [v.lo, v.hi], "overrides": sorted(o)} for v, o in runtime.variants],
             "kv_capacity_tokens": (runtime.engine.kv.num_blocks - 1) * runtime.engine.kv.block_size}]}
 
     @app.get("/metrics")

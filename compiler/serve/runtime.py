@@ -53,6 +53,7 @@ class Runtime:
     checker: Any = None               # compiler.plan.spot_check.SpotChecker of the plan's overrides
     compiled: bool = False            # the decode forward compiled: overrides enter it as opaque calls
     startup_s: dict[str, float] = field(default_factory=dict)   # load (plan, weights), engine (KV, graphs, compile)
+    variants: tuple = ()              # (buckets.BucketVariant, its overrides): decode batch sizes they serve
 
     @contextlib.contextmanager
     def overrides(self) -> Iterator[None]:
@@ -64,6 +65,24 @@ class Runtime:
         if self.compiled:                           # dynamo does not trace into the kernels or the spot check
             live = opaque(live)
         with registry.override(live):               # behind the spot-check's wrappers (compiler.plan.spot_check)
+            yield
+
+    @contextlib.contextmanager
+    def decode_overrides(self, batch: int) -> Iterator[None]:
+        """The overrides of the plan's variant serving decode batches of ``batch`` (``compiler.plan.buckets``)
+        instead of the plan's, exactly (an op it does not override runs the reference); the plan's where no
+        variant holds ``batch``. The engine enters it around a decode graph's capture and an eager decode."""
+        from compiler.plan.buckets import variant_for
+        from persistent_engine import opaque
+        from persistent_engine.ops import registry
+
+        found = variant_for(batch, [v for v, _ in self.variants])
+        if found is None:
+            yield
+            return
+        live = dict(next(o for v, o in self.variants if v is found))
+        live = self.checker.wrapped(live) if self.checker is not None else live
+        with registry.override_exactly(opaque(live) if self.compiled else live):
             yield
 
 
@@ -142,10 +161,14 @@ def build_runtime(opts: ServeOptions, progress: Callable[[str], None] | None = N
     from persistent_engine.ops import registry
 
     t1 = time.perf_counter()
-    with registry.override(opaque(overrides) if compiled else overrides):   # CUDA graphs capture the plan's kernels
-        engine = ServingEngine(decoder, lambda kv: Scheduler(sched_cfg, kv), cfg, progress)
+    variants = loaded.variants if loaded else ()
     # a disabled override must not replay from a captured graph: later decodes run eager (the reference)
-    checker = SpotChecker(overrides, opts.spot_check, on_disable=lambda _ops: setattr(engine, "drop_graphs", True))
-    return Runtime(served.name, spec, served.tokenizer, engine, sched_cfg, served.source,
-                   str(loaded.version_dir) if loaded else None, overrides, checker if overrides else None, compiled,
-                   {"load_s": t1 - t0, "engine_s": time.perf_counter() - t1})
+    checker = SpotChecker(overrides, opts.spot_check, on_disable=lambda _ops: setattr(rt.engine, "drop_graphs", True))
+    rt = Runtime(served.name, spec, served.tokenizer, None, sched_cfg, served.source,
+                 str(loaded.version_dir) if loaded else None, overrides,
+                 checker if overrides or variants else None, compiled, variants=variants)
+    with registry.override(opaque(overrides) if compiled else overrides):   # CUDA graphs capture the plan's kernels
+        rt.engine = ServingEngine(decoder, lambda kv: Scheduler(sched_cfg, kv), cfg, progress,
+                                  decode_context=rt.decode_overrides if variants else None)
+    rt.startup_s = {"load_s": t1 - t0, "engine_s": time.perf_counter() - t1}
+    return rt

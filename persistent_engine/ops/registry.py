@@ -18,8 +18,8 @@ from persistent_engine.ops import (attention, basic, csa, dsa, dsv4, fused, gemm
                                    linear_attention, llama4, mamba, mla, moe, msa, relu2, window)
 from persistent_engine.ops.opdef import OpDef
 
-__all__ = ["OpDef", "UnknownOpError", "get", "names", "call", "op", "current", "override", "set_overrides",
-           "clear_overrides", "active_overrides"]
+__all__ = ["OpDef", "UnknownOpError", "get", "names", "call", "op", "current", "override", "override_exactly",
+           "set_overrides", "clear_overrides", "active_overrides"]
 
 
 class UnknownOpError(KeyError):
@@ -110,6 +110,18 @@ def override(mapping: Mapping[str, Callable]) -> Iterator[None]:
     _validate(mapping)
     saved = dict(_OVERRIDES)
     set_overrides({**saved, **mapping})
+    try:
+        yield
+    finally:
+        set_overrides(saved)
+
+
+@contextlib.contextmanager
+def override_exactly(mapping: Mapping[str, Callable]) -> Iterator[None]:
+    """Only ``mapping`` for the ``with`` block (every other op at its baseline), then the overrides before it."""
+    _validate(mapping)
+    saved = dict(_OVERRIDES)
+    set_overrides(mapping)
     try:
         yield
     finally:

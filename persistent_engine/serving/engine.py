@@ -25,9 +25,10 @@ Host syncs: one per forward (reading the sampled tokens).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 
@@ -113,9 +114,13 @@ class _Request:
 
 class ServingEngine:
     def __init__(self, model, make_scheduler: Callable[[BlockManager], SchedulerLike], cfg: ServingConfig,
-                 progress: Callable[[str], None] | None = None):
-        """``progress``: called with a line per CUDA-graph capture (size, width, seconds, replay ms, compiles so far)."""
+                 progress: Callable[[str], None] | None = None,
+                 decode_context: Callable[[int], ContextManager] | None = None):
+        """``progress``: called with a line per CUDA-graph capture (size, width, seconds, replay ms, compiles so far).
+        ``decode_context(b)``: entered around the decode forward of batch size b (its graph's capture, an eager
+        decode): a plan's per-bucket overrides (``compiler.plan.buckets``); none by default."""
         self.model, self.cfg = model, cfg
+        self.decode_context = decode_context or (lambda _b: contextlib.nullcontext())
         if model.spec.attention == "v4":
             raise SpecError(f"{model.spec.name}: serving DeepSeek-V4 is not implemented yet (its compressed entries are "
                             "kept per sequence, not in the paged pools); tkcc optimize / candidate check run it")
@@ -231,7 +236,8 @@ class ServingEngine:
             width = max(self.kv.blocks_for(n) for n in ctx)
             wl = self._workload("decode", ids, pos, slots, self._tables(rids, width), ctx,
                                 list(range(len(ids) + 1)), list(range(len(ids))))
-            logits = self.decode_fn(wl)
+            with self.decode_context(len(rids)):
+                logits = self.decode_fn(wl)
         return self._sample(decodes, logits)
 
     def _sample(self, seqs, logits: torch.Tensor) -> dict[Any, int]:
@@ -326,12 +332,12 @@ class _DecodeGraphs:
                     continue
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
+                with torch.cuda.stream(stream), engine.decode_context(b):
                     for _ in range(2):                              # warm-up (and compile) off the graph
                         engine.decode_fn(wl)
                 torch.cuda.current_stream().wait_stream(stream)
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+                with torch.cuda.graph(g, pool=pool), engine.decode_context(b):
                     out = engine.decode_fn(wl)
                 self.graphs[(b, w)] = (g, wl, out)
                 self.replay_ms[(b, w)] = _replay_ms(g)
@@ -364,6 +370,7 @@ class _DecodeGraphs:
         wl.context_lens.copy_(torch.tensor(ctx + [1] * pad, dtype=torch.int32), non_blocking=True)
         wl.cache.block_tables.copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
         if g is None:
-            return self.engine.decode_fn(wl)[:n]
+            with self.engine.decode_context(b):
+                return self.engine.decode_fn(wl)[:n]
         g.replay()
         return out[:n]
