@@ -128,7 +128,7 @@ def test_every_variant_captures_the_reference_graph_sizes():
     opts = {v: mod.variant_options(v, args, None) for v in ("reference", "torch_compile", "plan")}
     assert opts["reference"].graph_sizes == opts["torch_compile"].graph_sizes == args.graph_sizes
     assert opts["torch_compile"].graphs and opts["torch_compile"].compile and not opts["reference"].compile
-    assert opts["plan"].mixed_batches is True and opts["reference"].mixed_batches is None   # --mixed-batches: the plan's
+    assert opts["plan"].mixed_batches is True and opts["reference"].mixed_batches is None   # the plan's flag
     assert opts["reference"].kv_cache_bytes == opts["torch_compile"].kv_cache_bytes == 1 << 29
     plan = mod.variant_options("plan", args, "plans/x")
     assert plan.graph_sizes == args.graph_sizes and plan.model is None and not plan.compile

@@ -166,6 +166,11 @@ def classify(plan: plan_mod.Plan, sources: dict[str, str], spec) -> tuple[list[d
                                                   "no single layer to replace"})
             else:
                 skipped.append({**item, "reason": NOT_MAPPED.get(op, "no vLLM CustomOp computes this op")})
+    for v in plan.variants:             # per-bucket variants (compiler.plan.buckets): one kernel per CustomOp in vLLM
+        sizes = "-".join(str(b) for b in v.get("batches", []))
+        skipped.append({"op": f"the variant for decode batches {sizes}", "optimization": None, "kernel": v.get("kernel"),
+                        "reason": "a vLLM CustomOp runs one kernel at every batch size: the plan's kernels serve "
+                                  "these sizes too"})
     return exported, skipped, config
 
 

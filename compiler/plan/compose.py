@@ -7,12 +7,14 @@ already defines is renamed ``_c<i>_<name>`` in the later part, scope-aware (a fu
 or parameter of that name is left alone), so helpers and kernels of different candidates cannot
 capture each other. ``OVERRIDES`` become one dict literal (dict-literal entries are folded in;
 others are spread), ``CONFIG`` dicts merge the same way; :func:`select_compatible` first keeps
-each op and knob with one owner.
+each op and knob with one owner. :func:`with_pdl` turns programmatic dependent launch on in every template
+kernel of a composed source at once (the plan-wide PDL knob the composition tries).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 from persistent_engine import CONTRACT_NAMES, CandidateSource
@@ -238,3 +240,15 @@ def _literal_target(stmt: ast.stmt, names: tuple[str | None, ...]) -> str | None
     if len(targets) != 1 or not isinstance(targets[0], ast.Name):
         return None
     return targets[0].id if targets[0].id in names else None
+
+
+_PDL_OFF = re.compile(r"^(\w+_PDL) = 0$", re.M)      # a template's PDL knob, as the composed source writes it
+
+
+def with_pdl(source: str) -> str | None:
+    """``source`` (a composed file) with every template's top-level ``<PREFIX>_PDL = 0`` set to 1, or None when it
+    has none at 0. Programmatic dependent launch lets a kernel start while its predecessor finishes: it pays only
+    where the neighbouring kernels use it too, so it is searched for the whole plan, not per op (on GPUs before
+    SM90 and on CPU the templates ignore it)."""
+    out, n = _PDL_OFF.subn(r"\1 = 1", source)
+    return out if n else None

@@ -313,6 +313,8 @@ def _speedup_lines(plan: Plan, plots: dict) -> list[str]:
           f"- fast tier: **{_x(ps.get('fast'))}**", f"- slow tier: **{_x(ps.get('slow'))}**",
           f"- measured against: {ps.get('baseline') or 'tkcc eager reference ops (a plan written before issue 39)'}",
           f"- measured on: {measured_on(plan)}" + ("" if dev.get("matches_hw", True) else f" (not on the target {plan.hw})")]
+    if ps.get("pdl"):
+        L.append(f"- programmatic dependent launch: {ps['pdl']}")
     L += _torch_compile_lines(plan.baseline.get("torch_compile"))
     L.append("")
     if "speedup_per_point" in plots and plots["speedup_per_point"]:

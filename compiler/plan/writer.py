@@ -156,6 +156,8 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
                         "dropped": [list(d) for d in composition.dropped]}
         if outcome.interrupted:
             plan_speedup["note"] = "interrupted: composition not re-measured"
+        if composition.pdl:
+            plan_speedup["pdl"] = "on in every template kernel (plan-wide: measured faster on both tiers)"
         tc = outcome.torch_compile or {}
         if tc.get("plan_vs_torch_compile") is not None:
             plan_speedup["vs_torch_compile"] = tc["plan_vs_torch_compile"]
@@ -183,8 +185,8 @@ def build_plan(cfg: OptimizeConfig, run_in: RunInputs, outcome: Outcome, after: 
              "slo": {"ttft_ms": cfg.ttft_ms, "tpot_ms": cfg.tpot_ms}},
         parent_version=cfg.parent_version,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        variants=tuple(BucketVariant(lo, hi, tuple(a.name for a in v.parts), variant_path(lo, hi), v.per_point).to_dict()
-                       for lo, hi, v in (composition.variants if composition else ())))
+        variants=tuple(BucketVariant(lo, hi, tuple(a.name for a in v.parts), variant_path(lo, hi),
+                                     v.per_point).to_dict() for lo, hi, v in (composition.variants if composition else ())))
 
 
 def _origin(cfg: OptimizeConfig) -> str:

@@ -14,7 +14,10 @@
    when a conflict group's winner is not kept, its next-best member takes its place (the deadline
    bounds how many are tried). When the run's budget ran out before any set was measured, the plan is
    the best accepted candidate alone (its own verdicts are its measurement).
-4. **Bucket variants** (:meth:`Acceptor.bucket_variants`, ``compiler.plan.buckets``): where members of the
+4. **Plan-wide PDL** (:meth:`Acceptor.plan_wide_pdl`): the composed source with programmatic dependent launch
+   on in every template kernel (``compose.with_pdl``), verified and timed on both tiers, replaces it when it is
+   faster on the slow tier beyond the noise (PDL pays only when the neighbouring kernels use it too).
+5. **Bucket variants** (:meth:`Acceptor.bucket_variants`, ``compiler.plan.buckets``): where members of the
    composition are slower than the reference at some decode batch sizes (their own per-point speedups), the
    set without them is verified and measured on both tiers and kept for those sizes when it beats the
    composition there by more than the noise (within the composition's deadline).
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from compiler.fleet.local import unjudged
-from compiler.plan.compose import Part, compose, select_compatible
+from compiler.plan.compose import Part, compose, select_compatible, with_pdl
 from persistent_engine import CandidateSource, CandidateVerdict, WorkloadPoint
 from compiler.plan.artifact import PointSpeedup, seed_parent
 from compiler.plan.buckets import losing_runs, spans
@@ -91,6 +94,7 @@ class Composition:
     dropped: tuple[tuple[str, str], ...] = ()      # (name, why)
     vs_torch_compile: float | None = None
     variants: tuple[tuple[int, int, "Composition"], ...] = ()     # (lo, hi, the set serving decode batches lo..hi)
+    pdl: bool = False                              # the source runs every template kernel with PDL (plan_wide_pdl)
 
     @classmethod
     def alone(cls, acc: Accepted, dropped: tuple[tuple[str, str], ...] = ()) -> "Composition":
@@ -285,6 +289,21 @@ class Acceptor:
                 (a.name, why.get(a.name, "no gain when composed")) for a in ranked if a.name not in names))
         return found
 
+    def plan_wide_pdl(self, composition: Composition, deadline: float | None = None) -> Composition:
+        """Step 4: ``composition`` with PDL on in every template kernel (``with_pdl``) when that source is correct
+        on both tiers and faster than it on the slow tier beyond the noise; else ``composition``. Cost: two tier
+        evaluations when the source has a PDL knob at 0, none past ``deadline``."""
+        src = with_pdl(composition.source)
+        if src is None or (deadline is not None and time.monotonic() > deadline):
+            return composition
+        fv = self.evaluate("fast", src)
+        sv = self.evaluate("slow", src) if fv.correct and fv.speedup is not None else None
+        if sv is None or not sv.correct or sv.speedup is None or \
+                not sv.speedup > composition.slow * (1 + self.noise.get("slow", 0.0)):
+            return composition
+        return dataclasses.replace(composition, source=src, fast=float(fv.speedup), slow=float(sv.speedup),
+                                   per_point=merge_points(self.points, fv, sv), pdl=True)
+
     def bucket_variants(self, composition: Composition, deadline: float | None = None) -> Composition:
         """Step 4: ``composition`` with the variants that serve decode batch sizes where some of its members lose
         (``buckets.losing_runs`` over their own per-point speedups): the set without them, verified on both tiers,
@@ -300,18 +319,20 @@ class Acceptor:
                                                                       if p.phase == "decode"])):
             if deadline is not None and time.monotonic() > deadline:
                 break
-            variant = self._variant([a for a in composition.parts if a.name not in names])
+            variant = self._variant([a for a in composition.parts if a.name not in names], composition.pdl)
             at = {p.key for p in self.points if p.phase == "decode" and lo <= p.batch <= hi}
-            if variant is not None and _mean_at(variant.per_point, at) > _mean_at(composition.per_point, at) * (1 + noise):
+            if variant is not None and \
+                    _mean_at(variant.per_point, at) > _mean_at(composition.per_point, at) * (1 + noise):
                 out.append((start, end, variant))
         return dataclasses.replace(composition, variants=tuple(out))
 
-    def _variant(self, parts: list[Accepted]) -> Composition | None:
-        """``parts`` composed and verified on both tiers (None: incorrect or not measured); no parts: the
-        reference, which needs no verdict."""
+    def _variant(self, parts: list[Accepted], pdl: bool) -> Composition | None:
+        """``parts`` composed (with PDL on where the plan has it) and verified on both tiers (None: incorrect or
+        not measured); no parts: the reference, which needs no verdict."""
         if not parts:
             return Composition((), compose([]), 1.0, 1.0, tuple(PointSpeedup(p, 1.0, 1.0) for p in self.points))
         src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
+        src = (with_pdl(src) or src) if pdl else src
         fv = self.evaluate("fast", src)
         sv = self.evaluate("slow", src) if fv.correct and fv.speedup is not None else None
         if sv is None or not sv.correct or sv.speedup is None:

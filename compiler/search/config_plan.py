@@ -162,6 +162,10 @@ class ConfigAcceptor:
         return with_config(kernels, self.best())
 
 
+    def plan_wide_pdl(self, composition: Composition, deadline: float | None = None) -> Composition:
+        """The inner acceptor's plan-wide PDL step (``Acceptor.plan_wide_pdl``) on the composed source."""
+        return self.inner.plan_wide_pdl(composition, deadline=deadline)
+
     def bucket_variants(self, composition: Composition, deadline: float | None = None) -> Composition:
         """The inner acceptor's bucket variants (``Acceptor.bucket_variants``): the settings stay in every one."""
         return self.inner.bucket_variants(composition, deadline=deadline)

@@ -404,8 +404,8 @@ def search(run: RunContext, run_in: RunInputs, judge: Judge, clock: DeviceClock,
 
 
 def compose_accepted(run: RunContext, acceptor: Acceptor) -> tuple[Composition | None, bool]:
-    """(composition, interrupted): re-verified and re-measured with its bucket variants, or after Ctrl-C
-    composed unmeasured."""
+    """(composition, interrupted): re-verified and re-measured, with PDL plan-wide where it pays and its bucket
+    variants, or after Ctrl-C composed unmeasured."""
     interrupted = run.stop.is_set()
     if interrupted:
         composition = _unmeasured(acceptor.accepted)
@@ -413,6 +413,7 @@ def compose_accepted(run: RunContext, acceptor: Acceptor) -> tuple[Composition |
         deadline = min(time.monotonic() + max(60.0, 0.1 * run.cfg.budget_s), run.budget.compose_end)
         composition = acceptor.compose(deadline=deadline)
         if composition is not None and composition.parts and not run.stop.is_set():
+            composition = acceptor.plan_wide_pdl(composition, deadline=deadline)
             composition = acceptor.bucket_variants(composition, deadline=deadline)
     interrupted = run.stop.is_set()              # a Ctrl-C during composition counts too
     return composition, interrupted

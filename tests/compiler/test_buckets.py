@@ -238,3 +238,47 @@ def test_settings_stay_in_every_variant_through_the_config_acceptor():
     composition = Composition(parts, src, v.speedup, v.speedup, merge_points(POINTS, v, v))
     ((lo, _, variant),) = ConfigAcceptor(inner, judge=None).bucket_variants(composition).variants
     assert lo == 9 and [a.name for a in variant.parts] == ["cfg"] and "max_num_seqs" in variant.source
+
+
+def test_vllm_export_names_each_variant_it_cannot_carry():
+    from compiler.export.vllm_package import classify
+    from persistent_engine.models.spec import ModelSpec
+
+    plan = make_plan(variants=(BucketVariant(2, 4, (), "kernels/bucket_b2-4.py").to_dict(),))
+    _, skipped, _ = classify(plan, {}, ModelSpec.from_name("tiny-dense"))
+    assert {"op": "the variant for decode batches 2-4", "optimization": None, "kernel": "kernels/bucket_b2-4.py",
+            "reason": "a vLLM CustomOp runs one kernel at every batch size: the plan's kernels serve these sizes "
+                      "too"} in skipped
+
+
+PDL_KERNEL = 'import torch\n\nGEMV_PDL = 0\n\n\ndef f(*a):\n    return a[0]\n\n\nOVERRIDES = {"linear": f}\n'
+
+
+@pytest.mark.parametrize("gain,kept", [(1.10, True), (1.005, False)])
+def test_plan_wide_pdl_replaces_the_composed_source_only_when_faster_beyond_the_noise(gain, kept):
+    """The composition tries PDL in every template kernel at once (``with_pdl``: each ``*_PDL = 0`` set to 1) and
+    keeps it only when the slow tier measures it faster than the composition beyond the noise; its bucket
+    variants are composed with PDL on too."""
+    from compiler.plan.compose import with_pdl
+
+    calls: list = []
+    base = table_engine(calls)
+
+    def evaluate(tier, source):
+        v = base(tier, source)
+        if "GEMV_PDL = 1" not in source:
+            return v
+        per = [PointTiming(t.point, t.label, True, 1.0, 1.0, t.speedup * gain) for t in v.per_point]
+        return CandidateVerdict(correct=True, reasons=[], speedup=v.speedup * gain, per_point=per)
+
+    acc = Acceptor(evaluate, POINTS, {"fast": 0.01, "slow": 0.01})
+    parts = (accepted("linear", evaluate),)
+    parts = (dataclasses.replace(parts[0], source=PDL_KERNEL), accepted("rms_norm", evaluate))
+    src = compose([Part(a.name, a.source, a.targets) for a in parts])
+    assert with_pdl(src).count("GEMV_PDL = 1") == 1 and with_pdl(cand("rms_norm")) is None
+    v = evaluate("slow", src)
+    composition = Composition(parts, src, v.speedup, v.speedup, merge_points(POINTS, v, v))
+    out = acc.plan_wide_pdl(composition)
+    assert out.pdl is kept and ("GEMV_PDL = 1" in out.source) is kept
+    assert out.slow == pytest.approx(composition.slow * (gain if kept else 1.0))
+    assert "GEMV_PDL = 1" in acc._variant([parts[0]], pdl=True).source                # a variant of a PDL plan
