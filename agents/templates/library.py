@@ -24,6 +24,7 @@ def dims_of(spec: Any) -> dict[str, int]:
             "moe_intermediate": spec.moe_intermediate_size, "head_dim": spec.head_dim,
             "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
             "group": max(spec.num_heads // max(spec.num_kv_heads, 1), 1), "kv_lora_rank": spec.kv_lora_rank,
+            "experts": getattr(spec, "num_experts", 0) or 0,
             "kda_head_dim": getattr(spec, "kda_head_dim", 0),
             **({"linear_k_dim": spec.linear_k_dim, "linear_v_dim": spec.linear_v_dim}
                if getattr(spec, "linear_layers", ()) else {})}
@@ -175,6 +176,12 @@ def _attn_prefill(k: Mapping, dims: Mapping) -> list[str]:
     bq, bt = k["ATTP_BLOCK_Q"], k["ATTP_BLOCK_T"]
     rows = bq * max(_next_pow2(dims.get("group", 4)), 16 // bq)
     return _per_thread(rows * (bt + max(16, _next_pow2(dims.get("head_dim", 64)))), k["ATTP_NUM_WARPS"])
+
+
+def _moe_route(k: Mapping, dims: Mapping) -> list[str]:
+    """The [ROWS, next_pow2(E)] scores, choice and masks live at once (about four tiles); no more rows a program
+    than a decode batch needs is checked by the search's timing, not here."""
+    return _per_thread(4 * k["MROUTE_ROWS"] * _next_pow2(dims.get("experts") or 128), k["MROUTE_NUM_WARPS"])
 
 
 def _attn_window(k: Mapping, dims: Mapping) -> list[str]:
@@ -330,6 +337,10 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "varlen causal flash attention over the paged cache (chunked prefill and mixed prefill + decode "
              "batches): BLOCK_Q queries x the GQA group per tensor-core tile, sequences found on device from "
              "cu_seqlens_q, keys past the block's last query never read", _attn_prefill),
+    Template("moe_route.triton", "moe_route", "triton_moe_route.py", "moe_route_triton", "triton", ("cuda",),
+             (Knob("MROUTE_ROWS", (1, 2, 4, 8, 16)), Knob("MROUTE_NUM_WARPS", (1, 2, 4, 8))),
+             "router scores, bias, top-k (k rounds of argmax) and renormalised weights in one launch (the reference "
+             "makes ~7 a MoE layer); grouped routing and sqrt-softplus scoring take a torch path", _moe_route),
     Template("moe_experts.triton_fused", "moe_experts", "triton_moe_experts.py", "moe_experts_triton",
              "triton", ("cuda",), MOE_KNOBS,
              "fused MoE: pairs aligned by expert on device, grouped w13 GEMM with SiLU*up epilogue, grouped "

@@ -32,6 +32,8 @@ SMALL = {
                              "SKINNY_FUSED_REDUCE": 1},
     "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
                                         "ATTD_NUM_STAGES": 1, "ATTD_DOT": True, "ATTD_PDL": 1},
+    # 2 rows a program: the 7- and 5-token examples end in a partial program; the grouped one takes the torch path
+    "moe_route.triton": {"MROUTE_ROWS": 2, "MROUTE_NUM_WARPS": 2},
     # BLOCK_Q 4: the examples' 5- and 7-query chunks take two blocks each (one partial), the group padded to 4 rows
     "attention_prefill.triton_varlen": {"ATTP_BLOCK_Q": 4, "ATTP_BLOCK_T": 16, "ATTP_NUM_WARPS": 1,
                                         "ATTP_NUM_STAGES": 1},
@@ -244,6 +246,38 @@ def test_cuda_varlen_prefill_attention_at_serving_shapes(model):
     args = _mixed_batch(chunks, ctx, spec.num_heads, spec.num_kv_heads, spec.head_dim, 16, torch.bfloat16, "cuda")
     ref = d.reference(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
     assert compare_outputs((fn(*args),), (ref,), *d.tolerance(torch.bfloat16)) == []
+
+
+@pytest.mark.parametrize("model", ["qwen3-moe", "glm", "kimi"])
+def test_moe_route_template_at_the_models_routing_matches_the_reference(model):
+    """moe_route.triton at a model's own routing (qwen3-moe: 128 experts, top-8 softmax; GLM: 256, top-8 sigmoid
+    with the correction bias; Kimi: 896 experts, top-16) for 1, 3 and 17 tokens, 4 rows a program: the op's
+    contract (weights within tolerance, the same experts)."""
+    spec = ModelSpec.from_name(model)
+    t = get_template("moe_route.triton")
+    knobs = {**t.default(), "MROUTE_ROWS": 4, "MROUTE_NUM_WARPS": 4}
+    assert t.check(knobs, dims_of(spec)) == []
+    shapes = [{"T": n, "E": spec.num_experts, "k": spec.num_experts_per_tok, "scoring": spec.scoring,
+               "bias": spec.routing_bias, "norm": spec.norm_topk_prob, "scale": spec.routed_scaling_factor}
+              for n in (1, 3, 17)]
+    assert check_op("moe_route", _impl(t, knobs), dtypes=(torch.float32,), shapes=shapes) == []
+
+
+@pytest.mark.gpu
+def test_cuda_moe_route_in_a_graph_matches_at_qwen3_moe_routing():
+    """On a GPU, captured in a CUDA graph as the serving engine replays it: qwen3-moe's routing at 1, 16 and 64
+    tokens within the op's contract."""
+    from cuda_graph_support import eager_and_replayed
+    spec = ModelSpec.from_name("qwen3-moe")
+    t = get_template("moe_route.triton")
+    fn, d = _impl(t, t.default()), registry.get("moe_route")
+    for n in (1, 16, 64):
+        args = d.make_inputs({"T": n, "E": spec.num_experts, "k": spec.num_experts_per_tok, "scoring": spec.scoring,
+                              "norm": spec.norm_topk_prob}, torch.float32, "cuda", 0)
+        eager, replayed = eager_and_replayed(lambda: fn(*args))
+        assert all(torch.equal(a, b) for a, b in zip(eager, replayed)), n
+        assert check_op("moe_route", fn, dtypes=(torch.float32,), shapes=[{"T": n, "E": spec.num_experts,
+                        "k": spec.num_experts_per_tok, "scoring": spec.scoring}], device="cuda") == [], n
 
 
 def test_prepacked_lm_head_repacks_a_weight_written_in_place():
