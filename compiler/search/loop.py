@@ -28,6 +28,7 @@ from compiler.search import startup_estimate
 from compiler.search.acceptance import AcceptanceConfig, Accepted, Acceptor, Composition
 from compiler.search.baseline import measure_noise, op_ms
 from compiler.search.budget import Budget
+from compiler.plan.buckets import UNBOUNDED
 from compiler.plan.compose import Part, compose, select_compatible
 from compiler.search.judging import Judge, per_agent, release_agents, report_agents, run_swarm
 from compiler.search.memory import RunMemory, shape_class
@@ -414,7 +415,12 @@ def compose_accepted(run: RunContext, acceptor: Acceptor) -> tuple[Composition |
         composition = acceptor.compose(deadline=deadline)
         if composition is not None and composition.parts and not run.stop.is_set():
             composition = acceptor.plan_wide_pdl(composition, deadline=deadline)
+            if composition.pdl:
+                run.progress.event(f"plan-wide PDL kept: slow {composition.slow:.3f}x")
             composition = acceptor.bucket_variants(composition, deadline=deadline)
+            for lo, hi, v in composition.variants:
+                run.progress.event(f"variant for decode batches {lo}-{hi if hi < UNBOUNDED else ''}: "
+                                   f"{', '.join(a.name for a in v.parts) or 'the reference'}")
     interrupted = run.stop.is_set()              # a Ctrl-C during composition counts too
     return composition, interrupted
 

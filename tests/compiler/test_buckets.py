@@ -282,3 +282,31 @@ def test_plan_wide_pdl_replaces_the_composed_source_only_when_faster_beyond_the_
     assert out.pdl is kept and ("GEMV_PDL = 1" in out.source) is kept
     assert out.slow == pytest.approx(composition.slow * (gain if kept else 1.0))
     assert "GEMV_PDL = 1" in acc._variant([parts[0]], pdl=True).source                # a variant of a PDL plan
+
+
+def test_the_plan_record_holds_the_compositions_variants_and_pdl():
+    """``writer.build_plan``: each (lo, hi, set) of the composition becomes a plan.json variant naming its members
+    and its file; a PDL composition says so in plan_speedup."""
+    from types import SimpleNamespace as NS
+
+    from compiler.plan.writer import build_plan
+
+    calls: list = []
+    evaluate = table_engine(calls)
+    parts = (accepted("linear", evaluate), accepted("rms_norm", evaluate))
+    acc = Acceptor(evaluate, POINTS, {"fast": 0.01, "slow": 0.01})
+    src = compose([Part(a.name, a.source, a.targets) for a in parts])
+    v = evaluate("slow", src)
+    composition = acc.bucket_variants(dataclasses.replace(
+        Composition(parts, src, v.speedup, v.speedup, merge_points(POINTS, v, v)), pdl=True))
+    cfg = NS(model="tiny-dense", hw="h200", budget_s=60, wall_s=None, agents="offline:1", fleet="local",
+             tpot_ms=None, ttft_ms=None, drift=None, parent_version=None, out="x")
+    run_in = NS(device={"kind": "cpu"}, fast_layers=[0], slow_layers=[0, 1], layout=None, layout_note="",
+                points=POINTS, projected=None, traffic=NS(source="t.csv", hash="h", summary={}))
+    outcome = NS(composition=composition, baseline=NS(op_ms={}, noise={}, profile={}), interrupted=False,
+                 torch_compile=None, tier_info={}, tried=2, accepted=list(parts), restarts=0, tally=None)
+    plan = build_plan(cfg, run_in, outcome, {}, 1.0, {})
+    assert plan.variants == ({"batches": [9, UNBOUNDED], "members": ["rms_norm"], "kernel": "kernels/bucket_b9-1048576.py",
+                              "per_point": [p.to_dict() for p in composition.variants[0][2].per_point]},)
+    assert "plan-wide" in plan.plan_speedup["pdl"]
+    assert plan_mod.Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).bucket_variants()[0].members == ("rms_norm",)
