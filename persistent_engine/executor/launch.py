@@ -363,6 +363,8 @@ class ExecutorPool:
             tail = "" if isinstance(e, ExecutorDied) or ex is None else ex.stderr_tail()
             self._ready.put(ExecutorStartFailed(self._failed(e, tail)))
             if ex is not None:
+                with self._lock:
+                    self._all.discard(ex)           # killed here: ``close`` must not kill it at the same time
                 ex.kill()
         finally:
             with self._lock:

@@ -36,7 +36,7 @@ class SandboxedProcess:
         self.popen, self.pid, self.executor_pid = popen, popen.pid, executor_pid
         self.applied, self.namespaces, self.group = applied, namespaces, group
         self.cgroup: str | None = None
-        self._lifeline_lock = threading.Lock()      # two threads killing one tree: the fd is closed once
+        self._fd_lock = threading.Lock()      # two threads killing one tree: each fd is closed once
         self._lifeline_w: int | None = lifeline_w
         self.workdir_view, self._view_fd, self.memory_cgroup = workdir_view, view_fd, memory_cgroup
 
@@ -165,14 +165,17 @@ class SandboxedProcess:
         return rc
 
     def release_workdir(self) -> None:
-        """Drop the judge's hold on the workdir's tmpfs: its memory is freed once the tree is gone."""
-        if self._view_fd is not None:
-            os.close(self._view_fd)
-            self._view_fd = None
+        """Drop the judge's hold on the workdir's tmpfs: its memory is freed once the tree is gone. Idempotent
+        and thread-safe (a pool's warm-up thread and its ``close`` may both kill a dying executor): a second
+        ``os.close`` of the number would close whatever the judge opened under it since."""
+        with self._fd_lock:
+            fd, self._view_fd = self._view_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def close_lifeline(self) -> None:
         """Closing the lifeline tells the launcher to kill the tree and exit."""
-        with self._lifeline_lock:
+        with self._fd_lock:
             fd, self._lifeline_w = self._lifeline_w, None
         if fd is not None:
             os.close(fd)

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -223,3 +224,34 @@ def test_the_pids_of_a_tree_that_is_gone_are_never_signalled():
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_two_threads_releasing_one_workdir_view_close_its_fd_once(tmp_path, monkeypatch):
+    """A pool's warm-up thread and its ``close`` may kill one dying executor at the same time: the judge's
+    view fd is closed once (a second close of the number would close whatever the judge opened since)."""
+    proc = sb.spawn([sys.executable, "-c", "pass"], sb.SandboxPolicy.for_device("cpu", sb.make_workdir(str(tmp_path))))
+    proc.kill_all()
+    if proc._view_fd is None:
+        pytest.skip("no private tmpfs here: the judge holds no view fd")
+    real_close, closed = os.close, []
+
+    def slow_close(fd):                  # widens the window between reading the number and closing it
+        closed.append(fd)
+        time.sleep(0.05)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "close", slow_close)
+    errors = []
+
+    def release():
+        try:
+            proc.release_workdir()
+        except OSError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=release) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(closed) == 1, (errors, closed)
