@@ -244,10 +244,11 @@ def _summary(vdir, plan, as_json: bool, **extra) -> None:
     for o in plan.optimizations:
         print(f"  {o.name}: {', '.join(o.targets) or 'config'}  fast {fmt(o.speedup.get('fast'))}  "
               f"slow {fmt(o.speedup.get('slow'))}")
-    for v in plan.variants:
-        lo, hi = v["batches"]
-        print(f"  decode batches {lo}-{hi if hi < 1 << 20 else ''}: {', '.join(v['members']) or 'the reference'} "
-              f"({v['kernel']})")
+    from compiler.plan.buckets import UNBOUNDED
+
+    for v in plan.bucket_variants(str(vdir)):
+        print(f"  decode batches {v.lo}-{v.hi if v.hi < UNBOUNDED else ''}: "
+              f"{', '.join(v.members) or 'the reference'} ({v.kernel})")
     for a in plan.run.get("agent_reports", []):
         if a.get("requests"):
             print(f"  {a['name']}: {a['input_tokens'] + a['cached_tokens'] + a['output_tokens']} tokens, "

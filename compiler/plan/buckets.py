@@ -50,6 +50,11 @@ class BucketVariant:
         return cls(lo, hi, members, kernel, pts)
 
 
+def speedup_at(pp: PointSpeedup) -> float | None:
+    """A point's speedup as the plan counts it: the slow tier's, else the fast tier's."""
+    return pp.slow if pp.slow is not None else pp.fast
+
+
 def variant_path(lo: int, hi: int) -> str:
     """The composed file of the variant serving decode batches ``lo..hi``."""
     return f"kernels/bucket_b{lo}-{hi}.py"

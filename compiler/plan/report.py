@@ -359,17 +359,15 @@ def _variant_lines(plan: Plan) -> list[str]:
     """The per-bucket variants (``compiler.plan.buckets``): which decode batch sizes run which subset."""
     if not plan.variants:
         return []
-    from compiler.plan.buckets import UNBOUNDED, BucketVariant
+    from compiler.plan.buckets import UNBOUNDED, speedup_at
 
     L = ["## Variants per decode batch size", "", "Where members of the plan ran slower than the reference, the set "
          "without them was verified and measured on both tiers and serves these decode batch sizes "
          "(`tkcc serve --plan` captures their CUDA graphs with it); prefills and other sizes run the plan.", "",
          "| decode batches | optimizations kept | speedup at its points | kernel |", "|---|---|---|---|"]
-    for d in plan.variants:
-        v = BucketVariant.from_dict(d, "plan.json")
+    for v in plan.bucket_variants("plan.json"):
         sizes = f"{v.lo}+" if v.hi >= UNBOUNDED else f"{v.lo}-{v.hi}"
-        at = [p.slow if p.slow is not None else p.fast for p in v.per_point
-              if p.point.phase == "decode" and v.lo <= p.point.batch <= v.hi]
+        at = [speedup_at(p) for p in v.per_point if p.point.phase == "decode" and v.lo <= p.point.batch <= v.hi]
         L.append(f"| {sizes} | {', '.join(v.members) or 'none (the reference)'} | "
                  f"{', '.join(_x(x) for x in at) or '-'} | [{v.kernel}]({v.kernel}) |")
     return L + [""]

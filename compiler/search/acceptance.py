@@ -43,7 +43,7 @@ from compiler.fleet.local import unjudged
 from compiler.plan.compose import Part, compose, select_compatible, with_pdl
 from persistent_engine import CandidateSource, CandidateVerdict, WorkloadPoint
 from compiler.plan.artifact import PointSpeedup, seed_parent
-from compiler.plan.buckets import losing_runs, spans
+from compiler.plan.buckets import losing_runs, spans, speedup_at
 
 TierEvaluate = Callable[[str, str], CandidateVerdict]      # (tier, source) -> its verdict
 
@@ -155,11 +155,6 @@ def screen(verdict: CandidateVerdict, noise: float, cfg: AcceptanceConfig, tier:
 def point_speedups(verdict: CandidateVerdict | None) -> dict[tuple, float]:
     """Per-point speedups of a verdict keyed by (phase, batch, context, chunk)."""
     return {entry.point.key: entry.speedup for entry in (verdict.per_point if verdict is not None else ())}
-
-
-def speedup_at(pp: PointSpeedup) -> float | None:
-    """A point's speedup as the plan counts it: the slow tier's, else the fast tier's."""
-    return pp.slow if pp.slow is not None else pp.fast
 
 
 def _mean_at(per_point: tuple[PointSpeedup, ...], keys: set) -> float:
@@ -296,11 +291,10 @@ class Acceptor:
         src = with_pdl(composition.source)
         if src is None or (deadline is not None and time.monotonic() > deadline):
             return composition
-        fv = self.evaluate("fast", src)
-        sv = self.evaluate("slow", src) if fv.correct and fv.speedup is not None else None
-        if sv is None or not sv.correct or sv.speedup is None or \
-                not sv.speedup > composition.slow * (1 + self.noise.get("slow", 0.0)):
+        both = self._both_tiers(src)
+        if both is None or not both[1].speedup > composition.slow * (1 + self.noise.get("slow", 0.0)):
             return composition
+        fv, sv = both
         return dataclasses.replace(composition, source=src, fast=float(fv.speedup), slow=float(sv.speedup),
                                    per_point=merge_points(self.points, fv, sv), pdl=True)
 
@@ -333,11 +327,18 @@ class Acceptor:
             return Composition((), compose([]), 1.0, 1.0, tuple(PointSpeedup(p, 1.0, 1.0) for p in self.points))
         src = compose([Part(a.name, a.source, a.targets, a.config_keys) for a in parts])
         src = (with_pdl(src) or src) if pdl else src
+        both = self._both_tiers(src)
+        if both is None:
+            return None
+        fv, sv = both
+        return Composition(tuple(parts), src, float(fv.speedup), float(sv.speedup), merge_points(self.points, fv, sv))
+
+    def _both_tiers(self, src: str) -> tuple[Any, Any] | None:
+        """(fast, slow) verdicts of ``src`` when it is correct and timed on both (the slow tier only after the
+        fast one); None otherwise."""
         fv = self.evaluate("fast", src)
         sv = self.evaluate("slow", src) if fv.correct and fv.speedup is not None else None
-        if sv is None or not sv.correct or sv.speedup is None:
-            return None
-        return Composition(tuple(parts), src, float(fv.speedup), float(sv.speedup), merge_points(self.points, fv, sv))
+        return None if sv is None or not sv.correct or sv.speedup is None else (fv, sv)
 
     def _on_tier(self, tier: str, src: str) -> tuple[Any, bool]:
         """A tier's verdict; a correct one within the noise is measured once more and the mean of
