@@ -70,6 +70,14 @@ def _profile_lines(profile: Mapping[str, Any], n: int = 8) -> list[str]:
             for name, ms in list(costs.items())[:n]]
 
 
+def _profile_timing(profile: Mapping[str, Any]) -> str:
+    """How the profile's op times were taken: a graph replay's kernels per op (what a candidate can win) or
+    each op between two syncs (on a GPU inflated by a launch and a sync per call)."""
+    timer = profile.get("timer", "") if isinstance(profile, Mapping) else ""
+    return ("each op's kernels in a CUDA-graph replay of the step, the gaps before them included"
+            if "graph" in str(timer) else "each op timed between two syncs")
+
+
 def _point_lines(points: Sequence[WorkloadPoint]) -> list[str]:
     return [f"  {p.phase} batch={p.batch} context={p.context} chunk={p.chunk} weight={p.weight:.3f}"
             for p in points]
@@ -114,7 +122,7 @@ def cycle_prompt(ctx: AgentContext, *, ideas: Iterable[Any] = (), held: Any = No
     spec = ctx.spec
     parts = [f"Model: {getattr(spec, 'name', spec)}; {len(ctx.points)} workload points; "
              f"{max(ctx.time_left(), 0):.0f} s left in this run.",
-             "Where the time goes (baseline, weighted over the workload points):",
+             f"Where the time goes (baseline, {_profile_timing(ctx.profile)}, weighted over the workload points):",
              *(_profile_lines(ctx.profile) or ["  (no profile yet)"]),
              "Workload points:", *_point_lines(ctx.points),
              "Ops you may override (read_op gives the reference source):",

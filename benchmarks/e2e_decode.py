@@ -28,7 +28,8 @@ Timing (``e2e_variants.time_variant``; ``persistent_engine.measure.timing.FairTi
 ``timings[variant]``: ``back_to_back_ms`` (``--steps`` calls between two CUDA events / steps, median of
 ``--repeats`` windows: the headline, also ``{variant}_ms``), ``one_replay_ms`` (one call after an L2 flush,
 median of ``--samples``), ``dispatch_ms`` (host time of one call), ``busy_ms`` (GPU busy per call over
-``--profile-steps`` profiled calls, ``kernel_profile.py``; kernels, idle and top kernels in ``step_kernels``).
+``--profile-steps`` profiled calls, ``persistent_engine/measure/kernel_profile.py``; kernels, idle and top
+kernels in ``step_kernels``).
 Graph-backed variants (graph replays, reduce-overhead calls) are queued while a spin kernel holds the stream,
 so host dispatch is reported beside, never inside one side's window; eager variants are timed unheld.
 ``ratios`` (back to back) and ``ratios_one_replay``: every baseline's time over tkcc's. CPU: inductor's CPU

@@ -6,7 +6,8 @@
 ``time_variant``: ``persistent_engine.measure.timing.FairTimer`` (``--steps`` calls back to back between two events,
 the headline; one replay after an L2 flush, median of ``--samples``; host dispatch beside, the stream held while
 the host queues a graph-backed variant so its dispatch stays out of the window; CPU: perf_counter_ns, cache
-flushed) and the GPU busy time of ``--profile-steps`` profiled calls (``kernel_profile.py``). Its entry is the
+flushed) and the GPU busy time of ``--profile-steps`` profiled calls
+(``persistent_engine/measure/kernel_profile.py``). Its entry is the
 results JSON's ``timings[variant]``: ``timed`` (how it ran), ``back_to_back_ms``, ``one_replay_ms``,
 ``dispatch_ms``, ``busy_ms`` and the timer's counts.
 
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 from benchmarks import baseline_gptfast as gptfast
-from benchmarks.kernel_profile import profile_intervals, summarize
+from persistent_engine.measure.kernel_profile import profile_intervals, summarize
 from persistent_engine.measure import timing
 
 __all__ = ["GPTFAST", "GptFast", "gptfast_base", "kernels_per_step", "run_gptfast", "time_variant"]

@@ -56,7 +56,8 @@ DISTRIBUTIONS = ("balanced", "power_law")
 # in ms; rows of aic-core/src/aiconfigurator_core/systems/data/h200_sxm/moe/vllm/0.24.0/moe_perf.parquet of
 # the public repository ai-dynamo/aiconfigurator (snapshot 095f58a51c4ca8e61b66ec108d86f223f8d559ce),
 # NVIDIA, Apache License 2.0. Shape 2048/768, top-8 of 128 (Qwen3-30B-A3B).
-VLLM_H200_MS = {(16, "balanced"): 0.305211, (16, "power_law_1.2"): 0.163514,
+VLLM_H200_MS = {(1, "balanced"): 0.040272, (1, "power_law_1.2"): 0.039168,
+                (16, "balanced"): 0.305211, (16, "power_law_1.2"): 0.163514,
                 (64, "balanced"): 0.316043, (64, "power_law_1.2"): 0.287072}
 
 

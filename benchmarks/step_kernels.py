@@ -14,10 +14,12 @@ sync, so a kernel belongs to the replay whose window holds its start. Per replay
   busy     length of the union of the kernel intervals: time at least one kernel runs
   span     first kernel start to last kernel end;  idle = span - busy (gaps between kernels)
 
-The profiling itself is ``benchmarks/kernel_profile.py`` (``e2e_decode.py`` uses it too).
+The profiling itself is ``persistent_engine/measure/kernel_profile.py`` (``e2e_decode.py`` uses it too).
 ``floor_us`` (``e2e_decode.py``'s bytes / the measured copy bandwidth) against ``busy`` is how far the
 kernels themselves are from the bandwidth floor; ``idle`` is what fusing launches away could win.
-Per kernel name: calls and microseconds per step, the heaviest first. On CPU (no kernels) the
+Per kernel name: calls and microseconds per step, the heaviest first. Per op: the engine's step profile
+(``persistent_engine/measure/step_profile.py``, what the agents rank ops by): each op's share of the replay
+(its kernels and the gaps before them) beside its sync-timed figure. On CPU (no kernels) the
 top-level ``aten::`` ops of an eager step stand in for kernels, so the logic runs in CI.
 Writes ``benchmarks/results/<h200|cpu>-step-kernels.json``.
 """
@@ -37,11 +39,13 @@ import torch  # noqa: E402
 
 from benchmarks import e2e_decode as e2e  # noqa: E402
 from benchmarks.forward import bytes_read  # noqa: E402
-from benchmarks.kernel_profile import MARK, by_window, profile_intervals, summarize, union_us  # noqa: E402,F401
+from persistent_engine.measure.kernel_profile import (MARK, by_window, profile_intervals,  # noqa: E402,F401
+                                                      summarize, union_us)
 from compiler.plan import artifact as plan_mod  # noqa: E402
 from compiler.plan.compare import capture  # noqa: E402
 from persistent_engine.models.decoder import build_model  # noqa: E402
 from persistent_engine.models.spec import ModelSpec  # noqa: E402
+from persistent_engine.measure import profiler, step_profile  # noqa: E402
 from persistent_engine.ops import registry  # noqa: E402
 from persistent_engine.inputs.workloads import make_workload  # noqa: E402
 from persistent_engine.io_struct import WorkloadPoint  # noqa: E402
@@ -64,13 +68,27 @@ def run_case(case: e2e.Case, model, plans: dict, steps: int, copy_gbs: float, se
                     with registry.override(o):
                         return model.step(wl)
             s = summarize(*profile_intervals(run, steps, cuda))
+            with registry.override(overrides):
+                per_op = per_op_profile(model, wl, steps)
             rows.append({"model": case.model, "layers": list(model.layers), "batch": case.batch,
                          "context": case.context, "variant": variant, "timed": "cuda_graph" if cuda else "eager",
                          "plan": str(parts.loaded.version_dir) if parts and variant == "tkcc" else None,
-                         "floor_us": floor_us, "busy_pct_floor": 100 * floor_us / s["busy_us"], **s})
+                         "floor_us": floor_us, "busy_pct_floor": 100 * floor_us / s["busy_us"], **s, **per_op})
             if cuda:
                 del g
     return rows
+
+
+def per_op_profile(model, wl, steps: int) -> dict:
+    """The engine's step profile of the current forward (``measure.step_profile``): per op the replay's time
+    (its kernels and the gaps before them) beside the sync-timed one, the ops sorted by replay time."""
+    sync_ops = profiler.profile_point(model, wl, model.device, reps=steps)
+    replay = step_profile.replay_profile(model, wl, model.device, steps)
+    ops, outside = step_profile.merge(sync_ops, replay)
+    keep = ("ms", "sync_ms", "busy_ms", "idle_ms", "kernels", "calls")
+    return {"per_op": {op: {k: row[k] for k in keep if k in row} for op, row in ops.items()},
+            "per_op_outside_ms": outside, "per_op_matched": replay["matched"],
+            "per_op_sync_total_ms": sum(row["ms"] for row in sync_ops.values())}
 
 
 def print_row(r: dict) -> None:
@@ -80,6 +98,13 @@ def print_row(r: dict) -> None:
           f"(busy at {r['busy_pct_floor']:.1f}% of it)", flush=True)
     for k in r["top"][:8]:
         print(f"    {k['us_per_step']:8.1f} us/step  {k['calls_per_step']:5.1f} x {k['us_per_call']:6.2f} us  {k['kernel']}")
+    replayed = "sync_ms" in next(iter(r["per_op"].values()), {})
+    print(f"  per op ({'graph replay' if replayed else 'sync-timed: the replay matched'} "
+          f"{100 * r['per_op_matched']:.0f}% of kernels; sync-timed ops sum to "
+          f"{1e3 * r['per_op_sync_total_ms']:.1f} us, kernels outside ops {1e3 * r['per_op_outside_ms']:.1f} us):")
+    for op, row in list(r["per_op"].items())[:10]:
+        print(f"    {op:<34} {1e3 * row['ms']:8.1f} us  (idle {1e3 * row.get('idle_ms', 0.0):6.1f}, "
+              f"{row.get('kernels', 0):4.0f} kernels; sync-timed {1e3 * row.get('sync_ms', row['ms']):8.1f} us)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,8 +136,14 @@ class PointProfile:
     point: WorkloadPoint
     label: str
     step_ms: float                      # the whole step, timed as in a bench
-    total_ms: float                     # the sum of the ops' times (synchronized per op)
-    ops: dict = field(default_factory=dict)      # op -> {"ms", "calls", "share"[, "parts": {fine op: ms}][, "regions"]}
+    total_ms: float                     # the sum of the ops' times
+    # op -> {"ms", "calls", "share"[, "parts": {fine op: ms}][, "regions"]}; where ``timed`` is "cuda_graph" also
+    # "sync_ms", "busy_ms", "idle_ms", "kernels" ("ms" then the op's share of a graph replay: step_profile.merge)
+    ops: dict = field(default_factory=dict)
+    timed: str = "sync"                 # "cuda_graph": the ops' ms from graph replays' kernels; "sync": per op synced
+    replay_ms: float = 0.0              # the graph replay's span (kernels' first start to last end); 0: not replayed
+    outside_ms: float = 0.0             # replay time of the kernels no op launched (the model's glue)
+    replay_note: str = ""               # why a GPU's sync-timed figures stayed (capture refused, kernels unmatched)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

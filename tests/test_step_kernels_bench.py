@@ -47,6 +47,9 @@ def test_cpu_run_profiles_reference_and_plan(tmp_path):
         assert r["steps"] == 3 and r["kernels"] > 10 and 0 < r["busy_us"] <= r["span_us"]
         assert 0 <= r["idle_us"] < r["span_us"]
         assert r["floor_us"] > 0 and any(k["kernel"] == "aten::linear" for k in r["top"])
+        # the step profile per op: every kernel matched to its op, the replay's time beside the sync-timed one
+        assert r["per_op_matched"] == 1.0 and r["per_op"]["attention_decode"]["kernels"] >= 2
+        assert all("sync_ms" in row for row in r["per_op"].values())
 
 
 def test_bad_case_is_one_line_and_exit_2(capsys):

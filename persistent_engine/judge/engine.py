@@ -545,13 +545,39 @@ class Engine(ExecutorSide):
         for i, p in enumerate(self.points):
             ops = profiler.profile_point(self.model, self.workloads[i][0], self.device)
             self.workload_guard.restore()
-            per_point.append(PointProfile(p, p.label(), step_ms=self.base_ms[i],
+            replay = self._replay_profile(i, ops) if self.device.type == "cuda" else {}
+            per_point.append(PointProfile(p, p.label(), step_ms=self.base_ms[i], **replay) if replay else
+                             PointProfile(p, p.label(), step_ms=self.base_ms[i],
                                           total_ms=sum(o["ms"] for o in ops.values()), ops=ops))
         if self.compiled:                       # the likeliest op sets' graphs, compiled while the baseline's A/A runs
             self._precompile(op_sets_by_time([pp.ops for pp in per_point], self.op_params,
                                              ahead_op_sets(self.device.type)), ahead=True)
+        replayed = all(pp.timed == "cuda_graph" for pp in per_point)
         return ProfileReply(message="baseline profile", per_point=per_point,
-                            timer=timing.make_timer(self.device).name + "+sync per op")
+                            timer="cuda graph replays, kernels per op" if replayed and per_point
+                            else timing.make_timer(self.device).name + "+sync per op")
+
+    def _replay_profile(self, i: int, sync_ops: dict) -> dict:
+        """PointProfile fields of point ``i`` with the ops timed by graph replays' kernels
+        (``step_profile``), or ``replay_note`` saying why the sync-timed ``sync_ops`` stay."""
+        from persistent_engine.measure import step_profile
+
+        try:
+            replay = step_profile.replay_profile(self.model, self.workloads[i][0], self.device)
+        except Exception as e:  # noqa: BLE001 - the sync profile still ranks the ops
+            if not timing.recover_after_capture(self.device):
+                raise
+            note = f"not replayed: {timing.describe_error(e)}"
+        else:
+            ops, outside = step_profile.merge(sync_ops, replay)
+            if ops is not sync_ops:
+                return {"ops": ops, "total_ms": sum(o["ms"] for o in ops.values()) + outside, "timed": "cuda_graph",
+                        "replay_ms": replay["span_ms"], "outside_ms": outside}
+            note = f"only {replay['matched']:.0%} of the replay's kernels matched the eager step's"
+        finally:
+            self.workload_guard.restore()
+        elog(f"profile at {self.points[i].label()}: ops timed per op with syncs ({note})")
+        return {"ops": sync_ops, "total_ms": sum(o["ms"] for o in sync_ops.values()), "replay_note": note}
 
     def status(self, req: Status) -> StatusReply:
         self._collect_precompiled()

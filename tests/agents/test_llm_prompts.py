@@ -36,8 +36,13 @@ def test_cycle_prompt_carries_profile_points_ops_board_and_held_idea(tmp_path):
                        points=points, spec=None, ops=ops, deadline=time.monotonic() + 100)
     text = cycle_prompt(ctx, ideas=board.list_ideas(run).items)
     lines = text.splitlines()
-    first_op = lines.index("Where the time goes (baseline, weighted over the workload points):") + 1
+    first_op = lines.index("Where the time goes (baseline, each op timed between two syncs, weighted over the "
+                           "workload points):") + 1
     assert lines[first_op].split()[0] == "linear" and "66.0%" in lines[first_op]  # 3.5 of 5.3 ms
+    replayed = cycle_prompt(AgentContext(board=board, run_id=run.id, evaluate=None, points=points, spec=None,
+                                         profile={**ENGINE_PROFILE, "timer": "cuda graph replays, kernels per op"},
+                                         ops=ops, deadline=time.monotonic() + 100))
+    assert "(baseline, each op's kernels in a CUDA-graph replay of the step, the gaps before them included," in replayed
     assert "decode batch=8 context=512 chunk=1 weight=0.750" in text
     assert "linear(x[..., K], weight[N, K], bias[N] | None)" in text
     assert "moe_route" not in text and "  (1 more ops in the registry are not run by this model)" in text

@@ -5,8 +5,9 @@
 
 Each call of ``run`` sits in a ``record_function(MARK)`` window closed after a device sync, so a kernel
 belongs to the call whose window holds its start (CUPTI reports the kernels a CUDA graph replay launches).
-On CPU the ``aten::`` ops directly under a window stand in for kernels. Used by ``step_kernels.py`` and
-``e2e_decode.py``. Cost: the profiler's start-up (~1 s) plus ``steps`` calls.
+On CPU the ``aten::`` ops directly under a window stand in for kernels. Used by the engine's step profile
+(``step_profile``) and the benchmarks ``step_kernels.py``, ``e2e_decode.py`` and ``e2e_variants.py``.
+Cost: the profiler's start-up (~1 s) plus ``steps`` calls.
 """
 
 from __future__ import annotations
