@@ -32,6 +32,11 @@ SMALL = {
                              "SKINNY_FUSED_REDUCE": 1},
     "attention_decode.triton_splitkv": {"ATTD_BLOCK_T": 16, "ATTD_NUM_SPLITS": 4, "ATTD_NUM_WARPS": 1,
                                         "ATTD_NUM_STAGES": 1, "ATTD_DOT": True, "ATTD_PDL": 1},
+    # one program (the interpreter runs programs in turn: a grid barrier with more would wait forever); 2 batch rows
+    # a unit: the 3-row example ends in a partial block; 8-row GEMV blocks and 32-wide chunks end in masked tails
+    "dense_gqa_decode_layer.triton_persistent": {"DLAY_PROGRAMS": 132, "DLAY_BLOCK_N": 8, "DLAY_BLOCK_K": 32,
+                                                 "DLAY_BLOCK_B": 2, "DLAY_SPLITS": 2, "DLAY_BLOCK_T": 16,
+                                                 "DLAY_NUM_WARPS": 2},
     # 2 rows a program: the 7- and 5-token examples end in a partial program; the grouped one takes the torch path
     "moe_route.triton": {"MROUTE_ROWS": 2, "MROUTE_NUM_WARPS": 2},
     # BLOCK_Q 4: the examples' 5- and 7-query chunks take two blocks each (one partial), the group padded to 4 rows
@@ -278,6 +283,49 @@ def test_cuda_moe_route_in_a_graph_matches_at_qwen3_moe_routing():
         assert all(torch.equal(a, b) for a, b in zip(eager, replayed)), n
         assert check_op("moe_route", fn, dtypes=(torch.float32,), shapes=[{"T": n, "E": spec.num_experts,
                         "k": spec.num_experts_per_tok, "scoring": spec.scoring}], device="cuda") == [], n
+
+
+_LAYER_ON_GPU = """
+import sys, torch
+from cuda_graph_support import eager_and_replayed
+from test_templates import _impl
+from agents.templates import dims_of, get_template
+from persistent_engine.models.spec import ModelSpec
+from persistent_engine.ops import registry
+from persistent_engine.ops.contract import check_op
+spec, t = ModelSpec.from_name("llama-1b"), get_template("dense_gqa_decode_layer.triton_persistent")
+assert t.check(t.default(), dims_of(spec)) == []
+fn, d = _impl(t, t.default()), registry.get(t.op)
+for b in (1, 4, 16):
+    shape = {"B": b, "ctx": 1024, "H": spec.hidden_size, "Hq": spec.num_heads, "Hk": spec.num_kv_heads,
+             "Dh": spec.head_dim, "R": spec.head_dim, "I": spec.intermediate_size, "bias": False, "BS": 16}
+    args = d.make_inputs(shape, torch.bfloat16, "cuda", 0)
+    eager, replayed = eager_and_replayed(lambda: fn(*args))       # the counter zeroed by each launch
+    assert all(torch.equal(a, r) for a, r in zip(eager, replayed)), b
+    problems = check_op(t.op, fn, dtypes=(torch.bfloat16,), shapes=[shape], device="cuda")
+    assert problems == [], (b, problems)
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_cuda_persistent_layer_at_llama_1b_matches_and_never_hangs():
+    """On a GPU: the persistent layer kernel at llama-1b's layer (batch 1, 4, 16, context 1024, bf16) within the
+    region's tolerance of the reference (K/V writes included), and a CUDA-graph replay bitwise the eager call (the
+    barrier counter is zero again after every launch). Run in a child process under a deadline: a grid barrier
+    whose programs are not all resident would wait forever."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parents[1]), str(tests)])}
+    try:
+        done = subprocess.run([sys.executable, "-c", _LAYER_ON_GPU], env=env, capture_output=True, text=True,
+                              timeout=240, cwd=tests)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the persistent layer kernel did not finish in 240 s (a grid barrier waiting forever?)")
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_prepacked_lm_head_repacks_a_weight_written_in_place():

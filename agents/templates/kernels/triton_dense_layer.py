@@ -1,0 +1,345 @@
+"""dense_gqa_decode_layer (DLAY_ knobs) in Triton: one persistent kernel for a whole Llama-style decoder layer
+at decode, its phases separated by grid barriers instead of kernel boundaries.
+
+Grid: P programs (``DLAY_PROGRAMS``, at most one per SM: the barriers need every program resident, checked
+before launch), each walking the units of a phase in steps of P. Phases (B rows, H hidden, N = (Hq + 2 Hk) Dh,
+I intermediate; all sums in fp32, each op's output rounded to the activations' dtype where the reference
+rounds it):
+
+A. ``s = x + residual``; per head of qkv: ``rms(s) * (s * g1) @ Wqkv[head].T`` (+ bias) with the rotary
+   pair's rows in a second accumulator, rotated with the token's cos/sin; q heads to an fp32 scratch
+   [B, Hq, Dh], k and v heads straight into the caches at ``slot_mapping`` (no K/V write launch); ``s``
+   rounded into ``new_residual``. Reads Wqkv once per row block (N H elements), x, residual.
+B. Split-KV flash decoding: unit (b, kv head, split) reads its split's keys and values through the block
+   table, the GQA group's queries at once; writes the unnormalised [G, Dh] accumulator and (max, sum).
+C. The splits merged on the fly into ``o`` [B, Hq Dh], ``h = o @ Wo.T``, ``new_residual = h + s``.
+D. ``rms(r2) * (r2 * g2) @ Wgu.T`` for the gate and up rows of one block of I, ``silu(gate) * up`` to an
+   fp32 scratch [B, I].
+E. ``mlp_out = act @ Wd.T``.
+
+Barrier: every program's stores, ``debug_barrier``, one release ``atomic_add`` on a counter, then acquire
+reads until it reaches the phase's count; scratch written in the launch is read with ``.cg`` (past L1). A
+fifth arrival after the last phase lets the last program zero the counter, so a CUDA-graph replay needs no
+memset (one launch at a time per counter: launches on one stream). Under ``TRITON_INTERPRET=1`` (CPU
+tensors) programs run one after another, so P is 1 there.
+
+Bytes per layer: the weights (N H + H Hq Dh + 2 I H + H I elements: llama-1b 60.8 MB in bf16, the layer's
+floor at copy bandwidth), the K/V of B contexts, a few KB of scratch. Launches: 1 (the fine path: ~10).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# ---- section ----
+DLAY_PROGRAMS = 132          # persistent programs (capped at the GPU's SM count)
+DLAY_BLOCK_N = 16            # output rows of a GEMV unit (phases C, D, E)
+DLAY_BLOCK_K = 128           # reduction chunk of the GEMVs
+DLAY_BLOCK_B = 1             # batch rows of a unit (a larger batch walks its row blocks again)
+DLAY_SPLITS = 4              # split-KV of the attention phase
+DLAY_BLOCK_T = 32            # keys per attention tile
+DLAY_NUM_WARPS = 4
+
+_DLAY_COUNTERS: dict = {}    # device -> int32[1] barrier counter, zero between launches
+
+
+@triton.jit
+def _dlay_sync(bar_ptr, target):
+    """Grid barrier: the stores every program made before it are visible to every program after it."""
+    tl.debug_barrier()
+    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _dlay_qkv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr, res_ptr,
+              B, H, Hq, Hk, Dh, R, HALF, eps, stride_cs, BS, skb, sko, skh, svb, svo, svh,
+              HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Phase A: per (head, batch block) unit the normed qkv head, rotated; q to scratch, k/v to the caches."""
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    d = tl.arange(0, BLOCK_D)
+    kk = tl.arange(0, BLOCK_K)
+    bb = tl.arange(0, BLOCK_B)
+    dmask = d < Dh
+    partner = tl.where(d < HALF, d + HALF, d - HALF)
+    heads = Hq + 2 * Hk
+    for c in range(pid * BLOCK_K, H, P * BLOCK_K):           # new_residual = x + residual, rounded
+        for b0 in range(0, B, BLOCK_B):
+            b = b0 + bb
+            m = (b[:, None] < B) & (c + kk[None, :] < H)
+            off = b[:, None] * H + c + kk[None, :]
+            s = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32) + tl.load(r_ptr + off, mask=m, other=0.0)
+            tl.store(res_ptr + off, s.to(res_ptr.dtype.element_ty), mask=m)
+    for u in range(pid, heads * tl.cdiv(B, BLOCK_B), P):
+        hd = u % heads
+        b = (u // heads) * BLOCK_B + bb                              # [BLOCK_B]
+        bmask = b < B
+        rot = (d < R) & (d * 0 + hd < Hq + Hk)                       # [BLOCK_D]: q and k heads
+        rows = hd * Dh + d
+        prows = hd * Dh + partner
+        acc = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
+        accp = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_B], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            k = k0 + kk
+            kmask = k < H
+            xm = bmask[:, None] & kmask[None, :]
+            off = b[:, None] * H + k[None, :]
+            s = tl.load(x_ptr + off, mask=xm, other=0.0).to(tl.float32) + tl.load(r_ptr + off, mask=xm, other=0.0)
+            ss += tl.sum(s * s, axis=1)
+            a = s * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
+            w = tl.load(w_ptr + rows[:, None] * H + k[None, :], mask=dmask[:, None] & kmask[None, :], other=0.0)
+            acc += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            wp = tl.load(w_ptr + prows[:, None] * H + k[None, :], mask=rot[:, None] & kmask[None, :], other=0.0)
+            accp += tl.sum(a[:, None, :] * wp.to(tl.float32)[None, :, :], axis=2)
+        rms = tl.rsqrt(ss / H + eps)[:, None]
+        y = acc * rms
+        yp = accp * rms
+        if HAS_BIAS:
+            y += tl.load(b_ptr + rows, mask=dmask, other=0.0).to(tl.float32)[None, :]
+            yp += tl.load(b_ptr + prows, mask=rot, other=0.0).to(tl.float32)[None, :]
+        y = y.to(kc_ptr.dtype.element_ty).to(tl.float32)         # the projection's output, rounded
+        yp = yp.to(kc_ptr.dtype.element_ty).to(tl.float32)
+        pos = tl.load(pos_ptr + b, mask=bmask, other=0)
+        j = tl.where(d < HALF, d, d - HALF)
+        cm = bmask[:, None] & (d < R)[None, :]
+        cos = tl.load(cs_ptr + pos[:, None] * stride_cs + j[None, :], mask=cm, other=1.0).to(tl.float32)
+        sin = tl.load(cs_ptr + pos[:, None] * stride_cs + HALF + j[None, :], mask=cm, other=0.0).to(tl.float32)
+        sign = tl.where(d < HALF, -1.0, 1.0)[None, :]
+        out = tl.where(rot[None, :], y * cos + sign * yp * sin, y).to(kc_ptr.dtype.element_ty)
+        om = bmask[:, None] & dmask[None, :]
+        if hd < Hq:
+            tl.store(q_ptr + (b[:, None] * Hq + hd) * Dh + d[None, :], out.to(tl.float32), mask=om)
+        else:
+            slot = tl.load(slot_ptr + b, mask=bmask, other=0).to(tl.int64)
+            blk, o = slot // BS, slot % BS
+            if hd < Hq + Hk:
+                tl.store(kc_ptr + (blk * skb + o * sko + (hd - Hq) * skh)[:, None] + d[None, :], out, mask=om)
+            else:
+                tl.store(vc_ptr + (blk * svb + o * svo + (hd - Hq - Hk) * svh)[:, None] + d[None, :], out, mask=om)
+
+
+@triton.jit
+def _dlay_attention(q_ptr, kc_ptr, vc_ptr, tab_ptr, len_ptr, pacc_ptr, pml_ptr, B, Hq, Hk, Dh, BS, stride_tab,
+                    skb, sko, skh, svb, svo, svh, scale, SPLITS: tl.constexpr, GROUP: tl.constexpr,
+                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Phase B: unit (b, kv head, split): online softmax over the split's keys for the GQA group's queries."""
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    d = tl.arange(0, BLOCK_D)
+    g = tl.arange(0, BLOCK_G)
+    tt = tl.arange(0, BLOCK_T)
+    dmask = d < Dh
+    gmask = g < GROUP
+    for u in range(pid, B * Hk * SPLITS, P):
+        sp = u % SPLITS
+        kh = (u // SPLITS) % Hk
+        b = u // (SPLITS * Hk)
+        n = tl.load(len_ptr + b)
+        chunk = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK_T) * BLOCK_T
+        start = sp * chunk
+        stop = tl.minimum(n, start + chunk)
+        heads = kh * GROUP + g
+        qm = gmask[:, None] & dmask[None, :]
+        q = tl.load(q_ptr + (b * Hq + heads[:, None]) * Dh + d[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+        m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for t0 in range(start, stop, BLOCK_T):
+            t = t0 + tt
+            tmask = t < stop
+            blk = tl.load(tab_ptr + b * stride_tab + t // BS, mask=tmask, other=0).to(tl.int64)
+            km = tmask[:, None] & dmask[None, :]
+            koff = (blk * skb + (t % BS) * sko + kh * skh)[:, None] + d[None, :]
+            k = tl.load(kc_ptr + koff, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)      # [T, D]
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale                             # [G, T]
+            s = tl.where(tmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            voff = (blk * svb + (t % BS) * svo + kh * svh)[:, None] + d[None, :]
+            v = tl.load(vc_ptr + voff, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)      # [T, D]
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            m = m_new
+        row = (b * Hq + heads) * SPLITS + sp                                                    # [G]
+        tl.store(pacc_ptr + row[:, None] * Dh + d[None, :], acc, mask=qm)
+        tl.store(pml_ptr + row * 2, m, mask=gmask)
+        tl.store(pml_ptr + row * 2 + 1, l, mask=gmask)
+
+
+@triton.jit
+def _dlay_o_proj(pacc_ptr, pml_ptr, w_ptr, res_ptr, B, H, Hq, Dh, SPLITS: tl.constexpr, BLOCK_B: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Phase C: the splits merged into o (rounded, as the attention op returns it), h = o @ Wo.T rounded,
+    new_residual = h + s (each (row, column) read and written by its own unit only)."""
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    K = Hq * Dh
+    nn = tl.cdiv(H, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    bb = tl.arange(0, BLOCK_B)
+    for u in range(pid, nn * tl.cdiv(B, BLOCK_B), P):
+        n = (u % nn) * BLOCK_N + tl.arange(0, BLOCK_N)
+        b = (u // nn) * BLOCK_B + bb
+        nmask = n < H
+        bmask = b < B
+        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + kk
+            kmask = k < K
+            om = bmask[:, None] & kmask[None, :]
+            base = (b[:, None] * Hq + (k // Dh)[None, :]) * SPLITS                              # [BB, BK]
+            top = tl.full([BLOCK_B, BLOCK_K], float("-inf"), dtype=tl.float32)
+            for sp in tl.static_range(SPLITS):
+                top = tl.maximum(top, tl.load(pml_ptr + (base + sp) * 2, mask=om, other=0.0, cache_modifier=".cg"))
+            num = tl.zeros([BLOCK_B, BLOCK_K], dtype=tl.float32)
+            den = tl.zeros([BLOCK_B, BLOCK_K], dtype=tl.float32)
+            for sp in tl.static_range(SPLITS):
+                wsp = tl.exp(tl.load(pml_ptr + (base + sp) * 2, mask=om, other=0.0, cache_modifier=".cg") - top)
+                den += wsp * tl.load(pml_ptr + (base + sp) * 2 + 1, mask=om, other=1.0, cache_modifier=".cg")
+                num += wsp * tl.load(pacc_ptr + (base + sp) * Dh + (k % Dh)[None, :], mask=om, other=0.0,
+                                     cache_modifier=".cg")
+            o = (num / den).to(w_ptr.dtype.element_ty).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            acc += tl.sum(o[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        h = acc.to(res_ptr.dtype.element_ty).to(tl.float32)
+        rm = bmask[:, None] & nmask[None, :]
+        off = b[:, None] * H + n[None, :]
+        r = tl.load(res_ptr + off, mask=rm, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(res_ptr + off, (h + r).to(res_ptr.dtype.element_ty), mask=rm)
+
+
+@triton.jit
+def _dlay_gate_up(res_ptr, g_ptr, w_ptr, act_ptr, B, H, I, eps, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """Phase D: rms(r2) * (r2 * g2) against the gate and up rows of one block of I; silu(gate) * up rounded."""
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    ni = tl.cdiv(I, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    bb = tl.arange(0, BLOCK_B)
+    for u in range(pid, ni * tl.cdiv(B, BLOCK_B), P):
+        j = (u % ni) * BLOCK_N + tl.arange(0, BLOCK_N)
+        b = (u // ni) * BLOCK_B + bb
+        jmask = j < I
+        bmask = b < B
+        gate = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+        up = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_B], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            k = k0 + kk
+            kmask = k < H
+            r = tl.load(res_ptr + b[:, None] * H + k[None, :], mask=bmask[:, None] & kmask[None, :], other=0.0,
+                        cache_modifier=".cg").to(tl.float32)
+            ss += tl.sum(r * r, axis=1)
+            a = r * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
+            wm = jmask[:, None] & kmask[None, :]
+            wg = tl.load(w_ptr + j[:, None] * H + k[None, :], mask=wm, other=0.0).to(tl.float32)
+            wu = tl.load(w_ptr + (I + j)[:, None] * H + k[None, :], mask=wm, other=0.0).to(tl.float32)
+            gate += tl.sum(a[:, None, :] * wg[None, :, :], axis=2)
+            up += tl.sum(a[:, None, :] * wu[None, :, :], axis=2)
+        rms = tl.rsqrt(ss / H + eps)[:, None]
+        gate = (gate * rms).to(w_ptr.dtype.element_ty).to(tl.float32)
+        up = (up * rms).to(w_ptr.dtype.element_ty).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate)) * up).to(w_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(act_ptr + b[:, None] * I + j[None, :], act, mask=bmask[:, None] & jmask[None, :])
+
+
+@triton.jit
+def _dlay_down(act_ptr, w_ptr, out_ptr, B, H, I, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """Phase E: mlp_out = act @ Wd.T."""
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    nn = tl.cdiv(H, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    bb = tl.arange(0, BLOCK_B)
+    for u in range(pid, nn * tl.cdiv(B, BLOCK_B), P):
+        n = (u % nn) * BLOCK_N + tl.arange(0, BLOCK_N)
+        b = (u // nn) * BLOCK_B + bb
+        nmask = n < H
+        bmask = b < B
+        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            k = k0 + kk
+            kmask = k < I
+            a = tl.load(act_ptr + b[:, None] * I + k[None, :], mask=bmask[:, None] & kmask[None, :], other=0.0,
+                        cache_modifier=".cg")
+            w = tl.load(w_ptr + n[:, None] * I + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            acc += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        tl.store(out_ptr + b[:, None] * H + n[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=bmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _dlay_layer(x_ptr, r_ptr, pos_ptr, kc_ptr, vc_ptr, slot_ptr, tab_ptr, len_ptr, g1_ptr, wqkv_ptr, bqkv_ptr,
+                wo_ptr, g2_ptr, wgu_ptr, wd_ptr, cs_ptr, out_ptr, res_ptr, q_ptr, pacc_ptr, pml_ptr, act_ptr,
+                bar_ptr, B, H, I, Hq, Hk, Dh, R, HALF, eps, scale, stride_cs, BS, stride_tab,
+                skb, sko, skh, svb, svo, svh, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLITS: tl.constexpr, BLOCK_T: tl.constexpr):
+    P = tl.num_programs(0)
+    _dlay_qkv(x_ptr, r_ptr, g1_ptr, wqkv_ptr, bqkv_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr, res_ptr,
+              B, H, Hq, Hk, Dh, R, HALF, eps, stride_cs, BS, skb, sko, skh, svb, svo, svh,
+              HAS_BIAS, BLOCK_B, BLOCK_D, BLOCK_K)
+    _dlay_sync(bar_ptr, P)
+    _dlay_attention(q_ptr, kc_ptr, vc_ptr, tab_ptr, len_ptr, pacc_ptr, pml_ptr, B, Hq, Hk, Dh, BS, stride_tab,
+                    skb, sko, skh, svb, svo, svh, scale, SPLITS, GROUP, BLOCK_G, BLOCK_D, BLOCK_T)
+    _dlay_sync(bar_ptr, 2 * P)
+    _dlay_o_proj(pacc_ptr, pml_ptr, wo_ptr, res_ptr, B, H, Hq, Dh, SPLITS, BLOCK_B, BLOCK_N, BLOCK_K)
+    _dlay_sync(bar_ptr, 3 * P)
+    _dlay_gate_up(res_ptr, g2_ptr, wgu_ptr, act_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K)
+    _dlay_sync(bar_ptr, 4 * P)
+    _dlay_down(act_ptr, wd_ptr, out_ptr, B, H, I, BLOCK_B, BLOCK_N, BLOCK_K)
+    # every program is past the last barrier once all have arrived here: the last one zeroes the counter
+    tl.debug_barrier()
+    if tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == 5 * P - 1:
+        tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
+
+
+def _dlay_programs(device) -> int:
+    """The persistent grid: DLAY_PROGRAMS, at most one program per SM (the barriers need all of them resident
+    at once); 1 under the interpreter (CPU tensors), which runs programs one after another."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(DLAY_PROGRAMS, sms))
+
+
+def _dlay_counter(device) -> torch.Tensor:
+    key = str(device)
+    if key not in _DLAY_COUNTERS:
+        _DLAY_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _DLAY_COUNTERS[key]
+
+
+def dense_gqa_decode_layer_triton(x, residual, positions, k_cache, v_cache, slot_mapping, block_tables, context_lens,
+                                  input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight, down_weight,
+                                  cos_sin_cache, eps, scale, rotary_dim, num_heads, num_kv_heads):
+    B, H = x.shape
+    hq, hk = int(num_heads), int(num_kv_heads)
+    dh, inter = k_cache.shape[-1], down_weight.shape[1]
+    dev, dtype = x.device, x.dtype
+    programs = _dlay_programs(dev)
+    if dev.type == "cuda" and programs > torch.cuda.get_device_properties(dev).multi_processor_count:
+        raise RuntimeError(f"{programs} persistent programs cannot all be resident")
+    out = torch.empty((B, H), dtype=dtype, device=dev)
+    res = torch.empty((B, H), dtype=dtype, device=dev)
+    q = torch.empty((B, hq, dh), dtype=torch.float32, device=dev)
+    pacc = torch.empty((B, hq, DLAY_SPLITS, dh), dtype=torch.float32, device=dev)
+    pml = torch.empty((B, hq, DLAY_SPLITS, 2), dtype=torch.float32, device=dev)
+    act = torch.empty((B, inter), dtype=torch.float32, device=dev)
+    cs = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
+    tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    group = hq // hk
+    _dlay_layer[(programs,)](
+        x.contiguous(), residual.contiguous(), positions, k_cache, v_cache, slot_mapping, tables, context_lens,
+        input_norm, qkv_weight.contiguous(), qkv_bias if qkv_bias is not None else input_norm, o_weight.contiguous(),
+        post_norm, gate_up_weight.contiguous(), down_weight.contiguous(), cs, out, res, q, pacc, pml, act,
+        _dlay_counter(dev), B, H, inter, hq, hk, dh, int(rotary_dim), int(rotary_dim) // 2, float(eps),
+        float(scale), cs.stride(0), k_cache.shape[1], tables.stride(0), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HAS_BIAS=qkv_bias is not None, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
+        BLOCK_D=triton.next_power_of_2(dh), BLOCK_B=DLAY_BLOCK_B, BLOCK_N=DLAY_BLOCK_N, BLOCK_K=DLAY_BLOCK_K,
+        SPLITS=DLAY_SPLITS, BLOCK_T=DLAY_BLOCK_T, num_warps=DLAY_NUM_WARPS)
+    return out, res
