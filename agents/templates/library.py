@@ -184,13 +184,22 @@ def _moe_route(k: Mapping, dims: Mapping) -> list[str]:
     return _per_thread(4 * k["MROUTE_ROWS"] * _next_pow2(dims.get("experts") or 128), k["MROUTE_NUM_WARPS"])
 
 
-def _dense_layer(k: Mapping, dims: Mapping) -> list[str]:
+def _dense_layer(prefix: str):
     """The persistent layer kernel's largest live tiles: a GEMV's [BLOCK_B, rows, BLOCK_K] product (the qkv
     phase holds two: a head's rows and their rotary partners) and the attention's [G, BLOCK_T, Dh] one."""
-    dh, g = max(16, _next_pow2(dims.get("head_dim", 64))), _next_pow2(dims.get("group", 4))
-    b, warps = k["DLAY_BLOCK_B"], k["DLAY_NUM_WARPS"]
-    tile = max(2 * b * dh * k["DLAY_BLOCK_K"], b * k["DLAY_BLOCK_N"] * k["DLAY_BLOCK_K"], g * k["DLAY_BLOCK_T"] * dh)
-    return _per_thread(tile, warps)
+    def check(k: Mapping, dims: Mapping) -> list[str]:
+        dh, g = max(16, _next_pow2(dims.get("head_dim", 64))), _next_pow2(dims.get("group", 4))
+        b, bk = k[f"{prefix}_BLOCK_B"], k[f"{prefix}_BLOCK_K"]
+        tile = max(2 * b * dh * bk, b * k[f"{prefix}_BLOCK_N"] * bk, g * k[f"{prefix}_BLOCK_T"] * dh)
+        return _per_thread(tile, k[f"{prefix}_NUM_WARPS"])
+    return check
+
+
+def _dense_layer_knobs(prefix: str) -> tuple:
+    return (Knob(f"{prefix}_PROGRAMS", (132, 264, 66, 114)), Knob(f"{prefix}_BLOCK_N", (16, 8, 32, 4)),
+            Knob(f"{prefix}_BLOCK_K", (128, 64, 256, 32)), Knob(f"{prefix}_BLOCK_B", (1, 2, 4)),
+            Knob(f"{prefix}_SPLITS", (4, 8, 2, 16)), Knob(f"{prefix}_BLOCK_T", (32, 16, 64)),
+            Knob(f"{prefix}_NUM_WARPS", (4, 8, 2)))
 
 
 def _attn_window(k: Mapping, dims: Mapping) -> list[str]:
@@ -347,14 +356,15 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "batches): BLOCK_Q queries x the GQA group per tensor-core tile, sequences found on device from "
              "cu_seqlens_q, keys past the block's last query never read", _attn_prefill),
     Template("dense_gqa_decode_layer.triton_persistent", "dense_gqa_decode_layer", "triton_dense_layer.py",
-             "dense_gqa_decode_layer_triton", "triton", ("cuda",),
-             (Knob("DLAY_PROGRAMS", (132, 264, 66, 114)), Knob("DLAY_BLOCK_N", (16, 8, 32, 4)),
-              Knob("DLAY_BLOCK_K", (128, 64, 256, 32)), Knob("DLAY_BLOCK_B", (1, 2, 4)),
-              Knob("DLAY_SPLITS", (4, 8, 2, 16)), Knob("DLAY_BLOCK_T", (32, 16, 64)),
-              Knob("DLAY_NUM_WARPS", (4, 8, 2))),
+             "dense_gqa_decode_layer_triton", "triton", ("cuda",), _dense_layer_knobs("DLAY"),
              "one persistent kernel per decoder layer (norm, qkv, rotary, K/V write, split-KV attention, "
              "o-projection, residual, norm, gate/up, SiLU, down), phases separated by grid barriers instead of "
-             "kernel boundaries; at most one program per SM (all resident)", _dense_layer),
+             "kernel boundaries; at most one program per SM (all resident)", _dense_layer("DLAY")),
+    Template("dense_gqa_decode_step.triton_persistent_layers", "dense_gqa_decode_step", "triton_dense_layer.py",
+             "dense_gqa_decode_step_triton", "triton", ("cuda",), _dense_layer_knobs("DSTP"),
+             "the decode step as the embedding gather, one persistent kernel per layer (as "
+             "dense_gqa_decode_layer.triton_persistent) and the final norm + lm_head: L + ~4 launches a step",
+             _dense_layer("DSTP")),
     Template("moe_route.triton", "moe_route", "triton_moe_route.py", "moe_route_triton", "triton", ("cuda",),
              (Knob("MROUTE_ROWS", (1, 2, 4, 8, 16)), Knob("MROUTE_NUM_WARPS", (1, 2, 4, 8))),
              "router scores, bias, top-k (k rounds of argmax) and renormalised weights in one launch (the reference "

@@ -37,6 +37,9 @@ SMALL = {
     "dense_gqa_decode_layer.triton_persistent": {"DLAY_PROGRAMS": 132, "DLAY_BLOCK_N": 8, "DLAY_BLOCK_K": 32,
                                                  "DLAY_BLOCK_B": 2, "DLAY_SPLITS": 2, "DLAY_BLOCK_T": 16,
                                                  "DLAY_NUM_WARPS": 2},
+    "dense_gqa_decode_step.triton_persistent_layers": {"DSTP_PROGRAMS": 132, "DSTP_BLOCK_N": 8, "DSTP_BLOCK_K": 32,
+                                                       "DSTP_BLOCK_B": 1, "DSTP_SPLITS": 4, "DSTP_BLOCK_T": 16,
+                                                       "DSTP_NUM_WARPS": 2},
     # 2 rows a program: the 7- and 5-token examples end in a partial program; the grouped one takes the torch path
     "moe_route.triton": {"MROUTE_ROWS": 2, "MROUTE_NUM_WARPS": 2},
     # BLOCK_Q 4: the examples' 5- and 7-query chunks take two blocks each (one partial), the group padded to 4 rows
@@ -304,6 +307,10 @@ for b in (1, 4, 16):
     assert all(torch.equal(a, r) for a, r in zip(eager, replayed)), b
     problems = check_op(t.op, fn, dtypes=(torch.bfloat16,), shapes=[shape], device="cuda")
     assert problems == [], (b, problems)
+step = get_template("dense_gqa_decode_step.triton_persistent_layers")
+problems = check_op(step.op, _impl(step, step.default()), dtypes=(torch.bfloat16,), device="cuda",
+                    shapes=[{**shape, "B": 1, "L": 2, "V": spec.vocab_size}])
+assert problems == [], problems
 print("ok")
 """
 
@@ -312,8 +319,8 @@ print("ok")
 def test_cuda_persistent_layer_at_llama_1b_matches_and_never_hangs():
     """On a GPU: the persistent layer kernel at llama-1b's layer (batch 1, 4, 16, context 1024, bf16) within the
     region's tolerance of the reference (K/V writes included), and a CUDA-graph replay bitwise the eager call (the
-    barrier counter is zero again after every launch). Run in a child process under a deadline: a grid barrier
-    whose programs are not all resident would wait forever."""
+    barrier counter is zero again after every launch); the step template over two such layers and the lm_head.
+    Run in a child process under a deadline: a grid barrier whose programs are not all resident waits forever."""
     import os
     import subprocess
     import sys

@@ -1,5 +1,5 @@
-"""dense_gqa_decode_layer (DLAY_ knobs) in Triton: one persistent kernel for a whole Llama-style decoder layer
-at decode, its phases separated by grid barriers instead of kernel boundaries.
+"""dense_gqa_decode_layer (DLAY_ knobs) and dense_gqa_decode_step (DSTP_) in Triton: one persistent kernel for a
+whole Llama-style decoder layer at decode, its phases separated by grid barriers instead of kernel boundaries.
 
 Grid: P programs (``DLAY_PROGRAMS``, at most one per SM: the barriers need every program resident, checked
 before launch), each walking the units of a phase in steps of P. Phases (B rows, H hidden, N = (Hq + 2 Hk) Dh,
@@ -23,6 +23,10 @@ fifth arrival after the last phase lets the last program zero the counter, so a 
 memset (one launch at a time per counter: launches on one stream). Under ``TRITON_INTERPRET=1`` (CPU
 tensors) programs run one after another, so P is 1 there.
 
+``dense_gqa_decode_step_triton`` (DSTP_ knobs, the same meanings): the embedding gather, this kernel once per
+layer, the final add + RMSNorm and the lm_head in torch; L + ~4 launches a step instead of ~10 L. Not yet a
+megakernel over all layers (one launch a step, the next layer's weights prefetched across the boundary).
+
 Bytes per layer: the weights (N H + H Hq Dh + 2 I H + H I elements: llama-1b 60.8 MB in bf16, the layer's
 floor at copy bandwidth), the K/V of B contexts, a few KB of scratch. Launches: 1 (the fine path: ~10).
 """
@@ -39,6 +43,13 @@ DLAY_BLOCK_B = 1             # batch rows of a unit (a larger batch walks its ro
 DLAY_SPLITS = 4              # split-KV of the attention phase
 DLAY_BLOCK_T = 32            # keys per attention tile
 DLAY_NUM_WARPS = 4
+DSTP_PROGRAMS = 132          # dense_gqa_decode_step: the same knobs for its layers' launches, its own values
+DSTP_BLOCK_N = 16
+DSTP_BLOCK_K = 128
+DSTP_BLOCK_B = 1
+DSTP_SPLITS = 4
+DSTP_BLOCK_T = 32
+DSTP_NUM_WARPS = 4
 
 _DLAY_COUNTERS: dict = {}    # device -> int32[1] barrier counter, zero between launches
 
@@ -297,13 +308,12 @@ def _dlay_layer(x_ptr, r_ptr, pos_ptr, kc_ptr, vc_ptr, slot_ptr, tab_ptr, len_pt
         tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
 
 
-def _dlay_programs(device) -> int:
-    """The persistent grid: DLAY_PROGRAMS, at most one program per SM (the barriers need all of them resident
+def _dlay_programs(device, programs: int) -> int:
+    """The persistent grid: ``programs``, at most one program per SM (the barriers need all of them resident
     at once); 1 under the interpreter (CPU tensors), which runs programs one after another."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(DLAY_PROGRAMS, sms))
+    return max(1, min(programs, torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 def _dlay_counter(device) -> torch.Tensor:
@@ -313,26 +323,28 @@ def _dlay_counter(device) -> torch.Tensor:
     return _DLAY_COUNTERS[key]
 
 
-def dense_gqa_decode_layer_triton(x, residual, positions, k_cache, v_cache, slot_mapping, block_tables, context_lens,
-                                  input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight, down_weight,
-                                  cos_sin_cache, eps, scale, rotary_dim, num_heads, num_kv_heads):
+def _dlay_launch(x, residual, positions, k_cache, v_cache, slot_mapping, block_tables, context_lens, input_norm,
+                 qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight, down_weight, cos_sin_cache, eps, scale,
+                 rotary_dim, num_heads, num_kv_heads, *, programs, block_n, block_k, block_b, splits, block_t,
+                 num_warps):
+    """One layer in one launch: (mlp_out [B, H], new_residual [B, H]); the caches written at slot_mapping."""
     B, H = x.shape
     hq, hk = int(num_heads), int(num_kv_heads)
     dh, inter = k_cache.shape[-1], down_weight.shape[1]
     dev, dtype = x.device, x.dtype
-    programs = _dlay_programs(dev)
-    if dev.type == "cuda" and programs > torch.cuda.get_device_properties(dev).multi_processor_count:
-        raise RuntimeError(f"{programs} persistent programs cannot all be resident")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("the persistent layer needs caches with a unit last stride")
+    grid = _dlay_programs(dev, programs)
     out = torch.empty((B, H), dtype=dtype, device=dev)
     res = torch.empty((B, H), dtype=dtype, device=dev)
     q = torch.empty((B, hq, dh), dtype=torch.float32, device=dev)
-    pacc = torch.empty((B, hq, DLAY_SPLITS, dh), dtype=torch.float32, device=dev)
-    pml = torch.empty((B, hq, DLAY_SPLITS, 2), dtype=torch.float32, device=dev)
+    pacc = torch.empty((B, hq, splits, dh), dtype=torch.float32, device=dev)
+    pml = torch.empty((B, hq, splits, 2), dtype=torch.float32, device=dev)
     act = torch.empty((B, inter), dtype=torch.float32, device=dev)
     cs = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     group = hq // hk
-    _dlay_layer[(programs,)](
+    _dlay_layer[(grid,)](
         x.contiguous(), residual.contiguous(), positions, k_cache, v_cache, slot_mapping, tables, context_lens,
         input_norm, qkv_weight.contiguous(), qkv_bias if qkv_bias is not None else input_norm, o_weight.contiguous(),
         post_norm, gate_up_weight.contiguous(), down_weight.contiguous(), cs, out, res, q, pacc, pml, act,
@@ -340,6 +352,34 @@ def dense_gqa_decode_layer_triton(x, residual, positions, k_cache, v_cache, slot
         float(scale), cs.stride(0), k_cache.shape[1], tables.stride(0), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HAS_BIAS=qkv_bias is not None, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
-        BLOCK_D=triton.next_power_of_2(dh), BLOCK_B=DLAY_BLOCK_B, BLOCK_N=DLAY_BLOCK_N, BLOCK_K=DLAY_BLOCK_K,
-        SPLITS=DLAY_SPLITS, BLOCK_T=DLAY_BLOCK_T, num_warps=DLAY_NUM_WARPS)
+        BLOCK_D=triton.next_power_of_2(dh), BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k,
+        SPLITS=splits, BLOCK_T=block_t, num_warps=num_warps)
     return out, res
+
+
+def dense_gqa_decode_layer_triton(x, residual, positions, k_cache, v_cache, slot_mapping, block_tables, context_lens,
+                                  input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight, down_weight,
+                                  cos_sin_cache, eps, scale, rotary_dim, num_heads, num_kv_heads):
+    return _dlay_launch(x, residual, positions, k_cache, v_cache, slot_mapping, block_tables, context_lens,
+                        input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight, down_weight,
+                        cos_sin_cache, eps, scale, rotary_dim, num_heads, num_kv_heads, programs=DLAY_PROGRAMS,
+                        block_n=DLAY_BLOCK_N, block_k=DLAY_BLOCK_K, block_b=DLAY_BLOCK_B, splits=DLAY_SPLITS,
+                        block_t=DLAY_BLOCK_T, num_warps=DLAY_NUM_WARPS)
+
+
+def dense_gqa_decode_step_triton(token_ids, positions, slot_mapping, block_tables, context_lens, embed, final_norm,
+                                 lm_head_weight, layer_weights, k_caches, v_caches, cos_sin_cache, eps, scale,
+                                 rotary_dim, num_heads, num_kv_heads):
+    """The decode step: the embedding gather, one persistent launch per layer, the final add + RMSNorm and the
+    lm_head in torch (L + ~4 launches instead of ~10 L)."""
+    x = torch.nn.functional.embedding(token_ids, embed)
+    residual = torch.zeros_like(x)
+    for weights, kc, vc in zip(layer_weights, k_caches, v_caches):
+        x, residual = _dlay_launch(x, residual, positions, kc, vc, slot_mapping, block_tables, context_lens, *weights,
+                                   cos_sin_cache, eps, scale, rotary_dim, num_heads, num_kv_heads,
+                                   programs=DSTP_PROGRAMS, block_n=DSTP_BLOCK_N, block_k=DSTP_BLOCK_K,
+                                   block_b=DSTP_BLOCK_B, splits=DSTP_SPLITS, block_t=DSTP_BLOCK_T,
+                                   num_warps=DSTP_NUM_WARPS)
+    s = x.float() + residual.float()
+    h = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * final_norm.float()).to(x.dtype)
+    return torch.nn.functional.linear(h, lm_head_weight).float()
