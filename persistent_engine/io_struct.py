@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import msgpack
 
 # the frames' layout; a side that gets another version refuses the frame (2: value types as field lists)
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 # a candidate source is a few KiB; 8 MiB leaves room and bounds what one request can make us hold
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 # the ZeroMQ PLAIN user name of every engine client; its password is the engine's token
