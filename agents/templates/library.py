@@ -185,12 +185,12 @@ def _moe_route(k: Mapping, dims: Mapping) -> list[str]:
 
 
 def _dense_layer(prefix: str):
-    """The persistent layer kernel's largest live tiles: a GEMV's [BLOCK_B, rows, BLOCK_K] product (the qkv
-    phase holds two: a head's rows and their rotary partners) and the attention's [G, BLOCK_T, Dh] one."""
+    """The persistent layer kernel's largest live tiles: a GEMV's [BLOCK_B, BLOCK_N, BLOCK_K] product and the
+    attention's [G, BLOCK_T, Dh] one."""
     def check(k: Mapping, dims: Mapping) -> list[str]:
         dh, g = max(16, _next_pow2(dims.get("head_dim", 64))), _next_pow2(dims.get("group", 4))
-        b, bk = k[f"{prefix}_BLOCK_B"], k[f"{prefix}_BLOCK_K"]
-        tile = max(2 * b * dh * bk, b * k[f"{prefix}_BLOCK_N"] * bk, g * k[f"{prefix}_BLOCK_T"] * dh)
+        tile = max(k[f"{prefix}_BLOCK_B"] * k[f"{prefix}_BLOCK_N"] * k[f"{prefix}_BLOCK_K"],
+                   g * k[f"{prefix}_BLOCK_T"] * dh)
         return _per_thread(tile, k[f"{prefix}_NUM_WARPS"])
     return check
 

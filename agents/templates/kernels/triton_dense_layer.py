@@ -6,12 +6,13 @@ before launch), each walking the units of a phase in steps of P. Phases (B rows,
 I intermediate; all sums in fp32, each op's output rounded to the activations' dtype where the reference
 rounds it):
 
-A. ``s = x + residual``; per head of qkv: ``rms(s) * (s * g1) @ Wqkv[head].T`` (+ bias) with the rotary
-   pair's rows in a second accumulator, rotated with the token's cos/sin; q heads to an fp32 scratch
-   [B, Hq, Dh], k and v heads straight into the caches at ``slot_mapping`` (no K/V write launch); ``s``
-   rounded into ``new_residual``. Reads Wqkv once per row block (N H elements), x, residual.
-B. Split-KV flash decoding: unit (b, kv head, split) reads its split's keys and values through the block
-   table, the GQA group's queries at once; writes the unnormalised [G, Dh] accumulator and (max, sum).
+A. ``s = x + residual`` (rounded into ``new_residual``); per (row block, batch block) unit
+   ``rms(s) * (s * g1) @ Wqkv[rows].T`` (+ bias), rounded, into an fp32 scratch [B, N]. Reads Wqkv once.
+B. Split-KV flash decoding: unit (b, kv head, split) rotates its GQA group's queries and the new token's key
+   from the scratch (neox, the token's cos/sin), reads the split's older keys and values through the block
+   table and the new token's from the scratch; the split-0 unit writes the new key and value into the caches
+   at ``slot_mapping`` (no K/V write launch; no unit reads that slot in this launch). Writes the unnormalised
+   [G, Dh] accumulator and (max, sum) per head and split.
 C. The splits merged on the fly into ``o`` [B, Hq Dh], ``h = o @ Wo.T``, ``new_residual = h + s``.
 D. ``rms(r2) * (r2 * g2) @ Wgu.T`` for the gate and up rows of one block of I, ``silu(gate) * up`` to an
    fp32 scratch [B, I].
@@ -67,33 +68,27 @@ def _dlay_sync(bar_ptr, target):
 
 
 @triton.jit
-def _dlay_qkv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr, res_ptr,
-              B, H, Hq, Hk, Dh, R, HALF, eps, stride_cs, BS, skb, sko, skh, svb, svo, svh,
-              HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Phase A: per (head, batch block) unit the normed qkv head, rotated; q to scratch, k/v to the caches."""
+def _dlay_qkv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, qkv_ptr, res_ptr, B, H, N, eps, HAS_BIAS: tl.constexpr,
+              BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Phase A: new_residual = x + residual (rounded); per (row block, batch block) unit
+    qkv = rms(s) * (s * g1) @ Wqkv.T (+ bias), rounded, into the fp32 scratch [B, N] (rotary: phase B)."""
     pid, P = tl.program_id(0), tl.num_programs(0)
-    d = tl.arange(0, BLOCK_D)
     kk = tl.arange(0, BLOCK_K)
     bb = tl.arange(0, BLOCK_B)
-    dmask = d < Dh
-    partner = tl.where(d < HALF, d + HALF, d - HALF)
-    heads = Hq + 2 * Hk
-    for c in range(pid * BLOCK_K, H, P * BLOCK_K):           # new_residual = x + residual, rounded
+    for c in range(pid * BLOCK_K, H, P * BLOCK_K):
         for b0 in range(0, B, BLOCK_B):
             b = b0 + bb
             m = (b[:, None] < B) & (c + kk[None, :] < H)
             off = b[:, None] * H + c + kk[None, :]
             s = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32) + tl.load(r_ptr + off, mask=m, other=0.0)
             tl.store(res_ptr + off, s.to(res_ptr.dtype.element_ty), mask=m)
-    for u in range(pid, heads * tl.cdiv(B, BLOCK_B), P):
-        hd = u % heads
-        b = (u // heads) * BLOCK_B + bb                              # [BLOCK_B]
+    nn = tl.cdiv(N, BLOCK_N)
+    for u in range(pid, nn * tl.cdiv(B, BLOCK_B), P):
+        n = (u % nn) * BLOCK_N + tl.arange(0, BLOCK_N)
+        b = (u // nn) * BLOCK_B + bb
+        nmask = n < N
         bmask = b < B
-        rot = (d < R) & (d * 0 + hd < Hq + Hk)                       # [BLOCK_D]: q and k heads
-        rows = hd * Dh + d
-        prows = hd * Dh + partner
-        acc = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
-        accp = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
         ss = tl.zeros([BLOCK_B], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             k = k0 + kk
@@ -103,80 +98,89 @@ def _dlay_qkv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, pos_ptr, cs_ptr, slot_ptr, q_pt
             s = tl.load(x_ptr + off, mask=xm, other=0.0).to(tl.float32) + tl.load(r_ptr + off, mask=xm, other=0.0)
             ss += tl.sum(s * s, axis=1)
             a = s * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
-            w = tl.load(w_ptr + rows[:, None] * H + k[None, :], mask=dmask[:, None] & kmask[None, :], other=0.0)
+            w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
             acc += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-            wp = tl.load(w_ptr + prows[:, None] * H + k[None, :], mask=rot[:, None] & kmask[None, :], other=0.0)
-            accp += tl.sum(a[:, None, :] * wp.to(tl.float32)[None, :, :], axis=2)
-        rms = tl.rsqrt(ss / H + eps)[:, None]
-        y = acc * rms
-        yp = accp * rms
+        y = acc * tl.rsqrt(ss / H + eps)[:, None]
         if HAS_BIAS:
-            y += tl.load(b_ptr + rows, mask=dmask, other=0.0).to(tl.float32)[None, :]
-            yp += tl.load(b_ptr + prows, mask=rot, other=0.0).to(tl.float32)[None, :]
-        y = y.to(kc_ptr.dtype.element_ty).to(tl.float32)         # the projection's output, rounded
-        yp = yp.to(kc_ptr.dtype.element_ty).to(tl.float32)
-        pos = tl.load(pos_ptr + b, mask=bmask, other=0)
-        j = tl.where(d < HALF, d, d - HALF)
-        cm = bmask[:, None] & (d < R)[None, :]
-        cos = tl.load(cs_ptr + pos[:, None] * stride_cs + j[None, :], mask=cm, other=1.0).to(tl.float32)
-        sin = tl.load(cs_ptr + pos[:, None] * stride_cs + HALF + j[None, :], mask=cm, other=0.0).to(tl.float32)
-        sign = tl.where(d < HALF, -1.0, 1.0)[None, :]
-        out = tl.where(rot[None, :], y * cos + sign * yp * sin, y).to(kc_ptr.dtype.element_ty)
-        om = bmask[:, None] & dmask[None, :]
-        if hd < Hq:
-            tl.store(q_ptr + (b[:, None] * Hq + hd) * Dh + d[None, :], out.to(tl.float32), mask=om)
-        else:
-            slot = tl.load(slot_ptr + b, mask=bmask, other=0).to(tl.int64)
-            blk, o = slot // BS, slot % BS
-            if hd < Hq + Hk:
-                tl.store(kc_ptr + (blk * skb + o * sko + (hd - Hq) * skh)[:, None] + d[None, :], out, mask=om)
-            else:
-                tl.store(vc_ptr + (blk * svb + o * svo + (hd - Hq - Hk) * svh)[:, None] + d[None, :], out, mask=om)
+            y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(qkv_ptr + b[:, None] * N + n[None, :], y.to(res_ptr.dtype.element_ty).to(tl.float32),
+                 mask=bmask[:, None] & nmask[None, :])
 
 
 @triton.jit
-def _dlay_attention(q_ptr, kc_ptr, vc_ptr, tab_ptr, len_ptr, pacc_ptr, pml_ptr, B, Hq, Hk, Dh, BS, stride_tab,
-                    skb, sko, skh, svb, svo, svh, scale, SPLITS: tl.constexpr, GROUP: tl.constexpr,
-                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Phase B: unit (b, kv head, split): online softmax over the split's keys for the GQA group's queries."""
+def _dlay_rotated(qkv_ptr, row, head, d, partner, dmask, cos, sin, Dh, R, HALF, ROTATE: tl.constexpr):
+    """[..., BLOCK_D] of ``head`` (any shape) of token ``row``'s qkv scratch, neox-rotated (fp32 of the dtype-rounded
+    value the rotary op returns; ``cos``/``sin`` its token's, broadcastable)."""
+    y = tl.load(qkv_ptr + row + head * Dh + d, mask=dmask, other=0.0, cache_modifier=".cg")
+    if ROTATE:
+        yp = tl.load(qkv_ptr + row + head * Dh + partner, mask=dmask & (d < R), other=0.0, cache_modifier=".cg")
+        sign = tl.where(d < HALF, -1.0, 1.0)
+        y = tl.where(d < R, y * cos + sign * yp * sin, y)
+    return y
+
+
+@triton.jit
+def _dlay_attention(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, kc_ptr, vc_ptr, tab_ptr, len_ptr, pacc_ptr, pml_ptr,
+                    B, N, Hq, Hk, Dh, R, HALF, BS, stride_cs, stride_tab, skb, sko, skh, svb, svo, svh, scale,
+                    SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_T: tl.constexpr):
+    """Phase B: unit (b, kv head, split): the group's queries and the new token's key rotated from the qkv
+    scratch; online softmax over the split's keys, the new token's from the scratch (the split-0 unit writes it and
+    its value into the caches: no unit reads that slot from them in this launch)."""
     pid, P = tl.program_id(0), tl.num_programs(0)
     d = tl.arange(0, BLOCK_D)
     g = tl.arange(0, BLOCK_G)
     tt = tl.arange(0, BLOCK_T)
     dmask = d < Dh
     gmask = g < GROUP
+    partner = tl.where(d < HALF, d + HALF, d - HALF)
+    j = tl.where(d < HALF, d, d - HALF)
     for u in range(pid, B * Hk * SPLITS, P):
         sp = u % SPLITS
         kh = (u // SPLITS) % Hk
         b = u // (SPLITS * Hk)
         n = tl.load(len_ptr + b)
+        pos = tl.load(pos_ptr + b)
+        cos = tl.load(cs_ptr + pos * stride_cs + j, mask=d < R, other=1.0).to(tl.float32)
+        sin = tl.load(cs_ptr + pos * stride_cs + HALF + j, mask=d < R, other=0.0).to(tl.float32)
+        qm = gmask[:, None] & dmask[None, :]
+        q = _dlay_rotated(qkv_ptr, b * N, (kh * GROUP + g)[:, None], d[None, :], partner[None, :], qm,
+                          cos[None, :], sin[None, :], Dh, R, HALF, True)
+        q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)                                       # [G, D]
+        k_new = _dlay_rotated(qkv_ptr, b * N, Hq + kh, d, partner, dmask, cos, sin, Dh, R, HALF, True)
+        k_new = k_new.to(kc_ptr.dtype.element_ty)
+        v_new = _dlay_rotated(qkv_ptr, b * N, Hq + Hk + kh, d, partner, dmask, cos, sin, Dh, R, HALF, False)
+        v_new = v_new.to(vc_ptr.dtype.element_ty)
+        if sp == 0:
+            slot = tl.load(slot_ptr + b).to(tl.int64)
+            blk_new, o_new = slot // BS, slot % BS
+            tl.store(kc_ptr + blk_new * skb + o_new * sko + kh * skh + d, k_new, mask=dmask)
+            tl.store(vc_ptr + blk_new * svb + o_new * svo + kh * svh + d, v_new, mask=dmask)
         chunk = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK_T) * BLOCK_T
         start = sp * chunk
         stop = tl.minimum(n, start + chunk)
-        heads = kh * GROUP + g
-        qm = gmask[:, None] & dmask[None, :]
-        q = tl.load(q_ptr + (b * Hq + heads[:, None]) * Dh + d[None, :], mask=qm, other=0.0, cache_modifier=".cg")
         m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
         for t0 in range(start, stop, BLOCK_T):
             t = t0 + tt
             tmask = t < stop
+            new = (t == n - 1)[:, None]                                 # the token of this step: from the scratch
             blk = tl.load(tab_ptr + b * stride_tab + t // BS, mask=tmask, other=0).to(tl.int64)
-            km = tmask[:, None] & dmask[None, :]
+            km = (tmask & (t < n - 1))[:, None] & dmask[None, :]
             koff = (blk * skb + (t % BS) * sko + kh * skh)[:, None] + d[None, :]
-            k = tl.load(kc_ptr + koff, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)      # [T, D]
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale                             # [G, T]
+            k = tl.where(new, k_new[None, :], tl.load(kc_ptr + koff, mask=km, other=0.0)).to(tl.float32)   # [T, D]
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale                                   # [G, T]
             s = tl.where(tmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             voff = (blk * svb + (t % BS) * svo + kh * svh)[:, None] + d[None, :]
-            v = tl.load(vc_ptr + voff, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)      # [T, D]
+            v = tl.where(new, v_new[None, :], tl.load(vc_ptr + voff, mask=km, other=0.0)).to(tl.float32)  # [T, D]
             l = l * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
             m = m_new
-        row = (b * Hq + heads) * SPLITS + sp                                                    # [G]
+        row = (b * Hq + kh * GROUP + g) * SPLITS + sp                                            # [G]
         tl.store(pacc_ptr + row[:, None] * Dh + d[None, :], acc, mask=qm)
         tl.store(pml_ptr + row * 2, m, mask=gmask)
         tl.store(pml_ptr + row * 2 + 1, l, mask=gmask)
@@ -285,18 +289,19 @@ def _dlay_down(act_ptr, w_ptr, out_ptr, B, H, I, BLOCK_B: tl.constexpr, BLOCK_N:
 
 @triton.jit
 def _dlay_layer(x_ptr, r_ptr, pos_ptr, kc_ptr, vc_ptr, slot_ptr, tab_ptr, len_ptr, g1_ptr, wqkv_ptr, bqkv_ptr,
-                wo_ptr, g2_ptr, wgu_ptr, wd_ptr, cs_ptr, out_ptr, res_ptr, q_ptr, pacc_ptr, pml_ptr, act_ptr,
+                wo_ptr, g2_ptr, wgu_ptr, wd_ptr, cs_ptr, out_ptr, res_ptr, qkv_ptr, pacc_ptr, pml_ptr, act_ptr,
                 bar_ptr, B, H, I, Hq, Hk, Dh, R, HALF, eps, scale, stride_cs, BS, stride_tab,
                 skb, sko, skh, svb, svo, svh, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 SPLITS: tl.constexpr, BLOCK_T: tl.constexpr):
     P = tl.num_programs(0)
-    _dlay_qkv(x_ptr, r_ptr, g1_ptr, wqkv_ptr, bqkv_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr, res_ptr,
-              B, H, Hq, Hk, Dh, R, HALF, eps, stride_cs, BS, skb, sko, skh, svb, svo, svh,
-              HAS_BIAS, BLOCK_B, BLOCK_D, BLOCK_K)
+    N = (Hq + 2 * Hk) * Dh
+    _dlay_qkv(x_ptr, r_ptr, g1_ptr, wqkv_ptr, bqkv_ptr, qkv_ptr, res_ptr, B, H, N, eps, HAS_BIAS, BLOCK_B, BLOCK_N,
+              BLOCK_K)
     _dlay_sync(bar_ptr, P)
-    _dlay_attention(q_ptr, kc_ptr, vc_ptr, tab_ptr, len_ptr, pacc_ptr, pml_ptr, B, Hq, Hk, Dh, BS, stride_tab,
-                    skb, sko, skh, svb, svo, svh, scale, SPLITS, GROUP, BLOCK_G, BLOCK_D, BLOCK_T)
+    _dlay_attention(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, kc_ptr, vc_ptr, tab_ptr, len_ptr, pacc_ptr, pml_ptr,
+                    B, N, Hq, Hk, Dh, R, HALF, BS, stride_cs, stride_tab, skb, sko, skh, svb, svo, svh, scale,
+                    SPLITS, GROUP, BLOCK_G, BLOCK_D, BLOCK_T)
     _dlay_sync(bar_ptr, 2 * P)
     _dlay_o_proj(pacc_ptr, pml_ptr, wo_ptr, res_ptr, B, H, Hq, Dh, SPLITS, BLOCK_B, BLOCK_N, BLOCK_K)
     _dlay_sync(bar_ptr, 3 * P)
@@ -338,7 +343,7 @@ def _dlay_launch(x, residual, positions, k_cache, v_cache, slot_mapping, block_t
     grid = _dlay_programs(dev, programs)
     out = torch.empty((B, H), dtype=dtype, device=dev)
     res = torch.empty((B, H), dtype=dtype, device=dev)
-    q = torch.empty((B, hq, dh), dtype=torch.float32, device=dev)
+    qkv = torch.empty((B, (hq + 2 * hk) * dh), dtype=torch.float32, device=dev)
     pacc = torch.empty((B, hq, splits, dh), dtype=torch.float32, device=dev)
     pml = torch.empty((B, hq, splits, 2), dtype=torch.float32, device=dev)
     act = torch.empty((B, inter), dtype=torch.float32, device=dev)
@@ -348,7 +353,7 @@ def _dlay_launch(x, residual, positions, k_cache, v_cache, slot_mapping, block_t
     _dlay_layer[(grid,)](
         x.contiguous(), residual.contiguous(), positions, k_cache, v_cache, slot_mapping, tables, context_lens,
         input_norm, qkv_weight.contiguous(), qkv_bias if qkv_bias is not None else input_norm, o_weight.contiguous(),
-        post_norm, gate_up_weight.contiguous(), down_weight.contiguous(), cs, out, res, q, pacc, pml, act,
+        post_norm, gate_up_weight.contiguous(), down_weight.contiguous(), cs, out, res, qkv, pacc, pml, act,
         _dlay_counter(dev), B, H, inter, hq, hk, dh, int(rotary_dim), int(rotary_dim) // 2, float(eps),
         float(scale), cs.stride(0), k_cache.shape[1], tables.stride(0), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
