@@ -360,11 +360,12 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "one persistent kernel per decoder layer (norm, qkv, rotary, K/V write, split-KV attention, "
              "o-projection, residual, norm, gate/up, SiLU, down), phases separated by grid barriers instead of "
              "kernel boundaries; at most one program per SM (all resident)", _dense_layer("DLAY")),
-    Template("dense_gqa_decode_step.triton_persistent_layers", "dense_gqa_decode_step", "triton_dense_layer.py",
-             "dense_gqa_decode_step_triton", "triton", ("cuda",), _dense_layer_knobs("DSTP"),
-             "the decode step as the embedding gather, one persistent kernel per layer (as "
-             "dense_gqa_decode_layer.triton_persistent) and the final norm + lm_head: L + ~4 launches a step",
-             _dense_layer("DSTP")),
+    Template("dense_gqa_decode_step.triton_persistent", "dense_gqa_decode_step", "triton_dense_layer.py",
+             "dense_gqa_decode_step_triton", "triton", ("cuda",),
+             (*_dense_layer_knobs("DSTP"), Knob("DSTP_ONE_LAUNCH", (1, 0))),
+             "the decode step as one persistent launch (embedding, every layer's phases as "
+             "dense_gqa_decode_layer.triton_persistent, final norm + lm_head; 5 L + 1 grid barriers), or with "
+             "DSTP_ONE_LAUNCH 0 one such launch per layer and the rest in torch", _dense_layer("DSTP")),
     Template("moe_route.triton", "moe_route", "triton_moe_route.py", "moe_route_triton", "triton", ("cuda",),
              (Knob("MROUTE_ROWS", (1, 2, 4, 8, 16)), Knob("MROUTE_NUM_WARPS", (1, 2, 4, 8))),
              "router scores, bias, top-k (k rounds of argmax) and renormalised weights in one launch (the reference "

@@ -37,9 +37,10 @@ SMALL = {
     "dense_gqa_decode_layer.triton_persistent": {"DLAY_PROGRAMS": 132, "DLAY_BLOCK_N": 8, "DLAY_BLOCK_K": 32,
                                                  "DLAY_BLOCK_B": 2, "DLAY_SPLITS": 2, "DLAY_BLOCK_T": 16,
                                                  "DLAY_NUM_WARPS": 2},
-    "dense_gqa_decode_step.triton_persistent_layers": {"DSTP_PROGRAMS": 132, "DSTP_BLOCK_N": 8, "DSTP_BLOCK_K": 32,
-                                                       "DSTP_BLOCK_B": 1, "DSTP_SPLITS": 4, "DSTP_BLOCK_T": 16,
-                                                       "DSTP_NUM_WARPS": 2},
+    # one launch a layer (the default is the whole step in one)
+    "dense_gqa_decode_step.triton_persistent": {"DSTP_PROGRAMS": 132, "DSTP_BLOCK_N": 8, "DSTP_BLOCK_K": 32,
+                                                "DSTP_BLOCK_B": 1, "DSTP_SPLITS": 4, "DSTP_BLOCK_T": 16,
+                                                "DSTP_NUM_WARPS": 2, "DSTP_ONE_LAUNCH": 0},
     # 2 rows a program: the 7- and 5-token examples end in a partial program; the grouped one takes the torch path
     "moe_route.triton": {"MROUTE_ROWS": 2, "MROUTE_NUM_WARPS": 2},
     # BLOCK_Q 4: the examples' 5- and 7-query chunks take two blocks each (one partial), the group padded to 4 rows
@@ -307,10 +308,15 @@ for b in (1, 4, 16):
     assert all(torch.equal(a, r) for a, r in zip(eager, replayed)), b
     problems = check_op(t.op, fn, dtypes=(torch.bfloat16,), shapes=[shape], device="cuda")
     assert problems == [], (b, problems)
-step = get_template("dense_gqa_decode_step.triton_persistent_layers")
-problems = check_op(step.op, _impl(step, step.default()), dtypes=(torch.bfloat16,), device="cuda",
-                    shapes=[{**shape, "B": 1, "L": 2, "V": spec.vocab_size}])
-assert problems == [], problems
+step = get_template("dense_gqa_decode_step.triton_persistent")
+for one in (1, 0):                  # the whole step in one launch; one launch a layer
+    fn = _impl(step, {**step.default(), "DSTP_ONE_LAUNCH": one})
+    shape = {**shape, "B": 1, "L": 3, "V": spec.vocab_size}
+    args = registry.get(step.op).make_inputs(shape, torch.bfloat16, "cuda", 0)
+    eager, replayed = eager_and_replayed(lambda: fn(*args))
+    assert torch.equal(eager, replayed), one
+    problems = check_op(step.op, fn, dtypes=(torch.bfloat16,), device="cuda", shapes=[shape])
+    assert problems == [], (one, problems)
 print("ok")
 """
 
@@ -319,7 +325,8 @@ print("ok")
 def test_cuda_persistent_layer_at_llama_1b_matches_and_never_hangs():
     """On a GPU: the persistent layer kernel at llama-1b's layer (batch 1, 4, 16, context 1024, bf16) within the
     region's tolerance of the reference (K/V writes included), and a CUDA-graph replay bitwise the eager call (the
-    barrier counter is zero again after every launch); the step template over two such layers and the lm_head.
+    barrier counter is zero again after every launch); the step template over three such layers and the lm_head,
+    in one launch and in one a layer.
     Run in a child process under a deadline: a grid barrier whose programs are not all resident waits forever."""
     import os
     import subprocess
@@ -333,6 +340,16 @@ def test_cuda_persistent_layer_at_llama_1b_matches_and_never_hangs():
     except subprocess.TimeoutExpired:
         pytest.fail("the persistent layer kernel did not finish in 240 s (a grid barrier waiting forever?)")
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_the_one_launch_step_ping_pongs_its_residual_over_an_odd_layer_count():
+    """dense_gqa_decode_step in one persistent launch at three layers with a qkv bias and three sequences: the
+    residual alternates between two buffers a layer (the last layer's is in the second), the address table
+    gives each layer its own weights and caches."""
+    t = get_template("dense_gqa_decode_step.triton_persistent")
+    knobs = {**t.default(), "DSTP_BLOCK_N": 8, "DSTP_BLOCK_K": 32, "DSTP_NUM_WARPS": 2}
+    shape = {**registry.get(t.op).examples[0], "B": 3, "L": 3, "bias": True}
+    assert check_op(t.op, _impl(t, knobs), dtypes=(torch.float32,), shapes=[shape]) == []
 
 
 def test_prepacked_lm_head_repacks_a_weight_written_in_place():

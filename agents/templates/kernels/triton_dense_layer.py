@@ -24,9 +24,11 @@ fifth arrival after the last phase lets the last program zero the counter, so a 
 memset (one launch at a time per counter: launches on one stream). Under ``TRITON_INTERPRET=1`` (CPU
 tensors) programs run one after another, so P is 1 there.
 
-``dense_gqa_decode_step_triton`` (DSTP_ knobs, the same meanings): the embedding gather, this kernel once per
-layer, the final add + RMSNorm and the lm_head in torch; L + ~4 launches a step instead of ~10 L. Not yet a
-megakernel over all layers (one launch a step, the next layer's weights prefetched across the boundary).
+``dense_gqa_decode_step_triton`` (DSTP_ knobs, the same meanings): with ``DSTP_ONE_LAUNCH`` the whole step in one
+persistent launch (``_dstp_step``: the embedding, every layer's five phases with its tensors read from an
+address table, the residual ping-ponged between two buffers, the final norm + lm_head; 5 L + 1 barriers), else
+the embedding gather, this kernel once per layer and the final add + RMSNorm and lm_head in torch (L + ~4
+launches a step instead of ~10 L). Not done: the next phase's weights prefetched while a barrier waits.
 
 Bytes per layer: the weights (N H + H Hq Dh + 2 I H + H I elements: llama-1b 60.8 M, 121.6 MB in bf16, ~37 us
 at 3.3 TB/s), the K/V of B contexts, a few KB of scratch. Launches: 1 (the fine path: ~10). A GEMV unit streams
@@ -52,8 +54,10 @@ DSTP_BLOCK_B = 1
 DSTP_SPLITS = 4
 DSTP_BLOCK_T = 32
 DSTP_NUM_WARPS = 8
+DSTP_ONE_LAUNCH = 1          # 1: the whole step in one persistent launch (a megakernel); 0: one launch a layer
 
 _DLAY_COUNTERS: dict = {}    # device -> int32[1] barrier counter, zero between launches
+_DSTP_TABLES: dict = {}      # (device, the layers' tensors' addresses) -> int64 [L, 9] address table on the device
 
 
 @triton.jit
@@ -314,6 +318,98 @@ def _dlay_layer(x_ptr, r_ptr, pos_ptr, kc_ptr, vc_ptr, slot_ptr, tab_ptr, len_pt
         tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
 
 
+@triton.jit
+def _dstp_embed(ids_ptr, embed_ptr, x_ptr, r_ptr, B, H, BLOCK_K: tl.constexpr):
+    """x = embed[ids]; the residual of layer 0 = 0."""
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    kk = tl.arange(0, BLOCK_K)
+    nk = tl.cdiv(H, BLOCK_K)
+    for u in range(pid, B * nk, P):
+        b = u // nk
+        k = (u % nk) * BLOCK_K + kk
+        m = k < H
+        row = tl.load(ids_ptr + b).to(tl.int64)
+        tl.store(x_ptr + b * H + k, tl.load(embed_ptr + row * H + k, mask=m, other=0.0), mask=m)
+        tl.store(r_ptr + b * H + k, tl.zeros([BLOCK_K], dtype=tl.float32).to(r_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _dstp_lm_head(x_ptr, r_ptr, g_ptr, w_ptr, out_ptr, B, H, V, eps, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """logits = rms(x + r) * ((x + r) * g) @ W.T, rounded to the weights' dtype, stored fp32."""
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    nn = tl.cdiv(V, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    bb = tl.arange(0, BLOCK_B)
+    for u in range(pid, nn * tl.cdiv(B, BLOCK_B), P):
+        n = (u % nn) * BLOCK_N + tl.arange(0, BLOCK_N)
+        b = (u // nn) * BLOCK_B + bb
+        nmask = n < V
+        bmask = b < B
+        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_B], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            k = k0 + kk
+            kmask = k < H
+            xm = bmask[:, None] & kmask[None, :]
+            off = b[:, None] * H + k[None, :]
+            sv = (tl.load(x_ptr + off, mask=xm, other=0.0, cache_modifier=".cg").to(tl.float32)
+                  + tl.load(r_ptr + off, mask=xm, other=0.0, cache_modifier=".cg").to(tl.float32))
+            ss += tl.sum(sv * sv, axis=1)
+            a = sv * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
+            w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            acc += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        y = (acc * tl.rsqrt(ss / H + eps)[:, None]).to(w_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + b[:, None] * V + n[None, :], y, mask=bmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _dstp_step(ids_ptr, embed_ptr, pos_ptr, slot_ptr, tab_ptr, len_ptr, tbl_ptr, g1_0, wqkv_0, bqkv_0, wo_0, g2_0,
+               wgu_0, wd_0, kc_0, vc_0, gf_ptr, lm_ptr, cs_ptr, logits_ptr, x_ptr, rbuf_ptr, qkv_ptr, pacc_ptr,
+               pml_ptr, act_ptr, bar_ptr, L, B, H, I, V, Hq, Hk, Dh, R, HALF, eps, scale, stride_cs, BS, stride_tab,
+               skb, sko, skh, svb, svo, svh, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               SPLITS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The whole decode step in one launch: the embedding, each layer's five phases (the layer's tensors read from
+    the address table ``tbl`` [L, 9]: input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up, down,
+    k_cache, v_cache; typed as layer 0's), the residual ping-ponged between the two halves of ``rbuf`` [2, B, H]
+    (a layer reads one, writes the other), the final norm + lm_head; 5 L + 1 grid barriers."""
+    P = tl.num_programs(0)
+    N = (Hq + 2 * Hk) * Dh
+    _dstp_embed(ids_ptr, embed_ptr, x_ptr, rbuf_ptr, B, H, BLOCK_K)
+    _dlay_sync(bar_ptr, P)
+    for li in range(0, L):
+        row = tbl_ptr + li * 9
+        g1 = tl.load(row).to(g1_0.dtype)
+        wqkv = tl.load(row + 1).to(wqkv_0.dtype)
+        bqkv = tl.load(row + 2).to(bqkv_0.dtype)
+        wo = tl.load(row + 3).to(wo_0.dtype)
+        g2 = tl.load(row + 4).to(g2_0.dtype)
+        wgu = tl.load(row + 5).to(wgu_0.dtype)
+        wd = tl.load(row + 6).to(wd_0.dtype)
+        kc = tl.load(row + 7).to(kc_0.dtype)
+        vc = tl.load(row + 8).to(vc_0.dtype)
+        r_in = rbuf_ptr + (li % 2) * B * H
+        r_out = rbuf_ptr + ((li + 1) % 2) * B * H
+        _dlay_qkv(x_ptr, r_in, g1, wqkv, bqkv, qkv_ptr, r_out, B, H, N, eps, HAS_BIAS, BLOCK_B, BLOCK_N, BLOCK_K)
+        _dlay_sync(bar_ptr, (5 * li + 2) * P)
+        _dlay_attention(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, kc, vc, tab_ptr, len_ptr, pacc_ptr, pml_ptr,
+                        B, N, Hq, Hk, Dh, R, HALF, BS, stride_cs, stride_tab, skb, sko, skh, svb, svo, svh, scale,
+                        SPLITS, GROUP, BLOCK_G, BLOCK_D, BLOCK_T)
+        _dlay_sync(bar_ptr, (5 * li + 3) * P)
+        _dlay_o_proj(pacc_ptr, pml_ptr, wo, r_out, B, H, Hq, Dh, SPLITS, BLOCK_B, BLOCK_N, BLOCK_K)
+        _dlay_sync(bar_ptr, (5 * li + 4) * P)
+        _dlay_gate_up(r_out, g2, wgu, act_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K)
+        _dlay_sync(bar_ptr, (5 * li + 5) * P)
+        _dlay_down(act_ptr, wd, x_ptr, B, H, I, BLOCK_B, BLOCK_N, BLOCK_K)
+        _dlay_sync(bar_ptr, (5 * li + 6) * P)
+    _dstp_lm_head(x_ptr, rbuf_ptr + (L % 2) * B * H, gf_ptr, lm_ptr, logits_ptr, B, H, V, eps, BLOCK_B, BLOCK_N,
+                  BLOCK_K)
+    tl.debug_barrier()
+    if tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == (5 * L + 2) * P - 1:
+        tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
+
+
 def _dlay_programs(device, programs: int) -> int:
     """The persistent grid: ``programs``, at most one program per SM (the barriers need all of them resident
     at once); 1 under the interpreter (CPU tensors), which runs programs one after another."""
@@ -373,19 +469,68 @@ def dense_gqa_decode_layer_triton(x, residual, positions, k_cache, v_cache, slot
                         block_t=DLAY_BLOCK_T, num_warps=DLAY_NUM_WARPS)
 
 
+def _dstp_table(layer_weights, k_caches, v_caches, device) -> torch.Tensor:
+    """The layers' tensors' addresses [L * 9] on the device, built once per set of tensors (on the eager warm-up
+    call that precedes a CUDA-graph capture; 16 sets kept)."""
+    cols = [(*(w if w is not None else ws[0] for w in ws), kc, vc) for ws, kc, vc in zip(layer_weights, k_caches,
+                                                                                         v_caches)]
+    key = (str(device), tuple((t.data_ptr(), tuple(t.shape)) for c in cols for t in c))
+    if key not in _DSTP_TABLES:
+        while len(_DSTP_TABLES) >= 16:
+            _DSTP_TABLES.pop(next(iter(_DSTP_TABLES)))
+        _DSTP_TABLES[key] = torch.tensor([t.data_ptr() for c in cols for t in c], dtype=torch.int64).to(device)
+    return _DSTP_TABLES[key]
+
+
+def _dstp_one_launch(token_ids, positions, slot_mapping, block_tables, context_lens, embed, final_norm, lm_head_weight,
+                     layer_weights, k_caches, v_caches, cos_sin_cache, eps, scale, rotary_dim, hq, hk):
+    B, (V, H) = token_ids.shape[0], embed.shape
+    w0, kc0, vc0 = layer_weights[0], k_caches[0], v_caches[0]
+    if any(t.stride(-1) != 1 for t in (*k_caches, *v_caches)) or any(
+            (kc.stride(), vc.stride()) != (kc0.stride(), vc0.stride()) for kc, vc in zip(k_caches, v_caches)) or any(
+            not t.is_contiguous() for ws in layer_weights for t in ws if t is not None):
+        raise ValueError("the one-launch step needs contiguous weights and caches of one layout")
+    dh, inter, dev, dtype = kc0.shape[-1], w0[6].shape[1], embed.device, embed.dtype
+    grid = _dlay_programs(dev, DSTP_PROGRAMS)
+    x = torch.empty((B, H), dtype=dtype, device=dev)
+    rbuf = torch.empty((2, B, H), dtype=dtype, device=dev)
+    qkv = torch.empty((B, (hq + 2 * hk) * dh), dtype=torch.float32, device=dev)
+    pacc = torch.empty((B, hq, DSTP_SPLITS, dh), dtype=torch.float32, device=dev)
+    pml = torch.empty((B, hq, DSTP_SPLITS, 2), dtype=torch.float32, device=dev)
+    act = torch.empty((B, inter), dtype=torch.float32, device=dev)
+    logits = torch.empty((B, V), dtype=torch.float32, device=dev)
+    cs = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
+    tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    group = hq // hk
+    _dstp_step[(grid,)](
+        token_ids, embed.contiguous(), positions, slot_mapping, tables, context_lens,
+        _dstp_table(layer_weights, k_caches, v_caches, dev), w0[0], w0[1], w0[2] if w0[2] is not None else w0[0],
+        w0[3], w0[4], w0[5], w0[6], kc0, vc0, final_norm, lm_head_weight.contiguous(), cs, logits, x, rbuf, qkv, pacc,
+        pml, act, _dlay_counter(dev), len(layer_weights), B, H, inter, V, hq, hk, dh, int(rotary_dim),
+        int(rotary_dim) // 2, float(eps), float(scale), cs.stride(0), kc0.shape[1], tables.stride(0), kc0.stride(0),
+        kc0.stride(1), kc0.stride(2), vc0.stride(0), vc0.stride(1), vc0.stride(2), HAS_BIAS=w0[2] is not None,
+        GROUP=group, BLOCK_G=triton.next_power_of_2(group), BLOCK_D=triton.next_power_of_2(dh), BLOCK_B=DSTP_BLOCK_B,
+        BLOCK_N=DSTP_BLOCK_N, BLOCK_K=DSTP_BLOCK_K, SPLITS=DSTP_SPLITS, BLOCK_T=DSTP_BLOCK_T, num_warps=DSTP_NUM_WARPS)
+    return logits
+
+
 def dense_gqa_decode_step_triton(token_ids, positions, slot_mapping, block_tables, context_lens, embed, final_norm,
                                  lm_head_weight, layer_weights, k_caches, v_caches, cos_sin_cache, eps, scale,
                                  rotary_dim, num_heads, num_kv_heads):
-    """The decode step: the embedding gather, one persistent launch per layer, the final add + RMSNorm and the
-    lm_head in torch (L + ~4 launches instead of ~10 L)."""
+    """The decode step: with DSTP_ONE_LAUNCH one persistent launch (``_dstp_step``), else the embedding gather,
+    one persistent launch per layer, the final add + RMSNorm and the lm_head in torch (L + ~4 launches)."""
+    hq, hk = int(num_heads), int(num_kv_heads)
+    if DSTP_ONE_LAUNCH:
+        return _dstp_one_launch(token_ids, positions, slot_mapping, block_tables, context_lens, embed, final_norm,
+                                lm_head_weight, layer_weights, k_caches, v_caches, cos_sin_cache, eps, scale,
+                                rotary_dim, hq, hk)
     x = torch.nn.functional.embedding(token_ids, embed)
     residual = torch.zeros_like(x)
     for weights, kc, vc in zip(layer_weights, k_caches, v_caches):
         x, residual = _dlay_launch(x, residual, positions, kc, vc, slot_mapping, block_tables, context_lens, *weights,
-                                   cos_sin_cache, eps, scale, rotary_dim, num_heads, num_kv_heads,
-                                   programs=DSTP_PROGRAMS, block_n=DSTP_BLOCK_N, block_k=DSTP_BLOCK_K,
-                                   block_b=DSTP_BLOCK_B, splits=DSTP_SPLITS, block_t=DSTP_BLOCK_T,
-                                   num_warps=DSTP_NUM_WARPS)
+                                   cos_sin_cache, eps, scale, rotary_dim, hq, hk, programs=DSTP_PROGRAMS,
+                                   block_n=DSTP_BLOCK_N, block_k=DSTP_BLOCK_K, block_b=DSTP_BLOCK_B,
+                                   splits=DSTP_SPLITS, block_t=DSTP_BLOCK_T, num_warps=DSTP_NUM_WARPS)
     s = x.float() + residual.float()
     h = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * final_norm.float()).to(x.dtype)
     return torch.nn.functional.linear(h, lm_head_weight).float()
