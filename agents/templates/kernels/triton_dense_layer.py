@@ -72,6 +72,13 @@ def _dlay_sync(bar_ptr, target):
 
 
 @triton.jit
+def _dlay_sum(x_ptr, r_ptr, off, mask):
+    """x + residual in fp32, both read past L1 (in the one-launch step the previous layer wrote them)."""
+    x = tl.load(x_ptr + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return x + tl.load(r_ptr + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+
+
+@triton.jit
 def _dlay_qkv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, qkv_ptr, res_ptr, B, H, N, eps, HAS_BIAS: tl.constexpr,
               BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Phase A: new_residual = x + residual (rounded); per (row block, batch block) unit
@@ -84,7 +91,7 @@ def _dlay_qkv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, qkv_ptr, res_ptr, B, H, N, eps,
             b = b0 + bb
             m = (b[:, None] < B) & (c + kk[None, :] < H)
             off = b[:, None] * H + c + kk[None, :]
-            s = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32) + tl.load(r_ptr + off, mask=m, other=0.0)
+            s = _dlay_sum(x_ptr, r_ptr, off, m)
             tl.store(res_ptr + off, s.to(res_ptr.dtype.element_ty), mask=m)
     nn = tl.cdiv(N, BLOCK_N)
     for u in range(pid, nn * tl.cdiv(B, BLOCK_B), P):
@@ -99,7 +106,7 @@ def _dlay_qkv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, qkv_ptr, res_ptr, B, H, N, eps,
             kmask = k < H
             xm = bmask[:, None] & kmask[None, :]
             off = b[:, None] * H + k[None, :]
-            s = tl.load(x_ptr + off, mask=xm, other=0.0).to(tl.float32) + tl.load(r_ptr + off, mask=xm, other=0.0)
+            s = _dlay_sum(x_ptr, r_ptr, off, xm)
             ss += tl.sum(s * s, axis=1)
             a = s * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
             w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
@@ -353,8 +360,7 @@ def _dstp_lm_head(x_ptr, r_ptr, g_ptr, w_ptr, out_ptr, B, H, V, eps, BLOCK_B: tl
             kmask = k < H
             xm = bmask[:, None] & kmask[None, :]
             off = b[:, None] * H + k[None, :]
-            sv = (tl.load(x_ptr + off, mask=xm, other=0.0, cache_modifier=".cg").to(tl.float32)
-                  + tl.load(r_ptr + off, mask=xm, other=0.0, cache_modifier=".cg").to(tl.float32))
+            sv = _dlay_sum(x_ptr, r_ptr, off, xm)
             ss += tl.sum(sv * sv, axis=1)
             a = sv * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
             w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
