@@ -198,7 +198,7 @@ def _dense_layer(prefix: str):
 def _dense_layer_knobs(prefix: str) -> tuple:
     return (Knob(f"{prefix}_PROGRAMS", (132, 264, 66, 114)), Knob(f"{prefix}_BLOCK_N", (16, 8, 32, 4)),
             Knob(f"{prefix}_BLOCK_K", (256, 128, 512, 64, 32)), Knob(f"{prefix}_BLOCK_B", (1, 2, 4)),
-            Knob(f"{prefix}_SPLITS", (4, 8, 2, 16)), Knob(f"{prefix}_BLOCK_T", (32, 16, 64)),
+            Knob(f"{prefix}_SPLITS", (8, 4, 16, 2)), Knob(f"{prefix}_BLOCK_T", (32, 16, 64)),
             Knob(f"{prefix}_NUM_WARPS", (8, 4, 2)))
 
 
