@@ -196,9 +196,9 @@ def _dense_layer(prefix: str):
 
 
 def _dense_layer_knobs(prefix: str) -> tuple:
-    return (Knob(f"{prefix}_PROGRAMS", (132, 264, 66, 114)), Knob(f"{prefix}_BLOCK_N", (16, 8, 32, 4)),
+    return (Knob(f"{prefix}_PROGRAMS", (132, 264, 66, 114)), Knob(f"{prefix}_BLOCK_N", (32, 16, 64, 8, 4)),
             Knob(f"{prefix}_BLOCK_K", (256, 128, 512, 64, 32)), Knob(f"{prefix}_BLOCK_B", (1, 2, 4)),
-            Knob(f"{prefix}_SPLITS", (8, 4, 16, 2)), Knob(f"{prefix}_BLOCK_T", (32, 16, 64)),
+            Knob(f"{prefix}_SPLITS", (16, 8, 4, 2)), Knob(f"{prefix}_BLOCK_T", (32, 16, 64)),
             Knob(f"{prefix}_NUM_WARPS", (8, 4, 2)))
 
 
@@ -362,10 +362,10 @@ TRITON_TEMPLATES: tuple[Template, ...] = (
              "kernel boundaries; at most one program per SM (all resident)", _dense_layer("DLAY")),
     Template("dense_gqa_decode_step.triton_persistent", "dense_gqa_decode_step", "triton_dense_layer.py",
              "dense_gqa_decode_step_triton", "triton", ("cuda",),
-             (*_dense_layer_knobs("DSTP"), Knob("DSTP_ONE_LAUNCH", (1, 0))),
-             "the decode step as one persistent launch (embedding, every layer's phases as "
-             "dense_gqa_decode_layer.triton_persistent, final norm + lm_head; 5 L + 1 grid barriers), or with "
-             "DSTP_ONE_LAUNCH 0 one such launch per layer and the rest in torch", _dense_layer("DSTP")),
+             (*_dense_layer_knobs("DSTP"), Knob("DSTP_ONE_LAUNCH", (0, 1))),
+             "the decode step as one persistent launch per layer (as dense_gqa_decode_layer.triton_persistent) "
+             "with the embedding and final norm + lm_head in torch, or with DSTP_ONE_LAUNCH 1 all of it in one "
+             "persistent launch (5 L + 1 grid barriers)", _dense_layer("DSTP")),
     Template("moe_route.triton", "moe_route", "triton_moe_route.py", "moe_route_triton", "triton", ("cuda",),
              (Knob("MROUTE_ROWS", (1, 2, 4, 8, 16)), Knob("MROUTE_NUM_WARPS", (1, 2, 4, 8))),
              "router scores, bias, top-k (k rounds of argmax) and renormalised weights in one launch (the reference "

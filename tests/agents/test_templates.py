@@ -37,10 +37,10 @@ SMALL = {
     "dense_gqa_decode_layer.triton_persistent": {"DLAY_PROGRAMS": 132, "DLAY_BLOCK_N": 8, "DLAY_BLOCK_K": 32,
                                                  "DLAY_BLOCK_B": 2, "DLAY_SPLITS": 2, "DLAY_BLOCK_T": 16,
                                                  "DLAY_NUM_WARPS": 2},
-    # one launch a layer (the default is the whole step in one)
+    # the whole step in one launch (the default is one launch a layer)
     "dense_gqa_decode_step.triton_persistent": {"DSTP_PROGRAMS": 132, "DSTP_BLOCK_N": 8, "DSTP_BLOCK_K": 32,
                                                 "DSTP_BLOCK_B": 1, "DSTP_SPLITS": 4, "DSTP_BLOCK_T": 16,
-                                                "DSTP_NUM_WARPS": 2, "DSTP_ONE_LAUNCH": 0},
+                                                "DSTP_NUM_WARPS": 2, "DSTP_ONE_LAUNCH": 1},
     # 2 rows a program: the 7- and 5-token examples end in a partial program; the grouped one takes the torch path
     "moe_route.triton": {"MROUTE_ROWS": 2, "MROUTE_NUM_WARPS": 2},
     # BLOCK_Q 4: the examples' 5- and 7-query chunks take two blocks each (one partial), the group padded to 4 rows
@@ -347,7 +347,7 @@ def test_the_one_launch_step_ping_pongs_its_residual_over_an_odd_layer_count():
     residual alternates between two buffers a layer (the last layer's is in the second), the address table
     gives each layer its own weights and caches."""
     t = get_template("dense_gqa_decode_step.triton_persistent")
-    knobs = {**t.default(), "DSTP_BLOCK_N": 8, "DSTP_BLOCK_K": 32, "DSTP_NUM_WARPS": 2}
+    knobs = {**t.default(), "DSTP_BLOCK_N": 8, "DSTP_BLOCK_K": 32, "DSTP_NUM_WARPS": 2, "DSTP_ONE_LAUNCH": 1}
     shape = {**registry.get(t.op).examples[0], "B": 3, "L": 3, "bias": True}
     assert check_op(t.op, _impl(t, knobs), dtypes=(torch.float32,), shapes=[shape]) == []
 

@@ -41,20 +41,20 @@ import triton.language as tl
 
 # ---- section ----
 DLAY_PROGRAMS = 132          # persistent programs (capped at the GPU's SM count)
-DLAY_BLOCK_N = 16            # output rows of a GEMV unit (phases C, D, E)
+DLAY_BLOCK_N = 32            # output rows of a GEMV unit
 DLAY_BLOCK_K = 256           # reduction chunk of the GEMVs
 DLAY_BLOCK_B = 1             # batch rows of a unit (a larger batch walks its row blocks again)
-DLAY_SPLITS = 8              # split-KV of the attention phase
+DLAY_SPLITS = 16             # split-KV of the attention phase
 DLAY_BLOCK_T = 32            # keys per attention tile
 DLAY_NUM_WARPS = 8
 DSTP_PROGRAMS = 132          # dense_gqa_decode_step: the same knobs for its layers' launches, its own values
-DSTP_BLOCK_N = 16
+DSTP_BLOCK_N = 32
 DSTP_BLOCK_K = 256
 DSTP_BLOCK_B = 1
-DSTP_SPLITS = 8
+DSTP_SPLITS = 16
 DSTP_BLOCK_T = 32
 DSTP_NUM_WARPS = 8
-DSTP_ONE_LAUNCH = 1          # 1: the whole step in one persistent launch (a megakernel); 0: one launch a layer
+DSTP_ONE_LAUNCH = 0          # 1: the whole step in one persistent launch (a megakernel); 0: one launch a layer
 
 _DLAY_COUNTERS: dict = {}    # device -> int32[1] barrier counter, zero between launches
 _DSTP_TABLES: dict = {}      # (device, the layers' tensors' addresses) -> int64 [L, 9] address table on the device
@@ -69,6 +69,37 @@ def _dlay_sync(bar_ptr, target):
     while seen < target:
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
+
+
+@triton.jit
+def _dlay_acc0(BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A GEMV unit's accumulator: one row: [BLOCK_N, BLOCK_K] products, reduced once after the loop (no
+    cross-thread sum a chunk); more rows: [BLOCK_B, BLOCK_N] sums."""
+    if BLOCK_B == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _dlay_fma(acc, a, w, BLOCK_B: tl.constexpr):
+    """acc + a [BLOCK_B, BLOCK_K] (fp32) times w [BLOCK_N, BLOCK_K] (the weights' dtype)."""
+    if BLOCK_B == 1:
+        out = acc + w.to(tl.float32) * a
+    else:
+        out = acc + tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return out
+
+
+@triton.jit
+def _dlay_total(acc, BLOCK_B: tl.constexpr):
+    """[BLOCK_B, BLOCK_N] of an accumulator from ``_dlay_acc0``."""
+    if BLOCK_B == 1:
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        out = acc
+    return out
 
 
 @triton.jit
@@ -99,19 +130,19 @@ def _dlay_qkv(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, qkv_ptr, res_ptr, B, H, N, eps,
         b = (u // nn) * BLOCK_B + bb
         nmask = n < N
         bmask = b < B
-        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-        ss = tl.zeros([BLOCK_B], dtype=tl.float32)
+        acc = _dlay_acc0(BLOCK_B, BLOCK_N, BLOCK_K)
+        ss = tl.zeros([BLOCK_B, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             k = k0 + kk
             kmask = k < H
             xm = bmask[:, None] & kmask[None, :]
             off = b[:, None] * H + k[None, :]
             s = _dlay_sum(x_ptr, r_ptr, off, xm)
-            ss += tl.sum(s * s, axis=1)
+            ss += s * s
             a = s * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
             w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            acc += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        y = acc * tl.rsqrt(ss / H + eps)[:, None]
+            acc = _dlay_fma(acc, a, w, BLOCK_B)
+        y = _dlay_total(acc, BLOCK_B) * tl.rsqrt(tl.sum(ss, axis=1) / H + eps)[:, None]
         if HAS_BIAS:
             y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
         tl.store(qkv_ptr + b[:, None] * N + n[None, :], y.to(res_ptr.dtype.element_ty).to(tl.float32),
@@ -212,7 +243,7 @@ def _dlay_o_proj(pacc_ptr, pml_ptr, w_ptr, res_ptr, B, H, Hq, Dh, SPLITS: tl.con
         b = (u // nn) * BLOCK_B + bb
         nmask = n < H
         bmask = b < B
-        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+        acc = _dlay_acc0(BLOCK_B, BLOCK_N, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + kk
             kmask = k < K
@@ -230,8 +261,8 @@ def _dlay_o_proj(pacc_ptr, pml_ptr, w_ptr, res_ptr, B, H, Hq, Dh, SPLITS: tl.con
                                      cache_modifier=".cg")
             o = (num / den).to(w_ptr.dtype.element_ty).to(tl.float32)
             w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            acc += tl.sum(o[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        h = acc.to(res_ptr.dtype.element_ty).to(tl.float32)
+            acc = _dlay_fma(acc, o, w, BLOCK_B)
+        h = _dlay_total(acc, BLOCK_B).to(res_ptr.dtype.element_ty).to(tl.float32)
         rm = bmask[:, None] & nmask[None, :]
         off = b[:, None] * H + n[None, :]
         r = tl.load(res_ptr + off, mask=rm, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -251,24 +282,24 @@ def _dlay_gate_up(res_ptr, g_ptr, w_ptr, act_ptr, B, H, I, eps, BLOCK_B: tl.cons
         b = (u // ni) * BLOCK_B + bb
         jmask = j < I
         bmask = b < B
-        gate = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-        up = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-        ss = tl.zeros([BLOCK_B], dtype=tl.float32)
+        gate = _dlay_acc0(BLOCK_B, BLOCK_N, BLOCK_K)
+        up = _dlay_acc0(BLOCK_B, BLOCK_N, BLOCK_K)
+        ss = tl.zeros([BLOCK_B, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             k = k0 + kk
             kmask = k < H
             r = tl.load(res_ptr + b[:, None] * H + k[None, :], mask=bmask[:, None] & kmask[None, :], other=0.0,
                         cache_modifier=".cg").to(tl.float32)
-            ss += tl.sum(r * r, axis=1)
+            ss += r * r
             a = r * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
             wm = jmask[:, None] & kmask[None, :]
-            wg = tl.load(w_ptr + j[:, None] * H + k[None, :], mask=wm, other=0.0).to(tl.float32)
-            wu = tl.load(w_ptr + (I + j)[:, None] * H + k[None, :], mask=wm, other=0.0).to(tl.float32)
-            gate += tl.sum(a[:, None, :] * wg[None, :, :], axis=2)
-            up += tl.sum(a[:, None, :] * wu[None, :, :], axis=2)
-        rms = tl.rsqrt(ss / H + eps)[:, None]
-        gate = (gate * rms).to(w_ptr.dtype.element_ty).to(tl.float32)
-        up = (up * rms).to(w_ptr.dtype.element_ty).to(tl.float32)
+            wg = tl.load(w_ptr + j[:, None] * H + k[None, :], mask=wm, other=0.0)
+            wu = tl.load(w_ptr + (I + j)[:, None] * H + k[None, :], mask=wm, other=0.0)
+            gate = _dlay_fma(gate, a, wg, BLOCK_B)
+            up = _dlay_fma(up, a, wu, BLOCK_B)
+        rms = tl.rsqrt(tl.sum(ss, axis=1) / H + eps)[:, None]
+        gate = (_dlay_total(gate, BLOCK_B) * rms).to(w_ptr.dtype.element_ty).to(tl.float32)
+        up = (_dlay_total(up, BLOCK_B) * rms).to(w_ptr.dtype.element_ty).to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate)) * up).to(w_ptr.dtype.element_ty).to(tl.float32)
         tl.store(act_ptr + b[:, None] * I + j[None, :], act, mask=bmask[:, None] & jmask[None, :])
 
@@ -286,15 +317,15 @@ def _dlay_down(act_ptr, w_ptr, out_ptr, B, H, I, BLOCK_B: tl.constexpr, BLOCK_N:
         b = (u // nn) * BLOCK_B + bb
         nmask = n < H
         bmask = b < B
-        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+        acc = _dlay_acc0(BLOCK_B, BLOCK_N, BLOCK_K)
         for k0 in range(0, I, BLOCK_K):
             k = k0 + kk
             kmask = k < I
             a = tl.load(act_ptr + b[:, None] * I + k[None, :], mask=bmask[:, None] & kmask[None, :], other=0.0,
                         cache_modifier=".cg")
             w = tl.load(w_ptr + n[:, None] * I + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            acc += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        tl.store(out_ptr + b[:, None] * H + n[None, :], acc.to(out_ptr.dtype.element_ty),
+            acc = _dlay_fma(acc, a, w, BLOCK_B)
+        tl.store(out_ptr + b[:, None] * H + n[None, :], _dlay_total(acc, BLOCK_B).to(out_ptr.dtype.element_ty),
                  mask=bmask[:, None] & nmask[None, :])
 
 
@@ -353,19 +384,20 @@ def _dstp_lm_head(x_ptr, r_ptr, g_ptr, w_ptr, out_ptr, B, H, V, eps, BLOCK_B: tl
         b = (u // nn) * BLOCK_B + bb
         nmask = n < V
         bmask = b < B
-        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-        ss = tl.zeros([BLOCK_B], dtype=tl.float32)
+        acc = _dlay_acc0(BLOCK_B, BLOCK_N, BLOCK_K)
+        ss = tl.zeros([BLOCK_B, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             k = k0 + kk
             kmask = k < H
             xm = bmask[:, None] & kmask[None, :]
             off = b[:, None] * H + k[None, :]
             sv = _dlay_sum(x_ptr, r_ptr, off, xm)
-            ss += tl.sum(sv * sv, axis=1)
+            ss += sv * sv
             a = sv * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
             w = tl.load(w_ptr + n[:, None] * H + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            acc += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        y = (acc * tl.rsqrt(ss / H + eps)[:, None]).to(w_ptr.dtype.element_ty).to(tl.float32)
+            acc = _dlay_fma(acc, a, w, BLOCK_B)
+        y = (_dlay_total(acc, BLOCK_B) * tl.rsqrt(tl.sum(ss, axis=1) / H + eps)[:, None])
+        y = y.to(w_ptr.dtype.element_ty).to(tl.float32)
         tl.store(out_ptr + b[:, None] * V + n[None, :], y, mask=bmask[:, None] & nmask[None, :])
 
 
