@@ -75,7 +75,10 @@ def kill_at(tmp_path, when: str) -> tuple[int, list[str]]:
     try:
         while time.monotonic() - t0 < 120 and proc.poll() is None:
             if when == "start-up" and engines_of(proc.pid):
-                break                           # the engines are starting: importing torch, building the model
+                time.sleep(0.1)                 # still there: an engine starting (importing torch, building the
+                if engines_of(proc.pid):        # model), not a helper child that came and went
+                    break
+                continue
             if seen.is_set():
                 break
             time.sleep(0.05)
